@@ -1,0 +1,1 @@
+//! `engine`: the step loop, sampling, request streams, metrics and the embedding API.

@@ -1,0 +1,1 @@
+//! `scheduler`: continuous batching — queues, token budget, chunked prefill, preemption, and the capacity simulator.

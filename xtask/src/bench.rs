@@ -1,0 +1,121 @@
+//! `cargo xtask bench [--quick] [--only GROUP]`: runs the benchmark targets and folds their
+//! results into `target/bench-report/summary.json` (flat `{"figure.name": number}`) and `report.md`.
+//!
+//! Where figures come from (see `registry.rs` for the lists):
+//! - criterion benchmarks whose id is `GROUP/leaf_UNIT` (`_ns`, `_us`, `_ms`, `_s`): the median,
+//!   converted to that unit, becomes figure `GROUP.leaf_UNIT`;
+//! - derived figures (ratios of two criterion medians, or of two throughputs) declared in
+//!   `registry::DERIVED`, so "measured in the same run" comparisons stay in one place;
+//! - programs (`harness = false` benches, simulations) that write flat JSON maps, and optional
+//!   markdown fragments for the report, into `$BENCH_FIGURES_DIR`.
+//!
+//! A run updates the figures it measured and keeps the others.
+
+mod criterion_results;
+mod registry;
+mod report;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::{Context, bail};
+use clap::Args;
+
+use crate::cmd::{cargo, run as run_cmd, workspace_root};
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Fewer samples of the same workloads (never smaller workloads).
+    #[arg(long)]
+    pub quick: bool,
+    /// Only run the benchmark groups with this figure-name prefix (repeatable),
+    /// e.g. `block_alloc`, `attn`, `sched`, `sim`, `model`, `e2e`, `cuda`.
+    #[arg(long)]
+    pub only: Vec<String>,
+}
+
+/// Flat figure map, ordered by name so the JSON diff stays readable.
+pub type Figures = BTreeMap<String, f64>;
+
+pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
+    let root = workspace_root();
+    let report_dir = root.join("target/bench-report");
+    let criterion_home = report_dir.join("criterion-run");
+    let figures_dir = report_dir.join("figures-run");
+    for dir in [&criterion_home, &figures_dir] {
+        if dir.exists() {
+            std::fs::remove_dir_all(dir).with_context(|| format!("clearing {}", dir.display()))?;
+        }
+        std::fs::create_dir_all(dir)?;
+    }
+
+    let selected: Vec<&registry::BenchTarget> = registry::TARGETS
+        .iter()
+        .filter(|t| args.only.is_empty() || args.only.iter().any(|g| g == t.group))
+        .collect();
+    if selected.is_empty() {
+        bail!("no benchmark target matches --only {:?}; groups: {}", args.only, registry::group_names());
+    }
+    for target in &selected {
+        let mut cmd = cargo();
+        cmd.args(["bench", "-p", target.package, "--bench", target.bench, "--"])
+            .env("CRITERION_HOME", &criterion_home)
+            .env("BENCH_FIGURES_DIR", &figures_dir)
+            .env("BENCH_QUICK", if args.quick { "1" } else { "0" });
+        if target.criterion {
+            cmd.arg("--noplot");
+            if args.quick {
+                cmd.args(["--sample-size", "10", "--warm-up-time", "0.5", "--measurement-time", "1"]);
+            }
+        }
+        run_cmd(&mut cmd)?;
+    }
+
+    let measured = criterion_results::load(&criterion_home)?;
+    let mut fresh = criterion_results::figures(&measured);
+    fresh.extend(registry::derived_figures(&measured));
+    let mut fragments = Vec::new();
+    read_program_outputs(&figures_dir, &mut fresh, &mut fragments)?;
+
+    let summary_path = report_dir.join("summary.json");
+    let mut summary: Figures = match std::fs::read_to_string(&summary_path) {
+        Ok(text) => {
+            serde_json::from_str(&text).with_context(|| format!("parsing {}", summary_path.display()))?
+        }
+        Err(_) => Figures::new(),
+    };
+    for (name, value) in &fresh {
+        summary.insert(name.clone(), *value);
+    }
+    std::fs::write(&summary_path, serde_json::to_string_pretty(&summary)? + "\n")?;
+    report::write(&report_dir, &summary, &fresh, &measured, &fragments)?;
+    eprintln!("bench: {} figure(s) measured; wrote {}", fresh.len(), summary_path.display());
+    for (name, value) in &fresh {
+        eprintln!("  {name} = {value:.4}");
+    }
+    Ok(())
+}
+
+/// Merges every `*.json` figure map and collects every `*.md` fragment a bench program wrote.
+fn read_program_outputs(
+    dir: &Path,
+    figures: &mut Figures,
+    fragments: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)?.collect::<Result<_, _>>()?;
+    entries.sort_by_key(|e| e.file_name());
+    for entry in entries {
+        let path = entry.path();
+        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        match path.extension().and_then(|e| e.to_str()) {
+            Some("json") => {
+                let map: Figures = serde_json::from_str(&text)
+                    .with_context(|| format!("parsing figures in {}", path.display()))?;
+                figures.extend(map);
+            }
+            Some("md") => fragments.push(text),
+            _ => {}
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,106 @@
+//! Reads criterion's per-benchmark output (`new/benchmark.json` + `new/estimates.json`).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::Context;
+use serde::Deserialize;
+
+use super::Figures;
+
+/// One criterion benchmark as measured in this run.
+#[derive(Debug, Clone)]
+pub struct Measured {
+    /// Median time per iteration, nanoseconds.
+    pub median_ns: f64,
+    /// Bytes (or elements) processed per iteration, when the bench declared a throughput.
+    pub throughput: Option<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+struct BenchmarkJson {
+    full_id: String,
+    throughput: Option<BTreeMap<String, f64>>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Estimate {
+    point_estimate: f64,
+}
+
+#[derive(Debug, Deserialize)]
+struct EstimatesJson {
+    median: Estimate,
+}
+
+/// All benchmarks under `home`, keyed by criterion's full id (`group/function[/param]`).
+pub fn load(home: &Path) -> anyhow::Result<BTreeMap<String, Measured>> {
+    let mut out = BTreeMap::new();
+    if home.exists() {
+        walk(home, &mut out)?;
+    }
+    Ok(out)
+}
+
+fn walk(dir: &Path, out: &mut BTreeMap<String, Measured>) -> anyhow::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if !path.is_dir() {
+            continue;
+        }
+        let bench = path.join("benchmark.json");
+        let estimates = path.join("estimates.json");
+        if path.file_name().is_some_and(|n| n == "new") && bench.exists() && estimates.exists() {
+            let b: BenchmarkJson = serde_json::from_str(&std::fs::read_to_string(&bench)?)
+                .with_context(|| format!("parsing {}", bench.display()))?;
+            let e: EstimatesJson = serde_json::from_str(&std::fs::read_to_string(&estimates)?)
+                .with_context(|| format!("parsing {}", estimates.display()))?;
+            let throughput = b.throughput.and_then(|t| t.values().next().copied());
+            out.insert(b.full_id, Measured { median_ns: e.median.point_estimate, throughput });
+        } else {
+            walk(&path, out)?;
+        }
+    }
+    Ok(())
+}
+
+/// Figures named directly by criterion ids `GROUP/leaf_UNIT`.
+pub fn figures(measured: &BTreeMap<String, Measured>) -> Figures {
+    let mut out = Figures::new();
+    for (id, m) in measured {
+        let Some((group, leaf)) = id.split_once('/') else { continue };
+        if leaf.contains('/') {
+            continue;
+        }
+        if let Some(scale) = unit_scale(leaf) {
+            out.insert(format!("{group}.{leaf}"), m.median_ns / scale);
+        }
+    }
+    out
+}
+
+/// Nanoseconds per unit named by a figure's suffix.
+fn unit_scale(leaf: &str) -> Option<f64> {
+    [("_ns", 1.0), ("_us", 1e3), ("_ms", 1e6), ("_s", 1e9)]
+        .into_iter()
+        .find(|(suffix, _)| leaf.ends_with(suffix))
+        .map(|(_, scale)| scale)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unit_suffixes_convert_from_nanoseconds() {
+        let mut m = BTreeMap::new();
+        m.insert("g/a_ns".to_owned(), Measured { median_ns: 40.0, throughput: None });
+        m.insert("g/b_us".to_owned(), Measured { median_ns: 4000.0, throughput: None });
+        m.insert("g/plain".to_owned(), Measured { median_ns: 1.0, throughput: None });
+        m.insert("g/c_us/16".to_owned(), Measured { median_ns: 1.0, throughput: None });
+        let f = figures(&m);
+        assert_eq!(f.len(), 2);
+        assert_eq!(f["g.a_ns"], 40.0);
+        assert_eq!(f["g.b_us"], 4.0);
+    }
+}

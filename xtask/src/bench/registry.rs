@@ -1,0 +1,83 @@
+//! The data that drives `cargo xtask bench`: which bench targets exist, in which group,
+//! which figures are derived from two measurements of the same run, and the targets
+//! the issues set (shown in `report.md`).
+
+use std::collections::BTreeMap;
+
+use super::Figures;
+use super::criterion_results::Measured;
+
+/// One `cargo bench` target.
+#[derive(Debug)]
+pub struct BenchTarget {
+    /// Figure-name prefix this target measures (what `--only` selects).
+    pub group: &'static str,
+    pub package: &'static str,
+    pub bench: &'static str,
+    /// A criterion harness (takes criterion's CLI flags); `false` for plain programs.
+    pub criterion: bool,
+}
+
+pub const TARGETS: &[BenchTarget] = &[];
+
+/// How a derived figure is computed from two criterion benchmarks of the same run.
+#[derive(Debug)]
+pub enum Derived {
+    /// `median_time(num) / median_time(den)`.
+    TimeRatio { name: &'static str, num: &'static str, den: &'static str },
+    /// `throughput(num) / throughput(den)`, each `declared bytes / median time`.
+    ThroughputRatio { name: &'static str, num: &'static str, den: &'static str },
+}
+
+pub const DERIVED: &[Derived] = &[];
+
+/// Targets stated by the issues, shown beside the figures in `report.md`.
+pub const GOALS: &[(&str, &str)] = &[
+    ("block_alloc.alloc_free_ns", "≤ 50"),
+    ("block_alloc.append_token_ns", "≤ 20"),
+    ("block_alloc.fork_1k_blocks_us", "≤ 10"),
+    ("block_alloc.prefix_lookup_4k_tokens_us", "≤ 10"),
+    ("attn.decode_bw_fraction", "≥ 0.70"),
+    ("attn.decode_bw_fraction_bf16", "≥ 0.60"),
+    ("attn.paged_over_contiguous_bs16", "≤ 1.10"),
+    ("attn.paged_over_contiguous_bs8", "≤ 1.15"),
+    ("sched.step_us_256", "≤ 20"),
+    ("sched.step_us_1024", "≤ 80"),
+    ("sim.sharegpt.kv_util_paged", "≥ 0.96"),
+    ("sim.sharegpt.concurrency_paged_over_oracle", "≥ 2.0"),
+    ("model.decode_b1_bw_fraction", "≥ 0.6"),
+    ("model.decode_b64_gemm_fraction", "≥ 0.5"),
+    ("e2e.batching_gain", "≥ 8"),
+    ("e2e.kv_util_mean", "≥ 0.9"),
+    ("cuda.decode_bw_fraction", "≥ 0.80"),
+    ("cuda.paged_over_contiguous", "≤ 1.10"),
+];
+
+pub fn group_names() -> String {
+    let mut groups: Vec<&str> = TARGETS.iter().map(|t| t.group).collect();
+    groups.dedup();
+    groups.join(", ")
+}
+
+/// Every derived figure whose two inputs were measured in this run.
+pub fn derived_figures(measured: &BTreeMap<String, Measured>) -> Figures {
+    let mut out = Figures::new();
+    for d in DERIVED {
+        let value = match d {
+            Derived::TimeRatio { num, den, .. } => {
+                measured.get(*num).zip(measured.get(*den)).map(|(n, d)| n.median_ns / d.median_ns)
+            }
+            Derived::ThroughputRatio { num, den, .. } => measured
+                .get(*num)
+                .zip(measured.get(*den))
+                .and_then(|(n, d)| Some((n.throughput? / n.median_ns) / (d.throughput? / d.median_ns))),
+        };
+        let name = match d {
+            Derived::TimeRatio { name, .. } | Derived::ThroughputRatio { name, .. } => *name,
+        };
+        if let Some(v) = value {
+            out.insert(name.to_owned(), v);
+        }
+    }
+    out
+}

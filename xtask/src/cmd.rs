@@ -1,0 +1,31 @@
+//! Small helpers for running cargo and other processes from xtask.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, bail};
+
+/// The workspace root (the parent of the `xtask` crate).
+pub fn workspace_root() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().unwrap_or(manifest).to_path_buf()
+}
+
+/// The cargo binary that invoked us (falls back to `cargo` on PATH).
+pub fn cargo() -> Command {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(workspace_root());
+    cmd
+}
+
+/// Runs `cmd`, echoing it first; fails with the command line if it exits non-zero.
+pub fn run(cmd: &mut Command) -> anyhow::Result<()> {
+    let line = format!("{cmd:?}");
+    eprintln!("$ {line}");
+    let status = cmd.status().with_context(|| format!("could not start {line}"))?;
+    if !status.success() {
+        bail!("command failed ({status}): {line}");
+    }
+    Ok(())
+}

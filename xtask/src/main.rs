@@ -1,0 +1,37 @@
+//! `cargo xtask …`: the project's task runner (tests, benchmarks, the main job, model fetching).
+//!
+//! Everything a developer or CI runs goes through here so that the README's commands
+//! stay two lines long. Each subcommand lives in its own module.
+
+mod bench;
+mod cmd;
+mod test;
+mod tidy;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(name = "xtask", about = "Project tasks: test, bench, run, fetch-model, …")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// fmt check, clippy -D warnings, tidy, and every test of the workspace (what CI runs).
+    Test(test::TestArgs),
+    /// Run the benchmarks and write target/bench-report/{summary.json,report.md}.
+    Bench(bench::BenchArgs),
+    /// Only the tidy checks (every .rs file starts with `//!`, no `#[ignore]`).
+    Tidy,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Test(args) => test::run(&args),
+        Command::Bench(args) => bench::run(&args),
+        Command::Tidy => tidy::check(&cmd::workspace_root()),
+    }
+}

@@ -1,0 +1,80 @@
+//! Tidy checks over the source tree: every `.rs` file opens with a `//!` doc line,
+//! and no test is switched off with `#[ignore]`.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+
+/// Walks the workspace (skipping build output and hidden folders) and checks every `.rs` file.
+pub fn check(root: &Path) -> anyhow::Result<()> {
+    let mut files = Vec::new();
+    collect_rs_files(root, &mut files)?;
+    let mut problems = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+        problems.extend(check_file(&text).into_iter().map(|p| format!("{}: {p}", file.display())));
+    }
+    if !problems.is_empty() {
+        bail!("tidy found {} problem(s):\n{}", problems.len(), problems.join("\n"));
+    }
+    Ok(())
+}
+
+/// The problems in one file's text (empty when it is tidy).
+fn check_file(text: &str) -> Vec<String> {
+    let mut problems = Vec::new();
+    let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+    if !first.starts_with("//!") {
+        problems.push("does not start with a `//!` doc line".to_owned());
+    }
+    // Spelled in two halves so this file does not trip its own check.
+    let ignore_attr = concat!("#[", "ignore");
+    for (n, line) in text.lines().enumerate() {
+        if line.trim_start().starts_with(ignore_attr) {
+            problems.push(format!("line {}: tests must not be ignored", n + 1));
+        }
+    }
+    problems
+}
+
+fn collect_rs_files(dir: &Path, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
+    for entry in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
+        let entry = entry?;
+        let path = entry.path();
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with('.') || name.starts_with("target") {
+            continue;
+        }
+        if entry.file_type()?.is_dir() {
+            collect_rs_files(&path, out)?;
+        } else if name.ends_with(".rs") {
+            out.push(path);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workspace_is_tidy() {
+        check(&crate::cmd::workspace_root()).unwrap();
+    }
+
+    #[test]
+    fn missing_doc_line_is_reported() {
+        assert_eq!(check_file("fn main() {}\n").len(), 1);
+        assert!(check_file("//! fine\nfn main() {}\n").is_empty());
+    }
+
+    #[test]
+    fn ignored_test_is_reported() {
+        let text = format!("//! doc\n{}]\nfn t() {{}}\n", concat!("#[", "ignore"));
+        let problems = check_file(&text);
+        assert_eq!(problems.len(), 1);
+        assert!(problems[0].contains("line 2"));
+    }
+}
