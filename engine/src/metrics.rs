@@ -1,0 +1,233 @@
+//! Engine metrics: counters and latency samples gathered every step, a plain-data
+//! snapshot for callers, and a `tracing` line per logging interval (vLLM's stat logger).
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+/// Percentiles of a latency sample, in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Default)]
+pub struct LatencyStats {
+    pub count: usize,
+    pub mean_ms: f64,
+    pub p50_ms: f64,
+    pub p90_ms: f64,
+    pub p99_ms: f64,
+}
+
+impl LatencyStats {
+    /// Nearest-rank percentiles of `samples_ms` (empty → all zero).
+    pub fn from_samples(samples_ms: &[f64]) -> Self {
+        if samples_ms.is_empty() {
+            return Self::default();
+        }
+        let mut sorted = samples_ms.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        let pick = |q: f64| {
+            let rank = (q * sorted.len() as f64).ceil() as usize;
+            sorted[rank.clamp(1, sorted.len()) - 1]
+        };
+        Self {
+            count: sorted.len(),
+            mean_ms: sorted.iter().sum::<f64>() / sorted.len() as f64,
+            p50_ms: pick(0.5),
+            p90_ms: pick(0.9),
+            p99_ms: pick(0.99),
+        }
+    }
+}
+
+/// Gauges read from the scheduler and block pool at snapshot time.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Default)]
+pub struct Gauges {
+    /// Fraction of device KV blocks in use.
+    pub kv_usage: f64,
+    pub num_running: usize,
+    pub num_waiting: usize,
+    pub num_swapped: usize,
+    pub num_preemptions: u64,
+    /// Prompt tokens looked up in the prefix cache, and how many were found.
+    pub prefix_queries: u64,
+    pub prefix_hits: u64,
+}
+
+/// Everything an operator wants to see about the engine at one moment.
+#[derive(Debug, Clone, PartialEq, Serialize, Default)]
+pub struct MetricsSnapshot {
+    pub gauges: Gauges,
+    /// `prefix_hits / prefix_queries` (0 when nothing was looked up).
+    pub prefix_cache_hit_rate: f64,
+    /// Highest KV usage seen so far.
+    pub peak_kv_usage: f64,
+    pub steps: u64,
+    pub prompt_tokens: u64,
+    pub generation_tokens: u64,
+    pub requests_finished: u64,
+    pub requests_aborted: u64,
+    pub requests_rejected: u64,
+    /// Since the engine started (or since `reset`).
+    pub elapsed_s: f64,
+    /// Prompt / generated tokens per second since start.
+    pub prompt_throughput: f64,
+    pub generation_throughput: f64,
+    pub ttft: LatencyStats,
+    pub tpot: LatencyStats,
+}
+
+/// Accumulates metrics; the engine feeds it each step.
+#[derive(Debug)]
+pub struct MetricsCollector {
+    started: Instant,
+    interval: Duration,
+    last_log: Instant,
+    last_log_tokens: (u64, u64),
+    steps: u64,
+    prompt_tokens: u64,
+    generation_tokens: u64,
+    requests_finished: u64,
+    requests_aborted: u64,
+    requests_rejected: u64,
+    peak_kv_usage: f64,
+    ttft_ms: Vec<f64>,
+    tpot_ms: Vec<f64>,
+}
+
+impl MetricsCollector {
+    /// `interval`: how often `step_done` logs a line (zero disables logging).
+    pub fn new(interval: Duration) -> Self {
+        let now = Instant::now();
+        Self {
+            started: now,
+            interval,
+            last_log: now,
+            last_log_tokens: (0, 0),
+            steps: 0,
+            prompt_tokens: 0,
+            generation_tokens: 0,
+            requests_finished: 0,
+            requests_aborted: 0,
+            requests_rejected: 0,
+            peak_kv_usage: 0.0,
+            ttft_ms: Vec::new(),
+            tpot_ms: Vec::new(),
+        }
+    }
+
+    /// Clears counters and samples (gauges come from elsewhere); starts the clock again.
+    pub fn reset(&mut self) {
+        *self = Self::new(self.interval);
+    }
+
+    pub fn record_rejected(&mut self) {
+        self.requests_rejected += 1;
+    }
+
+    pub fn record_aborted(&mut self) {
+        self.requests_aborted += 1;
+    }
+
+    /// A sequence group finished normally: its time to first token and its mean time per
+    /// output token after the first (requests of one token contribute no TPOT).
+    pub fn record_finished(&mut self, ttft: Option<Duration>, latency: Duration, generated: usize) {
+        self.requests_finished += 1;
+        if let Some(ttft) = ttft {
+            self.ttft_ms.push(ttft.as_secs_f64() * 1e3);
+            if generated > 1 {
+                let decode = latency.saturating_sub(ttft);
+                self.tpot_ms.push(decode.as_secs_f64() * 1e3 / (generated - 1) as f64);
+            }
+        }
+    }
+
+    /// One engine step ran: tokens it prefilled and generated; logs a line when due.
+    pub fn step_done(&mut self, prompt_tokens: usize, generated: usize, gauges: &Gauges) {
+        self.steps += 1;
+        self.prompt_tokens += prompt_tokens as u64;
+        self.generation_tokens += generated as u64;
+        self.peak_kv_usage = self.peak_kv_usage.max(gauges.kv_usage);
+        let now = Instant::now();
+        let since = now.duration_since(self.last_log);
+        if self.interval.is_zero() || since < self.interval {
+            return;
+        }
+        let secs = since.as_secs_f64();
+        let prompt_rate = (self.prompt_tokens - self.last_log_tokens.0) as f64 / secs;
+        let gen_rate = (self.generation_tokens - self.last_log_tokens.1) as f64 / secs;
+        tracing::info!(
+            target: "engine::metrics",
+            "prompt {prompt_rate:.1} tok/s, generation {gen_rate:.1} tok/s, running {}, waiting {}, swapped {}, \
+             KV usage {:.1}%, prefix hit rate {:.1}%, preemptions {}",
+            gauges.num_running,
+            gauges.num_waiting,
+            gauges.num_swapped,
+            gauges.kv_usage * 100.0,
+            hit_rate(gauges) * 100.0,
+            gauges.num_preemptions,
+        );
+        self.last_log = now;
+        self.last_log_tokens = (self.prompt_tokens, self.generation_tokens);
+    }
+
+    pub fn snapshot(&self, gauges: Gauges) -> MetricsSnapshot {
+        let elapsed_s = self.started.elapsed().as_secs_f64();
+        let per_s = |n: u64| if elapsed_s > 0.0 { n as f64 / elapsed_s } else { 0.0 };
+        MetricsSnapshot {
+            gauges,
+            prefix_cache_hit_rate: hit_rate(&gauges),
+            peak_kv_usage: self.peak_kv_usage.max(gauges.kv_usage),
+            steps: self.steps,
+            prompt_tokens: self.prompt_tokens,
+            generation_tokens: self.generation_tokens,
+            requests_finished: self.requests_finished,
+            requests_aborted: self.requests_aborted,
+            requests_rejected: self.requests_rejected,
+            elapsed_s,
+            prompt_throughput: per_s(self.prompt_tokens),
+            generation_throughput: per_s(self.generation_tokens),
+            ttft: LatencyStats::from_samples(&self.ttft_ms),
+            tpot: LatencyStats::from_samples(&self.tpot_ms),
+        }
+    }
+}
+
+fn hit_rate(g: &Gauges) -> f64 {
+    if g.prefix_queries == 0 { 0.0 } else { g.prefix_hits as f64 / g.prefix_queries as f64 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_use_nearest_rank() {
+        let s = LatencyStats::from_samples(&[5.0, 1.0, 3.0, 2.0, 4.0]);
+        assert_eq!((s.count, s.p50_ms, s.p90_ms, s.p99_ms), (5, 3.0, 5.0, 5.0));
+        assert!((s.mean_ms - 3.0).abs() < 1e-12);
+        assert_eq!(LatencyStats::from_samples(&[]), LatencyStats::default());
+        let hundred: Vec<f64> = (1..=100).map(f64::from).collect();
+        let s = LatencyStats::from_samples(&hundred);
+        assert_eq!((s.p50_ms, s.p90_ms, s.p99_ms), (50.0, 90.0, 99.0));
+    }
+
+    #[test]
+    fn collector_counts_tokens_requests_and_latencies() {
+        let mut m = MetricsCollector::new(Duration::ZERO);
+        let g = Gauges { kv_usage: 0.5, prefix_queries: 10, prefix_hits: 4, ..Gauges::default() };
+        m.step_done(100, 0, &g);
+        m.step_done(0, 8, &Gauges { kv_usage: 0.75, ..g });
+        m.record_finished(Some(Duration::from_millis(20)), Duration::from_millis(110), 10);
+        m.record_finished(Some(Duration::from_millis(40)), Duration::from_millis(40), 1);
+        m.record_aborted();
+        m.record_rejected();
+        let s = m.snapshot(Gauges { kv_usage: 0.25, ..g });
+        assert_eq!((s.steps, s.prompt_tokens, s.generation_tokens), (2, 100, 8));
+        assert_eq!((s.requests_finished, s.requests_aborted, s.requests_rejected), (2, 1, 1));
+        assert_eq!(s.peak_kv_usage, 0.75);
+        assert!((s.prefix_cache_hit_rate - 0.4).abs() < 1e-12);
+        assert_eq!(s.ttft.count, 2);
+        assert_eq!(s.tpot.count, 1);
+        assert!((s.tpot.p50_ms - 10.0).abs() < 1e-9);
+        m.reset();
+        assert_eq!(m.snapshot(Gauges::default()).steps, 0);
+    }
+}

@@ -1,0 +1,177 @@
+//! What the engine hands back per step and per request: deltas of token ids and text
+//! since the previous output, why a sequence finished, token counts and optional logprobs.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::sampling::PositionLogprobs;
+
+/// Why a sequence stopped.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub enum FinishReason {
+    /// The model's end-of-sequence token.
+    Eos(u32),
+    /// One of the request's `stop_token_ids`.
+    StopToken(u32),
+    /// One of the request's stop strings (not included in the text by default).
+    StopString(String),
+    /// `max_tokens` or the model's max length was reached.
+    Length,
+    /// The client aborted the request (or dropped its stream).
+    Abort,
+}
+
+impl FinishReason {
+    /// vLLM / OpenAI spelling: `stop`, `length` or `abort`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Eos(_) | Self::StopToken(_) | Self::StopString(_) => "stop",
+            Self::Length => "length",
+            Self::Abort => "abort",
+        }
+    }
+}
+
+/// New output of one of a request's `n` samples since its previous output.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CompletionDelta {
+    /// Which of the `n` samples (0-based).
+    pub index: usize,
+    /// Token ids generated since the previous output.
+    pub token_ids: Vec<u32>,
+    /// Text added since the previous output (never half a character, never part of a stop string).
+    pub text: String,
+    /// One entry per new token when the request asked for logprobs.
+    pub logprobs: Option<Vec<PositionLogprobs>>,
+    /// Sum of the sampled tokens' logprobs so far (with `logprobs` only).
+    pub cumulative_logprob: Option<f64>,
+    /// Tokens generated so far by this sample.
+    pub num_generated: usize,
+    /// Set on the output that finishes this sample.
+    pub finish_reason: Option<FinishReason>,
+}
+
+/// Timing of one request, for TTFT / TPOT statistics.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Default)]
+pub struct RequestTiming {
+    /// Arrival to first generated token.
+    pub time_to_first_token: Option<Duration>,
+    /// Arrival to finish (set once finished).
+    pub latency: Option<Duration>,
+}
+
+/// One request's news from one engine step.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RequestOutput {
+    pub request_id: String,
+    /// Only the samples with news this step.
+    pub outputs: Vec<CompletionDelta>,
+    /// True on the request's last output (all samples finished or aborted).
+    pub finished: bool,
+    pub prompt_tokens: usize,
+    /// Tokens generated so far over all samples.
+    pub completion_tokens: usize,
+    pub timing: RequestTiming,
+}
+
+impl RequestOutput {
+    /// Concatenated new text of sample `index` in this output.
+    pub fn text_of(&self, index: usize) -> &str {
+        self.outputs.iter().find(|c| c.index == index).map_or("", |c| c.text.as_str())
+    }
+}
+
+/// A request's final result, gathered from all its outputs (what `generate` returns).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FinalOutput {
+    pub request_id: String,
+    pub prompt_tokens: usize,
+    /// One per sample, in index order.
+    pub completions: Vec<Completion>,
+    pub timing: RequestTiming,
+}
+
+/// One sample's full output.
+#[derive(Debug, Clone, PartialEq, Serialize, Default)]
+pub struct Completion {
+    pub token_ids: Vec<u32>,
+    pub text: String,
+    pub logprobs: Option<Vec<PositionLogprobs>>,
+    pub finish_reason: Option<FinishReason>,
+}
+
+impl FinalOutput {
+    pub fn new(request_id: String, prompt_tokens: usize) -> Self {
+        Self { request_id, prompt_tokens, completions: Vec::new(), timing: RequestTiming::default() }
+    }
+
+    /// Folds one streamed output into the accumulated result.
+    pub fn absorb(&mut self, out: &RequestOutput) {
+        self.timing = out.timing;
+        for delta in &out.outputs {
+            if self.completions.len() <= delta.index {
+                self.completions.resize_with(delta.index + 1, Completion::default);
+            }
+            let c = &mut self.completions[delta.index];
+            c.token_ids.extend_from_slice(&delta.token_ids);
+            c.text.push_str(&delta.text);
+            if let Some(lp) = &delta.logprobs {
+                c.logprobs.get_or_insert_with(Vec::new).extend(lp.iter().cloned());
+            }
+            if delta.finish_reason.is_some() {
+                c.finish_reason.clone_from(&delta.finish_reason);
+            }
+        }
+    }
+
+    pub fn completion_tokens(&self) -> usize {
+        self.completions.iter().map(|c| c.token_ids.len()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn delta(index: usize, ids: &[u32], text: &str, fin: Option<FinishReason>) -> CompletionDelta {
+        CompletionDelta {
+            index,
+            token_ids: ids.to_vec(),
+            text: text.into(),
+            logprobs: None,
+            cumulative_logprob: None,
+            num_generated: ids.len(),
+            finish_reason: fin,
+        }
+    }
+
+    #[test]
+    fn final_output_concatenates_deltas_per_sample() {
+        let mut fin = FinalOutput::new("r".into(), 3);
+        let mk = |outputs, finished| RequestOutput {
+            request_id: "r".into(),
+            outputs,
+            finished,
+            prompt_tokens: 3,
+            completion_tokens: 0,
+            timing: RequestTiming::default(),
+        };
+        fin.absorb(&mk(vec![delta(1, &[5], "b", None), delta(0, &[1], "a", None)], false));
+        fin.absorb(&mk(vec![delta(0, &[2, 3], "cd", Some(FinishReason::Length))], false));
+        fin.absorb(&mk(vec![delta(1, &[6], "e", Some(FinishReason::StopString("x".into())))], true));
+        assert_eq!(fin.completions[0].text, "acd");
+        assert_eq!(fin.completions[0].token_ids, vec![1, 2, 3]);
+        assert_eq!(fin.completions[1].text, "be");
+        assert_eq!(fin.completions[1].finish_reason.as_ref().map(FinishReason::as_str), Some("stop"));
+        assert_eq!(fin.completion_tokens(), 5);
+    }
+
+    #[test]
+    fn finish_reason_strings() {
+        assert_eq!(FinishReason::Eos(2).as_str(), "stop");
+        assert_eq!(FinishReason::StopToken(7).as_str(), "stop");
+        assert_eq!(FinishReason::Length.as_str(), "length");
+        assert_eq!(FinishReason::Abort.as_str(), "abort");
+    }
+}

@@ -1,0 +1,12 @@
+//! Sampling: request parameters (`params`), the per-row arithmetic (`filter`) and the
+//! batched, per-sequence-seeded sampler (`sampler`).
+
+mod filter;
+mod params;
+mod sampler;
+
+pub use params::{GREEDY_EPS, MAX_LOGPROBS, MAX_N, SamplingParams, SamplingParamsError};
+pub use sampler::{
+    Logprob, PositionLogprobs, SampleRow, SampledToken, SamplerError, SequenceSampler, sample_batch,
+    seeded_rng,
+};
