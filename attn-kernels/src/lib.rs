@@ -1,1 +1,32 @@
 //! `attn-kernels`: kernels over the paged KV layout — write-to-cache, paged attention, copy/swap (CPU; CUDA behind `cuda`).
+//!
+//! One public function per kernel; each validates all of its input first and returns a typed
+//! [`AttnError`] before writing anything. Activations (`query`, `key`, `value`, `out`) are `f32`;
+//! the cache is in its own dtype (f32/f16/bf16) and every dot product accumulates in `f32`.
+//!
+//! - [`reshape_and_cache`]: scatter new K/V rows into their slots (negative slot = padding).
+//! - [`paged_attention`]: one entry point for decode, prefill, chunked prefill and mixed batches.
+//!   A pure-decode batch goes down the decode path (two-pass softmax per sequence, or the
+//!   split-context "v2"/flash-decoding path with a log-sum-exp merge when there are too few
+//!   sequences to fill the cores); chunks longer than one token go down a causal tiled path with
+//!   an online softmax.
+//! - [`copy_blocks`] (copy-on-write), [`swap_blocks`], [`swap_out`], [`swap_in`].
+//! - [`reference`]: naive gather-through-the-block-table versions with an `f64` softmax, for tests.
+//!
+//! The CPU code uses every rayon thread, AVX2/FMA/F16C inner loops chosen at run time (portable
+//! fallback otherwise), and per-thread scratch so the hot loop never allocates.
+
+mod attention;
+mod block_ops;
+mod cache_write;
+mod error;
+mod meta;
+pub mod reference;
+mod simd;
+
+pub use attention::{AttnOptions, SplitPolicy, paged_attention, paged_attention_with};
+pub use block_ops::{copy_blocks, swap_blocks, swap_in, swap_out};
+pub use cache_write::reshape_and_cache;
+pub use error::AttnError;
+pub use meta::{PagedAttnMetadata, SUPPORTED_BLOCK_SIZES, SUPPORTED_HEAD_SIZES};
+pub use simd::Isa;

@@ -1,1 +1,24 @@
 //! `kv-cache`: device memory for the KV cache — dtypes, devices, the per-layer K/V tensors in vLLM layout, sizing, swap space.
+//!
+//! Layout (vLLM's, so kernels and readers can be compared):
+//! - key cache of a layer: `[num_blocks, num_kv_heads, head_size / x, block_size, x]`, `x = 16 / sizeof(dtype)`;
+//! - value cache of a layer: `[num_blocks, num_kv_heads, head_size, block_size]`;
+//! - slot of token `i` of a sequence = `block_table[i / block_size] * block_size + i % block_size`.
+//!
+//! Every block is one contiguous run of `num_kv_heads * head_size * block_size` elements in both
+//! tensors, which is what makes block copies (copy-on-write) and swaps plain `memcpy`s.
+//! All memory is allocated once by [`KvCache::new`]; nothing here grows afterwards.
+
+mod cache;
+mod config;
+mod device;
+mod dtype;
+mod error;
+mod layer;
+
+pub use cache::KvCache;
+pub use config::{BlockShape, CacheConfig};
+pub use device::Device;
+pub use dtype::{CacheElem, DType};
+pub use error::CacheError;
+pub use layer::{CacheGeometry, CacheSlices, CacheSlicesMut, LayerCache};

@@ -1,0 +1,145 @@
+//! Decode: one query token per sequence. Two passes over the item's context — all scores into
+//! per-thread scratch, one safe softmax, then `p · V` — so each K and V byte is read once.
+//! On the split path each partition keeps `(max, sum, output)` for the log-sum-exp merge.
+
+use super::scratch::{at_least, with_scratch};
+use super::{Problem, SharedOut, SplitSeq};
+use crate::simd::{KernelElem, exp_sub_sum, max_of, prepare_query, pv_tile, qk_tile, qrep_len};
+
+/// Where a decode item's results go.
+#[derive(Clone, Copy)]
+pub(super) enum Sink {
+    /// The final output rows.
+    Out(SharedOut),
+    /// Split partials: `[max, sum, output...]` per query head, `stride` apart, from `base`.
+    Partial { buf: SharedOut, base: usize, stride: usize },
+}
+
+/// Decode of `seq` for `kv_head` over context tokens `t0 .. t1` (`t0` block-aligned).
+pub(super) fn run_item<T: KernelElem>(
+    pb: &Problem<'_, T>,
+    seq: usize,
+    kv_head: usize,
+    t0: usize,
+    t1: usize,
+    sink: Sink,
+) {
+    let g = &pb.g;
+    let (d, bs, x, group) = (g.head_size, g.block_size, g.x(), pb.group);
+    let n = t1 - t0;
+    let num_blocks = n.div_ceil(bs);
+    let padded = num_blocks * bs;
+    let token = pb.meta.query_start_loc[seq];
+    let table = &pb.meta.block_table(seq)[t0 / bs..t0 / bs + num_blocks];
+    let ql = qrep_len(d, x);
+    with_scratch(|s| {
+        let qrep = at_least(&mut s.qrep, group * ql);
+        let logits = at_least(&mut s.logits, group * padded);
+        let acc = at_least(&mut s.acc, group * d);
+        let vtile = at_least(&mut s.vtile, d * bs);
+        for i in 0..group {
+            prepare_query(
+                pb.query_row(token, kv_head * group + i),
+                pb.scale,
+                x,
+                &mut qrep[i * ql..(i + 1) * ql],
+            );
+        }
+
+        // Pass 1: scores. Slots past the context (NaN-poisoned, say) only reach their own lanes.
+        for (b, &block) in table.iter().enumerate() {
+            let k = pb.key_tile(block, kv_head);
+            for i in 0..group {
+                let scores = &mut logits[i * padded + b * bs..i * padded + (b + 1) * bs];
+                qk_tile(pb.isa, k, &qrep[i * ql..(i + 1) * ql], d, bs, scores);
+            }
+        }
+        let maxes = at_least(&mut s.max, group);
+        let sums = at_least(&mut s.sum, group);
+        for i in 0..group {
+            let row = &mut logits[i * padded..(i + 1) * padded];
+            maxes[i] = max_of(&row[..n]);
+            sums[i] = exp_sub_sum(pb.isa, &mut row[..n], maxes[i]);
+            row[n..].fill(0.0);
+        }
+
+        // Pass 2: p · V.
+        acc.fill(0.0);
+        for (b, &block) in table.iter().enumerate() {
+            let v = pb.value_tile(block, kv_head);
+            let valid = (n - b * bs).min(bs);
+            if valid < bs {
+                // Zero the slots past the context: p = 0 there, but 0 · NaN would still be NaN.
+                widen_masked(v, d, bs, valid, vtile);
+                for i in 0..group {
+                    let p = &logits[i * padded + b * bs..i * padded + (b + 1) * bs];
+                    pv_tile::<f32>(pb.isa, vtile, p, d, bs, &mut acc[i * d..(i + 1) * d]);
+                }
+            } else {
+                for i in 0..group {
+                    let p = &logits[i * padded + b * bs..i * padded + (b + 1) * bs];
+                    pv_tile(pb.isa, v, p, d, bs, &mut acc[i * d..(i + 1) * d]);
+                }
+            }
+        }
+
+        for i in 0..group {
+            let (max, sum) = (maxes[i], sums[i]);
+            let head = kv_head * group + i;
+            let inv = 1.0 / sum;
+            let src = &acc[i * d..(i + 1) * d];
+            let dst = match sink {
+                // SAFETY: (token, head) rows belong to this item alone.
+                Sink::Out(out) => unsafe { out.range(pb.out_offset(token, head), d) },
+                Sink::Partial { buf, base, stride } => {
+                    // SAFETY: partition `part`'s partials belong to this item alone.
+                    let row = unsafe { buf.range(base + head * stride, stride) };
+                    row[0] = max;
+                    row[1] = sum;
+                    &mut row[2..]
+                }
+            };
+            for (o, a) in dst.iter_mut().zip(src) {
+                *o = a * inv;
+            }
+        }
+    });
+}
+
+/// Copies a value tile `[d, bs]` widened to f32, zeroing token columns `valid ..`.
+pub(super) fn widen_masked<T: KernelElem>(v: &[T], d: usize, bs: usize, valid: usize, dst: &mut [f32]) {
+    for (src_row, dst_row) in v.chunks_exact(bs).zip(dst.chunks_exact_mut(bs)).take(d) {
+        for (t, o) in dst_row.iter_mut().enumerate() {
+            *o = if t < valid { src_row[t].to_f32() } else { 0.0 };
+        }
+    }
+}
+
+/// Merges one split sequence's partitions: weights `sum_k · exp(max_k - max)` (log-sum-exp).
+pub(super) fn merge<T>(pb: &Problem<'_, T>, s: &SplitSeq, partials: &[f32], stride: usize, out: SharedOut) {
+    let d = pb.g.head_size;
+    let token = pb.meta.query_start_loc[s.seq];
+    for head in 0..pb.num_heads {
+        let row = |k: usize| {
+            let start = ((s.first_part + k) * pb.num_heads + head) * stride;
+            &partials[start..start + stride]
+        };
+        let global_max = (0..s.num_parts).map(|k| row(k)[0]).fold(f32::NEG_INFINITY, f32::max);
+        // SAFETY: (token, head) rows of a split sequence are written by this merge alone.
+        let dst = unsafe { out.range(pb.out_offset(token, head), d) };
+        dst.fill(0.0);
+        let mut total = 0.0f32;
+        for k in 0..s.num_parts {
+            let r = row(k);
+            let w = r[1] * (r[0] - global_max).exp();
+            total += w;
+            for (o, &v) in dst.iter_mut().zip(&r[2..]) {
+                *o += w * v;
+            }
+        }
+        let inv = 1.0 / total;
+        for o in dst.iter_mut() {
+            *o *= inv;
+        }
+    }
+}

@@ -1,0 +1,269 @@
+//! `paged_attention`: the one entry point for decode, prefill, chunked prefill and mixed batches.
+//!
+//! The batch is cut into independent work items run on every rayon thread:
+//! - a sequence with one query token (decode) becomes one item per kv head — or, on the split
+//!   ("v2", flash-decoding) path, one per kv head and context partition of [`PARTITION_TOKENS`],
+//!   whose partial results are merged by log-sum-exp afterwards;
+//! - a longer chunk becomes one item per kv head and tile of [`QUERY_TILE`] query tokens, run
+//!   with an online softmax over the blocks it may see (causal within the chunk).
+//!
+//! Every item writes its own rows of `out` (or of the split-path partials), so items never race.
+
+mod chunk;
+mod decode;
+mod scratch;
+
+use kv_cache::{CacheGeometry, CacheSlices, LayerCache};
+use rayon::prelude::*;
+
+use crate::meta::validate;
+use crate::simd::{Isa, KernelElem};
+use crate::{AttnError, PagedAttnMetadata};
+
+/// Context tokens per partition on the split-context decode path.
+pub const PARTITION_TOKENS: usize = 512;
+/// Decode contexts longer than this always take the split path (bounded scratch, more items).
+pub const LONG_CONTEXT: usize = 8192;
+/// Query tokens per work item on the chunk path.
+pub const QUERY_TILE: usize = 16;
+
+/// When decode takes the split-context ("v2") path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SplitPolicy {
+    /// Split when contexts are long ([`LONG_CONTEXT`]) or when there are too few
+    /// (sequence, kv head) items to keep every thread busy.
+    #[default]
+    Auto,
+    /// Never split: one pass per (sequence, kv head).
+    Never,
+    /// Always split into partitions of this many tokens (a positive multiple of the block size).
+    Always { partition_tokens: usize },
+}
+
+/// Knobs of [`paged_attention_with`]; [`paged_attention`] uses the default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttnOptions {
+    /// Instruction set; one the CPU lacks falls back to [`Isa::Portable`].
+    pub isa: Isa,
+    pub split: SplitPolicy,
+}
+
+impl Default for AttnOptions {
+    fn default() -> Self {
+        AttnOptions { isa: Isa::detect(), split: SplitPolicy::Auto }
+    }
+}
+
+/// Attention of every query token over its sequence's paged context.
+///
+/// `query` and `out` are `[num_tokens, num_heads, head_size]` (f32); query head `h` reads kv head
+/// `h / (num_heads / num_kv_heads)` (GQA/MQA). Scores are `scale · q·k`, softmax is the
+/// numerically safe one (max subtracted), accumulation is f32. Errors come before any write.
+pub fn paged_attention(
+    out: &mut [f32],
+    query: &[f32],
+    cache: &LayerCache,
+    meta: &PagedAttnMetadata<'_>,
+    num_heads: usize,
+    scale: f32,
+) -> Result<(), AttnError> {
+    paged_attention_with(&AttnOptions::default(), out, query, cache, meta, num_heads, scale)
+}
+
+/// [`paged_attention`] with an explicit instruction set and split policy (tests, benches).
+pub fn paged_attention_with(
+    opts: &AttnOptions,
+    out: &mut [f32],
+    query: &[f32],
+    cache: &LayerCache,
+    meta: &PagedAttnMetadata<'_>,
+    num_heads: usize,
+    scale: f32,
+) -> Result<(), AttnError> {
+    validate(out.len(), query.len(), cache, meta, num_heads, scale)?;
+    let g = *cache.geometry();
+    if let SplitPolicy::Always { partition_tokens: p } = opts.split
+        && (p == 0 || !p.is_multiple_of(g.block_size))
+    {
+        return Err(AttnError::InvalidPartition(p, g.block_size));
+    }
+    let isa = if opts.isa.is_available() { opts.isa } else { Isa::Portable };
+    match cache.slices() {
+        CacheSlices::F32 { key, value } => {
+            run(isa, opts.split, out, query, key, value, &g, meta, num_heads, scale)
+        }
+        CacheSlices::F16 { key, value } => {
+            run(isa, opts.split, out, query, key, value, &g, meta, num_heads, scale)
+        }
+        CacheSlices::BF16 { key, value } => {
+            run(isa, opts.split, out, query, key, value, &g, meta, num_heads, scale)
+        }
+        _ => return Err(AttnError::UnsupportedStorage),
+    }
+    Ok(())
+}
+
+/// Everything an item reads, for one call.
+struct Problem<'a, T> {
+    isa: Isa,
+    key: &'a [T],
+    value: &'a [T],
+    g: CacheGeometry,
+    meta: &'a PagedAttnMetadata<'a>,
+    query: &'a [f32],
+    num_heads: usize,
+    /// Query heads per kv head.
+    group: usize,
+    scale: f32,
+}
+
+impl<T> Problem<'_, T> {
+    /// Key tile of (physical block, kv head): `[head_size/x, block_size, x]`.
+    fn key_tile(&self, block: u32, kv_head: usize) -> &[T] {
+        let n = self.g.block_head_elems();
+        let start = (block as usize * self.g.num_kv_heads + kv_head) * n;
+        &self.key[start..start + n]
+    }
+    /// Value tile of (physical block, kv head): `[head_size, block_size]`.
+    fn value_tile(&self, block: u32, kv_head: usize) -> &[T] {
+        let n = self.g.block_head_elems();
+        let start = (block as usize * self.g.num_kv_heads + kv_head) * n;
+        &self.value[start..start + n]
+    }
+    /// Query row of (token, query head).
+    fn query_row(&self, token: usize, head: usize) -> &[f32] {
+        let d = self.g.head_size;
+        let start = (token * self.num_heads + head) * d;
+        &self.query[start..start + d]
+    }
+    /// Offset of (token, query head) in `out`.
+    fn out_offset(&self, token: usize, head: usize) -> usize {
+        (token * self.num_heads + head) * self.g.head_size
+    }
+}
+
+/// A shared view of an output buffer whose disjoint ranges are written by different items.
+#[derive(Clone, Copy)]
+struct SharedOut {
+    ptr: *mut f32,
+    len: usize,
+}
+
+// SAFETY: items only write ranges no other item touches (see `range`), and the buffer outlives
+// the parallel section that uses it.
+unsafe impl Send for SharedOut {}
+// SAFETY: as above.
+unsafe impl Sync for SharedOut {}
+
+impl SharedOut {
+    fn new(buf: &mut [f32]) -> Self {
+        SharedOut { ptr: buf.as_mut_ptr(), len: buf.len() }
+    }
+
+    /// # Safety
+    /// No other live reference may overlap `start .. start + len`, and the buffer must outlive `'a`.
+    unsafe fn range<'a>(self, start: usize, len: usize) -> &'a mut [f32] {
+        assert!(start + len <= self.len, "output range out of bounds");
+        // SAFETY: in bounds (checked) and exclusive (caller's contract).
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), len) }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Item {
+    /// Decode of `seq` for `kv_head` over context tokens `t0 .. t1`; `part` indexes its partial
+    /// results on the split path (`None`: writes `out` directly).
+    Decode { seq: usize, kv_head: usize, t0: usize, t1: usize, part: Option<usize> },
+    /// Query tokens `q0 .. q1` of `seq`'s chunk for `kv_head`.
+    Chunk { seq: usize, kv_head: usize, q0: usize, q1: usize },
+}
+
+/// A split decode sequence: where its partials start and how many partitions it has.
+#[derive(Debug, Clone, Copy)]
+struct SplitSeq {
+    seq: usize,
+    first_part: usize,
+    num_parts: usize,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run<T: KernelElem>(
+    isa: Isa,
+    split: SplitPolicy,
+    out: &mut [f32],
+    query: &[f32],
+    key: &[T],
+    value: &[T],
+    g: &CacheGeometry,
+    meta: &PagedAttnMetadata<'_>,
+    num_heads: usize,
+    scale: f32,
+) {
+    let group = num_heads / g.num_kv_heads;
+    let pb = Problem { isa, key, value, g: *g, meta, query, num_heads, group, scale };
+    let decode_seqs: Vec<usize> = (0..meta.num_seqs()).filter(|&s| meta.query_len(s) == 1).collect();
+    let partition = match split {
+        SplitPolicy::Never => None,
+        SplitPolicy::Always { partition_tokens } => Some(partition_tokens),
+        SplitPolicy::Auto => {
+            let max_ctx = decode_seqs.iter().map(|&s| meta.seq_lens[s]).max().unwrap_or(0);
+            let items = decode_seqs.len() * g.num_kv_heads;
+            let starved = items < 4 * rayon::current_num_threads() && max_ctx > 2 * PARTITION_TOKENS;
+            (max_ctx > LONG_CONTEXT || starved).then_some(PARTITION_TOKENS)
+        }
+    };
+
+    let mut items = Vec::new();
+    let mut splits = Vec::new();
+    let mut num_parts_total = 0;
+    for &seq in &decode_seqs {
+        let ctx = meta.seq_lens[seq];
+        let parts = partition.map_or(1, |p| ctx.div_ceil(p));
+        if parts <= 1 {
+            items.extend((0..g.num_kv_heads).map(|kv_head| Item::Decode {
+                seq,
+                kv_head,
+                t0: 0,
+                t1: ctx,
+                part: None,
+            }));
+            continue;
+        }
+        let p = partition.unwrap_or(ctx);
+        splits.push(SplitSeq { seq, first_part: num_parts_total, num_parts: parts });
+        for kv_head in 0..g.num_kv_heads {
+            for k in 0..parts {
+                let (t0, t1) = (k * p, ((k + 1) * p).min(ctx));
+                items.push(Item::Decode { seq, kv_head, t0, t1, part: Some(num_parts_total + k) });
+            }
+        }
+        num_parts_total += parts;
+    }
+    for seq in (0..meta.num_seqs()).filter(|&s| meta.query_len(s) > 1) {
+        let q_len = meta.query_len(seq);
+        for kv_head in 0..g.num_kv_heads {
+            for q0 in (0..q_len).step_by(QUERY_TILE) {
+                items.push(Item::Chunk { seq, kv_head, q0, q1: (q0 + QUERY_TILE).min(q_len) });
+            }
+        }
+    }
+
+    // Split partials: per partition and query head, [max, sum, normalized output (head_size)].
+    let stride = g.head_size + 2;
+    let mut partials = vec![0.0f32; num_parts_total * num_heads * stride];
+    let out_view = SharedOut::new(out);
+    let partial_view = SharedOut::new(&mut partials);
+    items.par_iter().for_each(|item| match *item {
+        Item::Decode { seq, kv_head, t0, t1, part } => {
+            let sink = match part {
+                None => decode::Sink::Out(out_view),
+                Some(p) => decode::Sink::Partial { buf: partial_view, base: p * num_heads * stride, stride },
+            };
+            decode::run_item(&pb, seq, kv_head, t0, t1, sink);
+        }
+        Item::Chunk { seq, kv_head, q0, q1 } => chunk::run_item(&pb, seq, kv_head, q0, q1, out_view),
+    });
+    if !splits.is_empty() {
+        splits.par_iter().for_each(|s| decode::merge(&pb, s, &partials, stride, out_view));
+    }
+}

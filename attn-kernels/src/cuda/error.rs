@@ -1,0 +1,26 @@
+//! Errors of the CUDA backend: missing libraries, no device, compile failures, driver errors.
+
+/// Everything the CUDA backend can fail with; never a panic.
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    #[error("the CUDA driver library (libcuda) is not installed on this machine; use the CPU device")]
+    DriverMissing,
+    #[error("the NVRTC library (libnvrtc) could not be loaded; put it on LD_LIBRARY_PATH")]
+    NvrtcMissing,
+    #[error("CUDA driver error: {0}")]
+    Driver(#[from] cudarc::driver::DriverError),
+    #[error("NVRTC failed on program {program}: {code}")]
+    Nvrtc { program: String, code: String },
+    #[error("CUDA program {program} does not compile for {arch}:\n{log}")]
+    Compile { program: String, arch: String, log: String },
+    #[error("kernel source of {0} contains a NUL byte")]
+    SourceHasNul(String),
+    #[error("kernel {0} is missing from its compiled program")]
+    MissingKernel(String),
+    #[error("no CUDA kernels for {0}")]
+    Unsupported(String),
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    #[error("cubin cache I/O at {path}: {source}")]
+    CacheIo { path: String, source: std::io::Error },
+}

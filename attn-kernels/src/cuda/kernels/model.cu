@@ -1,0 +1,117 @@
+// Small element-wise and row kernels of the Llama forward on CUDA (the GEMMs are cuBLAS):
+// embedding gather, RMSNorm, rotary embedding (HF rotate-half), SiLU·mul, residual add, casts.
+// T is the activation type (float, __half or __nv_bfloat16); all arithmetic is f32.
+
+// out[n, hidden] = table[ids[n], :]. Grid: tokens; any block size.
+template <typename T>
+__device__ __forceinline__ void embedding_body(T* __restrict__ out, const T* __restrict__ table,
+                                               const unsigned int* __restrict__ ids, int hidden) {
+  const long long row = blockIdx.x;
+  const T* src = table + (long long)ids[row] * hidden;
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x) out[row * hidden + i] = src[i];
+}
+
+// out = x / sqrt(mean(x^2) + eps) * weight, per row. Grid: rows; block size a multiple of 32.
+template <typename T>
+__device__ __forceinline__ void rms_norm_body(T* __restrict__ out, const T* __restrict__ x,
+                                              const T* __restrict__ weight, float eps, int hidden) {
+  __shared__ float scratch[32];
+  const long long row = blockIdx.x;
+  const T* xr = x + row * hidden;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
+    const float v = CacheTraits<T>::to_f32(xr[i]);
+    ss = fmaf(v, v, ss);
+  }
+  const float total = block_sum(ss, scratch);
+  const float inv = rsqrtf(total / hidden + eps);
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
+    const float v = CacheTraits<T>::to_f32(xr[i]) * inv * CacheTraits<T>::to_f32(weight[i]);
+    out[row * hidden + i] = CacheTraits<T>::from_f32(v);
+  }
+}
+
+// HF rotate-half rotary embedding, in place on q [n, num_heads, head] and k [n, num_kv_heads,
+// head] (token strides given). cos_sin: f32 [max_pos, head] = cos of the head/2 frequencies, then
+// their sin (the host builds it, so any RoPE scaling lives there). Grid: tokens.
+template <typename T>
+__device__ __forceinline__ void rotary_body(T* __restrict__ q, T* __restrict__ k,
+                                            const float* __restrict__ cos_sin,
+                                            const long long* __restrict__ positions, int num_heads,
+                                            int num_kv_heads, int head_size, long long q_stride,
+                                            long long k_stride) {
+  const long long token = blockIdx.x;
+  const int half = head_size / 2;
+  const float* cs = cos_sin + positions[token] * head_size;
+  const int total = (num_heads + num_kv_heads) * half;
+  for (int i = threadIdx.x; i < total; i += blockDim.x) {
+    const int h = i / half;
+    const int r = i % half;
+    T* base = h < num_heads ? q + token * q_stride + (long long)h * head_size
+                            : k + token * k_stride + (long long)(h - num_heads) * head_size;
+    const float c = cs[r];
+    const float s = cs[half + r];
+    const float x1 = CacheTraits<T>::to_f32(base[r]);
+    const float x2 = CacheTraits<T>::to_f32(base[r + half]);
+    base[r] = CacheTraits<T>::from_f32(x1 * c - x2 * s);
+    base[r + half] = CacheTraits<T>::from_f32(x2 * c + x1 * s);
+  }
+}
+
+// out[n, inter] = silu(gate[n, :]) * up[n, :] (row strides given so a fused gate_up output
+// works). Grid: rows.
+template <typename T>
+__device__ __forceinline__ void silu_mul_body(T* __restrict__ out, const T* __restrict__ gate,
+                                              const T* __restrict__ up, int inter,
+                                              long long in_stride) {
+  const long long row = blockIdx.x;
+  for (int i = threadIdx.x; i < inter; i += blockDim.x) {
+    const float g = CacheTraits<T>::to_f32(gate[row * in_stride + i]);
+    const float u = CacheTraits<T>::to_f32(up[row * in_stride + i]);
+    out[row * inter + i] = CacheTraits<T>::from_f32(g / (1.f + __expf(-g)) * u);
+  }
+}
+
+// out[i] = a[i] + b[i]; out may alias a. Grid-stride loop.
+template <typename T>
+__device__ __forceinline__ void add_body(T* out, const T* a, const T* b, long long n) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+       i += (long long)gridDim.x * blockDim.x)
+    out[i] = CacheTraits<T>::from_f32(CacheTraits<T>::to_f32(a[i]) + CacheTraits<T>::to_f32(b[i]));
+}
+
+template <typename S, typename D>
+__device__ __forceinline__ void cast_body(D* __restrict__ out, const S* __restrict__ in, long long n) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+       i += (long long)gridDim.x * blockDim.x)
+    out[i] = CacheTraits<D>::from_f32(CacheTraits<S>::to_f32(in[i]));
+}
+
+#define MODEL_KERNELS(TN, T)                                                               \
+  extern "C" __global__ void embedding_##TN(T* out, const T* table, const unsigned int* ids, \
+                                            int hidden) {                                  \
+    embedding_body<T>(out, table, ids, hidden);                                            \
+  }                                                                                        \
+  extern "C" __global__ void rms_norm_##TN(T* out, const T* x, const T* weight, float eps, \
+                                           int hidden) {                                   \
+    rms_norm_body<T>(out, x, weight, eps, hidden);                                         \
+  }                                                                                        \
+  extern "C" __global__ void rotary_##TN(T* q, T* k, const float* cos_sin,                 \
+                                         const long long* positions, int num_heads,        \
+                                         int num_kv_heads, int head_size,                  \
+                                         long long q_stride, long long k_stride) {         \
+    rotary_body<T>(q, k, cos_sin, positions, num_heads, num_kv_heads, head_size, q_stride, \
+                   k_stride);                                                              \
+  }                                                                                        \
+  extern "C" __global__ void silu_mul_##TN(T* out, const T* gate, const T* up, int inter,  \
+                                           long long in_stride) {                          \
+    silu_mul_body<T>(out, gate, up, inter, in_stride);                                     \
+  }                                                                                        \
+  extern "C" __global__ void add_##TN(T* out, const T* a, const T* b, long long n) {       \
+    add_body<T>(out, a, b, n);                                                             \
+  }
+
+#define CAST_KERNEL(SN, S, DN, D)                                                          \
+  extern "C" __global__ void cast_##SN##_to_##DN(D* out, const S* in, long long n) {       \
+    cast_body<S, D>(out, in, n);                                                           \
+  }

@@ -1,0 +1,118 @@
+//! Batch metadata of [`crate::paged_attention`] and the checks run before any kernel writes.
+
+use kv_cache::LayerCache;
+
+use crate::AttnError;
+
+/// Head sizes the kernels implement.
+pub const SUPPORTED_HEAD_SIZES: [usize; 6] = [64, 80, 96, 112, 128, 256];
+/// Block sizes (tokens per block) the kernels implement.
+pub const SUPPORTED_BLOCK_SIZES: [usize; 3] = [8, 16, 32];
+
+/// Where each sequence's query tokens are and which cached tokens they attend to.
+///
+/// Sequence `s` owns query rows `query_start_loc[s] .. query_start_loc[s + 1]` (a decode step
+/// has one); its context is `seq_lens[s]` tokens *including* those query tokens, which
+/// `reshape_and_cache` has already written. Query token `i` of the chunk sits at position
+/// `seq_lens[s] - query_len + i` and attends causally to positions `0 ..= that`.
+#[derive(Debug, Clone, Copy)]
+pub struct PagedAttnMetadata<'a> {
+    /// `num_seqs + 1` prefix sums over query tokens, starting at 0.
+    pub query_start_loc: &'a [usize],
+    /// Per sequence: total context length, this step's query tokens included.
+    pub seq_lens: &'a [usize],
+    /// Flat `[num_seqs, max_blocks_per_seq]` physical block ids; entries past a sequence's
+    /// `ceil(seq_len / block_size)` blocks are never read.
+    pub block_tables: &'a [u32],
+    pub max_blocks_per_seq: usize,
+}
+
+impl PagedAttnMetadata<'_> {
+    pub fn num_seqs(&self) -> usize {
+        self.seq_lens.len()
+    }
+    pub fn num_tokens(&self) -> usize {
+        self.query_start_loc.last().copied().unwrap_or(0)
+    }
+    pub(crate) fn query_len(&self, s: usize) -> usize {
+        self.query_start_loc[s + 1] - self.query_start_loc[s]
+    }
+    pub(crate) fn block_table(&self, s: usize) -> &[u32] {
+        &self.block_tables[s * self.max_blocks_per_seq..(s + 1) * self.max_blocks_per_seq]
+    }
+}
+
+pub(crate) fn check_kernel_shape(cache: &LayerCache) -> Result<(), AttnError> {
+    if !SUPPORTED_HEAD_SIZES.contains(&cache.head_size()) {
+        return Err(AttnError::UnsupportedHeadSize(cache.head_size()));
+    }
+    if !SUPPORTED_BLOCK_SIZES.contains(&cache.block_size()) {
+        return Err(AttnError::UnsupportedBlockSize(cache.block_size()));
+    }
+    Ok(())
+}
+
+pub(crate) fn check_len(what: &'static str, expected: usize, got: usize) -> Result<(), AttnError> {
+    if expected == got { Ok(()) } else { Err(AttnError::ShapeMismatch { what, expected, got }) }
+}
+
+/// Everything `paged_attention` needs to hold before it may write `out`.
+pub(crate) fn validate(
+    out_len: usize,
+    query_len: usize,
+    cache: &LayerCache,
+    meta: &PagedAttnMetadata<'_>,
+    num_heads: usize,
+    scale: f32,
+) -> Result<(), AttnError> {
+    check_kernel_shape(cache)?;
+    let num_kv_heads = cache.num_kv_heads();
+    if num_heads == 0 || !num_heads.is_multiple_of(num_kv_heads) {
+        return Err(AttnError::HeadsNotDivisible { num_heads, num_kv_heads });
+    }
+    if !scale.is_finite() {
+        return Err(AttnError::NonFiniteScale(scale));
+    }
+    let num_seqs = meta.seq_lens.len();
+    check_len("query_start_loc (num_seqs + 1)", num_seqs + 1, meta.query_start_loc.len())?;
+    if meta.query_start_loc[0] != 0 {
+        return Err(AttnError::InvalidQueryStartLoc(format!("starts at {}, not 0", meta.query_start_loc[0])));
+    }
+    if let Some(s) = meta.query_start_loc.windows(2).position(|w| w[1] < w[0]) {
+        return Err(AttnError::InvalidQueryStartLoc(format!("decreases after sequence {s}")));
+    }
+    let row = num_heads * cache.head_size();
+    let num_tokens = meta.num_tokens();
+    let rows = num_tokens.checked_mul(row).ok_or(AttnError::ShapeMismatch {
+        what: "query",
+        expected: usize::MAX,
+        got: query_len,
+    })?;
+    check_len("query [num_tokens, num_heads, head_size]", rows, query_len)?;
+    check_len("out [num_tokens, num_heads, head_size]", rows, out_len)?;
+    let table_len = num_seqs.saturating_mul(meta.max_blocks_per_seq);
+    check_len("block_tables [num_seqs, max_blocks_per_seq]", table_len, meta.block_tables.len())?;
+    let bs = cache.block_size();
+    for (s, &seq_len) in meta.seq_lens.iter().enumerate() {
+        let q = meta.query_len(s);
+        if q > seq_len {
+            return Err(AttnError::QueryLongerThanContext { seq: s, query_len: q, seq_len });
+        }
+        let needed = seq_len.div_ceil(bs);
+        if needed > meta.max_blocks_per_seq {
+            return Err(AttnError::ContextExceedsBlockTable {
+                seq: s,
+                seq_len,
+                needed,
+                max_blocks_per_seq: meta.max_blocks_per_seq,
+            });
+        }
+        if q == 0 {
+            continue;
+        }
+        if let Some(&b) = meta.block_table(s)[..needed].iter().find(|&&b| b as usize >= cache.num_blocks()) {
+            return Err(AttnError::BlockOutOfRange { block: b as u64, num_blocks: cache.num_blocks() });
+        }
+    }
+    Ok(())
+}

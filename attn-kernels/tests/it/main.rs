@@ -1,0 +1,1 @@
+//! Integration tests of attn-kernels against the naive reference.

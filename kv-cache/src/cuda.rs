@@ -1,0 +1,359 @@
+//! The KV cache on an NVIDIA GPU (behind the `cuda` feature): device open, per-layer device
+//! tensors in vLLM's layout, a pinned host swap cache, and sizing from free device memory.
+//!
+//! Opening never panics without a GPU: `cudarc`'s loader panics when libcuda is absent, so
+//! [`CudaDevice::open`] checks `is_culib_present` first and returns a typed error.
+//! Device tensors are raw bytes described by a [`CacheGeometry`] (the same index math as the CPU
+//! cache), so upload/download are plain byte copies and one type serves every dtype.
+
+use std::sync::Arc;
+
+use cudarc::driver::{
+    CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DriverError, PinnedHostSlice, result as drv,
+};
+
+use crate::{BlockShape, CacheConfig, CacheError, CacheGeometry, CacheSlices, CacheSlicesMut, LayerCache};
+
+/// Errors of the CUDA cache.
+#[derive(Debug, thiserror::Error)]
+pub enum CudaCacheError {
+    #[error("no CUDA driver (libcuda) on this machine: the CUDA device is unavailable; use the CPU")]
+    DriverMissing,
+    #[error("CUDA driver error: {0}")]
+    Driver(#[from] DriverError),
+    #[error(transparent)]
+    Cache(#[from] CacheError),
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+}
+
+/// Whether the CUDA driver library can be loaded (false on machines without an NVIDIA driver).
+pub fn driver_present() -> bool {
+    // SAFETY: only attempts to dlopen the driver library by its candidate names.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+/// One GPU: its context and the stream every cache copy and kernel of this process runs on.
+#[derive(Debug)]
+pub struct CudaDevice {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+}
+
+impl CudaDevice {
+    /// Opens GPU `ordinal`; [`CudaCacheError::DriverMissing`] without a driver, a driver error
+    /// (e.g. `CUDA_ERROR_NO_DEVICE`) without a GPU.
+    pub fn open(ordinal: usize) -> Result<Arc<Self>, CudaCacheError> {
+        if !driver_present() {
+            return Err(CudaCacheError::DriverMissing);
+        }
+        let ctx = CudaContext::new(ordinal)?;
+        let stream = ctx.new_stream()?;
+        Ok(Arc::new(CudaDevice { ctx, stream }))
+    }
+
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+    pub fn name(&self) -> Result<String, CudaCacheError> {
+        Ok(self.ctx.name()?)
+    }
+    /// `(major, minor)` compute capability, e.g. `(9, 0)` for an H100/H200.
+    pub fn compute_capability(&self) -> Result<(i32, i32), CudaCacheError> {
+        Ok(self.ctx.compute_capability()?)
+    }
+    /// `(free, total)` device memory in bytes.
+    pub fn memory_info(&self) -> Result<(usize, usize), CudaCacheError> {
+        Ok(self.ctx.mem_get_info()?)
+    }
+    /// Waits for everything queued on the stream.
+    pub fn synchronize(&self) -> Result<(), CudaCacheError> {
+        Ok(self.stream.synchronize()?)
+    }
+}
+
+/// vLLM's sizing: the cache gets `total * utilization` minus what the process already holds
+/// (`total - free`) minus the activation peak measured by a profiling forward pass, cut into
+/// whole blocks. Returns 0 when nothing is left.
+pub fn blocks_for_memory(
+    total_bytes: usize,
+    free_bytes: usize,
+    utilization: f64,
+    peak_activation_bytes: usize,
+    shape: &BlockShape,
+) -> Result<usize, CudaCacheError> {
+    if !(utilization > 0.0 && utilization <= 1.0) {
+        return Err(CudaCacheError::InvalidArgument(format!("utilization {utilization} not in (0, 1]")));
+    }
+    shape.validate()?;
+    let budget = (total_bytes as f64 * utilization) as usize;
+    let in_use = total_bytes.saturating_sub(free_bytes);
+    let left = budget.saturating_sub(in_use).saturating_sub(peak_activation_bytes);
+    Ok(left / shape.bytes_per_block())
+}
+
+/// One layer's key and value tensors in device memory, same layout and geometry as
+/// [`LayerCache`]; elements are `geometry.dtype`, stored as bytes.
+#[derive(Debug)]
+pub struct DeviceLayerCache {
+    geometry: CacheGeometry,
+    key: CudaSlice<u8>,
+    value: CudaSlice<u8>,
+}
+
+impl DeviceLayerCache {
+    /// Allocates a zeroed layer.
+    pub fn new(device: &CudaDevice, geometry: CacheGeometry) -> Result<Self, CudaCacheError> {
+        let bytes = tensor_bytes(&geometry)?;
+        let key = device.stream.alloc_zeros::<u8>(bytes)?;
+        let value = device.stream.alloc_zeros::<u8>(bytes)?;
+        Ok(DeviceLayerCache { geometry, key, value })
+    }
+
+    pub fn geometry(&self) -> &CacheGeometry {
+        &self.geometry
+    }
+    pub fn key(&self) -> &CudaSlice<u8> {
+        &self.key
+    }
+    pub fn value(&self) -> &CudaSlice<u8> {
+        &self.value
+    }
+    /// Both tensors mutably (kernels that write the cache take them together).
+    pub fn key_value_mut(&mut self) -> (&mut CudaSlice<u8>, &mut CudaSlice<u8>) {
+        (&mut self.key, &mut self.value)
+    }
+    /// Bytes of one block in one tensor (all kv heads).
+    pub fn block_bytes(&self) -> usize {
+        self.geometry.block_elems() * self.geometry.dtype.size_in_bytes()
+    }
+
+    /// Copies a host layer of the same geometry into this one.
+    pub fn upload(&mut self, device: &CudaDevice, host: &LayerCache) -> Result<(), CudaCacheError> {
+        self.check_same(host.geometry())?;
+        let (k, v) = host_bytes(host)?;
+        device.stream.memcpy_htod(k, &mut self.key)?;
+        device.stream.memcpy_htod(v, &mut self.value)?;
+        Ok(())
+    }
+
+    /// Copies this layer into a host layer of the same geometry (waits for the copy).
+    pub fn download(&self, device: &CudaDevice, host: &mut LayerCache) -> Result<(), CudaCacheError> {
+        self.check_same(host.geometry())?;
+        let (k, v) = host_bytes_mut(host)?;
+        device.stream.memcpy_dtoh(&self.key, k)?;
+        device.stream.memcpy_dtoh(&self.value, v)?;
+        device.synchronize()
+    }
+
+    fn check_same(&self, other: &CacheGeometry) -> Result<(), CudaCacheError> {
+        if *other == self.geometry {
+            Ok(())
+        } else {
+            Err(CudaCacheError::InvalidArgument(format!(
+                "host layer {other:?} differs from device layer {:?}",
+                self.geometry
+            )))
+        }
+    }
+}
+
+fn tensor_bytes(g: &CacheGeometry) -> Result<usize, CudaCacheError> {
+    g.num_blocks
+        .checked_mul(g.block_elems())
+        .and_then(|n| n.checked_mul(g.dtype.size_in_bytes()))
+        .ok_or_else(|| CacheError::TooLarge { bytes: g.tensor_elems() as u128 * g.dtype.size_in_bytes() as u128 }.into())
+}
+
+fn host_bytes(host: &LayerCache) -> Result<(&[u8], &[u8]), CudaCacheError> {
+    Ok(match host.slices() {
+        CacheSlices::F32 { key, value } => (bytemuck::cast_slice(key), bytemuck::cast_slice(value)),
+        CacheSlices::F16 { key, value } => (bytemuck::cast_slice(key), bytemuck::cast_slice(value)),
+        CacheSlices::BF16 { key, value } => (bytemuck::cast_slice(key), bytemuck::cast_slice(value)),
+        #[allow(unreachable_patterns)]
+        _ => return Err(CudaCacheError::InvalidArgument("host layer storage is not a host slice".into())),
+    })
+}
+
+fn host_bytes_mut(host: &mut LayerCache) -> Result<(&mut [u8], &mut [u8]), CudaCacheError> {
+    Ok(match host.slices_mut() {
+        CacheSlicesMut::F32 { key, value } => (bytemuck::cast_slice_mut(key), bytemuck::cast_slice_mut(value)),
+        CacheSlicesMut::F16 { key, value } => (bytemuck::cast_slice_mut(key), bytemuck::cast_slice_mut(value)),
+        CacheSlicesMut::BF16 { key, value } => (bytemuck::cast_slice_mut(key), bytemuck::cast_slice_mut(value)),
+        #[allow(unreachable_patterns)]
+        _ => return Err(CudaCacheError::InvalidArgument("host layer storage is not a host slice".into())),
+    })
+}
+
+/// Pinned host memory of one layer's swap space (key and value, same block layout).
+#[derive(Debug)]
+struct SwapLayer {
+    key: PinnedHostSlice<u8>,
+    value: PinnedHostSlice<u8>,
+}
+
+/// The whole KV cache on one GPU plus its pinned host swap cache, all allocated at creation.
+#[derive(Debug)]
+pub struct CudaKvCache {
+    config: CacheConfig,
+    device: Arc<CudaDevice>,
+    layers: Vec<DeviceLayerCache>,
+    swap: Vec<SwapLayer>,
+    /// Device addresses of every layer's key / value tensor (what `copy_blocks` walks).
+    key_ptrs: CudaSlice<u64>,
+    value_ptrs: CudaSlice<u64>,
+}
+
+impl CudaKvCache {
+    /// Allocates `config.num_blocks` device blocks and `config.num_swap_blocks` pinned host
+    /// blocks per layer (`config.device` is ignored: the device is `device`).
+    pub fn new(config: CacheConfig, device: Arc<CudaDevice>) -> Result<Self, CudaCacheError> {
+        config.shape().validate()?;
+        let geometry = |num_blocks| CacheGeometry {
+            num_blocks,
+            num_kv_heads: config.num_kv_heads,
+            head_size: config.head_size,
+            block_size: config.block_size,
+            dtype: config.dtype,
+        };
+        let layers = (0..config.num_layers)
+            .map(|_| DeviceLayerCache::new(&device, geometry(config.num_blocks)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let swap_bytes = tensor_bytes(&geometry(config.num_swap_blocks))?;
+        let mut swap = Vec::new();
+        if swap_bytes > 0 {
+            for _ in 0..config.num_layers {
+                // SAFETY: pinned allocations of plain bytes; every byte is written by a swap-out
+                // before a swap-in reads it back (the block manager only swaps in what it swapped out).
+                let key = unsafe { device.ctx.alloc_pinned::<u8>(swap_bytes) }?;
+                let value = unsafe { device.ctx.alloc_pinned::<u8>(swap_bytes) }?;
+                swap.push(SwapLayer { key, value });
+            }
+        }
+        let stream = device.stream.clone();
+        let addr = |s: &CudaSlice<u8>| s.device_ptr(&stream).0;
+        let key_addrs: Vec<u64> = layers.iter().map(|l| addr(&l.key)).collect();
+        let value_addrs: Vec<u64> = layers.iter().map(|l| addr(&l.value)).collect();
+        let key_ptrs = stream.clone_htod(&key_addrs)?;
+        let value_ptrs = stream.clone_htod(&value_addrs)?;
+        Ok(CudaKvCache { config, device, layers, swap, key_ptrs, value_ptrs })
+    }
+
+    pub fn config(&self) -> &CacheConfig {
+        &self.config
+    }
+    pub fn device(&self) -> &Arc<CudaDevice> {
+        &self.device
+    }
+    pub fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+    pub fn layer(&self, l: usize) -> Result<&DeviceLayerCache, CudaCacheError> {
+        let n = self.layers.len();
+        self.layers.get(l).ok_or(CacheError::LayerOutOfRange { layer: l, num_layers: n }.into())
+    }
+    pub fn layer_mut(&mut self, l: usize) -> Result<&mut DeviceLayerCache, CudaCacheError> {
+        let n = self.layers.len();
+        self.layers.get_mut(l).ok_or(CacheError::LayerOutOfRange { layer: l, num_layers: n }.into())
+    }
+    /// Device arrays of every layer's key and value tensor address, for block-copy kernels.
+    pub fn layer_pointer_tables(&self) -> (&CudaSlice<u64>, &CudaSlice<u64>) {
+        (&self.key_ptrs, &self.value_ptrs)
+    }
+    /// Bytes of one block of one tensor of one layer.
+    pub fn block_bytes(&self) -> usize {
+        self.config.shape().bytes_per_block_per_layer() / 2
+    }
+
+    /// Queues device → host copies of `(device_block, swap_block)` pairs on the stream (async;
+    /// the pinned memory makes them true DMA copies). Every index is checked first.
+    pub fn swap_out(&mut self, mapping: &[(u32, u32)]) -> Result<(), CudaCacheError> {
+        self.check_mapping(mapping, self.config.num_blocks, self.config.num_swap_blocks)?;
+        let bb = self.block_bytes();
+        let stream = self.device.stream.clone();
+        for (layer, swap) in self.layers.iter().zip(self.swap.iter_mut()) {
+            for (dev, host) in [(&layer.key, &mut swap.key), (&layer.value, &mut swap.value)] {
+                let (base, _sync) = dev.device_ptr(&stream);
+                let host_ptr = host.as_mut_ptr()?;
+                for &(src, dst) in mapping {
+                    // SAFETY: both ranges were bounds-checked by `check_mapping`; the pinned
+                    // buffer outlives the copy (it lives as long as `self`).
+                    unsafe {
+                        let dst_slice = std::slice::from_raw_parts_mut(host_ptr.add(dst as usize * bb), bb);
+                        drv::memcpy_dtoh_async(dst_slice, base + (src as usize * bb) as u64, stream.cu_stream())?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Queues host → device copies of `(swap_block, device_block)` pairs on the stream.
+    pub fn swap_in(&mut self, mapping: &[(u32, u32)]) -> Result<(), CudaCacheError> {
+        self.check_mapping(mapping, self.config.num_swap_blocks, self.config.num_blocks)?;
+        let bb = self.block_bytes();
+        let stream = self.device.stream.clone();
+        for (layer, swap) in self.layers.iter_mut().zip(self.swap.iter()) {
+            for (dev, host) in [(&mut layer.key, &swap.key), (&mut layer.value, &swap.value)] {
+                let (base, _sync) = dev.device_ptr_mut(&stream);
+                let host_ptr = host.as_ptr()?;
+                for &(src, dst) in mapping {
+                    // SAFETY: bounds-checked by `check_mapping`; the pinned source lives in `self`.
+                    unsafe {
+                        let src_slice = std::slice::from_raw_parts(host_ptr.add(src as usize * bb), bb);
+                        drv::memcpy_htod_async(base + (dst as usize * bb) as u64, src_slice, stream.cu_stream())?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn check_mapping(&self, mapping: &[(u32, u32)], src_blocks: usize, dst_blocks: usize) -> Result<(), CudaCacheError> {
+        if self.swap.is_empty() && !mapping.is_empty() {
+            return Err(CudaCacheError::InvalidArgument("the cache has no swap space".into()));
+        }
+        for &(s, d) in mapping {
+            if s as usize >= src_blocks || d as usize >= dst_blocks {
+                return Err(CudaCacheError::InvalidArgument(format!(
+                    "swap pair ({s}, {d}) out of range ({src_blocks} source, {dst_blocks} destination blocks)"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::DType;
+
+    fn shape() -> BlockShape {
+        BlockShape { block_size: 16, num_layers: 2, num_kv_heads: 8, head_size: 128, dtype: DType::BF16 }
+    }
+
+    #[test]
+    fn sizing_follows_utilization_minus_usage_and_peak() {
+        let gib = 1usize << 30;
+        let per_block = shape().bytes_per_block(); // 2 layers * 2 * 8 * 128 * 16 * 2 = 131072
+        assert_eq!(per_block, 131_072);
+        // 80 GiB total, 2 GiB already used, 90 %, 4 GiB activation peak → 72 - 2 - 4 = 66 GiB.
+        let n = blocks_for_memory(80 * gib, 78 * gib, 0.9, 4 * gib, &shape()).unwrap_or(0);
+        assert_eq!(n, ((80.0 * 0.9) as usize * gib - 6 * gib) / per_block);
+        assert_eq!(blocks_for_memory(gib, 0, 0.5, 0, &shape()).unwrap_or(1), 0);
+        assert!(blocks_for_memory(gib, gib, 1.5, 0, &shape()).is_err());
+    }
+
+    #[test]
+    fn open_without_a_gpu_is_an_error_not_a_panic() {
+        // This test machine may or may not have a driver; either way open() must not panic.
+        match CudaDevice::open(0) {
+            Ok(dev) => assert!(dev.compute_capability().is_ok()),
+            Err(e) => assert!(!e.to_string().is_empty()),
+        }
+    }
+}

@@ -1,0 +1,354 @@
+//! One layer's key and value tensors in vLLM's paged layout, and index math over them.
+
+use half::{bf16, f16};
+
+use crate::{CacheElem, CacheError, DType};
+
+/// Shape of one layer's cache tensors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheGeometry {
+    pub num_blocks: usize,
+    pub num_kv_heads: usize,
+    pub head_size: usize,
+    pub block_size: usize,
+    pub dtype: DType,
+}
+
+impl CacheGeometry {
+    /// Innermost key dimension: elements per 16 bytes.
+    pub const fn x(&self) -> usize {
+        self.dtype.x()
+    }
+
+    /// Elements of one (block, kv head) tile, in either tensor: `head_size * block_size`.
+    pub const fn block_head_elems(&self) -> usize {
+        self.head_size * self.block_size
+    }
+
+    /// Elements of one block (all kv heads), in either tensor; blocks are contiguous runs of this.
+    pub const fn block_elems(&self) -> usize {
+        self.num_kv_heads * self.block_head_elems()
+    }
+
+    /// Tokens the layer holds.
+    pub const fn num_slots(&self) -> usize {
+        self.num_blocks * self.block_size
+    }
+
+    /// Elements of each tensor.
+    pub const fn tensor_elems(&self) -> usize {
+        self.num_blocks * self.block_elems()
+    }
+
+    /// Index into the key tensor `[num_blocks, kv_heads, head_size/x, block_size, x]`.
+    #[inline]
+    pub const fn key_index(&self, slot: usize, kv_head: usize, d: usize) -> usize {
+        let (block, offset) = (slot / self.block_size, slot % self.block_size);
+        let x = self.x();
+        (block * self.num_kv_heads + kv_head) * self.block_head_elems()
+            + (d / x) * self.block_size * x
+            + offset * x
+            + d % x
+    }
+
+    /// Index into the value tensor `[num_blocks, kv_heads, head_size, block_size]`.
+    #[inline]
+    pub const fn value_index(&self, slot: usize, kv_head: usize, d: usize) -> usize {
+        let (block, offset) = (slot / self.block_size, slot % self.block_size);
+        (block * self.num_kv_heads + kv_head) * self.block_head_elems() + d * self.block_size + offset
+    }
+
+    /// Same tile shape (everything but the number of blocks): blocks can be copied between the two.
+    pub fn same_block_layout(&self, other: &CacheGeometry) -> bool {
+        self.num_kv_heads == other.num_kv_heads
+            && self.head_size == other.head_size
+            && self.block_size == other.block_size
+            && self.dtype == other.dtype
+    }
+}
+
+/// Typed storage; private so a device variant can be added without touching users.
+#[derive(Debug)]
+enum Storage {
+    F32 { key: Vec<f32>, value: Vec<f32> },
+    F16 { key: Vec<f16>, value: Vec<f16> },
+    BF16 { key: Vec<bf16>, value: Vec<bf16> },
+}
+
+/// Borrowed key and value tensors of one layer, by dtype (what kernels dispatch on).
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum CacheSlices<'a> {
+    F32 { key: &'a [f32], value: &'a [f32] },
+    F16 { key: &'a [f16], value: &'a [f16] },
+    BF16 { key: &'a [bf16], value: &'a [bf16] },
+}
+
+/// Mutably borrowed key and value tensors of one layer, by dtype.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum CacheSlicesMut<'a> {
+    F32 { key: &'a mut [f32], value: &'a mut [f32] },
+    F16 { key: &'a mut [f16], value: &'a mut [f16] },
+    BF16 { key: &'a mut [bf16], value: &'a mut [bf16] },
+}
+
+/// One layer's key and value cache, allocated once at its full size.
+#[derive(Debug)]
+pub struct LayerCache {
+    geometry: CacheGeometry,
+    storage: Storage,
+}
+
+impl LayerCache {
+    /// Allocates zeroed key and value tensors for `geometry`.
+    pub fn new(geometry: CacheGeometry) -> Result<Self, CacheError> {
+        let bytes = geometry.tensor_elems() as u128 * 2 * geometry.dtype.size_in_bytes() as u128;
+        let elems = geometry
+            .num_blocks
+            .checked_mul(geometry.num_kv_heads)
+            .and_then(|n| n.checked_mul(geometry.head_size))
+            .and_then(|n| n.checked_mul(geometry.block_size))
+            .filter(|n| {
+                n.checked_mul(2 * geometry.dtype.size_in_bytes()).is_some_and(|b| b <= isize::MAX as usize)
+            })
+            .ok_or(CacheError::TooLarge { bytes })?;
+        let storage = match geometry.dtype {
+            DType::F32 => Storage::F32 { key: vec![0.0; elems], value: vec![0.0; elems] },
+            DType::F16 => Storage::F16 { key: vec![f16::ZERO; elems], value: vec![f16::ZERO; elems] },
+            DType::BF16 => Storage::BF16 { key: vec![bf16::ZERO; elems], value: vec![bf16::ZERO; elems] },
+        };
+        Ok(LayerCache { geometry, storage })
+    }
+
+    pub fn geometry(&self) -> &CacheGeometry {
+        &self.geometry
+    }
+    pub fn dtype(&self) -> DType {
+        self.geometry.dtype
+    }
+    pub fn num_blocks(&self) -> usize {
+        self.geometry.num_blocks
+    }
+    pub fn block_size(&self) -> usize {
+        self.geometry.block_size
+    }
+    pub fn num_kv_heads(&self) -> usize {
+        self.geometry.num_kv_heads
+    }
+    pub fn head_size(&self) -> usize {
+        self.geometry.head_size
+    }
+
+    /// Both tensors, by dtype.
+    pub fn slices(&self) -> CacheSlices<'_> {
+        match &self.storage {
+            Storage::F32 { key, value } => CacheSlices::F32 { key, value },
+            Storage::F16 { key, value } => CacheSlices::F16 { key, value },
+            Storage::BF16 { key, value } => CacheSlices::BF16 { key, value },
+        }
+    }
+
+    /// Both tensors, mutably, by dtype.
+    pub fn slices_mut(&mut self) -> CacheSlicesMut<'_> {
+        match &mut self.storage {
+            Storage::F32 { key, value } => CacheSlicesMut::F32 { key, value },
+            Storage::F16 { key, value } => CacheSlicesMut::F16 { key, value },
+            Storage::BF16 { key, value } => CacheSlicesMut::BF16 { key, value },
+        }
+    }
+
+    /// `(key, value)` as `T`, or `None` when the cache holds another dtype.
+    pub fn typed<T: CacheElem>(&self) -> Option<(&[T], &[T])> {
+        let (k, v): (&[u8], &[u8]) = match &self.storage {
+            Storage::F32 { key, value } => (bytemuck::cast_slice(key), bytemuck::cast_slice(value)),
+            Storage::F16 { key, value } => (bytemuck::cast_slice(key), bytemuck::cast_slice(value)),
+            Storage::BF16 { key, value } => (bytemuck::cast_slice(key), bytemuck::cast_slice(value)),
+        };
+        (T::DTYPE == self.geometry.dtype).then(|| (bytemuck::cast_slice(k), bytemuck::cast_slice(v)))
+    }
+
+    /// `(key, value)` as mutable `T`, or `None` when the cache holds another dtype.
+    pub fn typed_mut<T: CacheElem>(&mut self) -> Option<(&mut [T], &mut [T])> {
+        if T::DTYPE != self.geometry.dtype {
+            return None;
+        }
+        let (k, v): (&mut [u8], &mut [u8]) = match &mut self.storage {
+            Storage::F32 { key, value } => (bytemuck::cast_slice_mut(key), bytemuck::cast_slice_mut(value)),
+            Storage::F16 { key, value } => (bytemuck::cast_slice_mut(key), bytemuck::cast_slice_mut(value)),
+            Storage::BF16 { key, value } => (bytemuck::cast_slice_mut(key), bytemuck::cast_slice_mut(value)),
+        };
+        Some((bytemuck::cast_slice_mut(k), bytemuck::cast_slice_mut(v)))
+    }
+
+    /// Sets every element of both tensors (tests poison unused slots with NaN this way).
+    pub fn fill(&mut self, v: f32) {
+        match &mut self.storage {
+            Storage::F32 { key, value } => {
+                key.fill(v);
+                value.fill(v);
+            }
+            Storage::F16 { key, value } => {
+                key.fill(f16::from_f32(v));
+                value.fill(f16::from_f32(v));
+            }
+            Storage::BF16 { key, value } => {
+                key.fill(bf16::from_f32(v));
+                value.fill(bf16::from_f32(v));
+            }
+        }
+    }
+
+    fn check_slot(&self, slot: usize, kv_head: usize) -> Result<(), CacheError> {
+        if slot >= self.geometry.num_slots() {
+            return Err(CacheError::SlotOutOfRange { slot, num_slots: self.geometry.num_slots() });
+        }
+        if kv_head >= self.geometry.num_kv_heads {
+            return Err(CacheError::KvHeadOutOfRange { kv_head, num_kv_heads: self.geometry.num_kv_heads });
+        }
+        Ok(())
+    }
+
+    /// One token's key for one kv head, as `f32` (`head_size` values).
+    pub fn read_key(&self, slot: usize, kv_head: usize) -> Result<Vec<f32>, CacheError> {
+        self.check_slot(slot, kv_head)?;
+        let g = self.geometry;
+        Ok((0..g.head_size).map(|d| self.key_at(g.key_index(slot, kv_head, d))).collect())
+    }
+
+    /// One token's value for one kv head, as `f32` (`head_size` values).
+    pub fn read_value(&self, slot: usize, kv_head: usize) -> Result<Vec<f32>, CacheError> {
+        self.check_slot(slot, kv_head)?;
+        let g = self.geometry;
+        Ok((0..g.head_size).map(|d| self.value_at(g.value_index(slot, kv_head, d))).collect())
+    }
+
+    /// Writes one token's key and value for one kv head (converted to the cache dtype).
+    ///
+    /// A plain per-token writer for tests and tools; the batched writer is
+    /// `attn_kernels::reshape_and_cache`.
+    pub fn write_token(
+        &mut self,
+        slot: usize,
+        kv_head: usize,
+        key: &[f32],
+        value: &[f32],
+    ) -> Result<(), CacheError> {
+        self.check_slot(slot, kv_head)?;
+        let g = self.geometry;
+        if key.len() != g.head_size || value.len() != g.head_size {
+            return Err(CacheError::InvalidShape(format!(
+                "key/value of {}/{} values for head_size {}",
+                key.len(),
+                value.len(),
+                g.head_size
+            )));
+        }
+        fn put<T: CacheElem>(
+            g: &CacheGeometry,
+            k: &mut [T],
+            v: &mut [T],
+            s: usize,
+            h: usize,
+            key: &[f32],
+            value: &[f32],
+        ) {
+            for d in 0..g.head_size {
+                k[g.key_index(s, h, d)] = T::from_f32(key[d]);
+                v[g.value_index(s, h, d)] = T::from_f32(value[d]);
+            }
+        }
+        match &mut self.storage {
+            Storage::F32 { key: k, value: v } => put(&g, k, v, slot, kv_head, key, value),
+            Storage::F16 { key: k, value: v } => put(&g, k, v, slot, kv_head, key, value),
+            Storage::BF16 { key: k, value: v } => put(&g, k, v, slot, kv_head, key, value),
+        }
+        Ok(())
+    }
+
+    fn key_at(&self, i: usize) -> f32 {
+        match &self.storage {
+            Storage::F32 { key, .. } => key[i],
+            Storage::F16 { key, .. } => key[i].to_f32(),
+            Storage::BF16 { key, .. } => key[i].to_f32(),
+        }
+    }
+
+    fn value_at(&self, i: usize) -> f32 {
+        match &self.storage {
+            Storage::F32 { value, .. } => value[i],
+            Storage::F16 { value, .. } => value[i].to_f32(),
+            Storage::BF16 { value, .. } => value[i].to_f32(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn geom(dtype: DType) -> CacheGeometry {
+        CacheGeometry { num_blocks: 5, num_kv_heads: 2, head_size: 16, block_size: 8, dtype }
+    }
+
+    #[test]
+    fn key_and_value_indices_are_a_bijection_onto_the_tensor() {
+        for dtype in [DType::F32, DType::BF16] {
+            let g = geom(dtype);
+            let mut seen_k = vec![false; g.tensor_elems()];
+            let mut seen_v = vec![false; g.tensor_elems()];
+            for slot in 0..g.num_slots() {
+                for h in 0..g.num_kv_heads {
+                    for d in 0..g.head_size {
+                        let (ki, vi) = (g.key_index(slot, h, d), g.value_index(slot, h, d));
+                        assert!(!seen_k[ki] && !seen_v[vi]);
+                        seen_k[ki] = true;
+                        seen_v[vi] = true;
+                    }
+                }
+            }
+            assert!(seen_k.iter().all(|&s| s) && seen_v.iter().all(|&s| s));
+        }
+    }
+
+    #[test]
+    fn key_layout_matches_vllm_strides() {
+        // key [num_blocks, kv_heads, head_size/x, block_size, x] with x = 4 for f32.
+        let g = geom(DType::F32);
+        let (slot, h, d) = (3 * 8 + 5, 1, 9);
+        let expect = (((3 * 2 + 1) * (16 / 4) + 9 / 4) * 8 + 5) * 4 + 9 % 4;
+        assert_eq!(g.key_index(slot, h, d), expect);
+        // value [num_blocks, kv_heads, head_size, block_size]
+        assert_eq!(g.value_index(slot, h, d), ((3 * 2 + 1) * 16 + 9) * 8 + 5);
+    }
+
+    #[test]
+    fn write_then_read_round_trips_per_dtype() {
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let mut c = LayerCache::new(geom(dtype)).unwrap();
+            let k: Vec<f32> = (0..16).map(|i| i as f32 * 0.5).collect();
+            let v: Vec<f32> = (0..16).map(|i| -(i as f32)).collect();
+            c.write_token(17, 1, &k, &v).unwrap();
+            assert_eq!(c.read_key(17, 1).unwrap(), k);
+            assert_eq!(c.read_value(17, 1).unwrap(), v);
+            assert_eq!(c.read_key(17, 0).unwrap(), vec![0.0; 16]);
+        }
+    }
+
+    #[test]
+    fn out_of_range_accesses_are_errors() {
+        let c = LayerCache::new(geom(DType::F32)).unwrap();
+        assert!(matches!(c.read_key(40, 0), Err(CacheError::SlotOutOfRange { slot: 40, num_slots: 40 })));
+        assert!(matches!(c.read_value(0, 2), Err(CacheError::KvHeadOutOfRange { .. })));
+    }
+
+    #[test]
+    fn typed_views_only_for_the_stored_dtype() {
+        let mut c = LayerCache::new(geom(DType::BF16)).unwrap();
+        assert!(c.typed::<f32>().is_none());
+        assert!(c.typed_mut::<f16>().is_none());
+        let (k, v) = c.typed::<bf16>().unwrap();
+        assert_eq!(k.len(), 5 * 2 * 16 * 8);
+        assert_eq!(v.len(), k.len());
+    }
+}
