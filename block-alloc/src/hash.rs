@@ -1,0 +1,99 @@
+//! Content hashes of full blocks and the hash map that indexes them.
+//!
+//! A block's hash chains its parent's hash, the request's salt and the block's token ids
+//! through seeded 128-bit XXH3, so equal hashes mean "same prefix" with overwhelming
+//! probability. The pool never trusts that alone: a hit also compares the stored token ids and
+//! salt of the cached block with the query's, so different tokens can never hit.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
+
+use crate::TokenId;
+
+/// Chained content hash of a full block (parent hash, salt, token ids).
+pub type BlockHash = u128;
+
+/// The "parent hash" of a sequence's first block.
+pub(crate) const ROOT_HASH: BlockHash = 0;
+
+/// Computes chained block hashes with a per-pool random seed, so hash values (and thus
+/// collisions) cannot be predicted from outside the process. Keeps one scratch buffer so
+/// hashing never allocates after the first block.
+#[derive(Debug, Clone)]
+pub(crate) struct ChainHasher {
+    seed: u64,
+    scratch: Vec<u8>,
+}
+
+impl ChainHasher {
+    pub(crate) fn new(block_size: usize) -> Self {
+        let seed = std::hash::RandomState::new().hash_one(0x6b76_5f62_6c6f_636b_u64);
+        Self { seed, scratch: Vec::with_capacity(24 + 4 * block_size) }
+    }
+
+    /// Hash of a full block whose predecessor hashed to `parent`.
+    #[inline]
+    pub(crate) fn chain(&mut self, parent: BlockHash, salt: u64, tokens: &[TokenId]) -> BlockHash {
+        let buf = &mut self.scratch;
+        buf.clear();
+        buf.extend_from_slice(&parent.to_le_bytes());
+        buf.extend_from_slice(&salt.to_le_bytes());
+        buf.extend_from_slice(bytemuck::cast_slice(tokens));
+        xxhash_rust::xxh3::xxh3_128_with_seed(buf, self.seed)
+    }
+}
+
+/// `Hasher` for keys that already are uniformly distributed hashes: folds them, no mixing.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct PassThroughHasher(u64);
+
+impl Hasher for PassThroughHasher {
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    #[inline]
+    fn write_u128(&mut self, v: u128) {
+        self.0 ^= (v as u64) ^ ((v >> 64) as u64);
+    }
+
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        // Only reached for key types other than `u128`; fold 8 bytes at a time.
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.0 = self.0.rotate_left(5) ^ u64::from_le_bytes(word);
+        }
+    }
+}
+
+/// Hash → cached block map with the pass-through hasher.
+pub(crate) type HashIndex<V> = HashMap<BlockHash, V, BuildHasherDefault<PassThroughHasher>>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chain_depends_on_parent_salt_and_every_token() {
+        let mut h = ChainHasher::new(4);
+        let base = h.chain(ROOT_HASH, 7, &[1, 2, 3, 4]);
+        assert_eq!(base, h.chain(ROOT_HASH, 7, &[1, 2, 3, 4]));
+        assert_ne!(base, h.chain(1, 7, &[1, 2, 3, 4]));
+        assert_ne!(base, h.chain(ROOT_HASH, 8, &[1, 2, 3, 4]));
+        for i in 0..4 {
+            let mut t = [1, 2, 3, 4];
+            t[i] += 1;
+            assert_ne!(base, h.chain(ROOT_HASH, 7, &t));
+        }
+    }
+
+    #[test]
+    fn pass_through_folds_both_halves() {
+        let mut a = PassThroughHasher::default();
+        a.write_u128(0x1_0000_0000_0000_0002);
+        assert_eq!(a.finish(), 3);
+    }
+}

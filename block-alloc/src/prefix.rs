@@ -1,0 +1,251 @@
+//! Prefix caching: full blocks are indexed by their chained content hash and stay findable
+//! after they are freed, until allocation evicts them (least recently freed first).
+//!
+//! A hit requires the hash *and* the stored salt and token ids of the cached block to equal
+//! the query's, so a hash collision can cost a hit but never return a block whose tokens
+//! differ from the query.
+
+use crate::hash::{BlockHash, HashIndex, ROOT_HASH};
+use crate::{AllocError, BlockId, BlockPool, BlockTable, TokenId};
+
+/// Hit/query counters of the prefix cache since the pool was created.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PrefixStats {
+    /// Calls to [`BlockPool::lookup_prefix`].
+    pub lookups: u64,
+    /// Tokens passed to lookups.
+    pub queried_tokens: u64,
+    /// Tokens found cached (always whole blocks).
+    pub hit_tokens: u64,
+    /// Full blocks passed to lookups.
+    pub queried_blocks: u64,
+    /// Full blocks found cached.
+    pub hit_blocks: u64,
+}
+
+impl PrefixStats {
+    /// `hit_tokens / queried_tokens` (0 before any query).
+    pub fn hit_rate(&self) -> f64 {
+        if self.queried_tokens == 0 { 0.0 } else { self.hit_tokens as f64 / self.queried_tokens as f64 }
+    }
+}
+
+/// Per-block cache state (preallocated for every block) and the hash index.
+#[derive(Debug)]
+pub(crate) struct PrefixCache {
+    block_size: usize,
+    /// hash → the one block registered under it.
+    index: HashIndex<BlockId>,
+    /// Whether each block is registered in `index` (under `hashes[b]`).
+    cached: Vec<bool>,
+    hashes: Vec<BlockHash>,
+    salts: Vec<u64>,
+    /// `block_size` token ids per block: what a registered block holds.
+    tokens: Vec<TokenId>,
+}
+
+impl PrefixCache {
+    pub(crate) fn new(num_blocks: usize, block_size: usize) -> Self {
+        let mut index = HashIndex::default();
+        index.reserve(num_blocks);
+        Self {
+            block_size,
+            index,
+            cached: vec![false; num_blocks],
+            hashes: vec![0; num_blocks],
+            salts: vec![0; num_blocks],
+            tokens: vec![0; num_blocks * block_size],
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    fn tokens_of(&self, b: BlockId) -> &[TokenId] {
+        let start = b as usize * self.block_size;
+        &self.tokens[start..start + self.block_size]
+    }
+
+    /// The cached block holding exactly `tokens` under `salt` with hash `hash`, if any.
+    #[inline]
+    fn find(&self, hash: BlockHash, salt: u64, tokens: &[TokenId]) -> Option<BlockId> {
+        let &b = self.index.get(&hash)?;
+        (self.salts[b as usize] == salt && self.tokens_of(b) == tokens).then_some(b)
+    }
+
+    /// Registers `b` under `hash` unless `b` is already registered or another block holds the
+    /// hash (then `b` stays an ordinary block: first registration wins).
+    fn register(&mut self, b: BlockId, hash: BlockHash, salt: u64, tokens: &[TokenId]) {
+        let i = b as usize;
+        if self.cached[i] {
+            return;
+        }
+        if let std::collections::hash_map::Entry::Vacant(slot) = self.index.entry(hash) {
+            slot.insert(b);
+            self.cached[i] = true;
+            self.hashes[i] = hash;
+            self.salts[i] = salt;
+            let start = i * self.block_size;
+            self.tokens[start..start + self.block_size].copy_from_slice(tokens);
+        }
+    }
+
+    /// Forgets `b`'s content (it is about to be overwritten).
+    #[inline]
+    pub(crate) fn evict(&mut self, b: BlockId) {
+        let i = b as usize;
+        if self.cached[i] {
+            self.cached[i] = false;
+            self.index.remove(&self.hashes[i]);
+        }
+    }
+
+    fn clear(&mut self) {
+        self.index.clear();
+        self.cached.fill(false);
+    }
+
+    #[cfg(test)]
+    pub(crate) fn assert_consistent(&self) {
+        assert_eq!(self.index.len(), self.cached.iter().filter(|&&c| c).count());
+        for (&h, &b) in &self.index {
+            assert!(self.cached[b as usize]);
+            assert_eq!(self.hashes[b as usize], h);
+        }
+    }
+}
+
+impl BlockPool {
+    /// Whether prefix caching is on for this pool.
+    pub fn prefix_caching_enabled(&self) -> bool {
+        self.cache.is_some()
+    }
+
+    /// Number of blocks registered in the prefix cache (held or free).
+    pub fn num_cached_blocks(&self) -> usize {
+        self.cache.as_ref().map_or(0, PrefixCache::len)
+    }
+
+    /// Whether `b` is registered in the prefix cache. `false` for unknown ids.
+    pub fn is_cached(&self, b: BlockId) -> bool {
+        self.cache.as_ref().is_some_and(|c| c.cached.get(b as usize).copied().unwrap_or(false))
+    }
+
+    /// The token ids a cached block holds (`None` when `b` is not cached).
+    pub fn cached_tokens(&self, b: BlockId) -> Option<&[TokenId]> {
+        let cache = self.cache.as_ref()?;
+        cache.cached.get(b as usize).copied().unwrap_or(false).then(|| cache.tokens_of(b))
+    }
+
+    /// Hit/query counters.
+    pub fn prefix_stats(&self) -> PrefixStats {
+        self.stats
+    }
+
+    /// Fills an empty `table` with the longest cached prefix of the full blocks of `tokens`
+    /// (under `salt`), taking one reference per block (free ones are pulled out of the free
+    /// queue), and returns the number of cached tokens (a multiple of the block size). The
+    /// table's `num_tokens` becomes that number; append the rest with
+    /// [`BlockTable::append_tokens`].
+    ///
+    /// Every full block of `tokens` is looked up; a caller that must compute at least one token
+    /// (to get logits) passes `&tokens[..tokens.len() - 1]`. Returns 0 without counting when
+    /// prefix caching is off.
+    ///
+    /// Errors (nothing changed): [`AllocError::TableNotEmpty`],
+    /// [`AllocError::BlockSizeMismatch`].
+    pub fn lookup_prefix(
+        &mut self,
+        tokens: &[TokenId],
+        salt: u64,
+        table: &mut BlockTable,
+    ) -> Result<usize, AllocError> {
+        table.check_block_size(self)?;
+        if !table.blocks.is_empty() || table.num_tokens != 0 {
+            return Err(AllocError::TableNotEmpty(table.blocks.len()));
+        }
+        let Some(cache) = &self.cache else {
+            return Ok(0);
+        };
+        let bs = self.block_size;
+        table.hashes.clear();
+        let mut parent = ROOT_HASH;
+        for chunk in tokens.chunks_exact(bs) {
+            let hash = self.hasher.chain(parent, salt, chunk);
+            let Some(b) = cache.find(hash, salt, chunk) else { break };
+            let rc = &mut self.ref_counts[b as usize];
+            if *rc == u32::MAX {
+                break; // cannot take another reference: treat as a miss
+            }
+            if *rc == 0 {
+                self.free.remove(b);
+            }
+            *rc += 1;
+            table.blocks.push(b);
+            table.hashes.push(hash);
+            parent = hash;
+        }
+        let hit_blocks = table.blocks.len();
+        table.num_tokens = hit_blocks * bs;
+        table.num_registered = hit_blocks;
+        if hit_blocks > 0 {
+            table.pool_id = self.id;
+        }
+        let s = &mut self.stats;
+        s.lookups += 1;
+        s.queried_tokens += tokens.len() as u64;
+        s.queried_blocks += (tokens.len() / bs) as u64;
+        s.hit_blocks += hit_blocks as u64;
+        s.hit_tokens += table.num_tokens as u64;
+        Ok(table.num_tokens)
+    }
+
+    /// Registers the table's full blocks that are not registered yet. `tokens` are the
+    /// sequence's token ids so far (at least those in the table's full blocks; only the first
+    /// `min(tokens.len(), table.num_tokens())` count). Call it once the blocks' KV content is
+    /// (being) computed from those tokens. A block whose hash another block already holds stays
+    /// unregistered (first wins). No-op when prefix caching is off.
+    ///
+    /// Errors (nothing changed): [`AllocError::BlockSizeMismatch`], [`AllocError::WrongPool`].
+    pub fn cache_full_blocks(
+        &mut self,
+        table: &mut BlockTable,
+        tokens: &[TokenId],
+        salt: u64,
+    ) -> Result<(), AllocError> {
+        table.check_pool(self)?;
+        let Some(cache) = &mut self.cache else {
+            return Ok(());
+        };
+        let bs = self.block_size;
+        let full = table.num_tokens.min(tokens.len()) / bs;
+        for i in table.num_registered..full {
+            let chunk = &tokens[i * bs..(i + 1) * bs];
+            let hash = match table.hashes.get(i) {
+                Some(&h) => h,
+                None => {
+                    let parent = if i == 0 { ROOT_HASH } else { table.hashes[i - 1] };
+                    let h = self.hasher.chain(parent, salt, chunk);
+                    table.hashes.push(h);
+                    h
+                }
+            };
+            cache.register(table.blocks[i], hash, salt, chunk);
+        }
+        table.num_registered = table.num_registered.max(full);
+        Ok(())
+    }
+
+    /// Forgets every cached block, if no block is in use (as vLLM's `reset_prefix_cache`);
+    /// returns whether it did. Counters are kept.
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        if self.num_used() > 0 {
+            return false;
+        }
+        if let Some(cache) = &mut self.cache {
+            cache.clear();
+        }
+        true
+    }
+}

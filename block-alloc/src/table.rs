@@ -1,0 +1,274 @@
+//! [`BlockTable`]: one sequence's logical → physical block mapping, its token count, and the
+//! chained hashes of its full blocks.
+
+use std::ops::Range;
+
+use crate::hash::BlockHash;
+use crate::pool::PoolId;
+use crate::{AllocError, BlockId, BlockPool};
+
+/// A copy the caller must perform before writing: the table's last block was shared, so the
+/// table now owns `dst` instead of `src`; copy `src`'s KV slots (the tokens written so far
+/// in that block) into `dst`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CopyOnWrite {
+    pub src: BlockId,
+    pub dst: BlockId,
+}
+
+/// Logical block `i` of a sequence lives in physical block `blocks()[i]`; token `t` in slot
+/// `blocks()[t / block_size] * block_size + t % block_size`.
+///
+/// A table holds one reference on each of its blocks, in the pool it was filled from (it
+/// remembers which, and refuses others with [`AllocError::WrongPool`]); dropping a table
+/// without [`free`](Self::free) leaks those references. Not `Clone`: share with
+/// [`fork`](Self::fork), which takes references.
+#[derive(Debug)]
+pub struct BlockTable {
+    pub(crate) block_size: usize,
+    /// Pool whose blocks this table holds; 0 while it holds none.
+    pub(crate) pool_id: PoolId,
+    pub(crate) blocks: Vec<BlockId>,
+    pub(crate) num_tokens: usize,
+    /// Chained hashes of the leading full blocks computed so far (`len() >= num_registered`).
+    pub(crate) hashes: Vec<BlockHash>,
+    /// Leading full blocks already offered to the current pool's prefix cache.
+    pub(crate) num_registered: usize,
+}
+
+impl BlockTable {
+    /// An empty table for a pool with `block_size` tokens per block (see also
+    /// [`BlockPool::new_table`]).
+    ///
+    /// Errors: [`AllocError::ZeroBlockSize`].
+    pub fn new(block_size: usize) -> Result<Self, AllocError> {
+        if block_size == 0 {
+            return Err(AllocError::ZeroBlockSize);
+        }
+        Ok(Self::with_block_size(block_size))
+    }
+
+    /// `block_size` must be non-zero (the pool guarantees it).
+    pub(crate) fn with_block_size(block_size: usize) -> Self {
+        Self {
+            block_size,
+            pool_id: 0,
+            blocks: Vec::new(),
+            num_tokens: 0,
+            hashes: Vec::new(),
+            num_registered: 0,
+        }
+    }
+
+    /// Physical blocks, logical order.
+    pub fn blocks(&self) -> &[BlockId] {
+        &self.blocks
+    }
+
+    /// Token slots in use.
+    pub fn num_tokens(&self) -> usize {
+        self.num_tokens
+    }
+
+    /// Tokens per block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// Whether the table holds no block.
+    pub fn is_empty(&self) -> bool {
+        self.blocks.is_empty()
+    }
+
+    /// Blocks completely filled with tokens.
+    pub fn num_full_blocks(&self) -> usize {
+        self.num_tokens / self.block_size
+    }
+
+    /// Chained hashes of the leading full blocks computed so far (by a prefix lookup or
+    /// [`BlockPool::cache_full_blocks`]).
+    pub fn block_hashes(&self) -> &[BlockHash] {
+        &self.hashes
+    }
+
+    /// New blocks an append of `extra_tokens` takes, not counting a copy-on-write block
+    /// (see [`blocks_to_append`](Self::blocks_to_append)).
+    pub fn blocks_needed_for(&self, extra_tokens: usize) -> usize {
+        self.num_tokens
+            .saturating_add(extra_tokens)
+            .div_ceil(self.block_size)
+            .saturating_sub(self.blocks.len())
+    }
+
+    /// Whether appending now would copy the last block first (it is partly filled and shared).
+    pub fn needs_copy_on_write(&self, pool: &BlockPool) -> bool {
+        !self.num_tokens.is_multiple_of(self.block_size)
+            && self.blocks.last().is_some_and(|&b| pool.ref_count(b).is_ok_and(|rc| rc > 1))
+    }
+
+    /// Blocks [`append_tokens`](Self::append_tokens)`(pool, n)` would take from `pool`,
+    /// including the copy-on-write block. 0 for `n == 0`.
+    pub fn blocks_to_append(&self, pool: &BlockPool, n: usize) -> usize {
+        if n == 0 { 0 } else { self.blocks_needed_for(n) + usize::from(self.needs_copy_on_write(pool)) }
+    }
+
+    /// Makes room for `n` more tokens, allocating blocks as needed (they come from the free
+    /// queue head, evicting cached content). If the last block is partly filled and shared
+    /// with another table, it is replaced by a fresh block first and the copy is returned.
+    ///
+    /// Errors (nothing changed): [`AllocError::OutOfBlocks`] (appending past what the pool
+    /// can give; the watermark is not applied here), [`AllocError::BlockSizeMismatch`],
+    /// [`AllocError::WrongPool`], [`AllocError::UnknownBlock`] / [`AllocError::NotAllocated`]
+    /// (the last block was freed behind the table's back).
+    pub fn append_tokens(
+        &mut self,
+        pool: &mut BlockPool,
+        n: usize,
+    ) -> Result<Option<CopyOnWrite>, AllocError> {
+        self.check_pool(pool)?;
+        if n == 0 {
+            return Ok(None);
+        }
+        let bs = self.block_size;
+        let free = pool.num_free();
+        let Some(new_total) = self.num_tokens.checked_add(n) else {
+            return Err(AllocError::OutOfBlocks { needed: usize::MAX, free });
+        };
+        let new_blocks = new_total.div_ceil(bs) - self.blocks.len();
+        let mut cow_src = None;
+        if !self.num_tokens.is_multiple_of(bs) {
+            // The last block is partly filled: we write into it, so it must be ours alone.
+            let last = self.blocks[self.blocks.len() - 1];
+            match pool.ref_count(last)? {
+                0 => return Err(AllocError::NotAllocated(last)),
+                1 => {}
+                _ => cow_src = Some(last),
+            }
+        }
+        let needed = new_blocks + usize::from(cow_src.is_some());
+        if needed > free {
+            return Err(AllocError::OutOfBlocks { needed, free });
+        }
+        let cow = cow_src.map(|src| {
+            let dst = pool.take_free();
+            pool.release(src); // ref count > 1: stays held by the other tables
+            let last = self.blocks.len() - 1;
+            self.blocks[last] = dst;
+            CopyOnWrite { src, dst }
+        });
+        self.blocks.reserve(new_blocks);
+        for _ in 0..new_blocks {
+            let b = pool.take_free();
+            self.blocks.push(b);
+        }
+        self.num_tokens = new_total;
+        self.pool_id = pool.id;
+        Ok(cow)
+    }
+
+    /// A new table sharing every block of this one (one more reference each), with the same
+    /// token count and hashes. Appending to either copies a shared partly-filled last block.
+    ///
+    /// Errors (nothing changed): [`AllocError::UnknownBlock`], [`AllocError::NotAllocated`]
+    /// (a block was freed behind the table's back), [`AllocError::RefCountOverflow`],
+    /// [`AllocError::BlockSizeMismatch`], [`AllocError::WrongPool`].
+    pub fn fork(&self, pool: &mut BlockPool) -> Result<BlockTable, AllocError> {
+        self.check_pool(pool)?;
+        for (i, &b) in self.blocks.iter().enumerate() {
+            let err = match pool.ref_counts.get_mut(b as usize) {
+                None => AllocError::UnknownBlock(b),
+                Some(0) => AllocError::NotAllocated(b),
+                Some(&mut u32::MAX) => AllocError::RefCountOverflow(b),
+                Some(rc) => {
+                    *rc += 1;
+                    continue;
+                }
+            };
+            for &taken in &self.blocks[..i] {
+                pool.ref_counts[taken as usize] -= 1;
+            }
+            return Err(err);
+        }
+        Ok(BlockTable {
+            block_size: self.block_size,
+            pool_id: self.pool_id,
+            blocks: self.blocks.clone(),
+            num_tokens: self.num_tokens,
+            hashes: self.hashes.clone(),
+            num_registered: self.num_registered,
+        })
+    }
+
+    /// Drops the table's reference on every block, last block first, so that a sequence's
+    /// chain ends reach the free queue (and get evicted) before its shared beginnings. Cached
+    /// blocks stay findable until evicted. The table is left empty and reusable.
+    ///
+    /// Errors (nothing changed): [`AllocError::DoubleFree`] (a block already free),
+    /// [`AllocError::UnknownBlock`], [`AllocError::BlockSizeMismatch`], [`AllocError::WrongPool`].
+    pub fn free(&mut self, pool: &mut BlockPool) -> Result<(), AllocError> {
+        self.check_pool(pool)?;
+        for (i, &b) in self.blocks.iter().enumerate().rev() {
+            let err = match pool.ref_counts.get(b as usize) {
+                None => AllocError::UnknownBlock(b),
+                Some(0) => AllocError::DoubleFree(b),
+                Some(_) => {
+                    pool.release(b);
+                    continue;
+                }
+            };
+            // Undo in reverse order of the releases so the free queue is restored exactly.
+            for &done in &self.blocks[i + 1..] {
+                pool.unrelease(done);
+            }
+            return Err(err);
+        }
+        self.clear();
+        Ok(())
+    }
+
+    /// Slot of token `i` (`block * block_size + offset`), `None` past `num_tokens`.
+    #[inline]
+    pub fn slot(&self, i: usize) -> Option<i64> {
+        (i < self.num_tokens).then(|| {
+            self.blocks[i / self.block_size] as i64 * self.block_size as i64 + (i % self.block_size) as i64
+        })
+    }
+
+    /// Appends the slots of tokens `range` to `out`; tokens past `num_tokens` get `-1`
+    /// (a padding slot, which kernels skip).
+    pub fn slot_mapping(&self, range: Range<usize>, out: &mut Vec<i64>) {
+        out.reserve(range.len());
+        let bs = self.block_size;
+        let valid_end = range.end.min(self.num_tokens).max(range.start);
+        let mut i = range.start;
+        while i < valid_end {
+            let block = self.blocks[i / bs] as i64 * bs as i64;
+            let chunk_end = valid_end.min((i / bs + 1) * bs);
+            out.extend((i % bs..i % bs + (chunk_end - i)).map(|off| block + off as i64));
+            i = chunk_end;
+        }
+        out.extend(std::iter::repeat_n(-1, range.end.saturating_sub(valid_end)));
+    }
+
+    pub(crate) fn clear(&mut self) {
+        self.blocks.clear();
+        self.num_tokens = 0;
+        self.hashes.clear();
+        self.num_registered = 0;
+        self.pool_id = 0;
+    }
+
+    pub(crate) fn check_block_size(&self, pool: &BlockPool) -> Result<(), AllocError> {
+        if self.block_size == pool.block_size {
+            Ok(())
+        } else {
+            Err(AllocError::BlockSizeMismatch { table: self.block_size, pool: pool.block_size })
+        }
+    }
+
+    /// Block size matches and the table's blocks (if any) are `pool`'s.
+    pub(crate) fn check_pool(&self, pool: &BlockPool) -> Result<(), AllocError> {
+        self.check_block_size(pool)?;
+        if self.pool_id != 0 && self.pool_id != pool.id { Err(AllocError::WrongPool) } else { Ok(()) }
+    }
+}

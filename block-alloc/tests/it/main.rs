@@ -1,0 +1,1 @@
+//! Integration tests of `block-alloc`: exact-order tests and the model-based property test.
