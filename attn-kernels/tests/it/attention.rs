@@ -1,0 +1,225 @@
+//! `paged_attention` against `reference::paged_attention` over random shapes, plus dtype
+//! cross-checks and chunked-prefill equivalence.
+//!
+//! Tolerances: a kernel and the reference read the same (narrowed) cache values, so every dtype
+//! is held to f32 accumulation error: `|got - want| <= 2e-4 + 2e-4·|want|` (f64 reference).
+//! Narrow caches against an f32 cache of the same data: f16 `5e-3`, bf16 `4e-2` absolute
+//! (values in [-1, 1]; bf16 keeps 8 mantissa bits, f16 11).
+
+use attn_kernels::{
+    AttnOptions, Isa, PagedAttnMetadata, SplitPolicy, paged_attention_with, reference, reshape_and_cache,
+};
+use kv_cache::{CacheGeometry, DType, LayerCache};
+use proptest::prelude::*;
+
+use crate::support::{Batch, assert_close, slots_of};
+
+const ABS: f32 = 2e-4;
+const REL: f32 = 2e-4;
+
+fn head_sizes() -> impl Strategy<Value = usize> {
+    prop::sample::select(vec![64usize, 80, 96, 112, 128, 256])
+}
+
+fn block_sizes() -> impl Strategy<Value = usize> {
+    prop::sample::select(vec![8usize, 16, 32])
+}
+
+fn dtypes() -> impl Strategy<Value = DType> {
+    prop::sample::select(vec![DType::F32, DType::F16, DType::BF16])
+}
+
+/// Context lengths: mostly short (edge cases around block boundaries), some past 2 000.
+fn context_len() -> impl Strategy<Value = usize> {
+    prop_oneof![3 => 1usize..70, 1 => 1usize..2200]
+}
+
+fn options() -> impl Strategy<Value = AttnOptions> {
+    let split = prop_oneof![
+        Just(SplitPolicy::Auto),
+        Just(SplitPolicy::Never),
+        (1usize..6).prop_map(|k| SplitPolicy::Always { partition_tokens: 32 * k }),
+    ];
+    let isa = prop::sample::select(vec![Isa::detect(), Isa::Portable]);
+    (isa, split).prop_map(|(isa, split)| AttnOptions { isa, split })
+}
+
+/// Decode-only batches: every sequence has one query token.
+fn decode_batch() -> impl Strategy<Value = Batch> {
+    (
+        1usize..4,
+        prop::sample::select(vec![1usize, 2, 4, 8]),
+        head_sizes(),
+        block_sizes(),
+        prop::collection::vec(context_len(), 1..5),
+        any::<u64>(),
+    )
+        .prop_map(|(num_kv_heads, group, head_size, block_size, ctxs, seed)| Batch {
+            num_kv_heads,
+            group,
+            head_size,
+            block_size,
+            seqs: ctxs.into_iter().map(|c| (c, 1)).collect(),
+            seed,
+        })
+}
+
+/// Mixed batches: prefill chunks over a cached prefix, decodes, and idle sequences.
+fn mixed_batch() -> impl Strategy<Value = Batch> {
+    let seq = (context_len(), 0usize..40, 0u8..4).prop_map(|(ctx, q, kind)| match kind {
+        0 => (ctx, 1),           // decode
+        1 => (ctx, ctx.min(40)), // (tail of a) prefill
+        2 => (ctx, q.min(ctx)),  // chunk over a cached prefix, possibly empty
+        _ => (ctx, q.clamp(1, ctx)),
+    });
+    (
+        1usize..3,
+        prop::sample::select(vec![1usize, 3, 4]),
+        head_sizes(),
+        block_sizes(),
+        prop::collection::vec(seq, 1..4),
+        any::<u64>(),
+    )
+        .prop_map(|(num_kv_heads, group, head_size, block_size, seqs, seed)| Batch {
+            num_kv_heads,
+            group,
+            head_size,
+            block_size,
+            seqs,
+            seed,
+        })
+}
+
+fn run_both(batch: &Batch, dtype: DType, opts: &AttnOptions) -> (Vec<f32>, Vec<f32>) {
+    let built = batch.build();
+    let cache = batch.cache(&built, dtype);
+    let meta = built.meta();
+    let mut got = vec![f32::NAN; built.query.len()];
+    let mut want = vec![f32::NAN; built.query.len()];
+    paged_attention_with(opts, &mut got, &built.query, &cache, &meta, batch.num_heads(), batch.scale())
+        .expect("kernel");
+    reference::paged_attention(&mut want, &built.query, &cache, &meta, batch.num_heads(), batch.scale())
+        .expect("reference");
+    (got, want)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 40, ..ProptestConfig::default() })]
+
+    #[test]
+    fn decode_matches_reference(batch in decode_batch(), dtype in dtypes(), opts in options()) {
+        let (got, want) = run_both(&batch, dtype, &opts);
+        assert_close(&got, &want, ABS, REL, &format!("{dtype} {opts:?}"));
+    }
+
+    #[test]
+    fn mixed_batches_match_reference(batch in mixed_batch(), dtype in dtypes(), opts in options()) {
+        let (got, want) = run_both(&batch, dtype, &opts);
+        assert_close(&got, &want, ABS, REL, &format!("{dtype} {opts:?}"));
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+
+    #[test]
+    fn narrow_caches_track_the_f32_cache(batch in mixed_batch()) {
+        let opts = AttnOptions::default();
+        let (f32_out, _) = run_both(&batch, DType::F32, &opts);
+        for (dtype, tol) in [(DType::F16, 5e-3), (DType::BF16, 4e-2)] {
+            let built = batch.build();
+            let cache = batch.cache(&built, dtype);
+            let mut got = vec![0.0; built.query.len()];
+            paged_attention_with(&opts, &mut got, &built.query, &cache, &built.meta(), batch.num_heads(), batch.scale()).expect("kernel");
+            assert_close(&got, &f32_out, tol, 0.0, &format!("{dtype} vs f32"));
+        }
+    }
+
+    /// A prompt prefilled in random chunks (each chunk written, then attended over the cached
+    /// prefix plus itself) gives what one whole-prompt prefill gives.
+    #[test]
+    fn chunked_prefill_equals_whole_prefill(
+        len in 2usize..300,
+        cuts in prop::collection::vec(1usize..300, 0..5),
+        head_size in head_sizes(),
+        block_size in block_sizes(),
+        group in 1usize..4,
+        seed in any::<u64>(),
+    ) {
+        let batch = Batch { num_kv_heads: 2, group, head_size, block_size, seqs: vec![(len, len)], seed };
+        let built = batch.build();
+        let (num_heads, d) = (batch.num_heads(), head_size);
+        let whole_cache = batch.cache(&built, DType::F32);
+        let mut whole = vec![0.0; built.query.len()];
+        reference::paged_attention(&mut whole, &built.query, &whole_cache, &built.meta(), num_heads, batch.scale()).expect("reference");
+
+        let mut bounds: Vec<usize> = cuts.into_iter().map(|c| c % len).filter(|&c| c > 0).collect();
+        bounds.extend([0, len]);
+        bounds.sort_unstable();
+        bounds.dedup();
+        let geometry = CacheGeometry { num_blocks: built.num_blocks, num_kv_heads: 2, head_size, block_size, dtype: DType::F32 };
+        let mut cache = LayerCache::new(geometry).expect("cache");
+        cache.fill(f32::NAN);
+        let mut chunked = vec![f32::NAN; built.query.len()];
+        let row = 2 * d;
+        for w in bounds.windows(2) {
+            let (a, b) = (w[0], w[1]);
+            let slots = slots_of(&built, 0, block_size, a..b);
+            reshape_and_cache(&built.keys[0][a * row..b * row], &built.values[0][a * row..b * row], &slots, &mut cache).expect("write");
+            let qsl = [0, b - a];
+            let lens = [b];
+            let meta = PagedAttnMetadata { query_start_loc: &qsl, seq_lens: &lens, block_tables: &built.block_tables, max_blocks_per_seq: built.max_blocks_per_seq };
+            let q = &built.query[a * num_heads * d..b * num_heads * d];
+            paged_attention_with(&AttnOptions::default(), &mut chunked[a * num_heads * d..b * num_heads * d], q, &cache, &meta, num_heads, batch.scale()).expect("kernel");
+        }
+        assert_close(&chunked, &whole, ABS, REL, "chunked vs whole");
+    }
+}
+
+/// Huge logits (scale 1e3) must not overflow: the softmax subtracts the running max.
+#[test]
+fn softmax_is_safe_for_huge_logits() {
+    for seqs in [vec![(700, 1), (33, 1)], vec![(300, 37)]] {
+        let batch = Batch { num_kv_heads: 1, group: 2, head_size: 64, block_size: 16, seqs, seed: 9 };
+        let built = batch.build();
+        let cache = batch.cache(&built, DType::F32);
+        for split in [SplitPolicy::Never, SplitPolicy::Always { partition_tokens: 64 }] {
+            let opts = AttnOptions { isa: Isa::detect(), split };
+            let mut got = vec![0.0; built.query.len()];
+            let mut want = vec![0.0; built.query.len()];
+            paged_attention_with(&opts, &mut got, &built.query, &cache, &built.meta(), 2, 1e3)
+                .expect("kernel");
+            reference::paged_attention(&mut want, &built.query, &cache, &built.meta(), 2, 1e3)
+                .expect("reference");
+            assert_close(&got, &want, 1e-3, 0.0, "huge logits");
+        }
+    }
+}
+
+/// Both instruction sets and both decode paths agree on one long context (> 2 000 tokens).
+#[test]
+fn long_context_paths_agree() {
+    let batch =
+        Batch { num_kv_heads: 2, group: 4, head_size: 128, block_size: 16, seqs: vec![(4133, 1)], seed: 3 };
+    let built = batch.build();
+    let cache = batch.cache(&built, DType::BF16);
+    let mut want = vec![0.0; built.query.len()];
+    reference::paged_attention(&mut want, &built.query, &cache, &built.meta(), 8, batch.scale())
+        .expect("reference");
+    for isa in [Isa::Portable, Isa::detect()] {
+        for split in [SplitPolicy::Auto, SplitPolicy::Never, SplitPolicy::Always { partition_tokens: 512 }] {
+            let mut got = vec![0.0; built.query.len()];
+            paged_attention_with(
+                &AttnOptions { isa, split },
+                &mut got,
+                &built.query,
+                &cache,
+                &built.meta(),
+                8,
+                batch.scale(),
+            )
+            .expect("kernel");
+            assert_close(&got, &want, ABS, REL, &format!("{isa:?} {split:?}"));
+        }
+    }
+}
