@@ -249,3 +249,66 @@ impl BlockPool {
         true
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::PoolConfig;
+
+    fn pool() -> BlockPool {
+        BlockPool::new(PoolConfig { watermark: 0.0, ..PoolConfig::new(8, 2) }).unwrap()
+    }
+
+    #[test]
+    fn a_colliding_hash_with_other_tokens_or_salt_never_hits() {
+        let mut p = pool();
+        let mut t = p.new_table();
+        t.append_tokens(&mut p, 2).unwrap();
+        p.cache_full_blocks(&mut t, &[1, 2], 0).unwrap();
+        let b = t.blocks()[0];
+        // Forge collisions: other tokens, and other salt, hashing to an entry for block `b`.
+        let forged_tokens = p.hasher.chain(ROOT_HASH, 0, &[3, 4]);
+        let forged_salt = p.hasher.chain(ROOT_HASH, 1, &[1, 2]);
+        let cache = p.cache.as_mut().unwrap();
+        cache.index.insert(forged_tokens, b);
+        cache.index.insert(forged_salt, b);
+        let mut q = p.new_table();
+        assert_eq!(p.lookup_prefix(&[3, 4], 0, &mut q), Ok(0));
+        assert_eq!(p.lookup_prefix(&[1, 2], 1, &mut q), Ok(0));
+        assert_eq!(p.lookup_prefix(&[1, 2], 0, &mut q), Ok(2), "the genuine entry still hits");
+        assert_eq!(p.ref_count(b), Ok(2));
+        let cache = p.cache.as_mut().unwrap();
+        cache.index.remove(&forged_tokens);
+        cache.index.remove(&forged_salt);
+        q.free(&mut p).unwrap();
+        t.free(&mut p).unwrap();
+        p.assert_consistent();
+    }
+
+    #[test]
+    fn eviction_keeps_index_and_block_state_in_step() {
+        let mut p = pool();
+        let mut tables = Vec::new();
+        for i in 0..4u32 {
+            let mut t = p.new_table();
+            t.append_tokens(&mut p, 4).unwrap();
+            p.cache_full_blocks(&mut t, &[i, i, i + 1, i + 1], 0).unwrap();
+            tables.push(t);
+        }
+        p.assert_consistent();
+        assert_eq!(p.num_cached_blocks(), 8);
+        for mut t in tables {
+            t.free(&mut p).unwrap();
+        }
+        let taken: Vec<BlockId> = (0..5).map(|_| p.allocate().unwrap()).collect();
+        p.assert_consistent();
+        assert_eq!(p.num_cached_blocks(), 3);
+        for b in taken {
+            p.free(b).unwrap();
+        }
+        p.assert_consistent();
+        assert!(p.reset_prefix_cache());
+        p.assert_consistent();
+        assert_eq!(p.num_cached_blocks(), 0);
+    }
+}

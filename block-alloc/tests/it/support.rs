@@ -1,0 +1,38 @@
+//! Shared helpers: pool constructors and a full observable snapshot of a pool, used to check
+//! that failed operations leave the pool exactly as it was.
+
+use block_alloc::{BlockId, BlockPool, PoolConfig, PrefixStats, TokenId};
+
+/// A device pool with no watermark (so exact counts are easy to reason about).
+pub fn pool(num_blocks: usize, block_size: usize) -> BlockPool {
+    let cfg = PoolConfig { watermark: 0.0, ..PoolConfig::new(num_blocks, block_size) };
+    BlockPool::new(cfg).expect("valid test config")
+}
+
+/// Everything a caller can observe of a pool.
+#[derive(Debug, PartialEq)]
+pub struct Snapshot {
+    refs: Vec<u32>,
+    free_order: Vec<BlockId>,
+    cached: Vec<Option<Vec<TokenId>>>,
+    num_free: usize,
+    num_cached: usize,
+    stats: PrefixStats,
+}
+
+pub fn snapshot(pool: &BlockPool) -> Snapshot {
+    let n = pool.num_blocks() as BlockId;
+    Snapshot {
+        refs: (0..n).map(|b| pool.ref_count(b).expect("in range")).collect(),
+        free_order: pool.free_blocks().collect(),
+        cached: (0..n).map(|b| pool.cached_tokens(b).map(<[TokenId]>::to_vec)).collect(),
+        num_free: pool.num_free(),
+        num_cached: pool.num_cached_blocks(),
+        stats: pool.prefix_stats(),
+    }
+}
+
+/// `n` tokens `start, start + 1, ...`.
+pub fn tokens(start: TokenId, n: usize) -> Vec<TokenId> {
+    (start..start + n as TokenId).collect()
+}
