@@ -1,1 +1,27 @@
 //! `scheduler`: continuous batching — queues, token budget, chunked prefill, preemption, and the capacity simulator.
+//!
+//! vLLM V1-style: every `schedule()` builds one step under a token budget and a sequence cap —
+//! running decodes first, then partial prefills, then swapped and waiting requests, prefills
+//! chunked to fit — over a `block_alloc::BlockPool`. Prefix-cache hits count as computed
+//! tokens. Memory pressure preempts the worst-keyed running request (recompute or swap).
+//! Requests with `n > 1` share their prompt blocks by fork; divergence copies on write.
+//! `update()` applies the sampled tokens. `sim` runs the scheduler on traces with a cost model.
+
+mod config;
+mod error;
+mod group;
+mod output;
+mod preempt;
+mod queue;
+mod request;
+mod schedule;
+mod scheduler;
+pub mod sim;
+mod update;
+
+pub use block_alloc::{BlockId, BlockPool};
+pub use config::{Policy, PreemptionMode, SchedulerConfig};
+pub use error::SchedulerError;
+pub use output::{FinishedSeq, SampledToken, ScheduledSeq, SchedulerOutput, StepResult};
+pub use request::{FinishReason, Request, RequestId, SeqId, TokenId};
+pub use scheduler::{Scheduler, SchedulerStats};

@@ -1,0 +1,64 @@
+//! What a caller hands the scheduler (`Request`) and the plain ids and reasons it hands back.
+
+/// A token id (the same type `block-alloc` hashes for prefix caching).
+pub type TokenId = u32;
+
+/// Caller-chosen request id (the engine maps its own ids onto these).
+pub type RequestId = u64;
+
+/// One sequence of a request: `index` is the sample number in `0..n` (0 before the fork).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SeqId {
+    pub request: RequestId,
+    pub index: u32,
+}
+
+/// A generation request as the scheduler sees it: token ids and limits, no sampling parameters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    pub id: RequestId,
+    pub prompt: Vec<TokenId>,
+    /// Most tokens each sequence generates (stop tokens are the engine's business: it reports
+    /// them through `SampledToken::stop`).
+    pub max_new_tokens: usize,
+    /// Lower runs first under `Policy::Priority`; ignored under FCFS.
+    pub priority: i64,
+    /// Separates prefix-cache namespaces (e.g. per tenant); `None` shares the default one.
+    pub salt: Option<u64>,
+    /// Parallel samples; the prompt is prefilled once and its blocks are shared by all `n`.
+    pub n: usize,
+}
+
+impl Request {
+    pub fn new(id: RequestId, prompt: Vec<TokenId>, max_new_tokens: usize) -> Self {
+        Self { id, prompt, max_new_tokens, priority: 0, salt: None, n: 1 }
+    }
+
+    pub fn with_priority(mut self, priority: i64) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    pub fn with_salt(mut self, salt: u64) -> Self {
+        self.salt = Some(salt);
+        self
+    }
+
+    pub fn with_n(mut self, n: usize) -> Self {
+        self.n = n;
+        self
+    }
+}
+
+/// Why a sequence stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FinishReason {
+    /// The engine flagged a stop (stop token or string).
+    Stopped,
+    /// `max_new_tokens` generated, or `max_model_len` reached.
+    Length,
+    /// `Scheduler::abort`.
+    Aborted,
+    /// The sequence outgrew the whole device pool: it could never get its next block.
+    CapacityExceeded,
+}

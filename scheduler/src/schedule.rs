@@ -1,0 +1,517 @@
+//! Building one step: running decodes first, then running partial prefills, then swapped
+//! groups (swap mode), then waiting groups, all under the token budget and the sequence cap,
+//! with chunked prefill and preemption of the worst-keyed running group on memory pressure.
+
+use block_alloc::{AllocStatus, BlockPool, BlockTable};
+
+use crate::config::Policy;
+use crate::error::SchedulerError;
+use crate::group::{Group, Where};
+use crate::output::SchedulerOutput;
+use crate::queue::{QueueKey, insert_sorted};
+use crate::request::FinishReason;
+use crate::scheduler::{InFlight, Scheduler};
+
+/// What is left of this step's limits.
+#[derive(Debug, Clone, Copy)]
+struct Budget {
+    tokens: usize,
+    seqs: usize,
+}
+
+/// Outcome of trying to give a group tokens in this step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fit {
+    Scheduled,
+    /// The token budget or the sequence cap is spent (for this group).
+    NoBudget,
+    NoMemory,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    Decodes,
+    Prefills,
+}
+
+impl Scheduler {
+    /// Builds the next step. See `schedule_into`.
+    pub fn schedule(&mut self) -> Result<SchedulerOutput, SchedulerError> {
+        let mut out = SchedulerOutput::default();
+        self.schedule_into(&mut out)?;
+        Ok(out)
+    }
+
+    /// Builds the next step into `out` (its buffers are reused). Errors with `StepInFlight` when
+    /// the previous non-empty step has not been `update`d.
+    pub fn schedule_into(&mut self, out: &mut SchedulerOutput) -> Result<(), SchedulerError> {
+        if self.step_pending {
+            return Err(SchedulerError::StepInFlight);
+        }
+        out.clear();
+        out.finished.append(&mut self.finished_since);
+        out.aborted.append(&mut self.aborted_since);
+        self.stats.steps += 1;
+        self.in_flight.clear();
+        let mut budget = Budget { tokens: self.cfg.max_num_batched_tokens, seqs: self.cfg.max_num_seqs };
+        let mut preempted = false;
+        if self.cfg.policy == Policy::Priority {
+            self.make_room_for_urgent(out)?;
+        }
+        self.schedule_running(Pass::Decodes, out, &mut budget, &mut preempted)?;
+        self.schedule_running(Pass::Prefills, out, &mut budget, &mut preempted)?;
+        // After a preemption memory is tight: admitting more would only preempt again.
+        if !preempted {
+            self.schedule_admissions(out, &mut budget)?;
+        }
+        self.step_pending = !self.in_flight.is_empty();
+        Ok(())
+    }
+
+    fn schedule_running(
+        &mut self,
+        pass: Pass,
+        out: &mut SchedulerOutput,
+        budget: &mut Budget,
+        preempted: &mut bool,
+    ) -> Result<(), SchedulerError> {
+        let step = self.stats.steps;
+        let mut i = 0;
+        while i < self.running.len() {
+            if budget.tokens == 0 || budget.seqs == 0 {
+                break;
+            }
+            let (key, slot) = self.running[i];
+            let group = self.group(slot)?;
+            if group.last_scheduled == step || (pass == Pass::Decodes) != group.is_decode() {
+                i += 1;
+                continue;
+            }
+            let fit = match pass {
+                Pass::Decodes => self.try_decode(slot, out, budget)?,
+                Pass::Prefills => self.try_prefill(slot, out, budget, None)?,
+            };
+            if fit != Fit::NoMemory {
+                i += 1;
+                continue;
+            }
+            if let Some(victim) = self.pick_victim(key, slot) {
+                // The victim sorts after `i`, so `i` still points at this group: retry it.
+                self.preempt(victim, out)?;
+                *preempted = true;
+            } else if self.running.len() == 1 {
+                // Alone and still out of blocks: it has outgrown the whole pool.
+                self.finish_for_capacity(i, out)?;
+            } else if pass == Pass::Decodes {
+                // The worst running group itself: give its blocks to the better ones.
+                self.preempt(i, out)?;
+                *preempted = true;
+            } else {
+                // A prefill behind decodes that already took this step's memory: wait.
+                i += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Priority policy: preempts running groups of worse priority than the waiting head until
+    /// the head's first chunk fits (before any running group takes this step's memory).
+    fn make_room_for_urgent(&mut self, out: &mut SchedulerOutput) -> Result<(), SchedulerError> {
+        while let (Some(&(head_key, head)), Some(&(worst_key, _))) =
+            (self.waiting.front(), self.running.back())
+        {
+            if worst_key.priority <= head_key.priority {
+                break;
+            }
+            let group = self.group(head)?;
+            let Some(seq) = group.seqs.iter().find(|s| s.finished.is_none()) else { break };
+            let chunk = seq.remaining().min(self.cfg.max_num_batched_tokens);
+            if self.device.can_allocate(seq.table.blocks_to_append(&self.device, chunk)) != AllocStatus::Later
+            {
+                break;
+            }
+            self.preempt(self.running.len() - 1, out)?;
+        }
+        Ok(())
+    }
+
+    /// The running group to preempt for a group of key `key`: the worst-keyed one not scheduled
+    /// in this step, if it sorts after the requester (`None` when that is the requester itself).
+    fn pick_victim(&self, key: QueueKey, requester: usize) -> Option<usize> {
+        let step = self.stats.steps;
+        for (pos, &(k, slot)) in self.running.iter().enumerate().rev() {
+            if slot == requester || k < key {
+                return None;
+            }
+            let scheduled =
+                self.groups.get(slot).and_then(Option::as_ref).is_some_and(|g| g.last_scheduled == step);
+            if !scheduled {
+                return Some(pos);
+            }
+        }
+        None
+    }
+
+    /// One token for every live sequence of a decoding group, all or nothing.
+    fn try_decode(
+        &mut self,
+        slot: usize,
+        out: &mut SchedulerOutput,
+        budget: &mut Budget,
+    ) -> Result<Fit, SchedulerError> {
+        let step = self.stats.steps;
+        let Self { groups, device, in_flight, .. } = self;
+        let group =
+            groups.get_mut(slot).and_then(Option::as_mut).ok_or(SchedulerError::Internal("missing group"))?;
+        let live = group.live_seqs();
+        if live > budget.seqs || live > budget.tokens {
+            return Ok(Fit::NoBudget);
+        }
+        let need: usize = group
+            .seqs
+            .iter()
+            .filter(|s| s.finished.is_none())
+            .map(|s| s.table.blocks_to_append(device, 1))
+            .sum();
+        if need > device.num_free() {
+            return Ok(Fit::NoMemory);
+        }
+        for si in 0..group.seqs.len() {
+            if group.seqs[si].finished.is_none() {
+                emit(group, slot, si, 1, device, out, in_flight)?;
+            }
+        }
+        group.last_scheduled = step;
+        budget.tokens -= live;
+        budget.seqs -= live;
+        Ok(Fit::Scheduled)
+    }
+
+    /// Chunks for the live sequences of a group with prompt (or recomputed) tokens left, each as
+    /// large as the budget and free memory allow. `reserve` blocks stay free (the watermark, at
+    /// admission).
+    fn try_prefill(
+        &mut self,
+        slot: usize,
+        out: &mut SchedulerOutput,
+        budget: &mut Budget,
+        reserve: Option<usize>,
+    ) -> Result<Fit, SchedulerError> {
+        let step = self.stats.steps;
+        let Self { groups, device, in_flight, .. } = self;
+        let group =
+            groups.get_mut(slot).and_then(Option::as_mut).ok_or(SchedulerError::Internal("missing group"))?;
+        let reserve = reserve.unwrap_or(0);
+        let (mut any, mut short) = (false, false);
+        // While samples are parked, the leader recomputes the prompt first and stops there.
+        let prompt_cap = group.seqs.iter().any(|s| s.parked).then_some(group.prompt_len);
+        for si in 0..group.seqs.len() {
+            let seq = &group.seqs[si];
+            if seq.finished.is_some() || seq.parked {
+                continue;
+            }
+            if budget.tokens == 0 || budget.seqs == 0 {
+                break;
+            }
+            let mut want = seq.remaining().min(budget.tokens);
+            if let Some(cap) = prompt_cap.filter(|&cap| seq.num_computed < cap) {
+                want = want.min(cap - seq.num_computed);
+            }
+            let free = device.num_free().saturating_sub(reserve);
+            let n = largest_fitting_append(&group.seqs[si].table, device, want, free);
+            if n == 0 {
+                short = true;
+                break;
+            }
+            emit(group, slot, si, n, device, out, in_flight)?;
+            budget.tokens -= n;
+            budget.seqs -= 1;
+            any = true;
+        }
+        if any {
+            group.last_scheduled = step;
+            Ok(Fit::Scheduled)
+        } else if short {
+            Ok(Fit::NoMemory)
+        } else {
+            Ok(Fit::NoBudget)
+        }
+    }
+
+    /// Serves swapped and waiting groups in one key order (a swapped group keeps its early key,
+    /// so it cannot starve behind new arrivals); the first that cannot be served stops both.
+    fn schedule_admissions(
+        &mut self,
+        out: &mut SchedulerOutput,
+        budget: &mut Budget,
+    ) -> Result<(), SchedulerError> {
+        loop {
+            let swapped_first = match (self.swapped.front(), self.waiting.front()) {
+                (Some(s), Some(w)) => s.0 < w.0,
+                (Some(_), None) => true,
+                (None, Some(_)) => false,
+                (None, None) => return Ok(()),
+            };
+            let served = if swapped_first {
+                self.swap_in_head(out, budget)?
+            } else {
+                self.admit_waiting_head(out, budget)?
+            };
+            if !served {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Swap mode: brings the swapped head back when the device has room for its blocks plus
+    /// its next chunk above the watermark, and schedules it. Returns whether the head was served.
+    fn swap_in_head(
+        &mut self,
+        out: &mut SchedulerOutput,
+        budget: &mut Budget,
+    ) -> Result<bool, SchedulerError> {
+        {
+            let Some(&(key, slot)) = self.swapped.front() else { return Ok(false) };
+            let group = self.group(slot)?;
+            let live = group.live_seqs();
+            if live > budget.seqs || live > budget.tokens {
+                return Ok(false);
+            }
+            let host =
+                self.host.as_ref().ok_or(SchedulerError::Internal("swapped group without a host pool"))?;
+            let distinct = distinct_blocks(group);
+            let growth: usize = group
+                .seqs
+                .iter()
+                .filter(|s| s.finished.is_none() && !s.parked)
+                .map(|s| s.table.blocks_to_append(host, s.remaining().min(budget.tokens)))
+                .sum();
+            match self.device.can_allocate(distinct + growth) {
+                AllocStatus::Now => {}
+                AllocStatus::Later => return Ok(false),
+                // It can never come back with room to grow; alone on the device it may still
+                // run until it outgrows the pool (then it finishes for capacity).
+                AllocStatus::Never if self.running.is_empty() && distinct <= self.device.num_free() => {}
+                AllocStatus::Never if self.running.is_empty() => {
+                    self.swapped.pop_front();
+                    self.finish_swapped_for_capacity(slot, out)?;
+                    return Ok(true);
+                }
+                AllocStatus::Never => return Ok(false),
+            }
+            let Self { groups, device, host, .. } = self;
+            let (Some(host), Some(group)) = (host.as_mut(), groups.get_mut(slot).and_then(Option::as_mut))
+            else {
+                return Err(SchedulerError::Internal("swapped group without a host pool"));
+            };
+            let mut tables: Vec<&mut BlockTable> =
+                group.seqs.iter_mut().filter(|s| !s.table.is_empty()).map(|s| &mut s.table).collect();
+            let pairs = block_alloc::swap_in(host, device, &mut tables)?;
+            out.blocks_to_swap_in.extend(pairs);
+            group.place = Where::Running;
+            let decode = group.is_decode();
+            self.swapped.pop_front();
+            insert_sorted(&mut self.running, (key, slot));
+            if decode {
+                self.try_decode(slot, out, budget)?;
+            } else {
+                self.try_prefill(slot, out, budget, None)?;
+            }
+            Ok(true)
+        }
+    }
+
+    /// Admits the waiting head (strictly in order: the head blocks the rest, so nobody starves)
+    /// after counting its prefix-cache hits as computed. Returns whether the head was served.
+    fn admit_waiting_head(
+        &mut self,
+        out: &mut SchedulerOutput,
+        budget: &mut Budget,
+    ) -> Result<bool, SchedulerError> {
+        loop {
+            let Some(&(key, slot)) = self.waiting.front() else { return Ok(false) };
+            if budget.tokens == 0 || budget.seqs == 0 {
+                return Ok(false);
+            }
+            let group = self.group(slot)?;
+            if group.live_seqs() > budget.seqs {
+                return Ok(false);
+            }
+            self.lookup_prefixes(slot)?;
+            let group = self.group(slot)?;
+            // Blocks the whole remaining prefill of the first sequence would take: if even that
+            // exceeds what the pool can ever give, the group can never run.
+            let seq = group.seqs.iter().find(|s| s.finished.is_none());
+            let full_need = seq.map_or(0, |s| s.table.blocks_to_append(&self.device, s.remaining()));
+            if self.device.can_allocate(full_need) == AllocStatus::Never {
+                self.waiting.pop_front();
+                self.finish_group(slot, FinishReason::CapacityExceeded, out)?;
+                return Ok(true);
+            }
+            let watermark = self.device.watermark_blocks();
+            let mut trial = *budget;
+            match self.try_prefill(slot, out, &mut trial, Some(watermark))? {
+                Fit::Scheduled => {
+                    *budget = trial;
+                    self.waiting.pop_front();
+                    if let Some(group) = self.groups.get_mut(slot).and_then(Option::as_mut) {
+                        group.place = Where::Running;
+                    }
+                    insert_sorted(&mut self.running, (key, slot));
+                    return Ok(true);
+                }
+                Fit::NoBudget | Fit::NoMemory => {
+                    self.unlookup_prefixes(slot)?;
+                    // Priority: a waiting group may take the blocks of a worse-keyed running one.
+                    if self.cfg.policy == Policy::Priority
+                        && let Some(victim) = self.pick_victim(key, usize::MAX)
+                    {
+                        self.preempt(victim, out)?;
+                        continue;
+                    }
+                    return Ok(false);
+                }
+            }
+        }
+    }
+
+    /// Fills the empty tables of a group about to be admitted with its cached prefix. The last
+    /// token is never taken from the cache: its logits are needed to sample.
+    fn lookup_prefixes(&mut self, slot: usize) -> Result<(), SchedulerError> {
+        if !self.cfg.enable_prefix_caching {
+            return Ok(());
+        }
+        let Self { groups, device, .. } = self;
+        let group =
+            groups.get_mut(slot).and_then(Option::as_mut).ok_or(SchedulerError::Internal("missing group"))?;
+        let salt = group.salt;
+        for seq in group.seqs.iter_mut().filter(|s| s.finished.is_none() && s.num_computed == 0) {
+            if seq.table.num_tokens() == 0 && seq.tokens.len() > 1 {
+                let cached =
+                    device.lookup_prefix(&seq.tokens[..seq.tokens.len() - 1], salt, &mut seq.table)?;
+                seq.num_computed = cached;
+            }
+        }
+        Ok(())
+    }
+
+    /// Undoes `lookup_prefixes` for a group that could not be admitted after all.
+    fn unlookup_prefixes(&mut self, slot: usize) -> Result<(), SchedulerError> {
+        let Self { groups, device, .. } = self;
+        let group =
+            groups.get_mut(slot).and_then(Option::as_mut).ok_or(SchedulerError::Internal("missing group"))?;
+        for seq in group.seqs.iter_mut().filter(|s| s.finished.is_none()) {
+            seq.table.free(device)?;
+            seq.num_computed = 0;
+        }
+        Ok(())
+    }
+
+    /// Finishes running group at queue position `pos` because it outgrew the pool.
+    fn finish_for_capacity(&mut self, pos: usize, out: &mut SchedulerOutput) -> Result<(), SchedulerError> {
+        let Some((_, slot)) = self.running.remove(pos) else {
+            return Err(SchedulerError::Internal("capacity victim not running"));
+        };
+        self.finish_group(slot, FinishReason::CapacityExceeded, out)
+    }
+
+    /// Finishes a swapped group (taken off its queue) that can never fit the device.
+    fn finish_swapped_for_capacity(
+        &mut self,
+        slot: usize,
+        out: &mut SchedulerOutput,
+    ) -> Result<(), SchedulerError> {
+        let Self { groups, host, .. } = self;
+        let group =
+            groups.get_mut(slot).and_then(Option::as_mut).ok_or(SchedulerError::Internal("missing group"))?;
+        let host = host.as_mut().ok_or(SchedulerError::Internal("swapped group without a host pool"))?;
+        for seq in group.seqs.iter_mut() {
+            seq.table.free(host)?;
+        }
+        self.finish_group(slot, FinishReason::CapacityExceeded, out)
+    }
+
+    /// Frees and drops a group that is on no queue, finishing its live sequences with `reason`.
+    fn finish_group(
+        &mut self,
+        slot: usize,
+        reason: FinishReason,
+        out: &mut SchedulerOutput,
+    ) -> Result<(), SchedulerError> {
+        let Self { groups, device, .. } = self;
+        let group =
+            groups.get_mut(slot).and_then(Option::as_mut).ok_or(SchedulerError::Internal("missing group"))?;
+        for seq in group.seqs.iter_mut() {
+            seq.table.free(device)?;
+            seq.finished.get_or_insert(reason);
+        }
+        let id = group.id;
+        out.finished.push(id);
+        out.capacity_exceeded.push(id);
+        self.stats.capacity_exceeded += 1;
+        self.release(slot);
+        Ok(())
+    }
+}
+
+/// Appends `n` slots to sequence `si` of `group` and writes its entry of the step.
+fn emit(
+    group: &mut Group,
+    slot: usize,
+    si: usize,
+    n: usize,
+    device: &mut BlockPool,
+    out: &mut SchedulerOutput,
+    in_flight: &mut Vec<InFlight>,
+) -> Result<(), SchedulerError> {
+    let awaiting_fork = group.awaiting_fork();
+    let samples_at_end = if awaiting_fork { group.n } else { 1 };
+    let seq_id = group.seq_id(group.seqs[si].index);
+    let seq = &mut group.seqs[si];
+    let start = seq.num_computed;
+    let end = start + n;
+    if let Some(cow) = seq.table.append_tokens(device, n)? {
+        out.blocks_to_copy.push((cow.src, cow.dst));
+    }
+    let flat_start = out.token_ids.len();
+    out.token_ids.extend_from_slice(&seq.tokens[start..end]);
+    out.positions.extend(start as u32..end as u32);
+    seq.table.slot_mapping(start..end, &mut out.slot_mapping);
+    let table_start = out.block_tables.len();
+    out.block_tables.extend_from_slice(seq.table.blocks());
+    let num_samples = if end == seq.tokens.len() { samples_at_end } else { 0 };
+    out.seqs.push(crate::output::ScheduledSeq {
+        seq_id,
+        tokens: start..end,
+        flat: flat_start..out.token_ids.len(),
+        block_table: table_start..out.block_tables.len(),
+        num_samples,
+    });
+    in_flight.push(InFlight { slot, arrival: group.key.arrival, seq: si as u32, seq_id, end, num_samples });
+    Ok(())
+}
+
+/// The most tokens (≤ `want`) that can be appended to `table` with `free` blocks of `pool`.
+fn largest_fitting_append(table: &BlockTable, pool: &BlockPool, want: usize, free: usize) -> usize {
+    if table.blocks_to_append(pool, want) <= free {
+        return want;
+    }
+    // Monotone in n: bisect for the largest n whose append fits.
+    let (mut lo, mut hi) = (0, want);
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if table.blocks_to_append(pool, mid) <= free {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    lo
+}
+
+/// Distinct blocks held by a group's live tables (forked samples share blocks).
+fn distinct_blocks(group: &Group) -> usize {
+    let tables: Vec<&BlockTable> =
+        group.seqs.iter().filter(|s| !s.table.is_empty()).map(|s| &s.table).collect();
+    block_alloc::num_distinct_blocks(&tables)
+}

@@ -1,0 +1,298 @@
+//! The `Scheduler`: request intake, abort, queues and accessors. The per-step logic lives in
+//! `schedule.rs` (building a step), `update.rs` (applying sampled tokens) and `preempt.rs`.
+
+use std::collections::HashMap;
+
+use block_alloc::{BlockPool, PoolConfig};
+
+use crate::config::{Policy, SchedulerConfig};
+use crate::error::SchedulerError;
+use crate::group::{Group, Seq, Where};
+use crate::queue::{Queue, QueueKey, insert_sorted, remove_slot};
+use crate::request::{Request, RequestId, SeqId};
+
+/// Counters over the scheduler's life.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SchedulerStats {
+    /// Steps built (`schedule()` calls that succeeded).
+    pub steps: u64,
+    pub preemptions_recompute: u64,
+    pub preemptions_swap: u64,
+    pub capacity_exceeded: u64,
+    pub aborted: u64,
+    pub finished: u64,
+}
+
+impl SchedulerStats {
+    pub fn preemptions(&self) -> u64 {
+        self.preemptions_recompute + self.preemptions_swap
+    }
+}
+
+/// One scheduled sequence awaiting `update`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct InFlight {
+    pub slot: usize,
+    /// The group's arrival number: tells a slab slot reused after an abort from the original.
+    pub arrival: u64,
+    pub seq: u32,
+    pub seq_id: SeqId,
+    /// `num_computed` once this step has run.
+    pub end: usize,
+    pub num_samples: usize,
+}
+
+/// Continuous-batching scheduler over a device block pool (and an optional host swap pool).
+///
+/// Protocol: `add_request` / `abort` at any time; `schedule()` builds a step; when it scheduled
+/// anything, the engine runs it and calls `update()` with the sampled tokens before the next
+/// `schedule()`.
+#[derive(Debug)]
+pub struct Scheduler {
+    pub(crate) cfg: SchedulerConfig,
+    pub(crate) device: BlockPool,
+    pub(crate) host: Option<BlockPool>,
+    /// Slab of groups; queues and in-flight entries refer to slots.
+    pub(crate) groups: Vec<Option<Group>>,
+    pub(crate) free_slots: Vec<usize>,
+    pub(crate) index: HashMap<RequestId, usize>,
+    pub(crate) waiting: Queue,
+    pub(crate) running: Queue,
+    pub(crate) swapped: Queue,
+    pub(crate) next_arrival: u64,
+    pub(crate) in_flight: Vec<InFlight>,
+    pub(crate) step_pending: bool,
+    pub(crate) finished_since: Vec<RequestId>,
+    pub(crate) aborted_since: Vec<RequestId>,
+    pub(crate) stats: SchedulerStats,
+}
+
+impl Scheduler {
+    pub fn new(cfg: SchedulerConfig) -> Result<Self, SchedulerError> {
+        cfg.validate()?;
+        let device = BlockPool::new(PoolConfig {
+            num_blocks: cfg.num_device_blocks,
+            block_size: cfg.block_size,
+            watermark: cfg.watermark,
+            enable_prefix_caching: cfg.enable_prefix_caching,
+        })?;
+        let host = match cfg.num_host_blocks {
+            0 => None,
+            n => Some(BlockPool::new(PoolConfig::host(n, cfg.block_size))?),
+        };
+        Ok(Self {
+            cfg,
+            device,
+            host,
+            groups: Vec::new(),
+            free_slots: Vec::new(),
+            index: HashMap::new(),
+            waiting: Queue::new(),
+            running: Queue::new(),
+            swapped: Queue::new(),
+            next_arrival: 0,
+            in_flight: Vec::new(),
+            step_pending: false,
+            finished_since: Vec::new(),
+            aborted_since: Vec::new(),
+            stats: SchedulerStats::default(),
+        })
+    }
+
+    /// Queues a request. Rejects (typed error, nothing stored) a duplicate id, `n = 0` or more
+    /// samples than `max_num_seqs`, an empty prompt, `max_new_tokens = 0`, a prompt longer than
+    /// `max_model_len`, and a prompt that needs more blocks than the device pool could ever give.
+    pub fn add_request(&mut self, req: Request) -> Result<(), SchedulerError> {
+        let id = req.id;
+        if self.index.contains_key(&id) {
+            return Err(SchedulerError::DuplicateRequest(id));
+        }
+        if req.n == 0 {
+            return Err(SchedulerError::ZeroSamples(id));
+        }
+        if req.n > self.cfg.max_num_seqs {
+            return Err(SchedulerError::TooManySamples { id, n: req.n, max_num_seqs: self.cfg.max_num_seqs });
+        }
+        if req.prompt.is_empty() {
+            return Err(SchedulerError::EmptyPrompt(id));
+        }
+        if req.max_new_tokens == 0 {
+            return Err(SchedulerError::ZeroMaxTokens(id));
+        }
+        if req.prompt.len() > self.cfg.max_model_len {
+            return Err(SchedulerError::PromptTooLong {
+                id,
+                len: req.prompt.len(),
+                max_model_len: self.cfg.max_model_len,
+            });
+        }
+        let blocks_needed = req.prompt.len().div_ceil(self.cfg.block_size);
+        if self.device.can_allocate(blocks_needed) == block_alloc::AllocStatus::Never {
+            return Err(SchedulerError::ExceedsPool {
+                id,
+                blocks_needed,
+                pool_blocks: self.device.num_blocks(),
+            });
+        }
+        let priority = match self.cfg.policy {
+            Policy::Fcfs => 0,
+            Policy::Priority => req.priority,
+        };
+        let key = QueueKey { priority, arrival: self.next_arrival };
+        self.next_arrival += 1;
+        let group = Group {
+            id,
+            key,
+            prompt_len: req.prompt.len(),
+            max_new_tokens: req.max_new_tokens,
+            salt: req.salt.unwrap_or(0),
+            n: req.n,
+            seqs: vec![Seq {
+                index: 0,
+                tokens: req.prompt,
+                num_computed: 0,
+                table: self.device.new_table(),
+                finished: None,
+                parked: false,
+            }],
+            place: Where::Waiting,
+            last_scheduled: 0,
+        };
+        let slot = match self.free_slots.pop() {
+            Some(slot) => {
+                self.groups[slot] = Some(group);
+                slot
+            }
+            None => {
+                self.groups.push(Some(group));
+                self.groups.len() - 1
+            }
+        };
+        self.index.insert(id, slot);
+        insert_sorted(&mut self.waiting, (key, slot));
+        Ok(())
+    }
+
+    /// Aborts a request in any state (waiting, running, swapped, in the step being run): every
+    /// block it holds is freed now; samples for it in the pending `update` are ignored. It is
+    /// listed in the next step's `aborted`.
+    pub fn abort(&mut self, id: RequestId) -> Result<(), SchedulerError> {
+        let slot = *self.index.get(&id).ok_or(SchedulerError::UnknownRequest(id))?;
+        let place = self.group(slot)?.place;
+        let queue = match place {
+            Where::Waiting => &mut self.waiting,
+            Where::Running => &mut self.running,
+            Where::Swapped => &mut self.swapped,
+        };
+        remove_slot(queue, slot);
+        let pool = match place {
+            Where::Swapped => self.host.as_mut().unwrap_or(&mut self.device),
+            Where::Waiting | Where::Running => &mut self.device,
+        };
+        if let Some(group) = self.groups.get_mut(slot).and_then(Option::as_mut) {
+            for seq in &mut group.seqs {
+                seq.table.free(pool)?;
+            }
+        }
+        self.release(slot);
+        self.aborted_since.push(id);
+        self.stats.aborted += 1;
+        Ok(())
+    }
+
+    /// Drops a group from the slab (its tables must already be freed and it must be off every queue).
+    pub(crate) fn release(&mut self, slot: usize) {
+        if let Some(group) = self.groups.get_mut(slot).and_then(Option::take) {
+            self.index.remove(&group.id);
+            self.free_slots.push(slot);
+        }
+    }
+
+    pub(crate) fn group(&self, slot: usize) -> Result<&Group, SchedulerError> {
+        self.groups
+            .get(slot)
+            .and_then(Option::as_ref)
+            .ok_or(SchedulerError::Internal("queue entry without a group"))
+    }
+
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.cfg
+    }
+
+    pub fn stats(&self) -> SchedulerStats {
+        self.stats
+    }
+
+    /// The device pool (for usage figures and invariant checks).
+    pub fn device_pool(&self) -> &BlockPool {
+        &self.device
+    }
+
+    pub fn host_pool(&self) -> Option<&BlockPool> {
+        self.host.as_ref()
+    }
+
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    pub fn num_swapped(&self) -> usize {
+        self.swapped.len()
+    }
+
+    /// Requests not yet finished or aborted.
+    pub fn num_unfinished(&self) -> usize {
+        self.index.len()
+    }
+
+    pub fn has_unfinished(&self) -> bool {
+        !self.index.is_empty()
+    }
+
+    pub fn contains(&self, id: RequestId) -> bool {
+        self.index.contains_key(&id)
+    }
+
+    /// Token states the running sequences hold in device memory (shared blocks counted once per
+    /// sequence that uses them).
+    pub fn kv_tokens_held(&self) -> usize {
+        self.running
+            .iter()
+            .filter_map(|&(_, slot)| self.groups.get(slot).and_then(Option::as_ref))
+            .flat_map(|g| g.seqs.iter())
+            .map(|s| s.table.num_tokens())
+            .sum()
+    }
+
+    /// Tokens (prompt + generated) of a live sequence, if it exists.
+    pub fn seq_tokens(&self, seq: SeqId) -> Option<&[u32]> {
+        let slot = *self.index.get(&seq.request)?;
+        let group = self.groups.get(slot)?.as_ref()?;
+        group.seqs.get(seq.index as usize).map(|s| s.tokens.as_slice())
+    }
+
+    /// Distinct device blocks held by running sequences' tables (equals the pool's `num_used()`
+    /// when nothing leaks).
+    pub fn num_device_blocks_held(&self) -> usize {
+        self.distinct_blocks_of(&self.running)
+    }
+
+    /// Distinct host blocks held by swapped sequences' tables.
+    pub fn num_host_blocks_held(&self) -> usize {
+        self.distinct_blocks_of(&self.swapped)
+    }
+
+    fn distinct_blocks_of(&self, queue: &Queue) -> usize {
+        let tables: Vec<&block_alloc::BlockTable> = queue
+            .iter()
+            .filter_map(|&(_, slot)| self.groups.get(slot).and_then(Option::as_ref))
+            .flat_map(|g| g.seqs.iter())
+            .map(|s| &s.table)
+            .collect();
+        block_alloc::num_distinct_blocks(&tables)
+    }
+}

@@ -1,0 +1,155 @@
+//! Applying a step's results: advance computed counts, register newly full blocks in the prefix
+//! cache, fork groups at their first sample, append sampled tokens, finish sequences (stop flag,
+//! `max_new_tokens`, `max_model_len`) and free their blocks.
+
+use block_alloc::BlockTable;
+
+use crate::error::SchedulerError;
+use crate::group::{Seq, Where};
+use crate::output::{FinishedSeq, SampledToken, StepResult};
+use crate::queue::remove_slot;
+use crate::request::{FinishReason, SeqId};
+use crate::scheduler::{InFlight, Scheduler};
+
+impl Scheduler {
+    /// Applies the sampled tokens of the last step. See `update_into`.
+    pub fn update(&mut self, samples: &[SampledToken]) -> Result<StepResult, SchedulerError> {
+        let mut result = StepResult::default();
+        self.update_into(samples, &mut result)?;
+        Ok(result)
+    }
+
+    /// Applies the sampled tokens of the last step: `samples` holds, in the order of the step's
+    /// `seqs`, `num_samples` entries for each scheduled sequence (entries for sequences aborted
+    /// since are ignored). Checked before anything changes: on a mismatch nothing is applied.
+    pub fn update_into(
+        &mut self,
+        samples: &[SampledToken],
+        result: &mut StepResult,
+    ) -> Result<(), SchedulerError> {
+        if !self.step_pending {
+            return Err(SchedulerError::NoStepInFlight);
+        }
+        check_samples(&self.in_flight, samples)?;
+        result.clear();
+        self.step_pending = false;
+        let in_flight = std::mem::take(&mut self.in_flight);
+        let mut pos = 0;
+        let mut outcome = Ok(());
+        for f in &in_flight {
+            let mine = &samples[pos..pos + f.num_samples];
+            pos += f.num_samples;
+            if let Err(e) = self.apply(f, mine, result) {
+                outcome = Err(e);
+                break;
+            }
+        }
+        self.in_flight = in_flight;
+        self.in_flight.clear();
+        outcome
+    }
+
+    fn apply(
+        &mut self,
+        f: &InFlight,
+        samples: &[SampledToken],
+        result: &mut StepResult,
+    ) -> Result<(), SchedulerError> {
+        let max_model_len = self.cfg.max_model_len;
+        let caching = self.cfg.enable_prefix_caching;
+        let block_size = self.cfg.block_size;
+        let Self { groups, device, .. } = self;
+        let Some(group) = groups.get_mut(f.slot).and_then(Option::as_mut) else { return Ok(()) };
+        if group.key.arrival != f.arrival || group.place != Where::Running {
+            return Ok(()); // aborted after scheduling
+        }
+        let si = f.seq as usize;
+        let salt = group.salt;
+        let seq = group.seqs.get_mut(si).ok_or(SchedulerError::Internal("in-flight sequence missing"))?;
+        let before = seq.num_computed;
+        seq.num_computed = f.end;
+        if caching && f.end / block_size > before / block_size {
+            device.cache_full_blocks(&mut seq.table, &seq.tokens[..f.end], salt)?;
+        }
+        if f.end == group.prompt_len && group.seqs.iter().any(|s| s.parked) {
+            // The recomputed prompt is back: the parked samples share it again.
+            let (leader, rest) = group.seqs.split_at_mut(si + 1);
+            let leader = &leader[si];
+            for parked in rest.iter_mut().filter(|s| s.parked) {
+                parked.table = leader.table.fork(device)?;
+                parked.num_computed = leader.num_computed;
+                parked.parked = false;
+            }
+        }
+        if samples.len() > 1 {
+            // The group's first sample: split the prompt's sequence into `n`, sharing its blocks.
+            let parent = &group.seqs[si];
+            let mut children = Vec::with_capacity(samples.len() - 1);
+            for k in 1..samples.len() {
+                let table: BlockTable = parent.table.fork(device)?;
+                children.push(Seq {
+                    index: k as u32,
+                    tokens: parent.tokens.clone(),
+                    num_computed: parent.num_computed,
+                    table,
+                    finished: None,
+                    parked: false,
+                });
+            }
+            group.seqs.extend(children);
+        }
+        let (id, prompt_len, max_new_tokens) = (group.id, group.prompt_len, group.max_new_tokens);
+        for (k, sample) in samples.iter().enumerate() {
+            let target = if samples.len() > 1 { k } else { si };
+            let seq = group.seqs.get_mut(target).ok_or(SchedulerError::Internal("sample target missing"))?;
+            seq.tokens.push(sample.token);
+            let reason = if sample.stop {
+                Some(FinishReason::Stopped)
+            } else if seq.tokens.len() - prompt_len >= max_new_tokens || seq.tokens.len() >= max_model_len {
+                Some(FinishReason::Length)
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                seq.table.free(device)?;
+                seq.finished = Some(reason);
+                result
+                    .finished_seqs
+                    .push(FinishedSeq { seq_id: SeqId { request: id, index: seq.index }, reason });
+            }
+        }
+        if !samples.is_empty() && group.all_finished() {
+            remove_slot(&mut self.running, f.slot);
+            self.release(f.slot);
+            result.finished_requests.push(id);
+            self.finished_since.push(id);
+            self.stats.finished += 1;
+        }
+        Ok(())
+    }
+}
+
+/// Every scheduled sequence gets exactly its `num_samples` entries, in order.
+fn check_samples(in_flight: &[InFlight], samples: &[SampledToken]) -> Result<(), SchedulerError> {
+    let mut pos = 0;
+    for f in in_flight {
+        for _ in 0..f.num_samples {
+            match samples.get(pos) {
+                Some(s) if s.seq_id == f.seq_id => pos += 1,
+                other => {
+                    return Err(SchedulerError::SampleMismatch {
+                        position: pos,
+                        expected: Some(f.seq_id),
+                        got: other.map(|s| s.seq_id),
+                    });
+                }
+            }
+        }
+    }
+    match samples.get(pos) {
+        None => Ok(()),
+        Some(extra) => {
+            Err(SchedulerError::SampleMismatch { position: pos, expected: None, got: Some(extra.seq_id) })
+        }
+    }
+}

@@ -1,0 +1,244 @@
+//! A fake model for scheduler tests: a token-slot KV store that the step's swap/copy plans and
+//! slot mappings act on, and a "forward" that reads each sequence's whole context back through
+//! its block table and samples a token that is a hash of what it read. A wrong slot, a missed
+//! copy-on-write or swap, or a bad prefix hit changes the tokens (or trips an assertion).
+
+use std::collections::HashMap;
+
+use scheduler::{
+    FinishReason, Request, RequestId, SampledToken, Scheduler, SchedulerConfig, SchedulerOutput, SeqId,
+};
+
+/// Token drawn for sample `k` after `context`: FNV-1a of the context and `k`, in a small vocab.
+pub fn next_token(context: &[u32], k: u32) -> u32 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &t in context.iter().chain(std::iter::once(&k)) {
+        h ^= u64::from(t);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    (h % 50_000) as u32
+}
+
+/// What each sample of `req` must generate, computed directly (no scheduler): the prompt's
+/// last logits give sample `k` its first token `next_token(prompt, k)`, then each sample
+/// continues with `next_token(context, 0)`; it stops at `max_new_tokens`, at `max_model_len`,
+/// or after a token `t` with `t % stop_mod == 0`.
+pub fn expected_outputs(req: &Request, max_model_len: usize, stop_mod: Option<u32>) -> Vec<Vec<u32>> {
+    (0..req.n as u32)
+        .map(|k| {
+            let mut ctx = req.prompt.clone();
+            let mut out = Vec::new();
+            loop {
+                let t = next_token(&ctx, if out.is_empty() { k } else { 0 });
+                ctx.push(t);
+                out.push(t);
+                let stopped = stop_mod.is_some_and(|m| t.is_multiple_of(m));
+                if stopped || out.len() >= req.max_new_tokens || ctx.len() >= max_model_len {
+                    break out;
+                }
+            }
+        })
+        .collect()
+}
+
+/// A scheduler driven by the fake model, checking invariants every step.
+pub struct FakeEngine {
+    pub sched: Scheduler,
+    pub cfg: SchedulerConfig,
+    kv_device: Vec<Option<u32>>,
+    kv_host: Vec<Option<u32>>,
+    pub stop_mod: Option<u32>,
+    /// The last step's plan.
+    pub last: SchedulerOutput,
+    pub step: u64,
+    /// Generated tokens per sequence.
+    pub outputs: HashMap<SeqId, Vec<u32>>,
+    /// How often each request was reported finished (must be once).
+    pub finished: HashMap<RequestId, usize>,
+    pub reasons: HashMap<SeqId, FinishReason>,
+    pub capacity_exceeded: Vec<RequestId>,
+    pub aborted: Vec<RequestId>,
+    pub added_at: HashMap<RequestId, u64>,
+    pub first_scheduled: HashMap<RequestId, u64>,
+    /// Request ids in the order they were first given tokens.
+    pub admission_order: Vec<RequestId>,
+    pub preempted: usize,
+    pub copies: usize,
+    pub swaps_in: usize,
+    pub swaps_out: usize,
+    pub max_batched: usize,
+    pub max_seqs: usize,
+}
+
+impl FakeEngine {
+    pub fn new(cfg: SchedulerConfig) -> Self {
+        let sched = Scheduler::new(cfg.clone()).expect("valid config");
+        Self {
+            kv_device: vec![None; cfg.num_device_blocks * cfg.block_size],
+            kv_host: vec![None; cfg.num_host_blocks * cfg.block_size],
+            sched,
+            cfg,
+            stop_mod: None,
+            last: SchedulerOutput::default(),
+            step: 0,
+            outputs: HashMap::new(),
+            finished: HashMap::new(),
+            reasons: HashMap::new(),
+            capacity_exceeded: Vec::new(),
+            aborted: Vec::new(),
+            added_at: HashMap::new(),
+            first_scheduled: HashMap::new(),
+            admission_order: Vec::new(),
+            preempted: 0,
+            copies: 0,
+            swaps_in: 0,
+            swaps_out: 0,
+            max_batched: 0,
+            max_seqs: 0,
+        }
+    }
+
+    pub fn add(&mut self, req: Request) -> Result<(), scheduler::SchedulerError> {
+        let id = req.id;
+        self.sched.add_request(req)?;
+        self.added_at.insert(id, self.step);
+        Ok(())
+    }
+
+    pub fn abort(&mut self, id: RequestId) -> Result<(), scheduler::SchedulerError> {
+        self.sched.abort(id)?;
+        self.aborted.push(id);
+        self.check_blocks();
+        Ok(())
+    }
+
+    /// One schedule → fake forward → update. Returns whether anything was scheduled.
+    pub fn step(&mut self) -> bool {
+        self.step += 1;
+        let mut out = std::mem::take(&mut self.last);
+        self.sched.schedule_into(&mut out).expect("schedule");
+        let bs = self.cfg.block_size;
+        assert!(out.num_batched_tokens() <= self.cfg.max_num_batched_tokens, "token budget exceeded");
+        assert!(out.seqs.len() <= self.cfg.max_num_seqs, "sequence cap exceeded");
+        self.max_batched = self.max_batched.max(out.num_batched_tokens());
+        self.max_seqs = self.max_seqs.max(out.seqs.len());
+        self.preempted += out.preempted.len();
+        self.capacity_exceeded.extend(&out.capacity_exceeded);
+        for id in &out.capacity_exceeded {
+            *self.finished.entry(*id).or_default() += 1;
+        }
+        // Block operations first, in the documented order.
+        for &(d, h) in &out.blocks_to_swap_out {
+            copy_block(&self.kv_device, d, &mut self.kv_host, h, bs);
+        }
+        for &(h, d) in &out.blocks_to_swap_in {
+            copy_block(&self.kv_host, h, &mut self.kv_device, d, bs);
+        }
+        for &(src, dst) in &out.blocks_to_copy {
+            let from = self.kv_device.clone();
+            copy_block(&from, src, &mut self.kv_device, dst, bs);
+        }
+        self.swaps_out += out.blocks_to_swap_out.len();
+        self.swaps_in += out.blocks_to_swap_in.len();
+        self.copies += out.blocks_to_copy.len();
+        // Write this step's K/V, checking what the plan says against the sequence's tokens.
+        let mut seen = std::collections::HashSet::new();
+        for s in &out.seqs {
+            assert!(seen.insert(s.seq_id), "sequence scheduled twice in one step");
+            let tokens = self.sched.seq_tokens(s.seq_id).expect("scheduled sequence exists").to_vec();
+            assert_eq!(&out.token_ids[s.flat.clone()], &tokens[s.tokens.clone()]);
+            let positions: Vec<u32> = (s.tokens.start as u32..s.tokens.end as u32).collect();
+            assert_eq!(&out.positions[s.flat.clone()], positions.as_slice());
+            let table = out.block_table(s);
+            assert_eq!(table.len(), s.tokens.end.div_ceil(bs), "table covers exactly the context");
+            for (i, &slot) in out.slots(s).iter().enumerate() {
+                let p = s.tokens.start + i;
+                assert_eq!(slot, i64::from(table[p / bs]) * bs as i64 + (p % bs) as i64);
+                self.kv_device[slot as usize] = Some(tokens[p]);
+            }
+            self.first_scheduled.entry(s.seq_id.request).or_insert_with(|| {
+                self.admission_order.push(s.seq_id.request);
+                self.step
+            });
+        }
+        // "Attention": read every context back through the table, then sample.
+        let mut samples = Vec::new();
+        for s in &out.seqs {
+            if s.num_samples == 0 {
+                continue;
+            }
+            let table = out.block_table(s);
+            let context: Vec<u32> = (0..s.tokens.end)
+                .map(|p| {
+                    let slot = table[p / bs] as usize * bs + p % bs;
+                    self.kv_device[slot].unwrap_or_else(|| {
+                        panic!("{:?}: slot {slot} of position {p} never written", s.seq_id)
+                    })
+                })
+                .collect();
+            let tokens = self.sched.seq_tokens(s.seq_id).expect("exists");
+            assert_eq!(
+                context.as_slice(),
+                &tokens[..s.tokens.end],
+                "{:?} read a corrupted KV context",
+                s.seq_id
+            );
+            for k in 0..s.num_samples as u32 {
+                let token = next_token(&context, k);
+                let target =
+                    if s.num_samples > 1 { SeqId { request: s.seq_id.request, index: k } } else { s.seq_id };
+                self.outputs.entry(target).or_default().push(token);
+                let stop = self.stop_mod.is_some_and(|m| token.is_multiple_of(m));
+                samples.push(SampledToken { seq_id: s.seq_id, token, stop });
+            }
+        }
+        let scheduled = !out.seqs.is_empty();
+        if scheduled {
+            let result = self.sched.update(&samples).expect("update");
+            for f in &result.finished_seqs {
+                assert!(self.reasons.insert(f.seq_id, f.reason).is_none(), "{:?} finished twice", f.seq_id);
+            }
+            for id in &result.finished_requests {
+                *self.finished.entry(*id).or_default() += 1;
+            }
+        }
+        self.last = out;
+        self.check_blocks();
+        scheduled
+    }
+
+    /// No block held outside a live table; the pools' books balance.
+    pub fn check_blocks(&self) {
+        let device = self.sched.device_pool();
+        assert_eq!(device.num_free() + device.num_used(), device.num_blocks());
+        assert_eq!(device.num_used(), self.sched.num_device_blocks_held(), "device blocks leaked");
+        if let Some(host) = self.sched.host_pool() {
+            assert_eq!(host.num_used(), self.sched.num_host_blocks_held(), "host blocks leaked");
+        }
+    }
+
+    /// Steps until nothing is left; panics past `max_steps` (a livelock).
+    pub fn run_to_end(&mut self, max_steps: u64) {
+        let start = self.step;
+        while self.sched.has_unfinished() {
+            self.step();
+            assert!(self.step - start <= max_steps, "no progress after {max_steps} steps");
+        }
+        assert_eq!(self.sched.device_pool().num_used(), 0, "blocks held after the last request");
+        if let Some(host) = self.sched.host_pool() {
+            assert_eq!(host.num_used(), 0);
+        }
+    }
+
+    /// Generated tokens of each sample of request `id`, in sample order.
+    pub fn outputs_of(&self, id: RequestId, n: usize) -> Vec<Vec<u32>> {
+        (0..n as u32)
+            .map(|index| self.outputs.get(&SeqId { request: id, index }).cloned().unwrap_or_default())
+            .collect()
+    }
+}
+
+fn copy_block(from: &[Option<u32>], src: u32, to: &mut [Option<u32>], dst: u32, bs: usize) {
+    let (s, d) = (src as usize * bs, dst as usize * bs);
+    to[d..d + bs].copy_from_slice(&from[s..s + bs]);
+}

@@ -1,0 +1,196 @@
+//! Property tests: random arrivals, lengths, sample counts, priorities and aborts over tiny
+//! pools that force preemption, in both preemption modes, with prefix caching on and off.
+//! Every step checks budgets, slot mappings, KV contents read back and block accounting.
+
+use proptest::prelude::*;
+use scheduler::{Policy, PreemptionMode, Request, SchedulerConfig};
+
+use crate::fake::{FakeEngine, expected_outputs};
+
+#[derive(Debug, Clone)]
+struct Arrival {
+    step: u64,
+    prompt_len: usize,
+    /// Prompts drawn from a few shared prefixes so prefix caching has something to hit.
+    family: u32,
+    max_new: usize,
+    n: usize,
+    priority: i64,
+    /// Abort this many steps after arrival, if set.
+    abort_after: Option<u64>,
+}
+
+fn arrival() -> impl Strategy<Value = Arrival> {
+    (0u64..30, 1usize..40, 0u32..3, 1usize..30, 1usize..4, -2i64..3, prop::option::weighted(0.25, 0u64..40))
+        .prop_map(|(step, prompt_len, family, max_new, n, priority, abort_after)| Arrival {
+            step,
+            prompt_len,
+            family,
+            max_new,
+            n,
+            priority,
+            abort_after,
+        })
+}
+
+#[derive(Debug, Clone)]
+struct Setup {
+    block_size: usize,
+    blocks: usize,
+    host_blocks: usize,
+    budget: usize,
+    max_seqs: usize,
+    swap: bool,
+    priority: bool,
+    caching: bool,
+    watermark: f64,
+    stop_mod: Option<u32>,
+}
+
+fn setup() -> impl Strategy<Value = Setup> {
+    (
+        prop::sample::select(vec![1usize, 2, 4, 8]),
+        10usize..40,
+        0usize..40,
+        8usize..64,
+        4usize..12,
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+        prop::sample::select(vec![0.0, 0.05]),
+        prop::option::of(5u32..40),
+    )
+        .prop_map(
+            |(
+                block_size,
+                blocks,
+                host_blocks,
+                budget,
+                max_seqs,
+                swap,
+                priority,
+                caching,
+                watermark,
+                stop_mod,
+            )| Setup {
+                block_size,
+                // Room for at least one 40-token prompt, not much more.
+                blocks: blocks.max(48usize.div_ceil(block_size) + 2),
+                host_blocks,
+                budget,
+                max_seqs,
+                swap,
+                priority,
+                caching,
+                watermark,
+                stop_mod,
+            },
+        )
+}
+
+/// Runs the traffic; returns (preemptions, swapped-out blocks).
+fn run(setup: &Setup, arrivals: &[Arrival]) -> (usize, usize) {
+    let cfg = SchedulerConfig {
+        max_num_batched_tokens: setup.budget,
+        max_num_seqs: setup.max_seqs,
+        max_model_len: 96,
+        policy: if setup.priority { Policy::Priority } else { Policy::Fcfs },
+        preemption: if setup.swap { PreemptionMode::Swap } else { PreemptionMode::Recompute },
+        block_size: setup.block_size,
+        num_device_blocks: setup.blocks,
+        num_host_blocks: setup.host_blocks,
+        watermark: setup.watermark,
+        enable_prefix_caching: setup.caching,
+    };
+    let mut e = FakeEngine::new(cfg.clone());
+    e.stop_mod = setup.stop_mod;
+    let mut requests = Vec::new();
+    let mut aborts: Vec<(u64, u64)> = Vec::new();
+    let last_arrival = arrivals.iter().map(|a| a.step).max().unwrap_or(0);
+    let mut step = 0;
+    loop {
+        for (i, a) in arrivals.iter().enumerate().filter(|(_, a)| a.step == step) {
+            let id = i as u64;
+            let prompt: Vec<u32> = (0..a.prompt_len as u32).map(|t| a.family * 100_000 + t).collect();
+            let req = Request::new(id, prompt, a.max_new).with_n(a.n).with_priority(a.priority);
+            e.add(req.clone()).expect("valid request");
+            requests.push(req);
+            if let Some(after) = a.abort_after {
+                aborts.push((step + after, id));
+            }
+        }
+        for &(at, id) in &aborts {
+            if at == step && e.sched.contains(id) {
+                e.abort(id).expect("abort a live request");
+            }
+        }
+        e.step();
+        step += 1;
+        if step > last_arrival && !e.sched.has_unfinished() {
+            break;
+        }
+        assert!(step < 20_000, "livelock");
+    }
+    assert_eq!(e.sched.device_pool().num_used(), 0, "device blocks leaked");
+    assert_eq!(e.sched.host_pool().map_or(0, |h| h.num_used()), 0, "host blocks leaked");
+    for r in &requests {
+        let aborted = e.aborted.contains(&r.id);
+        let finished = e.finished.get(&r.id).copied().unwrap_or(0);
+        assert_eq!(finished + usize::from(aborted), 1, "request {} ends exactly once", r.id);
+        if e.capacity_exceeded.contains(&r.id) {
+            continue;
+        }
+        let want = expected_outputs(r, cfg.max_model_len, setup.stop_mod);
+        let got = e.outputs_of(r.id, r.n);
+        if aborted {
+            // A prefix of the right tokens.
+            for (g, w) in got.iter().zip(&want) {
+                assert!(w.starts_with(g), "aborted request {} diverged", r.id);
+            }
+        } else {
+            assert_eq!(got, want, "request {} tokens", r.id);
+        }
+    }
+    (e.preempted, e.swaps_out)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_traffic_on_tiny_pools(setup in setup(), arrivals in prop::collection::vec(arrival(), 1..24)) {
+        run(&setup, &arrivals);
+    }
+}
+
+#[test]
+fn tiny_pools_do_force_preemption_in_both_modes() {
+    for swap in [false, true] {
+        let setup = Setup {
+            block_size: 4,
+            blocks: 14,
+            host_blocks: 40,
+            budget: 32,
+            max_seqs: 8,
+            swap,
+            priority: false,
+            caching: false,
+            watermark: 0.0,
+            stop_mod: None,
+        };
+        let arrivals: Vec<Arrival> = (0..10)
+            .map(|i| Arrival {
+                step: i % 3,
+                prompt_len: 5 + (i as usize * 3) % 11,
+                family: i as u32 % 3,
+                max_new: 20,
+                n: 1 + i as usize % 2,
+                priority: 0,
+                abort_after: None,
+            })
+            .collect();
+        let (preempted, swapped_out) = run(&setup, &arrivals);
+        assert!(preempted > 0);
+        assert_eq!(swapped_out > 0, swap);
+    }
+}

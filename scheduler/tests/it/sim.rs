@@ -1,0 +1,1 @@
+//! Capacity simulator tests (filled in with the paged simulation).
