@@ -1,1 +1,26 @@
-//! `model`: Llama from Hugging Face folders — config, safetensors weights, tokenizer, chat template, forward pass.
+//! `model`: Llama from Hugging Face folders — config, safetensors weights, tokenizer, chat
+//! template, GGUF conversion, and the CPU forward pass over the paged KV cache.
+
+pub mod chat;
+pub mod config;
+pub mod error;
+pub mod folder;
+pub mod generation;
+pub mod gguf;
+pub mod input;
+pub mod llama;
+pub mod ops;
+pub mod reference;
+pub mod rope;
+pub mod tokenizer;
+pub mod weights;
+
+pub use chat::{ChatMessage, ChatTemplate};
+pub use config::{LlamaConfig, RopeScaling};
+pub use error::ModelError;
+pub use folder::ModelFolder;
+pub use generation::GenerationConfig;
+pub use input::ModelInput;
+pub use llama::{Llama, Workspace};
+pub use tokenizer::Tokenizer;
+pub use weights::SafetensorsFiles;

@@ -1,0 +1,201 @@
+//! `model` benchmarks (a plain program, `harness = false`): the f32 GEMM roofline and a
+//! memcpy bandwidth measured in the same run, then SmolLM2-135M prefill, batch-1 decode and
+//! batch-64 decode at context 512, with the fractions of those rooflines they reach.
+//! Writes `$BENCH_FIGURES_DIR/model.json` and `model.md`; `BENCH_QUICK=1` takes fewer samples.
+
+#[path = "../tests/it/harness.rs"]
+mod harness;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use harness::{Batch, Seq, cache_for};
+use model::{Llama, Workspace};
+use rayon::prelude::*;
+
+const CONTEXT: usize = 512;
+const BLOCK: usize = 16;
+
+fn quick() -> bool {
+    std::env::var("BENCH_QUICK").is_ok_and(|v| v == "1")
+}
+
+/// Median of `samples` timings (seconds) of `f`, after one warm-up call.
+fn median_secs(samples: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    let mut times: Vec<f64> = (0..samples)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64()
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
+
+/// f32 GEMM 1024³ on all cores through `gemm`: GFLOP/s.
+fn gemm_gflops(samples: usize) -> f64 {
+    let n = 1024;
+    let a: Vec<f32> = (0..n * n).map(|i| (i % 7) as f32 * 0.1).collect();
+    let b: Vec<f32> = (0..n * n).map(|i| (i % 5) as f32 * 0.1).collect();
+    let mut c = vec![0.0f32; n * n];
+    let secs = median_secs(samples, || {
+        // SAFETY: three n×n row-major buffers of the right size.
+        unsafe {
+            gemm::gemm(
+                n,
+                n,
+                n,
+                c.as_mut_ptr(),
+                1,
+                n as isize,
+                false,
+                a.as_ptr(),
+                1,
+                n as isize,
+                b.as_ptr(),
+                1,
+                n as isize,
+                1.0f32,
+                1.0f32,
+                false,
+                false,
+                false,
+                gemm::Parallelism::Rayon(0),
+            );
+        }
+    });
+    2.0 * (n * n * n) as f64 / secs / 1e9
+}
+
+/// Bytes copied per second by a memcpy spread over all cores (512 MiB buffers).
+fn memcpy_bytes_per_sec(samples: usize) -> f64 {
+    let len = 128 << 20;
+    let src = vec![1.0f32; len];
+    let mut dst = vec![0.0f32; len];
+    let chunk = len / rayon::current_num_threads().max(1) / 8;
+    let secs = median_secs(samples, || {
+        dst.par_chunks_mut(chunk).zip(src.par_chunks(chunk)).for_each(|(d, s)| d.copy_from_slice(s));
+    });
+    std::hint::black_box(&dst);
+    (len * 4) as f64 / secs
+}
+
+fn model_dir() -> PathBuf {
+    std::env::var_os("SMOLLM2_DIR").map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/models/SmolLM2-135M-Instruct")
+    })
+}
+
+fn prompt(seed: u32, len: usize, vocab: usize) -> Vec<u32> {
+    (0..len as u32)
+        .map(|i| (i.wrapping_mul(2654435761).wrapping_add(seed * 97) % vocab as u32).max(17))
+        .collect()
+}
+
+/// Attention FLOPs of one decode token at `context`: QKᵀ and PV over every head and layer.
+fn attention_flops(model: &Llama, context: usize) -> f64 {
+    let c = &model.config;
+    4.0 * (c.num_hidden_layers * c.num_attention_heads * c.head_dim * context) as f64
+}
+
+fn main() {
+    let samples = if quick() { 3 } else { 10 };
+    let gflops = gemm_gflops(samples * 2);
+    let memcpy = memcpy_bytes_per_sec(samples);
+    eprintln!("gemm {gflops:.1} GFLOP/s, memcpy {:.2} GB/s", memcpy / 1e9);
+
+    let dir = model_dir();
+    let model = Llama::load(&dir).unwrap_or_else(|e| {
+        panic!("cannot load SmolLM2 from {} ({e}); run `cargo xtask fetch-model`", dir.display())
+    });
+    let vocab = model.config.vocab_size;
+    let mut ws = Workspace::default();
+
+    // Prefill: one 512-token prompt in one step (into a fresh region of the cache each time).
+    let per_seq = (CONTEXT + 64).div_ceil(BLOCK);
+    let n_seqs = 64;
+    let mut cache = cache_for(&model.config, BLOCK, per_seq * n_seqs);
+    let mut seqs: Vec<Seq> = (0..n_seqs)
+        .map(|i| Seq {
+            tokens: prompt(i as u32, CONTEXT, vocab),
+            cached: 0,
+            blocks: (0..per_seq as u32).map(|b| b * n_seqs as u32 + i as u32).collect(),
+        })
+        .collect();
+    let prefill = Batch::build(&seqs[..1], &[CONTEXT], BLOCK, false);
+    let prefill_secs = median_secs(samples.min(5), || {
+        model.forward(&prefill.input(), &mut cache, &mut ws).expect("prefill");
+    });
+    let prefill_tok_s = CONTEXT as f64 / prefill_secs;
+    eprintln!("prefill {prefill_tok_s:.0} tok/s");
+
+    // Every sequence gets its own physical copy of the prompt's KV (the copy kernel, not 64
+    // prefills): same attention traffic as 64 distinct contexts.
+    let pairs: Vec<(u32, u32)> = (1..n_seqs)
+        .flat_map(|s| (0..CONTEXT / BLOCK).map(move |b| (seqs_block(b, 0, n_seqs), seqs_block(b, s, n_seqs))))
+        .collect();
+    attn_kernels::copy_blocks(&mut cache, &pairs).expect("copy blocks");
+    for s in &mut seqs {
+        s.cached = CONTEXT - 1;
+    }
+
+    // Decode at batch 1: the query token at position 511 attends to 512 tokens.
+    let decode1 = Batch::build(&seqs[..1], &[1], BLOCK, false);
+    let b1_secs = median_secs(samples * 3, || {
+        model.forward(&decode1.input(), &mut cache, &mut ws).expect("decode b1");
+    });
+    let decode_tok_s_b1 = 1.0 / b1_secs;
+    let bw_fraction = model.weight_bytes_per_step() as f64 / b1_secs / memcpy;
+    eprintln!(
+        "decode b1 {decode_tok_s_b1:.1} tok/s, weights at {:.2} GB/s",
+        model.weight_bytes_per_step() as f64 / b1_secs / 1e9
+    );
+
+    // Decode at batch 64, context 512 each.
+    let chunks = vec![1; n_seqs];
+    let decode64 = Batch::build(&seqs, &chunks, BLOCK, false);
+    let b64_secs = median_secs(samples, || {
+        model.forward(&decode64.input(), &mut cache, &mut ws).expect("decode b64");
+    });
+    let decode_tok_s_b64 = n_seqs as f64 / b64_secs;
+    let flops = model.matmul_flops(n_seqs, n_seqs) + n_seqs as f64 * attention_flops(&model, CONTEXT);
+    let gemm_fraction = flops / b64_secs / (gflops * 1e9);
+    eprintln!("decode b64 {decode_tok_s_b64:.0} tok/s, {:.1} GFLOP/s", flops / b64_secs / 1e9);
+
+    let figures = serde_json::json!({
+        "model.gemm_gflops": gflops,
+        "model.memcpy_gb_s": memcpy / 1e9,
+        "model.prefill_tok_s": prefill_tok_s,
+        "model.decode_tok_s_b1": decode_tok_s_b1,
+        "model.decode_b1_bw_fraction": bw_fraction,
+        "model.decode_tok_s_b64": decode_tok_s_b64,
+        "model.decode_b64_gemm_fraction": gemm_fraction,
+    });
+    let md = format!(
+        "## model (SmolLM2-135M-Instruct, f32, {} threads)\n\n\
+         | figure | value |\n|---|---|\n\
+         | f32 GEMM 1024³ | {gflops:.1} GFLOP/s |\n| memcpy (bytes copied/s, all cores) | {:.2} GB/s |\n\
+         | prefill, one 512-token prompt | {prefill_tok_s:.0} tok/s |\n\
+         | decode batch 1, context 512 | {decode_tok_s_b1:.1} tok/s ({:.0} MB of weights per token, {bw_fraction:.2} of memcpy) |\n\
+         | decode batch 64, context 512 | {decode_tok_s_b64:.0} tok/s ({gemm_fraction:.2} of the GEMM roofline, matmul + attention FLOPs) |\n",
+        rayon::current_num_threads(),
+        memcpy / 1e9,
+        model.weight_bytes_per_step() as f64 / 1e6,
+    );
+    match std::env::var_os("BENCH_FIGURES_DIR") {
+        Some(out) => {
+            let out = PathBuf::from(out);
+            std::fs::write(out.join("model.json"), serde_json::to_string_pretty(&figures).expect("json"))
+                .expect("write model.json");
+            std::fs::write(out.join("model.md"), md).expect("write model.md");
+        }
+        None => println!("{}\n{md}", serde_json::to_string_pretty(&figures).expect("json")),
+    }
+}
+
+/// Physical block `b` of sequence `s` (blocks are interleaved across sequences).
+fn seqs_block(b: usize, s: usize, n_seqs: usize) -> u32 {
+    (b * n_seqs + s) as u32
+}

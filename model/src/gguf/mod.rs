@@ -1,0 +1,12 @@
+//! GGUF support: read a llama.cpp model file and convert it to an ordinary Hugging Face
+//! folder (the engine itself only loads HF folders).
+
+pub mod convert;
+pub mod dequant;
+pub mod reader;
+pub mod vocab;
+
+pub use convert::{ConvertSummary, OutputDtype, convert_gguf_to_hf, unpermute_qk};
+pub use dequant::{GgmlType, dequantize};
+pub use reader::{GgufFile, GgufTensorInfo, GgufValue};
+pub use vocab::GgufVocab;

@@ -1,0 +1,293 @@
+//! A GGUF (v2/v3) reader: header, metadata key/values and tensor directory, over a
+//! memory-mapped file. Every offset and length is checked against the file size, so a
+//! truncated download is an error, not a panic.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+
+use super::dequant::GgmlType;
+use crate::error::{ModelError, Result};
+
+/// A metadata value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GgufValue {
+    U8(u8),
+    I8(i8),
+    U16(u16),
+    I16(i16),
+    U32(u32),
+    I32(i32),
+    F32(f32),
+    Bool(bool),
+    String(String),
+    Array(Vec<GgufValue>),
+    U64(u64),
+    I64(i64),
+    F64(f64),
+}
+
+impl GgufValue {
+    pub fn as_u64(&self) -> Option<u64> {
+        match *self {
+            Self::U8(v) => Some(v.into()),
+            Self::U16(v) => Some(v.into()),
+            Self::U32(v) => Some(v.into()),
+            Self::U64(v) => Some(v),
+            Self::I8(v) => u64::try_from(v).ok(),
+            Self::I16(v) => u64::try_from(v).ok(),
+            Self::I32(v) => u64::try_from(v).ok(),
+            Self::I64(v) => u64::try_from(v).ok(),
+            _ => None,
+        }
+    }
+
+    pub fn as_f64(&self) -> Option<f64> {
+        match *self {
+            Self::F32(v) => Some(v.into()),
+            Self::F64(v) => Some(v),
+            _ => self.as_u64().map(|v| v as f64),
+        }
+    }
+
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Self::String(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    pub fn as_bool(&self) -> Option<bool> {
+        match *self {
+            Self::Bool(b) => Some(b),
+            _ => None,
+        }
+    }
+
+    pub fn as_array(&self) -> Option<&[GgufValue]> {
+        match self {
+            Self::Array(a) => Some(a),
+            _ => None,
+        }
+    }
+}
+
+/// One tensor of the directory.
+#[derive(Debug, Clone)]
+pub struct GgufTensorInfo {
+    pub name: String,
+    /// GGUF order: `dims[0]` is the fastest-varying (the row length).
+    pub dims: Vec<u64>,
+    pub ggml_type: GgmlType,
+    /// Absolute byte offset of the data in the file.
+    pub offset: usize,
+    pub n_bytes: usize,
+}
+
+impl GgufTensorInfo {
+    pub fn n_elements(&self) -> usize {
+        self.dims.iter().product::<u64>() as usize
+    }
+
+    /// Row-major (PyTorch order) shape: the GGUF dims reversed.
+    pub fn shape(&self) -> Vec<usize> {
+        self.dims.iter().rev().map(|&d| d as usize).collect()
+    }
+}
+
+/// An opened GGUF file.
+#[derive(Debug)]
+pub struct GgufFile {
+    pub path: PathBuf,
+    pub version: u32,
+    pub metadata: BTreeMap<String, GgufValue>,
+    pub tensors: Vec<GgufTensorInfo>,
+    mmap: Mmap,
+}
+
+/// Bounds-checked little-endian cursor.
+struct Cursor<'a> {
+    buf: &'a [u8],
+    pos: usize,
+    path: &'a Path,
+}
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len()).ok_or_else(|| {
+            ModelError::gguf(self.path, format!("truncated: needs {n} bytes at offset {}", self.pos))
+        })?;
+        let s = &self.buf[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N]> {
+        let mut a = [0u8; N];
+        a.copy_from_slice(self.take(N)?);
+        Ok(a)
+    }
+
+    fn u32(&mut self) -> Result<u32> {
+        Ok(u32::from_le_bytes(self.array()?))
+    }
+
+    fn u64(&mut self) -> Result<u64> {
+        Ok(u64::from_le_bytes(self.array()?))
+    }
+
+    fn len(&mut self) -> Result<usize> {
+        let n = self.u64()?;
+        usize::try_from(n).ok().filter(|&n| n <= self.buf.len()).ok_or_else(|| {
+            ModelError::gguf(self.path, format!("length {n} at offset {} exceeds the file", self.pos))
+        })
+    }
+
+    fn string(&mut self) -> Result<String> {
+        let n = self.len()?;
+        let bytes = self.take(n)?;
+        String::from_utf8(bytes.to_vec()).map_err(|_| {
+            ModelError::gguf(self.path, format!("invalid UTF-8 string at offset {}", self.pos - n))
+        })
+    }
+
+    fn value(&mut self, ty: u32, depth: usize) -> Result<GgufValue> {
+        Ok(match ty {
+            0 => GgufValue::U8(u8::from_le_bytes(self.array()?)),
+            1 => GgufValue::I8(i8::from_le_bytes(self.array()?)),
+            2 => GgufValue::U16(u16::from_le_bytes(self.array()?)),
+            3 => GgufValue::I16(i16::from_le_bytes(self.array()?)),
+            4 => GgufValue::U32(self.u32()?),
+            5 => GgufValue::I32(i32::from_le_bytes(self.array()?)),
+            6 => GgufValue::F32(f32::from_le_bytes(self.array()?)),
+            7 => GgufValue::Bool(self.take(1)?[0] != 0),
+            8 => GgufValue::String(self.string()?),
+            9 if depth == 0 => {
+                let elem_ty = self.u32()?;
+                let n = self.len()?;
+                let mut items = Vec::with_capacity(n.min(1 << 20));
+                for _ in 0..n {
+                    items.push(self.value(elem_ty, depth + 1)?);
+                }
+                GgufValue::Array(items)
+            }
+            10 => GgufValue::U64(self.u64()?),
+            11 => GgufValue::I64(i64::from_le_bytes(self.array()?)),
+            12 => GgufValue::F64(f64::from_le_bytes(self.array()?)),
+            other => {
+                return Err(ModelError::gguf(self.path, format!("unknown metadata value type {other}")));
+            }
+        })
+    }
+}
+
+impl GgufFile {
+    pub fn open(path: &Path) -> Result<Self> {
+        let file = File::open(path).map_err(|e| ModelError::io(path, e))?;
+        // SAFETY: read-only map of a file we just opened; we only read it.
+        let mmap = unsafe { Mmap::map(&file) }.map_err(|e| ModelError::io(path, e))?;
+        let mut c = Cursor { buf: &mmap, pos: 0, path };
+        if c.take(4)? != b"GGUF" {
+            return Err(ModelError::gguf(path, "bad magic (not a GGUF file)"));
+        }
+        let version = c.u32()?;
+        if !(2..=3).contains(&version) {
+            return Err(ModelError::gguf(path, format!("unsupported GGUF version {version}")));
+        }
+        let n_tensors = c.len()?;
+        let n_kv = c.len()?;
+        let mut metadata = BTreeMap::new();
+        for _ in 0..n_kv {
+            let key = c.string()?;
+            let ty = c.u32()?;
+            let value = c.value(ty, 0)?;
+            metadata.insert(key, value);
+        }
+        let mut raw = Vec::with_capacity(n_tensors);
+        for _ in 0..n_tensors {
+            let name = c.string()?;
+            let n_dims = c.u32()? as usize;
+            if n_dims > 4 {
+                return Err(ModelError::gguf(path, format!("tensor `{name}` has {n_dims} dims")));
+            }
+            let dims = (0..n_dims).map(|_| c.u64()).collect::<Result<Vec<_>>>()?;
+            let ty = c.u32()?;
+            let offset = c.u64()?;
+            raw.push((name, dims, ty, offset));
+        }
+        let alignment = metadata.get("general.alignment").and_then(GgufValue::as_u64).unwrap_or(32) as usize;
+        if alignment == 0 {
+            return Err(ModelError::gguf(path, "general.alignment is 0"));
+        }
+        let data_start = c.pos.div_ceil(alignment) * alignment;
+        let mut tensors = Vec::with_capacity(raw.len());
+        for (name, dims, ty, offset) in raw {
+            let ggml_type = GgmlType::from_id(ty).ok_or_else(|| {
+                ModelError::gguf(path, format!("tensor `{name}`: unsupported ggml type {ty}"))
+            })?;
+            let n_elements = dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
+            let n_bytes = n_elements.and_then(|n| ggml_type.n_bytes(n as usize, dims.first().copied()));
+            let n_bytes = n_bytes.ok_or_else(|| {
+                ModelError::gguf(
+                    path,
+                    format!("tensor `{name}`: dims {dims:?} do not fit type {ggml_type:?}"),
+                )
+            })?;
+            let start = data_start.checked_add(offset as usize);
+            match start.and_then(|s| s.checked_add(n_bytes)) {
+                Some(end) if end <= mmap.len() => {}
+                _ => {
+                    return Err(ModelError::gguf(
+                        path,
+                        format!(
+                            "truncated: tensor `{name}` needs bytes up to {} but the file has {}",
+                            data_start as u64 + offset + n_bytes as u64,
+                            mmap.len()
+                        ),
+                    ));
+                }
+            }
+            tensors.push(GgufTensorInfo {
+                name,
+                dims,
+                ggml_type,
+                offset: data_start + offset as usize,
+                n_bytes,
+            });
+        }
+        Ok(Self { path: path.to_path_buf(), version, metadata, tensors, mmap })
+    }
+
+    pub fn tensor(&self, name: &str) -> Option<&GgufTensorInfo> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+
+    /// The raw (possibly quantized) bytes of a tensor; bounds were checked at open.
+    pub fn tensor_bytes(&self, info: &GgufTensorInfo) -> &[u8] {
+        &self.mmap[info.offset..info.offset + info.n_bytes]
+    }
+
+    pub fn get(&self, key: &str) -> Option<&GgufValue> {
+        self.metadata.get(key)
+    }
+
+    pub fn require_u64(&self, key: &str) -> Result<u64> {
+        self.get(key)
+            .and_then(GgufValue::as_u64)
+            .ok_or_else(|| ModelError::gguf(&self.path, format!("missing or non-integer metadata `{key}`")))
+    }
+
+    pub fn require_f64(&self, key: &str) -> Result<f64> {
+        self.get(key)
+            .and_then(GgufValue::as_f64)
+            .ok_or_else(|| ModelError::gguf(&self.path, format!("missing or non-numeric metadata `{key}`")))
+    }
+
+    pub fn require_str(&self, key: &str) -> Result<&str> {
+        self.get(key)
+            .and_then(GgufValue::as_str)
+            .ok_or_else(|| ModelError::gguf(&self.path, format!("missing or non-string metadata `{key}`")))
+    }
+}

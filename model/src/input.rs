@@ -1,0 +1,29 @@
+//! The flat batch one forward step consumes: every scheduled token of every sequence
+//! (prefill chunks and decodes mixed), laid out the way the attention kernels read it.
+
+/// One step's input. Sequence `s` owns flat tokens `query_start_loc[s] .. query_start_loc[s+1]`.
+#[derive(Debug, Clone, Copy)]
+pub struct ModelInput<'a> {
+    /// `[num_tokens]` token ids.
+    pub token_ids: &'a [u32],
+    /// `[num_tokens]` absolute positions (for RoPE).
+    pub positions: &'a [u32],
+    /// `[num_tokens]` cache slot of each token; negative = padding, not written.
+    pub slot_mapping: &'a [i64],
+    /// `[num_seqs + 1]` prefix sums over query tokens, starting at 0.
+    pub query_start_loc: &'a [usize],
+    /// `[num_seqs]` context length of each sequence including this step's tokens.
+    pub seq_lens: &'a [usize],
+    /// `[num_seqs, max_blocks_per_seq]` physical block ids.
+    pub block_tables: &'a [u32],
+    pub max_blocks_per_seq: usize,
+    /// Flat token indices whose logits are wanted (usually the last token of each sequence
+    /// that samples this step), in output order.
+    pub sample_indices: &'a [usize],
+}
+
+impl ModelInput<'_> {
+    pub fn num_tokens(&self) -> usize {
+        self.token_ids.len()
+    }
+}

@@ -1,0 +1,263 @@
+//! The Llama weights (fused per layer for fewer, larger GEMMs) and the CPU forward pass
+//! over the paged KV cache.
+
+use std::path::Path;
+
+use attn_kernels::{PagedAttnMetadata, paged_attention, reshape_and_cache};
+use kv_cache::KvCache;
+use rayon::prelude::*;
+
+use crate::config::LlamaConfig;
+use crate::error::{ModelError, Result};
+use crate::input::ModelInput;
+use crate::ops::{SMALL_M, linear, rms_norm, rope_rotate_half, silu_mul};
+use crate::rope::Rope;
+use crate::weights::SafetensorsFiles;
+
+/// One decoder layer's weights, all `[out, in]` row-major f32.
+#[derive(Debug)]
+pub struct LayerWeights {
+    pub input_norm: Vec<f32>,
+    /// Rows: Q (`heads·d`), then K, then V (`kv_heads·d` each).
+    pub qkv: Vec<f32>,
+    pub o_proj: Vec<f32>,
+    pub post_attn_norm: Vec<f32>,
+    /// Rows: gate (`intermediate`), then up (`intermediate`).
+    pub gate_up: Vec<f32>,
+    pub down: Vec<f32>,
+}
+
+/// A loaded Llama model (f32 weights).
+#[derive(Debug)]
+pub struct Llama {
+    pub config: LlamaConfig,
+    pub embed: Vec<f32>,
+    pub layers: Vec<LayerWeights>,
+    pub final_norm: Vec<f32>,
+    /// `None` when tied to `embed`.
+    pub lm_head: Option<Vec<f32>>,
+    rope: Rope,
+}
+
+/// Reusable activation buffers: they grow to the largest batch seen and are then reused,
+/// so a step allocates nothing once warmed up.
+#[derive(Debug, Default)]
+pub struct Workspace {
+    hidden: Vec<f32>,
+    normed: Vec<f32>,
+    qkv: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    attn: Vec<f32>,
+    gate_up: Vec<f32>,
+    act: Vec<f32>,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    sampled: Vec<f32>,
+    sampled_normed: Vec<f32>,
+    scratch: Vec<f32>,
+    logits: Vec<f32>,
+}
+
+fn ensure(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    if buf.len() < len {
+        buf.resize(len, 0.0);
+    }
+    &mut buf[..len]
+}
+
+impl Llama {
+    /// Loads config and weights from an HF folder.
+    pub fn load(dir: &Path) -> Result<Self> {
+        let config = LlamaConfig::from_file(&dir.join("config.json"))?;
+        let files = SafetensorsFiles::open_dir(dir)?;
+        Self::from_safetensors(config, &files)
+    }
+
+    /// Builds the model from already-opened checkpoint files, checking every shape.
+    pub fn from_safetensors(config: LlamaConfig, files: &SafetensorsFiles) -> Result<Self> {
+        let c = &config;
+        let (h, d) = (c.hidden_size, c.head_dim);
+        let (q_rows, kv_rows) = (c.num_attention_heads * d, c.num_key_value_heads * d);
+        let inter = c.intermediate_size;
+        let embed = files.load_f32("model.embed_tokens.weight", &[c.vocab_size, h])?;
+        let mut layers = Vec::with_capacity(c.num_hidden_layers);
+        for l in 0..c.num_hidden_layers {
+            let p = format!("model.layers.{l}");
+            let mut qkv = vec![0.0f32; c.qkv_size() * h];
+            let (q, kv) = qkv.split_at_mut(q_rows * h);
+            let (k, v) = kv.split_at_mut(kv_rows * h);
+            files.load_f32_into(&format!("{p}.self_attn.q_proj.weight"), &[q_rows, h], q)?;
+            files.load_f32_into(&format!("{p}.self_attn.k_proj.weight"), &[kv_rows, h], k)?;
+            files.load_f32_into(&format!("{p}.self_attn.v_proj.weight"), &[kv_rows, h], v)?;
+            let mut gate_up = vec![0.0f32; 2 * inter * h];
+            let (g, u) = gate_up.split_at_mut(inter * h);
+            files.load_f32_into(&format!("{p}.mlp.gate_proj.weight"), &[inter, h], g)?;
+            files.load_f32_into(&format!("{p}.mlp.up_proj.weight"), &[inter, h], u)?;
+            layers.push(LayerWeights {
+                input_norm: files.load_f32(&format!("{p}.input_layernorm.weight"), &[h])?,
+                qkv,
+                o_proj: files.load_f32(&format!("{p}.self_attn.o_proj.weight"), &[h, q_rows])?,
+                post_attn_norm: files.load_f32(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
+                gate_up,
+                down: files.load_f32(&format!("{p}.mlp.down_proj.weight"), &[h, inter])?,
+            });
+        }
+        let final_norm = files.load_f32("model.norm.weight", &[h])?;
+        // Some tied checkpoints still ship `lm_head.weight`; the flag decides.
+        let lm_head = if c.tie_word_embeddings {
+            None
+        } else {
+            Some(files.load_f32("lm_head.weight", &[c.vocab_size, h])?)
+        };
+        let rope = Rope::new(&config);
+        Ok(Self { config, embed, layers, final_norm, lm_head, rope })
+    }
+
+    /// RoPE inverse frequencies (for the reference implementation and tests).
+    pub fn rope_inv_freq(&self) -> Vec<f64> {
+        self.rope.inv_freq().to_vec()
+    }
+
+    /// The LM head matrix `[vocab, hidden]`.
+    pub fn lm_head(&self) -> &[f32] {
+        self.lm_head.as_deref().unwrap_or(&self.embed)
+    }
+
+    /// Bytes of weights one decode step streams (every matrix once, embedding rows aside).
+    pub fn weight_bytes_per_step(&self) -> usize {
+        let per_layer: usize = self.layers.first().map_or(0, |l| {
+            l.qkv.len() + l.o_proj.len() + l.gate_up.len() + l.down.len() + 2 * l.input_norm.len()
+        });
+        4 * (per_layer * self.layers.len() + self.lm_head().len() + self.final_norm.len())
+    }
+
+    /// FLOPs of the matrix multiplies for `tokens` tokens of which `samples` reach the LM head.
+    pub fn matmul_flops(&self, tokens: usize, samples: usize) -> f64 {
+        let per_layer: usize =
+            self.layers.first().map_or(0, |l| l.qkv.len() + l.o_proj.len() + l.gate_up.len() + l.down.len());
+        2.0 * (per_layer * self.layers.len()) as f64 * tokens as f64
+            + 2.0 * self.lm_head().len() as f64 * samples as f64
+    }
+
+    fn check_input(&self, input: &ModelInput<'_>, cache: &KvCache) -> Result<()> {
+        let n = input.num_tokens();
+        let bad = |msg: String| Err(ModelError::InvalidInput(msg));
+        if input.positions.len() != n || input.slot_mapping.len() != n {
+            return bad(format!(
+                "{n} tokens but {} positions and {} slots",
+                input.positions.len(),
+                input.slot_mapping.len()
+            ));
+        }
+        if let Some(&t) = input.token_ids.iter().find(|&&t| t as usize >= self.config.vocab_size) {
+            return bad(format!("token id {t} is outside the vocabulary ({})", self.config.vocab_size));
+        }
+        if let Some(&i) = input.sample_indices.iter().find(|&&i| i >= n) {
+            return bad(format!("sample index {i} is outside the batch of {n} tokens"));
+        }
+        if cache.num_layers() != self.layers.len() {
+            return bad(format!("cache has {} layers, model {}", cache.num_layers(), self.layers.len()));
+        }
+        let g = cache.layer(0).geometry();
+        if g.num_kv_heads != self.config.num_key_value_heads || g.head_size != self.config.head_dim {
+            return bad(format!(
+                "cache has {} kv heads of size {}, model {} of size {}",
+                g.num_kv_heads, g.head_size, self.config.num_key_value_heads, self.config.head_dim
+            ));
+        }
+        if input.query_start_loc.last().copied() != Some(n) {
+            return bad(format!("query_start_loc must end at the number of tokens ({n})"));
+        }
+        Ok(())
+    }
+
+    /// One step: writes this step's K/V into `cache`, and returns the logits
+    /// `[sample_indices.len(), vocab]` (borrowed from `ws`).
+    pub fn forward<'w>(
+        &self,
+        input: &ModelInput<'_>,
+        cache: &mut KvCache,
+        ws: &'w mut Workspace,
+    ) -> Result<&'w [f32]> {
+        self.check_input(input, cache)?;
+        let c = &self.config;
+        let t = input.num_tokens();
+        let (h, d) = (c.hidden_size, c.head_dim);
+        let (nh, nkv, inter) = (c.num_attention_heads, c.num_key_value_heads, c.intermediate_size);
+        let (q_w, kv_w, qkv_w) = (nh * d, nkv * d, c.qkv_size());
+        let half = d / 2;
+        let scratch_len = SMALL_M * (qkv_w.max(2 * inter).max(h).max(c.vocab_size));
+        ensure(&mut ws.scratch, scratch_len);
+
+        // Embedding lookup.
+        let hidden = ensure(&mut ws.hidden, t * h);
+        hidden.par_chunks_mut(h).zip(input.token_ids.par_iter()).for_each(|(row, &tok)| {
+            row.copy_from_slice(&self.embed[tok as usize * h..(tok as usize + 1) * h]);
+        });
+        // cos/sin per token, shared by all layers.
+        let cos = ensure(&mut ws.cos, t * half);
+        let sin = ensure(&mut ws.sin, t * half);
+        cos.par_chunks_mut(half)
+            .zip(sin.par_chunks_mut(half))
+            .zip(input.positions.par_iter())
+            .for_each(|((cr, sr), &p)| self.rope.fill(p, cr, sr));
+        let meta = PagedAttnMetadata {
+            query_start_loc: input.query_start_loc,
+            seq_lens: input.seq_lens,
+            block_tables: input.block_tables,
+            max_blocks_per_seq: input.max_blocks_per_seq,
+        };
+        let scale = 1.0 / (d as f32).sqrt();
+        for (l, lw) in self.layers.iter().enumerate() {
+            let normed = ensure(&mut ws.normed, t * h);
+            rms_norm(normed, &ws.hidden[..t * h], &lw.input_norm, c.rms_norm_eps);
+            let qkv = ensure(&mut ws.qkv, t * qkv_w);
+            linear(qkv, normed, &lw.qkv, t, qkv_w, h, false, &mut ws.scratch);
+            // Split Q/K/V into the kernels' contiguous layouts, rotating Q and K on the way.
+            let q = ensure(&mut ws.q, t * q_w);
+            let k = ensure(&mut ws.k, t * kv_w);
+            let v = ensure(&mut ws.v, t * kv_w);
+            let (cos, sin) = (&ws.cos[..t * half], &ws.sin[..t * half]);
+            q.par_chunks_mut(q_w)
+                .zip(k.par_chunks_mut(kv_w))
+                .zip(v.par_chunks_mut(kv_w))
+                .zip(qkv.par_chunks(qkv_w))
+                .enumerate()
+                .with_min_len(8)
+                .for_each(|(i, (((qr, kr), vr), src))| {
+                    qr.copy_from_slice(&src[..q_w]);
+                    kr.copy_from_slice(&src[q_w..q_w + kv_w]);
+                    vr.copy_from_slice(&src[q_w + kv_w..]);
+                    let (cr, sr) = (&cos[i * half..(i + 1) * half], &sin[i * half..(i + 1) * half]);
+                    rope_rotate_half(qr, d, cr, sr);
+                    rope_rotate_half(kr, d, cr, sr);
+                });
+            let layer_cache = cache.layer_mut(l);
+            reshape_and_cache(k, v, input.slot_mapping, layer_cache)?;
+            let attn = ensure(&mut ws.attn, t * q_w);
+            paged_attention(attn, q, layer_cache, &meta, nh, scale)?;
+            // Residual adds fused into the GEMMs (accumulate into `hidden`).
+            linear(&mut ws.hidden[..t * h], attn, &lw.o_proj, t, h, q_w, true, &mut ws.scratch);
+            let normed = &mut ws.normed[..t * h];
+            rms_norm(normed, &ws.hidden[..t * h], &lw.post_attn_norm, c.rms_norm_eps);
+            let gate_up = ensure(&mut ws.gate_up, t * 2 * inter);
+            linear(gate_up, normed, &lw.gate_up, t, 2 * inter, h, false, &mut ws.scratch);
+            let act = ensure(&mut ws.act, t * inter);
+            silu_mul(act, gate_up, inter);
+            linear(&mut ws.hidden[..t * h], act, &lw.down, t, h, inter, true, &mut ws.scratch);
+        }
+        // Final norm and LM head only for the rows that sample.
+        let s = input.sample_indices.len();
+        let sampled = ensure(&mut ws.sampled, s * h);
+        for (row, &i) in sampled.chunks_exact_mut(h).zip(input.sample_indices) {
+            row.copy_from_slice(&ws.hidden[i * h..(i + 1) * h]);
+        }
+        let sampled_normed = ensure(&mut ws.sampled_normed, s * h);
+        rms_norm(sampled_normed, sampled, &self.final_norm, c.rms_norm_eps);
+        let logits = ensure(&mut ws.logits, s * c.vocab_size);
+        linear(logits, sampled_normed, self.lm_head(), s, c.vocab_size, h, false, &mut ws.scratch);
+        Ok(&ws.logits[..s * c.vocab_size])
+    }
+}

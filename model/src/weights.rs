@@ -1,0 +1,137 @@
+//! Safetensors checkpoints (one `model.safetensors` or shards listed in
+//! `model.safetensors.index.json`), memory-mapped and converted tensor by tensor to f32.
+
+use std::collections::{BTreeSet, HashMap};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use rayon::prelude::*;
+use safetensors::{Dtype, SafeTensors};
+
+use crate::error::{ModelError, Result};
+
+/// One memory-mapped shard.
+#[derive(Debug)]
+struct Shard {
+    path: PathBuf,
+    mmap: Mmap,
+}
+
+/// All tensors of a checkpoint, readable by name.
+#[derive(Debug)]
+pub struct SafetensorsFiles {
+    shards: Vec<Shard>,
+    /// tensor name -> shard index
+    index: HashMap<String, usize>,
+    /// What to call the checkpoint in "missing tensor" errors.
+    display_path: PathBuf,
+}
+
+#[derive(serde::Deserialize)]
+struct ShardIndex {
+    weight_map: HashMap<String, String>,
+}
+
+impl SafetensorsFiles {
+    /// Opens `dir/model.safetensors`, or the shards named by `dir/model.safetensors.index.json`.
+    pub fn open_dir(dir: &Path) -> Result<Self> {
+        let index_path = dir.join("model.safetensors.index.json");
+        if index_path.exists() {
+            let text = std::fs::read_to_string(&index_path).map_err(|e| ModelError::io(&index_path, e))?;
+            let idx: ShardIndex = serde_json::from_str(&text).map_err(|e| ModelError::BadSafetensors {
+                path: index_path.clone(),
+                reason: format!("invalid shard index: {e}"),
+            })?;
+            let files: BTreeSet<&String> = idx.weight_map.values().collect();
+            let paths: Vec<PathBuf> = files.into_iter().map(|f| dir.join(f)).collect();
+            Self::open_files(&paths, index_path)
+        } else {
+            let path = dir.join("model.safetensors");
+            Self::open_files(std::slice::from_ref(&path), path.clone())
+        }
+    }
+
+    /// Opens the given shard files; `display_path` names the checkpoint in errors.
+    pub fn open_files(paths: &[PathBuf], display_path: PathBuf) -> Result<Self> {
+        let mut shards = Vec::with_capacity(paths.len());
+        let mut index = HashMap::new();
+        for path in paths {
+            let file = File::open(path).map_err(|e| ModelError::io(path, e))?;
+            // SAFETY: the map is read-only; a checkpoint changing under a running
+            // process is outside what we can defend against (the same holds for every
+            // mmap-based loader).
+            let mmap = unsafe { Mmap::map(&file) }.map_err(|e| ModelError::io(path, e))?;
+            let st = SafeTensors::deserialize(&mmap)
+                .map_err(|e| ModelError::BadSafetensors { path: path.clone(), reason: e.to_string() })?;
+            for name in st.names() {
+                index.insert(name.to_owned(), shards.len());
+            }
+            shards.push(Shard { path: path.clone(), mmap });
+        }
+        Ok(Self { shards, index, display_path })
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.index.contains_key(name)
+    }
+
+    /// Reads tensor `name`, checks its shape, and converts it to f32.
+    pub fn load_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let mut out = vec![0.0f32; shape.iter().product()];
+        self.load_f32_into(name, shape, &mut out)?;
+        Ok(out)
+    }
+
+    /// Like [`Self::load_f32`], into a caller-provided slice of the right length.
+    pub fn load_f32_into(&self, name: &str, shape: &[usize], out: &mut [f32]) -> Result<()> {
+        let shard_idx = *self.index.get(name).ok_or_else(|| ModelError::MissingTensor {
+            path: self.display_path.clone(),
+            tensor: name.to_owned(),
+        })?;
+        let shard = &self.shards[shard_idx];
+        let st = SafeTensors::deserialize(&shard.mmap)
+            .map_err(|e| ModelError::BadSafetensors { path: shard.path.clone(), reason: e.to_string() })?;
+        let view = st
+            .tensor(name)
+            .map_err(|_| ModelError::MissingTensor { path: shard.path.clone(), tensor: name.to_owned() })?;
+        if view.shape() != shape {
+            return Err(ModelError::WrongShape {
+                path: shard.path.clone(),
+                tensor: name.to_owned(),
+                expected: shape.to_vec(),
+                found: view.shape().to_vec(),
+            });
+        }
+        convert_to_f32(view.dtype(), view.data(), out).map_err(|dtype| ModelError::UnsupportedDtype {
+            path: shard.path.clone(),
+            tensor: name.to_owned(),
+            dtype,
+        })
+    }
+}
+
+/// Converts little-endian bf16/f16/f32 bytes to f32 (in parallel chunks: this runs once per
+/// weight at load, over hundreds of MB).
+fn convert_to_f32(dtype: Dtype, bytes: &[u8], out: &mut [f32]) -> std::result::Result<(), String> {
+    const CHUNK: usize = 1 << 16;
+    match dtype {
+        Dtype::F32 => out.par_chunks_mut(CHUNK).zip(bytes.par_chunks(CHUNK * 4)).for_each(|(o, b)| {
+            for (v, c) in o.iter_mut().zip(b.chunks_exact(4)) {
+                *v = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        }),
+        Dtype::BF16 => out.par_chunks_mut(CHUNK).zip(bytes.par_chunks(CHUNK * 2)).for_each(|(o, b)| {
+            for (v, c) in o.iter_mut().zip(b.chunks_exact(2)) {
+                *v = half::bf16::from_le_bytes([c[0], c[1]]).to_f32();
+            }
+        }),
+        Dtype::F16 => out.par_chunks_mut(CHUNK).zip(bytes.par_chunks(CHUNK * 2)).for_each(|(o, b)| {
+            for (v, c) in o.iter_mut().zip(b.chunks_exact(2)) {
+                *v = half::f16::from_le_bytes([c[0], c[1]]).to_f32();
+            }
+        }),
+        other => return Err(format!("{other:?}")),
+    }
+    Ok(())
+}

@@ -1,0 +1,109 @@
+//! Test (and bench) support: a tiny block manager that turns "these sequences advance by
+//! these many tokens" into the flat `ModelInput` a scheduler would produce.
+
+#![allow(dead_code)]
+
+use kv_cache::{BlockShape, CacheConfig, DType, KvCache};
+use model::{LlamaConfig, ModelInput};
+
+/// One sequence: all its tokens (prompt + whatever was appended), how many are in the
+/// cache, and the physical blocks it owns (enough for `capacity` tokens).
+#[derive(Debug, Clone)]
+pub struct Seq {
+    pub tokens: Vec<u32>,
+    pub cached: usize,
+    pub blocks: Vec<u32>,
+}
+
+/// Owned buffers behind a [`ModelInput`].
+#[derive(Debug, Default)]
+pub struct Batch {
+    pub token_ids: Vec<u32>,
+    pub positions: Vec<u32>,
+    pub slot_mapping: Vec<i64>,
+    pub query_start_loc: Vec<usize>,
+    pub seq_lens: Vec<usize>,
+    pub block_tables: Vec<u32>,
+    pub max_blocks_per_seq: usize,
+    pub sample_indices: Vec<usize>,
+}
+
+impl Batch {
+    /// Builds one step: sequence `seqs[i]` advances by `chunks[i]` tokens (0 = not scheduled).
+    /// With `sample_all` every token's logits are requested, otherwise each scheduled
+    /// sequence's last one.
+    pub fn build(seqs: &[Seq], chunks: &[usize], block_size: usize, sample_all: bool) -> Self {
+        let mut b = Batch { query_start_loc: vec![0], ..Default::default() };
+        b.max_blocks_per_seq = seqs.iter().map(|s| s.blocks.len()).max().unwrap_or(0);
+        for (s, &n) in seqs.iter().zip(chunks) {
+            if n == 0 {
+                continue;
+            }
+            for pos in s.cached..s.cached + n {
+                b.token_ids.push(s.tokens[pos]);
+                b.positions.push(pos as u32);
+                let block = s.blocks[pos / block_size] as usize;
+                b.slot_mapping.push((block * block_size + pos % block_size) as i64);
+                if sample_all {
+                    b.sample_indices.push(b.token_ids.len() - 1);
+                }
+            }
+            if !sample_all {
+                b.sample_indices.push(b.token_ids.len() - 1);
+            }
+            b.query_start_loc.push(b.token_ids.len());
+            b.seq_lens.push(s.cached + n);
+            let mut table = s.blocks.clone();
+            table.resize(b.max_blocks_per_seq, 0);
+            b.block_tables.extend(table);
+        }
+        b
+    }
+
+    pub fn input(&self) -> ModelInput<'_> {
+        ModelInput {
+            token_ids: &self.token_ids,
+            positions: &self.positions,
+            slot_mapping: &self.slot_mapping,
+            query_start_loc: &self.query_start_loc,
+            seq_lens: &self.seq_lens,
+            block_tables: &self.block_tables,
+            max_blocks_per_seq: self.max_blocks_per_seq,
+            sample_indices: &self.sample_indices,
+        }
+    }
+}
+
+/// An f32 cache with `num_blocks` blocks for `cfg`.
+pub fn cache_for(cfg: &LlamaConfig, block_size: usize, num_blocks: usize) -> KvCache {
+    let shape = BlockShape {
+        block_size,
+        num_layers: cfg.num_hidden_layers,
+        num_kv_heads: cfg.num_key_value_heads,
+        head_size: cfg.head_dim,
+        dtype: DType::F32,
+    };
+    KvCache::new(CacheConfig::new(shape, num_blocks, 0)).expect("cache allocation")
+}
+
+/// Hands each sequence `ceil(capacity / block_size)` blocks, taken from `pool` in order
+/// (shuffle `pool` for scattered physical blocks).
+pub fn assign_blocks(prompts: Vec<Vec<u32>>, capacity: usize, block_size: usize, pool: &[u32]) -> Vec<Seq> {
+    let per_seq = capacity.div_ceil(block_size);
+    prompts
+        .into_iter()
+        .enumerate()
+        .map(|(i, tokens)| Seq { tokens, cached: 0, blocks: pool[i * per_seq..(i + 1) * per_seq].to_vec() })
+        .collect()
+}
+
+/// Index of the largest logit.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in logits.iter().enumerate() {
+        if v > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}

@@ -1,0 +1,137 @@
+//! The real default model (SmolLM2-135M-Instruct, converted by `cargo xtask fetch-model`)
+//! against the reference goldens in `shared/goldens/`: tokenizer ids, chat prompts, greedy
+//! continuations and top-5 logits of an f32 reference forward pass.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use model::{ChatMessage, Llama, ModelFolder, Workspace};
+use serde_json::Value;
+
+use crate::harness::{Batch, argmax, assign_blocks, cache_for};
+
+/// Largest allowed |logit − reference| (the reference's two implementations agreed to 4.5e-5;
+/// our f32 sums run in a different order, over 30 layers).
+const LOGIT_TOL: f32 = 1e-3;
+
+fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn model_dir() -> PathBuf {
+    let dir = std::env::var_os("SMOLLM2_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target/models/SmolLM2-135M-Instruct"));
+    assert!(
+        dir.join("config.json").exists() && dir.join("model.safetensors").exists(),
+        "SmolLM2-135M-Instruct not found at {}: run `cargo xtask fetch-model` first (or set SMOLLM2_DIR)",
+        dir.display()
+    );
+    dir
+}
+
+fn goldens() -> &'static Value {
+    static G: OnceLock<Value> = OnceLock::new();
+    G.get_or_init(|| {
+        let candidates = [
+            workspace_root().join("../shared/goldens/smollm2-135m-instruct.json"),
+            workspace_root().join("shared/goldens/smollm2-135m-instruct.json"),
+        ];
+        let path =
+            candidates.iter().find(|p| p.exists()).expect("goldens/smollm2-135m-instruct.json not found");
+        serde_json::from_str(&std::fs::read_to_string(path).expect("read goldens")).expect("parse goldens")
+    })
+}
+
+fn folder() -> &'static ModelFolder {
+    static F: OnceLock<ModelFolder> = OnceLock::new();
+    F.get_or_init(|| ModelFolder::open(&model_dir()).expect("open model folder"))
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array().expect("id array").iter().map(|x| x.as_u64().expect("id") as u32).collect()
+}
+
+#[test]
+fn tokenizer_matches_every_golden_string() {
+    let tok = &folder().tokenizer;
+    let cases = goldens()["tokenization"].as_array().expect("tokenization cases");
+    assert!(cases.len() >= 10);
+    for case in cases {
+        let text = case["text"].as_str().expect("text");
+        let parse_special = case["parse_special"].as_bool().expect("parse_special");
+        let add_special = case["add_special"].as_bool().expect("add_special");
+        let got = tok.encode(text, parse_special, add_special).expect("encode");
+        assert_eq!(got, ids(&case["ids"]), "case {}", case["name"]);
+        assert_eq!(tok.decode(&got, false).expect("decode"), text, "round trip of {}", case["name"]);
+    }
+}
+
+#[test]
+fn config_and_chat_template_match_the_gguf_metadata() {
+    let f = folder();
+    let meta = &goldens()["metadata"];
+    let c = &f.config;
+    assert_eq!(c.num_hidden_layers as u64, meta["n_layers"].as_u64().unwrap());
+    assert_eq!(c.hidden_size as u64, meta["hidden_size"].as_u64().unwrap());
+    assert_eq!(c.num_key_value_heads as u64, meta["n_kv_heads"].as_u64().unwrap());
+    assert_eq!(c.vocab_size, 49152);
+    assert!(c.tie_word_embeddings);
+    assert_eq!(f.generation.eos_token_ids, vec![2]);
+    assert_eq!(f.generation.bos_token_id, Some(1));
+    let tmpl = f.chat_template.as_ref().expect("chat template");
+    for g in goldens()["generations"].as_array().unwrap() {
+        let Some(chat) = g["chat"].as_object() else { continue };
+        let msgs: Vec<ChatMessage> = serde_json::from_value(chat["messages"].clone()).unwrap();
+        assert_eq!(tmpl.render(&msgs, true).unwrap(), g["prompt_text"].as_str().unwrap(), "{}", g["name"]);
+        let prompt_ids = f.tokenizer.encode(g["prompt_text"].as_str().unwrap(), true, false).unwrap();
+        assert_eq!(prompt_ids, ids(&g["prompt_ids"]), "{}", g["name"]);
+    }
+}
+
+/// All golden prompts run together: one mixed prefill step, then batched greedy decoding;
+/// every token must match and every top-5 logit be within `LOGIT_TOL`.
+#[test]
+fn greedy_generations_and_logits_match_the_goldens() {
+    let f = folder();
+    let model = Llama::load(&f.dir).expect("load weights");
+    let gens = goldens()["generations"].as_array().expect("generations");
+    let prompts: Vec<Vec<u32>> = gens.iter().map(|g| ids(&g["prompt_ids"])).collect();
+    let expected: Vec<Vec<u32>> = gens.iter().map(|g| ids(&g["output_ids"])).collect();
+    let steps = expected[0].len();
+    let block_size = 16;
+    let capacity = prompts.iter().map(Vec::len).max().unwrap() + steps;
+    let per_seq = capacity.div_ceil(block_size);
+    // Physical blocks in reverse order so no sequence's blocks are contiguous in memory order.
+    let pool: Vec<u32> = (0..(per_seq * prompts.len()) as u32).rev().collect();
+    let mut seqs = assign_blocks(prompts.clone(), capacity, block_size, &pool);
+    let mut cache = cache_for(&model.config, block_size, pool.len());
+    let mut ws = Workspace::default();
+    let vocab = model.config.vocab_size;
+    let mut worst = 0.0f32;
+    for step in 0..steps {
+        let chunks: Vec<usize> = seqs.iter().map(|s| s.tokens.len() - s.cached).collect();
+        let batch = Batch::build(&seqs, &chunks, block_size, false);
+        let logits = model.forward(&batch.input(), &mut cache, &mut ws).expect("forward");
+        for (i, seq) in seqs.iter_mut().enumerate() {
+            let row = &logits[i * vocab..(i + 1) * vocab];
+            let tok = argmax(row);
+            assert_eq!(tok, expected[i][step], "{}: token {step} differs", gens[i]["name"]);
+            for pair in gens[i]["top5_per_step"][step].as_array().unwrap() {
+                let id = pair[0].as_u64().unwrap() as usize;
+                let want = pair[1].as_f64().unwrap() as f32;
+                let diff = (row[id] - want).abs();
+                worst = worst.max(diff);
+                assert!(
+                    diff <= LOGIT_TOL,
+                    "{}: step {step} logit of {id}: {} vs {want}",
+                    gens[i]["name"],
+                    row[id]
+                );
+            }
+            seq.cached = seq.tokens.len();
+            seq.tokens.push(tok);
+        }
+    }
+    eprintln!("largest top-5 logit difference: {worst:.2e}");
+}
