@@ -6,7 +6,7 @@
 use super::decode::widen_masked;
 use super::scratch::{at_least, with_scratch};
 use super::{Problem, SharedOut};
-use crate::simd::{KernelElem, exp_sub_sum, max_of, prepare_query, pv_tile, qk_tile, qrep_len};
+use crate::simd::{KernelElem, exp_sub_sum, max_of, prepare_query, pv_tile, qk_rows, qrep_len};
 
 /// Query tokens `q0 .. q1` of `seq`'s chunk, all query heads of `kv_head`.
 pub(super) fn run_item<T: KernelElem>(
@@ -33,7 +33,7 @@ pub(super) fn run_item<T: KernelElem>(
         let acc = at_least(&mut s.acc, rows * d);
         let maxes = at_least(&mut s.max, rows);
         let sums = at_least(&mut s.sum, rows);
-        let scores = at_least(&mut s.logits, bs);
+        let scores = at_least(&mut s.logits, rows * bs);
         let probs = at_least(&mut s.probs, bs);
         let vtile = at_least(&mut s.vtile, d * bs);
         for r in 0..rows {
@@ -53,13 +53,16 @@ pub(super) fn run_item<T: KernelElem>(
             if past_end {
                 widen_masked(v, d, bs, seq_len - start, vtile);
             }
-            for r in 0..rows {
+            // Rows are ordered by position: those whose causal window reaches this block are a suffix.
+            let first = (0..rows).find(|&r| pos_of(r) >= start).unwrap_or(rows);
+            if first == rows {
+                continue;
+            }
+            qk_rows(pb.isa, k, &qrep[first * ql..], rows - first, d, bs, &mut scores[first * bs..], bs);
+            for r in first..rows {
                 let pos = pos_of(r);
-                if pos < start {
-                    continue; // this row's causal window ends before the block
-                }
                 let valid = (pos + 1 - start).min(bs);
-                qk_tile(pb.isa, k, &qrep[r * ql..(r + 1) * ql], d, bs, scores);
+                let scores = &scores[r * bs..(r + 1) * bs];
                 let row_acc = &mut acc[r * d..(r + 1) * d];
                 let block_max = max_of(&scores[..valid]);
                 if block_max > maxes[r] {

@@ -4,7 +4,12 @@
 
 use super::scratch::{at_least, with_scratch};
 use super::{Problem, SharedOut, SplitSeq};
-use crate::simd::{KernelElem, exp_sub_sum, max_of, prepare_query, pv_tile, qk_tile, qrep_len};
+use crate::simd::{
+    KernelElem, exp_sub_sum, finish_rows, max_of, prefetch, prepare_query, pv_blocks, qk_rows, qrep_len,
+};
+
+/// Value tiles per `pv_blocks` call: accumulators go back to memory once per run of this many.
+const PV_RUN: usize = 8;
 
 /// Where a decode item's results go.
 #[derive(Clone, Copy)]
@@ -35,7 +40,7 @@ pub(super) fn run_item<T: KernelElem>(
     with_scratch(|s| {
         let qrep = at_least(&mut s.qrep, group * ql);
         let logits = at_least(&mut s.logits, group * padded);
-        let acc = at_least(&mut s.acc, group * d);
+        let acc8 = at_least(&mut s.acc, group * d * 8);
         let vtile = at_least(&mut s.vtile, d * bs);
         for i in 0..group {
             prepare_query(
@@ -46,13 +51,13 @@ pub(super) fn run_item<T: KernelElem>(
             );
         }
 
-        // Pass 1: scores. Slots past the context (NaN-poisoned, say) only reach their own lanes.
+        // Pass 1: scores, all query heads of the kv head per key load. Slots past the context
+        // (NaN-poisoned, say) only reach their own lanes and are never read back.
         for (b, &block) in table.iter().enumerate() {
-            let k = pb.key_tile(block, kv_head);
-            for i in 0..group {
-                let scores = &mut logits[i * padded + b * bs..i * padded + (b + 1) * bs];
-                qk_tile(pb.isa, k, &qrep[i * ql..(i + 1) * ql], d, bs, scores);
+            if let Some(&next) = table.get(b + 1) {
+                prefetch(pb.key_tile(next, kv_head));
             }
+            qk_rows(pb.isa, pb.key_tile(block, kv_head), qrep, group, d, bs, &mut logits[b * bs..], padded);
         }
         let maxes = at_least(&mut s.max, group);
         let sums = at_least(&mut s.sum, group);
@@ -63,31 +68,32 @@ pub(super) fn run_item<T: KernelElem>(
             row[n..].fill(0.0);
         }
 
-        // Pass 2: p · V.
-        acc.fill(0.0);
-        for (b, &block) in table.iter().enumerate() {
-            let v = pb.value_tile(block, kv_head);
-            let valid = (n - b * bs).min(bs);
-            if valid < bs {
-                // Zero the slots past the context: p = 0 there, but 0 · NaN would still be NaN.
-                widen_masked(v, d, bs, valid, vtile);
-                for i in 0..group {
-                    let p = &logits[i * padded + b * bs..i * padded + (b + 1) * bs];
-                    pv_tile::<f32>(pb.isa, vtile, p, d, bs, &mut acc[i * d..(i + 1) * d]);
-                }
-            } else {
-                for i in 0..group {
-                    let p = &logits[i * padded + b * bs..i * padded + (b + 1) * bs];
-                    pv_tile(pb.isa, v, p, d, bs, &mut acc[i * d..(i + 1) * d]);
-                }
+        // Pass 2: p · V into lane-wise accumulators, all query heads per value load.
+        acc8.fill(0.0);
+        let full = n / bs;
+        for (r, run) in table[..full].chunks(PV_RUN).enumerate() {
+            let mut tiles: [&[T]; PV_RUN] = [&[]; PV_RUN];
+            for (t, &block) in tiles.iter_mut().zip(run) {
+                *t = pb.value_tile(block, kv_head);
             }
+            // The first tile of the next run; the tiles of this run after the first were
+            // requested by the previous iteration's loop below.
+            for &block in table[..full].iter().skip((r + 1) * PV_RUN).take(PV_RUN) {
+                prefetch(pb.value_tile(block, kv_head));
+            }
+            let probs = &logits[r * PV_RUN * bs..];
+            pv_blocks(pb.isa, &tiles[..run.len()], probs, padded, group, d, bs, acc8);
+        }
+        if full < num_blocks {
+            // Zero the slots past the context: p = 0 there, but 0 · NaN would still be NaN.
+            widen_masked(pb.value_tile(table[full], kv_head), d, bs, n - full * bs, vtile);
+            pv_blocks::<f32>(pb.isa, &[&vtile[..]], &logits[full * bs..], padded, group, d, bs, acc8);
         }
 
         for i in 0..group {
             let (max, sum) = (maxes[i], sums[i]);
             let head = kv_head * group + i;
-            let inv = 1.0 / sum;
-            let src = &acc[i * d..(i + 1) * d];
+            let src = &acc8[i * d * 8..(i + 1) * d * 8];
             let dst = match sink {
                 // SAFETY: (token, head) rows belong to this item alone.
                 Sink::Out(out) => unsafe { out.range(pb.out_offset(token, head), d) },
@@ -99,9 +105,7 @@ pub(super) fn run_item<T: KernelElem>(
                     &mut row[2..]
                 }
             };
-            for (o, a) in dst.iter_mut().zip(src) {
-                *o = a * inv;
-            }
+            finish_rows(pb.isa, src, 1.0 / sum, dst);
         }
     });
 }

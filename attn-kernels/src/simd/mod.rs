@@ -103,23 +103,69 @@ pub(crate) fn prepare_query(q: &[f32], scale: f32, x: usize, qrep: &mut [f32]) {
     }
 }
 
-/// `scores[t] = q · key_t` for the `block_size` tokens of one key tile `[head_size/x, block_size, x]`.
+/// Scores of `nh` prepared query rows (consecutive in `qrep`, [`qrep_len`] apart) against the
+/// `block_size` keys of one key tile `[head_size/x, block_size, x]`: row `i`'s scores go to
+/// `scores[i * stride .. i * stride + bs]`. Query heads of one kv head share every key load.
 #[inline]
-pub(crate) fn qk_tile<T: KernelElem>(
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn qk_rows<T: KernelElem>(
     isa: Isa,
     tile: &[T],
     qrep: &[f32],
+    nh: usize,
     head_size: usize,
     bs: usize,
     scores: &mut [f32],
+    stride: usize,
 ) {
-    let x = T::DTYPE.x();
-    assert!(tile.len() >= head_size * bs && qrep.len() >= qrep_len(head_size, x) && scores.len() >= bs);
+    let ql = qrep_len(head_size, T::DTYPE.x());
+    assert!(nh > 0 && tile.len() >= head_size * bs && qrep.len() >= nh * ql);
+    assert!(stride >= bs && scores.len() >= (nh - 1) * stride + bs);
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx2` is only used after `is_available` said yes; lengths checked above.
-        Isa::Avx2 => unsafe { x86::qk_tile(tile, qrep, head_size, bs, scores) },
-        _ => portable::qk_tile(tile, qrep, head_size, bs, scores),
+        Isa::Avx2 => unsafe { x86::qk_rows(tile, qrep, nh, head_size, bs, scores, stride) },
+        _ => portable::qk_rows(tile, qrep, nh, head_size, bs, scores, stride),
+    }
+}
+
+/// Lane-wise `p · V` over several value tiles for `nh` query heads at once:
+/// `acc8[i][d][lane] += Σ_j Σ_k p_i[j][8k + lane] · tile_j[d][8k + lane]`, where head `i`'s
+/// probabilities for tile `j` are `probs[i * stride + j * bs ..][..bs]` and its accumulator is
+/// `acc8[i * head_size * 8 ..][..head_size * 8]`. The 8 lanes are summed once, by
+/// [`finish_rows`], so no horizontal reduction runs per block; every value load serves all heads.
+#[inline]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn pv_blocks<T: KernelElem>(
+    isa: Isa,
+    tiles: &[&[T]],
+    probs: &[f32],
+    stride: usize,
+    nh: usize,
+    head_size: usize,
+    bs: usize,
+    acc8: &mut [f32],
+) {
+    assert!(nh > 0 && stride >= tiles.len() * bs && acc8.len() >= nh * head_size * 8);
+    assert!(probs.len() >= (nh - 1) * stride + tiles.len() * bs);
+    assert!(tiles.iter().all(|t| t.len() >= head_size * bs));
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx2` is only used after `is_available` said yes; lengths checked above.
+        Isa::Avx2 => unsafe { x86::pv_blocks(tiles, probs, stride, nh, head_size, bs, acc8) },
+        _ => portable::pv_blocks(tiles, probs, stride, nh, head_size, bs, acc8),
+    }
+}
+
+/// `out[d] = scale · Σ_lane acc8[d][lane]`: the final reduction of [`pv_blocks`] accumulators.
+#[inline]
+pub(crate) fn finish_rows(isa: Isa, acc8: &[f32], scale: f32, out: &mut [f32]) {
+    assert!(acc8.len() >= out.len() * 8);
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx2` is only used after `is_available` said yes; lengths checked above.
+        Isa::Avx2 if out.len().is_multiple_of(8) => unsafe { x86::finish_rows(acc8, scale, out) },
+        _ => portable::finish_rows(acc8, scale, out),
     }
 }
 
@@ -151,6 +197,25 @@ pub(crate) fn exp_sub_sum(isa: Isa, v: &mut [f32], max: f32) -> f32 {
         Isa::Avx2 => unsafe { x86::exp_sub_sum(v, max) },
         _ => portable::exp_sub_sum(v, max),
     }
+}
+
+/// Asks the CPU to start loading `tile` into cache (the next block of a sequence sits anywhere
+/// in the pool, so the hardware prefetcher cannot guess it). A hint only; no-op elsewhere.
+#[inline]
+pub(crate) fn prefetch<T>(tile: &[T]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        let bytes = std::mem::size_of_val(tile);
+        let p = tile.as_ptr().cast::<i8>();
+        for off in (0..bytes).step_by(64) {
+            // SAFETY: prefetch never faults, and `off` stays inside the slice anyway; SSE is
+            // baseline on x86-64.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.add(off)) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = tile;
 }
 
 /// Largest element (`-inf` for an empty slice); NaN-free input assumed.
@@ -188,13 +253,45 @@ mod tests {
             for bs in [8, 16, 32] {
                 let tile: Vec<T> = (0..d * bs).map(|_| T::from_f32(lcg(&mut seed))).collect();
                 let wide: Vec<f32> = tile.iter().map(|v| v.to_f32()).collect();
-                let q: Vec<f32> = (0..d).map(|_| lcg(&mut seed)).collect();
-                let mut qrep = vec![0.0; qrep_len(d, x)];
-                prepare_query(&q, 1.0, x, &mut qrep);
-                let mut scores = vec![0.0; bs];
-                qk_tile(isa, &tile, &qrep, d, bs, &mut scores);
-                for (a, b) in scores.iter().zip(naive_qk(&wide, &q, d, bs, x)) {
-                    assert!((a - b).abs() < 1e-4, "{isa:?} {} d{d} bs{bs}: {a} vs {b}", T::DTYPE);
+                // Up to 7 query rows at once (chunks of 4 plus a remainder), scores `bs + 3` apart.
+                for nh in 1..=7 {
+                    let qs: Vec<Vec<f32>> =
+                        (0..nh).map(|_| (0..d).map(|_| lcg(&mut seed)).collect()).collect();
+                    let ql = qrep_len(d, x);
+                    let mut qrep = vec![0.0; nh * ql];
+                    for (i, q) in qs.iter().enumerate() {
+                        prepare_query(q, 1.0, x, &mut qrep[i * ql..(i + 1) * ql]);
+                    }
+                    let stride = bs + 3;
+                    let mut scores = vec![f32::NAN; nh * stride];
+                    qk_rows(isa, &tile, &qrep, nh, d, bs, &mut scores, stride);
+                    for (i, q) in qs.iter().enumerate() {
+                        for (a, b) in
+                            scores[i * stride..i * stride + bs].iter().zip(naive_qk(&wide, q, d, bs, x))
+                        {
+                            assert!(
+                                (a - b).abs() < 1e-4,
+                                "{isa:?} {} d{d} bs{bs} nh{nh}: {a} vs {b}",
+                                T::DTYPE
+                            );
+                        }
+                    }
+                    // p · V over two tiles (the same tile twice) for every head.
+                    let probs: Vec<f32> = (0..nh * 2 * bs).map(|_| lcg(&mut seed).abs()).collect();
+                    let mut acc8 = vec![0.0; nh * d * 8];
+                    pv_blocks(isa, &[&tile[..], &tile[..]], &probs, 2 * bs, nh, d, bs, &mut acc8);
+                    for i in 0..nh {
+                        let mut out = vec![0.0; d];
+                        finish_rows(isa, &acc8[i * d * 8..(i + 1) * d * 8], 0.5, &mut out);
+                        for (r, o) in out.iter().enumerate() {
+                            let p = &probs[i * 2 * bs..(i + 1) * 2 * bs];
+                            let want = 0.5 * (0..2 * bs).map(|t| p[t] * wide[r * bs + t % bs]).sum::<f32>();
+                            assert!(
+                                (o - want).abs() < 1e-4,
+                                "{isa:?} pv_blocks d{d} bs{bs} nh{nh}: {o} vs {want}"
+                            );
+                        }
+                    }
                 }
                 let p: Vec<f32> = (0..bs).map(|_| lcg(&mut seed).abs()).collect();
                 let mut acc: Vec<f32> = (0..d).map(|i| i as f32).collect();

@@ -2,16 +2,55 @@
 
 use super::KernelElem;
 
-pub(super) fn qk_tile<T: KernelElem>(tile: &[T], qrep: &[f32], d: usize, bs: usize, scores: &mut [f32]) {
+pub(super) fn qk_rows<T: KernelElem>(
+    tile: &[T],
+    qrep: &[f32],
+    nh: usize,
+    d: usize,
+    bs: usize,
+    scores: &mut [f32],
+    stride: usize,
+) {
     let x = T::DTYPE.x();
-    let scores = &mut scores[..bs];
-    scores.fill(0.0);
-    for c in 0..d / x {
-        let q = &qrep[c * 8..c * 8 + x];
-        let row = &tile[c * bs * x..(c + 1) * bs * x];
-        for (s, k) in scores.iter_mut().zip(row.chunks_exact(x)) {
-            *s += k.iter().zip(q).map(|(a, b)| a.to_f32() * b).sum::<f32>();
+    let ql = super::qrep_len(d, x);
+    for i in 0..nh {
+        let (q, out) = (&qrep[i * ql..(i + 1) * ql], &mut scores[i * stride..i * stride + bs]);
+        out.fill(0.0);
+        for c in 0..d / x {
+            let qc = &q[c * 8..c * 8 + x];
+            let row = &tile[c * bs * x..(c + 1) * bs * x];
+            for (s, k) in out.iter_mut().zip(row.chunks_exact(x)) {
+                *s += k.iter().zip(qc).map(|(a, b)| a.to_f32() * b).sum::<f32>();
+            }
         }
+    }
+}
+
+pub(super) fn pv_blocks<T: KernelElem>(
+    tiles: &[&[T]],
+    probs: &[f32],
+    stride: usize,
+    nh: usize,
+    d: usize,
+    bs: usize,
+    acc8: &mut [f32],
+) {
+    for i in 0..nh {
+        let acc = &mut acc8[i * d * 8..(i + 1) * d * 8];
+        for (j, tile) in tiles.iter().enumerate() {
+            let p = &probs[i * stride + j * bs..i * stride + (j + 1) * bs];
+            for (lanes, row) in acc.chunks_exact_mut(8).zip(tile.chunks_exact(bs)) {
+                for (t, (&v, &w)) in row.iter().zip(p).enumerate() {
+                    lanes[t % 8] += v.to_f32() * w;
+                }
+            }
+        }
+    }
+}
+
+pub(super) fn finish_rows(acc8: &[f32], scale: f32, out: &mut [f32]) {
+    for (o, lanes) in out.iter_mut().zip(acc8.chunks_exact(8)) {
+        *o = scale * lanes.iter().sum::<f32>();
     }
 }
 

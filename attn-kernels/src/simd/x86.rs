@@ -32,65 +32,208 @@ unsafe fn hsum_pairs4(a: __m256, b: __m256, c: __m256, d: __m256) -> __m256 {
     }
 }
 
-/// Dot products of one prepared query against `NV` consecutive 8-lane key vectors of every row.
+/// Scores of `H` query rows against one key tile, two 8-lane key vectors (per row of the tile)
+/// at a time, so each key load feeds `2·H` accumulators.
 #[inline(always)]
-unsafe fn qk_group<T: KernelElem, const NV: usize>(
-    base: *const T,
+#[allow(clippy::too_many_arguments)]
+unsafe fn qk_heads<T: KernelElem, const H: usize>(
+    tile: *const T,
     qrep: *const f32,
+    ql: usize,
     rows: usize,
     row_len: usize,
-    out: *mut f32,
+    vecs: usize,
+    scores: *mut f32,
+    stride: usize,
 ) {
-    // SAFETY: the caller guarantees `rows` rows of `row_len` elements from `base` (of which we read
-    // NV * 8 each), `rows * 8` prepared query lanes, and room for the tokens written to `out`.
+    // SAFETY: the caller guarantees `rows` rows of `row_len = 8 · vecs` elements at `tile`,
+    // `H` prepared rows of `ql = rows · 8` lanes at `qrep`, and `H` score rows `stride` apart
+    // with room for `row_len / x` tokens each.
     unsafe {
-        let mut acc = [_mm256_setzero_ps(); NV];
-        for c in 0..rows {
-            let qv = _mm256_loadu_ps(qrep.add(c * 8));
-            let row = base.add(c * row_len);
-            for (v, a) in acc.iter_mut().enumerate() {
-                *a = _mm256_fmadd_ps(T::load8(row.add(v * 8)), qv, *a);
+        let x = T::DTYPE.x();
+        let zero = _mm256_setzero_ps();
+        for vp in (0..vecs).step_by(2) {
+            let mut acc = [[zero; 2]; H];
+            let kp = tile.add(vp * 8);
+            for c in 0..rows {
+                let k0 = T::load8(kp.add(c * row_len));
+                let k1 = T::load8(kp.add(c * row_len + 8));
+                for (h, a) in acc.iter_mut().enumerate() {
+                    let q = _mm256_loadu_ps(qrep.add(h * ql + c * 8));
+                    a[0] = _mm256_fmadd_ps(k0, q, a[0]);
+                    a[1] = _mm256_fmadd_ps(k1, q, a[1]);
+                }
             }
-        }
-        if T::DTYPE.x() == 4 {
-            for g in 0..NV / 4 {
-                let r = hsum_pairs4(acc[4 * g], acc[4 * g + 1], acc[4 * g + 2], acc[4 * g + 3]);
-                _mm256_storeu_ps(out.add(8 * g), r);
+            let mut v = [zero; 8];
+            for (h, a) in acc.iter().enumerate() {
+                v[2 * h] = a[0];
+                v[2 * h + 1] = a[1];
             }
-        } else {
-            for g in 0..NV / 8 {
-                let mut v = [_mm256_setzero_ps(); 8];
-                v.copy_from_slice(&acc[8 * g..8 * g + 8]);
-                _mm256_storeu_ps(out.add(8 * g), hsum8x8(&v));
+            if x == 4 {
+                // Two tokens per vector: vectors vp, vp+1 hold tokens 2vp .. 2vp+4 of each head.
+                let r01 = hsum_pairs4(v[0], v[1], v[2], v[3]);
+                let r23 = hsum_pairs4(v[4], v[5], v[6], v[7]);
+                let halves = [
+                    _mm256_castps256_ps128(r01),
+                    _mm256_extractf128_ps::<1>(r01),
+                    _mm256_castps256_ps128(r23),
+                    _mm256_extractf128_ps::<1>(r23),
+                ];
+                for (h, half) in halves.iter().enumerate().take(H) {
+                    _mm_storeu_ps(scores.add(h * stride + 2 * vp), *half);
+                }
+            } else {
+                // One token per vector: lanes [h0t0, h0t1, h1t0, h1t1, ...].
+                let mut lanes = [0.0f32; 8];
+                _mm256_storeu_ps(lanes.as_mut_ptr(), hsum8x8(&v));
+                for h in 0..H {
+                    *scores.add(h * stride + vp) = lanes[2 * h];
+                    *scores.add(h * stride + vp + 1) = lanes[2 * h + 1];
+                }
             }
         }
     }
 }
 
 /// # Safety
-/// AVX2/FMA/F16C available; `tile.len() >= d * bs`, `qrep.len() >= d / x * 8`, `scores.len() >= bs`;
-/// `bs` a multiple of 8 and `d` a multiple of `x`.
+/// AVX2/FMA/F16C available; `tile.len() >= d * bs`, `qrep.len() >= nh * d / x * 8`,
+/// `scores.len() >= (nh - 1) * stride + bs`; `bs` in {8, 16, 32}, `d` a multiple of `x`.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn qk_tile<T: KernelElem>(
+pub(super) unsafe fn qk_rows<T: KernelElem>(
     tile: &[T],
     qrep: &[f32],
+    nh: usize,
     d: usize,
     bs: usize,
     scores: &mut [f32],
+    stride: usize,
 ) {
     let x = T::DTYPE.x();
     let (rows, row_len) = (d / x, bs * x);
     let vecs = row_len / 8;
-    let (base, q, out) = (tile.as_ptr(), qrep.as_ptr(), scores.as_mut_ptr());
-    // SAFETY: per the contract above; each group reads 8 vectors (4 for f32 with bs 8) per row
-    // starting at `g * 8` elements and writes `8 * 8 / x` tokens starting at token `g * 8 / x`.
+    let ql = rows * 8;
+    let (t, q, out) = (tile.as_ptr(), qrep.as_ptr(), scores.as_mut_ptr());
+    // SAFETY: per the contract above; each call covers heads h0 .. h0 + H.
     unsafe {
-        if vecs == 4 {
-            qk_group::<T, 4>(base, q, rows, row_len, out);
-        } else {
-            for g in (0..vecs).step_by(8) {
-                qk_group::<T, 8>(base.add(g * 8), q, rows, row_len, out.add(g * 8 / x));
+        let mut h0 = 0;
+        while h0 < nh {
+            let (qh, sh) = (q.add(h0 * ql), out.add(h0 * stride));
+            match nh - h0 {
+                1 => qk_heads::<T, 1>(t, qh, ql, rows, row_len, vecs, sh, stride),
+                2 => qk_heads::<T, 2>(t, qh, ql, rows, row_len, vecs, sh, stride),
+                3 => qk_heads::<T, 3>(t, qh, ql, rows, row_len, vecs, sh, stride),
+                _ => qk_heads::<T, 4>(t, qh, ql, rows, row_len, vecs, sh, stride),
             }
+            h0 += 4;
+        }
+    }
+}
+
+/// Lane-wise `p · V` for `H` heads over a run of value tiles, two rows of `d` at a time; the
+/// `2·H` accumulators stay in registers across all tiles of the run.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn pv_heads<T: KernelElem, const H: usize, const NK: usize>(
+    tiles: &[&[T]],
+    probs: *const f32,
+    stride: usize,
+    d: usize,
+    acc8: *mut f32,
+) {
+    // SAFETY: the caller guarantees tiles of `d` rows × `NK · 8` tokens, `H` probability rows
+    // `stride` apart covering `tiles.len() · NK · 8` tokens, and `H` accumulators of `d · 8` lanes.
+    unsafe {
+        let bs = NK * 8;
+        for r in (0..d).step_by(2) {
+            let mut acc = [[_mm256_setzero_ps(); 2]; H];
+            for (h, a) in acc.iter_mut().enumerate() {
+                a[0] = _mm256_loadu_ps(acc8.add(h * d * 8 + r * 8));
+                a[1] = _mm256_loadu_ps(acc8.add(h * d * 8 + r * 8 + 8));
+            }
+            for (j, tile) in tiles.iter().enumerate() {
+                let row = tile.as_ptr().add(r * bs);
+                let p = probs.add(j * bs);
+                for k in 0..NK {
+                    let v0 = T::load8(row.add(k * 8));
+                    let v1 = T::load8(row.add(bs + k * 8));
+                    for (h, a) in acc.iter_mut().enumerate() {
+                        let w = _mm256_loadu_ps(p.add(h * stride + k * 8));
+                        a[0] = _mm256_fmadd_ps(v0, w, a[0]);
+                        a[1] = _mm256_fmadd_ps(v1, w, a[1]);
+                    }
+                }
+            }
+            for (h, a) in acc.iter().enumerate() {
+                _mm256_storeu_ps(acc8.add(h * d * 8 + r * 8), a[0]);
+                _mm256_storeu_ps(acc8.add(h * d * 8 + r * 8 + 8), a[1]);
+            }
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn pv_heads_bs<T: KernelElem, const H: usize>(
+    tiles: &[&[T]],
+    probs: *const f32,
+    stride: usize,
+    d: usize,
+    bs: usize,
+    acc8: *mut f32,
+) {
+    // SAFETY: forwarded contract of `pv_blocks`.
+    unsafe {
+        match bs {
+            8 => pv_heads::<T, H, 1>(tiles, probs, stride, d, acc8),
+            16 => pv_heads::<T, H, 2>(tiles, probs, stride, d, acc8),
+            _ => pv_heads::<T, H, 4>(tiles, probs, stride, d, acc8),
+        }
+    }
+}
+
+/// # Safety
+/// AVX2/FMA/F16C available; every tile `>= d * bs` elements, `probs.len() >= (nh - 1) * stride +
+/// tiles.len() * bs`, `acc8.len() >= nh * d * 8`; `bs` in {8, 16, 32}, `d` even.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn pv_blocks<T: KernelElem>(
+    tiles: &[&[T]],
+    probs: &[f32],
+    stride: usize,
+    nh: usize,
+    d: usize,
+    bs: usize,
+    acc8: &mut [f32],
+) {
+    let (p, a) = (probs.as_ptr(), acc8.as_mut_ptr());
+    // SAFETY: per the contract above; each call covers heads h0 .. h0 + H.
+    unsafe {
+        let mut h0 = 0;
+        while h0 < nh {
+            let (ph, ah) = (p.add(h0 * stride), a.add(h0 * d * 8));
+            match nh - h0 {
+                1 => pv_heads_bs::<T, 1>(tiles, ph, stride, d, bs, ah),
+                2 => pv_heads_bs::<T, 2>(tiles, ph, stride, d, bs, ah),
+                3 => pv_heads_bs::<T, 3>(tiles, ph, stride, d, bs, ah),
+                _ => pv_heads_bs::<T, 4>(tiles, ph, stride, d, bs, ah),
+            }
+            h0 += 4;
+        }
+    }
+}
+
+/// # Safety
+/// AVX2 available; `out.len()` a multiple of 8 and `acc8.len() >= out.len() * 8`.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn finish_rows(acc8: &[f32], scale: f32, out: &mut [f32]) {
+    let (a, o) = (acc8.as_ptr(), out.as_mut_ptr());
+    // SAFETY: per the contract above.
+    unsafe {
+        let s = _mm256_set1_ps(scale);
+        for r in (0..out.len()).step_by(8) {
+            let mut v = [_mm256_setzero_ps(); 8];
+            for (i, vi) in v.iter_mut().enumerate() {
+                *vi = _mm256_loadu_ps(a.add((r + i) * 8));
+            }
+            _mm256_storeu_ps(o.add(r), _mm256_mul_ps(hsum8x8(&v), s));
         }
     }
 }
