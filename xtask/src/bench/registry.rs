@@ -18,7 +18,9 @@ pub struct BenchTarget {
     pub criterion: bool,
 }
 
-pub const TARGETS: &[BenchTarget] = &[];
+pub const TARGETS: &[BenchTarget] = &[
+    BenchTarget { group: "attn", package: "attn-kernels", bench: "attn", criterion: true },
+];
 
 /// How a derived figure is computed from two criterion benchmarks of the same run.
 #[derive(Debug)]
@@ -29,7 +31,28 @@ pub enum Derived {
     ThroughputRatio { name: &'static str, num: &'static str, den: &'static str },
 }
 
-pub const DERIVED: &[Derived] = &[];
+pub const DERIVED: &[Derived] = &[
+    Derived::ThroughputRatio {
+        name: "attn.decode_bw_fraction",
+        num: "attn/decode_f32_ms",
+        den: "attn/memcpy_ms",
+    },
+    Derived::ThroughputRatio {
+        name: "attn.decode_bw_fraction_bf16",
+        num: "attn/decode_bf16_ms",
+        den: "attn/memcpy_ms",
+    },
+    Derived::TimeRatio {
+        name: "attn.paged_over_contiguous_bs16",
+        num: "attn/decode_f32_ms",
+        den: "attn/decode_bs16_contig_ms",
+    },
+    Derived::TimeRatio {
+        name: "attn.paged_over_contiguous_bs8",
+        num: "attn/decode_bs8_paged_ms",
+        den: "attn/decode_bs8_contig_ms",
+    },
+];
 
 /// Targets stated by the issues, shown beside the figures in `report.md`.
 pub const GOALS: &[(&str, &str)] = &[
