@@ -9,6 +9,12 @@ pub trait TokenDecoder {
     fn decode_ids(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, DetokenizeError>;
 }
 
+impl TokenDecoder for model::Tokenizer {
+    fn decode_ids(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, DetokenizeError> {
+        self.decode(ids, skip_special_tokens).map_err(|e| DetokenizeError(e.to_string()))
+    }
+}
+
 impl TokenDecoder for tokenizers::Tokenizer {
     fn decode_ids(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, DetokenizeError> {
         self.decode(ids, skip_special_tokens).map_err(|e| DetokenizeError(e.to_string()))
@@ -76,11 +82,13 @@ impl IncrementalDetokenizer {
     }
 
     /// Adds one generated token; returns the stop string it completed, if any (the text is
-    /// then cut before it, or after it with `include_stop_str_in_output`).
+    /// then cut before it, or after it with `include_stop_str_in_output`). With `check_stop`
+    /// false (before `min_tokens`) stop strings are not looked for.
     pub fn push(
         &mut self,
         token: u32,
         decoder: &impl TokenDecoder,
+        check_stop: bool,
     ) -> Result<Option<StopMatch>, DetokenizeError> {
         self.tokens.push(token);
         let prefix = decoder
@@ -99,7 +107,7 @@ impl IncrementalDetokenizer {
         self.text.push_str(delta);
         self.prefix_offset = self.read_offset;
         self.read_offset = self.tokens.len();
-        Ok(self.find_stop(new_len))
+        Ok(if check_stop { self.find_stop(new_len) } else { None })
     }
 
     /// Looks for a stop string that ends inside the newest `new_len` bytes.
@@ -211,7 +219,7 @@ pub(crate) mod tests {
         let mut deltas = Vec::new();
         let mut hit = None;
         for &id in &ids {
-            hit = d.push(id, &tok).unwrap_or(None);
+            hit = d.push(id, &tok, true).unwrap_or(None);
             let delta = d.take_delta(hit.is_some());
             deltas.push(delta);
             if hit.is_some() {
@@ -250,12 +258,12 @@ pub(crate) mod tests {
         let mut d = IncrementalDetokenizer::new(&[], true, vec![], false);
         let mut out = String::new();
         for id in encode(&tok, "ab").into_iter().chain([260]) {
-            let _ = d.push(id, &tok);
+            let _ = d.push(id, &tok, true);
             out += &d.take_delta(false);
         }
         assert_eq!(out, "ab");
         let mut keep = IncrementalDetokenizer::new(&[], false, vec![], false);
-        let _ = keep.push(260, &tok);
+        let _ = keep.push(260, &tok, true);
         assert_eq!(keep.take_delta(true), "<|end|>");
     }
 
@@ -291,7 +299,7 @@ pub(crate) mod tests {
         let tok = byte_tokenizer();
         let mut d = IncrementalDetokenizer::new(&encode(&tok, "Hi"), true, vec![], false);
         for id in encode(&tok, " there") {
-            let _ = d.push(id, &tok);
+            let _ = d.push(id, &tok, true);
         }
         assert_eq!(d.take_delta(true), " there");
     }

@@ -1,10 +1,27 @@
 //! `engine`: the step loop, sampling, request streams, metrics and the embedding API.
+//!
+//! - [`Engine`]: one model, one paged KV cache, a continuous-batching scheduler; `add_request`,
+//!   `abort`, `step`, `generate`.
+//! - [`EngineHandle`]: the engine on its own thread behind a command channel, with a stream of
+//!   [`RequestOutput`]s per request (what a web service embeds).
+//! - [`sampling`]: vLLM `SamplingParams` semantics, vectorized over the batch.
+//! - [`detok`]: incremental detokenization and stop strings.
 
+mod batch;
+pub mod config;
 pub mod detok;
+mod engine;
+pub mod error;
 pub mod metrics;
 pub mod output;
+mod request;
 pub mod sampling;
 
+pub use config::{DType, EngineConfig, KvCacheSize, Policy, PreemptionMode};
+pub use engine::Engine;
+pub use error::{EngineError, RequestError};
 pub use metrics::{Gauges, LatencyStats, MetricsSnapshot};
+pub use model::ChatMessage;
 pub use output::{Completion, CompletionDelta, FinalOutput, FinishReason, RequestOutput, RequestTiming};
+pub use request::Prompt;
 pub use sampling::{SamplingParams, SamplingParamsError};

@@ -1,0 +1,63 @@
+//! `EngineConfig`: vLLM's engine knobs (block size, max model len, max num seqs, max batched
+//! tokens, prefix caching, preemption mode, swap space, KV memory, seed) and their checks.
+
+use std::time::Duration;
+
+pub use kv_cache::DType;
+pub use scheduler::{Policy, PreemptionMode};
+
+/// How big the device KV cache is.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum KvCacheSize {
+    /// Exactly this many blocks.
+    Blocks(usize),
+    /// As many blocks as fit in this many bytes (vLLM's `gpu_memory_utilization` × free memory).
+    Bytes(usize),
+}
+
+/// Engine settings; `Default` gives vLLM-like values for a small CPU deployment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineConfig {
+    /// Tokens per KV block (8, 16 or 32).
+    pub block_size: usize,
+    /// Longest prompt + output; `None` takes the model's `max_position_embeddings`.
+    pub max_model_len: Option<usize>,
+    /// Most sequences in one step.
+    pub max_num_seqs: usize,
+    /// Token budget of one step (prefill chunks are cut to fit).
+    pub max_num_batched_tokens: usize,
+    pub enable_prefix_caching: bool,
+    pub preemption_mode: PreemptionMode,
+    pub policy: Policy,
+    /// Host swap space in bytes (0: preempted requests are always recomputed).
+    pub swap_space_bytes: usize,
+    pub kv_cache: KvCacheSize,
+    /// Element type of the KV cache.
+    pub kv_dtype: DType,
+    /// Fraction of blocks kept free when admitting new requests.
+    pub watermark: f64,
+    /// Seeds the RNG of requests that bring no seed of their own.
+    pub seed: u64,
+    /// Interval of the `tracing` metrics line (zero: never).
+    pub log_interval: Duration,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            block_size: 16,
+            max_model_len: None,
+            max_num_seqs: 256,
+            max_num_batched_tokens: 2048,
+            enable_prefix_caching: true,
+            preemption_mode: PreemptionMode::Recompute,
+            policy: Policy::Fcfs,
+            swap_space_bytes: 1 << 30,
+            kv_cache: KvCacheSize::Bytes(2 << 30),
+            kv_dtype: DType::F32,
+            watermark: 0.01,
+            seed: 0,
+            log_interval: Duration::from_secs(10),
+        }
+    }
+}

@@ -1,0 +1,500 @@
+//! `Engine`: owns the model, the KV cache, the scheduler, the tokenizer and the samplers,
+//! and runs one step at a time (schedule → block copies/swaps → forward → sample → update →
+//! outputs). Single-threaded by design; `EngineHandle` puts it on its own thread.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use kv_cache::{BlockShape, CacheConfig, KvCache};
+use model::{ChatTemplate, Llama, ModelFolder, Workspace};
+use rand::{RngCore, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use scheduler::{Request, Scheduler, SchedulerConfig, SchedulerError, SchedulerOutput, SeqId, StepResult};
+
+use crate::batch::BatchBuffers;
+use crate::config::{EngineConfig, KvCacheSize, PreemptionMode};
+use crate::error::{EngineError, RequestError};
+use crate::metrics::{Gauges, MetricsCollector, MetricsSnapshot};
+use crate::output::{FinalOutput, FinishReason, RequestOutput};
+use crate::request::{Prompt, RequestState};
+use crate::sampling::{SampleRow, SamplingParams, SequenceSampler, sample_batch, seeded_rng};
+
+/// Where one sampled row goes: request, sample index, and the scheduler's sequence id.
+#[derive(Debug, Clone, Copy)]
+struct RowTarget {
+    request: u64,
+    index: usize,
+    seq_id: SeqId,
+}
+
+/// The serving engine (one model, one KV cache, continuous batching).
+#[derive(Debug)]
+pub struct Engine {
+    config: EngineConfig,
+    model: Llama,
+    tokenizer: model::Tokenizer,
+    chat_template: Option<ChatTemplate>,
+    eos_ids: Vec<u32>,
+    max_model_len: usize,
+    cache: KvCache,
+    scheduler: Scheduler,
+    workspace: Workspace,
+    requests: HashMap<u64, RequestState>,
+    ids: HashMap<String, u64>,
+    next_id: u64,
+    seed_rng: ChaCha8Rng,
+    metrics: MetricsCollector,
+    plan: SchedulerOutput,
+    step_result: StepResult,
+    batch: BatchBuffers,
+    logits: Vec<f32>,
+    targets: Vec<RowTarget>,
+    /// Outputs produced outside `step` (aborts), returned by the next `step`.
+    pending: Vec<RequestOutput>,
+}
+
+impl Engine {
+    /// Loads an HF model folder (config, weights, tokenizer, chat template) and sizes the cache.
+    pub fn new(model_dir: &Path, config: EngineConfig) -> Result<Self, EngineError> {
+        let folder = ModelFolder::open(model_dir)?;
+        let model = Llama::load(model_dir)?;
+        Self::from_parts(folder, model, config)
+    }
+
+    /// Builds the engine from an opened folder and its loaded weights.
+    pub fn from_parts(folder: ModelFolder, model: Llama, config: EngineConfig) -> Result<Self, EngineError> {
+        let mc = &model.config;
+        let max_model_len = config.max_model_len.unwrap_or(mc.max_position_embeddings);
+        if max_model_len == 0 || max_model_len > mc.max_position_embeddings {
+            return Err(EngineError::Config(format!(
+                "max_model_len {max_model_len} must be in 1..={} (the model's max_position_embeddings)",
+                mc.max_position_embeddings
+            )));
+        }
+        let shape = BlockShape {
+            block_size: config.block_size,
+            num_layers: mc.num_hidden_layers,
+            num_kv_heads: mc.num_key_value_heads,
+            head_size: mc.head_dim,
+            dtype: config.kv_dtype,
+        };
+        shape.validate()?;
+        // Host swap memory only exists when preemption swaps.
+        let swap_bytes = match config.preemption_mode {
+            PreemptionMode::Swap => config.swap_space_bytes,
+            PreemptionMode::Recompute => 0,
+        };
+        let cache_cfg = match config.kv_cache {
+            KvCacheSize::Bytes(b) => CacheConfig::from_memory_budget(shape, b, swap_bytes, max_model_len)?,
+            KvCacheSize::Blocks(n) => CacheConfig::new(shape, n, swap_bytes / shape.bytes_per_block()),
+        };
+        let scheduler = Scheduler::new(SchedulerConfig {
+            max_num_batched_tokens: config.max_num_batched_tokens,
+            max_num_seqs: config.max_num_seqs,
+            max_model_len,
+            policy: config.policy,
+            preemption: config.preemption_mode,
+            block_size: config.block_size,
+            num_device_blocks: cache_cfg.num_blocks,
+            num_host_blocks: cache_cfg.num_swap_blocks,
+            watermark: config.watermark,
+            enable_prefix_caching: config.enable_prefix_caching,
+        })?;
+        let cache = KvCache::new(cache_cfg)?;
+        let eos_ids = folder.generation.eos_token_ids.clone();
+        tracing::info!(
+            target: "engine",
+            "KV cache: {} blocks of {} tokens ({:.1} MiB), {} swap blocks; max_model_len {max_model_len}",
+            cache_cfg.num_blocks,
+            cache_cfg.block_size,
+            cache_cfg.device_bytes() as f64 / (1 << 20) as f64,
+            cache_cfg.num_swap_blocks,
+        );
+        Ok(Self {
+            metrics: MetricsCollector::new(config.log_interval),
+            seed_rng: ChaCha8Rng::seed_from_u64(config.seed),
+            config,
+            model,
+            tokenizer: folder.tokenizer,
+            chat_template: folder.chat_template,
+            eos_ids,
+            max_model_len,
+            cache,
+            scheduler,
+            workspace: Workspace::default(),
+            requests: HashMap::new(),
+            ids: HashMap::new(),
+            next_id: 0,
+            plan: SchedulerOutput::default(),
+            step_result: StepResult::default(),
+            batch: BatchBuffers::default(),
+            logits: Vec::new(),
+            targets: Vec::new(),
+            pending: Vec::new(),
+        })
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    pub fn max_model_len(&self) -> usize {
+        self.max_model_len
+    }
+
+    pub fn tokenizer(&self) -> &model::Tokenizer {
+        &self.tokenizer
+    }
+
+    pub fn model_config(&self) -> &model::LlamaConfig {
+        &self.model.config
+    }
+
+    /// The end-of-sequence ids from the generation config.
+    pub fn eos_token_ids(&self) -> &[u32] {
+        &self.eos_ids
+    }
+
+    /// Device KV blocks in the pool.
+    pub fn num_kv_blocks(&self) -> usize {
+        self.scheduler.device_pool().num_blocks()
+    }
+
+    /// Device KV blocks currently in use.
+    pub fn num_kv_blocks_used(&self) -> usize {
+        self.scheduler.device_pool().num_used()
+    }
+
+    /// True when no device or host block is held (every request finished or aborted and
+    /// nothing leaked): `used == 0` and `free + used == total` in both pools.
+    pub fn kv_is_idle(&self) -> bool {
+        let idle = |p: &scheduler::BlockPool| p.num_used() == 0 && p.num_free() == p.num_blocks();
+        idle(self.scheduler.device_pool()) && self.scheduler.host_pool().is_none_or(idle)
+    }
+
+    /// Renders chat messages with the model's template (generation prompt added).
+    pub fn render_chat(&self, id: &str, messages: &[model::ChatMessage]) -> Result<String, RequestError> {
+        let template =
+            self.chat_template.as_ref().ok_or_else(|| RequestError::NoChatTemplate(id.to_owned()))?;
+        template
+            .render(messages, true)
+            .map_err(|e| RequestError::Prompt { id: id.to_owned(), reason: e.to_string() })
+    }
+
+    /// Prompt to token ids: text with the tokenizer's special tokens (BOS) added, chat rendered
+    /// by the template (which writes its own special tokens), ids as given.
+    pub fn tokenize(&self, id: &str, prompt: Prompt) -> Result<Vec<u32>, RequestError> {
+        let encode = |text: &str, add_special: bool| {
+            self.tokenizer
+                .encode(text, true, add_special)
+                .map_err(|e| RequestError::Prompt { id: id.to_owned(), reason: e.to_string() })
+        };
+        match prompt {
+            Prompt::Tokens(ids) => Ok(ids),
+            Prompt::Text(text) => encode(&text, true),
+            Prompt::Chat(messages) => encode(&self.render_chat(id, &messages)?, false),
+        }
+    }
+
+    /// Admits a request, or rejects it with a typed error (nothing is stored then).
+    pub fn add_request(
+        &mut self,
+        id: impl Into<String>,
+        prompt: impl Into<Prompt>,
+        params: SamplingParams,
+    ) -> Result<(), RequestError> {
+        let id = id.into();
+        let result = self.admit(id, prompt.into(), params);
+        if result.is_err() {
+            self.metrics.record_rejected();
+        }
+        result
+    }
+
+    fn admit(&mut self, id: String, prompt: Prompt, params: SamplingParams) -> Result<(), RequestError> {
+        if self.ids.contains_key(&id) {
+            return Err(RequestError::DuplicateId(id));
+        }
+        params.validate().map_err(|source| RequestError::InvalidParams { id: id.clone(), source })?;
+        let tokens = self.tokenize(&id, prompt)?;
+        if tokens.is_empty() {
+            return Err(RequestError::EmptyPrompt(id));
+        }
+        let vocab_size = self.model.config.vocab_size;
+        if let Some(&token) = tokens.iter().find(|&&t| t as usize >= vocab_size) {
+            return Err(RequestError::TokenOutOfVocab { id, token, vocab_size });
+        }
+        let room = self.max_model_len.saturating_sub(tokens.len());
+        let max_tokens = params.max_tokens.unwrap_or(room.max(1));
+        if tokens.len() + max_tokens > self.max_model_len {
+            return Err(RequestError::TooLong {
+                id,
+                prompt_len: tokens.len(),
+                max_tokens,
+                max_model_len: self.max_model_len,
+            });
+        }
+        let sid = self.next_id;
+        let request = Request::new(sid, tokens.clone(), max_tokens).with_n(params.n);
+        self.scheduler.add_request(request).map_err(|e| match e {
+            SchedulerError::EmptyPrompt(_) => RequestError::EmptyPrompt(id.clone()),
+            other => RequestError::Rejected { id: id.clone(), reason: other.to_string() },
+        })?;
+        self.next_id += 1;
+        let prompt_set = SequenceSampler::prompt_set(&params, &tokens);
+        let mut stop_ids = params.stop_token_ids.clone();
+        if !params.ignore_eos {
+            stop_ids.extend_from_slice(&self.eos_ids);
+        }
+        let stop_ids: Arc<[u32]> = stop_ids.into();
+        let seed = params.seed.unwrap_or_else(|| self.seed_rng.next_u64());
+        let samplers = (0..params.n)
+            .map(|i| SequenceSampler::new(seeded_rng(seed, i), prompt_set.clone(), stop_ids.clone()))
+            .collect();
+        self.requests.insert(sid, RequestState::new(id.clone(), Arc::new(params), &tokens, samplers));
+        self.ids.insert(id, sid);
+        Ok(())
+    }
+
+    /// Aborts an unfinished request: its blocks are freed now and its final output (finish
+    /// reason `Abort`) comes with the next `step`. An unknown id is a reported no-op.
+    pub fn abort(&mut self, id: &str) -> Result<(), RequestError> {
+        let sid = self.ids.remove(id).ok_or_else(|| RequestError::UnknownRequest(id.to_owned()))?;
+        if let Err(e) = self.scheduler.abort(sid) {
+            tracing::warn!(target: "engine", "abort of {id:?}: scheduler says {e}");
+        }
+        if let Some(mut state) = self.requests.remove(&sid) {
+            state.finish_all(&FinishReason::Abort);
+            self.pending.extend(state.take_output(Instant::now()));
+        }
+        self.metrics.record_aborted();
+        Ok(())
+    }
+
+    /// Requests not yet finished or aborted.
+    pub fn num_unfinished(&self) -> usize {
+        self.requests.len()
+    }
+
+    /// Whether `step` has work (including abort outputs not yet returned).
+    pub fn has_unfinished(&self) -> bool {
+        !self.requests.is_empty() || !self.pending.is_empty()
+    }
+
+    fn gauges(&self) -> Gauges {
+        let pool = self.scheduler.device_pool();
+        let prefix = pool.prefix_stats();
+        Gauges {
+            kv_usage: pool.usage(),
+            num_running: self.scheduler.num_running(),
+            num_waiting: self.scheduler.num_waiting(),
+            num_swapped: self.scheduler.num_swapped(),
+            num_preemptions: self.scheduler.stats().preemptions(),
+            prefix_queries: prefix.queried_tokens,
+            prefix_hits: prefix.hit_tokens,
+        }
+    }
+
+    pub fn metrics(&self) -> MetricsSnapshot {
+        self.metrics.snapshot(self.gauges())
+    }
+
+    /// Clears throughput counters and latency samples (e.g. after a warm-up).
+    pub fn reset_metrics(&mut self) {
+        self.metrics.reset();
+    }
+
+    /// Runs one engine step and returns every request's news.
+    pub fn step(&mut self) -> Result<Vec<RequestOutput>, EngineError> {
+        let mut outputs = std::mem::take(&mut self.pending);
+        self.scheduler.schedule_into(&mut self.plan)?;
+        let now = Instant::now();
+        // Sequences that outgrew the whole pool: finished by the scheduler, "length" to the client.
+        for i in 0..self.plan.capacity_exceeded.len() {
+            let sid = self.plan.capacity_exceeded[i];
+            if let Some(state) = self.requests.get_mut(&sid) {
+                state.finish_all(&FinishReason::Length);
+            }
+            self.finalize(sid, now, &mut outputs);
+        }
+        if self.plan.is_empty() {
+            let gauges = self.gauges();
+            self.metrics.step_done(0, 0, &gauges);
+            return Ok(outputs);
+        }
+        let generated = self.run_step()?;
+        let now = Instant::now();
+        let mut touched: Vec<u64> = self.targets.iter().map(|t| t.request).collect();
+        touched.extend(self.step_result.finished_requests.iter().copied());
+        touched.sort_unstable();
+        touched.dedup();
+        for sid in touched {
+            self.finalize(sid, now, &mut outputs);
+        }
+        let gauges = self.gauges();
+        self.metrics.step_done(self.batch.prefill_tokens, generated, &gauges);
+        Ok(outputs)
+    }
+
+    /// Block moves, forward, sampling and scheduler update of the planned step; returns the
+    /// number of tokens generated.
+    fn run_step(&mut self) -> Result<usize, EngineError> {
+        let plan = &self.plan;
+        if !plan.blocks_to_swap_out.is_empty() {
+            attn_kernels::swap_out(&mut self.cache, &plan.blocks_to_swap_out)?;
+        }
+        if !plan.blocks_to_swap_in.is_empty() {
+            attn_kernels::swap_in(&mut self.cache, &plan.blocks_to_swap_in)?;
+        }
+        if !plan.blocks_to_copy.is_empty() {
+            attn_kernels::copy_blocks(&mut self.cache, &plan.blocks_to_copy)?;
+        }
+        self.batch.build(plan)?;
+        let input = self.batch.input(plan);
+        let logits = self.model.forward(&input, &mut self.cache, &mut self.workspace)?;
+        let vocab = self.model.config.vocab_size;
+
+        // One sampling row per sample: a prompt end of a group of n gives n rows of the same logits.
+        self.targets.clear();
+        self.logits.clear();
+        for (row, s) in plan.seqs.iter().filter(|s| s.num_samples > 0).enumerate() {
+            let src = logits
+                .get(row * vocab..(row + 1) * vocab)
+                .ok_or(EngineError::Internal("missing logits row"))?;
+            for j in 0..s.num_samples {
+                let index = if s.num_samples > 1 { j } else { s.seq_id.index as usize };
+                self.targets.push(RowTarget { request: s.seq_id.request, index, seq_id: s.seq_id });
+                self.logits.extend_from_slice(src);
+            }
+        }
+        let mut taken = Vec::with_capacity(self.targets.len());
+        for t in &self.targets {
+            let state = self
+                .requests
+                .get_mut(&t.request)
+                .ok_or(EngineError::Internal("scheduled unknown request"))?;
+            let seq =
+                state.seqs.get_mut(t.index).ok_or(EngineError::Internal("sample index out of range"))?;
+            let sampler = seq.sampler.take().ok_or(EngineError::Internal("sampler taken twice"))?;
+            taken.push((state.params.clone(), sampler));
+        }
+        let mut rows: Vec<SampleRow<'_>> =
+            taken.iter_mut().map(|(params, state)| SampleRow { params, state }).collect();
+        let sampled = sample_batch(&mut self.logits, vocab, &mut rows);
+        drop(rows);
+        for (t, (_, sampler)) in self.targets.iter().zip(taken) {
+            if let Some(seq) = self.requests.get_mut(&t.request).and_then(|s| s.seqs.get_mut(t.index)) {
+                seq.sampler = Some(sampler);
+            }
+        }
+        let sampled = sampled?;
+
+        let now = Instant::now();
+        let mut updates = Vec::with_capacity(sampled.len());
+        for (t, tok) in self.targets.iter().zip(sampled) {
+            let state =
+                self.requests.get_mut(&t.request).ok_or(EngineError::Internal("sampled unknown request"))?;
+            state.first_token.get_or_insert(now);
+            let params = state.params.clone();
+            let seq =
+                state.seqs.get_mut(t.index).ok_or(EngineError::Internal("sample index out of range"))?;
+            seq.num_generated += 1;
+            seq.new_tokens.push(tok.token);
+            if let Some(lp) = tok.logprobs {
+                seq.cumulative_logprob += f64::from(lp.sampled.logprob);
+                seq.new_logprobs.push(lp);
+            }
+            let check_stop = seq.num_generated >= params.min_tokens;
+            let is_eos = !params.ignore_eos && self.eos_ids.contains(&tok.token);
+            let is_stop_id = params.stop_token_ids.contains(&tok.token);
+            let finish = if check_stop && is_eos {
+                Some(FinishReason::Eos(tok.token))
+            } else if check_stop && is_stop_id {
+                Some(FinishReason::StopToken(tok.token))
+            } else {
+                None
+            };
+            // A stop token's text is left out unless stop strings are to be kept.
+            if (finish.is_none() || params.include_stop_str_in_output)
+                && let Some(m) = seq.detok.push(tok.token, &self.tokenizer, check_stop)?
+                && finish.is_none()
+            {
+                seq.finish = params.stop.get(m.index).cloned().map(FinishReason::StopString);
+            }
+            if finish.is_some() {
+                seq.finish = finish;
+            }
+            updates.push(scheduler::SampledToken {
+                seq_id: t.seq_id,
+                token: tok.token,
+                stop: seq.finish.is_some(),
+            });
+        }
+        self.scheduler.update_into(&updates, &mut self.step_result)?;
+        for fs in &self.step_result.finished_seqs {
+            if let Some(seq) = self
+                .requests
+                .get_mut(&fs.seq_id.request)
+                .and_then(|s| s.seqs.get_mut(fs.seq_id.index as usize))
+                && seq.finish.is_none()
+            {
+                seq.finish = Some(match fs.reason {
+                    scheduler::FinishReason::Aborted => FinishReason::Abort,
+                    _ => FinishReason::Length,
+                });
+            }
+        }
+        Ok(updates.len())
+    }
+
+    /// Emits the request's news; drops its state once every sample has finished.
+    fn finalize(&mut self, sid: u64, now: Instant, outputs: &mut Vec<RequestOutput>) {
+        let Some(state) = self.requests.get_mut(&sid) else { return };
+        outputs.extend(state.take_output(now));
+        if state.all_finished()
+            && let Some(state) = self.requests.remove(&sid)
+        {
+            self.ids.remove(&state.id);
+            let ttft = state.first_token.map(|t| t.duration_since(state.arrival));
+            let longest = state.seqs.iter().map(|s| s.num_generated).max().unwrap_or(0);
+            self.metrics.record_finished(ttft, now.duration_since(state.arrival), longest);
+        }
+    }
+
+    /// Offline batch: submits every prompt with the same parameters (ids `"0"`, `"1"`, …) and
+    /// steps until all finish. One result per prompt, in order; a rejected prompt gives its error.
+    pub fn generate(
+        &mut self,
+        prompts: Vec<Prompt>,
+        params: &SamplingParams,
+    ) -> Result<Vec<Result<FinalOutput, RequestError>>, EngineError> {
+        let mut results: Vec<Result<FinalOutput, RequestError>> = Vec::with_capacity(prompts.len());
+        let mut slots: HashMap<String, usize> = HashMap::new();
+        for (i, prompt) in prompts.into_iter().enumerate() {
+            let id = format!("generate-{}-{i}", self.next_id);
+            match self.add_request(id.clone(), prompt, params.clone()) {
+                Ok(()) => {
+                    slots.insert(id.clone(), i);
+                    results.push(Ok(FinalOutput::new(id, 0)));
+                }
+                Err(e) => results.push(Err(e)),
+            }
+        }
+        while !slots.is_empty() {
+            for out in self.step()? {
+                if let Some(&i) = slots.get(&out.request_id)
+                    && let Some(Ok(fin)) = results.get_mut(i)
+                {
+                    fin.prompt_tokens = out.prompt_tokens;
+                    fin.absorb(&out);
+                    if out.finished {
+                        slots.remove(&out.request_id);
+                    }
+                }
+            }
+        }
+        Ok(results)
+    }
+}

@@ -1,0 +1,161 @@
+//! What a client submits (`Prompt` + `SamplingParams`) and the engine's per-request state:
+//! one `SeqState` per parallel sample with its sampler, detokenizer and unsent deltas.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use model::ChatMessage;
+
+use crate::detok::IncrementalDetokenizer;
+use crate::output::{CompletionDelta, FinishReason, RequestOutput, RequestTiming};
+use crate::sampling::{PositionLogprobs, SamplingParams, SequenceSampler};
+
+/// A prompt: plain text, token ids, or chat messages rendered with the model's template.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Prompt {
+    Text(String),
+    Tokens(Vec<u32>),
+    Chat(Vec<ChatMessage>),
+}
+
+impl From<&str> for Prompt {
+    fn from(s: &str) -> Self {
+        Self::Text(s.to_owned())
+    }
+}
+
+impl From<String> for Prompt {
+    fn from(s: String) -> Self {
+        Self::Text(s)
+    }
+}
+
+impl From<Vec<u32>> for Prompt {
+    fn from(ids: Vec<u32>) -> Self {
+        Self::Tokens(ids)
+    }
+}
+
+impl From<Vec<ChatMessage>> for Prompt {
+    fn from(m: Vec<ChatMessage>) -> Self {
+        Self::Chat(m)
+    }
+}
+
+/// One sample of a request.
+#[derive(Debug)]
+pub(crate) struct SeqState {
+    /// Taken out while a batch is being sampled.
+    pub sampler: Option<SequenceSampler>,
+    pub detok: IncrementalDetokenizer,
+    pub new_tokens: Vec<u32>,
+    pub new_logprobs: Vec<PositionLogprobs>,
+    pub cumulative_logprob: f64,
+    pub num_generated: usize,
+    pub finish: Option<FinishReason>,
+    /// The finish has been reported in an output.
+    pub finish_sent: bool,
+}
+
+impl SeqState {
+    fn has_news(&self) -> bool {
+        !self.new_tokens.is_empty() || (self.finish.is_some() && !self.finish_sent)
+    }
+}
+
+/// An admitted request.
+#[derive(Debug)]
+pub(crate) struct RequestState {
+    pub id: String,
+    pub params: Arc<SamplingParams>,
+    pub prompt_len: usize,
+    pub arrival: Instant,
+    pub first_token: Option<Instant>,
+    pub seqs: Vec<SeqState>,
+}
+
+impl RequestState {
+    pub fn new(
+        id: String,
+        params: Arc<SamplingParams>,
+        prompt: &[u32],
+        samplers: Vec<SequenceSampler>,
+    ) -> Self {
+        let seqs = samplers
+            .into_iter()
+            .map(|s| SeqState {
+                sampler: Some(s),
+                detok: IncrementalDetokenizer::new(
+                    prompt,
+                    params.skip_special_tokens,
+                    params.stop.clone(),
+                    params.include_stop_str_in_output,
+                ),
+                new_tokens: Vec::new(),
+                new_logprobs: Vec::new(),
+                cumulative_logprob: 0.0,
+                num_generated: 0,
+                finish: None,
+                finish_sent: false,
+            })
+            .collect();
+        Self { id, params, prompt_len: prompt.len(), arrival: Instant::now(), first_token: None, seqs }
+    }
+
+    pub fn all_finished(&self) -> bool {
+        self.seqs.iter().all(|s| s.finish.is_some())
+    }
+
+    pub fn completion_tokens(&self) -> usize {
+        self.seqs.iter().map(|s| s.num_generated).sum()
+    }
+
+    /// Marks every unfinished sample finished with `reason`.
+    pub fn finish_all(&mut self, reason: &FinishReason) {
+        for s in &mut self.seqs {
+            if s.finish.is_none() {
+                s.finish = Some(reason.clone());
+            }
+        }
+    }
+
+    pub fn timing(&self, now: Instant) -> RequestTiming {
+        RequestTiming {
+            time_to_first_token: self.first_token.map(|t| t.duration_since(self.arrival)),
+            latency: self.all_finished().then(|| now.duration_since(self.arrival)),
+        }
+    }
+
+    /// Drains the unsent deltas into an output; `None` when there is nothing new.
+    pub fn take_output(&mut self, now: Instant) -> Option<RequestOutput> {
+        if !self.seqs.iter().any(SeqState::has_news) {
+            return None;
+        }
+        let want_logprobs = self.params.logprobs.is_some();
+        let mut outputs = Vec::new();
+        for (index, s) in self.seqs.iter_mut().enumerate() {
+            if !s.has_news() {
+                continue;
+            }
+            let finished = s.finish.is_some();
+            s.finish_sent |= finished;
+            outputs.push(CompletionDelta {
+                index,
+                token_ids: std::mem::take(&mut s.new_tokens),
+                text: s.detok.take_delta(finished),
+                logprobs: want_logprobs.then(|| std::mem::take(&mut s.new_logprobs)),
+                cumulative_logprob: want_logprobs.then_some(s.cumulative_logprob),
+                num_generated: s.num_generated,
+                finish_reason: s.finish.clone(),
+            });
+        }
+        Some(RequestOutput {
+            request_id: self.id.clone(),
+            outputs,
+            finished: self.all_finished(),
+            prompt_tokens: self.prompt_len,
+            completion_tokens: self.completion_tokens(),
+            timing: self.timing(now),
+        })
+    }
+}

@@ -1,0 +1,1 @@
+//! Batch invariance (placeholder replaced below).

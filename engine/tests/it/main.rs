@@ -1,0 +1,6 @@
+//! Engine integration tests over a tiny random Llama: request lifecycle and bad input,
+//! batch invariance, seeded sampling, parallel samples, and the threaded handle.
+
+mod basics;
+mod invariance;
+mod support;

@@ -1,0 +1,206 @@
+//! Test fixtures: a tiny random Llama written as an ordinary HF folder (config, safetensors,
+//! byte-level BPE tokenizer with ChatML specials, chat template), so engine tests run fast.
+
+use std::path::Path;
+
+use engine::{Engine, EngineConfig};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use safetensors::tensor::{Dtype, TensorView};
+
+pub const HIDDEN: usize = 128;
+pub const HEADS: usize = 2;
+pub const KV_HEADS: usize = 1;
+pub const HEAD_DIM: usize = 64;
+pub const INTER: usize = 256;
+pub const LAYERS: usize = 2;
+pub const VOCAB: usize = 272;
+pub const MAX_POS: usize = 1024;
+/// Special tokens after the 256 bytes and 4 merges.
+pub const ENDOFTEXT: u32 = 260;
+pub const IM_START: u32 = 261;
+pub const IM_END: u32 = 262;
+
+/// Writes the tiny model into `dir`.
+pub fn write_tiny_llama(dir: &Path, seed: u64) {
+    let config = serde_json::json!({
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": HIDDEN,
+        "intermediate_size": INTER,
+        "num_hidden_layers": LAYERS,
+        "num_attention_heads": HEADS,
+        "num_key_value_heads": KV_HEADS,
+        "head_dim": HEAD_DIM,
+        "vocab_size": VOCAB,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "hidden_act": "silu",
+        "tie_word_embeddings": true,
+        "max_position_embeddings": MAX_POS,
+        "bos_token_id": ENDOFTEXT,
+        "eos_token_id": IM_END,
+    });
+    write(dir, "config.json", &config.to_string());
+    write(
+        dir,
+        "generation_config.json",
+        &serde_json::json!({"eos_token_id": [IM_END, ENDOFTEXT]}).to_string(),
+    );
+    write(
+        dir,
+        "tokenizer_config.json",
+        &serde_json::json!({
+            "bos_token": "<|endoftext|>",
+            "eos_token": "<|im_end|>",
+            "chat_template": "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+        })
+        .to_string(),
+    );
+    write(dir, "tokenizer.json", &tokenizer_json());
+    write_weights(dir, seed);
+}
+
+fn write(dir: &Path, name: &str, text: &str) {
+    if let Err(e) = std::fs::write(dir.join(name), text) {
+        panic!("writing {name}: {e}");
+    }
+}
+
+/// Uniform weights with standard deviation `1/sqrt(fan_in)`; embeddings with std 1 so the
+/// logits are well spread (greedy choices are far from ties).
+fn write_weights(dir: &Path, seed: u64) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    let mut add = |name: String, shape: Vec<usize>, fan_in: Option<usize>| {
+        let n: usize = shape.iter().product();
+        let a = fan_in.map_or(0.0, |f| (3.0 / f as f32).sqrt());
+        let values: Vec<f32> = (0..n)
+            .map(|_| match fan_in {
+                Some(_) => rng.random_range(-a..a),
+                None => 1.0,
+            })
+            .collect();
+        tensors.push((name, shape, bytemuck_bytes(&values)));
+    };
+    add("model.embed_tokens.weight".into(), vec![VOCAB, HIDDEN], Some(3));
+    for l in 0..LAYERS {
+        let p = format!("model.layers.{l}");
+        add(format!("{p}.input_layernorm.weight"), vec![HIDDEN], None);
+        add(format!("{p}.post_attention_layernorm.weight"), vec![HIDDEN], None);
+        add(format!("{p}.self_attn.q_proj.weight"), vec![HEADS * HEAD_DIM, HIDDEN], Some(HIDDEN));
+        add(format!("{p}.self_attn.k_proj.weight"), vec![KV_HEADS * HEAD_DIM, HIDDEN], Some(HIDDEN));
+        add(format!("{p}.self_attn.v_proj.weight"), vec![KV_HEADS * HEAD_DIM, HIDDEN], Some(HIDDEN));
+        add(format!("{p}.self_attn.o_proj.weight"), vec![HIDDEN, HEADS * HEAD_DIM], Some(HEADS * HEAD_DIM));
+        add(format!("{p}.mlp.gate_proj.weight"), vec![INTER, HIDDEN], Some(HIDDEN));
+        add(format!("{p}.mlp.up_proj.weight"), vec![INTER, HIDDEN], Some(HIDDEN));
+        add(format!("{p}.mlp.down_proj.weight"), vec![HIDDEN, INTER], Some(INTER));
+    }
+    add("model.norm.weight".into(), vec![HIDDEN], None);
+    let views: Vec<(String, TensorView<'_>)> = tensors
+        .iter()
+        .filter_map(|(name, shape, bytes)| {
+            TensorView::new(Dtype::F32, shape.clone(), bytes).ok().map(|v| (name.clone(), v))
+        })
+        .collect();
+    if let Err(e) = safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")) {
+        panic!("writing safetensors: {e}");
+    }
+}
+
+fn bytemuck_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// GPT-2 byte-level BPE over the 256 bytes, a few merges, and ChatML special tokens.
+fn tokenizer_json() -> String {
+    let mut vocab = serde_json::Map::new();
+    for (i, c) in byte_alphabet().iter().enumerate() {
+        vocab.insert(c.to_string(), serde_json::json!(i));
+    }
+    let merges = [("h", "e"), ("l", "l"), ("he", "ll"), ("Ġ", "w")];
+    for (i, (a, b)) in merges.iter().enumerate() {
+        vocab.insert(format!("{a}{b}"), serde_json::json!(256 + i));
+    }
+    let specials = [(ENDOFTEXT, "<|endoftext|>"), (IM_START, "<|im_start|>"), (IM_END, "<|im_end|>")];
+    for (id, s) in specials {
+        vocab.insert(s.into(), serde_json::json!(id));
+    }
+    let added: Vec<serde_json::Value> = specials
+        .iter()
+        .map(|(id, s)| {
+            serde_json::json!({"id": id, "content": s, "single_word": false, "lstrip": false,
+                               "rstrip": false, "normalized": false, "special": true})
+        })
+        .collect();
+    serde_json::json!({
+        "version": "1.0",
+        "added_tokens": added,
+        "normalizer": null,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+        "post_processor": null,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+                  "vocab": vocab, "merges": merges.iter().map(|(a, b)| format!("{a} {b}")).collect::<Vec<_>>()}
+    })
+    .to_string()
+}
+
+/// GPT-2's printable stand-ins for the 256 byte values, in byte order.
+fn byte_alphabet() -> Vec<char> {
+    let mut printable: Vec<u32> = ('!' as u32..='~' as u32).chain(0xA1..=0xAC).chain(0xAE..=0xFF).collect();
+    let mut chars = printable.clone();
+    let mut n = 0;
+    for b in 0..256u32 {
+        if !printable.contains(&b) {
+            printable.push(b);
+            chars.push(256 + n);
+            n += 1;
+        }
+    }
+    let mut pairs: Vec<(u32, u32)> = printable.into_iter().zip(chars).collect();
+    pairs.sort_unstable();
+    pairs.into_iter().filter_map(|(_, c)| char::from_u32(c)).collect()
+}
+
+/// A tiny model folder plus an engine over it.
+pub struct Fixture {
+    pub dir: tempfile::TempDir,
+}
+
+impl Fixture {
+    pub fn new() -> Self {
+        let dir = match tempfile::tempdir() {
+            Ok(d) => d,
+            Err(e) => panic!("tempdir: {e}"),
+        };
+        write_tiny_llama(dir.path(), 42);
+        Self { dir }
+    }
+
+    pub fn engine(&self, config: EngineConfig) -> Engine {
+        match Engine::new(self.dir.path(), config) {
+            Ok(e) => e,
+            Err(e) => panic!("engine: {e}"),
+        }
+    }
+}
+
+/// A small-engine config: 16-token blocks, explicit block count, no logging.
+pub fn small_config(num_blocks: usize) -> EngineConfig {
+    EngineConfig {
+        kv_cache: engine::KvCacheSize::Blocks(num_blocks),
+        max_model_len: Some(512),
+        max_num_batched_tokens: 512,
+        swap_space_bytes: 64 << 20,
+        log_interval: std::time::Duration::ZERO,
+        ..EngineConfig::default()
+    }
+}
+
+/// Deterministic pseudo-random prompt of `len` byte tokens.
+pub fn prompt_tokens(seed: u64, len: usize) -> Vec<u32> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    (0..len).map(|_| rng.random_range(32..127)).collect()
+}
