@@ -22,24 +22,30 @@ pub(crate) const ROOT_HASH: BlockHash = 0;
 #[derive(Debug, Clone)]
 pub(crate) struct ChainHasher {
     seed: u64,
-    scratch: Vec<u8>,
+    /// The hash input, built in whole 64-bit words: byte-wise copies into a byte buffer made
+    /// the hash's 8-byte loads miss store-to-load forwarding (it cost ~4x).
+    words: Vec<u64>,
 }
 
 impl ChainHasher {
     pub(crate) fn new(block_size: usize) -> Self {
         let seed = std::hash::RandomState::new().hash_one(0x6b76_5f62_6c6f_636b_u64);
-        Self { seed, scratch: Vec::with_capacity(24 + 4 * block_size) }
+        Self { seed, words: Vec::with_capacity(3 + block_size.div_ceil(2)) }
     }
 
-    /// Hash of a full block whose predecessor hashed to `parent`.
+    /// Hash of a full block whose predecessor hashed to `parent`:
+    /// XXH3-128 of `parent ‖ salt ‖ tokens` (little-endian), seeded per pool.
     #[inline]
     pub(crate) fn chain(&mut self, parent: BlockHash, salt: u64, tokens: &[TokenId]) -> BlockHash {
-        let buf = &mut self.scratch;
-        buf.clear();
-        buf.extend_from_slice(&parent.to_le_bytes());
-        buf.extend_from_slice(&salt.to_le_bytes());
-        buf.extend_from_slice(bytemuck::cast_slice(tokens));
-        xxhash_rust::xxh3::xxh3_128_with_seed(buf, self.seed)
+        let words = &mut self.words;
+        words.clear();
+        words.extend([parent as u64, (parent >> 64) as u64, salt]);
+        words.extend(tokens.chunks(2).map(|pair| {
+            let hi = pair.get(1).map_or(0, |&t| u64::from(t));
+            u64::from(pair[0]) | (hi << 32)
+        }));
+        let bytes: &[u8] = bytemuck::cast_slice(words);
+        xxhash_rust::xxh3::xxh3_128_with_seed(&bytes[..24 + 4 * tokens.len()], self.seed)
     }
 }
 
@@ -54,8 +60,8 @@ impl Hasher for PassThroughHasher {
     }
 
     #[inline]
-    fn write_u128(&mut self, v: u128) {
-        self.0 ^= (v as u64) ^ ((v >> 64) as u64);
+    fn write_u64(&mut self, v: u64) {
+        self.0 ^= v;
     }
 
     #[inline]
@@ -69,8 +75,18 @@ impl Hasher for PassThroughHasher {
     }
 }
 
-/// Hash → cached block map with the pass-through hasher.
-pub(crate) type HashIndex<V> = HashMap<BlockHash, V, BuildHasherDefault<PassThroughHasher>>;
+/// Key of the hash index: the low 64 bits of a [`BlockHash`]. Halving the key keeps index
+/// entries at 16 bytes (fewer cache misses per probe); a hit still compares the full 128-bit
+/// hash, salt and tokens stored with the block.
+pub(crate) type IndexKey = u64;
+
+#[inline]
+pub(crate) fn index_key(h: BlockHash) -> IndexKey {
+    h as u64
+}
+
+/// Index key → cached block map with the pass-through hasher.
+pub(crate) type HashIndex<V> = HashMap<IndexKey, V, BuildHasherDefault<PassThroughHasher>>;
 
 #[cfg(test)]
 mod tests {
@@ -91,9 +107,10 @@ mod tests {
     }
 
     #[test]
-    fn pass_through_folds_both_halves() {
+    fn pass_through_keeps_the_key() {
         let mut a = PassThroughHasher::default();
-        a.write_u128(0x1_0000_0000_0000_0002);
-        assert_eq!(a.finish(), 3);
+        a.write_u64(0x1234);
+        assert_eq!(a.finish(), 0x1234);
+        assert_eq!(index_key(0x5_0000_0000_0000_0007), 7);
     }
 }

@@ -5,7 +5,7 @@
 //! the query's, so a hash collision can cost a hit but never return a block whose tokens
 //! differ from the query.
 
-use crate::hash::{BlockHash, HashIndex, ROOT_HASH};
+use crate::hash::{BlockHash, HashIndex, ROOT_HASH, index_key};
 use crate::{AllocError, BlockId, BlockPool, BlockTable, TokenId};
 
 /// Hit/query counters of the prefix cache since the pool was created.
@@ -34,7 +34,7 @@ impl PrefixStats {
 #[derive(Debug)]
 pub(crate) struct PrefixCache {
     block_size: usize,
-    /// hash → the one block registered under it.
+    /// Index key of a hash → the one block registered under it.
     index: HashIndex<BlockId>,
     /// Whether each block is registered in `index` (under `hashes[b]`).
     cached: Vec<bool>,
@@ -67,11 +67,17 @@ impl PrefixCache {
         &self.tokens[start..start + self.block_size]
     }
 
-    /// The cached block holding exactly `tokens` under `salt` with hash `hash`, if any.
+    /// The block registered under `hash`'s index key, if any (not yet verified).
     #[inline]
-    fn find(&self, hash: BlockHash, salt: u64, tokens: &[TokenId]) -> Option<BlockId> {
-        let &b = self.index.get(&hash)?;
-        (self.salts[b as usize] == salt && self.tokens_of(b) == tokens).then_some(b)
+    fn candidate(&self, hash: BlockHash) -> Option<BlockId> {
+        self.index.get(&index_key(hash)).copied()
+    }
+
+    /// Whether cached block `b` holds exactly `tokens` under `salt`, with chain hash `hash`.
+    #[inline]
+    fn holds(&self, b: BlockId, hash: BlockHash, salt: u64, tokens: &[TokenId]) -> bool {
+        let i = b as usize;
+        self.cached[i] && self.hashes[i] == hash && self.salts[i] == salt && self.tokens_of(b) == tokens
     }
 
     /// Registers `b` under `hash` unless `b` is already registered or another block holds the
@@ -81,7 +87,7 @@ impl PrefixCache {
         if self.cached[i] {
             return;
         }
-        if let std::collections::hash_map::Entry::Vacant(slot) = self.index.entry(hash) {
+        if let std::collections::hash_map::Entry::Vacant(slot) = self.index.entry(index_key(hash)) {
             slot.insert(b);
             self.cached[i] = true;
             self.hashes[i] = hash;
@@ -97,7 +103,7 @@ impl PrefixCache {
         let i = b as usize;
         if self.cached[i] {
             self.cached[i] = false;
-            self.index.remove(&self.hashes[i]);
+            self.index.remove(&index_key(self.hashes[i]));
         }
     }
 
@@ -109,9 +115,9 @@ impl PrefixCache {
     #[cfg(test)]
     pub(crate) fn assert_consistent(&self) {
         assert_eq!(self.index.len(), self.cached.iter().filter(|&&c| c).count());
-        for (&h, &b) in &self.index {
+        for (&k, &b) in &self.index {
             assert!(self.cached[b as usize]);
-            assert_eq!(self.hashes[b as usize], h);
+            assert_eq!(index_key(self.hashes[b as usize]), k);
         }
     }
 }
@@ -169,23 +175,36 @@ impl BlockPool {
             return Ok(0);
         };
         let bs = self.block_size;
+        // Three passes, so the CPU can overlap the cache misses of independent probes:
+        // 1. hash every full block (the chain is serial but pure computation; the hashes are
+        //    kept for `cache_full_blocks`);
+        // 2. probe the index for each, collecting candidates up to the first miss;
+        // 3. verify each candidate (full hash, salt, tokens) and take its reference, stopping
+        //    at the first that fails.
         table.hashes.clear();
         let mut parent = ROOT_HASH;
         for chunk in tokens.chunks_exact(bs) {
-            let hash = self.hasher.chain(parent, salt, chunk);
-            let Some(b) = cache.find(hash, salt, chunk) else { break };
+            parent = self.hasher.chain(parent, salt, chunk);
+            table.hashes.push(parent);
+        }
+        for &hash in &table.hashes {
+            let Some(b) = cache.candidate(hash) else { break };
+            table.blocks.push(b);
+        }
+        let mut hits = 0;
+        for ((&b, &hash), chunk) in table.blocks.iter().zip(&table.hashes).zip(tokens.chunks_exact(bs)) {
             let rc = &mut self.ref_counts[b as usize];
-            if *rc == u32::MAX {
-                break; // cannot take another reference: treat as a miss
+            // A block that cannot take another reference counts as a miss.
+            if !cache.holds(b, hash, salt, chunk) || *rc == u32::MAX {
+                break;
             }
             if *rc == 0 {
                 self.free.remove(b);
             }
             *rc += 1;
-            table.blocks.push(b);
-            table.hashes.push(hash);
-            parent = hash;
+            hits += 1;
         }
+        table.blocks.truncate(hits);
         let hit_blocks = table.blocks.len();
         table.num_tokens = hit_blocks * bs;
         table.num_registered = hit_blocks;
@@ -266,20 +285,26 @@ mod tests {
         t.append_tokens(&mut p, 2).unwrap();
         p.cache_full_blocks(&mut t, &[1, 2], 0).unwrap();
         let b = t.blocks()[0];
-        // Forge collisions: other tokens, and other salt, hashing to an entry for block `b`.
-        let forged_tokens = p.hasher.chain(ROOT_HASH, 0, &[3, 4]);
-        let forged_salt = p.hasher.chain(ROOT_HASH, 1, &[1, 2]);
-        let cache = p.cache.as_mut().unwrap();
-        cache.index.insert(forged_tokens, b);
-        cache.index.insert(forged_salt, b);
+        // Forge full 128-bit collisions: re-key block `b` under the hash of other tokens, then
+        // under the hash of the same tokens with another salt. Neither may hit.
+        let genuine = t.block_hashes()[0];
         let mut q = p.new_table();
-        assert_eq!(p.lookup_prefix(&[3, 4], 0, &mut q), Ok(0));
-        assert_eq!(p.lookup_prefix(&[1, 2], 1, &mut q), Ok(0));
+        for (forged, query, salt) in [
+            (p.hasher.chain(ROOT_HASH, 0, &[3, 4]), [3, 4], 0),
+            (p.hasher.chain(ROOT_HASH, 1, &[1, 2]), [1, 2], 1),
+        ] {
+            let cache = p.cache.as_mut().unwrap();
+            cache.index.remove(&index_key(genuine));
+            cache.index.insert(index_key(forged), b);
+            cache.hashes[b as usize] = forged;
+            assert_eq!(p.lookup_prefix(&query, salt, &mut q), Ok(0));
+            let cache = p.cache.as_mut().unwrap();
+            cache.index.remove(&index_key(forged));
+            cache.index.insert(index_key(genuine), b);
+            cache.hashes[b as usize] = genuine;
+        }
         assert_eq!(p.lookup_prefix(&[1, 2], 0, &mut q), Ok(2), "the genuine entry still hits");
         assert_eq!(p.ref_count(b), Ok(2));
-        let cache = p.cache.as_mut().unwrap();
-        cache.index.remove(&forged_tokens);
-        cache.index.remove(&forged_salt);
         q.free(&mut p).unwrap();
         t.free(&mut p).unwrap();
         p.assert_consistent();

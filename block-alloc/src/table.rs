@@ -30,7 +30,8 @@ pub struct BlockTable {
     pub(crate) pool_id: PoolId,
     pub(crate) blocks: Vec<BlockId>,
     pub(crate) num_tokens: usize,
-    /// Chained hashes of the leading full blocks computed so far (`len() >= num_registered`).
+    /// Chained hashes of the leading full blocks of the sequence's tokens computed so far
+    /// (`len() >= num_registered`; may run ahead of `num_tokens` after a lookup).
     pub(crate) hashes: Vec<BlockHash>,
     /// Leading full blocks already offered to the current pool's prefix cache.
     pub(crate) num_registered: usize,
@@ -85,8 +86,9 @@ impl BlockTable {
         self.num_tokens / self.block_size
     }
 
-    /// Chained hashes of the leading full blocks computed so far (by a prefix lookup or
-    /// [`BlockPool::cache_full_blocks`]).
+    /// Chained hashes of the leading full blocks computed so far: by a prefix lookup (all full
+    /// blocks of its query, hit or not) or by [`BlockPool::cache_full_blocks`]. May be longer
+    /// than the table's full blocks.
     pub fn block_hashes(&self) -> &[BlockHash] {
         &self.hashes
     }
