@@ -60,7 +60,7 @@ type BadCase = (&'static str, Prompt, SamplingParams, fn(&RequestError) -> bool)
 fn bad_input_is_rejected_per_request_and_the_engine_keeps_serving() {
     let fx = Fixture::new();
     let mut engine = fx.engine(small_config(64));
-    let ok = SamplingParams::greedy(8);
+    let ok = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(8) };
     engine.add_request("good", prompt_tokens(1, 10), ok.clone()).unwrap_or_else(|e| panic!("{e}"));
     let cases: Vec<BadCase> = vec![
         ("empty-text", Prompt::Text(String::new()), ok.clone(), |e| {

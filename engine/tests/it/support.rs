@@ -36,7 +36,7 @@ pub fn write_tiny_llama(dir: &Path, seed: u64) {
         "rms_norm_eps": 1e-5,
         "rope_theta": 10000.0,
         "hidden_act": "silu",
-        "tie_word_embeddings": true,
+        "tie_word_embeddings": false,
         "max_position_embeddings": MAX_POS,
         "bos_token_id": ENDOFTEXT,
         "eos_token_id": IM_END,
@@ -67,14 +67,15 @@ fn write(dir: &Path, name: &str, text: &str) {
     }
 }
 
-/// Uniform weights with standard deviation `1/sqrt(fan_in)`; embeddings with std 1 so the
-/// logits are well spread (greedy choices are far from ties).
+/// Uniform weights with standard deviation `gain/sqrt(fan_in)`: embeddings of std 1, layers
+/// that keep the residual stream's scale, and an untied LM head giving logits of std ~3, so
+/// greedy choices depend on the context and are far from ties, and temperature 1 is random.
 fn write_weights(dir: &Path, seed: u64) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
-    let mut add = |name: String, shape: Vec<usize>, fan_in: Option<usize>| {
+    let mut add = |name: String, shape: Vec<usize>, fan_in: Option<(usize, f32)>| {
         let n: usize = shape.iter().product();
-        let a = fan_in.map_or(0.0, |f| (3.0 / f as f32).sqrt());
+        let a = fan_in.map_or(0.0, |(f, gain)| gain * (3.0 / f as f32).sqrt());
         let values: Vec<f32> = (0..n)
             .map(|_| match fan_in {
                 Some(_) => rng.random_range(-a..a),
@@ -83,18 +84,23 @@ fn write_weights(dir: &Path, seed: u64) {
             .collect();
         tensors.push((name, shape, bytemuck_bytes(&values)));
     };
-    add("model.embed_tokens.weight".into(), vec![VOCAB, HIDDEN], Some(3));
+    add("model.embed_tokens.weight".into(), vec![VOCAB, HIDDEN], Some((1, 1.0)));
+    add("lm_head.weight".into(), vec![VOCAB, HIDDEN], Some((HIDDEN, 3.0)));
     for l in 0..LAYERS {
         let p = format!("model.layers.{l}");
         add(format!("{p}.input_layernorm.weight"), vec![HIDDEN], None);
         add(format!("{p}.post_attention_layernorm.weight"), vec![HIDDEN], None);
-        add(format!("{p}.self_attn.q_proj.weight"), vec![HEADS * HEAD_DIM, HIDDEN], Some(HIDDEN));
-        add(format!("{p}.self_attn.k_proj.weight"), vec![KV_HEADS * HEAD_DIM, HIDDEN], Some(HIDDEN));
-        add(format!("{p}.self_attn.v_proj.weight"), vec![KV_HEADS * HEAD_DIM, HIDDEN], Some(HIDDEN));
-        add(format!("{p}.self_attn.o_proj.weight"), vec![HIDDEN, HEADS * HEAD_DIM], Some(HEADS * HEAD_DIM));
-        add(format!("{p}.mlp.gate_proj.weight"), vec![INTER, HIDDEN], Some(HIDDEN));
-        add(format!("{p}.mlp.up_proj.weight"), vec![INTER, HIDDEN], Some(HIDDEN));
-        add(format!("{p}.mlp.down_proj.weight"), vec![HIDDEN, INTER], Some(INTER));
+        add(format!("{p}.self_attn.q_proj.weight"), vec![HEADS * HEAD_DIM, HIDDEN], Some((HIDDEN, 1.0)));
+        add(format!("{p}.self_attn.k_proj.weight"), vec![KV_HEADS * HEAD_DIM, HIDDEN], Some((HIDDEN, 1.0)));
+        add(format!("{p}.self_attn.v_proj.weight"), vec![KV_HEADS * HEAD_DIM, HIDDEN], Some((HIDDEN, 1.0)));
+        add(
+            format!("{p}.self_attn.o_proj.weight"),
+            vec![HIDDEN, HEADS * HEAD_DIM],
+            Some((HEADS * HEAD_DIM, 1.0)),
+        );
+        add(format!("{p}.mlp.gate_proj.weight"), vec![INTER, HIDDEN], Some((HIDDEN, 1.0)));
+        add(format!("{p}.mlp.up_proj.weight"), vec![INTER, HIDDEN], Some((HIDDEN, 1.0)));
+        add(format!("{p}.mlp.down_proj.weight"), vec![HIDDEN, INTER], Some((INTER, 1.0)));
     }
     add("model.norm.weight".into(), vec![HIDDEN], None);
     let views: Vec<(String, TensorView<'_>)> = tensors
