@@ -110,6 +110,25 @@ impl IncrementalDetokenizer {
         Ok(if check_stop { self.find_stop(new_len) } else { None })
     }
 
+    /// At the end of a sequence: adds the text of tokens still held back because they end
+    /// inside a UTF-8 character (rendered as U+FFFD, as a full decode would show them).
+    pub fn flush(&mut self, decoder: &impl TokenDecoder) -> Result<(), DetokenizeError> {
+        if self.read_offset >= self.tokens.len() {
+            return Ok(());
+        }
+        let prefix = decoder
+            .decode_ids(&self.tokens[self.prefix_offset..self.read_offset], self.skip_special_tokens)?;
+        let full = decoder.decode_ids(&self.tokens[self.prefix_offset..], self.skip_special_tokens)?;
+        let delta = match full.strip_prefix(prefix.as_str()) {
+            Some(d) => d,
+            None => full.char_indices().nth(prefix.chars().count()).map_or("", |(i, _)| &full[i..]),
+        };
+        self.text.push_str(delta);
+        self.prefix_offset = self.read_offset;
+        self.read_offset = self.tokens.len();
+        Ok(())
+    }
+
     /// Looks for a stop string that ends inside the newest `new_len` bytes.
     fn find_stop(&mut self, new_len: usize) -> Option<StopMatch> {
         let text_len = self.text.len();
@@ -250,6 +269,33 @@ pub(crate) mod tests {
         assert!(deltas.iter().all(|d| !d.contains(char::REPLACEMENT_CHARACTER)));
         // The emoji arrives whole in a single delta.
         assert!(deltas.iter().any(|d| d.contains('😀')));
+    }
+
+    #[test]
+    fn flush_renders_a_dangling_partial_character() {
+        let tok = byte_tokenizer();
+        let ids = encode(&tok, "ok 😀");
+        let mut d = IncrementalDetokenizer::new(&[], true, vec![], false);
+        // Stop two bytes into the emoji.
+        for &id in &ids[..ids.len() - 2] {
+            let _ = d.push(id, &tok, true);
+        }
+        assert_eq!(d.take_delta(false), "ok ");
+        assert!(d.flush(&tok).is_ok());
+        let rest = d.take_delta(true);
+        assert_eq!(format!("ok {rest}"), tok.decode_ids(&ids[..ids.len() - 2], true).unwrap_or_default());
+        assert!(rest.contains(char::REPLACEMENT_CHARACTER));
+    }
+
+    #[test]
+    fn stop_strings_are_not_checked_before_min_tokens() {
+        let tok = byte_tokenizer();
+        let mut d = IncrementalDetokenizer::new(&[], true, vec!["b".into()], false);
+        for id in encode(&tok, "abab") {
+            assert_eq!(d.push(id, &tok, false).unwrap_or(None), None);
+        }
+        assert_eq!(d.push(encode(&tok, "b")[0], &tok, true).unwrap_or(None), Some(StopMatch { index: 0 }));
+        assert_eq!(d.text(), "abab");
     }
 
     #[test]

@@ -267,10 +267,15 @@ impl Engine {
         }
         if let Some(mut state) = self.requests.remove(&sid) {
             state.finish_all(&FinishReason::Abort);
-            self.pending.extend(state.take_output(Instant::now()));
+            self.pending.extend(state.take_output(Instant::now(), &self.tokenizer));
         }
         self.metrics.record_aborted();
         Ok(())
+    }
+
+    /// Ids of the requests not yet finished or aborted.
+    pub fn unfinished_ids(&self) -> Vec<String> {
+        self.ids.keys().cloned().collect()
     }
 
     /// Requests not yet finished or aborted.
@@ -452,7 +457,7 @@ impl Engine {
     /// Emits the request's news; drops its state once every sample has finished.
     fn finalize(&mut self, sid: u64, now: Instant, outputs: &mut Vec<RequestOutput>) {
         let Some(state) = self.requests.get_mut(&sid) else { return };
-        outputs.extend(state.take_output(now));
+        outputs.extend(state.take_output(now, &self.tokenizer));
         if state.all_finished()
             && let Some(state) = self.requests.remove(&sid)
         {

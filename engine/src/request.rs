@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use model::ChatMessage;
 
-use crate::detok::IncrementalDetokenizer;
+use crate::detok::{IncrementalDetokenizer, TokenDecoder};
 use crate::output::{CompletionDelta, FinishReason, RequestOutput, RequestTiming};
 use crate::sampling::{PositionLogprobs, SamplingParams, SequenceSampler};
 
@@ -126,8 +126,9 @@ impl RequestState {
         }
     }
 
-    /// Drains the unsent deltas into an output; `None` when there is nothing new.
-    pub fn take_output(&mut self, now: Instant) -> Option<RequestOutput> {
+    /// Drains the unsent deltas into an output; `None` when there is nothing new. A sample
+    /// that finished other than by a stop string flushes its held-back partial character.
+    pub fn take_output(&mut self, now: Instant, decoder: &impl TokenDecoder) -> Option<RequestOutput> {
         if !self.seqs.iter().any(SeqState::has_news) {
             return None;
         }
@@ -138,6 +139,10 @@ impl RequestState {
                 continue;
             }
             let finished = s.finish.is_some();
+            if finished && !matches!(s.finish, Some(FinishReason::StopString(_))) {
+                // Best effort: a decoder error leaves the partial character out.
+                let _ = s.detok.flush(decoder);
+            }
             s.finish_sent |= finished;
             outputs.push(CompletionDelta {
                 index,

@@ -2,5 +2,6 @@
 //! batch invariance, seeded sampling, parallel samples, and the threaded handle.
 
 mod basics;
+mod handle;
 mod invariance;
 mod support;

@@ -1,0 +1,344 @@
+//! `EngineHandle`: the engine on its own thread, driven by a crossbeam command channel.
+//! Cheap to clone, `Send + Sync`; each request gets a `RequestStream` of outputs. Dropping
+//! a stream before it finished aborts its request; `shutdown` drains or aborts cleanly.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use parking_lot::Mutex;
+
+use crate::engine::Engine;
+use crate::error::{EngineError, RequestError};
+use crate::metrics::MetricsSnapshot;
+use crate::output::{FinalOutput, RequestOutput};
+use crate::request::Prompt;
+use crate::sampling::SamplingParams;
+
+/// What happens to unfinished requests at shutdown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShutdownMode {
+    /// Refuse new requests, finish the admitted ones, then stop.
+    Drain,
+    /// Abort every unfinished request (their streams get a final `Abort` output), then stop.
+    Abort,
+}
+
+/// Why a stream ended without its final output.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StreamError {
+    #[error("engine step failed: {0}")]
+    EngineFailed(String),
+    #[error("the engine stopped before the request finished")]
+    EngineStopped,
+}
+
+type StreamItem = Result<RequestOutput, StreamError>;
+
+enum Command {
+    Add {
+        id: String,
+        prompt: Prompt,
+        params: SamplingParams,
+        stream: Sender<StreamItem>,
+        reply: Sender<Result<(), RequestError>>,
+    },
+    Abort {
+        id: String,
+        reply: Option<Sender<Result<(), RequestError>>>,
+    },
+    Metrics(Sender<MetricsSnapshot>),
+    Idle(Sender<bool>),
+    Shutdown(ShutdownMode),
+}
+
+impl std::fmt::Debug for Command {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Add { id, .. } => write!(f, "Add({id})"),
+            Self::Abort { id, .. } => write!(f, "Abort({id})"),
+            Self::Metrics(_) => f.write_str("Metrics"),
+            Self::Idle(_) => f.write_str("Idle"),
+            Self::Shutdown(m) => write!(f, "Shutdown({m:?})"),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Inner {
+    tx: Sender<Command>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    next_id: AtomicU64,
+}
+
+impl Inner {
+    fn stop(&self, mode: ShutdownMode) {
+        let _ = self.tx.send(Command::Shutdown(mode));
+        if let Some(thread) = self.thread.lock().take()
+            && thread.join().is_err()
+        {
+            tracing::error!(target: "engine", "engine thread panicked");
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.stop(ShutdownMode::Abort);
+    }
+}
+
+/// A running engine shared across threads.
+#[derive(Debug, Clone)]
+pub struct EngineHandle {
+    inner: Arc<Inner>,
+}
+
+impl EngineHandle {
+    /// Moves `engine` onto its own thread.
+    pub fn spawn(engine: Engine) -> Result<Self, EngineError> {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let thread = std::thread::Builder::new()
+            .name("engine".into())
+            .spawn(move || EngineLoop::new(engine).run(&rx))
+            .map_err(|e| EngineError::Config(format!("cannot start the engine thread: {e}")))?;
+        Ok(Self {
+            inner: Arc::new(Inner { tx, thread: Mutex::new(Some(thread)), next_id: AtomicU64::new(0) }),
+        })
+    }
+
+    /// Submits a request under a generated id.
+    pub fn add_request(
+        &self,
+        prompt: impl Into<Prompt>,
+        params: SamplingParams,
+    ) -> Result<RequestStream, RequestError> {
+        let id = format!("req-{}", self.inner.next_id.fetch_add(1, Ordering::Relaxed));
+        self.add_request_with_id(id, prompt, params)
+    }
+
+    /// Submits a request; admission errors come back here, outputs through the stream.
+    pub fn add_request_with_id(
+        &self,
+        id: impl Into<String>,
+        prompt: impl Into<Prompt>,
+        params: SamplingParams,
+    ) -> Result<RequestStream, RequestError> {
+        let id = id.into();
+        let (stream_tx, stream_rx) = crossbeam_channel::unbounded();
+        let (reply_tx, reply_rx) = crossbeam_channel::bounded(1);
+        let cmd = Command::Add {
+            id: id.clone(),
+            prompt: prompt.into(),
+            params,
+            stream: stream_tx,
+            reply: reply_tx,
+        };
+        self.inner.tx.send(cmd).map_err(|_| RequestError::EngineStopped)?;
+        reply_rx.recv().map_err(|_| RequestError::EngineStopped)??;
+        Ok(RequestStream { id, rx: stream_rx, tx: self.inner.tx.clone(), done: false })
+    }
+
+    /// Aborts a request (its stream gets a final `Abort` output); unknown ids are reported.
+    pub fn abort(&self, id: &str) -> Result<(), RequestError> {
+        let (reply_tx, reply_rx) = crossbeam_channel::bounded(1);
+        self.inner
+            .tx
+            .send(Command::Abort { id: id.to_owned(), reply: Some(reply_tx) })
+            .map_err(|_| RequestError::EngineStopped)?;
+        reply_rx.recv().map_err(|_| RequestError::EngineStopped)?
+    }
+
+    pub fn metrics(&self) -> Result<MetricsSnapshot, EngineError> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.inner.tx.send(Command::Metrics(tx)).map_err(|_| EngineError::Stopped)?;
+        rx.recv().map_err(|_| EngineError::Stopped)
+    }
+
+    /// Whether the engine holds no KV block at all (nothing running, nothing leaked).
+    pub fn kv_is_idle(&self) -> Result<bool, EngineError> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.inner.tx.send(Command::Idle(tx)).map_err(|_| EngineError::Stopped)?;
+        rx.recv().map_err(|_| EngineError::Stopped)
+    }
+
+    /// Stops the engine thread (and waits for it). Later calls on any clone fail with
+    /// `EngineStopped`.
+    pub fn shutdown(&self, mode: ShutdownMode) {
+        self.inner.stop(mode);
+    }
+}
+
+/// The outputs of one request, in order; ends after the output marked `finished`.
+#[derive(Debug)]
+pub struct RequestStream {
+    id: String,
+    rx: Receiver<StreamItem>,
+    tx: Sender<Command>,
+    done: bool,
+}
+
+impl RequestStream {
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Blocks for the next output; `None` once the final one was returned.
+    pub fn recv(&mut self) -> Option<Result<RequestOutput, StreamError>> {
+        if self.done {
+            return None;
+        }
+        let item = self.rx.recv().unwrap_or(Err(StreamError::EngineStopped));
+        self.done = item.as_ref().map_or(true, |o| o.finished);
+        Some(item)
+    }
+
+    /// Like `recv`, giving up after `timeout` (`Ok(None)`: nothing yet).
+    pub fn recv_timeout(&mut self, timeout: Duration) -> Option<Result<Option<RequestOutput>, StreamError>> {
+        if self.done {
+            return None;
+        }
+        let item = match self.rx.recv_timeout(timeout) {
+            Ok(item) => item,
+            Err(RecvTimeoutError::Timeout) => return Some(Ok(None)),
+            Err(RecvTimeoutError::Disconnected) => Err(StreamError::EngineStopped),
+        };
+        self.done = item.as_ref().map_or(true, |o| o.finished);
+        Some(item.map(Some))
+    }
+
+    /// Waits for the end and folds every delta into the final result.
+    pub fn collect_final(mut self) -> Result<FinalOutput, StreamError> {
+        let mut fin = FinalOutput::new(self.id.clone(), 0);
+        while let Some(item) = self.recv() {
+            let out = item?;
+            fin.prompt_tokens = out.prompt_tokens;
+            fin.absorb(&out);
+        }
+        Ok(fin)
+    }
+}
+
+impl Iterator for RequestStream {
+    type Item = Result<RequestOutput, StreamError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.recv()
+    }
+}
+
+impl Drop for RequestStream {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = self.tx.send(Command::Abort { id: self.id.clone(), reply: None });
+        }
+    }
+}
+
+/// The engine thread's state: the engine and the stream of each live request.
+struct EngineLoop {
+    engine: Engine,
+    streams: HashMap<String, Sender<StreamItem>>,
+    draining: bool,
+}
+
+impl EngineLoop {
+    fn new(engine: Engine) -> Self {
+        Self { engine, streams: HashMap::new(), draining: false }
+    }
+
+    fn run(mut self, rx: &Receiver<Command>) {
+        let mut stop = false;
+        while !stop {
+            // Idle: block for work. Busy: take whatever arrived, then step.
+            if !self.engine.has_unfinished() {
+                if self.draining {
+                    return;
+                }
+                match rx.recv() {
+                    Ok(cmd) => stop = self.handle(cmd),
+                    Err(_) => return, // every handle and stream is gone
+                }
+            }
+            while !stop && let Ok(cmd) = rx.try_recv() {
+                stop = self.handle(cmd);
+            }
+            if !stop && self.engine.has_unfinished() {
+                self.step();
+            }
+        }
+        // Abort shutdown: deliver the abort outputs.
+        self.step();
+    }
+
+    /// Applies one command; true means "stop now".
+    fn handle(&mut self, cmd: Command) -> bool {
+        match cmd {
+            Command::Add { id, prompt, params, stream, reply } => {
+                let result = if self.draining {
+                    Err(RequestError::EngineStopped)
+                } else {
+                    self.engine.add_request(id.clone(), prompt, params)
+                };
+                if result.is_ok() {
+                    self.streams.insert(id, stream);
+                }
+                let _ = reply.send(result);
+            }
+            Command::Abort { id, reply } => {
+                let result = self.engine.abort(&id);
+                if let Some(reply) = reply {
+                    let _ = reply.send(result);
+                }
+            }
+            Command::Metrics(reply) => {
+                let _ = reply.send(self.engine.metrics());
+            }
+            Command::Idle(reply) => {
+                let _ = reply.send(self.engine.kv_is_idle());
+            }
+            Command::Shutdown(ShutdownMode::Drain) => self.draining = true,
+            Command::Shutdown(ShutdownMode::Abort) => {
+                for id in self.engine.unfinished_ids() {
+                    let _ = self.engine.abort(&id);
+                }
+                return true;
+            }
+        }
+        false
+    }
+
+    fn step(&mut self) {
+        match self.engine.step() {
+            Ok(outputs) => {
+                for out in outputs {
+                    let finished = out.finished;
+                    let id = out.request_id.clone();
+                    let delivered = self.streams.get(&id).is_some_and(|s| s.send(Ok(out)).is_ok());
+                    if finished {
+                        self.streams.remove(&id);
+                    } else if !delivered {
+                        // Nobody listens any more: stop spending compute on it.
+                        let _ = self.engine.abort(&id);
+                        self.streams.remove(&id);
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::error!(target: "engine", "step failed: {e}; aborting every request");
+                let msg = e.to_string();
+                for (_, stream) in self.streams.drain() {
+                    let _ = stream.send(Err(StreamError::EngineFailed(msg.clone())));
+                }
+                for id in self.engine.unfinished_ids() {
+                    let _ = self.engine.abort(&id);
+                }
+                // Drop the abort outputs: their streams already got the error.
+                let _ = self.engine.step();
+            }
+        }
+    }
+}
