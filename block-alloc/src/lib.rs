@@ -14,7 +14,8 @@
 //!   shared; [`BlockTable::fork`] shares all blocks; [`BlockTable::free`] returns them tail
 //!   first; [`BlockTable::slot`] / [`BlockTable::slot_mapping`] give
 //!   `block * block_size + offset`.
-//! - Prefix caching ([`BlockPool::lookup_prefix`], [`BlockPool::cache_full_blocks`]): each full
+//! - Prefix caching ([`BlockPool::lookup_prefix`], [`BlockPool::probe_prefix`],
+//!   [`BlockPool::cache_full_blocks`]): each full
 //!   block is keyed by a chained, per-pool-seeded 128-bit hash of (parent hash, salt, token
 //!   ids); the cached block's salt and token ids are stored and compared on every hit, so
 //!   different tokens can never hit. Freed blocks stay findable until an allocation evicts
@@ -78,7 +79,7 @@ pub use error::AllocError;
 pub use free_queue::FreeQueueIter;
 pub use hash::BlockHash;
 pub use pool::BlockPool;
-pub use prefix::PrefixStats;
+pub use prefix::{PrefixProbe, PrefixStats};
 pub use swap::{can_swap_in, can_swap_out, num_distinct_blocks, swap_in, swap_out};
 pub use table::{BlockTable, CopyOnWrite};
 

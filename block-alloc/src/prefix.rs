@@ -30,6 +30,16 @@ impl PrefixStats {
     }
 }
 
+/// What [`BlockPool::lookup_prefix`] would find, found without taking anything.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PrefixProbe {
+    /// Tokens a lookup would hit (whole blocks).
+    pub cached_tokens: usize,
+    /// How many of those blocks are free now: a lookup takes them out of the free queue, so
+    /// it lowers `num_free` by this much although it allocates nothing.
+    pub free_hit_blocks: usize,
+}
+
 /// Per-block cache state (preallocated for every block) and the hash index.
 #[derive(Debug)]
 pub(crate) struct PrefixCache {
@@ -147,6 +157,30 @@ impl BlockPool {
     /// Hit/query counters.
     pub fn prefix_stats(&self) -> PrefixStats {
         self.stats
+    }
+
+    /// What [`lookup_prefix`](Self::lookup_prefix)`(tokens, salt, _)` would return, without
+    /// taking references, touching the free queue or counting. For admission: a request whose
+    /// lookup would hit `p` needs `can_allocate(new_blocks + p.free_hit_blocks)`.
+    pub fn probe_prefix(&mut self, tokens: &[TokenId], salt: u64) -> PrefixProbe {
+        let mut probe = PrefixProbe::default();
+        let Some(cache) = &self.cache else {
+            return probe;
+        };
+        let bs = self.block_size;
+        let mut parent = ROOT_HASH;
+        for chunk in tokens.chunks_exact(bs) {
+            let hash = self.hasher.chain(parent, salt, chunk);
+            let Some(b) = cache.candidate(hash).filter(|&b| cache.holds(b, hash, salt, chunk)) else { break };
+            match self.ref_counts[b as usize] {
+                u32::MAX => break,
+                0 => probe.free_hit_blocks += 1,
+                _ => {}
+            }
+            probe.cached_tokens += bs;
+            parent = hash;
+        }
+        probe
     }
 
     /// Fills an empty `table` with the longest cached prefix of the full blocks of `tokens`

@@ -2,7 +2,7 @@
 //! go back, and which cached blocks eviction takes first (in the spirit of vLLM's
 //! `test_prefix_caching.py`).
 
-use block_alloc::{AllocStatus, BlockId, BlockTable, CopyOnWrite, PoolConfig, TokenId};
+use block_alloc::{AllocStatus, BlockId, BlockTable, CopyOnWrite, PoolConfig, PrefixProbe, TokenId};
 
 use crate::support::{pool, tokens};
 
@@ -110,6 +110,9 @@ fn hit_pulls_a_free_block_out_of_the_middle_of_the_queue() {
     t.free(&mut p).unwrap();
     assert_eq!(free_order(&p), [3, 4, 5, 6, 7, 2, 1, 0]);
 
+    let probe = PrefixProbe { cached_tokens: 4, free_hit_blocks: 2 };
+    assert_eq!(p.probe_prefix(&prompt[..5], 0), probe);
+    assert_eq!(free_order(&p), [3, 4, 5, 6, 7, 2, 1, 0], "a probe takes nothing");
     let mut u = p.new_table();
     assert_eq!(p.lookup_prefix(&prompt[..4], 0, &mut u), Ok(4));
     assert_eq!(u.blocks(), [0, 1]);

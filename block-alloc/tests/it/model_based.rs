@@ -321,9 +321,15 @@ impl Run {
         }
         let tokens = self.docs[doc][..len].to_vec();
         let query = if keep_last { &tokens[..len - 1] } else { &tokens[..] };
+        let before = snapshot(&self.dev);
+        let probe = self.dev.probe_prefix(query, salt);
+        assert_eq!(snapshot(&self.dev), before, "a probe changes nothing");
         let mut table = self.dev.new_table();
         let hit = self.dev.lookup_prefix(query, salt, &mut table).unwrap();
         let mut model = self.mdev.lookup(query, salt);
+        assert_eq!(probe.cached_tokens, hit);
+        let free_hits = model.blocks.iter().filter(|&&b| before.is_free(b)).count();
+        assert_eq!(probe.free_hit_blocks, free_hits);
         assert_eq!(table.blocks(), model.blocks, "prefix hit blocks");
         assert_eq!(hit, model.num_tokens);
         for (i, &b) in table.blocks().iter().enumerate() {

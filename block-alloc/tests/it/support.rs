@@ -20,6 +20,13 @@ pub struct Snapshot {
     stats: PrefixStats,
 }
 
+impl Snapshot {
+    /// Whether `b` had ref count 0.
+    pub fn is_free(&self, b: BlockId) -> bool {
+        self.refs[b as usize] == 0
+    }
+}
+
 pub fn snapshot(pool: &BlockPool) -> Snapshot {
     let n = pool.num_blocks() as BlockId;
     Snapshot {
