@@ -19,6 +19,7 @@ pub struct BenchTarget {
 }
 
 pub const TARGETS: &[BenchTarget] = &[
+    BenchTarget { group: "block_alloc", package: "block-alloc", bench: "block_alloc", criterion: true },
     BenchTarget { group: "model", package: "model", bench: "model", criterion: false },
     BenchTarget { group: "attn", package: "attn-kernels", bench: "attn", criterion: true },
 ];
