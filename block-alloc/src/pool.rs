@@ -208,3 +208,41 @@ impl BlockPool {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_pool_allocates_nothing_and_answers_never() {
+        let mut p = BlockPool::new(PoolConfig::host(0, 16)).unwrap();
+        assert_eq!(p.allocate(), Err(AllocError::OutOfBlocks { needed: 1, free: 0 }));
+        assert_eq!(p.can_allocate(0), AllocStatus::Now);
+        assert_eq!(p.can_allocate(1), AllocStatus::Never);
+        assert_eq!(p.usage(), 0.0);
+        p.assert_consistent();
+    }
+
+    #[test]
+    fn watermark_truncates_like_vllm() {
+        let p = BlockPool::new(PoolConfig::new(250, 16)).unwrap();
+        assert_eq!(p.watermark_blocks(), 2); // int(0.01 * 250)
+        assert_eq!(p.can_allocate(248), AllocStatus::Now);
+        assert_eq!(p.can_allocate(249), AllocStatus::Never);
+    }
+
+    #[test]
+    fn raw_allocate_free_roundtrip_keeps_queue_consistent() {
+        let mut p = BlockPool::new(PoolConfig::new(4, 2)).unwrap();
+        let a = p.allocate().unwrap();
+        let b = p.allocate().unwrap();
+        assert_eq!((a, b, p.num_used(), p.num_free()), (0, 1, 2, 2));
+        p.assert_consistent();
+        p.free(a).unwrap();
+        assert_eq!(p.free(a), Err(AllocError::DoubleFree(a)));
+        p.free(b).unwrap();
+        assert_eq!(p.free_blocks().collect::<Vec<_>>(), [2, 3, 0, 1]);
+        assert!(p.is_free(0) && !p.is_free(9));
+        p.assert_consistent();
+    }
+}

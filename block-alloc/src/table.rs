@@ -274,3 +274,43 @@ impl BlockTable {
         if self.pool_id != 0 && self.pool_id != pool.id { Err(AllocError::WrongPool) } else { Ok(()) }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::PoolConfig;
+
+    #[test]
+    fn blocks_needed_counts_partial_blocks() {
+        let mut p = BlockPool::new(PoolConfig::new(8, 4)).unwrap();
+        let mut t = p.new_table();
+        assert_eq!((t.blocks_needed_for(0), t.blocks_needed_for(1), t.blocks_needed_for(4)), (0, 1, 1));
+        assert_eq!(t.blocks_needed_for(5), 2);
+        t.append_tokens(&mut p, 3).unwrap();
+        assert_eq!((t.blocks_needed_for(1), t.blocks_needed_for(2)), (0, 1));
+        assert_eq!(t.blocks_needed_for(usize::MAX), usize::MAX.div_ceil(4) - 1, "saturates");
+        assert_eq!(t.append_tokens(&mut p, 0), Ok(None));
+        assert_eq!(t.num_full_blocks(), 0);
+        t.free(&mut p).unwrap();
+    }
+
+    #[test]
+    fn slot_mapping_spans_blocks_and_pads() {
+        let mut p = BlockPool::new(PoolConfig::new(8, 2)).unwrap();
+        let mut t = p.new_table();
+        t.append_tokens(&mut p, 5).unwrap(); // blocks 0, 1, 2
+        let mut out = Vec::new();
+        t.slot_mapping(0..5, &mut out);
+        assert_eq!(out, [0, 1, 2, 3, 4]);
+        out.clear();
+        t.slot_mapping(3..3, &mut out);
+        assert!(out.is_empty());
+        t.slot_mapping(4..7, &mut out);
+        assert_eq!(out, [4, -1, -1]);
+        let expected: Vec<i64> = (0..5).map(|i| t.slot(i).unwrap()).collect();
+        out.clear();
+        t.slot_mapping(0..5, &mut out);
+        assert_eq!(out, expected);
+        t.free(&mut p).unwrap();
+    }
+}
