@@ -46,8 +46,6 @@ pub(crate) struct Group {
     pub n: usize,
     pub seqs: Vec<Seq>,
     pub place: Where,
-    /// Step number of the last `schedule()` that gave this group tokens.
-    pub last_scheduled: u64,
 }
 
 impl Group {

@@ -82,8 +82,11 @@ impl Scheduler {
                 break;
             }
             let (key, slot) = self.running[i];
-            let group = self.group(slot)?;
-            if group.last_scheduled == step || (pass == Pass::Decodes) != group.is_decode() {
+            if self.scheduled_at.get(slot) == Some(&step) {
+                i += 1;
+                continue;
+            }
+            if (pass == Pass::Decodes) != self.group(slot)?.is_decode() {
                 i += 1;
                 continue;
             }
@@ -143,9 +146,7 @@ impl Scheduler {
             if slot == requester || k < key {
                 return None;
             }
-            let scheduled =
-                self.groups.get(slot).and_then(Option::as_ref).is_some_and(|g| g.last_scheduled == step);
-            if !scheduled {
+            if self.scheduled_at.get(slot) != Some(&step) {
                 return Some(pos);
             }
         }
@@ -160,12 +161,26 @@ impl Scheduler {
         budget: &mut Budget,
     ) -> Result<Fit, SchedulerError> {
         let step = self.stats.steps;
-        let Self { groups, device, in_flight, .. } = self;
+        let Self { groups, device, in_flight, scheduled_at, .. } = self;
         let group =
             groups.get_mut(slot).and_then(Option::as_mut).ok_or(SchedulerError::Internal("missing group"))?;
         let live = group.live_seqs();
         if live > budget.seqs || live > budget.tokens {
             return Ok(Fit::NoBudget);
+        }
+        if group.seqs.len() == 1 {
+            // One sequence: the append itself is the all-or-nothing memory check.
+            match emit(group, slot, 0, 1, device, out, in_flight) {
+                Ok(()) => {}
+                Err(SchedulerError::Alloc(block_alloc::AllocError::OutOfBlocks { .. })) => {
+                    return Ok(Fit::NoMemory);
+                }
+                Err(e) => return Err(e),
+            }
+            scheduled_at[slot] = step;
+            budget.tokens -= 1;
+            budget.seqs -= 1;
+            return Ok(Fit::Scheduled);
         }
         let need: usize = group
             .seqs
@@ -181,7 +196,7 @@ impl Scheduler {
                 emit(group, slot, si, 1, device, out, in_flight)?;
             }
         }
-        group.last_scheduled = step;
+        scheduled_at[slot] = step;
         budget.tokens -= live;
         budget.seqs -= live;
         Ok(Fit::Scheduled)
@@ -198,7 +213,7 @@ impl Scheduler {
         reserve: Option<usize>,
     ) -> Result<Fit, SchedulerError> {
         let step = self.stats.steps;
-        let Self { groups, device, in_flight, .. } = self;
+        let Self { groups, device, in_flight, scheduled_at, .. } = self;
         let group =
             groups.get_mut(slot).and_then(Option::as_mut).ok_or(SchedulerError::Internal("missing group"))?;
         let reserve = reserve.unwrap_or(0);
@@ -229,7 +244,7 @@ impl Scheduler {
             any = true;
         }
         if any {
-            group.last_scheduled = step;
+            scheduled_at[slot] = step;
             Ok(Fit::Scheduled)
         } else if short {
             Ok(Fit::NoMemory)
@@ -474,9 +489,16 @@ fn emit(
         out.blocks_to_copy.push((cow.src, cow.dst));
     }
     let flat_start = out.token_ids.len();
-    out.token_ids.extend_from_slice(&seq.tokens[start..end]);
-    out.positions.extend(start as u32..end as u32);
-    seq.table.slot_mapping(start..end, &mut out.slot_mapping);
+    if n == 1 {
+        // The decode case: skip the range machinery.
+        out.token_ids.push(seq.tokens[start]);
+        out.positions.push(start as u32);
+        out.slot_mapping.push(seq.table.slot(start).unwrap_or(-1));
+    } else {
+        out.token_ids.extend_from_slice(&seq.tokens[start..end]);
+        out.positions.extend(start as u32..end as u32);
+        seq.table.slot_mapping(start..end, &mut out.slot_mapping);
+    }
     let table_start = out.block_tables.len();
     out.block_tables.extend_from_slice(seq.table.blocks());
     let num_samples = if end == seq.tokens.len() { samples_at_end } else { 0 };

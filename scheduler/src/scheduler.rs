@@ -54,6 +54,9 @@ pub struct Scheduler {
     pub(crate) host: Option<BlockPool>,
     /// Slab of groups; queues and in-flight entries refer to slots.
     pub(crate) groups: Vec<Option<Group>>,
+    /// Per slab slot: the step that last gave the group tokens (dense, so the per-step scans
+    /// of the running queue need not touch the groups themselves).
+    pub(crate) scheduled_at: Vec<u64>,
     pub(crate) free_slots: Vec<usize>,
     pub(crate) index: HashMap<RequestId, usize>,
     pub(crate) waiting: Queue,
@@ -85,6 +88,7 @@ impl Scheduler {
             device,
             host,
             groups: Vec::new(),
+            scheduled_at: Vec::new(),
             free_slots: Vec::new(),
             index: HashMap::new(),
             waiting: Queue::new(),
@@ -156,15 +160,16 @@ impl Scheduler {
                 parked: false,
             }],
             place: Where::Waiting,
-            last_scheduled: 0,
         };
         let slot = match self.free_slots.pop() {
             Some(slot) => {
                 self.groups[slot] = Some(group);
+                self.scheduled_at[slot] = 0;
                 slot
             }
             None => {
                 self.groups.push(Some(group));
+                self.scheduled_at.push(0);
                 self.groups.len() - 1
             }
         };

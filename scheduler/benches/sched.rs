@@ -1,0 +1,90 @@
+//! Criterion benchmarks (group `sched`): one `schedule()` + `update()` step with 256 and 1 024
+//! running decodes whose contexts grow from 512 to 1 024 tokens (block 16), including building
+//! the step's flat token / position / slot-mapping / block-table arrays.
+
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use scheduler::{Request, SampledToken, Scheduler, SchedulerConfig, SchedulerOutput, StepResult};
+
+const PROMPT: usize = 512;
+/// Decode steps before the state is rebuilt (untimed), so contexts stay in 512..1024.
+const STEPS_PER_STATE: usize = 512;
+
+struct Bench {
+    sched: Scheduler,
+    out: SchedulerOutput,
+    result: StepResult,
+    samples: Vec<SampledToken>,
+    steps: usize,
+}
+
+impl Bench {
+    /// `running` requests, all prefilled and decoding.
+    fn new(running: usize) -> Self {
+        let cfg = SchedulerConfig {
+            max_num_batched_tokens: running * PROMPT,
+            max_num_seqs: running,
+            max_model_len: 1 << 20,
+            block_size: 16,
+            num_device_blocks: running * (PROMPT + STEPS_PER_STATE + 16) / 16,
+            watermark: 0.0,
+            ..SchedulerConfig::default()
+        };
+        let mut sched = Scheduler::new(cfg).expect("config");
+        for id in 0..running as u64 {
+            let prompt = (0..PROMPT as u32).map(|t| t + id as u32 * 1000).collect();
+            sched.add_request(Request::new(id, prompt, 1 << 30)).expect("request");
+        }
+        let mut bench = Self {
+            sched,
+            out: SchedulerOutput::default(),
+            result: StepResult::default(),
+            samples: Vec::new(),
+            steps: 0,
+        };
+        bench.step(); // the prefill
+        assert_eq!(bench.out.seqs.len(), running);
+        bench.steps = 0;
+        bench
+    }
+
+    fn step(&mut self) {
+        self.sched.schedule_into(&mut self.out).expect("schedule");
+        self.samples.clear();
+        for s in &self.out.seqs {
+            for _ in 0..s.num_samples {
+                self.samples.push(SampledToken { seq_id: s.seq_id, token: 7, stop: false });
+            }
+        }
+        self.sched.update_into(&self.samples, &mut self.result).expect("update");
+        self.steps += 1;
+    }
+}
+
+fn step_bench(c: &mut Criterion, name: &str, running: usize) {
+    let mut bench = Bench::new(running);
+    c.bench_function(name, |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                if bench.steps == STEPS_PER_STATE {
+                    bench = Bench::new(running);
+                }
+                let start = Instant::now();
+                bench.step();
+                total += start.elapsed();
+            }
+            debug_assert_eq!(bench.out.seqs.len(), running);
+            total
+        });
+    });
+}
+
+fn benches(c: &mut Criterion) {
+    step_bench(c, "sched/step_us_256", 256);
+    step_bench(c, "sched/step_us_1024", 1024);
+}
+
+criterion_group!(sched, benches);
+criterion_main!(sched);

@@ -1,0 +1,50 @@
+//! One trace, one memory size, four systems: paged (the scheduler) against the contiguous
+//! baselines Orca (Max), Orca (Pow2) and Orca (Oracle).
+
+use crate::error::SchedulerError;
+
+use super::contiguous::{ContiguousConfig, Reservation, simulate_contiguous};
+use super::cost::CostModel;
+use super::metrics::SimReport;
+use super::paged::{SimSetup, simulate_paged};
+use super::trace::Trace;
+
+/// Reports of the four systems on the same trace and memory.
+#[derive(Debug, Clone)]
+pub struct Comparison {
+    pub paged: SimReport,
+    pub max: SimReport,
+    pub pow2: SimReport,
+    pub oracle: SimReport,
+}
+
+impl Comparison {
+    pub fn all(&self) -> [&SimReport; 4] {
+        [&self.paged, &self.max, &self.pow2, &self.oracle]
+    }
+
+    /// Mean running requests, paged ÷ Orca (Oracle).
+    pub fn concurrency_paged_over_oracle(&self) -> f64 {
+        if self.oracle.mean_running > 0.0 { self.paged.mean_running / self.oracle.mean_running } else { 0.0 }
+    }
+}
+
+/// Runs all four systems.
+pub fn compare(trace: &Trace, setup: &SimSetup, cost: &CostModel) -> Result<Comparison, SchedulerError> {
+    let baseline = |reservation| {
+        let cfg = ContiguousConfig {
+            capacity_tokens: setup.usable_tokens(),
+            max_model_len: setup.max_model_len,
+            max_num_seqs: setup.max_num_seqs,
+            max_num_batched_tokens: setup.max_num_batched_tokens,
+            reservation,
+        };
+        simulate_contiguous(trace, &cfg, cost)
+    };
+    Ok(Comparison {
+        paged: simulate_paged(trace, setup, cost)?,
+        max: baseline(Reservation::Max),
+        pow2: baseline(Reservation::Pow2),
+        oracle: baseline(Reservation::Oracle),
+    })
+}

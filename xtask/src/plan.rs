@@ -1,0 +1,280 @@
+//! `cargo xtask plan`: the KV cache calculator. Given a model shape, a memory budget, a block
+//! size and a request trace, simulates the paged scheduler (and the contiguous-reservation
+//! baselines on the same memory) and prints max concurrency, KV utilization, preemptions and a
+//! time series.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use clap::Args;
+use scheduler::PreemptionMode;
+use scheduler::sim::{
+    Comparison, CostModel, Hardware, ModelShape, SimReport, SimSetup, Trace, TraceShape, compare,
+};
+
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    /// Model shape preset: opt-13b, llama2-7b, smollm2-135m (the flags below override parts).
+    #[arg(long, default_value = "opt-13b")]
+    model: String,
+    #[arg(long)]
+    layers: Option<usize>,
+    #[arg(long)]
+    kv_heads: Option<usize>,
+    #[arg(long)]
+    head_dim: Option<usize>,
+    /// Parameter count, e.g. 7e9.
+    #[arg(long)]
+    params: Option<f64>,
+    /// Bytes per weight and KV element (2 for f16/bf16).
+    #[arg(long)]
+    dtype_bytes: Option<usize>,
+    /// Accelerator for the cost model: a100-40gb, h200.
+    #[arg(long, default_value = "a100-40gb")]
+    hardware: String,
+    /// KV cache memory in GiB (default: the accelerator's memory × --gpu-memory-utilization
+    /// minus the weights).
+    #[arg(long)]
+    kv_memory_gib: Option<f64>,
+    /// KV cache size in token slots (overrides --kv-memory-gib).
+    #[arg(long)]
+    kv_tokens: Option<usize>,
+    #[arg(long, default_value_t = 0.9)]
+    gpu_memory_utilization: f64,
+    #[arg(long, default_value_t = 16)]
+    block_size: usize,
+    /// `sharegpt`, `alpaca`, or a JSONL file of {"input": n, "output": m} lines.
+    #[arg(long, default_value = "sharegpt")]
+    trace: String,
+    /// Requests drawn for a synthetic trace.
+    #[arg(long, default_value_t = 1000)]
+    num_requests: usize,
+    /// Poisson arrival rate in requests per second (`inf`: all at once).
+    #[arg(long, default_value_t = 20.0)]
+    rate: f64,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    #[arg(long, default_value_t = 2048)]
+    max_model_len: usize,
+    #[arg(long, default_value_t = 256)]
+    max_num_seqs: usize,
+    #[arg(long, default_value_t = 2048)]
+    max_num_batched_tokens: usize,
+    /// `recompute` or `swap`.
+    #[arg(long, default_value = "recompute")]
+    preemption: String,
+    /// Host swap space in GiB (swap mode).
+    #[arg(long, default_value_t = 4.0)]
+    swap_gib: f64,
+    #[arg(long, default_value_t = 0.01)]
+    watermark: f64,
+    /// Rows of the printed time series.
+    #[arg(long, default_value_t = 24)]
+    points: usize,
+    /// Write every step of every system as CSV here.
+    #[arg(long)]
+    series_out: Option<PathBuf>,
+    /// Print the summary as JSON instead of tables.
+    #[arg(long)]
+    json: bool,
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
+    let model = model_shape(args)?;
+    let hardware = Hardware::by_name(&args.hardware)
+        .with_context(|| format!("unknown hardware {:?} (a100-40gb, h200)", args.hardware))?;
+    let kv_bytes_per_token = model.kv_bytes_per_token() as f64;
+    let kv_tokens = match (args.kv_tokens, args.kv_memory_gib) {
+        (Some(tokens), _) => tokens,
+        (None, Some(gib)) => model.kv_token_slots(gib * GIB),
+        (None, None) => {
+            let budget = hardware.memory_bytes * args.gpu_memory_utilization - model.weight_bytes();
+            if budget <= 0.0 {
+                bail!(
+                    "{} weights ({:.1} GB) do not fit {} at this utilization",
+                    model.name,
+                    model.weight_bytes() / 1e9,
+                    hardware.name
+                );
+            }
+            model.kv_token_slots(budget)
+        }
+    };
+    if kv_tokens < args.block_size || args.block_size == 0 {
+        bail!("KV memory holds {kv_tokens} tokens: not even one block of {}", args.block_size);
+    }
+    let preemption = match args.preemption.as_str() {
+        "recompute" => PreemptionMode::Recompute,
+        "swap" => PreemptionMode::Swap,
+        other => bail!("--preemption {other:?}: expected recompute or swap"),
+    };
+    let setup = SimSetup {
+        capacity_tokens: kv_tokens,
+        block_size: args.block_size,
+        max_model_len: args.max_model_len,
+        max_num_seqs: args.max_num_seqs,
+        max_num_batched_tokens: args.max_num_batched_tokens,
+        watermark: args.watermark,
+        preemption,
+        swap_tokens: if preemption == PreemptionMode::Swap {
+            (args.swap_gib * GIB / kv_bytes_per_token) as usize
+        } else {
+            0
+        },
+    };
+    let trace = match TraceShape::by_name(&args.trace) {
+        Some(shape) => Trace::synthetic(shape, args.num_requests, args.rate, args.max_model_len, args.seed),
+        None => Trace::from_jsonl_file(args.trace.as_ref(), args.rate, args.max_model_len, args.seed)
+            .with_context(|| {
+                format!("trace {:?} is neither sharegpt, alpaca nor a readable JSONL file", args.trace)
+            })?,
+    };
+    let cost = CostModel::new(model, hardware);
+    let result = compare(&trace, &setup, &cost)?;
+    if let Some(path) = &args.series_out {
+        std::fs::write(path, series_csv(&result)).with_context(|| format!("writing {}", path.display()))?;
+    }
+    if args.json {
+        let summary = serde_json::json!({
+            "model": model.name,
+            "kv_bytes_per_token": model.kv_bytes_per_token(),
+            "kv_tokens": setup.usable_tokens(),
+            "num_blocks": setup.num_blocks(),
+            "systems": result.all(),
+            "concurrency_paged_over_oracle": result.concurrency_paged_over_oracle(),
+        });
+        println!("{}", serde_json::to_string_pretty(&summary)?);
+        return Ok(());
+    }
+    print!("{}", render(args, &model, &setup, &trace, &result)?);
+    Ok(())
+}
+
+fn model_shape(args: &PlanArgs) -> anyhow::Result<ModelShape> {
+    let mut m = ModelShape::by_name(&args.model)
+        .with_context(|| format!("unknown model {:?} (opt-13b, llama2-7b, smollm2-135m)", args.model))?;
+    m.num_layers = args.layers.unwrap_or(m.num_layers);
+    m.num_kv_heads = args.kv_heads.unwrap_or(m.num_kv_heads);
+    m.head_dim = args.head_dim.unwrap_or(m.head_dim);
+    m.num_params = args.params.unwrap_or(m.num_params);
+    m.dtype_bytes = args.dtype_bytes.unwrap_or(m.dtype_bytes);
+    if m.kv_bytes_per_token() == 0 {
+        bail!("model shape has zero KV bytes per token");
+    }
+    Ok(m)
+}
+
+fn render(
+    args: &PlanArgs,
+    model: &ModelShape,
+    setup: &SimSetup,
+    trace: &Trace,
+    c: &Comparison,
+) -> anyhow::Result<String> {
+    let mut s = String::new();
+    let kv_gib = setup.usable_tokens() as f64 * model.kv_bytes_per_token() as f64 / GIB;
+    writeln!(
+        s,
+        "model {} ({} layers, {} KV heads × {}, {} B/elem): {} KiB of KV per token",
+        model.name,
+        model.num_layers,
+        model.num_kv_heads,
+        model.head_dim,
+        model.dtype_bytes,
+        model.kv_bytes_per_token() / 1024
+    )?;
+    writeln!(
+        s,
+        "KV memory {kv_gib:.2} GiB = {} token slots = {} blocks of {} on {}",
+        setup.usable_tokens(),
+        setup.num_blocks(),
+        setup.block_size,
+        args.hardware
+    )?;
+    writeln!(
+        s,
+        "trace {}: {} requests, mean input {:.1}, mean output {:.1}, {} req/s; max_model_len {}, {} preemption\n",
+        args.trace,
+        trace.len(),
+        trace.mean_input(),
+        trace.mean_output(),
+        args.rate,
+        setup.max_model_len,
+        args.preemption
+    )?;
+    writeln!(
+        s,
+        "{:<12} {:>8} {:>8} {:>9} {:>8} {:>11} {:>9} {:>10} {:>10}",
+        "system",
+        "KV util",
+        "KV used",
+        "mean run",
+        "max run",
+        "preemptions",
+        "finished",
+        "out tok/s",
+        "makespan s"
+    )?;
+    for r in c.all() {
+        writeln!(
+            s,
+            "{:<12} {:>8.3} {:>8.3} {:>9.1} {:>8} {:>11} {:>9} {:>10.0} {:>10.1}",
+            r.system,
+            r.kv_util,
+            r.kv_usage,
+            r.mean_running,
+            r.max_running,
+            r.preemptions,
+            r.finished,
+            r.output_tokens_per_s,
+            r.sim_time_s
+        )?;
+    }
+    writeln!(
+        s,
+        "\nmax concurrency (paged): {} requests; mean running paged / Orca (Oracle): {:.2}×",
+        c.paged.max_running,
+        c.concurrency_paged_over_oracle()
+    )?;
+    writeln!(s, "KV util = token states held ÷ memory reserved, over the steps with requests waiting.\n")?;
+    writeln!(s, "paged time series:")?;
+    writeln!(
+        s,
+        "{:>9} {:>8} {:>8} {:>10} {:>10} {:>7}",
+        "t (s)", "running", "waiting", "held", "reserved", "used"
+    )?;
+    for p in c.paged.downsampled(args.points) {
+        writeln!(
+            s,
+            "{:>9.2} {:>8} {:>8} {:>10} {:>10} {:>6.1}%",
+            p.t_s,
+            p.running,
+            p.waiting,
+            p.held_tokens,
+            p.reserved_tokens,
+            100.0 * p.reserved_tokens as f64 / setup.usable_tokens() as f64
+        )?;
+    }
+    Ok(s)
+}
+
+fn series_csv(c: &Comparison) -> String {
+    let mut s = String::from("system,t_s,dt_s,running,waiting,held_tokens,reserved_tokens,saturated\n");
+    for r in c.all() {
+        append_series(&mut s, r);
+    }
+    s
+}
+
+fn append_series(s: &mut String, r: &SimReport) {
+    for p in &r.series {
+        let _ = writeln!(
+            s,
+            "{},{:.6},{:.6},{},{},{},{},{}",
+            r.system, p.t_s, p.dt_s, p.running, p.waiting, p.held_tokens, p.reserved_tokens, p.saturated
+        );
+    }
+}
