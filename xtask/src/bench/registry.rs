@@ -19,6 +19,8 @@ pub struct BenchTarget {
 }
 
 pub const TARGETS: &[BenchTarget] = &[
+    BenchTarget { group: "sched", package: "scheduler", bench: "sched", criterion: true },
+    BenchTarget { group: "sim", package: "scheduler", bench: "sim", criterion: false },
     BenchTarget { group: "block_alloc", package: "block-alloc", bench: "block_alloc", criterion: true },
     BenchTarget { group: "model", package: "model", bench: "model", criterion: false },
     BenchTarget { group: "attn", package: "attn-kernels", bench: "attn", criterion: true },
