@@ -76,8 +76,7 @@ pub(super) fn run_item<T: KernelElem>(
             for (t, &block) in tiles.iter_mut().zip(run) {
                 *t = pb.value_tile(block, kv_head);
             }
-            // The first tile of the next run; the tiles of this run after the first were
-            // requested by the previous iteration's loop below.
+            // Ask for the next run's tiles while this one computes.
             for &block in table[..full].iter().skip((r + 1) * PV_RUN).take(PV_RUN) {
                 prefetch(pb.value_tile(block, kv_head));
             }
