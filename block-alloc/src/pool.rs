@@ -63,7 +63,7 @@ impl BlockPool {
             watermark_blocks,
             cache,
             stats: PrefixStats::default(),
-            hasher: ChainHasher::new(block_size),
+            hasher: ChainHasher::new(),
         })
     }
 
