@@ -132,6 +132,20 @@ impl BlockTable {
             return Ok(None);
         }
         let bs = self.block_size;
+        // Fast path (most decode steps): the tokens fit in the last block, which we own alone.
+        // `room > 0` means the last block is partly filled (blocks are taken only when needed).
+        let room = self.blocks.len() * bs - self.num_tokens;
+        if n <= room {
+            let last = self.blocks[self.blocks.len() - 1];
+            match pool.ref_count(last)? {
+                0 => return Err(AllocError::NotAllocated(last)),
+                1 => {
+                    self.num_tokens += n;
+                    return Ok(None);
+                }
+                _ => {} // shared: copy-on-write below
+            }
+        }
         let free = pool.num_free();
         let Some(new_total) = self.num_tokens.checked_add(n) else {
             return Err(AllocError::OutOfBlocks { needed: usize::MAX, free });
