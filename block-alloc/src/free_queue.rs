@@ -104,7 +104,7 @@ impl FreeQueue {
     }
 }
 
-/// Iterator over a [`FreeQueue`] from head to tail.
+/// Iterator over the free queue from head (next to be allocated) to tail; see [`BlockPool::free_blocks`](crate::BlockPool::free_blocks).
 #[derive(Debug, Clone)]
 pub struct FreeQueueIter<'a> {
     queue: &'a FreeQueue,
