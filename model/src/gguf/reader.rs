@@ -291,3 +291,74 @@ impl GgufFile {
             .ok_or_else(|| ModelError::gguf(&self.path, format!("missing or non-string metadata `{key}`")))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn string(out: &mut Vec<u8>, s: &str) {
+        out.extend((s.len() as u64).to_le_bytes());
+        out.extend(s.as_bytes());
+    }
+
+    /// A minimal GGUF v3: two metadata keys and one 2×32 Q8_0 tensor.
+    fn tiny_gguf() -> Vec<u8> {
+        let mut b = b"GGUF".to_vec();
+        b.extend(3u32.to_le_bytes());
+        b.extend(1u64.to_le_bytes());
+        b.extend(2u64.to_le_bytes());
+        string(&mut b, "general.architecture");
+        b.extend(8u32.to_le_bytes());
+        string(&mut b, "llama");
+        string(&mut b, "tokenizer.ggml.merges");
+        b.extend(9u32.to_le_bytes());
+        b.extend(8u32.to_le_bytes());
+        b.extend(2u64.to_le_bytes());
+        string(&mut b, "a b");
+        string(&mut b, "ab c");
+        string(&mut b, "token_embd.weight");
+        b.extend(2u32.to_le_bytes());
+        b.extend(32u64.to_le_bytes());
+        b.extend(2u64.to_le_bytes());
+        b.extend(8u32.to_le_bytes());
+        b.extend(0u64.to_le_bytes());
+        b.resize(b.len().div_ceil(32) * 32, 0);
+        for row in 0..2i8 {
+            b.extend(half::f16::from_f32(0.5).to_le_bytes());
+            b.extend((0..32i8).map(|q| (q - 16 + row) as u8));
+        }
+        b
+    }
+
+    #[test]
+    fn reads_metadata_and_tensors() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.gguf");
+        std::fs::write(&path, tiny_gguf()).unwrap();
+        let g = GgufFile::open(&path).unwrap();
+        assert_eq!(g.require_str("general.architecture").unwrap(), "llama");
+        let merges = g.get("tokenizer.ggml.merges").and_then(GgufValue::as_array).unwrap();
+        assert_eq!(merges[1].as_str(), Some("ab c"));
+        let t = g.tensor("token_embd.weight").unwrap();
+        assert_eq!(t.shape(), vec![2, 32]);
+        let mut out = vec![0.0; 64];
+        crate::gguf::dequantize(t.ggml_type, g.tensor_bytes(t), &mut out);
+        assert_eq!(out[0], -8.0);
+        assert_eq!(out[32 + 31], 8.0);
+    }
+
+    #[test]
+    fn truncated_and_foreign_files_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.gguf");
+        let bytes = tiny_gguf();
+        for cut in [10, 60, bytes.len() - 1] {
+            std::fs::write(&path, &bytes[..cut]).unwrap();
+            let err = GgufFile::open(&path).unwrap_err().to_string();
+            assert!(err.contains("m.gguf") && err.contains("truncated"), "cut {cut}: {err}");
+        }
+        std::fs::write(&path, b"PK\x03\x04 not a gguf").unwrap();
+        let err = GgufFile::open(&path).unwrap_err().to_string();
+        assert!(err.contains("not a GGUF file"), "{err}");
+    }
+}
