@@ -155,7 +155,7 @@ fn run(setup: &Setup, arrivals: &[Arrival]) -> (usize, usize) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 768, ..ProptestConfig::default() })]
 
     #[test]
     fn random_traffic_on_tiny_pools(setup in setup(), arrivals in prop::collection::vec(arrival(), 1..24)) {
