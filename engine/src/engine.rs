@@ -291,8 +291,14 @@ impl Engine {
     fn gauges(&self) -> Gauges {
         let pool = self.scheduler.device_pool();
         let prefix = pool.prefix_stats();
+        let slots = pool.num_used() * pool.block_size();
         Gauges {
             kv_usage: pool.usage(),
+            kv_token_util: if slots == 0 {
+                0.0
+            } else {
+                self.scheduler.kv_tokens_held() as f64 / slots as f64
+            },
             num_running: self.scheduler.num_running(),
             num_waiting: self.scheduler.num_waiting(),
             num_swapped: self.scheduler.num_swapped(),

@@ -42,6 +42,9 @@ impl LatencyStats {
 pub struct Gauges {
     /// Fraction of device KV blocks in use.
     pub kv_usage: f64,
+    /// Token states held by running sequences over the slots of the blocks in use (1 − internal
+    /// fragmentation; a block shared by forked samples counts once per sample).
+    pub kv_token_util: f64,
     pub num_running: usize,
     pub num_waiting: usize,
     pub num_swapped: usize,

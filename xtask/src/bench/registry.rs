@@ -23,6 +23,7 @@ pub const TARGETS: &[BenchTarget] = &[
     BenchTarget { group: "sim", package: "scheduler", bench: "sim", criterion: false },
     BenchTarget { group: "block_alloc", package: "block-alloc", bench: "block_alloc", criterion: true },
     BenchTarget { group: "model", package: "model", bench: "model", criterion: false },
+    BenchTarget { group: "e2e", package: "engine", bench: "e2e", criterion: false },
     BenchTarget { group: "attn", package: "attn-kernels", bench: "attn", criterion: true },
 ];
 

@@ -1,0 +1,334 @@
+//! `cargo xtask run`: the README's main command. Fetches the default model if missing,
+//! starts the engine on its own thread, sends a batch of varied prompts (chat and plain,
+//! short and long, greedy and sampled), streams their text to the terminal as it arrives,
+//! and ends with a summary (requests, tokens, throughput, TTFT, KV usage, preemptions,
+//! prefix-cache hits).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use clap::{Args, ValueEnum};
+use engine::{
+    ChatMessage, DType, EngineConfig, EngineHandle, FinishReason, KvCacheSize, PreemptionMode, Prompt,
+    SamplingParams, ShutdownMode,
+};
+use parking_lot::Mutex;
+
+use crate::cmd::workspace_root;
+
+/// Engine knobs shared by `run` and `throughput` (vLLM's names).
+#[derive(Debug, Clone, Args)]
+pub struct EngineKnobs {
+    /// Model folder (Hugging Face layout); default: target/models/SmolLM2-135M-Instruct, fetched if missing.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Tokens per KV block (8, 16 or 32).
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// Longest prompt + output (default: the model's max_position_embeddings).
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
+    #[arg(long, default_value_t = 256)]
+    pub max_num_seqs: usize,
+    #[arg(long, default_value_t = 2048)]
+    pub max_num_batched_tokens: usize,
+    /// Turn automatic prefix caching off.
+    #[arg(long)]
+    pub no_prefix_caching: bool,
+    #[arg(long, value_enum, default_value = "recompute")]
+    pub preemption_mode: Preemption,
+    /// Host swap space in GiB (used with --preemption-mode swap).
+    #[arg(long, default_value_t = 1.0)]
+    pub swap_space: f64,
+    /// Device KV cache budget in GiB (ignored with --num-kv-blocks).
+    #[arg(long, default_value_t = 2.0)]
+    pub kv_cache_gib: f64,
+    /// Exact number of KV blocks.
+    #[arg(long)]
+    pub num_kv_blocks: Option<usize>,
+    #[arg(long, value_enum, default_value = "f32")]
+    pub kv_dtype: KvDtype,
+    /// Seed for requests without their own.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Preemption {
+    Recompute,
+    Swap,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum KvDtype {
+    F32,
+    F16,
+    Bf16,
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+impl EngineKnobs {
+    pub fn config(&self) -> EngineConfig {
+        EngineConfig {
+            block_size: self.block_size,
+            max_model_len: self.max_model_len,
+            max_num_seqs: self.max_num_seqs,
+            max_num_batched_tokens: self.max_num_batched_tokens,
+            enable_prefix_caching: !self.no_prefix_caching,
+            preemption_mode: match self.preemption_mode {
+                Preemption::Recompute => PreemptionMode::Recompute,
+                Preemption::Swap => PreemptionMode::Swap,
+            },
+            swap_space_bytes: (self.swap_space * GIB) as usize,
+            kv_cache: match self.num_kv_blocks {
+                Some(n) => KvCacheSize::Blocks(n),
+                None => KvCacheSize::Bytes((self.kv_cache_gib * GIB) as usize),
+            },
+            kv_dtype: match self.kv_dtype {
+                KvDtype::F32 => DType::F32,
+                KvDtype::F16 => DType::F16,
+                KvDtype::Bf16 => DType::BF16,
+            },
+            seed: self.seed,
+            ..EngineConfig::default()
+        }
+    }
+
+    /// The model folder, fetching the default model first when it is missing.
+    pub fn model_dir(&self) -> anyhow::Result<PathBuf> {
+        match &self.model {
+            Some(dir) => Ok(dir.clone()),
+            None => {
+                let dir = default_model_dir();
+                if !dir.join("config.json").exists() || !dir.join("model.safetensors").exists() {
+                    eprintln!("run: {} is missing; fetching it", dir.display());
+                    crate::fetch_model::run(&crate::fetch_model::FetchModelArgs {
+                        dir: Some(dir.clone()),
+                        dtype: crate::fetch_model::Dtype::F32,
+                    })?;
+                }
+                Ok(dir)
+            }
+        }
+    }
+}
+
+pub fn default_model_dir() -> PathBuf {
+    workspace_root().join("target/models/SmolLM2-135M-Instruct")
+}
+
+/// Logs to stderr at `info` unless `RUST_LOG` says otherwise.
+pub fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// JSONL prompts: `{"prompt": "..."}` or `{"messages": [{"role": .., "content": ..}]}`,
+    /// optionally with `"params": {SamplingParams fields}`. Default: a built-in varied batch.
+    #[arg(long)]
+    pub prompts: Option<PathBuf>,
+    #[command(flatten)]
+    pub knobs: EngineKnobs,
+}
+
+/// One line of a prompts file.
+#[derive(Debug, serde::Deserialize)]
+struct PromptLine {
+    prompt: Option<String>,
+    messages: Option<Vec<ChatMessage>>,
+    #[serde(default)]
+    params: Option<SamplingParams>,
+}
+
+fn load_prompts(path: &Path) -> anyhow::Result<Vec<(Prompt, SamplingParams)>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let p: PromptLine = serde_json::from_str(line)
+            .with_context(|| format!("{}:{}: not a prompt object", path.display(), i + 1))?;
+        let prompt = match (p.prompt, p.messages) {
+            (Some(text), None) => Prompt::Text(text),
+            (None, Some(messages)) => Prompt::Chat(messages),
+            _ => bail!("{}:{}: give exactly one of \"prompt\" and \"messages\"", path.display(), i + 1),
+        };
+        out.push((
+            prompt,
+            p.params.unwrap_or_else(|| SamplingParams { max_tokens: Some(128), ..Default::default() }),
+        ));
+    }
+    Ok(out)
+}
+
+/// The built-in batch: chat and plain prompts of different lengths and sampling settings.
+fn builtin_prompts() -> Vec<(Prompt, SamplingParams)> {
+    let chat = |system: Option<&str>, user: &str| {
+        let mut m = Vec::new();
+        if let Some(s) = system {
+            m.push(ChatMessage::new("system", s));
+        }
+        m.push(ChatMessage::new("user", user));
+        Prompt::Chat(m)
+    };
+    let greedy = |n| SamplingParams::greedy(n);
+    let sampled = |t, p, n| SamplingParams {
+        temperature: t,
+        top_p: p,
+        max_tokens: Some(n),
+        seed: Some(7),
+        ..Default::default()
+    };
+    let long_context = "Paged attention splits the key-value cache of every sequence into fixed-size blocks \
+        that need not be contiguous in memory, the way an operating system pages virtual memory. A block table \
+        maps each sequence's logical blocks to physical ones, so memory is allocated on demand, fragmentation \
+        stays within the last block, and sequences that share a prefix can share its blocks. ";
+    vec![
+        (chat(None, "What is the capital of France?"), greedy(48)),
+        (
+            chat(Some("You are a concise assistant."), "Explain what a KV cache is in two sentences."),
+            greedy(96),
+        ),
+        (chat(None, "Write a haiku about the sea."), sampled(0.7, 0.9, 64)),
+        (
+            chat(None, "List three uses of the Rust programming language."),
+            SamplingParams { top_k: 40, ..sampled(0.8, 1.0, 128) },
+        ),
+        (
+            chat(None, &format!("{}\n\nSummarize the text above in one sentence.", long_context.repeat(3))),
+            greedy(80),
+        ),
+        (Prompt::Text("The history of the Roman Empire".into()), sampled(1.0, 0.95, 120)),
+        (
+            Prompt::Text("def fibonacci(n):".into()),
+            SamplingParams { stop: vec!["\n\n".into()], ..greedy(100) },
+        ),
+        (
+            Prompt::Text("Once upon a time, in a small village,".into()),
+            SamplingParams { n: 2, ..sampled(0.9, 0.95, 60) },
+        ),
+        (
+            chat(None, "Count from one to ten in words."),
+            SamplingParams { repetition_penalty: 1.1, ..greedy(60) },
+        ),
+        (
+            chat(None, "Give me a short motivational quote."),
+            SamplingParams { min_p: 0.1, ..sampled(1.2, 1.0, 48) },
+        ),
+        (
+            Prompt::Text("Q: What is 12 times 12?\nA:".into()),
+            SamplingParams { stop: vec!["\n".into()], ..greedy(32) },
+        ),
+        (
+            chat(Some("You are a poet."), "Describe autumn."),
+            SamplingParams { presence_penalty: 0.5, ..sampled(0.8, 0.9, 100) },
+        ),
+    ]
+}
+
+pub fn run(args: &RunArgs) -> anyhow::Result<()> {
+    init_tracing();
+    let dir = args.knobs.model_dir()?;
+    let prompts = match &args.prompts {
+        Some(path) => load_prompts(path)?,
+        None => builtin_prompts(),
+    };
+    let config = args.knobs.config();
+    eprintln!("run: loading {}", dir.display());
+    let engine = engine::Engine::new(&dir, config)
+        .with_context(|| format!("starting the engine on {}", dir.display()))?;
+    let handle = EngineHandle::spawn(engine)?;
+    let started = Instant::now();
+    let out = Arc::new(Mutex::new(std::io::stdout()));
+    let mut clients = Vec::new();
+    for (i, (prompt, params)) in prompts.into_iter().enumerate() {
+        let stream = match handle.add_request_with_id(format!("{i}"), prompt, params) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("run: request {i} rejected: {e}");
+                continue;
+            }
+        };
+        let out = out.clone();
+        clients.push(std::thread::spawn(move || print_stream(i, stream, &out)));
+    }
+    let mut failures = 0;
+    for c in clients {
+        if !matches!(c.join(), Ok(Ok(()))) {
+            failures += 1;
+        }
+    }
+    let wall = started.elapsed().as_secs_f64();
+    let m = handle.metrics()?;
+    handle.shutdown(ShutdownMode::Drain);
+    println!();
+    println!("── summary ─────────────────────────────────────────────");
+    println!(
+        "requests           {} finished, {} rejected, {failures} failed",
+        m.requests_finished, m.requests_rejected
+    );
+    println!("tokens             {} prompt, {} generated", m.prompt_tokens, m.generation_tokens);
+    println!("wall time          {wall:.2} s");
+    println!(
+        "throughput         {:.1} generated tok/s, {:.1} total tok/s",
+        m.generation_tokens as f64 / wall,
+        (m.prompt_tokens + m.generation_tokens) as f64 / wall
+    );
+    println!("TTFT               p50 {:.0} ms, p90 {:.0} ms", m.ttft.p50_ms, m.ttft.p90_ms);
+    println!("TPOT               p50 {:.1} ms, p90 {:.1} ms", m.tpot.p50_ms, m.tpot.p90_ms);
+    println!("peak KV usage      {:.1} %", m.peak_kv_usage * 100.0);
+    println!("preemptions        {}", m.gauges.num_preemptions);
+    println!(
+        "prefix cache       {:.1} % of prompt tokens hit ({} of {})",
+        m.prefix_cache_hit_rate * 100.0,
+        m.gauges.prefix_hits,
+        m.gauges.prefix_queries
+    );
+    if failures > 0 {
+        bail!("{failures} request(s) failed");
+    }
+    Ok(())
+}
+
+/// Prints a request's text line by line as it streams in, then its finish reason.
+fn print_stream(i: usize, stream: engine::RequestStream, out: &Mutex<std::io::Stdout>) -> anyhow::Result<()> {
+    let mut pending: Vec<String> = Vec::new();
+    for item in stream {
+        let o = item?;
+        for c in &o.outputs {
+            if pending.len() <= c.index {
+                pending.resize(c.index + 1, String::new());
+            }
+            let buf = &mut pending[c.index];
+            buf.push_str(&c.text);
+            let tag =
+                if o.outputs.len() > 1 || c.index > 0 { format!("{i}.{}", c.index) } else { format!("{i}") };
+            while let Some(nl) = buf.find('\n') {
+                let line: String = buf.drain(..=nl).collect();
+                let _ = writeln!(out.lock(), "[{tag}] {}", line.trim_end_matches('\n'));
+            }
+            if let Some(reason) = &c.finish_reason {
+                let why = match reason {
+                    FinishReason::StopString(s) => format!("stop string {s:?}"),
+                    FinishReason::StopToken(t) => format!("stop token {t}"),
+                    FinishReason::Eos(_) => "eos".into(),
+                    FinishReason::Length => "length".into(),
+                    FinishReason::Abort => "abort".into(),
+                };
+                let ttft = o.timing.time_to_first_token.map_or(0.0, |d| d.as_secs_f64() * 1e3);
+                let _ = writeln!(
+                    out.lock(),
+                    "[{tag}] {}⏎ ({} tokens, {why}, TTFT {ttft:.0} ms)",
+                    std::mem::take(buf),
+                    c.num_generated
+                );
+            }
+        }
+    }
+    Ok(())
+}
