@@ -30,3 +30,6 @@ pub use cache_write::reshape_and_cache;
 pub use error::AttnError;
 pub use meta::{PagedAttnMetadata, SUPPORTED_BLOCK_SIZES, SUPPORTED_HEAD_SIZES};
 pub use simd::Isa;
+
+#[cfg(feature = "cuda")]
+pub mod cuda;

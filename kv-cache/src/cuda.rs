@@ -162,10 +162,9 @@ impl DeviceLayerCache {
 }
 
 fn tensor_bytes(g: &CacheGeometry) -> Result<usize, CudaCacheError> {
-    g.num_blocks
-        .checked_mul(g.block_elems())
-        .and_then(|n| n.checked_mul(g.dtype.size_in_bytes()))
-        .ok_or_else(|| CacheError::TooLarge { bytes: g.tensor_elems() as u128 * g.dtype.size_in_bytes() as u128 }.into())
+    g.num_blocks.checked_mul(g.block_elems()).and_then(|n| n.checked_mul(g.dtype.size_in_bytes())).ok_or_else(
+        || CacheError::TooLarge { bytes: g.tensor_elems() as u128 * g.dtype.size_in_bytes() as u128 }.into(),
+    )
 }
 
 fn host_bytes(host: &LayerCache) -> Result<(&[u8], &[u8]), CudaCacheError> {
@@ -180,9 +179,15 @@ fn host_bytes(host: &LayerCache) -> Result<(&[u8], &[u8]), CudaCacheError> {
 
 fn host_bytes_mut(host: &mut LayerCache) -> Result<(&mut [u8], &mut [u8]), CudaCacheError> {
     Ok(match host.slices_mut() {
-        CacheSlicesMut::F32 { key, value } => (bytemuck::cast_slice_mut(key), bytemuck::cast_slice_mut(value)),
-        CacheSlicesMut::F16 { key, value } => (bytemuck::cast_slice_mut(key), bytemuck::cast_slice_mut(value)),
-        CacheSlicesMut::BF16 { key, value } => (bytemuck::cast_slice_mut(key), bytemuck::cast_slice_mut(value)),
+        CacheSlicesMut::F32 { key, value } => {
+            (bytemuck::cast_slice_mut(key), bytemuck::cast_slice_mut(value))
+        }
+        CacheSlicesMut::F16 { key, value } => {
+            (bytemuck::cast_slice_mut(key), bytemuck::cast_slice_mut(value))
+        }
+        CacheSlicesMut::BF16 { key, value } => {
+            (bytemuck::cast_slice_mut(key), bytemuck::cast_slice_mut(value))
+        }
         #[allow(unreachable_patterns)]
         _ => return Err(CudaCacheError::InvalidArgument("host layer storage is not a host slice".into())),
     })
@@ -283,7 +288,11 @@ impl CudaKvCache {
                     // buffer outlives the copy (it lives as long as `self`).
                     unsafe {
                         let dst_slice = std::slice::from_raw_parts_mut(host_ptr.add(dst as usize * bb), bb);
-                        drv::memcpy_dtoh_async(dst_slice, base + (src as usize * bb) as u64, stream.cu_stream())?;
+                        drv::memcpy_dtoh_async(
+                            dst_slice,
+                            base + (src as usize * bb) as u64,
+                            stream.cu_stream(),
+                        )?;
                     }
                 }
             }
@@ -304,7 +313,11 @@ impl CudaKvCache {
                     // SAFETY: bounds-checked by `check_mapping`; the pinned source lives in `self`.
                     unsafe {
                         let src_slice = std::slice::from_raw_parts(host_ptr.add(src as usize * bb), bb);
-                        drv::memcpy_htod_async(base + (dst as usize * bb) as u64, src_slice, stream.cu_stream())?;
+                        drv::memcpy_htod_async(
+                            base + (dst as usize * bb) as u64,
+                            src_slice,
+                            stream.cu_stream(),
+                        )?;
                     }
                 }
             }
@@ -312,7 +325,12 @@ impl CudaKvCache {
         Ok(())
     }
 
-    fn check_mapping(&self, mapping: &[(u32, u32)], src_blocks: usize, dst_blocks: usize) -> Result<(), CudaCacheError> {
+    fn check_mapping(
+        &self,
+        mapping: &[(u32, u32)],
+        src_blocks: usize,
+        dst_blocks: usize,
+    ) -> Result<(), CudaCacheError> {
         if self.swap.is_empty() && !mapping.is_empty() {
             return Err(CudaCacheError::InvalidArgument("the cache has no swap space".into()));
         }

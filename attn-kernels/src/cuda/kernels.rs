@@ -29,8 +29,9 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
 pub const HEAD_SIZES: [usize; 6] = [64, 80, 96, 112, 128, 256];
 /// Cache block sizes the attention kernels are instantiated for.
 pub const BLOCK_SIZES: [usize; 3] = [8, 16, 32];
-/// Cache dtypes the attention kernels are instantiated for.
-pub const CACHE_DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+/// Cache dtypes the attention kernels are instantiated for. An f32 cache stays CPU-only: it
+/// would add a third of the compile time of every check for a layout no GPU deployment uses.
+pub const CACHE_DTYPES: [DType; 2] = [DType::F16, DType::BF16];
 /// Tokens per partition of the v2 (split-context) decode kernel; must match `attention.cu`.
 pub const PARTITION_SIZE: usize = 512;
 /// Threads per attention thread block; must match `PA_NUM_THREADS` in `attention.cu`.
@@ -40,7 +41,7 @@ pub const ATTENTION_WARPS: usize = 4;
 /// Query heads per thread block the kernels come in (largest first).
 const QPK_CHOICES: [usize; 4] = [8, 4, 2, 1];
 /// Per-thread P·V accumulators allowed (`V_ITERS * QPK`), so that no instantiation spills.
-const MAX_VALUE_ACCUMULATORS: usize = 32;
+const MAX_VALUE_ACCUMULATORS: usize = 24;
 
 /// CUDA type and short name of a cache/activation dtype.
 pub const fn cuda_type(dtype: DType) -> (&'static str, &'static str) {
@@ -89,17 +90,14 @@ impl AttentionConfig {
     /// Query heads per thread block for a GQA group of `group` query heads per KV head: the
     /// largest instantiated choice that divides the group (1 always does).
     pub fn qpk_for_group(&self, group: usize) -> usize {
-        self.qpk_options().into_iter().find(|q| group % q == 0).unwrap_or(1)
+        self.qpk_options().into_iter().find(|q| group.is_multiple_of(*q)).unwrap_or(1)
     }
 
-    /// Entry point name of an attention kernel.
-    pub fn attention_entry(&self, variant: AttentionVariant, qpk: usize) -> String {
-        let v = match variant {
-            AttentionVariant::V1 => "v1",
-            AttentionVariant::V2 => "v2",
-        };
+    /// Entry point name of the attention kernel for `qpk` query heads per block. One kernel runs
+    /// both variants: v1 with `partition_size == 0`, v2 with [`PARTITION_SIZE`].
+    pub fn attention_entry(&self, qpk: usize) -> String {
         let (tn, _) = cuda_type(self.dtype);
-        format!("paged_attention_{v}_{tn}_h{}_b{}_g{qpk}", self.head_size, self.block_size)
+        format!("paged_attention_{tn}_h{}_b{}_g{qpk}", self.head_size, self.block_size)
     }
 
     /// Entry point name of `reshape_and_cache` for this cache dtype.
@@ -114,22 +112,23 @@ impl AttentionConfig {
         let mut source = concat_sources(&["common.cuh", "attention.cu", "cache.cu"]);
         let mut entries = Vec::new();
         for qpk in self.qpk_options() {
-            for (variant, mac) in
-                [(AttentionVariant::V1, "PAGED_ATTENTION_V1"), (AttentionVariant::V2, "PAGED_ATTENTION_V2")]
-            {
-                let _ = writeln!(source, "{mac}({tn}, {ty}, {}, {}, {qpk})", self.head_size, self.block_size);
-                entries.push(Entry { name: self.attention_entry(variant, qpk), attention: true });
-            }
+            let _ = writeln!(
+                source,
+                "PAGED_ATTENTION({tn}, {ty}, {}, {}, {qpk})",
+                self.head_size, self.block_size
+            );
+            entries.push(Entry { name: self.attention_entry(qpk), attention: true });
         }
         let _ = writeln!(source, "RESHAPE_AND_CACHE({tn}, {ty})");
         entries.push(Entry { name: self.reshape_and_cache_entry(), attention: false });
         entries.push(Entry { name: REDUCE_ENTRY.to_owned(), attention: true });
         entries.push(Entry { name: COPY_BLOCKS_ENTRY.to_owned(), attention: false });
-        Program {
-            name: format!("attention_{tn}_h{}_b{}", self.head_size, self.block_size),
-            source,
-            entries,
-        }
+        Program { name: self.program_name(), source, entries }
+    }
+
+    /// Name of [`AttentionConfig::program`] (cheap: no source is built).
+    pub fn program_name(&self) -> String {
+        format!("attention_{}_h{}_b{}", cuda_type(self.dtype).0, self.head_size, self.block_size)
     }
 }
 
@@ -243,18 +242,21 @@ mod tests {
         let c = AttentionConfig { dtype: DType::BF16, head_size: 128, block_size: 16 };
         let p = c.program();
         assert_eq!(c.qpk_for_group(4), 4);
-        assert!(p.source.contains("PAGED_ATTENTION_V1(bf16, __nv_bfloat16, 128, 16, 4)"));
-        assert!(p.entries.iter().any(|e| e.name == "paged_attention_v1_bf16_h128_b16_g4"));
-        assert!(p.entries.iter().any(|e| e.name == "paged_attention_v2_bf16_h128_b16_g8"));
+        assert!(p.source.contains("PAGED_ATTENTION(bf16, __nv_bfloat16, 128, 16, 4)"));
+        assert!(p.entries.iter().any(|e| e.name == "paged_attention_bf16_h128_b16_g4"));
+        assert!(p.entries.iter().any(|e| e.name == "paged_attention_bf16_h128_b16_g8"));
         assert!(p.entries.iter().any(|e| e.name == "reshape_and_cache_bf16"));
         assert!(!p.source.contains("#pragma once"));
     }
 
     #[test]
     fn large_heads_with_wide_rows_limit_the_group_per_block() {
-        let c = AttentionConfig { dtype: DType::F32, head_size: 256, block_size: 32 };
-        // 64 rows per warp * 8 chunks per row = 16 chunks per lane: at most 2 heads per block.
+        let c = AttentionConfig { dtype: DType::BF16, head_size: 256, block_size: 32 };
+        // 64 rows per warp * 4 chunks per row = 8 chunks per lane: at most 2 heads per block.
         assert_eq!(c.qpk_options(), vec![2, 1]);
         assert_eq!(c.qpk_for_group(8), 2);
+        assert!(!AttentionConfig { dtype: DType::F32, head_size: 128, block_size: 16 }.is_supported());
+        let c = AttentionConfig { dtype: DType::BF16, head_size: 128, block_size: 16 };
+        assert_eq!(c.qpk_options(), vec![8, 4, 2, 1]);
     }
 }

@@ -31,21 +31,33 @@ pub fn nvrtc_present() -> bool {
 ///
 /// `header_dir`: where NVRTC (≥ 13.3) unpacks its bundled `cuda_fp16.h`/`cuda_bf16.h`.
 /// `verbose`: ask ptxas for per-kernel register/shared-memory/spill statistics.
-pub fn compile(program: &Program, arch: &str, header_dir: &Path, verbose: bool) -> Result<Compiled, CudaError> {
+pub fn compile(
+    program: &Program,
+    arch: &str,
+    header_dir: &Path,
+    verbose: bool,
+) -> Result<Compiled, CudaError> {
     if !nvrtc_present() {
         return Err(CudaError::NvrtcMissing);
     }
-    let src = CString::new(program.source.as_bytes()).map_err(|_| CudaError::SourceHasNul(program.name.clone()))?;
-    let name = CString::new(format!("{}.cu", program.name)).map_err(|_| CudaError::SourceHasNul(program.name.clone()))?;
-    let mut options: Vec<String> = std::env::var("NVX").ok().map(|s| s.split(' ').map(String::from).collect()).unwrap_or_default(); options.extend([
-        format!("--gpu-architecture={arch}"),
-        format!("--use-bundled-headers={}", header_dir.display()),
-        "-std=c++17".to_owned(),
-    ]);
+    let src =
+        CString::new(program.source.as_bytes()).map_err(|_| CudaError::SourceHasNul(program.name.clone()))?;
+    let name = CString::new(format!("{}.cu", program.name))
+        .map_err(|_| CudaError::SourceHasNul(program.name.clone()))?;
+    let headers = if bundled_headers_supported() {
+        format!("--use-bundled-headers={}", header_dir.display())
+    } else {
+        // NVRTC before 13.3 has no bundled fp16/bf16 headers: use the toolkit's, if installed.
+        format!("--include-path={}", toolkit_include_dir().display())
+    };
+    let mut options = vec![format!("--gpu-architecture={arch}"), headers, "-std=c++17".to_owned()];
     if verbose {
         options.push("--ptxas-options=-v".to_owned());
     }
-    let nvrtc = |e: result::NvrtcError| CudaError::Nvrtc { program: program.name.clone(), code: format!("{:?}", e.0) };
+    let nvrtc = |e: result::NvrtcError| CudaError::Nvrtc {
+        program: program.name.clone(),
+        code: format!("{:?}", e.0),
+    };
     let prog = result::create_program(&src, Some(&name)).map_err(nvrtc)?;
     // SAFETY: `prog` was just created and is destroyed exactly once below; `src`/`name` outlive it.
     let compiled = unsafe { result::compile_program(prog, &options) };
@@ -60,6 +72,21 @@ pub fn compile(program: &Program, arch: &str, header_dir: &Path, verbose: bool) 
     // SAFETY: created above, not destroyed yet.
     let _ = unsafe { result::destroy_program(prog) };
     outcome
+}
+
+/// Whether this libnvrtc can unpack its own fp16/bf16 headers (`--use-bundled-headers`, 13.3+).
+fn bundled_headers_supported() -> bool {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: plain out-parameters; the library was checked to be present.
+    let ok = unsafe { sys::nvrtcVersion(&mut major, &mut minor) } == sys::nvrtcResult::NVRTC_SUCCESS;
+    ok && (major, minor) >= (13, 3)
+}
+
+/// `$CUDA_HOME/include`, else `/usr/local/cuda/include`.
+fn toolkit_include_dir() -> std::path::PathBuf {
+    std::env::var_os("CUDA_HOME")
+        .map(|h| std::path::PathBuf::from(h).join("include"))
+        .unwrap_or_else(|| std::path::PathBuf::from("/usr/local/cuda/include"))
 }
 
 /// # Safety
@@ -163,7 +190,10 @@ ptxas info    : Used 255 registers, 16 bytes smem, 400 bytes cmem[0]
         assert!(!stats[0].spills());
         assert_eq!(stats[1].registers, 255);
         assert_eq!(stats[1].shared_bytes, 16);
-        assert_eq!((stats[1].stack_bytes, stats[1].spill_store_bytes, stats[1].spill_load_bytes), (24, 8, 12));
+        assert_eq!(
+            (stats[1].stack_bytes, stats[1].spill_store_bytes, stats[1].spill_load_bytes),
+            (24, 8, 12)
+        );
         assert!(stats[1].spills());
     }
 }

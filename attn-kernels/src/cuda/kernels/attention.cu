@@ -16,7 +16,7 @@
 // of the partition; again 16-byte chunks, contiguous per warp. Tokens past the context are
 // zeroed before the multiply so NaN-poisoned padding never reaches the output.
 //
-// v2 writes per-partition results normalised by the partition's own sum plus its max logit and
+// v2 (partition_size > 0) writes per-partition results normalised by the partition's own sum plus its max logit and
 // exp-sum; `paged_attention_v2_reduce` merges them by log-sum-exp.
 
 #define PA_NUM_THREADS 128
@@ -46,7 +46,7 @@ __device__ __forceinline__ void query_context(int token, const int* __restrict__
 // Dynamic shared memory (floats): 2 * PA_NUM_WARPS * QPK reduction scratch, QPK * HEAD query,
 // QPK * LEN logits where LEN = the partition length rounded up to whole blocks. The host computes
 // the same size (attn_kernels::cuda::launch::shared_bytes).
-template <typename cache_t, int HEAD, int BS, int QPK, int PARTITION>
+template <typename cache_t, int HEAD, int BS, int QPK>
 __device__ __forceinline__ void paged_attention_body(
     float* __restrict__ out,         // v1: [tokens, heads, HEAD]; v2: [tokens, heads, max_parts, HEAD]
     float* __restrict__ exp_sums,    // v2: [tokens, heads, max_parts]
@@ -55,7 +55,7 @@ __device__ __forceinline__ void paged_attention_body(
     const cache_t* __restrict__ k_cache, const cache_t* __restrict__ v_cache,
     const int* __restrict__ block_tables, int max_blocks_per_seq,
     const int* __restrict__ seq_lens, const int* __restrict__ query_start_loc, int num_seqs,
-    int num_heads, int num_kv_heads, float scale, int max_parts) {
+    int num_heads, int num_kv_heads, float scale, int max_parts, int partition_size) {
   constexpr int X = CacheTraits<cache_t>::X;
   static_assert(BS <= WARP_SIZE && WARP_SIZE % BS == 0, "block size must divide the warp");
   static_assert(BS % X == 0, "a value row of a block must be whole 16-byte chunks");
@@ -67,6 +67,8 @@ __device__ __forceinline__ void paged_attention_body(
   constexpr int ROWS = HEAD / PA_NUM_WARPS;  // value rows per warp
   constexpr int WCH = ROWS * CPR;            // value chunks per warp per block
   constexpr int V_ITERS = (WCH + WARP_SIZE - 1) / WARP_SIZE;
+  constexpr int K_BATCH = K_ITERS < 8 ? K_ITERS : 8;  // 16-byte key loads in flight per lane
+  constexpr int V_BATCH = V_ITERS < 4 ? V_ITERS : 4;  // 16-byte value loads in flight per lane
 
   const int token = blockIdx.y;
   const int part = blockIdx.z;
@@ -79,16 +81,17 @@ __device__ __forceinline__ void paged_attention_body(
 
   int seq, ctx;
   query_context(token, seq_lens, query_start_loc, num_seqs, &seq, &ctx);
-  const int start = PARTITION > 0 ? part * PARTITION : 0;
+  const bool split = partition_size > 0;  // v2: this block is one partition of the context
+  const int start = split ? part * partition_size : 0;
   if (ctx <= start) {
     // v2: the reduce kernel never reads partitions past the context.
-    if (PARTITION == 0) {
+    if (!split) {
       for (int i = threadIdx.x; i < QPK * HEAD; i += PA_NUM_THREADS)
         out[((long long)token * num_heads + head0 + i / HEAD) * HEAD + i % HEAD] = 0.f;
     }
     return;
   }
-  const int end = PARTITION > 0 ? min(start + PARTITION, ctx) : ctx;
+  const int end = split ? min(start + partition_size, ctx) : ctx;
   const int start_blk = start / BS;
   const int end_blk = (end + BS - 1) / BS;
   const int len = (end_blk - start_blk) * BS;
@@ -116,25 +119,32 @@ __device__ __forceinline__ void paged_attention_body(
   for (int b = start_blk + warp; b < end_blk; b += PA_NUM_WARPS) {
     const long long phys = table[b];
     const uint4* kb = reinterpret_cast<const uint4*>(k_cache + phys * block_stride + kv_head * tile);
-    uint4 raw[K_ITERS];
-#pragma unroll
-    for (int i = 0; i < K_ITERS; ++i) {
-      if (KCHUNKS % TPT == 0 || c0 + i * TPT < KCHUNKS) raw[i] = kb[i * WARP_SIZE + lane];
-    }
     float acc[QPK];
 #pragma unroll
     for (int g = 0; g < QPK; ++g) acc[g] = 0.f;
+    // Loads go out K_BATCH at a time: enough in flight, bounded registers for wide heads.
+#pragma unroll 1
+    for (int i0 = 0; i0 < K_ITERS; i0 += K_BATCH) {
+      uint4 raw[K_BATCH];
 #pragma unroll
-    for (int i = 0; i < K_ITERS; ++i) {
-      const int c = c0 + i * TPT;
-      if (KCHUNKS % TPT == 0 || c < KCHUNKS) {
-        float kf[X];
-        CacheTraits<cache_t>::load16(raw[i], kf);
+      for (int ii = 0; ii < K_BATCH; ++ii) {
+        const int i = i0 + ii;
+        if ((K_ITERS % K_BATCH == 0 || i < K_ITERS) && (KCHUNKS % TPT == 0 || c0 + i * TPT < KCHUNKS))
+          raw[ii] = kb[i * WARP_SIZE + lane];
+      }
 #pragma unroll
-        for (int g = 0; g < QPK; ++g) {
-          const float* qs = q_s + g * HEAD + c * X;
+      for (int ii = 0; ii < K_BATCH; ++ii) {
+        const int i = i0 + ii;
+        const int c = c0 + i * TPT;
+        if ((K_ITERS % K_BATCH == 0 || i < K_ITERS) && (KCHUNKS % TPT == 0 || c < KCHUNKS)) {
+          float kf[X];
+          CacheTraits<cache_t>::load16(raw[ii], kf);
 #pragma unroll
-          for (int e = 0; e < X; ++e) acc[g] = fmaf(qs[e], kf[e], acc[g]);
+          for (int g = 0; g < QPK; ++g) {
+            const float* qs = q_s + g * HEAD + c * X;
+#pragma unroll
+            for (int e = 0; e < X; ++e) acc[g] = fmaf(qs[e], kf[e], acc[g]);
+          }
         }
       }
     }
@@ -194,7 +204,7 @@ __device__ __forceinline__ void paged_attention_body(
 #pragma unroll
     for (int w = 0; w < PA_NUM_WARPS; ++w) s += red_sum[w * QPK + g];
     inv_sum[g] = 1.f / s;  // s >= 1: the max logit contributes exp(0)
-    if (PARTITION > 0 && threadIdx.x == 0) {
+    if (split && threadIdx.x == 0) {
       const long long idx = ((long long)token * num_heads + head0 + g) * max_parts + part;
       max_logits[idx] = row_max[g];
       exp_sums[idx] = s;
@@ -212,28 +222,34 @@ __device__ __forceinline__ void paged_attention_body(
     const uint4* vb =
         reinterpret_cast<const uint4*>(v_cache + phys * block_stride + kv_head * tile) + warp * WCH;
     const bool partial = (b + 1) * BS > end;
-    uint4 raw[V_ITERS];
-#pragma unroll
-    for (int i = 0; i < V_ITERS; ++i) {
-      if (WCH % WARP_SIZE == 0 || i * WARP_SIZE + lane < WCH) raw[i] = vb[i * WARP_SIZE + lane];
-    }
     const float* p = logits + (b - start_blk) * BS;
 #pragma unroll
-    for (int i = 0; i < V_ITERS; ++i) {
-      const int j = i * WARP_SIZE + lane;
-      if (WCH % WARP_SIZE == 0 || j < WCH) {
-        const int t0 = (j % CPR) * X;
-        float vf[X];
-        CacheTraits<cache_t>::load16(raw[i], vf);
-        if (partial) {
+    for (int i0 = 0; i0 < V_ITERS; i0 += V_BATCH) {
+      uint4 raw[V_BATCH];
 #pragma unroll
-          for (int e = 0; e < X; ++e)
-            if (b * BS + t0 + e >= end) vf[e] = 0.f;
-        }
+      for (int ii = 0; ii < V_BATCH; ++ii) {
+        const int i = i0 + ii;
+        if ((V_ITERS % V_BATCH == 0 || i < V_ITERS) && (WCH % WARP_SIZE == 0 || i * WARP_SIZE + lane < WCH))
+          raw[ii] = vb[i * WARP_SIZE + lane];
+      }
 #pragma unroll
-        for (int g = 0; g < QPK; ++g) {
+      for (int ii = 0; ii < V_BATCH; ++ii) {
+        const int i = i0 + ii;
+        const int j = i * WARP_SIZE + lane;
+        if ((V_ITERS % V_BATCH == 0 || i < V_ITERS) && (WCH % WARP_SIZE == 0 || j < WCH)) {
+          const int t0 = (j % CPR) * X;
+          float vf[X];
+          CacheTraits<cache_t>::load16(raw[ii], vf);
+          if (partial) {
 #pragma unroll
-          for (int e = 0; e < X; ++e) vacc[i][g] = fmaf(p[g * len + t0 + e], vf[e], vacc[i][g]);
+            for (int e = 0; e < X; ++e)
+              if (b * BS + t0 + e >= end) vf[e] = 0.f;
+          }
+#pragma unroll
+          for (int g = 0; g < QPK; ++g) {
+#pragma unroll
+            for (int e = 0; e < X; ++e) vacc[i][g] = fmaf(p[g * len + t0 + e], vf[e], vacc[i][g]);
+          }
         }
       }
     }
@@ -251,7 +267,7 @@ __device__ __forceinline__ void paged_attention_body(
 #pragma unroll
       for (int g = 0; g < QPK; ++g) {
         const long long head_idx = (long long)token * num_heads + head0 + g;
-        const long long o = PARTITION > 0 ? (head_idx * max_parts + part) * HEAD + row : head_idx * HEAD + row;
+        const long long o = split ? (head_idx * max_parts + part) * HEAD + row : head_idx * HEAD + row;
         out[o] = vacc[i][g] * inv_sum[g];
       }
     }
@@ -264,23 +280,19 @@ __device__ __forceinline__ void paged_attention_body(
       const T *__restrict__ v_cache, const int *__restrict__ block_tables,                 \
       int max_blocks_per_seq, const int *__restrict__ seq_lens,                            \
       const int *__restrict__ query_start_loc, int num_seqs, int num_heads,                \
-      int num_kv_heads, float scale, int max_parts
+      int num_kv_heads, float scale, int max_parts, int partition_size
 #define PA_ARGS                                                                            \
   out, exp_sums, max_logits, q, k_cache, v_cache, block_tables, max_blocks_per_seq,        \
-      seq_lens, query_start_loc, num_seqs, num_heads, num_kv_heads, scale, max_parts
+      seq_lens, query_start_loc, num_seqs, num_heads, num_kv_heads, scale, max_parts, partition_size
 
-// v1: one partition = the whole context (logits of up to max context in shared memory).
-#define PAGED_ATTENTION_V1(TN, T, HEAD, BS, QPK)                                           \
-  extern "C" __global__ void __launch_bounds__(PA_NUM_THREADS, 4)                             \
-      paged_attention_v1_##TN##_h##HEAD##_b##BS##_g##QPK(PA_PARAMS(T)) {                    \
-    paged_attention_body<T, HEAD, BS, QPK, 0>(PA_ARGS);                                    \
-  }
-
-// v2: 512-token partitions, merged by paged_attention_v2_reduce.
-#define PAGED_ATTENTION_V2(TN, T, HEAD, BS, QPK)                                           \
-  extern "C" __global__ void __launch_bounds__(PA_NUM_THREADS, 4)                             \
-      paged_attention_v2_##TN##_h##HEAD##_b##BS##_g##QPK(PA_PARAMS(T)) {                    \
-    paged_attention_body<T, HEAD, BS, QPK, 512>(PA_ARGS);                                  \
+// One kernel for both decode variants: v1 (partition_size == 0: the whole context in one block,
+// grid.z == 1) and v2 (partition_size > 0: grid.z partitions, merged by
+// paged_attention_v2_reduce). The split is a uniform runtime branch, so one instantiation serves
+// both and the compile check stays affordable.
+#define PAGED_ATTENTION(TN, T, HEAD, BS, QPK)                                              \
+  extern "C" __global__ void __launch_bounds__(PA_NUM_THREADS, 4)                          \
+      paged_attention_##TN##_h##HEAD##_b##BS##_g##QPK(PA_PARAMS(T)) {                       \
+    paged_attention_body<T, HEAD, BS, QPK>(PA_ARGS);                                       \
   }
 
 // Merge the partitions of one (query token, head): grid (num_heads, num_tokens), 128 threads,

@@ -1,0 +1,352 @@
+//! `gpu_check`: the one program a lent GPU runs. Checks every CUDA kernel against the CPU
+//! reference on random data (every cache dtype, head size and block size; NaN-poisoned padding;
+//! shuffled blocks; decode and varlen batches through both the v1 and the v2 kernel), checks
+//! copy/swap, then measures device-to-device copy bandwidth and paged decode attention, and
+//! writes everything as flat JSON to `$OUT/gpu_check.json`.
+//!
+//! `gpu_check --precompile DIR [--arch sm_90]` runs without a GPU: it compiles every program
+//! into the cubin cache folder DIR, so the GPU run needs no NVRTC at all.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+
+use attn_kernels::cuda::gpu_check::{
+    ATTENTION_TOLERANCE, AttnCase, batches, cache_images_equal, decode_figures, layer_bytes, max_rel_error,
+};
+use attn_kernels::cuda::kernels::{AttentionVariant, BLOCK_SIZES, CACHE_DTYPES, HEAD_SIZES, all_programs};
+use attn_kernels::cuda::ops::{self, AttnWorkspace, DeviceAttnMetadata, DeviceSlotMapping};
+use attn_kernels::cuda::{CudaError, CudaKernels, cubin_cache::CubinCache, nvrtc};
+use kv_cache::cuda::{CudaDevice, CudaKvCache, DeviceLayerCache};
+use kv_cache::{BlockShape, CacheConfig, CacheGeometry, DType, KvCache, LayerCache};
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde_json::{Map, Value, json};
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let flag = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
+    if let Some(dir) = flag("--precompile") {
+        let arch = flag("--arch").unwrap_or_else(|| "sm_90".into());
+        return match precompile(PathBuf::from(dir), &arch) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("gpu_check --precompile: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let out_dir = std::env::var_os("OUT").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+    let cubin_dir = flag("--cubins")
+        .map(PathBuf::from)
+        .or_else(|| std::env::current_exe().ok().and_then(|e| e.parent().map(|p| p.join("cubins"))));
+    let mut figures = Map::new();
+    let result = run(cubin_dir, &mut figures);
+    let ok = match &result {
+        Ok(failures) => *failures == 0,
+        Err(e) => {
+            figures.insert("error".into(), Value::String(e.to_string()));
+            false
+        }
+    };
+    figures.insert("check.passed".into(), json!(if ok { 1 } else { 0 }));
+    let text = serde_json::to_string_pretty(&Value::Object(figures)).unwrap_or_default();
+    println!("{text}");
+    if let Err(e) =
+        std::fs::create_dir_all(&out_dir).and_then(|()| std::fs::write(out_dir.join("gpu_check.json"), &text))
+    {
+        eprintln!("gpu_check: writing {}: {e}", out_dir.display());
+        return ExitCode::FAILURE;
+    }
+    if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}
+
+/// Compiles every program for `arch` into the cubin cache folder (no GPU needed).
+fn precompile(dir: PathBuf, arch: &str) -> Res<()> {
+    let cache = CubinCache::new(Some(dir.clone()));
+    let headers = std::env::temp_dir().join("attn-kernels-nvrtc-headers");
+    let programs = all_programs();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let jobs = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
+    let errors = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..jobs {
+            s.spawn(|| {
+                while let Some(p) = programs.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) {
+                    let r =
+                        nvrtc::compile(p, arch, &headers, false).and_then(|c| cache.store(p, arch, &c.cubin));
+                    if let Err(e) = r {
+                        errors.lock().unwrap_or_else(|e| e.into_inner()).push(e.to_string());
+                    }
+                }
+            });
+        }
+    });
+    let errors = errors.into_inner().unwrap_or_else(|e| e.into_inner());
+    if let Some(e) = errors.first() {
+        return Err(e.clone().into());
+    }
+    println!("precompiled {} programs for {arch} into {}", programs.len(), dir.display());
+    Ok(())
+}
+
+/// Runs the checks and benchmarks; returns the number of failed checks.
+fn run(cubin_dir: Option<PathBuf>, figures: &mut Map<String, Value>) -> Res<usize> {
+    let device = CudaDevice::open(0)?;
+    figures.insert("device".into(), Value::String(device.name()?));
+    let kernels = CudaKernels::with_cache_dir(device.clone(), cubin_dir)?;
+    let start = Instant::now();
+    let mut failures = 0;
+    failures += check_attention(&kernels, figures)?;
+    failures += check_reshape_and_cache(&kernels, figures)?;
+    failures += check_copy_and_swap(&kernels, &device, figures)?;
+    figures.insert("check.seconds".into(), json!(start.elapsed().as_secs_f64()));
+    figures.insert("check.failures".into(), json!(failures));
+    bench(&kernels, &device, figures)?;
+    Ok(failures)
+}
+
+fn record_max(figures: &mut Map<String, Value>, key: &str, v: f64) {
+    let old = figures.get(key).and_then(Value::as_f64).unwrap_or(0.0);
+    figures.insert(key.into(), json!(old.max(if v.is_finite() { v } else { 1e30 })));
+}
+
+fn check_attention(kernels: &CudaKernels, figures: &mut Map<String, Value>) -> Res<usize> {
+    let stream = kernels.device().stream().clone();
+    let mut failures = 0;
+    let mut cases = 0;
+    for (i, (&dtype, (&head_size, &block_size))) in CACHE_DTYPES
+        .iter()
+        .flat_map(|d| HEAD_SIZES.iter().flat_map(move |h| BLOCK_SIZES.iter().map(move |b| (d, (h, b)))))
+        .enumerate()
+    {
+        let group = [1, 3, 4, 8][i % 4];
+        let num_kv_heads = 2;
+        let num_heads = num_kv_heads * group;
+        for (name, chunks) in batches() {
+            let needed: usize = chunks.iter().map(|&(_, l)| l.div_ceil(block_size)).sum();
+            let geometry =
+                CacheGeometry { num_blocks: 2 * needed + 3, num_kv_heads, head_size, block_size, dtype };
+            let case = AttnCase::random(geometry, num_heads, &chunks, i as u64 * 31 + name.len() as u64)?;
+            let want = case.reference()?;
+            let mut dev_cache = DeviceLayerCache::new(kernels.device(), geometry)?;
+            dev_cache.upload(kernels.device(), &case.cache)?;
+            let meta = DeviceAttnMetadata::upload(&stream, &case.meta(), block_size, geometry.num_blocks)?;
+            let query = stream.clone_htod(&case.query)?;
+            let mut ws =
+                AttnWorkspace::new(&stream, meta.num_tokens(), num_heads, head_size, meta.max_context())?;
+            for variant in [AttentionVariant::V1, AttentionVariant::V2] {
+                let mut out = stream.alloc_zeros::<f32>(case.query.len().max(1))?;
+                ops::paged_attention_with(
+                    kernels,
+                    &mut out,
+                    &query,
+                    &dev_cache,
+                    &meta,
+                    num_heads,
+                    case.scale,
+                    &mut ws,
+                    Some(variant),
+                )?;
+                let got = stream.clone_dtoh(&out)?;
+                let err = max_rel_error(&got[..want.len()], &want);
+                cases += 1;
+                let key =
+                    format!("check.attention.{name}_{variant:?}.{}.max_rel_err", dtype.name()).to_lowercase();
+                record_max(figures, &key, err);
+                if err > ATTENTION_TOLERANCE {
+                    failures += 1;
+                    eprintln!(
+                        "FAIL attention {name} {variant:?} {dtype} h{head_size} b{block_size} group {group}: max rel err {err:.3e}"
+                    );
+                }
+            }
+        }
+    }
+    figures.insert("check.attention.cases".into(), json!(cases));
+    figures.insert("check.attention.failures".into(), json!(failures));
+    Ok(failures)
+}
+
+fn check_reshape_and_cache(kernels: &CudaKernels, figures: &mut Map<String, Value>) -> Res<usize> {
+    let stream = kernels.device().stream().clone();
+    let mut failures = 0;
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    for &dtype in &CACHE_DTYPES {
+        for &head_size in &HEAD_SIZES {
+            for &block_size in &BLOCK_SIZES {
+                let geometry =
+                    CacheGeometry { num_blocks: 13, num_kv_heads: 3, head_size, block_size, dtype };
+                let mut host = LayerCache::new(geometry)?;
+                host.fill(f32::NAN);
+                let mut dev = DeviceLayerCache::new(kernels.device(), geometry)?;
+                dev.upload(kernels.device(), &host)?;
+                let mut slots: Vec<i64> = (0..geometry.num_slots() as i64).collect();
+                slots.shuffle(&mut rng);
+                slots.truncate(37);
+                for s in slots.iter_mut().step_by(5) {
+                    *s = -1; // padding
+                }
+                let n = slots.len() * 3 * head_size;
+                let k: Vec<f32> = (0..n).map(|_| rng.random_range(-4.0f32..4.0)).collect();
+                let v: Vec<f32> = (0..n).map(|_| rng.random_range(-4.0f32..4.0)).collect();
+                attn_kernels::reshape_and_cache(&k, &v, &slots, &mut host)?;
+                let mapping = DeviceSlotMapping::upload(&stream, &slots, geometry.num_slots())?;
+                ops::reshape_and_cache(
+                    kernels,
+                    &stream.clone_htod(&k)?,
+                    &stream.clone_htod(&v)?,
+                    &mapping,
+                    &mut dev,
+                )?;
+                let mut back = LayerCache::new(geometry)?;
+                dev.download(kernels.device(), &mut back)?;
+                let (hk, hv) = layer_bytes(&host);
+                let (dk, dv) = layer_bytes(&back);
+                if !(cache_images_equal(&hk, &dk, dtype) && cache_images_equal(&hv, &dv, dtype)) {
+                    failures += 1;
+                    eprintln!("FAIL reshape_and_cache {dtype} h{head_size} b{block_size}");
+                }
+            }
+        }
+    }
+    figures.insert("check.reshape_and_cache.failures".into(), json!(failures));
+    Ok(failures)
+}
+
+fn check_copy_and_swap(
+    kernels: &CudaKernels,
+    device: &Arc<CudaDevice>,
+    figures: &mut Map<String, Value>,
+) -> Res<usize> {
+    let shape =
+        BlockShape { block_size: 16, num_layers: 2, num_kv_heads: 2, head_size: 128, dtype: DType::BF16 };
+    let config = CacheConfig::new(shape, 32, 8);
+    let mut host = KvCache::new(config)?;
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    for layer in host.layers_mut() {
+        let g = *layer.geometry();
+        for slot in 0..g.num_slots() {
+            for h in 0..g.num_kv_heads {
+                let k: Vec<f32> = (0..g.head_size).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+                layer.write_token(slot, h, &k, &k)?;
+            }
+        }
+    }
+    let mut dev = CudaKvCache::new(config, device.clone())?;
+    for l in 0..config.num_layers {
+        dev.layer_mut(l)?.upload(device, host.layer(l))?;
+    }
+    let pairs = [(3u32, 7u32), (0, 31), (12, 1)];
+    attn_kernels::copy_blocks(&mut host, &pairs)?;
+    ops::copy_blocks(kernels, &mut dev, &pairs)?;
+    // Swap blocks 7 and 31 out to swap slots 0 and 5, then back in to device blocks 20 and 21.
+    dev.swap_out(&[(7, 0), (31, 5)])?;
+    dev.swap_in(&[(0, 20), (5, 21)])?;
+    device.synchronize()?;
+    attn_kernels::copy_blocks(&mut host, &[(7, 20), (31, 21)])?;
+    let mut failures = 0;
+    for l in 0..config.num_layers {
+        let mut back = LayerCache::new(*host.layer(l).geometry())?;
+        dev.layer(l)?.download(device, &mut back)?;
+        if layer_bytes(&back) != layer_bytes(host.layer(l)) {
+            failures += 1;
+            eprintln!("FAIL copy_blocks/swap layer {l}");
+        }
+    }
+    figures.insert("check.copy_swap.failures".into(), json!(failures));
+    Ok(failures)
+}
+
+/// Mean seconds per call of `f` over `iters` calls, timed with CUDA events after 3 warm-ups.
+fn time_it(device: &CudaDevice, iters: usize, mut f: impl FnMut() -> Result<(), CudaError>) -> Res<f64> {
+    for _ in 0..3 {
+        f()?;
+    }
+    let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let (a, b) = (device.context().new_event(flags)?, device.context().new_event(flags)?);
+    a.record(device.stream())?;
+    for _ in 0..iters {
+        f()?;
+    }
+    b.record(device.stream())?;
+    b.synchronize()?;
+    Ok(f64::from(a.elapsed_ms(&b)?) / 1e3 / iters as f64)
+}
+
+fn bench(kernels: &CudaKernels, device: &Arc<CudaDevice>, figures: &mut Map<String, Value>) -> Res<()> {
+    let stream = device.stream().clone();
+    // Device-to-device copy of 1 GiB: the bandwidth ceiling (bytes read + written).
+    let n = 1usize << 30;
+    let src = stream.alloc_zeros::<u8>(n)?;
+    let mut dst = stream.alloc_zeros::<u8>(n)?;
+    let copy_s = time_it(device, 20, || Ok(stream.memcpy_dtod(&src, &mut dst)?))?;
+    let copy_bps = 2.0 * n as f64 / copy_s;
+    figures.insert("cuda.copy_tb_s".into(), json!(copy_bps / 1e12));
+    drop((src, dst));
+
+    // Paged decode: 64 sequences x 4096 tokens, 32 query / 8 KV heads, head 128, bf16, block 16.
+    let (seqs, ctx, heads, kv_heads, head_size, bs) =
+        (64usize, 4096usize, 32usize, 8usize, 128usize, 16usize);
+    let blocks_per_seq = ctx / bs;
+    let geometry = CacheGeometry {
+        num_blocks: seqs * blocks_per_seq,
+        num_kv_heads: kv_heads,
+        head_size,
+        block_size: bs,
+        dtype: DType::BF16,
+    };
+    let cache = DeviceLayerCache::new(device, geometry)?;
+    let mut shuffled: Vec<u32> = (0..geometry.num_blocks as u32).collect();
+    shuffled.shuffle(&mut ChaCha8Rng::seed_from_u64(1));
+    let contiguous: Vec<u32> = (0..geometry.num_blocks as u32).collect();
+    let qsl: Vec<usize> = (0..=seqs).collect();
+    let lens = vec![ctx; seqs];
+    let query = stream.alloc_zeros::<f32>(seqs * heads * head_size)?;
+    let mut out = stream.alloc_zeros::<f32>(seqs * heads * head_size)?;
+    let mut ws = AttnWorkspace::new(&stream, seqs, heads, head_size, ctx)?;
+    let kv_bytes = (seqs * ctx * kv_heads * head_size * 2 * 2) as f64;
+    let scale = 1.0 / (head_size as f32).sqrt();
+    let mut times = Vec::new();
+    for (table_name, table) in [("paged", &shuffled), ("contiguous", &contiguous)] {
+        let meta = attn_kernels::PagedAttnMetadata {
+            query_start_loc: &qsl,
+            seq_lens: &lens,
+            block_tables: table,
+            max_blocks_per_seq: blocks_per_seq,
+        };
+        let dmeta = DeviceAttnMetadata::upload(&stream, &meta, bs, geometry.num_blocks)?;
+        for variant in [None, Some(AttentionVariant::V1), Some(AttentionVariant::V2)] {
+            let mut ran = AttentionVariant::V1;
+            let t = time_it(device, 20, || {
+                ran = ops::paged_attention_with(
+                    kernels, &mut out, &query, &cache, &dmeta, heads, scale, &mut ws, variant,
+                )?;
+                Ok(())
+            })?;
+            let label = variant.map_or("auto".to_owned(), |v| format!("{v:?}").to_lowercase());
+            figures.insert(format!("cuda.decode_{table_name}_{label}_us"), json!(t * 1e6));
+            if variant.is_none() {
+                figures.insert(
+                    format!("cuda.decode_{table_name}_auto_is_v2"),
+                    json!(u8::from(ran == AttentionVariant::V2)),
+                );
+            }
+            times.push(((table_name, label), t));
+        }
+    }
+    let get = |t: &str, l: &str| times.iter().find(|((a, b), _)| *a == t && b == l).map_or(f64::NAN, |x| x.1);
+    let auto = decode_figures(kv_bytes, get("paged", "auto"), get("contiguous", "auto"), copy_bps);
+    figures.insert("cuda.decode_bw_fraction".into(), json!(auto.bw_fraction));
+    figures.insert("cuda.decode_kv_tb_s".into(), json!(auto.kv_bytes_per_s / 1e12));
+    figures.insert("cuda.paged_over_contiguous".into(), json!(auto.paged_over_contiguous));
+    for l in ["v1", "v2"] {
+        let f = decode_figures(kv_bytes, get("paged", l), get("contiguous", l), copy_bps);
+        figures.insert(format!("cuda.decode_{l}_bw_fraction"), json!(f.bw_fraction));
+    }
+    Ok(())
+}

@@ -1,0 +1,194 @@
+//! Compiled cubins, cached in memory and on disk, keyed by the program source, the target
+//! architecture and the compile options, so a process compiles a program once and a machine
+//! compiles it once across processes (and a prepared bundle can ship the files).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use sha2::{Digest, Sha256};
+
+use super::error::CudaError;
+use super::kernels::Program;
+
+/// Bump when the NVRTC options change, so old cubins are not reused.
+pub const OPTIONS_VERSION: &str = "nvrtc-opts-1";
+
+/// Environment variable naming the on-disk cache folder.
+pub const CACHE_DIR_ENV: &str = "ATTN_KERNELS_CUBIN_DIR";
+
+/// The cache key of `program` compiled for `arch`: a hex SHA-256 prefix.
+pub fn cache_key(program: &Program, arch: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(OPTIONS_VERSION.as_bytes());
+    h.update([0]);
+    h.update(arch.as_bytes());
+    h.update([0]);
+    h.update(program.source.as_bytes());
+    h.finalize().iter().take(12).map(|b| format!("{b:02x}")).collect()
+}
+
+/// File name of a cached cubin inside the cache folder.
+pub fn file_name(program: &Program, arch: &str) -> String {
+    format!("{}-{arch}-{}.cubin", program.name, cache_key(program, arch))
+}
+
+/// The default on-disk folder: `$ATTN_KERNELS_CUBIN_DIR`, else `$XDG_CACHE_HOME/attn-kernels`,
+/// else `~/.cache/attn-kernels`; `None` when none of them is set.
+pub fn default_dir() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os(CACHE_DIR_ENV) {
+        return Some(PathBuf::from(d));
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("attn-kernels"))
+}
+
+/// In-memory map in front of an optional folder of `.cubin` files.
+#[derive(Debug, Default)]
+pub struct CubinCache {
+    dir: Option<PathBuf>,
+    mem: Mutex<HashMap<String, Arc<Vec<u8>>>>,
+}
+
+impl CubinCache {
+    pub fn new(dir: Option<PathBuf>) -> Self {
+        CubinCache { dir, mem: Mutex::new(HashMap::new()) }
+    }
+
+    pub fn dir(&self) -> Option<&Path> {
+        self.dir.as_deref()
+    }
+
+    /// The cubin of `program` for `arch`: from memory, else from disk, else from `compile`
+    /// (whose result is stored in both). A disk read or write failure only costs a compile.
+    pub fn get_or_compile(
+        &self,
+        program: &Program,
+        arch: &str,
+        compile: impl FnOnce() -> Result<Vec<u8>, CudaError>,
+    ) -> Result<Arc<Vec<u8>>, CudaError> {
+        let key = file_name(program, arch);
+        if let Some(hit) = self.lock().get(&key) {
+            return Ok(hit.clone());
+        }
+        let path = self.dir.as_ref().map(|d| d.join(&key));
+        let cubin = match path.as_ref().and_then(|p| std::fs::read(p).ok()).filter(|b| !b.is_empty()) {
+            Some(bytes) => bytes,
+            None => {
+                let bytes = compile()?;
+                if let Some(p) = &path
+                    && let Err(e) = write_atomically(p, &bytes)
+                {
+                    tracing_free_warn(&format!("could not store cubin {}: {e}", p.display()));
+                }
+                bytes
+            }
+        };
+        let cubin = Arc::new(cubin);
+        self.lock().insert(key, cubin.clone());
+        Ok(cubin)
+    }
+
+    /// Stores an already compiled cubin on disk (what the GPU bundle does ahead of time).
+    pub fn store(&self, program: &Program, arch: &str, cubin: &[u8]) -> Result<PathBuf, CudaError> {
+        let dir = self
+            .dir
+            .as_ref()
+            .ok_or_else(|| CudaError::InvalidArgument("the cubin cache has no folder".into()))?;
+        let path = dir.join(file_name(program, arch));
+        write_atomically(&path, cubin)
+            .map_err(|source| CudaError::CacheIo { path: path.display().to_string(), source })?;
+        Ok(path)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Vec<u8>>>> {
+        // A poisoned map only means another thread panicked mid-insert; the map is still valid.
+        self.mem.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path)
+}
+
+// The crate has no logging dependency; a failed cache write is worth one line on stderr.
+fn tracing_free_warn(msg: &str) {
+    eprintln!("attn-kernels: {msg}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cuda::kernels::Entry;
+
+    /// A scratch folder removed on drop (the crate has no tempfile dependency).
+    struct TempDir(PathBuf);
+    impl TempDir {
+        fn new(tag: &str) -> Self {
+            let d = std::env::temp_dir().join(format!("attn-kernels-cubin-{tag}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&d);
+            TempDir(d)
+        }
+    }
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn program(src: &str) -> Program {
+        Program {
+            name: "p".into(),
+            source: src.into(),
+            entries: vec![Entry { name: "k".into(), attention: false }],
+        }
+    }
+
+    #[test]
+    fn key_depends_on_source_and_arch() {
+        let a = program("a");
+        assert_ne!(cache_key(&a, "sm_90"), cache_key(&a, "sm_80"));
+        assert_ne!(cache_key(&a, "sm_90"), cache_key(&program("b"), "sm_90"));
+        assert_eq!(cache_key(&a, "sm_90"), cache_key(&program("a"), "sm_90"));
+    }
+
+    #[test]
+    fn compiles_once_then_hits_memory_and_disk() -> Result<(), CudaError> {
+        let dir = TempDir::new("hits");
+        let p = program("x");
+        let calls = std::cell::Cell::new(0);
+        let compile = || {
+            calls.set(calls.get() + 1);
+            Ok(vec![1u8, 2, 3])
+        };
+        let cache = CubinCache::new(Some(dir.0.clone()));
+        assert_eq!(*cache.get_or_compile(&p, "sm_90", compile)?, vec![1, 2, 3]);
+        assert_eq!(*cache.get_or_compile(&p, "sm_90", compile)?, vec![1, 2, 3]);
+        assert_eq!(calls.get(), 1);
+        // A fresh process (new memory map) reads the file instead of compiling.
+        let again = CubinCache::new(Some(dir.0.clone()));
+        assert_eq!(*again.get_or_compile(&p, "sm_90", compile)?, vec![1, 2, 3]);
+        assert_eq!(calls.get(), 1);
+        // Another architecture is another entry.
+        again.get_or_compile(&p, "sm_80", compile)?;
+        assert_eq!(calls.get(), 2);
+        Ok(())
+    }
+
+    #[test]
+    fn compile_errors_are_not_cached() {
+        let cache = CubinCache::new(None);
+        let p = program("y");
+        let r = cache.get_or_compile(&p, "sm_90", || Err(CudaError::NvrtcMissing));
+        assert!(matches!(r, Err(CudaError::NvrtcMissing)));
+        let ok = cache.get_or_compile(&p, "sm_90", || Ok(vec![7]));
+        assert!(matches!(ok.as_deref(), Ok(v) if v == &vec![7u8]));
+    }
+}

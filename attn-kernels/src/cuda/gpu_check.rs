@@ -1,0 +1,260 @@
+//! The GPU check (run on a lent GPU by the `gpu_check` binary): every CUDA kernel against the
+//! CPU reference on random data, then the bandwidth figures. The host side — random cases with
+//! NaN-poisoned caches and shuffled block tables, the tolerance check, the figure arithmetic —
+//! lives here so it is unit-tested on machines without a GPU.
+
+use half::{bf16, f16};
+use kv_cache::{CacheGeometry, DType, LayerCache};
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::{AttnError, PagedAttnMetadata};
+
+/// One attention batch on one layer: a NaN-poisoned cache whose used slots hold random K/V,
+/// shuffled physical blocks, and random queries.
+#[derive(Debug)]
+pub struct AttnCase {
+    pub cache: LayerCache,
+    pub query: Vec<f32>,
+    pub query_start_loc: Vec<usize>,
+    pub seq_lens: Vec<usize>,
+    pub block_tables: Vec<u32>,
+    pub max_blocks_per_seq: usize,
+    pub num_heads: usize,
+    pub scale: f32,
+}
+
+impl AttnCase {
+    /// `chunks[s] = (query_len, seq_len)`; every context token is written through the CPU
+    /// `reshape_and_cache`, every other slot stays NaN.
+    pub fn random(
+        geometry: CacheGeometry,
+        num_heads: usize,
+        chunks: &[(usize, usize)],
+        seed: u64,
+    ) -> Result<Self, AttnError> {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let bs = geometry.block_size;
+        let max_blocks_per_seq = chunks.iter().map(|&(_, l)| l.div_ceil(bs)).max().unwrap_or(0).max(1);
+        let needed: usize = chunks.iter().map(|&(_, l)| l.div_ceil(bs)).sum();
+        let mut physical: Vec<u32> = (0..geometry.num_blocks as u32).collect();
+        physical.shuffle(&mut rng);
+        if needed > physical.len() {
+            return Err(AttnError::BlockOutOfRange { block: needed as u64, num_blocks: physical.len() });
+        }
+        let mut cache = LayerCache::new(geometry)?;
+        cache.fill(f32::NAN);
+        let mut block_tables = vec![u32::MAX; chunks.len() * max_blocks_per_seq];
+        let mut next = physical.into_iter();
+        let mut slots = Vec::new();
+        for (s, &(_, len)) in chunks.iter().enumerate() {
+            let row = &mut block_tables[s * max_blocks_per_seq..][..max_blocks_per_seq];
+            for b in row.iter_mut().take(len.div_ceil(bs)) {
+                *b = next.next().unwrap_or(0);
+            }
+            slots.extend((0..len).map(|i| (row[i / bs] as usize * bs + i % bs) as i64));
+        }
+        let row = geometry.num_kv_heads * geometry.head_size;
+        let kv: Vec<f32> = (0..slots.len() * row).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+        let vv: Vec<f32> = (0..slots.len() * row).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+        crate::reshape_and_cache(&kv, &vv, &slots, &mut cache)?;
+        let mut query_start_loc = vec![0];
+        for &(q, _) in chunks {
+            query_start_loc.push(query_start_loc.last().copied().unwrap_or(0) + q);
+        }
+        let num_tokens = query_start_loc.last().copied().unwrap_or(0);
+        let query = (0..num_tokens * num_heads * geometry.head_size)
+            .map(|_| rng.random_range(-1.0f32..1.0))
+            .collect();
+        Ok(AttnCase {
+            cache,
+            query,
+            query_start_loc,
+            seq_lens: chunks.iter().map(|&(_, l)| l).collect(),
+            block_tables,
+            max_blocks_per_seq,
+            num_heads,
+            scale: 1.0 / (geometry.head_size as f32).sqrt(),
+        })
+    }
+
+    pub fn meta(&self) -> PagedAttnMetadata<'_> {
+        PagedAttnMetadata {
+            query_start_loc: &self.query_start_loc,
+            seq_lens: &self.seq_lens,
+            block_tables: &self.block_tables,
+            max_blocks_per_seq: self.max_blocks_per_seq,
+        }
+    }
+
+    /// The f64-softmax reference output.
+    pub fn reference(&self) -> Result<Vec<f32>, AttnError> {
+        let mut out = vec![0.0; self.query.len()];
+        crate::reference::paged_attention(
+            &mut out,
+            &self.query,
+            &self.cache,
+            &self.meta(),
+            self.num_heads,
+            self.scale,
+        )?;
+        Ok(out)
+    }
+}
+
+/// Largest `|got - want| / max(1, |want|)`; NaN anywhere counts as infinitely wrong.
+pub fn max_rel_error(got: &[f32], want: &[f32]) -> f64 {
+    if got.len() != want.len() {
+        return f64::INFINITY;
+    }
+    got.iter()
+        .zip(want)
+        .map(|(&g, &w)| {
+            let e = (g as f64 - w as f64).abs() / (w as f64).abs().max(1.0);
+            if e.is_nan() { f64::INFINITY } else { e }
+        })
+        .fold(0.0, f64::max)
+}
+
+/// Tolerance of an f32-accumulated kernel against the f64 reference (the cache values are the
+/// same on both sides, only summation order and `__expf` differ).
+pub const ATTENTION_TOLERANCE: f64 = 2e-3;
+
+/// Raw bytes of a host layer's key and value tensors (to compare with a device copy exactly).
+pub fn layer_bytes(layer: &LayerCache) -> (Vec<u8>, Vec<u8>) {
+    use kv_cache::CacheSlices;
+    match layer.slices() {
+        CacheSlices::F32 { key, value } => (bytemuck_bytes(key), bytemuck_bytes(value)),
+        CacheSlices::F16 { key, value } => {
+            (half_bytes(key.iter().map(|v| v.to_bits())), half_bytes(value.iter().map(|v| v.to_bits())))
+        }
+        CacheSlices::BF16 { key, value } => {
+            (half_bytes(key.iter().map(|v| v.to_bits())), half_bytes(value.iter().map(|v| v.to_bits())))
+        }
+        #[allow(unreachable_patterns)]
+        _ => (Vec::new(), Vec::new()),
+    }
+}
+
+fn bytemuck_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn half_bytes(v: impl Iterator<Item = u16>) -> Vec<u8> {
+    v.flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Element-wise equality of two cache byte images of `dtype`, treating any two NaNs as equal
+/// (a padding slot must stay NaN, a written slot must match bit for bit).
+pub fn cache_images_equal(a: &[u8], b: &[u8], dtype: DType) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let n = dtype.size_in_bytes();
+    a.chunks_exact(n).zip(b.chunks_exact(n)).all(|(x, y)| {
+        x == y
+            || match dtype {
+                DType::F32 => {
+                    f32::from_le_bytes([x[0], x[1], x[2], x[3]]).is_nan()
+                        && f32::from_le_bytes([y[0], y[1], y[2], y[3]]).is_nan()
+                }
+                DType::F16 => {
+                    f16::from_bits(u16::from_le_bytes([x[0], x[1]])).is_nan()
+                        && f16::from_bits(u16::from_le_bytes([y[0], y[1]])).is_nan()
+                }
+                DType::BF16 => {
+                    bf16::from_bits(u16::from_le_bytes([x[0], x[1]])).is_nan()
+                        && bf16::from_bits(u16::from_le_bytes([y[0], y[1]])).is_nan()
+                }
+            }
+    })
+}
+
+/// The batches every configuration is checked on: `(name, [(query_len, seq_len)])`. Contexts
+/// past 512 tokens give v2 several partitions; partial last blocks exercise the masking.
+pub fn batches() -> Vec<(&'static str, Vec<(usize, usize)>)> {
+    vec![
+        ("decode", vec![(1, 1), (1, 17), (1, 600), (1, 1100), (1, 513)]),
+        ("varlen", vec![(5, 45), (1, 700), (40, 40), (0, 12), (17, 530)]),
+    ]
+}
+
+/// Decode figures from measured times: K+V bytes per second over the copy bandwidth, and the
+/// paged / contiguous time ratio.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DecodeFigures {
+    pub kv_bytes_per_s: f64,
+    pub bw_fraction: f64,
+    pub paged_over_contiguous: f64,
+}
+
+/// `kv_bytes` read per call, seconds per call (paged and contiguous tables), copy bandwidth in
+/// bytes/s (read + written, as measured by a device-to-device copy).
+pub fn decode_figures(
+    kv_bytes: f64,
+    paged_s: f64,
+    contiguous_s: f64,
+    copy_bytes_per_s: f64,
+) -> DecodeFigures {
+    let kv_bytes_per_s = kv_bytes / paged_s;
+    DecodeFigures {
+        kv_bytes_per_s,
+        bw_fraction: kv_bytes_per_s / copy_bytes_per_s,
+        paged_over_contiguous: paged_s / contiguous_s,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn geometry(dtype: DType, block_size: usize) -> CacheGeometry {
+        CacheGeometry { num_blocks: 256, num_kv_heads: 2, head_size: 64, block_size, dtype }
+    }
+
+    #[test]
+    fn cases_poison_only_unused_slots_and_reference_stays_finite() -> Result<(), AttnError> {
+        for (name, chunks) in batches() {
+            let case = AttnCase::random(geometry(DType::BF16, 16), 8, &chunks, 7)?;
+            let out = case.reference()?;
+            assert!(out.iter().all(|v| v.is_finite()), "{name}: NaN padding leaked into the reference");
+            // The cache still holds NaN in unused slots (the poison is really there).
+            let (k, _) = layer_bytes(&case.cache);
+            assert!(!cache_images_equal(&k, &vec![0u8; k.len()], DType::BF16));
+            assert_eq!(case.query.len(), case.query_start_loc.last().copied().unwrap_or(0) * 8 * 64);
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn block_tables_are_shuffled_and_distinct() -> Result<(), AttnError> {
+        let case = AttnCase::random(geometry(DType::F16, 8), 2, &[(1, 100), (1, 64)], 3)?;
+        let used: Vec<u32> = case.block_tables.iter().copied().filter(|&b| b != u32::MAX).collect();
+        let mut sorted = used.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), used.len());
+        assert_ne!(used, (0..used.len() as u32).collect::<Vec<_>>());
+        Ok(())
+    }
+
+    #[test]
+    fn errors_and_images() {
+        assert_eq!(max_rel_error(&[1.0, 2.0], &[1.0, 2.0]), 0.0);
+        assert!(max_rel_error(&[f32::NAN], &[1.0]).is_infinite());
+        assert!((max_rel_error(&[10.1], &[10.0]) - 0.01).abs() < 1e-6);
+        let nan = bf16::NAN.to_bits().to_le_bytes();
+        let other_nan = (bf16::NAN.to_bits() | 1).to_le_bytes();
+        assert!(cache_images_equal(&nan, &other_nan, DType::BF16));
+        assert!(!cache_images_equal(&nan, &bf16::ONE.to_bits().to_le_bytes(), DType::BF16));
+    }
+
+    #[test]
+    fn figures() {
+        let f = decode_figures(1e9, 1e-3, 0.5e-3, 4e12);
+        assert!((f.kv_bytes_per_s - 1e12).abs() < 1.0);
+        assert!((f.bw_fraction - 0.25).abs() < 1e-12);
+        assert!((f.paged_over_contiguous - 2.0).abs() < 1e-12);
+    }
+}

@@ -1,0 +1,452 @@
+//! Launch wrappers: the CUDA twins of `reshape_and_cache`, `paged_attention` (decode v1/v2 and
+//! varlen prefill) and `copy_blocks`, over `kv_cache::cuda` device caches.
+//!
+//! Everything a kernel could trip over (slot and block ranges, shapes, lengths) is checked on the
+//! host before the launch, from the same host metadata the CPU kernels take, so a bad batch is a
+//! typed error and never an out-of-bounds access on the device.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use kv_cache::cuda::{CudaKvCache, DeviceLayerCache};
+
+use super::error::CudaError;
+use super::kernels::{
+    ATTENTION_THREADS, ATTENTION_WARPS, AttentionConfig, AttentionVariant, COPY_BLOCKS_ENTRY, PARTITION_SIZE,
+    REDUCE_ENTRY,
+};
+use super::runtime::CudaKernels;
+use crate::PagedAttnMetadata;
+
+/// vLLM's choice between the single-pass (v1) and the partitioned (v2) decode kernel: v1 when the
+/// longest context is at most 8192 tokens and either it fits one partition or there are enough
+/// (query token, head) pairs (> 512) to fill the GPU without splitting the context.
+pub fn choose_variant(max_context: usize, num_tokens: usize, num_heads: usize) -> AttentionVariant {
+    let partitions = max_context.div_ceil(PARTITION_SIZE);
+    if max_context <= 8192 && (partitions <= 1 || num_tokens * num_heads > 512) {
+        AttentionVariant::V1
+    } else {
+        AttentionVariant::V2
+    }
+}
+
+/// Dynamic shared memory of an attention launch: reduction scratch, the queries, and the logits
+/// of `tokens` context tokens (rounded up to whole blocks) for `qpk` heads. Mirrors
+/// `paged_attention_body` in `attention.cu`.
+pub fn shared_bytes(cfg: &AttentionConfig, qpk: usize, tokens: usize) -> usize {
+    let len = tokens.div_ceil(cfg.block_size) * cfg.block_size;
+    4 * (2 * ATTENTION_WARPS * qpk + qpk * cfg.head_size + qpk * len)
+}
+
+/// Batch metadata on the device, uploaded from the host [`PagedAttnMetadata`] after checking it.
+#[derive(Debug)]
+pub struct DeviceAttnMetadata {
+    query_start_loc: CudaSlice<i32>,
+    seq_lens: CudaSlice<i32>,
+    block_tables: CudaSlice<i32>,
+    num_seqs: usize,
+    num_tokens: usize,
+    max_blocks_per_seq: usize,
+    max_context: usize,
+    is_decode: bool,
+}
+
+impl DeviceAttnMetadata {
+    /// Checks `meta` against a cache of `num_blocks` blocks of `block_size` tokens and uploads it.
+    pub fn upload(
+        stream: &Arc<CudaStream>,
+        meta: &PagedAttnMetadata<'_>,
+        block_size: usize,
+        num_blocks: usize,
+    ) -> Result<Self, CudaError> {
+        let num_seqs = meta.seq_lens.len();
+        let bad = |m: String| Err(CudaError::InvalidArgument(m));
+        if meta.query_start_loc.len() != num_seqs + 1 || meta.query_start_loc.first() != Some(&0) {
+            return bad(format!("query_start_loc must be {} prefix sums starting at 0", num_seqs + 1));
+        }
+        if meta.block_tables.len() != num_seqs.saturating_mul(meta.max_blocks_per_seq) {
+            return bad("block_tables must be [num_seqs, max_blocks_per_seq]".into());
+        }
+        let mut max_context = 0;
+        let mut is_decode = true;
+        for s in 0..num_seqs {
+            let (a, b) = (meta.query_start_loc[s], meta.query_start_loc[s + 1]);
+            if b < a {
+                return bad(format!("query_start_loc decreases after sequence {s}"));
+            }
+            let (q, seq_len) = (b - a, meta.seq_lens[s]);
+            if q > seq_len {
+                return bad(format!("sequence {s}: {q} query tokens but a context of {seq_len}"));
+            }
+            is_decode &= q == 1;
+            if q == 0 {
+                continue;
+            }
+            let needed = seq_len.div_ceil(block_size);
+            if needed > meta.max_blocks_per_seq {
+                return bad(format!(
+                    "sequence {s}: {seq_len} tokens need {needed} blocks, the table has {}",
+                    meta.max_blocks_per_seq
+                ));
+            }
+            let row = &meta.block_tables[s * meta.max_blocks_per_seq..][..needed];
+            if let Some(b) = row.iter().find(|&&b| b as usize >= num_blocks) {
+                return bad(format!("sequence {s}: block {b} out of range ({num_blocks} blocks)"));
+            }
+            max_context = max_context.max(seq_len);
+        }
+        let to_i32 =
+            |v: usize| i32::try_from(v).map_err(|_| CudaError::InvalidArgument(format!("{v} exceeds i32")));
+        let qsl = meta.query_start_loc.iter().map(|&v| to_i32(v)).collect::<Result<Vec<_>, _>>()?;
+        let lens = meta.seq_lens.iter().map(|&v| to_i32(v)).collect::<Result<Vec<_>, _>>()?;
+        let tables = meta.block_tables.iter().map(|&v| to_i32(v as usize)).collect::<Result<Vec<_>, _>>()?;
+        // cudarc cannot allocate zero-length buffers portably; keep one element.
+        let up = |v: &[i32]| -> Result<CudaSlice<i32>, CudaError> {
+            Ok(if v.is_empty() { stream.clone_htod(&[0i32][..])? } else { stream.clone_htod(v)? })
+        };
+        Ok(DeviceAttnMetadata {
+            query_start_loc: up(&qsl)?,
+            seq_lens: up(&lens)?,
+            block_tables: up(&tables)?,
+            num_seqs,
+            num_tokens: meta.num_tokens(),
+            max_blocks_per_seq: meta.max_blocks_per_seq,
+            max_context,
+            is_decode: is_decode && num_seqs > 0,
+        })
+    }
+
+    pub fn num_tokens(&self) -> usize {
+        self.num_tokens
+    }
+    pub fn num_seqs(&self) -> usize {
+        self.num_seqs
+    }
+    /// Longest context any query token attends to.
+    pub fn max_context(&self) -> usize {
+        self.max_context
+    }
+    /// Every sequence has exactly one query token.
+    pub fn is_decode(&self) -> bool {
+        self.is_decode
+    }
+}
+
+/// Scratch of the partitioned kernel (per-partition outputs, max logits, exp sums), allocated
+/// once for the largest batch so a step never allocates device memory.
+#[derive(Debug)]
+pub struct AttnWorkspace {
+    tmp_out: CudaSlice<f32>,
+    exp_sums: CudaSlice<f32>,
+    max_logits: CudaSlice<f32>,
+    max_tokens: usize,
+    num_heads: usize,
+    max_parts: usize,
+}
+
+impl AttnWorkspace {
+    pub fn new(
+        stream: &Arc<CudaStream>,
+        max_tokens: usize,
+        num_heads: usize,
+        head_size: usize,
+        max_context: usize,
+    ) -> Result<Self, CudaError> {
+        let max_parts = max_context.div_ceil(PARTITION_SIZE).max(1);
+        let n = max_tokens.max(1) * num_heads.max(1) * max_parts;
+        Ok(AttnWorkspace {
+            tmp_out: stream.alloc_zeros(n * head_size.max(1))?,
+            exp_sums: stream.alloc_zeros(n)?,
+            max_logits: stream.alloc_zeros(n)?,
+            max_tokens,
+            num_heads,
+            max_parts,
+        })
+    }
+}
+
+/// `paged_attention` on the GPU, variant chosen by [`choose_variant`] (v2 also when v1's logits
+/// would not fit in shared memory). Returns the variant that ran.
+#[allow(clippy::too_many_arguments)]
+pub fn paged_attention(
+    kernels: &CudaKernels,
+    out: &mut CudaSlice<f32>,
+    query: &CudaSlice<f32>,
+    cache: &DeviceLayerCache,
+    meta: &DeviceAttnMetadata,
+    num_heads: usize,
+    scale: f32,
+    workspace: &mut AttnWorkspace,
+) -> Result<AttentionVariant, CudaError> {
+    paged_attention_with(kernels, out, query, cache, meta, num_heads, scale, workspace, None)
+}
+
+/// [`paged_attention`] with the variant forced (benchmarks compare them; `None` = automatic).
+#[allow(clippy::too_many_arguments)]
+pub fn paged_attention_with(
+    kernels: &CudaKernels,
+    out: &mut CudaSlice<f32>,
+    query: &CudaSlice<f32>,
+    cache: &DeviceLayerCache,
+    meta: &DeviceAttnMetadata,
+    num_heads: usize,
+    scale: f32,
+    workspace: &mut AttnWorkspace,
+    variant: Option<AttentionVariant>,
+) -> Result<AttentionVariant, CudaError> {
+    let g = *cache.geometry();
+    let cfg = AttentionConfig { dtype: g.dtype, head_size: g.head_size, block_size: g.block_size };
+    if !cfg.is_supported() {
+        return Err(CudaError::Unsupported(format!("{cfg:?}")));
+    }
+    if num_heads == 0 || !num_heads.is_multiple_of(g.num_kv_heads) {
+        return Err(CudaError::InvalidArgument(format!(
+            "{num_heads} heads over {} kv heads",
+            g.num_kv_heads
+        )));
+    }
+    if !scale.is_finite() {
+        return Err(CudaError::InvalidArgument(format!("scale {scale}")));
+    }
+    let rows = meta.num_tokens * num_heads * g.head_size;
+    if query.len() < rows || out.len() < rows {
+        return Err(CudaError::InvalidArgument(format!(
+            "query/out hold {}/{} values, the batch needs {rows}",
+            query.len(),
+            out.len()
+        )));
+    }
+    if meta.num_tokens == 0 {
+        return Ok(AttentionVariant::V1);
+    }
+    let group = num_heads / g.num_kv_heads;
+    let qpk = cfg.qpk_for_group(group);
+    let v1_shared = shared_bytes(&cfg, qpk, meta.max_context);
+    let mut chosen = variant.unwrap_or_else(|| choose_variant(meta.max_context, meta.num_tokens, num_heads));
+    if chosen == AttentionVariant::V1 && v1_shared > kernels.max_shared_bytes() {
+        chosen = AttentionVariant::V2;
+    }
+    let parts = meta.max_context.div_ceil(PARTITION_SIZE).max(1);
+    if chosen == AttentionVariant::V2
+        && (meta.num_tokens > workspace.max_tokens
+            || num_heads > workspace.num_heads
+            || parts > workspace.max_parts)
+    {
+        return Err(CudaError::InvalidArgument(format!(
+            "workspace sized for {} tokens x {} heads x {} partitions, batch needs {} x {num_heads} x {parts}",
+            workspace.max_tokens, workspace.num_heads, workspace.max_parts, meta.num_tokens
+        )));
+    }
+    let entry = cfg.attention_entry(qpk);
+    let func = kernels.function_lazy(&cfg.program_name(), &entry, || cfg.program())?;
+    let stream = kernels.device().stream().clone();
+    let dims =
+        |v: usize| u32::try_from(v).map_err(|_| CudaError::InvalidArgument(format!("grid dimension {v}")));
+    let grid_x = dims(g.num_kv_heads * group / qpk)?;
+    let grid_y = dims(meta.num_tokens)?;
+    let (grid_z, shared) = match chosen {
+        AttentionVariant::V1 => (1, v1_shared),
+        AttentionVariant::V2 => (dims(parts)?, shared_bytes(&cfg, qpk, PARTITION_SIZE)),
+    };
+    let cfg_launch = LaunchConfig {
+        grid_dim: (grid_x, grid_y, grid_z),
+        block_dim: (ATTENTION_THREADS, 1, 1),
+        shared_mem_bytes: dims(shared)?,
+    };
+    let null: u64 = 0;
+    let max_blocks = meta.max_blocks_per_seq as i32;
+    let num_seqs = meta.num_seqs as i32;
+    let (nh, nkv) = (num_heads as i32, g.num_kv_heads as i32);
+    let max_parts = workspace.max_parts as i32;
+    let partition_size = match chosen {
+        AttentionVariant::V1 => 0i32,
+        AttentionVariant::V2 => PARTITION_SIZE as i32,
+    };
+    let mut b = stream.launch_builder(&func);
+    match chosen {
+        AttentionVariant::V1 => {
+            b.arg(&mut *out).arg(&null).arg(&null);
+        }
+        AttentionVariant::V2 => {
+            b.arg(&mut workspace.tmp_out).arg(&mut workspace.exp_sums).arg(&mut workspace.max_logits);
+        }
+    }
+    b.arg(query)
+        .arg(cache.key())
+        .arg(cache.value())
+        .arg(&meta.block_tables)
+        .arg(&max_blocks)
+        .arg(&meta.seq_lens);
+    if meta.is_decode {
+        b.arg(&null);
+    } else {
+        b.arg(&meta.query_start_loc);
+    }
+    b.arg(&num_seqs).arg(&nh).arg(&nkv).arg(&scale).arg(&max_parts).arg(&partition_size);
+    // SAFETY: argument list matches PA_PARAMS in attention.cu; every buffer was size-checked
+    // above and every block index the kernel reads was range-checked by DeviceAttnMetadata.
+    unsafe { b.launch(cfg_launch) }?;
+    if chosen == AttentionVariant::V2 {
+        let reduce = kernels.function_lazy(&cfg.program_name(), REDUCE_ENTRY, || cfg.program())?;
+        let head_size = g.head_size as i32;
+        let mut r = stream.launch_builder(&reduce);
+        r.arg(&mut *out)
+            .arg(&workspace.exp_sums)
+            .arg(&workspace.max_logits)
+            .arg(&workspace.tmp_out)
+            .arg(&meta.seq_lens);
+        if meta.is_decode {
+            r.arg(&null);
+        } else {
+            r.arg(&meta.query_start_loc);
+        }
+        r.arg(&num_seqs).arg(&nh).arg(&head_size).arg(&max_parts).arg(&partition_size);
+        let rc = LaunchConfig {
+            grid_dim: (dims(num_heads)?, grid_y, 1),
+            block_dim: (ATTENTION_THREADS, 1, 1),
+            shared_mem_bytes: dims(4 * workspace.max_parts)?,
+        };
+        // SAFETY: matches paged_attention_v2_reduce's parameters; sizes checked above.
+        unsafe { r.launch(rc) }?;
+    }
+    Ok(chosen)
+}
+
+/// Slot mapping on the device, range-checked against the cache on upload.
+#[derive(Debug)]
+pub struct DeviceSlotMapping {
+    slots: CudaSlice<i64>,
+    num_tokens: usize,
+}
+
+impl DeviceSlotMapping {
+    /// Checks every non-negative slot is below `num_slots` and uploads the mapping.
+    pub fn upload(stream: &Arc<CudaStream>, slots: &[i64], num_slots: usize) -> Result<Self, CudaError> {
+        if let Some((t, s)) = slots.iter().enumerate().find(|&(_, &s)| s >= 0 && s as u64 >= num_slots as u64)
+        {
+            return Err(CudaError::InvalidArgument(format!(
+                "token {t}: slot {s} out of range ({num_slots} slots)"
+            )));
+        }
+        let slots_dev =
+            if slots.is_empty() { stream.clone_htod(&[-1i64][..])? } else { stream.clone_htod(slots)? };
+        Ok(DeviceSlotMapping { slots: slots_dev, num_tokens: slots.len() })
+    }
+}
+
+/// Writes `key`/`value` (f32 `[num_tokens, num_kv_heads, head_size]`) into `cache` at the mapped
+/// slots (negative = padding, skipped), converting to the cache dtype.
+pub fn reshape_and_cache(
+    kernels: &CudaKernels,
+    key: &CudaSlice<f32>,
+    value: &CudaSlice<f32>,
+    slots: &DeviceSlotMapping,
+    cache: &mut DeviceLayerCache,
+) -> Result<(), CudaError> {
+    let g = *cache.geometry();
+    let cfg = AttentionConfig { dtype: g.dtype, head_size: g.head_size, block_size: g.block_size };
+    if !cfg.is_supported() {
+        return Err(CudaError::Unsupported(format!("{cfg:?}")));
+    }
+    let row = g.num_kv_heads * g.head_size;
+    if key.len() < slots.num_tokens * row || value.len() < slots.num_tokens * row {
+        return Err(CudaError::InvalidArgument(format!(
+            "key/value shorter than {} tokens x {row}",
+            slots.num_tokens
+        )));
+    }
+    if slots.num_tokens == 0 {
+        return Ok(());
+    }
+    let func =
+        kernels.function_lazy(&cfg.program_name(), &cfg.reshape_and_cache_entry(), || cfg.program())?;
+    let stream = kernels.device().stream().clone();
+    let (kc, vc) = cache.key_value_mut();
+    let (nkv, hs, bs) = (g.num_kv_heads as i32, g.head_size as i32, g.block_size as i32);
+    let stride = row as i64;
+    let grid =
+        u32::try_from(slots.num_tokens).map_err(|_| CudaError::InvalidArgument("too many tokens".into()))?;
+    let mut b = stream.launch_builder(&func);
+    b.arg(key)
+        .arg(value)
+        .arg(kc)
+        .arg(vc)
+        .arg(&slots.slots)
+        .arg(&nkv)
+        .arg(&hs)
+        .arg(&bs)
+        .arg(&stride)
+        .arg(&stride);
+    // SAFETY: matches RESHAPE_AND_CACHE's parameters; slots range-checked on upload, inputs sized.
+    unsafe {
+        b.launch(LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 })
+    }?;
+    Ok(())
+}
+
+/// Copy-on-write block copies `(src, dst)` in every layer's key and value cache.
+pub fn copy_blocks(
+    kernels: &CudaKernels,
+    cache: &mut CudaKvCache,
+    pairs: &[(u32, u32)],
+) -> Result<(), CudaError> {
+    if pairs.is_empty() {
+        return Ok(());
+    }
+    let c = *cache.config();
+    if let Some(&(s, d)) =
+        pairs.iter().find(|&&(s, d)| s as usize >= c.num_blocks || d as usize >= c.num_blocks)
+    {
+        return Err(CudaError::InvalidArgument(format!(
+            "copy pair ({s}, {d}) out of range ({} blocks)",
+            c.num_blocks
+        )));
+    }
+    let cfg = AttentionConfig { dtype: c.dtype, head_size: c.head_size, block_size: c.block_size };
+    if !cfg.is_supported() {
+        return Err(CudaError::Unsupported(format!("{cfg:?}")));
+    }
+    let func = kernels.function_lazy(&cfg.program_name(), COPY_BLOCKS_ENTRY, || cfg.program())?;
+    let stream = kernels.device().stream().clone();
+    let flat: Vec<i64> = pairs.iter().flat_map(|&(s, d)| [i64::from(s), i64::from(d)]).collect();
+    let mapping = stream.clone_htod(&flat)?;
+    let block_bytes = cache.block_bytes() as i64;
+    let layers =
+        u32::try_from(cache.num_layers()).map_err(|_| CudaError::InvalidArgument("layers".into()))?;
+    let n = u32::try_from(pairs.len()).map_err(|_| CudaError::InvalidArgument("too many pairs".into()))?;
+    let (kp, vp) = cache.layer_pointer_tables();
+    let mut b = stream.launch_builder(&func);
+    b.arg(kp).arg(vp).arg(&mapping).arg(&block_bytes);
+    // SAFETY: matches copy_blocks' parameters; pairs range-checked, pointer tables cover every layer.
+    unsafe {
+        b.launch(LaunchConfig { grid_dim: (layers, n, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 })
+    }?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kv_cache::DType;
+
+    #[test]
+    fn variant_choice_follows_vllm() {
+        // One partition: always v1.
+        assert_eq!(choose_variant(512, 1, 32), AttentionVariant::V1);
+        // Long context, few sequences: split.
+        assert_eq!(choose_variant(4096, 4, 32), AttentionVariant::V2);
+        // Long context, many (token, head) pairs: v1 fills the GPU already.
+        assert_eq!(choose_variant(4096, 64, 32), AttentionVariant::V1);
+        // Beyond 8192 tokens: always split.
+        assert_eq!(choose_variant(8193, 256, 32), AttentionVariant::V2);
+    }
+
+    #[test]
+    fn shared_memory_matches_the_kernel_layout() {
+        let cfg = AttentionConfig { dtype: DType::BF16, head_size: 128, block_size: 16 };
+        // 2*4*4 scratch + 4*128 query + 4*4096 logits floats.
+        assert_eq!(shared_bytes(&cfg, 4, 4096), 4 * (32 + 512 + 16384));
+        // Rounded up to whole blocks.
+        assert_eq!(shared_bytes(&cfg, 1, 17), shared_bytes(&cfg, 1, 32));
+    }
+}
