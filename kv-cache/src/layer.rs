@@ -68,11 +68,21 @@ impl CacheGeometry {
 }
 
 /// Typed storage; private so a device variant can be added without touching users.
+/// 16-bit types are kept as raw `u16` bits so that allocation is a zeroed `calloc` (untouched
+/// pages, see [`crate::huge_pages`]); views cast them to `f16`/`bf16`.
 #[derive(Debug)]
 enum Storage {
     F32 { key: Vec<f32>, value: Vec<f32> },
-    F16 { key: Vec<f16>, value: Vec<f16> },
-    BF16 { key: Vec<bf16>, value: Vec<bf16> },
+    F16 { key: Vec<u16>, value: Vec<u16> },
+    BF16 { key: Vec<u16>, value: Vec<u16> },
+}
+
+/// A zeroed tensor of `n` elements, advised to use huge pages before anything touches it.
+fn zeroed<T: Copy + Default + bytemuck::Zeroable>(n: usize) -> Vec<T> {
+    // `vec![0; n]` of a primitive is `alloc_zeroed`: fresh pages, not written yet.
+    let mut v: Vec<T> = vec![T::default(); n];
+    crate::huge_pages::advise(&mut v);
+    v
 }
 
 /// Borrowed key and value tensors of one layer, by dtype (what kernels dispatch on).
@@ -114,9 +124,9 @@ impl LayerCache {
             })
             .ok_or(CacheError::TooLarge { bytes })?;
         let storage = match geometry.dtype {
-            DType::F32 => Storage::F32 { key: vec![0.0; elems], value: vec![0.0; elems] },
-            DType::F16 => Storage::F16 { key: vec![f16::ZERO; elems], value: vec![f16::ZERO; elems] },
-            DType::BF16 => Storage::BF16 { key: vec![bf16::ZERO; elems], value: vec![bf16::ZERO; elems] },
+            DType::F32 => Storage::F32 { key: zeroed(elems), value: zeroed(elems) },
+            DType::F16 => Storage::F16 { key: zeroed(elems), value: zeroed(elems) },
+            DType::BF16 => Storage::BF16 { key: zeroed(elems), value: zeroed(elems) },
         };
         Ok(LayerCache { geometry, storage })
     }
@@ -144,8 +154,12 @@ impl LayerCache {
     pub fn slices(&self) -> CacheSlices<'_> {
         match &self.storage {
             Storage::F32 { key, value } => CacheSlices::F32 { key, value },
-            Storage::F16 { key, value } => CacheSlices::F16 { key, value },
-            Storage::BF16 { key, value } => CacheSlices::BF16 { key, value },
+            Storage::F16 { key, value } => {
+                CacheSlices::F16 { key: bytemuck::cast_slice(key), value: bytemuck::cast_slice(value) }
+            }
+            Storage::BF16 { key, value } => {
+                CacheSlices::BF16 { key: bytemuck::cast_slice(key), value: bytemuck::cast_slice(value) }
+            }
         }
     }
 
@@ -153,8 +167,14 @@ impl LayerCache {
     pub fn slices_mut(&mut self) -> CacheSlicesMut<'_> {
         match &mut self.storage {
             Storage::F32 { key, value } => CacheSlicesMut::F32 { key, value },
-            Storage::F16 { key, value } => CacheSlicesMut::F16 { key, value },
-            Storage::BF16 { key, value } => CacheSlicesMut::BF16 { key, value },
+            Storage::F16 { key, value } => CacheSlicesMut::F16 {
+                key: bytemuck::cast_slice_mut(key),
+                value: bytemuck::cast_slice_mut(value),
+            },
+            Storage::BF16 { key, value } => CacheSlicesMut::BF16 {
+                key: bytemuck::cast_slice_mut(key),
+                value: bytemuck::cast_slice_mut(value),
+            },
         }
     }
 
@@ -189,12 +209,12 @@ impl LayerCache {
                 value.fill(v);
             }
             Storage::F16 { key, value } => {
-                key.fill(f16::from_f32(v));
-                value.fill(f16::from_f32(v));
+                key.fill(f16::from_f32(v).to_bits());
+                value.fill(f16::from_f32(v).to_bits());
             }
             Storage::BF16 { key, value } => {
-                key.fill(bf16::from_f32(v));
-                value.fill(bf16::from_f32(v));
+                key.fill(bf16::from_f32(v).to_bits());
+                value.fill(bf16::from_f32(v).to_bits());
             }
         }
     }
@@ -258,10 +278,10 @@ impl LayerCache {
                 v[g.value_index(s, h, d)] = T::from_f32(value[d]);
             }
         }
-        match &mut self.storage {
-            Storage::F32 { key: k, value: v } => put(&g, k, v, slot, kv_head, key, value),
-            Storage::F16 { key: k, value: v } => put(&g, k, v, slot, kv_head, key, value),
-            Storage::BF16 { key: k, value: v } => put(&g, k, v, slot, kv_head, key, value),
+        match self.slices_mut() {
+            CacheSlicesMut::F32 { key: k, value: v } => put(&g, k, v, slot, kv_head, key, value),
+            CacheSlicesMut::F16 { key: k, value: v } => put(&g, k, v, slot, kv_head, key, value),
+            CacheSlicesMut::BF16 { key: k, value: v } => put(&g, k, v, slot, kv_head, key, value),
         }
         Ok(())
     }
@@ -269,16 +289,16 @@ impl LayerCache {
     fn key_at(&self, i: usize) -> f32 {
         match &self.storage {
             Storage::F32 { key, .. } => key[i],
-            Storage::F16 { key, .. } => key[i].to_f32(),
-            Storage::BF16 { key, .. } => key[i].to_f32(),
+            Storage::F16 { key, .. } => f16::from_bits(key[i]).to_f32(),
+            Storage::BF16 { key, .. } => bf16::from_bits(key[i]).to_f32(),
         }
     }
 
     fn value_at(&self, i: usize) -> f32 {
         match &self.storage {
             Storage::F32 { value, .. } => value[i],
-            Storage::F16 { value, .. } => value[i].to_f32(),
-            Storage::BF16 { value, .. } => value[i].to_f32(),
+            Storage::F16 { value, .. } => f16::from_bits(value[i]).to_f32(),
+            Storage::BF16 { value, .. } => bf16::from_bits(value[i]).to_f32(),
         }
     }
 }

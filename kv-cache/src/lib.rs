@@ -14,6 +14,7 @@ mod config;
 mod device;
 mod dtype;
 mod error;
+mod huge_pages;
 mod layer;
 
 pub use cache::KvCache;
