@@ -142,6 +142,32 @@ impl EngineHandle {
         Ok(RequestStream { id, rx: stream_rx, tx: self.inner.tx.clone(), done: false })
     }
 
+    /// Submits many requests at once (they reach the engine before its next step, so they
+    /// share their first batch); one admission result per request, in order.
+    pub fn add_requests(
+        &self,
+        requests: Vec<(String, Prompt, SamplingParams)>,
+    ) -> Vec<Result<RequestStream, RequestError>> {
+        let mut pending = Vec::with_capacity(requests.len());
+        for (id, prompt, params) in requests {
+            let (stream_tx, stream_rx) = crossbeam_channel::unbounded();
+            let (reply_tx, reply_rx) = crossbeam_channel::bounded(1);
+            let cmd = Command::Add { id: id.clone(), prompt, params, stream: stream_tx, reply: reply_tx };
+            let sent = self.inner.tx.send(cmd).is_ok();
+            pending.push((id, stream_rx, reply_rx, sent));
+        }
+        pending
+            .into_iter()
+            .map(|(id, rx, reply, sent)| {
+                if !sent {
+                    return Err(RequestError::EngineStopped);
+                }
+                reply.recv().map_err(|_| RequestError::EngineStopped)??;
+                Ok(RequestStream { id, rx, tx: self.inner.tx.clone(), done: false })
+            })
+            .collect()
+    }
+
     /// Aborts a request (its stream gets a final `Abort` output); unknown ids are reported.
     pub fn abort(&self, id: &str) -> Result<(), RequestError> {
         let (reply_tx, reply_rx) = crossbeam_channel::bounded(1);

@@ -231,7 +231,24 @@ fn builtin_prompts() -> Vec<(Prompt, SamplingParams)> {
     ]
 }
 
+/// The dev profile leaves workspace crates unoptimized, which makes the forward pass about
+/// 100× slower; a debug xtask re-launches itself with `--release` for the model-running
+/// commands. Returns `true` when it did (and the child succeeded).
+pub fn relaunch_in_release() -> anyhow::Result<bool> {
+    if !cfg!(debug_assertions) || std::env::var_os("XTASK_NO_RELEASE").is_some() {
+        return Ok(false);
+    }
+    eprintln!("xtask: re-running in release mode (set XTASK_NO_RELEASE=1 to stay in the dev build)");
+    let mut cmd = crate::cmd::cargo();
+    cmd.args(["run", "--release", "--package", "xtask", "--"]).args(std::env::args_os().skip(1));
+    crate::cmd::run(&mut cmd)?;
+    Ok(true)
+}
+
 pub fn run(args: &RunArgs) -> anyhow::Result<()> {
+    if relaunch_in_release()? {
+        return Ok(());
+    }
     init_tracing();
     let dir = args.knobs.model_dir()?;
     let prompts = match &args.prompts {
@@ -246,8 +263,13 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     let out = Arc::new(Mutex::new(std::io::stdout()));
     let mut clients = Vec::new();
-    for (i, (prompt, params)) in prompts.into_iter().enumerate() {
-        let stream = match handle.add_request_with_id(format!("{i}"), prompt, params) {
+    let batch = prompts
+        .into_iter()
+        .enumerate()
+        .map(|(i, (prompt, params))| (format!("{i}"), prompt, params))
+        .collect();
+    for (i, admitted) in handle.add_requests(batch).into_iter().enumerate() {
+        let stream = match admitted {
             Ok(s) => s,
             Err(e) => {
                 eprintln!("run: request {i} rejected: {e}");

@@ -114,9 +114,10 @@ fn shutdown_drain_finishes_and_abort_cancels() {
     let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(30) };
 
     let handle = spawn(&fx, 64);
-    let streams: Vec<_> = (0..4)
-        .map(|i| handle.add_request(prompt_tokens(i, 10), params.clone()).unwrap_or_else(|e| panic!("{e}")))
-        .collect();
+    let batch = (0..4).map(|i| (format!("d{i}"), prompt_tokens(i, 10).into(), params.clone())).collect();
+    let streams: Vec<_> =
+        handle.add_requests(batch).into_iter().map(|s| s.unwrap_or_else(|e| panic!("{e}"))).collect();
+    assert_eq!(streams[3].id(), "d3");
     let h2 = handle.clone();
     let stopper = std::thread::spawn(move || h2.shutdown(ShutdownMode::Drain));
     for s in streams {
