@@ -95,8 +95,14 @@ impl CudaKernels {
         }
         let module = self.module(&program)?;
         let f = module.load_function(entry).map_err(|_| CudaError::MissingKernel(entry.to_owned()))?;
+        // Dynamic shared memory may use the device's opt-in maximum minus the kernel's static
+        // shared memory (asking for more is an invalid value).
         let optin = i32::try_from(self.max_shared_optin).unwrap_or(i32::MAX);
-        f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, optin)?;
+        let static_shared = f.shared_size_bytes()?;
+        f.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            optin.saturating_sub(static_shared),
+        )?;
         lock(&self.functions).insert(fkey, f.clone());
         Ok(f)
     }
