@@ -20,10 +20,9 @@ fn quick() -> bool {
     std::env::var("BENCH_QUICK").is_ok_and(|v| v == "1")
 }
 
-/// Fastest of `samples` timings (seconds) of `f`, after one warm-up call. Best-of rather
-/// than median for every figure alike (rooflines and workloads): the dev and CI boxes are
-/// shared, and the minimum is the measurement least disturbed by the neighbours.
-fn best_secs(samples: usize, mut f: impl FnMut()) -> f64 {
+/// Median of `samples` timings (seconds) of `f`, after one warm-up call. The same statistic
+/// for every figure alike (rooflines and workloads), so their ratios compare like with like.
+fn median_secs(samples: usize, mut f: impl FnMut()) -> f64 {
     f();
     let times: Vec<f64> = (0..samples)
         .map(|_| {
@@ -32,7 +31,9 @@ fn best_secs(samples: usize, mut f: impl FnMut()) -> f64 {
             t.elapsed().as_secs_f64()
         })
         .collect();
-    times.iter().copied().fold(f64::INFINITY, f64::min)
+    let mut times = times;
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
 }
 
 /// f32 GEMM 1024³ on all cores through `gemm`: GFLOP/s.
@@ -41,7 +42,7 @@ fn gemm_gflops(samples: usize) -> f64 {
     let a: Vec<f32> = (0..n * n).map(|i| (i % 7) as f32 * 0.1).collect();
     let b: Vec<f32> = (0..n * n).map(|i| (i % 5) as f32 * 0.1).collect();
     let mut c = vec![0.0f32; n * n];
-    let secs = best_secs(samples, || {
+    let secs = median_secs(samples, || {
         // SAFETY: three n×n row-major buffers of the right size.
         unsafe {
             gemm::gemm(
@@ -70,17 +71,18 @@ fn gemm_gflops(samples: usize) -> f64 {
     2.0 * (n * n * n) as f64 / secs / 1e9
 }
 
-/// Bytes copied per second by a memcpy spread over all cores (512 MiB buffers).
+/// Memory traffic per second of a memcpy spread over all cores (512 MiB buffers): bytes read +
+/// bytes written (STREAM's convention), comparable with the weight bytes a decode step reads.
 fn memcpy_bytes_per_sec(samples: usize) -> f64 {
     let len = 128 << 20;
     let src = vec![1.0f32; len];
     let mut dst = vec![0.0f32; len];
     let chunk = len / rayon::current_num_threads().max(1) / 8;
-    let secs = best_secs(samples, || {
+    let secs = median_secs(samples, || {
         dst.par_chunks_mut(chunk).zip(src.par_chunks(chunk)).for_each(|(d, s)| d.copy_from_slice(s));
     });
     std::hint::black_box(&dst);
-    (len * 4) as f64 / secs
+    (2 * len * 4) as f64 / secs
 }
 
 fn model_dir() -> PathBuf {
@@ -126,7 +128,7 @@ fn main() {
         })
         .collect();
     let prefill = Batch::build(&seqs[..1], &[CONTEXT], BLOCK, false);
-    let prefill_secs = best_secs(samples.min(5), || {
+    let prefill_secs = median_secs(samples.min(5), || {
         model.forward(&prefill.input(), &mut cache, &mut ws).expect("prefill");
     });
     let prefill_tok_s = CONTEXT as f64 / prefill_secs;
@@ -144,7 +146,7 @@ fn main() {
 
     // Decode at batch 1: the query token at position 511 attends to 512 tokens.
     let decode1 = Batch::build(&seqs[..1], &[1], BLOCK, false);
-    let b1_secs = best_secs(samples * 3, || {
+    let b1_secs = median_secs(samples * 3, || {
         model.forward(&decode1.input(), &mut cache, &mut ws).expect("decode b1");
     });
     let decode_tok_s_b1 = 1.0 / b1_secs;
@@ -157,7 +159,7 @@ fn main() {
     // Decode at batch 64, context 512 each.
     let chunks = vec![1; n_seqs];
     let decode64 = Batch::build(&seqs, &chunks, BLOCK, false);
-    let b64_secs = best_secs(samples, || {
+    let b64_secs = median_secs(samples, || {
         model.forward(&decode64.input(), &mut cache, &mut ws).expect("decode b64");
     });
     let decode_tok_s_b64 = n_seqs as f64 / b64_secs;
@@ -177,7 +179,7 @@ fn main() {
     let md = format!(
         "## model (SmolLM2-135M-Instruct, f32, {} threads)\n\n\
          | figure | value |\n|---|---|\n\
-         | f32 GEMM 1024³ | {gflops:.1} GFLOP/s |\n| memcpy (bytes copied/s, all cores) | {:.2} GB/s |\n\
+         | f32 GEMM 1024³ | {gflops:.1} GFLOP/s |\n| memcpy (bytes read + written /s, all cores) | {:.2} GB/s |\n\
          | prefill, one 512-token prompt | {prefill_tok_s:.0} tok/s |\n\
          | decode batch 1, context 512 | {decode_tok_s_b1:.1} tok/s ({:.0} MB of weights per token, {bw_fraction:.2} of memcpy) |\n\
          | decode batch 64, context 512 | {decode_tok_s_b64:.0} tok/s ({gemm_fraction:.2} of the GEMM roofline, matmul + attention FLOPs) |\n",

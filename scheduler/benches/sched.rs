@@ -6,9 +6,7 @@
 //! benches: the development machines run several builds at once, and wall time then measures
 //! the time slices lost to them rather than the scheduler. On an idle machine both agree.
 //!
-//! The figure names put the unit before the size (`step_us_256`), which `cargo xtask bench`'s
-//! `GROUP/leaf_UNIT` rule does not parse, so after criterion has run this program also writes
-//! the medians (µs) to `$BENCH_FIGURES_DIR/sched.json` as a program's figure map.
+//! `cargo xtask bench` turns the ids `sched/step_us_N` into figures `sched.step_us_N` (µs).
 
 use std::time::Duration;
 
@@ -103,39 +101,5 @@ fn benches(c: &mut Criterion) {
     step_bench(c, "sched/step_us_1024", 1024);
 }
 
-/// Bench ids and the figure each one's median becomes.
-const FIGURES: [(&str, &str); 2] =
-    [("sched_step_us_256", "sched.step_us_256"), ("sched_step_us_1024", "sched.step_us_1024")];
-
-fn main() {
-    let mut c = Criterion::default().configure_from_args();
-    benches(&mut c);
-    c.final_summary();
-    if let Err(e) = write_figures() {
-        eprintln!("sched: figures not written: {e}");
-        std::process::exit(1);
-    }
-}
-
-/// Criterion medians (ns) from `$CRITERION_HOME` → µs figures in `$BENCH_FIGURES_DIR/sched.json`
-/// (only under `cargo xtask bench`, which sets both).
-fn write_figures() -> Result<(), Box<dyn std::error::Error>> {
-    let (Some(home), Some(dir)) = (std::env::var_os("CRITERION_HOME"), std::env::var_os("BENCH_FIGURES_DIR"))
-    else {
-        return Ok(());
-    };
-    let mut figures = serde_json::Map::new();
-    for (bench_dir, figure) in FIGURES {
-        let path = std::path::Path::new(&home).join(bench_dir).join("new/estimates.json");
-        let Ok(text) = std::fs::read_to_string(&path) else { continue }; // filtered out this run
-        let estimates: serde_json::Value = serde_json::from_str(&text)?;
-        let median_ns =
-            estimates["median"]["point_estimate"].as_f64().ok_or("estimates.json without a median")?;
-        figures.insert(figure.to_owned(), serde_json::json!(median_ns / 1e3));
-    }
-    std::fs::write(
-        std::path::Path::new(&dir).join("sched.json"),
-        serde_json::to_string_pretty(&figures)? + "\n",
-    )?;
-    Ok(())
-}
+criterion::criterion_group!(sched, benches);
+criterion::criterion_main!(sched);

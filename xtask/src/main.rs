@@ -5,13 +5,13 @@
 
 mod bench;
 mod cmd;
+mod cuda_check;
+mod fetch_model;
+mod gpu_check;
 mod plan;
 mod run;
-mod throughput;
-mod cuda_check;
-mod gpu_check;
-mod fetch_model;
 mod test;
+mod throughput;
 mod tidy;
 
 use clap::{Parser, Subcommand};

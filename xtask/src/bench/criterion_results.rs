@@ -79,11 +79,16 @@ pub fn figures(measured: &BTreeMap<String, Measured>) -> Figures {
     out
 }
 
-/// Nanoseconds per unit named by a figure's suffix.
+/// Nanoseconds per unit named by a figure's unit part: the last `_UNIT` of the leaf, optionally
+/// followed by a numeric workload size (`alloc_free_ns`, `step_us_256`).
 fn unit_scale(leaf: &str) -> Option<f64> {
+    let unit_part = match leaf.rsplit_once('_') {
+        Some((head, size)) if !size.is_empty() && size.bytes().all(|b| b.is_ascii_digit()) => head,
+        _ => leaf,
+    };
     [("_ns", 1.0), ("_us", 1e3), ("_ms", 1e6), ("_s", 1e9)]
         .into_iter()
-        .find(|(suffix, _)| leaf.ends_with(suffix))
+        .find(|(suffix, _)| unit_part.ends_with(suffix))
         .map(|(_, scale)| scale)
 }
 
@@ -98,8 +103,11 @@ mod tests {
         m.insert("g/b_us".to_owned(), Measured { median_ns: 4000.0, throughput: None });
         m.insert("g/plain".to_owned(), Measured { median_ns: 1.0, throughput: None });
         m.insert("g/c_us/16".to_owned(), Measured { median_ns: 1.0, throughput: None });
+        m.insert("g/step_us_256".to_owned(), Measured { median_ns: 16_000.0, throughput: None });
+        m.insert("g/bytes_256".to_owned(), Measured { median_ns: 1.0, throughput: None });
         let f = figures(&m);
-        assert_eq!(f.len(), 2);
+        assert_eq!(f.len(), 3);
+        assert_eq!(f["g.step_us_256"], 16.0);
         assert_eq!(f["g.a_ns"], 40.0);
         assert_eq!(f["g.b_us"], 4.0);
     }

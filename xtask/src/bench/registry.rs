@@ -19,12 +19,12 @@ pub struct BenchTarget {
 }
 
 pub const TARGETS: &[BenchTarget] = &[
+    BenchTarget { group: "block_alloc", package: "block-alloc", bench: "block_alloc", criterion: true },
+    BenchTarget { group: "attn", package: "attn-kernels", bench: "attn", criterion: true },
     BenchTarget { group: "sched", package: "scheduler", bench: "sched", criterion: true },
     BenchTarget { group: "sim", package: "scheduler", bench: "sim", criterion: false },
-    BenchTarget { group: "block_alloc", package: "block-alloc", bench: "block_alloc", criterion: true },
     BenchTarget { group: "model", package: "model", bench: "model", criterion: false },
     BenchTarget { group: "e2e", package: "engine", bench: "e2e", criterion: false },
-    BenchTarget { group: "attn", package: "attn-kernels", bench: "attn", criterion: true },
 ];
 
 /// How a derived figure is computed from two criterion benchmarks of the same run.
