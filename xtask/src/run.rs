@@ -231,24 +231,7 @@ fn builtin_prompts() -> Vec<(Prompt, SamplingParams)> {
     ]
 }
 
-/// The dev profile leaves workspace crates unoptimized, which makes the forward pass about
-/// 100× slower; a debug xtask re-launches itself with `--release` for the model-running
-/// commands. Returns `true` when it did (and the child succeeded).
-pub fn relaunch_in_release() -> anyhow::Result<bool> {
-    if !cfg!(debug_assertions) || std::env::var_os("XTASK_NO_RELEASE").is_some() {
-        return Ok(false);
-    }
-    eprintln!("xtask: re-running in release mode (set XTASK_NO_RELEASE=1 to stay in the dev build)");
-    let mut cmd = crate::cmd::cargo();
-    cmd.args(["run", "--release", "--package", "xtask", "--"]).args(std::env::args_os().skip(1));
-    crate::cmd::run(&mut cmd)?;
-    Ok(true)
-}
-
 pub fn run(args: &RunArgs) -> anyhow::Result<()> {
-    if relaunch_in_release()? {
-        return Ok(());
-    }
     init_tracing();
     let dir = args.knobs.model_dir()?;
     let prompts = match &args.prompts {

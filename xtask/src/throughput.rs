@@ -13,7 +13,7 @@ use engine::{Engine, Prompt, SamplingParams};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::run::{EngineKnobs, init_tracing, relaunch_in_release};
+use crate::run::{EngineKnobs, init_tracing};
 
 #[derive(Debug, Args)]
 pub struct ThroughputArgs {
@@ -75,9 +75,6 @@ fn load_dataset(
 }
 
 pub fn run(args: &ThroughputArgs) -> anyhow::Result<()> {
-    if relaunch_in_release()? {
-        return Ok(());
-    }
     if !args.json {
         init_tracing();
     }
