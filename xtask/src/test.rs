@@ -2,6 +2,10 @@
 //! tidy, the default model fetch the real-model tests need, the CUDA compile check, then
 //! every test of the workspace.
 
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+
+use anyhow::{Context, bail};
 use clap::Args;
 
 use crate::cmd::{cargo, run as run_cmd, workspace_root};
@@ -43,6 +47,71 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
     if !args.no_cuda_check {
         cuda_check::run(&cuda_check::CudaCheckArgs { arch: "sm_80,sm_90".to_owned(), filter: None })?;
     }
-    run_cmd(cargo().args(["test", "--workspace"]))?;
+    run_workspace_tests()
+}
+
+/// `cargo test --workspace`, streaming its output, then one closing line with the totals
+/// (`tests: N passed, M failed`): cargo's own last line is a crate's doc tests, often zero.
+fn run_workspace_tests() -> anyhow::Result<()> {
+    let mut cmd = cargo();
+    cmd.args(["test", "--workspace"]).stdout(Stdio::piped());
+    eprintln!("$ {cmd:?}");
+    let mut child = cmd.spawn().context("could not start cargo test")?;
+    let stdout = child.stdout.take().context("cargo test stdout")?;
+    let mut totals = TestTotals::default();
+    for line in BufReader::new(stdout).lines() {
+        let line = line?;
+        println!("{line}");
+        totals.add_line(&line);
+    }
+    let status = child.wait()?;
+    println!("tests: {} passed, {} failed", totals.passed, totals.failed);
+    if !status.success() {
+        bail!("cargo test failed ({status})");
+    }
+    if totals.passed == 0 {
+        bail!("cargo test ran no test");
+    }
     Ok(())
+}
+
+/// Sums libtest's `test result: ok. N passed; M failed; …` lines.
+#[derive(Debug, Default, PartialEq)]
+struct TestTotals {
+    passed: u64,
+    failed: u64,
+}
+
+impl TestTotals {
+    fn add_line(&mut self, line: &str) {
+        let Some(rest) = line.strip_prefix("test result: ") else { return };
+        for part in rest.split(['.', ';']) {
+            let mut words = part.split_whitespace();
+            if let (Some(n), Some(what)) = (words.next(), words.next())
+                && let Ok(n) = n.parse::<u64>()
+            {
+                match what {
+                    "passed" => self.passed += n,
+                    "failed" => self.failed += n,
+                    _ => {}
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn totals_add_up_libtest_result_lines() {
+        let mut t = TestTotals::default();
+        t.add_line(
+            "test result: ok. 14 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 1.03s",
+        );
+        t.add_line("test result: FAILED. 3 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out");
+        t.add_line("running 5 tests");
+        assert_eq!(t, TestTotals { passed: 17, failed: 2 });
+    }
 }
