@@ -18,7 +18,7 @@ use crate::config::{EngineConfig, KvCacheSize, PreemptionMode};
 use crate::error::{EngineError, RequestError};
 use crate::metrics::{Gauges, MetricsCollector, MetricsSnapshot};
 use crate::output::{FinalOutput, FinishReason, RequestOutput};
-use crate::request::{Prompt, RequestState};
+use crate::request::{Prompt, RequestOptions, RequestState};
 use crate::sampling::{SampleRow, SamplingParams, SequenceSampler, sample_batch, seeded_rng};
 
 /// Where one sampled row goes: request, sample index, and the scheduler's sequence id.
@@ -205,15 +205,32 @@ impl Engine {
         prompt: impl Into<Prompt>,
         params: SamplingParams,
     ) -> Result<(), RequestError> {
+        self.add_request_with(id, prompt, params, RequestOptions::default())
+    }
+
+    /// [`Engine::add_request`] with a priority and a prefix-cache salt.
+    pub fn add_request_with(
+        &mut self,
+        id: impl Into<String>,
+        prompt: impl Into<Prompt>,
+        params: SamplingParams,
+        options: RequestOptions,
+    ) -> Result<(), RequestError> {
         let id = id.into();
-        let result = self.admit(id, prompt.into(), params);
+        let result = self.admit(id, prompt.into(), params, &options);
         if result.is_err() {
             self.metrics.record_rejected();
         }
         result
     }
 
-    fn admit(&mut self, id: String, prompt: Prompt, params: SamplingParams) -> Result<(), RequestError> {
+    fn admit(
+        &mut self,
+        id: String,
+        prompt: Prompt,
+        params: SamplingParams,
+        options: &RequestOptions,
+    ) -> Result<(), RequestError> {
         if self.ids.contains_key(&id) {
             return Err(RequestError::DuplicateId(id));
         }
@@ -237,7 +254,11 @@ impl Engine {
             });
         }
         let sid = self.next_id;
-        let request = Request::new(sid, tokens.clone(), max_tokens).with_n(params.n);
+        let mut request =
+            Request::new(sid, tokens.clone(), max_tokens).with_n(params.n).with_priority(options.priority);
+        if let Some(salt) = options.salt_hash() {
+            request = request.with_salt(salt);
+        }
         self.scheduler.add_request(request).map_err(|e| match e {
             SchedulerError::EmptyPrompt(_) => RequestError::EmptyPrompt(id.clone()),
             other => RequestError::Rejected { id: id.clone(), reason: other.to_string() },

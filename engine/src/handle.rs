@@ -15,7 +15,7 @@ use crate::engine::Engine;
 use crate::error::{EngineError, RequestError};
 use crate::metrics::MetricsSnapshot;
 use crate::output::{FinalOutput, RequestOutput};
-use crate::request::Prompt;
+use crate::request::{Prompt, RequestOptions};
 use crate::sampling::SamplingParams;
 
 /// What happens to unfinished requests at shutdown.
@@ -43,6 +43,7 @@ enum Command {
         id: String,
         prompt: Prompt,
         params: SamplingParams,
+        options: RequestOptions,
         stream: Sender<StreamItem>,
         reply: Sender<Result<(), RequestError>>,
     },
@@ -127,6 +128,17 @@ impl EngineHandle {
         prompt: impl Into<Prompt>,
         params: SamplingParams,
     ) -> Result<RequestStream, RequestError> {
+        self.add_request_with_options(id, prompt, params, RequestOptions::default())
+    }
+
+    /// [`EngineHandle::add_request_with_id`] with a priority and a prefix-cache salt.
+    pub fn add_request_with_options(
+        &self,
+        id: impl Into<String>,
+        prompt: impl Into<Prompt>,
+        params: SamplingParams,
+        options: RequestOptions,
+    ) -> Result<RequestStream, RequestError> {
         let id = id.into();
         let (stream_tx, stream_rx) = crossbeam_channel::unbounded();
         let (reply_tx, reply_rx) = crossbeam_channel::bounded(1);
@@ -134,6 +146,7 @@ impl EngineHandle {
             id: id.clone(),
             prompt: prompt.into(),
             params,
+            options,
             stream: stream_tx,
             reply: reply_tx,
         };
@@ -152,7 +165,14 @@ impl EngineHandle {
         for (id, prompt, params) in requests {
             let (stream_tx, stream_rx) = crossbeam_channel::unbounded();
             let (reply_tx, reply_rx) = crossbeam_channel::bounded(1);
-            let cmd = Command::Add { id: id.clone(), prompt, params, stream: stream_tx, reply: reply_tx };
+            let cmd = Command::Add {
+                id: id.clone(),
+                prompt,
+                params,
+                options: RequestOptions::default(),
+                stream: stream_tx,
+                reply: reply_tx,
+            };
             let sent = self.inner.tx.send(cmd).is_ok();
             pending.push((id, stream_rx, reply_rx, sent));
         }
@@ -303,11 +323,11 @@ impl EngineLoop {
     /// Applies one command; true means "stop now".
     fn handle(&mut self, cmd: Command) -> bool {
         match cmd {
-            Command::Add { id, prompt, params, stream, reply } => {
+            Command::Add { id, prompt, params, options, stream, reply } => {
                 let result = if self.draining {
                     Err(RequestError::EngineStopped)
                 } else {
-                    self.engine.add_request(id.clone(), prompt, params)
+                    self.engine.add_request_with(id.clone(), prompt, params, options)
                 };
                 if result.is_ok() {
                     self.streams.insert(id, stream);

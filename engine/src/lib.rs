@@ -25,5 +25,5 @@ pub use handle::{EngineHandle, RequestStream, ShutdownMode, StreamError};
 pub use metrics::{Gauges, LatencyStats, MetricsSnapshot};
 pub use model::ChatMessage;
 pub use output::{Completion, CompletionDelta, FinalOutput, FinishReason, RequestOutput, RequestTiming};
-pub use request::Prompt;
+pub use request::{Prompt, RequestOptions};
 pub use sampling::{SamplingParams, SamplingParamsError};

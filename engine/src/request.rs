@@ -1,5 +1,6 @@
-//! What a client submits (`Prompt` + `SamplingParams`) and the engine's per-request state:
-//! one `SeqState` per parallel sample with its sampler, detokenizer and unsent deltas.
+//! What a client submits (`Prompt` + `SamplingParams` + `RequestOptions`) and the engine's
+//! per-request state: one `SeqState` per parallel sample with its sampler, detokenizer and
+//! unsent deltas.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -39,6 +40,41 @@ impl From<Vec<u32>> for Prompt {
 impl From<Vec<ChatMessage>> for Prompt {
     fn from(m: Vec<ChatMessage>) -> Self {
         Self::Chat(m)
+    }
+}
+
+/// Scheduling options of one request, beside its sampling parameters (vLLM's `priority`
+/// argument and the prompt's `cache_salt`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RequestOptions {
+    /// Under `Policy::Priority`, lower runs first (ties by arrival) and a waiting request may
+    /// preempt running ones of a higher number; ignored under FCFS.
+    pub priority: i64,
+    /// Isolates this request's prefix-cache entries: blocks are only shared between requests
+    /// that bring the same salt (so one tenant cannot probe another's cached prompts).
+    pub cache_salt: Option<String>,
+}
+
+impl RequestOptions {
+    pub fn with_priority(mut self, priority: i64) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    pub fn with_cache_salt(mut self, salt: impl Into<String>) -> Self {
+        self.cache_salt = Some(salt.into());
+        self
+    }
+
+    /// The scheduler's numeric salt: `None` without one; a salt string maps to a stable 64-bit
+    /// hash that is never 0 (0 is the unsalted namespace).
+    pub(crate) fn salt_hash(&self) -> Option<u64> {
+        use sha2::{Digest, Sha256};
+        let salt = self.cache_salt.as_ref()?;
+        let digest = Sha256::digest(salt.as_bytes());
+        let mut word = [0u8; 8];
+        word.copy_from_slice(&digest[..8]);
+        Some(u64::from_le_bytes(word).max(1))
     }
 }
 
@@ -162,5 +198,22 @@ impl RequestState {
             completion_tokens: self.completion_tokens(),
             timing: self.timing(now),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RequestOptions;
+
+    #[test]
+    fn salt_hash_is_stable_distinct_and_never_the_unsalted_namespace() {
+        let none = RequestOptions::default();
+        assert_eq!(none.salt_hash(), None);
+        let a = RequestOptions::default().with_cache_salt("tenant-a");
+        let b = RequestOptions::default().with_cache_salt("tenant-b");
+        assert_eq!(a.salt_hash(), a.clone().salt_hash());
+        assert_ne!(a.salt_hash(), b.salt_hash());
+        assert!(a.salt_hash().is_some_and(|h| h != 0));
+        assert!(RequestOptions::default().with_cache_salt("").salt_hash().is_some_and(|h| h != 0));
     }
 }

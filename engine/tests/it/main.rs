@@ -4,4 +4,5 @@
 mod basics;
 mod handle;
 mod invariance;
+mod options;
 mod support;
