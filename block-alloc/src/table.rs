@@ -122,7 +122,31 @@ impl BlockTable {
     /// can give; the watermark is not applied here), [`AllocError::BlockSizeMismatch`],
     /// [`AllocError::WrongPool`], [`AllocError::UnknownBlock`] / [`AllocError::NotAllocated`]
     /// (the last block was freed behind the table's back).
+    #[inline]
     pub fn append_tokens(
+        &mut self,
+        pool: &mut BlockPool,
+        n: usize,
+    ) -> Result<Option<CopyOnWrite>, AllocError> {
+        // Fast path (most decode steps), inlined into callers: the tokens fit in the last block,
+        // which this table owns alone. `room > 0` means the table holds blocks, so it was filled
+        // from `pool` exactly when the pool ids agree (which also implies equal block sizes).
+        let room = self.blocks.len() * self.block_size - self.num_tokens;
+        if n != 0
+            && n <= room
+            && self.pool_id == pool.id
+            && let Some(&last) = self.blocks.last()
+            && pool.ref_counts.get(last as usize) == Some(&1)
+        {
+            self.num_tokens += n;
+            return Ok(None);
+        }
+        self.append_tokens_slow(pool, n)
+    }
+
+    /// Everything `append_tokens`' fast path does not cover: new blocks, copy-on-write, errors.
+    #[inline(never)]
+    fn append_tokens_slow(
         &mut self,
         pool: &mut BlockPool,
         n: usize,
@@ -132,8 +156,6 @@ impl BlockTable {
             return Ok(None);
         }
         let bs = self.block_size;
-        // Fast path (most decode steps): the tokens fit in the last block, which we own alone.
-        // `room > 0` means the last block is partly filled (blocks are taken only when needed).
         let room = self.blocks.len() * bs - self.num_tokens;
         if n <= room {
             let last = self.blocks[self.blocks.len() - 1];

@@ -79,19 +79,14 @@ mod tests {
                 block_table: bt,
                 num_samples: k,
             };
-        let plan = SchedulerOutput {
-            // A prefill chunk that does not sample, a decode, a prompt end with n = 2.
-            seqs: vec![
-                seq(0, 0..4, 0..4, 0..1, 0),
-                seq(1, 20..21, 4..5, 1..3, 1),
-                seq(2, 0..3, 5..8, 3..4, 2),
-            ],
-            token_ids: vec![1; 8],
-            positions: vec![0; 8],
-            slot_mapping: vec![0; 8],
-            block_tables: vec![7, 3, 4, 9],
-            ..SchedulerOutput::default()
-        };
+        let mut plan = SchedulerOutput::default();
+        // A prefill chunk that does not sample, a decode, a prompt end with n = 2.
+        plan.seqs =
+            vec![seq(0, 0..4, 0..4, 0..1, 0), seq(1, 20..21, 4..5, 1..3, 1), seq(2, 0..3, 5..8, 3..4, 2)];
+        plan.token_ids = vec![1; 8];
+        plan.positions = vec![0; 8];
+        plan.slot_mapping = vec![0; 8];
+        plan.set_block_tables(vec![7, 3, 4, 9]);
         let mut b = BatchBuffers::default();
         assert!(b.build(&plan).is_ok());
         let input = b.input(&plan);

@@ -14,6 +14,7 @@ mod output;
 mod preempt;
 mod queue;
 mod request;
+mod rows;
 mod schedule;
 mod scheduler;
 pub mod sim;

@@ -2,13 +2,16 @@
 //!
 //! Per-sequence data lives in flat arrays (token ids, positions, slot mapping, block tables) with
 //! ranges into them, because that is what a forward pass consumes and because it lets the
-//! scheduler reuse the same buffers every step without allocating.
+//! scheduler reuse the same buffers every step without allocating. Block tables live in a
+//! persistent arena (see `rows.rs`): when the same output is handed back to `schedule_into`
+//! every step, a running sequence's row is only appended to, not copied again.
 
 use std::ops::Range;
 
 use block_alloc::BlockId;
 
 use crate::request::{FinishReason, RequestId, SeqId, TokenId};
+use crate::rows::ArenaTag;
 
 /// One sequence scheduled in this step.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,7 +21,8 @@ pub struct ScheduledSeq {
     pub tokens: Range<usize>,
     /// Indices into `token_ids`, `positions` and `slot_mapping` of the output.
     pub flat: Range<usize>,
-    /// Indices into `block_tables` of the output (this sequence's whole table).
+    /// Indices into the output's block-table arena (`SchedulerOutput::block_tables`) of this
+    /// sequence's whole table; read it with `SchedulerOutput::block_table`.
     pub block_table: Range<usize>,
     /// Tokens the sampler must draw from the logits of the last position: 0 for a prefill chunk
     /// that does not reach the end, `n` for the end of an un-forked prompt of a group of `n`,
@@ -35,13 +39,21 @@ impl ScheduledSeq {
 
 /// The plan of one step. Block operations must run before the forward pass: swap out, swap in,
 /// then copies.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+///
+/// Hand the same output back to `Scheduler::schedule_into` every step: its block-table arena is
+/// then updated incrementally. Any other output (a fresh one, a clone, one written by another
+/// scheduler or changed through `set_block_tables`) is detected and rebuilt, never trusted.
+#[derive(Debug, Clone, Default)]
 pub struct SchedulerOutput {
     pub seqs: Vec<ScheduledSeq>,
     pub token_ids: Vec<TokenId>,
     pub positions: Vec<u32>,
     pub slot_mapping: Vec<i64>,
-    pub block_tables: Vec<BlockId>,
+    /// Block-table arena: the rows `ScheduledSeq::block_table` points at, persisting between
+    /// steps (entries outside this step's ranges are stale or slack).
+    block_tables: Vec<BlockId>,
+    /// Which scheduler wrote `block_tables`, and when (`rows.rs`).
+    tables_tag: Option<ArenaTag>,
     /// Copy-on-write: `(src, dst)` device blocks.
     pub blocks_to_copy: Vec<(BlockId, BlockId)>,
     /// `(device, host)` block pairs.
@@ -70,6 +82,23 @@ impl SchedulerOutput {
         self.block_tables.get(seq.block_table.clone()).unwrap_or(&[])
     }
 
+    /// The whole block-table arena that `ScheduledSeq::block_table` ranges index.
+    pub fn block_tables(&self) -> &[BlockId] {
+        &self.block_tables
+    }
+
+    /// Replaces the block-table arena (for plans built by hand, e.g. in tests). The scheduler
+    /// will not trust it and rebuilds it on the next `schedule_into`.
+    pub fn set_block_tables(&mut self, arena: Vec<BlockId>) {
+        self.block_tables = arena;
+        self.tables_tag = None;
+    }
+
+    /// The arena and its tag, for the scheduler's incremental writes.
+    pub(crate) fn arena_mut(&mut self) -> (&mut Vec<BlockId>, &mut Option<ArenaTag>) {
+        (&mut self.block_tables, &mut self.tables_tag)
+    }
+
     /// The slot of every token of a scheduled sequence's chunk.
     pub fn slots(&self, seq: &ScheduledSeq) -> &[i64] {
         self.slot_mapping.get(seq.flat.clone()).unwrap_or(&[])
@@ -89,7 +118,7 @@ impl SchedulerOutput {
         self.token_ids.clear();
         self.positions.clear();
         self.slot_mapping.clear();
-        self.block_tables.clear();
+        // `block_tables` persists: the scheduler updates its rows in place.
         self.blocks_to_copy.clear();
         self.blocks_to_swap_out.clear();
         self.blocks_to_swap_in.clear();
@@ -99,6 +128,30 @@ impl SchedulerOutput {
         self.capacity_exceeded.clear();
     }
 }
+
+/// Equal when the plans are: the same sequences with the same block tables (wherever their
+/// rows sit in the arenas) and the same everything else.
+impl PartialEq for SchedulerOutput {
+    fn eq(&self, other: &Self) -> bool {
+        let same_tables = self.seqs.len() == other.seqs.len()
+            && self.seqs.iter().zip(&other.seqs).all(|(a, b)| self.block_table(a) == other.block_table(b));
+        let strip = |s: &ScheduledSeq| (s.seq_id, s.tokens.clone(), s.flat.clone(), s.num_samples);
+        same_tables
+            && self.seqs.iter().map(strip).eq(other.seqs.iter().map(strip))
+            && self.token_ids == other.token_ids
+            && self.positions == other.positions
+            && self.slot_mapping == other.slot_mapping
+            && self.blocks_to_copy == other.blocks_to_copy
+            && self.blocks_to_swap_out == other.blocks_to_swap_out
+            && self.blocks_to_swap_in == other.blocks_to_swap_in
+            && self.preempted == other.preempted
+            && self.finished == other.finished
+            && self.aborted == other.aborted
+            && self.capacity_exceeded == other.capacity_exceeded
+    }
+}
+
+impl Eq for SchedulerOutput {}
 
 /// One token drawn by the sampler. For a scheduled sequence with `num_samples = k`, the engine
 /// passes `k` consecutive entries with that sequence's id; at a fork, entry `i` goes to sample `i`.

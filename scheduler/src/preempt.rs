@@ -24,7 +24,7 @@ impl Scheduler {
             && let Some(host) = host.as_mut()
         {
             let mut tables: Vec<&mut BlockTable> =
-                group.seqs.iter_mut().filter(|s| !s.table.is_empty()).map(|s| &mut s.table).collect();
+                group.seqs.iter_mut().filter(|s| !s.table().is_empty()).map(|s| s.table_mut()).collect();
             // All or nothing: on a full host pool the tables are untouched and we recompute.
             if let Ok(pairs) = block_alloc::swap_out(device, host, &mut tables) {
                 out.blocks_to_swap_out.extend(pairs);
@@ -39,7 +39,7 @@ impl Scheduler {
         let share = !cfg.enable_prefix_caching;
         let mut first = true;
         for seq in group.seqs.iter_mut().filter(|s| s.finished.is_none()) {
-            seq.table.free(device)?;
+            seq.table_mut().free(device)?;
             seq.num_computed = 0;
             seq.parked = share && !first;
             first = false;

@@ -10,6 +10,7 @@ use crate::group::{Group, Where};
 use crate::output::SchedulerOutput;
 use crate::queue::{QueueKey, insert_sorted};
 use crate::request::FinishReason;
+use crate::rows::RowBook;
 use crate::scheduler::{InFlight, Scheduler};
 
 /// What is left of this step's limits.
@@ -49,6 +50,8 @@ impl Scheduler {
             return Err(SchedulerError::StepInFlight);
         }
         out.clear();
+        let (arena, tag) = out.arena_mut();
+        self.rows.begin(arena, tag);
         out.finished.append(&mut self.finished_since);
         out.aborted.append(&mut self.aborted_since);
         self.stats.steps += 1;
@@ -129,7 +132,8 @@ impl Scheduler {
             let group = self.group(head)?;
             let Some(seq) = group.seqs.iter().find(|s| s.finished.is_none()) else { break };
             let chunk = seq.remaining().min(self.cfg.max_num_batched_tokens);
-            if self.device.can_allocate(seq.table.blocks_to_append(&self.device, chunk)) != AllocStatus::Later
+            if self.device.can_allocate(seq.table().blocks_to_append(&self.device, chunk))
+                != AllocStatus::Later
             {
                 break;
             }
@@ -154,6 +158,7 @@ impl Scheduler {
     }
 
     /// One token for every live sequence of a decoding group, all or nothing.
+    #[inline(always)]
     fn try_decode(
         &mut self,
         slot: usize,
@@ -161,39 +166,41 @@ impl Scheduler {
         budget: &mut Budget,
     ) -> Result<Fit, SchedulerError> {
         let step = self.stats.steps;
-        let Self { groups, device, in_flight, scheduled_at, .. } = self;
+        let Self { groups, device, in_flight, scheduled_at, rows, .. } = self;
         let group =
             groups.get_mut(slot).and_then(Option::as_mut).ok_or(SchedulerError::Internal("missing group"))?;
-        let live = group.live_seqs();
-        if live > budget.seqs || live > budget.tokens {
-            return Ok(Fit::NoBudget);
-        }
         if group.seqs.len() == 1 {
-            // One sequence: the append itself is the all-or-nothing memory check.
-            match emit(group, slot, 0, 1, device, out, in_flight) {
+            // One (live) sequence, the common case: the append itself is the all-or-nothing
+            // memory check.
+            if budget.seqs == 0 || budget.tokens == 0 {
+                return Ok(Fit::NoBudget);
+            }
+            match emit_decode(group, slot, 0, device, rows, out, in_flight) {
                 Ok(()) => {}
-                Err(SchedulerError::Alloc(block_alloc::AllocError::OutOfBlocks { .. })) => {
-                    return Ok(Fit::NoMemory);
-                }
-                Err(e) => return Err(e),
+                Err(block_alloc::AllocError::OutOfBlocks { .. }) => return Ok(Fit::NoMemory),
+                Err(e) => return Err(e.into()),
             }
             scheduled_at[slot] = step;
             budget.tokens -= 1;
             budget.seqs -= 1;
             return Ok(Fit::Scheduled);
         }
+        let live = group.live_seqs();
+        if live > budget.seqs || live > budget.tokens {
+            return Ok(Fit::NoBudget);
+        }
         let need: usize = group
             .seqs
             .iter()
             .filter(|s| s.finished.is_none())
-            .map(|s| s.table.blocks_to_append(device, 1))
+            .map(|s| s.table().blocks_to_append(device, 1))
             .sum();
         if need > device.num_free() {
             return Ok(Fit::NoMemory);
         }
         for si in 0..group.seqs.len() {
             if group.seqs[si].finished.is_none() {
-                emit(group, slot, si, 1, device, out, in_flight)?;
+                emit_decode(group, slot, si, device, rows, out, in_flight)?;
             }
         }
         scheduled_at[slot] = step;
@@ -213,7 +220,7 @@ impl Scheduler {
         reserve: Option<usize>,
     ) -> Result<Fit, SchedulerError> {
         let step = self.stats.steps;
-        let Self { groups, device, in_flight, scheduled_at, .. } = self;
+        let Self { groups, device, in_flight, scheduled_at, rows, .. } = self;
         let group =
             groups.get_mut(slot).and_then(Option::as_mut).ok_or(SchedulerError::Internal("missing group"))?;
         let reserve = reserve.unwrap_or(0);
@@ -233,12 +240,12 @@ impl Scheduler {
                 want = want.min(cap - seq.num_computed);
             }
             let free = device.num_free().saturating_sub(reserve);
-            let n = largest_fitting_append(&group.seqs[si].table, device, want, free);
+            let n = largest_fitting_append(group.seqs[si].table(), device, want, free);
             if n == 0 {
                 short = true;
                 break;
             }
-            emit(group, slot, si, n, device, out, in_flight)?;
+            emit(group, slot, si, n, device, rows, out, in_flight)?;
             budget.tokens -= n;
             budget.seqs -= 1;
             any = true;
@@ -299,7 +306,7 @@ impl Scheduler {
                 .seqs
                 .iter()
                 .filter(|s| s.finished.is_none() && !s.parked)
-                .map(|s| s.table.blocks_to_append(host, s.remaining().min(budget.tokens)))
+                .map(|s| s.table().blocks_to_append(host, s.remaining().min(budget.tokens)))
                 .sum();
             match self.device.can_allocate(distinct + growth) {
                 AllocStatus::Now => {}
@@ -320,7 +327,7 @@ impl Scheduler {
                 return Err(SchedulerError::Internal("swapped group without a host pool"));
             };
             let mut tables: Vec<&mut BlockTable> =
-                group.seqs.iter_mut().filter(|s| !s.table.is_empty()).map(|s| &mut s.table).collect();
+                group.seqs.iter_mut().filter(|s| !s.table().is_empty()).map(|s| s.table_mut()).collect();
             let pairs = block_alloc::swap_in(host, device, &mut tables)?;
             out.blocks_to_swap_in.extend(pairs);
             group.place = Where::Running;
@@ -357,7 +364,7 @@ impl Scheduler {
             // Blocks the whole remaining prefill of the first sequence would take: if even that
             // exceeds what the pool can ever give, the group can never run.
             let seq = group.seqs.iter().find(|s| s.finished.is_none());
-            let full_need = seq.map_or(0, |s| s.table.blocks_to_append(&self.device, s.remaining()));
+            let full_need = seq.map_or(0, |s| s.table().blocks_to_append(&self.device, s.remaining()));
             if self.device.can_allocate(full_need) == AllocStatus::Never {
                 self.waiting.pop_front();
                 self.finish_group(slot, FinishReason::CapacityExceeded, out)?;
@@ -401,10 +408,8 @@ impl Scheduler {
             groups.get_mut(slot).and_then(Option::as_mut).ok_or(SchedulerError::Internal("missing group"))?;
         let salt = group.salt;
         for seq in group.seqs.iter_mut().filter(|s| s.finished.is_none() && s.num_computed == 0) {
-            if seq.table.num_tokens() == 0 && seq.tokens.len() > 1 {
-                let cached =
-                    device.lookup_prefix(&seq.tokens[..seq.tokens.len() - 1], salt, &mut seq.table)?;
-                seq.num_computed = cached;
+            if seq.table().num_tokens() == 0 && seq.tokens.len() > 1 {
+                seq.num_computed = seq.lookup_prefix(device, salt)?;
             }
         }
         Ok(())
@@ -416,7 +421,7 @@ impl Scheduler {
         let group =
             groups.get_mut(slot).and_then(Option::as_mut).ok_or(SchedulerError::Internal("missing group"))?;
         for seq in group.seqs.iter_mut().filter(|s| s.finished.is_none()) {
-            seq.table.free(device)?;
+            seq.table_mut().free(device)?;
             seq.num_computed = 0;
         }
         Ok(())
@@ -441,7 +446,7 @@ impl Scheduler {
             groups.get_mut(slot).and_then(Option::as_mut).ok_or(SchedulerError::Internal("missing group"))?;
         let host = host.as_mut().ok_or(SchedulerError::Internal("swapped group without a host pool"))?;
         for seq in group.seqs.iter_mut() {
-            seq.table.free(host)?;
+            seq.table_mut().free(host)?;
         }
         self.finish_group(slot, FinishReason::CapacityExceeded, out)
     }
@@ -457,7 +462,7 @@ impl Scheduler {
         let group =
             groups.get_mut(slot).and_then(Option::as_mut).ok_or(SchedulerError::Internal("missing group"))?;
         for seq in group.seqs.iter_mut() {
-            seq.table.free(device)?;
+            seq.table_mut().free(device)?;
             seq.finished.get_or_insert(reason);
         }
         let id = group.id;
@@ -470,46 +475,96 @@ impl Scheduler {
 }
 
 /// Appends `n` slots to sequence `si` of `group` and writes its entry of the step.
+#[allow(clippy::too_many_arguments)] // the split borrows of `Scheduler` it works on
+#[inline]
 fn emit(
     group: &mut Group,
     slot: usize,
     si: usize,
     n: usize,
     device: &mut BlockPool,
+    rows: &mut RowBook,
     out: &mut SchedulerOutput,
     in_flight: &mut Vec<InFlight>,
 ) -> Result<(), SchedulerError> {
-    let awaiting_fork = group.awaiting_fork();
-    let samples_at_end = if awaiting_fork { group.n } else { 1 };
+    let samples_at_end = if group.awaiting_fork() { group.n } else { 1 };
+    let arrival = group.key.arrival;
     let seq_id = group.seq_id(group.seqs[si].index);
     let seq = &mut group.seqs[si];
     let start = seq.num_computed;
     let end = start + n;
-    if let Some(cow) = seq.table.append_tokens(device, n)? {
+    let (cow, table_range) = seq.append(device, n, rows, out.arena_mut().0)?;
+    if let Some(cow) = cow {
         out.blocks_to_copy.push((cow.src, cow.dst));
     }
     let flat_start = out.token_ids.len();
     if n == 1 {
-        // The decode case: skip the range machinery.
+        // The decode case: the token sits in the table's last block (no division needed).
+        let table = seq.table();
+        let last = table.blocks().len() - 1;
+        let bs = table.block_size();
+        let slot_of_start = i64::from(table.blocks()[last]) * bs as i64 + (start - last * bs) as i64;
+        debug_assert_eq!(Some(slot_of_start), table.slot(start));
         out.token_ids.push(seq.tokens[start]);
         out.positions.push(start as u32);
-        out.slot_mapping.push(seq.table.slot(start).unwrap_or(-1));
+        out.slot_mapping.push(slot_of_start);
     } else {
         out.token_ids.extend_from_slice(&seq.tokens[start..end]);
         out.positions.extend(start as u32..end as u32);
-        seq.table.slot_mapping(start..end, &mut out.slot_mapping);
+        seq.table().slot_mapping(start..end, &mut out.slot_mapping);
     }
-    let table_start = out.block_tables.len();
-    out.block_tables.extend_from_slice(seq.table.blocks());
     let num_samples = if end == seq.tokens.len() { samples_at_end } else { 0 };
     out.seqs.push(crate::output::ScheduledSeq {
         seq_id,
         tokens: start..end,
-        flat: flat_start..out.token_ids.len(),
-        block_table: table_start..out.block_tables.len(),
+        flat: flat_start..flat_start + n,
+        block_table: table_range,
         num_samples,
     });
-    in_flight.push(InFlight { slot, arrival: group.key.arrival, seq: si as u32, seq_id, end, num_samples });
+    in_flight.push(InFlight { slot, arrival, seq: si as u32, seq_id, end, num_samples });
+    Ok(())
+}
+
+/// `emit` of one decode token: the per-step hot path, so no token ranges and no division.
+#[inline(always)]
+fn emit_decode(
+    group: &mut Group,
+    slot: usize,
+    si: usize,
+    device: &mut BlockPool,
+    rows: &mut RowBook,
+    out: &mut SchedulerOutput,
+    in_flight: &mut Vec<InFlight>,
+) -> Result<(), block_alloc::AllocError> {
+    let samples_at_end = if group.awaiting_fork() { group.n } else { 1 };
+    let arrival = group.key.arrival;
+    let seq_id = group.seq_id(group.seqs[si].index);
+    let seq = &mut group.seqs[si];
+    let start = seq.num_computed;
+    let (cow, table_range) = seq.append(device, 1, rows, out.arena_mut().0)?;
+    if let Some(cow) = cow {
+        out.blocks_to_copy.push((cow.src, cow.dst));
+    }
+    // The token sits in the table's last block, the row's last entry.
+    let table = seq.table();
+    let last = table_range.len() - 1;
+    let bs = table.block_size();
+    let slot_of_start =
+        i64::from(out.block_tables()[table_range.end - 1]) * bs as i64 + (start - last * bs) as i64;
+    debug_assert_eq!(Some(slot_of_start), table.slot(start));
+    let flat = out.token_ids.len();
+    out.token_ids.push(seq.tokens[start]);
+    out.positions.push(start as u32);
+    out.slot_mapping.push(slot_of_start);
+    let num_samples = if start + 1 == seq.tokens.len() { samples_at_end } else { 0 };
+    out.seqs.push(crate::output::ScheduledSeq {
+        seq_id,
+        tokens: start..start + 1,
+        flat: flat..flat + 1,
+        block_table: table_range,
+        num_samples,
+    });
+    in_flight.push(InFlight { slot, arrival, seq: si as u32, seq_id, end: start + 1, num_samples });
     Ok(())
 }
 
@@ -534,6 +589,6 @@ fn largest_fitting_append(table: &BlockTable, pool: &BlockPool, want: usize, fre
 /// Distinct blocks held by a group's live tables (forked samples share blocks).
 fn distinct_blocks(group: &Group) -> usize {
     let tables: Vec<&BlockTable> =
-        group.seqs.iter().filter(|s| !s.table.is_empty()).map(|s| &s.table).collect();
+        group.seqs.iter().filter(|s| !s.table().is_empty()).map(|s| s.table()).collect();
     block_alloc::num_distinct_blocks(&tables)
 }

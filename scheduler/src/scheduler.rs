@@ -10,6 +10,7 @@ use crate::error::SchedulerError;
 use crate::group::{Group, Seq, Where};
 use crate::queue::{Queue, QueueKey, insert_sorted, remove_slot};
 use crate::request::{Request, RequestId, SeqId};
+use crate::rows::RowBook;
 
 /// Counters over the scheduler's life.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -68,6 +69,8 @@ pub struct Scheduler {
     pub(crate) finished_since: Vec<RequestId>,
     pub(crate) aborted_since: Vec<RequestId>,
     pub(crate) stats: SchedulerStats,
+    /// Where the running sequences' block tables sit in the output's persistent arena.
+    pub(crate) rows: RowBook,
 }
 
 impl Scheduler {
@@ -100,6 +103,7 @@ impl Scheduler {
             finished_since: Vec::new(),
             aborted_since: Vec::new(),
             stats: SchedulerStats::default(),
+            rows: RowBook::new(),
         })
     }
 
@@ -151,14 +155,7 @@ impl Scheduler {
             max_new_tokens: req.max_new_tokens,
             salt: req.salt.unwrap_or(0),
             n: req.n,
-            seqs: vec![Seq {
-                index: 0,
-                tokens: req.prompt,
-                num_computed: 0,
-                table: self.device.new_table(),
-                finished: None,
-                parked: false,
-            }],
+            seqs: vec![Seq::new(0, req.prompt, 0, self.device.new_table())],
             place: Where::Waiting,
         };
         let slot = match self.free_slots.pop() {
@@ -196,7 +193,7 @@ impl Scheduler {
         };
         if let Some(group) = self.groups.get_mut(slot).and_then(Option::as_mut) {
             for seq in &mut group.seqs {
-                seq.table.free(pool)?;
+                seq.table_mut().free(pool)?;
             }
         }
         self.release(slot);
@@ -269,7 +266,7 @@ impl Scheduler {
             .iter()
             .filter_map(|&(_, slot)| self.groups.get(slot).and_then(Option::as_ref))
             .flat_map(|g| g.seqs.iter())
-            .map(|s| s.table.num_tokens())
+            .map(|s| s.table().num_tokens())
             .sum()
     }
 
@@ -296,7 +293,7 @@ impl Scheduler {
             .iter()
             .filter_map(|&(_, slot)| self.groups.get(slot).and_then(Option::as_ref))
             .flat_map(|g| g.seqs.iter())
-            .map(|s| &s.table)
+            .map(|s| s.table())
             .collect();
         block_alloc::num_distinct_blocks(&tables)
     }

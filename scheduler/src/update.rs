@@ -2,13 +2,13 @@
 //! cache, fork groups at their first sample, append sampled tokens, finish sequences (stop flag,
 //! `max_new_tokens`, `max_model_len`) and free their blocks.
 
-use block_alloc::BlockTable;
+use block_alloc::BlockPool;
 
 use crate::error::SchedulerError;
 use crate::group::{Seq, Where};
 use crate::output::{FinishedSeq, SampledToken, StepResult};
 use crate::queue::remove_slot;
-use crate::request::{FinishReason, SeqId};
+use crate::request::{FinishReason, RequestId, SeqId};
 use crate::scheduler::{InFlight, Scheduler};
 
 impl Scheduler {
@@ -69,14 +69,14 @@ impl Scheduler {
         let before = seq.num_computed;
         seq.num_computed = f.end;
         if caching && f.end / block_size > before / block_size {
-            device.cache_full_blocks(&mut seq.table, &seq.tokens[..f.end], salt)?;
+            seq.cache_full_blocks(device, f.end, salt)?;
         }
         if f.end == group.prompt_len && group.seqs.iter().any(|s| s.parked) {
             // The recomputed prompt is back: the parked samples share it again.
             let (leader, rest) = group.seqs.split_at_mut(si + 1);
             let leader = &leader[si];
             for parked in rest.iter_mut().filter(|s| s.parked) {
-                parked.table = leader.table.fork(device)?;
+                parked.set_table(leader.table().fork(device)?);
                 parked.num_computed = leader.num_computed;
                 parked.parked = false;
             }
@@ -86,39 +86,34 @@ impl Scheduler {
             let parent = &group.seqs[si];
             let mut children = Vec::with_capacity(samples.len() - 1);
             for k in 1..samples.len() {
-                let table: BlockTable = parent.table.fork(device)?;
-                children.push(Seq {
-                    index: k as u32,
-                    tokens: parent.tokens.clone(),
-                    num_computed: parent.num_computed,
-                    table,
-                    finished: None,
-                    parked: false,
-                });
+                let table = parent.table().fork(device)?;
+                children.push(Seq::new(k as u32, parent.tokens.clone(), parent.num_computed, table));
             }
             group.seqs.extend(children);
         }
-        let (id, prompt_len, max_new_tokens) = (group.id, group.prompt_len, group.max_new_tokens);
-        for (k, sample) in samples.iter().enumerate() {
-            let target = if samples.len() > 1 { k } else { si };
-            let seq = group.seqs.get_mut(target).ok_or(SchedulerError::Internal("sample target missing"))?;
-            seq.tokens.push(sample.token);
-            let reason = if sample.stop {
-                Some(FinishReason::Stopped)
-            } else if seq.tokens.len() - prompt_len >= max_new_tokens || seq.tokens.len() >= max_model_len {
-                Some(FinishReason::Length)
-            } else {
-                None
-            };
-            if let Some(reason) = reason {
-                seq.table.free(device)?;
-                seq.finished = Some(reason);
-                result
-                    .finished_seqs
-                    .push(FinishedSeq { seq_id: SeqId { request: id, index: seq.index }, reason });
+        let id = group.id;
+        // Generated tokens reach `max_new_tokens` (or the sequence `max_model_len`) at this length.
+        let length_cap = group.prompt_len.saturating_add(group.max_new_tokens).min(max_model_len);
+        let any_finished = match samples {
+            [] => false,
+            // The common case (a decode): the sample goes to the scheduled sequence itself.
+            [sample] => {
+                let seq = group.seqs.get_mut(si).ok_or(SchedulerError::Internal("sample target missing"))?;
+                push_sample(seq, sample, length_cap, id, device, result)?
             }
-        }
-        if !samples.is_empty() && group.all_finished() {
+            // At the fork, sample `k` goes to sample `k`.
+            _ => {
+                if group.seqs.len() < samples.len() {
+                    return Err(SchedulerError::Internal("sample target missing"));
+                }
+                let mut any = false;
+                for (seq, sample) in group.seqs.iter_mut().zip(samples) {
+                    any |= push_sample(seq, sample, length_cap, id, device, result)?;
+                }
+                any
+            }
+        };
+        if any_finished && group.all_finished() {
             remove_slot(&mut self.running, f.slot);
             self.release(f.slot);
             result.finished_requests.push(id);
@@ -127,6 +122,31 @@ impl Scheduler {
         }
         Ok(())
     }
+}
+
+/// Appends a sampled token to `seq`; finishes it (freeing its blocks) on a stop flag or at
+/// `length_cap` tokens. Returns whether it finished.
+#[inline(always)]
+fn push_sample(
+    seq: &mut Seq,
+    sample: &SampledToken,
+    length_cap: usize,
+    id: RequestId,
+    device: &mut BlockPool,
+    result: &mut StepResult,
+) -> Result<bool, SchedulerError> {
+    seq.tokens.push(sample.token);
+    let reason = if sample.stop {
+        FinishReason::Stopped
+    } else if seq.tokens.len() >= length_cap {
+        FinishReason::Length
+    } else {
+        return Ok(false);
+    };
+    seq.table_mut().free(device)?;
+    seq.finished = Some(reason);
+    result.finished_seqs.push(FinishedSeq { seq_id: SeqId { request: id, index: seq.index }, reason });
+    Ok(true)
 }
 
 /// Every scheduled sequence gets exactly its `num_samples` entries, in order.
