@@ -3,8 +3,11 @@
 //! Two micro-kernels carry all the work: `qk_tile` (scores of one query row against the
 //! `block_size` keys of a tile, in the key layout `[head_size/x, block_size, x]`) and `pv_tile`
 //! (`acc += p · V` over a value tile `[head_size, block_size]`), plus a vectorized `exp`. The
-//! AVX2/FMA/F16C versions are chosen at run time; the portable ones are plain loops.
+//! AVX2/FMA/F16C versions are chosen at run time, with AVX-512 versions of the two decode
+//! micro-kernels on CPUs that have it; the portable ones are plain loops.
 
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 mod portable;
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -19,12 +22,17 @@ pub enum Isa {
     Portable,
     /// AVX2 + FMA + F16C intrinsics (x86-64 only, checked at run time).
     Avx2,
+    /// [`Isa::Avx2`] plus AVX-512F/DQ for the decode micro-kernels (`q·k`, `p·V`).
+    Avx512,
 }
 
 impl Isa {
+    /// Every instruction set, best last.
+    pub const ALL: [Isa; 3] = [Isa::Portable, Isa::Avx2, Isa::Avx512];
+
     /// The best instruction set this CPU supports.
     pub fn detect() -> Isa {
-        if Isa::Avx2.is_available() { Isa::Avx2 } else { Isa::Portable }
+        Isa::ALL.into_iter().rev().find(|isa| isa.is_available()).unwrap_or(Isa::Portable)
     }
 
     /// Whether this CPU can run `self`.
@@ -32,6 +40,7 @@ impl Isa {
         match self {
             Isa::Portable => true,
             Isa::Avx2 => avx2_available(),
+            Isa::Avx512 => avx2_available() && avx512_available(),
         }
     }
 }
@@ -46,6 +55,16 @@ fn avx2_available() -> bool {
     false
 }
 
+#[cfg(target_arch = "x86_64")]
+fn avx512_available() -> bool {
+    is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512dq")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn avx512_available() -> bool {
+    false
+}
+
 /// Cache element types the micro-kernels can load as 8 `f32` lanes.
 pub(crate) trait KernelElem: CacheElem {
     /// Loads 8 consecutive elements widened to `f32`.
@@ -54,6 +73,13 @@ pub(crate) trait KernelElem: CacheElem {
     /// `p .. p + 8` must be readable and the CPU must support AVX2 and F16C.
     #[cfg(target_arch = "x86_64")]
     unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
+
+    /// Loads 16 consecutive elements widened to `f32`.
+    ///
+    /// # Safety
+    /// `p .. p + 16` must be readable and the CPU must support AVX-512F.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512;
 }
 
 impl KernelElem for f32 {
@@ -62,6 +88,13 @@ impl KernelElem for f32 {
     unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256 {
         // SAFETY: the caller guarantees 8 readable elements and AVX support.
         unsafe { std::arch::x86_64::_mm256_loadu_ps(p) }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512 {
+        // SAFETY: the caller guarantees 16 readable elements and AVX-512F.
+        unsafe { std::arch::x86_64::_mm512_loadu_ps(p) }
     }
 }
 
@@ -72,6 +105,14 @@ impl KernelElem for f16 {
         use std::arch::x86_64::*;
         // SAFETY: 8 readable f16 = 16 bytes; F16C is guaranteed by the caller.
         unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        // SAFETY: 16 readable f16 = 32 bytes; AVX-512F is guaranteed by the caller.
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
     }
 }
 
@@ -84,6 +125,16 @@ impl KernelElem for bf16 {
         // bf16 is the top half of an f32: widen to 32 bits and shift into place.
         unsafe {
             _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast()))))
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        // SAFETY: 16 readable bf16 = 32 bytes; AVX-512F is guaranteed by the caller.
+        unsafe {
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm256_loadu_si256(p.cast()))))
         }
     }
 }
@@ -125,6 +176,9 @@ pub(crate) fn qk_rows<T: KernelElem>(
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx2` is only used after `is_available` said yes; lengths checked above.
         Isa::Avx2 => unsafe { x86::qk_rows(tile, qrep, nh, head_size, bs, scores, stride) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above, for `Isa::Avx512`.
+        Isa::Avx512 => unsafe { avx512::qk_rows(tile, qrep, nh, head_size, bs, scores, stride) },
         _ => portable::qk_rows(tile, qrep, nh, head_size, bs, scores, stride),
     }
 }
@@ -153,6 +207,9 @@ pub(crate) fn pv_blocks<T: KernelElem>(
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx2` is only used after `is_available` said yes; lengths checked above.
         Isa::Avx2 => unsafe { x86::pv_blocks(tiles, probs, stride, nh, head_size, bs, acc8) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above, for `Isa::Avx512`.
+        Isa::Avx512 => unsafe { avx512::pv_blocks(tiles, probs, stride, nh, head_size, bs, acc8) },
         _ => portable::pv_blocks(tiles, probs, stride, nh, head_size, bs, acc8),
     }
 }
@@ -163,8 +220,11 @@ pub(crate) fn finish_rows(isa: Isa, acc8: &[f32], scale: f32, out: &mut [f32]) {
     assert!(acc8.len() >= out.len() * 8);
     match isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx2` is only used after `is_available` said yes; lengths checked above.
-        Isa::Avx2 if out.len().is_multiple_of(8) => unsafe { x86::finish_rows(acc8, scale, out) },
+        // SAFETY: `Isa::Avx2`/`Avx512` are only used after `is_available` said yes (AVX-512 there
+        // implies AVX2); lengths checked above.
+        Isa::Avx2 | Isa::Avx512 if out.len().is_multiple_of(8) => unsafe {
+            x86::finish_rows(acc8, scale, out)
+        },
         _ => portable::finish_rows(acc8, scale, out),
     }
 }
@@ -182,8 +242,9 @@ pub(crate) fn pv_tile<T: KernelElem>(
     assert!(tile.len() >= head_size * bs && p.len() >= bs && acc.len() >= head_size);
     match isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx2` is only used after `is_available` said yes; lengths checked above.
-        Isa::Avx2 => unsafe { x86::pv_tile(tile, p, head_size, bs, acc) },
+        // SAFETY: `Isa::Avx2`/`Avx512` are only used after `is_available` said yes (AVX-512 there
+        // implies AVX2); lengths checked above.
+        Isa::Avx2 | Isa::Avx512 => unsafe { x86::pv_tile(tile, p, head_size, bs, acc) },
         _ => portable::pv_tile(tile, p, head_size, bs, acc),
     }
 }
@@ -193,8 +254,9 @@ pub(crate) fn pv_tile<T: KernelElem>(
 pub(crate) fn exp_sub_sum(isa: Isa, v: &mut [f32], max: f32) -> f32 {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx2` is only used after `is_available` said yes.
-        Isa::Avx2 => unsafe { x86::exp_sub_sum(v, max) },
+        // SAFETY: `Isa::Avx2`/`Avx512` are only used after `is_available` said yes (and AVX-512
+        // implies AVX2 there).
+        Isa::Avx2 | Isa::Avx512 => unsafe { x86::exp_sub_sum(v, max) },
         _ => portable::exp_sub_sum(v, max),
     }
 }
@@ -306,7 +368,7 @@ mod tests {
 
     #[test]
     fn micro_kernels_match_naive_loops_on_every_isa_and_dtype() {
-        for isa in [Isa::Portable, Isa::Avx2].into_iter().filter(|i| i.is_available()) {
+        for isa in Isa::ALL.into_iter().filter(|i| i.is_available()) {
             check_isa::<f32>(isa);
             check_isa::<f16>(isa);
             check_isa::<bf16>(isa);
@@ -315,7 +377,7 @@ mod tests {
 
     #[test]
     fn exp_matches_std_and_sums() {
-        for isa in [Isa::Portable, Isa::Avx2].into_iter().filter(|i| i.is_available()) {
+        for isa in Isa::ALL.into_iter().filter(|i| i.is_available()) {
             let src: Vec<f32> = (0..203).map(|i| (i as f32 - 150.0) * 0.7).collect();
             let mut v = src.clone();
             let max = max_of(&v);
