@@ -15,6 +15,9 @@ pub mod rope;
 pub mod tokenizer;
 pub mod weights;
 
+#[cfg(feature = "cuda")]
+pub mod cuda;
+
 pub use chat::{ChatMessage, ChatTemplate};
 pub use config::{LlamaConfig, RopeScaling};
 pub use error::ModelError;

@@ -140,7 +140,11 @@ pub const COPY_BLOCKS_ENTRY: &str = "copy_blocks";
 /// Activation dtypes the model kernels are instantiated for.
 pub const MODEL_DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
-/// Name of a model kernel (`embedding`, `rms_norm`, `rotary`, `silu_mul`, `add`) for a dtype.
+/// The model kernels of every activation dtype.
+pub const MODEL_KERNEL_NAMES: [&str; 7] =
+    ["embedding", "rms_norm", "rotary", "silu_mul", "add", "rms_norm_f32in", "embedding_f32out"];
+
+/// Name of a model kernel (one of [`MODEL_KERNEL_NAMES`]) for a dtype.
 pub fn model_entry(kernel: &str, dtype: DType) -> String {
     format!("{kernel}_{}", cuda_type(dtype).0)
 }
@@ -157,7 +161,7 @@ pub fn model_program() -> Program {
     for dtype in MODEL_DTYPES {
         let (tn, ty) = cuda_type(dtype);
         let _ = writeln!(source, "MODEL_KERNELS({tn}, {ty})");
-        for k in ["embedding", "rms_norm", "rotary", "silu_mul", "add"] {
+        for k in MODEL_KERNEL_NAMES {
             entries.push(Entry { name: model_entry(k, dtype), attention: false });
         }
         for dst in MODEL_DTYPES.into_iter().filter(|d| *d != dtype) {

@@ -1,5 +1,6 @@
 // Small element-wise and row kernels of the Llama forward on CUDA (the GEMMs are cuBLAS):
-// embedding gather, RMSNorm, rotary embedding (HF rotate-half), SiLU·mul, residual add, casts.
+// embedding gather, RMSNorm (also from the f32 residual stream), rotary embedding (HF
+// rotate-half), SiLU·mul, residual add, casts.
 // T is the activation type (float, __half or __nv_bfloat16); all arithmetic is f32.
 
 // out[n, hidden] = table[ids[n], :]. Grid: tokens; any block size.
@@ -87,6 +88,36 @@ __device__ __forceinline__ void cast_body(D* __restrict__ out, const S* __restri
     out[i] = CacheTraits<D>::from_f32(CacheTraits<S>::to_f32(in[i]));
 }
 
+// The forward keeps the residual stream in f32 and feeds the GEMMs T: out[r, :] (T) =
+// rmsnorm(x[src, :]) * weight with src = rows[r] (the sampled rows before the LM head) or r when
+// rows is null. Grid: output rows; block size a multiple of 32.
+template <typename T>
+__device__ __forceinline__ void rms_norm_f32_body(T* __restrict__ out, const float* __restrict__ x,
+                                                  const T* __restrict__ weight,
+                                                  const int* __restrict__ rows, float eps,
+                                                  int hidden) {
+  __shared__ float scratch[32];
+  const long long row = blockIdx.x;
+  const long long src = rows == nullptr ? row : (long long)rows[row];
+  const float* xr = x + src * hidden;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x) ss = fmaf(xr[i], xr[i], ss);
+  const float total = block_sum(ss, scratch);
+  const float inv = rsqrtf(total / hidden + eps);
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x)
+    out[row * hidden + i] = CacheTraits<T>::from_f32(xr[i] * inv * CacheTraits<T>::to_f32(weight[i]));
+}
+
+// out[n, hidden] (f32 residual stream) = table[ids[n], :]. Grid: tokens.
+template <typename T>
+__device__ __forceinline__ void embedding_f32_body(float* __restrict__ out, const T* __restrict__ table,
+                                                   const unsigned int* __restrict__ ids, int hidden) {
+  const long long row = blockIdx.x;
+  const T* src = table + (long long)ids[row] * hidden;
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x)
+    out[row * hidden + i] = CacheTraits<T>::to_f32(src[i]);
+}
+
 #define MODEL_KERNELS(TN, T)                                                               \
   extern "C" __global__ void embedding_##TN(T* out, const T* table, const unsigned int* ids, \
                                             int hidden) {                                  \
@@ -109,6 +140,14 @@ __device__ __forceinline__ void cast_body(D* __restrict__ out, const S* __restri
   }                                                                                        \
   extern "C" __global__ void add_##TN(T* out, const T* a, const T* b, long long n) {       \
     add_body<T>(out, a, b, n);                                                             \
+  }                                                                                        \
+  extern "C" __global__ void rms_norm_f32in_##TN(T* out, const float* x, const T* weight,  \
+                                                 const int* rows, float eps, int hidden) { \
+    rms_norm_f32_body<T>(out, x, weight, rows, eps, hidden);                               \
+  }                                                                                        \
+  extern "C" __global__ void embedding_f32out_##TN(float* out, const T* table,             \
+                                                   const unsigned int* ids, int hidden) {  \
+    embedding_f32_body<T>(out, table, ids, hidden);                                        \
   }
 
 #define CAST_KERNEL(SN, S, DN, D)                                                          \

@@ -1,0 +1,108 @@
+//! What one CUDA step may hold (its activation buffers are allocated once for the largest batch,
+//! so a step never allocates them) and the host-side check of a batch against those limits and
+//! the model, done before anything is uploaded.
+
+use super::error::CudaModelError;
+use crate::config::LlamaConfig;
+use crate::input::ModelInput;
+
+/// The largest step the device buffers are sized for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchLimits {
+    /// Tokens in one step (the scheduler's `max_num_batched_tokens`).
+    pub max_tokens: usize,
+    /// Rows of logits in one step (at most one per sequence: `max_num_seqs`).
+    pub max_samples: usize,
+    /// Longest context (positions in the rotary table, partitions of the split attention).
+    pub max_model_len: usize,
+}
+
+/// Checks `input` against `limits` and `config` (lengths, vocabulary, positions, sample rows).
+pub fn check_batch(
+    input: &ModelInput<'_>,
+    limits: &BatchLimits,
+    config: &LlamaConfig,
+) -> Result<(), CudaModelError> {
+    let n = input.num_tokens();
+    let bad = |m: String| Err(CudaModelError::InvalidInput(m));
+    if input.positions.len() != n || input.slot_mapping.len() != n {
+        return bad(format!(
+            "{n} tokens but {} positions and {} slots",
+            input.positions.len(),
+            input.slot_mapping.len()
+        ));
+    }
+    if n > limits.max_tokens {
+        return bad(format!("{n} tokens in one step, the device buffers hold {}", limits.max_tokens));
+    }
+    if input.sample_indices.len() > limits.max_samples {
+        return bad(format!(
+            "{} sampled rows in one step, the device buffers hold {}",
+            input.sample_indices.len(),
+            limits.max_samples
+        ));
+    }
+    if let Some(&t) = input.token_ids.iter().find(|&&t| t as usize >= config.vocab_size) {
+        return bad(format!("token id {t} is outside the vocabulary ({})", config.vocab_size));
+    }
+    if let Some(&p) = input.positions.iter().find(|&&p| p as usize >= limits.max_model_len) {
+        return bad(format!("position {p} is beyond the rotary table ({} positions)", limits.max_model_len));
+    }
+    if let Some(&i) = input.sample_indices.iter().find(|&&i| i >= n) {
+        return bad(format!("sample index {i} is outside the batch of {n} tokens"));
+    }
+    if input.query_start_loc.last().copied() != Some(n) {
+        return bad(format!("query_start_loc must end at the number of tokens ({n})"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn config() -> LlamaConfig {
+        let text = r#"{"architectures":["LlamaForCausalLM"],"hidden_size":64,"intermediate_size":8,
+            "num_hidden_layers":1,"num_attention_heads":2,"vocab_size":10,"rope_theta":10000.0}"#;
+        match LlamaConfig::from_json(text, Path::new("config.json")) {
+            Ok(c) => c,
+            Err(e) => panic!("config: {e}"),
+        }
+    }
+
+    #[test]
+    fn batches_beyond_the_limits_or_the_model_are_rejected() {
+        let limits = BatchLimits { max_tokens: 3, max_samples: 1, max_model_len: 8 };
+        let c = config();
+        let ok = ModelInput {
+            token_ids: &[1, 2, 3],
+            positions: &[0, 1, 2],
+            slot_mapping: &[0, 1, 2],
+            query_start_loc: &[0, 3],
+            seq_lens: &[3],
+            block_tables: &[0],
+            max_blocks_per_seq: 1,
+            sample_indices: &[2],
+        };
+        assert!(check_batch(&ok, &limits, &c).is_ok());
+        let cases = [
+            ModelInput {
+                token_ids: &[1, 2, 3, 4],
+                positions: &[0, 1, 2, 3],
+                slot_mapping: &[0, 1, 2, 3],
+                query_start_loc: &[0, 4],
+                ..ok
+            },
+            ModelInput { positions: &[0, 1], ..ok },
+            ModelInput { token_ids: &[1, 2, 10], ..ok },
+            ModelInput { positions: &[0, 1, 8], ..ok },
+            ModelInput { sample_indices: &[1, 2], ..ok },
+            ModelInput { sample_indices: &[3], ..ok },
+            ModelInput { query_start_loc: &[0, 2], ..ok },
+        ];
+        for (i, case) in cases.iter().enumerate() {
+            assert!(check_batch(case, &limits, &c).is_err(), "case {i}");
+        }
+    }
+}

@@ -1,0 +1,610 @@
+//! [`CudaLlama`]: the forward pass of one step on the GPU, from the same [`ModelInput`] the CPU
+//! forward takes (prefill chunks and decodes mixed in one flat batch), over a
+//! [`CudaKvCache`]; plus the profiling forward that vLLM-style KV sizing measures.
+//!
+//! Per layer: RMSNorm (f32 residual → half) · Q, K, V GEMMs (f32 out) · rotary (f32) ·
+//! `reshape_and_cache` · paged attention (f32) · cast · O GEMM adding into the residual · RMSNorm ·
+//! gate/up GEMM · SiLU·mul · down GEMM adding into the residual. Then the final norm of the
+//! sampled rows only, the LM head for them only, and one copy of f32 logits to the host.
+
+use std::sync::Arc;
+
+use attn_kernels::PagedAttnMetadata;
+use attn_kernels::cuda::kernels::{cast_entry, model_entry, model_program};
+use attn_kernels::cuda::ops::{self, AttnWorkspace, DeviceAttnMetadata, DeviceSlotMapping};
+use attn_kernels::cuda::{CudaKernels, Program};
+use cudarc::cublas::CudaBlas;
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use kv_cache::cuda::{CudaDevice, CudaKvCache};
+use kv_cache::{BlockShape, CacheConfig, DType};
+
+use super::batch::{BatchLimits, check_batch};
+use super::error::CudaModelError;
+use super::gemm::{LinearCall, linear};
+use super::rope_table::cos_sin_table;
+use super::weights::DeviceWeights;
+use crate::config::LlamaConfig;
+use crate::input::ModelInput;
+use crate::llama::Llama;
+use crate::rope::Rope;
+
+/// Token id of the profiling batch (any id in the vocabulary costs the same).
+pub const PROFILE_SEED_TOKEN: u32 = 0;
+
+/// Threads per block of the row kernels (a multiple of 32, as `block_sum` needs).
+const ROW_THREADS: u32 = 256;
+
+/// The model kernels one forward launches, loaded once.
+#[derive(Debug)]
+struct Functions {
+    embedding: CudaFunction,
+    rms_norm: CudaFunction,
+    rotary: CudaFunction,
+    silu_mul: CudaFunction,
+    cast_attn: CudaFunction,
+}
+
+impl Functions {
+    fn load(kernels: &CudaKernels, dtype: DType) -> Result<Self, CudaModelError> {
+        let program: Program = model_program();
+        let f = |name: String| kernels.function(&program, &name);
+        Ok(Functions {
+            embedding: f(model_entry("embedding_f32out", dtype))?,
+            rms_norm: f(model_entry("rms_norm_f32in", dtype))?,
+            rotary: f(model_entry("rotary", DType::F32))?,
+            silu_mul: f(model_entry("silu_mul", dtype))?,
+            cast_attn: f(cast_entry(DType::F32, dtype))?,
+        })
+    }
+}
+
+/// Activation buffers for the largest step, allocated once.
+#[derive(Debug)]
+struct Activations {
+    ids: CudaSlice<u32>,
+    positions: CudaSlice<i64>,
+    sample_rows: CudaSlice<i32>,
+    /// f32 residual stream `[tokens, hidden]`.
+    hidden: CudaSlice<f32>,
+    /// Half `[tokens, hidden]` (normed input of a GEMM).
+    normed: CudaSlice<u16>,
+    q: CudaSlice<f32>,
+    k: CudaSlice<f32>,
+    v: CudaSlice<f32>,
+    attn: CudaSlice<f32>,
+    attn_half: CudaSlice<u16>,
+    gate_up: CudaSlice<u16>,
+    act: CudaSlice<u16>,
+    sampled: CudaSlice<u16>,
+    logits: CudaSlice<f32>,
+    attn_ws: AttnWorkspace,
+}
+
+impl Activations {
+    fn new(stream: &Arc<CudaStream>, c: &LlamaConfig, limits: &BatchLimits) -> Result<Self, CudaModelError> {
+        let t = limits.max_tokens.max(1);
+        let s = limits.max_samples.max(1);
+        let (h, q_w, kv_w, inter) = (
+            c.hidden_size,
+            c.num_attention_heads * c.head_dim,
+            c.num_key_value_heads * c.head_dim,
+            c.intermediate_size,
+        );
+        Ok(Activations {
+            ids: stream.alloc_zeros(t)?,
+            positions: stream.alloc_zeros(t)?,
+            sample_rows: stream.alloc_zeros(s)?,
+            hidden: stream.alloc_zeros(t * h)?,
+            normed: stream.alloc_zeros(t * h)?,
+            q: stream.alloc_zeros(t * q_w)?,
+            k: stream.alloc_zeros(t * kv_w)?,
+            v: stream.alloc_zeros(t * kv_w)?,
+            attn: stream.alloc_zeros(t * q_w)?,
+            attn_half: stream.alloc_zeros(t * q_w)?,
+            gate_up: stream.alloc_zeros(t * 2 * inter)?,
+            act: stream.alloc_zeros(t * inter)?,
+            sampled: stream.alloc_zeros(s * h)?,
+            logits: stream.alloc_zeros(s * c.vocab_size)?,
+            attn_ws: AttnWorkspace::new(
+                stream,
+                t,
+                c.num_attention_heads,
+                c.head_dim,
+                limits.max_model_len.max(limits.max_tokens),
+            )?,
+        })
+    }
+}
+
+/// A Llama on one GPU: weights, kernels, cuBLAS handle and activation buffers.
+#[derive(Debug)]
+pub struct CudaLlama {
+    config: LlamaConfig,
+    kernels: Arc<CudaKernels>,
+    blas: CudaBlas,
+    weights: DeviceWeights,
+    cos_sin: CudaSlice<f32>,
+    limits: BatchLimits,
+    functions: Functions,
+    act: Activations,
+    host_rows: Vec<i32>,
+    host_positions: Vec<i64>,
+    host_logits: Vec<f32>,
+}
+
+fn addr<T>(s: &CudaSlice<T>, stream: &Arc<CudaStream>) -> u64 {
+    s.device_ptr(stream).0
+}
+
+fn int(v: usize) -> Result<i32, CudaModelError> {
+    i32::try_from(v).map_err(|_| CudaModelError::InvalidInput(format!("{v} exceeds i32")))
+}
+
+fn rows_launch(rows: usize, threads: u32) -> Result<LaunchConfig, CudaModelError> {
+    let grid = u32::try_from(rows).map_err(|_| CudaModelError::InvalidInput(format!("{rows} rows")))?;
+    Ok(LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 })
+}
+
+impl CudaLlama {
+    /// Uploads `model` in `dtype` (bf16 or f16) to the device of `kernels` and allocates the
+    /// activation buffers for `limits`. The host model can be dropped afterwards.
+    pub fn new(
+        model: &Llama,
+        kernels: Arc<CudaKernels>,
+        dtype: DType,
+        limits: BatchLimits,
+    ) -> Result<Self, CudaModelError> {
+        if dtype == DType::F32 {
+            return Err(CudaModelError::Unsupported("f32 weights on the GPU (use bf16 or f16)".into()));
+        }
+        let c = model.config.clone();
+        if !c.head_dim.is_multiple_of(2) || c.num_key_value_heads == 0 {
+            return Err(CudaModelError::Unsupported(format!("head_dim {} / kv heads", c.head_dim)));
+        }
+        // SAFETY: only tries to dlopen libcublas by its candidate names.
+        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+            return Err(CudaModelError::CublasMissing);
+        }
+        let device: Arc<CudaDevice> = kernels.device().clone();
+        let stream = device.stream().clone();
+        device.context().bind_to_thread()?;
+        let blas = CudaBlas::new(stream.clone())?;
+        let weights = DeviceWeights::upload(model, &stream, dtype)?;
+        let positions = limits.max_model_len.max(1);
+        let cos_sin = stream.clone_htod(&cos_sin_table(&Rope::new(&c), positions))?;
+        let functions = Functions::load(&kernels, dtype)?;
+        let act = Activations::new(&stream, &c, &limits)?;
+        Ok(CudaLlama {
+            config: c,
+            kernels,
+            blas,
+            weights,
+            cos_sin,
+            limits,
+            functions,
+            act,
+            host_rows: Vec::new(),
+            host_positions: Vec::new(),
+            host_logits: Vec::new(),
+        })
+    }
+
+    pub fn config(&self) -> &LlamaConfig {
+        &self.config
+    }
+    pub fn limits(&self) -> &BatchLimits {
+        &self.limits
+    }
+    pub fn kernels(&self) -> &Arc<CudaKernels> {
+        &self.kernels
+    }
+    /// The activation dtype (= the weights' dtype).
+    pub fn dtype(&self) -> DType {
+        self.weights.dtype
+    }
+    /// Device bytes of the weights.
+    pub fn weight_bytes(&self) -> usize {
+        self.weights.bytes()
+    }
+
+    fn stream(&self) -> Arc<CudaStream> {
+        self.kernels.device().stream().clone()
+    }
+
+    fn check_cache(&self, cache: &CudaKvCache) -> Result<(), CudaModelError> {
+        let g = cache.config();
+        if cache.num_layers() != self.weights.layers.len()
+            || g.num_kv_heads != self.config.num_key_value_heads
+            || g.head_size != self.config.head_dim
+        {
+            return Err(CudaModelError::InvalidInput(format!(
+                "cache of {} layers x {} kv heads x {} does not fit the model ({} x {} x {})",
+                cache.num_layers(),
+                g.num_kv_heads,
+                g.head_size,
+                self.weights.layers.len(),
+                self.config.num_key_value_heads,
+                self.config.head_dim
+            )));
+        }
+        if !Arc::ptr_eq(cache.device(), self.kernels.device()) {
+            return Err(CudaModelError::InvalidInput("the cache lives on another device".into()));
+        }
+        Ok(())
+    }
+
+    /// One step: writes this step's K/V into `cache` and returns the logits
+    /// `[sample_indices.len(), vocab]` as f32 on the host (the stream is synchronized).
+    pub fn forward(
+        &mut self,
+        input: &ModelInput<'_>,
+        cache: &mut CudaKvCache,
+    ) -> Result<&[f32], CudaModelError> {
+        check_batch(input, &self.limits, &self.config)?;
+        self.check_cache(cache)?;
+        let stream = self.stream();
+        self.kernels.device().context().bind_to_thread()?;
+        let t = input.num_tokens();
+        let s = input.sample_indices.len();
+        let vocab = self.config.vocab_size;
+        if t == 0 {
+            self.host_logits.clear();
+            return Ok(&self.host_logits);
+        }
+        let cc = *cache.config();
+        let slots = DeviceSlotMapping::upload(&stream, input.slot_mapping, cc.num_slots())?;
+        let meta = PagedAttnMetadata {
+            query_start_loc: input.query_start_loc,
+            seq_lens: input.seq_lens,
+            block_tables: input.block_tables,
+            max_blocks_per_seq: input.max_blocks_per_seq,
+        };
+        let meta = DeviceAttnMetadata::upload(&stream, &meta, cc.block_size, cc.num_blocks)?;
+        stream.memcpy_htod(input.token_ids, &mut self.act.ids.slice_mut(..t))?;
+        self.host_positions.clear();
+        self.host_positions.extend(input.positions.iter().map(|&p| i64::from(p)));
+        stream.memcpy_htod(&self.host_positions[..], &mut self.act.positions.slice_mut(..t))?;
+        self.host_rows.clear();
+        for &i in input.sample_indices {
+            self.host_rows.push(int(i)?);
+        }
+        if s > 0 {
+            stream.memcpy_htod(&self.host_rows[..], &mut self.act.sample_rows.slice_mut(..s))?;
+        }
+
+        self.embed(t)?;
+        for l in 0..self.weights.layers.len() {
+            self.layer(l, t, &slots, &meta, cache)?;
+        }
+        if s > 0 {
+            self.lm_head(s)?;
+        }
+        self.host_logits.resize(s * vocab, 0.0);
+        if s > 0 {
+            stream.memcpy_dtoh(&self.act.logits.slice(..s * vocab), &mut self.host_logits[..])?;
+        }
+        stream.synchronize()?;
+        Ok(&self.host_logits[..s * vocab])
+    }
+
+    fn embed(&mut self, t: usize) -> Result<(), CudaModelError> {
+        let stream = self.stream();
+        let h = int(self.config.hidden_size)?;
+        let mut b = stream.launch_builder(&self.functions.embedding);
+        b.arg(&mut self.act.hidden).arg(&self.weights.embed).arg(&self.act.ids).arg(&h);
+        // SAFETY: embedding_f32out(out f32[t,h], table[vocab,h], ids[t], hidden); ids were
+        // checked against the vocabulary, buffers hold max_tokens >= t rows.
+        unsafe { b.launch(rows_launch(t, ROW_THREADS)?) }?;
+        Ok(())
+    }
+
+    /// `out[rows] (half) = rms_norm(hidden[rows]) * weight`; `gather` picks the sampled rows.
+    fn rms_norm(
+        &mut self,
+        layer: Option<(usize, bool)>,
+        rows: usize,
+        gather: bool,
+    ) -> Result<(), CudaModelError> {
+        let stream = self.stream();
+        let eps = self.config.rms_norm_eps as f32;
+        let h = int(self.config.hidden_size)?;
+        let weight = match layer {
+            Some((l, false)) => &self.weights.layers[l].input_norm,
+            Some((l, true)) => &self.weights.layers[l].post_attn_norm,
+            None => &self.weights.final_norm,
+        };
+        let null: u64 = 0;
+        let out = if gather { &mut self.act.sampled } else { &mut self.act.normed };
+        let mut b = stream.launch_builder(&self.functions.rms_norm);
+        b.arg(out).arg(&self.act.hidden).arg(weight);
+        if gather {
+            b.arg(&self.act.sample_rows);
+        } else {
+            b.arg(&null);
+        }
+        b.arg(&eps).arg(&h);
+        // SAFETY: rms_norm_f32in(out[rows,h], x f32[.,h], weight[h], rows|null, eps, hidden);
+        // gathered row indices were checked to be below the batch's token count.
+        unsafe { b.launch(rows_launch(rows, ROW_THREADS)?) }?;
+        Ok(())
+    }
+
+    fn gemm(&self, call: LinearCall) -> Result<(), CudaModelError> {
+        // SAFETY: every caller passes buffers sized for the batch (allocated for max_tokens /
+        // max_samples rows) and weights of exactly out_dim x in_dim elements.
+        unsafe { linear(&self.blas, &call) }
+    }
+
+    fn layer(
+        &mut self,
+        l: usize,
+        t: usize,
+        slots: &DeviceSlotMapping,
+        meta: &DeviceAttnMetadata,
+        cache: &mut CudaKvCache,
+    ) -> Result<(), CudaModelError> {
+        let stream = self.stream();
+        let c = self.config.clone();
+        let (h, d, nh, nkv, inter) =
+            (c.hidden_size, c.head_dim, c.num_attention_heads, c.num_key_value_heads, c.intermediate_size);
+        let (q_w, kv_w) = (nh * d, nkv * d);
+        let half = self.weights.dtype;
+        let hsz = 2u64; // bytes of one half element
+
+        self.rms_norm(Some((l, false)), t, false)?;
+        let w = &self.weights.layers[l];
+        let qkv = addr(&w.qkv, &stream);
+        let normed = addr(&self.act.normed, &stream);
+        let base = LinearCall {
+            weight: qkv,
+            input: normed,
+            output: addr(&self.act.q, &stream),
+            half,
+            out_dtype: DType::F32,
+            rows: t,
+            out_dim: q_w,
+            in_dim: h,
+            accumulate: false,
+        };
+        self.gemm(base)?;
+        let k_off = (q_w * h) as u64 * hsz;
+        self.gemm(LinearCall {
+            weight: qkv + k_off,
+            output: addr(&self.act.k, &stream),
+            out_dim: kv_w,
+            ..base
+        })?;
+        let v_off = ((q_w + kv_w) * h) as u64 * hsz;
+        self.gemm(LinearCall {
+            weight: qkv + v_off,
+            output: addr(&self.act.v, &stream),
+            out_dim: kv_w,
+            ..base
+        })?;
+
+        let (nh_i, nkv_i, d_i) = (int(nh)?, int(nkv)?, int(d)?);
+        let (q_stride, k_stride) = (q_w as i64, kv_w as i64);
+        let mut b = stream.launch_builder(&self.functions.rotary);
+        b.arg(&mut self.act.q)
+            .arg(&mut self.act.k)
+            .arg(&self.cos_sin)
+            .arg(&self.act.positions)
+            .arg(&nh_i)
+            .arg(&nkv_i)
+            .arg(&d_i)
+            .arg(&q_stride)
+            .arg(&k_stride);
+        // SAFETY: rotary_f32(q[t,nh,d], k[t,nkv,d], cos_sin[max_pos,d], positions[t], ...);
+        // positions were checked to be below the table's length.
+        unsafe { b.launch(rows_launch(t, 128)?) }?;
+
+        ops::reshape_and_cache(&self.kernels, &self.act.k, &self.act.v, slots, cache.layer_mut(l)?)?;
+        let scale = 1.0 / (d as f32).sqrt();
+        ops::paged_attention(
+            &self.kernels,
+            &mut self.act.attn,
+            &self.act.q,
+            cache.layer(l)?,
+            meta,
+            nh,
+            scale,
+            &mut self.act.attn_ws,
+        )?;
+
+        let n = (t * q_w) as i64;
+        let mut b = stream.launch_builder(&self.functions.cast_attn);
+        b.arg(&mut self.act.attn_half).arg(&self.act.attn).arg(&n);
+        let blocks = (t * q_w).div_ceil(ROW_THREADS as usize).min(65_535);
+        // SAFETY: cast_f32_to_half(out[n], in[n], n), grid-stride over n elements of both.
+        unsafe { b.launch(rows_launch(blocks, ROW_THREADS)?) }?;
+
+        let w = &self.weights.layers[l];
+        self.gemm(LinearCall {
+            weight: addr(&w.o_proj, &stream),
+            input: addr(&self.act.attn_half, &stream),
+            output: addr(&self.act.hidden, &stream),
+            half,
+            out_dtype: DType::F32,
+            rows: t,
+            out_dim: h,
+            in_dim: q_w,
+            accumulate: true,
+        })?;
+
+        self.rms_norm(Some((l, true)), t, false)?;
+        let w = &self.weights.layers[l];
+        self.gemm(LinearCall {
+            weight: addr(&w.gate_up, &stream),
+            input: addr(&self.act.normed, &stream),
+            output: addr(&self.act.gate_up, &stream),
+            half,
+            out_dtype: half,
+            rows: t,
+            out_dim: 2 * inter,
+            in_dim: h,
+            accumulate: false,
+        })?;
+        let (inter_i, stride) = (int(inter)?, (2 * inter) as i64);
+        let gate = self.act.gate_up.slice(..);
+        let up = self.act.gate_up.slice(inter..);
+        let mut b = stream.launch_builder(&self.functions.silu_mul);
+        b.arg(&mut self.act.act).arg(&gate).arg(&up).arg(&inter_i).arg(&stride);
+        // SAFETY: silu_mul(out[t,inter], gate, up, inter, in_stride = 2·inter): row r reads
+        // gate_up[r, 0..inter] and gate_up[r, inter..2·inter], inside the t rows written above.
+        unsafe { b.launch(rows_launch(t, ROW_THREADS)?) }?;
+
+        let w = &self.weights.layers[l];
+        self.gemm(LinearCall {
+            weight: addr(&w.down, &stream),
+            input: addr(&self.act.act, &stream),
+            output: addr(&self.act.hidden, &stream),
+            half,
+            out_dtype: DType::F32,
+            rows: t,
+            out_dim: h,
+            in_dim: inter,
+            accumulate: true,
+        })
+    }
+
+    fn lm_head(&mut self, s: usize) -> Result<(), CudaModelError> {
+        self.rms_norm(None, s, true)?;
+        let stream = self.stream();
+        self.gemm(LinearCall {
+            weight: addr(self.weights.lm_head(), &stream),
+            input: addr(&self.act.sampled, &stream),
+            output: addr(&self.act.logits, &stream),
+            half: self.weights.dtype,
+            out_dtype: DType::F32,
+            rows: s,
+            out_dim: self.config.vocab_size,
+            in_dim: self.config.hidden_size,
+            accumulate: false,
+        })
+    }
+
+    /// vLLM's profiling run: one forward of `limits.max_tokens` dummy tokens (sequences of at
+    /// most `max_model_len`, `max_samples` sampled rows) on a scratch cache that is freed
+    /// afterwards, so that the device memory still in use afterwards is the weights plus the
+    /// activation peak, the part the KV cache must leave alone.
+    pub fn profile(&mut self, block_size: usize, cache_dtype: DType) -> Result<(), CudaModelError> {
+        let plan = ProfileBatch::new(
+            self.limits.max_tokens,
+            self.limits.max_samples,
+            self.limits.max_model_len,
+            block_size,
+        );
+        let shape = BlockShape {
+            block_size,
+            num_layers: self.config.num_hidden_layers,
+            num_kv_heads: self.config.num_key_value_heads,
+            head_size: self.config.head_dim,
+            dtype: cache_dtype,
+        };
+        let mut cache =
+            CudaKvCache::new(CacheConfig::new(shape, plan.num_blocks, 0), self.kernels.device().clone())?;
+        let input = plan.input();
+        self.forward(&input, &mut cache)?;
+        drop(cache);
+        self.kernels.device().synchronize()?;
+        Ok(())
+    }
+}
+
+/// The dummy batch of the profiling run: `tokens` tokens in sequences of at most `max_len`,
+/// each on its own blocks, the last `samples` tokens sampled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ProfileBatch {
+    pub token_ids: Vec<u32>,
+    pub positions: Vec<u32>,
+    pub slot_mapping: Vec<i64>,
+    pub query_start_loc: Vec<usize>,
+    pub seq_lens: Vec<usize>,
+    pub block_tables: Vec<u32>,
+    pub max_blocks_per_seq: usize,
+    pub sample_indices: Vec<usize>,
+    pub num_blocks: usize,
+}
+
+impl ProfileBatch {
+    pub fn new(tokens: usize, samples: usize, max_len: usize, block_size: usize) -> Self {
+        let tokens = tokens.max(1);
+        let len = max_len.clamp(1, tokens);
+        let seqs = tokens.div_ceil(len);
+        let bps = len.div_ceil(block_size);
+        let mut p = ProfileBatch {
+            token_ids: vec![PROFILE_SEED_TOKEN; tokens],
+            positions: Vec::with_capacity(tokens),
+            slot_mapping: Vec::with_capacity(tokens),
+            query_start_loc: vec![0],
+            seq_lens: Vec::with_capacity(seqs),
+            block_tables: Vec::with_capacity(seqs * bps),
+            max_blocks_per_seq: bps,
+            sample_indices: (tokens - samples.clamp(1, tokens)..tokens).collect(),
+            num_blocks: seqs * bps,
+        };
+        for s in 0..seqs {
+            let n = len.min(tokens - s * len);
+            let first_block = s * bps;
+            p.block_tables.extend((first_block..first_block + bps).map(|b| b as u32));
+            for i in 0..n {
+                p.positions.push(i as u32);
+                p.slot_mapping.push(((first_block + i / block_size) * block_size + i % block_size) as i64);
+            }
+            p.seq_lens.push(n);
+            p.query_start_loc.push(s * len + n);
+        }
+        p
+    }
+
+    pub fn input(&self) -> ModelInput<'_> {
+        ModelInput {
+            token_ids: &self.token_ids,
+            positions: &self.positions,
+            slot_mapping: &self.slot_mapping,
+            query_start_loc: &self.query_start_loc,
+            seq_lens: &self.seq_lens,
+            block_tables: &self.block_tables,
+            max_blocks_per_seq: self.max_blocks_per_seq,
+            sample_indices: &self.sample_indices,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn profile_batch_fills_the_token_budget_within_the_model_length() {
+        let p = ProfileBatch::new(2048, 256, 640, 16);
+        assert_eq!(p.token_ids.len(), 2048);
+        assert_eq!(p.seq_lens, vec![640, 640, 640, 128]);
+        assert_eq!(p.query_start_loc, vec![0, 640, 1280, 1920, 2048]);
+        assert_eq!(p.max_blocks_per_seq, 40);
+        assert_eq!(p.num_blocks, 160);
+        assert_eq!(p.sample_indices.len(), 256);
+        assert_eq!(p.sample_indices.last(), Some(&2047));
+        // Every slot is distinct and inside the scratch cache.
+        let mut slots = p.slot_mapping.clone();
+        slots.sort_unstable();
+        slots.dedup();
+        assert_eq!(slots.len(), 2048);
+        assert!(slots.iter().all(|&s| (s as usize) < p.num_blocks * 16));
+        assert_eq!(p.positions[640], 0);
+        // The batch passes the forward's own checks.
+        let cfg = BatchLimits { max_tokens: 2048, max_samples: 256, max_model_len: 640 };
+        let text = r#"{"architectures":["LlamaForCausalLM"],"hidden_size":64,"intermediate_size":8,
+            "num_hidden_layers":1,"num_attention_heads":2,"vocab_size":10,"rope_theta":10000.0}"#;
+        let c = LlamaConfig::from_json(text, std::path::Path::new("c.json"));
+        assert!(c.is_ok_and(|c| check_batch(&p.input(), &cfg, &c).is_ok()));
+    }
+
+    #[test]
+    fn short_budgets_make_one_sequence() {
+        let p = ProfileBatch::new(5, 10, 4096, 8);
+        assert_eq!(p.seq_lens, vec![5]);
+        assert_eq!(p.sample_indices, vec![0, 1, 2, 3, 4]);
+        assert_eq!(p.num_blocks, 1);
+    }
+}

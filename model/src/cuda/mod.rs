@@ -1,0 +1,29 @@
+//! The Llama forward pass on an NVIDIA GPU (behind the `cuda` feature): weights uploaded once in
+//! bf16 or f16, cuBLAS GEMMs with f32 accumulation, the small kernels of `attn-kernels`' model
+//! program (embedding, RMSNorm, rotary, SiLU·mul, casts), `reshape_and_cache` and paged attention
+//! through the `attn_kernels::cuda::ops` wrappers, and f32 logits copied back for the sampler.
+//!
+//! The residual stream stays in f32 on the device (the GEMMs that add into it write f32 with
+//! `beta = 1`), so the only bf16 roundings are the GEMM inputs and the KV cache: the CUDA logits
+//! then follow the f32 CPU forward closely enough to compare them (see [`LOGIT_TOLERANCE`]).
+
+mod batch;
+mod driver;
+mod error;
+mod forward;
+mod gemm;
+mod rope_table;
+mod weights;
+
+pub use batch::{BatchLimits, check_batch};
+pub use driver::{StepBatch, StepDriver, argmax, max_rel_error};
+pub use error::CudaModelError;
+pub use forward::{CudaLlama, PROFILE_SEED_TOKEN};
+pub use gemm::{GemmShape, linear_shape};
+pub use rope_table::cos_sin_table;
+pub use weights::{DeviceWeights, to_half_bits};
+
+/// Largest `|cuda − cpu| / max(1, max |cpu|)` over a row of logits the GPU check accepts: bf16
+/// weights and activations (8 bits of mantissa, relative rounding 2^-9 per value) through a few
+/// layers of GEMMs with f32 accumulation stay well inside 5 % of the logit range.
+pub const LOGIT_TOLERANCE: f32 = 0.05;

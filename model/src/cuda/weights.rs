@@ -1,0 +1,126 @@
+//! The Llama weights on the device, uploaded once from the loaded model in bf16 or f16 (stored as
+//! raw 16-bit words: cuBLAS and the kernels read them by dtype, and one buffer type serves both).
+//! Norm weights travel in the same half type; a tied LM head reuses the embedding buffer.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream};
+use half::{bf16, f16};
+use kv_cache::DType;
+use rayon::prelude::*;
+
+use super::error::CudaModelError;
+use crate::llama::Llama;
+
+/// f32 values as the bits of `dtype` (bf16 or f16), round to nearest even; in parallel chunks
+/// (this runs once per weight over up to gigabytes).
+pub fn to_half_bits(values: &[f32], dtype: DType) -> Result<Vec<u16>, CudaModelError> {
+    const CHUNK: usize = 1 << 16;
+    let mut out = vec![0u16; values.len()];
+    match dtype {
+        DType::BF16 => out.par_chunks_mut(CHUNK).zip(values.par_chunks(CHUNK)).for_each(|(o, v)| {
+            o.iter_mut().zip(v).for_each(|(o, &v)| *o = bf16::from_f32(v).to_bits());
+        }),
+        DType::F16 => out.par_chunks_mut(CHUNK).zip(values.par_chunks(CHUNK)).for_each(|(o, v)| {
+            o.iter_mut().zip(v).for_each(|(o, &v)| *o = f16::from_f32(v).to_bits());
+        }),
+        DType::F32 => {
+            return Err(CudaModelError::Unsupported("f32 weights on the GPU (use bf16 or f16)".into()));
+        }
+    }
+    Ok(out)
+}
+
+/// One decoder layer on the device (same fused row order as [`crate::llama::LayerWeights`]).
+#[derive(Debug)]
+pub struct DeviceLayer {
+    pub input_norm: CudaSlice<u16>,
+    /// Q rows, then K, then V.
+    pub qkv: CudaSlice<u16>,
+    pub o_proj: CudaSlice<u16>,
+    pub post_attn_norm: CudaSlice<u16>,
+    /// Gate rows, then up.
+    pub gate_up: CudaSlice<u16>,
+    pub down: CudaSlice<u16>,
+}
+
+/// Every weight of the model on the device.
+#[derive(Debug)]
+pub struct DeviceWeights {
+    pub dtype: DType,
+    pub embed: CudaSlice<u16>,
+    pub layers: Vec<DeviceLayer>,
+    pub final_norm: CudaSlice<u16>,
+    /// `None` when tied to `embed`.
+    pub lm_head: Option<CudaSlice<u16>>,
+}
+
+impl DeviceWeights {
+    /// Converts and uploads every weight of `model`.
+    pub fn upload(model: &Llama, stream: &Arc<CudaStream>, dtype: DType) -> Result<Self, CudaModelError> {
+        let up = |v: &[f32]| -> Result<CudaSlice<u16>, CudaModelError> {
+            Ok(stream.clone_htod(&to_half_bits(v, dtype)?)?)
+        };
+        let layers = model
+            .layers
+            .iter()
+            .map(|l| {
+                Ok(DeviceLayer {
+                    input_norm: up(&l.input_norm)?,
+                    qkv: up(&l.qkv)?,
+                    o_proj: up(&l.o_proj)?,
+                    post_attn_norm: up(&l.post_attn_norm)?,
+                    gate_up: up(&l.gate_up)?,
+                    down: up(&l.down)?,
+                })
+            })
+            .collect::<Result<Vec<_>, CudaModelError>>()?;
+        Ok(DeviceWeights {
+            dtype,
+            embed: up(&model.embed)?,
+            layers,
+            final_norm: up(&model.final_norm)?,
+            lm_head: model.lm_head.as_deref().map(up).transpose()?,
+        })
+    }
+
+    /// The LM head `[vocab, hidden]`.
+    pub fn lm_head(&self) -> &CudaSlice<u16> {
+        self.lm_head.as_ref().unwrap_or(&self.embed)
+    }
+
+    /// Device bytes of all weights.
+    pub fn bytes(&self) -> usize {
+        let layer: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                l.input_norm.len()
+                    + l.qkv.len()
+                    + l.o_proj.len()
+                    + l.post_attn_norm.len()
+                    + l.gate_up.len()
+                    + l.down.len()
+            })
+            .sum();
+        2 * (layer + self.embed.len() + self.final_norm.len() + self.lm_head.as_ref().map_or(0, |h| h.len()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn half_bits_round_to_nearest() {
+        let v = [1.0f32, -2.5, 1.0 + 1.0 / 512.0, 65504.0];
+        let b = to_half_bits(&v, DType::BF16).unwrap_or_default();
+        assert_eq!(b[0], 0x3f80);
+        assert_eq!(bf16::from_bits(b[1]).to_f32(), -2.5);
+        // bf16 steps by 2^-7 above 1: 1 + 2^-9 is nearer to 1.
+        assert_eq!(bf16::from_bits(b[2]).to_f32(), 1.0);
+        let h = to_half_bits(&v, DType::F16).unwrap_or_default();
+        assert_eq!(f16::from_bits(h[3]).to_f32(), 65504.0);
+        assert!(to_half_bits(&v, DType::F32).is_err());
+    }
+}
