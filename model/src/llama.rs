@@ -10,7 +10,7 @@ use rayon::prelude::*;
 use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
 use crate::input::ModelInput;
-use crate::ops::{SMALL_M, linear, rms_norm, rope_rotate_half, silu_mul};
+use crate::ops::{linear, rms_norm, rope_rotate_half, silu_mul};
 use crate::rope::Rope;
 use crate::weights::SafetensorsFiles;
 
@@ -56,7 +56,6 @@ pub struct Workspace {
     sin: Vec<f32>,
     sampled: Vec<f32>,
     sampled_normed: Vec<f32>,
-    scratch: Vec<f32>,
     logits: Vec<f32>,
 }
 
@@ -188,8 +187,6 @@ impl Llama {
         let (nh, nkv, inter) = (c.num_attention_heads, c.num_key_value_heads, c.intermediate_size);
         let (q_w, kv_w, qkv_w) = (nh * d, nkv * d, c.qkv_size());
         let half = d / 2;
-        let scratch_len = SMALL_M * (qkv_w.max(2 * inter).max(h).max(c.vocab_size));
-        ensure(&mut ws.scratch, scratch_len);
 
         // Embedding lookup.
         let hidden = ensure(&mut ws.hidden, t * h);
@@ -214,7 +211,7 @@ impl Llama {
             let normed = ensure(&mut ws.normed, t * h);
             rms_norm(normed, &ws.hidden[..t * h], &lw.input_norm, c.rms_norm_eps);
             let qkv = ensure(&mut ws.qkv, t * qkv_w);
-            linear(qkv, normed, &lw.qkv, t, qkv_w, h, false, &mut ws.scratch);
+            linear(qkv, normed, &lw.qkv, t, qkv_w, h, false);
             // Split Q/K/V into the kernels' contiguous layouts, rotating Q and K on the way.
             let q = ensure(&mut ws.q, t * q_w);
             let k = ensure(&mut ws.k, t * kv_w);
@@ -239,14 +236,14 @@ impl Llama {
             let attn = ensure(&mut ws.attn, t * q_w);
             paged_attention(attn, q, layer_cache, &meta, nh, scale)?;
             // Residual adds fused into the GEMMs (accumulate into `hidden`).
-            linear(&mut ws.hidden[..t * h], attn, &lw.o_proj, t, h, q_w, true, &mut ws.scratch);
+            linear(&mut ws.hidden[..t * h], attn, &lw.o_proj, t, h, q_w, true);
             let normed = &mut ws.normed[..t * h];
             rms_norm(normed, &ws.hidden[..t * h], &lw.post_attn_norm, c.rms_norm_eps);
             let gate_up = ensure(&mut ws.gate_up, t * 2 * inter);
-            linear(gate_up, normed, &lw.gate_up, t, 2 * inter, h, false, &mut ws.scratch);
+            linear(gate_up, normed, &lw.gate_up, t, 2 * inter, h, false);
             let act = ensure(&mut ws.act, t * inter);
             silu_mul(act, gate_up, inter);
-            linear(&mut ws.hidden[..t * h], act, &lw.down, t, h, inter, true, &mut ws.scratch);
+            linear(&mut ws.hidden[..t * h], act, &lw.down, t, h, inter, true);
         }
         // Final norm and LM head only for the rows that sample.
         let s = input.sample_indices.len();
@@ -257,7 +254,7 @@ impl Llama {
         let sampled_normed = ensure(&mut ws.sampled_normed, s * h);
         rms_norm(sampled_normed, sampled, &self.final_norm, c.rms_norm_eps);
         let logits = ensure(&mut ws.logits, s * c.vocab_size);
-        linear(logits, sampled_normed, self.lm_head(), s, c.vocab_size, h, false, &mut ws.scratch);
+        linear(logits, sampled_normed, self.lm_head(), s, c.vocab_size, h, false);
         Ok(&ws.logits[..s * c.vocab_size])
     }
 }

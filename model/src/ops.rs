@@ -1,39 +1,40 @@
 //! The dense building blocks of the forward pass: `x·Wᵀ` (through `gemm`, or a
-//! bandwidth-bound row-parallel kernel for a handful of tokens), RMSNorm, SwiGLU, rotary
+//! bandwidth-bound tiled kernel for a handful of tokens, `small_m`), RMSNorm, SwiGLU, rotary
 //! embedding. All work on caller-provided buffers.
 
 use rayon::prelude::*;
 
+mod small_m;
+mod token_lanes;
+
+pub use small_m::small_m_linear;
+pub use token_lanes::token_lanes_linear;
+
 /// Above this many tokens a projection goes through `gemm`'s packed kernels; at or below it
 /// through [`small_m_linear`], which streams each weight row once for all tokens (decode is
 /// bound by weight bandwidth, and packing would only add traffic).
-pub const SMALL_M: usize = 4;
+pub const SMALL_M: usize = 12;
+
+/// Up to this many tokens (on AVX-512 CPUs) a projection goes through [`token_lanes_linear`],
+/// which never repacks the weights; above it `gemm`'s cache blocking wins.
+pub const TOKEN_LANES_MAX_M: usize = 512;
 
 /// `dst[m, n] (+)= x[m, k] · w[n, k]ᵀ`. `w` is row-major `[n, k]` (PyTorch `Linear` layout).
 /// With `accumulate` the product is added to `dst` (used for the residual stream).
-/// `scratch` must hold `m * n` floats when `m <= SMALL_M`.
-#[allow(clippy::too_many_arguments)]
-pub fn linear(
-    dst: &mut [f32],
-    x: &[f32],
-    w: &[f32],
-    m: usize,
-    n: usize,
-    k: usize,
-    accumulate: bool,
-    scratch: &mut [f32],
-) {
-    debug_assert!(dst.len() >= m * n && x.len() >= m * k && w.len() >= n * k);
+pub fn linear(dst: &mut [f32], x: &[f32], w: &[f32], m: usize, n: usize, k: usize, accumulate: bool) {
+    assert!(dst.len() >= m * n && x.len() >= m * k && w.len() >= n * k, "linear: short buffer");
     if m == 0 {
         return;
     }
     if m <= SMALL_M {
-        small_m_linear(dst, x, w, m, n, k, accumulate, &mut scratch[..m * n]);
+        small_m_linear(dst, x, w, m, n, k, accumulate);
         return;
     }
-    // SAFETY: the slices hold at least m·n, m·k and n·k elements (checked above in debug
-    // builds, guaranteed by every caller's buffer sizing); strides describe row-major
-    // `dst[m,n]`, `x[m,k]` and `wᵀ[k,n]` (element (kk, j) at j·k + kk).
+    if m <= TOKEN_LANES_MAX_M && token_lanes_linear(dst, x, w, m, n, k, accumulate) {
+        return;
+    }
+    // SAFETY: the slices hold at least m·n, m·k and n·k elements (asserted above); strides
+    // describe row-major `dst[m,n]`, `x[m,k]` and `wᵀ[k,n]` (element (kk, j) at j·k + kk).
     unsafe {
         gemm::gemm(
             m,
@@ -56,44 +57,6 @@ pub fn linear(
             false,
             gemm::Parallelism::Rayon(0),
         );
-    }
-}
-
-/// Rows of `w` per rayon task in [`small_m_linear`] (~150 KB of weights at k = 576).
-const ROWS_PER_TASK: usize = 64;
-
-#[allow(clippy::too_many_arguments)]
-fn small_m_linear(
-    dst: &mut [f32],
-    x: &[f32],
-    w: &[f32],
-    m: usize,
-    n: usize,
-    k: usize,
-    accumulate: bool,
-    scratch: &mut [f32],
-) {
-    // scratch is [n, m]: each task owns a contiguous run of output rows.
-    scratch.par_chunks_mut(ROWS_PER_TASK * m).enumerate().for_each(|(task, out)| {
-        let row0 = task * ROWS_PER_TASK;
-        for (r, o) in out.chunks_exact_mut(m).enumerate() {
-            let row = &w[(row0 + r) * k..(row0 + r + 1) * k];
-            for (t, v) in o.iter_mut().enumerate() {
-                *v = dot(row, &x[t * k..(t + 1) * k]);
-            }
-        }
-    });
-    for t in 0..m {
-        let d = &mut dst[t * n..(t + 1) * n];
-        if accumulate {
-            for (j, v) in d.iter_mut().enumerate() {
-                *v += scratch[j * m + t];
-            }
-        } else {
-            for (j, v) in d.iter_mut().enumerate() {
-                *v = scratch[j * m + t];
-            }
-        }
     }
 }
 
@@ -179,17 +142,16 @@ mod tests {
     #[test]
     fn linear_matches_naive_for_small_and_large_m() {
         let (n, k) = (70, 37);
-        for m in [1, 3, SMALL_M + 1, 40] {
+        for m in [1, 3, SMALL_M + 1, 40, TOKEN_LANES_MAX_M + 1] {
             let x: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 5.0).collect();
             let w: Vec<f32> = (0..n * k).map(|i| ((i * 5 % 11) as f32 - 5.0) / 7.0).collect();
             let want = naive(&x, &w, m, n, k);
             let mut dst = vec![1.0; m * n];
-            let mut scratch = vec![0.0; m * n];
-            linear(&mut dst, &x, &w, m, n, k, true, &mut scratch);
+            linear(&mut dst, &x, &w, m, n, k, true);
             for (d, e) in dst.iter().zip(&want) {
                 assert!((d - 1.0 - e).abs() < 1e-4, "m={m}: {d} vs {e}");
             }
-            linear(&mut dst, &x, &w, m, n, k, false, &mut scratch);
+            linear(&mut dst, &x, &w, m, n, k, false);
             for (d, e) in dst.iter().zip(&want) {
                 assert!((d - e).abs() < 1e-4, "m={m}: {d} vs {e}");
             }
