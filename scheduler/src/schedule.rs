@@ -370,11 +370,23 @@ impl Scheduler {
                 self.finish_group(slot, FinishReason::CapacityExceeded, out)?;
                 return Ok(true);
             }
-            let watermark = self.device.watermark_blocks();
-            let mut trial = *budget;
-            match self.try_prefill(slot, out, &mut trial, Some(watermark))? {
-                Fit::Scheduled => {
+            // As vLLM's block manager: admit only when the whole remaining prompt fits above the
+            // watermark, even if its prefill is then chunked by the token budget. A prompt that
+            // cannot complete would only hold blocks the running decodes are about to need, and
+            // be preempted (and recomputed) by the first of them that grows.
+            let fit = if self.device.can_allocate(full_need) == AllocStatus::Now {
+                let watermark = self.device.watermark_blocks();
+                let mut trial = *budget;
+                let fit = self.try_prefill(slot, out, &mut trial, Some(watermark))?;
+                if fit == Fit::Scheduled {
                     *budget = trial;
+                }
+                fit
+            } else {
+                Fit::NoMemory
+            };
+            match fit {
+                Fit::Scheduled => {
                     self.waiting.pop_front();
                     if let Some(group) = self.groups.get_mut(slot).and_then(Option::as_mut) {
                         group.place = Where::Running;

@@ -124,6 +124,7 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
         } else {
             0
         },
+        baseline_placement: scheduler::sim::Placement::Buddy,
     };
     let trace = match TraceShape::by_name(&args.trace) {
         Some(shape) => Trace::synthetic(shape, args.num_requests, args.rate, args.max_model_len, args.seed),

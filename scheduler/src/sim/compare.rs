@@ -38,6 +38,7 @@ pub fn compare(trace: &Trace, setup: &SimSetup, cost: &CostModel) -> Result<Comp
             max_num_seqs: setup.max_num_seqs,
             max_num_batched_tokens: setup.max_num_batched_tokens,
             reservation,
+            placement: setup.baseline_placement,
         };
         simulate_contiguous(trace, &cfg, cost)
     };

@@ -1,22 +1,91 @@
 //! The PagedAttention paper's baselines: Orca-style iteration-level batching with a contiguous
-//! KV reservation per request, placed first-fit in one linear address space of token slots, so
-//! the external fragmentation of variable-sized reservations shows up as it would on a device.
+//! KV reservation per request, held for the request's whole lifetime and placed in one linear
+//! address space of token slots, so the fragmentation of variable-sized reservations shows up
+//! as it would on a device.
+//!
+//! Placement follows the paper (§6.1): a buddy allocator ([`Placement::Buddy`]), which rounds
+//! every reservation up to a power of two. First-fit over exact sizes ([`Placement::FirstFit`])
+//! is kept as a stronger-than-the-paper baseline for comparison.
 
 use std::collections::VecDeque;
 
+use super::buddy::Buddy;
 use super::cost::CostModel;
 use super::metrics::{Recorder, SimReport, StepSample};
 use super::trace::{Trace, TraceRequest};
 
-/// How much memory a request reserves when it is admitted.
+/// How much memory a request reserves when it is admitted (before the allocator rounds it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reservation {
     /// `max_model_len` ("Orca (Max)").
     Max,
-    /// The next power of two of the true length ("Orca (Pow2)").
+    /// The prompt plus the next power of two of the true output length: outputs over-reserved
+    /// by at most 2x ("Orca (Pow2)"; the paper's example: output 25 reserves 32).
     Pow2,
     /// Exactly the true length, known in advance ("Orca (Oracle)").
     Oracle,
+}
+
+/// Where contiguous reservations are placed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Placement {
+    /// Binary buddy allocation (the paper's assumption for Orca): power-of-two blocks.
+    #[default]
+    Buddy,
+    /// First fit over exact sizes, holes merged on free: less waste than the paper's baselines.
+    FirstFit,
+}
+
+/// The allocator behind a `Placement`.
+#[derive(Debug, Clone)]
+enum Placer {
+    Buddy(Buddy),
+    FirstFit(FirstFit),
+}
+
+impl Placer {
+    fn new(placement: Placement, capacity: usize) -> Self {
+        match placement {
+            Placement::Buddy => Placer::Buddy(Buddy::new(capacity)),
+            Placement::FirstFit => Placer::FirstFit(FirstFit::new(capacity)),
+        }
+    }
+
+    /// Slots a reservation of `len` takes from memory.
+    fn footprint(&self, len: usize) -> usize {
+        match self {
+            Placer::Buddy(_) => Buddy::rounded(len),
+            Placer::FirstFit(_) => len,
+        }
+    }
+
+    fn alloc(&mut self, len: usize) -> Option<usize> {
+        match self {
+            Placer::Buddy(b) => b.alloc(len),
+            Placer::FirstFit(f) => f.alloc(len),
+        }
+    }
+
+    fn free(&mut self, start: usize, len: usize) {
+        match self {
+            Placer::Buddy(b) => b.free(start, len),
+            Placer::FirstFit(f) => f.free(start, len),
+        }
+    }
+
+    fn free_total(&self) -> usize {
+        match self {
+            Placer::Buddy(b) => b.free_total(),
+            Placer::FirstFit(f) => f.free_total(),
+        }
+    }
+
+    fn largest_hole(&self) -> usize {
+        match self {
+            Placer::Buddy(b) => b.largest_hole(),
+            Placer::FirstFit(f) => f.largest_hole(),
+        }
+    }
 }
 
 impl Reservation {
@@ -32,7 +101,9 @@ impl Reservation {
         let true_len = r.input_len + r.output_len;
         match self {
             Reservation::Max => max_model_len,
-            Reservation::Pow2 => true_len.next_power_of_two().min(max_model_len).max(true_len),
+            Reservation::Pow2 => {
+                (r.input_len + r.output_len.next_power_of_two()).min(max_model_len).max(true_len)
+            }
             Reservation::Oracle => true_len,
         }
     }
@@ -46,6 +117,7 @@ pub struct ContiguousConfig {
     pub max_num_seqs: usize,
     pub max_num_batched_tokens: usize,
     pub reservation: Reservation,
+    pub placement: Placement,
 }
 
 /// First-fit allocator over `[0, capacity)`: free extents sorted by start, merged on free.
@@ -109,7 +181,7 @@ struct Running {
 
 /// Runs `trace` through an Orca-style scheduler with contiguous reservations.
 pub fn simulate_contiguous(trace: &Trace, cfg: &ContiguousConfig, cost: &CostModel) -> SimReport {
-    let mut alloc = FirstFit::new(cfg.capacity_tokens);
+    let mut alloc = Placer::new(cfg.placement, cfg.capacity_tokens);
     let mut waiting: VecDeque<TraceRequest> = VecDeque::new();
     let mut running: Vec<Running> = Vec::new();
     let mut recorder = Recorder::default();
@@ -121,7 +193,7 @@ pub fn simulate_contiguous(trace: &Trace, cfg: &ContiguousConfig, cost: &CostMod
             let r = trace.requests[next];
             // A request whose reservation exceeds the whole memory could never run: it is left
             // out (and shows as `finished < num_requests`).
-            if cfg.reservation.slots(&r, cfg.max_model_len) <= cfg.capacity_tokens {
+            if alloc.footprint(cfg.reservation.slots(&r, cfg.max_model_len)) <= cfg.capacity_tokens {
                 waiting.push_back(r);
             }
             next += 1;
@@ -150,7 +222,7 @@ pub fn simulate_contiguous(trace: &Trace, cfg: &ContiguousConfig, cost: &CostMod
         }
         let ext_frag = match waiting.front() {
             Some(head) => {
-                let need = cfg.reservation.slots(head, cfg.max_model_len);
+                let need = alloc.footprint(cfg.reservation.slots(head, cfg.max_model_len));
                 if need <= alloc.free_total() && need > alloc.largest_hole() { alloc.free_total() } else { 0 }
             }
             None => 0,
@@ -161,7 +233,7 @@ pub fn simulate_contiguous(trace: &Trace, cfg: &ContiguousConfig, cost: &CostMod
             batched += if r.generated == 0 { r.req.input_len } else { 1 };
             context += len_after;
             held += len_after;
-            reserved += r.len;
+            reserved += alloc.footprint(r.len);
         }
         let dt = cost.step_time_s(batched, context);
         recorder.record(StepSample {
@@ -219,7 +291,9 @@ mod tests {
     fn reservations_bound_the_true_length() {
         let r = TraceRequest { arrival_s: 0.0, input_len: 100, output_len: 30 };
         assert_eq!(Reservation::Max.slots(&r, 2048), 2048);
-        assert_eq!(Reservation::Pow2.slots(&r, 2048), 256);
+        // Outputs over-reserved to the next power of two (30 -> 32), the prompt as is.
+        assert_eq!(Reservation::Pow2.slots(&r, 2048), 132);
+        assert_eq!(Reservation::Pow2.slots(&TraceRequest { output_len: 1500, ..r }, 2048), 2048);
         assert_eq!(Reservation::Oracle.slots(&r, 2048), 130);
     }
 
@@ -234,6 +308,7 @@ mod tests {
                 max_num_seqs: 256,
                 max_num_batched_tokens: 2048,
                 reservation,
+                placement: Placement::Buddy,
             };
             simulate_contiguous(&trace, &cfg, &cost)
         };

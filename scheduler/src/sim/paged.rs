@@ -8,6 +8,7 @@ use crate::output::{SampledToken, SchedulerOutput, StepResult};
 use crate::request::Request;
 use crate::scheduler::Scheduler;
 
+use super::contiguous::Placement;
 use super::cost::CostModel;
 use super::metrics::{Recorder, SimReport, StepSample};
 use super::trace::Trace;
@@ -25,6 +26,8 @@ pub struct SimSetup {
     pub preemption: PreemptionMode,
     /// Host swap space in token slots (swap mode).
     pub swap_tokens: usize,
+    /// How the contiguous baselines place their reservations (the paper: buddy allocation).
+    pub baseline_placement: Placement,
 }
 
 impl SimSetup {
@@ -40,6 +43,7 @@ impl SimSetup {
             watermark: 0.01,
             preemption: PreemptionMode::Recompute,
             swap_tokens: 0,
+            baseline_placement: Placement::Buddy,
         }
     }
 

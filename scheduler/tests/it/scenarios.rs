@@ -63,6 +63,29 @@ fn long_prompts_are_chunked_to_the_budget() {
 }
 
 #[test]
+fn a_waiting_prompt_is_admitted_only_when_all_of_it_fits() {
+    // 16 blocks of 4. Request 1 holds 10 blocks; request 2's prompt needs 8 with 6 free: a
+    // chunk of 24 of its tokens would fit, the whole prompt does not.
+    let mut c = cfg(16, 4);
+    c.max_num_batched_tokens = 40;
+    let mut e = FakeEngine::new(c);
+    let first = Request::new(1, prompt(1, 39), 2);
+    let second = Request::new(2, prompt(2, 32), 2);
+    e.add(first.clone()).unwrap();
+    e.step();
+    e.add(second.clone()).unwrap();
+    e.step();
+    assert!(
+        e.last.seqs.iter().all(|s| s.seq_id.request == 1),
+        "the second prompt waits instead of taking a first chunk it could not complete"
+    );
+    assert_eq!(e.sched.num_waiting(), 1);
+    e.run_to_end(20);
+    assert_eq!(e.preempted, 0);
+    assert_all_expected(&e, &[first, second]);
+}
+
+#[test]
 fn decodes_go_first_then_partial_prefills_then_new_requests() {
     let mut c = cfg(256, 4);
     c.max_num_batched_tokens = 20;
