@@ -361,11 +361,14 @@ impl Scheduler {
             }
             self.lookup_prefixes(slot)?;
             let group = self.group(slot)?;
-            // Blocks the whole remaining prefill of the first sequence would take: if even that
-            // exceeds what the pool can ever give, the group can never run.
+            // Blocks the whole remaining prefill of the first sequence would take beyond its
+            // prefix hits: if hits and new blocks together exceed what the pool can ever give,
+            // the group can never run.
             let seq = group.seqs.iter().find(|s| s.finished.is_none());
-            let full_need = seq.map_or(0, |s| s.table().blocks_to_append(&self.device, s.remaining()));
-            if self.device.can_allocate(full_need) == AllocStatus::Never {
+            let (hits, full_need) = seq.map_or((0, 0), |s| {
+                (s.table().blocks().len(), s.table().blocks_to_append(&self.device, s.remaining()))
+            });
+            if self.device.can_allocate(hits + full_need) == AllocStatus::Never {
                 self.waiting.pop_front();
                 self.finish_group(slot, FinishReason::CapacityExceeded, out)?;
                 return Ok(true);
@@ -373,8 +376,11 @@ impl Scheduler {
             // As vLLM's block manager: admit only when the whole remaining prompt fits above the
             // watermark, even if its prefill is then chunked by the token budget. A prompt that
             // cannot complete would only hold blocks the running decodes are about to need, and
-            // be preempted (and recomputed) by the first of them that grows.
-            let fit = if self.device.can_allocate(full_need) == AllocStatus::Now {
+            // be preempted (and recomputed) by the first of them that grows. With nothing
+            // running no memory will come back, so the head takes what there is (and finishes
+            // for capacity if it outgrows the pool).
+            let whole_prompt_fits = self.device.can_allocate(full_need) == AllocStatus::Now;
+            let fit = if whole_prompt_fits || self.running.is_empty() {
                 let watermark = self.device.watermark_blocks();
                 let mut trial = *budget;
                 let fit = self.try_prefill(slot, out, &mut trial, Some(watermark))?;
