@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-pub use kv_cache::DType;
+pub use kv_cache::{DType, Device};
 pub use scheduler::{Policy, PreemptionMode};
 
 /// How big the device KV cache is.
@@ -11,7 +11,8 @@ pub use scheduler::{Policy, PreemptionMode};
 pub enum KvCacheSize {
     /// Exactly this many blocks.
     Blocks(usize),
-    /// As many blocks as fit in this many bytes (vLLM's `gpu_memory_utilization` × free memory).
+    /// As many blocks as fit in this many bytes. On CUDA the budget comes from the device
+    /// instead, like vLLM: `total × gpu_memory_utilization − used after a profiling forward`.
     Bytes(usize),
 }
 
@@ -40,6 +41,12 @@ pub struct EngineConfig {
     pub seed: u64,
     /// Interval of the `tracing` metrics line (zero: never).
     pub log_interval: Duration,
+    /// Where the model and the KV cache run. CUDA needs a build with the `cuda` feature, a
+    /// bf16 or f16 `kv_dtype` (the weights and activations take the same type) and a GPU.
+    pub device: Device,
+    /// Fraction of the GPU's memory the engine may fill (weights, activations, KV cache);
+    /// CUDA only, with [`KvCacheSize::Bytes`].
+    pub gpu_memory_utilization: f64,
 }
 
 impl Default for EngineConfig {
@@ -58,6 +65,8 @@ impl Default for EngineConfig {
             watermark: 0.01,
             seed: 0,
             log_interval: Duration::from_secs(10),
+            device: Device::Cpu,
+            gpu_memory_utilization: 0.9,
         }
     }
 }

@@ -7,15 +7,16 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use kv_cache::{BlockShape, CacheConfig, KvCache};
-use model::{ChatTemplate, Llama, ModelFolder, Workspace};
+use kv_cache::BlockShape;
+use model::{ChatTemplate, Llama, ModelFolder};
 use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use scheduler::{Request, Scheduler, SchedulerConfig, SchedulerError, SchedulerOutput, SeqId, StepResult};
 
 use crate::batch::BatchBuffers;
-use crate::config::{EngineConfig, KvCacheSize, PreemptionMode};
+use crate::config::EngineConfig;
 use crate::error::{EngineError, RequestError};
+use crate::executor::Executor;
 use crate::metrics::{Gauges, MetricsCollector, MetricsSnapshot};
 use crate::output::{FinalOutput, FinishReason, RequestOutput};
 use crate::request::{Prompt, RequestOptions, RequestState};
@@ -33,14 +34,13 @@ struct RowTarget {
 #[derive(Debug)]
 pub struct Engine {
     config: EngineConfig,
-    model: Llama,
+    /// The model and the KV cache on their device (CPU or CUDA).
+    executor: Executor,
     tokenizer: model::Tokenizer,
     chat_template: Option<ChatTemplate>,
     eos_ids: Vec<u32>,
     max_model_len: usize,
-    cache: KvCache,
     scheduler: Scheduler,
-    workspace: Workspace,
     requests: HashMap<u64, RequestState>,
     ids: HashMap<String, u64>,
     next_id: u64,
@@ -81,15 +81,8 @@ impl Engine {
             dtype: config.kv_dtype,
         };
         shape.validate()?;
-        // Host swap memory only exists when preemption swaps.
-        let swap_bytes = match config.preemption_mode {
-            PreemptionMode::Swap => config.swap_space_bytes,
-            PreemptionMode::Recompute => 0,
-        };
-        let cache_cfg = match config.kv_cache {
-            KvCacheSize::Bytes(b) => CacheConfig::from_memory_budget(shape, b, swap_bytes, max_model_len)?,
-            KvCacheSize::Blocks(n) => CacheConfig::new(shape, n, swap_bytes / shape.bytes_per_block()),
-        };
+        // The cache's size can depend on the device (CUDA profiles a forward first).
+        let (executor, cache_cfg) = Executor::build(model, shape, &config, max_model_len)?;
         let scheduler = Scheduler::new(SchedulerConfig {
             max_num_batched_tokens: config.max_num_batched_tokens,
             max_num_seqs: config.max_num_seqs,
@@ -102,7 +95,6 @@ impl Engine {
             watermark: config.watermark,
             enable_prefix_caching: config.enable_prefix_caching,
         })?;
-        let cache = KvCache::new(cache_cfg)?;
         let eos_ids = folder.generation.eos_token_ids.clone();
         tracing::info!(
             target: "engine",
@@ -116,14 +108,12 @@ impl Engine {
             metrics: MetricsCollector::new(config.log_interval),
             seed_rng: ChaCha8Rng::seed_from_u64(config.seed),
             config,
-            model,
+            executor,
             tokenizer: folder.tokenizer,
             chat_template: folder.chat_template,
             eos_ids,
             max_model_len,
-            cache,
             scheduler,
-            workspace: Workspace::default(),
             requests: HashMap::new(),
             ids: HashMap::new(),
             next_id: 0,
@@ -149,7 +139,7 @@ impl Engine {
     }
 
     pub fn model_config(&self) -> &model::LlamaConfig {
-        &self.model.config
+        self.executor.model_config()
     }
 
     /// The end-of-sequence ids from the generation config.
@@ -239,7 +229,7 @@ impl Engine {
         if tokens.is_empty() {
             return Err(RequestError::EmptyPrompt(id));
         }
-        let vocab_size = self.model.config.vocab_size;
+        let vocab_size = self.executor.model_config().vocab_size;
         if let Some(&token) = tokens.iter().find(|&&t| t as usize >= vocab_size) {
             return Err(RequestError::TokenOutOfVocab { id, token, vocab_size });
         }
@@ -374,19 +364,11 @@ impl Engine {
     /// number of tokens generated.
     fn run_step(&mut self) -> Result<usize, EngineError> {
         let plan = &self.plan;
-        if !plan.blocks_to_swap_out.is_empty() {
-            attn_kernels::swap_out(&mut self.cache, &plan.blocks_to_swap_out)?;
-        }
-        if !plan.blocks_to_swap_in.is_empty() {
-            attn_kernels::swap_in(&mut self.cache, &plan.blocks_to_swap_in)?;
-        }
-        if !plan.blocks_to_copy.is_empty() {
-            attn_kernels::copy_blocks(&mut self.cache, &plan.blocks_to_copy)?;
-        }
+        self.executor.move_blocks(plan)?;
         self.batch.build(plan)?;
         let input = self.batch.input(plan);
-        let logits = self.model.forward(&input, &mut self.cache, &mut self.workspace)?;
-        let vocab = self.model.config.vocab_size;
+        let vocab = self.executor.model_config().vocab_size;
+        let logits = self.executor.forward(&input)?;
 
         // One sampling row per sample: a prompt end of a group of n gives n rows of the same logits.
         self.targets.clear();

@@ -48,6 +48,10 @@ pub enum EngineError {
     Sampler(#[from] SamplerError),
     #[error(transparent)]
     Detokenize(#[from] DetokenizeError),
+    /// The CUDA device could not be opened or a step on it failed.
+    #[cfg(feature = "cuda")]
+    #[error(transparent)]
+    Cuda(#[from] model::cuda::CudaModelError),
     #[error("engine invariant broken: {0}")]
     Internal(&'static str),
     #[error("the engine thread has stopped")]

@@ -12,13 +12,14 @@ pub mod config;
 pub mod detok;
 mod engine;
 pub mod error;
+mod executor;
 mod handle;
 pub mod metrics;
 pub mod output;
 mod request;
 pub mod sampling;
 
-pub use config::{DType, EngineConfig, KvCacheSize, Policy, PreemptionMode};
+pub use config::{DType, Device, EngineConfig, KvCacheSize, Policy, PreemptionMode};
 pub use engine::Engine;
 pub use error::{EngineError, RequestError};
 pub use handle::{EngineHandle, RequestStream, ShutdownMode, StreamError};

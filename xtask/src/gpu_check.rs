@@ -1,10 +1,15 @@
-//! `cargo xtask gpu-check --bundle`: build, here, the self-contained GPU check (the `gpu_check`
-//! binary of `attn-kernels`, `--features cuda`) plus every kernel precompiled to sm_90 cubins
-//! into `target/gpu-bundle`, and print the exact device `run` command that carries that folder.
+//! `cargo xtask gpu-check --bundle`: build, here, the self-contained GPU check into
+//! `target/gpu-bundle` and print the exact device `run` command that carries that folder:
+//! - `gpu_check` (`attn-kernels`): every kernel against the CPU reference, bandwidth figures;
+//! - `gpu_model_check` (`engine`): the CUDA forward of a tiny random Llama against the CPU
+//!   forward, then `cuda.e2e_output_tok_s` on a random Llama-3.2-1B-shaped model;
+//! - `cubins/`: every kernel precompiled for the device's architecture;
+//! - `run.sh`: finds libcublas (PyTorch's `nvidia` wheels) with python3, puts it on
+//!   `LD_LIBRARY_PATH`, points the cubin cache at `cubins/`, runs both binaries.
 //!
 //! The device machine has a driver but no Rust toolchain and an NVRTC too old for our headers, so
-//! the bundle ships cubins (loaded by the binary's cubin cache, keyed by source hash + arch) and
-//! the binary links no CUDA library (cudarc loads libcuda at run time).
+//! the bundle ships cubins (loaded by the binaries' cubin cache, keyed by source hash + arch) and
+//! the binaries link no CUDA library (cudarc loads libcuda and libcublas at run time).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -61,21 +66,29 @@ pub fn run(args: &GpuCheckArgs) -> anyhow::Result<()> {
         "--release",
         "-p",
         "attn-kernels",
+        "-p",
+        "engine",
         "--features",
-        "cuda",
+        "engine/cuda",
         "--bin",
         "gpu_check",
+        "--bin",
+        "gpu_model_check",
     ]))?;
-    let built = target_dir().join("release").join("gpu_check");
     let bundle = bundle_dir();
     if bundle.exists() {
         std::fs::remove_dir_all(&bundle).with_context(|| format!("clearing {}", bundle.display()))?;
     }
     std::fs::create_dir_all(&bundle)?;
+    for name in ["gpu_check", "gpu_model_check"] {
+        let built = target_dir().join("release").join(name);
+        let exe = bundle.join(name);
+        std::fs::copy(&built, &exe).with_context(|| format!("copying {}", built.display()))?;
+        // Debug line tables are not needed on the device; strip them when the tool exists.
+        let _ = Command::new("strip").arg(&exe).status();
+    }
+    write_run_script(&bundle.join("run.sh"))?;
     let exe = bundle.join("gpu_check");
-    std::fs::copy(&built, &exe).with_context(|| format!("copying {}", built.display()))?;
-    // Debug line tables are not needed on the device; strip them when the tool exists.
-    let _ = Command::new("strip").arg(&exe).status();
     let lib = ensure_nvrtc()?;
     run_cmd(
         Command::new(&exe)
@@ -90,9 +103,73 @@ pub fn run(args: &GpuCheckArgs) -> anyhow::Result<()> {
         bail!("bundle is {} MiB, over the {} MiB carry budget", size >> 20, BUNDLE_LIMIT_BYTES >> 20);
     }
     println!("bundle: {} ({:.1} MiB)", bundle.display(), size as f64 / (1 << 20) as f64);
-    println!("device run (one call; writes $OUT/gpu_check.json; ~2-4 min on an H200):");
     println!(
-        "  run(command = \"target/gpu-bundle/gpu_check\", carry = [\"target/gpu-bundle\"], timeout_s = 480)"
+        "device run (one call; writes $OUT/gpu_check.json and $OUT/gpu_model_check.json; at most 8 min on an H200):"
     );
+    println!("  run(command = \"{RUN_COMMAND}\", carry = [\"target/gpu-bundle\"], timeout_s = 540)");
     Ok(())
+}
+
+/// The device `run` command (relative to the repository root the device tool starts in).
+pub const RUN_COMMAND: &str = "sh target/gpu-bundle/run.sh";
+
+/// What `run.sh` does on the device machine (no Rust there; python3 with PyTorch's CUDA wheels).
+pub const RUN_SCRIPT: &str = r#"#!/bin/sh
+# The GPU run: kernels against the CPU reference, then the model forward and the e2e figure.
+here=$(cd "$(dirname "$0")" && pwd)
+# libcublas (and libnvrtc) come from the `nvidia` wheels PyTorch installs; find their lib folders.
+libs=$(python3 - <<'PY' 2>/dev/null
+import glob, os
+try:
+    import nvidia
+    roots = list(nvidia.__path__)
+except Exception:
+    roots = []
+dirs = set()
+for r in roots:
+    for pat in ("libcublas.so*", "libcublasLt.so*", "libnvrtc.so*"):
+        for f in glob.glob(os.path.join(r, "**", pat), recursive=True):
+            dirs.add(os.path.dirname(f))
+print(":".join(sorted(dirs)))
+PY
+)
+export LD_LIBRARY_PATH="${libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export ATTN_KERNELS_CUBIN_DIR="$here/cubins"
+echo "run.sh: cuBLAS/NVRTC from: ${libs:-<not found>}" >&2
+status=0
+timeout 270 "$here/gpu_check" --cubins "$here/cubins" || status=1
+timeout 200 "$here/gpu_model_check" || status=1
+exit $status
+"#;
+
+fn write_run_script(path: &Path) -> anyhow::Result<()> {
+    std::fs::write(path, RUN_SCRIPT).with_context(|| format!("writing {}", path.display()))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_script_sets_up_libraries_and_runs_both_checks() {
+        assert!(RUN_SCRIPT.starts_with("#!/bin/sh\n"));
+        assert!(RUN_SCRIPT.contains("LD_LIBRARY_PATH"));
+        assert!(RUN_SCRIPT.contains("ATTN_KERNELS_CUBIN_DIR"));
+        assert!(RUN_SCRIPT.contains("/gpu_check\""));
+        assert!(RUN_SCRIPT.contains("/gpu_model_check\""));
+        assert!(RUN_COMMAND.ends_with("run.sh"));
+        // The binaries' time limits together stay inside the 8 minutes the run may take.
+        let limits: u32 = RUN_SCRIPT
+            .split("timeout ")
+            .skip(1)
+            .filter_map(|rest| rest.split_whitespace().next()?.parse::<u32>().ok())
+            .sum();
+        assert!(limits > 0 && limits <= 8 * 60, "{limits} s");
+    }
 }

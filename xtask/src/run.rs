@@ -12,8 +12,8 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
 use engine::{
-    ChatMessage, DType, EngineConfig, EngineHandle, FinishReason, KvCacheSize, PreemptionMode, Prompt,
-    SamplingParams, ShutdownMode,
+    ChatMessage, DType, Device, EngineConfig, EngineHandle, FinishReason, KvCacheSize, PreemptionMode,
+    Prompt, SamplingParams, ShutdownMode,
 };
 use parking_lot::Mutex;
 
@@ -49,8 +49,17 @@ pub struct EngineKnobs {
     /// Exact number of KV blocks.
     #[arg(long)]
     pub num_kv_blocks: Option<usize>,
-    #[arg(long, value_enum, default_value = "f32")]
-    pub kv_dtype: KvDtype,
+    /// KV cache element type (default: f32 on the CPU, bf16 on CUDA, which also runs the
+    /// weights and activations in it).
+    #[arg(long, value_enum)]
+    pub kv_dtype: Option<KvDtype>,
+    /// Where the model runs: cpu, cuda (GPU 0) or cuda:N. CUDA needs the NVIDIA driver; xtask
+    /// re-launches itself built with `--features cuda` when it was built without.
+    #[arg(long, default_value = "cpu")]
+    pub device: Device,
+    /// Fraction of GPU memory for weights, activations and the KV cache (CUDA; vLLM's knob).
+    #[arg(long, default_value_t = 0.9)]
+    pub gpu_memory_utilization: f64,
     /// Seed for requests without their own.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -88,11 +97,15 @@ impl EngineKnobs {
                 Some(n) => KvCacheSize::Blocks(n),
                 None => KvCacheSize::Bytes((self.kv_cache_gib * GIB) as usize),
             },
-            kv_dtype: match self.kv_dtype {
-                KvDtype::F32 => DType::F32,
-                KvDtype::F16 => DType::F16,
-                KvDtype::Bf16 => DType::BF16,
+            kv_dtype: match (self.kv_dtype, self.device) {
+                (Some(KvDtype::F32), _) => DType::F32,
+                (Some(KvDtype::F16), _) => DType::F16,
+                (Some(KvDtype::Bf16), _) => DType::BF16,
+                (None, Device::Cpu) => DType::F32,
+                (None, _) => DType::BF16,
             },
+            device: self.device,
+            gpu_memory_utilization: self.gpu_memory_utilization,
             seed: self.seed,
             ..EngineConfig::default()
         }
@@ -115,6 +128,22 @@ impl EngineKnobs {
             }
         }
     }
+}
+
+/// With `--device cuda` in a build without CUDA support, runs this same command again through
+/// `cargo run -p xtask --features cuda` and exits with its status (the child prints its own
+/// result or its one error, e.g. that this machine has no CUDA driver). Returns otherwise.
+pub fn relaunch_for_device(device: Device) -> anyhow::Result<()> {
+    if device.is_cpu() || cfg!(feature = "cuda") {
+        return Ok(());
+    }
+    eprintln!("xtask: --device {device}: re-launching with the CUDA backend (--features cuda)");
+    let status = crate::cmd::cargo()
+        .args(["run", "--quiet", "--package", "xtask", "--features", "cuda", "--"])
+        .args(std::env::args_os().skip(1))
+        .status()
+        .context("re-launching xtask with --features cuda")?;
+    std::process::exit(status.code().unwrap_or(1));
 }
 
 pub fn default_model_dir() -> PathBuf {
@@ -232,6 +261,7 @@ fn builtin_prompts() -> Vec<(Prompt, SamplingParams)> {
 }
 
 pub fn run(args: &RunArgs) -> anyhow::Result<()> {
+    relaunch_for_device(args.knobs.device)?;
     init_tracing();
     let dir = args.knobs.model_dir()?;
     let prompts = match &args.prompts {
@@ -336,4 +366,41 @@ fn print_stream(i: usize, stream: engine::RequestStream, out: &Mutex<std::io::St
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        knobs: EngineKnobs,
+    }
+
+    fn knobs(args: &[&str]) -> EngineKnobs {
+        use clap::Parser;
+        match Cli::try_parse_from(std::iter::once("run").chain(args.iter().copied())) {
+            Ok(c) => c.knobs,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn device_flag_picks_the_device_and_its_default_cache_dtype() {
+        let cpu = knobs(&[]).config();
+        assert_eq!((cpu.device, cpu.kv_dtype), (Device::Cpu, DType::F32));
+        let cuda = knobs(&["--device", "cuda", "--gpu-memory-utilization", "0.8"]).config();
+        assert_eq!((cuda.device, cuda.kv_dtype), (Device::Cuda { ordinal: 0 }, DType::BF16));
+        assert_eq!(cuda.gpu_memory_utilization, 0.8);
+        let f16 = knobs(&["--device", "cuda:1", "--kv-dtype", "f16"]).config();
+        assert_eq!((f16.device, f16.kv_dtype), (Device::Cuda { ordinal: 1 }, DType::F16));
+        let cli = <Cli as clap::Parser>::try_parse_from(["run", "--device", "tpu"]);
+        assert!(cli.is_err());
+    }
+
+    #[test]
+    fn cpu_runs_are_never_relaunched() {
+        assert!(relaunch_for_device(Device::Cpu).is_ok());
+    }
 }

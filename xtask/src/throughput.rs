@@ -75,6 +75,7 @@ fn load_dataset(
 }
 
 pub fn run(args: &ThroughputArgs) -> anyhow::Result<()> {
+    crate::run::relaunch_for_device(args.knobs.device)?;
     if !args.json {
         init_tracing();
     }

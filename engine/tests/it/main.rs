@@ -2,6 +2,7 @@
 //! batch invariance, seeded sampling, parallel samples, and the threaded handle.
 
 mod basics;
+mod device;
 mod handle;
 mod invariance;
 mod options;

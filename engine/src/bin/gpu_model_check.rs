@@ -1,0 +1,362 @@
+//! `gpu_model_check`: the model half of the GPU run (the kernel half is `attn-kernels`'
+//! `gpu_check`). On a lent GPU it
+//! 1. writes a tiny random Llama (GQA, 3 layers) as an ordinary HF folder, loads it through the
+//!    normal loader, and runs the CPU forward (f32) and the CUDA forward (bf16, then f16) through
+//!    the same chunked-prefill and decode steps, comparing every row of logits
+//!    (`model::cuda::LOGIT_TOLERANCE`) and the greedy tokens;
+//! 2. writes a random-weight Llama-3.2-1B-shaped folder (bf16, generated here, never carried)
+//!    and measures `cuda.e2e_output_tok_s`: 256 requests of 512 random prompt tokens and 128
+//!    output tokens each, submitted at once, through the engine on CUDA.
+//!
+//! Writes flat JSON to `$OUT/gpu_model_check.json`; exits non-zero when a check fails.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+
+use attn_kernels::cuda::CudaKernels;
+use engine::{DType, Device, Engine, EngineConfig, KvCacheSize, Prompt, SamplingParams};
+use kv_cache::cuda::{CudaDevice, CudaKvCache};
+use kv_cache::{BlockShape, CacheConfig, KvCache};
+use model::cuda::{BatchLimits, CudaLlama, LOGIT_TOLERANCE, StepDriver, argmax, max_rel_error};
+use model::{Llama, Workspace};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rayon::prelude::*;
+use safetensors::tensor::{Dtype, TensorView};
+use serde_json::{Map, Value, json};
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+fn main() -> ExitCode {
+    let out_dir = std::env::var_os("OUT").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+    let work = std::env::temp_dir().join(format!("gpu-model-check-{}", std::process::id()));
+    let mut figures = Map::new();
+    let result = run(&work, &mut figures);
+    let _ = std::fs::remove_dir_all(&work);
+    let ok = match &result {
+        Ok(failures) => *failures == 0,
+        Err(e) => {
+            figures.insert("error".into(), Value::String(e.to_string()));
+            false
+        }
+    };
+    figures.insert("model_check.passed".into(), json!(if ok { 1 } else { 0 }));
+    let text = serde_json::to_string_pretty(&Value::Object(figures)).unwrap_or_default();
+    println!("{text}");
+    let written = std::fs::create_dir_all(&out_dir)
+        .and_then(|()| std::fs::write(out_dir.join("gpu_model_check.json"), &text));
+    if let Err(e) = written {
+        eprintln!("gpu_model_check: writing {}: {e}", out_dir.display());
+        return ExitCode::FAILURE;
+    }
+    if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}
+
+fn run(work: &Path, figures: &mut Map<String, Value>) -> Res<usize> {
+    let device = CudaDevice::open(0)?;
+    figures.insert("device".into(), Value::String(device.name()?));
+    let kernels = Arc::new(CudaKernels::new(device.clone())?);
+    let tiny = work.join("tiny-llama");
+    write_folder(&tiny, &TINY, Dtype::F32, 11)?;
+    let mut failures = 0;
+    for dtype in [DType::BF16, DType::F16] {
+        failures += forward_check(&tiny, &kernels, dtype, figures)?;
+    }
+    let start = Instant::now();
+    let big = work.join("llama-3.2-1b-random");
+    write_folder(&big, &LLAMA_32_1B, Dtype::BF16, 12)?;
+    figures.insert("cuda.e2e_write_model_s".into(), json!(start.elapsed().as_secs_f64()));
+    e2e(&big, figures)?;
+    Ok(failures)
+}
+
+/// The shape of a random Llama.
+#[derive(Debug)]
+struct Shape {
+    hidden: usize,
+    inter: usize,
+    layers: usize,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    vocab: usize,
+    max_pos: usize,
+    tied: bool,
+    llama3_rope: bool,
+}
+
+const TINY: Shape = Shape {
+    hidden: 256,
+    inter: 512,
+    layers: 3,
+    heads: 4,
+    kv_heads: 2,
+    head_dim: 64,
+    vocab: 1000,
+    max_pos: 2048,
+    tied: false,
+    llama3_rope: false,
+};
+
+/// Llama-3.2-1B: 16 layers, hidden 2048, 32/8 heads of 64, tied 128 256-token vocabulary.
+const LLAMA_32_1B: Shape = Shape {
+    hidden: 2048,
+    inter: 8192,
+    layers: 16,
+    heads: 32,
+    kv_heads: 8,
+    head_dim: 64,
+    vocab: 128_256,
+    max_pos: 131_072,
+    tied: true,
+    llama3_rope: true,
+};
+
+/// A tensor to generate: name, shape, and `(fan_in, gain)` (`None`: a norm weight of ones).
+type TensorSpec = (String, Vec<usize>, Option<(usize, f32)>);
+
+/// An HF folder: config, generation config, a byte-level tokenizer covering the vocabulary,
+/// and random weights (uniform, std `gain/sqrt(fan_in)`, norms 1).
+fn write_folder(dir: &Path, s: &Shape, dtype: Dtype, seed: u64) -> Res<()> {
+    std::fs::create_dir_all(dir)?;
+    let eos = s.vocab as u32 - 1;
+    let rope_theta = if s.llama3_rope { 500_000.0 } else { 10_000.0 };
+    let mut config = json!({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "hidden_size": s.hidden, "intermediate_size": s.inter, "num_hidden_layers": s.layers,
+        "num_attention_heads": s.heads, "num_key_value_heads": s.kv_heads, "head_dim": s.head_dim,
+        "vocab_size": s.vocab, "rms_norm_eps": 1e-5, "hidden_act": "silu",
+        "tie_word_embeddings": s.tied, "max_position_embeddings": s.max_pos,
+        "rope_theta": rope_theta,
+        "bos_token_id": eos - 1, "eos_token_id": eos,
+    });
+    if s.llama3_rope {
+        config["rope_scaling"] = json!({"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192});
+    }
+    std::fs::write(dir.join("config.json"), config.to_string())?;
+    std::fs::write(dir.join("generation_config.json"), json!({"eos_token_id": [eos]}).to_string())?;
+    std::fs::write(dir.join("tokenizer.json"), tokenizer_json(s.vocab))?;
+
+    let (h, q, kv) = (s.hidden, s.heads * s.head_dim, s.kv_heads * s.head_dim);
+    let mut specs: Vec<TensorSpec> =
+        vec![("model.embed_tokens.weight".into(), vec![s.vocab, h], Some((1, 1.0)))];
+    if !s.tied {
+        specs.push(("lm_head.weight".into(), vec![s.vocab, h], Some((h, 3.0))));
+    }
+    for l in 0..s.layers {
+        let p = format!("model.layers.{l}");
+        specs.push((format!("{p}.input_layernorm.weight"), vec![h], None));
+        specs.push((format!("{p}.post_attention_layernorm.weight"), vec![h], None));
+        specs.push((format!("{p}.self_attn.q_proj.weight"), vec![q, h], Some((h, 1.0))));
+        specs.push((format!("{p}.self_attn.k_proj.weight"), vec![kv, h], Some((h, 1.0))));
+        specs.push((format!("{p}.self_attn.v_proj.weight"), vec![kv, h], Some((h, 1.0))));
+        specs.push((format!("{p}.self_attn.o_proj.weight"), vec![h, q], Some((q, 1.0))));
+        specs.push((format!("{p}.mlp.gate_proj.weight"), vec![s.inter, h], Some((h, 1.0))));
+        specs.push((format!("{p}.mlp.up_proj.weight"), vec![s.inter, h], Some((h, 1.0))));
+        specs.push((format!("{p}.mlp.down_proj.weight"), vec![h, s.inter], Some((s.inter, 1.0))));
+    }
+    specs.push(("model.norm.weight".into(), vec![h], None));
+    let tensors: Vec<(String, Vec<usize>, Vec<u8>)> = specs
+        .into_iter()
+        .enumerate()
+        .map(|(i, (name, shape, init))| {
+            let bytes = random_bytes(shape.iter().product(), init, dtype, seed * 1_000 + i as u64);
+            (name, shape, bytes)
+        })
+        .collect();
+    let views = tensors
+        .iter()
+        .map(|(name, shape, bytes)| Ok((name.clone(), TensorView::new(dtype, shape.clone(), bytes)?)))
+        .collect::<Result<Vec<_>, safetensors::SafeTensorError>>()?;
+    safetensors::serialize_to_file(views, None, &dir.join("model.safetensors"))?;
+    Ok(())
+}
+
+/// `n` values (f32 or bf16 little-endian bytes), generated in parallel chunks.
+fn random_bytes(n: usize, init: Option<(usize, f32)>, dtype: Dtype, seed: u64) -> Vec<u8> {
+    const CHUNK: usize = 1 << 20;
+    let width = if dtype == Dtype::BF16 { 2 } else { 4 };
+    let a = init.map_or(0.0, |(fan_in, gain)| gain * (3.0 / fan_in as f32).sqrt());
+    let mut out = vec![0u8; n * width];
+    out.par_chunks_mut(CHUNK * width).enumerate().for_each(|(c, bytes)| {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed.wrapping_mul(0x9e37_79b9).wrapping_add(c as u64));
+        for v in bytes.chunks_exact_mut(width) {
+            let x = if init.is_some() { rng.random_range(-a..a) } else { 1.0 };
+            if width == 2 {
+                v.copy_from_slice(&half::bf16::from_f32(x).to_le_bytes());
+            } else {
+                v.copy_from_slice(&x.to_le_bytes());
+            }
+        }
+    });
+    out
+}
+
+/// Byte-level BPE over the 256 bytes plus plain tokens `t256…` up to `vocab` (no merges: the
+/// engine only decodes these ids; prompts are token ids).
+fn tokenizer_json(vocab: usize) -> String {
+    let mut map = Map::new();
+    for (i, c) in byte_alphabet().iter().enumerate() {
+        map.insert(c.to_string(), json!(i));
+    }
+    for i in 256..vocab {
+        map.insert(format!("t{i}"), json!(i));
+    }
+    json!({
+        "version": "1.0", "added_tokens": [], "normalizer": null,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+        "post_processor": null,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+                  "vocab": map, "merges": []}
+    })
+    .to_string()
+}
+
+/// GPT-2's printable stand-ins for the 256 byte values, in byte order.
+fn byte_alphabet() -> Vec<char> {
+    let mut printable: Vec<u32> = ('!' as u32..='~' as u32).chain(0xA1..=0xAC).chain(0xAE..=0xFF).collect();
+    let mut chars = printable.clone();
+    let mut n = 0;
+    for b in 0..256u32 {
+        if !printable.contains(&b) {
+            printable.push(b);
+            chars.push(256 + n);
+            n += 1;
+        }
+    }
+    let mut pairs: Vec<(u32, u32)> = printable.into_iter().zip(chars).collect();
+    pairs.sort_unstable();
+    pairs.into_iter().filter_map(|(_, c)| char::from_u32(c)).collect()
+}
+
+/// CPU (f32 cache) against CUDA (`dtype` weights and cache) on the same steps: four prompts
+/// prefilled in chunks of different sizes, mixed with decodes, then decode-only steps; the
+/// next token of every sampled sequence is the CPU's greedy choice, so both stay in step.
+fn forward_check(
+    dir: &Path,
+    kernels: &Arc<CudaKernels>,
+    dtype: DType,
+    figures: &mut Map<String, Value>,
+) -> Res<usize> {
+    let model = Llama::load(dir)?;
+    let c = model.config.clone();
+    let limits = BatchLimits { max_tokens: 512, max_samples: 8, max_model_len: 1024 };
+    let mut gpu = CudaLlama::new(&model, kernels.clone(), dtype, limits)?;
+    let block_size = 16;
+    let num_blocks = 128;
+    let shape = |dtype| BlockShape {
+        block_size,
+        num_layers: c.num_hidden_layers,
+        num_kv_heads: c.num_key_value_heads,
+        head_size: c.head_dim,
+        dtype,
+    };
+    let mut cpu_cache = KvCache::new(CacheConfig::new(shape(DType::F32), num_blocks, 0))?;
+    let mut gpu_cache =
+        CudaKvCache::new(CacheConfig::new(shape(dtype), num_blocks, 0), kernels.device().clone())?;
+    let mut ws = Workspace::default();
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let prompts: Vec<Vec<u32>> = [150usize, 61, 7, 300]
+        .iter()
+        .map(|&n| (0..n).map(|_| rng.random_range(0..c.vocab_size as u32)).collect())
+        .collect();
+    let mut driver = StepDriver::new(prompts, block_size);
+    // Prefill chunks (64/48/7/128 tokens a step) until every prompt is in, then 8 decode steps.
+    let mut schedule: Vec<[usize; 4]> = vec![[64, 48, 7, 128]; 3];
+    schedule.extend(std::iter::repeat_n([1usize; 4], 8));
+    let (mut worst, mut rows, mut agree) = (0.0f32, 0usize, 0usize);
+    for chunks in &schedule {
+        let batch = driver.step(chunks);
+        if batch.token_ids.is_empty() {
+            continue;
+        }
+        let input = batch.input();
+        let want = model.forward(&input, &mut cpu_cache, &mut ws)?.to_vec();
+        let got = gpu.forward(&input, &mut gpu_cache)?;
+        for (r, &s) in batch.sampled_seqs.iter().enumerate() {
+            let (w, g) =
+                (&want[r * c.vocab_size..][..c.vocab_size], &got[r * c.vocab_size..][..c.vocab_size]);
+            worst = worst.max(max_rel_error(g, w));
+            rows += 1;
+            let token = argmax(w);
+            agree += usize::from(argmax(g) == token);
+            driver.append(s, token);
+        }
+    }
+    let name = if dtype == DType::BF16 { "bf16" } else { "f16" };
+    figures.insert(format!("cuda.forward_{name}_max_rel_logit_error"), json!(worst));
+    figures.insert(format!("cuda.forward_{name}_rows"), json!(rows));
+    figures.insert(format!("cuda.forward_{name}_greedy_agreement"), json!(agree as f64 / rows.max(1) as f64));
+    let failed = worst.is_nan() || worst > LOGIT_TOLERANCE || rows == 0;
+    eprintln!(
+        "forward {name}: {rows} rows, max relative logit error {worst:.4} (tolerance {LOGIT_TOLERANCE}), greedy agreement {agree}/{rows}{}",
+        if failed { "  FAIL" } else { "" }
+    );
+    Ok(usize::from(failed))
+}
+
+/// Random non-EOS token ids.
+fn random_prompt(rng: &mut ChaCha8Rng, len: usize, vocab: usize, eos: &[u32]) -> Vec<u32> {
+    let mut out = Vec::with_capacity(len);
+    while out.len() < len {
+        let t = rng.random_range(0..vocab as u32);
+        if !eos.contains(&t) {
+            out.push(t);
+        }
+    }
+    out
+}
+
+/// `cuda.e2e_output_tok_s`: 256 requests × (512 in, 128 out), all submitted at once.
+fn e2e(dir: &Path, figures: &mut Map<String, Value>) -> Res<()> {
+    let config = EngineConfig {
+        device: Device::Cuda { ordinal: 0 },
+        kv_dtype: DType::BF16,
+        max_model_len: Some(1024),
+        max_num_seqs: 256,
+        max_num_batched_tokens: 8192,
+        kv_cache: KvCacheSize::Bytes(0),
+        gpu_memory_utilization: 0.9,
+        log_interval: std::time::Duration::ZERO,
+        ..EngineConfig::default()
+    };
+    let start = Instant::now();
+    let mut engine = Engine::new(dir, config)?;
+    figures.insert("cuda.e2e_load_s".into(), json!(start.elapsed().as_secs_f64()));
+    figures.insert("cuda.e2e_kv_blocks".into(), json!(engine.num_kv_blocks()));
+    let vocab = engine.model_config().vocab_size;
+    let eos = engine.eos_token_ids().to_vec();
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(128) };
+    // Warm-up (cuBLAS heuristics, first launches), not timed.
+    let warm: Vec<Prompt> =
+        (0..8).map(|_| Prompt::Tokens(random_prompt(&mut rng, 512, vocab, &eos))).collect();
+    engine.generate(warm, &SamplingParams { ignore_eos: true, ..SamplingParams::greedy(8) })?;
+    engine.reset_metrics();
+    let prompts: Vec<Prompt> =
+        (0..256).map(|_| Prompt::Tokens(random_prompt(&mut rng, 512, vocab, &eos))).collect();
+    let start = Instant::now();
+    let results = engine.generate(prompts, &params)?;
+    let wall = start.elapsed().as_secs_f64();
+    let failed = results.iter().filter(|r| r.is_err()).count();
+    let m = engine.metrics();
+    figures.insert("cuda.e2e_output_tok_s".into(), json!(m.generation_tokens as f64 / wall));
+    figures
+        .insert("cuda.e2e_total_tok_s".into(), json!((m.generation_tokens + m.prompt_tokens) as f64 / wall));
+    figures.insert("cuda.e2e_seconds".into(), json!(wall));
+    figures.insert("cuda.e2e_failed_requests".into(), json!(failed));
+    eprintln!(
+        "e2e: 256 x (512 in, 128 out) in {wall:.2} s: {:.0} output tok/s, {} generated, {failed} failed",
+        m.generation_tokens as f64 / wall,
+        m.generation_tokens
+    );
+    if failed > 0 || m.generation_tokens != 256 * 128 {
+        return Err(format!("e2e: {failed} requests failed, {} tokens generated", m.generation_tokens).into());
+    }
+    Ok(())
+}
