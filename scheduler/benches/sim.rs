@@ -12,7 +12,8 @@ use std::path::{Path, PathBuf};
 
 use plotters::prelude::*;
 use scheduler::sim::{
-    Comparison, CostModel, Hardware, ModelShape, SimReport, SimSetup, Trace, TraceShape, compare,
+    Comparison, ContiguousConfig, CostModel, Hardware, ModelShape, Placement, Reservation, SimReport,
+    SimSetup, Trace, TraceShape, compare, simulate_contiguous,
 };
 
 struct Workload {
@@ -54,13 +55,27 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     md.push_str("|---|---|---:|---:|---:|---:|---:|\n");
     let mut chart_run: Option<Comparison> = None;
     for w in &WORKLOADS {
-        let runs: Vec<Comparison> = seeds
+        let traces: Vec<Trace> = seeds
             .iter()
-            .map(|&seed| {
-                let trace = Trace::synthetic(w.shape, w.num_requests, w.rate, setup.max_model_len, seed);
-                compare(&trace, &setup, &cost)
+            .map(|&seed| Trace::synthetic(w.shape, w.num_requests, w.rate, setup.max_model_len, seed))
+            .collect();
+        let runs: Vec<Comparison> =
+            traces.iter().map(|trace| compare(trace, &setup, &cost)).collect::<Result<_, _>>()?;
+        // The paper's baselines use buddy allocation; first fit over exact sizes wastes less.
+        let first_fit_oracle: Vec<SimReport> = traces
+            .iter()
+            .map(|trace| {
+                let cfg = ContiguousConfig {
+                    capacity_tokens: setup.usable_tokens(),
+                    max_model_len: setup.max_model_len,
+                    max_num_seqs: setup.max_num_seqs,
+                    max_num_batched_tokens: setup.max_num_batched_tokens,
+                    reservation: Reservation::Oracle,
+                    placement: Placement::FirstFit,
+                };
+                simulate_contiguous(trace, &cfg, &cost)
             })
-            .collect::<Result<_, _>>()?;
+            .collect();
         let mean = |f: &dyn Fn(&Comparison) -> f64| runs.iter().map(f).sum::<f64>() / runs.len() as f64;
         let name = w.shape.name;
         for (i, system) in ["paged", "max", "pow2", "oracle"].iter().enumerate() {
@@ -82,10 +97,35 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             format!("sim.{name}.concurrency_paged_over_oracle"),
             mean(&|c| c.concurrency_paged_over_oracle()),
         );
+        let ff_mean = |f: &dyn Fn(&SimReport) -> f64| {
+            first_fit_oracle.iter().map(f).sum::<f64>() / first_fit_oracle.len() as f64
+        };
+        let (ff_util, ff_running) = (ff_mean(&|r| r.kv_util), ff_mean(&|r| r.mean_running));
+        let ff_ratio = runs
+            .iter()
+            .zip(&first_fit_oracle)
+            .map(|(c, ff)| c.paged.mean_running / ff.mean_running.max(f64::MIN_POSITIVE))
+            .sum::<f64>()
+            / runs.len() as f64;
+        figures.insert(format!("sim.{name}.kv_util_oracle_firstfit"), ff_util);
+        figures.insert(format!("sim.{name}.mean_running_oracle_firstfit"), ff_running);
+        figures.insert(format!("sim.{name}.concurrency_paged_over_oracle_firstfit"), ff_ratio);
+        let requests = w.num_requests as f64;
+        figures.insert(
+            format!("sim.{name}.preemptions_per_request_paged"),
+            mean(&|c| c.paged.preemptions as f64) / requests,
+        );
+        writeln!(
+            md,
+            "| {name} | orca-oracle, first fit (not the paper's) | {ff_util:.3} | {ff_running:.1} | {:.0} | 0 | {:.0} |",
+            ff_mean(&|r| r.max_running as f64),
+            ff_mean(&|r| r.output_tokens_per_s)
+        )?;
         if chart_run.is_none() {
             chart_run = runs.into_iter().next();
         }
     }
+    md.push_str(MODELLING_NOTES);
     let svg = dir.parent().unwrap_or(&dir).join("sim_kv_usage.svg");
     if let Some(c) = &chart_run {
         draw_chart(&svg, c, setup.usable_tokens())?;
@@ -100,6 +140,24 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("wrote {} and {}", dir.join("sim.json").display(), svg.display());
     Ok(())
 }
+
+/// How the systems are modelled, for the report (see `scheduler::sim`).
+const MODELLING_NOTES: &str = "
+Modelling, as in the PagedAttention paper (§6.1): the Orca baselines reserve for a request's whole
+lifetime — Max: 2048 slots; Pow2: the prompt plus the next power of two of the true output
+length; Oracle: the true length — and place the reservation with a buddy allocator, which rounds
+it up to a power of two. First fit over exact sizes (the Oracle row marked \"first fit\") wastes
+less than the paper's baselines and is shown for comparison. The paged system is the real
+scheduler: like vLLM's block manager it admits a request only when its whole remaining prompt
+fits above the 1% watermark and preempts the latest arrival (recompute) when a running request
+needs a block. Synthetic ShareGPT lengths are log-normal (σ = 1) with the dataset's means (161
+in, 338 out), heavy-tailed and cut to the 2048 max length. Why paged ÷ Oracle is about 2: a
+request holds its prompt plus half its output on average while Oracle reserves all of it from the
+start, and long requests dominate the time average (on this trace the output-weighted footprint is
+868 slots reserved vs 513 held, 1.7x, before fragmentation); buddy rounding takes Oracle's
+footprint to 1131 (2.2x). Paper, Fig. 13a (ShareGPT, 2 req/s): Max 7.00, Pow2 9.81, Oracle
+13.62, vLLM 30.42 requests; Fig. 2 utilizations: 20.4% / 26.8% / 38.2% / 96.3%.
+";
 
 /// Token states held ÷ KV memory over time, one line per system.
 fn draw_chart(path: &Path, c: &Comparison, capacity: usize) -> Result<(), Box<dyn std::error::Error>> {
