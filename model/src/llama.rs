@@ -181,6 +181,23 @@ impl Llama {
         ws: &'w mut Workspace,
     ) -> Result<&'w [f32]> {
         self.check_input(input, cache)?;
+        // Every op below fans out through rayon, ~10 times per layer. Issued from a thread
+        // outside the pool, each fan-out is a cross-thread injection, a wake-up and a blocking
+        // wait (tens of µs, a tenth of a batch-1 decode step); issued from a pool thread it is
+        // a push onto the local deque. So the whole pass runs on the pool, entered once.
+        if rayon::current_thread_index().is_some() {
+            self.forward_on_pool(input, cache, ws)
+        } else {
+            rayon::scope(|_| self.forward_on_pool(input, cache, ws))
+        }
+    }
+
+    fn forward_on_pool<'w>(
+        &self,
+        input: &ModelInput<'_>,
+        cache: &mut KvCache,
+        ws: &'w mut Workspace,
+    ) -> Result<&'w [f32]> {
         let c = &self.config;
         let t = input.num_tokens();
         let (h, d) = (c.hidden_size, c.head_dim);

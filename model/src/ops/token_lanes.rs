@@ -70,7 +70,12 @@ pub fn token_lanes_linear(
         return true;
     }
     let out = OutPtr(dst.as_mut_ptr());
-    PANELS.with_borrow_mut(|panels| {
+    // Taken out of the thread-local rather than borrowed: while this thread waits for the
+    // row-block tasks it may run another job that calls back in here (a second forward pass
+    // on the same pool), which then simply allocates its own panels.
+    let mut panels = PANELS.take();
+    {
+        let panels = &mut panels;
         for t0 in (0..m).step_by(MC) {
             let mc = (m - t0).min(MC);
             let blocks = mc.div_ceil(TM);
@@ -109,7 +114,8 @@ pub fn token_lanes_linear(
                 }
             });
         }
-    });
+    }
+    PANELS.set(panels);
     true
 }
 
@@ -120,10 +126,12 @@ fn pack(panels: &mut [f32], x: &[f32], mc: usize, k: usize) {
         if rows < TM {
             panel.fill(0.0);
         }
-        for i in 0..rows {
-            let src = &x[(b * TM + i) * k..(b * TM + i + 1) * k];
-            for (kk, &v) in src.iter().enumerate() {
-                panel[kk * TM + i] = v;
+        // Writes in panel order; the reads walk `rows` token rows side by side, and each
+        // row's current cache line serves the next 16 steps from L1.
+        let x = &x[b * TM * k..(b * TM + rows) * k];
+        for (kk, lanes) in panel.chunks_exact_mut(TM).enumerate() {
+            for (i, lane) in lanes.iter_mut().take(rows).enumerate() {
+                *lane = x[i * k + kk];
             }
         }
     });
