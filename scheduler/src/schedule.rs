@@ -563,12 +563,12 @@ fn emit_decode(
     if let Some(cow) = cow {
         out.blocks_to_copy.push((cow.src, cow.dst));
     }
-    // The token sits in the table's last block, the row's last entry.
+    // The token sits in the table's last block (just read by the append: no division needed).
     let table = seq.table();
-    let last = table_range.len() - 1;
+    let blocks = table.blocks();
+    let last = blocks.len() - 1;
     let bs = table.block_size();
-    let slot_of_start =
-        i64::from(out.block_tables()[table_range.end - 1]) * bs as i64 + (start - last * bs) as i64;
+    let slot_of_start = i64::from(blocks[last]) * bs as i64 + (start - last * bs) as i64;
     debug_assert_eq!(Some(slot_of_start), table.slot(start));
     let flat = out.token_ids.len();
     out.token_ids.push(seq.tokens[start]);
