@@ -6,7 +6,7 @@
 use super::decode::widen_masked;
 use super::scratch::{at_least, with_scratch};
 use super::{Problem, SharedOut};
-use crate::simd::{KernelElem, exp_sub_sum, max_of, prepare_query, pv_tile, qk_rows, qrep_len};
+use crate::simd::{Ahead, KernelElem, exp_sub_sum, max_of, prepare_query, pv_tile, qk_rows, qrep_len};
 
 /// Query tokens `q0 .. q1` of `seq`'s chunk, all query heads of `kv_head`.
 pub(super) fn run_item<T: KernelElem>(
@@ -58,7 +58,17 @@ pub(super) fn run_item<T: KernelElem>(
             if first == rows {
                 continue;
             }
-            qk_rows(pb.isa, k, &qrep[first * ql..], rows - first, d, bs, &mut scores[first * bs..], bs);
+            qk_rows(
+                pb.isa,
+                k,
+                &qrep[first * ql..],
+                rows - first,
+                d,
+                bs,
+                &mut scores[first * bs..],
+                bs,
+                Ahead::none(),
+            );
             for r in first..rows {
                 let pos = pos_of(r);
                 let valid = (pos + 1 - start).min(bs);

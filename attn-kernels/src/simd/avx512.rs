@@ -8,7 +8,7 @@
 
 use std::arch::x86_64::*;
 
-use super::KernelElem;
+use super::{Ahead, KernelElem};
 
 /// Lanes per vector.
 const L: usize = 16;
@@ -60,6 +60,7 @@ unsafe fn qk_heads<T: KernelElem, const H: usize, const V: usize>(
     row_len: usize,
     scores: *mut f32,
     stride: usize,
+    ahead: Ahead<'_, T>,
 ) {
     // SAFETY: the caller guarantees `rows` rows of `row_len` (a multiple of `16 · V`) elements
     // at `tile`, `H` prepared rows of `ql = rows · 8` lanes at `qrep`, and `H` score rows
@@ -67,10 +68,15 @@ unsafe fn qk_heads<T: KernelElem, const H: usize, const V: usize>(
     unsafe {
         let x = T::DTYPE.x();
         let zero = _mm512_setzero_ps();
+        // The prefetches, spread evenly over the row loops.
+        let per_row = ahead.lines().div_ceil(row_len / (V * L) * rows);
+        let mut line = 0;
         for e0 in (0..row_len).step_by(V * L) {
             let mut acc = [[zero; V]; H];
             let kp = tile.add(e0);
             for c in 0..rows {
+                ahead.range(line, line + per_row);
+                line += per_row;
                 let mut k = [zero; V];
                 for (v, kv) in k.iter_mut().enumerate() {
                     *kv = T::load16(kp.add(c * row_len + v * L));
@@ -127,14 +133,15 @@ unsafe fn qk_heads_v<T: KernelElem, const H: usize>(
     row_len: usize,
     scores: *mut f32,
     stride: usize,
+    ahead: Ahead<'_, T>,
 ) {
     // SAFETY: forwarded contract of `qk_rows`; `row_len` is a multiple of 64 unless it is 32
     // (f32, block size 8), which takes two vectors per step.
     unsafe {
         if row_len.is_multiple_of(4 * L) {
-            qk_heads::<T, H, 4>(tile, qrep, ql, rows, row_len, scores, stride)
+            qk_heads::<T, H, 4>(tile, qrep, ql, rows, row_len, scores, stride, ahead)
         } else {
-            qk_heads::<T, H, 2>(tile, qrep, ql, rows, row_len, scores, stride)
+            qk_heads::<T, H, 2>(tile, qrep, ql, rows, row_len, scores, stride, ahead)
         }
     }
 }
@@ -142,6 +149,7 @@ unsafe fn qk_heads_v<T: KernelElem, const H: usize>(
 /// # Safety
 /// AVX-512F/DQ available; `tile.len() >= d * bs`, `qrep.len() >= nh * d / x * 8`,
 /// `scores.len() >= (nh - 1) * stride + bs`; `bs` in {8, 16, 32}, `d` a multiple of `x`.
+#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512dq,avx2,fma,f16c")]
 pub(super) unsafe fn qk_rows<T: KernelElem>(
     tile: &[T],
@@ -151,6 +159,7 @@ pub(super) unsafe fn qk_rows<T: KernelElem>(
     bs: usize,
     scores: &mut [f32],
     stride: usize,
+    ahead: Ahead<'_, T>,
 ) {
     let x = T::DTYPE.x();
     let (rows, row_len) = (d / x, bs * x);
@@ -162,11 +171,13 @@ pub(super) unsafe fn qk_rows<T: KernelElem>(
         let mut h0 = 0;
         while h0 < nh {
             let (qh, sh) = (q.add(h0 * ql), out.add(h0 * stride));
+            // Prefetches ride along the first pass over the tile.
+            let ahead = if h0 == 0 { ahead } else { Ahead::none() };
             match nh - h0 {
-                1 => qk_heads_v::<T, 1>(t, qh, ql, rows, row_len, sh, stride),
-                2 => qk_heads_v::<T, 2>(t, qh, ql, rows, row_len, sh, stride),
-                3 => qk_heads_v::<T, 3>(t, qh, ql, rows, row_len, sh, stride),
-                _ => qk_heads_v::<T, 4>(t, qh, ql, rows, row_len, sh, stride),
+                1 => qk_heads_v::<T, 1>(t, qh, ql, rows, row_len, sh, stride, ahead),
+                2 => qk_heads_v::<T, 2>(t, qh, ql, rows, row_len, sh, stride, ahead),
+                3 => qk_heads_v::<T, 3>(t, qh, ql, rows, row_len, sh, stride, ahead),
+                _ => qk_heads_v::<T, 4>(t, qh, ql, rows, row_len, sh, stride, ahead),
             }
             h0 += 4;
         }
@@ -183,15 +194,21 @@ unsafe fn pv_heads<T: KernelElem, const H: usize, const BS: usize>(
     stride: usize,
     d: usize,
     acc8: *mut f32,
+    ahead: Ahead<'_, T>,
 ) {
     // SAFETY: the caller guarantees tiles of `d · BS` elements (a multiple of 64), `H`
     // probability rows `stride` apart covering `tiles.len() · BS` tokens, and `H` accumulators
     // of `d · 8` lanes.
     unsafe {
         let zero = _mm512_setzero_ps();
+        // The prefetches, spread evenly over the (step, tile) loop.
+        let per_tile = ahead.lines().div_ceil(d * BS / (4 * L) * tiles.len().max(1));
+        let mut line = 0;
         for e0 in (0..d * BS).step_by(4 * L) {
             let mut acc = [[zero; 4]; H];
             for (j, tile) in tiles.iter().enumerate() {
+                ahead.range(line, line + per_tile);
+                line += per_tile;
                 let t = tile.as_ptr().add(e0);
                 let v = [T::load16(t), T::load16(t.add(L)), T::load16(t.add(2 * L)), T::load16(t.add(3 * L))];
                 let p = probs.add(j * BS);
@@ -243,13 +260,14 @@ unsafe fn pv_heads_bs<T: KernelElem, const H: usize>(
     d: usize,
     bs: usize,
     acc8: *mut f32,
+    ahead: Ahead<'_, T>,
 ) {
     // SAFETY: forwarded contract of `pv_blocks`.
     unsafe {
         match bs {
-            8 => pv_heads::<T, H, 8>(tiles, probs, stride, d, acc8),
-            16 => pv_heads::<T, H, 16>(tiles, probs, stride, d, acc8),
-            _ => pv_heads::<T, H, 32>(tiles, probs, stride, d, acc8),
+            8 => pv_heads::<T, H, 8>(tiles, probs, stride, d, acc8, ahead),
+            16 => pv_heads::<T, H, 16>(tiles, probs, stride, d, acc8, ahead),
+            _ => pv_heads::<T, H, 32>(tiles, probs, stride, d, acc8, ahead),
         }
     }
 }
@@ -257,6 +275,7 @@ unsafe fn pv_heads_bs<T: KernelElem, const H: usize>(
 /// # Safety
 /// AVX-512F/DQ available; every tile `>= d * bs` elements, `probs.len() >= (nh - 1) * stride +
 /// tiles.len() * bs`, `acc8.len() >= nh * d * 8`; `bs` in {8, 16, 32}, `d` a multiple of 8.
+#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512dq,avx2,fma,f16c")]
 pub(super) unsafe fn pv_blocks<T: KernelElem>(
     tiles: &[&[T]],
@@ -266,6 +285,7 @@ pub(super) unsafe fn pv_blocks<T: KernelElem>(
     d: usize,
     bs: usize,
     acc8: &mut [f32],
+    ahead: Ahead<'_, T>,
 ) {
     let (p, a) = (probs.as_ptr(), acc8.as_mut_ptr());
     // SAFETY: per the contract above (d · bs is a multiple of 64); each call covers heads
@@ -274,11 +294,13 @@ pub(super) unsafe fn pv_blocks<T: KernelElem>(
         let mut h0 = 0;
         while h0 < nh {
             let (ph, ah) = (p.add(h0 * stride), a.add(h0 * d * 8));
+            // Prefetches ride along the first pass over the tiles.
+            let ahead = if h0 == 0 { ahead } else { Ahead::none() };
             match nh - h0 {
-                1 => pv_heads_bs::<T, 1>(tiles, ph, stride, d, bs, ah),
-                2 => pv_heads_bs::<T, 2>(tiles, ph, stride, d, bs, ah),
-                3 => pv_heads_bs::<T, 3>(tiles, ph, stride, d, bs, ah),
-                _ => pv_heads_bs::<T, 4>(tiles, ph, stride, d, bs, ah),
+                1 => pv_heads_bs::<T, 1>(tiles, ph, stride, d, bs, ah, ahead),
+                2 => pv_heads_bs::<T, 2>(tiles, ph, stride, d, bs, ah, ahead),
+                3 => pv_heads_bs::<T, 3>(tiles, ph, stride, d, bs, ah, ahead),
+                _ => pv_heads_bs::<T, 4>(tiles, ph, stride, d, bs, ah, ahead),
             }
             h0 += 4;
         }

@@ -168,6 +168,7 @@ pub(crate) fn qk_rows<T: KernelElem>(
     bs: usize,
     scores: &mut [f32],
     stride: usize,
+    ahead: Ahead<'_, T>,
 ) {
     let ql = qrep_len(head_size, T::DTYPE.x());
     assert!(nh > 0 && tile.len() >= head_size * bs && qrep.len() >= nh * ql);
@@ -175,11 +176,14 @@ pub(crate) fn qk_rows<T: KernelElem>(
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx2` is only used after `is_available` said yes; lengths checked above.
-        Isa::Avx2 => unsafe { x86::qk_rows(tile, qrep, nh, head_size, bs, scores, stride) },
+        Isa::Avx2 => unsafe { x86::qk_rows(tile, qrep, nh, head_size, bs, scores, stride, ahead) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above, for `Isa::Avx512`.
-        Isa::Avx512 => unsafe { avx512::qk_rows(tile, qrep, nh, head_size, bs, scores, stride) },
-        _ => portable::qk_rows(tile, qrep, nh, head_size, bs, scores, stride),
+        Isa::Avx512 => unsafe { avx512::qk_rows(tile, qrep, nh, head_size, bs, scores, stride, ahead) },
+        _ => {
+            ahead.all();
+            portable::qk_rows(tile, qrep, nh, head_size, bs, scores, stride)
+        }
     }
 }
 
@@ -199,6 +203,7 @@ pub(crate) fn pv_blocks<T: KernelElem>(
     head_size: usize,
     bs: usize,
     acc8: &mut [f32],
+    ahead: Ahead<'_, T>,
 ) {
     assert!(nh > 0 && stride >= tiles.len() * bs && acc8.len() >= nh * head_size * 8);
     assert!(probs.len() >= (nh - 1) * stride + tiles.len() * bs);
@@ -206,11 +211,14 @@ pub(crate) fn pv_blocks<T: KernelElem>(
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx2` is only used after `is_available` said yes; lengths checked above.
-        Isa::Avx2 => unsafe { x86::pv_blocks(tiles, probs, stride, nh, head_size, bs, acc8) },
+        Isa::Avx2 => unsafe { x86::pv_blocks(tiles, probs, stride, nh, head_size, bs, acc8, ahead) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above, for `Isa::Avx512`.
-        Isa::Avx512 => unsafe { avx512::pv_blocks(tiles, probs, stride, nh, head_size, bs, acc8) },
-        _ => portable::pv_blocks(tiles, probs, stride, nh, head_size, bs, acc8),
+        Isa::Avx512 => unsafe { avx512::pv_blocks(tiles, probs, stride, nh, head_size, bs, acc8, ahead) },
+        _ => {
+            ahead.all();
+            portable::pv_blocks(tiles, probs, stride, nh, head_size, bs, acc8)
+        }
     }
 }
 
@@ -280,6 +288,65 @@ pub(crate) fn prefetch<T>(tile: &[T]) {
     let _ = tile;
 }
 
+/// Tiles a kernel should ask the CPU to start loading while it computes: the ones the caller
+/// reaches next. Kernels that can spread the prefetches over their loop call [`Ahead::step`]
+/// (a burst of prefetches for a whole tile holds up the kernel's own loads until the memory
+/// system has taken them); the others prefetch everything up front with [`Ahead::all`].
+#[derive(Clone, Copy)]
+pub(crate) struct Ahead<'a, T> {
+    tiles: &'a [&'a [T]],
+    /// Cache lines per tile (all tiles are as long as the first).
+    lines_per_tile: usize,
+}
+
+impl<'a, T> Ahead<'a, T> {
+    /// Nothing to prefetch.
+    pub fn none() -> Self {
+        Ahead { tiles: &[], lines_per_tile: 0 }
+    }
+
+    pub fn new(tiles: &'a [&'a [T]]) -> Self {
+        let lines_per_tile = tiles.first().map_or(0, |t| std::mem::size_of_val(*t).div_ceil(64));
+        Ahead { tiles, lines_per_tile }
+    }
+
+    /// Cache lines in all tiles.
+    #[inline(always)]
+    pub fn lines(&self) -> usize {
+        self.tiles.len() * self.lines_per_tile
+    }
+
+    /// Prefetches lines `from .. to` (of [`Ahead::lines`]), tile after tile.
+    #[inline(always)]
+    pub fn range(&self, from: usize, to: usize) {
+        for line in from..to.min(self.lines()) {
+            let tile = self.tiles[line / self.lines_per_tile];
+            let byte = (line % self.lines_per_tile) * 64;
+            prefetch_byte(tile, byte);
+        }
+    }
+
+    /// Prefetches every line now.
+    #[inline(always)]
+    pub fn all(&self) {
+        self.range(0, self.lines());
+    }
+}
+
+/// Prefetches the cache line holding byte `byte` of `tile` (nothing past its end).
+#[inline(always)]
+fn prefetch_byte<T>(tile: &[T], byte: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if byte < std::mem::size_of_val(tile) {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        // SAFETY: prefetch never faults, and the address is inside the slice anyway; SSE is
+        // baseline on x86-64.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(tile.as_ptr().cast::<i8>().add(byte)) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (tile, byte);
+}
+
 /// Largest element (`-inf` for an empty slice); NaN-free input assumed.
 #[inline]
 pub(crate) fn max_of(v: &[f32]) -> f32 {
@@ -326,7 +393,7 @@ mod tests {
                     }
                     let stride = bs + 3;
                     let mut scores = vec![f32::NAN; nh * stride];
-                    qk_rows(isa, &tile, &qrep, nh, d, bs, &mut scores, stride);
+                    qk_rows(isa, &tile, &qrep, nh, d, bs, &mut scores, stride, Ahead::new(&[&tile[..]]));
                     for (i, q) in qs.iter().enumerate() {
                         for (a, b) in
                             scores[i * stride..i * stride + bs].iter().zip(naive_qk(&wide, q, d, bs, x))
@@ -341,7 +408,17 @@ mod tests {
                     // p · V over two tiles (the same tile twice) for every head.
                     let probs: Vec<f32> = (0..nh * 2 * bs).map(|_| lcg(&mut seed).abs()).collect();
                     let mut acc8 = vec![0.0; nh * d * 8];
-                    pv_blocks(isa, &[&tile[..], &tile[..]], &probs, 2 * bs, nh, d, bs, &mut acc8);
+                    pv_blocks(
+                        isa,
+                        &[&tile[..], &tile[..]],
+                        &probs,
+                        2 * bs,
+                        nh,
+                        d,
+                        bs,
+                        &mut acc8,
+                        Ahead::new(&[&tile[..]]),
+                    );
                     for i in 0..nh {
                         let mut out = vec![0.0; d];
                         finish_rows(isa, &acc8[i * d * 8..(i + 1) * d * 8], 0.5, &mut out);

@@ -2,7 +2,7 @@
 
 use std::arch::x86_64::*;
 
-use super::KernelElem;
+use super::{Ahead, KernelElem};
 
 /// Sums each of 8 vectors horizontally: lane `i` of the result is the sum of `v[i]`'s lanes.
 #[inline(always)]
@@ -45,6 +45,7 @@ unsafe fn qk_heads<T: KernelElem, const H: usize>(
     vecs: usize,
     scores: *mut f32,
     stride: usize,
+    ahead: Ahead<'_, T>,
 ) {
     // SAFETY: the caller guarantees `rows` rows of `row_len = 8 · vecs` elements at `tile`,
     // `H` prepared rows of `ql = rows · 8` lanes at `qrep`, and `H` score rows `stride` apart
@@ -52,10 +53,15 @@ unsafe fn qk_heads<T: KernelElem, const H: usize>(
     unsafe {
         let x = T::DTYPE.x();
         let zero = _mm256_setzero_ps();
+        // The prefetches, spread evenly over the row loops.
+        let per_row = ahead.lines().div_ceil(vecs.div_ceil(2) * rows);
+        let mut line = 0;
         for vp in (0..vecs).step_by(2) {
             let mut acc = [[zero; 2]; H];
             let kp = tile.add(vp * 8);
             for c in 0..rows {
+                ahead.range(line, line + per_row);
+                line += per_row;
                 let k0 = T::load8(kp.add(c * row_len));
                 let k1 = T::load8(kp.add(c * row_len + 8));
                 for (h, a) in acc.iter_mut().enumerate() {
@@ -98,6 +104,7 @@ unsafe fn qk_heads<T: KernelElem, const H: usize>(
 /// # Safety
 /// AVX2/FMA/F16C available; `tile.len() >= d * bs`, `qrep.len() >= nh * d / x * 8`,
 /// `scores.len() >= (nh - 1) * stride + bs`; `bs` in {8, 16, 32}, `d` a multiple of `x`.
+#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn qk_rows<T: KernelElem>(
     tile: &[T],
@@ -107,6 +114,7 @@ pub(super) unsafe fn qk_rows<T: KernelElem>(
     bs: usize,
     scores: &mut [f32],
     stride: usize,
+    ahead: Ahead<'_, T>,
 ) {
     let x = T::DTYPE.x();
     let (rows, row_len) = (d / x, bs * x);
@@ -118,11 +126,13 @@ pub(super) unsafe fn qk_rows<T: KernelElem>(
         let mut h0 = 0;
         while h0 < nh {
             let (qh, sh) = (q.add(h0 * ql), out.add(h0 * stride));
+            // Prefetches ride along the first pass over the tile.
+            let ahead = if h0 == 0 { ahead } else { Ahead::none() };
             match nh - h0 {
-                1 => qk_heads::<T, 1>(t, qh, ql, rows, row_len, vecs, sh, stride),
-                2 => qk_heads::<T, 2>(t, qh, ql, rows, row_len, vecs, sh, stride),
-                3 => qk_heads::<T, 3>(t, qh, ql, rows, row_len, vecs, sh, stride),
-                _ => qk_heads::<T, 4>(t, qh, ql, rows, row_len, vecs, sh, stride),
+                1 => qk_heads::<T, 1>(t, qh, ql, rows, row_len, vecs, sh, stride, ahead),
+                2 => qk_heads::<T, 2>(t, qh, ql, rows, row_len, vecs, sh, stride, ahead),
+                3 => qk_heads::<T, 3>(t, qh, ql, rows, row_len, vecs, sh, stride, ahead),
+                _ => qk_heads::<T, 4>(t, qh, ql, rows, row_len, vecs, sh, stride, ahead),
             }
             h0 += 4;
         }
@@ -139,11 +149,15 @@ unsafe fn pv_heads<T: KernelElem, const H: usize, const NK: usize>(
     stride: usize,
     d: usize,
     acc8: *mut f32,
+    ahead: Ahead<'_, T>,
 ) {
     // SAFETY: the caller guarantees tiles of `d` rows × `NK · 8` tokens, `H` probability rows
     // `stride` apart covering `tiles.len() · NK · 8` tokens, and `H` accumulators of `d · 8` lanes.
     unsafe {
         let bs = NK * 8;
+        // The prefetches, spread evenly over the (row pair, tile) loop.
+        let per_tile = ahead.lines().div_ceil(d.div_ceil(2) * tiles.len().max(1));
+        let mut line = 0;
         for r in (0..d).step_by(2) {
             let mut acc = [[_mm256_setzero_ps(); 2]; H];
             for (h, a) in acc.iter_mut().enumerate() {
@@ -151,6 +165,8 @@ unsafe fn pv_heads<T: KernelElem, const H: usize, const NK: usize>(
                 a[1] = _mm256_loadu_ps(acc8.add(h * d * 8 + r * 8 + 8));
             }
             for (j, tile) in tiles.iter().enumerate() {
+                ahead.range(line, line + per_tile);
+                line += per_tile;
                 let row = tile.as_ptr().add(r * bs);
                 let p = probs.add(j * bs);
                 for k in 0..NK {
@@ -179,13 +195,14 @@ unsafe fn pv_heads_bs<T: KernelElem, const H: usize>(
     d: usize,
     bs: usize,
     acc8: *mut f32,
+    ahead: Ahead<'_, T>,
 ) {
     // SAFETY: forwarded contract of `pv_blocks`.
     unsafe {
         match bs {
-            8 => pv_heads::<T, H, 1>(tiles, probs, stride, d, acc8),
-            16 => pv_heads::<T, H, 2>(tiles, probs, stride, d, acc8),
-            _ => pv_heads::<T, H, 4>(tiles, probs, stride, d, acc8),
+            8 => pv_heads::<T, H, 1>(tiles, probs, stride, d, acc8, ahead),
+            16 => pv_heads::<T, H, 2>(tiles, probs, stride, d, acc8, ahead),
+            _ => pv_heads::<T, H, 4>(tiles, probs, stride, d, acc8, ahead),
         }
     }
 }
@@ -193,6 +210,7 @@ unsafe fn pv_heads_bs<T: KernelElem, const H: usize>(
 /// # Safety
 /// AVX2/FMA/F16C available; every tile `>= d * bs` elements, `probs.len() >= (nh - 1) * stride +
 /// tiles.len() * bs`, `acc8.len() >= nh * d * 8`; `bs` in {8, 16, 32}, `d` even.
+#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn pv_blocks<T: KernelElem>(
     tiles: &[&[T]],
@@ -202,6 +220,7 @@ pub(super) unsafe fn pv_blocks<T: KernelElem>(
     d: usize,
     bs: usize,
     acc8: &mut [f32],
+    ahead: Ahead<'_, T>,
 ) {
     let (p, a) = (probs.as_ptr(), acc8.as_mut_ptr());
     // SAFETY: per the contract above; each call covers heads h0 .. h0 + H.
@@ -209,11 +228,13 @@ pub(super) unsafe fn pv_blocks<T: KernelElem>(
         let mut h0 = 0;
         while h0 < nh {
             let (ph, ah) = (p.add(h0 * stride), a.add(h0 * d * 8));
+            // Prefetches ride along the first pass over the tiles.
+            let ahead = if h0 == 0 { ahead } else { Ahead::none() };
             match nh - h0 {
-                1 => pv_heads_bs::<T, 1>(tiles, ph, stride, d, bs, ah),
-                2 => pv_heads_bs::<T, 2>(tiles, ph, stride, d, bs, ah),
-                3 => pv_heads_bs::<T, 3>(tiles, ph, stride, d, bs, ah),
-                _ => pv_heads_bs::<T, 4>(tiles, ph, stride, d, bs, ah),
+                1 => pv_heads_bs::<T, 1>(tiles, ph, stride, d, bs, ah, ahead),
+                2 => pv_heads_bs::<T, 2>(tiles, ph, stride, d, bs, ah, ahead),
+                3 => pv_heads_bs::<T, 3>(tiles, ph, stride, d, bs, ah, ahead),
+                _ => pv_heads_bs::<T, 4>(tiles, ph, stride, d, bs, ah, ahead),
             }
             h0 += 4;
         }
