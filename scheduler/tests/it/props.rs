@@ -3,7 +3,9 @@
 //! Every step checks budgets, slot mappings, KV contents read back and block accounting.
 
 use proptest::prelude::*;
-use scheduler::{Policy, PreemptionMode, Request, SchedulerConfig};
+use scheduler::{
+    Policy, PreemptionMode, Request, SampledToken, Scheduler, SchedulerConfig, SchedulerOutput, StepResult,
+};
 
 use crate::fake::{FakeEngine, expected_outputs};
 
@@ -154,12 +156,69 @@ fn run(setup: &Setup, arrivals: &[Arrival]) -> (usize, usize) {
     (e.preempted, e.swaps_out)
 }
 
+/// Steps two identical schedulers through the same traffic, one writing into the same output
+/// every step (incremental block-table arena), the other into a fresh output (every row placed
+/// anew); the plans must agree every step.
+fn reused_and_fresh_outputs_agree(setup: &Setup, arrivals: &[Arrival]) {
+    let cfg = SchedulerConfig {
+        max_num_batched_tokens: setup.budget,
+        max_num_seqs: setup.max_seqs,
+        max_model_len: 96,
+        policy: if setup.priority { Policy::Priority } else { Policy::Fcfs },
+        preemption: if setup.swap { PreemptionMode::Swap } else { PreemptionMode::Recompute },
+        block_size: setup.block_size,
+        num_device_blocks: setup.blocks,
+        num_host_blocks: setup.host_blocks,
+        watermark: setup.watermark,
+        enable_prefix_caching: setup.caching,
+    };
+    let mut reusing = Scheduler::new(cfg.clone()).expect("config");
+    let mut fresh = Scheduler::new(cfg).expect("config");
+    let (mut out, mut result, mut samples) = (SchedulerOutput::default(), StepResult::default(), Vec::new());
+    let last_arrival = arrivals.iter().map(|a| a.step).max().unwrap_or(0);
+    for step in 0..5_000u64 {
+        for (i, a) in arrivals.iter().enumerate().filter(|(_, a)| a.step == step) {
+            let prompt: Vec<u32> = (0..a.prompt_len as u32).map(|t| a.family * 100_000 + t).collect();
+            let req = Request::new(i as u64, prompt, a.max_new).with_n(a.n).with_priority(a.priority);
+            reusing.add_request(req.clone()).expect("valid request");
+            fresh.add_request(req).expect("valid request");
+        }
+        reusing.schedule_into(&mut out).expect("schedule");
+        let plan = fresh.schedule().expect("schedule");
+        assert_eq!(out, plan, "step {step}");
+        samples.clear();
+        for s in &out.seqs {
+            for k in 0..s.num_samples {
+                let token = (s.seq_id.request as u32) * 31 + s.tokens.end as u32 * 7 + k as u32;
+                samples.push(SampledToken { seq_id: s.seq_id, token, stop: token % 23 == 0 });
+            }
+        }
+        if !out.is_empty() {
+            reusing.update_into(&samples, &mut result).expect("update");
+            fresh.update(&samples).expect("update");
+        }
+        if step > last_arrival && !reusing.has_unfinished() {
+            assert!(!fresh.has_unfinished());
+            return;
+        }
+    }
+    panic!("livelock");
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 768, ..ProptestConfig::default() })]
 
     #[test]
     fn random_traffic_on_tiny_pools(setup in setup(), arrivals in prop::collection::vec(arrival(), 1..24)) {
         run(&setup, &arrivals);
+    }
+
+    #[test]
+    fn incremental_block_tables_match_a_fresh_build(
+        setup in setup(),
+        arrivals in prop::collection::vec(arrival(), 1..24),
+    ) {
+        reused_and_fresh_outputs_agree(&setup, &arrivals);
     }
 }
 
