@@ -6,6 +6,10 @@
 //! tokens. Memory pressure preempts the worst-keyed running request (recompute or swap).
 //! Requests with `n > 1` share their prompt blocks by fork; divergence copies on write.
 //! `update()` applies the sampled tokens. `sim` runs the scheduler on traces with a cost model.
+//!
+//! A step's `SchedulerOutput` keeps block tables in a persistent arena (`rows.rs`): handed back
+//! to `schedule_into` every step, a running sequence's row is only appended to, so a decode step
+//! costs O(1) per sequence rather than a copy of its whole table.
 
 mod config;
 mod error;
