@@ -13,11 +13,11 @@ pub use token_lanes::token_lanes_linear;
 /// Above this many tokens a projection goes through `gemm`'s packed kernels; at or below it
 /// through [`small_m_linear`], which streams each weight row once for all tokens (decode is
 /// bound by weight bandwidth, and packing would only add traffic).
-pub const SMALL_M: usize = 12;
+pub const SMALL_M: usize = 8;
 
 /// Up to this many tokens (on AVX-512 CPUs) a projection goes through [`token_lanes_linear`],
 /// which never repacks the weights; above it `gemm`'s cache blocking wins.
-pub const TOKEN_LANES_MAX_M: usize = 512;
+pub const TOKEN_LANES_MAX_M: usize = 128;
 
 /// `dst[m, n] (+)= x[m, k] · w[n, k]ᵀ`. `w` is row-major `[n, k]` (PyTorch `Linear` layout).
 /// With `accumulate` the product is added to `dst` (used for the residual stream).
