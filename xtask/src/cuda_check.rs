@@ -1,6 +1,7 @@
 //! `cargo xtask cuda-check`: compile every CUDA kernel instantiation for sm_80 and sm_90 with
 //! NVRTC on a machine without a GPU, and fail on a compile error or a register spill in an
-//! attention kernel (prints each kernel's registers and shared memory).
+//! attention kernel (prints each kernel's registers and shared memory); then run the host-side
+//! unit tests of the `cuda` modules, which only build with the feature.
 //!
 //! NVRTC comes from its PyPI wheel (installed once into `target/nvrtc` with pip). The compile
 //! itself runs in the `cuda_check` binary of `attn-kernels` (built with `--features cuda`),
@@ -80,5 +81,27 @@ pub fn run(args: &CudaCheckArgs) -> anyhow::Result<()> {
     if let Some(f) = &args.filter {
         cmd.args(["--filter", f]);
     }
-    run_cmd(&mut cmd).context("cuda-check failed (see the FAIL lines above)")
+    run_cmd(&mut cmd).context("cuda-check failed (see the FAIL lines above)")?;
+    if args.filter.is_none() {
+        // The host-side pieces of the CUDA backend (sizing, shapes, batch checks, GEMM index
+        // math, the rotary table, the check drivers) only build with the feature: test them here.
+        run_cmd(cargo().args(HOST_TEST_ARGS)).context("host-side tests of the CUDA modules failed")?;
+    }
+    Ok(())
 }
+
+/// `cargo test` arguments for the unit tests of every `cuda` module (no GPU needed).
+pub const HOST_TEST_ARGS: [&str; 12] = [
+    "test",
+    "-p",
+    "kv-cache",
+    "-p",
+    "attn-kernels",
+    "-p",
+    "model",
+    "--features",
+    "model/cuda",
+    "--lib",
+    "--",
+    "cuda::",
+];
