@@ -51,10 +51,22 @@ pub struct DeviceAttnMetadata {
     is_decode: bool,
 }
 
-impl DeviceAttnMetadata {
-    /// Checks `meta` against a cache of `num_blocks` blocks of `block_size` tokens and uploads it.
-    pub fn upload(
-        stream: &Arc<CudaStream>,
+/// Host side of [`DeviceAttnMetadata`]: the checked batch as the `i32` arrays the kernels read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostAttnMetadata {
+    pub query_start_loc: Vec<i32>,
+    pub seq_lens: Vec<i32>,
+    pub block_tables: Vec<i32>,
+    pub num_seqs: usize,
+    pub num_tokens: usize,
+    pub max_blocks_per_seq: usize,
+    pub max_context: usize,
+    pub is_decode: bool,
+}
+
+impl HostAttnMetadata {
+    /// Checks `meta` against a cache of `num_blocks` blocks of `block_size` tokens.
+    pub fn check(
         meta: &PagedAttnMetadata<'_>,
         block_size: usize,
         num_blocks: usize,
@@ -97,23 +109,85 @@ impl DeviceAttnMetadata {
         }
         let to_i32 =
             |v: usize| i32::try_from(v).map_err(|_| CudaError::InvalidArgument(format!("{v} exceeds i32")));
-        let qsl = meta.query_start_loc.iter().map(|&v| to_i32(v)).collect::<Result<Vec<_>, _>>()?;
-        let lens = meta.seq_lens.iter().map(|&v| to_i32(v)).collect::<Result<Vec<_>, _>>()?;
-        let tables = meta.block_tables.iter().map(|&v| to_i32(v as usize)).collect::<Result<Vec<_>, _>>()?;
-        // cudarc cannot allocate zero-length buffers portably; keep one element.
-        let up = |v: &[i32]| -> Result<CudaSlice<i32>, CudaError> {
-            Ok(if v.is_empty() { stream.clone_htod(&[0i32][..])? } else { stream.clone_htod(v)? })
-        };
-        Ok(DeviceAttnMetadata {
-            query_start_loc: up(&qsl)?,
-            seq_lens: up(&lens)?,
-            block_tables: up(&tables)?,
+        Ok(HostAttnMetadata {
+            query_start_loc: meta.query_start_loc.iter().map(|&v| to_i32(v)).collect::<Result<_, _>>()?,
+            seq_lens: meta.seq_lens.iter().map(|&v| to_i32(v)).collect::<Result<_, _>>()?,
+            block_tables: meta.block_tables.iter().map(|&v| to_i32(v as usize)).collect::<Result<_, _>>()?,
             num_seqs,
             num_tokens: meta.num_tokens(),
             max_blocks_per_seq: meta.max_blocks_per_seq,
             max_context,
             is_decode: is_decode && num_seqs > 0,
         })
+    }
+}
+
+/// `host` as a device buffer; cudarc cannot allocate zero-length buffers portably, so an empty
+/// array keeps one element.
+fn upload_new<T: cudarc::driver::DeviceRepr + Default + Copy>(
+    stream: &Arc<CudaStream>,
+    host: &[T],
+) -> Result<CudaSlice<T>, CudaError> {
+    Ok(if host.is_empty() { stream.clone_htod(&[T::default()][..])? } else { stream.clone_htod(host)? })
+}
+
+/// Copies `host` into `dev` when it fits, else replaces `dev` by a buffer of `host`'s size, so a
+/// step allocates only when it outgrows every earlier one.
+fn upload_into<T: cudarc::driver::DeviceRepr + Default + Copy>(
+    stream: &Arc<CudaStream>,
+    host: &[T],
+    dev: &mut CudaSlice<T>,
+) -> Result<(), CudaError> {
+    if host.is_empty() {
+        return Ok(());
+    }
+    if dev.len() >= host.len() {
+        stream.memcpy_htod(host, &mut dev.slice_mut(..host.len()))?;
+    } else {
+        *dev = stream.clone_htod(host)?;
+    }
+    Ok(())
+}
+
+impl DeviceAttnMetadata {
+    /// Checks `meta` against a cache of `num_blocks` blocks of `block_size` tokens and uploads it.
+    pub fn upload(
+        stream: &Arc<CudaStream>,
+        meta: &PagedAttnMetadata<'_>,
+        block_size: usize,
+        num_blocks: usize,
+    ) -> Result<Self, CudaError> {
+        let host = HostAttnMetadata::check(meta, block_size, num_blocks)?;
+        Ok(DeviceAttnMetadata {
+            query_start_loc: upload_new(stream, &host.query_start_loc)?,
+            seq_lens: upload_new(stream, &host.seq_lens)?,
+            block_tables: upload_new(stream, &host.block_tables)?,
+            num_seqs: host.num_seqs,
+            num_tokens: host.num_tokens,
+            max_blocks_per_seq: host.max_blocks_per_seq,
+            max_context: host.max_context,
+            is_decode: host.is_decode,
+        })
+    }
+
+    /// Like [`DeviceAttnMetadata::upload`], into these buffers (grown only when too small).
+    pub fn reupload(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        meta: &PagedAttnMetadata<'_>,
+        block_size: usize,
+        num_blocks: usize,
+    ) -> Result<(), CudaError> {
+        let host = HostAttnMetadata::check(meta, block_size, num_blocks)?;
+        upload_into(stream, &host.query_start_loc, &mut self.query_start_loc)?;
+        upload_into(stream, &host.seq_lens, &mut self.seq_lens)?;
+        upload_into(stream, &host.block_tables, &mut self.block_tables)?;
+        self.num_seqs = host.num_seqs;
+        self.num_tokens = host.num_tokens;
+        self.max_blocks_per_seq = host.max_blocks_per_seq;
+        self.max_context = host.max_context;
+        self.is_decode = host.is_decode;
+        Ok(())
     }
 
     pub fn num_tokens(&self) -> usize {
@@ -322,15 +396,32 @@ pub struct DeviceSlotMapping {
 impl DeviceSlotMapping {
     /// Checks every non-negative slot is below `num_slots` and uploads the mapping.
     pub fn upload(stream: &Arc<CudaStream>, slots: &[i64], num_slots: usize) -> Result<Self, CudaError> {
-        if let Some((t, s)) = slots.iter().enumerate().find(|&(_, &s)| s >= 0 && s as u64 >= num_slots as u64)
-        {
-            return Err(CudaError::InvalidArgument(format!(
-                "token {t}: slot {s} out of range ({num_slots} slots)"
-            )));
-        }
+        check_slots(slots, num_slots)?;
         let slots_dev =
             if slots.is_empty() { stream.clone_htod(&[-1i64][..])? } else { stream.clone_htod(slots)? };
         Ok(DeviceSlotMapping { slots: slots_dev, num_tokens: slots.len() })
+    }
+
+    /// Like [`DeviceSlotMapping::upload`], into this buffer (grown only when too small).
+    pub fn reupload(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        slots: &[i64],
+        num_slots: usize,
+    ) -> Result<(), CudaError> {
+        check_slots(slots, num_slots)?;
+        upload_into(stream, slots, &mut self.slots)?;
+        self.num_tokens = slots.len();
+        Ok(())
+    }
+}
+
+fn check_slots(slots: &[i64], num_slots: usize) -> Result<(), CudaError> {
+    match slots.iter().enumerate().find(|&(_, &s)| s >= 0 && s as u64 >= num_slots as u64) {
+        Some((t, s)) => {
+            Err(CudaError::InvalidArgument(format!("token {t}: slot {s} out of range ({num_slots} slots)")))
+        }
+        None => Ok(()),
     }
 }
 
@@ -439,6 +530,30 @@ mod tests {
         assert_eq!(choose_variant(4096, 64, 32), AttentionVariant::V1);
         // Beyond 8192 tokens: always split.
         assert_eq!(choose_variant(8193, 256, 32), AttentionVariant::V2);
+    }
+
+    #[test]
+    fn host_metadata_checks_and_flags_decode_batches() {
+        let decode = PagedAttnMetadata {
+            query_start_loc: &[0, 1, 2],
+            seq_lens: &[5, 17],
+            block_tables: &[3, 0, 1, 2],
+            max_blocks_per_seq: 2,
+        };
+        let h = HostAttnMetadata::check(&decode, 16, 4);
+        assert!(
+            h.as_ref().is_ok_and(|h| h.is_decode && h.max_context == 17 && h.block_tables == [3, 0, 1, 2])
+        );
+        let prefill = PagedAttnMetadata { query_start_loc: &[0, 5, 6], ..decode };
+        assert!(HostAttnMetadata::check(&prefill, 16, 4).is_ok_and(|h| !h.is_decode && h.num_tokens == 6));
+        // Block 3 is out of range in a 3-block cache; a context longer than its table; more
+        // query tokens than context.
+        assert!(HostAttnMetadata::check(&decode, 16, 3).is_err());
+        assert!(HostAttnMetadata::check(&decode, 8, 4).is_err());
+        let long_query = PagedAttnMetadata { query_start_loc: &[0, 6, 7], ..decode };
+        assert!(HostAttnMetadata::check(&long_query, 16, 4).is_err());
+        assert!(check_slots(&[0, -1, 63], 64).is_ok());
+        assert!(check_slots(&[64], 64).is_err());
     }
 
     #[test]

@@ -130,6 +130,10 @@ pub struct CudaLlama {
     host_rows: Vec<i32>,
     host_positions: Vec<i64>,
     host_logits: Vec<f32>,
+    /// Slot mapping and attention metadata of the last step: refilled in place every step
+    /// (grown only when a batch outgrows them), so a warmed-up step allocates no device memory.
+    slots: Option<DeviceSlotMapping>,
+    meta: Option<DeviceAttnMetadata>,
 }
 
 fn addr<T>(s: &CudaSlice<T>, stream: &Arc<CudaStream>) -> u64 {
@@ -186,6 +190,8 @@ impl CudaLlama {
             host_rows: Vec::new(),
             host_positions: Vec::new(),
             host_logits: Vec::new(),
+            slots: None,
+            meta: None,
         })
     }
 
@@ -252,14 +258,43 @@ impl CudaLlama {
             return Ok(&self.host_logits);
         }
         let cc = *cache.config();
-        let slots = DeviceSlotMapping::upload(&stream, input.slot_mapping, cc.num_slots())?;
-        let meta = PagedAttnMetadata {
+        let slots = match self.slots.take() {
+            Some(mut s) => s.reupload(&stream, input.slot_mapping, cc.num_slots()).map(|()| s),
+            None => DeviceSlotMapping::upload(&stream, input.slot_mapping, cc.num_slots()),
+        }?;
+        let host_meta = PagedAttnMetadata {
             query_start_loc: input.query_start_loc,
             seq_lens: input.seq_lens,
             block_tables: input.block_tables,
             max_blocks_per_seq: input.max_blocks_per_seq,
         };
-        let meta = DeviceAttnMetadata::upload(&stream, &meta, cc.block_size, cc.num_blocks)?;
+        let meta = match self.meta.take() {
+            Some(mut m) => m.reupload(&stream, &host_meta, cc.block_size, cc.num_blocks).map(|()| m),
+            None => DeviceAttnMetadata::upload(&stream, &host_meta, cc.block_size, cc.num_blocks),
+        }?;
+        let result = self.run_layers(input, &slots, &meta, cache);
+        self.slots = Some(slots);
+        self.meta = Some(meta);
+        result?;
+        self.host_logits.resize(s * vocab, 0.0);
+        if s > 0 {
+            stream.memcpy_dtoh(&self.act.logits.slice(..s * vocab), &mut self.host_logits[..])?;
+        }
+        stream.synchronize()?;
+        Ok(&self.host_logits[..s * vocab])
+    }
+
+    /// Uploads ids, positions and sampled rows, then embedding, every layer and the LM head.
+    fn run_layers(
+        &mut self,
+        input: &ModelInput<'_>,
+        slots: &DeviceSlotMapping,
+        meta: &DeviceAttnMetadata,
+        cache: &mut CudaKvCache,
+    ) -> Result<(), CudaModelError> {
+        let stream = self.stream();
+        let t = input.num_tokens();
+        let s = input.sample_indices.len();
         stream.memcpy_htod(input.token_ids, &mut self.act.ids.slice_mut(..t))?;
         self.host_positions.clear();
         self.host_positions.extend(input.positions.iter().map(|&p| i64::from(p)));
@@ -274,17 +309,12 @@ impl CudaLlama {
 
         self.embed(t)?;
         for l in 0..self.weights.layers.len() {
-            self.layer(l, t, &slots, &meta, cache)?;
+            self.layer(l, t, slots, meta, cache)?;
         }
         if s > 0 {
             self.lm_head(s)?;
         }
-        self.host_logits.resize(s * vocab, 0.0);
-        if s > 0 {
-            stream.memcpy_dtoh(&self.act.logits.slice(..s * vocab), &mut self.host_logits[..])?;
-        }
-        stream.synchronize()?;
-        Ok(&self.host_logits[..s * vocab])
+        Ok(())
     }
 
     fn embed(&mut self, t: usize) -> Result<(), CudaModelError> {
