@@ -26,6 +26,8 @@ struct Sample {
     kv_usage: f64,
     kv_util: f64,
     running: usize,
+    /// Prompt tokens this step computed (0 for a decode-only step).
+    prompt_tokens: u64,
 }
 
 /// What one offline run measured.
@@ -107,6 +109,7 @@ fn run(engine: &mut Engine, requests: &[(Vec<u32>, usize)]) -> Result<RunResult,
         engine.add_request(format!("e2e-{i}"), prompt.clone(), params)?;
     }
     let mut res = RunResult::default();
+    let mut prompt_done = 0;
     while engine.has_unfinished() {
         let t0 = Instant::now();
         for out in engine.step()? {
@@ -121,8 +124,12 @@ fn run(engine: &mut Engine, requests: &[(Vec<u32>, usize)]) -> Result<RunResult,
                 }
             }
         }
-        let g = engine.metrics().gauges;
+        let metrics = engine.metrics();
+        let g = metrics.gauges;
+        let prompt_tokens = metrics.prompt_tokens - prompt_done;
+        prompt_done = metrics.prompt_tokens;
         res.timeline.push(Sample {
+            prompt_tokens,
             t_s: started.elapsed().as_secs_f64(),
             step_s: t0.elapsed().as_secs_f64(),
             kv_usage: g.kv_usage,
@@ -151,6 +158,31 @@ fn kv_util_mean(timeline: &[Sample]) -> f64 {
     if den > 0.0 { num / den } else { 0.0 }
 }
 
+/// Where the wall time of a run goes: steps that computed prompt tokens, then decode-only
+/// steps by how many requests were running (the batch shrinking at the end is the tail).
+fn time_breakdown(timeline: &[Sample]) -> Vec<(String, usize, f64, f64)> {
+    let buckets: [(&str, usize, usize); 4] = [
+        ("decode, 49-64 running", 49, 64),
+        ("decode, 17-48", 17, 48),
+        ("decode, 9-16", 9, 16),
+        ("decode, 1-8", 1, 8),
+    ];
+    let mut rows = vec![];
+    let prefill: Vec<&Sample> = timeline.iter().filter(|s| s.prompt_tokens > 0).collect();
+    rows.push((
+        "steps with prompt tokens".to_owned(),
+        prefill.len(),
+        prefill.iter().map(|s| s.step_s).sum(),
+        prefill.iter().map(|s| s.prompt_tokens as f64).sum(),
+    ));
+    for (name, lo, hi) in buckets {
+        let steps: Vec<&Sample> =
+            timeline.iter().filter(|s| s.prompt_tokens == 0 && (lo..=hi).contains(&s.running)).collect();
+        rows.push((name.to_owned(), steps.len(), steps.iter().map(|s| s.step_s).sum(), 0.0));
+    }
+    rows
+}
+
 fn main() -> Result<(), Box<dyn Error>> {
     let figures_dir = std::env::var_os("BENCH_FIGURES_DIR")
         .map_or_else(|| root().join("target/bench-report/figures-run"), PathBuf::from);
@@ -174,6 +206,11 @@ fn main() -> Result<(), Box<dyn Error>> {
         main_run.output_tokens,
         main_run.wall_s
     );
+
+    let breakdown = time_breakdown(&main_run.timeline);
+    for (name, steps, secs, prompt) in &breakdown {
+        eprintln!("e2e: {name:<26} {steps:>4} steps {secs:>7.2} s  ({prompt:.0} prompt tokens)");
+    }
 
     // Output throughput against batch size: b requests of 64 prompt tokens, 32 output tokens.
     let mut sweep = Vec::new();
@@ -213,6 +250,11 @@ fn main() -> Result<(), Box<dyn Error>> {
         for (k, v) in map {
             writeln!(md, "| `{k}` | {:.3} |", v.as_f64().unwrap_or(f64::NAN))?;
         }
+    }
+    md.push_str("\nWhere the main run's wall time goes (`running` is the batch after the step):\n\n");
+    md.push_str("| steps | count | seconds | prompt tokens |\n|---|---:|---:|---:|\n");
+    for (name, steps, secs, prompt) in &breakdown {
+        writeln!(md, "| {name} | {steps} | {secs:.2} | {prompt:.0} |")?;
     }
     md.push_str("\n![KV usage, KV utilization and running requests over the run](e2e_timeline.svg)\n");
     md.push_str("\n![Output throughput against batch size](e2e_batch_sweep.svg)\n\n");
