@@ -60,7 +60,7 @@ unsafe fn qk_heads<T: KernelElem, const H: usize, const V: usize>(
     row_len: usize,
     scores: *mut f32,
     stride: usize,
-    ahead: Ahead<'_, T>,
+    mut ahead: Ahead<'_, T>,
 ) {
     // SAFETY: the caller guarantees `rows` rows of `row_len` (a multiple of `16 · V`) elements
     // at `tile`, `H` prepared rows of `ql = rows · 8` lanes at `qrep`, and `H` score rows
@@ -70,13 +70,11 @@ unsafe fn qk_heads<T: KernelElem, const H: usize, const V: usize>(
         let zero = _mm512_setzero_ps();
         // The prefetches, spread evenly over the row loops.
         let per_row = ahead.lines().div_ceil(row_len / (V * L) * rows);
-        let mut line = 0;
         for e0 in (0..row_len).step_by(V * L) {
             let mut acc = [[zero; V]; H];
             let kp = tile.add(e0);
             for c in 0..rows {
-                ahead.range(line, line + per_row);
-                line += per_row;
+                ahead.next(per_row);
                 let mut k = [zero; V];
                 for (v, kv) in k.iter_mut().enumerate() {
                     *kv = T::load16(kp.add(c * row_len + v * L));
@@ -194,7 +192,7 @@ unsafe fn pv_heads<T: KernelElem, const H: usize, const BS: usize>(
     stride: usize,
     d: usize,
     acc8: *mut f32,
-    ahead: Ahead<'_, T>,
+    mut ahead: Ahead<'_, T>,
 ) {
     // SAFETY: the caller guarantees tiles of `d · BS` elements (a multiple of 64), `H`
     // probability rows `stride` apart covering `tiles.len() · BS` tokens, and `H` accumulators
@@ -203,12 +201,10 @@ unsafe fn pv_heads<T: KernelElem, const H: usize, const BS: usize>(
         let zero = _mm512_setzero_ps();
         // The prefetches, spread evenly over the (step, tile) loop.
         let per_tile = ahead.lines().div_ceil(d * BS / (4 * L) * tiles.len().max(1));
-        let mut line = 0;
         for e0 in (0..d * BS).step_by(4 * L) {
             let mut acc = [[zero; 4]; H];
             for (j, tile) in tiles.iter().enumerate() {
-                ahead.range(line, line + per_tile);
-                line += per_tile;
+                ahead.next(per_tile);
                 let t = tile.as_ptr().add(e0);
                 let v = [T::load16(t), T::load16(t.add(L)), T::load16(t.add(2 * L)), T::load16(t.add(3 * L))];
                 let p = probs.add(j * BS);

@@ -289,25 +289,29 @@ pub(crate) fn prefetch<T>(tile: &[T]) {
 }
 
 /// Tiles a kernel should ask the CPU to start loading while it computes: the ones the caller
-/// reaches next. Kernels that can spread the prefetches over their loop call [`Ahead::step`]
-/// (a burst of prefetches for a whole tile holds up the kernel's own loads until the memory
-/// system has taken them); the others prefetch everything up front with [`Ahead::all`].
+/// reaches next. Kernels that can spread the prefetches over their loop take a few lines per
+/// iteration with [`Ahead::next`] (a burst of prefetches for a whole tile holds up the kernel's
+/// own loads until the memory system has taken them); the others prefetch everything up front
+/// with [`Ahead::all`].
 #[derive(Clone, Copy)]
 pub(crate) struct Ahead<'a, T> {
     tiles: &'a [&'a [T]],
     /// Cache lines per tile (all tiles are as long as the first).
     lines_per_tile: usize,
+    /// Cursor: the next line to prefetch is line `line` of tile `tile`.
+    tile: usize,
+    line: usize,
 }
 
 impl<'a, T> Ahead<'a, T> {
     /// Nothing to prefetch.
     pub fn none() -> Self {
-        Ahead { tiles: &[], lines_per_tile: 0 }
+        Ahead { tiles: &[], lines_per_tile: 0, tile: 0, line: 0 }
     }
 
     pub fn new(tiles: &'a [&'a [T]]) -> Self {
         let lines_per_tile = tiles.first().map_or(0, |t| std::mem::size_of_val(*t).div_ceil(64));
-        Ahead { tiles, lines_per_tile }
+        Ahead { tiles, lines_per_tile, tile: 0, line: 0 }
     }
 
     /// Cache lines in all tiles.
@@ -316,20 +320,32 @@ impl<'a, T> Ahead<'a, T> {
         self.tiles.len() * self.lines_per_tile
     }
 
-    /// Prefetches lines `from .. to` (of [`Ahead::lines`]), tile after tile.
+    /// Prefetches the next `n` lines (fewer once every tile is done), tile after tile; returns
+    /// how many it prefetched.
     #[inline(always)]
-    pub fn range(&self, from: usize, to: usize) {
-        for line in from..to.min(self.lines()) {
-            let tile = self.tiles[line / self.lines_per_tile];
-            let byte = (line % self.lines_per_tile) * 64;
-            prefetch_byte(tile, byte);
+    pub fn next(&mut self, n: usize) -> usize {
+        for done in 0..n {
+            let Some(tile) = self.tiles.get(self.tile) else { return done };
+            prefetch_byte(tile, self.line * 64);
+            self.line += 1;
+            if self.line == self.lines_per_tile {
+                self.line = 0;
+                self.tile += 1;
+            }
         }
+        n
     }
 
     /// Prefetches every line now.
     #[inline(always)]
-    pub fn all(&self) {
-        self.range(0, self.lines());
+    pub fn all(mut self) {
+        self.next(self.lines());
+    }
+
+    /// Where the cursor stands: (tile, line).
+    #[cfg(test)]
+    fn cursor(&self) -> (usize, usize) {
+        (self.tile, self.line)
     }
 }
 
@@ -471,6 +487,28 @@ mod tests {
             }
             assert!((sum - want_sum).abs() < 1e-5 * want_sum);
         }
+    }
+
+    #[test]
+    fn ahead_walks_every_line_once_then_stops() {
+        // 3 tiles of 200 f32 = 800 bytes = 13 lines each (the last one partial).
+        let buf = vec![0.0f32; 600];
+        let tiles: Vec<&[f32]> = buf.chunks(200).collect();
+        let mut ahead = Ahead::new(&tiles);
+        assert_eq!(ahead.lines(), 39);
+        let mut total = 0;
+        for step in 0.. {
+            let got = ahead.next(5);
+            total += got;
+            if got < 5 {
+                assert_eq!(step, 7);
+                break;
+            }
+        }
+        assert_eq!(total, 39);
+        assert_eq!(ahead.cursor(), (3, 0));
+        assert_eq!(ahead.next(1), 0);
+        assert_eq!(Ahead::<f32>::none().next(4), 0);
     }
 
     #[test]

@@ -45,7 +45,7 @@ unsafe fn qk_heads<T: KernelElem, const H: usize>(
     vecs: usize,
     scores: *mut f32,
     stride: usize,
-    ahead: Ahead<'_, T>,
+    mut ahead: Ahead<'_, T>,
 ) {
     // SAFETY: the caller guarantees `rows` rows of `row_len = 8 · vecs` elements at `tile`,
     // `H` prepared rows of `ql = rows · 8` lanes at `qrep`, and `H` score rows `stride` apart
@@ -55,13 +55,11 @@ unsafe fn qk_heads<T: KernelElem, const H: usize>(
         let zero = _mm256_setzero_ps();
         // The prefetches, spread evenly over the row loops.
         let per_row = ahead.lines().div_ceil(vecs.div_ceil(2) * rows);
-        let mut line = 0;
         for vp in (0..vecs).step_by(2) {
             let mut acc = [[zero; 2]; H];
             let kp = tile.add(vp * 8);
             for c in 0..rows {
-                ahead.range(line, line + per_row);
-                line += per_row;
+                ahead.next(per_row);
                 let k0 = T::load8(kp.add(c * row_len));
                 let k1 = T::load8(kp.add(c * row_len + 8));
                 for (h, a) in acc.iter_mut().enumerate() {
@@ -149,7 +147,7 @@ unsafe fn pv_heads<T: KernelElem, const H: usize, const NK: usize>(
     stride: usize,
     d: usize,
     acc8: *mut f32,
-    ahead: Ahead<'_, T>,
+    mut ahead: Ahead<'_, T>,
 ) {
     // SAFETY: the caller guarantees tiles of `d` rows × `NK · 8` tokens, `H` probability rows
     // `stride` apart covering `tiles.len() · NK · 8` tokens, and `H` accumulators of `d · 8` lanes.
@@ -157,7 +155,6 @@ unsafe fn pv_heads<T: KernelElem, const H: usize, const NK: usize>(
         let bs = NK * 8;
         // The prefetches, spread evenly over the (row pair, tile) loop.
         let per_tile = ahead.lines().div_ceil(d.div_ceil(2) * tiles.len().max(1));
-        let mut line = 0;
         for r in (0..d).step_by(2) {
             let mut acc = [[_mm256_setzero_ps(); 2]; H];
             for (h, a) in acc.iter_mut().enumerate() {
@@ -165,8 +162,7 @@ unsafe fn pv_heads<T: KernelElem, const H: usize, const NK: usize>(
                 a[1] = _mm256_loadu_ps(acc8.add(h * d * 8 + r * 8 + 8));
             }
             for (j, tile) in tiles.iter().enumerate() {
-                ahead.range(line, line + per_tile);
-                line += per_tile;
+                ahead.next(per_tile);
                 let row = tile.as_ptr().add(r * bs);
                 let p = probs.add(j * bs);
                 for k in 0..NK {
