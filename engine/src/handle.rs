@@ -38,19 +38,20 @@ pub enum StreamError {
 
 type StreamItem = Result<RequestOutput, StreamError>;
 
+/// A request on its way to the engine thread (boxed in [`Command`]: it is by far the largest
+/// command, and the channel's slots are sized by the largest variant).
+struct Submission {
+    id: String,
+    prompt: Prompt,
+    params: SamplingParams,
+    options: RequestOptions,
+    stream: Sender<StreamItem>,
+    reply: Sender<Result<(), RequestError>>,
+}
+
 enum Command {
-    Add {
-        id: String,
-        prompt: Prompt,
-        params: SamplingParams,
-        options: RequestOptions,
-        stream: Sender<StreamItem>,
-        reply: Sender<Result<(), RequestError>>,
-    },
-    Abort {
-        id: String,
-        reply: Option<Sender<Result<(), RequestError>>>,
-    },
+    Add(Box<Submission>),
+    Abort { id: String, reply: Option<Sender<Result<(), RequestError>>> },
     Metrics(Sender<MetricsSnapshot>),
     Idle(Sender<bool>),
     Shutdown(ShutdownMode),
@@ -59,7 +60,7 @@ enum Command {
 impl std::fmt::Debug for Command {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Add { id, .. } => write!(f, "Add({id})"),
+            Self::Add(sub) => write!(f, "Add({})", sub.id),
             Self::Abort { id, .. } => write!(f, "Abort({id})"),
             Self::Metrics(_) => f.write_str("Metrics"),
             Self::Idle(_) => f.write_str("Idle"),
@@ -142,14 +143,14 @@ impl EngineHandle {
         let id = id.into();
         let (stream_tx, stream_rx) = crossbeam_channel::unbounded();
         let (reply_tx, reply_rx) = crossbeam_channel::bounded(1);
-        let cmd = Command::Add {
+        let cmd = Command::Add(Box::new(Submission {
             id: id.clone(),
             prompt: prompt.into(),
             params,
             options,
             stream: stream_tx,
             reply: reply_tx,
-        };
+        }));
         self.inner.tx.send(cmd).map_err(|_| RequestError::EngineStopped)?;
         reply_rx.recv().map_err(|_| RequestError::EngineStopped)??;
         Ok(RequestStream { id, rx: stream_rx, tx: self.inner.tx.clone(), done: false })
@@ -165,14 +166,14 @@ impl EngineHandle {
         for (id, prompt, params) in requests {
             let (stream_tx, stream_rx) = crossbeam_channel::unbounded();
             let (reply_tx, reply_rx) = crossbeam_channel::bounded(1);
-            let cmd = Command::Add {
+            let cmd = Command::Add(Box::new(Submission {
                 id: id.clone(),
                 prompt,
                 params,
                 options: RequestOptions::default(),
                 stream: stream_tx,
                 reply: reply_tx,
-            };
+            }));
             let sent = self.inner.tx.send(cmd).is_ok();
             pending.push((id, stream_rx, reply_rx, sent));
         }
@@ -323,7 +324,8 @@ impl EngineLoop {
     /// Applies one command; true means "stop now".
     fn handle(&mut self, cmd: Command) -> bool {
         match cmd {
-            Command::Add { id, prompt, params, options, stream, reply } => {
+            Command::Add(sub) => {
+                let Submission { id, prompt, params, options, stream, reply } = *sub;
                 let result = if self.draining {
                     Err(RequestError::EngineStopped)
                 } else {

@@ -96,7 +96,9 @@ fn cache_salt_isolates_prefix_cache_entries() {
     let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(4) };
     let prompt = prompt_tokens(7, 80);
     let mut hits_after = |id: &str, options: RequestOptions| {
-        engine.add_request_with(id, prompt.clone(), params.clone(), options).unwrap_or_else(|e| panic!("{e}"));
+        engine
+            .add_request_with(id, prompt.clone(), params.clone(), options)
+            .unwrap_or_else(|e| panic!("{e}"));
         let (_, finals) = finish_order(&mut engine, Vec::new());
         let hits = engine.metrics().gauges.prefix_hits;
         (hits, tokens_of(&finals, id))
