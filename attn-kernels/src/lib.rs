@@ -11,12 +11,15 @@
 //!   sequences to fill the cores); chunks longer than one token go down a causal tiled path with
 //!   an online softmax.
 //! - [`copy_blocks`] (copy-on-write), [`swap_blocks`], [`swap_out`], [`swap_in`].
+//! - [`backend`]: the same kernels generic over the device ([`backend::Cpu`], and with `cuda` the
+//!   CUDA twins): what a forward pass calls so that it never branches on the device.
 //! - [`reference`]: naive gather-through-the-block-table versions with an `f64` softmax, for tests.
 //!
 //! The CPU code uses every rayon thread, AVX2/FMA/F16C inner loops chosen at run time (portable
 //! fallback otherwise), and per-thread scratch so the hot loop never allocates.
 
 mod attention;
+pub mod backend;
 mod block_ops;
 mod cache_write;
 mod error;

@@ -9,6 +9,7 @@
 //!   `num_blocks = (total × gpu_memory_utilization − used) / bytes_per_block`
 //!   ([`kv_cache::cuda::blocks_for_memory`]).
 
+use attn_kernels::backend::{self, Cpu};
 use kv_cache::{BlockShape, CacheConfig, Device, KvCache};
 use model::{Llama, LlamaConfig, ModelInput, Workspace};
 use scheduler::SchedulerOutput;
@@ -89,13 +90,13 @@ impl Executor {
         match self {
             Executor::Cpu(c) => {
                 if !plan.blocks_to_swap_out.is_empty() {
-                    attn_kernels::swap_out(&mut c.cache, &plan.blocks_to_swap_out)?;
+                    backend::swap_out(&Cpu, &mut c.cache, &plan.blocks_to_swap_out)?;
                 }
                 if !plan.blocks_to_swap_in.is_empty() {
-                    attn_kernels::swap_in(&mut c.cache, &plan.blocks_to_swap_in)?;
+                    backend::swap_in(&Cpu, &mut c.cache, &plan.blocks_to_swap_in)?;
                 }
                 if !plan.blocks_to_copy.is_empty() {
-                    attn_kernels::copy_blocks(&mut c.cache, &plan.blocks_to_copy)?;
+                    backend::copy_blocks(&Cpu, &mut c.cache, &plan.blocks_to_copy)?;
                 }
                 Ok(())
             }
@@ -120,6 +121,7 @@ mod cuda {
 
     use std::sync::Arc;
 
+    use attn_kernels::backend;
     use attn_kernels::cuda::CudaKernels;
     use kv_cache::cuda::{CudaDevice, CudaKvCache, blocks_for_memory};
     use kv_cache::{BlockShape, CacheConfig, DType};
@@ -188,21 +190,15 @@ mod cuda {
             {
                 return Ok(());
             }
-            // The swaps are raw driver copies: the engine thread needs the context current.
-            self.model.kernels().device().context().bind_to_thread().map_err(cuda_err)?;
+            let kernels = &**self.model.kernels();
             if !plan.blocks_to_swap_out.is_empty() {
-                self.cache.swap_out(&plan.blocks_to_swap_out).map_err(cuda_err)?;
+                backend::swap_out(kernels, &mut self.cache, &plan.blocks_to_swap_out).map_err(cuda_err)?;
             }
             if !plan.blocks_to_swap_in.is_empty() {
-                self.cache.swap_in(&plan.blocks_to_swap_in).map_err(cuda_err)?;
+                backend::swap_in(kernels, &mut self.cache, &plan.blocks_to_swap_in).map_err(cuda_err)?;
             }
             if !plan.blocks_to_copy.is_empty() {
-                attn_kernels::cuda::ops::copy_blocks(
-                    self.model.kernels(),
-                    &mut self.cache,
-                    &plan.blocks_to_copy,
-                )
-                .map_err(cuda_err)?;
+                backend::copy_blocks(kernels, &mut self.cache, &plan.blocks_to_copy).map_err(cuda_err)?;
             }
             Ok(())
         }

@@ -3,7 +3,8 @@
 
 use std::path::Path;
 
-use attn_kernels::{PagedAttnMetadata, paged_attention, reshape_and_cache};
+use attn_kernels::PagedAttnMetadata;
+use attn_kernels::backend::{Cpu, paged_attention, reshape_and_cache};
 use kv_cache::KvCache;
 use rayon::prelude::*;
 
@@ -249,9 +250,9 @@ impl Llama {
                     rope_rotate_half(kr, d, cr, sr);
                 });
             let layer_cache = cache.layer_mut(l);
-            reshape_and_cache(k, v, input.slot_mapping, layer_cache)?;
+            reshape_and_cache(&Cpu, k, v, input.slot_mapping, layer_cache)?;
             let attn = ensure(&mut ws.attn, t * q_w);
-            paged_attention(attn, q, layer_cache, &meta, nh, scale)?;
+            paged_attention(&Cpu, attn, q, layer_cache, &meta, nh, scale, &mut ())?;
             // Residual adds fused into the GEMMs (accumulate into `hidden`).
             linear(&mut ws.hidden[..t * h], attn, &lw.o_proj, t, h, q_w, true);
             let normed = &mut ws.normed[..t * h];

@@ -23,4 +23,6 @@ pub enum CudaError {
     InvalidArgument(String),
     #[error("cubin cache I/O at {path}: {source}")]
     CacheIo { path: String, source: std::io::Error },
+    #[error(transparent)]
+    Cache(#[from] kv_cache::cuda::CudaCacheError),
 }

@@ -10,8 +10,9 @@
 use std::sync::Arc;
 
 use attn_kernels::PagedAttnMetadata;
+use attn_kernels::backend;
 use attn_kernels::cuda::kernels::{cast_entry, model_entry, model_program};
-use attn_kernels::cuda::ops::{self, AttnWorkspace, DeviceAttnMetadata, DeviceSlotMapping};
+use attn_kernels::cuda::ops::{AttnWorkspace, DeviceAttnMetadata, DeviceSlotMapping};
 use attn_kernels::cuda::{CudaKernels, Program};
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
@@ -428,10 +429,10 @@ impl CudaLlama {
         // positions were checked to be below the table's length.
         unsafe { b.launch(rows_launch(t, 128)?) }?;
 
-        ops::reshape_and_cache(&self.kernels, &self.act.k, &self.act.v, slots, cache.layer_mut(l)?)?;
+        backend::reshape_and_cache(&*self.kernels, &self.act.k, &self.act.v, slots, cache.layer_mut(l)?)?;
         let scale = 1.0 / (d as f32).sqrt();
-        ops::paged_attention(
-            &self.kernels,
+        backend::paged_attention(
+            &*self.kernels,
             &mut self.act.attn,
             &self.act.q,
             cache.layer(l)?,
