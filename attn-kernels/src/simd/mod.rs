@@ -65,7 +65,7 @@ fn avx512_available() -> bool {
     false
 }
 
-/// Cache element types the micro-kernels can load as 8 `f32` lanes.
+/// Cache element types the micro-kernels can load as 8 (AVX2) or 16 (AVX-512) `f32` lanes.
 pub(crate) trait KernelElem: CacheElem {
     /// Loads 8 consecutive elements widened to `f32`.
     ///
