@@ -12,10 +12,11 @@ use crate::simd::{
 /// Value tiles per `pv_blocks` call: accumulators go back to memory once per run of this many.
 const PV_RUN: usize = 8;
 /// How many tiles ahead of the one it computes on a `q·k` call prefetches. Blocks sit anywhere in
-/// the pool, so nothing but this tells the CPU where the next one is; one tile of compute is
-/// shorter than a DRAM round trip under load, two cover it (measured: 1 → 2 is ~5–10 % faster
-/// on bf16, 3 no better).
-const KEY_PREFETCH_TILES: usize = 2;
+/// the pool, so nothing but this tells the CPU where the next one is. With the prefetches spread
+/// over the kernel loop, one tile ahead already keeps bf16 decode streaming; two were no faster
+/// there and left block size 8 further behind its contiguous twin (paged ÷ contiguous ~1.19 vs
+/// ~1.13, measured side by side on a loaded 2-core box).
+const KEY_PREFETCH_TILES: usize = 1;
 
 /// Where a decode item's results go.
 #[derive(Clone, Copy)]
