@@ -125,19 +125,22 @@ pub fn rope_rotate_half(heads: &mut [f32], head_dim: usize, cos: &[f32], sin: &[
     }
 }
 
+/// The test oracle of every `x·Wᵀ` kernel here: a plain triple loop accumulating in `f64`.
+#[cfg(test)]
+pub(crate) fn naive_linear(x: &[f32], w: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
+    let mut out = vec![0.0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            out[i * n + j] =
+                (0..k).map(|kk| f64::from(x[i * k + kk]) * f64::from(w[j * k + kk])).sum::<f64>() as f32;
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn naive(x: &[f32], w: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
-        let mut out = vec![0.0; m * n];
-        for i in 0..m {
-            for j in 0..n {
-                out[i * n + j] = (0..k).map(|kk| x[i * k + kk] * w[j * k + kk]).sum();
-            }
-        }
-        out
-    }
 
     #[test]
     fn linear_matches_naive_for_small_and_large_m() {
@@ -145,7 +148,7 @@ mod tests {
         for m in [1, 3, SMALL_M + 1, 40, TOKEN_LANES_MAX_M + 1] {
             let x: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 5.0).collect();
             let w: Vec<f32> = (0..n * k).map(|i| ((i * 5 % 11) as f32 - 5.0) / 7.0).collect();
-            let want = naive(&x, &w, m, n, k);
+            let want = naive_linear(&x, &w, m, n, k);
             let mut dst = vec![1.0; m * n];
             linear(&mut dst, &x, &w, m, n, k, true);
             for (d, e) in dst.iter().zip(&want) {

@@ -229,17 +229,6 @@ mod avx512 {
 mod tests {
     use super::*;
 
-    fn naive(x: &[f32], w: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
-        let mut out = vec![0.0; m * n];
-        for i in 0..m {
-            for j in 0..n {
-                out[i * n + j] =
-                    (0..k).map(|kk| f64::from(x[i * k + kk]) * f64::from(w[j * k + kk])).sum::<f64>() as f32;
-            }
-        }
-        out
-    }
-
     /// Every tile shape and edge (k tails, partial token and row tiles), both ISAs.
     #[test]
     fn matches_naive_on_every_edge() {
@@ -248,7 +237,7 @@ mod tests {
         {
             let x: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 5.0).collect();
             let w: Vec<f32> = (0..n * k).map(|i| ((i * 5 % 11) as f32 - 5.0) / 7.0).collect();
-            let want = naive(&x, &w, m, n, k);
+            let want = crate::ops::naive_linear(&x, &w, m, n, k);
             let mut dst = vec![1.0; m * n];
             small_m_linear(&mut dst, &x, &w, m, n, k, true);
             for (d, e) in dst.iter().zip(&want) {

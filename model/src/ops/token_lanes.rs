@@ -238,17 +238,6 @@ mod avx512 {
 mod tests {
     use super::*;
 
-    fn naive(x: &[f32], w: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
-        let mut out = vec![0.0; m * n];
-        for i in 0..m {
-            for j in 0..n {
-                out[i * n + j] =
-                    (0..k).map(|kk| f64::from(x[i * k + kk]) * f64::from(w[j * k + kk])).sum::<f64>() as f32;
-            }
-        }
-        out
-    }
-
     /// Token edges (1, 16, 17, 32, 33 and past a cache block), row edges (not a multiple of
     /// 12), odd k, accumulate or not.
     #[test]
@@ -256,7 +245,7 @@ mod tests {
         for &(m, n, k) in &[(1, 12, 3), (16, 13, 17), (17, 24, 64), (33, 25, 40), (300, 36, 9), (5, 7, 576)] {
             let x: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 5.0).collect();
             let w: Vec<f32> = (0..n * k).map(|i| ((i * 5 % 11) as f32 - 5.0) / 7.0).collect();
-            let want = naive(&x, &w, m, n, k);
+            let want = crate::ops::naive_linear(&x, &w, m, n, k);
             let mut dst = vec![1.0; m * n];
             if !available() {
                 // Without AVX-512 the kernel declines and leaves dst alone.
