@@ -20,6 +20,7 @@ use kv_cache::cuda::{CudaDevice, CudaKvCache};
 use kv_cache::{BlockShape, CacheConfig, DType};
 
 use super::batch::{BatchLimits, check_batch};
+use super::driver::StepBatch;
 use super::error::CudaModelError;
 use super::gemm::{LinearCall, linear};
 use super::rope_table::cos_sin_table;
@@ -546,15 +547,15 @@ impl CudaLlama {
 /// each on its own blocks, the last `samples` tokens sampled.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ProfileBatch {
-    pub token_ids: Vec<u32>,
-    pub positions: Vec<u32>,
-    pub slot_mapping: Vec<i64>,
-    pub query_start_loc: Vec<usize>,
-    pub seq_lens: Vec<usize>,
-    pub block_tables: Vec<u32>,
-    pub max_blocks_per_seq: usize,
-    pub sample_indices: Vec<usize>,
+    batch: StepBatch,
     pub num_blocks: usize,
+}
+
+impl std::ops::Deref for ProfileBatch {
+    type Target = StepBatch;
+    fn deref(&self) -> &StepBatch {
+        &self.batch
+    }
 }
 
 impl ProfileBatch {
@@ -563,7 +564,7 @@ impl ProfileBatch {
         let len = max_len.clamp(1, tokens);
         let seqs = tokens.div_ceil(len);
         let bps = len.div_ceil(block_size);
-        let mut p = ProfileBatch {
+        let mut p = StepBatch {
             token_ids: vec![PROFILE_SEED_TOKEN; tokens],
             positions: Vec::with_capacity(tokens),
             slot_mapping: Vec::with_capacity(tokens),
@@ -572,7 +573,7 @@ impl ProfileBatch {
             block_tables: Vec::with_capacity(seqs * bps),
             max_blocks_per_seq: bps,
             sample_indices: (tokens - samples.clamp(1, tokens)..tokens).collect(),
-            num_blocks: seqs * bps,
+            sampled_seqs: Vec::new(),
         };
         for s in 0..seqs {
             let n = len.min(tokens - s * len);
@@ -585,20 +586,7 @@ impl ProfileBatch {
             p.seq_lens.push(n);
             p.query_start_loc.push(s * len + n);
         }
-        p
-    }
-
-    pub fn input(&self) -> ModelInput<'_> {
-        ModelInput {
-            token_ids: &self.token_ids,
-            positions: &self.positions,
-            slot_mapping: &self.slot_mapping,
-            query_start_loc: &self.query_start_loc,
-            seq_lens: &self.seq_lens,
-            block_tables: &self.block_tables,
-            max_blocks_per_seq: self.max_blocks_per_seq,
-            sample_indices: &self.sample_indices,
-        }
+        ProfileBatch { batch: p, num_blocks: seqs * bps }
     }
 }
 
