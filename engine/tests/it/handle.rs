@@ -148,12 +148,16 @@ fn handle_reports_admission_errors_and_unknown_aborts() {
     let bad = SamplingParams { top_p: 2.0, ..SamplingParams::default() };
     assert!(matches!(handle.add_request("x", bad), Err(RequestError::InvalidParams { .. })));
     assert!(matches!(handle.abort("ghost"), Err(RequestError::UnknownRequest(_))));
-    let s =
-        handle.add_request_with_id("same", "hi", SamplingParams::greedy(3)).unwrap_or_else(|e| panic!("{e}"));
+    // The first "same" must still be in flight when the second arrives (a finished id may be
+    // reused, as in vLLM): 400 forced tokens are hundreds of engine steps, and it is aborted below.
+    let long = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(400) };
+    let s = handle.add_request_with_id("same", "hi", long).unwrap_or_else(|e| panic!("{e}"));
     assert!(matches!(
         handle.add_request_with_id("same", "hi", SamplingParams::greedy(3)),
         Err(RequestError::DuplicateId(_))
     ));
-    assert!(s.collect_final().is_ok());
+    assert!(handle.abort("same").is_ok());
+    let fin = s.collect_final().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(fin.completions[0].finish_reason, Some(FinishReason::Abort));
     assert!(handle.kv_is_idle().unwrap_or(false));
 }
