@@ -5,15 +5,20 @@
 //! - `memcpy_ms`: a 2-thread (rayon pool) copy of 512 MiB — the bandwidth yardstick. Its
 //!   throughput counts the memory traffic a copy makes, bytes read + bytes written (STREAM's
 //!   convention, and the CUDA notes'), so a read-only kernel at memory speed scores about 1.0;
-//! - `decode_f32_ms`, `decode_bf16_ms`: block size 16, physical blocks shuffled across the pool,
-//!   throughput = K+V bytes read; `registry.rs` divides their throughput by memcpy's;
-//! - `decode_bs{8,16,32}_contig_ms` / `decode_bs{8,32}_paged_ms`: the same kernel over an identity
-//!   block table on consecutive blocks (one contiguous cache) vs a shuffled table;
+//! - `decode_f32_ms` (block size 16), `decode_bs8_paged_ms`, `decode_bs32_paged_ms`, and
+//!   `decode_bf16_ms`: physical blocks shuffled across the pool, throughput = K+V bytes read;
+//!   `registry.rs` divides the f32/bf16 bs16 throughputs by memcpy's. The f32 cases are timed as
+//!   pairs: every sample runs the kernel over the shuffled block table *and* over an identity
+//!   table on the same allocation (consecutive blocks: one contiguous cache), in alternating
+//!   order, and criterion reports the paged half. The ratio `attn.paged_over_contiguous_bs{8,16}`
+//!   is the median of the per-sample ratios: both halves see the same memory, pages and machine
+//!   load, which separate measurement windows over separate GiB allocations did not;
 //! - `prefill_8x512_ms`: varlen prefill of 8 chunks × 512 tokens.
 //!
-//! Written to `$BENCH_FIGURES_DIR`: `attn.prefill_gflops` (causal FLOPs / median time, timed by
-//! the same criterion samples through `iter_custom`), internal-fragmentation waste per block size
-//! on a ShareGPT-like length trace, and `attn_block_size.md` (the trade-off table).
+//! Written to `$BENCH_FIGURES_DIR`: the paged-over-contiguous ratios, `attn.prefill_gflops`
+//! (causal FLOPs / median time, timed by the same criterion samples through `iter_custom`),
+//! internal-fragmentation waste per block size on a ShareGPT-like length trace, and
+//! `attn_block_size.md` (the trade-off table).
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -55,10 +60,12 @@ fn fill<T: CacheElem>(cache: &mut LayerCache) {
     }
 }
 
-/// A decode batch: cache, block tables, one query row per sequence.
+/// A decode batch: cache, a shuffled (paged) and an identity (contiguous) block table over it,
+/// one query row per sequence.
 struct DecodeCase {
     cache: LayerCache,
-    tables: Vec<u32>,
+    shuffled: Vec<u32>,
+    identity: Vec<u32>,
     max_blocks: usize,
     query: Vec<f32>,
     qsl: Vec<usize>,
@@ -66,7 +73,7 @@ struct DecodeCase {
 }
 
 impl DecodeCase {
-    fn new(dtype: DType, block_size: usize, shuffled: bool) -> Self {
+    fn new(dtype: DType, block_size: usize) -> Self {
         let max_blocks = CONTEXT / block_size;
         let num_blocks = NUM_SEQS * max_blocks;
         let geometry =
@@ -77,14 +84,14 @@ impl DecodeCase {
             DType::F16 => fill::<half::f16>(&mut cache),
             DType::BF16 => fill::<bf16>(&mut cache),
         }
-        let mut tables: Vec<u32> = (0..num_blocks as u32).collect();
-        if shuffled {
-            tables.shuffle(&mut ChaCha8Rng::seed_from_u64(7));
-        }
+        let identity: Vec<u32> = (0..num_blocks as u32).collect();
+        let mut shuffled = identity.clone();
+        shuffled.shuffle(&mut ChaCha8Rng::seed_from_u64(7));
         let query = (0..NUM_SEQS * NUM_HEADS * HEAD_SIZE).map(|i| pattern(i, 3)).collect();
         DecodeCase {
             cache,
-            tables,
+            shuffled,
+            identity,
             max_blocks,
             query,
             qsl: (0..=NUM_SEQS).collect(),
@@ -96,11 +103,11 @@ impl DecodeCase {
         (2 * NUM_SEQS * CONTEXT * NUM_KV_HEADS * HEAD_SIZE * self.cache.dtype().size_in_bytes()) as u64
     }
 
-    fn run(&self, out: &mut [f32]) {
+    fn run(&self, out: &mut [f32], paged: bool) {
         let meta = PagedAttnMetadata {
             query_start_loc: &self.qsl,
             seq_lens: &self.lens,
-            block_tables: &self.tables,
+            block_tables: if paged { &self.shuffled } else { &self.identity },
             max_blocks_per_seq: self.max_blocks,
         };
         paged_attention(out, &self.query, &self.cache, &meta, NUM_HEADS, 1.0 / (HEAD_SIZE as f32).sqrt())
@@ -138,21 +145,57 @@ fn bench_memcpy(c: &mut Criterion, samples: &Samples) {
     g.finish();
 }
 
-fn bench_decode(
-    c: &mut Criterion,
-    samples: &Samples,
-    name: &'static str,
-    dtype: DType,
-    bs: usize,
-    shuffled: bool,
-) {
-    let case = DecodeCase::new(dtype, bs, shuffled);
+/// Paged decode only (the bf16 bandwidth figure).
+fn bench_decode(c: &mut Criterion, samples: &Samples, name: &'static str, dtype: DType, bs: usize) {
+    let case = DecodeCase::new(dtype, bs);
     let mut out = vec![0.0f32; NUM_SEQS * NUM_HEADS * HEAD_SIZE];
     let mut g = c.benchmark_group("attn");
     g.sample_size(if quick() { 10 } else { 20 });
     g.sampling_mode(SamplingMode::Flat);
     g.throughput(Throughput::Bytes(case.bytes_read()));
-    g.bench_function(name, |b| b.iter_custom(|iters| timed(samples, name, iters, || case.run(&mut out))));
+    g.bench_function(name, |b| {
+        b.iter_custom(|iters| timed(samples, name, iters, || case.run(&mut out, true)))
+    });
+    g.finish();
+}
+
+/// Names of one paged/contiguous pair's samples.
+struct PairNames {
+    /// The criterion id (its time is the paged half).
+    paged: &'static str,
+    contig: &'static str,
+    ratio: &'static str,
+}
+
+/// f32 decode at block size `bs`, paged and contiguous interleaved over one allocation (see the
+/// module doc). Each sample records both halves' mean times and their ratio.
+fn bench_decode_pair(c: &mut Criterion, samples: &Samples, names: PairNames, bs: usize) {
+    let case = DecodeCase::new(DType::F32, bs);
+    let mut out = vec![0.0f32; NUM_SEQS * NUM_HEADS * HEAD_SIZE];
+    let mut g = c.benchmark_group("attn");
+    g.sample_size(if quick() { 10 } else { 20 });
+    g.sampling_mode(SamplingMode::Flat);
+    g.throughput(Throughput::Bytes(case.bytes_read()));
+    g.bench_function(names.paged, |b| {
+        b.iter_custom(|iters| {
+            let (mut paged, mut contig) = (Duration::ZERO, Duration::ZERO);
+            for i in 0..iters {
+                // Alternate which half goes first, so neither always inherits the other's
+                // cache and prefetcher state.
+                for paged_half in [i % 2 == 0, i % 2 == 1] {
+                    let start = Instant::now();
+                    case.run(&mut out, paged_half);
+                    *(if paged_half { &mut paged } else { &mut contig }) += start.elapsed();
+                }
+            }
+            let mut s = samples.borrow_mut();
+            let per_iter = |d: Duration| d.as_secs_f64() / iters as f64;
+            s.entry(names.paged).or_default().push(per_iter(paged));
+            s.entry(names.contig).or_default().push(per_iter(contig));
+            s.entry(names.ratio).or_default().push(paged.as_secs_f64() / contig.as_secs_f64());
+            paged
+        })
+    });
     g.finish();
 }
 
@@ -267,6 +310,7 @@ fn write_outputs(samples: &Samples) {
          unused slots in the last block ÷ allocated slots, at completion and averaged over every decode step.\n\n",
         trace.len()
     ));
+    md.push_str("Paged and contiguous decode interleaved over one allocation; the ratio is the median of the per-sample ratios.\n\n");
     md.push_str("| block size | decode, paged (ms) | decode, contiguous (ms) | paged ÷ contiguous | waste at completion | waste over decode |\n|---|---|---|---|---|---|\n");
     for bs in [8usize, 16, 32] {
         let paged = if bs == 16 {
@@ -274,15 +318,24 @@ fn write_outputs(samples: &Samples) {
         } else {
             ms(if bs == 8 { "decode_bs8_paged_ms" } else { "decode_bs32_paged_ms" })
         };
-        let contig = ms(match bs {
+        let contig_name = match bs {
             8 => "decode_bs8_contig_ms",
             16 => "decode_bs16_contig_ms",
             _ => "decode_bs32_contig_ms",
-        });
+        };
+        let contig = ms(contig_name);
+        // The contiguous halves are not criterion ids of their own: their medians go out here.
+        if let Some(c) = contig {
+            figures.insert(format!("attn.{contig_name}"), c);
+        }
         let (w_final, w_steps) = fragmentation(&trace, bs);
         figures.insert(format!("attn.frag_waste_bs{bs}"), w_steps);
+        let ratio = s.get(format!("ratio_bs{bs}").as_str()).map(|v| median(v));
+        if let (Some(r), 8 | 16) = (ratio, bs) {
+            figures.insert(format!("attn.paged_over_contiguous_bs{bs}"), r);
+        }
         let f = |v: Option<f64>| v.map_or("–".to_owned(), |v| format!("{v:.1}"));
-        let ratio = paged.zip(contig).map_or("–".to_owned(), |(p, c)| format!("{:.3}", p / c));
+        let ratio = ratio.map_or("–".to_owned(), |r| format!("{r:.3}"));
         md.push_str(&format!(
             "| {bs} | {} | {} | {ratio} | {:.2} % | {:.2} % |\n",
             f(paged),
@@ -315,16 +368,17 @@ fn write_outputs(samples: &Samples) {
 fn main() {
     let samples: Samples = RefCell::new(BTreeMap::new());
     let mut c = Criterion::default().configure_from_args();
-    // Pairs that form a ratio run back to back: on a shared machine the load drifts between
-    // measurement windows, and adjacent windows see the most similar conditions.
-    bench_decode(&mut c, &samples, "decode_bs16_contig_ms", DType::F32, 16, false);
-    bench_decode(&mut c, &samples, "decode_f32_ms", DType::F32, 16, true);
+    let pair = |paged, contig, ratio| PairNames { paged, contig, ratio };
+    bench_decode_pair(&mut c, &samples, pair("decode_f32_ms", "decode_bs16_contig_ms", "ratio_bs16"), 16);
     bench_memcpy(&mut c, &samples);
-    bench_decode(&mut c, &samples, "decode_bf16_ms", DType::BF16, 16, true);
-    bench_decode(&mut c, &samples, "decode_bs8_paged_ms", DType::F32, 8, true);
-    bench_decode(&mut c, &samples, "decode_bs8_contig_ms", DType::F32, 8, false);
-    bench_decode(&mut c, &samples, "decode_bs32_paged_ms", DType::F32, 32, true);
-    bench_decode(&mut c, &samples, "decode_bs32_contig_ms", DType::F32, 32, false);
+    bench_decode(&mut c, &samples, "decode_bf16_ms", DType::BF16, 16);
+    bench_decode_pair(&mut c, &samples, pair("decode_bs8_paged_ms", "decode_bs8_contig_ms", "ratio_bs8"), 8);
+    bench_decode_pair(
+        &mut c,
+        &samples,
+        pair("decode_bs32_paged_ms", "decode_bs32_contig_ms", "ratio_bs32"),
+        32,
+    );
     bench_prefill(&mut c, &samples);
     c.final_summary();
     write_outputs(&samples);

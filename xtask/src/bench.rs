@@ -4,7 +4,7 @@
 //! Where figures come from (see `registry.rs` for the lists):
 //! - criterion benchmarks whose id is `GROUP/leaf_UNIT` (`_ns`, `_us`, `_ms`, `_s`): the median,
 //!   converted to that unit, becomes figure `GROUP.leaf_UNIT`;
-//! - derived figures (ratios of two criterion medians, or of two throughputs) declared in
+//! - derived figures (ratios of two criterion throughputs) declared in
 //!   `registry::DERIVED`, so "measured in the same run" comparisons stay in one place;
 //! - programs (`harness = false` benches, simulations) that write flat JSON maps, and optional
 //!   markdown fragments for the report, into `$BENCH_FIGURES_DIR`.

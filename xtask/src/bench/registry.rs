@@ -27,35 +27,21 @@ pub const TARGETS: &[BenchTarget] = &[
     BenchTarget { group: "e2e", package: "engine", bench: "e2e", criterion: false },
 ];
 
-/// How a derived figure is computed from two criterion benchmarks of the same run.
+/// A figure derived from two criterion benchmarks of the same run:
+/// `throughput(num) / throughput(den)`, each `declared bytes / median time`.
 #[derive(Debug)]
-pub enum Derived {
-    /// `median_time(num) / median_time(den)`.
-    TimeRatio { name: &'static str, num: &'static str, den: &'static str },
-    /// `throughput(num) / throughput(den)`, each `declared bytes / median time`.
-    ThroughputRatio { name: &'static str, num: &'static str, den: &'static str },
+pub struct ThroughputRatio {
+    pub name: &'static str,
+    pub num: &'static str,
+    pub den: &'static str,
 }
 
-pub const DERIVED: &[Derived] = &[
-    Derived::ThroughputRatio {
-        name: "attn.decode_bw_fraction",
-        num: "attn/decode_f32_ms",
-        den: "attn/memcpy_ms",
-    },
-    Derived::ThroughputRatio {
+pub const DERIVED: &[ThroughputRatio] = &[
+    ThroughputRatio { name: "attn.decode_bw_fraction", num: "attn/decode_f32_ms", den: "attn/memcpy_ms" },
+    ThroughputRatio {
         name: "attn.decode_bw_fraction_bf16",
         num: "attn/decode_bf16_ms",
         den: "attn/memcpy_ms",
-    },
-    Derived::TimeRatio {
-        name: "attn.paged_over_contiguous_bs16",
-        num: "attn/decode_f32_ms",
-        den: "attn/decode_bs16_contig_ms",
-    },
-    Derived::TimeRatio {
-        name: "attn.paged_over_contiguous_bs8",
-        num: "attn/decode_bs8_paged_ms",
-        den: "attn/decode_bs8_contig_ms",
     },
 ];
 
@@ -91,20 +77,12 @@ pub fn group_names() -> String {
 pub fn derived_figures(measured: &BTreeMap<String, Measured>) -> Figures {
     let mut out = Figures::new();
     for d in DERIVED {
-        let value = match d {
-            Derived::TimeRatio { num, den, .. } => {
-                measured.get(*num).zip(measured.get(*den)).map(|(n, d)| n.median_ns / d.median_ns)
-            }
-            Derived::ThroughputRatio { num, den, .. } => measured
-                .get(*num)
-                .zip(measured.get(*den))
-                .and_then(|(n, d)| Some((n.throughput? / n.median_ns) / (d.throughput? / d.median_ns))),
-        };
-        let name = match d {
-            Derived::TimeRatio { name, .. } | Derived::ThroughputRatio { name, .. } => *name,
-        };
+        let value = measured
+            .get(d.num)
+            .zip(measured.get(d.den))
+            .and_then(|(n, d)| Some((n.throughput? / n.median_ns) / (d.throughput? / d.median_ns)));
         if let Some(v) = value {
-            out.insert(name.to_owned(), v);
+            out.insert(d.name.to_owned(), v);
         }
     }
     out
