@@ -144,14 +144,18 @@ pub fn exp_fast(x: f32) -> f32 {
     // Adding and subtracting 1.5·2^23 rounds to the nearest integer without a libm call.
     const ROUND: f32 = 12_582_912.0;
     let x = x.clamp(-87.0, 88.0);
-    let n = (x * LOG2E + ROUND) - ROUND;
+    let shifted = x * LOG2E + ROUND;
+    let n = shifted - ROUND;
+    // The integer n sits in the low mantissa bits of `shifted`: integer arithmetic on the bits
+    // (a float-to-int `as` cast would be scalarized for its saturation rules).
+    let n_int = shifted.to_bits().wrapping_sub(ROUND.to_bits());
     let r = x - n * LN2_HI - n * LN2_LO;
     let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
         + 1.666_666_5e-1)
         * r
         + 0.5;
     let er = p * r * r + r + 1.0;
-    er * f32::from_bits(((n as i32 + 127) as u32) << 23)
+    er * f32::from_bits(n_int.wrapping_add(127) << 23)
 }
 
 /// HF "rotate half" RoPE applied in place to every head of one token:
