@@ -176,7 +176,7 @@ pub(crate) mod tests {
     /// A byte-level BPE tokenizer whose vocabulary is the 256 single bytes plus a few
     /// merges and one special token, so multi-byte characters span several tokens.
     pub(crate) fn byte_tokenizer() -> tokenizers::Tokenizer {
-        let alphabet = byte_alphabet();
+        let alphabet = model::tokenizer::gpt2_byte_alphabet();
         let mut vocab = serde_json::Map::new();
         for (i, c) in alphabet.iter().enumerate() {
             vocab.insert(c.to_string(), serde_json::json!(i));
@@ -202,24 +202,6 @@ pub(crate) mod tests {
             Ok(t) => t,
             Err(e) => panic!("test tokenizer: {e}"),
         }
-    }
-
-    /// GPT-2's printable stand-ins for the 256 byte values.
-    fn byte_alphabet() -> Vec<char> {
-        let mut printable: Vec<u32> =
-            ('!' as u32..='~' as u32).chain(0xA1..=0xAC).chain(0xAE..=0xFF).collect();
-        let mut chars: Vec<u32> = printable.clone();
-        let mut n = 0;
-        for b in 0..256u32 {
-            if !printable.contains(&b) {
-                printable.push(b);
-                chars.push(256 + n);
-                n += 1;
-            }
-        }
-        let mut pairs: Vec<(u32, u32)> = printable.into_iter().zip(chars).collect();
-        pairs.sort_unstable();
-        pairs.into_iter().filter_map(|(_, c)| char::from_u32(c)).collect()
     }
 
     pub(crate) fn encode(tok: &tokenizers::Tokenizer, text: &str) -> Vec<u32> {

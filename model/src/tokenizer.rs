@@ -62,3 +62,33 @@ impl Tokenizer {
         &self.parsing
     }
 }
+
+/// GPT-2's byte-to-character table (`bytes_to_unicode`), in byte order: how byte-level BPE
+/// vocabularies spell each of the 256 bytes (printable ones as themselves, the rest as
+/// characters from U+0100 on). For writing such vocabularies, e.g. test tokenizers.
+pub fn gpt2_byte_alphabet() -> Vec<char> {
+    let mut printable: Vec<u32> = ('!' as u32..='~' as u32).chain(0xA1..=0xAC).chain(0xAE..=0xFF).collect();
+    let mut chars = printable.clone();
+    let mut n = 0;
+    for b in 0..256u32 {
+        if !printable.contains(&b) {
+            printable.push(b);
+            chars.push(256 + n);
+            n += 1;
+        }
+    }
+    let mut pairs: Vec<(u32, u32)> = printable.into_iter().zip(chars).collect();
+    pairs.sort_unstable();
+    pairs.into_iter().filter_map(|(_, c)| char::from_u32(c)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn byte_alphabet_is_gpt2s() {
+        let a = super::gpt2_byte_alphabet();
+        assert_eq!(a.len(), 256);
+        assert_eq!(a.iter().collect::<std::collections::HashSet<_>>().len(), 256);
+        assert_eq!((a[b'A' as usize], a[0], a[b' ' as usize], a[0xAD]), ('A', 'Ā', 'Ġ', 'Ń'));
+    }
+}

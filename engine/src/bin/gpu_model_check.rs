@@ -199,7 +199,7 @@ fn random_bytes(n: usize, init: Option<(usize, f32)>, dtype: Dtype, seed: u64) -
 /// engine only decodes these ids; prompts are token ids).
 fn tokenizer_json(vocab: usize) -> String {
     let mut map = Map::new();
-    for (i, c) in byte_alphabet().iter().enumerate() {
+    for (i, c) in model::tokenizer::gpt2_byte_alphabet().iter().enumerate() {
         map.insert(c.to_string(), json!(i));
     }
     for i in 256..vocab {
@@ -215,23 +215,6 @@ fn tokenizer_json(vocab: usize) -> String {
                   "vocab": map, "merges": []}
     })
     .to_string()
-}
-
-/// GPT-2's printable stand-ins for the 256 byte values, in byte order.
-fn byte_alphabet() -> Vec<char> {
-    let mut printable: Vec<u32> = ('!' as u32..='~' as u32).chain(0xA1..=0xAC).chain(0xAE..=0xFF).collect();
-    let mut chars = printable.clone();
-    let mut n = 0;
-    for b in 0..256u32 {
-        if !printable.contains(&b) {
-            printable.push(b);
-            chars.push(256 + n);
-            n += 1;
-        }
-    }
-    let mut pairs: Vec<(u32, u32)> = printable.into_iter().zip(chars).collect();
-    pairs.sort_unstable();
-    pairs.into_iter().filter_map(|(_, c)| char::from_u32(c)).collect()
 }
 
 /// CPU (f32 cache) against CUDA (`dtype` weights and cache) on the same steps: four prompts

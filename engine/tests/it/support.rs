@@ -121,7 +121,7 @@ fn bytemuck_bytes(values: &[f32]) -> Vec<u8> {
 /// GPT-2 byte-level BPE over the 256 bytes, a few merges, and ChatML special tokens.
 fn tokenizer_json() -> String {
     let mut vocab = serde_json::Map::new();
-    for (i, c) in byte_alphabet().iter().enumerate() {
+    for (i, c) in model::tokenizer::gpt2_byte_alphabet().iter().enumerate() {
         vocab.insert(c.to_string(), serde_json::json!(i));
     }
     let merges = [("h", "e"), ("l", "l"), ("he", "ll"), ("Ġ", "w")];
@@ -151,23 +151,6 @@ fn tokenizer_json() -> String {
                   "vocab": vocab, "merges": merges.iter().map(|(a, b)| format!("{a} {b}")).collect::<Vec<_>>()}
     })
     .to_string()
-}
-
-/// GPT-2's printable stand-ins for the 256 byte values, in byte order.
-fn byte_alphabet() -> Vec<char> {
-    let mut printable: Vec<u32> = ('!' as u32..='~' as u32).chain(0xA1..=0xAC).chain(0xAE..=0xFF).collect();
-    let mut chars = printable.clone();
-    let mut n = 0;
-    for b in 0..256u32 {
-        if !printable.contains(&b) {
-            printable.push(b);
-            chars.push(256 + n);
-            n += 1;
-        }
-    }
-    let mut pairs: Vec<(u32, u32)> = printable.into_iter().zip(chars).collect();
-    pairs.sort_unstable();
-    pairs.into_iter().filter_map(|(_, c)| char::from_u32(c)).collect()
 }
 
 /// A tiny model folder plus an engine over it.
