@@ -90,20 +90,34 @@ fn setup() -> impl Strategy<Value = Setup> {
         )
 }
 
+impl Setup {
+    fn config(&self) -> SchedulerConfig {
+        SchedulerConfig {
+            max_num_batched_tokens: self.budget,
+            max_num_seqs: self.max_seqs,
+            max_model_len: 96,
+            policy: if self.priority { Policy::Priority } else { Policy::Fcfs },
+            preemption: if self.swap { PreemptionMode::Swap } else { PreemptionMode::Recompute },
+            block_size: self.block_size,
+            num_device_blocks: self.blocks,
+            num_host_blocks: self.host_blocks,
+            watermark: self.watermark,
+            enable_prefix_caching: self.caching,
+        }
+    }
+}
+
+impl Arrival {
+    /// The request this arrival submits as `id`; a family's prompts share their prefix.
+    fn request(&self, id: u64) -> Request {
+        let prompt: Vec<u32> = (0..self.prompt_len as u32).map(|t| self.family * 100_000 + t).collect();
+        Request::new(id, prompt, self.max_new).with_n(self.n).with_priority(self.priority)
+    }
+}
+
 /// Runs the traffic; returns (preemptions, swapped-out blocks).
 fn run(setup: &Setup, arrivals: &[Arrival]) -> (usize, usize) {
-    let cfg = SchedulerConfig {
-        max_num_batched_tokens: setup.budget,
-        max_num_seqs: setup.max_seqs,
-        max_model_len: 96,
-        policy: if setup.priority { Policy::Priority } else { Policy::Fcfs },
-        preemption: if setup.swap { PreemptionMode::Swap } else { PreemptionMode::Recompute },
-        block_size: setup.block_size,
-        num_device_blocks: setup.blocks,
-        num_host_blocks: setup.host_blocks,
-        watermark: setup.watermark,
-        enable_prefix_caching: setup.caching,
-    };
+    let cfg = setup.config();
     let mut e = FakeEngine::new(cfg.clone());
     e.stop_mod = setup.stop_mod;
     let mut requests = Vec::new();
@@ -113,8 +127,7 @@ fn run(setup: &Setup, arrivals: &[Arrival]) -> (usize, usize) {
     loop {
         for (i, a) in arrivals.iter().enumerate().filter(|(_, a)| a.step == step) {
             let id = i as u64;
-            let prompt: Vec<u32> = (0..a.prompt_len as u32).map(|t| a.family * 100_000 + t).collect();
-            let req = Request::new(id, prompt, a.max_new).with_n(a.n).with_priority(a.priority);
+            let req = a.request(id);
             e.add(req.clone()).expect("valid request");
             requests.push(req);
             if let Some(after) = a.abort_after {
@@ -160,26 +173,14 @@ fn run(setup: &Setup, arrivals: &[Arrival]) -> (usize, usize) {
 /// every step (incremental block-table arena), the other into a fresh output (every row placed
 /// anew); the plans must agree every step.
 fn reused_and_fresh_outputs_agree(setup: &Setup, arrivals: &[Arrival]) {
-    let cfg = SchedulerConfig {
-        max_num_batched_tokens: setup.budget,
-        max_num_seqs: setup.max_seqs,
-        max_model_len: 96,
-        policy: if setup.priority { Policy::Priority } else { Policy::Fcfs },
-        preemption: if setup.swap { PreemptionMode::Swap } else { PreemptionMode::Recompute },
-        block_size: setup.block_size,
-        num_device_blocks: setup.blocks,
-        num_host_blocks: setup.host_blocks,
-        watermark: setup.watermark,
-        enable_prefix_caching: setup.caching,
-    };
+    let cfg = setup.config();
     let mut reusing = Scheduler::new(cfg.clone()).expect("config");
     let mut fresh = Scheduler::new(cfg).expect("config");
     let (mut out, mut result, mut samples) = (SchedulerOutput::default(), StepResult::default(), Vec::new());
     let last_arrival = arrivals.iter().map(|a| a.step).max().unwrap_or(0);
     for step in 0..5_000u64 {
         for (i, a) in arrivals.iter().enumerate().filter(|(_, a)| a.step == step) {
-            let prompt: Vec<u32> = (0..a.prompt_len as u32).map(|t| a.family * 100_000 + t).collect();
-            let req = Request::new(i as u64, prompt, a.max_new).with_n(a.n).with_priority(a.priority);
+            let req = a.request(i as u64);
             reusing.add_request(req.clone()).expect("valid request");
             fresh.add_request(req).expect("valid request");
         }
