@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 
 use plotters::prelude::*;
 use scheduler::sim::{
-    Comparison, ContiguousConfig, CostModel, Hardware, ModelShape, Placement, Reservation, SimReport,
-    SimSetup, Trace, TraceShape, compare, simulate_contiguous,
+    Comparison, CostModel, Hardware, ModelShape, Placement, Reservation, SimReport, SimSetup, Trace,
+    TraceShape, compare, simulate_contiguous,
 };
 
 struct Workload {
@@ -65,15 +65,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let first_fit_oracle: Vec<SimReport> = traces
             .iter()
             .map(|trace| {
-                let cfg = ContiguousConfig {
-                    capacity_tokens: setup.usable_tokens(),
-                    max_model_len: setup.max_model_len,
-                    max_num_seqs: setup.max_num_seqs,
-                    max_num_batched_tokens: setup.max_num_batched_tokens,
-                    reservation: Reservation::Oracle,
-                    placement: Placement::FirstFit,
-                };
-                simulate_contiguous(trace, &cfg, &cost)
+                simulate_contiguous(
+                    trace,
+                    &setup.contiguous_config(Reservation::Oracle, Placement::FirstFit),
+                    &cost,
+                )
             })
             .collect();
         let mean = |f: &dyn Fn(&Comparison) -> f64| runs.iter().map(f).sum::<f64>() / runs.len() as f64;

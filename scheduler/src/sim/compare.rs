@@ -3,7 +3,7 @@
 
 use crate::error::SchedulerError;
 
-use super::contiguous::{ContiguousConfig, Reservation, simulate_contiguous};
+use super::contiguous::{Reservation, simulate_contiguous};
 use super::cost::CostModel;
 use super::metrics::SimReport;
 use super::paged::{SimSetup, simulate_paged};
@@ -32,15 +32,7 @@ impl Comparison {
 /// Runs all four systems.
 pub fn compare(trace: &Trace, setup: &SimSetup, cost: &CostModel) -> Result<Comparison, SchedulerError> {
     let baseline = |reservation| {
-        let cfg = ContiguousConfig {
-            capacity_tokens: setup.usable_tokens(),
-            max_model_len: setup.max_model_len,
-            max_num_seqs: setup.max_num_seqs,
-            max_num_batched_tokens: setup.max_num_batched_tokens,
-            reservation,
-            placement: setup.baseline_placement,
-        };
-        simulate_contiguous(trace, &cfg, cost)
+        simulate_contiguous(trace, &setup.contiguous_config(reservation, setup.baseline_placement), cost)
     };
     Ok(Comparison {
         paged: simulate_paged(trace, setup, cost)?,

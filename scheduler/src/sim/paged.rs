@@ -8,7 +8,7 @@ use crate::output::{SampledToken, SchedulerOutput, StepResult};
 use crate::request::Request;
 use crate::scheduler::Scheduler;
 
-use super::contiguous::Placement;
+use super::contiguous::{ContiguousConfig, Placement, Reservation};
 use super::cost::CostModel;
 use super::metrics::{Recorder, SimReport, StepSample};
 use super::trace::Trace;
@@ -54,6 +54,19 @@ impl SimSetup {
     /// Token slots the paged pool really has (whole blocks); the baselines get the same.
     pub fn usable_tokens(&self) -> usize {
         self.num_blocks() * self.block_size
+    }
+
+    /// A contiguous baseline on the same memory and limits: `reservation` per request, placed
+    /// by `placement` (comparisons use `baseline_placement`; others may try another).
+    pub fn contiguous_config(&self, reservation: Reservation, placement: Placement) -> ContiguousConfig {
+        ContiguousConfig {
+            capacity_tokens: self.usable_tokens(),
+            max_model_len: self.max_model_len,
+            max_num_seqs: self.max_num_seqs,
+            max_num_batched_tokens: self.max_num_batched_tokens,
+            reservation,
+            placement,
+        }
     }
 
     pub fn scheduler_config(&self) -> SchedulerConfig {

@@ -2,8 +2,8 @@
 //! baselines, and the accounting every run must satisfy.
 
 use scheduler::sim::{
-    ContiguousConfig, CostModel, Hardware, ModelShape, Placement, Reservation, SimSetup, Trace, TraceShape,
-    compare, simulate_contiguous, simulate_paged,
+    CostModel, Hardware, ModelShape, Placement, Reservation, SimSetup, Trace, TraceShape, compare,
+    simulate_contiguous, simulate_paged,
 };
 
 fn cost() -> CostModel {
@@ -63,15 +63,7 @@ fn buddy_placement_costs_the_baselines_what_the_paper_says() {
     let setup = SimSetup::paper_sharegpt();
     let trace = Trace::synthetic(TraceShape::SHAREGPT, 300, 20.0, setup.max_model_len, 5);
     let run = |placement| {
-        let cfg = ContiguousConfig {
-            capacity_tokens: setup.usable_tokens(),
-            max_model_len: setup.max_model_len,
-            max_num_seqs: setup.max_num_seqs,
-            max_num_batched_tokens: setup.max_num_batched_tokens,
-            reservation: Reservation::Oracle,
-            placement,
-        };
-        simulate_contiguous(&trace, &cfg, &cost())
+        simulate_contiguous(&trace, &setup.contiguous_config(Reservation::Oracle, placement), &cost())
     };
     let (buddy, first_fit) = (run(Placement::Buddy), run(Placement::FirstFit));
     assert_eq!((buddy.finished, first_fit.finished), (300, 300));
