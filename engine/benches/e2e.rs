@@ -73,18 +73,6 @@ fn config() -> EngineConfig {
     }
 }
 
-/// Random non-EOS token ids (a prompt of `len` tokens).
-fn random_prompt(rng: &mut ChaCha8Rng, len: usize, vocab: usize, eos: &[u32]) -> Vec<u32> {
-    let mut out = Vec::with_capacity(len);
-    while out.len() < len {
-        let t = rng.random_range(0..vocab as u32);
-        if !eos.contains(&t) {
-            out.push(t);
-        }
-    }
-    out
-}
-
 /// ShareGPT-like spread scaled to a 135M model: input U[80, 240] (mean 160), output
 /// U[128, 384] (mean 256).
 fn workload(engine: &Engine) -> Vec<(Vec<u32>, usize)> {
@@ -95,7 +83,7 @@ fn workload(engine: &Engine) -> Vec<(Vec<u32>, usize)> {
         .map(|_| {
             let input = rng.random_range(80..=240);
             let output = rng.random_range(128..=384);
-            (random_prompt(&mut rng, input, vocab, &eos), output)
+            (engine::workload::random_prompt(&mut rng, input, vocab, &eos), output)
         })
         .collect()
 }

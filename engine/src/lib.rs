@@ -6,6 +6,7 @@
 //!   [`RequestOutput`]s per request (what a web service embeds).
 //! - [`sampling`]: vLLM `SamplingParams` semantics, vectorized over the batch.
 //! - [`detok`]: incremental detokenization and stop strings.
+//! - [`workload`]: synthetic benchmark prompts.
 
 mod batch;
 pub mod config;
@@ -18,6 +19,7 @@ pub mod metrics;
 pub mod output;
 mod request;
 pub mod sampling;
+pub mod workload;
 
 pub use config::{DType, Device, EngineConfig, KvCacheSize, Policy, PreemptionMode};
 pub use engine::Engine;

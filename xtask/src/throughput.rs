@@ -10,7 +10,7 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use clap::Args;
 use engine::{Engine, Prompt, SamplingParams};
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 use crate::run::{EngineKnobs, init_tracing};
@@ -40,18 +40,6 @@ struct DatasetLine {
     output_len: Option<usize>,
 }
 
-/// Random token ids in `[0, vocab)` that are not end-of-sequence ids.
-fn random_prompt(rng: &mut ChaCha8Rng, len: usize, vocab: usize, eos: &[u32]) -> Vec<u32> {
-    let mut out = Vec::with_capacity(len);
-    while out.len() < len {
-        let t = rng.random_range(0..vocab as u32);
-        if !eos.contains(&t) {
-            out.push(t);
-        }
-    }
-    out
-}
-
 fn load_dataset(
     path: &Path,
     engine: &Engine,
@@ -66,7 +54,9 @@ fn load_dataset(
             .with_context(|| format!("{}:{}: bad dataset line", path.display(), i + 1))?;
         let prompt = match (d.prompt, d.input_len) {
             (Some(p), _) => Prompt::Text(p),
-            (None, Some(len)) => Prompt::Tokens(random_prompt(rng, len, vocab, engine.eos_token_ids())),
+            (None, Some(len)) => {
+                Prompt::Tokens(engine::workload::random_prompt(rng, len, vocab, engine.eos_token_ids()))
+            }
             (None, None) => bail!("{}:{}: needs \"prompt\" or \"input_len\"", path.display(), i + 1),
         };
         out.push((prompt, d.output_len.unwrap_or(default_output)));
@@ -90,7 +80,15 @@ pub fn run(args: &ThroughputArgs) -> anyhow::Result<()> {
             let eos = engine.eos_token_ids().to_vec();
             (0..args.num_prompts)
                 .map(|_| {
-                    (Prompt::Tokens(random_prompt(&mut rng, args.input_len, vocab, &eos)), args.output_len)
+                    (
+                        Prompt::Tokens(engine::workload::random_prompt(
+                            &mut rng,
+                            args.input_len,
+                            vocab,
+                            &eos,
+                        )),
+                        args.output_len,
+                    )
                 })
                 .collect()
         }

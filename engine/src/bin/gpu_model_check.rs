@@ -283,18 +283,6 @@ fn forward_check(
     Ok(usize::from(failed))
 }
 
-/// Random non-EOS token ids.
-fn random_prompt(rng: &mut ChaCha8Rng, len: usize, vocab: usize, eos: &[u32]) -> Vec<u32> {
-    let mut out = Vec::with_capacity(len);
-    while out.len() < len {
-        let t = rng.random_range(0..vocab as u32);
-        if !eos.contains(&t) {
-            out.push(t);
-        }
-    }
-    out
-}
-
 /// `cuda.e2e_output_tok_s`: 256 requests × (512 in, 128 out), all submitted at once.
 fn e2e(dir: &Path, figures: &mut Map<String, Value>) -> Res<()> {
     let config = EngineConfig {
@@ -318,11 +306,12 @@ fn e2e(dir: &Path, figures: &mut Map<String, Value>) -> Res<()> {
     let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(128) };
     // Warm-up (cuBLAS heuristics, first launches), not timed.
     let warm: Vec<Prompt> =
-        (0..8).map(|_| Prompt::Tokens(random_prompt(&mut rng, 512, vocab, &eos))).collect();
+        (0..8).map(|_| Prompt::Tokens(engine::workload::random_prompt(&mut rng, 512, vocab, &eos))).collect();
     engine.generate(warm, &SamplingParams { ignore_eos: true, ..SamplingParams::greedy(8) })?;
     engine.reset_metrics();
-    let prompts: Vec<Prompt> =
-        (0..256).map(|_| Prompt::Tokens(random_prompt(&mut rng, 512, vocab, &eos))).collect();
+    let prompts: Vec<Prompt> = (0..256)
+        .map(|_| Prompt::Tokens(engine::workload::random_prompt(&mut rng, 512, vocab, &eos)))
+        .collect();
     let start = Instant::now();
     let results = engine.generate(prompts, &params)?;
     let wall = start.elapsed().as_secs_f64();
