@@ -10,6 +10,21 @@ mod token_lanes;
 pub use small_m::small_m_linear;
 pub use token_lanes::token_lanes_linear;
 
+/// Raw output pointer shared by the column-range tasks of the `x·Wᵀ` kernels; each task
+/// writes only its own columns.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: tasks write disjoint `(token, column)` entries (their own column range).
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// A method, so closures capture the whole (Send) wrapper, not its raw field.
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
 /// Above this many tokens a projection goes through `gemm`'s packed kernels; at or below it
 /// through [`small_m_linear`], which streams each weight row once for all tokens (decode is
 /// bound by weight bandwidth, and packing would only add traffic).

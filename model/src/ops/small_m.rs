@@ -7,24 +7,12 @@
 
 use rayon::prelude::*;
 
+use super::OutPtr;
+
 /// Tokens per tile.
 const MR: usize = 4;
 /// Weight rows per tile.
 const NR: usize = 4;
-
-/// Raw output pointer shared by the row-range tasks; each task writes only its own columns.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: tasks write disjoint `(token, column)` entries (their own column range).
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
-
-impl OutPtr {
-    /// A method, so closures capture the whole (Send) wrapper, not its raw field.
-    fn get(self) -> *mut f32 {
-        self.0
-    }
-}
 
 /// Weight rows per rayon task: enough tasks for work stealing to balance two to a few cores,
 /// few enough that a task streams at least ~64 KB of weights (task overhead stays small).

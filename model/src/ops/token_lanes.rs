@@ -10,6 +10,8 @@ use std::cell::RefCell;
 
 use rayon::prelude::*;
 
+use super::OutPtr;
+
 /// Tokens per micro-tile (two zmm registers of lanes).
 const TM: usize = 32;
 /// Weight rows per micro-tile.
@@ -36,20 +38,6 @@ pub fn available() -> bool {
 thread_local! {
     /// Transposed activation panels, reused across calls (grows to the largest block once).
     static PANELS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-}
-
-/// Raw output pointer shared by the row-block tasks; each task writes only its own columns.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: tasks write disjoint `(token, column)` entries (their own column range).
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
-
-impl OutPtr {
-    /// A method, so closures capture the whole (Send) wrapper, not its raw field.
-    fn get(self) -> *mut f32 {
-        self.0
-    }
 }
 
 /// See the module doc. Returns `false` (and does nothing) when the CPU lacks AVX-512.
