@@ -25,7 +25,8 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use attn_kernels::{PagedAttnMetadata, paged_attention, reshape_and_cache};
-use criterion::{Criterion, SamplingMode, Throughput};
+use criterion::measurement::WallTime;
+use criterion::{BenchmarkGroup, Criterion, SamplingMode, Throughput};
 use half::bf16;
 use kv_cache::{CacheElem, CacheGeometry, DType, LayerCache};
 use rand::seq::SliceRandom;
@@ -125,14 +126,20 @@ fn timed(samples: &Samples, name: &'static str, iters: u64, mut f: impl FnMut())
     elapsed
 }
 
-fn bench_memcpy(c: &mut Criterion, samples: &Samples) {
-    let src: Vec<u8> = (0..MEMCPY_BYTES).into_par_iter().map(|i| i as u8).collect();
-    let mut dst = vec![1u8; MEMCPY_BYTES];
+/// The `attn` group for a bandwidth case: flat sampling, throughput = `bytes` per iteration.
+fn attn_group(c: &mut Criterion, bytes: u64) -> BenchmarkGroup<'_, WallTime> {
     let mut g = c.benchmark_group("attn");
     g.sample_size(if quick() { 10 } else { 20 });
     g.sampling_mode(SamplingMode::Flat);
+    g.throughput(Throughput::Bytes(bytes));
+    g
+}
+
+fn bench_memcpy(c: &mut Criterion, samples: &Samples) {
+    let src: Vec<u8> = (0..MEMCPY_BYTES).into_par_iter().map(|i| i as u8).collect();
+    let mut dst = vec![1u8; MEMCPY_BYTES];
     // Read + written: the traffic of the copy, comparable with the kernels' bytes read.
-    g.throughput(Throughput::Bytes(2 * MEMCPY_BYTES as u64));
+    let mut g = attn_group(c, 2 * MEMCPY_BYTES as u64);
     g.bench_function("memcpy_ms", |b| {
         b.iter_custom(|iters| {
             timed(samples, "memcpy_ms", iters, || {
@@ -149,10 +156,7 @@ fn bench_memcpy(c: &mut Criterion, samples: &Samples) {
 fn bench_decode(c: &mut Criterion, samples: &Samples, name: &'static str, dtype: DType, bs: usize) {
     let case = DecodeCase::new(dtype, bs);
     let mut out = vec![0.0f32; NUM_SEQS * NUM_HEADS * HEAD_SIZE];
-    let mut g = c.benchmark_group("attn");
-    g.sample_size(if quick() { 10 } else { 20 });
-    g.sampling_mode(SamplingMode::Flat);
-    g.throughput(Throughput::Bytes(case.bytes_read()));
+    let mut g = attn_group(c, case.bytes_read());
     g.bench_function(name, |b| {
         b.iter_custom(|iters| timed(samples, name, iters, || case.run(&mut out, true)))
     });
@@ -172,10 +176,7 @@ struct PairNames {
 fn bench_decode_pair(c: &mut Criterion, samples: &Samples, names: PairNames, bs: usize) {
     let case = DecodeCase::new(DType::F32, bs);
     let mut out = vec![0.0f32; NUM_SEQS * NUM_HEADS * HEAD_SIZE];
-    let mut g = c.benchmark_group("attn");
-    g.sample_size(if quick() { 10 } else { 20 });
-    g.sampling_mode(SamplingMode::Flat);
-    g.throughput(Throughput::Bytes(case.bytes_read()));
+    let mut g = attn_group(c, case.bytes_read());
     g.bench_function(names.paged, |b| {
         b.iter_custom(|iters| {
             let (mut paged, mut contig) = (Duration::ZERO, Duration::ZERO);
