@@ -18,7 +18,7 @@ use crate::config::EngineConfig;
 use crate::error::{EngineError, RequestError};
 use crate::executor::Executor;
 use crate::metrics::{Gauges, MetricsCollector, MetricsSnapshot};
-use crate::output::{FinalOutput, FinishReason, RequestOutput};
+use crate::output::{FinalOutput, FinishReason, RequestKey, RequestOutput};
 use crate::request::{Prompt, RequestOptions, RequestState};
 use crate::sampling::{SampleRow, SamplingParams, SequenceSampler, sample_batch, seeded_rng};
 
@@ -188,13 +188,14 @@ impl Engine {
         }
     }
 
-    /// Admits a request, or rejects it with a typed error (nothing is stored then).
+    /// Admits a request, or rejects it with a typed error (nothing is stored then). The key
+    /// tells this admission's outputs apart from those of an earlier request with the same id.
     pub fn add_request(
         &mut self,
         id: impl Into<String>,
         prompt: impl Into<Prompt>,
         params: SamplingParams,
-    ) -> Result<(), RequestError> {
+    ) -> Result<RequestKey, RequestError> {
         self.add_request_with(id, prompt, params, RequestOptions::default())
     }
 
@@ -205,7 +206,7 @@ impl Engine {
         prompt: impl Into<Prompt>,
         params: SamplingParams,
         options: RequestOptions,
-    ) -> Result<(), RequestError> {
+    ) -> Result<RequestKey, RequestError> {
         let id = id.into();
         let result = self.admit(id, prompt.into(), params, &options);
         if result.is_err() {
@@ -220,7 +221,7 @@ impl Engine {
         prompt: Prompt,
         params: SamplingParams,
         options: &RequestOptions,
-    ) -> Result<(), RequestError> {
+    ) -> Result<RequestKey, RequestError> {
         if self.ids.contains_key(&id) {
             return Err(RequestError::DuplicateId(id));
         }
@@ -233,15 +234,42 @@ impl Engine {
         if let Some(&token) = tokens.iter().find(|&&t| t as usize >= vocab_size) {
             return Err(RequestError::TokenOutOfVocab { id, token, vocab_size });
         }
-        let room = self.max_model_len.saturating_sub(tokens.len());
-        let max_tokens = params.max_tokens.unwrap_or(room.max(1));
-        if tokens.len() + max_tokens > self.max_model_len {
+        // Every size here comes from the client: checked arithmetic only.
+        let prompt_len = tokens.len();
+        let max_tokens = match params.max_tokens {
+            Some(max_tokens) => max_tokens,
+            // Unset: up to the model's max length, or as far as the KV cache could ever hold
+            // this request alone, whichever is shorter.
+            None => {
+                let room = self.max_model_len.saturating_sub(prompt_len);
+                let pool = self.scheduler.device_pool();
+                room.min(scheduler::max_new_tokens_within(
+                    pool.block_size(),
+                    prompt_len,
+                    params.n,
+                    pool.num_blocks(),
+                ))
+                .max(1)
+            }
+        };
+        if prompt_len.checked_add(max_tokens).is_none_or(|total| total > self.max_model_len) {
             return Err(RequestError::TooLong {
                 id,
-                prompt_len: tokens.len(),
+                prompt_len,
                 max_tokens,
                 max_model_len: self.max_model_len,
             });
+        }
+        // A request that could not finish even alone on the device would be cut short later
+        // ("capacity exceeded"), which a client cannot tell from reaching max_tokens: refuse it.
+        let pool = self.scheduler.device_pool();
+        let pool_blocks = pool.num_blocks();
+        match scheduler::blocks_for_request(pool.block_size(), prompt_len, max_tokens, params.n) {
+            Some(blocks_needed) if blocks_needed <= pool_blocks => {}
+            need => {
+                let blocks_needed = need.unwrap_or(usize::MAX);
+                return Err(RequestError::ExceedsKvCache { id, blocks_needed, pool_blocks });
+            }
         }
         let sid = self.next_id;
         let mut request =
@@ -251,6 +279,9 @@ impl Engine {
         }
         self.scheduler.add_request(request).map_err(|e| match e {
             SchedulerError::EmptyPrompt(_) => RequestError::EmptyPrompt(id.clone()),
+            SchedulerError::ExceedsPool { blocks_needed, pool_blocks, .. } => {
+                RequestError::ExceedsKvCache { id: id.clone(), blocks_needed, pool_blocks }
+            }
             other => RequestError::Rejected { id: id.clone(), reason: other.to_string() },
         })?;
         self.next_id += 1;
@@ -264,22 +295,32 @@ impl Engine {
         let samplers = (0..params.n)
             .map(|i| SequenceSampler::new(seeded_rng(seed, i), prompt_set.clone(), stop_ids.clone()))
             .collect();
-        self.requests.insert(sid, RequestState::new(id.clone(), Arc::new(params), &tokens, samplers));
+        let key = RequestKey(sid);
+        self.requests.insert(sid, RequestState::new(id.clone(), key, Arc::new(params), &tokens, samplers));
         self.ids.insert(id, sid);
-        Ok(())
+        Ok(key)
     }
 
     /// Aborts an unfinished request: its blocks are freed now and its final output (finish
     /// reason `Abort`) comes with the next `step`. An unknown id is a reported no-op.
     pub fn abort(&mut self, id: &str) -> Result<(), RequestError> {
-        let sid = self.ids.remove(id).ok_or_else(|| RequestError::UnknownRequest(id.to_owned()))?;
+        let sid = *self.ids.get(id).ok_or_else(|| RequestError::UnknownRequest(id.to_owned()))?;
+        self.abort_key(RequestKey(sid)).map_err(|_| RequestError::UnknownRequest(id.to_owned()))
+    }
+
+    /// [`Engine::abort`] by key: aborts exactly the admission `key` names, never a later
+    /// request that reuses its id. A finished (or already aborted) key is a reported no-op.
+    pub fn abort_key(&mut self, key: RequestKey) -> Result<(), RequestError> {
+        let sid = key.0;
+        let Some(mut state) = self.requests.remove(&sid) else {
+            return Err(RequestError::UnknownRequest(format!("#{sid}")));
+        };
+        self.ids.remove(&state.id);
         if let Err(e) = self.scheduler.abort(sid) {
-            tracing::warn!(target: "engine", "abort of {id:?}: scheduler says {e}");
+            tracing::warn!(target: "engine", "abort of {:?}: scheduler says {e}", state.id);
         }
-        if let Some(mut state) = self.requests.remove(&sid) {
-            state.finish_all(&FinishReason::Abort);
-            self.pending.extend(state.take_output(Instant::now(), &self.tokenizer));
-        }
+        state.finish_all(&FinishReason::Abort);
+        self.pending.extend(state.take_output(Instant::now(), &self.tokenizer));
         self.metrics.record_aborted();
         Ok(())
     }
@@ -489,7 +530,7 @@ impl Engine {
         for (i, prompt) in prompts.into_iter().enumerate() {
             let id = format!("generate-{}-{i}", self.next_id);
             match self.add_request(id.clone(), prompt, params.clone()) {
-                Ok(()) => {
+                Ok(_) => {
                     slots.insert(id.clone(), i);
                     results.push(Ok(FinalOutput::new(id, 0)));
                 }

@@ -15,6 +15,10 @@ pub enum RequestError {
     TooLong { id: String, prompt_len: usize, max_tokens: usize, max_model_len: usize },
     #[error("request {id:?}: token id {token} is outside the vocabulary of {vocab_size}")]
     TokenOutOfVocab { id: String, token: u32, vocab_size: usize },
+    #[error(
+        "request {id:?}: needs {blocks_needed} KV blocks at its longest (prompt + max_tokens, all n samples) but the KV cache has {pool_blocks}; lower max_tokens or n"
+    )]
+    ExceedsKvCache { id: String, blocks_needed: usize, pool_blocks: usize },
     #[error("request id {0:?} is already in use")]
     DuplicateId(String),
     #[error("no unfinished request {0:?} (nothing aborted)")]

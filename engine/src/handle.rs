@@ -14,7 +14,7 @@ use parking_lot::Mutex;
 use crate::engine::Engine;
 use crate::error::{EngineError, RequestError};
 use crate::metrics::MetricsSnapshot;
-use crate::output::{FinalOutput, RequestOutput};
+use crate::output::{FinalOutput, RequestKey, RequestOutput};
 use crate::request::{Prompt, RequestOptions};
 use crate::sampling::SamplingParams;
 
@@ -46,12 +46,18 @@ struct Submission {
     params: SamplingParams,
     options: RequestOptions,
     stream: Sender<StreamItem>,
-    reply: Sender<Result<(), RequestError>>,
+    reply: Sender<Result<RequestKey, RequestError>>,
 }
 
 enum Command {
     Add(Box<Submission>),
-    Abort { id: String, reply: Option<Sender<Result<(), RequestError>>> },
+    Abort {
+        id: String,
+        reply: Option<Sender<Result<(), RequestError>>>,
+    },
+    /// A stream was dropped before its end: abort exactly its admission, never a later
+    /// request that took over its id.
+    AbortKey(RequestKey),
     Metrics(Sender<MetricsSnapshot>),
     Idle(Sender<bool>),
     Shutdown(ShutdownMode),
@@ -62,6 +68,7 @@ impl std::fmt::Debug for Command {
         match self {
             Self::Add(sub) => write!(f, "Add({})", sub.id),
             Self::Abort { id, .. } => write!(f, "Abort({id})"),
+            Self::AbortKey(key) => write!(f, "AbortKey({})", key.0),
             Self::Metrics(_) => f.write_str("Metrics"),
             Self::Idle(_) => f.write_str("Idle"),
             Self::Shutdown(m) => write!(f, "Shutdown({m:?})"),
@@ -152,8 +159,8 @@ impl EngineHandle {
             reply: reply_tx,
         }));
         self.inner.tx.send(cmd).map_err(|_| RequestError::EngineStopped)?;
-        reply_rx.recv().map_err(|_| RequestError::EngineStopped)??;
-        Ok(RequestStream { id, rx: stream_rx, tx: self.inner.tx.clone(), done: false })
+        let key = reply_rx.recv().map_err(|_| RequestError::EngineStopped)??;
+        Ok(RequestStream { id, key, rx: stream_rx, tx: self.inner.tx.clone(), done: false })
     }
 
     /// Submits many requests at once (they reach the engine before its next step, so they
@@ -183,8 +190,8 @@ impl EngineHandle {
                 if !sent {
                     return Err(RequestError::EngineStopped);
                 }
-                reply.recv().map_err(|_| RequestError::EngineStopped)??;
-                Ok(RequestStream { id, rx, tx: self.inner.tx.clone(), done: false })
+                let key = reply.recv().map_err(|_| RequestError::EngineStopped)??;
+                Ok(RequestStream { id, key, rx, tx: self.inner.tx.clone(), done: false })
             })
             .collect()
     }
@@ -223,6 +230,7 @@ impl EngineHandle {
 #[derive(Debug)]
 pub struct RequestStream {
     id: String,
+    key: RequestKey,
     rx: Receiver<StreamItem>,
     tx: Sender<Command>,
     done: bool,
@@ -231,6 +239,11 @@ pub struct RequestStream {
 impl RequestStream {
     pub fn id(&self) -> &str {
         &self.id
+    }
+
+    /// The engine's key of this admission (outputs carry it as `request_key`).
+    pub fn key(&self) -> RequestKey {
+        self.key
     }
 
     /// Blocks for the next output; `None` once the final one was returned.
@@ -280,15 +293,17 @@ impl Iterator for RequestStream {
 impl Drop for RequestStream {
     fn drop(&mut self) {
         if !self.done {
-            let _ = self.tx.send(Command::Abort { id: self.id.clone(), reply: None });
+            let _ = self.tx.send(Command::AbortKey(self.key));
         }
     }
 }
 
-/// The engine thread's state: the engine and the stream of each live request.
+/// The engine thread's state: the engine and the stream of each live request, by admission
+/// key (an id string can name two requests in a row: an aborted one whose final output is
+/// still to come, and its successor).
 struct EngineLoop {
     engine: Engine,
-    streams: HashMap<String, Sender<StreamItem>>,
+    streams: HashMap<RequestKey, Sender<StreamItem>>,
     draining: bool,
 }
 
@@ -331,8 +346,8 @@ impl EngineLoop {
                 } else {
                     self.engine.add_request_with(id.clone(), prompt, params, options)
                 };
-                if result.is_ok() {
-                    self.streams.insert(id, stream);
+                if let Ok(key) = result {
+                    self.streams.insert(key, stream);
                 }
                 let _ = reply.send(result);
             }
@@ -341,6 +356,10 @@ impl EngineLoop {
                 if let Some(reply) = reply {
                     let _ = reply.send(result);
                 }
+            }
+            Command::AbortKey(key) => {
+                // Already finished is fine: the stream was dropped after the engine's last output.
+                let _ = self.engine.abort_key(key);
             }
             Command::Metrics(reply) => {
                 let _ = reply.send(self.engine.metrics());
@@ -364,14 +383,14 @@ impl EngineLoop {
             Ok(outputs) => {
                 for out in outputs {
                     let finished = out.finished;
-                    let id = out.request_id.clone();
-                    let delivered = self.streams.get(&id).is_some_and(|s| s.send(Ok(out)).is_ok());
+                    let key = out.request_key;
+                    let delivered = self.streams.get(&key).is_some_and(|s| s.send(Ok(out)).is_ok());
                     if finished {
-                        self.streams.remove(&id);
+                        self.streams.remove(&key);
                     } else if !delivered {
                         // Nobody listens any more: stop spending compute on it.
-                        let _ = self.engine.abort(&id);
-                        self.streams.remove(&id);
+                        let _ = self.engine.abort_key(key);
+                        self.streams.remove(&key);
                     }
                 }
             }

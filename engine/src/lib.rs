@@ -27,6 +27,8 @@ pub use error::{EngineError, RequestError};
 pub use handle::{EngineHandle, RequestStream, ShutdownMode, StreamError};
 pub use metrics::{Gauges, LatencyStats, MetricsSnapshot};
 pub use model::ChatMessage;
-pub use output::{Completion, CompletionDelta, FinalOutput, FinishReason, RequestOutput, RequestTiming};
+pub use output::{
+    Completion, CompletionDelta, FinalOutput, FinishReason, RequestKey, RequestOutput, RequestTiming,
+};
 pub use request::{Prompt, RequestOptions};
 pub use sampling::{SamplingParams, SamplingParamsError};

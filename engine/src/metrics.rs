@@ -1,8 +1,12 @@
-//! Engine metrics: counters and latency samples gathered every step, a plain-data
+//! Engine metrics: counters and latency histograms gathered every step, a plain-data
 //! snapshot for callers, and a `tracing` line per logging interval (vLLM's stat logger).
+//!
+//! Latencies go into fixed-size HDR histograms (microseconds, 3 significant digits, up to an
+//! hour): memory and snapshot cost stay constant however long the engine runs.
 
 use std::time::{Duration, Instant};
 
+use hdrhistogram::Histogram;
 use serde::Serialize;
 
 /// Percentiles of a latency sample, in milliseconds.
@@ -16,24 +20,70 @@ pub struct LatencyStats {
 }
 
 impl LatencyStats {
-    /// Nearest-rank percentiles of `samples_ms` (empty → all zero).
+    /// Percentiles of `samples_ms` (empty → all zero), through the same histogram the engine
+    /// keeps; values are exact to 3 significant digits.
     pub fn from_samples(samples_ms: &[f64]) -> Self {
-        if samples_ms.is_empty() {
-            return Self::default();
+        let mut h = LatencyHistogram::new();
+        for &ms in samples_ms {
+            h.record(Duration::from_secs_f64(ms.max(0.0) / 1e3));
         }
-        let mut sorted = samples_ms.to_vec();
-        sorted.sort_by(f64::total_cmp);
-        let pick = |q: f64| {
-            let rank = (q * sorted.len() as f64).ceil() as usize;
-            sorted[rank.clamp(1, sorted.len()) - 1]
-        };
-        Self {
-            count: sorted.len(),
-            mean_ms: sorted.iter().sum::<f64>() / sorted.len() as f64,
-            p50_ms: pick(0.5),
-            p90_ms: pick(0.9),
-            p99_ms: pick(0.99),
+        h.stats()
+    }
+}
+
+/// A latency distribution of fixed size: microseconds from 1 µs to one hour at 3 significant
+/// digits (longer values are clamped to the hour).
+#[derive(Debug, Clone)]
+pub struct LatencyHistogram {
+    hist: Histogram<u64>,
+}
+
+impl Default for LatencyHistogram {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl LatencyHistogram {
+    const MAX_US: u64 = 3_600_000_000;
+
+    pub fn new() -> Self {
+        // Bounds are constants within the crate's limits: this cannot fail.
+        let hist = Histogram::new_with_bounds(1, Self::MAX_US, 3).expect("constant, valid histogram bounds");
+        Self { hist }
+    }
+
+    pub fn record(&mut self, d: Duration) {
+        let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX).clamp(1, Self::MAX_US);
+        self.hist.saturating_record(us);
+    }
+
+    pub fn len(&self) -> u64 {
+        self.hist.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.hist.is_empty()
+    }
+
+    /// Count, mean and percentiles in milliseconds (all zero when empty).
+    pub fn stats(&self) -> LatencyStats {
+        if self.hist.is_empty() {
+            return LatencyStats::default();
         }
+        let ms = |us: u64| us as f64 / 1e3;
+        LatencyStats {
+            count: usize::try_from(self.hist.len()).unwrap_or(usize::MAX),
+            mean_ms: self.hist.mean() / 1e3,
+            p50_ms: ms(self.hist.value_at_quantile(0.5)),
+            p90_ms: ms(self.hist.value_at_quantile(0.9)),
+            p99_ms: ms(self.hist.value_at_quantile(0.99)),
+        }
+    }
+
+    /// Bucket upper bounds (ms) and counts, for exporters that want the whole distribution.
+    pub fn iter_recorded_ms(&self) -> impl Iterator<Item = (f64, u64)> + '_ {
+        self.hist.iter_recorded().map(|v| (v.value_iterated_to() as f64 / 1e3, v.count_at_value()))
     }
 }
 
@@ -75,6 +125,8 @@ pub struct MetricsSnapshot {
     pub generation_throughput: f64,
     pub ttft: LatencyStats,
     pub tpot: LatencyStats,
+    /// Arrival to finish of the requests that finished normally.
+    pub e2e_latency: LatencyStats,
 }
 
 /// Accumulates metrics; the engine feeds it each step.
@@ -91,8 +143,9 @@ pub struct MetricsCollector {
     requests_aborted: u64,
     requests_rejected: u64,
     peak_kv_usage: f64,
-    ttft_ms: Vec<f64>,
-    tpot_ms: Vec<f64>,
+    ttft: LatencyHistogram,
+    tpot: LatencyHistogram,
+    e2e: LatencyHistogram,
 }
 
 impl MetricsCollector {
@@ -111,8 +164,9 @@ impl MetricsCollector {
             requests_aborted: 0,
             requests_rejected: 0,
             peak_kv_usage: 0.0,
-            ttft_ms: Vec::new(),
-            tpot_ms: Vec::new(),
+            ttft: LatencyHistogram::new(),
+            tpot: LatencyHistogram::new(),
+            e2e: LatencyHistogram::new(),
         }
     }
 
@@ -133,11 +187,12 @@ impl MetricsCollector {
     /// output token after the first (requests of one token contribute no TPOT).
     pub fn record_finished(&mut self, ttft: Option<Duration>, latency: Duration, generated: usize) {
         self.requests_finished += 1;
+        self.e2e.record(latency);
         if let Some(ttft) = ttft {
-            self.ttft_ms.push(ttft.as_secs_f64() * 1e3);
+            self.ttft.record(ttft);
             if generated > 1 {
                 let decode = latency.saturating_sub(ttft);
-                self.tpot_ms.push(decode.as_secs_f64() * 1e3 / (generated - 1) as f64);
+                self.tpot.record(decode.div_f64((generated - 1) as f64));
             }
         }
     }
@@ -187,8 +242,9 @@ impl MetricsCollector {
             elapsed_s,
             prompt_throughput: per_s(self.prompt_tokens),
             generation_throughput: per_s(self.generation_tokens),
-            ttft: LatencyStats::from_samples(&self.ttft_ms),
-            tpot: LatencyStats::from_samples(&self.tpot_ms),
+            ttft: self.ttft.stats(),
+            tpot: self.tpot.stats(),
+            e2e_latency: self.e2e.stats(),
         }
     }
 }
@@ -201,15 +257,35 @@ fn hit_rate(g: &Gauges) -> f64 {
 mod tests {
     use super::*;
 
+    /// Within the histogram's 3 significant digits.
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() <= b.abs() * 1e-3 + 1e-9
+    }
+
     #[test]
-    fn percentiles_use_nearest_rank() {
+    fn percentiles_use_nearest_rank_to_three_digits() {
         let s = LatencyStats::from_samples(&[5.0, 1.0, 3.0, 2.0, 4.0]);
-        assert_eq!((s.count, s.p50_ms, s.p90_ms, s.p99_ms), (5, 3.0, 5.0, 5.0));
-        assert!((s.mean_ms - 3.0).abs() < 1e-12);
+        assert_eq!(s.count, 5);
+        assert!(close(s.p50_ms, 3.0) && close(s.p90_ms, 5.0) && close(s.p99_ms, 5.0), "{s:?}");
+        assert!(close(s.mean_ms, 3.0), "{s:?}");
         assert_eq!(LatencyStats::from_samples(&[]), LatencyStats::default());
         let hundred: Vec<f64> = (1..=100).map(f64::from).collect();
         let s = LatencyStats::from_samples(&hundred);
-        assert_eq!((s.p50_ms, s.p90_ms, s.p99_ms), (50.0, 90.0, 99.0));
+        assert!(close(s.p50_ms, 50.0) && close(s.p90_ms, 90.0) && close(s.p99_ms, 99.0), "{s:?}");
+    }
+
+    #[test]
+    fn histogram_size_does_not_grow_with_samples() {
+        let mut h = LatencyHistogram::new();
+        let before = h.hist.distinct_values();
+        for i in 0..200_000u64 {
+            h.record(Duration::from_micros(1 + i * 7919 % 5_000_000));
+        }
+        h.record(Duration::from_secs(100_000)); // past the hour: clamped, not an error
+        assert_eq!(h.hist.distinct_values(), before);
+        assert_eq!(h.len(), 200_001);
+        let s = h.stats();
+        assert!(s.p99_ms > 4_900.0 && s.p99_ms < 5_010.0, "{s:?}");
     }
 
     #[test]
@@ -229,7 +305,8 @@ mod tests {
         assert!((s.prefix_cache_hit_rate - 0.4).abs() < 1e-12);
         assert_eq!(s.ttft.count, 2);
         assert_eq!(s.tpot.count, 1);
-        assert!((s.tpot.p50_ms - 10.0).abs() < 1e-9);
+        assert!(close(s.tpot.p50_ms, 10.0), "{:?}", s.tpot);
+        assert_eq!(s.e2e_latency.count, 2);
         m.reset();
         assert_eq!(m.snapshot(Gauges::default()).steps, 0);
     }

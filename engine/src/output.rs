@@ -61,10 +61,18 @@ pub struct RequestTiming {
     pub latency: Option<Duration>,
 }
 
+/// The engine's own number for one admitted request: unique over the engine's lifetime, so
+/// outputs reach the request that produced them even when a finished or aborted request's
+/// id string is reused at once (an abort's final output comes a step later).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct RequestKey(pub u64);
+
 /// One request's news from one engine step.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RequestOutput {
     pub request_id: String,
+    /// Which admission this output belongs to (see [`RequestKey`]).
+    pub request_key: RequestKey,
     /// Only the samples with news this step.
     pub outputs: Vec<CompletionDelta>,
     /// True on the request's last output (all samples finished or aborted).
@@ -151,6 +159,7 @@ mod tests {
         let mut fin = FinalOutput::new("r".into(), 3);
         let mk = |outputs, finished| RequestOutput {
             request_id: "r".into(),
+            request_key: RequestKey(0),
             outputs,
             finished,
             prompt_tokens: 3,

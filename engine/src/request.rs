@@ -8,7 +8,7 @@ use std::time::Instant;
 use model::ChatMessage;
 
 use crate::detok::{IncrementalDetokenizer, TokenDecoder};
-use crate::output::{CompletionDelta, FinishReason, RequestOutput, RequestTiming};
+use crate::output::{CompletionDelta, FinishReason, RequestKey, RequestOutput, RequestTiming};
 use crate::sampling::{PositionLogprobs, SamplingParams, SequenceSampler};
 
 /// A prompt: plain text, token ids, or chat messages rendered with the model's template.
@@ -103,6 +103,7 @@ impl SeqState {
 #[derive(Debug)]
 pub(crate) struct RequestState {
     pub id: String,
+    pub key: RequestKey,
     pub params: Arc<SamplingParams>,
     pub prompt_len: usize,
     pub arrival: Instant,
@@ -113,6 +114,7 @@ pub(crate) struct RequestState {
 impl RequestState {
     pub fn new(
         id: String,
+        key: RequestKey,
         params: Arc<SamplingParams>,
         prompt: &[u32],
         samplers: Vec<SequenceSampler>,
@@ -135,7 +137,7 @@ impl RequestState {
                 finish_sent: false,
             })
             .collect();
-        Self { id, params, prompt_len: prompt.len(), arrival: Instant::now(), first_token: None, seqs }
+        Self { id, key, params, prompt_len: prompt.len(), arrival: Instant::now(), first_token: None, seqs }
     }
 
     pub fn all_finished(&self) -> bool {
@@ -192,6 +194,7 @@ impl RequestState {
         }
         Some(RequestOutput {
             request_id: self.id.clone(),
+            request_key: self.key,
             outputs,
             finished: self.all_finished(),
             prompt_tokens: self.prompt_len,

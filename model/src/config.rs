@@ -172,7 +172,10 @@ impl LlamaConfig {
             None => None,
             Some(rs) => parse_rope_scaling(rs, raw.max_position_embeddings, path)?,
         };
-        Ok(Self {
+        if raw.max_position_embeddings == 0 {
+            return bad("max_position_embeddings must be positive".into());
+        }
+        let config = Self {
             hidden_size: raw.hidden_size,
             intermediate_size: raw.intermediate_size,
             num_hidden_layers: raw.num_hidden_layers,
@@ -187,7 +190,45 @@ impl LlamaConfig {
             max_position_embeddings: raw.max_position_embeddings,
             bos_token_id: raw.bos_token_id.and_then(|ids| ids.to_vec().first().copied()),
             eos_token_ids: raw.eos_token_id.map(|ids| ids.to_vec()).unwrap_or_default(),
-        })
+        };
+        if config.checked_num_parameters().is_none() {
+            return bad(format!(
+                "sizes overflow: hidden_size {}, intermediate_size {}, heads {}/{}, head_dim {head_dim}, \
+                 vocab_size {}, num_hidden_layers {} give more parameters than a usize holds",
+                config.hidden_size,
+                config.intermediate_size,
+                config.num_attention_heads,
+                config.num_key_value_heads,
+                config.vocab_size,
+                config.num_hidden_layers
+            ));
+        }
+        Ok(config)
+    }
+
+    /// Every size the loader and the forward pass derive from the config, with checked
+    /// arithmetic: `None` when one overflows (such a config is refused by `validate`, so the
+    /// unchecked accessors below are exact for every validated config).
+    fn checked_num_parameters(&self) -> Option<usize> {
+        let h = self.hidden_size;
+        let q = self.num_attention_heads.checked_mul(self.head_dim)?;
+        let qkv = self.num_key_value_heads.checked_mul(2)?.checked_add(self.num_attention_heads)?;
+        let qkv = qkv.checked_mul(self.head_dim)?;
+        let per_layer = h
+            .checked_mul(qkv)?
+            .checked_add(q.checked_mul(h)?)?
+            .checked_add(h.checked_mul(self.intermediate_size)?.checked_mul(3)?)?
+            .checked_add(h.checked_mul(2)?)?;
+        let embed = self.vocab_size.checked_mul(h)?;
+        let head = if self.tie_word_embeddings { 0 } else { embed };
+        // f32 bytes of all of it must be addressable too.
+        self.num_hidden_layers
+            .checked_mul(per_layer)?
+            .checked_add(embed)?
+            .checked_add(h)?
+            .checked_add(head)?
+            .checked_mul(4)
+            .map(|bytes| bytes / 4)
     }
 
     /// Width of the fused Q, K, V projection output.
@@ -297,6 +338,28 @@ mod tests {
         v["rope_scaling"] = serde_json::json!({"type": "yarn", "factor": 2.0});
         let err = parse(v).unwrap_err().to_string();
         assert!(err.contains("cfg/config.json") && err.contains("yarn"), "{err}");
+    }
+
+    #[test]
+    fn absurd_sizes_are_config_errors_not_overflows() {
+        for (field, value) in [
+            ("head_dim", serde_json::json!(1u64 << 60)),
+            ("vocab_size", serde_json::json!(1u64 << 62)),
+            ("hidden_size", serde_json::json!(u64::MAX)),
+            ("intermediate_size", serde_json::json!(1u64 << 62)),
+            ("num_hidden_layers", serde_json::json!(1u64 << 62)),
+        ] {
+            let mut v = base();
+            v[field] = value;
+            if field == "hidden_size" {
+                v["head_dim"] = serde_json::json!(16);
+            }
+            let err = parse(v).unwrap_err().to_string();
+            assert!(err.contains("cfg/config.json") && err.contains("overflow"), "{field}: {err}");
+        }
+        let mut v = base();
+        v["max_position_embeddings"] = serde_json::json!(0);
+        assert!(parse(v).is_err());
     }
 
     #[test]

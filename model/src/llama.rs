@@ -75,8 +75,48 @@ impl Llama {
         Self::from_safetensors(config, &files)
     }
 
+    /// Every tensor the config implies, with its shape, in load order (lazily: a config may
+    /// claim absurdly many layers, and the first missing one ends the check).
+    fn expected_tensors(c: &LlamaConfig) -> impl Iterator<Item = (String, [usize; 2])> + '_ {
+        let (h, d, inter) = (c.hidden_size, c.head_dim, c.intermediate_size);
+        // Validated configs keep these products in range (`LlamaConfig::validate`).
+        let (q_rows, kv_rows) = (c.num_attention_heads * d, c.num_key_value_heads * d);
+        let per_layer = (0..c.num_hidden_layers).flat_map(move |l| {
+            let p = format!("model.layers.{l}");
+            [
+                (format!("{p}.self_attn.q_proj.weight"), [q_rows, h]),
+                (format!("{p}.self_attn.k_proj.weight"), [kv_rows, h]),
+                (format!("{p}.self_attn.v_proj.weight"), [kv_rows, h]),
+                (format!("{p}.self_attn.o_proj.weight"), [h, q_rows]),
+                (format!("{p}.mlp.gate_proj.weight"), [inter, h]),
+                (format!("{p}.mlp.up_proj.weight"), [inter, h]),
+                (format!("{p}.mlp.down_proj.weight"), [h, inter]),
+                (format!("{p}.input_layernorm.weight"), [h, 0]),
+                (format!("{p}.post_attention_layernorm.weight"), [h, 0]),
+            ]
+        });
+        let head = (!c.tie_word_embeddings).then(|| ("lm_head.weight".to_owned(), [c.vocab_size, h]));
+        std::iter::once(("model.embed_tokens.weight".to_owned(), [c.vocab_size, h]))
+            .chain(per_layer)
+            .chain(std::iter::once(("model.norm.weight".to_owned(), [h, 0])))
+            .chain(head)
+    }
+
+    /// Checks every tensor the config implies against the checkpoint's headers before any
+    /// weight memory is allocated (a config claiming 10¹² layers or a 2⁶² vocabulary fails
+    /// here with the tensor that does not match, not in the allocator).
+    pub fn check_checkpoint(c: &LlamaConfig, files: &SafetensorsFiles) -> Result<()> {
+        for (name, shape) in Self::expected_tensors(c) {
+            // Norms are vectors: `[h, 0]` above stands for `[h]`.
+            let shape: &[usize] = if shape[1] == 0 { &shape[..1] } else { &shape };
+            files.check_shape(&name, shape)?;
+        }
+        Ok(())
+    }
+
     /// Builds the model from already-opened checkpoint files, checking every shape.
     pub fn from_safetensors(config: LlamaConfig, files: &SafetensorsFiles) -> Result<Self> {
+        Self::check_checkpoint(&config, files)?;
         let c = &config;
         let (h, d) = (c.hidden_size, c.head_dim);
         let (q_rows, kv_rows) = (c.num_attention_heads * d, c.num_key_value_heads * d);

@@ -1,9 +1,12 @@
 //! Safetensors checkpoints (one `model.safetensors` or shards listed in
 //! `model.safetensors.index.json`), memory-mapped and converted tensor by tensor to f32.
+//!
+//! A shard index is untrusted input: its file names must stay inside the model folder, and
+//! its `weight_map` must agree with the tensors the shards actually hold.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
 use memmap2::Mmap;
 use rayon::prelude::*;
@@ -30,7 +33,21 @@ pub struct SafetensorsFiles {
 
 #[derive(serde::Deserialize)]
 struct ShardIndex {
-    weight_map: HashMap<String, String>,
+    weight_map: BTreeMap<String, String>,
+}
+
+/// `name` from a shard index as a path under `dir`, refused when it could leave the folder
+/// (absolute, `..`, a drive prefix) or names nothing.
+fn shard_path(dir: &Path, name: &str, index_path: &Path) -> Result<PathBuf> {
+    let rel = Path::new(name);
+    let plain = !name.is_empty() && rel.components().all(|c| matches!(c, Component::Normal(_)));
+    if !plain {
+        return Err(ModelError::BadSafetensors {
+            path: index_path.to_path_buf(),
+            reason: format!("shard name {name:?} must be a relative path inside the model folder"),
+        });
+    }
+    Ok(dir.join(rel))
 }
 
 impl SafetensorsFiles {
@@ -43,9 +60,12 @@ impl SafetensorsFiles {
                 path: index_path.clone(),
                 reason: format!("invalid shard index: {e}"),
             })?;
-            let files: BTreeSet<&String> = idx.weight_map.values().collect();
-            let paths: Vec<PathBuf> = files.into_iter().map(|f| dir.join(f)).collect();
-            Self::open_files(&paths, index_path)
+            let names: BTreeSet<&String> = idx.weight_map.values().collect();
+            let paths =
+                names.iter().map(|f| shard_path(dir, f, &index_path)).collect::<Result<Vec<PathBuf>>>()?;
+            let files = Self::open_files(&paths, index_path.clone())?;
+            files.check_index(&idx.weight_map, &names.into_iter().collect::<Vec<_>>(), &index_path)?;
+            Ok(files)
         } else {
             let path = dir.join("model.safetensors");
             Self::open_files(std::slice::from_ref(&path), path.clone())
@@ -65,26 +85,79 @@ impl SafetensorsFiles {
             let st = SafeTensors::deserialize(&mmap)
                 .map_err(|e| ModelError::BadSafetensors { path: path.clone(), reason: e.to_string() })?;
             for name in st.names() {
-                index.insert(name.to_owned(), shards.len());
+                if let Some(other) = index.insert(name.to_owned(), shards.len()) {
+                    let other: &Shard = &shards[other];
+                    return Err(ModelError::BadSafetensors {
+                        path: path.clone(),
+                        reason: format!("tensor `{name}` is also in {}", other.path.display()),
+                    });
+                }
             }
             shards.push(Shard { path: path.clone(), mmap });
         }
         Ok(Self { shards, index, display_path })
     }
 
+    /// Every tensor of the index is in the shard it names, and every tensor of the shards is
+    /// in the index under its own shard (`shard_names[i]` is the index's name of shard `i`).
+    fn check_index(
+        &self,
+        weight_map: &BTreeMap<String, String>,
+        shard_names: &[&String],
+        index_path: &Path,
+    ) -> Result<()> {
+        let bad = |reason: String| Err(ModelError::BadSafetensors { path: index_path.to_path_buf(), reason });
+        for (tensor, file) in weight_map {
+            match self.index.get(tensor) {
+                Some(&i) if shard_names.get(i).is_some_and(|n| *n == file) => {}
+                Some(&i) => {
+                    return bad(format!(
+                        "weight_map puts `{tensor}` in {file:?} but it is in {:?}",
+                        shard_names.get(i).map_or("?", |n| n.as_str())
+                    ));
+                }
+                None => return bad(format!("weight_map lists `{tensor}` but {file:?} does not hold it")),
+            }
+        }
+        if let Some((tensor, &i)) = self.index.iter().find(|(t, _)| !weight_map.contains_key(*t)) {
+            return bad(format!(
+                "{:?} holds `{tensor}`, which weight_map does not list",
+                shard_names.get(i).map_or("?", |n| n.as_str())
+            ));
+        }
+        Ok(())
+    }
+
     pub fn contains(&self, name: &str) -> bool {
         self.index.contains_key(name)
     }
 
+    /// Checks that tensor `name` exists with `shape`, reading only the header (nothing is
+    /// allocated: a config's sizes are checked against the file before memory is set aside).
+    pub fn check_shape(&self, name: &str, shape: &[usize]) -> Result<()> {
+        let (shard, view) = self.view(name)?;
+        if view.shape() != shape {
+            return Err(ModelError::WrongShape {
+                path: shard.path.clone(),
+                tensor: name.to_owned(),
+                expected: shape.to_vec(),
+                found: view.shape().to_vec(),
+            });
+        }
+        Ok(())
+    }
+
     /// Reads tensor `name`, checks its shape, and converts it to f32.
     pub fn load_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
-        let mut out = vec![0.0f32; shape.iter().product()];
+        self.check_shape(name, shape)?;
+        // The shape matched the file's, whose data the mmap holds: the product is bounded.
+        let len = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).unwrap_or(usize::MAX);
+        let mut out = vec![0.0f32; len];
         self.load_f32_into(name, shape, &mut out)?;
         Ok(out)
     }
 
-    /// Like [`Self::load_f32`], into a caller-provided slice of the right length.
-    pub fn load_f32_into(&self, name: &str, shape: &[usize], out: &mut [f32]) -> Result<()> {
+    fn view(&self, name: &str) -> Result<(&Shard, safetensors::tensor::TensorView<'_>)> {
         let shard_idx = *self.index.get(name).ok_or_else(|| ModelError::MissingTensor {
             path: self.display_path.clone(),
             tensor: name.to_owned(),
@@ -95,6 +168,12 @@ impl SafetensorsFiles {
         let view = st
             .tensor(name)
             .map_err(|_| ModelError::MissingTensor { path: shard.path.clone(), tensor: name.to_owned() })?;
+        Ok((shard, view))
+    }
+
+    /// Like [`Self::load_f32`], into a caller-provided slice of the right length.
+    pub fn load_f32_into(&self, name: &str, shape: &[usize], out: &mut [f32]) -> Result<()> {
+        let (shard, view) = self.view(name)?;
         if view.shape() != shape {
             return Err(ModelError::WrongShape {
                 path: shard.path.clone(),

@@ -29,4 +29,4 @@ pub use config::{Policy, PreemptionMode, SchedulerConfig};
 pub use error::SchedulerError;
 pub use output::{FinishedSeq, SampledToken, ScheduledSeq, SchedulerOutput, StepResult};
 pub use request::{FinishReason, Request, RequestId, SeqId, TokenId};
-pub use scheduler::{Scheduler, SchedulerStats};
+pub use scheduler::{Scheduler, SchedulerStats, blocks_for_request, max_new_tokens_within};

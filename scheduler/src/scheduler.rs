@@ -298,3 +298,49 @@ impl Scheduler {
         block_alloc::num_distinct_blocks(&tables)
     }
 }
+
+/// Device blocks one request needs at its longest, alone on the device (a front end refuses
+/// requests above the pool size with this; the scheduler itself admits them and finishes them
+/// for capacity when they outgrow the pool): the prompt's full
+/// blocks are shared by its `n` samples, and each sample owns the rest of its table (its copy
+/// of a partial prompt block and the blocks of its generated tokens). The last generated
+/// token is never written to the cache. With `n > 1` and a partial last prompt block, the
+/// first decode after the fork asks room for every sample's copy while the original is still
+/// held: one block more than the samples end up holding. `None` when the count overflows.
+pub fn blocks_for_request(
+    block_size: usize,
+    prompt_len: usize,
+    max_new_tokens: usize,
+    n: usize,
+) -> Option<usize> {
+    if block_size == 0 || max_new_tokens == 0 {
+        return None;
+    }
+    let prompt_blocks = prompt_len.div_ceil(block_size);
+    if max_new_tokens == 1 {
+        return Some(prompt_blocks); // no sample writes past the prompt: nothing is copied
+    }
+    let stored = prompt_len.checked_add(max_new_tokens - 1)?;
+    let shared = prompt_len / block_size;
+    let own = stored.div_ceil(block_size) - shared;
+    let fork_copy = usize::from(n > 1 && !prompt_len.is_multiple_of(block_size));
+    shared.checked_add(fork_copy)?.checked_add(own.checked_mul(n)?)
+}
+
+/// The largest `max_new_tokens` for which [`blocks_for_request`] stays within `pool_blocks`
+/// (0 when not even the prompt fits).
+pub fn max_new_tokens_within(block_size: usize, prompt_len: usize, n: usize, pool_blocks: usize) -> usize {
+    if block_size == 0 || n == 0 || prompt_len.div_ceil(block_size) > pool_blocks {
+        return 0;
+    }
+    let shared = prompt_len / block_size;
+    let fork_copy = usize::from(n > 1 && !prompt_len.is_multiple_of(block_size));
+    let own = pool_blocks.saturating_sub(shared + fork_copy) / n;
+    // Stored tokens may reach (shared + own) blocks' worth: prompt + max_new - 1 ≤ that.
+    let stored_max = shared.saturating_add(own).saturating_mul(block_size);
+    match stored_max.checked_sub(prompt_len) {
+        // Fewer than one slot past the prompt: only the single token that is never stored.
+        Some(extra) => extra.saturating_add(1),
+        None => 1,
+    }
+}

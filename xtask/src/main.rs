@@ -9,6 +9,7 @@ mod cuda_check;
 mod fetch_model;
 mod gpu_check;
 mod plan;
+mod relaunch;
 mod run;
 mod test;
 mod throughput;

@@ -83,6 +83,7 @@ pub struct PlanArgs {
 const GIB: f64 = (1u64 << 30) as f64;
 
 pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
+    crate::relaunch::ensure_release_build(engine::Device::Cpu)?;
     let model = model_shape(args)?;
     let hardware = Hardware::by_name(&args.hardware)
         .with_context(|| format!("unknown hardware {:?} (a100-40gb, h200)", args.hardware))?;

@@ -130,22 +130,6 @@ impl EngineKnobs {
     }
 }
 
-/// With `--device cuda` in a build without CUDA support, runs this same command again through
-/// `cargo run -p xtask --features cuda` and exits with its status (the child prints its own
-/// result or its one error, e.g. that this machine has no CUDA driver). Returns otherwise.
-pub fn relaunch_for_device(device: Device) -> anyhow::Result<()> {
-    if device.is_cpu() || cfg!(feature = "cuda") {
-        return Ok(());
-    }
-    eprintln!("xtask: --device {device}: re-launching with the CUDA backend (--features cuda)");
-    let status = crate::cmd::cargo()
-        .args(["run", "--quiet", "--package", "xtask", "--features", "cuda", "--"])
-        .args(std::env::args_os().skip(1))
-        .status()
-        .context("re-launching xtask with --features cuda")?;
-    std::process::exit(status.code().unwrap_or(1));
-}
-
 pub fn default_model_dir() -> PathBuf {
     workspace_root().join("target/models/SmolLM2-135M-Instruct")
 }
@@ -261,7 +245,7 @@ fn builtin_prompts() -> Vec<(Prompt, SamplingParams)> {
 }
 
 pub fn run(args: &RunArgs) -> anyhow::Result<()> {
-    relaunch_for_device(args.knobs.device)?;
+    crate::relaunch::ensure_release_build(args.knobs.device)?;
     init_tracing();
     let dir = args.knobs.model_dir()?;
     let prompts = match &args.prompts {
@@ -397,10 +381,5 @@ mod tests {
         assert_eq!((f16.device, f16.kv_dtype), (Device::Cuda { ordinal: 1 }, DType::F16));
         let cli = <Cli as clap::Parser>::try_parse_from(["run", "--device", "tpu"]);
         assert!(cli.is_err());
-    }
-
-    #[test]
-    fn cpu_runs_are_never_relaunched() {
-        assert!(relaunch_for_device(Device::Cpu).is_ok());
     }
 }

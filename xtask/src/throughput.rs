@@ -65,7 +65,7 @@ fn load_dataset(
 }
 
 pub fn run(args: &ThroughputArgs) -> anyhow::Result<()> {
-    crate::run::relaunch_for_device(args.knobs.device)?;
+    crate::relaunch::ensure_release_build(args.knobs.device)?;
     if !args.json {
         init_tracing();
     }

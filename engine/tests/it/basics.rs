@@ -106,7 +106,7 @@ fn bad_input_is_rejected_per_request_and_the_engine_keeps_serving() {
     for (id, prompt, params, expected) in cases {
         match engine.add_request(id, prompt, params) {
             Err(e) => assert!(expected(&e), "{id}: unexpected error {e:?}"),
-            Ok(()) => panic!("{id}: accepted"),
+            Ok(_) => panic!("{id}: accepted"),
         }
     }
     assert!(matches!(engine.abort("nobody"), Err(RequestError::UnknownRequest(_))));
@@ -127,7 +127,7 @@ fn prompt_larger_than_the_pool_is_rejected() {
     let fx = Fixture::new();
     let mut engine = fx.engine(small_config(4));
     let e = engine.add_request("big", prompt_tokens(3, 100), SamplingParams::greedy(4));
-    assert!(matches!(e, Err(RequestError::Rejected { .. })), "{e:?}");
+    assert!(matches!(e, Err(RequestError::ExceedsKvCache { pool_blocks: 4, .. })), "{e:?}");
     assert!(engine.kv_is_idle());
 }
 

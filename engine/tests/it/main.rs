@@ -1,9 +1,10 @@
 //! Engine integration tests over a tiny random Llama: request lifecycle and bad input,
-//! batch invariance, seeded sampling, parallel samples, and the threaded handle.
+//! batch invariance, seeded sampling, parallel samples, the threaded handle, and hostile input.
 
 mod basics;
 mod device;
 mod handle;
+mod hostile;
 mod invariance;
 mod options;
 mod support;

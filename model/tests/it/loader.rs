@@ -41,31 +41,138 @@ fn half_precision_weights_load_as_their_f32_values() {
     }
 }
 
-#[test]
-fn sharded_checkpoint_loads_like_a_single_file() {
+/// The tiny model split into two shards inside `root/model`; `rename` picks each shard's name
+/// in the index (and where it is written, relative to the folder), and `edit` may then change
+/// the index's `weight_map`.
+fn sharded(
+    root: &std::path::Path,
+    rename: impl Fn(usize) -> String,
+    edit: impl FnOnce(&mut serde_json::Map<String, serde_json::Value>),
+) -> std::path::PathBuf {
     let single = write(Dtype::F32, &tiny_tensors(true), &default_config());
     let whole = std::fs::read(single.path().join("model.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&whole).unwrap();
     let names: Vec<String> = st.names().into_iter().map(str::to_owned).collect();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = root.join("model");
+    std::fs::create_dir_all(&dir).unwrap();
     let mut weight_map = serde_json::Map::new();
     for (shard, part) in names.chunks(names.len().div_ceil(2)).enumerate() {
-        let file = format!("model-0000{}-of-00002.safetensors", shard + 1);
+        let file = rename(shard);
         let views: HashMap<String, TensorView<'_>> =
             part.iter().map(|n| (n.clone(), st.tensor(n).unwrap())).collect();
-        safetensors::serialize_to_file(views, None, &dir.path().join(&file)).unwrap();
+        let path = dir.join(&file);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        safetensors::serialize_to_file(views, None, &path).unwrap();
         for n in part {
             weight_map.insert(n.clone(), serde_json::json!(file));
         }
     }
+    edit(&mut weight_map);
     let index = serde_json::json!({"metadata": {}, "weight_map": weight_map});
-    std::fs::write(dir.path().join("model.safetensors.index.json"), index.to_string()).unwrap();
-    std::fs::write(dir.path().join("config.json"), default_config().to_string()).unwrap();
+    std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    std::fs::write(dir.join("config.json"), default_config().to_string()).unwrap();
+    dir
+}
+
+fn shard_name(i: usize) -> String {
+    format!("model-0000{}-of-00002.safetensors", i + 1)
+}
+
+fn load_err_at(dir: &std::path::Path) -> String {
+    match Llama::load(dir) {
+        Ok(_) => panic!("loading {} should fail", dir.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn sharded_checkpoint_loads_like_a_single_file() {
+    let single = write(Dtype::F32, &tiny_tensors(true), &default_config());
+    let root = tempfile::tempdir().unwrap();
+    let dir = sharded(root.path(), shard_name, |_| {});
     let a = Llama::load(single.path()).unwrap();
-    let b = Llama::load(dir.path()).unwrap();
+    let b = Llama::load(&dir).unwrap();
     assert_eq!(a.embed, b.embed);
     assert_eq!(a.layers[1].gate_up, b.layers[1].gate_up);
     assert_eq!(a.final_norm, b.final_norm);
+}
+
+#[test]
+fn shard_names_may_not_leave_the_model_folder() {
+    // The second shard really exists outside the folder: loading it would succeed.
+    let root = tempfile::tempdir().unwrap();
+    let outside = |i: usize| if i == 0 { shard_name(0) } else { "../other/model.safetensors".to_owned() };
+    let dir = sharded(root.path(), outside, |_| {});
+    assert!(root.path().join("other/model.safetensors").exists());
+    let err = load_err_at(&dir);
+    assert!(err.contains("../other/model.safetensors") && err.contains("inside the model folder"), "{err}");
+    // Absolute names too (the index names the file by its full path).
+    let root = tempfile::tempdir().unwrap();
+    let abs_root = root.path().to_path_buf();
+    let dir = sharded(root.path(), shard_name, |map| {
+        for v in map.values_mut() {
+            if v.as_str() == Some(shard_name(1).as_str()) {
+                *v = serde_json::json!(abs_root.join("model").join(shard_name(1)).to_string_lossy());
+            }
+        }
+    });
+    let err = load_err_at(&dir);
+    assert!(err.contains("inside the model folder"), "{err}");
+    // Subfolders inside the model folder are fine.
+    let root = tempfile::tempdir().unwrap();
+    let dir = sharded(root.path(), |i| format!("shards/{}", shard_name(i)), |_| {});
+    assert!(Llama::load(&dir).is_ok());
+}
+
+#[test]
+fn the_index_and_the_shards_must_agree() {
+    let root = tempfile::tempdir().unwrap();
+    // A tensor the shards hold but the index leaves out.
+    let dir = sharded(root.path(), shard_name, |map| {
+        map.remove("model.norm.weight");
+    });
+    let err = load_err_at(&dir);
+    assert!(err.contains("model.norm.weight") && err.contains("does not list"), "{err}");
+    // A tensor filed under the wrong shard.
+    let root = tempfile::tempdir().unwrap();
+    let dir = sharded(root.path(), shard_name, |map| {
+        let first =
+            map.iter().find(|(_, v)| v.as_str() == Some(shard_name(0).as_str())).map(|(k, _)| k.clone());
+        map.insert(first.unwrap(), serde_json::json!(shard_name(1)));
+    });
+    let err = load_err_at(&dir);
+    assert!(err.contains("weight_map puts"), "{err}");
+    // A tensor the index lists that no shard holds.
+    let root = tempfile::tempdir().unwrap();
+    let dir = sharded(root.path(), shard_name, |map| {
+        map.insert("model.extra.weight".into(), serde_json::json!(shard_name(0)));
+    });
+    let err = load_err_at(&dir);
+    assert!(err.contains("model.extra.weight") && err.contains("does not hold"), "{err}");
+}
+
+#[test]
+fn absurd_config_sizes_are_errors_not_crashes() {
+    for (field, value) in [
+        ("head_dim", serde_json::json!(1u64 << 60)),
+        ("vocab_size", serde_json::json!(1u64 << 62)),
+        ("num_hidden_layers", serde_json::json!(1_000_000_000_000u64)),
+        ("intermediate_size", serde_json::json!(1u64 << 40)),
+        ("max_position_embeddings", serde_json::json!(u64::MAX)),
+    ] {
+        let dir = write(Dtype::F32, &tiny_tensors(true), &default_config());
+        let mut config = default_config();
+        config[field] = value;
+        std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+        match Llama::load(dir.path()) {
+            // A huge max_position_embeddings is legal by itself; it only caps max_model_len.
+            Ok(_) => assert_eq!(field, "max_position_embeddings"),
+            Err(e) => {
+                let e = e.to_string();
+                assert!(e.contains("config.json") || e.contains("model.safetensors"), "{field}: {e}");
+            }
+        }
+    }
 }
 
 #[test]

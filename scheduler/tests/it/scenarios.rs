@@ -420,3 +420,40 @@ fn priority_serves_urgent_requests_first_and_preempts_for_them() {
     assert_all_expected(&e, &[urgent]);
     assert!(e.reasons[&SeqId { request: 9, index: 0 }] == FinishReason::Length);
 }
+
+#[test]
+fn fit_alone_helpers_agree_and_a_fitting_request_never_exceeds_capacity() {
+    use scheduler::{blocks_for_request, max_new_tokens_within};
+    for bs in [4, 8, 16] {
+        for prompt_len in [1, 3, 4, 5, 15, 16, 17, 40] {
+            for n in [1, 2, 3] {
+                for pool in [1, 2, 5, 9, 20] {
+                    let m = max_new_tokens_within(bs, prompt_len, n, pool);
+                    let need = |m| blocks_for_request(bs, prompt_len, m, n).unwrap();
+                    if prompt_len.div_ceil(bs) > pool {
+                        assert_eq!(m, 0);
+                        continue;
+                    }
+                    assert!(m >= 1 && need(m) <= pool, "bs {bs} p {prompt_len} n {n} pool {pool}: {m}");
+                    assert!(
+                        need(m + 1) > pool,
+                        "bs {bs} p {prompt_len} n {n} pool {pool}: {m} not the largest"
+                    );
+                    // Run it alone on a pool of exactly that size: it finishes by length.
+                    let mut c = cfg(pool, bs);
+                    c.max_model_len = 10_000;
+                    c.watermark = 0.0;
+                    let mut e = FakeEngine::new(c);
+                    e.add(Request::new(1, prompt(1, prompt_len), m).with_n(n)).unwrap();
+                    e.run_to_end(10_000);
+                    assert!(e.capacity_exceeded.is_empty(), "bs {bs} p {prompt_len} n {n} pool {pool} m {m}");
+                    for k in 0..n as u32 {
+                        assert_eq!(e.outputs_of(1, n)[k as usize].len(), m);
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(blocks_for_request(16, 10, usize::MAX, 1), None);
+    assert_eq!(blocks_for_request(16, 10, usize::MAX / 2, 64), None);
+}
