@@ -1,5 +1,6 @@
 //! Criterion benchmarks of the allocator's hot paths, group `block_alloc`: figures
-//! `alloc_free_ns`, `append_token_ns`, `fork_1k_blocks_us`, `prefix_lookup_4k_tokens_us`.
+//! `alloc_free_ns`, `alloc_evict_free_ns`, `append_token_ns`, `fork_1k_blocks_us`,
+//! `prefix_lookup_4k_tokens_us`.
 //!
 //! Every pool is a realistic device pool (65 536 blocks of 16 tokens, prefix caching on) so
 //! metadata and the hash index are as large as in serving, not cache-resident toys.
@@ -89,15 +90,57 @@ fn cached_table(pool: &mut BlockPool, tokens: &[TokenId]) -> BlockTable {
 
 fn alloc_free(c: &mut Crit) {
     let mut pool = device_pool();
-    // Half the pool held, and the free half cached, as in steady-state serving: every
-    // allocation evicts a cached block.
+    // Half the pool held (cached), the other half free and uncached: allocation pops the free
+    // queue's head, free pushes the block back at its tail; no eviction (that is
+    // `alloc_evict_free_ns`). Once the pair has cycled through the free half, this is also what
+    // a pool whose free blocks were all evicted costs.
     let mut held = cached_table(&mut pool, &prompt(1, NUM_BLOCKS / 2 * BLOCK_SIZE));
-    let mut freed = cached_table(&mut pool, &prompt(2, NUM_BLOCKS / 2 * BLOCK_SIZE));
-    freed.free(&mut pool).expect("free");
     c.benchmark_group("block_alloc").bench_function("alloc_free_ns", |b| {
         b.iter(|| {
             let x = pool.allocate().expect("free blocks");
             pool.free(black_box(x)).expect("allocated");
+        })
+    });
+    held.free(&mut pool).expect("free");
+}
+
+fn alloc_evict_free(c: &mut Crit) {
+    let mut pool = device_pool();
+    // Half the pool held, and every free block cached, as in steady-state serving with the
+    // prefix cache warm: each allocation evicts the LRU cached block (its hash leaves the
+    // index). A freed block comes back uncached, so the free half is cached again (untimed)
+    // whenever the evictable blocks run out.
+    let mut held = cached_table(&mut pool, &prompt(1, NUM_BLOCKS / 2 * BLOCK_SIZE));
+    let free_half = NUM_BLOCKS - NUM_BLOCKS / 2;
+    let mut refills = 2u64;
+    let mut recache = |pool: &mut BlockPool| {
+        refills += 1;
+        let mut t = cached_table(pool, &prompt(refills, free_half * BLOCK_SIZE));
+        t.free(pool).expect("free");
+        assert_eq!(pool.num_cached_blocks(), NUM_BLOCKS);
+    };
+    recache(&mut pool);
+    let mut evictable = free_half;
+    c.benchmark_group("block_alloc").bench_function("alloc_evict_free_ns", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            let mut left = iters;
+            while left > 0 {
+                if evictable == 0 {
+                    recache(&mut pool);
+                    evictable = free_half;
+                }
+                let batch = left.min(evictable as u64);
+                let start = thread_cpu_now();
+                for _ in 0..batch {
+                    let x = pool.allocate().expect("free blocks");
+                    pool.free(black_box(x)).expect("allocated");
+                }
+                total += thread_cpu_now().saturating_sub(start);
+                evictable -= batch as usize;
+                left -= batch;
+            }
+            total
         })
     });
     held.free(&mut pool).expect("free");
@@ -162,6 +205,6 @@ fn prefix_lookup(c: &mut Crit) {
 criterion_group! {
     name = block_alloc;
     config = Criterion::default().with_measurement(ThreadCpuTime);
-    targets = alloc_free, append_token, fork_1k, prefix_lookup
+    targets = alloc_free, alloc_evict_free, append_token, fork_1k, prefix_lookup
 }
 criterion_main!(block_alloc);

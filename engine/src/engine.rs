@@ -39,6 +39,8 @@ pub struct Engine {
     tokenizer: model::Tokenizer,
     chat_template: Option<ChatTemplate>,
     eos_ids: Vec<u32>,
+    /// vLLM's sampling defaults under the model's generation config.
+    default_params: SamplingParams,
     max_model_len: usize,
     scheduler: Scheduler,
     requests: HashMap<u64, RequestState>,
@@ -96,6 +98,7 @@ impl Engine {
             enable_prefix_caching: config.enable_prefix_caching,
         })?;
         let eos_ids = folder.generation.eos_token_ids.clone();
+        let default_params = SamplingParams::with_generation_defaults(&folder.generation);
         tracing::info!(
             target: "engine",
             "KV cache: {} blocks of {} tokens ({:.1} MiB), {} swap blocks; max_model_len {max_model_len}",
@@ -112,6 +115,7 @@ impl Engine {
             tokenizer: folder.tokenizer,
             chat_template: folder.chat_template,
             eos_ids,
+            default_params,
             max_model_len,
             scheduler,
             requests: HashMap::new(),
@@ -140,6 +144,12 @@ impl Engine {
 
     pub fn model_config(&self) -> &model::LlamaConfig {
         self.executor.model_config()
+    }
+
+    /// What a request gets for every sampling field it leaves unset: vLLM's defaults with the
+    /// model's `generation_config.json` on top (see [`SamplingParams::with_generation_defaults`]).
+    pub fn default_sampling_params(&self) -> &SamplingParams {
+        &self.default_params
     }
 
     /// The end-of-sequence ids from the generation config.

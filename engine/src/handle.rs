@@ -79,6 +79,8 @@ impl std::fmt::Debug for Command {
 #[derive(Debug)]
 struct Inner {
     tx: Sender<Command>,
+    /// The engine's `default_sampling_params`, readable without a round trip.
+    default_params: SamplingParams,
     thread: Mutex<Option<JoinHandle<()>>>,
     next_id: AtomicU64,
 }
@@ -110,13 +112,25 @@ impl EngineHandle {
     /// Moves `engine` onto its own thread.
     pub fn spawn(engine: Engine) -> Result<Self, EngineError> {
         let (tx, rx) = crossbeam_channel::unbounded();
+        let default_params = engine.default_sampling_params().clone();
         let thread = std::thread::Builder::new()
             .name("engine".into())
             .spawn(move || EngineLoop::new(engine).run(&rx))
             .map_err(|e| EngineError::Config(format!("cannot start the engine thread: {e}")))?;
         Ok(Self {
-            inner: Arc::new(Inner { tx, thread: Mutex::new(Some(thread)), next_id: AtomicU64::new(0) }),
+            inner: Arc::new(Inner {
+                tx,
+                default_params,
+                thread: Mutex::new(Some(thread)),
+                next_id: AtomicU64::new(0),
+            }),
         })
+    }
+
+    /// What a request gets for every sampling field it leaves unset (vLLM's defaults with the
+    /// model's generation config on top).
+    pub fn default_sampling_params(&self) -> &SamplingParams {
+        &self.inner.default_params
     }
 
     /// Submits a request under a generated id.

@@ -1,6 +1,7 @@
 //! Chat templates (`chat_template` in `tokenizer_config.json`), rendered with `minijinja`
 //! the way `transformers`' `apply_chat_template` does: `messages`, `add_generation_prompt`,
-//! `bos_token`, `eos_token`, and a `raise_exception` function.
+//! `bos_token`, `eos_token`, a `raise_exception` function, and Python's string, list and dict
+//! methods (`minijinja_contrib::pycompat`) that many templates call.
 
 use std::path::Path;
 
@@ -42,6 +43,8 @@ impl ChatTemplate {
     /// Compiles `source`.
     pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<Self> {
         let mut env = minijinja::Environment::new();
+        // HF templates are Jinja as Python runs it: `.strip()`, `.startswith()`, `.items()`, …
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
             Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
         });
@@ -107,5 +110,21 @@ mod tests {
         let t = ChatTemplate::new("{{ raise_exception('no system role') }}", "", "").unwrap();
         let err = t.render(&[], false).unwrap_err().to_string();
         assert!(err.contains("no system role"), "{err}");
+    }
+
+    #[test]
+    fn python_string_and_dict_methods_work_as_in_transformers() {
+        // The shapes of Llama 3 / Qwen / Mistral templates: strip, startswith, items, split.
+        let t = ChatTemplate::new(
+            "{% for m in messages %}{% if m.content.startswith('!') %}[cmd]{% endif %}\
+             {{ m.role.upper() }}:{{ m.content.strip() }}|{% endfor %}\
+             {% for k, v in {'a': 1}.items() %}{{ k }}={{ v }}{% endfor %}\
+             {{ 'x,y'.split(',') | length }}",
+            "",
+            "",
+        )
+        .unwrap();
+        let msgs = [ChatMessage::new("user", "  hi  "), ChatMessage::new("assistant", "!go")];
+        assert_eq!(t.render(&msgs, false).unwrap(), "USER:hi|[cmd]ASSISTANT:!go|a=12");
     }
 }

@@ -1,4 +1,5 @@
-//! `generation_config.json`: the stop ids and sampling defaults a model ships with.
+//! `generation_config.json`: the stop ids and sampling defaults a model ships with (the engine
+//! applies the sampling ones to every field a request leaves unset, as vLLM does).
 
 use std::path::Path;
 
@@ -16,6 +17,8 @@ pub struct GenerationConfig {
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
     pub top_k: Option<usize>,
+    pub min_p: Option<f32>,
+    pub repetition_penalty: Option<f32>,
     pub max_new_tokens: Option<usize>,
 }
 
@@ -27,6 +30,8 @@ struct Raw {
     temperature: Option<f32>,
     top_p: Option<f32>,
     top_k: Option<usize>,
+    min_p: Option<f32>,
+    repetition_penalty: Option<f32>,
     max_new_tokens: Option<usize>,
 }
 
@@ -42,6 +47,8 @@ impl GenerationConfig {
             temperature: raw.temperature,
             top_p: raw.top_p,
             top_k: raw.top_k,
+            min_p: raw.min_p,
+            repetition_penalty: raw.repetition_penalty,
             max_new_tokens: raw.max_new_tokens,
         })
     }

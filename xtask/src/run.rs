@@ -156,11 +156,15 @@ pub struct RunArgs {
 struct PromptLine {
     prompt: Option<String>,
     messages: Option<Vec<ChatMessage>>,
+    /// Sampling fields; those left out come from `defaults` (the model's generation config).
     #[serde(default)]
-    params: Option<SamplingParams>,
+    params: Option<serde_json::Value>,
 }
 
-fn load_prompts(path: &Path) -> anyhow::Result<Vec<(Prompt, SamplingParams)>> {
+/// Prompts of a JSONL file; a line's `params` are laid over `defaults` (which get
+/// `max_tokens` 128 when the model sets none).
+fn load_prompts(path: &Path, defaults: &SamplingParams) -> anyhow::Result<Vec<(Prompt, SamplingParams)>> {
+    let defaults = SamplingParams { max_tokens: defaults.max_tokens.or(Some(128)), ..defaults.clone() };
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
@@ -171,10 +175,12 @@ fn load_prompts(path: &Path) -> anyhow::Result<Vec<(Prompt, SamplingParams)>> {
             (None, Some(messages)) => Prompt::Chat(messages),
             _ => bail!("{}:{}: give exactly one of \"prompt\" and \"messages\"", path.display(), i + 1),
         };
-        out.push((
-            prompt,
-            p.params.unwrap_or_else(|| SamplingParams { max_tokens: Some(128), ..Default::default() }),
-        ));
+        let params = match p.params {
+            Some(fields) => SamplingParams::from_json_over(&defaults, &fields)
+                .with_context(|| format!("{}:{}: bad \"params\"", path.display(), i + 1))?,
+            None => defaults.clone(),
+        };
+        out.push((prompt, params));
     }
     Ok(out)
 }
@@ -248,14 +254,14 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     crate::relaunch::ensure_release_build(args.knobs.device)?;
     init_tracing();
     let dir = args.knobs.model_dir()?;
-    let prompts = match &args.prompts {
-        Some(path) => load_prompts(path)?,
-        None => builtin_prompts(),
-    };
     let config = args.knobs.config();
     eprintln!("run: loading {}", dir.display());
     let engine = engine::Engine::new(&dir, config)
         .with_context(|| format!("starting the engine on {}", dir.display()))?;
+    let prompts = match &args.prompts {
+        Some(path) => load_prompts(path, engine.default_sampling_params())?,
+        None => builtin_prompts(),
+    };
     let handle = EngineHandle::spawn(engine)?;
     let started = Instant::now();
     let out = Arc::new(Mutex::new(std::io::stdout()));

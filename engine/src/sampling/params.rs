@@ -107,6 +107,38 @@ impl SamplingParams {
         Self { temperature: 0.0, max_tokens: Some(max_tokens), ..Self::default() }
     }
 
+    /// vLLM's defaults with the sampling fields of a model's `generation_config.json` on top
+    /// (temperature, top_p, top_k, min_p, repetition_penalty, and max_new_tokens as
+    /// `max_tokens`): what a request gets for every field it leaves unset. Front ends build
+    /// requests as `SamplingParams { max_tokens: Some(64), ..engine.default_sampling_params() }`.
+    pub fn with_generation_defaults(generation: &model::GenerationConfig) -> Self {
+        let d = Self::default();
+        Self {
+            temperature: generation.temperature.unwrap_or(d.temperature),
+            top_p: generation.top_p.unwrap_or(d.top_p),
+            top_k: generation.top_k.map_or(d.top_k, |k| i32::try_from(k).unwrap_or(i32::MAX)),
+            min_p: generation.min_p.unwrap_or(d.min_p),
+            repetition_penalty: generation.repetition_penalty.unwrap_or(d.repetition_penalty),
+            max_tokens: generation.max_new_tokens.or(d.max_tokens),
+            ..d
+        }
+    }
+
+    /// Parses a JSON object of sampling fields, taking every field it leaves out from
+    /// `defaults` (a request's fields over the engine's defaults).
+    pub fn from_json_over(defaults: &Self, fields: &serde_json::Value) -> Result<Self, serde_json::Error> {
+        let mut merged = serde_json::to_value(defaults)?;
+        match (merged.as_object_mut(), fields.as_object()) {
+            (Some(base), Some(over)) => {
+                for (k, v) in over {
+                    base.insert(k.clone(), v.clone());
+                }
+            }
+            _ => return Err(serde::de::Error::custom("sampling parameters must be a JSON object")),
+        }
+        serde_json::from_value(merged)
+    }
+
     /// Whether the request takes the argmax instead of drawing.
     pub fn is_greedy(&self) -> bool {
         self.temperature < GREEDY_EPS
@@ -192,6 +224,30 @@ mod tests {
         assert!(SamplingParams::greedy(4).is_greedy());
         assert!(!p.has_penalties());
         assert_eq!(p.top_k_limit(), None);
+    }
+
+    #[test]
+    fn generation_config_fills_the_defaults_and_requests_override_them() {
+        let generation = model::GenerationConfig {
+            temperature: Some(0.2),
+            top_p: Some(0.9),
+            top_k: Some(50),
+            repetition_penalty: Some(1.1),
+            max_new_tokens: Some(300),
+            ..model::GenerationConfig::default()
+        };
+        let d = SamplingParams::with_generation_defaults(&generation);
+        assert_eq!((d.temperature, d.top_p, d.top_k, d.min_p), (0.2, 0.9, 50, 0.0));
+        assert_eq!((d.repetition_penalty, d.max_tokens, d.n), (1.1, Some(300), 1));
+        assert_eq!(
+            SamplingParams::with_generation_defaults(&model::GenerationConfig::default()),
+            SamplingParams::default()
+        );
+        let p = SamplingParams::from_json_over(&d, &serde_json::json!({"temperature": 0.7, "max_tokens": 5}))
+            .unwrap();
+        assert_eq!((p.temperature, p.max_tokens, p.top_k, p.repetition_penalty), (0.7, Some(5), 50, 1.1));
+        assert!(SamplingParams::from_json_over(&d, &serde_json::json!({"temperature": "hot"})).is_err());
+        assert!(SamplingParams::from_json_over(&d, &serde_json::json!([1])).is_err());
     }
 
     #[test]

@@ -117,3 +117,22 @@ fn cache_salt_isolates_prefix_cache_entries() {
     assert_eq!(plain, first);
     assert!(engine.kv_is_idle());
 }
+
+#[test]
+fn generation_config_sampling_fields_are_the_defaults() {
+    let fx = crate::support::Fixture::new();
+    let path = fx.dir.path().join("generation_config.json");
+    let generation = serde_json::json!({
+        "eos_token_id": [crate::support::IM_END], "temperature": 0.0, "top_k": 20, "max_new_tokens": 7
+    });
+    std::fs::write(&path, generation.to_string()).unwrap_or_else(|e| panic!("{e}"));
+    let mut engine = fx.engine(crate::support::small_config(64));
+    let defaults = engine.default_sampling_params().clone();
+    assert_eq!((defaults.temperature, defaults.top_k, defaults.max_tokens), (0.0, 20, Some(7)));
+    assert_eq!(defaults.top_p, SamplingParams::default().top_p);
+    // A request that sets only `ignore_eos` gets the model's 7 greedy tokens.
+    let params = SamplingParams { ignore_eos: true, ..defaults };
+    let out = engine.generate(vec![prompt_tokens(5, 9).into()], &params).unwrap_or_else(|e| panic!("{e}"));
+    let fin = out[0].as_ref().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(fin.completions[0].token_ids.len(), 7);
+}
