@@ -135,29 +135,20 @@ impl SafetensorsFiles {
     /// Checks that tensor `name` exists with `shape`, reading only the header (nothing is
     /// allocated: a config's sizes are checked against the file before memory is set aside).
     pub fn check_shape(&self, name: &str, shape: &[usize]) -> Result<()> {
-        let (shard, view) = self.view(name)?;
-        if view.shape() != shape {
-            return Err(ModelError::WrongShape {
-                path: shard.path.clone(),
-                tensor: name.to_owned(),
-                expected: shape.to_vec(),
-                found: view.shape().to_vec(),
-            });
-        }
-        Ok(())
+        self.view_with_shape(name, shape).map(|_| ())
     }
 
     /// Reads tensor `name`, checks its shape, and converts it to f32.
     pub fn load_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
-        self.check_shape(name, shape)?;
         // The shape matched the file's, whose data the mmap holds: the product is bounded.
-        let len = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).unwrap_or(usize::MAX);
+        let len = self.view_with_shape(name, shape)?.1.shape().iter().product();
         let mut out = vec![0.0f32; len];
         self.load_f32_into(name, shape, &mut out)?;
         Ok(out)
     }
 
-    fn view(&self, name: &str) -> Result<(&Shard, safetensors::tensor::TensorView<'_>)> {
+    /// Tensor `name` and its shard, when it has exactly `shape`.
+    fn view_with_shape(&self, name: &str, shape: &[usize]) -> Result<(&Shard, safetensors::tensor::TensorView<'_>)> {
         let shard_idx = *self.index.get(name).ok_or_else(|| ModelError::MissingTensor {
             path: self.display_path.clone(),
             tensor: name.to_owned(),
@@ -168,12 +159,6 @@ impl SafetensorsFiles {
         let view = st
             .tensor(name)
             .map_err(|_| ModelError::MissingTensor { path: shard.path.clone(), tensor: name.to_owned() })?;
-        Ok((shard, view))
-    }
-
-    /// Like [`Self::load_f32`], into a caller-provided slice of the right length.
-    pub fn load_f32_into(&self, name: &str, shape: &[usize], out: &mut [f32]) -> Result<()> {
-        let (shard, view) = self.view(name)?;
         if view.shape() != shape {
             return Err(ModelError::WrongShape {
                 path: shard.path.clone(),
@@ -182,6 +167,12 @@ impl SafetensorsFiles {
                 found: view.shape().to_vec(),
             });
         }
+        Ok((shard, view))
+    }
+
+    /// Like [`Self::load_f32`], into a caller-provided slice of the right length.
+    pub fn load_f32_into(&self, name: &str, shape: &[usize], out: &mut [f32]) -> Result<()> {
+        let (shard, view) = self.view_with_shape(name, shape)?;
         convert_to_f32(view.dtype(), view.data(), out).map_err(|dtype| ModelError::UnsupportedDtype {
             path: shard.path.clone(),
             tensor: name.to_owned(),
