@@ -148,7 +148,11 @@ impl SafetensorsFiles {
     }
 
     /// Tensor `name` and its shard, when it has exactly `shape`.
-    fn view_with_shape(&self, name: &str, shape: &[usize]) -> Result<(&Shard, safetensors::tensor::TensorView<'_>)> {
+    fn view_with_shape(
+        &self,
+        name: &str,
+        shape: &[usize],
+    ) -> Result<(&Shard, safetensors::tensor::TensorView<'_>)> {
         let shard_idx = *self.index.get(name).ok_or_else(|| ModelError::MissingTensor {
             path: self.display_path.clone(),
             tensor: name.to_owned(),

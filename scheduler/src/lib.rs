@@ -1,11 +1,11 @@
-//! `scheduler`: continuous batching — queues, token budget, chunked prefill, preemption, and the capacity simulator.
+//! `scheduler`: continuous batching — queues, token budget, chunked prefill, preemption.
 //!
 //! vLLM V1-style: every `schedule()` builds one step under a token budget and a sequence cap —
 //! running decodes first, then partial prefills, then swapped and waiting requests, prefills
 //! chunked to fit — over a `block_alloc::BlockPool`. Prefix-cache hits count as computed
 //! tokens. Memory pressure preempts the worst-keyed running request (recompute or swap).
 //! Requests with `n > 1` share their prompt blocks by fork; divergence copies on write.
-//! `update()` applies the sampled tokens. `sim` runs the scheduler on traces with a cost model.
+//! `update()` applies the sampled tokens. The `sim` crate runs it on traces with a cost model.
 //!
 //! A step's `SchedulerOutput` keeps block tables in a persistent arena (`rows.rs`): handed back
 //! to `schedule_into` every step, a running sequence's row is only appended to, so a decode step
@@ -21,7 +21,6 @@ mod request;
 mod rows;
 mod schedule;
 mod scheduler;
-pub mod sim;
 mod update;
 
 pub use block_alloc::{BlockId, BlockPool};

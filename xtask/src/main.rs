@@ -8,6 +8,7 @@ mod cmd;
 mod cuda_check;
 mod fetch_model;
 mod gpu_check;
+mod layering;
 mod plan;
 mod relaunch;
 mod run;

@@ -9,9 +9,7 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use clap::Args;
 use scheduler::PreemptionMode;
-use scheduler::sim::{
-    Comparison, CostModel, Hardware, ModelShape, SimReport, SimSetup, Trace, TraceShape, compare,
-};
+use sim::{Comparison, CostModel, Hardware, ModelShape, SimReport, SimSetup, Trace, TraceShape, compare};
 
 #[derive(Debug, Args)]
 pub struct PlanArgs {
@@ -125,7 +123,7 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
         } else {
             0
         },
-        baseline_placement: scheduler::sim::Placement::Buddy,
+        baseline_placement: sim::Placement::Buddy,
     };
     let trace = match TraceShape::by_name(&args.trace) {
         Some(shape) => Trace::synthetic(shape, args.num_requests, args.rate, args.max_model_len, args.seed),

@@ -1,5 +1,6 @@
-//! Tidy checks over the source tree: every `.rs` file opens with a `//!` doc line,
-//! and no test is switched off with `#[ignore]`.
+//! Tidy checks over the source tree: every `.rs` file opens with a `//!` doc line, no test
+//! is switched off with `#[ignore]`, and the crate graph is the one ARCHITECTURE.md draws
+//! (`layering.rs`).
 
 use std::path::{Path, PathBuf};
 
@@ -17,7 +18,7 @@ pub fn check(root: &Path) -> anyhow::Result<()> {
     if !problems.is_empty() {
         bail!("tidy found {} problem(s):\n{}", problems.len(), problems.join("\n"));
     }
-    Ok(())
+    crate::layering::check(root)
 }
 
 /// The problems in one file's text (empty when it is tidy).

@@ -1,7 +1,6 @@
-//! Integration tests of the scheduler: scenarios with a fake model, property tests with random
-//! arrivals, lengths and aborts over tiny pools, and the capacity simulator.
+//! Integration tests of the scheduler: scenarios with a fake model, and property tests with
+//! random arrivals, lengths and aborts over tiny pools.
 
 mod fake;
 mod props;
 mod scenarios;
-mod sim;

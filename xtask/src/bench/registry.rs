@@ -22,7 +22,7 @@ pub const TARGETS: &[BenchTarget] = &[
     BenchTarget { group: "block_alloc", package: "block-alloc", bench: "block_alloc", criterion: true },
     BenchTarget { group: "attn", package: "attn-kernels", bench: "attn", criterion: true },
     BenchTarget { group: "sched", package: "scheduler", bench: "sched", criterion: true },
-    BenchTarget { group: "sim", package: "scheduler", bench: "sim", criterion: false },
+    BenchTarget { group: "sim", package: "sim", bench: "sim", criterion: false },
     BenchTarget { group: "model", package: "model", bench: "model", criterion: false },
     BenchTarget { group: "e2e", package: "engine", bench: "e2e", criterion: false },
 ];

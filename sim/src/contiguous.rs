@@ -9,10 +9,10 @@
 
 use std::collections::VecDeque;
 
-use super::buddy::Buddy;
-use super::cost::CostModel;
-use super::metrics::{Recorder, SimReport, StepSample};
-use super::trace::{Trace, TraceRequest};
+use crate::buddy::Buddy;
+use crate::cost::CostModel;
+use crate::metrics::{Recorder, SimReport, StepSample};
+use crate::trace::{Trace, TraceRequest};
 
 /// How much memory a request reserves when it is admitted (before the allocator rounds it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -264,8 +264,8 @@ pub fn simulate_contiguous(trace: &Trace, cfg: &ContiguousConfig, cost: &CostMod
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::cost::{Hardware, ModelShape};
-    use crate::sim::trace::TraceShape;
+    use crate::cost::{Hardware, ModelShape};
+    use crate::trace::TraceShape;
 
     #[test]
     fn first_fit_carves_and_merges() {

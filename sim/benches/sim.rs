@@ -11,7 +11,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use plotters::prelude::*;
-use scheduler::sim::{
+use sim::{
     Comparison, CostModel, Hardware, ModelShape, Placement, Reservation, SimReport, SimSetup, Trace,
     TraceShape, compare, simulate_contiguous,
 };

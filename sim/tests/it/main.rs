@@ -1,7 +1,7 @@
-//! Capacity simulator: the paged run on the paper's ShareGPT setting, against the contiguous
+//! Integration tests of the capacity simulator: the paged run on the paper's ShareGPT setting, against the contiguous
 //! baselines, and the accounting every run must satisfy.
 
-use scheduler::sim::{
+use sim::{
     CostModel, Hardware, ModelShape, Placement, Reservation, SimSetup, Trace, TraceShape, compare,
     simulate_contiguous, simulate_paged,
 };

@@ -1,5 +1,5 @@
-//! The capacity simulator ("KV cache calculator"): runs a request trace through the real
-//! scheduler and allocator (paged) or through contiguous-reservation baselines, with a cost
+//! `sim`: the capacity simulator ("KV cache calculator" behind `cargo xtask plan`): runs a
+//! request trace through the real scheduler and allocator (paged) or through contiguous-reservation baselines, with a cost
 //! model instead of a model, and measures KV utilization and concurrency over time.
 //!
 //! Modelling choices, checked against the PagedAttention paper (§6.1, Fig. 2 and 13):

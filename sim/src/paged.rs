@@ -2,16 +2,15 @@
 //! model standing in for the forward pass and a constant token standing in for sampling
 //! (requests run to their trace output length).
 
-use crate::config::{PreemptionMode, SchedulerConfig};
-use crate::error::SchedulerError;
-use crate::output::{SampledToken, SchedulerOutput, StepResult};
-use crate::request::Request;
-use crate::scheduler::Scheduler;
+use scheduler::{
+    PreemptionMode, Request, SampledToken, Scheduler, SchedulerConfig, SchedulerError, SchedulerOutput,
+    StepResult,
+};
 
-use super::contiguous::{ContiguousConfig, Placement, Reservation};
-use super::cost::CostModel;
-use super::metrics::{Recorder, SimReport, StepSample};
-use super::trace::Trace;
+use crate::contiguous::{ContiguousConfig, Placement, Reservation};
+use crate::cost::CostModel;
+use crate::metrics::{Recorder, SimReport, StepSample};
+use crate::trace::Trace;
 
 /// Settings shared by the paged run and the baselines of one comparison.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -74,7 +73,7 @@ impl SimSetup {
             max_num_batched_tokens: self.max_num_batched_tokens,
             max_num_seqs: self.max_num_seqs,
             max_model_len: self.max_model_len,
-            policy: crate::config::Policy::Fcfs,
+            policy: scheduler::Policy::Fcfs,
             preemption: self.preemption,
             block_size: self.block_size,
             num_device_blocks: self.num_blocks(),

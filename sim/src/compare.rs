@@ -1,13 +1,13 @@
 //! One trace, one memory size, four systems: paged (the scheduler) against the contiguous
 //! baselines Orca (Max), Orca (Pow2) and Orca (Oracle).
 
-use crate::error::SchedulerError;
+use scheduler::SchedulerError;
 
-use super::contiguous::{Reservation, simulate_contiguous};
-use super::cost::CostModel;
-use super::metrics::SimReport;
-use super::paged::{SimSetup, simulate_paged};
-use super::trace::Trace;
+use crate::contiguous::{Reservation, simulate_contiguous};
+use crate::cost::CostModel;
+use crate::metrics::SimReport;
+use crate::paged::{SimSetup, simulate_paged};
+use crate::trace::Trace;
 
 /// Reports of the four systems on the same trace and memory.
 #[derive(Debug, Clone)]
