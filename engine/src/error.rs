@@ -45,7 +45,7 @@ pub enum EngineError {
     #[error(transparent)]
     Cache(#[from] kv_cache::CacheError),
     #[error(transparent)]
-    Attn(#[from] attn_kernels::AttnError),
+    Attn(#[from] kernels::AttnError),
     #[error(transparent)]
     Scheduler(#[from] scheduler::SchedulerError),
     #[error(transparent)]

@@ -9,7 +9,7 @@
 //!   `num_blocks = (total × gpu_memory_utilization − used) / bytes_per_block`
 //!   ([`kv_cache::cuda::blocks_for_memory`]).
 
-use attn_kernels::backend::{self, Cpu};
+use kernels::backend::{self, Cpu};
 use kv_cache::{BlockShape, CacheConfig, Device, KvCache};
 use model::{Llama, LlamaConfig, ModelInput, Workspace};
 use scheduler::SchedulerOutput;
@@ -121,8 +121,8 @@ mod cuda {
 
     use std::sync::Arc;
 
-    use attn_kernels::backend;
-    use attn_kernels::cuda::CudaKernels;
+    use kernels::backend;
+    use kernels::cuda::CudaKernels;
     use kv_cache::cuda::{CudaDevice, CudaKvCache, blocks_for_memory};
     use kv_cache::{BlockShape, CacheConfig, DType};
     use model::cuda::{BatchLimits, CudaLlama, CudaModelError};

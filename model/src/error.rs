@@ -35,7 +35,7 @@ pub enum ModelError {
     #[error("invalid model input: {0}")]
     InvalidInput(String),
     #[error("attention kernel failed: {0}")]
-    Attention(#[from] attn_kernels::AttnError),
+    Attention(#[from] kernels::AttnError),
 }
 
 impl ModelError {

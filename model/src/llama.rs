@@ -3,8 +3,8 @@
 
 use std::path::Path;
 
-use attn_kernels::PagedAttnMetadata;
-use attn_kernels::backend::{Cpu, paged_attention, reshape_and_cache};
+use kernels::PagedAttnMetadata;
+use kernels::backend::{Cpu, paged_attention, reshape_and_cache};
 use kv_cache::KvCache;
 use rayon::prelude::*;
 

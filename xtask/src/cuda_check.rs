@@ -4,7 +4,7 @@
 //! unit tests of the `cuda` modules, which only build with the feature.
 //!
 //! NVRTC comes from its PyPI wheel (installed once into `target/nvrtc` with pip). The compile
-//! itself runs in the `cuda_check` binary of `attn-kernels` (built with `--features cuda`),
+//! itself runs in the `cuda_check` binary of `kernels` (built with `--features cuda`),
 //! started with `LD_LIBRARY_PATH` pointing at the wheel's libraries: the dynamic loader reads
 //! that variable only at process start, so it must be set for a child process. This also keeps
 //! xtask itself free of cudarc.
@@ -73,7 +73,7 @@ pub fn library_path_with(lib: &Path) -> std::ffi::OsString {
 pub fn run(args: &CudaCheckArgs) -> anyhow::Result<()> {
     let lib = ensure_nvrtc()?;
     let mut cmd = cargo();
-    cmd.args(["run", "--quiet", "-p", "attn-kernels", "--features", "cuda", "--bin", "cuda_check", "--"])
+    cmd.args(["run", "--quiet", "-p", "kernels", "--features", "cuda", "--bin", "cuda_check", "--"])
         .args(["--arch", &args.arch])
         .arg("--headers")
         .arg(nvrtc_dir().join("headers"))
@@ -96,7 +96,7 @@ pub const HOST_TEST_ARGS: [&str; 12] = [
     "-p",
     "kv-cache",
     "-p",
-    "attn-kernels",
+    "kernels",
     "-p",
     "model",
     "--features",

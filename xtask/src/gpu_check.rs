@@ -1,6 +1,6 @@
 //! `cargo xtask gpu-check --bundle`: build, here, the self-contained GPU check into
 //! `target/gpu-bundle` and print the exact device `run` command that carries that folder:
-//! - `gpu_check` (`attn-kernels`): every kernel against the CPU reference, bandwidth figures;
+//! - `gpu_check` (`kernels`): every kernel against the CPU reference, bandwidth figures;
 //! - `gpu_model_check` (`engine`): the CUDA forward of a tiny random Llama against the CPU
 //!   forward, then `cuda.e2e_output_tok_s` on a random Llama-3.2-1B-shaped model;
 //! - `cubins/`: every kernel precompiled for the device's architecture;
@@ -65,7 +65,7 @@ pub fn run(args: &GpuCheckArgs) -> anyhow::Result<()> {
         "build",
         "--release",
         "-p",
-        "attn-kernels",
+        "kernels",
         "-p",
         "engine",
         "--features",
@@ -134,7 +134,7 @@ print(":".join(sorted(dirs)))
 PY
 )
 export LD_LIBRARY_PATH="${libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export ATTN_KERNELS_CUBIN_DIR="$here/cubins"
+export KERNELS_CUBIN_DIR="$here/cubins"
 echo "run.sh: cuBLAS/NVRTC from: ${libs:-<not found>}" >&2
 status=0
 timeout 270 "$here/gpu_check" --cubins "$here/cubins" || status=1
@@ -160,7 +160,7 @@ mod tests {
     fn run_script_sets_up_libraries_and_runs_both_checks() {
         assert!(RUN_SCRIPT.starts_with("#!/bin/sh\n"));
         assert!(RUN_SCRIPT.contains("LD_LIBRARY_PATH"));
-        assert!(RUN_SCRIPT.contains("ATTN_KERNELS_CUBIN_DIR"));
+        assert!(RUN_SCRIPT.contains("KERNELS_CUBIN_DIR"));
         assert!(RUN_SCRIPT.contains("/gpu_check\""));
         assert!(RUN_SCRIPT.contains("/gpu_model_check\""));
         assert!(RUN_COMMAND.ends_with("run.sh"));

@@ -1,4 +1,4 @@
-//! `gpu_model_check`: the model half of the GPU run (the kernel half is `attn-kernels`'
+//! `gpu_model_check`: the model half of the GPU run (the kernel half is `kernels`'
 //! `gpu_check`). On a lent GPU it
 //! 1. writes a tiny random Llama (GQA, 3 layers) as an ordinary HF folder, loads it through the
 //!    normal loader, and runs the CPU forward (f32) and the CUDA forward (bf16, then f16) through
@@ -15,8 +15,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
 
-use attn_kernels::cuda::CudaKernels;
 use engine::{DType, Device, Engine, EngineConfig, KvCacheSize, Prompt, SamplingParams};
+use kernels::cuda::CudaKernels;
 use kv_cache::cuda::{CudaDevice, CudaKvCache};
 use kv_cache::{BlockShape, CacheConfig, KvCache};
 use model::cuda::{BatchLimits, CudaLlama, LOGIT_TOLERANCE, StepDriver, argmax, max_rel_error};

@@ -9,13 +9,13 @@
 
 use std::sync::Arc;
 
-use attn_kernels::PagedAttnMetadata;
-use attn_kernels::backend;
-use attn_kernels::cuda::kernels::{cast_entry, model_entry, model_program};
-use attn_kernels::cuda::ops::{AttnWorkspace, DeviceAttnMetadata, DeviceSlotMapping};
-use attn_kernels::cuda::{CudaKernels, Program};
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use kernels::PagedAttnMetadata;
+use kernels::backend;
+use kernels::cuda::kernels::{cast_entry, model_entry, model_program};
+use kernels::cuda::ops::{AttnWorkspace, DeviceAttnMetadata, DeviceSlotMapping};
+use kernels::cuda::{CudaKernels, Program};
 use kv_cache::cuda::{CudaDevice, CudaKvCache};
 use kv_cache::{BlockShape, CacheConfig, DType};
 

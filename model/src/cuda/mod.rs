@@ -1,7 +1,7 @@
 //! The Llama forward pass on an NVIDIA GPU (behind the `cuda` feature): weights uploaded once in
-//! bf16 or f16, cuBLAS GEMMs with f32 accumulation, the small kernels of `attn-kernels`' model
+//! bf16 or f16, cuBLAS GEMMs with f32 accumulation, the small kernels of `kernels`' model
 //! program (embedding, RMSNorm, rotary, SiLU·mul, casts), `reshape_and_cache` and paged attention
-//! through the `attn_kernels::cuda::ops` wrappers, and f32 logits copied back for the sampler.
+//! through the `kernels::cuda::ops` wrappers, and f32 logits copied back for the sampler.
 //!
 //! The residual stream stays in f32 on the device (the GEMMs that add into it write f32 with
 //! `beta = 1`), so the only bf16 roundings are the GEMM inputs and the KV cache: the CUDA logits

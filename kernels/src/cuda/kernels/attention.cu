@@ -45,7 +45,7 @@ __device__ __forceinline__ void query_context(int token, const int* __restrict__
 
 // Dynamic shared memory (floats): 2 * PA_NUM_WARPS * QPK reduction scratch, QPK * HEAD query,
 // QPK * LEN logits where LEN = the partition length rounded up to whole blocks. The host computes
-// the same size (attn_kernels::cuda::launch::shared_bytes).
+// the same size (kernels::cuda::launch::shared_bytes).
 template <typename cache_t, int HEAD, int BS, int QPK>
 __device__ __forceinline__ void paged_attention_body(
     float* __restrict__ out,         // v1: [tokens, heads, HEAD]; v2: [tokens, heads, max_parts, HEAD]

@@ -15,7 +15,7 @@ use super::kernels::Program;
 pub const OPTIONS_VERSION: &str = "nvrtc-opts-1";
 
 /// Environment variable naming the on-disk cache folder.
-pub const CACHE_DIR_ENV: &str = "ATTN_KERNELS_CUBIN_DIR";
+pub const CACHE_DIR_ENV: &str = "KERNELS_CUBIN_DIR";
 
 /// The cache key of `program` compiled for `arch`: a hex SHA-256 prefix.
 pub fn cache_key(program: &Program, arch: &str) -> String {
@@ -33,8 +33,8 @@ pub fn file_name(program: &Program, arch: &str) -> String {
     format!("{}-{arch}-{}.cubin", program.name, cache_key(program, arch))
 }
 
-/// The default on-disk folder: `$ATTN_KERNELS_CUBIN_DIR`, else `$XDG_CACHE_HOME/attn-kernels`,
-/// else `~/.cache/attn-kernels`; `None` when none of them is set.
+/// The default on-disk folder: `$KERNELS_CUBIN_DIR`, else `$XDG_CACHE_HOME/paged-llm-kernels`,
+/// else `~/.cache/paged-llm-kernels`; `None` when none of them is set.
 pub fn default_dir() -> Option<PathBuf> {
     if let Some(d) = std::env::var_os(CACHE_DIR_ENV) {
         return Some(PathBuf::from(d));
@@ -42,7 +42,7 @@ pub fn default_dir() -> Option<PathBuf> {
     let base = std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-    Some(base.join("attn-kernels"))
+    Some(base.join("paged-llm-kernels"))
 }
 
 /// In-memory map in front of an optional folder of `.cubin` files.
@@ -120,7 +120,7 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 
 // The crate has no logging dependency; a failed cache write is worth one line on stderr.
 fn tracing_free_warn(msg: &str) {
-    eprintln!("attn-kernels: {msg}");
+    eprintln!("kernels: {msg}");
 }
 
 #[cfg(test)]
@@ -132,7 +132,7 @@ mod tests {
     struct TempDir(PathBuf);
     impl TempDir {
         fn new(tag: &str) -> Self {
-            let d = std::env::temp_dir().join(format!("attn-kernels-cubin-{tag}-{}", std::process::id()));
+            let d = std::env::temp_dir().join(format!("kernels-cubin-{tag}-{}", std::process::id()));
             let _ = std::fs::remove_dir_all(&d);
             TempDir(d)
         }

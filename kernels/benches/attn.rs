@@ -24,10 +24,10 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use attn_kernels::{PagedAttnMetadata, paged_attention, reshape_and_cache};
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, SamplingMode, Throughput};
 use half::bf16;
+use kernels::{PagedAttnMetadata, paged_attention, reshape_and_cache};
 use kv_cache::{CacheElem, CacheGeometry, DType, LayerCache};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};

@@ -12,12 +12,12 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
 
-use attn_kernels::cuda::gpu_check::{
+use kernels::cuda::gpu_check::{
     ATTENTION_TOLERANCE, AttnCase, batches, cache_images_equal, decode_figures, layer_bytes, max_rel_error,
 };
-use attn_kernels::cuda::kernels::{AttentionVariant, BLOCK_SIZES, CACHE_DTYPES, HEAD_SIZES, all_programs};
-use attn_kernels::cuda::ops::{self, AttnWorkspace, DeviceAttnMetadata, DeviceSlotMapping};
-use attn_kernels::cuda::{CudaError, CudaKernels, cubin_cache::CubinCache, nvrtc};
+use kernels::cuda::kernels::{AttentionVariant, BLOCK_SIZES, CACHE_DTYPES, HEAD_SIZES, all_programs};
+use kernels::cuda::ops::{self, AttnWorkspace, DeviceAttnMetadata, DeviceSlotMapping};
+use kernels::cuda::{CudaError, CudaKernels, cubin_cache::CubinCache, nvrtc};
 use kv_cache::cuda::{CudaDevice, CudaKvCache, DeviceLayerCache};
 use kv_cache::{BlockShape, CacheConfig, CacheGeometry, DType, KvCache, LayerCache};
 use rand::seq::SliceRandom;
@@ -68,7 +68,7 @@ fn main() -> ExitCode {
 /// Compiles every program for `arch` into the cubin cache folder (no GPU needed).
 fn precompile(dir: PathBuf, arch: &str) -> Res<()> {
     let cache = CubinCache::new(Some(dir.clone()));
-    let headers = std::env::temp_dir().join("attn-kernels-nvrtc-headers");
+    let headers = std::env::temp_dir().join("kernels-nvrtc-headers");
     let programs = all_programs();
     let next = std::sync::atomic::AtomicUsize::new(0);
     let jobs = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
@@ -194,7 +194,7 @@ fn check_reshape_and_cache(kernels: &CudaKernels, figures: &mut Map<String, Valu
                 let n = slots.len() * 3 * head_size;
                 let k: Vec<f32> = (0..n).map(|_| rng.random_range(-4.0f32..4.0)).collect();
                 let v: Vec<f32> = (0..n).map(|_| rng.random_range(-4.0f32..4.0)).collect();
-                attn_kernels::reshape_and_cache(&k, &v, &slots, &mut host)?;
+                kernels::reshape_and_cache(&k, &v, &slots, &mut host)?;
                 let mapping = DeviceSlotMapping::upload(&stream, &slots, geometry.num_slots())?;
                 ops::reshape_and_cache(
                     kernels,
@@ -242,13 +242,13 @@ fn check_copy_and_swap(
         dev.layer_mut(l)?.upload(device, host.layer(l))?;
     }
     let pairs = [(3u32, 7u32), (0, 31), (12, 1)];
-    attn_kernels::copy_blocks(&mut host, &pairs)?;
+    kernels::copy_blocks(&mut host, &pairs)?;
     ops::copy_blocks(kernels, &mut dev, &pairs)?;
     // Swap blocks 7 and 31 out to swap slots 0 and 5, then back in to device blocks 20 and 21.
     dev.swap_out(&[(7, 0), (31, 5)])?;
     dev.swap_in(&[(0, 20), (5, 21)])?;
     device.synchronize()?;
-    attn_kernels::copy_blocks(&mut host, &[(7, 20), (31, 21)])?;
+    kernels::copy_blocks(&mut host, &[(7, 20), (31, 21)])?;
     let mut failures = 0;
     for l in 0..config.num_layers {
         let mut back = LayerCache::new(*host.layer(l).geometry())?;
@@ -313,7 +313,7 @@ fn bench(kernels: &CudaKernels, device: &Arc<CudaDevice>, figures: &mut Map<Stri
     let scale = 1.0 / (head_size as f32).sqrt();
     let mut times = Vec::new();
     for (table_name, table) in [("paged", &shuffled), ("contiguous", &contiguous)] {
-        let meta = attn_kernels::PagedAttnMetadata {
+        let meta = kernels::PagedAttnMetadata {
             query_start_loc: &qsl,
             seq_lens: &lens,
             block_tables: table,
