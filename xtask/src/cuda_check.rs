@@ -73,7 +73,7 @@ pub fn library_path_with(lib: &Path) -> std::ffi::OsString {
 pub fn run(args: &CudaCheckArgs) -> anyhow::Result<()> {
     let lib = ensure_nvrtc()?;
     let mut cmd = cargo();
-    cmd.args(["run", "--quiet", "-p", "kernels", "--features", "cuda", "--bin", "cuda_check", "--"])
+    cmd.args(["run", "--quiet", "-p", "gpu-check", "--features", "cuda", "--bin", "cuda_check", "--"])
         .args(["--arch", &args.arch])
         .arg("--headers")
         .arg(nvrtc_dir().join("headers"))
@@ -86,9 +86,13 @@ pub fn run(args: &CudaCheckArgs) -> anyhow::Result<()> {
         // The host-side pieces of the CUDA backend (sizing, shapes, batch checks, GEMM index
         // math, the rotary table, the check drivers) only build with the feature: test them here.
         run_cmd(cargo().args(HOST_TEST_ARGS)).context("host-side tests of the CUDA modules failed")?;
+        run_cmd(cargo().args(GPU_CHECK_TEST_ARGS)).context("host-side tests of the GPU check failed")?;
     }
     Ok(())
 }
+
+/// `cargo test` arguments for the host side of the GPU check (random cases, tolerances).
+pub const GPU_CHECK_TEST_ARGS: [&str; 6] = ["test", "-p", "gpu-check", "--features", "cuda", "--lib"];
 
 /// `cargo test` arguments for the unit tests of every `cuda` module (no GPU needed).
 pub const HOST_TEST_ARGS: [&str; 12] = [

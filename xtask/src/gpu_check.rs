@@ -1,7 +1,7 @@
 //! `cargo xtask gpu-check --bundle`: build, here, the self-contained GPU check into
 //! `target/gpu-bundle` and print the exact device `run` command that carries that folder:
-//! - `gpu_check` (`kernels`): every kernel against the CPU reference, bandwidth figures;
-//! - `gpu_model_check` (`engine`): the CUDA forward of a tiny random Llama against the CPU
+//! - `gpu_check` (crate `gpu-check`): every kernel against the CPU reference, bandwidth figures;
+//! - `gpu_model_check` (crate `gpu-check`): the CUDA forward of a tiny random Llama against the CPU
 //!   forward, then `cuda.e2e_output_tok_s` on a random Llama-3.2-1B-shaped model;
 //! - `cubins/`: every kernel precompiled for the device's architecture;
 //! - `run.sh`: finds libcublas (PyTorch's `nvidia` wheels) with python3, puts it on
@@ -65,11 +65,9 @@ pub fn run(args: &GpuCheckArgs) -> anyhow::Result<()> {
         "build",
         "--release",
         "-p",
-        "kernels",
-        "-p",
-        "engine",
+        "gpu-check",
         "--features",
-        "engine/cuda",
+        "gpu-check/cuda",
         "--bin",
         "gpu_check",
         "--bin",

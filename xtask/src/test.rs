@@ -11,8 +11,9 @@ use clap::Args;
 use crate::cmd::{cargo, run as run_cmd, workspace_root};
 use crate::{cuda_check, fetch_model, tidy};
 
-/// `engine/cuda` turns on the `cuda` feature of every crate below it, for the CUDA clippy pass.
-const CUDA_FEATURES: &str = "engine/cuda";
+/// `gpu-check/cuda` turns on the `cuda` feature of every crate below it (and builds the GPU
+/// check's binaries), for the CUDA clippy pass.
+const CUDA_FEATURES: &str = "gpu-check/cuda";
 
 #[derive(Debug, Args)]
 pub struct TestArgs {

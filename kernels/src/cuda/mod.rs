@@ -1,6 +1,7 @@
 //! The CUDA backend (behind the `cuda` feature): kernel sources and their instantiation table,
 //! NVRTC compilation to cubin for the device's own architecture with an in-memory and on-disk
-//! cache, the compile check CI runs without a GPU, and launch wrappers over the device cache of
+//! cache, the compile check CI runs without a GPU (its binaries live in the `gpu-check`
+//! crate), and launch wrappers over the device cache of
 //! `kv_cache::cuda`.
 //!
 //! Nothing here panics on a machine without a GPU or without libcuda/libnvrtc: every entry point
@@ -9,7 +10,6 @@
 pub mod check;
 pub mod cubin_cache;
 mod error;
-pub mod gpu_check;
 pub mod kernels;
 pub mod nvrtc;
 pub mod ops;

@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
 
-use kernels::cuda::gpu_check::{
+use gpu_check::attn_cases::{
     ATTENTION_TOLERANCE, AttnCase, batches, cache_images_equal, decode_figures, layer_bytes, max_rel_error,
 };
 use kernels::cuda::kernels::{AttentionVariant, BLOCK_SIZES, CACHE_DTYPES, HEAD_SIZES, all_programs};

@@ -9,7 +9,7 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::{AttnError, PagedAttnMetadata};
+use kernels::{AttnError, PagedAttnMetadata};
 
 /// One attention batch on one layer: a NaN-poisoned cache whose used slots hold random K/V,
 /// shuffled physical blocks, and random queries.
@@ -58,7 +58,7 @@ impl AttnCase {
         let row = geometry.num_kv_heads * geometry.head_size;
         let kv: Vec<f32> = (0..slots.len() * row).map(|_| rng.random_range(-1.0f32..1.0)).collect();
         let vv: Vec<f32> = (0..slots.len() * row).map(|_| rng.random_range(-1.0f32..1.0)).collect();
-        crate::reshape_and_cache(&kv, &vv, &slots, &mut cache)?;
+        kernels::reshape_and_cache(&kv, &vv, &slots, &mut cache)?;
         let mut query_start_loc = vec![0];
         for &(q, _) in chunks {
             query_start_loc.push(query_start_loc.last().copied().unwrap_or(0) + q);
@@ -91,7 +91,7 @@ impl AttnCase {
     /// The f64-softmax reference output.
     pub fn reference(&self) -> Result<Vec<f32>, AttnError> {
         let mut out = vec![0.0; self.query.len()];
-        crate::reference::paged_attention(
+        kernels::reference::paged_attention(
             &mut out,
             &self.query,
             &self.cache,

@@ -1,5 +1,4 @@
-//! `gpu_model_check`: the model half of the GPU run (the kernel half is `kernels`'
-//! `gpu_check`). On a lent GPU it
+//! `gpu_model_check`: the model half of the GPU run (the kernel half is `gpu_check`). On a lent GPU it
 //! 1. writes a tiny random Llama (GQA, 3 layers) as an ordinary HF folder, loads it through the
 //!    normal loader, and runs the CPU forward (f32) and the CUDA forward (bf16, then f16) through
 //!    the same chunked-prefill and decode steps, comparing every row of logits
