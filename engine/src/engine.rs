@@ -206,11 +206,11 @@ impl Engine {
         prompt: impl Into<Prompt>,
         params: SamplingParams,
     ) -> Result<RequestKey, RequestError> {
-        self.add_request_with(id, prompt, params, RequestOptions::default())
+        self.add_request_with_options(id, prompt, params, RequestOptions::default())
     }
 
     /// [`Engine::add_request`] with a priority and a prefix-cache salt.
-    pub fn add_request_with(
+    pub fn add_request_with_options(
         &mut self,
         id: impl Into<String>,
         prompt: impl Into<Prompt>,
@@ -506,7 +506,7 @@ impl Engine {
                 && seq.finish.is_none()
             {
                 seq.finish = Some(match fs.reason {
-                    scheduler::FinishReason::Aborted => FinishReason::Abort,
+                    scheduler::SeqFinish::Aborted => FinishReason::Abort,
                     _ => FinishReason::Length,
                 });
             }

@@ -358,7 +358,7 @@ impl EngineLoop {
                 let result = if self.draining {
                     Err(RequestError::EngineStopped)
                 } else {
-                    self.engine.add_request_with(id.clone(), prompt, params, options)
+                    self.engine.add_request_with_options(id.clone(), prompt, params, options)
                 };
                 if let Ok(key) = result {
                     self.streams.insert(key, stream);

@@ -4,7 +4,7 @@
 use block_alloc::{BlockId, BlockPool, BlockTable, CopyOnWrite};
 
 use crate::queue::QueueKey;
-use crate::request::{FinishReason, RequestId, SeqId, TokenId};
+use crate::request::{RequestId, SeqFinish, SeqId, TokenId};
 use crate::rows::{Row, RowBook};
 
 /// Where a group is.
@@ -28,7 +28,7 @@ pub(crate) struct Seq {
     table: BlockTable,
     /// This table's row in the step output's block-table arena.
     row: Row,
-    pub finished: Option<FinishReason>,
+    pub finished: Option<SeqFinish>,
     /// Recomputing after a preemption, this sample waits (holding nothing) until the group's
     /// first live sample has recomputed the shared prompt, then forks it instead of
     /// recomputing the prompt again.

@@ -27,5 +27,5 @@ pub use block_alloc::{BlockId, BlockPool};
 pub use config::{Policy, PreemptionMode, SchedulerConfig};
 pub use error::SchedulerError;
 pub use output::{FinishedSeq, SampledToken, ScheduledSeq, SchedulerOutput, StepResult};
-pub use request::{FinishReason, Request, RequestId, SeqId, TokenId};
+pub use request::{Request, RequestId, SeqFinish, SeqId, TokenId};
 pub use scheduler::{Scheduler, SchedulerStats, blocks_for_request, max_new_tokens_within};

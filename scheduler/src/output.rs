@@ -10,7 +10,7 @@ use std::ops::Range;
 
 use block_alloc::BlockId;
 
-use crate::request::{FinishReason, RequestId, SeqId, TokenId};
+use crate::request::{RequestId, SeqFinish, SeqId, TokenId};
 use crate::rows::ArenaTag;
 
 /// One sequence scheduled in this step.
@@ -66,7 +66,7 @@ pub struct SchedulerOutput {
     pub finished: Vec<RequestId>,
     /// Requests aborted since the previous step.
     pub aborted: Vec<RequestId>,
-    /// Requests the scheduler finished in this step with `FinishReason::CapacityExceeded` (also
+    /// Requests the scheduler finished in this step with `SeqFinish::CapacityExceeded` (also
     /// listed in `finished`): a sequence outgrew the whole device pool.
     pub capacity_exceeded: Vec<RequestId>,
 }
@@ -167,7 +167,7 @@ pub struct SampledToken {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FinishedSeq {
     pub seq_id: SeqId,
-    pub reason: FinishReason,
+    pub reason: SeqFinish,
 }
 
 /// What `update` reports.

@@ -1,7 +1,7 @@
 //! What a caller hands the scheduler (`Request`) and the plain ids and reasons it hands back.
 
-/// A token id (the same type `block-alloc` hashes for prefix caching).
-pub type TokenId = u32;
+/// A token id: `block-alloc`'s own (the one type it hashes for prefix caching), re-exported.
+pub use block_alloc::TokenId;
 
 /// Caller-chosen request id (the engine maps its own ids onto these).
 pub type RequestId = u64;
@@ -52,7 +52,7 @@ impl Request {
 
 /// Why a sequence stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum FinishReason {
+pub enum SeqFinish {
     /// The engine flagged a stop (stop token or string).
     Stopped,
     /// `max_new_tokens` generated, or `max_model_len` reached.

@@ -9,7 +9,7 @@ use crate::error::SchedulerError;
 use crate::group::{Group, Where};
 use crate::output::SchedulerOutput;
 use crate::queue::{QueueKey, insert_sorted};
-use crate::request::FinishReason;
+use crate::request::SeqFinish;
 use crate::rows::RowBook;
 use crate::scheduler::{InFlight, Scheduler};
 
@@ -175,7 +175,7 @@ impl Scheduler {
             if budget.seqs == 0 || budget.tokens == 0 {
                 return Ok(Fit::NoBudget);
             }
-            match emit_decode(group, slot, 0, device, rows, out, in_flight) {
+            match emit(group, slot, 0, 1, device, rows, out, in_flight) {
                 Ok(()) => {}
                 Err(block_alloc::AllocError::OutOfBlocks { .. }) => return Ok(Fit::NoMemory),
                 Err(e) => return Err(e.into()),
@@ -200,7 +200,7 @@ impl Scheduler {
         }
         for si in 0..group.seqs.len() {
             if group.seqs[si].finished.is_none() {
-                emit_decode(group, slot, si, device, rows, out, in_flight)?;
+                emit(group, slot, si, 1, device, rows, out, in_flight)?;
             }
         }
         scheduled_at[slot] = step;
@@ -370,7 +370,7 @@ impl Scheduler {
             });
             if self.device.can_allocate(hits + full_need) == AllocStatus::Never {
                 self.waiting.pop_front();
-                self.finish_group(slot, FinishReason::CapacityExceeded, out)?;
+                self.finish_group(slot, SeqFinish::CapacityExceeded, out)?;
                 return Ok(true);
             }
             // As vLLM's block manager: admit only when the whole remaining prompt fits above the
@@ -450,7 +450,7 @@ impl Scheduler {
         let Some((_, slot)) = self.running.remove(pos) else {
             return Err(SchedulerError::Internal("capacity victim not running"));
         };
-        self.finish_group(slot, FinishReason::CapacityExceeded, out)
+        self.finish_group(slot, SeqFinish::CapacityExceeded, out)
     }
 
     /// Finishes a swapped group (taken off its queue) that can never fit the device.
@@ -466,14 +466,14 @@ impl Scheduler {
         for seq in group.seqs.iter_mut() {
             seq.table_mut().free(host)?;
         }
-        self.finish_group(slot, FinishReason::CapacityExceeded, out)
+        self.finish_group(slot, SeqFinish::CapacityExceeded, out)
     }
 
     /// Frees and drops a group that is on no queue, finishing its live sequences with `reason`.
     fn finish_group(
         &mut self,
         slot: usize,
-        reason: FinishReason,
+        reason: SeqFinish,
         out: &mut SchedulerOutput,
     ) -> Result<(), SchedulerError> {
         let Self { groups, device, .. } = self;
@@ -492,9 +492,11 @@ impl Scheduler {
     }
 }
 
-/// Appends `n` slots to sequence `si` of `group` and writes its entry of the step.
+/// Appends `n` slots to sequence `si` of `group` and writes its entry of the step. Decodes
+/// (`n == 1`, the per-step hot path) take a branch without token ranges or division; inlined,
+/// so a call with a literal 1 keeps only that branch.
 #[allow(clippy::too_many_arguments)] // the split borrows of `Scheduler` it works on
-#[inline]
+#[inline(always)]
 fn emit(
     group: &mut Group,
     slot: usize,
@@ -504,7 +506,7 @@ fn emit(
     rows: &mut RowBook,
     out: &mut SchedulerOutput,
     in_flight: &mut Vec<InFlight>,
-) -> Result<(), SchedulerError> {
+) -> Result<(), block_alloc::AllocError> {
     let samples_at_end = if group.awaiting_fork() { group.n } else { 1 };
     let arrival = group.key.arrival;
     let seq_id = group.seq_id(group.seqs[si].index);
@@ -517,11 +519,13 @@ fn emit(
     }
     let flat_start = out.token_ids.len();
     if n == 1 {
-        // The decode case: the token sits in the table's last block (no division needed).
+        // The decode case: the token sits in the table's last block (just read by the append:
+        // no division needed).
         let table = seq.table();
-        let last = table.blocks().len() - 1;
+        let blocks = table.blocks();
+        let last = blocks.len() - 1;
         let bs = table.block_size();
-        let slot_of_start = i64::from(table.blocks()[last]) * bs as i64 + (start - last * bs) as i64;
+        let slot_of_start = i64::from(blocks[last]) * bs as i64 + (start - last * bs) as i64;
         debug_assert_eq!(Some(slot_of_start), table.slot(start));
         out.token_ids.push(seq.tokens[start]);
         out.positions.push(start as u32);
@@ -540,49 +544,6 @@ fn emit(
         num_samples,
     });
     in_flight.push(InFlight { slot, arrival, seq: si as u32, seq_id, end, num_samples });
-    Ok(())
-}
-
-/// `emit` of one decode token: the per-step hot path, so no token ranges and no division.
-#[inline(always)]
-fn emit_decode(
-    group: &mut Group,
-    slot: usize,
-    si: usize,
-    device: &mut BlockPool,
-    rows: &mut RowBook,
-    out: &mut SchedulerOutput,
-    in_flight: &mut Vec<InFlight>,
-) -> Result<(), block_alloc::AllocError> {
-    let samples_at_end = if group.awaiting_fork() { group.n } else { 1 };
-    let arrival = group.key.arrival;
-    let seq_id = group.seq_id(group.seqs[si].index);
-    let seq = &mut group.seqs[si];
-    let start = seq.num_computed;
-    let (cow, table_range) = seq.append(device, 1, rows, out.arena_mut().0)?;
-    if let Some(cow) = cow {
-        out.blocks_to_copy.push((cow.src, cow.dst));
-    }
-    // The token sits in the table's last block (just read by the append: no division needed).
-    let table = seq.table();
-    let blocks = table.blocks();
-    let last = blocks.len() - 1;
-    let bs = table.block_size();
-    let slot_of_start = i64::from(blocks[last]) * bs as i64 + (start - last * bs) as i64;
-    debug_assert_eq!(Some(slot_of_start), table.slot(start));
-    let flat = out.token_ids.len();
-    out.token_ids.push(seq.tokens[start]);
-    out.positions.push(start as u32);
-    out.slot_mapping.push(slot_of_start);
-    let num_samples = if start + 1 == seq.tokens.len() { samples_at_end } else { 0 };
-    out.seqs.push(crate::output::ScheduledSeq {
-        seq_id,
-        tokens: start..start + 1,
-        flat: flat..flat + 1,
-        block_table: table_range,
-        num_samples,
-    });
-    in_flight.push(InFlight { slot, arrival, seq: si as u32, seq_id, end: start + 1, num_samples });
     Ok(())
 }
 

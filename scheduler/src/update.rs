@@ -8,7 +8,7 @@ use crate::error::SchedulerError;
 use crate::group::{Seq, Where};
 use crate::output::{FinishedSeq, SampledToken, StepResult};
 use crate::queue::remove_slot;
-use crate::request::{FinishReason, RequestId, SeqId};
+use crate::request::{RequestId, SeqFinish, SeqId};
 use crate::scheduler::{InFlight, Scheduler};
 
 impl Scheduler {
@@ -137,9 +137,9 @@ fn push_sample(
 ) -> Result<bool, SchedulerError> {
     seq.tokens.push(sample.token);
     let reason = if sample.stop {
-        FinishReason::Stopped
+        SeqFinish::Stopped
     } else if seq.tokens.len() >= length_cap {
-        FinishReason::Length
+        SeqFinish::Length
     } else {
         return Ok(false);
     };

@@ -7,6 +7,6 @@ mod sampler;
 
 pub use params::{GREEDY_EPS, MAX_LOGPROBS, MAX_N, SamplingParams, SamplingParamsError};
 pub use sampler::{
-    Logprob, PositionLogprobs, SampleRow, SampledToken, SamplerError, SequenceSampler, sample_batch,
+    Logprob, PositionLogprobs, SampleRow, SamplerError, SequenceSampler, TokenChoice, sample_batch,
     seeded_rng,
 };

@@ -29,7 +29,7 @@ pub struct PositionLogprobs {
 
 /// What the sampler picked for one row.
 #[derive(Debug, Clone, PartialEq)]
-pub struct SampledToken {
+pub struct TokenChoice {
     pub token: u32,
     /// Present when the request asked for logprobs.
     pub logprobs: Option<PositionLogprobs>,
@@ -126,7 +126,7 @@ impl SequenceSampler {
         params: &SamplingParams,
         row: &mut [f32],
         scratch: &mut Vec<u32>,
-    ) -> Option<SampledToken> {
+    ) -> Option<TokenChoice> {
         let raw = params.logprobs.map(|n| (row.to_vec(), filter::log_sum_exp(row), n));
         if self.num_generated < params.min_tokens {
             for &t in self.min_tokens_ban.iter() {
@@ -158,7 +158,7 @@ impl SequenceSampler {
                 top: filter::top_n(&raw, n).into_iter().map(|(t, v)| lp(t, v)).collect(),
             }
         });
-        Some(SampledToken { token, logprobs })
+        Some(TokenChoice { token, logprobs })
     }
 }
 
@@ -175,7 +175,7 @@ pub fn sample_batch(
     logits: &mut [f32],
     vocab: usize,
     rows: &mut [SampleRow<'_>],
-) -> Result<Vec<SampledToken>, SamplerError> {
+) -> Result<Vec<TokenChoice>, SamplerError> {
     if vocab == 0 || logits.len() != rows.len() * vocab {
         return Err(SamplerError::Shape { len: logits.len(), rows: rows.len(), vocab });
     }
@@ -197,11 +197,11 @@ mod tests {
         SequenceSampler::new(seeded_rng(seed, 0), SequenceSampler::prompt_set(params, prompt), stop.into())
     }
 
-    fn sample_one(params: &SamplingParams, st: &mut SequenceSampler, logits: &[f32]) -> SampledToken {
+    fn sample_one(params: &SamplingParams, st: &mut SequenceSampler, logits: &[f32]) -> TokenChoice {
         let mut buf = logits.to_vec();
         let mut rows = [SampleRow { params, state: st }];
         let mut out = sample_batch(&mut buf, logits.len(), &mut rows).unwrap_or_default();
-        out.pop().unwrap_or(SampledToken { token: u32::MAX, logprobs: None })
+        out.pop().unwrap_or(TokenChoice { token: u32::MAX, logprobs: None })
     }
 
     #[test]

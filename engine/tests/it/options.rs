@@ -66,7 +66,7 @@ fn urgent_request_preempts_under_priority_and_waits_under_fcfs() {
         let mut engine = fx.engine(tight_pool(policy));
         let low = RequestOptions::default().with_priority(5);
         engine
-            .add_request_with("slow", prompt_tokens(1, 40), params.clone(), low)
+            .add_request_with_options("slow", prompt_tokens(1, 40), params.clone(), low)
             .unwrap_or_else(|e| panic!("{e}"));
         // "slow" is running (prefilled, a few tokens out) when "urgent" arrives.
         let mut earlier = Vec::new();
@@ -75,7 +75,7 @@ fn urgent_request_preempts_under_priority_and_waits_under_fcfs() {
         }
         let high = RequestOptions::default().with_priority(0);
         engine
-            .add_request_with("urgent", prompt_tokens(2, 40), params.clone(), high)
+            .add_request_with_options("urgent", prompt_tokens(2, 40), params.clone(), high)
             .unwrap_or_else(|e| panic!("{e}"));
         let (order, finals) = finish_order(&mut engine, earlier);
         assert_eq!(order, expected, "{policy:?}");
@@ -97,7 +97,7 @@ fn cache_salt_isolates_prefix_cache_entries() {
     let prompt = prompt_tokens(7, 80);
     let mut hits_after = |id: &str, options: RequestOptions| {
         engine
-            .add_request_with(id, prompt.clone(), params.clone(), options)
+            .add_request_with_options(id, prompt.clone(), params.clone(), options)
             .unwrap_or_else(|e| panic!("{e}"));
         let (_, finals) = finish_order(&mut engine, Vec::new());
         let hits = engine.metrics().gauges.prefix_hits;

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use scheduler::{
-    FinishReason, Request, RequestId, SampledToken, Scheduler, SchedulerConfig, SchedulerOutput, SeqId,
+    Request, RequestId, SampledToken, Scheduler, SchedulerConfig, SchedulerOutput, SeqFinish, SeqId,
 };
 
 /// Token drawn for sample `k` after `context`: FNV-1a of the context and `k`, in a small vocab.
@@ -55,7 +55,7 @@ pub struct FakeEngine {
     pub outputs: HashMap<SeqId, Vec<u32>>,
     /// How often each request was reported finished (must be once).
     pub finished: HashMap<RequestId, usize>,
-    pub reasons: HashMap<SeqId, FinishReason>,
+    pub reasons: HashMap<SeqId, SeqFinish>,
     pub capacity_exceeded: Vec<RequestId>,
     pub aborted: Vec<RequestId>,
     pub added_at: HashMap<RequestId, u64>,

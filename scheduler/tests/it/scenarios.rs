@@ -3,7 +3,7 @@
 //! priorities.
 
 use scheduler::{
-    FinishReason, Policy, PreemptionMode, Request, SampledToken, Scheduler, SchedulerConfig, SchedulerError,
+    Policy, PreemptionMode, Request, SampledToken, Scheduler, SchedulerConfig, SchedulerError, SeqFinish,
     SeqId,
 };
 
@@ -40,7 +40,7 @@ fn single_request_generates_exactly_its_length() {
     e.add(r.clone()).unwrap();
     e.run_to_end(100);
     assert_eq!(e.step, 5, "one prefill step and four decodes");
-    assert_eq!(e.reasons[&SeqId { request: 1, index: 0 }], FinishReason::Length);
+    assert_eq!(e.reasons[&SeqId { request: 1, index: 0 }], SeqFinish::Length);
     assert_all_expected(&e, &[r]);
 }
 
@@ -174,8 +174,8 @@ fn parallel_samples_finish_independently() {
     }
     e.run_to_end(500);
     assert_all_expected(&e, &reqs);
-    assert!(e.reasons.values().any(|r| *r == FinishReason::Stopped));
-    assert!(e.reasons.values().any(|r| *r == FinishReason::Length));
+    assert!(e.reasons.values().any(|r| *r == SeqFinish::Stopped));
+    assert!(e.reasons.values().any(|r| *r == SeqFinish::Length));
 }
 
 fn pressure_requests() -> Vec<Request> {
@@ -355,7 +355,7 @@ fn a_sequence_outgrowing_the_pool_finishes_with_a_reason() {
     e.add(Request::new(2, prompt(2, 3), 2)).unwrap();
     e.run_to_end(200);
     assert_eq!(e.capacity_exceeded, vec![1]);
-    assert_eq!(e.reasons.get(&SeqId { request: 2, index: 0 }), Some(&FinishReason::Length));
+    assert_eq!(e.reasons.get(&SeqId { request: 2, index: 0 }), Some(&SeqFinish::Length));
     assert_eq!(e.finished[&1], 1);
     // It generated until the pool (16 slots) was full: 8 prompt + 8 generated tokens computed.
     assert_eq!(e.outputs_of(1, 1)[0].len(), 9);
@@ -418,7 +418,7 @@ fn priority_serves_urgent_requests_first_and_preempts_for_them() {
     e.run_to_end(1_000);
     assert_all_expected(&e, &low);
     assert_all_expected(&e, &[urgent]);
-    assert!(e.reasons[&SeqId { request: 9, index: 0 }] == FinishReason::Length);
+    assert!(e.reasons[&SeqId { request: 9, index: 0 }] == SeqFinish::Length);
 }
 
 #[test]
