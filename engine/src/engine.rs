@@ -20,7 +20,7 @@ use crate::executor::Executor;
 use crate::metrics::{Gauges, MetricsCollector, MetricsSnapshot};
 use crate::output::{FinalOutput, FinishReason, RequestKey, RequestOutput};
 use crate::request::{Prompt, RequestOptions, RequestState};
-use crate::sampling::{SampleRow, SamplingParams, SequenceSampler, sample_batch, seeded_rng};
+use crate::sampling::{SampleRow, SamplingParams, SequenceSampler, TokenChoice, sample_batch, seeded_rng};
 
 /// Where one sampled row goes: request, sample index, and the scheduler's sequence id.
 #[derive(Debug, Clone, Copy)]
@@ -411,29 +411,24 @@ impl Engine {
         Ok(outputs)
     }
 
-    /// Block moves, forward, sampling and scheduler update of the planned step; returns the
-    /// number of tokens generated.
+    /// The planned step, phase by phase: block moves, forward, sampling, stop detection and
+    /// detokenization, scheduler update. Returns the number of tokens generated.
     fn run_step(&mut self) -> Result<usize, EngineError> {
-        let plan = &self.plan;
-        self.executor.move_blocks(plan)?;
-        self.batch.build(plan)?;
-        let input = self.batch.input(plan);
+        self.executor.move_blocks(&self.plan)?;
+        self.batch.build(&self.plan)?;
+        let input = self.batch.input(&self.plan);
         let vocab = self.executor.model_config().vocab_size;
         let logits = self.executor.forward(&input)?;
+        gather_sample_rows(&self.plan, logits, vocab, &mut self.targets, &mut self.logits)?;
+        let sampled = self.sample(vocab)?;
+        let updates = self.apply_samples(sampled)?;
+        self.update_scheduler(&updates)?;
+        Ok(updates.len())
+    }
 
-        // One sampling row per sample: a prompt end of a group of n gives n rows of the same logits.
-        self.targets.clear();
-        self.logits.clear();
-        for (row, s) in plan.seqs.iter().filter(|s| s.num_samples > 0).enumerate() {
-            let src = logits
-                .get(row * vocab..(row + 1) * vocab)
-                .ok_or(EngineError::Internal("missing logits row"))?;
-            for j in 0..s.num_samples {
-                let index = if s.num_samples > 1 { j } else { s.seq_id.index as usize };
-                self.targets.push(RowTarget { request: s.seq_id.request, index, seq_id: s.seq_id });
-                self.logits.extend_from_slice(src);
-            }
-        }
+    /// Samples one token per target row (each request's own parameters and RNG).
+    fn sample(&mut self, vocab: usize) -> Result<Vec<TokenChoice>, EngineError> {
+        // The samplers are taken out of their requests for the batch and put back after.
         let mut taken = Vec::with_capacity(self.targets.len());
         for t in &self.targets {
             let state = self
@@ -454,8 +449,15 @@ impl Engine {
                 seq.sampler = Some(sampler);
             }
         }
-        let sampled = sampled?;
+        Ok(sampled?)
+    }
 
+    /// Records each sampled token in its sequence, detects EOS / stop ids / stop strings and
+    /// detokenizes; returns what the scheduler must append.
+    fn apply_samples(
+        &mut self,
+        sampled: Vec<TokenChoice>,
+    ) -> Result<Vec<scheduler::SampledToken>, EngineError> {
         let now = Instant::now();
         let mut updates = Vec::with_capacity(sampled.len());
         for (t, tok) in self.targets.iter().zip(sampled) {
@@ -497,7 +499,13 @@ impl Engine {
                 stop: seq.finish.is_some(),
             });
         }
-        self.scheduler.update_into(&updates, &mut self.step_result)?;
+        Ok(updates)
+    }
+
+    /// Hands the tokens to the scheduler; sequences it finished (length, abort) get their
+    /// client-facing reason.
+    fn update_scheduler(&mut self, updates: &[scheduler::SampledToken]) -> Result<(), EngineError> {
+        self.scheduler.update_into(updates, &mut self.step_result)?;
         for fs in &self.step_result.finished_seqs {
             if let Some(seq) = self
                 .requests
@@ -511,7 +519,7 @@ impl Engine {
                 });
             }
         }
-        Ok(updates.len())
+        Ok(())
     }
 
     /// Emits the request's news; drops its state once every sample has finished.
@@ -562,4 +570,27 @@ impl Engine {
         }
         Ok(results)
     }
+}
+
+/// One sampling row per sample: the logits of every planned sequence that samples, repeated
+/// for each of its samples (a prompt end of a group of `n` gives `n` rows of the same logits).
+fn gather_sample_rows(
+    plan: &SchedulerOutput,
+    logits: &[f32],
+    vocab: usize,
+    targets: &mut Vec<RowTarget>,
+    rows: &mut Vec<f32>,
+) -> Result<(), EngineError> {
+    targets.clear();
+    rows.clear();
+    for (row, s) in plan.seqs.iter().filter(|s| s.num_samples > 0).enumerate() {
+        let src =
+            logits.get(row * vocab..(row + 1) * vocab).ok_or(EngineError::Internal("missing logits row"))?;
+        for j in 0..s.num_samples {
+            let index = if s.num_samples > 1 { j } else { s.seq_id.index as usize };
+            targets.push(RowTarget { request: s.seq_id.request, index, seq_id: s.seq_id });
+            rows.extend_from_slice(src);
+        }
+    }
+    Ok(())
 }
