@@ -13,7 +13,8 @@
 //! - [`copy_blocks`] (copy-on-write), [`swap_blocks`], [`swap_out`], [`swap_in`].
 //! - [`backend`]: the same kernels generic over the device ([`backend::Cpu`], and with `cuda` the
 //!   CUDA twins): what a forward pass calls so that it never branches on the device.
-//! - [`reference`]: naive gather-through-the-block-table versions with an `f64` softmax, for tests.
+//! - `reference` (feature `testing`): naive gather-through-the-block-table versions with an
+//!   `f64` softmax, the oracles of tests, benches and the GPU check.
 //!
 //! The CPU code uses every rayon thread, AVX2/FMA/F16C inner loops chosen at run time (portable
 //! fallback otherwise), and per-thread scratch so the hot loop never allocates.
@@ -24,6 +25,7 @@ mod block_ops;
 mod cache_write;
 mod error;
 mod meta;
+#[cfg(feature = "testing")]
 pub mod reference;
 mod simd;
 

@@ -10,6 +10,7 @@ pub mod gguf;
 pub mod input;
 pub mod llama;
 pub mod ops;
+#[cfg(feature = "testing")]
 pub mod reference;
 pub mod rope;
 pub mod tokenizer;
