@@ -72,7 +72,8 @@ fn graph_from_metadata(meta: &serde_json::Value) -> anyhow::Result<Graph> {
             .into_iter()
             .flatten()
             .filter_map(|d| d["name"].as_str())
-            .filter(|d| names.contains(d))
+            // A self dev-dependency (tests turning on the crate's own `testing` feature) is no arrow.
+            .filter(|d| names.contains(d) && *d != name)
             .map(str::to_owned)
             .collect();
         graph.insert(name.to_owned(), deps);
@@ -138,9 +139,9 @@ mod tests {
     }
 
     #[test]
-    fn metadata_dependencies_outside_the_workspace_are_ignored() {
+    fn metadata_dependencies_outside_the_workspace_and_on_itself_are_ignored() {
         let meta = serde_json::json!({"packages": [
-            {"name": "a", "dependencies": [{"name": "serde"}, {"name": "b"}]},
+            {"name": "a", "dependencies": [{"name": "serde"}, {"name": "b"}, {"name": "a"}]},
             {"name": "b", "dependencies": []},
         ]});
         assert_eq!(graph_from_metadata(&meta).unwrap(), graph(&[("a", &["b"]), ("b", &[])]));
