@@ -9,7 +9,7 @@
 //!   `num_blocks = (total × gpu_memory_utilization − used) / bytes_per_block`
 //!   ([`kv_cache::cuda::blocks_for_memory`]).
 
-use kernels::backend::{self, Cpu};
+use kernels::backend::{Cpu, KernelBackend};
 use kv_cache::{BlockShape, CacheConfig, Device, KvCache};
 use model::{Llama, LlamaConfig, ModelInput, Workspace};
 use scheduler::SchedulerOutput;
@@ -88,18 +88,12 @@ impl Executor {
     /// The plan's swap-outs, swap-ins and copy-on-write copies, in that order.
     pub fn move_blocks(&mut self, plan: &SchedulerOutput) -> Result<(), EngineError> {
         match self {
-            Executor::Cpu(c) => {
-                if !plan.blocks_to_swap_out.is_empty() {
-                    backend::swap_out(&Cpu, &mut c.cache, &plan.blocks_to_swap_out)?;
-                }
-                if !plan.blocks_to_swap_in.is_empty() {
-                    backend::swap_in(&Cpu, &mut c.cache, &plan.blocks_to_swap_in)?;
-                }
-                if !plan.blocks_to_copy.is_empty() {
-                    backend::copy_blocks(&Cpu, &mut c.cache, &plan.blocks_to_copy)?;
-                }
-                Ok(())
-            }
+            Executor::Cpu(c) => Ok(Cpu.move_blocks(
+                &mut c.cache,
+                &plan.blocks_to_swap_out,
+                &plan.blocks_to_swap_in,
+                &plan.blocks_to_copy,
+            )?),
             #[cfg(feature = "cuda")]
             Executor::Cuda(c) => c.move_blocks(plan),
         }
@@ -121,7 +115,7 @@ mod cuda {
 
     use std::sync::Arc;
 
-    use kernels::backend;
+    use kernels::backend::KernelBackend;
     use kernels::cuda::CudaKernels;
     use kv_cache::cuda::{CudaDevice, CudaKvCache, blocks_for_memory};
     use kv_cache::{BlockShape, CacheConfig, DType};
@@ -184,23 +178,15 @@ mod cuda {
         }
 
         pub fn move_blocks(&mut self, plan: &SchedulerOutput) -> Result<(), EngineError> {
-            if plan.blocks_to_swap_out.is_empty()
-                && plan.blocks_to_swap_in.is_empty()
-                && plan.blocks_to_copy.is_empty()
-            {
-                return Ok(());
-            }
             let kernels = &**self.model.kernels();
-            if !plan.blocks_to_swap_out.is_empty() {
-                backend::swap_out(kernels, &mut self.cache, &plan.blocks_to_swap_out).map_err(cuda_err)?;
-            }
-            if !plan.blocks_to_swap_in.is_empty() {
-                backend::swap_in(kernels, &mut self.cache, &plan.blocks_to_swap_in).map_err(cuda_err)?;
-            }
-            if !plan.blocks_to_copy.is_empty() {
-                backend::copy_blocks(kernels, &mut self.cache, &plan.blocks_to_copy).map_err(cuda_err)?;
-            }
-            Ok(())
+            kernels
+                .move_blocks(
+                    &mut self.cache,
+                    &plan.blocks_to_swap_out,
+                    &plan.blocks_to_swap_in,
+                    &plan.blocks_to_copy,
+                )
+                .map_err(cuda_err)
         }
 
         pub fn forward(&mut self, input: &ModelInput<'_>) -> Result<&[f32], EngineError> {

@@ -1,13 +1,12 @@
-//! Device-generic kernel entry points: one public function per kernel, with the CPU twin and
+//! Device-generic kernel entry points: one trait method per kernel, with the CPU twin and
 //! (behind `cuda`) the CUDA twin behind it, chosen by the backend's type.
 //!
-//! A forward pass written against [`KernelBackend`] calls `backend::paged_attention(&b, …)`
-//! whatever the device; `b` is [`Cpu`] or, with the `cuda` feature, a
+//! A forward pass written against [`KernelBackend`] calls `b.paged_attention(…)` whatever the
+//! device; `b` is [`Cpu`] or, with the `cuda` feature, a
 //! [`CudaKernels`](crate::cuda::runtime::CudaKernels) handle. The backend names the types that
 //! differ per device (activation buffers, slot mapping, attention metadata, cache, workspace,
 //! error), so a mismatch — a host slice handed to a CUDA cache — is a compile error, not a
-//! run-time branch. The backend comes first in every call so the compiler knows the device
-//! before it checks the other arguments (a `&mut Vec<f32>` then coerces to `&mut [f32]`).
+//! run-time branch. `move_blocks` is the one device-generic copy-and-swap of a step.
 //!
 //! The crate-root functions ([`crate::paged_attention`] …) remain the CPU implementations with
 //! their CPU-only options (instruction set, split policy) for tests and benches.
@@ -32,7 +31,7 @@ pub trait KernelBackend {
     type Workspace;
     type Error: std::error::Error + Send + Sync + 'static;
 
-    /// See [`reshape_and_cache`].
+    /// Writes new K/V rows (`[num_tokens, kv_heads, head_size]`) into their cache slots.
     fn reshape_and_cache(
         &self,
         key: &Self::Act,
@@ -41,7 +40,7 @@ pub trait KernelBackend {
         layer: &mut Self::Layer,
     ) -> Result<(), Self::Error>;
 
-    /// See [`paged_attention`].
+    /// Attention of a mixed batch (prefill chunks and decodes) over the paged cache.
     #[allow(clippy::too_many_arguments)]
     fn paged_attention(
         &self,
@@ -54,67 +53,36 @@ pub trait KernelBackend {
         workspace: &mut Self::Workspace,
     ) -> Result<(), Self::Error>;
 
-    /// See [`copy_blocks`].
+    /// Copy-on-write: copies whole blocks `(src, dst)` in every layer.
     fn copy_blocks(&self, cache: &mut Self::Cache, pairs: &[(u32, u32)]) -> Result<(), Self::Error>;
 
-    /// See [`swap_out`].
+    /// Moves device blocks to the host swap space, every layer: `(device_block, host_block)`.
     fn swap_out(&self, cache: &mut Self::Cache, mapping: &[(u32, u32)]) -> Result<(), Self::Error>;
 
-    /// See [`swap_in`].
+    /// Moves host swap blocks back to the device, every layer: `(host_block, device_block)`.
     fn swap_in(&self, cache: &mut Self::Cache, mapping: &[(u32, u32)]) -> Result<(), Self::Error>;
-}
 
-/// Writes new K/V rows (`[num_tokens, kv_heads, head_size]`) into their cache slots.
-pub fn reshape_and_cache<B: KernelBackend>(
-    backend: &B,
-    key: &B::Act,
-    value: &B::Act,
-    slots: &B::Slots,
-    layer: &mut B::Layer,
-) -> Result<(), B::Error> {
-    backend.reshape_and_cache(key, value, slots, layer)
-}
-
-/// Attention of a mixed batch (prefill chunks and decodes) over the paged cache.
-#[allow(clippy::too_many_arguments)]
-pub fn paged_attention<B: KernelBackend>(
-    backend: &B,
-    out: &mut B::Act,
-    query: &B::Act,
-    layer: &B::Layer,
-    meta: &B::Meta<'_>,
-    num_heads: usize,
-    scale: f32,
-    workspace: &mut B::Workspace,
-) -> Result<(), B::Error> {
-    backend.paged_attention(out, query, layer, meta, num_heads, scale, workspace)
-}
-
-/// Copy-on-write: copies whole blocks `(src, dst)` in every layer.
-pub fn copy_blocks<B: KernelBackend>(
-    backend: &B,
-    cache: &mut B::Cache,
-    pairs: &[(u32, u32)],
-) -> Result<(), B::Error> {
-    backend.copy_blocks(cache, pairs)
-}
-
-/// Moves device blocks to the host swap space, every layer: `(device_block, host_block)`.
-pub fn swap_out<B: KernelBackend>(
-    backend: &B,
-    cache: &mut B::Cache,
-    mapping: &[(u32, u32)],
-) -> Result<(), B::Error> {
-    backend.swap_out(cache, mapping)
-}
-
-/// Moves host swap blocks back to the device, every layer: `(host_block, device_block)`.
-pub fn swap_in<B: KernelBackend>(
-    backend: &B,
-    cache: &mut B::Cache,
-    mapping: &[(u32, u32)],
-) -> Result<(), B::Error> {
-    backend.swap_in(cache, mapping)
+    /// One step's block moves in the order a scheduler plans them: swap-outs first (their
+    /// device blocks may be reused by this step), then swap-ins, then copy-on-write copies.
+    /// Empty lists cost nothing.
+    fn move_blocks(
+        &self,
+        cache: &mut Self::Cache,
+        swap_out: &[(u32, u32)],
+        swap_in: &[(u32, u32)],
+        copies: &[(u32, u32)],
+    ) -> Result<(), Self::Error> {
+        if !swap_out.is_empty() {
+            self.swap_out(cache, swap_out)?;
+        }
+        if !swap_in.is_empty() {
+            self.swap_in(cache, swap_in)?;
+        }
+        if !copies.is_empty() {
+            self.copy_blocks(cache, copies)?;
+        }
+        Ok(())
+    }
 }
 
 /// The host: the CPU kernels of this crate over a [`KvCache`].
@@ -235,7 +203,7 @@ mod tests {
 
     use kv_cache::{BlockShape, CacheConfig, DType};
 
-    use super::{Cpu, copy_blocks, paged_attention, reshape_and_cache, swap_in, swap_out};
+    use super::{Cpu, KernelBackend};
     use crate::{AttnError, PagedAttnMetadata};
 
     fn cache() -> kv_cache::KvCache {
@@ -254,7 +222,7 @@ mod tests {
         let key: Vec<f32> = (0..3 * 64).map(|i| (i as f32 * 0.37).sin()).collect();
         let value: Vec<f32> = (0..3 * 64).map(|i| (i as f32 * 0.11).cos()).collect();
         let slots = vec![16i64, 17, 18];
-        reshape_and_cache(&Cpu, &key, &value, &slots, generic.layer_mut(0))?;
+        Cpu.reshape_and_cache(&key, &value, &slots, generic.layer_mut(0))?;
         crate::reshape_and_cache(&key, &value, &slots, direct.layer_mut(0))?;
         assert_eq!(generic.read_key(0, 17, 0).ok(), direct.read_key(0, 17, 0).ok());
 
@@ -267,16 +235,23 @@ mod tests {
         };
         let query: Vec<f32> = (0..64).map(|i| i as f32 / 64.0).collect();
         let (mut a, mut b) = (vec![0.0f32; 64], vec![0.0f32; 64]);
-        paged_attention(&Cpu, &mut a, &query, generic.layer(0), &meta, 1, 0.125, &mut ())?;
+        Cpu.paged_attention(&mut a, &query, generic.layer(0), &meta, 1, 0.125, &mut ())?;
         crate::paged_attention(&mut b, &query, direct.layer(0), &meta, 1, 0.125)?;
         assert_eq!(a, b);
 
-        copy_blocks(&Cpu, &mut generic, &[(1, 2)])?;
-        swap_out(&Cpu, &mut generic, &[(2, 1)])?;
-        swap_in(&Cpu, &mut generic, &[(1, 3)])?;
+        Cpu.copy_blocks(&mut generic, &[(1, 2)])?;
+        Cpu.swap_out(&mut generic, &[(2, 1)])?;
+        Cpu.swap_in(&mut generic, &[(1, 3)])?;
         assert_eq!(generic.read_key(0, 3 * 16 + 1, 0).ok(), direct.read_key(0, 17, 0).ok());
+        // move_blocks: swap-out, swap-in, then copy, as one step plans them.
+        let mut stepped = cache();
+        crate::reshape_and_cache(&key, &value, &slots, stepped.layer_mut(0))?;
+        Cpu.move_blocks(&mut stepped, &[(1, 0)], &[(0, 2)], &[(2, 3)])?;
+        assert_eq!(stepped.read_key(0, 3 * 16 + 1, 0).ok(), direct.read_key(0, 17, 0).ok());
+        assert_eq!(stepped.read_key(0, 2 * 16 + 2, 0).ok(), direct.read_key(0, 18, 0).ok());
+        Cpu.move_blocks(&mut stepped, &[], &[], &[])?;
         // Errors are the CPU kernels' own.
-        assert!(matches!(copy_blocks(&Cpu, &mut generic, &[(9, 0)]), Err(AttnError::BlockOutOfRange { .. })));
+        assert!(matches!(Cpu.copy_blocks(&mut generic, &[(9, 0)]), Err(AttnError::BlockOutOfRange { .. })));
         Ok(())
     }
 }

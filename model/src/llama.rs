@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use kernels::PagedAttnMetadata;
-use kernels::backend::{Cpu, paged_attention, reshape_and_cache};
+use kernels::backend::{Cpu, KernelBackend};
 use kv_cache::KvCache;
 use rayon::prelude::*;
 
@@ -290,9 +290,9 @@ impl Llama {
                     rope_rotate_half(kr, d, cr, sr);
                 });
             let layer_cache = cache.layer_mut(l);
-            reshape_and_cache(&Cpu, k, v, input.slot_mapping, layer_cache)?;
+            Cpu.reshape_and_cache(k, v, input.slot_mapping, layer_cache)?;
             let attn = ensure(&mut ws.attn, t * q_w);
-            paged_attention(&Cpu, attn, q, layer_cache, &meta, nh, scale, &mut ())?;
+            Cpu.paged_attention(attn, q, layer_cache, &meta, nh, scale, &mut ())?;
             // Residual adds fused into the GEMMs (accumulate into `hidden`).
             linear(&mut ws.hidden[..t * h], attn, &lw.o_proj, t, h, q_w, true);
             let normed = &mut ws.normed[..t * h];

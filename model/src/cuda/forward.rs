@@ -12,7 +12,7 @@ use std::sync::Arc;
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
 use kernels::PagedAttnMetadata;
-use kernels::backend;
+use kernels::backend::KernelBackend;
 use kernels::cuda::kernels::{cast_entry, model_entry, model_program};
 use kernels::cuda::ops::{AttnWorkspace, DeviceAttnMetadata, DeviceSlotMapping};
 use kernels::cuda::{CudaKernels, Program};
@@ -430,10 +430,9 @@ impl CudaLlama {
         // positions were checked to be below the table's length.
         unsafe { b.launch(rows_launch(t, 128)?) }?;
 
-        backend::reshape_and_cache(&*self.kernels, &self.act.k, &self.act.v, slots, cache.layer_mut(l)?)?;
+        self.kernels.reshape_and_cache(&self.act.k, &self.act.v, slots, cache.layer_mut(l)?)?;
         let scale = 1.0 / (d as f32).sqrt();
-        backend::paged_attention(
-            &*self.kernels,
+        self.kernels.paged_attention(
             &mut self.act.attn,
             &self.act.q,
             cache.layer(l)?,
