@@ -26,4 +26,29 @@ impl ModelInput<'_> {
     pub fn num_tokens(&self) -> usize {
         self.token_ids.len()
     }
+
+    /// The checks every device runs before using a batch: lengths agree, token ids are in the
+    /// vocabulary, sample rows are in the batch, and the query offsets cover every token. A
+    /// device adds its own (cache shape on the CPU, buffer limits on CUDA). The message is the
+    /// device error's text.
+    pub fn check(&self, vocab_size: usize) -> Result<(), String> {
+        let n = self.num_tokens();
+        if self.positions.len() != n || self.slot_mapping.len() != n {
+            return Err(format!(
+                "{n} tokens but {} positions and {} slots",
+                self.positions.len(),
+                self.slot_mapping.len()
+            ));
+        }
+        if let Some(&t) = self.token_ids.iter().find(|&&t| t as usize >= vocab_size) {
+            return Err(format!("token id {t} is outside the vocabulary ({vocab_size})"));
+        }
+        if let Some(&i) = self.sample_indices.iter().find(|&&i| i >= n) {
+            return Err(format!("sample index {i} is outside the batch of {n} tokens"));
+        }
+        if self.query_start_loc.last().copied() != Some(n) {
+            return Err(format!("query_start_loc must end at the number of tokens ({n})"));
+        }
+        Ok(())
+    }
 }

@@ -182,21 +182,8 @@ impl Llama {
     }
 
     fn check_input(&self, input: &ModelInput<'_>, cache: &KvCache) -> Result<()> {
-        let n = input.num_tokens();
         let bad = |msg: String| Err(ModelError::InvalidInput(msg));
-        if input.positions.len() != n || input.slot_mapping.len() != n {
-            return bad(format!(
-                "{n} tokens but {} positions and {} slots",
-                input.positions.len(),
-                input.slot_mapping.len()
-            ));
-        }
-        if let Some(&t) = input.token_ids.iter().find(|&&t| t as usize >= self.config.vocab_size) {
-            return bad(format!("token id {t} is outside the vocabulary ({})", self.config.vocab_size));
-        }
-        if let Some(&i) = input.sample_indices.iter().find(|&&i| i >= n) {
-            return bad(format!("sample index {i} is outside the batch of {n} tokens"));
-        }
+        input.check(self.config.vocab_size).map_err(ModelError::InvalidInput)?;
         if cache.num_layers() != self.layers.len() {
             return bad(format!("cache has {} layers, model {}", cache.num_layers(), self.layers.len()));
         }
@@ -206,9 +193,6 @@ impl Llama {
                 "cache has {} kv heads of size {}, model {} of size {}",
                 g.num_kv_heads, g.head_size, self.config.num_key_value_heads, self.config.head_dim
             ));
-        }
-        if input.query_start_loc.last().copied() != Some(n) {
-            return bad(format!("query_start_loc must end at the number of tokens ({n})"));
         }
         Ok(())
     }

@@ -17,7 +17,8 @@ pub struct BatchLimits {
     pub max_model_len: usize,
 }
 
-/// Checks `input` against `limits` and `config` (lengths, vocabulary, positions, sample rows).
+/// Checks `input` as every device does ([`ModelInput::check`]), then against `limits`
+/// (tokens, sample rows, positions).
 pub fn check_batch(
     input: &ModelInput<'_>,
     limits: &BatchLimits,
@@ -25,13 +26,7 @@ pub fn check_batch(
 ) -> Result<(), CudaModelError> {
     let n = input.num_tokens();
     let bad = |m: String| Err(CudaModelError::InvalidInput(m));
-    if input.positions.len() != n || input.slot_mapping.len() != n {
-        return bad(format!(
-            "{n} tokens but {} positions and {} slots",
-            input.positions.len(),
-            input.slot_mapping.len()
-        ));
-    }
+    input.check(config.vocab_size).map_err(CudaModelError::InvalidInput)?;
     if n > limits.max_tokens {
         return bad(format!("{n} tokens in one step, the device buffers hold {}", limits.max_tokens));
     }
@@ -42,17 +37,8 @@ pub fn check_batch(
             limits.max_samples
         ));
     }
-    if let Some(&t) = input.token_ids.iter().find(|&&t| t as usize >= config.vocab_size) {
-        return bad(format!("token id {t} is outside the vocabulary ({})", config.vocab_size));
-    }
     if let Some(&p) = input.positions.iter().find(|&&p| p as usize >= limits.max_model_len) {
         return bad(format!("position {p} is beyond the rotary table ({} positions)", limits.max_model_len));
-    }
-    if let Some(&i) = input.sample_indices.iter().find(|&&i| i >= n) {
-        return bad(format!("sample index {i} is outside the batch of {n} tokens"));
-    }
-    if input.query_start_loc.last().copied() != Some(n) {
-        return bad(format!("query_start_loc must end at the number of tokens ({n})"));
     }
     Ok(())
 }
