@@ -4,14 +4,13 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Instant;
 
 use kv_cache::BlockShape;
 use model::{ChatTemplate, Llama, ModelFolder};
-use rand::{RngCore, SeedableRng};
+use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use scheduler::{Request, Scheduler, SchedulerConfig, SchedulerError, SchedulerOutput, SeqId, StepResult};
+use scheduler::{Scheduler, SchedulerConfig, SchedulerOutput, SeqId, StepResult};
 
 use crate::batch::BatchBuffers;
 use crate::config::EngineConfig;
@@ -20,7 +19,9 @@ use crate::executor::Executor;
 use crate::metrics::{Gauges, MetricsCollector, MetricsSnapshot};
 use crate::output::{FinalOutput, FinishReason, RequestKey, RequestOutput};
 use crate::request::{Prompt, RequestOptions, RequestState};
-use crate::sampling::{SampleRow, SamplingParams, SequenceSampler, TokenChoice, sample_batch, seeded_rng};
+use crate::sampling::{SampleRow, SamplingParams, TokenChoice, sample_batch};
+
+mod admission;
 
 /// Where one sampled row goes: request, sample index, and the scheduler's sequence id.
 #[derive(Debug, Clone, Copy)]
@@ -223,92 +224,6 @@ impl Engine {
             self.metrics.record_rejected();
         }
         result
-    }
-
-    fn admit(
-        &mut self,
-        id: String,
-        prompt: Prompt,
-        params: SamplingParams,
-        options: &RequestOptions,
-    ) -> Result<RequestKey, RequestError> {
-        if self.ids.contains_key(&id) {
-            return Err(RequestError::DuplicateId(id));
-        }
-        params.validate().map_err(|source| RequestError::InvalidParams { id: id.clone(), source })?;
-        let tokens = self.tokenize(&id, prompt)?;
-        if tokens.is_empty() {
-            return Err(RequestError::EmptyPrompt(id));
-        }
-        let vocab_size = self.executor.model_config().vocab_size;
-        if let Some(&token) = tokens.iter().find(|&&t| t as usize >= vocab_size) {
-            return Err(RequestError::TokenOutOfVocab { id, token, vocab_size });
-        }
-        // Every size here comes from the client: checked arithmetic only.
-        let prompt_len = tokens.len();
-        let max_tokens = match params.max_tokens {
-            Some(max_tokens) => max_tokens,
-            // Unset: up to the model's max length, or as far as the KV cache could ever hold
-            // this request alone, whichever is shorter.
-            None => {
-                let room = self.max_model_len.saturating_sub(prompt_len);
-                let pool = self.scheduler.device_pool();
-                room.min(scheduler::max_new_tokens_within(
-                    pool.block_size(),
-                    prompt_len,
-                    params.n,
-                    pool.num_blocks(),
-                ))
-                .max(1)
-            }
-        };
-        if prompt_len.checked_add(max_tokens).is_none_or(|total| total > self.max_model_len) {
-            return Err(RequestError::TooLong {
-                id,
-                prompt_len,
-                max_tokens,
-                max_model_len: self.max_model_len,
-            });
-        }
-        // A request that could not finish even alone on the device would be cut short later
-        // ("capacity exceeded"), which a client cannot tell from reaching max_tokens: refuse it.
-        let pool = self.scheduler.device_pool();
-        let pool_blocks = pool.num_blocks();
-        match scheduler::blocks_for_request(pool.block_size(), prompt_len, max_tokens, params.n) {
-            Some(blocks_needed) if blocks_needed <= pool_blocks => {}
-            need => {
-                let blocks_needed = need.unwrap_or(usize::MAX);
-                return Err(RequestError::ExceedsKvCache { id, blocks_needed, pool_blocks });
-            }
-        }
-        let sid = self.next_id;
-        let mut request =
-            Request::new(sid, tokens.clone(), max_tokens).with_n(params.n).with_priority(options.priority);
-        if let Some(salt) = options.salt_hash() {
-            request = request.with_salt(salt);
-        }
-        self.scheduler.add_request(request).map_err(|e| match e {
-            SchedulerError::EmptyPrompt(_) => RequestError::EmptyPrompt(id.clone()),
-            SchedulerError::ExceedsPool { blocks_needed, pool_blocks, .. } => {
-                RequestError::ExceedsKvCache { id: id.clone(), blocks_needed, pool_blocks }
-            }
-            other => RequestError::Rejected { id: id.clone(), reason: other.to_string() },
-        })?;
-        self.next_id += 1;
-        let prompt_set = SequenceSampler::prompt_set(&params, &tokens);
-        let mut stop_ids = params.stop_token_ids.clone();
-        if !params.ignore_eos {
-            stop_ids.extend_from_slice(&self.eos_ids);
-        }
-        let stop_ids: Arc<[u32]> = stop_ids.into();
-        let seed = params.seed.unwrap_or_else(|| self.seed_rng.next_u64());
-        let samplers = (0..params.n)
-            .map(|i| SequenceSampler::new(seeded_rng(seed, i), prompt_set.clone(), stop_ids.clone()))
-            .collect();
-        let key = RequestKey(sid);
-        self.requests.insert(sid, RequestState::new(id.clone(), key, Arc::new(params), &tokens, samplers));
-        self.ids.insert(id, sid);
-        Ok(key)
     }
 
     /// Aborts an unfinished request: its blocks are freed now and its final output (finish
