@@ -100,14 +100,32 @@ fn run(cubin_dir: Option<PathBuf>, figures: &mut Map<String, Value>) -> Res<usiz
     figures.insert("device".into(), Value::String(device.name()?));
     let kernels = CudaKernels::with_cache_dir(device.clone(), cubin_dir)?;
     let start = Instant::now();
+    // A section that errors counts as one failure and the run goes on: one bad case must not
+    // cost the device run everything after it.
     let mut failures = 0;
-    failures += check_attention(&kernels, figures)?;
-    failures += check_reshape_and_cache(&kernels, figures)?;
-    failures += check_copy_and_swap(&kernels, &device, figures)?;
+    failures += section("attention", figures, |f| check_attention(&kernels, f));
+    failures += section("reshape_and_cache", figures, |f| check_reshape_and_cache(&kernels, f));
+    failures += section("copy_and_swap", figures, |f| check_copy_and_swap(&kernels, &device, f));
     figures.insert("check.seconds".into(), json!(start.elapsed().as_secs_f64()));
     figures.insert("check.failures".into(), json!(failures));
-    bench(&kernels, &device, figures)?;
+    failures += section("bench", figures, |f| bench(&kernels, &device, f).map(|()| 0));
     Ok(failures)
+}
+
+/// Runs one section; its error is recorded as `error.<name>` and counted as one failure.
+fn section(
+    name: &str,
+    figures: &mut Map<String, Value>,
+    run: impl FnOnce(&mut Map<String, Value>) -> Res<usize>,
+) -> usize {
+    match run(figures) {
+        Ok(failures) => failures,
+        Err(e) => {
+            eprintln!("FAIL {name}: {e}");
+            figures.insert(format!("error.{name}"), Value::String(e.to_string()));
+            1
+        }
+    }
 }
 
 fn record_max(figures: &mut Map<String, Value>, key: &str, v: f64) {
@@ -131,38 +149,26 @@ fn check_attention(kernels: &CudaKernels, figures: &mut Map<String, Value>) -> R
             let needed: usize = chunks.iter().map(|&(_, l)| l.div_ceil(block_size)).sum();
             let geometry =
                 CacheGeometry { num_blocks: 2 * needed + 3, num_kv_heads, head_size, block_size, dtype };
-            let case = AttnCase::random(geometry, num_heads, &chunks, i as u64 * 31 + name.len() as u64)?;
-            let want = case.reference()?;
-            let mut dev_cache = DeviceLayerCache::new(kernels.device(), geometry)?;
-            dev_cache.upload(kernels.device(), &case.cache)?;
-            let meta = DeviceAttnMetadata::upload(&stream, &case.meta(), block_size, geometry.num_blocks)?;
-            let query = stream.clone_htod(&case.query)?;
-            let mut ws =
-                AttnWorkspace::new(&stream, meta.num_tokens(), num_heads, head_size, meta.max_context())?;
-            for variant in [AttentionVariant::V1, AttentionVariant::V2] {
-                let mut out = stream.alloc_zeros::<f32>(case.query.len().max(1))?;
-                ops::paged_attention_with(
-                    kernels,
-                    &mut out,
-                    &query,
-                    &dev_cache,
-                    &meta,
-                    num_heads,
-                    case.scale,
-                    &mut ws,
-                    Some(variant),
-                )?;
-                let got = stream.clone_dtoh(&out)?;
-                let err = max_rel_error(&got[..want.len()], &want);
+            let seed = i as u64 * 31 + name.len() as u64;
+            let what = format!("attention {name} {dtype} h{head_size} b{block_size} group {group}");
+            // A case that errors (upload, launch) is a failure of that case; the others still run.
+            let errors = match attention_case(kernels, &stream, geometry, num_heads, &chunks, seed) {
+                Ok(errors) => errors,
+                Err(e) => {
+                    failures += 1;
+                    eprintln!("FAIL {what}: {e}");
+                    record_error(figures, "check.attention.errors", &format!("{what}: {e}"));
+                    continue;
+                }
+            };
+            for (variant, err) in errors {
                 cases += 1;
                 let key =
                     format!("check.attention.{name}_{variant:?}.{}.max_rel_err", dtype.name()).to_lowercase();
                 record_max(figures, &key, err);
                 if err > ATTENTION_TOLERANCE {
                     failures += 1;
-                    eprintln!(
-                        "FAIL attention {name} {variant:?} {dtype} h{head_size} b{block_size} group {group}: max rel err {err:.3e}"
-                    );
+                    eprintln!("FAIL {what} {variant:?}: max rel err {err:.3e}");
                 }
             }
         }
@@ -170,6 +176,52 @@ fn check_attention(kernels: &CudaKernels, figures: &mut Map<String, Value>) -> R
     figures.insert("check.attention.cases".into(), json!(cases));
     figures.insert("check.attention.failures".into(), json!(failures));
     Ok(failures)
+}
+
+/// One attention case through both kernel variants: the largest relative error of each
+/// against the CPU reference.
+fn attention_case(
+    kernels: &CudaKernels,
+    stream: &Arc<cudarc::driver::CudaStream>,
+    geometry: CacheGeometry,
+    num_heads: usize,
+    chunks: &[(usize, usize)],
+    seed: u64,
+) -> Res<Vec<(AttentionVariant, f64)>> {
+    let case = AttnCase::random(geometry, num_heads, chunks, seed)?;
+    let want = case.reference()?;
+    let mut dev_cache = DeviceLayerCache::new(kernels.device(), geometry)?;
+    dev_cache.upload(kernels.device(), &case.cache)?;
+    let meta = DeviceAttnMetadata::upload(stream, &case.meta(), geometry.block_size, geometry.num_blocks)?;
+    let query = stream.clone_htod(&case.query)?;
+    let mut ws =
+        AttnWorkspace::new(stream, meta.num_tokens(), num_heads, geometry.head_size, meta.max_context())?;
+    let mut errors = Vec::with_capacity(2);
+    for variant in [AttentionVariant::V1, AttentionVariant::V2] {
+        let mut out = stream.alloc_zeros::<f32>(case.query.len().max(1))?;
+        ops::paged_attention_with(
+            kernels,
+            &mut out,
+            &query,
+            &dev_cache,
+            &meta,
+            num_heads,
+            case.scale,
+            &mut ws,
+            Some(variant),
+        )?;
+        let got = stream.clone_dtoh(&out)?;
+        errors.push((variant, max_rel_error(&got[..want.len()], &want)));
+    }
+    Ok(errors)
+}
+
+/// Appends `message` to the list of errors under `key`.
+fn record_error(figures: &mut Map<String, Value>, key: &str, message: &str) {
+    match figures.entry(key.to_owned()).or_insert_with(|| Value::Array(Vec::new())) {
+        Value::Array(list) => list.push(Value::String(message.to_owned())),
+        other => *other = Value::String(message.to_owned()),
+    }
 }
 
 fn check_reshape_and_cache(kernels: &CudaKernels, figures: &mut Map<String, Value>) -> Res<usize> {

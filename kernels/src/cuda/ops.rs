@@ -79,6 +79,11 @@ impl HostAttnMetadata {
         if meta.block_tables.len() != num_seqs.saturating_mul(meta.max_blocks_per_seq) {
             return bad("block_tables must be [num_seqs, max_blocks_per_seq]".into());
         }
+        let to_i32 =
+            |v: usize| i32::try_from(v).map_err(|_| CudaError::InvalidArgument(format!("{v} exceeds i32")));
+        // Entries past a sequence's last block are never read: they stay -1 whatever the caller
+        // padded them with (u32::MAX is common), so they never need converting.
+        let mut block_tables = vec![-1i32; meta.block_tables.len()];
         let mut max_context = 0;
         let mut is_decode = true;
         for s in 0..num_seqs {
@@ -101,18 +106,20 @@ impl HostAttnMetadata {
                     meta.max_blocks_per_seq
                 ));
             }
-            let row = &meta.block_tables[s * meta.max_blocks_per_seq..][..needed];
+            let start = s * meta.max_blocks_per_seq;
+            let row = &meta.block_tables[start..][..needed];
             if let Some(b) = row.iter().find(|&&b| b as usize >= num_blocks) {
                 return bad(format!("sequence {s}: block {b} out of range ({num_blocks} blocks)"));
             }
+            for (dst, &b) in block_tables[start..][..needed].iter_mut().zip(row) {
+                *dst = to_i32(b as usize)?;
+            }
             max_context = max_context.max(seq_len);
         }
-        let to_i32 =
-            |v: usize| i32::try_from(v).map_err(|_| CudaError::InvalidArgument(format!("{v} exceeds i32")));
         Ok(HostAttnMetadata {
             query_start_loc: meta.query_start_loc.iter().map(|&v| to_i32(v)).collect::<Result<_, _>>()?,
             seq_lens: meta.seq_lens.iter().map(|&v| to_i32(v)).collect::<Result<_, _>>()?,
-            block_tables: meta.block_tables.iter().map(|&v| to_i32(v as usize)).collect::<Result<_, _>>()?,
+            block_tables,
             num_seqs,
             num_tokens: meta.num_tokens(),
             max_blocks_per_seq: meta.max_blocks_per_seq,
@@ -541,9 +548,14 @@ mod tests {
             max_blocks_per_seq: 2,
         };
         let h = HostAttnMetadata::check(&decode, 16, 4);
+        // Sequence 0 (5 tokens) reads one block: its second entry is never read and goes up as -1.
         assert!(
-            h.as_ref().is_ok_and(|h| h.is_decode && h.max_context == 17 && h.block_tables == [3, 0, 1, 2])
+            h.as_ref().is_ok_and(|h| h.is_decode && h.max_context == 17 && h.block_tables == [3, -1, 1, 2])
         );
+        // Padding past a sequence's blocks may be anything (u32::MAX is what the GPU check and
+        // many callers use): it is never converted, so it is never an error.
+        let padded = PagedAttnMetadata { block_tables: &[3, u32::MAX, 1, 2], ..decode };
+        assert!(HostAttnMetadata::check(&padded, 16, 4).is_ok_and(|h| h.block_tables == [3, -1, 1, 2]));
         let prefill = PagedAttnMetadata { query_start_loc: &[0, 5, 6], ..decode };
         assert!(HostAttnMetadata::check(&prefill, 16, 4).is_ok_and(|h| !h.is_decode && h.num_tokens == 6));
         // Block 3 is out of range in a 3-block cache; a context longer than its table; more
