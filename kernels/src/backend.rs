@@ -185,14 +185,11 @@ mod cuda_backend {
         }
 
         fn swap_out(&self, cache: &mut CudaKvCache, mapping: &[(u32, u32)]) -> Result<(), CudaError> {
-            // Raw driver copies: the calling thread needs the device's context current.
-            self.device().context().bind_to_thread()?;
-            cache.swap_out(mapping).map_err(CudaError::from)
+            crate::cuda::swap::swap_out(self, cache, mapping)
         }
 
         fn swap_in(&self, cache: &mut CudaKvCache, mapping: &[(u32, u32)]) -> Result<(), CudaError> {
-            self.device().context().bind_to_thread()?;
-            cache.swap_in(mapping).map_err(CudaError::from)
+            crate::cuda::swap::swap_in(self, cache, mapping)
         }
     }
 }

@@ -1,5 +1,6 @@
 //! The KV cache on an NVIDIA GPU (behind the `cuda` feature): device open, per-layer device
 //! tensors in vLLM's layout, a pinned host swap cache, and sizing from free device memory.
+//! The cache owns the memory; every kernel over it, the swap copies included, is `kernels`'.
 //!
 //! Opening never panics without a GPU: `cudarc`'s loader panics when libcuda is absent, so
 //! [`CudaDevice::open`] checks `is_culib_present` first and returns a typed error.
@@ -8,9 +9,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{
-    CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DriverError, PinnedHostSlice, result as drv,
-};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DriverError, PinnedHostSlice};
 
 use crate::{BlockShape, CacheConfig, CacheError, CacheGeometry, CacheSlices, CacheSlicesMut, LayerCache};
 
@@ -193,11 +192,12 @@ fn host_bytes_mut(host: &mut LayerCache) -> Result<(&mut [u8], &mut [u8]), CudaC
     })
 }
 
-/// Pinned host memory of one layer's swap space (key and value, same block layout).
+/// Pinned host memory of one layer's swap space (key and value, same block layout as the
+/// device tensors). The copies between the two are `kernels`' (`kernels::cuda::swap`).
 #[derive(Debug)]
-struct SwapLayer {
-    key: PinnedHostSlice<u8>,
-    value: PinnedHostSlice<u8>,
+pub struct SwapLayer {
+    pub key: PinnedHostSlice<u8>,
+    pub value: PinnedHostSlice<u8>,
 }
 
 /// The whole KV cache on one GPU plus its pinned host swap cache, all allocated at creation.
@@ -273,75 +273,10 @@ impl CudaKvCache {
         self.config.shape().bytes_per_block_per_layer() / 2
     }
 
-    /// Queues device → host copies of `(device_block, swap_block)` pairs on the stream (async;
-    /// the pinned memory makes them true DMA copies). Every index is checked first.
-    pub fn swap_out(&mut self, mapping: &[(u32, u32)]) -> Result<(), CudaCacheError> {
-        self.check_mapping(mapping, self.config.num_blocks, self.config.num_swap_blocks)?;
-        let bb = self.block_bytes();
-        let stream = self.device.stream.clone();
-        for (layer, swap) in self.layers.iter().zip(self.swap.iter_mut()) {
-            for (dev, host) in [(&layer.key, &mut swap.key), (&layer.value, &mut swap.value)] {
-                let (base, _sync) = dev.device_ptr(&stream);
-                let host_ptr = host.as_mut_ptr()?;
-                for &(src, dst) in mapping {
-                    // SAFETY: both ranges were bounds-checked by `check_mapping`; the pinned
-                    // buffer outlives the copy (it lives as long as `self`).
-                    unsafe {
-                        let dst_slice = std::slice::from_raw_parts_mut(host_ptr.add(dst as usize * bb), bb);
-                        drv::memcpy_dtoh_async(
-                            dst_slice,
-                            base + (src as usize * bb) as u64,
-                            stream.cu_stream(),
-                        )?;
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Queues host → device copies of `(swap_block, device_block)` pairs on the stream.
-    pub fn swap_in(&mut self, mapping: &[(u32, u32)]) -> Result<(), CudaCacheError> {
-        self.check_mapping(mapping, self.config.num_swap_blocks, self.config.num_blocks)?;
-        let bb = self.block_bytes();
-        let stream = self.device.stream.clone();
-        for (layer, swap) in self.layers.iter_mut().zip(self.swap.iter()) {
-            for (dev, host) in [(&mut layer.key, &swap.key), (&mut layer.value, &swap.value)] {
-                let (base, _sync) = dev.device_ptr_mut(&stream);
-                let host_ptr = host.as_ptr()?;
-                for &(src, dst) in mapping {
-                    // SAFETY: bounds-checked by `check_mapping`; the pinned source lives in `self`.
-                    unsafe {
-                        let src_slice = std::slice::from_raw_parts(host_ptr.add(src as usize * bb), bb);
-                        drv::memcpy_htod_async(
-                            base + (dst as usize * bb) as u64,
-                            src_slice,
-                            stream.cu_stream(),
-                        )?;
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn check_mapping(
-        &self,
-        mapping: &[(u32, u32)],
-        src_blocks: usize,
-        dst_blocks: usize,
-    ) -> Result<(), CudaCacheError> {
-        if self.swap.is_empty() && !mapping.is_empty() {
-            return Err(CudaCacheError::InvalidArgument("the cache has no swap space".into()));
-        }
-        for &(s, d) in mapping {
-            if s as usize >= src_blocks || d as usize >= dst_blocks {
-                return Err(CudaCacheError::InvalidArgument(format!(
-                    "swap pair ({s}, {d}) out of range ({src_blocks} source, {dst_blocks} destination blocks)"
-                )));
-            }
-        }
-        Ok(())
+    /// Every layer's device tensors beside its pinned swap tensors (empty when the cache has
+    /// no swap space): what `kernels`' swap copies walk.
+    pub fn layers_and_swap_mut(&mut self) -> (&mut [DeviceLayerCache], &mut [SwapLayer]) {
+        (&mut self.layers, &mut self.swap)
     }
 }
 

@@ -297,8 +297,8 @@ fn check_copy_and_swap(
     kernels::copy_blocks(&mut host, &pairs)?;
     ops::copy_blocks(kernels, &mut dev, &pairs)?;
     // Swap blocks 7 and 31 out to swap slots 0 and 5, then back in to device blocks 20 and 21.
-    dev.swap_out(&[(7, 0), (31, 5)])?;
-    dev.swap_in(&[(0, 20), (5, 21)])?;
+    kernels::cuda::swap::swap_out(kernels, &mut dev, &[(7, 0), (31, 5)])?;
+    kernels::cuda::swap::swap_in(kernels, &mut dev, &[(0, 20), (5, 21)])?;
     device.synchronize()?;
     kernels::copy_blocks(&mut host, &[(7, 20), (31, 21)])?;
     let mut failures = 0;

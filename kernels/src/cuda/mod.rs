@@ -14,6 +14,7 @@ pub mod kernels;
 pub mod nvrtc;
 pub mod ops;
 pub mod runtime;
+pub mod swap;
 
 pub use error::CudaError;
 pub use kernels::{AttentionConfig, AttentionVariant, KERNEL_SOURCES, Program, all_programs};
