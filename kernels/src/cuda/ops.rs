@@ -323,14 +323,17 @@ pub fn paged_attention_with(
     let stream = kernels.device().stream().clone();
     let dims =
         |v: usize| u32::try_from(v).map_err(|_| CudaError::InvalidArgument(format!("grid dimension {v}")));
-    let grid_x = dims(g.num_kv_heads * group / qpk)?;
-    let grid_y = dims(meta.num_tokens)?;
+    // Tokens go on x (up to 2³¹ − 1 blocks); head groups and partitions on y and z (≤ 65 535).
+    let tokens = grid_x(meta.num_tokens)?;
+    let head_groups = grid_yz(g.num_kv_heads * group / qpk, "head groups")?;
     let (grid_z, shared) = match chosen {
         AttentionVariant::V1 => (1, v1_shared),
-        AttentionVariant::V2 => (dims(parts)?, shared_bytes(&cfg, qpk, PARTITION_SIZE)),
+        AttentionVariant::V2 => {
+            (grid_yz(parts, "context partitions")?, shared_bytes(&cfg, qpk, PARTITION_SIZE))
+        }
     };
     let cfg_launch = LaunchConfig {
-        grid_dim: (grid_x, grid_y, grid_z),
+        grid_dim: (tokens, head_groups, grid_z),
         block_dim: (ATTENTION_THREADS, 1, 1),
         shared_mem_bytes: dims(shared)?,
     };
@@ -383,7 +386,7 @@ pub fn paged_attention_with(
         }
         r.arg(&num_seqs).arg(&nh).arg(&head_size).arg(&max_parts).arg(&partition_size);
         let rc = LaunchConfig {
-            grid_dim: (dims(num_heads)?, grid_y, 1),
+            grid_dim: (tokens, grid_yz(num_heads, "heads")?, 1),
             block_dim: (ATTENTION_THREADS, 1, 1),
             shared_mem_bytes: dims(4 * workspace.max_parts)?,
         };
@@ -509,23 +512,56 @@ pub fn copy_blocks(
     let flat: Vec<i64> = pairs.iter().flat_map(|&(s, d)| [i64::from(s), i64::from(d)]).collect();
     let mapping = stream.clone_htod(&flat)?;
     let block_bytes = cache.block_bytes() as i64;
-    let layers =
-        u32::try_from(cache.num_layers()).map_err(|_| CudaError::InvalidArgument("layers".into()))?;
-    let n = u32::try_from(pairs.len()).map_err(|_| CudaError::InvalidArgument("too many pairs".into()))?;
+    let layers = grid_yz(cache.num_layers(), "layers")?;
+    let n = grid_x(pairs.len())?;
     let (kp, vp) = cache.layer_pointer_tables();
     let mut b = stream.launch_builder(&func);
     b.arg(kp).arg(vp).arg(&mapping).arg(&block_bytes);
     // SAFETY: matches copy_blocks' parameters; pairs range-checked, pointer tables cover every layer.
     unsafe {
-        b.launch(LaunchConfig { grid_dim: (layers, n, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 })
+        b.launch(LaunchConfig { grid_dim: (n, layers, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 })
     }?;
     Ok(())
+}
+
+/// Most blocks a grid may have along y or z (CUDA's limit; x allows 2³¹ − 1).
+const MAX_GRID_YZ: usize = 65_535;
+/// Most blocks along x.
+const MAX_GRID_X: usize = (1 << 31) - 1;
+
+/// A grid's x extent (the dimension that grows with the batch: tokens, copy pairs).
+fn grid_x(n: usize) -> Result<u32, CudaError> {
+    if n > MAX_GRID_X {
+        return Err(CudaError::InvalidArgument(format!(
+            "{n} blocks along the grid's x (at most {MAX_GRID_X})"
+        )));
+    }
+    u32::try_from(n).map_err(|_| CudaError::InvalidArgument(format!("grid dimension {n}")))
+}
+
+/// A grid's y or z extent, checked against CUDA's 65 535 instead of failing at launch.
+fn grid_yz(n: usize, what: &str) -> Result<u32, CudaError> {
+    if n > MAX_GRID_YZ {
+        return Err(CudaError::InvalidArgument(format!(
+            "{n} {what} on a grid axis that holds {MAX_GRID_YZ}"
+        )));
+    }
+    u32::try_from(n).map_err(|_| CudaError::InvalidArgument(format!("grid dimension {n}")))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use kv_cache::DType;
+
+    #[test]
+    fn batch_sized_dimensions_go_on_x_and_the_others_are_checked() {
+        assert_eq!(grid_x(100_000).ok(), Some(100_000));
+        assert!(grid_x(MAX_GRID_X + 1).is_err());
+        assert_eq!(grid_yz(65_535, "heads").ok(), Some(65_535));
+        let e = grid_yz(65_536, "layers").err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(e.contains("65536 layers"), "{e}");
+    }
 
     #[test]
     fn variant_choice_follows_vllm() {

@@ -4,9 +4,9 @@
 // value cache [num_blocks, num_kv_heads, HEAD, BS]
 //
 // One thread block (4 warps) serves one query token and QPK query heads that share one KV head
-// (GQA), so each K/V byte is read once for the QPK heads. Grid: x = num_kv_heads * (G / QPK)
-// head groups, y = query tokens, z = context partitions (v2; v1 has one partition = the whole
-// context). Query/output activations are f32, the cache is f32/f16/bf16, all math is f32.
+// (GQA), so each K/V byte is read once for the QPK heads. Grid: x = query tokens (x allows
+// 2^31 - 1 blocks; y and z stop at 65 535), y = num_kv_heads * (G / QPK) head groups, z = context
+// partitions (v2; v1 has one partition = the whole context). Query/output activations are f32, the cache is f32/f16/bf16, all math is f32.
 //
 // Q·K: a warp takes one cache block at a time; lane l loads 16-byte chunk (i * 32 + l) of the
 // block's key tile, so a warp load is 512 contiguous bytes. Chunk j belongs to token j % BS and
@@ -70,12 +70,12 @@ __device__ __forceinline__ void paged_attention_body(
   constexpr int K_BATCH = K_ITERS < 8 ? K_ITERS : 8;  // 16-byte key loads in flight per lane
   constexpr int V_BATCH = V_ITERS < 4 ? V_ITERS : 4;  // 16-byte value loads in flight per lane
 
-  const int token = blockIdx.y;
+  const int token = blockIdx.x;
   const int part = blockIdx.z;
   const int group = num_heads / num_kv_heads;
   const int groups_per_kv = group / QPK;
-  const int kv_head = blockIdx.x / groups_per_kv;
-  const int head0 = kv_head * group + (blockIdx.x % groups_per_kv) * QPK;
+  const int kv_head = blockIdx.y / groups_per_kv;
+  const int head0 = kv_head * group + (blockIdx.y % groups_per_kv) * QPK;
   const int warp = threadIdx.x / WARP_SIZE;
   const int lane = threadIdx.x % WARP_SIZE;
 
@@ -295,15 +295,15 @@ __device__ __forceinline__ void paged_attention_body(
     paged_attention_body<T, HEAD, BS, QPK>(PA_ARGS);                                       \
   }
 
-// Merge the partitions of one (query token, head): grid (num_heads, num_tokens), 128 threads,
+// Merge the partitions of one (query token, head): grid (num_tokens, num_heads), 128 threads,
 // dynamic shared memory = max_parts floats.
 extern "C" __global__ void __launch_bounds__(PA_NUM_THREADS, 4) paged_attention_v2_reduce(
     float* __restrict__ out, const float* __restrict__ exp_sums,
     const float* __restrict__ max_logits, const float* __restrict__ tmp_out,
     const int* __restrict__ seq_lens, const int* __restrict__ query_start_loc, int num_seqs,
     int num_heads, int head_size, int max_parts, int partition_size) {
-  const int head = blockIdx.x;
-  const int token = blockIdx.y;
+  const int token = blockIdx.x;
+  const int head = blockIdx.y;
   int seq, ctx;
   query_context(token, seq_lens, query_start_loc, num_seqs, &seq, &ctx);
   const long long head_idx = (long long)token * num_heads + head;

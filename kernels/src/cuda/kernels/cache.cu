@@ -36,15 +36,15 @@ __device__ __forceinline__ void reshape_and_cache_body(
                               head_size, block_size, key_stride, value_stride);            \
   }
 
-// Copy-on-write: for every layer (grid.x) and pair (grid.y), copy block mapping[2p] to
+// Copy-on-write: for every pair (grid.x: up to 2^31 - 1) and layer (grid.y), copy block mapping[2p] to
 // mapping[2p+1] in both the key and the value cache. A block is `block_bytes` bytes (a multiple
 // of 16: head sizes and block sizes make it so), copied as 16-byte vectors.
 extern "C" __global__ void copy_blocks(const unsigned long long* __restrict__ key_ptrs,
                                        const unsigned long long* __restrict__ value_ptrs,
                                        const long long* __restrict__ mapping,
                                        long long block_bytes) {
-  const int layer = blockIdx.x;
-  const int pair = blockIdx.y;
+  const int pair = blockIdx.x;
+  const int layer = blockIdx.y;
   const long long src = mapping[2 * pair];
   const long long dst = mapping[2 * pair + 1];
   const long long n = block_bytes / 16;
