@@ -137,7 +137,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// How the systems are modelled, for the report (see `scheduler::sim`).
+/// How the systems are modelled, for the report (see the `sim` crate).
 const MODELLING_NOTES: &str = "
 Modelling, as in the PagedAttention paper (§6.1): the Orca baselines reserve for a request's whole
 lifetime — Max: 2048 slots; Pow2: the prompt plus the next power of two of the true output
