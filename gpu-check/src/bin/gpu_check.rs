@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use gpu_check::attn_cases::{
-    ATTENTION_TOLERANCE, AttnCase, batches, cache_images_equal, decode_figures, layer_bytes, max_rel_error,
+    AttnCase, attention_tolerance, batches, cache_images_equal, decode_figures, layer_bytes, max_rel_error,
 };
 use kernels::cuda::kernels::{AttentionVariant, BLOCK_SIZES, CACHE_DTYPES, HEAD_SIZES, all_programs};
 use kernels::cuda::ops::{self, AttnWorkspace, DeviceAttnMetadata, DeviceSlotMapping};
@@ -166,7 +166,7 @@ fn check_attention(kernels: &CudaKernels, figures: &mut Map<String, Value>) -> R
                 let key =
                     format!("check.attention.{name}_{variant:?}.{}.max_rel_err", dtype.name()).to_lowercase();
                 record_max(figures, &key, err);
-                if err > ATTENTION_TOLERANCE {
+                if err > attention_tolerance(dtype) {
                     failures += 1;
                     eprintln!("FAIL {what} {variant:?}: max rel err {err:.3e}");
                 }
