@@ -80,11 +80,6 @@ impl LatencyHistogram {
             p99_ms: ms(self.hist.value_at_quantile(0.99)),
         }
     }
-
-    /// Bucket upper bounds (ms) and counts, for exporters that want the whole distribution.
-    pub fn iter_recorded_ms(&self) -> impl Iterator<Item = (f64, u64)> + '_ {
-        self.hist.iter_recorded().map(|v| (v.value_iterated_to() as f64 / 1e3, v.count_at_value()))
-    }
 }
 
 /// Gauges read from the scheduler and block pool at snapshot time.

@@ -206,9 +206,10 @@ impl LlamaConfig {
         Ok(config)
     }
 
-    /// Every size the loader and the forward pass derive from the config, with checked
-    /// arithmetic: `None` when one overflows (such a config is refused by `validate`, so the
-    /// unchecked accessors below are exact for every validated config).
+    /// The parameter count, with every product the loader and the forward pass derive from
+    /// the config checked: `None` when one overflows, or when their f32 bytes would (such a
+    /// config is refused by `validate`, so the unchecked accessors are exact for every
+    /// validated config).
     fn checked_num_parameters(&self) -> Option<usize> {
         let h = self.hidden_size;
         let q = self.num_attention_heads.checked_mul(self.head_dim)?;
@@ -221,14 +222,14 @@ impl LlamaConfig {
             .checked_add(h.checked_mul(2)?)?;
         let embed = self.vocab_size.checked_mul(h)?;
         let head = if self.tie_word_embeddings { 0 } else { embed };
-        // f32 bytes of all of it must be addressable too.
-        self.num_hidden_layers
+        let total = self
+            .num_hidden_layers
             .checked_mul(per_layer)?
             .checked_add(embed)?
             .checked_add(h)?
-            .checked_add(head)?
-            .checked_mul(4)
-            .map(|bytes| bytes / 4)
+            .checked_add(head)?;
+        // Their f32 bytes must be addressable too.
+        total.checked_mul(4).map(|_| total)
     }
 
     /// Width of the fused Q, K, V projection output.
@@ -238,13 +239,8 @@ impl LlamaConfig {
 
     /// Number of parameters (embedding counted once when tied).
     pub fn num_parameters(&self) -> usize {
-        let h = self.hidden_size;
-        let per_layer = h * self.qkv_size()
-            + self.num_attention_heads * self.head_dim * h
-            + 3 * h * self.intermediate_size
-            + 2 * h;
-        let head = if self.tie_word_embeddings { 0 } else { self.vocab_size * h };
-        self.vocab_size * h + self.num_hidden_layers * per_layer + h + head
+        // `validate` refused every config for which this overflows.
+        self.checked_num_parameters().unwrap_or(usize::MAX)
     }
 }
 

@@ -75,66 +75,28 @@ impl Llama {
         Self::from_safetensors(config, &files)
     }
 
-    /// Every tensor the config implies, with its shape, in load order (lazily: a config may
-    /// claim absurdly many layers, and the first missing one ends the check).
-    fn expected_tensors(c: &LlamaConfig) -> impl Iterator<Item = (String, [usize; 2])> + '_ {
-        let (h, d, inter) = (c.hidden_size, c.head_dim, c.intermediate_size);
-        // Validated configs keep these products in range (`LlamaConfig::validate`).
-        let (q_rows, kv_rows) = (c.num_attention_heads * d, c.num_key_value_heads * d);
-        let per_layer = (0..c.num_hidden_layers).flat_map(move |l| {
-            let p = format!("model.layers.{l}");
-            [
-                (format!("{p}.self_attn.q_proj.weight"), [q_rows, h]),
-                (format!("{p}.self_attn.k_proj.weight"), [kv_rows, h]),
-                (format!("{p}.self_attn.v_proj.weight"), [kv_rows, h]),
-                (format!("{p}.self_attn.o_proj.weight"), [h, q_rows]),
-                (format!("{p}.mlp.gate_proj.weight"), [inter, h]),
-                (format!("{p}.mlp.up_proj.weight"), [inter, h]),
-                (format!("{p}.mlp.down_proj.weight"), [h, inter]),
-                (format!("{p}.input_layernorm.weight"), [h, 0]),
-                (format!("{p}.post_attention_layernorm.weight"), [h, 0]),
-            ]
-        });
-        let head = (!c.tie_word_embeddings).then(|| ("lm_head.weight".to_owned(), [c.vocab_size, h]));
-        std::iter::once(("model.embed_tokens.weight".to_owned(), [c.vocab_size, h]))
-            .chain(per_layer)
-            .chain(std::iter::once(("model.norm.weight".to_owned(), [h, 0])))
-            .chain(head)
-    }
-
-    /// Checks every tensor the config implies against the checkpoint's headers before any
-    /// weight memory is allocated (a config claiming 10¹² layers or a 2⁶² vocabulary fails
-    /// here with the tensor that does not match, not in the allocator).
-    pub fn check_checkpoint(c: &LlamaConfig, files: &SafetensorsFiles) -> Result<()> {
-        for (name, shape) in Self::expected_tensors(c) {
-            // Norms are vectors: `[h, 0]` above stands for `[h]`.
-            let shape: &[usize] = if shape[1] == 0 { &shape[..1] } else { &shape };
-            files.check_shape(&name, shape)?;
-        }
-        Ok(())
-    }
-
-    /// Builds the model from already-opened checkpoint files, checking every shape.
+    /// Builds the model from already-opened checkpoint files, checking every shape. Each
+    /// buffer is allocated only after the shapes of the tensors it holds matched the file's
+    /// headers (a config claiming 10¹² layers or a 2⁶² vocabulary fails with the tensor that
+    /// does not match, not in the allocator), and layers are pushed as they load.
     pub fn from_safetensors(config: LlamaConfig, files: &SafetensorsFiles) -> Result<Self> {
-        Self::check_checkpoint(&config, files)?;
         let c = &config;
         let (h, d) = (c.hidden_size, c.head_dim);
         let (q_rows, kv_rows) = (c.num_attention_heads * d, c.num_key_value_heads * d);
         let inter = c.intermediate_size;
         let embed = files.load_f32("model.embed_tokens.weight", &[c.vocab_size, h])?;
-        let mut layers = Vec::with_capacity(c.num_hidden_layers);
+        let mut layers = Vec::new();
         for l in 0..c.num_hidden_layers {
             let p = format!("model.layers.{l}");
-            let mut qkv = vec![0.0f32; c.qkv_size() * h];
-            let (q, kv) = qkv.split_at_mut(q_rows * h);
-            let (k, v) = kv.split_at_mut(kv_rows * h);
-            files.load_f32_into(&format!("{p}.self_attn.q_proj.weight"), &[q_rows, h], q)?;
-            files.load_f32_into(&format!("{p}.self_attn.k_proj.weight"), &[kv_rows, h], k)?;
-            files.load_f32_into(&format!("{p}.self_attn.v_proj.weight"), &[kv_rows, h], v)?;
-            let mut gate_up = vec![0.0f32; 2 * inter * h];
-            let (g, u) = gate_up.split_at_mut(inter * h);
-            files.load_f32_into(&format!("{p}.mlp.gate_proj.weight"), &[inter, h], g)?;
-            files.load_f32_into(&format!("{p}.mlp.up_proj.weight"), &[inter, h], u)?;
+            let qkv = files.load_f32_concat(&[
+                (&format!("{p}.self_attn.q_proj.weight"), &[q_rows, h]),
+                (&format!("{p}.self_attn.k_proj.weight"), &[kv_rows, h]),
+                (&format!("{p}.self_attn.v_proj.weight"), &[kv_rows, h]),
+            ])?;
+            let gate_up = files.load_f32_concat(&[
+                (&format!("{p}.mlp.gate_proj.weight"), &[inter, h]),
+                (&format!("{p}.mlp.up_proj.weight"), &[inter, h]),
+            ])?;
             layers.push(LayerWeights {
                 input_norm: files.load_f32(&format!("{p}.input_layernorm.weight"), &[h])?,
                 qkv,

@@ -132,18 +132,30 @@ impl SafetensorsFiles {
         self.index.contains_key(name)
     }
 
-    /// Checks that tensor `name` exists with `shape`, reading only the header (nothing is
-    /// allocated: a config's sizes are checked against the file before memory is set aside).
-    pub fn check_shape(&self, name: &str, shape: &[usize]) -> Result<()> {
-        self.view_with_shape(name, shape).map(|_| ())
-    }
-
     /// Reads tensor `name`, checks its shape, and converts it to f32.
     pub fn load_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
-        // The shape matched the file's, whose data the mmap holds: the product is bounded.
-        let len = self.view_with_shape(name, shape)?.1.shape().iter().product();
+        self.load_f32_concat(&[(name, shape)])
+    }
+
+    /// Reads several tensors into one buffer, one after the other (fused weights such as Q, K
+    /// and V). Every part's shape is checked against the file's header before the buffer is
+    /// allocated, so its size is bounded by data the checkpoint really holds, whatever a
+    /// config claims.
+    pub fn load_f32_concat(&self, parts: &[(&str, &[usize])]) -> Result<Vec<f32>> {
+        let views = parts
+            .iter()
+            .map(|&(name, shape)| self.view_with_shape(name, shape))
+            .collect::<Result<Vec<_>>>()?;
+        let len = views.iter().map(|(_, v)| v.shape().iter().product::<usize>()).sum();
         let mut out = vec![0.0f32; len];
-        self.load_f32_into(name, shape, &mut out)?;
+        let mut rest = out.as_mut_slice();
+        for (&(name, _), (shard, view)) in parts.iter().zip(&views) {
+            let (part, tail) = rest.split_at_mut(view.shape().iter().product());
+            convert_to_f32(view.dtype(), view.data(), part).map_err(|dtype| {
+                ModelError::UnsupportedDtype { path: shard.path.clone(), tensor: name.to_owned(), dtype }
+            })?;
+            rest = tail;
+        }
         Ok(out)
     }
 
@@ -172,16 +184,6 @@ impl SafetensorsFiles {
             });
         }
         Ok((shard, view))
-    }
-
-    /// Like [`Self::load_f32`], into a caller-provided slice of the right length.
-    pub fn load_f32_into(&self, name: &str, shape: &[usize], out: &mut [f32]) -> Result<()> {
-        let (shard, view) = self.view_with_shape(name, shape)?;
-        convert_to_f32(view.dtype(), view.data(), out).map_err(|dtype| ModelError::UnsupportedDtype {
-            path: shard.path.clone(),
-            tensor: name.to_owned(),
-            dtype,
-        })
     }
 }
 

@@ -161,10 +161,10 @@ struct PromptLine {
     params: Option<serde_json::Value>,
 }
 
-/// Prompts of a JSONL file; a line's `params` are laid over `defaults` (which get
-/// `max_tokens` 128 when the model sets none).
+/// Prompts of a JSONL file; a line's `params` are laid over `defaults` (the model's sampling
+/// defaults), with `max_tokens` 128 where the line does not set it.
 fn load_prompts(path: &Path, defaults: &SamplingParams) -> anyhow::Result<Vec<(Prompt, SamplingParams)>> {
-    let defaults = SamplingParams { max_tokens: defaults.max_tokens.or(Some(128)), ..defaults.clone() };
+    let defaults = SamplingParams { max_tokens: Some(128), ..defaults.clone() };
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {

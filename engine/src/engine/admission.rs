@@ -36,20 +36,16 @@ impl Engine {
         }
         // Every size here comes from the client: checked arithmetic only.
         let prompt_len = tokens.len();
+        let pool = self.scheduler.device_pool();
+        let (block_size, pool_blocks) = (pool.block_size(), pool.num_blocks());
         let max_tokens = match params.max_tokens {
             Some(max_tokens) => max_tokens,
             // Unset: up to the model's max length, or as far as the KV cache could ever hold
             // this request alone, whichever is shorter.
             None => {
                 let room = self.max_model_len.saturating_sub(prompt_len);
-                let pool = self.scheduler.device_pool();
-                room.min(scheduler::max_new_tokens_within(
-                    pool.block_size(),
-                    prompt_len,
-                    params.n,
-                    pool.num_blocks(),
-                ))
-                .max(1)
+                room.min(scheduler::max_new_tokens_within(block_size, prompt_len, params.n, pool_blocks))
+                    .max(1)
             }
         };
         if prompt_len.checked_add(max_tokens).is_none_or(|total| total > self.max_model_len) {
@@ -62,9 +58,7 @@ impl Engine {
         }
         // A request that could not finish even alone on the device would be cut short later
         // ("capacity exceeded"), which a client cannot tell from reaching max_tokens: refuse it.
-        let pool = self.scheduler.device_pool();
-        let pool_blocks = pool.num_blocks();
-        match scheduler::blocks_for_request(pool.block_size(), prompt_len, max_tokens, params.n) {
+        match scheduler::blocks_for_request(block_size, prompt_len, max_tokens, params.n) {
             Some(blocks_needed) if blocks_needed <= pool_blocks => {}
             need => {
                 let blocks_needed = need.unwrap_or(usize::MAX);

@@ -1,5 +1,5 @@
 //! The real default model (SmolLM2-135M-Instruct, converted by `cargo xtask fetch-model`)
-//! against the reference goldens in `tests/data/` (copied from `shared/goldens/`): tokenizer ids, chat prompts, greedy
+//! against the reference goldens kept in this crate's `tests/data/`: tokenizer ids, chat prompts, greedy
 //! continuations and top-5 logits of an f32 reference forward pass.
 
 use std::path::PathBuf;
