@@ -3,18 +3,8 @@
 
 use std::time::Duration;
 
-pub use kv_cache::{DType, Device};
+pub use model::runner::{DType, Device, KvCacheSize};
 pub use scheduler::{Policy, PreemptionMode};
-
-/// How big the device KV cache is.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum KvCacheSize {
-    /// Exactly this many blocks.
-    Blocks(usize),
-    /// As many blocks as fit in this many bytes. On CUDA the budget comes from the device
-    /// instead, like vLLM: `total × gpu_memory_utilization − used after a profiling forward`.
-    Bytes(usize),
-}
 
 /// Engine settings; `Default` gives vLLM-like values for a small CPU deployment.
 #[derive(Debug, Clone, PartialEq)]

@@ -6,16 +6,13 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::Instant;
 
-use kv_cache::BlockShape;
-use model::{ChatTemplate, Llama, ModelFolder};
+use model::{ChatTemplate, Llama, ModelFolder, Runner, RunnerConfig, StepInput};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use scheduler::{Scheduler, SchedulerConfig, SchedulerOutput, SeqId, StepResult};
 
-use crate::batch::BatchBuffers;
-use crate::config::EngineConfig;
+use crate::config::{EngineConfig, PreemptionMode};
 use crate::error::{EngineError, RequestError};
-use crate::executor::Executor;
 use crate::metrics::{Gauges, MetricsCollector, MetricsSnapshot};
 use crate::output::{FinalOutput, FinishReason, RequestKey, RequestOutput};
 use crate::request::{Prompt, RequestOptions, RequestState};
@@ -35,8 +32,8 @@ struct RowTarget {
 #[derive(Debug)]
 pub struct Engine {
     config: EngineConfig,
-    /// The model and the KV cache on their device (CPU or CUDA).
-    executor: Executor,
+    /// The model, the KV cache and the block table on their device (CPU or CUDA).
+    runner: Runner,
     tokenizer: model::Tokenizer,
     chat_template: Option<ChatTemplate>,
     eos_ids: Vec<u32>,
@@ -51,7 +48,6 @@ pub struct Engine {
     metrics: MetricsCollector,
     plan: SchedulerOutput,
     step_result: StepResult,
-    batch: BatchBuffers,
     logits: Vec<f32>,
     targets: Vec<RowTarget>,
     /// Outputs produced outside `step` (aborts), returned by the next `step`.
@@ -76,16 +72,25 @@ impl Engine {
                 mc.max_position_embeddings
             )));
         }
-        let shape = BlockShape {
-            block_size: config.block_size,
-            num_layers: mc.num_hidden_layers,
-            num_kv_heads: mc.num_key_value_heads,
-            head_size: mc.head_dim,
-            dtype: config.kv_dtype,
-        };
-        shape.validate()?;
         // The cache's size can depend on the device (CUDA profiles a forward first).
-        let (executor, cache_cfg) = Executor::build(model, shape, &config, max_model_len)?;
+        let runner = Runner::new(
+            model,
+            &RunnerConfig {
+                device: config.device,
+                kv_cache: config.kv_cache,
+                kv_dtype: config.kv_dtype,
+                block_size: config.block_size,
+                max_model_len,
+                swap_bytes: match config.preemption_mode {
+                    PreemptionMode::Swap => config.swap_space_bytes,
+                    PreemptionMode::Recompute => 0,
+                },
+                max_num_batched_tokens: config.max_num_batched_tokens,
+                max_num_seqs: config.max_num_seqs,
+                gpu_memory_utilization: config.gpu_memory_utilization,
+            },
+        )?;
+        let cache_cfg = *runner.cache_config();
         let scheduler = Scheduler::new(SchedulerConfig {
             max_num_batched_tokens: config.max_num_batched_tokens,
             max_num_seqs: config.max_num_seqs,
@@ -112,7 +117,7 @@ impl Engine {
             metrics: MetricsCollector::new(config.log_interval),
             seed_rng: ChaCha8Rng::seed_from_u64(config.seed),
             config,
-            executor,
+            runner,
             tokenizer: folder.tokenizer,
             chat_template: folder.chat_template,
             eos_ids,
@@ -124,7 +129,6 @@ impl Engine {
             next_id: 0,
             plan: SchedulerOutput::default(),
             step_result: StepResult::default(),
-            batch: BatchBuffers::default(),
             logits: Vec::new(),
             targets: Vec::new(),
             pending: Vec::new(),
@@ -144,7 +148,7 @@ impl Engine {
     }
 
     pub fn model_config(&self) -> &model::LlamaConfig {
-        self.executor.model_config()
+        self.runner.model_config()
     }
 
     /// What a request gets for every sampling field it leaves unset: vLLM's defaults with the
@@ -322,18 +326,29 @@ impl Engine {
             self.finalize(sid, now, &mut outputs);
         }
         let gauges = self.gauges();
-        self.metrics.step_done(self.batch.prefill_tokens, generated, &gauges);
+        self.metrics.step_done(self.plan.num_prefill_tokens(), generated, &gauges);
         Ok(outputs)
     }
 
-    /// The planned step, phase by phase: block moves, forward, sampling, stop detection and
-    /// detokenization, scheduler update. Returns the number of tokens generated.
+    /// The planned step, phase by phase: block moves and block-table deltas, forward,
+    /// sampling, stop detection and detokenization, scheduler update. Returns the number of
+    /// tokens generated.
     fn run_step(&mut self) -> Result<usize, EngineError> {
-        self.executor.move_blocks(&self.plan)?;
-        self.batch.build(&self.plan)?;
-        let input = self.batch.input(&self.plan);
-        let vocab = self.executor.model_config().vocab_size;
-        let logits = self.executor.forward(&input)?;
+        let plan = &self.plan;
+        self.runner.move_blocks(&plan.blocks_to_swap_out, &plan.blocks_to_swap_in, &plan.blocks_to_copy)?;
+        for s in &plan.seqs {
+            self.runner.write_table_row(s.row, s.table_from, plan.new_blocks(s))?;
+        }
+        let vocab = self.runner.model_config().vocab_size;
+        let logits = self.runner.forward(&StepInput {
+            token_ids: &plan.token_ids,
+            positions: &plan.positions,
+            slot_mapping: &plan.slot_mapping,
+            query_start_loc: &plan.query_start_loc,
+            seq_lens: &plan.seq_lens,
+            seq_rows: &plan.seq_rows,
+            sample_indices: &plan.sample_indices,
+        })?;
         gather_sample_rows(&self.plan, logits, vocab, &mut self.targets, &mut self.logits)?;
         let sampled = self.sample(vocab)?;
         let updates = self.apply_samples(sampled)?;

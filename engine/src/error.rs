@@ -43,19 +43,11 @@ pub enum EngineError {
     #[error(transparent)]
     Model(#[from] model::ModelError),
     #[error(transparent)]
-    Cache(#[from] kv_cache::CacheError),
-    #[error(transparent)]
-    Attn(#[from] kernels::AttnError),
-    #[error(transparent)]
     Scheduler(#[from] scheduler::SchedulerError),
     #[error(transparent)]
     Sampler(#[from] SamplerError),
     #[error(transparent)]
     Detokenize(#[from] DetokenizeError),
-    /// The CUDA device could not be opened or a step on it failed.
-    #[cfg(feature = "cuda")]
-    #[error(transparent)]
-    Cuda(#[from] model::cuda::CudaModelError),
     #[error("engine invariant broken: {0}")]
     Internal(&'static str),
     #[error("the engine thread has stopped")]

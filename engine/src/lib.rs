@@ -8,12 +8,10 @@
 //! - [`detok`]: incremental detokenization and stop strings.
 //! - [`workload`]: synthetic benchmark prompts.
 
-mod batch;
 pub mod config;
 pub mod detok;
 mod engine;
 pub mod error;
-mod executor;
 mod handle;
 pub mod metrics;
 pub mod output;

@@ -88,6 +88,7 @@ impl AttnCase {
             seq_lens: &self.seq_lens,
             block_tables: &self.block_tables,
             max_blocks_per_seq: self.max_blocks_per_seq,
+            seq_rows: None,
         }
     }
 

@@ -110,6 +110,7 @@ impl DecodeCase {
             seq_lens: &self.lens,
             block_tables: if paged { &self.shuffled } else { &self.identity },
             max_blocks_per_seq: self.max_blocks,
+            seq_rows: None,
         };
         paged_attention(out, &self.query, &self.cache, &meta, NUM_HEADS, 1.0 / (HEAD_SIZE as f32).sqrt())
             .expect("decode");
@@ -241,6 +242,7 @@ fn bench_prefill(c: &mut Criterion, samples: &Samples) {
         seq_lens: &lens,
         block_tables: &tables,
         max_blocks_per_seq: blocks_per_seq,
+        seq_rows: None,
     };
     let mut out = vec![0.0f32; query.len()];
     let mut g = c.benchmark_group("attn");

@@ -144,7 +144,8 @@ mod cuda_backend {
 
     use super::KernelBackend;
     use crate::cuda::CudaError;
-    use crate::cuda::ops::{self, AttnWorkspace, DeviceAttnMetadata, DeviceSlotMapping};
+    use crate::cuda::DeviceAttnMetadata;
+    use crate::cuda::ops::{self, AttnWorkspace, DeviceSlotMapping};
     use crate::cuda::runtime::CudaKernels;
 
     impl KernelBackend for CudaKernels {
@@ -229,6 +230,7 @@ mod tests {
             seq_lens: &lens,
             block_tables: &tables,
             max_blocks_per_seq: 1,
+            seq_rows: None,
         };
         let query: Vec<f32> = (0..64).map(|i| i as f32 / 64.0).collect();
         let (mut a, mut b) = (vec![0.0f32; 64], vec![0.0f32; 64]);

@@ -21,6 +21,8 @@ pub enum AttnError {
         "sequence {seq}: context {seq_len} needs {needed} blocks but the block table holds {max_blocks_per_seq}"
     )]
     ContextExceedsBlockTable { seq: usize, seq_len: usize, needed: usize, max_blocks_per_seq: usize },
+    #[error("sequence {seq} reads block-table row {row}, but the table has {num_rows} rows")]
+    RowOutOfRange { seq: usize, row: usize, num_rows: usize },
     #[error("block id {block} out of range: the cache has {num_blocks} blocks")]
     BlockOutOfRange { block: u64, num_blocks: usize },
     #[error("token {token}: slot {slot} out of range: the cache has {num_slots} slots")]

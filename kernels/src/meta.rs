@@ -11,6 +11,12 @@ pub const SUPPORTED_BLOCK_SIZES: [usize; 3] = [8, 16, 32];
 
 /// Where each sequence's query tokens are and which cached tokens they attend to.
 ///
+/// The block tables are one padded table of rows (`max_blocks_per_seq` entries each); sequence
+/// `s` reads row `seq_rows[s]`. That is the shape the engine keeps persistently between steps
+/// (`model::runner::BlockTables`: a row per running sequence, updated in place by the
+/// scheduler's deltas), so a step hands its table to the kernels without copying it. A batch
+/// built for one call (tests, benches) leaves `seq_rows` at `None`: sequence `s` reads row `s`.
+///
 /// Sequence `s` owns query rows `query_start_loc[s] .. query_start_loc[s + 1]` (a decode step
 /// has one); its context is `seq_lens[s]` tokens *including* those query tokens, which
 /// `reshape_and_cache` has already written. Query token `i` of the chunk sits at position
@@ -21,10 +27,13 @@ pub struct PagedAttnMetadata<'a> {
     pub query_start_loc: &'a [usize],
     /// Per sequence: total context length, this step's query tokens included.
     pub seq_lens: &'a [usize],
-    /// Flat `[num_seqs, max_blocks_per_seq]` physical block ids; entries past a sequence's
-    /// `ceil(seq_len / block_size)` blocks are never read.
+    /// Flat `[rows, max_blocks_per_seq]` physical block ids; entries past a sequence's
+    /// `ceil(seq_len / block_size)` blocks are never read (they may hold anything).
     pub block_tables: &'a [u32],
+    /// The row length (stride) of `block_tables`.
     pub max_blocks_per_seq: usize,
+    /// Per sequence, its row of `block_tables`; `None`: sequence `s` reads row `s`.
+    pub seq_rows: Option<&'a [u32]>,
 }
 
 impl PagedAttnMetadata<'_> {
@@ -37,8 +46,13 @@ impl PagedAttnMetadata<'_> {
     pub(crate) fn query_len(&self, s: usize) -> usize {
         self.query_start_loc[s + 1] - self.query_start_loc[s]
     }
+    /// The row sequence `s` reads.
+    pub fn row(&self, s: usize) -> usize {
+        self.seq_rows.map_or(s, |rows| rows[s] as usize)
+    }
     pub(crate) fn block_table(&self, s: usize) -> &[u32] {
-        &self.block_tables[s * self.max_blocks_per_seq..(s + 1) * self.max_blocks_per_seq]
+        let stride = self.max_blocks_per_seq;
+        &self.block_tables[self.row(s) * stride..][..stride]
     }
 }
 
@@ -54,6 +68,32 @@ pub(crate) fn check_kernel_shape(cache: &LayerCache) -> Result<(), AttnError> {
 
 pub(crate) fn check_len(what: &'static str, expected: usize, got: usize) -> Result<(), AttnError> {
     if expected == got { Ok(()) } else { Err(AttnError::ShapeMismatch { what, expected, got }) }
+}
+
+/// The block-table rows the sequences read exist: `[num_seqs, stride]` for a dense table, or
+/// every `seq_rows` entry inside a table of whole rows.
+pub(crate) fn check_rows(meta: &PagedAttnMetadata<'_>) -> Result<(), AttnError> {
+    let (num_seqs, stride, len) = (meta.seq_lens.len(), meta.max_blocks_per_seq, meta.block_tables.len());
+    let Some(rows) = meta.seq_rows else {
+        return check_len(
+            "block_tables [num_seqs, max_blocks_per_seq]",
+            num_seqs.saturating_mul(stride),
+            len,
+        );
+    };
+    check_len("seq_rows [num_seqs]", num_seqs, rows.len())?;
+    let num_rows = len.checked_div(stride).unwrap_or(0);
+    if stride == 0 || len % stride != 0 {
+        return Err(AttnError::ShapeMismatch {
+            what: "block_tables [rows, max_blocks_per_seq]",
+            expected: num_rows.saturating_mul(stride.max(1)),
+            got: len,
+        });
+    }
+    if let Some((seq, &row)) = rows.iter().enumerate().find(|(_, r)| **r as usize >= num_rows) {
+        return Err(AttnError::RowOutOfRange { seq, row: row as usize, num_rows });
+    }
+    Ok(())
 }
 
 /// Everything `paged_attention` needs to hold before it may write `out`.
@@ -90,8 +130,7 @@ pub(crate) fn validate(
     })?;
     check_len("query [num_tokens, num_heads, head_size]", rows, query_len)?;
     check_len("out [num_tokens, num_heads, head_size]", rows, out_len)?;
-    let table_len = num_seqs.saturating_mul(meta.max_blocks_per_seq);
-    check_len("block_tables [num_seqs, max_blocks_per_seq]", table_len, meta.block_tables.len())?;
+    check_rows(meta)?;
     let bs = cache.block_size();
     for (s, &seq_len) in meta.seq_lens.iter().enumerate() {
         let q = meta.query_len(s);

@@ -36,6 +36,15 @@ pub enum ModelError {
     InvalidInput(String),
     #[error("attention kernel failed: {0}")]
     Attention(#[from] kernels::AttnError),
+    #[error(transparent)]
+    Cache(#[from] kv_cache::CacheError),
+    /// The device asked for is not available in this build or on this machine.
+    #[error("{0}")]
+    Device(String),
+    /// The CUDA device could not be opened or a step on it failed.
+    #[cfg(feature = "cuda")]
+    #[error(transparent)]
+    Cuda(#[from] crate::cuda::CudaModelError),
 }
 
 impl ModelError {

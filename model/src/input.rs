@@ -1,8 +1,13 @@
 //! The flat batch one forward step consumes: every scheduled token of every sequence
 //! (prefill chunks and decodes mixed), laid out the way the attention kernels read it.
 
-/// One step's input. Sequence `s` owns flat tokens `query_start_loc[s] .. query_start_loc[s+1]`.
-#[derive(Debug, Clone, Copy)]
+use std::ops::Range;
+
+use kernels::PagedAttnMetadata;
+
+/// One step's input. Sequence `s` owns flat tokens `attn.query_start_loc[s] ..
+/// attn.query_start_loc[s+1]`.
+#[derive(Debug, Clone)]
 pub struct ModelInput<'a> {
     /// `[num_tokens]` token ids.
     pub token_ids: &'a [u32],
@@ -10,13 +15,13 @@ pub struct ModelInput<'a> {
     pub positions: &'a [u32],
     /// `[num_tokens]` cache slot of each token; negative = padding, not written.
     pub slot_mapping: &'a [i64],
-    /// `[num_seqs + 1]` prefix sums over query tokens, starting at 0.
-    pub query_start_loc: &'a [usize],
-    /// `[num_seqs]` context length of each sequence including this step's tokens.
-    pub seq_lens: &'a [usize],
-    /// `[num_seqs, max_blocks_per_seq]` physical block ids.
-    pub block_tables: &'a [u32],
-    pub max_blocks_per_seq: usize,
+    /// Query offsets, context lengths and block tables, handed to the attention kernels as
+    /// they are (the engine's persistent table with a row per running sequence, or a dense
+    /// `[num_seqs, max_blocks_per_seq]` table).
+    pub attn: PagedAttnMetadata<'a>,
+    /// Rows of `attn.block_tables` written since the previous step: a device that keeps its own
+    /// copy of the table uploads these (everything, for a table built for one call).
+    pub changed_rows: Range<usize>,
     /// Flat token indices whose logits are wanted (usually the last token of each sequence
     /// that samples this step), in output order.
     pub sample_indices: &'a [usize],
@@ -29,8 +34,8 @@ impl ModelInput<'_> {
 
     /// The checks every device runs before using a batch: lengths agree, token ids are in the
     /// vocabulary, sample rows are in the batch, and the query offsets cover every token. A
-    /// device adds its own (cache shape on the CPU, buffer limits on CUDA). The message is the
-    /// device error's text.
+    /// device adds its own (cache shape on the CPU, buffer limits on CUDA); the kernels check
+    /// the attention metadata against the cache. The message is the device error's text.
     pub fn check(&self, vocab_size: usize) -> Result<(), String> {
         let n = self.num_tokens();
         if self.positions.len() != n || self.slot_mapping.len() != n {
@@ -46,7 +51,7 @@ impl ModelInput<'_> {
         if let Some(&i) = self.sample_indices.iter().find(|&&i| i >= n) {
             return Err(format!("sample index {i} is outside the batch of {n} tokens"));
         }
-        if self.query_start_loc.last().copied() != Some(n) {
+        if self.attn.query_start_loc.last().copied() != Some(n) {
             return Err(format!("query_start_loc must end at the number of tokens ({n})"));
         }
         Ok(())

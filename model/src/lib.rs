@@ -1,5 +1,6 @@
 //! `model`: Llama from Hugging Face folders — config, safetensors weights, tokenizer, chat
-//! template, GGUF conversion, and the CPU forward pass over the paged KV cache.
+//! template, GGUF conversion, the CPU (and, with `cuda`, GPU) forward pass over the paged KV
+//! cache, and the `runner` that puts model, cache and block table on a device for the engine.
 
 pub mod chat;
 pub mod config;
@@ -13,6 +14,7 @@ pub mod ops;
 #[cfg(feature = "testing")]
 pub mod reference;
 pub mod rope;
+pub mod runner;
 pub mod tokenizer;
 pub mod weights;
 
@@ -26,5 +28,6 @@ pub use folder::ModelFolder;
 pub use generation::GenerationConfig;
 pub use input::ModelInput;
 pub use llama::{Llama, Workspace};
+pub use runner::{KvCacheSize, Runner, RunnerConfig, StepInput};
 pub use tokenizer::Tokenizer;
 pub use weights::SafetensorsFiles;

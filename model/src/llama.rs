@@ -3,7 +3,6 @@
 
 use std::path::Path;
 
-use kernels::PagedAttnMetadata;
 use kernels::backend::{Cpu, KernelBackend};
 use kv_cache::KvCache;
 use rayon::prelude::*;
@@ -204,12 +203,7 @@ impl Llama {
             .zip(sin.par_chunks_mut(half))
             .zip(input.positions.par_iter())
             .for_each(|((cr, sr), &p)| self.rope.fill(p, cr, sr));
-        let meta = PagedAttnMetadata {
-            query_start_loc: input.query_start_loc,
-            seq_lens: input.seq_lens,
-            block_tables: input.block_tables,
-            max_blocks_per_seq: input.max_blocks_per_seq,
-        };
+        let meta = input.attn;
         let scale = 1.0 / (d as f32).sqrt();
         for (l, lw) in self.layers.iter().enumerate() {
             let normed = ensure(&mut ws.normed, t * h);

@@ -5,7 +5,7 @@ use block_alloc::{BlockId, BlockPool, BlockTable, CopyOnWrite};
 
 use crate::queue::QueueKey;
 use crate::request::{RequestId, SeqFinish, SeqId, TokenId};
-use crate::rows::{Row, RowBook};
+use crate::rows::{NO_ROW, RowState, Rows};
 
 /// Where a group is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,11 +23,11 @@ pub(crate) struct Seq {
     pub tokens: Vec<TokenId>,
     /// Tokens whose KV is in the cache; between steps equals `table.num_tokens()`.
     pub num_computed: usize,
-    /// Private so that every change other than an append goes through `table_mut`, which drops
-    /// the step output's copy of it (`row`).
+    /// Private so that every change other than an append goes through `table_mut`, which makes
+    /// the worker's copy of it stale (`row.sent = 0`).
     table: BlockTable,
-    /// This table's row in the step output's block-table arena.
-    row: Row,
+    /// This table's row in the worker's block table, and how much of it the row holds.
+    pub row: RowState,
     pub finished: Option<SeqFinish>,
     /// Recomputing after a preemption, this sample waits (holding nothing) until the group's
     /// first live sample has recomputed the shared prompt, then forks it instead of
@@ -37,7 +37,7 @@ pub(crate) struct Seq {
 
 impl Seq {
     pub fn new(index: u32, tokens: Vec<TokenId>, num_computed: usize, table: BlockTable) -> Self {
-        Self { index, tokens, num_computed, table, row: Row::default(), finished: None, parked: false }
+        Self { index, tokens, num_computed, table, row: RowState::default(), finished: None, parked: false }
     }
 
     pub fn remaining(&self) -> usize {
@@ -50,12 +50,12 @@ impl Seq {
 
     /// The table, for a change other than an append: its row must be written afresh.
     pub fn table_mut(&mut self) -> &mut BlockTable {
-        self.row = Row::default();
+        self.row.sent = 0;
         &mut self.table
     }
 
     pub fn set_table(&mut self, table: BlockTable) {
-        self.row = Row::default();
+        self.row.sent = 0;
         self.table = table;
     }
 
@@ -77,25 +77,41 @@ impl Seq {
         device: &mut BlockPool,
         salt: u64,
     ) -> Result<usize, block_alloc::AllocError> {
-        self.row = Row::default();
+        self.row.sent = 0;
         let query = &self.tokens[..self.tokens.len().saturating_sub(1)];
         device.lookup_prefix(query, salt, &mut self.table)
     }
 
-    /// Appends `n` slots and brings the table's row in `arena` up to date. Returns the
-    /// copy-on-write the append needed, if any, and the row's range.
+    /// Appends `n` slots: the copy-on-write it needed, the sequence's row (taken from `rows` if
+    /// it had none) and the block-table delta of that row.
     #[inline(always)]
     pub fn append(
         &mut self,
         device: &mut BlockPool,
         n: usize,
-        book: &mut RowBook,
-        arena: &mut Vec<BlockId>,
-    ) -> Result<(Option<CopyOnWrite>, std::ops::Range<usize>), block_alloc::AllocError> {
+        rows: &mut Rows,
+    ) -> Result<Appended<'_>, block_alloc::AllocError> {
         let cow = self.table.append_tokens(device, n)?;
-        let range = book.sync(&mut self.row, self.table.blocks(), cow.is_some(), arena);
-        Ok((cow, range))
+        if cow.is_some() {
+            self.row.sent = 0; // the last block was replaced
+        }
+        if self.row.row == NO_ROW {
+            self.row = RowState { row: rows.take(), sent: 0 };
+        }
+        let from = self.row.sent;
+        let blocks = self.table.blocks();
+        self.row.sent = blocks.len();
+        Ok(Appended { cow, row: self.row.row, table_from: from, new_blocks: &blocks[from..] })
     }
+}
+
+/// What one append did, for the step's plan.
+pub(crate) struct Appended<'a> {
+    pub cow: Option<CopyOnWrite>,
+    pub row: u32,
+    /// The row's entries from this index on are `new_blocks` (0: the whole table).
+    pub table_from: usize,
+    pub new_blocks: &'a [BlockId],
 }
 
 #[derive(Debug)]
@@ -131,5 +147,12 @@ impl Group {
 
     pub fn all_finished(&self) -> bool {
         self.seqs.iter().all(|s| s.finished.is_some())
+    }
+
+    /// Gives the rows of the worker's table back: the group stops running (preempted or gone).
+    pub fn give_back_rows(&mut self, rows: &mut Rows) {
+        for seq in &mut self.seqs {
+            rows.give_back(&mut seq.row);
+        }
     }
 }

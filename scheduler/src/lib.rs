@@ -7,9 +7,9 @@
 //! Requests with `n > 1` share their prompt blocks by fork; divergence copies on write.
 //! `update()` applies the sampled tokens. The `sim` crate runs it on traces with a cost model.
 //!
-//! A step's `SchedulerOutput` keeps block tables in a persistent arena (`rows.rs`): handed back
-//! to `schedule_into` every step, a running sequence's row is only appended to, so a decode step
-//! costs O(1) per sequence rather than a copy of its whole table.
+//! A step's `SchedulerOutput` names each sequence's row of the worker's persistent block table and
+//! carries only the ids that row lacks (`rows.rs`), so a decode step costs O(1) per sequence
+//! rather than a copy of its whole table.
 
 mod config;
 mod error;

@@ -1,17 +1,16 @@
 //! One step's plan (`SchedulerOutput`) and what the engine reports back (`SampledToken`, `StepResult`).
 //!
-//! Per-sequence data lives in flat arrays (token ids, positions, slot mapping, block tables) with
-//! ranges into them, because that is what a forward pass consumes and because it lets the
-//! scheduler reuse the same buffers every step without allocating. Block tables live in a
-//! persistent arena (see `rows.rs`): when the same output is handed back to `schedule_into`
-//! every step, a running sequence's row is only appended to, not copied again.
+//! Per-sequence data lives in flat arrays (token ids, positions, slot mapping, the attention
+//! metadata) with ranges into them, because that is what a forward pass consumes and because it
+//! lets the scheduler reuse the same buffers every step without allocating. Block tables are not
+//! copied into the plan: each sequence names its row of the worker's persistent table and
+//! carries only the block ids that row lacks (see `rows.rs`).
 
 use std::ops::Range;
 
 use block_alloc::BlockId;
 
 use crate::request::{RequestId, SeqFinish, SeqId, TokenId};
-use crate::rows::ArenaTag;
 
 /// One sequence scheduled in this step.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,9 +20,13 @@ pub struct ScheduledSeq {
     pub tokens: Range<usize>,
     /// Indices into `token_ids`, `positions` and `slot_mapping` of the output.
     pub flat: Range<usize>,
-    /// Indices into the output's block-table arena (`SchedulerOutput::block_tables`) of this
-    /// sequence's whole table; read it with `SchedulerOutput::block_table`.
-    pub block_table: Range<usize>,
+    /// Its row of the worker's block table (`seq_rows` holds the same, in kernel form).
+    pub row: u32,
+    /// The block-table update of the row: entries `table_from ..` of the row become
+    /// `SchedulerOutput::new_block_ids[new_blocks]` (read with `SchedulerOutput::new_blocks`);
+    /// 0 rewrites the whole row. Entries past the sequence's blocks are never read.
+    pub table_from: usize,
+    pub new_blocks: Range<usize>,
     /// Tokens the sampler must draw from the logits of the last position: 0 for a prefill chunk
     /// that does not reach the end, `n` for the end of an un-forked prompt of a group of `n`,
     /// otherwise 1.
@@ -40,20 +43,25 @@ impl ScheduledSeq {
 /// The plan of one step. Block operations must run before the forward pass: swap out, swap in,
 /// then copies.
 ///
-/// Hand the same output back to `Scheduler::schedule_into` every step: its block-table arena is
-/// then updated incrementally. Any other output (a fresh one, a clone, one written by another
-/// scheduler or changed through `set_block_tables`) is detected and rebuilt, never trusted.
-#[derive(Debug, Clone, Default)]
+/// Every plan's block-table updates must reach the worker's table, in order: a plan that is
+/// scheduled but never applied leaves the worker's rows behind the scheduler's tables.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SchedulerOutput {
     pub seqs: Vec<ScheduledSeq>,
     pub token_ids: Vec<TokenId>,
     pub positions: Vec<u32>,
     pub slot_mapping: Vec<i64>,
-    /// Block-table arena: the rows `ScheduledSeq::block_table` points at, persisting between
-    /// steps (entries outside this step's ranges are stale or slack).
-    block_tables: Vec<BlockId>,
-    /// Which scheduler wrote `block_tables`, and when (`rows.rs`).
-    tables_tag: Option<ArenaTag>,
+    /// The attention metadata of the batch, in the kernels' form
+    /// (`kernels::PagedAttnMetadata`): `[num_seqs + 1]` prefix sums of the query tokens,
+    /// `[num_seqs]` context lengths (this step's tokens included) and block-table rows.
+    pub query_start_loc: Vec<usize>,
+    pub seq_lens: Vec<usize>,
+    pub seq_rows: Vec<u32>,
+    /// Flat token indices whose logits are sampled (the last token of each sequence with
+    /// `num_samples > 0`), in `seqs` order.
+    pub sample_indices: Vec<usize>,
+    /// The block ids the `ScheduledSeq::new_blocks` ranges index.
+    pub new_block_ids: Vec<BlockId>,
     /// Copy-on-write: `(src, dst)` device blocks.
     pub blocks_to_copy: Vec<(BlockId, BlockId)>,
     /// `(device, host)` block pairs.
@@ -77,26 +85,9 @@ impl SchedulerOutput {
         self.token_ids.len()
     }
 
-    /// The block table of a scheduled sequence.
-    pub fn block_table(&self, seq: &ScheduledSeq) -> &[BlockId] {
-        self.block_tables.get(seq.block_table.clone()).unwrap_or(&[])
-    }
-
-    /// The whole block-table arena that `ScheduledSeq::block_table` ranges index.
-    pub fn block_tables(&self) -> &[BlockId] {
-        &self.block_tables
-    }
-
-    /// Replaces the block-table arena (for plans built by hand, e.g. in tests). The scheduler
-    /// will not trust it and rebuilds it on the next `schedule_into`.
-    pub fn set_block_tables(&mut self, arena: Vec<BlockId>) {
-        self.block_tables = arena;
-        self.tables_tag = None;
-    }
-
-    /// The arena and its tag, for the scheduler's incremental writes.
-    pub(crate) fn arena_mut(&mut self) -> (&mut Vec<BlockId>, &mut Option<ArenaTag>) {
-        (&mut self.block_tables, &mut self.tables_tag)
+    /// The block ids a scheduled sequence's row lacks (see `ScheduledSeq::table_from`).
+    pub fn new_blocks(&self, seq: &ScheduledSeq) -> &[BlockId] {
+        self.new_block_ids.get(seq.new_blocks.clone()).unwrap_or(&[])
     }
 
     /// The slot of every token of a scheduled sequence's chunk.
@@ -109,6 +100,11 @@ impl SchedulerOutput {
         self.seqs.iter().map(|s| s.num_samples).sum()
     }
 
+    /// Tokens of this step that are prompt (or recomputed) tokens.
+    pub fn num_prefill_tokens(&self) -> usize {
+        self.seqs.iter().filter(|s| s.is_prefill()).map(|s| s.tokens.len()).sum()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.seqs.is_empty()
     }
@@ -118,7 +114,12 @@ impl SchedulerOutput {
         self.token_ids.clear();
         self.positions.clear();
         self.slot_mapping.clear();
-        // `block_tables` persists: the scheduler updates its rows in place.
+        self.query_start_loc.clear();
+        self.query_start_loc.push(0);
+        self.seq_lens.clear();
+        self.seq_rows.clear();
+        self.sample_indices.clear();
+        self.new_block_ids.clear();
         self.blocks_to_copy.clear();
         self.blocks_to_swap_out.clear();
         self.blocks_to_swap_in.clear();
@@ -128,30 +129,6 @@ impl SchedulerOutput {
         self.capacity_exceeded.clear();
     }
 }
-
-/// Equal when the plans are: the same sequences with the same block tables (wherever their
-/// rows sit in the arenas) and the same everything else.
-impl PartialEq for SchedulerOutput {
-    fn eq(&self, other: &Self) -> bool {
-        let same_tables = self.seqs.len() == other.seqs.len()
-            && self.seqs.iter().zip(&other.seqs).all(|(a, b)| self.block_table(a) == other.block_table(b));
-        let strip = |s: &ScheduledSeq| (s.seq_id, s.tokens.clone(), s.flat.clone(), s.num_samples);
-        same_tables
-            && self.seqs.iter().map(strip).eq(other.seqs.iter().map(strip))
-            && self.token_ids == other.token_ids
-            && self.positions == other.positions
-            && self.slot_mapping == other.slot_mapping
-            && self.blocks_to_copy == other.blocks_to_copy
-            && self.blocks_to_swap_out == other.blocks_to_swap_out
-            && self.blocks_to_swap_in == other.blocks_to_swap_in
-            && self.preempted == other.preempted
-            && self.finished == other.finished
-            && self.aborted == other.aborted
-            && self.capacity_exceeded == other.capacity_exceeded
-    }
-}
-
-impl Eq for SchedulerOutput {}
 
 /// One token drawn by the sampler. For a scheduled sequence with `num_samples = k`, the engine
 /// passes `k` consecutive entries with that sequence's id; at a fork, entry `i` goes to sample `i`.

@@ -16,10 +16,11 @@ impl Scheduler {
         let Some((key, slot)) = self.running.remove(pos) else {
             return Err(SchedulerError::Internal("preemption victim not running"));
         };
-        let Self { groups, device, host, cfg, .. } = self;
+        let Self { groups, device, host, cfg, rows, .. } = self;
         let group =
             groups.get_mut(slot).and_then(Option::as_mut).ok_or(SchedulerError::Internal("missing group"))?;
         out.preempted.push(group.id);
+        group.give_back_rows(rows);
         if cfg.preemption == PreemptionMode::Swap
             && let Some(host) = host.as_mut()
         {

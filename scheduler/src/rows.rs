@@ -1,103 +1,70 @@
-//! Persistent block-table rows: every scheduled sequence's block table lives in a row of the
-//! step output's `block_tables` arena, and the row survives from one step to the next, so a
-//! decode writes only the block it appended (once per `block_size` tokens) instead of copying
-//! its whole table every step — vLLM V1's persistent-batch block table, on the host.
+//! Block-table rows and deltas: the worker keeps one persistent, padded block table (a row per
+//! running sequence, `model::runner::BlockTables`), and each step the scheduler sends only what
+//! changed — vLLM V1's persistent-batch block table.
 //!
-//! Rows are CSR-style ranges with slack for growth. The arena belongs to the output the caller
-//! hands `schedule_into`; the scheduler trusts it only when it is the very arena it wrote last
-//! (an owner id and a write counter are stamped into the output), otherwise every row is placed
-//! afresh. A sequence whose table changes other than by appending (freed, swapped, forked into,
-//! copy-on-write) has its row dropped, so a trusted row always matches its table's prefix.
+//! The scheduler hands out the rows: a sequence gets one when it is first scheduled and keeps it
+//! while its group runs; preemption and the group's end give it back. Each sequence remembers how
+//! many of its block ids the worker's row already holds (`sent`): a decode that stays in its last
+//! block sends nothing, one that opens a block sends that one id, and any change other than an
+//! append (freed, swapped, forked into, copy-on-write, prefix lookup) resets `sent` to 0, so the
+//! whole row is sent again. A row given back needs no message: its next owner starts at 0.
+//! Entries past a sequence's blocks are never read (attention stops at its length), so a row is
+//! never cleared.
+//!
+//! The scheduler assigns the rows, rather than the worker keeping a map from sequence ids as
+//! vLLM's input batch does, because a row index in the step plan lets the worker update its table
+//! and hand it to the kernels without a lookup per sequence.
 
-use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering};
+/// A sequence with no row.
+pub(crate) const NO_ROW: u32 = u32::MAX;
 
-use block_alloc::BlockId;
-
-/// Arena garbage (dead rows, slack of moved rows) tolerated beyond twice the live rows before
-/// the arena is rebuilt; keeps small runs from ever compacting.
-const COMPACT_SLACK: usize = 4096;
-/// Spare entries a freshly placed row gets beyond half its length.
-const MIN_ROW_SLACK: usize = 8;
-
-/// Distinct owner ids, so an output written by one scheduler is never trusted by another.
-static NEXT_OWNER: AtomicU64 = AtomicU64::new(1);
-
-/// Where one sequence's table sits in the arena; valid while `epoch` is the book's epoch.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Row {
-    start: usize,
-    len: usize,
-    cap: usize,
-    epoch: u64,
+/// One sequence's place in the worker's table.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RowState {
+    /// Its row, or `NO_ROW`.
+    pub row: u32,
+    /// Leading block ids of its table the worker's row holds.
+    pub sent: usize,
 }
 
-/// Stamp an output carries: which scheduler wrote its arena, and at which write.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct ArenaTag {
-    owner: u64,
-    write: u64,
+impl Default for RowState {
+    fn default() -> Self {
+        Self { row: NO_ROW, sent: 0 }
+    }
 }
 
-/// The scheduler's bookkeeping of the arena it writes into.
-#[derive(Debug)]
-pub(crate) struct RowBook {
-    owner: u64,
-    writes: u64,
-    /// Rows from an older epoch are stale (the arena was cleared since).
-    epoch: u64,
-    /// Capacity of the rows synced in the current step (the live part of the arena).
+/// The rows handed out, with a free list: a row given back is the next one handed out, so the
+/// rows in use stay within the most that were ever running at once.
+#[derive(Debug, Default)]
+pub(crate) struct Rows {
+    free: Vec<u32>,
+    next: u32,
+    /// Rows in use.
     live: usize,
 }
 
-impl RowBook {
-    pub fn new() -> Self {
-        Self { owner: NEXT_OWNER.fetch_add(1, Ordering::Relaxed), writes: 0, epoch: 1, live: 0 }
+impl Rows {
+    /// A row for a sequence that has none.
+    pub fn take(&mut self) -> u32 {
+        self.live += 1;
+        self.free.pop().unwrap_or_else(|| {
+            self.next += 1;
+            self.next - 1
+        })
     }
 
-    /// Starts a step's writes into `arena`: keeps it if it is what this book wrote last and
-    /// garbage does not dominate it; otherwise clears it (every row is placed again).
-    pub fn begin(&mut self, arena: &mut Vec<BlockId>, tag: &mut Option<ArenaTag>) {
-        let trusted = *tag == Some(ArenaTag { owner: self.owner, write: self.writes });
-        if !trusted || arena.len() > 2 * self.live + COMPACT_SLACK {
-            self.epoch += 1;
-            arena.clear();
+    /// Gives a sequence's row back (no-op without one).
+    pub fn give_back(&mut self, state: &mut RowState) {
+        if state.row != NO_ROW {
+            self.free.push(state.row);
+            self.live -= 1;
         }
-        self.writes += 1;
-        *tag = Some(ArenaTag { owner: self.owner, write: self.writes });
-        self.live = 0;
+        *state = RowState::default();
     }
 
-    /// Brings `row` up to date with `blocks` (a table that only grew since the row was last
-    /// synced, unless `rewrite`) and returns its range in `arena`. Call once per sequence and step.
-    #[inline(always)]
-    pub fn sync(
-        &mut self,
-        row: &mut Row,
-        blocks: &[BlockId],
-        rewrite: bool,
-        arena: &mut Vec<BlockId>,
-    ) -> Range<usize> {
-        if rewrite || row.epoch != self.epoch || row.len > blocks.len() || blocks.len() > row.cap {
-            self.place(row, blocks, arena);
-        } else if blocks.len() > row.len {
-            let (from, to) = (row.start + row.len, row.start + blocks.len());
-            arena[from..to].copy_from_slice(&blocks[row.len..]);
-            row.len = blocks.len();
-        }
-        debug_assert_eq!(&arena[row.start..row.start + row.len], blocks, "stale block-table row");
-        self.live += row.cap;
-        row.start..row.start + row.len
-    }
-
-    /// Puts a fresh copy of `blocks`, with room to grow, at the end of the arena.
-    #[cold]
-    fn place(&self, row: &mut Row, blocks: &[BlockId], arena: &mut Vec<BlockId>) {
-        let cap = blocks.len() + blocks.len() / 2 + MIN_ROW_SLACK;
-        let start = arena.len();
-        arena.extend_from_slice(blocks);
-        arena.resize(start + cap, 0);
-        *row = Row { start, len: blocks.len(), cap, epoch: self.epoch };
+    /// Rows in use (for tests: every row comes back when the scheduler is idle).
+    pub fn live(&self) -> usize {
+        self.live
     }
 }
 
@@ -106,59 +73,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn grows_in_place_then_moves_and_distrusts_foreign_arenas() {
-        let mut book = RowBook::new();
-        let (mut arena, mut tag) = (Vec::new(), None);
-        let mut row = Row::default();
-        book.begin(&mut arena, &mut tag);
-        let mut blocks: Vec<BlockId> = vec![5, 6];
-        let r = book.sync(&mut row, &blocks, false, &mut arena);
-        assert_eq!(&arena[r], &[5, 6]);
-        let first_start = row.start;
-
-        // Growth within the slack writes only the new entry, in place.
-        book.begin(&mut arena, &mut tag);
-        blocks.push(7);
-        let r = book.sync(&mut row, &blocks, false, &mut arena);
-        assert_eq!((r.start, &arena[r.clone()]), (first_start, &[5, 6, 7][..]));
-
-        // Past the slack the row moves to the end.
-        book.begin(&mut arena, &mut tag);
-        blocks.extend(8..30);
-        let r = book.sync(&mut row, &blocks, false, &mut arena);
-        assert_ne!(r.start, first_start);
-        assert_eq!(&arena[r], blocks.as_slice());
-
-        // A rewrite (copy-on-write of the last block) replaces the row's content.
-        book.begin(&mut arena, &mut tag);
-        *blocks.last_mut().unwrap() = 99;
-        let r = book.sync(&mut row, &blocks, true, &mut arena);
-        assert_eq!(&arena[r], blocks.as_slice());
-
-        // An arena this book did not write last (a fresh or older output) is rebuilt.
-        let mut other = vec![1; 64];
-        let mut other_tag = tag;
-        book.begin(&mut arena, &mut tag);
-        book.begin(&mut other, &mut other_tag);
-        assert!(other.is_empty());
-        let r = book.sync(&mut row, &blocks, false, &mut other);
-        assert_eq!(&other[r], blocks.as_slice());
-        // ...and the first arena is no longer trusted either.
-        book.begin(&mut arena, &mut tag);
-        assert!(arena.is_empty());
-    }
-
-    #[test]
-    fn garbage_is_compacted() {
-        let mut book = RowBook::new();
-        let (mut arena, mut tag) = (Vec::new(), None);
-        let blocks: Vec<BlockId> = (0..100).collect();
-        for _ in 0..200 {
-            // A new row every step (as if sequences kept finishing and arriving).
-            book.begin(&mut arena, &mut tag);
-            let mut row = Row::default();
-            book.sync(&mut row, &blocks, false, &mut arena);
-            assert!(arena.len() <= 2 * 158 + COMPACT_SLACK + 158);
-        }
+    fn rows_are_reused_and_counted() {
+        let mut rows = Rows::default();
+        let mut a = RowState { row: rows.take(), sent: 3 };
+        let mut b = RowState { row: rows.take(), sent: 1 };
+        assert_eq!((a.row, b.row, rows.live()), (0, 1, 2));
+        rows.give_back(&mut a);
+        assert_eq!((a.row, a.sent, rows.live()), (NO_ROW, 0, 1));
+        rows.give_back(&mut a); // twice is harmless
+        assert_eq!(rows.live(), 1);
+        assert_eq!(rows.take(), 0);
+        rows.give_back(&mut b);
+        assert_eq!(rows.take(), 1);
     }
 }

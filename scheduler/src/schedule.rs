@@ -10,7 +10,7 @@ use crate::group::{Group, Where};
 use crate::output::SchedulerOutput;
 use crate::queue::{QueueKey, insert_sorted};
 use crate::request::SeqFinish;
-use crate::rows::RowBook;
+use crate::rows::Rows;
 use crate::scheduler::{InFlight, Scheduler};
 
 /// What is left of this step's limits.
@@ -50,8 +50,6 @@ impl Scheduler {
             return Err(SchedulerError::StepInFlight);
         }
         out.clear();
-        let (arena, tag) = out.arena_mut();
-        self.rows.begin(arena, tag);
         out.finished.append(&mut self.finished_since);
         out.aborted.append(&mut self.aborted_since);
         self.stats.steps += 1;
@@ -503,7 +501,7 @@ fn emit(
     si: usize,
     n: usize,
     device: &mut BlockPool,
-    rows: &mut RowBook,
+    rows: &mut Rows,
     out: &mut SchedulerOutput,
     in_flight: &mut Vec<InFlight>,
 ) -> Result<(), block_alloc::AllocError> {
@@ -513,10 +511,13 @@ fn emit(
     let seq = &mut group.seqs[si];
     let start = seq.num_computed;
     let end = start + n;
-    let (cow, table_range) = seq.append(device, n, rows, out.arena_mut().0)?;
+    let crate::group::Appended { cow, row, table_from, new_blocks } = seq.append(device, n, rows)?;
     if let Some(cow) = cow {
         out.blocks_to_copy.push((cow.src, cow.dst));
     }
+    let new_start = out.new_block_ids.len();
+    out.new_block_ids.extend_from_slice(new_blocks);
+    let new_blocks = new_start..out.new_block_ids.len();
     let flat_start = out.token_ids.len();
     if n == 1 {
         // The decode case: the token sits in the table's last block (just read by the append:
@@ -536,11 +537,19 @@ fn emit(
         seq.table().slot_mapping(start..end, &mut out.slot_mapping);
     }
     let num_samples = if end == seq.tokens.len() { samples_at_end } else { 0 };
+    out.query_start_loc.push(flat_start + n);
+    out.seq_lens.push(end);
+    out.seq_rows.push(row);
+    if num_samples > 0 {
+        out.sample_indices.push(flat_start + n - 1);
+    }
     out.seqs.push(crate::output::ScheduledSeq {
         seq_id,
         tokens: start..end,
         flat: flat_start..flat_start + n,
-        block_table: table_range,
+        row,
+        table_from,
+        new_blocks,
         num_samples,
     });
     in_flight.push(InFlight { slot, arrival, seq: si as u32, seq_id, end, num_samples });

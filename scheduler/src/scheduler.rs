@@ -10,7 +10,7 @@ use crate::error::SchedulerError;
 use crate::group::{Group, Seq, Where};
 use crate::queue::{Queue, QueueKey, insert_sorted, remove_slot};
 use crate::request::{Request, RequestId, SeqId};
-use crate::rows::RowBook;
+use crate::rows::Rows;
 
 /// Counters over the scheduler's life.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -69,8 +69,8 @@ pub struct Scheduler {
     pub(crate) finished_since: Vec<RequestId>,
     pub(crate) aborted_since: Vec<RequestId>,
     pub(crate) stats: SchedulerStats,
-    /// Where the running sequences' block tables sit in the output's persistent arena.
-    pub(crate) rows: RowBook,
+    /// The rows of the worker's block table held by running sequences (`rows.rs`).
+    pub(crate) rows: Rows,
 }
 
 impl Scheduler {
@@ -103,7 +103,7 @@ impl Scheduler {
             finished_since: Vec::new(),
             aborted_since: Vec::new(),
             stats: SchedulerStats::default(),
-            rows: RowBook::new(),
+            rows: Rows::default(),
         })
     }
 
@@ -204,7 +204,8 @@ impl Scheduler {
 
     /// Drops a group from the slab (its tables must already be freed and it must be off every queue).
     pub(crate) fn release(&mut self, slot: usize) {
-        if let Some(group) = self.groups.get_mut(slot).and_then(Option::take) {
+        if let Some(mut group) = self.groups.get_mut(slot).and_then(Option::take) {
+            group.give_back_rows(&mut self.rows);
             self.index.remove(&group.id);
             self.free_slots.push(slot);
         }
@@ -275,6 +276,19 @@ impl Scheduler {
         let slot = *self.index.get(&seq.request)?;
         let group = self.groups.get(slot)?.as_ref()?;
         group.seqs.get(seq.index as usize).map(|s| s.tokens.as_slice())
+    }
+
+    /// The block table of a live sequence, if it exists (what the worker's row of it must
+    /// begin with once the plans are applied).
+    pub fn seq_block_table(&self, seq: SeqId) -> Option<&[block_alloc::BlockId]> {
+        let slot = *self.index.get(&seq.request)?;
+        let group = self.groups.get(slot)?.as_ref()?;
+        group.seqs.get(seq.index as usize).map(|s| s.table().blocks())
+    }
+
+    /// Rows of the worker's block table held by sequences (0 whenever nothing runs).
+    pub fn num_table_rows_held(&self) -> usize {
+        self.rows.live()
     }
 
     /// Distinct device blocks held by running sequences' tables (equals the pool's `num_used()`

@@ -30,7 +30,7 @@ impl Engine {
         if tokens.is_empty() {
             return Err(RequestError::EmptyPrompt(id));
         }
-        let vocab_size = self.executor.model_config().vocab_size;
+        let vocab_size = self.runner.model_config().vocab_size;
         if let Some(&token) = tokens.iter().find(|&&t| t as usize >= vocab_size) {
             return Err(RequestError::TokenOutOfVocab { id, token, vocab_size });
         }

@@ -32,7 +32,7 @@ fn cuda_in_a_build_without_cuda_names_the_feature() {
 fn cuda_without_a_driver_is_one_clear_error() {
     let fx = Fixture::new();
     let result = Engine::new(fx.dir.path(), cuda_config());
-    if !kv_cache::cuda::driver_present() {
+    if !model::cuda::driver_present() {
         match result {
             Ok(_) => panic!("opened a CUDA engine without a driver"),
             Err(e) => assert!(e.to_string().contains("no CUDA driver"), "{e}"),

@@ -15,8 +15,9 @@ use std::time::Instant;
 use gpu_check::attn_cases::{
     AttnCase, attention_tolerance, batches, cache_images_equal, decode_figures, layer_bytes, max_rel_error,
 };
+use kernels::cuda::DeviceAttnMetadata;
 use kernels::cuda::kernels::{AttentionVariant, BLOCK_SIZES, CACHE_DTYPES, HEAD_SIZES, all_programs};
-use kernels::cuda::ops::{self, AttnWorkspace, DeviceAttnMetadata, DeviceSlotMapping};
+use kernels::cuda::ops::{self, AttnWorkspace, DeviceSlotMapping};
 use kernels::cuda::{CudaError, CudaKernels, cubin_cache::CubinCache, nvrtc};
 use kv_cache::cuda::{CudaDevice, CudaKvCache, DeviceLayerCache};
 use kv_cache::{BlockShape, CacheConfig, CacheGeometry, DType, KvCache, LayerCache};
@@ -370,6 +371,7 @@ fn bench(kernels: &CudaKernels, device: &Arc<CudaDevice>, figures: &mut Map<Stri
             seq_lens: &lens,
             block_tables: table,
             max_blocks_per_seq: blocks_per_seq,
+            seq_rows: None,
         };
         let dmeta = DeviceAttnMetadata::upload(&stream, &meta, bs, geometry.num_blocks)?;
         for variant in [None, Some(AttentionVariant::V1), Some(AttentionVariant::V2)] {

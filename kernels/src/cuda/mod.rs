@@ -11,6 +11,7 @@ pub mod check;
 pub mod cubin_cache;
 mod error;
 pub mod kernels;
+pub mod metadata;
 pub mod nvrtc;
 pub mod ops;
 pub mod runtime;
@@ -18,5 +19,6 @@ pub mod swap;
 
 pub use error::CudaError;
 pub use kernels::{AttentionConfig, AttentionVariant, KERNEL_SOURCES, Program, all_programs};
-pub use ops::{AttnWorkspace, DeviceAttnMetadata, choose_variant};
+pub use metadata::{DeviceAttnMetadata, HostAttnMetadata};
+pub use ops::{AttnWorkspace, choose_variant};
 pub use runtime::CudaKernels;

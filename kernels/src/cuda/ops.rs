@@ -15,8 +15,8 @@ use super::kernels::{
     ATTENTION_THREADS, ATTENTION_WARPS, AttentionConfig, AttentionVariant, COPY_BLOCKS_ENTRY, PARTITION_SIZE,
     REDUCE_ENTRY,
 };
+use super::metadata::{DeviceAttnMetadata, upload_into};
 use super::runtime::CudaKernels;
-use crate::PagedAttnMetadata;
 
 /// vLLM's choice between the single-pass (v1) and the partitioned (v2) decode kernel: v1 when the
 /// longest context is at most 8192 tokens and either it fits one partition or there are enough
@@ -36,181 +36,6 @@ pub fn choose_variant(max_context: usize, num_tokens: usize, num_heads: usize) -
 pub fn shared_bytes(cfg: &AttentionConfig, qpk: usize, tokens: usize) -> usize {
     let len = tokens.div_ceil(cfg.block_size) * cfg.block_size;
     4 * (2 * ATTENTION_WARPS * qpk + qpk * cfg.head_size + qpk * len)
-}
-
-/// Batch metadata on the device, uploaded from the host [`PagedAttnMetadata`] after checking it.
-#[derive(Debug)]
-pub struct DeviceAttnMetadata {
-    query_start_loc: CudaSlice<i32>,
-    seq_lens: CudaSlice<i32>,
-    block_tables: CudaSlice<i32>,
-    num_seqs: usize,
-    num_tokens: usize,
-    max_blocks_per_seq: usize,
-    max_context: usize,
-    is_decode: bool,
-}
-
-/// Host side of [`DeviceAttnMetadata`]: the checked batch as the `i32` arrays the kernels read.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HostAttnMetadata {
-    pub query_start_loc: Vec<i32>,
-    pub seq_lens: Vec<i32>,
-    pub block_tables: Vec<i32>,
-    pub num_seqs: usize,
-    pub num_tokens: usize,
-    pub max_blocks_per_seq: usize,
-    pub max_context: usize,
-    pub is_decode: bool,
-}
-
-impl HostAttnMetadata {
-    /// Checks `meta` against a cache of `num_blocks` blocks of `block_size` tokens.
-    pub fn check(
-        meta: &PagedAttnMetadata<'_>,
-        block_size: usize,
-        num_blocks: usize,
-    ) -> Result<Self, CudaError> {
-        let num_seqs = meta.seq_lens.len();
-        let bad = |m: String| Err(CudaError::InvalidArgument(m));
-        if meta.query_start_loc.len() != num_seqs + 1 || meta.query_start_loc.first() != Some(&0) {
-            return bad(format!("query_start_loc must be {} prefix sums starting at 0", num_seqs + 1));
-        }
-        if meta.block_tables.len() != num_seqs.saturating_mul(meta.max_blocks_per_seq) {
-            return bad("block_tables must be [num_seqs, max_blocks_per_seq]".into());
-        }
-        let to_i32 =
-            |v: usize| i32::try_from(v).map_err(|_| CudaError::InvalidArgument(format!("{v} exceeds i32")));
-        // Entries past a sequence's last block are never read: they stay -1 whatever the caller
-        // padded them with (u32::MAX is common), so they never need converting.
-        let mut block_tables = vec![-1i32; meta.block_tables.len()];
-        let mut max_context = 0;
-        let mut is_decode = true;
-        for s in 0..num_seqs {
-            let (a, b) = (meta.query_start_loc[s], meta.query_start_loc[s + 1]);
-            if b < a {
-                return bad(format!("query_start_loc decreases after sequence {s}"));
-            }
-            let (q, seq_len) = (b - a, meta.seq_lens[s]);
-            if q > seq_len {
-                return bad(format!("sequence {s}: {q} query tokens but a context of {seq_len}"));
-            }
-            is_decode &= q == 1;
-            if q == 0 {
-                continue;
-            }
-            let needed = seq_len.div_ceil(block_size);
-            if needed > meta.max_blocks_per_seq {
-                return bad(format!(
-                    "sequence {s}: {seq_len} tokens need {needed} blocks, the table has {}",
-                    meta.max_blocks_per_seq
-                ));
-            }
-            let start = s * meta.max_blocks_per_seq;
-            let row = &meta.block_tables[start..][..needed];
-            if let Some(b) = row.iter().find(|&&b| b as usize >= num_blocks) {
-                return bad(format!("sequence {s}: block {b} out of range ({num_blocks} blocks)"));
-            }
-            for (dst, &b) in block_tables[start..][..needed].iter_mut().zip(row) {
-                *dst = to_i32(b as usize)?;
-            }
-            max_context = max_context.max(seq_len);
-        }
-        Ok(HostAttnMetadata {
-            query_start_loc: meta.query_start_loc.iter().map(|&v| to_i32(v)).collect::<Result<_, _>>()?,
-            seq_lens: meta.seq_lens.iter().map(|&v| to_i32(v)).collect::<Result<_, _>>()?,
-            block_tables,
-            num_seqs,
-            num_tokens: meta.num_tokens(),
-            max_blocks_per_seq: meta.max_blocks_per_seq,
-            max_context,
-            is_decode: is_decode && num_seqs > 0,
-        })
-    }
-}
-
-/// `host` as a device buffer; cudarc cannot allocate zero-length buffers portably, so an empty
-/// array keeps one element.
-fn upload_new<T: cudarc::driver::DeviceRepr + Default + Copy>(
-    stream: &Arc<CudaStream>,
-    host: &[T],
-) -> Result<CudaSlice<T>, CudaError> {
-    Ok(if host.is_empty() { stream.clone_htod(&[T::default()][..])? } else { stream.clone_htod(host)? })
-}
-
-/// Copies `host` into `dev` when it fits, else replaces `dev` by a buffer of `host`'s size, so a
-/// step allocates only when it outgrows every earlier one.
-fn upload_into<T: cudarc::driver::DeviceRepr + Default + Copy>(
-    stream: &Arc<CudaStream>,
-    host: &[T],
-    dev: &mut CudaSlice<T>,
-) -> Result<(), CudaError> {
-    if host.is_empty() {
-        return Ok(());
-    }
-    if dev.len() >= host.len() {
-        stream.memcpy_htod(host, &mut dev.slice_mut(..host.len()))?;
-    } else {
-        *dev = stream.clone_htod(host)?;
-    }
-    Ok(())
-}
-
-impl DeviceAttnMetadata {
-    /// Checks `meta` against a cache of `num_blocks` blocks of `block_size` tokens and uploads it.
-    pub fn upload(
-        stream: &Arc<CudaStream>,
-        meta: &PagedAttnMetadata<'_>,
-        block_size: usize,
-        num_blocks: usize,
-    ) -> Result<Self, CudaError> {
-        let host = HostAttnMetadata::check(meta, block_size, num_blocks)?;
-        Ok(DeviceAttnMetadata {
-            query_start_loc: upload_new(stream, &host.query_start_loc)?,
-            seq_lens: upload_new(stream, &host.seq_lens)?,
-            block_tables: upload_new(stream, &host.block_tables)?,
-            num_seqs: host.num_seqs,
-            num_tokens: host.num_tokens,
-            max_blocks_per_seq: host.max_blocks_per_seq,
-            max_context: host.max_context,
-            is_decode: host.is_decode,
-        })
-    }
-
-    /// Like [`DeviceAttnMetadata::upload`], into these buffers (grown only when too small).
-    pub fn reupload(
-        &mut self,
-        stream: &Arc<CudaStream>,
-        meta: &PagedAttnMetadata<'_>,
-        block_size: usize,
-        num_blocks: usize,
-    ) -> Result<(), CudaError> {
-        let host = HostAttnMetadata::check(meta, block_size, num_blocks)?;
-        upload_into(stream, &host.query_start_loc, &mut self.query_start_loc)?;
-        upload_into(stream, &host.seq_lens, &mut self.seq_lens)?;
-        upload_into(stream, &host.block_tables, &mut self.block_tables)?;
-        self.num_seqs = host.num_seqs;
-        self.num_tokens = host.num_tokens;
-        self.max_blocks_per_seq = host.max_blocks_per_seq;
-        self.max_context = host.max_context;
-        self.is_decode = host.is_decode;
-        Ok(())
-    }
-
-    pub fn num_tokens(&self) -> usize {
-        self.num_tokens
-    }
-    pub fn num_seqs(&self) -> usize {
-        self.num_seqs
-    }
-    /// Longest context any query token attends to.
-    pub fn max_context(&self) -> usize {
-        self.max_context
-    }
-    /// Every sequence has exactly one query token.
-    pub fn is_decode(&self) -> bool {
-        self.is_decode
-    }
 }
 
 /// Scratch of the partitioned kernel (per-partition outputs, max logits, exp sums), allocated
@@ -360,6 +185,7 @@ pub fn paged_attention_with(
         .arg(cache.value())
         .arg(&meta.block_tables)
         .arg(&max_blocks)
+        .arg(&meta.seq_rows)
         .arg(&meta.seq_lens);
     if meta.is_decode {
         b.arg(&null);
@@ -576,30 +402,7 @@ mod tests {
     }
 
     #[test]
-    fn host_metadata_checks_and_flags_decode_batches() {
-        let decode = PagedAttnMetadata {
-            query_start_loc: &[0, 1, 2],
-            seq_lens: &[5, 17],
-            block_tables: &[3, 0, 1, 2],
-            max_blocks_per_seq: 2,
-        };
-        let h = HostAttnMetadata::check(&decode, 16, 4);
-        // Sequence 0 (5 tokens) reads one block: its second entry is never read and goes up as -1.
-        assert!(
-            h.as_ref().is_ok_and(|h| h.is_decode && h.max_context == 17 && h.block_tables == [3, -1, 1, 2])
-        );
-        // Padding past a sequence's blocks may be anything (u32::MAX is what the GPU check and
-        // many callers use): it is never converted, so it is never an error.
-        let padded = PagedAttnMetadata { block_tables: &[3, u32::MAX, 1, 2], ..decode };
-        assert!(HostAttnMetadata::check(&padded, 16, 4).is_ok_and(|h| h.block_tables == [3, -1, 1, 2]));
-        let prefill = PagedAttnMetadata { query_start_loc: &[0, 5, 6], ..decode };
-        assert!(HostAttnMetadata::check(&prefill, 16, 4).is_ok_and(|h| !h.is_decode && h.num_tokens == 6));
-        // Block 3 is out of range in a 3-block cache; a context longer than its table; more
-        // query tokens than context.
-        assert!(HostAttnMetadata::check(&decode, 16, 3).is_err());
-        assert!(HostAttnMetadata::check(&decode, 8, 4).is_err());
-        let long_query = PagedAttnMetadata { query_start_loc: &[0, 6, 7], ..decode };
-        assert!(HostAttnMetadata::check(&long_query, 16, 4).is_err());
+    fn slot_mappings_are_checked() {
         assert!(check_slots(&[0, -1, 63], 64).is_ok());
         assert!(check_slots(&[64], 64).is_err());
     }

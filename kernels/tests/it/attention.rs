@@ -120,6 +120,46 @@ proptest! {
     }
 }
 
+/// The batch's dense tables moved into shuffled rows of a larger persistent table (the shape
+/// the engine keeps between steps), the rows nobody reads poisoned with out-of-range ids.
+fn persistent_rows(tables: &[u32], stride: usize, num_seqs: usize, seed: u64) -> (Vec<u32>, Vec<u32>) {
+    use rand::SeedableRng;
+    use rand::seq::SliceRandom;
+    let num_rows = num_seqs + 3;
+    let mut rows: Vec<u32> = (0..num_rows as u32).collect();
+    rows.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(seed));
+    rows.truncate(num_seqs);
+    let mut persistent = vec![u32::MAX; num_rows * stride];
+    for (s, &r) in rows.iter().enumerate() {
+        persistent[r as usize * stride..][..stride].copy_from_slice(&tables[s * stride..][..stride]);
+    }
+    (persistent, rows)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// Sequences reading their rows of a persistent table (`seq_rows`) get bit-identical output
+    /// to the same batch with a dense `[num_seqs, stride]` table.
+    #[test]
+    fn persistent_table_rows_read_like_a_dense_table(batch in mixed_batch(), opts in options()) {
+        let built = batch.build();
+        let cache = batch.cache(&built, DType::F32);
+        let dense = built.meta();
+        let (persistent, rows) =
+            persistent_rows(&built.block_tables, built.max_blocks_per_seq, batch.seqs.len(), batch.seed);
+        let by_row = PagedAttnMetadata { block_tables: &persistent, seq_rows: Some(&rows), ..dense };
+        let mut a = vec![f32::NAN; built.query.len()];
+        let mut b = vec![f32::NAN; built.query.len()];
+        paged_attention_with(&opts, &mut a, &built.query, &cache, &dense, batch.num_heads(), batch.scale())
+            .expect("dense");
+        paged_attention_with(&opts, &mut b, &built.query, &cache, &by_row, batch.num_heads(), batch.scale())
+            .expect("rows");
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        prop_assert_eq!(bits(&a), bits(&b));
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
 
@@ -169,7 +209,7 @@ proptest! {
             reshape_and_cache(&built.keys[0][a * row..b * row], &built.values[0][a * row..b * row], &slots, &mut cache).expect("write");
             let qsl = [0, b - a];
             let lens = [b];
-            let meta = PagedAttnMetadata { query_start_loc: &qsl, seq_lens: &lens, block_tables: &built.block_tables, max_blocks_per_seq: built.max_blocks_per_seq };
+            let meta = PagedAttnMetadata { query_start_loc: &qsl, seq_lens: &lens, block_tables: &built.block_tables, max_blocks_per_seq: built.max_blocks_per_seq, seq_rows: None };
             let q = &built.query[a * num_heads * d..b * num_heads * d];
             paged_attention_with(&AttnOptions::default(), &mut chunked[a * num_heads * d..b * num_heads * d], q, &cache, &meta, num_heads, batch.scale()).expect("kernel");
         }

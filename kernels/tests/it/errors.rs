@@ -30,6 +30,7 @@ fn fails(
         seq_lens: lens,
         block_tables: tables,
         max_blocks_per_seq: mbps,
+        seq_rows: None,
     };
     let err = paged_attention(&mut out, &query, cache, &meta, num_heads, 0.1).unwrap_err();
     assert!(out.iter().all(|&v| v == SENTINEL), "output written before the error {err}");
@@ -82,6 +83,7 @@ fn bad_scale_and_partition() {
         seq_lens: &[3],
         block_tables: &[0],
         max_blocks_per_seq: 1,
+        seq_rows: None,
     };
     let query = vec![0.5; 2 * 64];
     let mut out = vec![SENTINEL; 2 * 64];
@@ -93,4 +95,33 @@ fn bad_scale_and_partition() {
         AttnError::InvalidPartition(24, 16)
     );
     assert!(out.iter().all(|&v| v == SENTINEL));
+}
+
+#[test]
+fn rows_outside_a_persistent_table_are_refused() {
+    let c = cache(64, 16);
+    let base = PagedAttnMetadata {
+        query_start_loc: &[0, 1],
+        seq_lens: &[3],
+        block_tables: &[0, 0, 1, 0],
+        max_blocks_per_seq: 2,
+        seq_rows: Some(&[2]),
+    };
+    let query = vec![0.5; 2 * 64];
+    let mut out = vec![SENTINEL; 2 * 64];
+    let err = paged_attention(&mut out, &query, &c, &base, 2, 0.1).unwrap_err();
+    assert_eq!(err, AttnError::RowOutOfRange { seq: 0, row: 2, num_rows: 2 });
+    let ragged = PagedAttnMetadata { block_tables: &[0, 0, 1], seq_rows: Some(&[0]), ..base };
+    assert!(matches!(
+        paged_attention(&mut out, &query, &c, &ragged, 2, 0.1),
+        Err(AttnError::ShapeMismatch { .. })
+    ));
+    let short = PagedAttnMetadata { seq_rows: Some(&[]), ..base };
+    assert!(matches!(
+        paged_attention(&mut out, &query, &c, &short, 2, 0.1),
+        Err(AttnError::ShapeMismatch { .. })
+    ));
+    assert!(out.iter().all(|&v| v == SENTINEL));
+    let good = PagedAttnMetadata { seq_rows: Some(&[1]), ..base };
+    assert!(paged_attention(&mut out, &query, &c, &good, 2, 0.1).is_ok());
 }

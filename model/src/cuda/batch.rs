@@ -61,14 +61,19 @@ mod tests {
     fn batches_beyond_the_limits_or_the_model_are_rejected() {
         let limits = BatchLimits { max_tokens: 3, max_samples: 1, max_model_len: 8 };
         let c = config();
-        let ok = ModelInput {
-            token_ids: &[1, 2, 3],
-            positions: &[0, 1, 2],
-            slot_mapping: &[0, 1, 2],
+        let attn = kernels::PagedAttnMetadata {
             query_start_loc: &[0, 3],
             seq_lens: &[3],
             block_tables: &[0],
             max_blocks_per_seq: 1,
+            seq_rows: None,
+        };
+        let ok = ModelInput {
+            token_ids: &[1, 2, 3],
+            positions: &[0, 1, 2],
+            slot_mapping: &[0, 1, 2],
+            attn,
+            changed_rows: 0..1,
             sample_indices: &[2],
         };
         assert!(check_batch(&ok, &limits, &c).is_ok());
@@ -77,15 +82,18 @@ mod tests {
                 token_ids: &[1, 2, 3, 4],
                 positions: &[0, 1, 2, 3],
                 slot_mapping: &[0, 1, 2, 3],
-                query_start_loc: &[0, 4],
-                ..ok
+                attn: kernels::PagedAttnMetadata { query_start_loc: &[0, 4], ..attn },
+                ..ok.clone()
             },
-            ModelInput { positions: &[0, 1], ..ok },
-            ModelInput { token_ids: &[1, 2, 10], ..ok },
-            ModelInput { positions: &[0, 1, 8], ..ok },
-            ModelInput { sample_indices: &[1, 2], ..ok },
-            ModelInput { sample_indices: &[3], ..ok },
-            ModelInput { query_start_loc: &[0, 2], ..ok },
+            ModelInput { positions: &[0, 1], ..ok.clone() },
+            ModelInput { token_ids: &[1, 2, 10], ..ok.clone() },
+            ModelInput { positions: &[0, 1, 8], ..ok.clone() },
+            ModelInput { sample_indices: &[1, 2], ..ok.clone() },
+            ModelInput { sample_indices: &[3], ..ok.clone() },
+            ModelInput {
+                attn: kernels::PagedAttnMetadata { query_start_loc: &[0, 2], ..attn },
+                ..ok.clone()
+            },
         ];
         for (i, case) in cases.iter().enumerate() {
             assert!(check_batch(case, &limits, &c).is_err(), "case {i}");

@@ -34,10 +34,14 @@ impl StepBatch {
             token_ids: &self.token_ids,
             positions: &self.positions,
             slot_mapping: &self.slot_mapping,
-            query_start_loc: &self.query_start_loc,
-            seq_lens: &self.seq_lens,
-            block_tables: &self.block_tables,
-            max_blocks_per_seq: self.max_blocks_per_seq,
+            attn: kernels::PagedAttnMetadata {
+                query_start_loc: &self.query_start_loc,
+                seq_lens: &self.seq_lens,
+                block_tables: &self.block_tables,
+                max_blocks_per_seq: self.max_blocks_per_seq,
+                seq_rows: None,
+            },
+            changed_rows: 0..self.seq_lens.len(),
             sample_indices: &self.sample_indices,
         }
     }

@@ -11,10 +11,10 @@ use std::sync::Arc;
 
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
-use kernels::PagedAttnMetadata;
 use kernels::backend::KernelBackend;
+use kernels::cuda::DeviceAttnMetadata;
 use kernels::cuda::kernels::{cast_entry, model_entry, model_program};
-use kernels::cuda::ops::{AttnWorkspace, DeviceAttnMetadata, DeviceSlotMapping};
+use kernels::cuda::ops::{AttnWorkspace, DeviceSlotMapping};
 use kernels::cuda::{CudaKernels, Program};
 use kv_cache::cuda::{CudaDevice, CudaKvCache};
 use kv_cache::{BlockShape, CacheConfig, DType};
@@ -264,15 +264,13 @@ impl CudaLlama {
             Some(mut s) => s.reupload(&stream, input.slot_mapping, cc.num_slots()).map(|()| s),
             None => DeviceSlotMapping::upload(&stream, input.slot_mapping, cc.num_slots()),
         }?;
-        let host_meta = PagedAttnMetadata {
-            query_start_loc: input.query_start_loc,
-            seq_lens: input.seq_lens,
-            block_tables: input.block_tables,
-            max_blocks_per_seq: input.max_blocks_per_seq,
-        };
+        // The block table persists on the device too: only the rows written since the last
+        // step go up (a decode step writes one id per sequence that opened a block).
         let meta = match self.meta.take() {
-            Some(mut m) => m.reupload(&stream, &host_meta, cc.block_size, cc.num_blocks).map(|()| m),
-            None => DeviceAttnMetadata::upload(&stream, &host_meta, cc.block_size, cc.num_blocks),
+            Some(mut m) => m
+                .reupload(&stream, &input.attn, input.changed_rows.clone(), cc.block_size, cc.num_blocks)
+                .map(|()| m),
+            None => DeviceAttnMetadata::upload(&stream, &input.attn, cc.block_size, cc.num_blocks),
         }?;
         let result = self.run_layers(input, &slots, &meta, cache);
         self.slots = Some(slots);

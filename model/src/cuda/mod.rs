@@ -20,6 +20,8 @@ pub use driver::{StepBatch, StepDriver, argmax, max_rel_error};
 pub use error::CudaModelError;
 pub use forward::{CudaLlama, PROFILE_SEED_TOKEN};
 pub use gemm::{GemmShape, linear_shape};
+/// Whether libcuda loads on this machine (a CUDA runner fails with one clear error without it).
+pub use kv_cache::cuda::driver_present;
 pub use rope_table::cos_sin_table;
 pub use weights::{DeviceWeights, to_half_bits};
 

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+use kernels::PagedAttnMetadata;
 use kv_cache::{BlockShape, CacheConfig, DType, KvCache};
 use model::{LlamaConfig, ModelInput};
 
@@ -65,10 +66,14 @@ impl Batch {
             token_ids: &self.token_ids,
             positions: &self.positions,
             slot_mapping: &self.slot_mapping,
-            query_start_loc: &self.query_start_loc,
-            seq_lens: &self.seq_lens,
-            block_tables: &self.block_tables,
-            max_blocks_per_seq: self.max_blocks_per_seq,
+            attn: PagedAttnMetadata {
+                query_start_loc: &self.query_start_loc,
+                seq_lens: &self.seq_lens,
+                block_tables: &self.block_tables,
+                max_blocks_per_seq: self.max_blocks_per_seq,
+                seq_rows: None,
+            },
+            changed_rows: 0..self.seq_lens.len(),
             sample_indices: &self.sample_indices,
         }
     }

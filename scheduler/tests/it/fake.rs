@@ -1,13 +1,20 @@
 //! A fake model for scheduler tests: a token-slot KV store that the step's swap/copy plans and
-//! slot mappings act on, and a "forward" that reads each sequence's whole context back through
-//! its block table and samples a token that is a hash of what it read. A wrong slot, a missed
-//! copy-on-write or swap, or a bad prefix hit changes the tokens (or trips an assertion).
+//! slot mappings act on, a persistent block table that only the plans' deltas update (as the
+//! engine's worker keeps it), and a "forward" that reads each sequence's whole context back
+//! through its row of that table and samples a token that is a hash of what it read. A wrong
+//! slot, a missed copy-on-write, swap or table delta, or a bad prefix hit changes the tokens (or
+//! trips an assertion).
 
 use std::collections::HashMap;
 
 use scheduler::{
     Request, RequestId, SampledToken, Scheduler, SchedulerConfig, SchedulerOutput, SeqFinish, SeqId,
 };
+
+/// Entries of a row of the fake worker's table (more than any test's sequence needs); entries
+/// a plan never wrote hold this poison id.
+const ROW_LEN: usize = 1024;
+const UNWRITTEN: scheduler::BlockId = u32::MAX;
 
 /// Token drawn for sample `k` after `context`: FNV-1a of the context and `k`, in a small vocab.
 pub fn next_token(context: &[u32], k: u32) -> u32 {
@@ -47,6 +54,8 @@ pub struct FakeEngine {
     pub cfg: SchedulerConfig,
     kv_device: Vec<Option<u32>>,
     kv_host: Vec<Option<u32>>,
+    /// The worker's persistent block table: rows of `ROW_LEN`, written only through the deltas.
+    rows: Vec<Vec<scheduler::BlockId>>,
     pub stop_mod: Option<u32>,
     /// The last step's plan.
     pub last: SchedulerOutput,
@@ -76,6 +85,7 @@ impl FakeEngine {
         Self {
             kv_device: vec![None; cfg.num_device_blocks * cfg.block_size],
             kv_host: vec![None; cfg.num_host_blocks * cfg.block_size],
+            rows: Vec::new(),
             sched,
             cfg,
             stop_mod: None,
@@ -141,6 +151,7 @@ impl FakeEngine {
         self.swaps_out += out.blocks_to_swap_out.len();
         self.swaps_in += out.blocks_to_swap_in.len();
         self.copies += out.blocks_to_copy.len();
+        self.apply_table_deltas(&out);
         // Write this step's K/V, checking what the plan says against the sequence's tokens.
         let mut seen = std::collections::HashSet::new();
         for s in &out.seqs {
@@ -149,8 +160,7 @@ impl FakeEngine {
             assert_eq!(&out.token_ids[s.flat.clone()], &tokens[s.tokens.clone()]);
             let positions: Vec<u32> = (s.tokens.start as u32..s.tokens.end as u32).collect();
             assert_eq!(&out.positions[s.flat.clone()], positions.as_slice());
-            let table = out.block_table(s);
-            assert_eq!(table.len(), s.tokens.end.div_ceil(bs), "table covers exactly the context");
+            let table = self.table(s).to_vec();
             for (i, &slot) in out.slots(s).iter().enumerate() {
                 let p = s.tokens.start + i;
                 assert_eq!(slot, i64::from(table[p / bs]) * bs as i64 + (p % bs) as i64);
@@ -167,7 +177,7 @@ impl FakeEngine {
             if s.num_samples == 0 {
                 continue;
             }
-            let table = out.block_table(s);
+            let table = self.table(s);
             let context: Vec<u32> = (0..s.tokens.end)
                 .map(|p| {
                     let slot = table[p / bs] as usize * bs + p % bs;
@@ -208,6 +218,43 @@ impl FakeEngine {
     }
 
     /// No block held outside a live table; the pools' books balance.
+    /// Applies the plan's block-table deltas to the persistent rows and checks them: every
+    /// scheduled sequence's row then begins with its table (whose length covers exactly its
+    /// context), no two sequences share a row, the attention metadata agrees with the sequence
+    /// entries, and an append-only update sends only the blocks the step opened.
+    fn apply_table_deltas(&mut self, out: &SchedulerOutput) {
+        let bs = self.cfg.block_size;
+        let mut rows_seen = std::collections::HashSet::new();
+        assert_eq!(out.query_start_loc.first(), Some(&0));
+        assert_eq!(out.seq_lens.len(), out.seqs.len());
+        let mut samples = out.seqs.iter().filter(|s| s.num_samples > 0).map(|s| s.flat.end - 1);
+        assert!(samples.by_ref().eq(out.sample_indices.iter().copied()), "sample indices");
+        for (i, s) in out.seqs.iter().enumerate() {
+            assert!(rows_seen.insert(s.row), "row {} given to two sequences", s.row);
+            assert_eq!(
+                (out.query_start_loc[i + 1], out.seq_lens[i], out.seq_rows[i]),
+                (s.flat.end, s.tokens.end, s.row)
+            );
+            let row = s.row as usize;
+            if self.rows.len() <= row {
+                self.rows.resize(row + 1, vec![UNWRITTEN; ROW_LEN]);
+            }
+            let new = out.new_blocks(s);
+            self.rows[row][s.table_from..s.table_from + new.len()].copy_from_slice(new);
+            let table = self.sched.seq_block_table(s.seq_id).expect("scheduled sequence exists");
+            assert_eq!(table.len(), s.tokens.end.div_ceil(bs), "table covers exactly the context");
+            assert_eq!(&self.rows[row][..table.len()], table, "{:?}: worker row behind its table", s.seq_id);
+            if s.table_from > 0 {
+                assert!(new.len() <= s.tokens.len().div_ceil(bs) + 1, "an append resent old blocks");
+            }
+        }
+    }
+
+    /// A scheduled sequence's table as the worker holds it (its row, cut at its context).
+    pub fn table(&self, s: &scheduler::ScheduledSeq) -> &[scheduler::BlockId] {
+        &self.rows[s.row as usize][..s.tokens.end.div_ceil(self.cfg.block_size)]
+    }
+
     pub fn check_blocks(&self) {
         let device = self.sched.device_pool();
         assert_eq!(device.num_free() + device.num_used(), device.num_blocks());
@@ -225,6 +272,7 @@ impl FakeEngine {
             assert!(self.step - start <= max_steps, "no progress after {max_steps} steps");
         }
         assert_eq!(self.sched.device_pool().num_used(), 0, "blocks held after the last request");
+        assert_eq!(self.sched.num_table_rows_held(), 0, "table rows held after the last request");
         if let Some(host) = self.sched.host_pool() {
             assert_eq!(host.num_used(), 0);
         }

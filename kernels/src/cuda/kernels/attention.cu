@@ -53,7 +53,7 @@ __device__ __forceinline__ void paged_attention_body(
     float* __restrict__ max_logits,  // v2: [tokens, heads, max_parts]
     const float* __restrict__ q,     // [tokens, heads, HEAD]
     const cache_t* __restrict__ k_cache, const cache_t* __restrict__ v_cache,
-    const int* __restrict__ block_tables, int max_blocks_per_seq,
+    const int* __restrict__ block_tables, int max_blocks_per_seq, const int* __restrict__ seq_rows,
     const int* __restrict__ seq_lens, const int* __restrict__ query_start_loc, int num_seqs,
     int num_heads, int num_kv_heads, float scale, int max_parts, int partition_size) {
   constexpr int X = CacheTraits<cache_t>::X;
@@ -108,7 +108,8 @@ __device__ __forceinline__ void paged_attention_body(
 
   const long long tile = (long long)HEAD * BS;  // elements of one (block, kv head) tile
   const long long block_stride = tile * num_kv_heads;
-  const int* __restrict__ table = block_tables + (long long)seq * max_blocks_per_seq;
+  // The sequence's row of the (persistent, padded) table.
+  const int* __restrict__ table = block_tables + (long long)seq_rows[seq] * max_blocks_per_seq;
 
   // ---- Q·K ----
   const int t_in_blk = lane % BS;
@@ -278,12 +279,13 @@ __device__ __forceinline__ void paged_attention_body(
   float *__restrict__ out, float *__restrict__ exp_sums, float *__restrict__ max_logits,   \
       const float *__restrict__ q, const T *__restrict__ k_cache,                          \
       const T *__restrict__ v_cache, const int *__restrict__ block_tables,                 \
-      int max_blocks_per_seq, const int *__restrict__ seq_lens,                            \
+      int max_blocks_per_seq, const int *__restrict__ seq_rows,                            \
+      const int *__restrict__ seq_lens,                                                    \
       const int *__restrict__ query_start_loc, int num_seqs, int num_heads,                \
       int num_kv_heads, float scale, int max_parts, int partition_size
 #define PA_ARGS                                                                            \
   out, exp_sums, max_logits, q, k_cache, v_cache, block_tables, max_blocks_per_seq,        \
-      seq_lens, query_start_loc, num_seqs, num_heads, num_kv_heads, scale, max_parts, partition_size
+      seq_rows, seq_lens, query_start_loc, num_seqs, num_heads, num_kv_heads, scale, max_parts, partition_size
 
 // One kernel for both decode variants: v1 (partition_size == 0: the whole context in one block,
 // grid.z == 1) and v2 (partition_size > 0: grid.z partitions, merged by

@@ -1,0 +1,196 @@
+//! The model runner: the model, its KV cache, its scratch and the engine's one block table on
+//! one device, behind what a step needs (block moves, table deltas, forward, the model's
+//! config), so the engine's step loop never branches on where it runs and never reaches below
+//! `model`.
+//!
+//! - CPU: the f32 [`Llama`], a host [`KvCache`], a [`Workspace`].
+//! - CUDA (`cuda` feature): [`crate::cuda::CudaLlama`] and a [`kv_cache::cuda::CudaKvCache`],
+//!   sized like vLLM: after the weights are uploaded, one profiling forward of
+//!   `max_num_batched_tokens` dummy tokens, then
+//!   `num_blocks = (total × gpu_memory_utilization − used) / bytes_per_block`
+//!   ([`kv_cache::cuda::blocks_for_memory`]).
+//!
+//! The block table ([`BlockTables`]) is persistent: the scheduler names each sequence's row and
+//! sends only the ids the row lacks (`write_table_row`), and `forward` hands the table to the
+//! attention kernels as it is.
+
+mod block_table;
+#[cfg(feature = "cuda")]
+mod cuda;
+
+use kernels::backend::{Cpu, KernelBackend};
+use kv_cache::KvCache;
+pub use kv_cache::{BlockShape, CacheConfig, DType, Device};
+
+pub use block_table::BlockTables;
+
+use crate::LlamaConfig;
+use crate::error::{ModelError, Result};
+use crate::input::ModelInput;
+use crate::llama::{Llama, Workspace};
+
+/// How big the device KV cache is.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum KvCacheSize {
+    /// Exactly this many blocks.
+    Blocks(usize),
+    /// As many blocks as fit in this many bytes. On CUDA the budget comes from the device
+    /// instead, like vLLM: `total × gpu_memory_utilization − used after a profiling forward`.
+    Bytes(usize),
+}
+
+/// What the runner is built for: the device, the cache's size and layout, and the largest step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunnerConfig {
+    pub device: Device,
+    pub kv_cache: KvCacheSize,
+    /// Element type of the KV cache (on CUDA also of the weights and activations).
+    pub kv_dtype: DType,
+    pub block_size: usize,
+    pub max_model_len: usize,
+    /// Host swap space (0 when preemption never swaps).
+    pub swap_bytes: usize,
+    /// The largest step: tokens and sequences (CUDA sizes its buffers and profiles with them).
+    pub max_num_batched_tokens: usize,
+    pub max_num_seqs: usize,
+    /// CUDA only, with [`KvCacheSize::Bytes`].
+    pub gpu_memory_utilization: f64,
+}
+
+/// One step's batch as planned: the flat tokens and the attention metadata; the block table is
+/// the runner's own.
+#[derive(Debug, Clone, Copy)]
+pub struct StepInput<'a> {
+    pub token_ids: &'a [u32],
+    pub positions: &'a [u32],
+    pub slot_mapping: &'a [i64],
+    pub query_start_loc: &'a [usize],
+    pub seq_lens: &'a [usize],
+    /// Each sequence's row of the block table.
+    pub seq_rows: &'a [u32],
+    pub sample_indices: &'a [usize],
+}
+
+/// The model and its cache on the CPU.
+#[derive(Debug)]
+struct CpuRunner {
+    model: Llama,
+    cache: KvCache,
+    workspace: Workspace,
+}
+
+/// The device half of the runner. One per engine, built once and never moved in the step
+/// loop, so the CPU variant stays inline (no pointer chase on the hot path).
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
+enum OnDevice {
+    Cpu(CpuRunner),
+    #[cfg(feature = "cuda")]
+    Cuda(Box<cuda::CudaRunner>),
+}
+
+/// The model, its KV cache and the block table on one device.
+#[derive(Debug)]
+pub struct Runner {
+    on: OnDevice,
+    tables: BlockTables,
+    cache_config: CacheConfig,
+}
+
+impl Runner {
+    /// Puts `model` on `config.device` with a KV cache sized by `config`.
+    pub fn new(model: Llama, config: &RunnerConfig) -> Result<Self> {
+        let mc = &model.config;
+        let shape = BlockShape {
+            block_size: config.block_size,
+            num_layers: mc.num_hidden_layers,
+            num_kv_heads: mc.num_key_value_heads,
+            head_size: mc.head_dim,
+            dtype: config.kv_dtype,
+        };
+        shape.validate()?;
+        let (on, cache_config) = match config.device {
+            Device::Cpu => {
+                let cache_config = match config.kv_cache {
+                    KvCacheSize::Bytes(b) => {
+                        CacheConfig::from_memory_budget(shape, b, config.swap_bytes, config.max_model_len)?
+                    }
+                    KvCacheSize::Blocks(n) => {
+                        CacheConfig::new(shape, n, config.swap_bytes / shape.bytes_per_block())
+                    }
+                };
+                let cache = KvCache::new(cache_config)?;
+                (OnDevice::Cpu(CpuRunner { model, cache, workspace: Workspace::default() }), cache_config)
+            }
+            #[cfg(feature = "cuda")]
+            Device::Cuda { ordinal } => {
+                let (runner, cache_config) = cuda::CudaRunner::new(model, shape, config, ordinal)?;
+                (OnDevice::Cuda(Box::new(runner)), cache_config)
+            }
+            #[allow(unreachable_patterns)]
+            other => {
+                return Err(ModelError::Device(format!(
+                    "device {other} needs a build with the `cuda` feature (cargo build --features engine/cuda)"
+                )));
+            }
+        };
+        let tables = BlockTables::new(config.max_model_len.div_ceil(config.block_size));
+        Ok(Self { on, tables, cache_config })
+    }
+
+    pub fn model_config(&self) -> &LlamaConfig {
+        match &self.on {
+            OnDevice::Cpu(c) => &c.model.config,
+            #[cfg(feature = "cuda")]
+            OnDevice::Cuda(c) => c.model.config(),
+        }
+    }
+
+    /// The KV cache's final configuration (its block counts feed the scheduler).
+    pub fn cache_config(&self) -> &CacheConfig {
+        &self.cache_config
+    }
+
+    /// The block table (for tests and inspection).
+    pub fn block_tables(&self) -> &BlockTables {
+        &self.tables
+    }
+
+    /// Applies one sequence's block-table delta: entries `from ..` of row `row` become `ids`.
+    pub fn write_table_row(&mut self, row: u32, from: usize, ids: &[u32]) -> Result<()> {
+        self.tables.write(row, from, ids)
+    }
+
+    /// A step's swap-outs, swap-ins and copy-on-write copies, in that order.
+    pub fn move_blocks(
+        &mut self,
+        swap_out: &[(u32, u32)],
+        swap_in: &[(u32, u32)],
+        copies: &[(u32, u32)],
+    ) -> Result<()> {
+        match &mut self.on {
+            OnDevice::Cpu(c) => Ok(Cpu.move_blocks(&mut c.cache, swap_out, swap_in, copies)?),
+            #[cfg(feature = "cuda")]
+            OnDevice::Cuda(c) => c.move_blocks(swap_out, swap_in, copies),
+        }
+    }
+
+    /// One forward step over the runner's block table; logits `[sample_indices.len(), vocab]`
+    /// (f32, host memory).
+    pub fn forward(&mut self, step: &StepInput<'_>) -> Result<&[f32]> {
+        let changed_rows = self.tables.take_changed();
+        let input = ModelInput {
+            token_ids: step.token_ids,
+            positions: step.positions,
+            slot_mapping: step.slot_mapping,
+            attn: self.tables.metadata(step.query_start_loc, step.seq_lens, step.seq_rows),
+            changed_rows,
+            sample_indices: step.sample_indices,
+        };
+        match &mut self.on {
+            OnDevice::Cpu(c) => c.model.forward(&input, &mut c.cache, &mut c.workspace),
+            #[cfg(feature = "cuda")]
+            OnDevice::Cuda(c) => c.forward(&input),
+        }
+    }
+}
