@@ -34,24 +34,44 @@ pub struct Engine {
     config: EngineConfig,
     /// The model, the KV cache and the block table on their device (CPU or CUDA).
     runner: Runner,
+    scheduler: Scheduler,
+    info: ModelInfo,
+    live: LiveRequests,
+    seed_rng: ChaCha8Rng,
+    metrics: MetricsCollector,
+    bufs: StepBuffers,
+    /// Outputs produced outside `step` (aborts), returned by the next `step`.
+    pending: Vec<RequestOutput>,
+}
+
+/// What the engine knows of its model beyond the runner: text in and out, stop ids, defaults.
+#[derive(Debug)]
+struct ModelInfo {
     tokenizer: model::Tokenizer,
     chat_template: Option<ChatTemplate>,
     eos_ids: Vec<u32>,
     /// vLLM's sampling defaults under the model's generation config.
     default_params: SamplingParams,
     max_model_len: usize,
-    scheduler: Scheduler,
-    requests: HashMap<u64, RequestState>,
+}
+
+/// The admitted, unfinished requests: one record each, keyed by the scheduler's request id
+/// (the `RequestKey`); the client's id strings only at the API edge.
+#[derive(Debug, Default)]
+struct LiveRequests {
+    states: HashMap<u64, RequestState>,
     ids: HashMap<String, u64>,
     next_id: u64,
-    seed_rng: ChaCha8Rng,
-    metrics: MetricsCollector,
+}
+
+/// Buffers one step fills and the next reuses.
+#[derive(Debug, Default)]
+struct StepBuffers {
     plan: SchedulerOutput,
-    step_result: StepResult,
+    result: StepResult,
+    /// The sampled rows' logits, one row per sample.
     logits: Vec<f32>,
     targets: Vec<RowTarget>,
-    /// Outputs produced outside `step` (aborts), returned by the next `step`.
-    pending: Vec<RequestOutput>,
 }
 
 impl Engine {
@@ -118,19 +138,16 @@ impl Engine {
             seed_rng: ChaCha8Rng::seed_from_u64(config.seed),
             config,
             runner,
-            tokenizer: folder.tokenizer,
-            chat_template: folder.chat_template,
-            eos_ids,
-            default_params,
-            max_model_len,
+            info: ModelInfo {
+                tokenizer: folder.tokenizer,
+                chat_template: folder.chat_template,
+                eos_ids,
+                default_params,
+                max_model_len,
+            },
             scheduler,
-            requests: HashMap::new(),
-            ids: HashMap::new(),
-            next_id: 0,
-            plan: SchedulerOutput::default(),
-            step_result: StepResult::default(),
-            logits: Vec::new(),
-            targets: Vec::new(),
+            live: LiveRequests::default(),
+            bufs: StepBuffers::default(),
             pending: Vec::new(),
         })
     }
@@ -140,11 +157,11 @@ impl Engine {
     }
 
     pub fn max_model_len(&self) -> usize {
-        self.max_model_len
+        self.info.max_model_len
     }
 
     pub fn tokenizer(&self) -> &model::Tokenizer {
-        &self.tokenizer
+        &self.info.tokenizer
     }
 
     pub fn model_config(&self) -> &model::LlamaConfig {
@@ -154,12 +171,12 @@ impl Engine {
     /// What a request gets for every sampling field it leaves unset: vLLM's defaults with the
     /// model's `generation_config.json` on top (see [`SamplingParams::with_generation_defaults`]).
     pub fn default_sampling_params(&self) -> &SamplingParams {
-        &self.default_params
+        &self.info.default_params
     }
 
     /// The end-of-sequence ids from the generation config.
     pub fn eos_token_ids(&self) -> &[u32] {
-        &self.eos_ids
+        &self.info.eos_ids
     }
 
     /// Device KV blocks in the pool.
@@ -182,7 +199,7 @@ impl Engine {
     /// Renders chat messages with the model's template (generation prompt added).
     pub fn render_chat(&self, id: &str, messages: &[model::ChatMessage]) -> Result<String, RequestError> {
         let template =
-            self.chat_template.as_ref().ok_or_else(|| RequestError::NoChatTemplate(id.to_owned()))?;
+            self.info.chat_template.as_ref().ok_or_else(|| RequestError::NoChatTemplate(id.to_owned()))?;
         template
             .render(messages, true)
             .map_err(|e| RequestError::Prompt { id: id.to_owned(), reason: e.to_string() })
@@ -192,7 +209,8 @@ impl Engine {
     /// by the template (which writes its own special tokens), ids as given.
     pub fn tokenize(&self, id: &str, prompt: Prompt) -> Result<Vec<u32>, RequestError> {
         let encode = |text: &str, add_special: bool| {
-            self.tokenizer
+            self.info
+                .tokenizer
                 .encode(text, true, add_special)
                 .map_err(|e| RequestError::Prompt { id: id.to_owned(), reason: e.to_string() })
         };
@@ -233,7 +251,7 @@ impl Engine {
     /// Aborts an unfinished request: its blocks are freed now and its final output (finish
     /// reason `Abort`) comes with the next `step`. An unknown id is a reported no-op.
     pub fn abort(&mut self, id: &str) -> Result<(), RequestError> {
-        let sid = *self.ids.get(id).ok_or_else(|| RequestError::UnknownRequest(id.to_owned()))?;
+        let sid = *self.live.ids.get(id).ok_or_else(|| RequestError::UnknownRequest(id.to_owned()))?;
         self.abort_key(RequestKey(sid)).map_err(|_| RequestError::UnknownRequest(id.to_owned()))
     }
 
@@ -241,32 +259,32 @@ impl Engine {
     /// request that reuses its id. A finished (or already aborted) key is a reported no-op.
     pub fn abort_key(&mut self, key: RequestKey) -> Result<(), RequestError> {
         let sid = key.0;
-        let Some(mut state) = self.requests.remove(&sid) else {
+        let Some(mut state) = self.live.states.remove(&sid) else {
             return Err(RequestError::UnknownRequest(format!("#{sid}")));
         };
-        self.ids.remove(&state.id);
+        self.live.ids.remove(&state.id);
         if let Err(e) = self.scheduler.abort(sid) {
             tracing::warn!(target: "engine", "abort of {:?}: scheduler says {e}", state.id);
         }
         state.finish_all(&FinishReason::Abort);
-        self.pending.extend(state.take_output(Instant::now(), &self.tokenizer));
+        self.pending.extend(state.take_output(Instant::now(), &self.info.tokenizer));
         self.metrics.record_aborted();
         Ok(())
     }
 
     /// Ids of the requests not yet finished or aborted.
     pub fn unfinished_ids(&self) -> Vec<String> {
-        self.ids.keys().cloned().collect()
+        self.live.ids.keys().cloned().collect()
     }
 
     /// Requests not yet finished or aborted.
     pub fn num_unfinished(&self) -> usize {
-        self.requests.len()
+        self.live.states.len()
     }
 
     /// Whether `step` has work (including abort outputs not yet returned).
     pub fn has_unfinished(&self) -> bool {
-        !self.requests.is_empty() || !self.pending.is_empty()
+        !self.live.states.is_empty() || !self.pending.is_empty()
     }
 
     fn gauges(&self) -> Gauges {
@@ -301,32 +319,32 @@ impl Engine {
     /// Runs one engine step and returns every request's news.
     pub fn step(&mut self) -> Result<Vec<RequestOutput>, EngineError> {
         let mut outputs = std::mem::take(&mut self.pending);
-        self.scheduler.schedule_into(&mut self.plan)?;
+        self.scheduler.schedule_into(&mut self.bufs.plan)?;
         let now = Instant::now();
         // Sequences that outgrew the whole pool: finished by the scheduler, "length" to the client.
-        for i in 0..self.plan.capacity_exceeded.len() {
-            let sid = self.plan.capacity_exceeded[i];
-            if let Some(state) = self.requests.get_mut(&sid) {
+        for i in 0..self.bufs.plan.capacity_exceeded.len() {
+            let sid = self.bufs.plan.capacity_exceeded[i];
+            if let Some(state) = self.live.states.get_mut(&sid) {
                 state.finish_all(&FinishReason::Length);
             }
             self.finalize(sid, now, &mut outputs);
         }
-        if self.plan.is_empty() {
+        if self.bufs.plan.is_empty() {
             let gauges = self.gauges();
             self.metrics.step_done(0, 0, &gauges);
             return Ok(outputs);
         }
         let generated = self.run_step()?;
         let now = Instant::now();
-        let mut touched: Vec<u64> = self.targets.iter().map(|t| t.request).collect();
-        touched.extend(self.step_result.finished_requests.iter().copied());
+        let mut touched: Vec<u64> = self.bufs.targets.iter().map(|t| t.request).collect();
+        touched.extend(self.bufs.result.finished_requests.iter().copied());
         touched.sort_unstable();
         touched.dedup();
         for sid in touched {
             self.finalize(sid, now, &mut outputs);
         }
         let gauges = self.gauges();
-        self.metrics.step_done(self.plan.num_prefill_tokens(), generated, &gauges);
+        self.metrics.step_done(self.bufs.plan.num_prefill_tokens(), generated, &gauges);
         Ok(outputs)
     }
 
@@ -334,7 +352,7 @@ impl Engine {
     /// sampling, stop detection and detokenization, scheduler update. Returns the number of
     /// tokens generated.
     fn run_step(&mut self) -> Result<usize, EngineError> {
-        let plan = &self.plan;
+        let plan = &self.bufs.plan;
         self.runner.move_blocks(&plan.blocks_to_swap_out, &plan.blocks_to_swap_in, &plan.blocks_to_copy)?;
         for s in &plan.seqs {
             self.runner.write_table_row(s.row, s.table_from, plan.new_blocks(s))?;
@@ -349,7 +367,7 @@ impl Engine {
             seq_rows: &plan.seq_rows,
             sample_indices: &plan.sample_indices,
         })?;
-        gather_sample_rows(&self.plan, logits, vocab, &mut self.targets, &mut self.logits)?;
+        gather_sample_rows(&self.bufs.plan, logits, vocab, &mut self.bufs.targets, &mut self.bufs.logits)?;
         let sampled = self.sample(vocab)?;
         let updates = self.apply_samples(sampled)?;
         self.update_scheduler(&updates)?;
@@ -359,10 +377,11 @@ impl Engine {
     /// Samples one token per target row (each request's own parameters and RNG).
     fn sample(&mut self, vocab: usize) -> Result<Vec<TokenChoice>, EngineError> {
         // The samplers are taken out of their requests for the batch and put back after.
-        let mut taken = Vec::with_capacity(self.targets.len());
-        for t in &self.targets {
+        let mut taken = Vec::with_capacity(self.bufs.targets.len());
+        for t in &self.bufs.targets {
             let state = self
-                .requests
+                .live
+                .states
                 .get_mut(&t.request)
                 .ok_or(EngineError::Internal("scheduled unknown request"))?;
             let seq =
@@ -372,10 +391,10 @@ impl Engine {
         }
         let mut rows: Vec<SampleRow<'_>> =
             taken.iter_mut().map(|(params, state)| SampleRow { params, state }).collect();
-        let sampled = sample_batch(&mut self.logits, vocab, &mut rows);
+        let sampled = sample_batch(&mut self.bufs.logits, vocab, &mut rows);
         drop(rows);
-        for (t, (_, sampler)) in self.targets.iter().zip(taken) {
-            if let Some(seq) = self.requests.get_mut(&t.request).and_then(|s| s.seqs.get_mut(t.index)) {
+        for (t, (_, sampler)) in self.bufs.targets.iter().zip(taken) {
+            if let Some(seq) = self.live.states.get_mut(&t.request).and_then(|s| s.seqs.get_mut(t.index)) {
                 seq.sampler = Some(sampler);
             }
         }
@@ -390,9 +409,12 @@ impl Engine {
     ) -> Result<Vec<scheduler::SampledToken>, EngineError> {
         let now = Instant::now();
         let mut updates = Vec::with_capacity(sampled.len());
-        for (t, tok) in self.targets.iter().zip(sampled) {
-            let state =
-                self.requests.get_mut(&t.request).ok_or(EngineError::Internal("sampled unknown request"))?;
+        for (t, tok) in self.bufs.targets.iter().zip(sampled) {
+            let state = self
+                .live
+                .states
+                .get_mut(&t.request)
+                .ok_or(EngineError::Internal("sampled unknown request"))?;
             state.first_token.get_or_insert(now);
             let params = state.params.clone();
             let seq =
@@ -404,7 +426,7 @@ impl Engine {
                 seq.new_logprobs.push(lp);
             }
             let check_stop = seq.num_generated >= params.min_tokens;
-            let is_eos = !params.ignore_eos && self.eos_ids.contains(&tok.token);
+            let is_eos = !params.ignore_eos && self.info.eos_ids.contains(&tok.token);
             let is_stop_id = params.stop_token_ids.contains(&tok.token);
             let finish = if check_stop && is_eos {
                 Some(FinishReason::Eos(tok.token))
@@ -415,7 +437,7 @@ impl Engine {
             };
             // A stop token's text is left out unless stop strings are to be kept.
             if (finish.is_none() || params.include_stop_str_in_output)
-                && let Some(m) = seq.detok.push(tok.token, &self.tokenizer, check_stop)?
+                && let Some(m) = seq.detok.push(tok.token, &self.info.tokenizer, check_stop)?
                 && finish.is_none()
             {
                 seq.finish = params.stop.get(m.index).cloned().map(FinishReason::StopString);
@@ -435,10 +457,11 @@ impl Engine {
     /// Hands the tokens to the scheduler; sequences it finished (length, abort) get their
     /// client-facing reason.
     fn update_scheduler(&mut self, updates: &[scheduler::SampledToken]) -> Result<(), EngineError> {
-        self.scheduler.update_into(updates, &mut self.step_result)?;
-        for fs in &self.step_result.finished_seqs {
+        self.scheduler.update_into(updates, &mut self.bufs.result)?;
+        for fs in &self.bufs.result.finished_seqs {
             if let Some(seq) = self
-                .requests
+                .live
+                .states
                 .get_mut(&fs.seq_id.request)
                 .and_then(|s| s.seqs.get_mut(fs.seq_id.index as usize))
                 && seq.finish.is_none()
@@ -454,12 +477,12 @@ impl Engine {
 
     /// Emits the request's news; drops its state once every sample has finished.
     fn finalize(&mut self, sid: u64, now: Instant, outputs: &mut Vec<RequestOutput>) {
-        let Some(state) = self.requests.get_mut(&sid) else { return };
-        outputs.extend(state.take_output(now, &self.tokenizer));
+        let Some(state) = self.live.states.get_mut(&sid) else { return };
+        outputs.extend(state.take_output(now, &self.info.tokenizer));
         if state.all_finished()
-            && let Some(state) = self.requests.remove(&sid)
+            && let Some(state) = self.live.states.remove(&sid)
         {
-            self.ids.remove(&state.id);
+            self.live.ids.remove(&state.id);
             let ttft = state.first_token.map(|t| t.duration_since(state.arrival));
             let longest = state.seqs.iter().map(|s| s.num_generated).max().unwrap_or(0);
             self.metrics.record_finished(ttft, now.duration_since(state.arrival), longest);
@@ -476,7 +499,7 @@ impl Engine {
         let mut results: Vec<Result<FinalOutput, RequestError>> = Vec::with_capacity(prompts.len());
         let mut slots: HashMap<String, usize> = HashMap::new();
         for (i, prompt) in prompts.into_iter().enumerate() {
-            let id = format!("generate-{}-{i}", self.next_id);
+            let id = format!("generate-{}-{i}", self.live.next_id);
             match self.add_request(id.clone(), prompt, params.clone()) {
                 Ok(_) => {
                     slots.insert(id.clone(), i);

@@ -22,7 +22,7 @@ impl Engine {
         params: SamplingParams,
         options: &RequestOptions,
     ) -> Result<RequestKey, RequestError> {
-        if self.ids.contains_key(&id) {
+        if self.live.ids.contains_key(&id) {
             return Err(RequestError::DuplicateId(id));
         }
         params.validate().map_err(|source| RequestError::InvalidParams { id: id.clone(), source })?;
@@ -43,17 +43,17 @@ impl Engine {
             // Unset: up to the model's max length, or as far as the KV cache could ever hold
             // this request alone, whichever is shorter.
             None => {
-                let room = self.max_model_len.saturating_sub(prompt_len);
+                let room = self.info.max_model_len.saturating_sub(prompt_len);
                 room.min(scheduler::max_new_tokens_within(block_size, prompt_len, params.n, pool_blocks))
                     .max(1)
             }
         };
-        if prompt_len.checked_add(max_tokens).is_none_or(|total| total > self.max_model_len) {
+        if prompt_len.checked_add(max_tokens).is_none_or(|total| total > self.info.max_model_len) {
             return Err(RequestError::TooLong {
                 id,
                 prompt_len,
                 max_tokens,
-                max_model_len: self.max_model_len,
+                max_model_len: self.info.max_model_len,
             });
         }
         // A request that could not finish even alone on the device would be cut short later
@@ -65,7 +65,7 @@ impl Engine {
                 return Err(RequestError::ExceedsKvCache { id, blocks_needed, pool_blocks });
             }
         }
-        let sid = self.next_id;
+        let sid = self.live.next_id;
         let mut request =
             Request::new(sid, tokens.clone(), max_tokens).with_n(params.n).with_priority(options.priority);
         if let Some(salt) = options.salt_hash() {
@@ -78,11 +78,11 @@ impl Engine {
             }
             other => RequestError::Rejected { id: id.clone(), reason: other.to_string() },
         })?;
-        self.next_id += 1;
+        self.live.next_id += 1;
         let prompt_set = SequenceSampler::prompt_set(&params, &tokens);
         let mut stop_ids = params.stop_token_ids.clone();
         if !params.ignore_eos {
-            stop_ids.extend_from_slice(&self.eos_ids);
+            stop_ids.extend_from_slice(&self.info.eos_ids);
         }
         let stop_ids: Arc<[u32]> = stop_ids.into();
         let seed = params.seed.unwrap_or_else(|| self.seed_rng.next_u64());
@@ -90,8 +90,8 @@ impl Engine {
             .map(|i| SequenceSampler::new(seeded_rng(seed, i), prompt_set.clone(), stop_ids.clone()))
             .collect();
         let key = RequestKey(sid);
-        self.requests.insert(sid, RequestState::new(id.clone(), key, Arc::new(params), &tokens, samplers));
-        self.ids.insert(id, sid);
+        self.live.states.insert(sid, RequestState::new(id.clone(), key, Arc::new(params), &tokens, samplers));
+        self.live.ids.insert(id, sid);
         Ok(key)
     }
 }
