@@ -75,16 +75,21 @@ fn context_and_block_errors() {
     );
 }
 
-#[test]
-fn bad_scale_and_partition() {
-    let c = cache(64, 16);
-    let meta = PagedAttnMetadata {
+/// One sequence of 3 tokens, one query token, in block 0.
+fn one_token_batch() -> PagedAttnMetadata<'static> {
+    PagedAttnMetadata {
         query_start_loc: &[0, 1],
         seq_lens: &[3],
         block_tables: &[0],
         max_blocks_per_seq: 1,
         seq_rows: None,
-    };
+    }
+}
+
+#[test]
+fn bad_scale_and_partition() {
+    let c = cache(64, 16);
+    let meta = one_token_batch();
     let query = vec![0.5; 2 * 64];
     let mut out = vec![SENTINEL; 2 * 64];
     let err = paged_attention(&mut out, &query, &c, &meta, 2, f32::NAN).unwrap_err();
@@ -100,12 +105,12 @@ fn bad_scale_and_partition() {
 #[test]
 fn rows_outside_a_persistent_table_are_refused() {
     let c = cache(64, 16);
+    // A persistent table of two rows of two blocks; the sequence names a third row.
     let base = PagedAttnMetadata {
-        query_start_loc: &[0, 1],
-        seq_lens: &[3],
         block_tables: &[0, 0, 1, 0],
         max_blocks_per_seq: 2,
         seq_rows: Some(&[2]),
+        ..one_token_batch()
     };
     let query = vec![0.5; 2 * 64];
     let mut out = vec![SENTINEL; 2 * 64];
