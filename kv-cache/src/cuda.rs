@@ -1,77 +1,27 @@
-//! The KV cache on an NVIDIA GPU (behind the `cuda` feature): device open, per-layer device
-//! tensors in vLLM's layout, a pinned host swap cache, and sizing from free device memory.
-//! The cache owns the memory; every kernel over it, the swap copies included, is `kernels`'.
+//! The KV cache's memory on an NVIDIA GPU (behind the `cuda` feature): per-layer device tensors
+//! in vLLM's layout, a pinned host swap cache, and sizing from free device memory.
+//! The cache owns the memory; the device (context and stream, `kernels::cuda::CudaDevice`) and
+//! every kernel over the memory, the swap copies included, are `kernels`'. Everything here takes
+//! the cudarc stream it allocates and copies on, so this crate never opens a device itself.
 //!
-//! Opening never panics without a GPU: `cudarc`'s loader panics when libcuda is absent, so
-//! [`CudaDevice::open`] checks `is_culib_present` first and returns a typed error.
 //! Device tensors are raw bytes described by a [`CacheGeometry`] (the same index math as the CPU
 //! cache), so upload/download are plain byte copies and one type serves every dtype.
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DriverError, PinnedHostSlice};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DriverError, PinnedHostSlice};
 
 use crate::{BlockShape, CacheConfig, CacheError, CacheGeometry, CacheSlices, CacheSlicesMut, LayerCache};
 
 /// Errors of the CUDA cache.
 #[derive(Debug, thiserror::Error)]
 pub enum CudaCacheError {
-    #[error("no CUDA driver (libcuda) on this machine: the CUDA device is unavailable; use the CPU")]
-    DriverMissing,
     #[error("CUDA driver error: {0}")]
     Driver(#[from] DriverError),
     #[error(transparent)]
     Cache(#[from] CacheError),
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
-}
-
-/// Whether the CUDA driver library can be loaded (false on machines without an NVIDIA driver).
-pub fn driver_present() -> bool {
-    // SAFETY: only attempts to dlopen the driver library by its candidate names.
-    unsafe { cudarc::driver::sys::is_culib_present() }
-}
-
-/// One GPU: its context and the stream every cache copy and kernel of this process runs on.
-#[derive(Debug)]
-pub struct CudaDevice {
-    ctx: Arc<CudaContext>,
-    stream: Arc<CudaStream>,
-}
-
-impl CudaDevice {
-    /// Opens GPU `ordinal`; [`CudaCacheError::DriverMissing`] without a driver, a driver error
-    /// (e.g. `CUDA_ERROR_NO_DEVICE`) without a GPU.
-    pub fn open(ordinal: usize) -> Result<Arc<Self>, CudaCacheError> {
-        if !driver_present() {
-            return Err(CudaCacheError::DriverMissing);
-        }
-        let ctx = CudaContext::new(ordinal)?;
-        let stream = ctx.new_stream()?;
-        Ok(Arc::new(CudaDevice { ctx, stream }))
-    }
-
-    pub fn context(&self) -> &Arc<CudaContext> {
-        &self.ctx
-    }
-    pub fn stream(&self) -> &Arc<CudaStream> {
-        &self.stream
-    }
-    pub fn name(&self) -> Result<String, CudaCacheError> {
-        Ok(self.ctx.name()?)
-    }
-    /// `(major, minor)` compute capability, e.g. `(9, 0)` for an H100/H200.
-    pub fn compute_capability(&self) -> Result<(i32, i32), CudaCacheError> {
-        Ok(self.ctx.compute_capability()?)
-    }
-    /// `(free, total)` device memory in bytes.
-    pub fn memory_info(&self) -> Result<(usize, usize), CudaCacheError> {
-        Ok(self.ctx.mem_get_info()?)
-    }
-    /// Waits for everything queued on the stream.
-    pub fn synchronize(&self) -> Result<(), CudaCacheError> {
-        Ok(self.stream.synchronize()?)
-    }
 }
 
 /// vLLM's sizing: the cache gets `total * utilization` minus what the process already holds
@@ -104,11 +54,11 @@ pub struct DeviceLayerCache {
 }
 
 impl DeviceLayerCache {
-    /// Allocates a zeroed layer.
-    pub fn new(device: &CudaDevice, geometry: CacheGeometry) -> Result<Self, CudaCacheError> {
+    /// Allocates a zeroed layer on `stream`'s device.
+    pub fn new(stream: &Arc<CudaStream>, geometry: CacheGeometry) -> Result<Self, CudaCacheError> {
         let bytes = tensor_bytes(&geometry)?;
-        let key = device.stream.alloc_zeros::<u8>(bytes)?;
-        let value = device.stream.alloc_zeros::<u8>(bytes)?;
+        let key = stream.alloc_zeros::<u8>(bytes)?;
+        let value = stream.alloc_zeros::<u8>(bytes)?;
         Ok(DeviceLayerCache { geometry, key, value })
     }
 
@@ -130,22 +80,23 @@ impl DeviceLayerCache {
         self.geometry.block_elems() * self.geometry.dtype.size_in_bytes()
     }
 
-    /// Copies a host layer of the same geometry into this one.
-    pub fn upload(&mut self, device: &CudaDevice, host: &LayerCache) -> Result<(), CudaCacheError> {
+    /// Copies a host layer of the same geometry into this one, queued on `stream`.
+    pub fn upload(&mut self, stream: &Arc<CudaStream>, host: &LayerCache) -> Result<(), CudaCacheError> {
         self.check_same(host.geometry())?;
         let (k, v) = host_bytes(host)?;
-        device.stream.memcpy_htod(k, &mut self.key)?;
-        device.stream.memcpy_htod(v, &mut self.value)?;
+        stream.memcpy_htod(k, &mut self.key)?;
+        stream.memcpy_htod(v, &mut self.value)?;
         Ok(())
     }
 
-    /// Copies this layer into a host layer of the same geometry (waits for the copy).
-    pub fn download(&self, device: &CudaDevice, host: &mut LayerCache) -> Result<(), CudaCacheError> {
+    /// Copies this layer into a host layer of the same geometry on `stream` (waits for
+    /// everything queued on it).
+    pub fn download(&self, stream: &Arc<CudaStream>, host: &mut LayerCache) -> Result<(), CudaCacheError> {
         self.check_same(host.geometry())?;
         let (k, v) = host_bytes_mut(host)?;
-        device.stream.memcpy_dtoh(&self.key, k)?;
-        device.stream.memcpy_dtoh(&self.value, v)?;
-        device.synchronize()
+        stream.memcpy_dtoh(&self.key, k)?;
+        stream.memcpy_dtoh(&self.value, v)?;
+        Ok(stream.synchronize()?)
     }
 
     fn check_same(&self, other: &CacheGeometry) -> Result<(), CudaCacheError> {
@@ -204,7 +155,8 @@ pub struct SwapLayer {
 #[derive(Debug)]
 pub struct CudaKvCache {
     config: CacheConfig,
-    device: Arc<CudaDevice>,
+    /// The stream of the device the memory lives on (its context allocates the pinned swap).
+    stream: Arc<CudaStream>,
     layers: Vec<DeviceLayerCache>,
     swap: Vec<SwapLayer>,
     /// Device addresses of every layer's key / value tensor (what `copy_blocks` walks).
@@ -214,8 +166,8 @@ pub struct CudaKvCache {
 
 impl CudaKvCache {
     /// Allocates `config.num_blocks` device blocks and `config.num_swap_blocks` pinned host
-    /// blocks per layer (`config.device` is ignored: the device is `device`).
-    pub fn new(config: CacheConfig, device: Arc<CudaDevice>) -> Result<Self, CudaCacheError> {
+    /// blocks per layer on `stream`'s device (`config.device` is ignored).
+    pub fn new(config: CacheConfig, stream: Arc<CudaStream>) -> Result<Self, CudaCacheError> {
         config.shape().validate()?;
         let geometry = |num_blocks| CacheGeometry {
             num_blocks,
@@ -225,7 +177,7 @@ impl CudaKvCache {
             dtype: config.dtype,
         };
         let layers = (0..config.num_layers)
-            .map(|_| DeviceLayerCache::new(&device, geometry(config.num_blocks)))
+            .map(|_| DeviceLayerCache::new(&stream, geometry(config.num_blocks)))
             .collect::<Result<Vec<_>, _>>()?;
         let swap_bytes = tensor_bytes(&geometry(config.num_swap_blocks))?;
         let mut swap = Vec::new();
@@ -233,25 +185,25 @@ impl CudaKvCache {
             for _ in 0..config.num_layers {
                 // SAFETY: pinned allocations of plain bytes; every byte is written by a swap-out
                 // before a swap-in reads it back (the block manager only swaps in what it swapped out).
-                let key = unsafe { device.ctx.alloc_pinned::<u8>(swap_bytes) }?;
-                let value = unsafe { device.ctx.alloc_pinned::<u8>(swap_bytes) }?;
+                let key = unsafe { stream.context().alloc_pinned::<u8>(swap_bytes) }?;
+                let value = unsafe { stream.context().alloc_pinned::<u8>(swap_bytes) }?;
                 swap.push(SwapLayer { key, value });
             }
         }
-        let stream = device.stream.clone();
         let addr = |s: &CudaSlice<u8>| s.device_ptr(&stream).0;
         let key_addrs: Vec<u64> = layers.iter().map(|l| addr(&l.key)).collect();
         let value_addrs: Vec<u64> = layers.iter().map(|l| addr(&l.value)).collect();
         let key_ptrs = stream.clone_htod(&key_addrs)?;
         let value_ptrs = stream.clone_htod(&value_addrs)?;
-        Ok(CudaKvCache { config, device, layers, swap, key_ptrs, value_ptrs })
+        Ok(CudaKvCache { config, stream, layers, swap, key_ptrs, value_ptrs })
     }
 
     pub fn config(&self) -> &CacheConfig {
         &self.config
     }
-    pub fn device(&self) -> &Arc<CudaDevice> {
-        &self.device
+    /// The stream the cache was allocated on (that of its device).
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
     }
     pub fn num_layers(&self) -> usize {
         self.layers.len()
@@ -299,14 +251,5 @@ mod tests {
         assert_eq!(n, ((80.0 * 0.9) as usize * gib - 6 * gib) / per_block);
         assert_eq!(blocks_for_memory(gib, 0, 0.5, 0, &shape()).unwrap_or(1), 0);
         assert!(blocks_for_memory(gib, gib, 1.5, 0, &shape()).is_err());
-    }
-
-    #[test]
-    fn open_without_a_gpu_is_an_error_not_a_panic() {
-        // This test machine may or may not have a driver; either way open() must not panic.
-        match CudaDevice::open(0) {
-            Ok(dev) => assert!(dev.compute_capability().is_ok()),
-            Err(e) => assert!(!e.to_string().is_empty()),
-        }
     }
 }

@@ -8,6 +8,11 @@
 //! Every block is one contiguous run of `num_kv_heads * head_size * block_size` elements in both
 //! tensors, which is what makes block copies (copy-on-write) and swaps plain `memcpy`s.
 //! All memory is allocated once by [`KvCache::new`]; nothing here grows afterwards.
+//!
+//! With the `cuda` feature, `cuda` holds the same memory on a GPU (`CudaKvCache`,
+//! `DeviceLayerCache`, the pinned `SwapLayer`s, `blocks_for_memory`) and nothing else: it takes
+//! the cudarc stream to allocate and copy on, while the device itself (`CudaDevice`, opening,
+//! `driver_present`) and every kernel over the memory live in `kernels::cuda`.
 
 mod cache;
 mod config;

@@ -18,8 +18,8 @@ use gpu_check::attn_cases::{
 use kernels::cuda::DeviceAttnMetadata;
 use kernels::cuda::kernels::{AttentionVariant, BLOCK_SIZES, CACHE_DTYPES, HEAD_SIZES, all_programs};
 use kernels::cuda::ops::{self, AttnWorkspace, DeviceSlotMapping};
-use kernels::cuda::{CudaError, CudaKernels, cubin_cache::CubinCache, nvrtc};
-use kv_cache::cuda::{CudaDevice, CudaKvCache, DeviceLayerCache};
+use kernels::cuda::{CudaDevice, CudaError, CudaKernels, cubin_cache::CubinCache, nvrtc};
+use kv_cache::cuda::{CudaKvCache, DeviceLayerCache};
 use kv_cache::{BlockShape, CacheConfig, CacheGeometry, DType, KvCache, LayerCache};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -191,8 +191,8 @@ fn attention_case(
 ) -> Res<Vec<(AttentionVariant, f64)>> {
     let case = AttnCase::random(geometry, num_heads, chunks, seed)?;
     let want = case.reference()?;
-    let mut dev_cache = DeviceLayerCache::new(kernels.device(), geometry)?;
-    dev_cache.upload(kernels.device(), &case.cache)?;
+    let mut dev_cache = DeviceLayerCache::new(stream, geometry)?;
+    dev_cache.upload(stream, &case.cache)?;
     let meta = DeviceAttnMetadata::upload(stream, &case.meta(), geometry.block_size, geometry.num_blocks)?;
     let query = stream.clone_htod(&case.query)?;
     let mut ws =
@@ -236,8 +236,8 @@ fn check_reshape_and_cache(kernels: &CudaKernels, figures: &mut Map<String, Valu
                     CacheGeometry { num_blocks: 13, num_kv_heads: 3, head_size, block_size, dtype };
                 let mut host = LayerCache::new(geometry)?;
                 host.fill(f32::NAN);
-                let mut dev = DeviceLayerCache::new(kernels.device(), geometry)?;
-                dev.upload(kernels.device(), &host)?;
+                let mut dev = DeviceLayerCache::new(&stream, geometry)?;
+                dev.upload(&stream, &host)?;
                 let mut slots: Vec<i64> = (0..geometry.num_slots() as i64).collect();
                 slots.shuffle(&mut rng);
                 slots.truncate(37);
@@ -257,7 +257,7 @@ fn check_reshape_and_cache(kernels: &CudaKernels, figures: &mut Map<String, Valu
                     &mut dev,
                 )?;
                 let mut back = LayerCache::new(geometry)?;
-                dev.download(kernels.device(), &mut back)?;
+                dev.download(&stream, &mut back)?;
                 let (hk, hv) = layer_bytes(&host);
                 let (dk, dv) = layer_bytes(&back);
                 if !(cache_images_equal(&hk, &dk, dtype) && cache_images_equal(&hv, &dv, dtype)) {
@@ -290,9 +290,9 @@ fn check_copy_and_swap(
             }
         }
     }
-    let mut dev = CudaKvCache::new(config, device.clone())?;
+    let mut dev = CudaKvCache::new(config, device.stream().clone())?;
     for l in 0..config.num_layers {
-        dev.layer_mut(l)?.upload(device, host.layer(l))?;
+        dev.layer_mut(l)?.upload(device.stream(), host.layer(l))?;
     }
     let pairs = [(3u32, 7u32), (0, 31), (12, 1)];
     kernels::copy_blocks(&mut host, &pairs)?;
@@ -305,7 +305,7 @@ fn check_copy_and_swap(
     let mut failures = 0;
     for l in 0..config.num_layers {
         let mut back = LayerCache::new(*host.layer(l).geometry())?;
-        dev.layer(l)?.download(device, &mut back)?;
+        dev.layer(l)?.download(device.stream(), &mut back)?;
         if layer_bytes(&back) != layer_bytes(host.layer(l)) {
             failures += 1;
             eprintln!("FAIL copy_blocks/swap layer {l}");
@@ -353,7 +353,7 @@ fn bench(kernels: &CudaKernels, device: &Arc<CudaDevice>, figures: &mut Map<Stri
         block_size: bs,
         dtype: DType::BF16,
     };
-    let cache = DeviceLayerCache::new(device, geometry)?;
+    let cache = DeviceLayerCache::new(&stream, geometry)?;
     let mut shuffled: Vec<u32> = (0..geometry.num_blocks as u32).collect();
     shuffled.shuffle(&mut ChaCha8Rng::seed_from_u64(1));
     let contiguous: Vec<u32> = (0..geometry.num_blocks as u32).collect();

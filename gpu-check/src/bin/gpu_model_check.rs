@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use engine::{DType, Device, Engine, EngineConfig, KvCacheSize, Prompt, SamplingParams};
-use kernels::cuda::CudaKernels;
-use kv_cache::cuda::{CudaDevice, CudaKvCache};
+use kernels::cuda::{CudaDevice, CudaKernels};
+use kv_cache::cuda::CudaKvCache;
 use kv_cache::{BlockShape, CacheConfig, KvCache};
 use model::cuda::{BatchLimits, CudaLlama, LOGIT_TOLERANCE, StepDriver, argmax, max_rel_error};
 use model::{Llama, Workspace};
@@ -239,8 +239,8 @@ fn forward_check(
         dtype,
     };
     let mut cpu_cache = KvCache::new(CacheConfig::new(shape(DType::F32), num_blocks, 0))?;
-    let mut gpu_cache =
-        CudaKvCache::new(CacheConfig::new(shape(dtype), num_blocks, 0), kernels.device().clone())?;
+    let stream = kernels.device().stream().clone();
+    let mut gpu_cache = CudaKvCache::new(CacheConfig::new(shape(dtype), num_blocks, 0), stream)?;
     let mut ws = Workspace::default();
     let mut rng = ChaCha8Rng::seed_from_u64(5);
     let prompts: Vec<Vec<u32>> = [150usize, 61, 7, 300]

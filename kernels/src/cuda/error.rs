@@ -1,9 +1,10 @@
-//! Errors of the CUDA backend: missing libraries, no device, compile failures, driver errors.
+//! Errors of the CUDA backend: missing libraries, no device, compile failures, driver errors,
+//! and the device cache's own errors.
 
 /// Everything the CUDA backend can fail with; never a panic.
 #[derive(Debug, thiserror::Error)]
 pub enum CudaError {
-    #[error("the CUDA driver library (libcuda) is not installed on this machine; use the CPU device")]
+    #[error("no CUDA driver (libcuda) on this machine: the CUDA device is unavailable; use the CPU")]
     DriverMissing,
     #[error("the NVRTC library (libnvrtc) could not be loaded; put it on LD_LIBRARY_PATH")]
     NvrtcMissing,

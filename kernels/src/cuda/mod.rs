@@ -1,14 +1,16 @@
-//! The CUDA backend (behind the `cuda` feature): kernel sources and their instantiation table,
-//! NVRTC compilation to cubin for the device's own architecture with an in-memory and on-disk
-//! cache, the compile check CI runs without a GPU (its binaries live in the `gpu-check`
-//! crate), and launch wrappers over the device cache of
-//! `kv_cache::cuda`.
+//! The CUDA backend (behind the `cuda` feature), the one home of device code: the device itself
+//! ([`CudaDevice`]: context and stream, opened without panicking when there is no driver),
+//! kernel sources and their instantiation table, NVRTC compilation to cubin for the device's own
+//! architecture with an in-memory and on-disk cache, the compile check CI runs without a GPU (its
+//! binaries live in the `gpu-check` crate), and launch wrappers over the device KV memory of
+//! `kv_cache::cuda` (which owns that memory and takes the device's stream).
 //!
 //! Nothing here panics on a machine without a GPU or without libcuda/libnvrtc: every entry point
 //! checks that the library loads before the first call into it and returns a [`CudaError`].
 
 pub mod check;
 pub mod cubin_cache;
+mod device;
 mod error;
 pub mod kernels;
 pub mod metadata;
@@ -17,6 +19,7 @@ pub mod ops;
 pub mod runtime;
 pub mod swap;
 
+pub use device::{CudaDevice, driver_present};
 pub use error::CudaError;
 pub use kernels::{AttentionConfig, AttentionVariant, KERNEL_SOURCES, Program, all_programs};
 pub use metadata::{DeviceAttnMetadata, HostAttnMetadata};

@@ -11,9 +11,9 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{CudaFunction, CudaModule};
 use cudarc::nvrtc::Ptx;
-use kv_cache::cuda::CudaDevice;
 
 use super::cubin_cache::{CubinCache, default_dir};
+use super::device::CudaDevice;
 use super::error::CudaError;
 use super::kernels::Program;
 use super::nvrtc;

@@ -12,16 +12,18 @@ mod driver;
 mod error;
 mod forward;
 mod gemm;
+mod profile;
 mod rope_table;
 mod weights;
 
 pub use batch::{BatchLimits, check_batch};
 pub use driver::{StepBatch, StepDriver, argmax, max_rel_error};
 pub use error::CudaModelError;
-pub use forward::{CudaLlama, PROFILE_SEED_TOKEN};
+pub use forward::CudaLlama;
 pub use gemm::{GemmShape, linear_shape};
 /// Whether libcuda loads on this machine (a CUDA runner fails with one clear error without it).
-pub use kv_cache::cuda::driver_present;
+pub use kernels::cuda::driver_present;
+pub use profile::PROFILE_SEED_TOKEN;
 pub use rope_table::cos_sin_table;
 pub use weights::{DeviceWeights, to_half_bits};
 

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use kernels::backend::KernelBackend;
-use kernels::cuda::CudaKernels;
-use kv_cache::cuda::{CudaDevice, CudaKvCache, blocks_for_memory};
+use kernels::cuda::{CudaDevice, CudaKernels};
+use kv_cache::cuda::{CudaKvCache, blocks_for_memory};
 use kv_cache::{BlockShape, CacheConfig, DType};
 
 use super::{KvCacheSize, RunnerConfig};
@@ -57,7 +57,7 @@ impl CudaRunner {
             model.weight_bytes() >> 20,
             cache_cfg.device_bytes() as f64 / (1u64 << 30) as f64
         );
-        let cache = CudaKvCache::new(cache_cfg, device).map_err(cuda_err)?;
+        let cache = CudaKvCache::new(cache_cfg, device.stream().clone()).map_err(cuda_err)?;
         Ok((CudaRunner { model, cache }, cache_cfg))
     }
 

@@ -1,0 +1,129 @@
+//! The profiling forward of vLLM-style KV sizing: [`CudaLlama::profile`] runs [`ProfileBatch`],
+//! a dummy batch of the largest step, on a scratch cache, so that what stays in use afterwards
+//! is the weights plus the activation peak.
+
+use kv_cache::cuda::CudaKvCache;
+use kv_cache::{BlockShape, CacheConfig, DType};
+
+use super::driver::StepBatch;
+use super::error::CudaModelError;
+use super::forward::CudaLlama;
+
+/// Token id of the profiling batch (any id in the vocabulary costs the same).
+pub const PROFILE_SEED_TOKEN: u32 = 0;
+
+impl CudaLlama {
+    /// vLLM's profiling run: one forward of `limits.max_tokens` dummy tokens (sequences of at
+    /// most `max_model_len`, `max_samples` sampled rows) on a scratch cache that is freed
+    /// afterwards, so that the device memory still in use afterwards is the weights plus the
+    /// activation peak, the part the KV cache must leave alone.
+    pub fn profile(&mut self, block_size: usize, cache_dtype: DType) -> Result<(), CudaModelError> {
+        let plan = ProfileBatch::new(
+            self.limits().max_tokens,
+            self.limits().max_samples,
+            self.limits().max_model_len,
+            block_size,
+        );
+        let shape = BlockShape {
+            block_size,
+            num_layers: self.config().num_hidden_layers,
+            num_kv_heads: self.config().num_key_value_heads,
+            head_size: self.config().head_dim,
+            dtype: cache_dtype,
+        };
+        let stream = self.kernels().device().stream().clone();
+        let mut cache = CudaKvCache::new(CacheConfig::new(shape, plan.num_blocks, 0), stream)?;
+        let input = plan.input();
+        self.forward(&input, &mut cache)?;
+        drop(cache);
+        self.kernels().device().synchronize()?;
+        Ok(())
+    }
+}
+
+/// The dummy batch of the profiling run: `tokens` tokens in sequences of at most `max_len`,
+/// each on its own blocks, the last `samples` tokens sampled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ProfileBatch {
+    batch: StepBatch,
+    pub num_blocks: usize,
+}
+
+impl std::ops::Deref for ProfileBatch {
+    type Target = StepBatch;
+    fn deref(&self) -> &StepBatch {
+        &self.batch
+    }
+}
+
+impl ProfileBatch {
+    pub fn new(tokens: usize, samples: usize, max_len: usize, block_size: usize) -> Self {
+        let tokens = tokens.max(1);
+        let len = max_len.clamp(1, tokens);
+        let seqs = tokens.div_ceil(len);
+        let bps = len.div_ceil(block_size);
+        let mut p = StepBatch {
+            token_ids: vec![PROFILE_SEED_TOKEN; tokens],
+            positions: Vec::with_capacity(tokens),
+            slot_mapping: Vec::with_capacity(tokens),
+            query_start_loc: vec![0],
+            seq_lens: Vec::with_capacity(seqs),
+            block_tables: Vec::with_capacity(seqs * bps),
+            max_blocks_per_seq: bps,
+            sample_indices: (tokens - samples.clamp(1, tokens)..tokens).collect(),
+            sampled_seqs: Vec::new(),
+        };
+        for s in 0..seqs {
+            let n = len.min(tokens - s * len);
+            let first_block = s * bps;
+            p.block_tables.extend((first_block..first_block + bps).map(|b| b as u32));
+            for i in 0..n {
+                p.positions.push(i as u32);
+                p.slot_mapping.push(((first_block + i / block_size) * block_size + i % block_size) as i64);
+            }
+            p.seq_lens.push(n);
+            p.query_start_loc.push(s * len + n);
+        }
+        ProfileBatch { batch: p, num_blocks: seqs * bps }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::LlamaConfig;
+    use crate::cuda::batch::{BatchLimits, check_batch};
+
+    #[test]
+    fn profile_batch_fills_the_token_budget_within_the_model_length() {
+        let p = ProfileBatch::new(2048, 256, 640, 16);
+        assert_eq!(p.token_ids.len(), 2048);
+        assert_eq!(p.seq_lens, vec![640, 640, 640, 128]);
+        assert_eq!(p.query_start_loc, vec![0, 640, 1280, 1920, 2048]);
+        assert_eq!(p.max_blocks_per_seq, 40);
+        assert_eq!(p.num_blocks, 160);
+        assert_eq!(p.sample_indices.len(), 256);
+        assert_eq!(p.sample_indices.last(), Some(&2047));
+        // Every slot is distinct and inside the scratch cache.
+        let mut slots = p.slot_mapping.clone();
+        slots.sort_unstable();
+        slots.dedup();
+        assert_eq!(slots.len(), 2048);
+        assert!(slots.iter().all(|&s| (s as usize) < p.num_blocks * 16));
+        assert_eq!(p.positions[640], 0);
+        // The batch passes the forward's own checks.
+        let cfg = BatchLimits { max_tokens: 2048, max_samples: 256, max_model_len: 640 };
+        let text = r#"{"architectures":["LlamaForCausalLM"],"hidden_size":64,"intermediate_size":8,
+            "num_hidden_layers":1,"num_attention_heads":2,"vocab_size":10,"rope_theta":10000.0}"#;
+        let c = LlamaConfig::from_json(text, std::path::Path::new("c.json"));
+        assert!(c.is_ok_and(|c| check_batch(&p.input(), &cfg, &c).is_ok()));
+    }
+
+    #[test]
+    fn short_budgets_make_one_sequence() {
+        let p = ProfileBatch::new(5, 10, 4096, 8);
+        assert_eq!(p.seq_lens, vec![5]);
+        assert_eq!(p.sample_indices, vec![0, 1, 2, 3, 4]);
+        assert_eq!(p.num_blocks, 1);
+    }
+}
