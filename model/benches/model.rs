@@ -9,7 +9,7 @@ mod harness;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use harness::{Batch, Seq, cache_for};
+use harness::{Seq, build_batch, cache_for};
 use model::{Llama, Workspace};
 use rayon::prelude::*;
 
@@ -128,7 +128,7 @@ fn main() {
             blocks: (0..per_seq as u32).map(|b| b * n_seqs as u32 + i as u32).collect(),
         })
         .collect();
-    let prefill = Batch::build(&seqs[..1], &[CONTEXT], BLOCK, false);
+    let prefill = build_batch(&seqs[..1], &[CONTEXT], BLOCK, false);
     let prefill_secs = median_secs(samples.min(5), || {
         model.forward(&prefill.input(), &mut cache, &mut ws).expect("prefill");
     });
@@ -146,7 +146,7 @@ fn main() {
     }
 
     // Decode at batch 1: the query token at position 511 attends to 512 tokens.
-    let decode1 = Batch::build(&seqs[..1], &[1], BLOCK, false);
+    let decode1 = build_batch(&seqs[..1], &[1], BLOCK, false);
     let b1_secs = median_secs(samples * 3, || {
         model.forward(&decode1.input(), &mut cache, &mut ws).expect("decode b1");
     });
@@ -159,7 +159,7 @@ fn main() {
 
     // Decode at batch 64, context 512 each.
     let chunks = vec![1; n_seqs];
-    let decode64 = Batch::build(&seqs, &chunks, BLOCK, false);
+    let decode64 = build_batch(&seqs, &chunks, BLOCK, false);
     let b64_secs = median_secs(samples, || {
         model.forward(&decode64.input(), &mut cache, &mut ws).expect("decode b64");
     });

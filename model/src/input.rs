@@ -57,3 +57,39 @@ impl ModelInput<'_> {
         Ok(())
     }
 }
+
+/// Owned buffers behind a [`ModelInput`] with a dense block table (sequence `s` reads row `s`):
+/// a batch built for one call (tests, benches, the GPU check's step driver, the CUDA profiling
+/// batch), where the engine's runner instead keeps a persistent table.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InputBuffers {
+    pub token_ids: Vec<u32>,
+    pub positions: Vec<u32>,
+    pub slot_mapping: Vec<i64>,
+    pub query_start_loc: Vec<usize>,
+    pub seq_lens: Vec<usize>,
+    /// `[num_seqs, max_blocks_per_seq]`.
+    pub block_tables: Vec<u32>,
+    pub max_blocks_per_seq: usize,
+    pub sample_indices: Vec<usize>,
+}
+
+impl InputBuffers {
+    /// The input these buffers hold (every row counts as changed: the table is new).
+    pub fn input(&self) -> ModelInput<'_> {
+        ModelInput {
+            token_ids: &self.token_ids,
+            positions: &self.positions,
+            slot_mapping: &self.slot_mapping,
+            attn: PagedAttnMetadata {
+                query_start_loc: &self.query_start_loc,
+                seq_lens: &self.seq_lens,
+                block_tables: &self.block_tables,
+                max_blocks_per_seq: self.max_blocks_per_seq,
+                seq_rows: None,
+            },
+            changed_rows: 0..self.seq_lens.len(),
+            sample_indices: &self.sample_indices,
+        }
+    }
+}

@@ -3,7 +3,7 @@
 //! sizes, and appends sampled tokens. The GPU check runs the CPU and the CUDA forward through
 //! the same steps and compares their logits.
 
-use crate::input::ModelInput;
+use crate::input::InputBuffers;
 
 /// One sequence: its known tokens, how many of them the cache holds, its blocks.
 #[derive(Debug, Clone)]
@@ -13,37 +13,18 @@ struct Seq {
     blocks: Vec<u32>,
 }
 
-/// The batch of one step (owned buffers; [`StepBatch::input`] borrows them).
+/// The batch of one step: its buffers ([`InputBuffers::input`] borrows them) and the sequence
+/// each sampled row belongs to.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StepBatch {
-    pub token_ids: Vec<u32>,
-    pub positions: Vec<u32>,
-    pub slot_mapping: Vec<i64>,
-    pub query_start_loc: Vec<usize>,
-    pub seq_lens: Vec<usize>,
-    pub block_tables: Vec<u32>,
-    pub max_blocks_per_seq: usize,
-    pub sample_indices: Vec<usize>,
-    /// The sequence each sampled row belongs to.
+    pub buffers: InputBuffers,
     pub sampled_seqs: Vec<usize>,
 }
 
-impl StepBatch {
-    pub fn input(&self) -> ModelInput<'_> {
-        ModelInput {
-            token_ids: &self.token_ids,
-            positions: &self.positions,
-            slot_mapping: &self.slot_mapping,
-            attn: kernels::PagedAttnMetadata {
-                query_start_loc: &self.query_start_loc,
-                seq_lens: &self.seq_lens,
-                block_tables: &self.block_tables,
-                max_blocks_per_seq: self.max_blocks_per_seq,
-                seq_rows: None,
-            },
-            changed_rows: 0..self.seq_lens.len(),
-            sample_indices: &self.sample_indices,
-        }
+impl std::ops::Deref for StepBatch {
+    type Target = InputBuffers;
+    fn deref(&self) -> &InputBuffers {
+        &self.buffers
     }
 }
 
@@ -76,7 +57,8 @@ impl StepDriver {
     /// a sequence whose known tokens are all covered by the step is sampled.
     pub fn step(&mut self, chunks: &[usize]) -> StepBatch {
         let bs = self.block_size;
-        let mut b = StepBatch { query_start_loc: vec![0], ..StepBatch::default() };
+        let mut b = InputBuffers { query_start_loc: vec![0], ..InputBuffers::default() };
+        let mut sampled_seqs = Vec::new();
         let mut rows: Vec<Vec<u32>> = Vec::new();
         for (s, seq) in self.seqs.iter_mut().enumerate() {
             let n = chunks.get(s).copied().unwrap_or(0).min(seq.tokens.len() - seq.cached);
@@ -99,7 +81,7 @@ impl StepDriver {
             rows.push(seq.blocks.clone());
             if end == seq.tokens.len() {
                 b.sample_indices.push(b.token_ids.len() - 1);
-                b.sampled_seqs.push(s);
+                sampled_seqs.push(s);
             }
         }
         b.max_blocks_per_seq = rows.iter().map(Vec::len).max().unwrap_or(0).max(1);
@@ -107,7 +89,7 @@ impl StepDriver {
             b.block_tables.extend_from_slice(r);
             b.block_tables.resize(b.block_tables.len() + b.max_blocks_per_seq - r.len(), 0);
         }
-        b
+        StepBatch { buffers: b, sampled_seqs }
     }
 
     /// Appends a sampled token to sequence `s`.

@@ -5,9 +5,9 @@
 use kv_cache::cuda::CudaKvCache;
 use kv_cache::{BlockShape, CacheConfig, DType};
 
-use super::driver::StepBatch;
 use super::error::CudaModelError;
 use super::forward::CudaLlama;
+use crate::input::InputBuffers;
 
 /// Token id of the profiling batch (any id in the vocabulary costs the same).
 pub const PROFILE_SEED_TOKEN: u32 = 0;
@@ -45,13 +45,13 @@ impl CudaLlama {
 /// each on its own blocks, the last `samples` tokens sampled.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ProfileBatch {
-    batch: StepBatch,
+    batch: InputBuffers,
     pub num_blocks: usize,
 }
 
 impl std::ops::Deref for ProfileBatch {
-    type Target = StepBatch;
-    fn deref(&self) -> &StepBatch {
+    type Target = InputBuffers;
+    fn deref(&self) -> &InputBuffers {
         &self.batch
     }
 }
@@ -62,7 +62,7 @@ impl ProfileBatch {
         let len = max_len.clamp(1, tokens);
         let seqs = tokens.div_ceil(len);
         let bps = len.div_ceil(block_size);
-        let mut p = StepBatch {
+        let mut p = InputBuffers {
             token_ids: vec![PROFILE_SEED_TOKEN; tokens],
             positions: Vec::with_capacity(tokens),
             slot_mapping: Vec::with_capacity(tokens),
@@ -71,7 +71,6 @@ impl ProfileBatch {
             block_tables: Vec::with_capacity(seqs * bps),
             max_blocks_per_seq: bps,
             sample_indices: (tokens - samples.clamp(1, tokens)..tokens).collect(),
-            sampled_seqs: Vec::new(),
         };
         for s in 0..seqs {
             let n = len.min(tokens - s * len);

@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 
-use kernels::backend::KernelBackend;
 use kernels::cuda::{CudaDevice, CudaKernels};
 use kv_cache::cuda::{CudaKvCache, blocks_for_memory};
 use kv_cache::{BlockShape, CacheConfig, DType};
@@ -17,7 +16,7 @@ use crate::llama::Llama;
 #[derive(Debug)]
 pub(super) struct CudaRunner {
     pub model: CudaLlama,
-    cache: CudaKvCache,
+    pub cache: CudaKvCache,
 }
 
 impl CudaRunner {
@@ -61,21 +60,11 @@ impl CudaRunner {
         Ok((CudaRunner { model, cache }, cache_cfg))
     }
 
-    pub fn move_blocks(
-        &mut self,
-        swap_out: &[(u32, u32)],
-        swap_in: &[(u32, u32)],
-        copies: &[(u32, u32)],
-    ) -> Result<()> {
-        let kernels = &**self.model.kernels();
-        kernels.move_blocks(&mut self.cache, swap_out, swap_in, copies).map_err(cuda_err)
-    }
-
     pub fn forward(&mut self, input: &ModelInput<'_>) -> Result<&[f32]> {
         self.model.forward(input, &mut self.cache).map_err(cuda_err)
     }
 }
 
-fn cuda_err(e: impl Into<CudaModelError>) -> ModelError {
+pub(super) fn cuda_err(e: impl Into<CudaModelError>) -> ModelError {
     ModelError::Cuda(e.into())
 }

@@ -171,7 +171,10 @@ impl Runner {
         match &mut self.on {
             OnDevice::Cpu(c) => Ok(Cpu.move_blocks(&mut c.cache, swap_out, swap_in, copies)?),
             #[cfg(feature = "cuda")]
-            OnDevice::Cuda(c) => c.move_blocks(swap_out, swap_in, copies),
+            OnDevice::Cuda(c) => {
+                let kernels = &**c.model.kernels();
+                kernels.move_blocks(&mut c.cache, swap_out, swap_in, copies).map_err(cuda::cuda_err)
+            }
         }
     }
 

@@ -3,9 +3,9 @@
 
 #![allow(dead_code)]
 
-use kernels::PagedAttnMetadata;
 use kv_cache::{BlockShape, CacheConfig, DType, KvCache};
-use model::{LlamaConfig, ModelInput};
+use model::LlamaConfig;
+use model::input::InputBuffers;
 
 /// One sequence: all its tokens (prompt + whatever was appended), how many are in the
 /// cache, and the physical blocks it owns (enough for `capacity` tokens).
@@ -16,67 +16,38 @@ pub struct Seq {
     pub blocks: Vec<u32>,
 }
 
-/// Owned buffers behind a [`ModelInput`].
-#[derive(Debug, Default)]
-pub struct Batch {
-    pub token_ids: Vec<u32>,
-    pub positions: Vec<u32>,
-    pub slot_mapping: Vec<i64>,
-    pub query_start_loc: Vec<usize>,
-    pub seq_lens: Vec<usize>,
-    pub block_tables: Vec<u32>,
-    pub max_blocks_per_seq: usize,
-    pub sample_indices: Vec<usize>,
-}
+/// One step's owned buffers.
+pub type Batch = InputBuffers;
 
-impl Batch {
-    /// Builds one step: sequence `seqs[i]` advances by `chunks[i]` tokens (0 = not scheduled).
-    /// With `sample_all` every token's logits are requested, otherwise each scheduled
-    /// sequence's last one.
-    pub fn build(seqs: &[Seq], chunks: &[usize], block_size: usize, sample_all: bool) -> Self {
-        let mut b = Batch { query_start_loc: vec![0], ..Default::default() };
-        b.max_blocks_per_seq = seqs.iter().map(|s| s.blocks.len()).max().unwrap_or(0);
-        for (s, &n) in seqs.iter().zip(chunks) {
-            if n == 0 {
-                continue;
-            }
-            for pos in s.cached..s.cached + n {
-                b.token_ids.push(s.tokens[pos]);
-                b.positions.push(pos as u32);
-                let block = s.blocks[pos / block_size] as usize;
-                b.slot_mapping.push((block * block_size + pos % block_size) as i64);
-                if sample_all {
-                    b.sample_indices.push(b.token_ids.len() - 1);
-                }
-            }
-            if !sample_all {
+/// Builds one step: sequence `seqs[i]` advances by `chunks[i]` tokens (0 = not scheduled).
+/// With `sample_all` every token's logits are requested, otherwise each scheduled sequence's
+/// last one.
+pub fn build_batch(seqs: &[Seq], chunks: &[usize], block_size: usize, sample_all: bool) -> Batch {
+    let mut b = Batch { query_start_loc: vec![0], ..Default::default() };
+    b.max_blocks_per_seq = seqs.iter().map(|s| s.blocks.len()).max().unwrap_or(0);
+    for (s, &n) in seqs.iter().zip(chunks) {
+        if n == 0 {
+            continue;
+        }
+        for pos in s.cached..s.cached + n {
+            b.token_ids.push(s.tokens[pos]);
+            b.positions.push(pos as u32);
+            let block = s.blocks[pos / block_size] as usize;
+            b.slot_mapping.push((block * block_size + pos % block_size) as i64);
+            if sample_all {
                 b.sample_indices.push(b.token_ids.len() - 1);
             }
-            b.query_start_loc.push(b.token_ids.len());
-            b.seq_lens.push(s.cached + n);
-            let mut table = s.blocks.clone();
-            table.resize(b.max_blocks_per_seq, 0);
-            b.block_tables.extend(table);
         }
-        b
-    }
-
-    pub fn input(&self) -> ModelInput<'_> {
-        ModelInput {
-            token_ids: &self.token_ids,
-            positions: &self.positions,
-            slot_mapping: &self.slot_mapping,
-            attn: PagedAttnMetadata {
-                query_start_loc: &self.query_start_loc,
-                seq_lens: &self.seq_lens,
-                block_tables: &self.block_tables,
-                max_blocks_per_seq: self.max_blocks_per_seq,
-                seq_rows: None,
-            },
-            changed_rows: 0..self.seq_lens.len(),
-            sample_indices: &self.sample_indices,
+        if !sample_all {
+            b.sample_indices.push(b.token_ids.len() - 1);
         }
+        b.query_start_loc.push(b.token_ids.len());
+        b.seq_lens.push(s.cached + n);
+        let mut table = s.blocks.clone();
+        table.resize(b.max_blocks_per_seq, 0);
+        b.block_tables.extend(table);
     }
+    b
 }
 
 /// An f32 cache with `num_blocks` blocks for `cfg`.

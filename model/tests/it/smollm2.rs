@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 use model::{ChatMessage, Llama, ModelFolder, Workspace};
 use serde_json::Value;
 
-use crate::harness::{Batch, argmax, assign_blocks, cache_for};
+use crate::harness::{argmax, assign_blocks, build_batch, cache_for};
 
 /// Largest allowed |logit − reference| (the reference's two implementations agreed to 4.5e-5;
 /// our f32 sums run in a different order, over 30 layers).
@@ -108,7 +108,7 @@ fn greedy_generations_and_logits_match_the_goldens() {
     let mut worst = 0.0f32;
     for step in 0..steps {
         let chunks: Vec<usize> = seqs.iter().map(|s| s.tokens.len() - s.cached).collect();
-        let batch = Batch::build(&seqs, &chunks, block_size, false);
+        let batch = build_batch(&seqs, &chunks, block_size, false);
         let logits = model.forward(&batch.input(), &mut cache, &mut ws).expect("forward");
         for (i, seq) in seqs.iter_mut().enumerate() {
             let row = &logits[i * vocab..(i + 1) * vocab];

@@ -12,7 +12,7 @@ use rand_chacha::ChaCha8Rng;
 use safetensors::Dtype;
 use safetensors::tensor::TensorView;
 
-use crate::harness::{Batch, assign_blocks, cache_for};
+use crate::harness::{assign_blocks, build_batch, cache_for};
 
 /// Largest allowed |logit − naive logit| (f32 GEMMs and an online softmax vs f64 loops).
 pub const TOL: f32 = 2e-4;
@@ -121,7 +121,7 @@ fn check_paged_equals_naive(
     let mut cache = cache_for(&model.config, block_size, num_blocks);
     let mut ws = Workspace::default();
     for chunks in schedule {
-        let batch = Batch::build(&seqs, chunks, block_size, true);
+        let batch = build_batch(&seqs, chunks, block_size, true);
         if batch.token_ids.is_empty() {
             continue;
         }
