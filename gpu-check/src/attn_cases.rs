@@ -19,8 +19,11 @@ pub struct AttnCase {
     pub query: Vec<f32>,
     pub query_start_loc: Vec<usize>,
     pub seq_lens: Vec<usize>,
+    /// A persistent table as the engine keeps it: sequence `s` reads row `seq_rows[s]` (rows in
+    /// reverse order, behind two rows of out-of-range ids nobody reads).
     pub block_tables: Vec<u32>,
     pub max_blocks_per_seq: usize,
+    pub seq_rows: Vec<u32>,
     pub num_heads: usize,
     pub scale: f32,
 }
@@ -55,6 +58,13 @@ impl AttnCase {
             }
             slots.extend((0..len).map(|i| (row[i / bs] as usize * bs + i % bs) as i64));
         }
+        let n = chunks.len();
+        let seq_rows: Vec<u32> = (0..n).map(|s| (n + 1 - s) as u32).collect();
+        let mut persistent = vec![u32::MAX; (n + 2) * max_blocks_per_seq];
+        for (s, &r) in seq_rows.iter().enumerate() {
+            persistent[r as usize * max_blocks_per_seq..][..max_blocks_per_seq]
+                .copy_from_slice(&block_tables[s * max_blocks_per_seq..][..max_blocks_per_seq]);
+        }
         let row = geometry.num_kv_heads * geometry.head_size;
         let kv: Vec<f32> = (0..slots.len() * row).map(|_| rng.random_range(-1.0f32..1.0)).collect();
         let vv: Vec<f32> = (0..slots.len() * row).map(|_| rng.random_range(-1.0f32..1.0)).collect();
@@ -75,8 +85,9 @@ impl AttnCase {
             query,
             query_start_loc,
             seq_lens: chunks.iter().map(|&(_, l)| l).collect(),
-            block_tables,
+            block_tables: persistent,
             max_blocks_per_seq,
+            seq_rows,
             num_heads,
             scale: 1.0 / (geometry.head_size as f32).sqrt(),
         })
@@ -88,7 +99,7 @@ impl AttnCase {
             seq_lens: &self.seq_lens,
             block_tables: &self.block_tables,
             max_blocks_per_seq: self.max_blocks_per_seq,
-            seq_rows: None,
+            seq_rows: Some(&self.seq_rows),
         }
     }
 

@@ -28,7 +28,8 @@ pub fn swap_out(
             for &(src, dst) in mapping {
                 // SAFETY: both ranges were bounds-checked by `check_mapping`; the pinned buffer
                 // lives as long as the cache, which outlives the queued copy's use by the stream
-                // (the cache is dropped only after its device's stream).
+                // (the cache holds the stream the copy is queued on, and every step ends with that
+                // stream synchronized when the logits are copied back).
                 unsafe {
                     let dst_slice = std::slice::from_raw_parts_mut(host_ptr.add(dst as usize * bb), bb);
                     drv::memcpy_dtoh_async(dst_slice, base + (src as usize * bb) as u64, stream.cu_stream())?;
