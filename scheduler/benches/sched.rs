@@ -1,7 +1,7 @@
 //! Criterion benchmarks (group `sched`): one `schedule()` + `update()` step with 256 and 1 024
 //! running decodes whose contexts grow from 512 to 1 024 tokens (block 16), including building
-//! the step's flat token / position / slot-mapping arrays and updating its persistent block-table
-//! arena (the output is handed back every step, as the engine does).
+//! the step's flat token / position / slot-mapping arrays, the attention metadata and the
+//! block-table deltas (the output is handed back every step, as the engine does).
 //!
 //! Time is the benchmark thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`), as in `block-alloc`'s
 //! benches: the development machines run several builds at once, and wall time then measures

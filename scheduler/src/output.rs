@@ -109,6 +109,16 @@ impl SchedulerOutput {
         self.seqs.is_empty()
     }
 
+    /// Derives the attention metadata and the sample rows from `seqs` once the step is planned
+    /// (pushed while emitting each sequence, four more stores in the hottest loop, they made a
+    /// 1 024-decode step ~20 % slower; these streaming extends cost about half of that).
+    pub(crate) fn fill_batch_metadata(&mut self) {
+        self.query_start_loc.extend(self.seqs.iter().map(|s| s.flat.end));
+        self.seq_lens.extend(self.seqs.iter().map(|s| s.tokens.end));
+        self.seq_rows.extend(self.seqs.iter().map(|s| s.row));
+        self.sample_indices.extend(self.seqs.iter().filter(|s| s.num_samples > 0).map(|s| s.flat.end - 1));
+    }
+
     pub(crate) fn clear(&mut self) {
         self.seqs.clear();
         self.token_ids.clear();

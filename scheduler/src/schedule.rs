@@ -65,6 +65,7 @@ impl Scheduler {
         if !preempted {
             self.schedule_admissions(out, &mut budget)?;
         }
+        out.fill_batch_metadata();
         self.step_pending = !self.in_flight.is_empty();
         Ok(())
     }
@@ -537,12 +538,6 @@ fn emit(
         seq.table().slot_mapping(start..end, &mut out.slot_mapping);
     }
     let num_samples = if end == seq.tokens.len() { samples_at_end } else { 0 };
-    out.query_start_loc.push(flat_start + n);
-    out.seq_lens.push(end);
-    out.seq_rows.push(row);
-    if num_samples > 0 {
-        out.sample_indices.push(flat_start + n - 1);
-    }
     out.seqs.push(crate::output::ScheduledSeq {
         seq_id,
         tokens: start..end,
