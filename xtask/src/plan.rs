@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use clap::Args;
 use scheduler::PreemptionMode;
-use sim::{Comparison, CostModel, Hardware, ModelShape, SimReport, SimSetup, Trace, TraceShape, compare};
+use sim::{Comparison, CostModel, Hardware, ModelShape, SimSetup, Trace, TraceShape, compare};
 
 #[derive(Debug, Args)]
 pub struct PlanArgs {
@@ -59,8 +59,7 @@ pub struct PlanArgs {
     max_num_seqs: usize,
     #[arg(long, default_value_t = 2048)]
     max_num_batched_tokens: usize,
-    /// `recompute` or `swap`.
-    #[arg(long, default_value = "recompute")]
+    #[arg(long, default_value = "recompute", value_parser = ["recompute", "swap"])]
     preemption: String,
     /// Host swap space in GiB (swap mode).
     #[arg(long, default_value_t = 4.0)]
@@ -85,7 +84,6 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
     let model = model_shape(args)?;
     let hardware = Hardware::by_name(&args.hardware)
         .with_context(|| format!("unknown hardware {:?} (a100-40gb, h200)", args.hardware))?;
-    let kv_bytes_per_token = model.kv_bytes_per_token() as f64;
     let kv_tokens = match (args.kv_tokens, args.kv_memory_gib) {
         (Some(tokens), _) => tokens,
         (None, Some(gib)) => model.kv_token_slots(gib * GIB),
@@ -105,11 +103,7 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
     if kv_tokens < args.block_size || args.block_size == 0 {
         bail!("KV memory holds {kv_tokens} tokens: not even one block of {}", args.block_size);
     }
-    let preemption = match args.preemption.as_str() {
-        "recompute" => PreemptionMode::Recompute,
-        "swap" => PreemptionMode::Swap,
-        other => bail!("--preemption {other:?}: expected recompute or swap"),
-    };
+    let preemption = if args.preemption == "swap" { PreemptionMode::Swap } else { PreemptionMode::Recompute };
     let setup = SimSetup {
         capacity_tokens: kv_tokens,
         block_size: args.block_size,
@@ -119,7 +113,7 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
         watermark: args.watermark,
         preemption,
         swap_tokens: if preemption == PreemptionMode::Swap {
-            (args.swap_gib * GIB / kv_bytes_per_token) as usize
+            model.kv_token_slots(args.swap_gib * GIB)
         } else {
             0
         },
@@ -149,7 +143,7 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&summary)?);
         return Ok(());
     }
-    print!("{}", render(args, &model, &setup, &trace, &result)?);
+    print_tables(args, &model, &setup, &trace, &result);
     Ok(())
 }
 
@@ -167,17 +161,10 @@ fn model_shape(args: &PlanArgs) -> anyhow::Result<ModelShape> {
     Ok(m)
 }
 
-fn render(
-    args: &PlanArgs,
-    model: &ModelShape,
-    setup: &SimSetup,
-    trace: &Trace,
-    c: &Comparison,
-) -> anyhow::Result<String> {
-    let mut s = String::new();
+/// Prints the setup, every system's summary and the paged time series.
+fn print_tables(args: &PlanArgs, model: &ModelShape, setup: &SimSetup, trace: &Trace, c: &Comparison) {
     let kv_gib = setup.usable_tokens() as f64 * model.kv_bytes_per_token() as f64 / GIB;
-    writeln!(
-        s,
+    println!(
         "model {} ({} layers, {} KV heads × {}, {} B/elem): {} KiB of KV per token",
         model.name,
         model.num_layers,
@@ -185,17 +172,15 @@ fn render(
         model.head_dim,
         model.dtype_bytes,
         model.kv_bytes_per_token() / 1024
-    )?;
-    writeln!(
-        s,
+    );
+    println!(
         "KV memory {kv_gib:.2} GiB = {} token slots = {} blocks of {} on {}",
         setup.usable_tokens(),
         setup.num_blocks(),
         setup.block_size,
         args.hardware
-    )?;
-    writeln!(
-        s,
+    );
+    println!(
         "trace {}: {} requests, mean input {:.1}, mean output {:.1}, {} req/s; max_model_len {}, {} preemption\n",
         args.trace,
         trace.len(),
@@ -204,9 +189,8 @@ fn render(
         args.rate,
         setup.max_model_len,
         args.preemption
-    )?;
-    writeln!(
-        s,
+    );
+    println!(
         "{:<12} {:>8} {:>8} {:>9} {:>8} {:>11} {:>9} {:>10} {:>10}",
         "system",
         "KV util",
@@ -217,10 +201,9 @@ fn render(
         "finished",
         "out tok/s",
         "makespan s"
-    )?;
+    );
     for r in c.all() {
-        writeln!(
-            s,
+        println!(
             "{:<12} {:>8.3} {:>8.3} {:>9.1} {:>8} {:>11} {:>9} {:>10.0} {:>10.1}",
             r.system,
             r.kv_util,
@@ -231,24 +214,21 @@ fn render(
             r.finished,
             r.output_tokens_per_s,
             r.sim_time_s
-        )?;
+        );
     }
-    writeln!(
-        s,
+    println!(
         "\nmax concurrency (paged): {} requests; mean running paged / Orca (Oracle): {:.2}×",
         c.paged.max_running,
         c.concurrency_paged_over_oracle()
-    )?;
-    writeln!(s, "KV util = token states held ÷ memory reserved, over the steps with requests waiting.\n")?;
-    writeln!(s, "paged time series:")?;
-    writeln!(
-        s,
+    );
+    println!("KV util = token states held ÷ memory reserved, over the steps with requests waiting.\n");
+    println!("paged time series:");
+    println!(
         "{:>9} {:>8} {:>8} {:>10} {:>10} {:>7}",
         "t (s)", "running", "waiting", "held", "reserved", "used"
-    )?;
+    );
     for p in c.paged.downsampled(args.points) {
-        writeln!(
-            s,
+        println!(
             "{:>9.2} {:>8} {:>8} {:>10} {:>10} {:>6.1}%",
             p.t_s,
             p.running,
@@ -256,25 +236,20 @@ fn render(
             p.held_tokens,
             p.reserved_tokens,
             100.0 * p.reserved_tokens as f64 / setup.usable_tokens() as f64
-        )?;
+        );
     }
-    Ok(s)
 }
 
 fn series_csv(c: &Comparison) -> String {
     let mut s = String::from("system,t_s,dt_s,running,waiting,held_tokens,reserved_tokens,saturated\n");
     for r in c.all() {
-        append_series(&mut s, r);
+        for p in &r.series {
+            let _ = writeln!(
+                s,
+                "{},{:.6},{:.6},{},{},{},{},{}",
+                r.system, p.t_s, p.dt_s, p.running, p.waiting, p.held_tokens, p.reserved_tokens, p.saturated
+            );
+        }
     }
     s
-}
-
-fn append_series(s: &mut String, r: &SimReport) {
-    for p in &r.series {
-        let _ = writeln!(
-            s,
-            "{},{:.6},{:.6},{},{},{},{},{}",
-            r.system, p.t_s, p.dt_s, p.running, p.waiting, p.held_tokens, p.reserved_tokens, p.saturated
-        );
-    }
 }

@@ -4,18 +4,18 @@
 //! and ends with a summary (requests, tokens, throughput, TTFT, KV usage, preemptions,
 //! prefix-cache hits).
 
+use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
 use engine::{
-    ChatMessage, DType, Device, EngineConfig, EngineHandle, FinishReason, KvCacheSize, PreemptionMode,
-    Prompt, SamplingParams, ShutdownMode,
+    ChatMessage, DType, Device, Engine, EngineConfig, EngineHandle, FinishReason, KvCacheSize,
+    PreemptionMode, Prompt, SamplingParams, ShutdownMode,
 };
-use parking_lot::Mutex;
+use serde::de::DeserializeOwned;
 
 use crate::cmd::workspace_root;
 
@@ -113,32 +113,49 @@ impl EngineKnobs {
 
     /// The model folder, fetching the default model first when it is missing.
     pub fn model_dir(&self) -> anyhow::Result<PathBuf> {
-        match &self.model {
-            Some(dir) => Ok(dir.clone()),
-            None => {
-                let dir = default_model_dir();
-                if !dir.join("config.json").exists() || !dir.join("model.safetensors").exists() {
-                    eprintln!("run: {} is missing; fetching it", dir.display());
-                    crate::fetch_model::run(&crate::fetch_model::FetchModelArgs {
-                        dir: Some(dir.clone()),
-                        dtype: crate::fetch_model::Dtype::F32,
-                    })?;
-                }
-                Ok(dir)
-            }
+        if let Some(dir) = &self.model {
+            return Ok(dir.clone());
         }
+        let dir = workspace_root().join("target/models/SmolLM2-135M-Instruct");
+        if !dir.join("config.json").exists() || !dir.join("model.safetensors").exists() {
+            eprintln!("run: {} is missing; fetching it", dir.display());
+            crate::fetch_model::run(&crate::fetch_model::FetchModelArgs {
+                dir: Some(dir.clone()),
+                dtype: crate::fetch_model::Dtype::F32,
+            })?;
+        }
+        Ok(dir)
+    }
+
+    /// Re-launches as a release build when needed, then loads the engine; unless `quiet`, logs
+    /// to stderr (at `info` unless `RUST_LOG` says otherwise).
+    pub fn start_engine(&self, quiet: bool) -> anyhow::Result<Engine> {
+        crate::relaunch::ensure_release_build(self.device)?;
+        if !quiet {
+            let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+            let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+        }
+        let dir = self.model_dir()?;
+        if !quiet {
+            eprintln!("run: loading {}", dir.display());
+        }
+        Engine::new(&dir, self.config()).with_context(|| format!("loading {}", dir.display()))
     }
 }
 
-pub fn default_model_dir() -> PathBuf {
-    workspace_root().join("target/models/SmolLM2-135M-Instruct")
-}
-
-/// Logs to stderr at `info` unless `RUST_LOG` says otherwise.
-pub fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+/// The non-blank lines of a JSONL file, each parsed as a `T` (`what` names a line that does
+/// not parse) and paired with its `path:line` for later messages.
+pub fn read_jsonl<T: DeserializeOwned>(path: &Path, what: &str) -> anyhow::Result<Vec<(String, T)>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let lines = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty());
+    lines
+        .map(|(i, line)| {
+            let at = format!("{}:{}", path.display(), i + 1);
+            let value = serde_json::from_str(line).with_context(|| format!("{at}: {what}"))?;
+            Ok((at, value))
+        })
+        .collect()
 }
 
 #[derive(Debug, Args)]
@@ -157,7 +174,6 @@ struct PromptLine {
     prompt: Option<String>,
     messages: Option<Vec<ChatMessage>>,
     /// Sampling fields; those left out come from `defaults` (the model's generation config).
-    #[serde(default)]
     params: Option<serde_json::Value>,
 }
 
@@ -165,37 +181,32 @@ struct PromptLine {
 /// defaults), with `max_tokens` 128 where the line does not set it.
 fn load_prompts(path: &Path, defaults: &SamplingParams) -> anyhow::Result<Vec<(Prompt, SamplingParams)>> {
     let defaults = SamplingParams { max_tokens: Some(128), ..defaults.clone() };
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let mut out = Vec::new();
-    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-        let p: PromptLine = serde_json::from_str(line)
-            .with_context(|| format!("{}:{}: not a prompt object", path.display(), i + 1))?;
-        let prompt = match (p.prompt, p.messages) {
-            (Some(text), None) => Prompt::Text(text),
-            (None, Some(messages)) => Prompt::Chat(messages),
-            _ => bail!("{}:{}: give exactly one of \"prompt\" and \"messages\"", path.display(), i + 1),
-        };
-        let params = match p.params {
-            Some(fields) => SamplingParams::from_json_over(&defaults, &fields)
-                .with_context(|| format!("{}:{}: bad \"params\"", path.display(), i + 1))?,
-            None => defaults.clone(),
-        };
-        out.push((prompt, params));
-    }
-    Ok(out)
+    let lines = read_jsonl::<PromptLine>(path, "not a prompt object")?;
+    lines
+        .into_iter()
+        .map(|(at, p)| {
+            let prompt = match (p.prompt, p.messages) {
+                (Some(text), None) => Prompt::Text(text),
+                (None, Some(messages)) => Prompt::Chat(messages),
+                _ => bail!("{at}: give exactly one of \"prompt\" and \"messages\""),
+            };
+            let params = match p.params {
+                Some(fields) => SamplingParams::from_json_over(&defaults, &fields)
+                    .with_context(|| format!("{at}: bad \"params\""))?,
+                None => defaults.clone(),
+            };
+            Ok((prompt, params))
+        })
+        .collect()
 }
 
 /// The built-in batch: chat and plain prompts of different lengths and sampling settings.
 fn builtin_prompts() -> Vec<(Prompt, SamplingParams)> {
     let chat = |system: Option<&str>, user: &str| {
-        let mut m = Vec::new();
-        if let Some(s) = system {
-            m.push(ChatMessage::new("system", s));
-        }
-        m.push(ChatMessage::new("user", user));
-        Prompt::Chat(m)
+        let system = system.map(|s| ChatMessage::new("system", s));
+        Prompt::Chat(system.into_iter().chain([ChatMessage::new("user", user)]).collect())
     };
-    let greedy = |n| SamplingParams::greedy(n);
+    let greedy = SamplingParams::greedy;
     let sampled = |t, p, n| SamplingParams {
         temperature: t,
         top_p: p,
@@ -251,20 +262,13 @@ fn builtin_prompts() -> Vec<(Prompt, SamplingParams)> {
 }
 
 pub fn run(args: &RunArgs) -> anyhow::Result<()> {
-    crate::relaunch::ensure_release_build(args.knobs.device)?;
-    init_tracing();
-    let dir = args.knobs.model_dir()?;
-    let config = args.knobs.config();
-    eprintln!("run: loading {}", dir.display());
-    let engine = engine::Engine::new(&dir, config)
-        .with_context(|| format!("starting the engine on {}", dir.display()))?;
+    let engine = args.knobs.start_engine(false)?;
     let prompts = match &args.prompts {
         Some(path) => load_prompts(path, engine.default_sampling_params())?,
         None => builtin_prompts(),
     };
     let handle = EngineHandle::spawn(engine)?;
     let started = Instant::now();
-    let out = Arc::new(Mutex::new(std::io::stdout()));
     let mut clients = Vec::new();
     let batch = prompts
         .into_iter()
@@ -272,22 +276,12 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         .map(|(i, (prompt, params))| (format!("{i}"), prompt, params))
         .collect();
     for (i, admitted) in handle.add_requests(batch).into_iter().enumerate() {
-        let stream = match admitted {
-            Ok(s) => s,
-            Err(e) => {
-                eprintln!("run: request {i} rejected: {e}");
-                continue;
-            }
-        };
-        let out = out.clone();
-        clients.push(std::thread::spawn(move || print_stream(i, stream, &out)));
-    }
-    let mut failures = 0;
-    for c in clients {
-        if !matches!(c.join(), Ok(Ok(()))) {
-            failures += 1;
+        match admitted {
+            Ok(stream) => clients.push(std::thread::spawn(move || print_stream(i, stream))),
+            Err(e) => eprintln!("run: request {i} rejected: {e}"),
         }
     }
+    let failures = clients.into_iter().map(|c| c.join()).filter(|r| !matches!(r, Ok(Ok(())))).count();
     let wall = started.elapsed().as_secs_f64();
     let m = handle.metrics()?;
     handle.shutdown(ShutdownMode::Drain);
@@ -320,22 +314,20 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Prints a request's text line by line as it streams in, then its finish reason.
-fn print_stream(i: usize, stream: engine::RequestStream, out: &Mutex<std::io::Stdout>) -> anyhow::Result<()> {
-    let mut pending: Vec<String> = Vec::new();
+/// Prints a request's text line by line as it streams in, then its finish reason (each line in
+/// one write under stdout's lock, so the clients' lines do not interleave).
+fn print_stream(i: usize, stream: engine::RequestStream) -> anyhow::Result<()> {
+    let mut pending: HashMap<usize, String> = HashMap::new();
     for item in stream {
         let o = item?;
         for c in &o.outputs {
-            if pending.len() <= c.index {
-                pending.resize(c.index + 1, String::new());
-            }
-            let buf = &mut pending[c.index];
+            let buf = pending.entry(c.index).or_default();
             buf.push_str(&c.text);
             let tag =
                 if o.outputs.len() > 1 || c.index > 0 { format!("{i}.{}", c.index) } else { format!("{i}") };
             while let Some(nl) = buf.find('\n') {
                 let line: String = buf.drain(..=nl).collect();
-                let _ = writeln!(out.lock(), "[{tag}] {}", line.trim_end_matches('\n'));
+                let _ = writeln!(std::io::stdout().lock(), "[{tag}] {}", line.trim_end_matches('\n'));
             }
             if let Some(reason) = &c.finish_reason {
                 let why = match reason {
@@ -347,7 +339,7 @@ fn print_stream(i: usize, stream: engine::RequestStream, out: &Mutex<std::io::St
                 };
                 let ttft = o.timing.time_to_first_token.map_or(0.0, |d| d.as_secs_f64() * 1e3);
                 let _ = writeln!(
-                    out.lock(),
+                    std::io::stdout().lock(),
                     "[{tag}] {}⏎ ({} tokens, {why}, TTFT {ttft:.0} ms)",
                     std::mem::take(buf),
                     c.num_generated
@@ -370,10 +362,8 @@ mod tests {
 
     fn knobs(args: &[&str]) -> EngineKnobs {
         use clap::Parser;
-        match Cli::try_parse_from(std::iter::once("run").chain(args.iter().copied())) {
-            Ok(c) => c.knobs,
-            Err(e) => panic!("{e}"),
-        }
+        let cli = Cli::try_parse_from(std::iter::once("run").chain(args.iter().copied()));
+        cli.unwrap_or_else(|e| panic!("{e}")).knobs
     }
 
     #[test]

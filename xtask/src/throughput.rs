@@ -7,13 +7,13 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use clap::Args;
-use engine::{Engine, Prompt, SamplingParams};
+use engine::{Prompt, SamplingParams};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-use crate::run::{EngineKnobs, init_tracing};
+use crate::run::{EngineKnobs, read_jsonl};
 
 #[derive(Debug, Args)]
 pub struct ThroughputArgs {
@@ -40,58 +40,34 @@ struct DatasetLine {
     output_len: Option<usize>,
 }
 
+/// The dataset's prompts with their output lengths; `random(len)` makes an `input_len` prompt.
 fn load_dataset(
     path: &Path,
-    engine: &Engine,
-    rng: &mut ChaCha8Rng,
+    random: &mut impl FnMut(usize) -> Prompt,
     default_output: usize,
 ) -> anyhow::Result<Vec<(Prompt, usize)>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let vocab = engine.model_config().vocab_size;
-    let mut out = Vec::new();
-    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-        let d: DatasetLine = serde_json::from_str(line)
-            .with_context(|| format!("{}:{}: bad dataset line", path.display(), i + 1))?;
-        let prompt = match (d.prompt, d.input_len) {
-            (Some(p), _) => Prompt::Text(p),
-            (None, Some(len)) => {
-                Prompt::Tokens(engine::workload::random_prompt(rng, len, vocab, engine.eos_token_ids()))
-            }
-            (None, None) => bail!("{}:{}: needs \"prompt\" or \"input_len\"", path.display(), i + 1),
-        };
-        out.push((prompt, d.output_len.unwrap_or(default_output)));
-    }
-    Ok(out)
+    let lines = read_jsonl::<DatasetLine>(path, "bad dataset line")?;
+    lines
+        .into_iter()
+        .map(|(at, d)| {
+            let prompt = match (d.prompt, d.input_len) {
+                (Some(p), _) => Prompt::Text(p),
+                (None, Some(len)) => random(len),
+                (None, None) => bail!("{at}: needs \"prompt\" or \"input_len\""),
+            };
+            Ok((prompt, d.output_len.unwrap_or(default_output)))
+        })
+        .collect()
 }
 
 pub fn run(args: &ThroughputArgs) -> anyhow::Result<()> {
-    crate::relaunch::ensure_release_build(args.knobs.device)?;
-    if !args.json {
-        init_tracing();
-    }
-    let dir = args.knobs.model_dir()?;
-    let mut engine =
-        Engine::new(&dir, args.knobs.config()).with_context(|| format!("loading {}", dir.display()))?;
+    let mut engine = args.knobs.start_engine(args.json)?;
     let mut rng = ChaCha8Rng::seed_from_u64(args.knobs.seed);
-    let requests: Vec<(Prompt, usize)> = match &args.dataset {
-        Some(path) => load_dataset(path, &engine, &mut rng, args.output_len)?,
-        None => {
-            let vocab = engine.model_config().vocab_size;
-            let eos = engine.eos_token_ids().to_vec();
-            (0..args.num_prompts)
-                .map(|_| {
-                    (
-                        Prompt::Tokens(engine::workload::random_prompt(
-                            &mut rng,
-                            args.input_len,
-                            vocab,
-                            &eos,
-                        )),
-                        args.output_len,
-                    )
-                })
-                .collect()
-        }
+    let (vocab, eos) = (engine.model_config().vocab_size, engine.eos_token_ids().to_vec());
+    let mut random = |len| Prompt::Tokens(engine::workload::random_prompt(&mut rng, len, vocab, &eos));
+    let requests = match &args.dataset {
+        Some(path) => load_dataset(path, &mut random, args.output_len)?,
+        None => (0..args.num_prompts).map(|_| (random(args.input_len), args.output_len)).collect(),
     };
     let started = Instant::now();
     let mut prompt_tokens = 0usize;
@@ -103,9 +79,9 @@ pub fn run(args: &ThroughputArgs) -> anyhow::Result<()> {
             max_tokens: Some(output_len),
             ..Default::default()
         };
-        let ids = engine.tokenize(&i.to_string(), prompt).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let ids = engine.tokenize(&i.to_string(), prompt)?;
         prompt_tokens += ids.len();
-        engine.add_request(i.to_string(), ids, params).map_err(|e| anyhow::anyhow!("{e}"))?;
+        engine.add_request(i.to_string(), ids, params)?;
     }
     let num_requests = engine.num_unfinished();
     let mut output_tokens = 0usize;
@@ -116,27 +92,28 @@ pub fn run(args: &ThroughputArgs) -> anyhow::Result<()> {
     }
     let secs = started.elapsed().as_secs_f64();
     let m = engine.metrics();
-    let report = serde_json::json!({
-        "requests": num_requests,
-        "elapsed_s": secs,
-        "prompt_tokens": prompt_tokens,
-        "output_tokens": output_tokens,
-        "requests_per_s": num_requests as f64 / secs,
-        "total_tokens_per_s": (prompt_tokens + output_tokens) as f64 / secs,
-        "output_tokens_per_s": output_tokens as f64 / secs,
-        "peak_kv_usage": m.peak_kv_usage,
-        "preemptions": m.gauges.num_preemptions,
-        "ttft_ms_p50": m.ttft.p50_ms,
-        "tpot_ms_p50": m.tpot.p50_ms,
-    });
+    let per_s = |n: usize| n as f64 / secs;
+    let (requests_per_s, output_per_s) = (per_s(num_requests), per_s(output_tokens));
+    let total_per_s = per_s(prompt_tokens + output_tokens);
     if args.json {
+        let report = serde_json::json!({
+            "requests": num_requests,
+            "elapsed_s": secs,
+            "prompt_tokens": prompt_tokens,
+            "output_tokens": output_tokens,
+            "requests_per_s": requests_per_s,
+            "total_tokens_per_s": total_per_s,
+            "output_tokens_per_s": output_per_s,
+            "peak_kv_usage": m.peak_kv_usage,
+            "preemptions": m.gauges.num_preemptions,
+            "ttft_ms_p50": m.ttft.p50_ms,
+            "tpot_ms_p50": m.tpot.p50_ms,
+        });
         println!("{report}");
     } else {
         println!(
-            "Throughput: {:.2} requests/s, {:.2} total tokens/s, {:.2} output tokens/s",
-            num_requests as f64 / secs,
-            (prompt_tokens + output_tokens) as f64 / secs,
-            output_tokens as f64 / secs
+            "Throughput: {requests_per_s:.2} requests/s, {total_per_s:.2} total tokens/s, \
+             {output_per_s:.2} output tokens/s"
         );
         println!(
             "{num_requests} requests, {prompt_tokens} prompt + {output_tokens} output tokens in {secs:.2} s; \
