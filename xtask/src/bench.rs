@@ -21,7 +21,7 @@ use std::path::Path;
 use anyhow::{Context, bail};
 use clap::Args;
 
-use crate::cmd::{cargo, run as run_cmd, workspace_root};
+use crate::cmd::{cargo, fresh_dir, run as run_cmd, workspace_root};
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
@@ -42,12 +42,8 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let report_dir = root.join("target/bench-report");
     let criterion_home = report_dir.join("criterion-run");
     let figures_dir = report_dir.join("figures-run");
-    for dir in [&criterion_home, &figures_dir] {
-        if dir.exists() {
-            std::fs::remove_dir_all(dir).with_context(|| format!("clearing {}", dir.display()))?;
-        }
-        std::fs::create_dir_all(dir)?;
-    }
+    fresh_dir(&criterion_home)?;
+    fresh_dir(&figures_dir)?;
 
     let selected: Vec<&registry::BenchTarget> = registry::TARGETS
         .iter()
@@ -84,9 +80,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         }
         Err(_) => Figures::new(),
     };
-    for (name, value) in &fresh {
-        summary.insert(name.clone(), *value);
-    }
+    summary.extend(fresh.clone());
     std::fs::write(&summary_path, serde_json::to_string_pretty(&summary)? + "\n")?;
     report::write(&report_dir, &summary, &fresh, &measured, &fragments)?;
     eprintln!("bench: {} figure(s) measured; wrote {}", fresh.len(), summary_path.display());

@@ -1,4 +1,4 @@
-//! Small helpers for running cargo and other processes from xtask.
+//! Small helpers for running cargo and other processes from xtask, and for their output folders.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -28,4 +28,12 @@ pub fn run(cmd: &mut Command) -> anyhow::Result<()> {
         bail!("command failed ({status}): {line}");
     }
     Ok(())
+}
+
+/// Empties `dir`, creating it when missing.
+pub fn fresh_dir(dir: &Path) -> anyhow::Result<()> {
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).with_context(|| format!("clearing {}", dir.display()))?;
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))
 }

@@ -20,7 +20,7 @@ use crate::cmd::{cargo, run as run_cmd, workspace_root};
 /// The NVRTC wheel: 13.3+ ships the fp16/bf16 headers (`--use-bundled-headers`).
 pub const NVRTC_WHEEL: &str = "nvidia-cuda-nvrtc==13.5.37";
 
-#[derive(Debug, Args, Default)]
+#[derive(Debug, Args)]
 pub struct CudaCheckArgs {
     /// Architectures to compile for.
     #[arg(long, default_value = "sm_80,sm_90")]
@@ -35,18 +35,14 @@ pub fn nvrtc_dir() -> PathBuf {
     workspace_root().join("target").join("nvrtc")
 }
 
-/// The wheel's library folder (what goes on `LD_LIBRARY_PATH`).
-pub fn nvrtc_lib_dir() -> PathBuf {
-    nvrtc_dir().join("nvidia").join("cu13").join("lib")
-}
-
-/// Installs the NVRTC wheel into `target/nvrtc` unless it is already there.
+/// Installs the NVRTC wheel into `target/nvrtc` unless it is already there; returns the
+/// wheel's library folder (what goes on `LD_LIBRARY_PATH`).
 pub fn ensure_nvrtc() -> anyhow::Result<PathBuf> {
-    let lib = nvrtc_lib_dir();
+    let dir = nvrtc_dir();
+    let lib = dir.join("nvidia").join("cu13").join("lib");
     if lib.join("libnvrtc.so.13").is_file() {
         return Ok(lib);
     }
-    let dir = nvrtc_dir();
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     run_cmd(
         Command::new("python3")
@@ -63,10 +59,8 @@ pub fn ensure_nvrtc() -> anyhow::Result<PathBuf> {
 
 /// `LD_LIBRARY_PATH` with `lib` in front.
 pub fn library_path_with(lib: &Path) -> std::ffi::OsString {
-    let mut paths = vec![lib.to_path_buf()];
-    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
-        paths.extend(std::env::split_paths(&old));
-    }
+    let old = std::env::var_os("LD_LIBRARY_PATH");
+    let paths = std::iter::once(lib.to_path_buf()).chain(old.iter().flat_map(std::env::split_paths));
     std::env::join_paths(paths).unwrap_or_else(|_| lib.as_os_str().to_owned())
 }
 
@@ -84,28 +78,25 @@ pub fn run(args: &CudaCheckArgs) -> anyhow::Result<()> {
     run_cmd(&mut cmd).context("cuda-check failed (see the FAIL lines above)")?;
     if args.filter.is_none() {
         // The host-side pieces of the CUDA backend (sizing, shapes, batch checks, GEMM index
-        // math, the rotary table, the check drivers) only build with the feature: test them here.
-        run_cmd(cargo().args(HOST_TEST_ARGS)).context("host-side tests of the CUDA modules failed")?;
-        run_cmd(cargo().args(GPU_CHECK_TEST_ARGS)).context("host-side tests of the GPU check failed")?;
+        // math, the rotary table, the check drivers' cases and tolerances) only build with the
+        // feature: test them here (no GPU needed).
+        run_cmd(cargo().args([
+            "test",
+            "-p",
+            "kv-cache",
+            "-p",
+            "kernels",
+            "-p",
+            "model",
+            "--features",
+            "model/cuda",
+            "--lib",
+            "--",
+            "cuda::",
+        ]))
+        .context("host-side tests of the CUDA modules failed")?;
+        run_cmd(cargo().args(["test", "-p", "gpu-check", "--features", "cuda", "--lib"]))
+            .context("host-side tests of the GPU check failed")?;
     }
     Ok(())
 }
-
-/// `cargo test` arguments for the host side of the GPU check (random cases, tolerances).
-pub const GPU_CHECK_TEST_ARGS: [&str; 6] = ["test", "-p", "gpu-check", "--features", "cuda", "--lib"];
-
-/// `cargo test` arguments for the unit tests of every `cuda` module (no GPU needed).
-pub const HOST_TEST_ARGS: [&str; 12] = [
-    "test",
-    "-p",
-    "kv-cache",
-    "-p",
-    "kernels",
-    "-p",
-    "model",
-    "--features",
-    "model/cuda",
-    "--lib",
-    "--",
-    "cuda::",
-];

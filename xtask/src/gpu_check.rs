@@ -17,7 +17,7 @@ use std::process::Command;
 use anyhow::{Context, bail};
 use clap::Args;
 
-use crate::cmd::{cargo, run as run_cmd, workspace_root};
+use crate::cmd::{cargo, fresh_dir, run as run_cmd, workspace_root};
 use crate::cuda_check::{ensure_nvrtc, library_path_with};
 
 /// Most the device tool carries (64 MiB in all); leave room for the working tree.
@@ -33,59 +33,46 @@ pub struct GpuCheckArgs {
     pub arch: String,
 }
 
-/// Where the bundle goes (ignored by git, carried to the device).
-pub fn bundle_dir() -> PathBuf {
-    workspace_root().join("target").join("gpu-bundle")
-}
-
-fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| workspace_root().join("target"))
-}
+/// The binaries of crate `gpu-check` the bundle carries.
+const BINARIES: [&str; 2] = ["gpu_check", "gpu_model_check"];
 
 fn dir_size(dir: &Path) -> u64 {
-    std::fs::read_dir(dir)
-        .map(|entries| {
-            entries
-                .flatten()
-                .map(|e| match e.metadata() {
-                    Ok(m) if m.is_dir() => dir_size(&e.path()),
-                    Ok(m) => m.len(),
-                    Err(_) => 0,
-                })
-                .sum()
+    let entries = std::fs::read_dir(dir).into_iter().flatten().flatten();
+    entries
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => dir_size(&e.path()),
+            Ok(m) => m.len(),
+            Err(_) => 0,
         })
-        .unwrap_or(0)
+        .sum()
 }
 
 pub fn run(args: &GpuCheckArgs) -> anyhow::Result<()> {
     if !args.bundle {
         bail!("the GPU check runs on the device machine; use `cargo xtask gpu-check --bundle` to prepare it");
     }
-    run_cmd(cargo().args([
-        "build",
-        "--release",
-        "-p",
-        "gpu-check",
-        "--features",
-        "gpu-check/cuda",
-        "--bin",
-        "gpu_check",
-        "--bin",
-        "gpu_model_check",
-    ]))?;
-    let bundle = bundle_dir();
-    if bundle.exists() {
-        std::fs::remove_dir_all(&bundle).with_context(|| format!("clearing {}", bundle.display()))?;
-    }
-    std::fs::create_dir_all(&bundle)?;
-    for name in ["gpu_check", "gpu_model_check"] {
-        let built = target_dir().join("release").join(name);
+    let mut build = cargo();
+    build.args(["build", "--release", "-p", "gpu-check", "--features", "gpu-check/cuda"]);
+    run_cmd(build.args(BINARIES.iter().flat_map(|name| ["--bin", name])))?;
+    // Where the bundle goes (ignored by git, carried to the device).
+    let bundle = workspace_root().join("target").join("gpu-bundle");
+    fresh_dir(&bundle)?;
+    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from);
+    let release = target.unwrap_or_else(|| workspace_root().join("target")).join("release");
+    for name in BINARIES {
+        let built = release.join(name);
         let exe = bundle.join(name);
         std::fs::copy(&built, &exe).with_context(|| format!("copying {}", built.display()))?;
         // Debug line tables are not needed on the device; strip them when the tool exists.
         let _ = Command::new("strip").arg(&exe).status();
     }
-    write_run_script(&bundle.join("run.sh"))?;
+    let script = bundle.join("run.sh");
+    std::fs::write(&script, RUN_SCRIPT).with_context(|| format!("writing {}", script.display()))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))?;
+    }
     let exe = bundle.join("gpu_check");
     let lib = ensure_nvrtc()?;
     run_cmd(
@@ -139,16 +126,6 @@ timeout 270 "$here/gpu_check" --cubins "$here/cubins" || status=1
 timeout 200 "$here/gpu_model_check" || status=1
 exit $status
 "#;
-
-fn write_run_script(path: &Path) -> anyhow::Result<()> {
-    std::fs::write(path, RUN_SCRIPT).with_context(|| format!("writing {}", path.display()))?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))?;
-    }
-    Ok(())
-}
 
 #[cfg(test)]
 mod tests {

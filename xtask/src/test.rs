@@ -29,17 +29,11 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
     let root = workspace_root();
     if !args.no_lint {
         run_cmd(cargo().args(["fmt", "--all", "--", "--check"]))?;
-        run_cmd(cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))?;
-        run_cmd(cargo().args([
-            "clippy",
-            "--workspace",
-            "--all-targets",
-            "--features",
-            CUDA_FEATURES,
-            "--",
-            "-D",
-            "warnings",
-        ]))?;
+        for features in [&[][..], &["--features", CUDA_FEATURES]] {
+            let mut clippy = cargo();
+            clippy.args(["clippy", "--workspace", "--all-targets"]).args(features);
+            run_cmd(clippy.args(["--", "-D", "warnings"]))?;
+        }
     }
     tidy::check(&root)?;
     eprintln!("tidy: ok");
@@ -87,15 +81,10 @@ impl TestTotals {
     fn add_line(&mut self, line: &str) {
         let Some(rest) = line.strip_prefix("test result: ") else { return };
         for part in rest.split(['.', ';']) {
-            let mut words = part.split_whitespace();
-            if let (Some(n), Some(what)) = (words.next(), words.next())
-                && let Ok(n) = n.parse::<u64>()
-            {
-                match what {
-                    "passed" => self.passed += n,
-                    "failed" => self.failed += n,
-                    _ => {}
-                }
+            match part.split_whitespace().collect::<Vec<_>>()[..] {
+                [n, "passed"] => self.passed += n.parse::<u64>().unwrap_or(0),
+                [n, "failed"] => self.failed += n.parse::<u64>().unwrap_or(0),
+                _ => {}
             }
         }
     }

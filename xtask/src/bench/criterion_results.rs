@@ -36,9 +36,7 @@ struct EstimatesJson {
 /// All benchmarks under `home`, keyed by criterion's full id (`group/function[/param]`).
 pub fn load(home: &Path) -> anyhow::Result<BTreeMap<String, Measured>> {
     let mut out = BTreeMap::new();
-    if home.exists() {
-        walk(home, &mut out)?;
-    }
+    walk(home, &mut out)?;
     Ok(out)
 }
 
@@ -66,17 +64,13 @@ fn walk(dir: &Path, out: &mut BTreeMap<String, Measured>) -> anyhow::Result<()> 
 
 /// Figures named directly by criterion ids `GROUP/leaf_UNIT`.
 pub fn figures(measured: &BTreeMap<String, Measured>) -> Figures {
-    let mut out = Figures::new();
-    for (id, m) in measured {
-        let Some((group, leaf)) = id.split_once('/') else { continue };
-        if leaf.contains('/') {
-            continue;
-        }
-        if let Some(scale) = unit_scale(leaf) {
-            out.insert(format!("{group}.{leaf}"), m.median_ns / scale);
-        }
-    }
-    out
+    measured
+        .iter()
+        .filter_map(|(id, m)| {
+            let (group, leaf) = id.split_once('/').filter(|(_, leaf)| !leaf.contains('/'))?;
+            Some((format!("{group}.{leaf}"), m.median_ns / unit_scale(leaf)?))
+        })
+        .collect()
 }
 
 /// Nanoseconds per unit named by a figure's unit part: the last `_UNIT` of the leaf, optionally

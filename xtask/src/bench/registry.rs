@@ -75,15 +75,7 @@ pub fn group_names() -> String {
 
 /// Every derived figure whose two inputs were measured in this run.
 pub fn derived_figures(measured: &BTreeMap<String, Measured>) -> Figures {
-    let mut out = Figures::new();
-    for d in DERIVED {
-        let value = measured
-            .get(d.num)
-            .zip(measured.get(d.den))
-            .and_then(|(n, d)| Some((n.throughput? / n.median_ns) / (d.throughput? / d.median_ns)));
-        if let Some(v) = value {
-            out.insert(d.name.to_owned(), v);
-        }
-    }
-    out
+    // Declared bytes per nanosecond.
+    let per_ns = |id: &str| measured.get(id).and_then(|m| Some(m.throughput? / m.median_ns));
+    DERIVED.iter().filter_map(|d| Some((d.name.to_owned(), per_ns(d.num)? / per_ns(d.den)?))).collect()
 }
