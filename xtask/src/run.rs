@@ -17,8 +17,6 @@ use engine::{
 };
 use serde::de::DeserializeOwned;
 
-use crate::cmd::workspace_root;
-
 /// Engine knobs shared by `run` and `throughput` (vLLM's names).
 #[derive(Debug, Clone, Args)]
 pub struct EngineKnobs {
@@ -111,22 +109,6 @@ impl EngineKnobs {
         }
     }
 
-    /// The model folder, fetching the default model first when it is missing.
-    pub fn model_dir(&self) -> anyhow::Result<PathBuf> {
-        if let Some(dir) = &self.model {
-            return Ok(dir.clone());
-        }
-        let dir = workspace_root().join("target/models/SmolLM2-135M-Instruct");
-        if !dir.join("config.json").exists() || !dir.join("model.safetensors").exists() {
-            eprintln!("run: {} is missing; fetching it", dir.display());
-            crate::fetch_model::run(&crate::fetch_model::FetchModelArgs {
-                dir: Some(dir.clone()),
-                dtype: crate::fetch_model::Dtype::F32,
-            })?;
-        }
-        Ok(dir)
-    }
-
     /// Re-launches as a release build when needed, then loads the engine; unless `quiet`, logs
     /// to stderr (at `info` unless `RUST_LOG` says otherwise).
     pub fn start_engine(&self, quiet: bool) -> anyhow::Result<Engine> {
@@ -136,7 +118,10 @@ impl EngineKnobs {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
             let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
         }
-        let dir = self.model_dir()?;
+        let dir = match &self.model {
+            Some(dir) => dir.clone(),
+            None => crate::fetch_model::default_model()?,
+        };
         if !quiet {
             eprintln!("run: loading {}", dir.display());
         }

@@ -26,7 +26,6 @@ pub struct TestArgs {
 }
 
 pub fn run(args: &TestArgs) -> anyhow::Result<()> {
-    let root = workspace_root();
     if !args.no_lint {
         run_cmd(cargo().args(["fmt", "--all", "--", "--check"]))?;
         for features in [&[][..], &["--features", CUDA_FEATURES]] {
@@ -35,7 +34,7 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
             run_cmd(clippy.args(["--", "-D", "warnings"]))?;
         }
     }
-    tidy::check(&root)?;
+    tidy::check(&workspace_root())?;
     eprintln!("tidy: ok");
     // The real-model tests read the converted default model; fetching is idempotent.
     fetch_model::run(&fetch_model::FetchModelArgs { dir: None, dtype: fetch_model::Dtype::F32 })?;

@@ -27,22 +27,11 @@ pub const TARGETS: &[BenchTarget] = &[
     BenchTarget { group: "e2e", package: "engine", bench: "e2e", criterion: false },
 ];
 
-/// A figure derived from two criterion benchmarks of the same run:
+/// Figures derived from two criterion benchmarks of the same run, as `(name, num, den)`:
 /// `throughput(num) / throughput(den)`, each `declared bytes / median time`.
-#[derive(Debug)]
-pub struct ThroughputRatio {
-    pub name: &'static str,
-    pub num: &'static str,
-    pub den: &'static str,
-}
-
-pub const DERIVED: &[ThroughputRatio] = &[
-    ThroughputRatio { name: "attn.decode_bw_fraction", num: "attn/decode_f32_ms", den: "attn/memcpy_ms" },
-    ThroughputRatio {
-        name: "attn.decode_bw_fraction_bf16",
-        num: "attn/decode_bf16_ms",
-        den: "attn/memcpy_ms",
-    },
+pub const DERIVED: &[(&str, &str, &str)] = &[
+    ("attn.decode_bw_fraction", "attn/decode_f32_ms", "attn/memcpy_ms"),
+    ("attn.decode_bw_fraction_bf16", "attn/decode_bf16_ms", "attn/memcpy_ms"),
 ];
 
 /// Targets stated by the issues, shown beside the figures in `report.md`.
@@ -77,5 +66,8 @@ pub fn group_names() -> String {
 pub fn derived_figures(measured: &BTreeMap<String, Measured>) -> Figures {
     // Declared bytes per nanosecond.
     let per_ns = |id: &str| measured.get(id).and_then(|m| Some(m.throughput? / m.median_ns));
-    DERIVED.iter().filter_map(|d| Some((d.name.to_owned(), per_ns(d.num)? / per_ns(d.den)?))).collect()
+    DERIVED
+        .iter()
+        .filter_map(|&(name, num, den)| Some((name.to_owned(), per_ns(num)? / per_ns(den)?)))
+        .collect()
 }
