@@ -26,10 +26,6 @@ impl BlockTables {
         Self { entries: Vec::new(), stride: stride.max(1), changed: 0..0 }
     }
 
-    pub fn stride(&self) -> usize {
-        self.stride
-    }
-
     pub fn num_rows(&self) -> usize {
         self.entries.len() / self.stride
     }

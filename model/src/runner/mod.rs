@@ -151,11 +151,6 @@ impl Runner {
         &self.cache_config
     }
 
-    /// The block table (for tests and inspection).
-    pub fn block_tables(&self) -> &BlockTables {
-        &self.tables
-    }
-
     /// Applies one sequence's block-table delta: entries `from ..` of row `row` become `ids`.
     pub fn write_table_row(&mut self, row: u32, from: usize, ids: &[u32]) -> Result<()> {
         self.tables.write(row, from, ids)
