@@ -106,38 +106,64 @@ pub(crate) fn validate(
     scale: f32,
 ) -> Result<(), AttnError> {
     check_kernel_shape(cache)?;
-    let num_kv_heads = cache.num_kv_heads();
-    if num_heads == 0 || !num_heads.is_multiple_of(num_kv_heads) {
-        return Err(AttnError::HeadsNotDivisible { num_heads, num_kv_heads });
-    }
-    if !scale.is_finite() {
-        return Err(AttnError::NonFiniteScale(scale));
-    }
-    let num_seqs = meta.seq_lens.len();
-    check_len("query_start_loc (num_seqs + 1)", num_seqs + 1, meta.query_start_loc.len())?;
-    if meta.query_start_loc[0] != 0 {
-        return Err(AttnError::InvalidQueryStartLoc(format!("starts at {}, not 0", meta.query_start_loc[0])));
-    }
-    if let Some(s) = meta.query_start_loc.windows(2).position(|w| w[1] < w[0]) {
-        return Err(AttnError::InvalidQueryStartLoc(format!("decreases after sequence {s}")));
-    }
+    check_heads_and_scale(num_heads, cache.num_kv_heads(), scale)?;
+    check_query_start_loc(meta)?;
     let row = num_heads * cache.head_size();
-    let num_tokens = meta.num_tokens();
-    let rows = num_tokens.checked_mul(row).ok_or(AttnError::ShapeMismatch {
+    let rows = meta.num_tokens().checked_mul(row).ok_or(AttnError::ShapeMismatch {
         what: "query",
         expected: usize::MAX,
         got: query_len,
     })?;
     check_len("query [num_tokens, num_heads, head_size]", rows, query_len)?;
     check_len("out [num_tokens, num_heads, head_size]", rows, out_len)?;
+    check_tables(meta, cache.block_size(), cache.num_blocks())
+}
+
+/// `num_heads` query heads share the `num_kv_heads` evenly, and `scale` is finite.
+pub(crate) fn check_heads_and_scale(
+    num_heads: usize,
+    num_kv_heads: usize,
+    scale: f32,
+) -> Result<(), AttnError> {
+    if num_heads == 0 || !num_heads.is_multiple_of(num_kv_heads) {
+        return Err(AttnError::HeadsNotDivisible { num_heads, num_kv_heads });
+    }
+    if !scale.is_finite() {
+        return Err(AttnError::NonFiniteScale(scale));
+    }
+    Ok(())
+}
+
+/// `query_start_loc` is `num_seqs + 1` non-decreasing prefix sums starting at 0.
+pub(crate) fn check_query_start_loc(meta: &PagedAttnMetadata<'_>) -> Result<(), AttnError> {
+    let qsl = meta.query_start_loc;
+    check_len("query_start_loc (num_seqs + 1)", meta.num_seqs() + 1, qsl.len())?;
+    if qsl[0] != 0 {
+        return Err(AttnError::InvalidQueryStartLoc(format!("starts at {}, not 0", qsl[0])));
+    }
+    if let Some(s) = qsl.windows(2).position(|w| w[1] < w[0]) {
+        return Err(AttnError::InvalidQueryStartLoc(format!("decreases after sequence {s}")));
+    }
+    Ok(())
+}
+
+/// The block tables of a batch whose `query_start_loc` is checked, against a cache of
+/// `num_blocks` blocks of `block_size` tokens (the host-side checks the CPU and the CUDA kernels
+/// share): the rows exist, no sequence has more query tokens than context, each sequence's table
+/// covers its context, and every block id a kernel will read (those of sequences with query
+/// tokens) is in range. Entries past a sequence's blocks are never read: they may hold anything.
+pub(crate) fn check_tables(
+    meta: &PagedAttnMetadata<'_>,
+    block_size: usize,
+    num_blocks: usize,
+) -> Result<(), AttnError> {
     check_rows(meta)?;
-    let bs = cache.block_size();
     for (s, &seq_len) in meta.seq_lens.iter().enumerate() {
         let q = meta.query_len(s);
         if q > seq_len {
             return Err(AttnError::QueryLongerThanContext { seq: s, query_len: q, seq_len });
         }
-        let needed = seq_len.div_ceil(bs);
+        let needed = seq_len.div_ceil(block_size);
         if needed > meta.max_blocks_per_seq {
             return Err(AttnError::ContextExceedsBlockTable {
                 seq: s,
@@ -149,8 +175,8 @@ pub(crate) fn validate(
         if q == 0 {
             continue;
         }
-        if let Some(&b) = meta.block_table(s)[..needed].iter().find(|&&b| b as usize >= cache.num_blocks()) {
-            return Err(AttnError::BlockOutOfRange { block: b as u64, num_blocks: cache.num_blocks() });
+        if let Some(&b) = meta.block_table(s)[..needed].iter().find(|&&b| b as usize >= num_blocks) {
+            return Err(AttnError::BlockOutOfRange { block: b as u64, num_blocks });
         }
     }
     Ok(())

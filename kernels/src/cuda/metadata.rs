@@ -23,98 +23,63 @@ pub struct DeviceAttnMetadata {
     /// Entries of the table uploaded so far, and its stride.
     table_len: usize,
     pub(crate) max_blocks_per_seq: usize,
-    pub(crate) num_seqs: usize,
-    pub(crate) num_tokens: usize,
-    pub(crate) max_context: usize,
-    pub(crate) is_decode: bool,
+    /// The checked batch these buffers hold (its counts are what a launch is sized by).
+    pub(crate) host: HostAttnMetadata,
 }
 
 /// Host side of [`DeviceAttnMetadata`]: the checked batch as the `i32` arrays the kernels read
 /// (the block table itself is uploaded as it is).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HostAttnMetadata {
     pub query_start_loc: Vec<i32>,
     pub seq_lens: Vec<i32>,
     /// Each sequence's row of the table (`s` itself for a dense table).
     pub seq_rows: Vec<i32>,
-    pub num_seqs: usize,
     pub num_tokens: usize,
     pub max_context: usize,
     pub is_decode: bool,
 }
 
 impl HostAttnMetadata {
-    /// Checks `meta` against a cache of `num_blocks` blocks of `block_size` tokens: the rows
-    /// exist, each sequence's table covers its context, and every block id a kernel will read is
-    /// in range. Entries past a sequence's blocks are never read, so they may hold anything.
+    /// Checks `meta` against a cache of `num_blocks` blocks of `block_size` tokens with the
+    /// CPU kernels' host-side checks (`query_start_loc`, the rows, each table covering its
+    /// context, every block id a kernel will read in range; entries past a sequence's blocks are
+    /// never read, so they may hold anything), and converts it to the kernels' `i32` arrays.
     pub fn check(
         meta: &PagedAttnMetadata<'_>,
         block_size: usize,
         num_blocks: usize,
     ) -> Result<Self, CudaError> {
-        let num_seqs = meta.seq_lens.len();
-        let bad = |m: String| Err(CudaError::InvalidArgument(m));
         if i32::try_from(num_blocks).is_err() {
-            return bad(format!("{num_blocks} blocks exceed the kernels' i32 block ids"));
+            return Err(CudaError::InvalidArgument(format!(
+                "{num_blocks} blocks exceed the kernels' i32 block ids"
+            )));
         }
-        if meta.query_start_loc.len() != num_seqs + 1 || meta.query_start_loc.first() != Some(&0) {
-            return bad(format!("query_start_loc must be {} prefix sums starting at 0", num_seqs + 1));
-        }
-        crate::meta::check_rows(meta).map_err(|e| CudaError::InvalidArgument(e.to_string()))?;
-        let to_i32 =
-            |v: usize| i32::try_from(v).map_err(|_| CudaError::InvalidArgument(format!("{v} exceeds i32")));
-        let mut max_context = 0;
-        let mut is_decode = true;
-        for s in 0..num_seqs {
-            let (a, b) = (meta.query_start_loc[s], meta.query_start_loc[s + 1]);
-            if b < a {
-                return bad(format!("query_start_loc decreases after sequence {s}"));
-            }
-            let (q, seq_len) = (b - a, meta.seq_lens[s]);
-            if q > seq_len {
-                return bad(format!("sequence {s}: {q} query tokens but a context of {seq_len}"));
-            }
-            is_decode &= q == 1;
-            if q == 0 {
-                continue;
-            }
-            let needed = seq_len.div_ceil(block_size);
-            if needed > meta.max_blocks_per_seq {
-                return bad(format!(
-                    "sequence {s}: {seq_len} tokens need {needed} blocks, the table has {}",
-                    meta.max_blocks_per_seq
-                ));
-            }
-            let row = &meta.block_table(s)[..needed];
-            if let Some(b) = row.iter().find(|&&b| b as usize >= num_blocks) {
-                return bad(format!("sequence {s}: block {b} out of range ({num_blocks} blocks)"));
-            }
-            max_context = max_context.max(seq_len);
-        }
+        crate::meta::check_query_start_loc(meta)
+            .and_then(|()| crate::meta::check_tables(meta, block_size, num_blocks))
+            .map_err(|e| CudaError::InvalidArgument(e.to_string()))?;
+        let num_seqs = meta.num_seqs();
+        let with_query = (0..num_seqs).filter(|&s| meta.query_len(s) > 0);
         Ok(HostAttnMetadata {
-            query_start_loc: meta.query_start_loc.iter().map(|&v| to_i32(v)).collect::<Result<_, _>>()?,
-            seq_lens: meta.seq_lens.iter().map(|&v| to_i32(v)).collect::<Result<_, _>>()?,
-            seq_rows: (0..num_seqs).map(|s| to_i32(meta.row(s))).collect::<Result<_, _>>()?,
-            num_seqs,
+            query_start_loc: to_i32(meta.query_start_loc.iter().copied())?,
+            seq_lens: to_i32(meta.seq_lens.iter().copied())?,
+            seq_rows: to_i32((0..num_seqs).map(|s| meta.row(s)))?,
             num_tokens: meta.num_tokens(),
-            max_context,
-            is_decode: is_decode && num_seqs > 0,
+            max_context: with_query.map(|s| meta.seq_lens[s]).max().unwrap_or(0),
+            is_decode: num_seqs > 0 && (0..num_seqs).all(|s| meta.query_len(s) == 1),
         })
     }
 }
 
-/// `host` as a device buffer; cudarc cannot allocate zero-length buffers portably, so an empty
-/// array keeps one element.
-pub(crate) fn upload_new<T: cudarc::driver::DeviceRepr + Default + Copy>(
-    stream: &Arc<CudaStream>,
-    host: &[T],
-) -> Result<CudaSlice<T>, CudaError> {
-    Ok(if host.is_empty() { stream.clone_htod(&[T::default()][..])? } else { stream.clone_htod(host)? })
+fn to_i32(values: impl Iterator<Item = usize>) -> Result<Vec<i32>, CudaError> {
+    values
+        .map(|v| i32::try_from(v).map_err(|_| CudaError::InvalidArgument(format!("{v} exceeds i32"))))
+        .collect()
 }
 
 /// Copies `host` into `dev` when it fits, else replaces `dev` by a buffer of `host`'s size, so a
-/// step allocates only when it outgrows every earlier one.
-pub(crate) fn upload_into<T: cudarc::driver::DeviceRepr + Default + Copy>(
+/// step allocates only when it outgrows every earlier one (an empty `host` leaves `dev` as it is).
+pub(crate) fn upload_into<T: cudarc::driver::DeviceRepr>(
     stream: &Arc<CudaStream>,
     host: &[T],
     dev: &mut CudaSlice<T>,
@@ -132,26 +97,25 @@ pub(crate) fn upload_into<T: cudarc::driver::DeviceRepr + Default + Copy>(
 
 impl DeviceAttnMetadata {
     /// Checks `meta` against a cache of `num_blocks` blocks of `block_size` tokens and uploads
-    /// it, block table included.
+    /// it, block table included, into new buffers (cudarc cannot allocate zero-length buffers
+    /// portably, so an empty array keeps one zero).
     pub fn upload(
         stream: &Arc<CudaStream>,
         meta: &PagedAttnMetadata<'_>,
         block_size: usize,
         num_blocks: usize,
     ) -> Result<Self, CudaError> {
-        let host = HostAttnMetadata::check(meta, block_size, num_blocks)?;
-        Ok(DeviceAttnMetadata {
-            query_start_loc: upload_new(stream, &host.query_start_loc)?,
-            seq_lens: upload_new(stream, &host.seq_lens)?,
-            seq_rows: upload_new(stream, &host.seq_rows)?,
-            block_tables: upload_new(stream, meta.block_tables)?,
-            table_len: meta.block_tables.len(),
-            max_blocks_per_seq: meta.max_blocks_per_seq,
-            num_seqs: host.num_seqs,
-            num_tokens: host.num_tokens,
-            max_context: host.max_context,
-            is_decode: host.is_decode,
-        })
+        let mut dev = DeviceAttnMetadata {
+            query_start_loc: stream.alloc_zeros(1)?,
+            seq_lens: stream.alloc_zeros(1)?,
+            seq_rows: stream.alloc_zeros(1)?,
+            block_tables: stream.alloc_zeros(1)?,
+            table_len: 0,
+            max_blocks_per_seq: 0,
+            host: HostAttnMetadata::default(),
+        };
+        dev.reupload(stream, meta, 0..0, block_size, num_blocks)?;
+        Ok(dev)
     }
 
     /// Like [`DeviceAttnMetadata::upload`], into these buffers (grown only when too small). Of
@@ -184,26 +148,16 @@ impl DeviceAttnMetadata {
         }
         self.table_len = len;
         self.max_blocks_per_seq = stride;
-        self.num_seqs = host.num_seqs;
-        self.num_tokens = host.num_tokens;
-        self.max_context = host.max_context;
-        self.is_decode = host.is_decode;
+        self.host = host;
         Ok(())
     }
 
     pub fn num_tokens(&self) -> usize {
-        self.num_tokens
-    }
-    pub fn num_seqs(&self) -> usize {
-        self.num_seqs
+        self.host.num_tokens
     }
     /// Longest context any query token attends to.
     pub fn max_context(&self) -> usize {
-        self.max_context
-    }
-    /// Every sequence has exactly one query token.
-    pub fn is_decode(&self) -> bool {
-        self.is_decode
+        self.host.max_context
     }
 }
 

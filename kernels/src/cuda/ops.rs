@@ -8,6 +8,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use kv_cache::DType;
 use kv_cache::cuda::{CudaKvCache, DeviceLayerCache};
 
 use super::error::CudaError;
@@ -17,6 +18,7 @@ use super::kernels::{
 };
 use super::metadata::{DeviceAttnMetadata, upload_into};
 use super::runtime::CudaKernels;
+use super::swap::check_pairs;
 
 /// vLLM's choice between the single-pass (v1) and the partitioned (v2) decode kernel: v1 when the
 /// longest context is at most 8192 tokens and either it fits one partition or there are enough
@@ -101,20 +103,10 @@ pub fn paged_attention_with(
     variant: Option<AttentionVariant>,
 ) -> Result<AttentionVariant, CudaError> {
     let g = *cache.geometry();
-    let cfg = AttentionConfig { dtype: g.dtype, head_size: g.head_size, block_size: g.block_size };
-    if !cfg.is_supported() {
-        return Err(CudaError::Unsupported(format!("{cfg:?}")));
-    }
-    if num_heads == 0 || !num_heads.is_multiple_of(g.num_kv_heads) {
-        return Err(CudaError::InvalidArgument(format!(
-            "{num_heads} heads over {} kv heads",
-            g.num_kv_heads
-        )));
-    }
-    if !scale.is_finite() {
-        return Err(CudaError::InvalidArgument(format!("scale {scale}")));
-    }
-    let rows = meta.num_tokens * num_heads * g.head_size;
+    let cfg = kernel_config(g.dtype, g.head_size, g.block_size)?;
+    crate::meta::check_heads_and_scale(num_heads, g.num_kv_heads, scale)
+        .map_err(|e| CudaError::InvalidArgument(e.to_string()))?;
+    let rows = meta.host.num_tokens * num_heads * g.head_size;
     if query.len() < rows || out.len() < rows {
         return Err(CudaError::InvalidArgument(format!(
             "query/out hold {}/{} values, the batch needs {rows}",
@@ -122,64 +114,57 @@ pub fn paged_attention_with(
             out.len()
         )));
     }
-    if meta.num_tokens == 0 {
+    if meta.host.num_tokens == 0 {
         return Ok(AttentionVariant::V1);
     }
     let group = num_heads / g.num_kv_heads;
     let qpk = cfg.qpk_for_group(group);
-    let v1_shared = shared_bytes(&cfg, qpk, meta.max_context);
-    let mut chosen = variant.unwrap_or_else(|| choose_variant(meta.max_context, meta.num_tokens, num_heads));
+    let v1_shared = shared_bytes(&cfg, qpk, meta.host.max_context);
+    let mut chosen =
+        variant.unwrap_or_else(|| choose_variant(meta.host.max_context, meta.host.num_tokens, num_heads));
     if chosen == AttentionVariant::V1 && v1_shared > kernels.max_shared_bytes() {
         chosen = AttentionVariant::V2;
     }
-    let parts = meta.max_context.div_ceil(PARTITION_SIZE).max(1);
+    let parts = meta.host.max_context.div_ceil(PARTITION_SIZE).max(1);
     if chosen == AttentionVariant::V2
-        && (meta.num_tokens > workspace.max_tokens
+        && (meta.host.num_tokens > workspace.max_tokens
             || num_heads > workspace.num_heads
             || parts > workspace.max_parts)
     {
         return Err(CudaError::InvalidArgument(format!(
             "workspace sized for {} tokens x {} heads x {} partitions, batch needs {} x {num_heads} x {parts}",
-            workspace.max_tokens, workspace.num_heads, workspace.max_parts, meta.num_tokens
+            workspace.max_tokens, workspace.num_heads, workspace.max_parts, meta.host.num_tokens
         )));
     }
     let entry = cfg.attention_entry(qpk);
     let func = kernels.function_lazy(&cfg.program_name(), &entry, || cfg.program())?;
     let stream = kernels.device().stream().clone();
-    let dims =
-        |v: usize| u32::try_from(v).map_err(|_| CudaError::InvalidArgument(format!("grid dimension {v}")));
     // Tokens go on x (up to 2³¹ − 1 blocks); head groups and partitions on y and z (≤ 65 535).
-    let tokens = grid_x(meta.num_tokens)?;
-    let head_groups = grid_yz(g.num_kv_heads * group / qpk, "head groups")?;
-    let (grid_z, shared) = match chosen {
-        AttentionVariant::V1 => (1, v1_shared),
+    let tokens = launch_dim(meta.host.num_tokens, MAX_GRID_X, "tokens")?;
+    let head_groups = launch_dim(g.num_kv_heads * group / qpk, MAX_GRID_YZ, "head groups")?;
+    let null: u64 = 0;
+    let mut b = stream.launch_builder(&func);
+    // v1 writes `out` directly; v2 writes per-partition results for the reduce kernel.
+    let (grid_z, shared, partition_size) = match chosen {
+        AttentionVariant::V1 => {
+            b.arg(&mut *out).arg(&null).arg(&null);
+            (1, v1_shared, 0i32)
+        }
         AttentionVariant::V2 => {
-            (grid_yz(parts, "context partitions")?, shared_bytes(&cfg, qpk, PARTITION_SIZE))
+            b.arg(&mut workspace.tmp_out).arg(&mut workspace.exp_sums).arg(&mut workspace.max_logits);
+            let grid_z = launch_dim(parts, MAX_GRID_YZ, "context partitions")?;
+            (grid_z, shared_bytes(&cfg, qpk, PARTITION_SIZE), PARTITION_SIZE as i32)
         }
     };
     let cfg_launch = LaunchConfig {
         grid_dim: (tokens, head_groups, grid_z),
         block_dim: (ATTENTION_THREADS, 1, 1),
-        shared_mem_bytes: dims(shared)?,
+        shared_mem_bytes: launch_dim(shared, MAX_SHARED_BYTES, "shared bytes")?,
     };
-    let null: u64 = 0;
     let max_blocks = meta.max_blocks_per_seq as i32;
-    let num_seqs = meta.num_seqs as i32;
+    let num_seqs = meta.host.seq_lens.len() as i32;
     let (nh, nkv) = (num_heads as i32, g.num_kv_heads as i32);
     let max_parts = workspace.max_parts as i32;
-    let partition_size = match chosen {
-        AttentionVariant::V1 => 0i32,
-        AttentionVariant::V2 => PARTITION_SIZE as i32,
-    };
-    let mut b = stream.launch_builder(&func);
-    match chosen {
-        AttentionVariant::V1 => {
-            b.arg(&mut *out).arg(&null).arg(&null);
-        }
-        AttentionVariant::V2 => {
-            b.arg(&mut workspace.tmp_out).arg(&mut workspace.exp_sums).arg(&mut workspace.max_logits);
-        }
-    }
     b.arg(query)
         .arg(cache.key())
         .arg(cache.value())
@@ -187,7 +172,7 @@ pub fn paged_attention_with(
         .arg(&max_blocks)
         .arg(&meta.seq_rows)
         .arg(&meta.seq_lens);
-    if meta.is_decode {
+    if meta.host.is_decode {
         b.arg(&null);
     } else {
         b.arg(&meta.query_start_loc);
@@ -205,16 +190,16 @@ pub fn paged_attention_with(
             .arg(&workspace.max_logits)
             .arg(&workspace.tmp_out)
             .arg(&meta.seq_lens);
-        if meta.is_decode {
+        if meta.host.is_decode {
             r.arg(&null);
         } else {
             r.arg(&meta.query_start_loc);
         }
         r.arg(&num_seqs).arg(&nh).arg(&head_size).arg(&max_parts).arg(&partition_size);
         let rc = LaunchConfig {
-            grid_dim: (tokens, grid_yz(num_heads, "heads")?, 1),
+            grid_dim: (tokens, launch_dim(num_heads, MAX_GRID_YZ, "heads")?, 1),
             block_dim: (ATTENTION_THREADS, 1, 1),
-            shared_mem_bytes: dims(4 * workspace.max_parts)?,
+            shared_mem_bytes: launch_dim(4 * workspace.max_parts, MAX_SHARED_BYTES, "shared bytes")?,
         };
         // SAFETY: matches paged_attention_v2_reduce's parameters; sizes checked above.
         unsafe { r.launch(rc) }?;
@@ -230,12 +215,12 @@ pub struct DeviceSlotMapping {
 }
 
 impl DeviceSlotMapping {
-    /// Checks every non-negative slot is below `num_slots` and uploads the mapping.
+    /// Checks every non-negative slot is below `num_slots` and uploads the mapping into a new
+    /// buffer (of one element when `slots` is empty: cudarc cannot allocate zero-length buffers).
     pub fn upload(stream: &Arc<CudaStream>, slots: &[i64], num_slots: usize) -> Result<Self, CudaError> {
-        check_slots(slots, num_slots)?;
-        let slots_dev =
-            if slots.is_empty() { stream.clone_htod(&[-1i64][..])? } else { stream.clone_htod(slots)? };
-        Ok(DeviceSlotMapping { slots: slots_dev, num_tokens: slots.len() })
+        let mut mapping = DeviceSlotMapping { slots: stream.alloc_zeros(1)?, num_tokens: 0 };
+        mapping.reupload(stream, slots, num_slots)?;
+        Ok(mapping)
     }
 
     /// Like [`DeviceSlotMapping::upload`], into this buffer (grown only when too small).
@@ -271,10 +256,7 @@ pub fn reshape_and_cache(
     cache: &mut DeviceLayerCache,
 ) -> Result<(), CudaError> {
     let g = *cache.geometry();
-    let cfg = AttentionConfig { dtype: g.dtype, head_size: g.head_size, block_size: g.block_size };
-    if !cfg.is_supported() {
-        return Err(CudaError::Unsupported(format!("{cfg:?}")));
-    }
+    let cfg = kernel_config(g.dtype, g.head_size, g.block_size)?;
     let row = g.num_kv_heads * g.head_size;
     if key.len() < slots.num_tokens * row || value.len() < slots.num_tokens * row {
         return Err(CudaError::InvalidArgument(format!(
@@ -291,8 +273,7 @@ pub fn reshape_and_cache(
     let (kc, vc) = cache.key_value_mut();
     let (nkv, hs, bs) = (g.num_kv_heads as i32, g.head_size as i32, g.block_size as i32);
     let stride = row as i64;
-    let grid =
-        u32::try_from(slots.num_tokens).map_err(|_| CudaError::InvalidArgument("too many tokens".into()))?;
+    let grid = launch_dim(slots.num_tokens, MAX_GRID_X, "tokens")?;
     let mut b = stream.launch_builder(&func);
     b.arg(key)
         .arg(value)
@@ -321,25 +302,15 @@ pub fn copy_blocks(
         return Ok(());
     }
     let c = *cache.config();
-    if let Some(&(s, d)) =
-        pairs.iter().find(|&&(s, d)| s as usize >= c.num_blocks || d as usize >= c.num_blocks)
-    {
-        return Err(CudaError::InvalidArgument(format!(
-            "copy pair ({s}, {d}) out of range ({} blocks)",
-            c.num_blocks
-        )));
-    }
-    let cfg = AttentionConfig { dtype: c.dtype, head_size: c.head_size, block_size: c.block_size };
-    if !cfg.is_supported() {
-        return Err(CudaError::Unsupported(format!("{cfg:?}")));
-    }
+    check_pairs("copy", pairs, c.num_blocks, c.num_blocks)?;
+    let cfg = kernel_config(c.dtype, c.head_size, c.block_size)?;
     let func = kernels.function_lazy(&cfg.program_name(), COPY_BLOCKS_ENTRY, || cfg.program())?;
     let stream = kernels.device().stream().clone();
     let flat: Vec<i64> = pairs.iter().flat_map(|&(s, d)| [i64::from(s), i64::from(d)]).collect();
     let mapping = stream.clone_htod(&flat)?;
     let block_bytes = cache.block_bytes() as i64;
-    let layers = grid_yz(cache.num_layers(), "layers")?;
-    let n = grid_x(pairs.len())?;
+    let layers = launch_dim(cache.num_layers(), MAX_GRID_YZ, "layers")?;
+    let n = launch_dim(pairs.len(), MAX_GRID_X, "copy pairs")?;
     let (kp, vp) = cache.layer_pointer_tables();
     let mut b = stream.launch_builder(&func);
     b.arg(kp).arg(vp).arg(&mapping).arg(&block_bytes);
@@ -350,42 +321,38 @@ pub fn copy_blocks(
     Ok(())
 }
 
-/// Most blocks a grid may have along y or z (CUDA's limit; x allows 2³¹ − 1).
-const MAX_GRID_YZ: usize = 65_535;
-/// Most blocks along x.
-const MAX_GRID_X: usize = (1 << 31) - 1;
-
-/// A grid's x extent (the dimension that grows with the batch: tokens, copy pairs).
-fn grid_x(n: usize) -> Result<u32, CudaError> {
-    if n > MAX_GRID_X {
-        return Err(CudaError::InvalidArgument(format!(
-            "{n} blocks along the grid's x (at most {MAX_GRID_X})"
-        )));
-    }
-    u32::try_from(n).map_err(|_| CudaError::InvalidArgument(format!("grid dimension {n}")))
+/// The kernels of a cache of `dtype` blocks of `block_size` tokens of `head_size`, if they exist.
+fn kernel_config(dtype: DType, head_size: usize, block_size: usize) -> Result<AttentionConfig, CudaError> {
+    let cfg = AttentionConfig { dtype, head_size, block_size };
+    if cfg.is_supported() { Ok(cfg) } else { Err(CudaError::Unsupported(format!("{cfg:?}"))) }
 }
 
-/// A grid's y or z extent, checked against CUDA's 65 535 instead of failing at launch.
-fn grid_yz(n: usize, what: &str) -> Result<u32, CudaError> {
-    if n > MAX_GRID_YZ {
-        return Err(CudaError::InvalidArgument(format!(
-            "{n} {what} on a grid axis that holds {MAX_GRID_YZ}"
-        )));
+/// Most blocks a grid may have along y or z (CUDA's limit; x allows 2³¹ − 1).
+const MAX_GRID_YZ: usize = 65_535;
+/// Most blocks along x (the axis that grows with the batch: tokens, copy pairs).
+const MAX_GRID_X: usize = (1 << 31) - 1;
+/// Most dynamic shared memory a launch can ask for (a `u32` launch parameter).
+const MAX_SHARED_BYTES: usize = u32::MAX as usize;
+
+/// `n` `what` as a launch dimension (a grid extent or shared memory bytes) of at most `max`,
+/// checked here instead of failing at launch.
+fn launch_dim(n: usize, max: usize, what: &str) -> Result<u32, CudaError> {
+    match u32::try_from(n) {
+        Ok(v) if n <= max => Ok(v),
+        _ => Err(CudaError::InvalidArgument(format!("{n} {what} exceed the launch limit of {max}"))),
     }
-    u32::try_from(n).map_err(|_| CudaError::InvalidArgument(format!("grid dimension {n}")))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kv_cache::DType;
 
     #[test]
     fn batch_sized_dimensions_go_on_x_and_the_others_are_checked() {
-        assert_eq!(grid_x(100_000).ok(), Some(100_000));
-        assert!(grid_x(MAX_GRID_X + 1).is_err());
-        assert_eq!(grid_yz(65_535, "heads").ok(), Some(65_535));
-        let e = grid_yz(65_536, "layers").err().map(|e| e.to_string()).unwrap_or_default();
+        assert_eq!(launch_dim(100_000, MAX_GRID_X, "tokens").ok(), Some(100_000));
+        assert!(launch_dim(MAX_GRID_X + 1, MAX_GRID_X, "tokens").is_err());
+        assert_eq!(launch_dim(65_535, MAX_GRID_YZ, "heads").ok(), Some(65_535));
+        let e = launch_dim(65_536, MAX_GRID_YZ, "layers").err().map(|e| e.to_string()).unwrap_or_default();
         assert!(e.contains("65536 layers"), "{e}");
     }
 
