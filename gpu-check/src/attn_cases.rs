@@ -48,22 +48,17 @@ impl AttnCase {
         }
         let mut cache = LayerCache::new(geometry)?;
         cache.fill(f32::NAN);
-        let mut block_tables = vec![u32::MAX; chunks.len() * max_blocks_per_seq];
+        let n = chunks.len();
+        let seq_rows: Vec<u32> = (0..n).map(|s| (n + 1 - s) as u32).collect();
+        let mut block_tables = vec![u32::MAX; (n + 2) * max_blocks_per_seq];
         let mut next = physical.into_iter();
         let mut slots = Vec::new();
-        for (s, &(_, len)) in chunks.iter().enumerate() {
-            let row = &mut block_tables[s * max_blocks_per_seq..][..max_blocks_per_seq];
+        for (&(_, len), &r) in chunks.iter().zip(&seq_rows) {
+            let row = &mut block_tables[r as usize * max_blocks_per_seq..][..max_blocks_per_seq];
             for b in row.iter_mut().take(len.div_ceil(bs)) {
                 *b = next.next().unwrap_or(0);
             }
             slots.extend((0..len).map(|i| (row[i / bs] as usize * bs + i % bs) as i64));
-        }
-        let n = chunks.len();
-        let seq_rows: Vec<u32> = (0..n).map(|s| (n + 1 - s) as u32).collect();
-        let mut persistent = vec![u32::MAX; (n + 2) * max_blocks_per_seq];
-        for (s, &r) in seq_rows.iter().enumerate() {
-            persistent[r as usize * max_blocks_per_seq..][..max_blocks_per_seq]
-                .copy_from_slice(&block_tables[s * max_blocks_per_seq..][..max_blocks_per_seq]);
         }
         let row = geometry.num_kv_heads * geometry.head_size;
         let kv: Vec<f32> = (0..slots.len() * row).map(|_| rng.random_range(-1.0f32..1.0)).collect();
@@ -85,7 +80,7 @@ impl AttnCase {
             query,
             query_start_loc,
             seq_lens: chunks.iter().map(|&(_, l)| l).collect(),
-            block_tables: persistent,
+            block_tables,
             max_blocks_per_seq,
             seq_rows,
             num_heads,
@@ -150,51 +145,29 @@ pub fn attention_tolerance(dtype: DType) -> f64 {
 /// Raw bytes of a host layer's key and value tensors (to compare with a device copy exactly).
 pub fn layer_bytes(layer: &LayerCache) -> (Vec<u8>, Vec<u8>) {
     use kv_cache::CacheSlices;
+    fn le<T: Copy, const N: usize>(values: &[T], to_le_bytes: fn(T) -> [u8; N]) -> Vec<u8> {
+        values.iter().flat_map(|&v| to_le_bytes(v)).collect()
+    }
     match layer.slices() {
-        CacheSlices::F32 { key, value } => (bytemuck_bytes(key), bytemuck_bytes(value)),
-        CacheSlices::F16 { key, value } => {
-            (half_bytes(key.iter().map(|v| v.to_bits())), half_bytes(value.iter().map(|v| v.to_bits())))
-        }
-        CacheSlices::BF16 { key, value } => {
-            (half_bytes(key.iter().map(|v| v.to_bits())), half_bytes(value.iter().map(|v| v.to_bits())))
-        }
+        CacheSlices::F32 { key, value } => (le(key, f32::to_le_bytes), le(value, f32::to_le_bytes)),
+        CacheSlices::F16 { key, value } => (le(key, f16::to_le_bytes), le(value, f16::to_le_bytes)),
+        CacheSlices::BF16 { key, value } => (le(key, bf16::to_le_bytes), le(value, bf16::to_le_bytes)),
         #[allow(unreachable_patterns)]
         _ => (Vec::new(), Vec::new()),
     }
 }
 
-fn bytemuck_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-fn half_bytes(v: impl Iterator<Item = u16>) -> Vec<u8> {
-    v.flat_map(|x| x.to_le_bytes()).collect()
-}
-
 /// Element-wise equality of two cache byte images of `dtype`, treating any two NaNs as equal
 /// (a padding slot must stay NaN, a written slot must match bit for bit).
 pub fn cache_images_equal(a: &[u8], b: &[u8], dtype: DType) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
+    let is_nan = |x: &[u8]| match dtype {
+        DType::F32 => f32::from_le_bytes([x[0], x[1], x[2], x[3]]).is_nan(),
+        DType::F16 => f16::from_le_bytes([x[0], x[1]]).is_nan(),
+        DType::BF16 => bf16::from_le_bytes([x[0], x[1]]).is_nan(),
+    };
     let n = dtype.size_in_bytes();
-    a.chunks_exact(n).zip(b.chunks_exact(n)).all(|(x, y)| {
-        x == y
-            || match dtype {
-                DType::F32 => {
-                    f32::from_le_bytes([x[0], x[1], x[2], x[3]]).is_nan()
-                        && f32::from_le_bytes([y[0], y[1], y[2], y[3]]).is_nan()
-                }
-                DType::F16 => {
-                    f16::from_bits(u16::from_le_bytes([x[0], x[1]])).is_nan()
-                        && f16::from_bits(u16::from_le_bytes([y[0], y[1]])).is_nan()
-                }
-                DType::BF16 => {
-                    bf16::from_bits(u16::from_le_bytes([x[0], x[1]])).is_nan()
-                        && bf16::from_bits(u16::from_le_bytes([y[0], y[1]])).is_nan()
-                }
-            }
-    })
+    a.len() == b.len()
+        && a.chunks_exact(n).zip(b.chunks_exact(n)).all(|(x, y)| x == y || (is_nan(x) && is_nan(y)))
 }
 
 /// The batches every configuration is checked on: `(name, [(query_len, seq_len)])`. Contexts
@@ -262,21 +235,15 @@ mod tests {
             for (name, chunks) in batches() {
                 let case = AttnCase::random(geometry(dtype, 16), 4, &chunks, 11)?;
                 let want = case.reference()?;
-                let mut got = vec![0.0f32; case.query.len()];
-                kernels::paged_attention(&mut got, &case.query, &case.cache, &case.meta(), 4, case.scale)?;
-                let err = max_rel_error(&got, &want);
+                let cpu = |scale: f32| -> Result<Vec<f32>, AttnError> {
+                    let mut out = vec![0.0f32; case.query.len()];
+                    kernels::paged_attention(&mut out, &case.query, &case.cache, &case.meta(), 4, scale)?;
+                    Ok(out)
+                };
+                let err = max_rel_error(&cpu(case.scale)?, &want);
                 assert!(err <= attention_tolerance(dtype), "{dtype:?} {name}: CPU kernel off by {err:.2e}");
                 // The same case with the softmax flattened (logits scaled down 8x) is far off.
-                let mut flat = vec![0.0f32; case.query.len()];
-                kernels::paged_attention(
-                    &mut flat,
-                    &case.query,
-                    &case.cache,
-                    &case.meta(),
-                    4,
-                    case.scale / 8.0,
-                )?;
-                let off = max_rel_error(&flat, &want);
+                let off = max_rel_error(&cpu(case.scale / 8.0)?, &want);
                 assert!(
                     off > 100.0 * attention_tolerance(dtype),
                     "{dtype:?} {name}: a flat softmax is only {off:.2e} off"

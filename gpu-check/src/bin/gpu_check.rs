@@ -15,8 +15,10 @@ use std::time::Instant;
 use gpu_check::attn_cases::{
     AttnCase, attention_tolerance, batches, cache_images_equal, decode_figures, layer_bytes, max_rel_error,
 };
+use gpu_check::figures::{Figures, Res, finish};
 use kernels::cuda::DeviceAttnMetadata;
-use kernels::cuda::kernels::{AttentionVariant, BLOCK_SIZES, CACHE_DTYPES, HEAD_SIZES, all_programs};
+use kernels::cuda::check::for_each_parallel;
+use kernels::cuda::kernels::{AttentionConfig, AttentionVariant, all_programs, attention_configs};
 use kernels::cuda::ops::{self, AttnWorkspace, DeviceSlotMapping};
 use kernels::cuda::{CudaDevice, CudaError, CudaKernels, cubin_cache::CubinCache, nvrtc};
 use kv_cache::cuda::{CudaKvCache, DeviceLayerCache};
@@ -24,9 +26,7 @@ use kv_cache::{BlockShape, CacheConfig, CacheGeometry, DType, KvCache, LayerCach
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use serde_json::{Map, Value, json};
-
-type Res<T> = Result<T, Box<dyn std::error::Error>>;
+use serde_json::{Value, json};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -41,29 +41,12 @@ fn main() -> ExitCode {
             }
         };
     }
-    let out_dir = std::env::var_os("OUT").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
     let cubin_dir = flag("--cubins")
         .map(PathBuf::from)
         .or_else(|| std::env::current_exe().ok().and_then(|e| e.parent().map(|p| p.join("cubins"))));
-    let mut figures = Map::new();
+    let mut figures = Figures::new();
     let result = run(cubin_dir, &mut figures);
-    let ok = match &result {
-        Ok(failures) => *failures == 0,
-        Err(e) => {
-            figures.insert("error".into(), Value::String(e.to_string()));
-            false
-        }
-    };
-    figures.insert("check.passed".into(), json!(if ok { 1 } else { 0 }));
-    let text = serde_json::to_string_pretty(&Value::Object(figures)).unwrap_or_default();
-    println!("{text}");
-    if let Err(e) =
-        std::fs::create_dir_all(&out_dir).and_then(|()| std::fs::write(out_dir.join("gpu_check.json"), &text))
-    {
-        eprintln!("gpu_check: writing {}: {e}", out_dir.display());
-        return ExitCode::FAILURE;
-    }
-    if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+    finish("gpu_check", "check.passed", figures, result)
 }
 
 /// Compiles every program for `arch` into the cubin cache folder (no GPU needed).
@@ -71,32 +54,23 @@ fn precompile(dir: PathBuf, arch: &str) -> Res<()> {
     let cache = CubinCache::new(Some(dir.clone()));
     let headers = std::env::temp_dir().join("kernels-nvrtc-headers");
     let programs = all_programs();
-    let next = std::sync::atomic::AtomicUsize::new(0);
     let jobs = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
-    let errors = std::sync::Mutex::new(Vec::new());
-    std::thread::scope(|s| {
-        for _ in 0..jobs {
-            s.spawn(|| {
-                while let Some(p) = programs.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) {
-                    let r =
-                        nvrtc::compile(p, arch, &headers, false).and_then(|c| cache.store(p, arch, &c.cubin));
-                    if let Err(e) = r {
-                        errors.lock().unwrap_or_else(|e| e.into_inner()).push(e.to_string());
-                    }
-                }
-            });
+    let first_error = std::sync::Mutex::new(None);
+    for_each_parallel(jobs, &programs, |p| {
+        if let Err(e) = nvrtc::compile(p, arch, &headers, false).and_then(|c| cache.store(p, arch, &c.cubin))
+        {
+            first_error.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e);
         }
     });
-    let errors = errors.into_inner().unwrap_or_else(|e| e.into_inner());
-    if let Some(e) = errors.first() {
-        return Err(e.clone().into());
+    if let Some(e) = first_error.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        return Err(e.into());
     }
     println!("precompiled {} programs for {arch} into {}", programs.len(), dir.display());
     Ok(())
 }
 
 /// Runs the checks and benchmarks; returns the number of failed checks.
-fn run(cubin_dir: Option<PathBuf>, figures: &mut Map<String, Value>) -> Res<usize> {
+fn run(cubin_dir: Option<PathBuf>, figures: &mut Figures) -> Res<usize> {
     let device = CudaDevice::open(0)?;
     figures.insert("device".into(), Value::String(device.name()?));
     let kernels = CudaKernels::with_cache_dir(device.clone(), cubin_dir)?;
@@ -114,11 +88,7 @@ fn run(cubin_dir: Option<PathBuf>, figures: &mut Map<String, Value>) -> Res<usiz
 }
 
 /// Runs one section; its error is recorded as `error.<name>` and counted as one failure.
-fn section(
-    name: &str,
-    figures: &mut Map<String, Value>,
-    run: impl FnOnce(&mut Map<String, Value>) -> Res<usize>,
-) -> usize {
+fn section(name: &str, figures: &mut Figures, run: impl FnOnce(&mut Figures) -> Res<usize>) -> usize {
     match run(figures) {
         Ok(failures) => failures,
         Err(e) => {
@@ -129,20 +99,18 @@ fn section(
     }
 }
 
-fn record_max(figures: &mut Map<String, Value>, key: &str, v: f64) {
+fn record_max(figures: &mut Figures, key: &str, v: f64) {
     let old = figures.get(key).and_then(Value::as_f64).unwrap_or(0.0);
     figures.insert(key.into(), json!(old.max(if v.is_finite() { v } else { 1e30 })));
 }
 
-fn check_attention(kernels: &CudaKernels, figures: &mut Map<String, Value>) -> Res<usize> {
+fn check_attention(kernels: &CudaKernels, figures: &mut Figures) -> Res<usize> {
     let stream = kernels.device().stream().clone();
     let mut failures = 0;
     let mut cases = 0;
-    for (i, (&dtype, (&head_size, &block_size))) in CACHE_DTYPES
-        .iter()
-        .flat_map(|d| HEAD_SIZES.iter().flat_map(move |h| BLOCK_SIZES.iter().map(move |b| (d, (h, b)))))
-        .enumerate()
-    {
+    // The cases that could not run (upload or launch errors), as `check.attention.errors`.
+    let mut case_errors = Vec::new();
+    for (i, AttentionConfig { dtype, head_size, block_size }) in attention_configs().enumerate() {
         let group = [1, 3, 4, 8][i % 4];
         let num_kv_heads = 2;
         let num_heads = num_kv_heads * group;
@@ -158,7 +126,7 @@ fn check_attention(kernels: &CudaKernels, figures: &mut Map<String, Value>) -> R
                 Err(e) => {
                     failures += 1;
                     eprintln!("FAIL {what}: {e}");
-                    record_error(figures, "check.attention.errors", &format!("{what}: {e}"));
+                    case_errors.push(format!("{what}: {e}"));
                     continue;
                 }
             };
@@ -173,6 +141,9 @@ fn check_attention(kernels: &CudaKernels, figures: &mut Map<String, Value>) -> R
                 }
             }
         }
+    }
+    if !case_errors.is_empty() {
+        figures.insert("check.attention.errors".into(), json!(case_errors));
     }
     figures.insert("check.attention.cases".into(), json!(cases));
     figures.insert("check.attention.failures".into(), json!(failures));
@@ -217,65 +188,43 @@ fn attention_case(
     Ok(errors)
 }
 
-/// Appends `message` to the list of errors under `key`.
-fn record_error(figures: &mut Map<String, Value>, key: &str, message: &str) {
-    match figures.entry(key.to_owned()).or_insert_with(|| Value::Array(Vec::new())) {
-        Value::Array(list) => list.push(Value::String(message.to_owned())),
-        other => *other = Value::String(message.to_owned()),
-    }
-}
-
-fn check_reshape_and_cache(kernels: &CudaKernels, figures: &mut Map<String, Value>) -> Res<usize> {
+fn check_reshape_and_cache(kernels: &CudaKernels, figures: &mut Figures) -> Res<usize> {
     let stream = kernels.device().stream().clone();
     let mut failures = 0;
     let mut rng = ChaCha8Rng::seed_from_u64(11);
-    for &dtype in &CACHE_DTYPES {
-        for &head_size in &HEAD_SIZES {
-            for &block_size in &BLOCK_SIZES {
-                let geometry =
-                    CacheGeometry { num_blocks: 13, num_kv_heads: 3, head_size, block_size, dtype };
-                let mut host = LayerCache::new(geometry)?;
-                host.fill(f32::NAN);
-                let mut dev = DeviceLayerCache::new(&stream, geometry)?;
-                dev.upload(&stream, &host)?;
-                let mut slots: Vec<i64> = (0..geometry.num_slots() as i64).collect();
-                slots.shuffle(&mut rng);
-                slots.truncate(37);
-                for s in slots.iter_mut().step_by(5) {
-                    *s = -1; // padding
-                }
-                let n = slots.len() * 3 * head_size;
-                let k: Vec<f32> = (0..n).map(|_| rng.random_range(-4.0f32..4.0)).collect();
-                let v: Vec<f32> = (0..n).map(|_| rng.random_range(-4.0f32..4.0)).collect();
-                kernels::reshape_and_cache(&k, &v, &slots, &mut host)?;
-                let mapping = DeviceSlotMapping::upload(&stream, &slots, geometry.num_slots())?;
-                ops::reshape_and_cache(
-                    kernels,
-                    &stream.clone_htod(&k)?,
-                    &stream.clone_htod(&v)?,
-                    &mapping,
-                    &mut dev,
-                )?;
-                let mut back = LayerCache::new(geometry)?;
-                dev.download(&stream, &mut back)?;
-                let (hk, hv) = layer_bytes(&host);
-                let (dk, dv) = layer_bytes(&back);
-                if !(cache_images_equal(&hk, &dk, dtype) && cache_images_equal(&hv, &dv, dtype)) {
-                    failures += 1;
-                    eprintln!("FAIL reshape_and_cache {dtype} h{head_size} b{block_size}");
-                }
-            }
+    for AttentionConfig { dtype, head_size, block_size } in attention_configs() {
+        let geometry = CacheGeometry { num_blocks: 13, num_kv_heads: 3, head_size, block_size, dtype };
+        let mut host = LayerCache::new(geometry)?;
+        host.fill(f32::NAN);
+        let mut dev = DeviceLayerCache::new(&stream, geometry)?;
+        dev.upload(&stream, &host)?;
+        let mut slots: Vec<i64> = (0..geometry.num_slots() as i64).collect();
+        slots.shuffle(&mut rng);
+        slots.truncate(37);
+        for s in slots.iter_mut().step_by(5) {
+            *s = -1; // padding
+        }
+        let n = slots.len() * 3 * head_size;
+        let k: Vec<f32> = (0..n).map(|_| rng.random_range(-4.0f32..4.0)).collect();
+        let v: Vec<f32> = (0..n).map(|_| rng.random_range(-4.0f32..4.0)).collect();
+        kernels::reshape_and_cache(&k, &v, &slots, &mut host)?;
+        let mapping = DeviceSlotMapping::upload(&stream, &slots, geometry.num_slots())?;
+        let (key, value) = (stream.clone_htod(&k)?, stream.clone_htod(&v)?);
+        ops::reshape_and_cache(kernels, &key, &value, &mapping, &mut dev)?;
+        let mut back = LayerCache::new(geometry)?;
+        dev.download(&stream, &mut back)?;
+        let (hk, hv) = layer_bytes(&host);
+        let (dk, dv) = layer_bytes(&back);
+        if !(cache_images_equal(&hk, &dk, dtype) && cache_images_equal(&hv, &dv, dtype)) {
+            failures += 1;
+            eprintln!("FAIL reshape_and_cache {dtype} h{head_size} b{block_size}");
         }
     }
     figures.insert("check.reshape_and_cache.failures".into(), json!(failures));
     Ok(failures)
 }
 
-fn check_copy_and_swap(
-    kernels: &CudaKernels,
-    device: &Arc<CudaDevice>,
-    figures: &mut Map<String, Value>,
-) -> Res<usize> {
+fn check_copy_and_swap(kernels: &CudaKernels, device: &Arc<CudaDevice>, figures: &mut Figures) -> Res<usize> {
     let shape =
         BlockShape { block_size: 16, num_layers: 2, num_kv_heads: 2, head_size: 128, dtype: DType::BF16 };
     let config = CacheConfig::new(shape, 32, 8);
@@ -331,7 +280,7 @@ fn time_it(device: &CudaDevice, iters: usize, mut f: impl FnMut() -> Result<(), 
     Ok(f64::from(a.elapsed_ms(&b)?) / 1e3 / iters as f64)
 }
 
-fn bench(kernels: &CudaKernels, device: &Arc<CudaDevice>, figures: &mut Map<String, Value>) -> Res<()> {
+fn bench(kernels: &CudaKernels, device: &Arc<CudaDevice>, figures: &mut Figures) -> Res<()> {
     let stream = device.stream().clone();
     // Device-to-device copy of 1 GiB: the bandwidth ceiling (bytes read + written).
     let n = 1usize << 30;

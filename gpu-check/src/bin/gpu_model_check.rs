@@ -9,12 +9,13 @@
 //!
 //! Writes flat JSON to `$OUT/gpu_model_check.json`; exits non-zero when a check fails.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
 
 use engine::{DType, Device, Engine, EngineConfig, KvCacheSize, Prompt, SamplingParams};
+use gpu_check::figures::{Figures, Res, finish};
 use kernels::cuda::{CudaDevice, CudaKernels};
 use kv_cache::cuda::CudaKvCache;
 use kv_cache::{BlockShape, CacheConfig, KvCache};
@@ -26,34 +27,15 @@ use rayon::prelude::*;
 use safetensors::tensor::{Dtype, TensorView};
 use serde_json::{Map, Value, json};
 
-type Res<T> = Result<T, Box<dyn std::error::Error>>;
-
 fn main() -> ExitCode {
-    let out_dir = std::env::var_os("OUT").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
     let work = std::env::temp_dir().join(format!("gpu-model-check-{}", std::process::id()));
-    let mut figures = Map::new();
+    let mut figures = Figures::new();
     let result = run(&work, &mut figures);
     let _ = std::fs::remove_dir_all(&work);
-    let ok = match &result {
-        Ok(failures) => *failures == 0,
-        Err(e) => {
-            figures.insert("error".into(), Value::String(e.to_string()));
-            false
-        }
-    };
-    figures.insert("model_check.passed".into(), json!(if ok { 1 } else { 0 }));
-    let text = serde_json::to_string_pretty(&Value::Object(figures)).unwrap_or_default();
-    println!("{text}");
-    let written = std::fs::create_dir_all(&out_dir)
-        .and_then(|()| std::fs::write(out_dir.join("gpu_model_check.json"), &text));
-    if let Err(e) = written {
-        eprintln!("gpu_model_check: writing {}: {e}", out_dir.display());
-        return ExitCode::FAILURE;
-    }
-    if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+    finish("gpu_model_check", "model_check.passed", figures, result)
 }
 
-fn run(work: &Path, figures: &mut Map<String, Value>) -> Res<usize> {
+fn run(work: &Path, figures: &mut Figures) -> Res<usize> {
     let device = CudaDevice::open(0)?;
     figures.insert("device".into(), Value::String(device.name()?));
     let kernels = Arc::new(CudaKernels::new(device.clone())?);
@@ -219,12 +201,7 @@ fn tokenizer_json(vocab: usize) -> String {
 /// CPU (f32 cache) against CUDA (`dtype` weights and cache) on the same steps: four prompts
 /// prefilled in chunks of different sizes, mixed with decodes, then decode-only steps; the
 /// next token of every sampled sequence is the CPU's greedy choice, so both stay in step.
-fn forward_check(
-    dir: &Path,
-    kernels: &Arc<CudaKernels>,
-    dtype: DType,
-    figures: &mut Map<String, Value>,
-) -> Res<usize> {
+fn forward_check(dir: &Path, kernels: &Arc<CudaKernels>, dtype: DType, figures: &mut Figures) -> Res<usize> {
     let model = Llama::load(dir)?;
     let c = model.config.clone();
     let limits = BatchLimits { max_tokens: 512, max_samples: 8, max_model_len: 1024 };
@@ -283,7 +260,7 @@ fn forward_check(
 }
 
 /// `cuda.e2e_output_tok_s`: 256 requests × (512 in, 128 out), all submitted at once.
-fn e2e(dir: &Path, figures: &mut Map<String, Value>) -> Res<()> {
+fn e2e(dir: &Path, figures: &mut Figures) -> Res<()> {
     let config = EngineConfig {
         device: Device::Cuda { ordinal: 0 },
         kv_dtype: DType::BF16,
@@ -303,14 +280,13 @@ fn e2e(dir: &Path, figures: &mut Map<String, Value>) -> Res<()> {
     let eos = engine.eos_token_ids().to_vec();
     let mut rng = ChaCha8Rng::seed_from_u64(3);
     let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(128) };
+    let mut random_prompts = |n: usize| -> Vec<Prompt> {
+        (0..n).map(|_| Prompt::Tokens(engine::workload::random_prompt(&mut rng, 512, vocab, &eos))).collect()
+    };
     // Warm-up (cuBLAS heuristics, first launches), not timed.
-    let warm: Vec<Prompt> =
-        (0..8).map(|_| Prompt::Tokens(engine::workload::random_prompt(&mut rng, 512, vocab, &eos))).collect();
-    engine.generate(warm, &SamplingParams { ignore_eos: true, ..SamplingParams::greedy(8) })?;
+    engine.generate(random_prompts(8), &SamplingParams { ignore_eos: true, ..SamplingParams::greedy(8) })?;
     engine.reset_metrics();
-    let prompts: Vec<Prompt> = (0..256)
-        .map(|_| Prompt::Tokens(engine::workload::random_prompt(&mut rng, 512, vocab, &eos)))
-        .collect();
+    let prompts = random_prompts(256);
     let start = Instant::now();
     let results = engine.generate(prompts, &params)?;
     let wall = start.elapsed().as_secs_f64();

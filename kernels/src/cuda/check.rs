@@ -30,7 +30,6 @@ pub struct CheckOptions {
 pub struct CheckedKernel {
     pub arch: String,
     pub program: String,
-    pub attention: bool,
     pub stats: KernelStats,
 }
 
@@ -60,24 +59,30 @@ pub fn run(opts: &CheckOptions) -> Result<CheckReport, CudaError> {
         .collect();
     let jobs: Vec<(&Program, &str)> =
         programs.iter().flat_map(|p| opts.archs.iter().map(move |a| (p, a.as_str()))).collect();
-    let next = AtomicUsize::new(0);
     let report = Mutex::new(CheckReport::default());
-    std::thread::scope(|s| {
-        for _ in 0..opts.jobs.max(1) {
-            s.spawn(|| {
-                while let Some(&(program, arch)) = jobs.get(next.fetch_add(1, Ordering::Relaxed)) {
-                    let result = nvrtc::compile(program, arch, &opts.header_dir, true);
-                    let mut r = report.lock().unwrap_or_else(|p| p.into_inner());
-                    judge(&mut r, program, arch, result);
-                }
-            });
-        }
+    for_each_parallel(opts.jobs, &jobs, |&(program, arch)| {
+        let result = nvrtc::compile(program, arch, &opts.header_dir, true);
+        judge(&mut report.lock().unwrap_or_else(|p| p.into_inner()), program, arch, result);
     });
     let mut report = report.into_inner().unwrap_or_else(|p| p.into_inner());
     report
         .kernels
         .sort_by(|a, b| (&a.arch, &a.program, &a.stats.name).cmp(&(&b.arch, &b.program, &b.stats.name)));
     Ok(report)
+}
+
+/// Runs `f` on every item from `jobs` threads (NVRTC compiles independent programs in parallel).
+pub fn for_each_parallel<T: Sync>(jobs: usize, items: &[T], f: impl Fn(&T) + Sync) {
+    let next = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..jobs.max(1) {
+            s.spawn(|| {
+                while let Some(item) = items.get(next.fetch_add(1, Ordering::Relaxed)) {
+                    f(item);
+                }
+            });
+        }
+    });
 }
 
 /// Records one compilation's kernels and failures.
@@ -112,7 +117,6 @@ pub fn judge(
         report.kernels.push(CheckedKernel {
             arch: arch.to_owned(),
             program: program.name.clone(),
-            attention: entry.attention,
             stats: s.clone(),
         });
     }

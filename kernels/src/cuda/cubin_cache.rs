@@ -57,10 +57,6 @@ impl CubinCache {
         CubinCache { dir, mem: Mutex::new(HashMap::new()) }
     }
 
-    pub fn dir(&self) -> Option<&Path> {
-        self.dir.as_deref()
-    }
-
     /// The cubin of `program` for `arch`: from memory, else from disk, else from `compile`
     /// (whose result is stored in both). A disk read or write failure only costs a compile.
     pub fn get_or_compile(
@@ -81,7 +77,8 @@ impl CubinCache {
                 if let Some(p) = &path
                     && let Err(e) = write_atomically(p, &bytes)
                 {
-                    tracing_free_warn(&format!("could not store cubin {}: {e}", p.display()));
+                    // The crate has no logging dependency; a failed write is worth one line.
+                    eprintln!("kernels: could not store cubin {}: {e}", p.display());
                 }
                 bytes
             }
@@ -93,10 +90,9 @@ impl CubinCache {
 
     /// Stores an already compiled cubin on disk (what the GPU bundle does ahead of time).
     pub fn store(&self, program: &Program, arch: &str, cubin: &[u8]) -> Result<PathBuf, CudaError> {
-        let dir = self
-            .dir
-            .as_ref()
-            .ok_or_else(|| CudaError::InvalidArgument("the cubin cache has no folder".into()))?;
+        let Some(dir) = &self.dir else {
+            return Err(CudaError::InvalidArgument("the cubin cache has no folder".into()));
+        };
         let path = dir.join(file_name(program, arch));
         write_atomically(&path, cubin)
             .map_err(|source| CudaError::CacheIo { path: path.display().to_string(), source })?;
@@ -116,11 +112,6 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
     std::fs::write(&tmp, bytes)?;
     std::fs::rename(&tmp, path)
-}
-
-// The crate has no logging dependency; a failed cache write is worth one line on stderr.
-fn tracing_free_warn(msg: &str) {
-    eprintln!("kernels: {msg}");
 }
 
 #[cfg(test)]

@@ -10,25 +10,17 @@ use std::fmt::Write as _;
 
 use kv_cache::DType;
 
-/// One `.cu` file (or header) of the kernel sources.
-#[derive(Debug, Clone, Copy)]
-pub struct KernelSource {
-    pub file: &'static str,
-    pub code: &'static str,
-}
+use crate::meta::{SUPPORTED_BLOCK_SIZES as BLOCK_SIZES, SUPPORTED_HEAD_SIZES as HEAD_SIZES};
 
-/// Every kernel source file, in the order programs concatenate them.
-pub const KERNEL_SOURCES: &[KernelSource] = &[
-    KernelSource { file: "common.cuh", code: include_str!("kernels/common.cuh") },
-    KernelSource { file: "attention.cu", code: include_str!("kernels/attention.cu") },
-    KernelSource { file: "cache.cu", code: include_str!("kernels/cache.cu") },
-    KernelSource { file: "model.cu", code: include_str!("kernels/model.cu") },
+/// Every kernel source file (`.cu` or header) as `(file, code)`, in the order programs
+/// concatenate them.
+pub const KERNEL_SOURCES: &[(&str, &str)] = &[
+    ("common.cuh", include_str!("kernels/common.cuh")),
+    ("attention.cu", include_str!("kernels/attention.cu")),
+    ("cache.cu", include_str!("kernels/cache.cu")),
+    ("model.cu", include_str!("kernels/model.cu")),
 ];
 
-/// Head sizes the attention kernels are instantiated for.
-pub const HEAD_SIZES: [usize; 6] = [64, 80, 96, 112, 128, 256];
-/// Cache block sizes the attention kernels are instantiated for.
-pub const BLOCK_SIZES: [usize; 3] = [8, 16, 32];
 /// Cache dtypes the attention kernels are instantiated for. An f32 cache stays CPU-only: it
 /// would add a third of the compile time of every check for a layout no GPU deployment uses.
 pub const CACHE_DTYPES: [DType; 2] = [DType::F16, DType::BF16];
@@ -109,14 +101,11 @@ impl AttentionConfig {
     /// instantiations.
     pub fn program(&self) -> Program {
         let (tn, ty) = cuda_type(self.dtype);
+        let (h, b) = (self.head_size, self.block_size);
         let mut source = concat_sources(&["common.cuh", "attention.cu", "cache.cu"]);
         let mut entries = Vec::new();
         for qpk in self.qpk_options() {
-            let _ = writeln!(
-                source,
-                "PAGED_ATTENTION({tn}, {ty}, {}, {}, {qpk})",
-                self.head_size, self.block_size
-            );
+            let _ = writeln!(source, "PAGED_ATTENTION({tn}, {ty}, {h}, {b}, {qpk})");
             entries.push(Entry { name: self.attention_entry(qpk), attention: true });
         }
         let _ = writeln!(source, "RESHAPE_AND_CACHE({tn}, {ty})");
@@ -173,18 +162,19 @@ pub fn model_program() -> Program {
     Program { name: "model".to_owned(), source, entries }
 }
 
+/// Every configuration the attention kernels are instantiated for (every head and block size
+/// the CPU kernels implement), by dtype, then head size, then block size.
+pub fn attention_configs() -> impl Iterator<Item = AttentionConfig> {
+    CACHE_DTYPES.into_iter().flat_map(|dtype| {
+        HEAD_SIZES.into_iter().flat_map(move |head_size| {
+            BLOCK_SIZES.into_iter().map(move |block_size| AttentionConfig { dtype, head_size, block_size })
+        })
+    })
+}
+
 /// Every program the code can ask for: all attention configurations, then the model kernels.
 pub fn all_programs() -> Vec<Program> {
-    let mut programs = Vec::new();
-    for dtype in CACHE_DTYPES {
-        for head_size in HEAD_SIZES {
-            for block_size in BLOCK_SIZES {
-                programs.push(AttentionConfig { dtype, head_size, block_size }.program());
-            }
-        }
-    }
-    programs.push(model_program());
-    programs
+    attention_configs().map(|c| c.program()).chain([model_program()]).collect()
 }
 
 /// One NVRTC compilation unit and the entry points it defines.
@@ -209,10 +199,10 @@ pub struct Entry {
 fn concat_sources(files: &[&str]) -> String {
     let mut out = String::new();
     for f in files {
-        if let Some(src) = KERNEL_SOURCES.iter().find(|s| s.file == *f) {
-            let _ = writeln!(out, "// ---- {} ----", src.file);
+        if let Some((file, code)) = KERNEL_SOURCES.iter().find(|(file, _)| file == f) {
+            let _ = writeln!(out, "// ---- {file} ----");
             // The header is concatenated, not included: drop its include guard.
-            out.push_str(&src.code.replace("#pragma once", ""));
+            out.push_str(&code.replace("#pragma once", ""));
             out.push('\n');
         }
     }
@@ -228,15 +218,10 @@ mod tests {
         for p in all_programs() {
             assert!(!p.entries.is_empty(), "{}", p.name);
         }
-        for dtype in CACHE_DTYPES {
-            for head_size in HEAD_SIZES {
-                for block_size in BLOCK_SIZES {
-                    let c = AttentionConfig { dtype, head_size, block_size };
-                    assert!(c.qpk_options().contains(&1));
-                    for group in 1..=16 {
-                        assert_eq!(group % c.qpk_for_group(group), 0);
-                    }
-                }
+        for c in attention_configs() {
+            assert!(c.qpk_options().contains(&1));
+            for group in 1..=16 {
+                assert_eq!(group % c.qpk_for_group(group), 0);
             }
         }
     }

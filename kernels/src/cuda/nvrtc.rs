@@ -40,10 +40,9 @@ pub fn compile(
     if !nvrtc_present() {
         return Err(CudaError::NvrtcMissing);
     }
-    let src =
-        CString::new(program.source.as_bytes()).map_err(|_| CudaError::SourceHasNul(program.name.clone()))?;
-    let name = CString::new(format!("{}.cu", program.name))
-        .map_err(|_| CudaError::SourceHasNul(program.name.clone()))?;
+    let c_string = |s: &[u8]| CString::new(s).map_err(|_| CudaError::SourceHasNul(program.name.clone()));
+    let (src, name) =
+        (c_string(program.source.as_bytes())?, c_string(format!("{}.cu", program.name).as_bytes())?);
     let headers = if bundled_headers_supported() {
         format!("--use-bundled-headers={}", header_dir.display())
     } else {
@@ -138,13 +137,10 @@ pub fn parse_ptxas_log(log: &str) -> Vec<KernelStats> {
             .map(|(n, _)| n)
             .or_else(|| line.split_once("Function properties for ").map(|(_, n)| n.trim()));
         if let Some(name) = opened {
-            current = Some(match out.iter().position(|k| k.name == name) {
-                Some(i) => i,
-                None => {
-                    out.push(KernelStats { name: name.to_owned(), ..KernelStats::default() });
-                    out.len() - 1
-                }
-            });
+            current = Some(out.iter().position(|k| k.name == name).unwrap_or_else(|| {
+                out.push(KernelStats { name: name.to_owned(), ..KernelStats::default() });
+                out.len() - 1
+            }));
             continue;
         }
         let Some(k) = current.and_then(|i| out.get_mut(i)) else { continue };

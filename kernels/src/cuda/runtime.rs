@@ -62,10 +62,6 @@ impl CudaKernels {
     pub fn device(&self) -> &Arc<CudaDevice> {
         &self.device
     }
-    /// The device's architecture, e.g. `sm_90`.
-    pub fn arch(&self) -> &str {
-        &self.arch
-    }
     /// The most dynamic shared memory one thread block may use on this device.
     pub fn max_shared_bytes(&self) -> usize {
         self.max_shared_optin
