@@ -40,6 +40,41 @@ pub fn shared_bytes(cfg: &AttentionConfig, qpk: usize, tokens: usize) -> usize {
     4 * (2 * ATTENTION_WARPS * qpk + qpk * cfg.head_size + qpk * len)
 }
 
+/// The largest v2 batch a workspace holds: its `tmp_out` is `[max_tokens, num_heads,
+/// max_parts, head_size]`, so every one of the four bounds a launch (a larger head would write
+/// past the end).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkspaceShape {
+    pub max_tokens: usize,
+    pub num_heads: usize,
+    pub head_size: usize,
+    pub max_parts: usize,
+}
+
+impl WorkspaceShape {
+    /// Refuses a batch of `tokens` query tokens, `heads` heads of `head_size`, `parts` partitions
+    /// that does not fit.
+    pub fn check(
+        &self,
+        tokens: usize,
+        heads: usize,
+        head_size: usize,
+        parts: usize,
+    ) -> Result<(), CudaError> {
+        if tokens > self.max_tokens
+            || heads > self.num_heads
+            || head_size > self.head_size
+            || parts > self.max_parts
+        {
+            return Err(CudaError::InvalidArgument(format!(
+                "workspace sized for {} tokens x {} heads of {} x {} partitions, batch needs {tokens} x {heads} of {head_size} x {parts}",
+                self.max_tokens, self.num_heads, self.head_size, self.max_parts
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// Scratch of the partitioned kernel (per-partition outputs, max logits, exp sums), allocated
 /// once for the largest batch so a step never allocates device memory.
 #[derive(Debug)]
@@ -47,9 +82,7 @@ pub struct AttnWorkspace {
     tmp_out: CudaSlice<f32>,
     exp_sums: CudaSlice<f32>,
     max_logits: CudaSlice<f32>,
-    max_tokens: usize,
-    num_heads: usize,
-    max_parts: usize,
+    shape: WorkspaceShape,
 }
 
 impl AttnWorkspace {
@@ -66,9 +99,7 @@ impl AttnWorkspace {
             tmp_out: stream.alloc_zeros(n * head_size.max(1))?,
             exp_sums: stream.alloc_zeros(n)?,
             max_logits: stream.alloc_zeros(n)?,
-            max_tokens,
-            num_heads,
-            max_parts,
+            shape: WorkspaceShape { max_tokens, num_heads, head_size, max_parts },
         })
     }
 }
@@ -126,15 +157,8 @@ pub fn paged_attention_with(
         chosen = AttentionVariant::V2;
     }
     let parts = meta.host.max_context.div_ceil(PARTITION_SIZE).max(1);
-    if chosen == AttentionVariant::V2
-        && (meta.host.num_tokens > workspace.max_tokens
-            || num_heads > workspace.num_heads
-            || parts > workspace.max_parts)
-    {
-        return Err(CudaError::InvalidArgument(format!(
-            "workspace sized for {} tokens x {} heads x {} partitions, batch needs {} x {num_heads} x {parts}",
-            workspace.max_tokens, workspace.num_heads, workspace.max_parts, meta.host.num_tokens
-        )));
+    if chosen == AttentionVariant::V2 {
+        workspace.shape.check(meta.host.num_tokens, num_heads, g.head_size, parts)?;
     }
     let entry = cfg.attention_entry(qpk);
     let func = kernels.function_lazy(&cfg.program_name(), &entry, || cfg.program())?;
@@ -164,7 +188,7 @@ pub fn paged_attention_with(
     let max_blocks = meta.max_blocks_per_seq as i32;
     let num_seqs = meta.host.seq_lens.len() as i32;
     let (nh, nkv) = (num_heads as i32, g.num_kv_heads as i32);
-    let max_parts = workspace.max_parts as i32;
+    let max_parts = workspace.shape.max_parts as i32;
     b.arg(query)
         .arg(cache.key())
         .arg(cache.value())
@@ -199,7 +223,7 @@ pub fn paged_attention_with(
         let rc = LaunchConfig {
             grid_dim: (tokens, launch_dim(num_heads, MAX_GRID_YZ, "heads")?, 1),
             block_dim: (ATTENTION_THREADS, 1, 1),
-            shared_mem_bytes: launch_dim(4 * workspace.max_parts, MAX_SHARED_BYTES, "shared bytes")?,
+            shared_mem_bytes: launch_dim(4 * workspace.shape.max_parts, MAX_SHARED_BYTES, "shared bytes")?,
         };
         // SAFETY: matches paged_attention_v2_reduce's parameters; sizes checked above.
         unsafe { r.launch(rc) }?;
@@ -366,6 +390,19 @@ mod tests {
         assert_eq!(choose_variant(4096, 64, 32), AttentionVariant::V1);
         // Beyond 8192 tokens: always split.
         assert_eq!(choose_variant(8193, 256, 32), AttentionVariant::V2);
+    }
+
+    #[test]
+    fn a_workspace_refuses_what_it_was_not_sized_for() {
+        let shape = WorkspaceShape { max_tokens: 256, num_heads: 32, head_size: 128, max_parts: 16 };
+        assert!(shape.check(256, 32, 128, 16).is_ok());
+        assert!(shape.check(64, 8, 64, 2).is_ok());
+        // A larger head (the case that used to write out of bounds), more heads, tokens or
+        // partitions: refused.
+        assert!(shape.check(1, 1, 256, 1).is_err());
+        assert!(shape.check(1, 33, 128, 1).is_err());
+        assert!(shape.check(257, 1, 128, 1).is_err());
+        assert!(shape.check(1, 1, 128, 17).is_err());
     }
 
     #[test]
