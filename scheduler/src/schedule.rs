@@ -517,7 +517,10 @@ fn emit(
         out.blocks_to_copy.push((cow.src, cow.dst));
     }
     let new_start = out.new_block_ids.len();
-    out.new_block_ids.extend_from_slice(new_blocks);
+    if !new_blocks.is_empty() {
+        // Most decodes stay in their last block and send nothing.
+        out.new_block_ids.extend_from_slice(new_blocks);
+    }
     let new_blocks = new_start..out.new_block_ids.len();
     let flat_start = out.token_ids.len();
     if n == 1 {
