@@ -114,6 +114,14 @@ impl Activations {
     }
 }
 
+/// What a GEMM writes: f32 (overwriting, or adding into the residual stream) or the half type.
+#[derive(Debug, Clone, Copy)]
+enum Out {
+    F32,
+    AddF32,
+    Half,
+}
+
 /// A Llama on one GPU: weights, kernels, cuBLAS handle and activation buffers.
 #[derive(Debug)]
 pub struct CudaLlama {
@@ -324,13 +332,9 @@ impl CudaLlama {
         Ok(())
     }
 
-    /// `out[rows] (half) = rms_norm(hidden[rows]) * weight`; `gather` picks the sampled rows.
-    fn rms_norm(
-        &mut self,
-        layer: Option<(usize, bool)>,
-        rows: usize,
-        gather: bool,
-    ) -> Result<(), CudaModelError> {
+    /// `out[rows] (half) = rms_norm(hidden[rows]) * weight`: a layer's input or post-attention
+    /// norm into `normed`, or (`layer` None) the final norm of the sampled rows into `sampled`.
+    fn rms_norm(&mut self, layer: Option<(usize, bool)>, rows: usize) -> Result<(), CudaModelError> {
         let stream = self.stream();
         let eps = self.config.rms_norm_eps as f32;
         let h = int(self.config.hidden_size)?;
@@ -339,6 +343,7 @@ impl CudaLlama {
             Some((l, true)) => &self.weights.layers[l].post_attn_norm,
             None => &self.weights.final_norm,
         };
+        let gather = layer.is_none();
         let null: u64 = 0;
         let out = if gather { &mut self.act.sampled } else { &mut self.act.normed };
         let mut b = stream.launch_builder(&self.functions.rms_norm);
@@ -355,7 +360,23 @@ impl CudaLlama {
         Ok(())
     }
 
-    fn gemm(&self, call: LinearCall) -> Result<(), CudaModelError> {
+    /// `output[rows, out_dim] (+)= input[rows, in_dim] · weight[out_dim, in_dim]ᵀ` on device
+    /// addresses; weight and input are of the model's half type.
+    fn gemm(
+        &self,
+        weight: u64,
+        input: u64,
+        output: u64,
+        [rows, out_dim, in_dim]: [usize; 3],
+        out: Out,
+    ) -> Result<(), CudaModelError> {
+        let half = self.weights.dtype;
+        let (out_dtype, accumulate) = match out {
+            Out::F32 => (DType::F32, false),
+            Out::AddF32 => (DType::F32, true),
+            Out::Half => (half, false),
+        };
+        let call = LinearCall { weight, input, output, half, out_dtype, rows, out_dim, in_dim, accumulate };
         // SAFETY: every caller passes buffers sized for the batch (allocated for max_tokens /
         // max_samples rows) and weights of exactly out_dim x in_dim elements.
         unsafe { linear(&self.blas, &call) }
@@ -370,43 +391,20 @@ impl CudaLlama {
         cache: &mut CudaKvCache,
     ) -> Result<(), CudaModelError> {
         let stream = self.stream();
-        let c = self.config.clone();
+        let c = &self.config;
         let (h, d, nh, nkv, inter) =
             (c.hidden_size, c.head_dim, c.num_attention_heads, c.num_key_value_heads, c.intermediate_size);
         let (q_w, kv_w) = (nh * d, nkv * d);
-        let half = self.weights.dtype;
-        let hsz = 2u64; // bytes of one half element
-
-        self.rms_norm(Some((l, false)), t, false)?;
         let w = &self.weights.layers[l];
-        let qkv = addr(&w.qkv, &stream);
+        let [qkv, o_proj, gate_up, down] = [&w.qkv, &w.o_proj, &w.gate_up, &w.down].map(|w| addr(w, &stream));
+        // The fused weight holds Q's rows, then K's, then V's (2 bytes a half element).
+        let (k_rows, v_rows) = (qkv + (q_w * h * 2) as u64, qkv + ((q_w + kv_w) * h * 2) as u64);
+
+        self.rms_norm(Some((l, false)), t)?;
         let normed = addr(&self.act.normed, &stream);
-        let base = LinearCall {
-            weight: qkv,
-            input: normed,
-            output: addr(&self.act.q, &stream),
-            half,
-            out_dtype: DType::F32,
-            rows: t,
-            out_dim: q_w,
-            in_dim: h,
-            accumulate: false,
-        };
-        self.gemm(base)?;
-        let k_off = (q_w * h) as u64 * hsz;
-        self.gemm(LinearCall {
-            weight: qkv + k_off,
-            output: addr(&self.act.k, &stream),
-            out_dim: kv_w,
-            ..base
-        })?;
-        let v_off = ((q_w + kv_w) * h) as u64 * hsz;
-        self.gemm(LinearCall {
-            weight: qkv + v_off,
-            output: addr(&self.act.v, &stream),
-            out_dim: kv_w,
-            ..base
-        })?;
+        self.gemm(qkv, normed, addr(&self.act.q, &stream), [t, q_w, h], Out::F32)?;
+        self.gemm(k_rows, normed, addr(&self.act.k, &stream), [t, kv_w, h], Out::F32)?;
+        self.gemm(v_rows, normed, addr(&self.act.v, &stream), [t, kv_w, h], Out::F32)?;
 
         let (nh_i, nkv_i, d_i) = (int(nh)?, int(nkv)?, int(d)?);
         let (q_stride, k_stride) = (q_w as i64, kv_w as i64);
@@ -443,32 +441,11 @@ impl CudaLlama {
         // SAFETY: cast_f32_to_half(out[n], in[n], n), grid-stride over n elements of both.
         unsafe { b.launch(rows_launch(blocks, ROW_THREADS)?) }?;
 
-        let w = &self.weights.layers[l];
-        self.gemm(LinearCall {
-            weight: addr(&w.o_proj, &stream),
-            input: addr(&self.act.attn_half, &stream),
-            output: addr(&self.act.hidden, &stream),
-            half,
-            out_dtype: DType::F32,
-            rows: t,
-            out_dim: h,
-            in_dim: q_w,
-            accumulate: true,
-        })?;
+        let hidden = addr(&self.act.hidden, &stream);
+        self.gemm(o_proj, addr(&self.act.attn_half, &stream), hidden, [t, h, q_w], Out::AddF32)?;
 
-        self.rms_norm(Some((l, true)), t, false)?;
-        let w = &self.weights.layers[l];
-        self.gemm(LinearCall {
-            weight: addr(&w.gate_up, &stream),
-            input: addr(&self.act.normed, &stream),
-            output: addr(&self.act.gate_up, &stream),
-            half,
-            out_dtype: half,
-            rows: t,
-            out_dim: 2 * inter,
-            in_dim: h,
-            accumulate: false,
-        })?;
+        self.rms_norm(Some((l, true)), t)?;
+        self.gemm(gate_up, normed, addr(&self.act.gate_up, &stream), [t, 2 * inter, h], Out::Half)?;
         let (inter_i, stride) = (int(inter)?, (2 * inter) as i64);
         let gate = self.act.gate_up.slice(..);
         let up = self.act.gate_up.slice(inter..);
@@ -478,33 +455,14 @@ impl CudaLlama {
         // gate_up[r, 0..inter] and gate_up[r, inter..2·inter], inside the t rows written above.
         unsafe { b.launch(rows_launch(t, ROW_THREADS)?) }?;
 
-        let w = &self.weights.layers[l];
-        self.gemm(LinearCall {
-            weight: addr(&w.down, &stream),
-            input: addr(&self.act.act, &stream),
-            output: addr(&self.act.hidden, &stream),
-            half,
-            out_dtype: DType::F32,
-            rows: t,
-            out_dim: h,
-            in_dim: inter,
-            accumulate: true,
-        })
+        self.gemm(down, addr(&self.act.act, &stream), hidden, [t, h, inter], Out::AddF32)
     }
 
     fn lm_head(&mut self, s: usize) -> Result<(), CudaModelError> {
-        self.rms_norm(None, s, true)?;
+        self.rms_norm(None, s)?;
         let stream = self.stream();
-        self.gemm(LinearCall {
-            weight: addr(self.weights.lm_head(), &stream),
-            input: addr(&self.act.sampled, &stream),
-            output: addr(&self.act.logits, &stream),
-            half: self.weights.dtype,
-            out_dtype: DType::F32,
-            rows: s,
-            out_dim: self.config.vocab_size,
-            in_dim: self.config.hidden_size,
-            accumulate: false,
-        })
+        let (weight, input) = (addr(self.weights.lm_head(), &stream), addr(&self.act.sampled, &stream));
+        let dims = [s, self.config.vocab_size, self.config.hidden_size];
+        self.gemm(weight, input, addr(&self.act.logits, &stream), dims, Out::F32)
     }
 }
