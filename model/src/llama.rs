@@ -14,17 +14,37 @@ use crate::ops::{linear, rms_norm, rope_rotate_half, silu_mul};
 use crate::rope::Rope;
 use crate::weights::SafetensorsFiles;
 
-/// One decoder layer's weights, all `[out, in]` row-major f32.
+/// One decoder layer's weights, all `[out, in]` row-major: f32 on the host, and in the same
+/// layout wherever a device keeps them (`W` is its buffer type).
 #[derive(Debug)]
-pub struct LayerWeights {
-    pub input_norm: Vec<f32>,
+pub struct LayerWeights<W = Vec<f32>> {
+    pub input_norm: W,
     /// Rows: Q (`heads·d`), then K, then V (`kv_heads·d` each).
-    pub qkv: Vec<f32>,
-    pub o_proj: Vec<f32>,
-    pub post_attn_norm: Vec<f32>,
+    pub qkv: W,
+    pub o_proj: W,
+    pub post_attn_norm: W,
     /// Rows: gate (`intermediate`), then up (`intermediate`).
-    pub gate_up: Vec<f32>,
-    pub down: Vec<f32>,
+    pub gate_up: W,
+    pub down: W,
+}
+
+impl<W> LayerWeights<W> {
+    /// Every weight, in field order.
+    pub fn all(&self) -> [&W; 6] {
+        [&self.input_norm, &self.qkv, &self.o_proj, &self.post_attn_norm, &self.gate_up, &self.down]
+    }
+
+    /// The same weights converted one by one (e.g. uploaded to a device).
+    pub fn try_map<V, E>(&self, mut f: impl FnMut(&W) -> Result<V, E>) -> Result<LayerWeights<V>, E> {
+        Ok(LayerWeights {
+            input_norm: f(&self.input_norm)?,
+            qkv: f(&self.qkv)?,
+            o_proj: f(&self.o_proj)?,
+            post_attn_norm: f(&self.post_attn_norm)?,
+            gate_up: f(&self.gate_up)?,
+            down: f(&self.down)?,
+        })
+    }
 }
 
 /// A loaded Llama model (f32 weights).
@@ -128,9 +148,7 @@ impl Llama {
 
     /// Bytes of weights one decode step streams (every matrix once, embedding rows aside).
     pub fn weight_bytes_per_step(&self) -> usize {
-        let per_layer: usize = self.layers.first().map_or(0, |l| {
-            l.qkv.len() + l.o_proj.len() + l.gate_up.len() + l.down.len() + 2 * l.input_norm.len()
-        });
+        let per_layer: usize = self.layers.first().map_or(0, |l| l.all().iter().map(|w| w.len()).sum());
         4 * (per_layer * self.layers.len() + self.lm_head().len() + self.final_norm.len())
     }
 

@@ -10,39 +10,23 @@ use kv_cache::DType;
 use rayon::prelude::*;
 
 use super::error::CudaModelError;
-use crate::llama::Llama;
+use crate::llama::{LayerWeights, Llama};
 
 /// f32 values as the bits of `dtype` (bf16 or f16), round to nearest even; in parallel chunks
 /// (this runs once per weight over up to gigabytes).
 pub fn to_half_bits(values: &[f32], dtype: DType) -> Result<Vec<u16>, CudaModelError> {
-    const CHUNK: usize = 1 << 16;
-    let mut out = vec![0u16; values.len()];
-    match dtype {
-        DType::BF16 => out.par_chunks_mut(CHUNK).zip(values.par_chunks(CHUNK)).for_each(|(o, v)| {
-            o.iter_mut().zip(v).for_each(|(o, &v)| *o = bf16::from_f32(v).to_bits());
-        }),
-        DType::F16 => out.par_chunks_mut(CHUNK).zip(values.par_chunks(CHUNK)).for_each(|(o, v)| {
-            o.iter_mut().zip(v).for_each(|(o, &v)| *o = f16::from_f32(v).to_bits());
-        }),
-        DType::F32 => {
-            return Err(CudaModelError::Unsupported("f32 weights on the GPU (use bf16 or f16)".into()));
-        }
+    fn convert(values: &[f32], bits: impl Fn(f32) -> u16 + Sync) -> Vec<u16> {
+        values.par_iter().with_min_len(1 << 16).map(|&v| bits(v)).collect()
     }
-    Ok(out)
+    match dtype {
+        DType::BF16 => Ok(convert(values, |v| bf16::from_f32(v).to_bits())),
+        DType::F16 => Ok(convert(values, |v| f16::from_f32(v).to_bits())),
+        DType::F32 => Err(CudaModelError::Unsupported("f32 weights on the GPU (use bf16 or f16)".into())),
+    }
 }
 
-/// One decoder layer on the device (same fused row order as [`crate::llama::LayerWeights`]).
-#[derive(Debug)]
-pub struct DeviceLayer {
-    pub input_norm: CudaSlice<u16>,
-    /// Q rows, then K, then V.
-    pub qkv: CudaSlice<u16>,
-    pub o_proj: CudaSlice<u16>,
-    pub post_attn_norm: CudaSlice<u16>,
-    /// Gate rows, then up.
-    pub gate_up: CudaSlice<u16>,
-    pub down: CudaSlice<u16>,
-}
+/// One decoder layer on the device (same fused row order as on the host).
+pub type DeviceLayer = LayerWeights<CudaSlice<u16>>;
 
 /// Every weight of the model on the device.
 #[derive(Debug)]
@@ -61,20 +45,7 @@ impl DeviceWeights {
         let up = |v: &[f32]| -> Result<CudaSlice<u16>, CudaModelError> {
             Ok(stream.clone_htod(&to_half_bits(v, dtype)?)?)
         };
-        let layers = model
-            .layers
-            .iter()
-            .map(|l| {
-                Ok(DeviceLayer {
-                    input_norm: up(&l.input_norm)?,
-                    qkv: up(&l.qkv)?,
-                    o_proj: up(&l.o_proj)?,
-                    post_attn_norm: up(&l.post_attn_norm)?,
-                    gate_up: up(&l.gate_up)?,
-                    down: up(&l.down)?,
-                })
-            })
-            .collect::<Result<Vec<_>, CudaModelError>>()?;
+        let layers = model.layers.iter().map(|l| l.try_map(|w| up(w))).collect::<Result<Vec<_>, _>>()?;
         Ok(DeviceWeights {
             dtype,
             embed: up(&model.embed)?,
@@ -91,18 +62,7 @@ impl DeviceWeights {
 
     /// Device bytes of all weights.
     pub fn bytes(&self) -> usize {
-        let layer: usize = self
-            .layers
-            .iter()
-            .map(|l| {
-                l.input_norm.len()
-                    + l.qkv.len()
-                    + l.o_proj.len()
-                    + l.post_attn_norm.len()
-                    + l.gate_up.len()
-                    + l.down.len()
-            })
-            .sum();
+        let layer: usize = self.layers.iter().flat_map(|l| l.all()).map(CudaSlice::len).sum();
         2 * (layer + self.embed.len() + self.final_norm.len() + self.lm_head.as_ref().map_or(0, |h| h.len()))
     }
 }
