@@ -121,29 +121,6 @@ unsafe fn qk_heads<T: KernelElem, const H: usize, const V: usize>(
     }
 }
 
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn qk_heads_v<T: KernelElem, const H: usize>(
-    tile: *const T,
-    qrep: *const f32,
-    ql: usize,
-    rows: usize,
-    row_len: usize,
-    scores: *mut f32,
-    stride: usize,
-    ahead: Ahead<'_, T>,
-) {
-    // SAFETY: forwarded contract of `qk_rows`; `row_len` is a multiple of 64 unless it is 32
-    // (f32, block size 8), which takes two vectors per step.
-    unsafe {
-        if row_len.is_multiple_of(4 * L) {
-            qk_heads::<T, H, 4>(tile, qrep, ql, rows, row_len, scores, stride, ahead)
-        } else {
-            qk_heads::<T, H, 2>(tile, qrep, ql, rows, row_len, scores, stride, ahead)
-        }
-    }
-}
-
 /// # Safety
 /// AVX-512F/DQ available; `tile.len() >= d * bs`, `qrep.len() >= nh * d / x * 8`,
 /// `scores.len() >= (nh - 1) * stride + bs`; `bs` in {8, 16, 32}, `d` a multiple of `x`.
@@ -163,22 +140,18 @@ pub(super) unsafe fn qk_rows<T: KernelElem>(
     let (rows, row_len) = (d / x, bs * x);
     let ql = rows * 8;
     let (t, q, out) = (tile.as_ptr(), qrep.as_ptr(), scores.as_mut_ptr());
-    // SAFETY: per the contract above (row_len = bs · x is 32, 64, 128 or 256); each call covers
-    // heads h0 .. h0 + H.
+    // SAFETY: per the contract above (row_len = bs · x is 32, 64, 128 or 256: a multiple of 64,
+    // four vectors per step, unless it is 32 — f32, block size 8 — which takes two); each call
+    // covers heads h0 .. h0 + H.
     unsafe {
-        let mut h0 = 0;
-        while h0 < nh {
+        for_head_groups!(nh, ahead, |h0, H| {
             let (qh, sh) = (q.add(h0 * ql), out.add(h0 * stride));
-            // Prefetches ride along the first pass over the tile.
-            let ahead = if h0 == 0 { ahead } else { Ahead::none() };
-            match nh - h0 {
-                1 => qk_heads_v::<T, 1>(t, qh, ql, rows, row_len, sh, stride, ahead),
-                2 => qk_heads_v::<T, 2>(t, qh, ql, rows, row_len, sh, stride, ahead),
-                3 => qk_heads_v::<T, 3>(t, qh, ql, rows, row_len, sh, stride, ahead),
-                _ => qk_heads_v::<T, 4>(t, qh, ql, rows, row_len, sh, stride, ahead),
+            if row_len.is_multiple_of(4 * L) {
+                qk_heads::<T, H, 4>(t, qh, ql, rows, row_len, sh, stride, ahead)
+            } else {
+                qk_heads::<T, H, 2>(t, qh, ql, rows, row_len, sh, stride, ahead)
             }
-            h0 += 4;
-        }
+        })
     }
 }
 
@@ -248,26 +221,6 @@ unsafe fn pv_heads<T: KernelElem, const H: usize, const BS: usize>(
     }
 }
 
-#[inline(always)]
-unsafe fn pv_heads_bs<T: KernelElem, const H: usize>(
-    tiles: &[&[T]],
-    probs: *const f32,
-    stride: usize,
-    d: usize,
-    bs: usize,
-    acc8: *mut f32,
-    ahead: Ahead<'_, T>,
-) {
-    // SAFETY: forwarded contract of `pv_blocks`.
-    unsafe {
-        match bs {
-            8 => pv_heads::<T, H, 8>(tiles, probs, stride, d, acc8, ahead),
-            16 => pv_heads::<T, H, 16>(tiles, probs, stride, d, acc8, ahead),
-            _ => pv_heads::<T, H, 32>(tiles, probs, stride, d, acc8, ahead),
-        }
-    }
-}
-
 /// # Safety
 /// AVX-512F/DQ available; every tile `>= d * bs` elements, `probs.len() >= (nh - 1) * stride +
 /// tiles.len() * bs`, `acc8.len() >= nh * d * 8`; `bs` in {8, 16, 32}, `d` a multiple of 8.
@@ -287,18 +240,9 @@ pub(super) unsafe fn pv_blocks<T: KernelElem>(
     // SAFETY: per the contract above (d · bs is a multiple of 64); each call covers heads
     // h0 .. h0 + H.
     unsafe {
-        let mut h0 = 0;
-        while h0 < nh {
+        for_head_groups!(nh, ahead, |h0, H| {
             let (ph, ah) = (p.add(h0 * stride), a.add(h0 * d * 8));
-            // Prefetches ride along the first pass over the tiles.
-            let ahead = if h0 == 0 { ahead } else { Ahead::none() };
-            match nh - h0 {
-                1 => pv_heads_bs::<T, 1>(tiles, ph, stride, d, bs, ah, ahead),
-                2 => pv_heads_bs::<T, 2>(tiles, ph, stride, d, bs, ah, ahead),
-                3 => pv_heads_bs::<T, 3>(tiles, ph, stride, d, bs, ah, ahead),
-                _ => pv_heads_bs::<T, 4>(tiles, ph, stride, d, bs, ah, ahead),
-            }
-            h0 += 4;
-        }
+            with_block_size!(bs, |BS| pv_heads::<T, H, BS>(tiles, ph, stride, d, ah, ahead))
+        })
     }
 }

@@ -6,6 +6,49 @@
 //! AVX2/FMA/F16C versions are chosen at run time, with AVX-512 versions of the two decode
 //! micro-kernels on CPUs that have it; the portable ones are plain loops.
 
+/// `match $v` over the values `$n` (and `$last` for any other), evaluating `$body` with `$C` a
+/// `const` of the value matched, so that the kernel it calls is monomorphized per value.
+#[cfg(target_arch = "x86_64")]
+macro_rules! match_const {
+    ($v:expr, [$($n:literal),*], $last:literal, |$C:ident| $body:expr) => {
+        match $v {
+            $($n => {
+                const $C: usize = $n;
+                $body
+            })*
+            _ => {
+                const $C: usize = $last;
+                $body
+            }
+        }
+    };
+}
+
+/// [`match_const`] over the block sizes 8, 16 and 32.
+#[cfg(target_arch = "x86_64")]
+macro_rules! with_block_size {
+    ($bs:expr, |$BS:ident| $body:expr) => {
+        match_const!($bs, [8, 16], 32, |$BS| $body)
+    };
+}
+
+/// Runs `$body` for each group of up to four of the `$nh` query heads, after `let $p = $e`,
+/// with `$h0` the group's first head and `$H` a `const` of its size (1 to 4), so that each
+/// kernel's accumulators stay in registers. `$ahead` is rebound to the prefetches for the first
+/// group and to none for the others: they ride along the first pass over the tiles.
+#[cfg(target_arch = "x86_64")]
+macro_rules! for_head_groups {
+    ($nh:expr, $ahead:ident, |$h0:ident, $H:ident| { let $p:pat = $e:expr; $body:expr }) => {{
+        let mut $h0 = 0;
+        while $h0 < $nh {
+            let $p = $e;
+            let $ahead = if $h0 == 0 { $ahead } else { $crate::simd::Ahead::none() };
+            match_const!($nh - $h0, [1, 2, 3], 4, |$H| $body);
+            $h0 += 4;
+        }
+    }};
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod portable;

@@ -121,19 +121,10 @@ pub(super) unsafe fn qk_rows<T: KernelElem>(
     let (t, q, out) = (tile.as_ptr(), qrep.as_ptr(), scores.as_mut_ptr());
     // SAFETY: per the contract above; each call covers heads h0 .. h0 + H.
     unsafe {
-        let mut h0 = 0;
-        while h0 < nh {
+        for_head_groups!(nh, ahead, |h0, H| {
             let (qh, sh) = (q.add(h0 * ql), out.add(h0 * stride));
-            // Prefetches ride along the first pass over the tile.
-            let ahead = if h0 == 0 { ahead } else { Ahead::none() };
-            match nh - h0 {
-                1 => qk_heads::<T, 1>(t, qh, ql, rows, row_len, vecs, sh, stride, ahead),
-                2 => qk_heads::<T, 2>(t, qh, ql, rows, row_len, vecs, sh, stride, ahead),
-                3 => qk_heads::<T, 3>(t, qh, ql, rows, row_len, vecs, sh, stride, ahead),
-                _ => qk_heads::<T, 4>(t, qh, ql, rows, row_len, vecs, sh, stride, ahead),
-            }
-            h0 += 4;
-        }
+            qk_heads::<T, H>(t, qh, ql, rows, row_len, vecs, sh, stride, ahead)
+        })
     }
 }
 
@@ -183,26 +174,6 @@ unsafe fn pv_heads<T: KernelElem, const H: usize, const NK: usize>(
     }
 }
 
-#[inline(always)]
-unsafe fn pv_heads_bs<T: KernelElem, const H: usize>(
-    tiles: &[&[T]],
-    probs: *const f32,
-    stride: usize,
-    d: usize,
-    bs: usize,
-    acc8: *mut f32,
-    ahead: Ahead<'_, T>,
-) {
-    // SAFETY: forwarded contract of `pv_blocks`.
-    unsafe {
-        match bs {
-            8 => pv_heads::<T, H, 1>(tiles, probs, stride, d, acc8, ahead),
-            16 => pv_heads::<T, H, 2>(tiles, probs, stride, d, acc8, ahead),
-            _ => pv_heads::<T, H, 4>(tiles, probs, stride, d, acc8, ahead),
-        }
-    }
-}
-
 /// # Safety
 /// AVX2/FMA/F16C available; every tile `>= d * bs` elements, `probs.len() >= (nh - 1) * stride +
 /// tiles.len() * bs`, `acc8.len() >= nh * d * 8`; `bs` in {8, 16, 32}, `d` even.
@@ -221,19 +192,10 @@ pub(super) unsafe fn pv_blocks<T: KernelElem>(
     let (p, a) = (probs.as_ptr(), acc8.as_mut_ptr());
     // SAFETY: per the contract above; each call covers heads h0 .. h0 + H.
     unsafe {
-        let mut h0 = 0;
-        while h0 < nh {
+        for_head_groups!(nh, ahead, |h0, H| {
             let (ph, ah) = (p.add(h0 * stride), a.add(h0 * d * 8));
-            // Prefetches ride along the first pass over the tiles.
-            let ahead = if h0 == 0 { ahead } else { Ahead::none() };
-            match nh - h0 {
-                1 => pv_heads_bs::<T, 1>(tiles, ph, stride, d, bs, ah, ahead),
-                2 => pv_heads_bs::<T, 2>(tiles, ph, stride, d, bs, ah, ahead),
-                3 => pv_heads_bs::<T, 3>(tiles, ph, stride, d, bs, ah, ahead),
-                _ => pv_heads_bs::<T, 4>(tiles, ph, stride, d, bs, ah, ahead),
-            }
-            h0 += 4;
-        }
+            with_block_size!(bs, |BS| pv_heads::<T, H, { BS / 8 }>(tiles, ph, stride, d, ah, ahead))
+        })
     }
 }
 
@@ -287,13 +249,7 @@ unsafe fn pv_rows<T: KernelElem, const NK: usize>(tile: *const T, p: *const f32,
 pub(super) unsafe fn pv_tile<T: KernelElem>(tile: &[T], p: &[f32], d: usize, bs: usize, acc: &mut [f32]) {
     let (t, w, a) = (tile.as_ptr(), p.as_ptr(), acc.as_mut_ptr());
     // SAFETY: per the contract above.
-    unsafe {
-        match bs {
-            8 => pv_rows::<T, 1>(t, w, d, a),
-            16 => pv_rows::<T, 2>(t, w, d, a),
-            _ => pv_rows::<T, 4>(t, w, d, a),
-        }
-    }
+    unsafe { with_block_size!(bs, |BS| pv_rows::<T, { BS / 8 }>(t, w, d, a)) }
 }
 
 /// `exp` of 8 lanes: Cephes-style range reduction to `2^n · e^r`, `|r| <= ln2/2`, degree-5
