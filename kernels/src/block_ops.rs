@@ -2,7 +2,7 @@
 //! `swap_blocks` / `swap_out` / `swap_in` (device ↔ host swap cache). A block is one contiguous
 //! run in both the key and the value tensor, so each move is two `memcpy`s.
 
-use kv_cache::{CacheElem, CacheSlices, CacheSlicesMut, KvCache, LayerCache};
+use kv_cache::{CacheElem, KvCache, LayerCache};
 use rayon::prelude::*;
 
 use crate::AttnError;
@@ -37,21 +37,10 @@ fn copy_blocks_in_layer(layer: &mut LayerCache, pairs: &[(u32, u32)]) -> Result<
         }
     }
     let n = layer.geometry().block_elems();
-    match layer.slices_mut() {
-        CacheSlicesMut::F32 { key, value } => {
-            copy(key, n, pairs);
-            copy(value, n, pairs);
-        }
-        CacheSlicesMut::F16 { key, value } => {
-            copy(key, n, pairs);
-            copy(value, n, pairs);
-        }
-        CacheSlicesMut::BF16 { key, value } => {
-            copy(key, n, pairs);
-            copy(value, n, pairs);
-        }
-        _ => return Err(AttnError::UnsupportedStorage),
-    }
+    by_dtype!(CacheSlicesMut, layer.slices_mut(), |key, value| {
+        copy(key, n, pairs);
+        copy(value, n, pairs);
+    });
     Ok(())
 }
 
@@ -75,18 +64,11 @@ pub fn swap_blocks(
         }
     }
     let n = sg.block_elems();
-    match (src_cache.slices(), dst_cache.slices_mut()) {
-        (CacheSlices::F32 { key: sk, value: sv }, CacheSlicesMut::F32 { key: dk, value: dv }) => {
-            copy(sk, sv, dk, dv, n, mapping)
-        }
-        (CacheSlices::F16 { key: sk, value: sv }, CacheSlicesMut::F16 { key: dk, value: dv }) => {
-            copy(sk, sv, dk, dv, n, mapping)
-        }
-        (CacheSlices::BF16 { key: sk, value: sv }, CacheSlicesMut::BF16 { key: dk, value: dv }) => {
-            copy(sk, sv, dk, dv, n, mapping)
-        }
-        _ => return Err(AttnError::UnsupportedStorage),
-    }
+    by_dtype!(CacheSlices, src_cache.slices(), |sk, sv| {
+        // Same layout, so the same dtype.
+        let (dk, dv) = dst_cache.typed_mut().ok_or(AttnError::UnsupportedStorage)?;
+        copy(sk, sv, dk, dv, n, mapping)
+    });
     Ok(())
 }
 

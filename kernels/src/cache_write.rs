@@ -1,6 +1,6 @@
 //! `reshape_and_cache`: scatter this step's K/V rows into their cache slots.
 
-use kv_cache::{CacheElem, CacheGeometry, CacheSlicesMut, LayerCache};
+use kv_cache::{CacheElem, CacheGeometry, LayerCache};
 
 use crate::AttnError;
 use crate::meta::check_len;
@@ -25,12 +25,7 @@ pub fn reshape_and_cache(
     {
         return Err(AttnError::SlotOutOfRange { token, slot, num_slots });
     }
-    match cache.slices_mut() {
-        CacheSlicesMut::F32 { key: kc, value: vc } => scatter(&g, key, value, slot_mapping, kc, vc),
-        CacheSlicesMut::F16 { key: kc, value: vc } => scatter(&g, key, value, slot_mapping, kc, vc),
-        CacheSlicesMut::BF16 { key: kc, value: vc } => scatter(&g, key, value, slot_mapping, kc, vc),
-        _ => return Err(AttnError::UnsupportedStorage),
-    }
+    by_dtype!(CacheSlicesMut, cache.slices_mut(), |kc, vc| scatter(&g, key, value, slot_mapping, kc, vc));
     Ok(())
 }
 

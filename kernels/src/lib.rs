@@ -19,6 +19,20 @@
 //! The CPU code uses every rayon thread, AVX2/FMA/F16C inner loops chosen at run time (portable
 //! fallback otherwise), and per-thread scratch so the hot loop never allocates.
 
+/// Evaluates `$body` with `$key` and `$value` bound to the tensors of `$slices` (a
+/// `kv_cache::$kind`: `CacheSlices` or `CacheSlicesMut`) in their own element type; a storage the
+/// CPU kernels lack makes the calling function return [`AttnError::UnsupportedStorage`].
+macro_rules! by_dtype {
+    ($kind:ident, $slices:expr, |$key:ident, $value:ident| $body:expr) => {
+        match $slices {
+            kv_cache::$kind::F32 { key: $key, value: $value } => $body,
+            kv_cache::$kind::F16 { key: $key, value: $value } => $body,
+            kv_cache::$kind::BF16 { key: $key, value: $value } => $body,
+            _ => return Err($crate::AttnError::UnsupportedStorage),
+        }
+    };
+}
+
 mod attention;
 pub mod backend;
 mod block_ops;

@@ -13,7 +13,7 @@ mod chunk;
 mod decode;
 mod scratch;
 
-use kv_cache::{CacheGeometry, CacheSlices, LayerCache};
+use kv_cache::{CacheGeometry, LayerCache};
 use rayon::prelude::*;
 
 use crate::meta::validate;
@@ -88,18 +88,9 @@ pub fn paged_attention_with(
         return Err(AttnError::InvalidPartition(p, g.block_size));
     }
     let isa = if opts.isa.is_available() { opts.isa } else { Isa::Portable };
-    match cache.slices() {
-        CacheSlices::F32 { key, value } => {
-            run(isa, opts.split, out, query, key, value, &g, meta, num_heads, scale)
-        }
-        CacheSlices::F16 { key, value } => {
-            run(isa, opts.split, out, query, key, value, &g, meta, num_heads, scale)
-        }
-        CacheSlices::BF16 { key, value } => {
-            run(isa, opts.split, out, query, key, value, &g, meta, num_heads, scale)
-        }
-        _ => return Err(AttnError::UnsupportedStorage),
-    }
+    by_dtype!(CacheSlices, cache.slices(), |key, value| {
+        run(isa, opts.split, out, query, key, value, &g, meta, num_heads, scale)
+    });
     Ok(())
 }
 
