@@ -108,26 +108,27 @@ struct Problem<'a, T> {
     scale: f32,
 }
 
-impl<T> Problem<'_, T> {
-    /// Key tile of (physical block, kv head): `[head_size/x, block_size, x]`.
-    fn key_tile(&self, block: u32, kv_head: usize) -> &[T] {
+impl<'a, T> Problem<'a, T> {
+    /// Tile of (physical block, kv head) in `cache` (`key` or `value`).
+    fn tile(&self, cache: &'a [T], block: u32, kv_head: usize) -> &'a [T] {
         let n = self.g.block_head_elems();
         let start = (block as usize * self.g.num_kv_heads + kv_head) * n;
-        &self.key[start..start + n]
+        &cache[start..start + n]
+    }
+    /// Key tile of (physical block, kv head): `[head_size/x, block_size, x]`.
+    fn key_tile(&self, block: u32, kv_head: usize) -> &'a [T] {
+        self.tile(self.key, block, kv_head)
     }
     /// Value tile of (physical block, kv head): `[head_size, block_size]`.
-    fn value_tile(&self, block: u32, kv_head: usize) -> &[T] {
-        let n = self.g.block_head_elems();
-        let start = (block as usize * self.g.num_kv_heads + kv_head) * n;
-        &self.value[start..start + n]
+    fn value_tile(&self, block: u32, kv_head: usize) -> &'a [T] {
+        self.tile(self.value, block, kv_head)
     }
     /// Query row of (token, query head).
     fn query_row(&self, token: usize, head: usize) -> &[f32] {
-        let d = self.g.head_size;
-        let start = (token * self.num_heads + head) * d;
-        &self.query[start..start + d]
+        let start = self.out_offset(token, head);
+        &self.query[start..start + self.g.head_size]
     }
-    /// Offset of (token, query head) in `out`.
+    /// Offset of (token, query head) in `out` (and in `query`: same layout).
     fn out_offset(&self, token: usize, head: usize) -> usize {
         (token * self.num_heads + head) * self.g.head_size
     }
@@ -209,26 +210,20 @@ fn run<T: KernelElem>(
     let mut num_parts_total = 0;
     for &seq in &decode_seqs {
         let ctx = meta.seq_lens[seq];
-        let parts = partition.map_or(1, |p| ctx.div_ceil(p));
-        if parts <= 1 {
-            items.extend((0..g.num_kv_heads).map(|kv_head| Item::Decode {
-                seq,
-                kv_head,
-                t0: 0,
-                t1: ctx,
-                part: None,
-            }));
-            continue;
-        }
-        let p = partition.unwrap_or(ctx);
-        splits.push(SplitSeq { seq, first_part: num_parts_total, num_parts: parts });
+        // Only a context longer than one partition is split; the others are one whole item.
+        let split = partition.filter(|&p| ctx > p);
+        let (p, parts) = split.map_or((ctx, 1), |p| (p, ctx.div_ceil(p)));
+        let first_part = split.map(|_| num_parts_total);
         for kv_head in 0..g.num_kv_heads {
             for k in 0..parts {
                 let (t0, t1) = (k * p, ((k + 1) * p).min(ctx));
-                items.push(Item::Decode { seq, kv_head, t0, t1, part: Some(num_parts_total + k) });
+                items.push(Item::Decode { seq, kv_head, t0, t1, part: first_part.map(|f| f + k) });
             }
         }
-        num_parts_total += parts;
+        if let Some(first_part) = first_part {
+            splits.push(SplitSeq { seq, first_part, num_parts: parts });
+            num_parts_total += parts;
+        }
     }
     for seq in (0..meta.num_seqs()).filter(|&s| meta.query_len(s) > 1) {
         let q_len = meta.query_len(seq);

@@ -316,19 +316,9 @@ pub(crate) fn exp_sub_sum(isa: Isa, v: &mut [f32], max: f32) -> f32 {
 /// in the pool, so the hardware prefetcher cannot guess it). A hint only; no-op elsewhere.
 #[inline]
 pub(crate) fn prefetch<T>(tile: &[T]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        let bytes = std::mem::size_of_val(tile);
-        let p = tile.as_ptr().cast::<i8>();
-        for off in (0..bytes).step_by(64) {
-            // SAFETY: prefetch never faults, and `off` stays inside the slice anyway; SSE is
-            // baseline on x86-64.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.add(off)) };
-        }
+    for byte in (0..std::mem::size_of_val(tile)).step_by(64) {
+        prefetch_byte(tile, byte);
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = tile;
 }
 
 /// Tiles a kernel should ask the CPU to start loading while it computes: the ones the caller
