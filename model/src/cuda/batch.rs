@@ -46,21 +46,12 @@ pub fn check_batch(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::Path;
-
-    fn config() -> LlamaConfig {
-        let text = r#"{"architectures":["LlamaForCausalLM"],"hidden_size":64,"intermediate_size":8,
-            "num_hidden_layers":1,"num_attention_heads":2,"vocab_size":10,"rope_theta":10000.0}"#;
-        match LlamaConfig::from_json(text, Path::new("config.json")) {
-            Ok(c) => c,
-            Err(e) => panic!("config: {e}"),
-        }
-    }
+    use crate::cuda::test_config;
 
     #[test]
     fn batches_beyond_the_limits_or_the_model_are_rejected() {
         let limits = BatchLimits { max_tokens: 3, max_samples: 1, max_model_len: 8 };
-        let c = config();
+        let c = test_config();
         let attn = kernels::PagedAttnMetadata {
             query_start_loc: &[0, 3],
             seq_lens: &[3],

@@ -210,10 +210,6 @@ impl CudaLlama {
     pub fn kernels(&self) -> &Arc<CudaKernels> {
         &self.kernels
     }
-    /// The activation dtype (= the weights' dtype).
-    pub fn dtype(&self) -> DType {
-        self.weights.dtype
-    }
     /// Device bytes of the weights.
     pub fn weight_bytes(&self) -> usize {
         self.weights.bytes()

@@ -16,18 +16,23 @@ mod profile;
 mod rope_table;
 mod weights;
 
-pub use batch::{BatchLimits, check_batch};
+pub use batch::BatchLimits;
 pub use driver::{StepBatch, StepDriver, argmax, max_rel_error};
 pub use error::CudaModelError;
 pub use forward::CudaLlama;
-pub use gemm::{GemmShape, linear_shape};
 /// Whether libcuda loads on this machine (a CUDA runner fails with one clear error without it).
 pub use kernels::cuda::driver_present;
-pub use profile::PROFILE_SEED_TOKEN;
-pub use rope_table::cos_sin_table;
-pub use weights::{DeviceWeights, to_half_bits};
 
 /// Largest `|cuda − cpu| / max(1, max |cpu|)` over a row of logits the GPU check accepts: bf16
 /// weights and activations (8 bits of mantissa, relative rounding 2^-9 per value) through a few
 /// layers of GEMMs with f32 accumulation stay well inside 5 % of the logit range.
 pub const LOGIT_TOLERANCE: f32 = 0.05;
+
+/// The two-head toy config of the host-side tests.
+#[cfg(test)]
+fn test_config() -> crate::config::LlamaConfig {
+    let text = r#"{"architectures":["LlamaForCausalLM"],"hidden_size":64,"intermediate_size":8,
+        "num_hidden_layers":1,"num_attention_heads":2,"vocab_size":10,"rope_theta":10000.0}"#;
+    crate::config::LlamaConfig::from_json(text, std::path::Path::new("config.json"))
+        .unwrap_or_else(|e| panic!("config: {e}"))
+}

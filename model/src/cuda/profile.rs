@@ -5,6 +5,7 @@
 use kv_cache::cuda::CudaKvCache;
 use kv_cache::{BlockShape, CacheConfig, DType};
 
+use super::batch::BatchLimits;
 use super::error::CudaModelError;
 use super::forward::CudaLlama;
 use crate::input::InputBuffers;
@@ -18,12 +19,7 @@ impl CudaLlama {
     /// afterwards, so that the device memory still in use afterwards is the weights plus the
     /// activation peak, the part the KV cache must leave alone.
     pub fn profile(&mut self, block_size: usize, cache_dtype: DType) -> Result<(), CudaModelError> {
-        let plan = ProfileBatch::new(
-            self.limits().max_tokens,
-            self.limits().max_samples,
-            self.limits().max_model_len,
-            block_size,
-        );
+        let plan = ProfileBatch::new(self.limits(), block_size);
         let shape = BlockShape {
             block_size,
             num_layers: self.config().num_hidden_layers,
@@ -41,8 +37,8 @@ impl CudaLlama {
     }
 }
 
-/// The dummy batch of the profiling run: `tokens` tokens in sequences of at most `max_len`,
-/// each on its own blocks, the last `samples` tokens sampled.
+/// The dummy batch of the profiling run: `max_tokens` tokens in sequences of at most
+/// `max_model_len`, each on its own blocks, the last `max_samples` tokens sampled.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ProfileBatch {
     batch: InputBuffers,
@@ -57,9 +53,9 @@ impl std::ops::Deref for ProfileBatch {
 }
 
 impl ProfileBatch {
-    pub fn new(tokens: usize, samples: usize, max_len: usize, block_size: usize) -> Self {
-        let tokens = tokens.max(1);
-        let len = max_len.clamp(1, tokens);
+    pub fn new(limits: &BatchLimits, block_size: usize) -> Self {
+        let tokens = limits.max_tokens.max(1);
+        let len = limits.max_model_len.clamp(1, tokens);
         let seqs = tokens.div_ceil(len);
         let bps = len.div_ceil(block_size);
         let mut p = InputBuffers {
@@ -70,7 +66,7 @@ impl ProfileBatch {
             seq_lens: Vec::with_capacity(seqs),
             block_tables: Vec::with_capacity(seqs * bps),
             max_blocks_per_seq: bps,
-            sample_indices: (tokens - samples.clamp(1, tokens)..tokens).collect(),
+            sample_indices: (tokens - limits.max_samples.clamp(1, tokens)..tokens).collect(),
         };
         for s in 0..seqs {
             let n = len.min(tokens - s * len);
@@ -90,12 +86,13 @@ impl ProfileBatch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::LlamaConfig;
-    use crate::cuda::batch::{BatchLimits, check_batch};
+    use crate::cuda::batch::check_batch;
+    use crate::cuda::test_config;
 
     #[test]
     fn profile_batch_fills_the_token_budget_within_the_model_length() {
-        let p = ProfileBatch::new(2048, 256, 640, 16);
+        let limits = BatchLimits { max_tokens: 2048, max_samples: 256, max_model_len: 640 };
+        let p = ProfileBatch::new(&limits, 16);
         assert_eq!(p.token_ids.len(), 2048);
         assert_eq!(p.seq_lens, vec![640, 640, 640, 128]);
         assert_eq!(p.query_start_loc, vec![0, 640, 1280, 1920, 2048]);
@@ -111,16 +108,12 @@ mod tests {
         assert!(slots.iter().all(|&s| (s as usize) < p.num_blocks * 16));
         assert_eq!(p.positions[640], 0);
         // The batch passes the forward's own checks.
-        let cfg = BatchLimits { max_tokens: 2048, max_samples: 256, max_model_len: 640 };
-        let text = r#"{"architectures":["LlamaForCausalLM"],"hidden_size":64,"intermediate_size":8,
-            "num_hidden_layers":1,"num_attention_heads":2,"vocab_size":10,"rope_theta":10000.0}"#;
-        let c = LlamaConfig::from_json(text, std::path::Path::new("c.json"));
-        assert!(c.is_ok_and(|c| check_batch(&p.input(), &cfg, &c).is_ok()));
+        assert!(check_batch(&p.input(), &limits, &test_config()).is_ok());
     }
 
     #[test]
     fn short_budgets_make_one_sequence() {
-        let p = ProfileBatch::new(5, 10, 4096, 8);
+        let p = ProfileBatch::new(&BatchLimits { max_tokens: 5, max_samples: 10, max_model_len: 4096 }, 8);
         assert_eq!(p.seq_lens, vec![5]);
         assert_eq!(p.sample_indices, vec![0, 1, 2, 3, 4]);
         assert_eq!(p.num_blocks, 1);

@@ -18,18 +18,11 @@ pub fn cos_sin_table(rope: &Rope, positions: usize) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::LlamaConfig;
-    use std::path::Path;
+    use crate::cuda::test_config;
 
     #[test]
     fn rows_match_the_cpu_cos_sin() {
-        let text = r#"{"architectures":["LlamaForCausalLM"],"hidden_size":64,"intermediate_size":8,
-            "num_hidden_layers":1,"num_attention_heads":2,"vocab_size":8,"rope_theta":10000.0}"#;
-        let cfg = match LlamaConfig::from_json(text, Path::new("config.json")) {
-            Ok(c) => c,
-            Err(e) => panic!("config: {e}"),
-        };
-        let rope = Rope::new(&cfg);
+        let rope = Rope::new(&test_config());
         let table = cos_sin_table(&rope, 40);
         let half = rope.half_dim();
         assert_eq!(table.len(), 40 * 2 * half);
