@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use kv_cache::{BlockShape, DType};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ModelError, Result};
@@ -230,6 +231,17 @@ impl LlamaConfig {
             .checked_add(head)?;
         // Their f32 bytes must be addressable too.
         total.checked_mul(4).map(|_| total)
+    }
+
+    /// The KV cache block of this model: `block_size` tokens of every layer's K and V in `dtype`.
+    pub fn block_shape(&self, block_size: usize, dtype: DType) -> BlockShape {
+        BlockShape {
+            block_size,
+            num_layers: self.num_hidden_layers,
+            num_kv_heads: self.num_key_value_heads,
+            head_size: self.head_dim,
+            dtype,
+        }
     }
 
     /// Width of the fused Q, K, V projection output.

@@ -18,7 +18,7 @@ use engine::{DType, Device, Engine, EngineConfig, KvCacheSize, Prompt, SamplingP
 use gpu_check::figures::{Figures, Res, finish};
 use kernels::cuda::{CudaDevice, CudaKernels};
 use kv_cache::cuda::CudaKvCache;
-use kv_cache::{BlockShape, CacheConfig, KvCache};
+use kv_cache::{CacheConfig, KvCache};
 use model::cuda::{BatchLimits, CudaLlama, LOGIT_TOLERANCE, StepDriver, argmax, max_rel_error};
 use model::{Llama, Workspace};
 use rand::{Rng, SeedableRng};
@@ -208,16 +208,9 @@ fn forward_check(dir: &Path, kernels: &Arc<CudaKernels>, dtype: DType, figures: 
     let mut gpu = CudaLlama::new(&model, kernels.clone(), dtype, limits)?;
     let block_size = 16;
     let num_blocks = 128;
-    let shape = |dtype| BlockShape {
-        block_size,
-        num_layers: c.num_hidden_layers,
-        num_kv_heads: c.num_key_value_heads,
-        head_size: c.head_dim,
-        dtype,
-    };
-    let mut cpu_cache = KvCache::new(CacheConfig::new(shape(DType::F32), num_blocks, 0))?;
-    let stream = kernels.device().stream().clone();
-    let mut gpu_cache = CudaKvCache::new(CacheConfig::new(shape(dtype), num_blocks, 0), stream)?;
+    let cache = |dtype| CacheConfig::new(c.block_shape(block_size, dtype), num_blocks, 0);
+    let mut cpu_cache = KvCache::new(cache(DType::F32))?;
+    let mut gpu_cache = CudaKvCache::new(cache(dtype), kernels.device().stream().clone())?;
     let mut ws = Workspace::default();
     let mut rng = ChaCha8Rng::seed_from_u64(5);
     let prompts: Vec<Vec<u32>> = [150usize, 61, 7, 300]

@@ -3,7 +3,7 @@
 //! is the weights plus the activation peak.
 
 use kv_cache::cuda::CudaKvCache;
-use kv_cache::{BlockShape, CacheConfig, DType};
+use kv_cache::{CacheConfig, DType};
 
 use super::batch::BatchLimits;
 use super::error::CudaModelError;
@@ -20,13 +20,7 @@ impl CudaLlama {
     /// activation peak, the part the KV cache must leave alone.
     pub fn profile(&mut self, block_size: usize, cache_dtype: DType) -> Result<(), CudaModelError> {
         let plan = ProfileBatch::new(self.limits(), block_size);
-        let shape = BlockShape {
-            block_size,
-            num_layers: self.config().num_hidden_layers,
-            num_kv_heads: self.config().num_key_value_heads,
-            head_size: self.config().head_dim,
-            dtype: cache_dtype,
-        };
+        let shape = self.config().block_shape(block_size, cache_dtype);
         let stream = self.kernels().device().stream().clone();
         let mut cache = CudaKvCache::new(CacheConfig::new(shape, plan.num_blocks, 0), stream)?;
         let input = plan.input();

@@ -100,14 +100,7 @@ pub struct Runner {
 impl Runner {
     /// Puts `model` on `config.device` with a KV cache sized by `config`.
     pub fn new(model: Llama, config: &RunnerConfig) -> Result<Self> {
-        let mc = &model.config;
-        let shape = BlockShape {
-            block_size: config.block_size,
-            num_layers: mc.num_hidden_layers,
-            num_kv_heads: mc.num_key_value_heads,
-            head_size: mc.head_dim,
-            dtype: config.kv_dtype,
-        };
+        let shape = model.config.block_shape(config.block_size, config.kv_dtype);
         shape.validate()?;
         let (on, cache_config) = match config.device {
             Device::Cpu => {

@@ -3,7 +3,7 @@
 
 #![allow(dead_code)]
 
-use kv_cache::{BlockShape, CacheConfig, DType, KvCache};
+use kv_cache::{CacheConfig, DType, KvCache};
 use model::LlamaConfig;
 use model::input::InputBuffers;
 
@@ -52,14 +52,8 @@ pub fn build_batch(seqs: &[Seq], chunks: &[usize], block_size: usize, sample_all
 
 /// An f32 cache with `num_blocks` blocks for `cfg`.
 pub fn cache_for(cfg: &LlamaConfig, block_size: usize, num_blocks: usize) -> KvCache {
-    let shape = BlockShape {
-        block_size,
-        num_layers: cfg.num_hidden_layers,
-        num_kv_heads: cfg.num_key_value_heads,
-        head_size: cfg.head_dim,
-        dtype: DType::F32,
-    };
-    KvCache::new(CacheConfig::new(shape, num_blocks, 0)).expect("cache allocation")
+    KvCache::new(CacheConfig::new(cfg.block_shape(block_size, DType::F32), num_blocks, 0))
+        .expect("cache allocation")
 }
 
 /// Hands each sequence `ceil(capacity / block_size)` blocks, taken from `pool` in order
