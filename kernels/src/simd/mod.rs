@@ -80,32 +80,24 @@ impl Isa {
 
     /// Whether this CPU can run `self`.
     pub fn is_available(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        let avx2 = || {
+            is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c")
+        };
         match self {
             Isa::Portable => true,
-            Isa::Avx2 => avx2_available(),
-            Isa::Avx512 => avx2_available() && avx512_available(),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => avx2(),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => {
+                avx2() && is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512dq")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
         }
     }
-}
-
-#[cfg(target_arch = "x86_64")]
-fn avx2_available() -> bool {
-    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-fn avx2_available() -> bool {
-    false
-}
-
-#[cfg(target_arch = "x86_64")]
-fn avx512_available() -> bool {
-    is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512dq")
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-fn avx512_available() -> bool {
-    false
 }
 
 /// Cache element types the micro-kernels can load as 8 (AVX2) or 16 (AVX-512) `f32` lanes.
