@@ -177,7 +177,7 @@ mod cuda_backend {
             scale: f32,
             workspace: &mut AttnWorkspace,
         ) -> Result<(), CudaError> {
-            ops::paged_attention(self, out, query, layer, meta, num_heads, scale, workspace)
+            ops::paged_attention_with(self, out, query, layer, meta, num_heads, scale, workspace, None)
                 .map(|_variant| ())
         }
 

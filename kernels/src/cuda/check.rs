@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::error::CudaError;
 use super::kernels::{Program, all_programs};
+use super::lock;
 use super::nvrtc::{self, KernelStats};
 
 /// What to check.
@@ -62,7 +63,7 @@ pub fn run(opts: &CheckOptions) -> Result<CheckReport, CudaError> {
     let report = Mutex::new(CheckReport::default());
     for_each_parallel(opts.jobs, &jobs, |&(program, arch)| {
         let result = nvrtc::compile(program, arch, &opts.header_dir, true);
-        judge(&mut report.lock().unwrap_or_else(|p| p.into_inner()), program, arch, result);
+        judge(&mut lock(&report), program, arch, result);
     });
     let mut report = report.into_inner().unwrap_or_else(|p| p.into_inner());
     report

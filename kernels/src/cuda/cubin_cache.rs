@@ -10,6 +10,7 @@ use sha2::{Digest, Sha256};
 
 use super::error::CudaError;
 use super::kernels::Program;
+use super::lock;
 
 /// Bump when the NVRTC options change, so old cubins are not reused.
 pub const OPTIONS_VERSION: &str = "nvrtc-opts-1";
@@ -66,7 +67,7 @@ impl CubinCache {
         compile: impl FnOnce() -> Result<Vec<u8>, CudaError>,
     ) -> Result<Arc<Vec<u8>>, CudaError> {
         let key = file_name(program, arch);
-        if let Some(hit) = self.lock().get(&key) {
+        if let Some(hit) = lock(&self.mem).get(&key) {
             return Ok(hit.clone());
         }
         let path = self.dir.as_ref().map(|d| d.join(&key));
@@ -84,7 +85,7 @@ impl CubinCache {
             }
         };
         let cubin = Arc::new(cubin);
-        self.lock().insert(key, cubin.clone());
+        lock(&self.mem).insert(key, cubin.clone());
         Ok(cubin)
     }
 
@@ -97,11 +98,6 @@ impl CubinCache {
         write_atomically(&path, cubin)
             .map_err(|source| CudaError::CacheIo { path: path.display().to_string(), source })?;
         Ok(path)
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Vec<u8>>>> {
-        // A poisoned map only means another thread panicked mid-insert; the map is still valid.
-        self.mem.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 

@@ -25,3 +25,9 @@ pub use kernels::{AttentionConfig, AttentionVariant, KERNEL_SOURCES, Program, al
 pub use metadata::{DeviceAttnMetadata, HostAttnMetadata};
 pub use ops::{AttnWorkspace, choose_variant};
 pub use runtime::CudaKernels;
+
+/// Locks `m`, taking over a poisoned lock: that only means another thread panicked while it held
+/// it, and the maps and reports guarded here stay valid through any partial update.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}

@@ -104,23 +104,9 @@ impl AttnWorkspace {
     }
 }
 
-/// `paged_attention` on the GPU, variant chosen by [`choose_variant`] (v2 also when v1's logits
-/// would not fit in shared memory). Returns the variant that ran.
-#[allow(clippy::too_many_arguments)]
-pub fn paged_attention(
-    kernels: &CudaKernels,
-    out: &mut CudaSlice<f32>,
-    query: &CudaSlice<f32>,
-    cache: &DeviceLayerCache,
-    meta: &DeviceAttnMetadata,
-    num_heads: usize,
-    scale: f32,
-    workspace: &mut AttnWorkspace,
-) -> Result<AttentionVariant, CudaError> {
-    paged_attention_with(kernels, out, query, cache, meta, num_heads, scale, workspace, None)
-}
-
-/// [`paged_attention`] with the variant forced (benchmarks compare them; `None` = automatic).
+/// `paged_attention` on the GPU, `variant` forced (benchmarks compare them) or, when `None`,
+/// chosen by [`choose_variant`] (v2 also when v1's logits would not fit in shared memory).
+/// Returns the variant that ran.
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention_with(
     kernels: &CudaKernels,

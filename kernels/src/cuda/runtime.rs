@@ -16,7 +16,7 @@ use super::cubin_cache::{CubinCache, default_dir};
 use super::device::CudaDevice;
 use super::error::CudaError;
 use super::kernels::Program;
-use super::nvrtc;
+use super::{lock, nvrtc};
 
 /// The `sm_XY` architecture name of a compute capability.
 pub fn arch_name(major: i32, minor: i32) -> String {
@@ -114,10 +114,6 @@ impl CudaKernels {
         lock(&self.modules).insert(program.name.clone(), module.clone());
         Ok(module)
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 #[cfg(test)]
