@@ -3,7 +3,7 @@
 use kv_cache::{CacheElem, CacheGeometry, LayerCache};
 
 use crate::AttnError;
-use crate::meta::check_len;
+use crate::meta::{check_len, check_slots};
 
 /// Writes `key`/`value` (`[num_tokens, num_kv_heads, head_size]`, f32) into `cache` at
 /// `slot_mapping[i]` for token `i`, converting to the cache dtype. A negative slot is padding and
@@ -19,12 +19,7 @@ pub fn reshape_and_cache(
     let num_tokens = slot_mapping.len();
     check_len("key [num_tokens, num_kv_heads, head_size]", num_tokens * row, key.len())?;
     check_len("value [num_tokens, num_kv_heads, head_size]", num_tokens * row, value.len())?;
-    let num_slots = g.num_slots();
-    if let Some((token, &slot)) =
-        slot_mapping.iter().enumerate().find(|&(_, &s)| s >= 0 && s as u64 >= num_slots as u64)
-    {
-        return Err(AttnError::SlotOutOfRange { token, slot, num_slots });
-    }
+    check_slots(slot_mapping, g.num_slots())?;
     by_dtype!(CacheSlicesMut, cache.slices_mut(), |kc, vc| scatter(&g, key, value, slot_mapping, kc, vc));
     Ok(())
 }

@@ -70,6 +70,14 @@ pub(crate) fn check_len(what: &'static str, expected: usize, got: usize) -> Resu
     if expected == got { Ok(()) } else { Err(AttnError::ShapeMismatch { what, expected, got }) }
 }
 
+/// Every slot of a slot mapping is padding (negative) or one of the cache's `num_slots`.
+pub(crate) fn check_slots(slots: &[i64], num_slots: usize) -> Result<(), AttnError> {
+    match slots.iter().enumerate().find(|&(_, &s)| s >= 0 && s as u64 >= num_slots as u64) {
+        Some((token, &slot)) => Err(AttnError::SlotOutOfRange { token, slot, num_slots }),
+        None => Ok(()),
+    }
+}
+
 /// The block-table rows the sequences read exist: `[num_seqs, stride]` for a dense table, or
 /// every `seq_rows` entry inside a table of whole rows.
 pub(crate) fn check_rows(meta: &PagedAttnMetadata<'_>) -> Result<(), AttnError> {

@@ -19,6 +19,7 @@ use super::kernels::{
 use super::metadata::{DeviceAttnMetadata, upload_into};
 use super::runtime::CudaKernels;
 use super::swap::check_pairs;
+use crate::meta::check_slots;
 
 /// vLLM's choice between the single-pass (v1) and the partitioned (v2) decode kernel: v1 when the
 /// longest context is at most 8192 tokens and either it fits one partition or there are enough
@@ -240,19 +241,10 @@ impl DeviceSlotMapping {
         slots: &[i64],
         num_slots: usize,
     ) -> Result<(), CudaError> {
-        check_slots(slots, num_slots)?;
+        check_slots(slots, num_slots).map_err(|e| CudaError::InvalidArgument(e.to_string()))?;
         upload_into(stream, slots, &mut self.slots)?;
         self.num_tokens = slots.len();
         Ok(())
-    }
-}
-
-fn check_slots(slots: &[i64], num_slots: usize) -> Result<(), CudaError> {
-    match slots.iter().enumerate().find(|&(_, &s)| s >= 0 && s as u64 >= num_slots as u64) {
-        Some((t, s)) => {
-            Err(CudaError::InvalidArgument(format!("token {t}: slot {s} out of range ({num_slots} slots)")))
-        }
-        None => Ok(()),
     }
 }
 
