@@ -102,13 +102,7 @@ impl StepDriver {
 
 /// Index of the largest value (the greedy token of a row of logits).
 pub fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in row.iter().enumerate() {
-        if v > row[best] {
-            best = i;
-        }
-    }
-    best as u32
+    (0..row.len()).fold(0, |best, i| if row[i] > row[best] { i } else { best }) as u32
 }
 
 /// `max |a − b| / max(1, max |b|)`: the error of `a` against the reference `b`, relative to the

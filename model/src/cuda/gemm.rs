@@ -15,7 +15,7 @@ use kv_cache::DType;
 use super::error::CudaModelError;
 
 /// The `cublasGemmEx` dimensions of one row-major linear layer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct GemmShape {
     pub m: i32,
     pub n: i32,
@@ -130,14 +130,7 @@ mod tests {
         let (rows, out_dim, in_dim) = (3, 5, 4);
         let w: Vec<f32> = (0..out_dim * in_dim).map(|i| (i as f32 * 0.37).sin()).collect();
         let x: Vec<f32> = (0..rows * in_dim).map(|i| (i as f32 * 0.91).cos()).collect();
-        let s = linear_shape(rows, out_dim, in_dim).unwrap_or(GemmShape {
-            m: 0,
-            n: 0,
-            k: 0,
-            lda: 0,
-            ldb: 0,
-            ldc: 0,
-        });
+        let s = linear_shape(rows, out_dim, in_dim).unwrap_or_default();
         let got = cublas_like(&s, &w, &x);
         for r in 0..rows {
             for o in 0..out_dim {

@@ -1,4 +1,4 @@
-//! The profiling forward of vLLM-style KV sizing: [`CudaLlama::profile`] runs [`ProfileBatch`],
+//! The profiling forward of vLLM-style KV sizing: [`CudaLlama::profile`] runs [`profile_batch`],
 //! a dummy batch of the largest step, on a scratch cache, so that what stays in use afterwards
 //! is the weights plus the activation peak.
 
@@ -19,12 +19,12 @@ impl CudaLlama {
     /// afterwards, so that the device memory still in use afterwards is the weights plus the
     /// activation peak, the part the KV cache must leave alone.
     pub fn profile(&mut self, block_size: usize, cache_dtype: DType) -> Result<(), CudaModelError> {
-        let plan = ProfileBatch::new(self.limits(), block_size);
+        let batch = profile_batch(self.limits(), block_size);
         let shape = self.config().block_shape(block_size, cache_dtype);
+        let num_blocks = batch.block_tables.len();
         let stream = self.kernels().device().stream().clone();
-        let mut cache = CudaKvCache::new(CacheConfig::new(shape, plan.num_blocks, 0), stream)?;
-        let input = plan.input();
-        self.forward(&input, &mut cache)?;
+        let mut cache = CudaKvCache::new(CacheConfig::new(shape, num_blocks, 0), stream)?;
+        self.forward(&batch.input(), &mut cache)?;
         drop(cache);
         self.kernels().device().synchronize()?;
         Ok(())
@@ -32,49 +32,35 @@ impl CudaLlama {
 }
 
 /// The dummy batch of the profiling run: `max_tokens` tokens in sequences of at most
-/// `max_model_len`, each on its own blocks, the last `max_samples` tokens sampled.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct ProfileBatch {
-    batch: InputBuffers,
-    pub num_blocks: usize,
-}
-
-impl std::ops::Deref for ProfileBatch {
-    type Target = InputBuffers;
-    fn deref(&self) -> &InputBuffers {
-        &self.batch
-    }
-}
-
-impl ProfileBatch {
-    pub fn new(limits: &BatchLimits, block_size: usize) -> Self {
-        let tokens = limits.max_tokens.max(1);
-        let len = limits.max_model_len.clamp(1, tokens);
-        let seqs = tokens.div_ceil(len);
-        let bps = len.div_ceil(block_size);
-        let mut p = InputBuffers {
-            token_ids: vec![PROFILE_SEED_TOKEN; tokens],
-            positions: Vec::with_capacity(tokens),
-            slot_mapping: Vec::with_capacity(tokens),
-            query_start_loc: vec![0],
-            seq_lens: Vec::with_capacity(seqs),
-            block_tables: Vec::with_capacity(seqs * bps),
-            max_blocks_per_seq: bps,
-            sample_indices: (tokens - limits.max_samples.clamp(1, tokens)..tokens).collect(),
-        };
-        for s in 0..seqs {
-            let n = len.min(tokens - s * len);
-            let first_block = s * bps;
-            p.block_tables.extend((first_block..first_block + bps).map(|b| b as u32));
-            for i in 0..n {
-                p.positions.push(i as u32);
-                p.slot_mapping.push(((first_block + i / block_size) * block_size + i % block_size) as i64);
-            }
-            p.seq_lens.push(n);
-            p.query_start_loc.push(s * len + n);
+/// `max_model_len`, each on its own blocks (blocks `0..block_tables.len()`, each used once), the
+/// last `max_samples` tokens sampled.
+pub(crate) fn profile_batch(limits: &BatchLimits, block_size: usize) -> InputBuffers {
+    let tokens = limits.max_tokens.max(1);
+    let len = limits.max_model_len.clamp(1, tokens);
+    let seqs = tokens.div_ceil(len);
+    let bps = len.div_ceil(block_size);
+    let mut p = InputBuffers {
+        token_ids: vec![PROFILE_SEED_TOKEN; tokens],
+        positions: Vec::with_capacity(tokens),
+        slot_mapping: Vec::with_capacity(tokens),
+        query_start_loc: vec![0],
+        seq_lens: Vec::with_capacity(seqs),
+        block_tables: Vec::with_capacity(seqs * bps),
+        max_blocks_per_seq: bps,
+        sample_indices: (tokens - limits.max_samples.clamp(1, tokens)..tokens).collect(),
+    };
+    for s in 0..seqs {
+        let n = len.min(tokens - s * len);
+        let first_block = s * bps;
+        p.block_tables.extend((first_block..first_block + bps).map(|b| b as u32));
+        for i in 0..n {
+            p.positions.push(i as u32);
+            p.slot_mapping.push(((first_block + i / block_size) * block_size + i % block_size) as i64);
         }
-        ProfileBatch { batch: p, num_blocks: seqs * bps }
+        p.seq_lens.push(n);
+        p.query_start_loc.push(s * len + n);
     }
+    p
 }
 
 #[cfg(test)]
@@ -86,12 +72,12 @@ mod tests {
     #[test]
     fn profile_batch_fills_the_token_budget_within_the_model_length() {
         let limits = BatchLimits { max_tokens: 2048, max_samples: 256, max_model_len: 640 };
-        let p = ProfileBatch::new(&limits, 16);
+        let p = profile_batch(&limits, 16);
         assert_eq!(p.token_ids.len(), 2048);
         assert_eq!(p.seq_lens, vec![640, 640, 640, 128]);
         assert_eq!(p.query_start_loc, vec![0, 640, 1280, 1920, 2048]);
         assert_eq!(p.max_blocks_per_seq, 40);
-        assert_eq!(p.num_blocks, 160);
+        assert_eq!(p.block_tables.len(), 160);
         assert_eq!(p.sample_indices.len(), 256);
         assert_eq!(p.sample_indices.last(), Some(&2047));
         // Every slot is distinct and inside the scratch cache.
@@ -99,7 +85,7 @@ mod tests {
         slots.sort_unstable();
         slots.dedup();
         assert_eq!(slots.len(), 2048);
-        assert!(slots.iter().all(|&s| (s as usize) < p.num_blocks * 16));
+        assert!(slots.iter().all(|&s| (s as usize) < p.block_tables.len() * 16));
         assert_eq!(p.positions[640], 0);
         // The batch passes the forward's own checks.
         assert!(check_batch(&p.input(), &limits, &test_config()).is_ok());
@@ -107,9 +93,9 @@ mod tests {
 
     #[test]
     fn short_budgets_make_one_sequence() {
-        let p = ProfileBatch::new(&BatchLimits { max_tokens: 5, max_samples: 10, max_model_len: 4096 }, 8);
+        let p = profile_batch(&BatchLimits { max_tokens: 5, max_samples: 10, max_model_len: 4096 }, 8);
         assert_eq!(p.seq_lens, vec![5]);
         assert_eq!(p.sample_indices, vec![0, 1, 2, 3, 4]);
-        assert_eq!(p.num_blocks, 1);
+        assert_eq!(p.block_tables.len(), 1);
     }
 }
