@@ -2,7 +2,7 @@
 //! `swap_blocks` / `swap_out` / `swap_in` (device ↔ host swap cache). A block is one contiguous
 //! run in both the key and the value tensor, so each move is two `memcpy`s.
 
-use kv_cache::{CacheElem, KvCache, LayerCache};
+use kv_cache::{KvCache, LayerCache};
 use rayon::prelude::*;
 
 use crate::AttnError;
@@ -26,22 +26,17 @@ pub fn copy_blocks(cache: &mut KvCache, pairs: &[(u32, u32)]) -> Result<(), Attn
     if pairs.is_empty() {
         return Ok(());
     }
-    cache.layers_mut().par_iter_mut().try_for_each(|layer| copy_blocks_in_layer(layer, pairs))
-}
-
-fn copy_blocks_in_layer(layer: &mut LayerCache, pairs: &[(u32, u32)]) -> Result<(), AttnError> {
-    fn copy<T: Copy>(buf: &mut [T], n: usize, pairs: &[(u32, u32)]) {
-        for &(s, d) in pairs {
-            let (s, d) = (s as usize * n, d as usize * n);
-            buf.copy_within(s..s + n, d);
-        }
-    }
-    let n = layer.geometry().block_elems();
-    by_dtype!(CacheSlicesMut, layer.slices_mut(), |key, value| {
-        copy(key, n, pairs);
-        copy(value, n, pairs);
-    });
-    Ok(())
+    cache.layers_mut().par_iter_mut().try_for_each(|layer| {
+        let n = layer.geometry().block_elems();
+        by_dtype!(CacheSlicesMut, layer.slices_mut(), |key, value| {
+            for &(s, d) in pairs {
+                let (s, d) = (s as usize * n, d as usize * n);
+                key.copy_within(s..s + n, d);
+                value.copy_within(s..s + n, d);
+            }
+        });
+        Ok(())
+    })
 }
 
 /// Copies block `src` of `src_cache` to block `dst` of `dst_cache` for every `(src, dst)` pair.
@@ -56,18 +51,15 @@ pub fn swap_blocks(
         return Err(AttnError::LayoutMismatch { src: format!("{sg:?}"), dst: format!("{dg:?}") });
     }
     check_ids(mapping, sg.num_blocks, dg.num_blocks)?;
-    fn copy<T: CacheElem>(sk: &[T], sv: &[T], dk: &mut [T], dv: &mut [T], n: usize, mapping: &[(u32, u32)]) {
+    let n = sg.block_elems();
+    by_dtype!(CacheSlices, src_cache.slices(), |sk, sv| {
+        // Same layout, so the same dtype.
+        let (dk, dv) = dst_cache.typed_mut().ok_or(AttnError::UnsupportedStorage)?;
         for &(s, d) in mapping {
             let (s, d) = (s as usize * n, d as usize * n);
             dk[d..d + n].copy_from_slice(&sk[s..s + n]);
             dv[d..d + n].copy_from_slice(&sv[s..s + n]);
         }
-    }
-    let n = sg.block_elems();
-    by_dtype!(CacheSlices, src_cache.slices(), |sk, sv| {
-        // Same layout, so the same dtype.
-        let (dk, dv) = dst_cache.typed_mut().ok_or(AttnError::UnsupportedStorage)?;
-        copy(sk, sv, dk, dv, n, mapping)
     });
     Ok(())
 }
