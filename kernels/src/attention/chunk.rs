@@ -6,7 +6,7 @@
 use super::decode::widen_masked;
 use super::scratch::{at_least, with_scratch};
 use super::{Problem, SharedOut};
-use crate::simd::{Ahead, KernelElem, exp_sub_sum, max_of, prepare_query, pv_tile, qk_rows, qrep_len};
+use crate::simd::{Ahead, KernelElem, exp_sub_sum, max_of, pv_tile, qk_rows, qrep_len};
 
 /// Query tokens `q0 .. q1` of `seq`'s chunk, all query heads of `kv_head`.
 pub(super) fn run_item<T: KernelElem>(
@@ -24,6 +24,7 @@ pub(super) fn run_item<T: KernelElem>(
     let first_token = pb.meta.query_start_loc[seq];
     let rows = (q1 - q0) * group;
     // Row r is query token q0 + r / group, query head kv_head * group + r % group.
+    let token_head = |r: usize| (first_token + q0 + r / group, kv_head * group + r % group);
     let pos_of = |r: usize| first_pos + q0 + r / group;
     let visible = pos_of(rows - 1) + 1;
     let table = &pb.meta.block_table(seq)[..visible.div_ceil(bs)];
@@ -36,10 +37,7 @@ pub(super) fn run_item<T: KernelElem>(
         let scores = at_least(&mut s.logits, rows * bs);
         let probs = at_least(&mut s.probs, bs);
         let vtile = at_least(&mut s.vtile, d * bs);
-        for r in 0..rows {
-            let (token, head) = (first_token + q0 + r / group, kv_head * group + r % group);
-            prepare_query(pb.query_row(token, head), pb.scale, x, &mut qrep[r * ql..(r + 1) * ql]);
-        }
+        pb.prepare_queries((0..rows).map(token_head), qrep);
         acc.fill(0.0);
         maxes.fill(f32::NEG_INFINITY);
         sums.fill(0.0);
@@ -94,7 +92,7 @@ pub(super) fn run_item<T: KernelElem>(
         }
 
         for r in 0..rows {
-            let (token, head) = (first_token + q0 + r / group, kv_head * group + r % group);
+            let (token, head) = token_head(r);
             // SAFETY: (token, head) rows of this tile and kv head belong to this item alone.
             let dst = unsafe { out.range(pb.out_offset(token, head), d) };
             let inv = 1.0 / sums[r];

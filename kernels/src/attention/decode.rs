@@ -5,8 +5,7 @@
 use super::scratch::{at_least, with_scratch};
 use super::{Problem, SharedOut, SplitSeq};
 use crate::simd::{
-    Ahead, KernelElem, exp_sub_sum, finish_rows, max_of, prefetch, prepare_query, pv_blocks, qk_rows,
-    qrep_len,
+    Ahead, KernelElem, exp_sub_sum, finish_rows, max_of, prefetch, pv_blocks, qk_rows, qrep_len,
 };
 
 /// Value tiles per `pv_blocks` call: accumulators go back to memory once per run of this many.
@@ -55,14 +54,7 @@ pub(super) fn run_item<T: KernelElem>(
         let logits = at_least(&mut s.logits, group * padded);
         let acc8 = at_least(&mut s.acc, group * d * 8);
         let vtile = at_least(&mut s.vtile, d * bs);
-        for i in 0..group {
-            prepare_query(
-                pb.query_row(token, kv_head * group + i),
-                pb.scale,
-                x,
-                &mut qrep[i * ql..(i + 1) * ql],
-            );
-        }
+        pb.prepare_queries((0..group).map(|i| (token, kv_head * group + i)), qrep);
 
         // Pass 1: scores, all query heads of the kv head per key load. Slots past the context
         // (NaN-poisoned, say) only reach their own lanes and are never read back. Each call

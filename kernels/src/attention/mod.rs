@@ -17,7 +17,7 @@ use kv_cache::{CacheGeometry, LayerCache};
 use rayon::prelude::*;
 
 use crate::meta::validate;
-use crate::simd::{Isa, KernelElem};
+use crate::simd::{Isa, KernelElem, prepare_query, qrep_len};
 use crate::{AttnError, PagedAttnMetadata};
 
 /// Context tokens per partition on the split-context decode path.
@@ -127,6 +127,13 @@ impl<'a, T> Problem<'a, T> {
     fn query_row(&self, token: usize, head: usize) -> &[f32] {
         let start = self.out_offset(token, head);
         &self.query[start..start + self.g.head_size]
+    }
+    /// Prepares the query rows of `rows` (token, query head) for `qk_rows`, one after another.
+    fn prepare_queries(&self, rows: impl Iterator<Item = (usize, usize)>, qrep: &mut [f32]) {
+        let x = self.g.x();
+        for ((token, head), dst) in rows.zip(qrep.chunks_exact_mut(qrep_len(self.g.head_size, x))) {
+            prepare_query(self.query_row(token, head), self.scale, x, dst);
+        }
     }
     /// Offset of (token, query head) in `out` (and in `query`: same layout).
     fn out_offset(&self, token: usize, head: usize) -> usize {
