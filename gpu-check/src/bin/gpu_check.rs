@@ -17,7 +17,6 @@ use gpu_check::attn_cases::{
 };
 use gpu_check::figures::{Figures, Res, finish};
 use kernels::cuda::DeviceAttnMetadata;
-use kernels::cuda::check::for_each_parallel;
 use kernels::cuda::kernels::{AttentionConfig, AttentionVariant, all_programs, attention_configs};
 use kernels::cuda::ops::{self, AttnWorkspace, DeviceSlotMapping};
 use kernels::cuda::{CudaDevice, CudaError, CudaKernels, cubin_cache::CubinCache, nvrtc};
@@ -26,6 +25,7 @@ use kv_cache::{BlockShape, CacheConfig, CacheGeometry, DType, KvCache, LayerCach
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use rayon::prelude::*;
 use serde_json::{Value, json};
 
 fn main() -> ExitCode {
@@ -54,17 +54,9 @@ fn precompile(dir: PathBuf, arch: &str) -> Res<()> {
     let cache = CubinCache::new(Some(dir.clone()));
     let headers = std::env::temp_dir().join("kernels-nvrtc-headers");
     let programs = all_programs();
-    let jobs = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
-    let first_error = std::sync::Mutex::new(None);
-    for_each_parallel(jobs, &programs, |p| {
-        if let Err(e) = nvrtc::compile(p, arch, &headers, false).and_then(|c| cache.store(p, arch, &c.cubin))
-        {
-            first_error.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e);
-        }
-    });
-    if let Some(e) = first_error.into_inner().unwrap_or_else(|e| e.into_inner()) {
-        return Err(e.into());
-    }
+    programs.par_iter().try_for_each(|p| {
+        nvrtc::compile(p, arch, &headers, false).and_then(|c| cache.store(p, arch, &c.cubin)).map(drop)
+    })?;
     println!("precompiled {} programs for {arch} into {}", programs.len(), dir.display());
     Ok(())
 }
