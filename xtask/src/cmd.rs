@@ -1,4 +1,5 @@
-//! Small helpers for running cargo and other processes from xtask, and for their output folders.
+//! Small helpers for running cargo and other processes from xtask, and for the folders they read
+//! and write.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -36,4 +37,22 @@ pub fn fresh_dir(dir: &Path) -> anyhow::Result<()> {
         std::fs::remove_dir_all(dir).with_context(|| format!("clearing {}", dir.display()))?;
     }
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))
+}
+
+/// Every file below `dir`, recursively, leaving out the entries whose name `skip` refuses (a
+/// refused folder is not entered).
+pub fn files_under(dir: &Path, skip: &impl Fn(&str) -> bool) -> anyhow::Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
+        let entry = entry?;
+        if skip(&entry.file_name().to_string_lossy()) {
+            continue;
+        }
+        if entry.file_type()?.is_dir() {
+            files.extend(files_under(&entry.path(), skip)?);
+        } else {
+            files.push(entry.path());
+        }
+    }
+    Ok(files)
 }

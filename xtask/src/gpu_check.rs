@@ -11,13 +11,13 @@
 //! the bundle ships cubins (loaded by the binaries' cubin cache, keyed by source hash + arch) and
 //! the binaries link no CUDA library (cudarc loads libcuda and libcublas at run time).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 use anyhow::{Context, bail};
 use clap::Args;
 
-use crate::cmd::{cargo, fresh_dir, run as run_cmd, workspace_root};
+use crate::cmd::{cargo, files_under, fresh_dir, run as run_cmd, workspace_root};
 use crate::cuda_check::{ensure_nvrtc, library_path_with};
 
 /// Most the device tool carries (64 MiB in all); leave room for the working tree.
@@ -35,17 +35,6 @@ pub struct GpuCheckArgs {
 
 /// The binaries of crate `gpu-check` the bundle carries.
 const BINARIES: [&str; 2] = ["gpu_check", "gpu_model_check"];
-
-fn dir_size(dir: &Path) -> u64 {
-    let entries = std::fs::read_dir(dir).into_iter().flatten().flatten();
-    entries
-        .map(|e| match e.metadata() {
-            Ok(m) if m.is_dir() => dir_size(&e.path()),
-            Ok(m) => m.len(),
-            Err(_) => 0,
-        })
-        .sum()
-}
 
 pub fn run(args: &GpuCheckArgs) -> anyhow::Result<()> {
     if !args.bundle {
@@ -83,7 +72,8 @@ pub fn run(args: &GpuCheckArgs) -> anyhow::Result<()> {
             .env("LD_LIBRARY_PATH", library_path_with(&lib)),
     )
     .context("precompiling the kernels")?;
-    let size = dir_size(&bundle);
+    let files = files_under(&bundle, &|_| false)?;
+    let size: u64 = files.iter().filter_map(|f| f.symlink_metadata().ok()).map(|m| m.len()).sum();
     if size > BUNDLE_LIMIT_BYTES {
         bail!("bundle is {} MiB, over the {} MiB carry budget", size >> 20, BUNDLE_LIMIT_BYTES >> 20);
     }

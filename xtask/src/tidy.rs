@@ -2,16 +2,17 @@
 //! is switched off with `#[ignore]`, and the crate graph is the one ARCHITECTURE.md draws
 //! (`layering.rs`).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{Context, bail};
 
+use crate::cmd::files_under;
+
 /// Walks the workspace (skipping build output and hidden folders) and checks every `.rs` file.
 pub fn check(root: &Path) -> anyhow::Result<()> {
-    let mut files = Vec::new();
-    collect_rs_files(root, &mut files)?;
+    let files = files_under(root, &|name| name.starts_with('.') || name.starts_with("target"))?;
     let mut problems = Vec::new();
-    for file in &files {
+    for file in files.iter().filter(|f| f.extension().is_some_and(|e| e == "rs")) {
         let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
         problems.extend(check_file(&text).into_iter().map(|p| format!("{}: {p}", file.display())));
     }
@@ -33,24 +34,6 @@ fn check_file(text: &str) -> Vec<String> {
     let ignored = text.lines().enumerate().filter(|(_, line)| line.trim_start().starts_with(ignore_attr));
     problems.extend(ignored.map(|(n, _)| format!("line {}: tests must not be ignored", n + 1)));
     problems
-}
-
-fn collect_rs_files(dir: &Path, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
-    for entry in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
-        let entry = entry?;
-        let path = entry.path();
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        if name.starts_with('.') || name.starts_with("target") {
-            continue;
-        }
-        if entry.file_type()?.is_dir() {
-            collect_rs_files(&path, out)?;
-        } else if name.ends_with(".rs") {
-            out.push(path);
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@ use anyhow::Context;
 use serde::Deserialize;
 
 use super::Figures;
+use crate::cmd::files_under;
 
 /// One criterion benchmark as measured in this run.
 #[derive(Debug, Clone)]
@@ -33,33 +34,23 @@ struct EstimatesJson {
     median: Estimate,
 }
 
-/// All benchmarks under `home`, keyed by criterion's full id (`group/function[/param]`).
+/// All benchmarks under `home` (each `…/new/` folder with both files), keyed by criterion's full
+/// id (`group/function[/param]`).
 pub fn load(home: &Path) -> anyhow::Result<BTreeMap<String, Measured>> {
     let mut out = BTreeMap::new();
-    walk(home, &mut out)?;
-    Ok(out)
-}
-
-fn walk(dir: &Path, out: &mut BTreeMap<String, Measured>) -> anyhow::Result<()> {
-    for entry in std::fs::read_dir(dir)? {
-        let path = entry?.path();
-        if !path.is_dir() {
+    for bench in files_under(home, &|_| false)?.iter().filter(|f| f.ends_with("new/benchmark.json")) {
+        let estimates = bench.with_file_name("estimates.json");
+        if !estimates.exists() {
             continue;
         }
-        let bench = path.join("benchmark.json");
-        let estimates = path.join("estimates.json");
-        if path.file_name().is_some_and(|n| n == "new") && bench.exists() && estimates.exists() {
-            let b: BenchmarkJson = serde_json::from_str(&std::fs::read_to_string(&bench)?)
-                .with_context(|| format!("parsing {}", bench.display()))?;
-            let e: EstimatesJson = serde_json::from_str(&std::fs::read_to_string(&estimates)?)
-                .with_context(|| format!("parsing {}", estimates.display()))?;
-            let throughput = b.throughput.and_then(|t| t.values().next().copied());
-            out.insert(b.full_id, Measured { median_ns: e.median.point_estimate, throughput });
-        } else {
-            walk(&path, out)?;
-        }
+        let b: BenchmarkJson = serde_json::from_str(&std::fs::read_to_string(bench)?)
+            .with_context(|| format!("parsing {}", bench.display()))?;
+        let e: EstimatesJson = serde_json::from_str(&std::fs::read_to_string(&estimates)?)
+            .with_context(|| format!("parsing {}", estimates.display()))?;
+        let throughput = b.throughput.and_then(|t| t.values().next().copied());
+        out.insert(b.full_id, Measured { median_ns: e.median.point_estimate, throughput });
     }
-    Ok(())
+    Ok(out)
 }
 
 /// Figures named directly by criterion ids `GROUP/leaf_UNIT`.
