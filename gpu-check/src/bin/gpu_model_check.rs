@@ -240,7 +240,7 @@ fn forward_check(dir: &Path, kernels: &Arc<CudaKernels>, dtype: DType, figures: 
             driver.append(s, token);
         }
     }
-    let name = if dtype == DType::BF16 { "bf16" } else { "f16" };
+    let name = dtype.name();
     figures.insert(format!("cuda.forward_{name}_max_rel_logit_error"), json!(worst));
     figures.insert(format!("cuda.forward_{name}_rows"), json!(rows));
     figures.insert(format!("cuda.forward_{name}_greedy_agreement"), json!(agree as f64 / rows.max(1) as f64));
