@@ -152,7 +152,6 @@ pub fn layer_bytes(layer: &LayerCache) -> (Vec<u8>, Vec<u8>) {
         CacheSlices::F32 { key, value } => (le(key, f32::to_le_bytes), le(value, f32::to_le_bytes)),
         CacheSlices::F16 { key, value } => (le(key, f16::to_le_bytes), le(value, f16::to_le_bytes)),
         CacheSlices::BF16 { key, value } => (le(key, bf16::to_le_bytes), le(value, bf16::to_le_bytes)),
-        #[allow(unreachable_patterns)]
         _ => (Vec::new(), Vec::new()),
     }
 }

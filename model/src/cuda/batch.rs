@@ -24,16 +24,15 @@ pub fn check_batch(
     limits: &BatchLimits,
     config: &LlamaConfig,
 ) -> Result<(), CudaModelError> {
-    let n = input.num_tokens();
+    let (n, samples) = (input.num_tokens(), input.sample_indices.len());
     let bad = |m: String| Err(CudaModelError::InvalidInput(m));
     input.check(config.vocab_size).map_err(CudaModelError::InvalidInput)?;
     if n > limits.max_tokens {
         return bad(format!("{n} tokens in one step, the device buffers hold {}", limits.max_tokens));
     }
-    if input.sample_indices.len() > limits.max_samples {
+    if samples > limits.max_samples {
         return bad(format!(
-            "{} sampled rows in one step, the device buffers hold {}",
-            input.sample_indices.len(),
+            "{samples} sampled rows in one step, the device buffers hold {}",
             limits.max_samples
         ));
     }

@@ -221,18 +221,12 @@ impl CudaLlama {
 
     fn check_cache(&self, cache: &CudaKvCache) -> Result<(), CudaModelError> {
         let g = cache.config();
-        if cache.num_layers() != self.weights.layers.len()
-            || g.num_kv_heads != self.config.num_key_value_heads
-            || g.head_size != self.config.head_dim
-        {
+        let have = (cache.num_layers(), g.num_kv_heads, g.head_size);
+        let want = (self.weights.layers.len(), self.config.num_key_value_heads, self.config.head_dim);
+        if have != want {
+            let ((l, k, d), (wl, wk, wd)) = (have, want);
             return Err(CudaModelError::InvalidInput(format!(
-                "cache of {} layers x {} kv heads x {} does not fit the model ({} x {} x {})",
-                cache.num_layers(),
-                g.num_kv_heads,
-                g.head_size,
-                self.weights.layers.len(),
-                self.config.num_key_value_heads,
-                self.config.head_dim
+                "cache of {l} layers x {k} kv heads x {d} does not fit the model ({wl} x {wk} x {wd})"
             )));
         }
         if !Arc::ptr_eq(cache.stream(), self.kernels.device().stream()) {

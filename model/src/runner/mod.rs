@@ -120,7 +120,6 @@ impl Runner {
                 let (runner, cache_config) = cuda::CudaRunner::new(model, shape, config, ordinal)?;
                 (OnDevice::Cuda(Box::new(runner)), cache_config)
             }
-            #[allow(unreachable_patterns)]
             other => {
                 return Err(ModelError::Device(format!(
                     "device {other} needs a build with the `cuda` feature (cargo build --features engine/cuda)"
