@@ -49,6 +49,14 @@ struct Submission {
     reply: Sender<Result<RequestKey, RequestError>>,
 }
 
+/// A submission sent to the engine thread, its admission still to come.
+struct Pending {
+    id: String,
+    rx: Receiver<StreamItem>,
+    reply: Receiver<Result<RequestKey, RequestError>>,
+    sent: bool,
+}
+
 enum Command {
     Add(Box<Submission>),
     Abort {
@@ -161,20 +169,8 @@ impl EngineHandle {
         params: SamplingParams,
         options: RequestOptions,
     ) -> Result<RequestStream, RequestError> {
-        let id = id.into();
-        let (stream_tx, stream_rx) = crossbeam_channel::unbounded();
-        let (reply_tx, reply_rx) = crossbeam_channel::bounded(1);
-        let cmd = Command::Add(Box::new(Submission {
-            id: id.clone(),
-            prompt: prompt.into(),
-            params,
-            options,
-            stream: stream_tx,
-            reply: reply_tx,
-        }));
-        self.inner.tx.send(cmd).map_err(|_| RequestError::EngineStopped)?;
-        let key = reply_rx.recv().map_err(|_| RequestError::EngineStopped)??;
-        Ok(RequestStream { id, key, rx: stream_rx, tx: self.inner.tx.clone(), done: false })
+        let pending = self.send(id.into(), prompt.into(), params, options);
+        self.admitted(pending)
     }
 
     /// Submits many requests at once (they reach the engine before its next step, so they
@@ -183,31 +179,29 @@ impl EngineHandle {
         &self,
         requests: Vec<(String, Prompt, SamplingParams)>,
     ) -> Vec<Result<RequestStream, RequestError>> {
-        let mut pending = Vec::with_capacity(requests.len());
-        for (id, prompt, params) in requests {
-            let (stream_tx, stream_rx) = crossbeam_channel::unbounded();
-            let (reply_tx, reply_rx) = crossbeam_channel::bounded(1);
-            let cmd = Command::Add(Box::new(Submission {
-                id: id.clone(),
-                prompt,
-                params,
-                options: RequestOptions::default(),
-                stream: stream_tx,
-                reply: reply_tx,
-            }));
-            let sent = self.inner.tx.send(cmd).is_ok();
-            pending.push((id, stream_rx, reply_rx, sent));
-        }
-        pending
+        let pending: Vec<Pending> = requests
             .into_iter()
-            .map(|(id, rx, reply, sent)| {
-                if !sent {
-                    return Err(RequestError::EngineStopped);
-                }
-                let key = reply.recv().map_err(|_| RequestError::EngineStopped)??;
-                Ok(RequestStream { id, key, rx, tx: self.inner.tx.clone(), done: false })
-            })
-            .collect()
+            .map(|(id, prompt, params)| self.send(id, prompt, params, RequestOptions::default()))
+            .collect();
+        pending.into_iter().map(|p| self.admitted(p)).collect()
+    }
+
+    /// Sends one submission without waiting for its admission.
+    fn send(&self, id: String, prompt: Prompt, params: SamplingParams, options: RequestOptions) -> Pending {
+        let (stream, rx) = crossbeam_channel::unbounded();
+        let (reply, reply_rx) = crossbeam_channel::bounded(1);
+        let sub = Submission { id: id.clone(), prompt, params, options, stream, reply };
+        let sent = self.inner.tx.send(Command::Add(Box::new(sub))).is_ok();
+        Pending { id, rx, reply: reply_rx, sent }
+    }
+
+    /// Waits for a sent submission's admission.
+    fn admitted(&self, p: Pending) -> Result<RequestStream, RequestError> {
+        if !p.sent {
+            return Err(RequestError::EngineStopped);
+        }
+        let key = p.reply.recv().map_err(|_| RequestError::EngineStopped)??;
+        Ok(RequestStream { id: p.id, key, rx: p.rx, tx: self.inner.tx.clone(), done: false })
     }
 
     /// Aborts a request (its stream gets a final `Abort` output); unknown ids are reported.
