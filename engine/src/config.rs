@@ -37,6 +37,11 @@ pub struct EngineConfig {
     /// Fraction of the GPU's memory the engine may fill (weights, activations, KV cache);
     /// CUDA only, with [`KvCacheSize::Bytes`].
     pub gpu_memory_utilization: f64,
+    /// Most requests admitted but not yet scheduled; past it a submission fails at once with
+    /// `RequestError::QueueFull` (a server's 429) instead of queueing without bound.
+    pub max_waiting: usize,
+    /// The model's name for clients; `None` takes the model folder's name.
+    pub served_model_name: Option<String>,
 }
 
 impl Default for EngineConfig {
@@ -57,6 +62,8 @@ impl Default for EngineConfig {
             log_interval: Duration::from_secs(10),
             device: Device::Cpu,
             gpu_memory_utilization: 0.9,
+            max_waiting: 4096,
+            served_model_name: None,
         }
     }
 }

@@ -4,9 +4,10 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
-use model::{ChatTemplate, Llama, ModelFolder, Runner, RunnerConfig, StepInput};
+use model::{Llama, ModelFolder, Runner, RunnerConfig, StepInput};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use scheduler::{Scheduler, SchedulerConfig, SchedulerOutput, SeqId, StepResult};
@@ -19,6 +20,8 @@ use crate::request::{Prompt, RequestOptions, RequestState};
 use crate::sampling::{SampleRow, SamplingParams, TokenChoice, sample_batch};
 
 mod admission;
+
+pub(crate) use admission::{Intake, IntakeLimits, Prepared};
 
 /// Where one sampled row goes: request, sample index, and the scheduler's sequence id.
 #[derive(Debug, Clone, Copy)]
@@ -35,33 +38,16 @@ pub struct Engine {
     /// The model, the KV cache and the block table on their device (CPU or CUDA).
     runner: Runner,
     scheduler: Scheduler,
-    info: ModelInfo,
-    live: LiveRequests,
+    /// Admission's shared half (model text side, limits, live ids), also held by handles.
+    intake: Arc<Intake>,
+    /// The admitted, unfinished requests, one record each, keyed by the scheduler's request id
+    /// (the `RequestKey`); client id strings only in `intake`, at the API edge.
+    live: HashMap<u64, RequestState>,
     seed_rng: ChaCha8Rng,
     metrics: MetricsCollector,
     bufs: StepBuffers,
     /// Outputs produced outside `step` (aborts), returned by the next `step`.
     pending: Vec<RequestOutput>,
-}
-
-/// What the engine knows of its model beyond the runner: text in and out, stop ids, defaults.
-#[derive(Debug)]
-struct ModelInfo {
-    tokenizer: model::Tokenizer,
-    chat_template: Option<ChatTemplate>,
-    eos_ids: Vec<u32>,
-    /// vLLM's sampling defaults under the model's generation config.
-    default_params: SamplingParams,
-    max_model_len: usize,
-}
-
-/// The admitted, unfinished requests: one record each, keyed by the scheduler's request id
-/// (the `RequestKey`); the client's id strings only at the API edge.
-#[derive(Debug, Default)]
-struct LiveRequests {
-    states: HashMap<u64, RequestState>,
-    ids: HashMap<String, u64>,
-    next_id: u64,
 }
 
 /// Buffers one step fills and the next reuses.
@@ -91,6 +77,9 @@ impl Engine {
                 "max_model_len {max_model_len} must be in 1..={} (the model's max_position_embeddings)",
                 mc.max_position_embeddings
             )));
+        }
+        if config.max_waiting == 0 {
+            return Err(EngineError::Config("max_waiting must be at least 1".into()));
         }
         // The cache's size can depend on the device (CUDA profiles a forward first).
         let runner = Runner::new(
@@ -123,8 +112,9 @@ impl Engine {
             watermark: config.watermark,
             enable_prefix_caching: config.enable_prefix_caching,
         })?;
-        let eos_ids = folder.generation.eos_token_ids.clone();
-        let default_params = SamplingParams::with_generation_defaults(&folder.generation);
+        let model_name = config.served_model_name.clone().unwrap_or_else(|| {
+            folder.dir.file_name().map_or_else(|| "model".to_owned(), |n| n.to_string_lossy().into_owned())
+        });
         tracing::info!(
             target: "engine",
             "KV cache: {} blocks of {} tokens ({:.1} MiB), {} swap blocks; max_model_len {max_model_len}",
@@ -133,20 +123,22 @@ impl Engine {
             cache_cfg.device_bytes() as f64 / (1 << 20) as f64,
             cache_cfg.num_swap_blocks,
         );
+        let limits = IntakeLimits {
+            model_name,
+            max_model_len,
+            vocab_size: runner.model_config().vocab_size,
+            block_size: config.block_size,
+            pool_blocks: cache_cfg.num_blocks,
+            max_waiting: config.max_waiting,
+        };
         Ok(Self {
             metrics: MetricsCollector::new(config.log_interval),
             seed_rng: ChaCha8Rng::seed_from_u64(config.seed),
             config,
             runner,
-            info: ModelInfo {
-                tokenizer: folder.tokenizer,
-                chat_template: folder.chat_template,
-                eos_ids,
-                default_params,
-                max_model_len,
-            },
+            intake: Arc::new(Intake::new(folder, limits)),
             scheduler,
-            live: LiveRequests::default(),
+            live: HashMap::new(),
             bufs: StepBuffers::default(),
             pending: Vec::new(),
         })
@@ -157,26 +149,31 @@ impl Engine {
     }
 
     pub fn max_model_len(&self) -> usize {
-        self.info.max_model_len
+        self.intake.max_model_len
     }
 
     pub fn tokenizer(&self) -> &model::Tokenizer {
-        &self.info.tokenizer
+        &self.intake.tokenizer
     }
 
     pub fn model_config(&self) -> &model::LlamaConfig {
         self.runner.model_config()
     }
 
+    /// The name clients use for the model (`served_model_name`, else the folder's name).
+    pub fn model_name(&self) -> &str {
+        &self.intake.model_name
+    }
+
     /// What a request gets for every sampling field it leaves unset: vLLM's defaults with the
     /// model's `generation_config.json` on top (see [`SamplingParams::with_generation_defaults`]).
     pub fn default_sampling_params(&self) -> &SamplingParams {
-        &self.info.default_params
+        &self.intake.default_params
     }
 
     /// The end-of-sequence ids from the generation config.
     pub fn eos_token_ids(&self) -> &[u32] {
-        &self.info.eos_ids
+        &self.intake.eos_ids
     }
 
     /// Device KV blocks in the pool.
@@ -198,27 +195,13 @@ impl Engine {
 
     /// Renders chat messages with the model's template (generation prompt added).
     pub fn render_chat(&self, id: &str, messages: &[model::ChatMessage]) -> Result<String, RequestError> {
-        let template =
-            self.info.chat_template.as_ref().ok_or_else(|| RequestError::NoChatTemplate(id.to_owned()))?;
-        template
-            .render(messages, true)
-            .map_err(|e| RequestError::Prompt { id: id.to_owned(), reason: e.to_string() })
+        self.intake.render_chat(id, messages)
     }
 
     /// Prompt to token ids: text with the tokenizer's special tokens (BOS) added, chat rendered
     /// by the template (which writes its own special tokens), ids as given.
     pub fn tokenize(&self, id: &str, prompt: Prompt) -> Result<Vec<u32>, RequestError> {
-        let encode = |text: &str, add_special: bool| {
-            self.info
-                .tokenizer
-                .encode(text, true, add_special)
-                .map_err(|e| RequestError::Prompt { id: id.to_owned(), reason: e.to_string() })
-        };
-        match prompt {
-            Prompt::Tokens(ids) => Ok(ids),
-            Prompt::Text(text) => encode(&text, true),
-            Prompt::Chat(messages) => encode(&self.render_chat(id, &messages)?, false),
-        }
+        self.intake.tokenize(id, prompt)
     }
 
     /// Admits a request, or rejects it with a typed error (nothing is stored then). The key
@@ -240,51 +223,70 @@ impl Engine {
         params: SamplingParams,
         options: RequestOptions,
     ) -> Result<RequestKey, RequestError> {
-        let id = id.into();
-        let result = self.admit(id, prompt.into(), params, &options);
-        if result.is_err() {
-            self.metrics.record_rejected();
+        match self.intake.prepare(id.into(), prompt.into(), params, options) {
+            Ok(prepared) => self.insert(prepared),
+            Err(e) => {
+                self.metrics.record_rejected();
+                Err(e)
+            }
         }
-        result
+    }
+
+    /// Admission's shared half, for handles.
+    pub(crate) fn intake(&self) -> &Arc<Intake> {
+        &self.intake
+    }
+
+    /// Counts a request that was refused before it reached the engine (by a handle).
+    pub(crate) fn record_rejected(&mut self) {
+        self.metrics.record_rejected();
     }
 
     /// Aborts an unfinished request: its blocks are freed now and its final output (finish
     /// reason `Abort`) comes with the next `step`. An unknown id is a reported no-op.
     pub fn abort(&mut self, id: &str) -> Result<(), RequestError> {
-        let sid = *self.live.ids.get(id).ok_or_else(|| RequestError::UnknownRequest(id.to_owned()))?;
-        self.abort_key(RequestKey(sid)).map_err(|_| RequestError::UnknownRequest(id.to_owned()))
+        let key = self.intake.key_of(id).ok_or_else(|| RequestError::UnknownRequest(id.to_owned()))?;
+        self.abort_key(key).map_err(|_| RequestError::UnknownRequest(id.to_owned()))
     }
 
     /// [`Engine::abort`] by key: aborts exactly the admission `key` names, never a later
     /// request that reuses its id. A finished (or already aborted) key is a reported no-op.
     pub fn abort_key(&mut self, key: RequestKey) -> Result<(), RequestError> {
         let sid = key.0;
-        let Some(mut state) = self.live.states.remove(&sid) else {
+        let Some(mut state) = self.live.remove(&sid) else {
             return Err(RequestError::UnknownRequest(format!("#{sid}")));
         };
-        self.live.ids.remove(&state.id);
+        self.retire(&state);
         if let Err(e) = self.scheduler.abort(sid) {
             tracing::warn!(target: "engine", "abort of {:?}: scheduler says {e}", state.id);
         }
         state.finish_all(&FinishReason::Abort);
-        self.pending.extend(state.take_output(Instant::now(), &self.info.tokenizer));
+        self.pending.extend(state.take_output(Instant::now(), &self.intake.tokenizer));
         self.metrics.record_aborted();
         Ok(())
     }
 
+    /// Gives a request's id and (if it never ran) its waiting place back.
+    fn retire(&self, state: &RequestState) {
+        self.intake.forget(&state.id, state.key);
+        if !state.scheduled {
+            self.intake.leave_waiting();
+        }
+    }
+
     /// Ids of the requests not yet finished or aborted.
     pub fn unfinished_ids(&self) -> Vec<String> {
-        self.live.ids.keys().cloned().collect()
+        self.intake.unfinished_ids()
     }
 
     /// Requests not yet finished or aborted.
     pub fn num_unfinished(&self) -> usize {
-        self.live.states.len()
+        self.live.len()
     }
 
     /// Whether `step` has work (including abort outputs not yet returned).
     pub fn has_unfinished(&self) -> bool {
-        !self.live.states.is_empty() || !self.pending.is_empty()
+        !self.live.is_empty() || !self.pending.is_empty()
     }
 
     fn gauges(&self) -> Gauges {
@@ -324,10 +326,19 @@ impl Engine {
         // Sequences that outgrew the whole pool: finished by the scheduler, "length" to the client.
         for i in 0..self.bufs.plan.capacity_exceeded.len() {
             let sid = self.bufs.plan.capacity_exceeded[i];
-            if let Some(state) = self.live.states.get_mut(&sid) {
+            if let Some(state) = self.live.get_mut(&sid) {
                 state.finish_all(&FinishReason::Length);
             }
             self.finalize(sid, now, &mut outputs);
+        }
+        // A request's first chunk takes it out of the waiting queue (decodes never are a first).
+        for s in self.bufs.plan.seqs.iter().filter(|s| s.is_prefill()) {
+            if let Some(state) = self.live.get_mut(&s.seq_id.request)
+                && !state.scheduled
+            {
+                state.scheduled = true;
+                self.intake.leave_waiting();
+            }
         }
         if self.bufs.plan.is_empty() {
             let gauges = self.gauges();
@@ -379,11 +390,8 @@ impl Engine {
         // The samplers are taken out of their requests for the batch and put back after.
         let mut taken = Vec::with_capacity(self.bufs.targets.len());
         for t in &self.bufs.targets {
-            let state = self
-                .live
-                .states
-                .get_mut(&t.request)
-                .ok_or(EngineError::Internal("scheduled unknown request"))?;
+            let state =
+                self.live.get_mut(&t.request).ok_or(EngineError::Internal("scheduled unknown request"))?;
             let seq =
                 state.seqs.get_mut(t.index).ok_or(EngineError::Internal("sample index out of range"))?;
             let sampler = seq.sampler.take().ok_or(EngineError::Internal("sampler taken twice"))?;
@@ -394,7 +402,7 @@ impl Engine {
         let sampled = sample_batch(&mut self.bufs.logits, vocab, &mut rows);
         drop(rows);
         for (t, (_, sampler)) in self.bufs.targets.iter().zip(taken) {
-            if let Some(seq) = self.live.states.get_mut(&t.request).and_then(|s| s.seqs.get_mut(t.index)) {
+            if let Some(seq) = self.live.get_mut(&t.request).and_then(|s| s.seqs.get_mut(t.index)) {
                 seq.sampler = Some(sampler);
             }
         }
@@ -410,11 +418,8 @@ impl Engine {
         let now = Instant::now();
         let mut updates = Vec::with_capacity(sampled.len());
         for (t, tok) in self.bufs.targets.iter().zip(sampled) {
-            let state = self
-                .live
-                .states
-                .get_mut(&t.request)
-                .ok_or(EngineError::Internal("sampled unknown request"))?;
+            let state =
+                self.live.get_mut(&t.request).ok_or(EngineError::Internal("sampled unknown request"))?;
             state.first_token.get_or_insert(now);
             let params = state.params.clone();
             let seq =
@@ -426,7 +431,7 @@ impl Engine {
                 seq.new_logprobs.push(lp);
             }
             let check_stop = seq.num_generated >= params.min_tokens;
-            let is_eos = !params.ignore_eos && self.info.eos_ids.contains(&tok.token);
+            let is_eos = !params.ignore_eos && self.intake.eos_ids.contains(&tok.token);
             let is_stop_id = params.stop_token_ids.contains(&tok.token);
             let finish = if check_stop && is_eos {
                 Some(FinishReason::Eos(tok.token))
@@ -437,7 +442,7 @@ impl Engine {
             };
             // A stop token's text is left out unless stop strings are to be kept.
             if (finish.is_none() || params.include_stop_str_in_output)
-                && let Some(m) = seq.detok.push(tok.token, &self.info.tokenizer, check_stop)?
+                && let Some(m) = seq.detok.push(tok.token, &self.intake.tokenizer, check_stop)?
                 && finish.is_none()
             {
                 seq.finish = params.stop.get(m.index).cloned().map(FinishReason::StopString);
@@ -459,11 +464,8 @@ impl Engine {
     fn update_scheduler(&mut self, updates: &[scheduler::SampledToken]) -> Result<(), EngineError> {
         self.scheduler.update_into(updates, &mut self.bufs.result)?;
         for fs in &self.bufs.result.finished_seqs {
-            if let Some(seq) = self
-                .live
-                .states
-                .get_mut(&fs.seq_id.request)
-                .and_then(|s| s.seqs.get_mut(fs.seq_id.index as usize))
+            if let Some(seq) =
+                self.live.get_mut(&fs.seq_id.request).and_then(|s| s.seqs.get_mut(fs.seq_id.index as usize))
                 && seq.finish.is_none()
             {
                 seq.finish = Some(match fs.reason {
@@ -477,12 +479,12 @@ impl Engine {
 
     /// Emits the request's news; drops its state once every sample has finished.
     fn finalize(&mut self, sid: u64, now: Instant, outputs: &mut Vec<RequestOutput>) {
-        let Some(state) = self.live.states.get_mut(&sid) else { return };
-        outputs.extend(state.take_output(now, &self.info.tokenizer));
+        let Some(state) = self.live.get_mut(&sid) else { return };
+        outputs.extend(state.take_output(now, &self.intake.tokenizer));
         if state.all_finished()
-            && let Some(state) = self.live.states.remove(&sid)
+            && let Some(state) = self.live.remove(&sid)
         {
-            self.live.ids.remove(&state.id);
+            self.retire(&state);
             let ttft = state.first_token.map(|t| t.duration_since(state.arrival));
             let longest = state.seqs.iter().map(|s| s.num_generated).max().unwrap_or(0);
             self.metrics.record_finished(ttft, now.duration_since(state.arrival), longest);
@@ -499,7 +501,7 @@ impl Engine {
         let mut results: Vec<Result<FinalOutput, RequestError>> = Vec::with_capacity(prompts.len());
         let mut slots: HashMap<String, usize> = HashMap::new();
         for (i, prompt) in prompts.into_iter().enumerate() {
-            let id = format!("generate-{}-{i}", self.live.next_id);
+            let id = format!("generate-{}-{i}", self.intake.peek_next_key());
             match self.add_request(id.clone(), prompt, params.clone()) {
                 Ok(_) => {
                     slots.insert(id.clone(), i);

@@ -19,6 +19,8 @@ pub enum RequestError {
         "request {id:?}: needs {blocks_needed} KV blocks at its longest (prompt + max_tokens, all n samples) but the KV cache has {pool_blocks}; lower max_tokens or n"
     )]
     ExceedsKvCache { id: String, blocks_needed: usize, pool_blocks: usize },
+    #[error("request {id:?}: the waiting queue is full ({waiting} requests); retry later")]
+    QueueFull { id: String, waiting: usize },
     #[error("request id {0:?} is already in use")]
     DuplicateId(String),
     #[error("no unfinished request {0:?} (nothing aborted)")]

@@ -1,17 +1,21 @@
-//! `EngineHandle`: the engine on its own thread, driven by a crossbeam command channel.
-//! Cheap to clone, `Send + Sync`; each request gets a `RequestStream` of outputs. Dropping
-//! a stream before it finished aborts its request; `shutdown` drains or aborts cleanly.
+//! `EngineHandle`: the engine on its own thread, driven by a command channel it drains between
+//! steps. Cheap to clone, `Send + Sync`; a submission is checked and tokenized on the caller's
+//! thread and never waits for a step. Each request gets a blocking `RequestStream` or an async
+//! `OutputStream` (`futures::Stream`) of outputs; dropping either before it finished aborts
+//! its request; `shutdown` drains or aborts cleanly.
 
 use std::collections::HashMap;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::task::{Context, Poll};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use parking_lot::Mutex;
 
-use crate::engine::Engine;
+use crate::engine::{Engine, Intake, Prepared};
 use crate::error::{EngineError, RequestError};
 use crate::metrics::MetricsSnapshot;
 use crate::output::{FinalOutput, RequestKey, RequestOutput};
@@ -28,55 +32,71 @@ pub enum ShutdownMode {
 }
 
 /// Why a stream ended without its final output.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum StreamError {
     #[error("engine step failed: {0}")]
     EngineFailed(String),
     #[error("the engine stopped before the request finished")]
     EngineStopped,
+    /// The engine thread's half of admission refused the request (its first and last item).
+    #[error(transparent)]
+    Rejected(#[from] RequestError),
 }
 
 type StreamItem = Result<RequestOutput, StreamError>;
 
-/// A request on its way to the engine thread (boxed in [`Command`]: it is by far the largest
-/// command, and the channel's slots are sized by the largest variant).
-struct Submission {
-    id: String,
-    prompt: Prompt,
-    params: SamplingParams,
-    options: RequestOptions,
-    stream: Sender<StreamItem>,
-    reply: Sender<Result<RequestKey, RequestError>>,
+/// Where the engine thread sends one request's outputs: a blocking or an async receiver.
+#[derive(Debug)]
+enum Sink {
+    Blocking(Sender<StreamItem>),
+    Async(tokio::sync::mpsc::UnboundedSender<StreamItem>),
 }
 
-/// A submission sent to the engine thread, its admission still to come.
-struct Pending {
-    id: String,
-    rx: Receiver<StreamItem>,
-    reply: Receiver<Result<RequestKey, RequestError>>,
-    sent: bool,
+impl Sink {
+    /// False once the receiver is gone.
+    fn send(&self, item: StreamItem) -> bool {
+        match self {
+            Self::Blocking(tx) => tx.send(item).is_ok(),
+            Self::Async(tx) => tx.send(item).is_ok(),
+        }
+    }
 }
 
 enum Command {
-    Add(Box<Submission>),
-    Abort {
-        id: String,
-        reply: Option<Sender<Result<(), RequestError>>>,
-    },
-    /// A stream was dropped before its end: abort exactly its admission, never a later
-    /// request that took over its id.
+    /// A prepared request (checked, tokenized, id and waiting place reserved) and its sink;
+    /// boxed: it is by far the largest command, and the channel's slots are sized by it.
+    Add(Box<(Prepared, Sink)>),
+    /// A stream was dropped before its end, or a client aborted: abort exactly this
+    /// admission, never a later request that took over its id.
     AbortKey(RequestKey),
-    Metrics(Sender<MetricsSnapshot>),
-    Idle(Sender<bool>),
+    /// A handle refused a request before it reached the engine (counted in the metrics).
+    Rejected,
+    Metrics(Reply<MetricsSnapshot>),
+    Idle(Reply<bool>),
     Shutdown(ShutdownMode),
+}
+
+/// A one-shot answer to a blocking or an async caller.
+enum Reply<T> {
+    Blocking(Sender<T>),
+    Async(tokio::sync::oneshot::Sender<T>),
+}
+
+impl<T> Reply<T> {
+    fn send(self, value: T) {
+        match self {
+            Self::Blocking(tx) => drop(tx.send(value)),
+            Self::Async(tx) => drop(tx.send(value)),
+        }
+    }
 }
 
 impl std::fmt::Debug for Command {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Add(sub) => write!(f, "Add({})", sub.id),
-            Self::Abort { id, .. } => write!(f, "Abort({id})"),
+            Self::Add(sub) => write!(f, "Add({})", sub.0.id),
             Self::AbortKey(key) => write!(f, "AbortKey({})", key.0),
+            Self::Rejected => f.write_str("Rejected"),
             Self::Metrics(_) => f.write_str("Metrics"),
             Self::Idle(_) => f.write_str("Idle"),
             Self::Shutdown(m) => write!(f, "Shutdown({m:?})"),
@@ -87,14 +107,16 @@ impl std::fmt::Debug for Command {
 #[derive(Debug)]
 struct Inner {
     tx: Sender<Command>,
-    /// The engine's `default_sampling_params`, readable without a round trip.
-    default_params: SamplingParams,
+    intake: Arc<Intake>,
+    /// Set by `shutdown`: later submissions fail at once.
+    stopping: AtomicBool,
     thread: Mutex<Option<JoinHandle<()>>>,
     next_id: AtomicU64,
 }
 
 impl Inner {
     fn stop(&self, mode: ShutdownMode) {
+        self.stopping.store(true, Ordering::Release);
         let _ = self.tx.send(Command::Shutdown(mode));
         if let Some(thread) = self.thread.lock().take()
             && thread.join().is_err()
@@ -110,7 +132,11 @@ impl Drop for Inner {
     }
 }
 
-/// A running engine shared across threads.
+/// A running engine shared across threads and tasks: cheap to clone, `Send + Sync`.
+///
+/// Submitting never waits for an engine step: the request is checked and tokenized on the
+/// caller's thread, then queued for the engine thread, which takes new work between steps.
+/// Outputs come back through a blocking [`RequestStream`] or an async [`OutputStream`].
 #[derive(Debug, Clone)]
 pub struct EngineHandle {
     inner: Arc<Inner>,
@@ -120,7 +146,7 @@ impl EngineHandle {
     /// Moves `engine` onto its own thread.
     pub fn spawn(engine: Engine) -> Result<Self, EngineError> {
         let (tx, rx) = crossbeam_channel::unbounded();
-        let default_params = engine.default_sampling_params().clone();
+        let intake = engine.intake().clone();
         let thread = std::thread::Builder::new()
             .name("engine".into())
             .spawn(move || EngineLoop::new(engine).run(&rx))
@@ -128,7 +154,8 @@ impl EngineHandle {
         Ok(Self {
             inner: Arc::new(Inner {
                 tx,
-                default_params,
+                intake,
+                stopping: AtomicBool::new(false),
                 thread: Mutex::new(Some(thread)),
                 next_id: AtomicU64::new(0),
             }),
@@ -138,7 +165,40 @@ impl EngineHandle {
     /// What a request gets for every sampling field it leaves unset (vLLM's defaults with the
     /// model's generation config on top).
     pub fn default_sampling_params(&self) -> &SamplingParams {
-        &self.inner.default_params
+        &self.inner.intake.default_params
+    }
+
+    /// The name clients use for the model.
+    pub fn model_name(&self) -> &str {
+        &self.inner.intake.model_name
+    }
+
+    /// Longest prompt + output of one request.
+    pub fn max_model_len(&self) -> usize {
+        self.inner.intake.max_model_len
+    }
+
+    pub fn tokenizer(&self) -> &model::Tokenizer {
+        &self.inner.intake.tokenizer
+    }
+
+    pub fn chat_template(&self) -> Option<&model::ChatTemplate> {
+        self.inner.intake.chat_template.as_ref()
+    }
+
+    /// Prompt to token ids, exactly as a submission would tokenize it.
+    pub fn tokenize(&self, prompt: impl Into<Prompt>) -> Result<Vec<u32>, RequestError> {
+        self.inner.intake.tokenize("tokenize", prompt.into())
+    }
+
+    /// Requests admitted and not yet scheduled (what `EngineConfig::max_waiting` bounds).
+    pub fn num_waiting(&self) -> usize {
+        self.inner.intake.num_waiting()
+    }
+
+    /// A fresh request id (`req-N`).
+    pub fn next_request_id(&self) -> String {
+        format!("req-{}", self.inner.next_id.fetch_add(1, Ordering::Relaxed))
     }
 
     /// Submits a request under a generated id.
@@ -147,8 +207,7 @@ impl EngineHandle {
         prompt: impl Into<Prompt>,
         params: SamplingParams,
     ) -> Result<RequestStream, RequestError> {
-        let id = format!("req-{}", self.inner.next_id.fetch_add(1, Ordering::Relaxed));
-        self.add_request_with_id(id, prompt, params)
+        self.add_request_with_id(self.next_request_id(), prompt, params)
     }
 
     /// Submits a request; admission errors come back here, outputs through the stream.
@@ -169,8 +228,9 @@ impl EngineHandle {
         params: SamplingParams,
         options: RequestOptions,
     ) -> Result<RequestStream, RequestError> {
-        let pending = self.send(id.into(), prompt.into(), params, options);
-        self.admitted(pending)
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let ticket = self.submit_to(id.into(), prompt.into(), params, options, Sink::Blocking(tx))?;
+        Ok(RequestStream { ticket, rx, done: false })
     }
 
     /// Submits many requests at once (they reach the engine before its next step, so they
@@ -179,51 +239,83 @@ impl EngineHandle {
         &self,
         requests: Vec<(String, Prompt, SamplingParams)>,
     ) -> Vec<Result<RequestStream, RequestError>> {
-        let pending: Vec<Pending> = requests
+        requests
             .into_iter()
-            .map(|(id, prompt, params)| self.send(id, prompt, params, RequestOptions::default()))
-            .collect();
-        pending.into_iter().map(|p| self.admitted(p)).collect()
+            .map(|(id, prompt, params)| self.add_request_with_id(id, prompt, params))
+            .collect()
     }
 
-    /// Sends one submission without waiting for its admission.
-    fn send(&self, id: String, prompt: Prompt, params: SamplingParams, options: RequestOptions) -> Pending {
-        let (stream, rx) = crossbeam_channel::unbounded();
-        let (reply, reply_rx) = crossbeam_channel::bounded(1);
-        let sub = Submission { id: id.clone(), prompt, params, options, stream, reply };
-        let sent = self.inner.tx.send(Command::Add(Box::new(sub))).is_ok();
-        Pending { id, rx, reply: reply_rx, sent }
+    /// The async submission: returns at once (no engine step is awaited) with a
+    /// `futures::Stream` of the request's outputs; dropping it aborts the request. Fails at
+    /// once with `RequestError::QueueFull` past `EngineConfig::max_waiting`.
+    pub fn submit(
+        &self,
+        id: impl Into<String>,
+        prompt: impl Into<Prompt>,
+        params: SamplingParams,
+        options: RequestOptions,
+    ) -> Result<OutputStream, RequestError> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let ticket = self.submit_to(id.into(), prompt.into(), params, options, Sink::Async(tx))?;
+        Ok(OutputStream { ticket, rx, done: false })
     }
 
-    /// Waits for a sent submission's admission.
-    fn admitted(&self, p: Pending) -> Result<RequestStream, RequestError> {
-        if !p.sent {
+    /// Admission's caller-side half, then the hand-over to the engine thread.
+    fn submit_to(
+        &self,
+        id: String,
+        prompt: Prompt,
+        params: SamplingParams,
+        options: RequestOptions,
+        sink: Sink,
+    ) -> Result<Ticket, RequestError> {
+        if self.inner.stopping.load(Ordering::Acquire) {
             return Err(RequestError::EngineStopped);
         }
-        let key = p.reply.recv().map_err(|_| RequestError::EngineStopped)??;
-        Ok(RequestStream { id: p.id, key, rx: p.rx, tx: self.inner.tx.clone(), done: false })
+        let prepared = self.inner.intake.prepare(id, prompt, params, options).inspect_err(|_| {
+            let _ = self.inner.tx.send(Command::Rejected);
+        })?;
+        let (id, key) = (prepared.id.clone(), prepared.key);
+        if let Err(crossbeam_channel::SendError(cmd)) =
+            self.inner.tx.send(Command::Add(Box::new((prepared, sink))))
+            && let Command::Add(sub) = cmd
+        {
+            self.inner.intake.release(&sub.0);
+            return Err(RequestError::EngineStopped);
+        }
+        Ok(Ticket { id, key, tx: self.inner.tx.clone(), intake: self.inner.intake.clone() })
     }
 
     /// Aborts a request (its stream gets a final `Abort` output); unknown ids are reported.
+    /// Does not wait: the id is free for a new request at once, and the engine frees the
+    /// request's blocks at its next step boundary.
     pub fn abort(&self, id: &str) -> Result<(), RequestError> {
-        let (reply_tx, reply_rx) = crossbeam_channel::bounded(1);
-        self.inner
-            .tx
-            .send(Command::Abort { id: id.to_owned(), reply: Some(reply_tx) })
-            .map_err(|_| RequestError::EngineStopped)?;
-        reply_rx.recv().map_err(|_| RequestError::EngineStopped)?
+        let intake = &self.inner.intake;
+        let key = intake.key_of(id).ok_or_else(|| RequestError::UnknownRequest(id.to_owned()))?;
+        intake.forget(id, key);
+        self.inner.tx.send(Command::AbortKey(key)).map_err(|_| RequestError::EngineStopped)
     }
 
+    /// A metrics snapshot, taken by the engine thread between two steps (blocks until then).
     pub fn metrics(&self) -> Result<MetricsSnapshot, EngineError> {
-        let (tx, rx) = crossbeam_channel::bounded(1);
-        self.inner.tx.send(Command::Metrics(tx)).map_err(|_| EngineError::Stopped)?;
-        rx.recv().map_err(|_| EngineError::Stopped)
+        self.ask_blocking(Command::Metrics)
+    }
+
+    /// [`EngineHandle::metrics`] for async callers: awaits the engine thread without blocking one.
+    pub async fn metrics_async(&self) -> Result<MetricsSnapshot, EngineError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.inner.tx.send(Command::Metrics(Reply::Async(tx))).map_err(|_| EngineError::Stopped)?;
+        rx.await.map_err(|_| EngineError::Stopped)
     }
 
     /// Whether the engine holds no KV block at all (nothing running, nothing leaked).
     pub fn kv_is_idle(&self) -> Result<bool, EngineError> {
+        self.ask_blocking(Command::Idle)
+    }
+
+    fn ask_blocking<T>(&self, command: impl FnOnce(Reply<T>) -> Command) -> Result<T, EngineError> {
         let (tx, rx) = crossbeam_channel::bounded(1);
-        self.inner.tx.send(Command::Idle(tx)).map_err(|_| EngineError::Stopped)?;
+        self.inner.tx.send(command(Reply::Blocking(tx))).map_err(|_| EngineError::Stopped)?;
         rx.recv().map_err(|_| EngineError::Stopped)
     }
 
@@ -237,21 +329,19 @@ impl EngineHandle {
 /// The outputs of one request, in order; ends after the output marked `finished`.
 #[derive(Debug)]
 pub struct RequestStream {
-    id: String,
-    key: RequestKey,
+    ticket: Ticket,
     rx: Receiver<StreamItem>,
-    tx: Sender<Command>,
     done: bool,
 }
 
 impl RequestStream {
     pub fn id(&self) -> &str {
-        &self.id
+        &self.ticket.id
     }
 
     /// The engine's key of this admission (outputs carry it as `request_key`).
     pub fn key(&self) -> RequestKey {
-        self.key
+        self.ticket.key
     }
 
     /// Blocks for the next output; `None` once the final one was returned.
@@ -260,7 +350,7 @@ impl RequestStream {
             return None;
         }
         let item = self.rx.recv().unwrap_or(Err(StreamError::EngineStopped));
-        self.done = item.as_ref().map_or(true, |o| o.finished);
+        self.done = is_last(&item);
         Some(item)
     }
 
@@ -274,13 +364,13 @@ impl RequestStream {
             Err(RecvTimeoutError::Timeout) => return Some(Ok(None)),
             Err(RecvTimeoutError::Disconnected) => Err(StreamError::EngineStopped),
         };
-        self.done = item.as_ref().map_or(true, |o| o.finished);
+        self.done = is_last(&item);
         Some(item.map(Some))
     }
 
     /// Waits for the end and folds every delta into the final result.
     pub fn collect_final(mut self) -> Result<FinalOutput, StreamError> {
-        let mut fin = FinalOutput::new(self.id.clone(), 0);
+        let mut fin = FinalOutput::new(self.ticket.id.clone(), 0);
         while let Some(item) = self.recv() {
             let out = item?;
             fin.prompt_tokens = out.prompt_tokens;
@@ -288,6 +378,29 @@ impl RequestStream {
         }
         Ok(fin)
     }
+}
+
+/// One submitted request as its stream knows it, and how to abort it.
+#[derive(Debug)]
+struct Ticket {
+    id: String,
+    key: RequestKey,
+    tx: Sender<Command>,
+    intake: Arc<Intake>,
+}
+
+impl Ticket {
+    /// Frees the id at once (so the client may reuse it right away) and has the engine abort
+    /// exactly this admission.
+    fn abort(&self) {
+        self.intake.forget(&self.id, self.key);
+        let _ = self.tx.send(Command::AbortKey(self.key));
+    }
+}
+
+/// Whether a stream item is its request's last (the final output, or an error).
+fn is_last(item: &StreamItem) -> bool {
+    item.as_ref().map_or(true, |o| o.finished)
 }
 
 impl Iterator for RequestStream {
@@ -301,7 +414,60 @@ impl Iterator for RequestStream {
 impl Drop for RequestStream {
     fn drop(&mut self) {
         if !self.done {
-            let _ = self.tx.send(Command::AbortKey(self.key));
+            self.ticket.abort();
+        }
+    }
+}
+
+/// The async twin of [`RequestStream`]: a `futures::Stream` of one request's outputs, ending
+/// after the output marked `finished` (or an error). Dropping it before the end aborts the
+/// request; its blocks are freed at the engine's next step boundary.
+#[derive(Debug)]
+pub struct OutputStream {
+    ticket: Ticket,
+    rx: tokio::sync::mpsc::UnboundedReceiver<StreamItem>,
+    done: bool,
+}
+
+impl OutputStream {
+    pub fn id(&self) -> &str {
+        &self.ticket.id
+    }
+
+    pub fn key(&self) -> RequestKey {
+        self.ticket.key
+    }
+
+    /// The next output; `None` once the final one was returned.
+    pub async fn recv(&mut self) -> Option<Result<RequestOutput, StreamError>> {
+        std::future::poll_fn(|cx| self.poll_item(cx)).await
+    }
+
+    fn poll_item(&mut self, cx: &mut Context<'_>) -> Poll<Option<StreamItem>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        let item = match self.rx.poll_recv(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(item) => item.unwrap_or(Err(StreamError::EngineStopped)),
+        };
+        self.done = is_last(&item);
+        Poll::Ready(Some(item))
+    }
+}
+
+impl futures_core::Stream for OutputStream {
+    type Item = Result<RequestOutput, StreamError>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.get_mut().poll_item(cx)
+    }
+}
+
+impl Drop for OutputStream {
+    fn drop(&mut self) {
+        if !self.done {
+            self.ticket.abort();
         }
     }
 }
@@ -311,7 +477,7 @@ impl Drop for RequestStream {
 /// still to come, and its successor).
 struct EngineLoop {
     engine: Engine,
-    streams: HashMap<RequestKey, Sender<StreamItem>>,
+    streams: HashMap<RequestKey, Sink>,
     draining: bool,
 }
 
@@ -348,33 +514,24 @@ impl EngineLoop {
     fn handle(&mut self, cmd: Command) -> bool {
         match cmd {
             Command::Add(sub) => {
-                let Submission { id, prompt, params, options, stream, reply } = *sub;
-                let result = if self.draining {
-                    Err(RequestError::EngineStopped)
+                let (prepared, sink) = *sub;
+                if self.draining {
+                    self.engine.intake().release(&prepared);
+                    sink.send(Err(StreamError::EngineStopped));
                 } else {
-                    self.engine.add_request_with_options(id.clone(), prompt, params, options)
-                };
-                if let Ok(key) = result {
-                    self.streams.insert(key, stream);
-                }
-                let _ = reply.send(result);
-            }
-            Command::Abort { id, reply } => {
-                let result = self.engine.abort(&id);
-                if let Some(reply) = reply {
-                    let _ = reply.send(result);
+                    match self.engine.insert(prepared) {
+                        Ok(key) => drop(self.streams.insert(key, sink)),
+                        Err(e) => drop(sink.send(Err(e.into()))),
+                    }
                 }
             }
             Command::AbortKey(key) => {
                 // Already finished is fine: the stream was dropped after the engine's last output.
                 let _ = self.engine.abort_key(key);
             }
-            Command::Metrics(reply) => {
-                let _ = reply.send(self.engine.metrics());
-            }
-            Command::Idle(reply) => {
-                let _ = reply.send(self.engine.kv_is_idle());
-            }
+            Command::Rejected => self.engine.record_rejected(),
+            Command::Metrics(reply) => reply.send(self.engine.metrics()),
+            Command::Idle(reply) => reply.send(self.engine.kv_is_idle()),
             Command::Shutdown(ShutdownMode::Drain) => self.draining = true,
             Command::Shutdown(ShutdownMode::Abort) => {
                 for id in self.engine.unfinished_ids() {
@@ -392,7 +549,7 @@ impl EngineLoop {
                 for out in outputs {
                     let finished = out.finished;
                     let key = out.request_key;
-                    let delivered = self.streams.get(&key).is_some_and(|s| s.send(Ok(out)).is_ok());
+                    let delivered = self.streams.get(&key).is_some_and(|s| s.send(Ok(out)));
                     if finished {
                         self.streams.remove(&key);
                     } else if !delivered {
@@ -406,7 +563,7 @@ impl EngineLoop {
                 tracing::error!(target: "engine", "step failed: {e}; aborting every request");
                 let msg = e.to_string();
                 for (_, stream) in self.streams.drain() {
-                    let _ = stream.send(Err(StreamError::EngineFailed(msg.clone())));
+                    stream.send(Err(StreamError::EngineFailed(msg.clone())));
                 }
                 for id in self.engine.unfinished_ids() {
                     let _ = self.engine.abort(&id);

@@ -2,8 +2,9 @@
 //!
 //! - [`Engine`]: one model, one paged KV cache, a continuous-batching scheduler; `add_request`,
 //!   `abort`, `step`, `generate`.
-//! - [`EngineHandle`]: the engine on its own thread behind a command channel, with a stream of
-//!   [`RequestOutput`]s per request (what a web service embeds).
+//! - [`EngineHandle`]: the engine on its own thread behind a command channel; submitting never
+//!   waits for a step, and each request's [`RequestOutput`]s come back through a blocking
+//!   [`RequestStream`] or an async [`OutputStream`] (what a web service embeds).
 //! - [`sampling`]: vLLM `SamplingParams` semantics, vectorized over the batch.
 //! - [`detok`]: incremental detokenization and stop strings.
 //! - [`workload`]: synthetic benchmark prompts.
@@ -22,7 +23,7 @@ pub mod workload;
 pub use config::{DType, Device, EngineConfig, KvCacheSize, Policy, PreemptionMode};
 pub use engine::Engine;
 pub use error::{EngineError, RequestError};
-pub use handle::{EngineHandle, RequestStream, ShutdownMode, StreamError};
+pub use handle::{EngineHandle, OutputStream, RequestStream, ShutdownMode, StreamError};
 pub use metrics::{Gauges, LatencyStats, MetricsSnapshot};
 pub use model::ChatMessage;
 pub use output::{

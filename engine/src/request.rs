@@ -107,6 +107,8 @@ pub(crate) struct RequestState {
     pub params: Arc<SamplingParams>,
     pub prompt_len: usize,
     pub arrival: Instant,
+    /// Scheduled at least once (it no longer counts against `max_waiting`).
+    pub scheduled: bool,
     pub first_token: Option<Instant>,
     pub seqs: Vec<SeqState>,
 }
@@ -117,6 +119,7 @@ impl RequestState {
         key: RequestKey,
         params: Arc<SamplingParams>,
         prompt: &[u32],
+        arrival: Instant,
         samplers: Vec<SequenceSampler>,
     ) -> Self {
         let seqs = samplers
@@ -137,7 +140,7 @@ impl RequestState {
                 finish_sent: false,
             })
             .collect();
-        Self { id, key, params, prompt_len: prompt.len(), arrival: Instant::now(), first_token: None, seqs }
+        Self { id, key, params, prompt_len: prompt.len(), arrival, scheduled: false, first_token: None, seqs }
     }
 
     pub fn all_finished(&self) -> bool {

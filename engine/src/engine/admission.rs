@@ -1,10 +1,17 @@
-//! Admission: one request's checks, in the order a client's mistakes are most useful to hear
-//! about (id, parameters, prompt, vocabulary, lengths, then whether it could ever fit the KV
-//! cache alone), all with checked arithmetic on the client's sizes; then its scheduler entry
-//! and per-request state. Nothing is stored for a refused request.
+//! Admission, in two halves. `Intake::prepare` runs on the caller's thread and needs no engine
+//! step: one request's checks, in the order a client's mistakes are most useful to hear about
+//! (id, queue room, parameters, prompt, vocabulary, lengths, then whether it could ever fit the
+//! KV cache alone), all with checked arithmetic on the client's sizes, and the tokenization.
+//! `Engine::insert` then runs on the engine's thread: the scheduler entry and the per-request
+//! state. Nothing is kept for a refused request.
 
+use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Instant;
 
+use model::ChatTemplate;
+use parking_lot::Mutex;
 use rand::RngCore;
 use scheduler::{Request, SchedulerError};
 
@@ -14,60 +21,238 @@ use crate::output::RequestKey;
 use crate::request::{Prompt, RequestOptions, RequestState};
 use crate::sampling::{SamplingParams, SequenceSampler, seeded_rng};
 
-impl Engine {
-    pub(super) fn admit(
-        &mut self,
+/// What admission needs to know, shared by the engine and every handle (`Send + Sync`): the
+/// model's text side and limits, and the three pieces of state a submission touches before it
+/// reaches the engine thread: the live id strings, the key counter and the waiting count.
+#[derive(Debug)]
+pub(crate) struct Intake {
+    pub model_name: String,
+    pub tokenizer: model::Tokenizer,
+    pub chat_template: Option<ChatTemplate>,
+    pub eos_ids: Vec<u32>,
+    /// vLLM's sampling defaults under the model's generation config.
+    pub default_params: SamplingParams,
+    pub max_model_len: usize,
+    pub vocab_size: usize,
+    pub block_size: usize,
+    pub pool_blocks: usize,
+    /// Most requests admitted but not yet scheduled for the first time.
+    pub max_waiting: usize,
+    /// Client id → key of every unfinished request (the only place id strings are looked up).
+    ids: Mutex<HashMap<String, u64>>,
+    next_key: AtomicU64,
+    /// Admitted requests not yet scheduled for the first time.
+    waiting: AtomicUsize,
+}
+
+/// A request that passed every check, reserved its id and its place in the waiting queue, on
+/// its way to `Engine::insert`.
+#[derive(Debug)]
+pub(crate) struct Prepared {
+    pub id: String,
+    pub key: RequestKey,
+    pub tokens: Vec<u32>,
+    pub max_tokens: usize,
+    pub params: SamplingParams,
+    pub options: RequestOptions,
+    /// When the client submitted it (TTFT and latency count from here).
+    pub arrival: Instant,
+}
+
+/// Fields of [`Intake`] fixed at start-up.
+#[derive(Debug)]
+pub(crate) struct IntakeLimits {
+    pub model_name: String,
+    pub max_model_len: usize,
+    pub vocab_size: usize,
+    pub block_size: usize,
+    pub pool_blocks: usize,
+    pub max_waiting: usize,
+}
+
+impl Intake {
+    pub fn new(folder: model::ModelFolder, limits: IntakeLimits) -> Self {
+        let IntakeLimits { model_name, max_model_len, vocab_size, block_size, pool_blocks, max_waiting } =
+            limits;
+        Self {
+            model_name,
+            default_params: SamplingParams::with_generation_defaults(&folder.generation),
+            eos_ids: folder.generation.eos_token_ids,
+            tokenizer: folder.tokenizer,
+            chat_template: folder.chat_template,
+            max_model_len,
+            vocab_size,
+            block_size,
+            pool_blocks,
+            max_waiting,
+            ids: Mutex::new(HashMap::new()),
+            next_key: AtomicU64::new(0),
+            waiting: AtomicUsize::new(0),
+        }
+    }
+
+    /// Renders chat messages with the model's template (generation prompt added).
+    pub fn render_chat(&self, id: &str, messages: &[model::ChatMessage]) -> Result<String, RequestError> {
+        let template =
+            self.chat_template.as_ref().ok_or_else(|| RequestError::NoChatTemplate(id.to_owned()))?;
+        template
+            .render(messages, true)
+            .map_err(|e| RequestError::Prompt { id: id.to_owned(), reason: e.to_string() })
+    }
+
+    /// Prompt to token ids: text with the tokenizer's special tokens (BOS) added, chat rendered
+    /// by the template (which writes its own special tokens), ids as given.
+    pub fn tokenize(&self, id: &str, prompt: Prompt) -> Result<Vec<u32>, RequestError> {
+        let encode = |text: &str, add_special: bool| {
+            self.tokenizer
+                .encode(text, true, add_special)
+                .map_err(|e| RequestError::Prompt { id: id.to_owned(), reason: e.to_string() })
+        };
+        match prompt {
+            Prompt::Tokens(ids) => Ok(ids),
+            Prompt::Text(text) => encode(&text, true),
+            Prompt::Chat(messages) => encode(&self.render_chat(id, &messages)?, false),
+        }
+    }
+
+    /// Checks a request and reserves its id and a waiting place; on success the caller must
+    /// hand the result to `Engine::insert` (or give it back with [`Intake::release`]).
+    pub fn prepare(
+        &self,
         id: String,
         prompt: Prompt,
         params: SamplingParams,
-        options: &RequestOptions,
-    ) -> Result<RequestKey, RequestError> {
-        if self.live.ids.contains_key(&id) {
+        options: RequestOptions,
+    ) -> Result<Prepared, RequestError> {
+        if self.ids.lock().contains_key(&id) {
             return Err(RequestError::DuplicateId(id));
         }
         params.validate().map_err(|source| RequestError::InvalidParams { id: id.clone(), source })?;
         let tokens = self.tokenize(&id, prompt)?;
+        let max_tokens = self.check_lengths(&id, &tokens, &params)?;
+        // The reservations come last, so a refused request holds neither.
+        let key = RequestKey(self.next_key.fetch_add(1, Ordering::Relaxed));
+        {
+            let mut ids = self.ids.lock();
+            if ids.contains_key(&id) {
+                return Err(RequestError::DuplicateId(id));
+            }
+            let waiting = self.waiting.load(Ordering::Relaxed);
+            if waiting >= self.max_waiting {
+                return Err(RequestError::QueueFull { id, waiting });
+            }
+            self.waiting.fetch_add(1, Ordering::Relaxed);
+            ids.insert(id.clone(), key.0);
+        }
+        Ok(Prepared { id, key, tokens, max_tokens, params, options, arrival: Instant::now() })
+    }
+
+    /// The prompt's tokens against the vocabulary, and prompt + output against the model's
+    /// length and the whole KV cache; returns `max_tokens` (filled in when unset).
+    fn check_lengths(
+        &self,
+        id: &str,
+        tokens: &[u32],
+        params: &SamplingParams,
+    ) -> Result<usize, RequestError> {
+        let id = id.to_owned();
         if tokens.is_empty() {
             return Err(RequestError::EmptyPrompt(id));
         }
-        let vocab_size = self.runner.model_config().vocab_size;
+        let vocab_size = self.vocab_size;
         if let Some(&token) = tokens.iter().find(|&&t| t as usize >= vocab_size) {
             return Err(RequestError::TokenOutOfVocab { id, token, vocab_size });
         }
         // Every size here comes from the client: checked arithmetic only.
         let prompt_len = tokens.len();
-        let pool = self.scheduler.device_pool();
-        let (block_size, pool_blocks) = (pool.block_size(), pool.num_blocks());
+        let (block_size, pool_blocks) = (self.block_size, self.pool_blocks);
         let max_tokens = match params.max_tokens {
             Some(max_tokens) => max_tokens,
             // Unset: up to the model's max length, or as far as the KV cache could ever hold
             // this request alone, whichever is shorter.
             None => {
-                let room = self.info.max_model_len.saturating_sub(prompt_len);
+                let room = self.max_model_len.saturating_sub(prompt_len);
                 room.min(scheduler::max_new_tokens_within(block_size, prompt_len, params.n, pool_blocks))
                     .max(1)
             }
         };
-        if prompt_len.checked_add(max_tokens).is_none_or(|total| total > self.info.max_model_len) {
+        if prompt_len.checked_add(max_tokens).is_none_or(|total| total > self.max_model_len) {
             return Err(RequestError::TooLong {
                 id,
                 prompt_len,
                 max_tokens,
-                max_model_len: self.info.max_model_len,
+                max_model_len: self.max_model_len,
             });
         }
         // A request that could not finish even alone on the device would be cut short later
         // ("capacity exceeded"), which a client cannot tell from reaching max_tokens: refuse it.
         match scheduler::blocks_for_request(block_size, prompt_len, max_tokens, params.n) {
-            Some(blocks_needed) if blocks_needed <= pool_blocks => {}
-            need => {
-                let blocks_needed = need.unwrap_or(usize::MAX);
-                return Err(RequestError::ExceedsKvCache { id, blocks_needed, pool_blocks });
-            }
+            Some(blocks_needed) if blocks_needed <= pool_blocks => Ok(max_tokens),
+            need => Err(RequestError::ExceedsKvCache {
+                id,
+                blocks_needed: need.unwrap_or(usize::MAX),
+                pool_blocks,
+            }),
         }
-        let sid = self.live.next_id;
+    }
+
+    /// Gives back a prepared request's id and waiting place (it was refused after all, or the
+    /// engine stopped before it arrived).
+    pub fn release(&self, prepared: &Prepared) {
+        self.forget(&prepared.id, prepared.key);
+        self.leave_waiting();
+    }
+
+    /// Removes a finished or aborted request's id, if it still names that request.
+    pub fn forget(&self, id: &str, key: RequestKey) {
+        let mut ids = self.ids.lock();
+        if ids.get(id) == Some(&key.0) {
+            ids.remove(id);
+        }
+    }
+
+    /// A request left the waiting queue (first scheduled, finished or aborted before).
+    pub fn leave_waiting(&self) {
+        self.waiting.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// The key of an unfinished request.
+    pub fn key_of(&self, id: &str) -> Option<RequestKey> {
+        self.ids.lock().get(id).copied().map(RequestKey)
+    }
+
+    /// Ids of the unfinished requests.
+    pub fn unfinished_ids(&self) -> Vec<String> {
+        self.ids.lock().keys().cloned().collect()
+    }
+
+    /// Admitted requests not yet scheduled.
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed)
+    }
+
+    /// The next key (for ids the engine makes up itself).
+    pub fn peek_next_key(&self) -> u64 {
+        self.next_key.load(Ordering::Relaxed)
+    }
+}
+
+impl Engine {
+    /// The engine-thread half of admission: the scheduler entry, samplers and state. A
+    /// refusal here (the scheduler's own checks) gives the reservations back.
+    pub(crate) fn insert(&mut self, req: Prepared) -> Result<RequestKey, RequestError> {
+        let result = self.try_insert(&req);
+        if result.is_err() {
+            self.intake.release(&req);
+            self.metrics.record_rejected();
+        }
+        result
+    }
+
+    fn try_insert(&mut self, req: &Prepared) -> Result<RequestKey, RequestError> {
+        let Prepared { id, key, tokens, max_tokens, params, options, arrival } = req;
         let mut request =
-            Request::new(sid, tokens.clone(), max_tokens).with_n(params.n).with_priority(options.priority);
+            Request::new(key.0, tokens.clone(), *max_tokens).with_n(params.n).with_priority(options.priority);
         if let Some(salt) = options.salt_hash() {
             request = request.with_salt(salt);
         }
@@ -78,20 +263,18 @@ impl Engine {
             }
             other => RequestError::Rejected { id: id.clone(), reason: other.to_string() },
         })?;
-        self.live.next_id += 1;
-        let prompt_set = SequenceSampler::prompt_set(&params, &tokens);
+        let prompt_set = SequenceSampler::prompt_set(params, tokens);
         let mut stop_ids = params.stop_token_ids.clone();
         if !params.ignore_eos {
-            stop_ids.extend_from_slice(&self.info.eos_ids);
+            stop_ids.extend_from_slice(&self.intake.eos_ids);
         }
         let stop_ids: Arc<[u32]> = stop_ids.into();
         let seed = params.seed.unwrap_or_else(|| self.seed_rng.next_u64());
         let samplers = (0..params.n)
             .map(|i| SequenceSampler::new(seeded_rng(seed, i), prompt_set.clone(), stop_ids.clone()))
             .collect();
-        let key = RequestKey(sid);
-        self.live.states.insert(sid, RequestState::new(id.clone(), key, Arc::new(params), &tokens, samplers));
-        self.live.ids.insert(id, sid);
-        Ok(key)
+        let state = RequestState::new(id.clone(), *key, Arc::new(params.clone()), tokens, *arrival, samplers);
+        self.live.insert(key.0, state);
+        Ok(*key)
     }
 }

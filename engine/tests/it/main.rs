@@ -1,6 +1,7 @@
 //! Engine integration tests over a tiny random Llama: request lifecycle and bad input,
 //! batch invariance, seeded sampling, parallel samples, the threaded handle, and hostile input.
 
+mod async_api;
 mod basics;
 mod device;
 mod handle;
