@@ -46,21 +46,6 @@ fn root() -> PathBuf {
     manifest.parent().unwrap_or(manifest).to_path_buf()
 }
 
-/// The default model, fetched through `cargo xtask fetch-model` when missing.
-fn model_dir() -> Result<PathBuf, Box<dyn Error>> {
-    let dir = root().join("target/models/SmolLM2-135M-Instruct");
-    if !dir.join("model.safetensors").exists() {
-        eprintln!("e2e: {} missing; running cargo xtask fetch-model", dir.display());
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status =
-            std::process::Command::new(cargo).current_dir(root()).args(["xtask", "fetch-model"]).status()?;
-        if !status.success() {
-            return Err("cargo xtask fetch-model failed".into());
-        }
-    }
-    Ok(dir)
-}
-
 fn config() -> EngineConfig {
     EngineConfig {
         max_model_len: Some(1024),
@@ -175,7 +160,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     let figures_dir = std::env::var_os("BENCH_FIGURES_DIR")
         .map_or_else(|| root().join("target/bench-report/figures-run"), PathBuf::from);
     std::fs::create_dir_all(&figures_dir)?;
-    let dir = model_dir()?;
+    let dir = model::testing::smollm2_dir_fetched()?;
     let mut engine = Engine::new(&dir, config())?;
     let requests = workload(&engine);
 

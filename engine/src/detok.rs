@@ -173,32 +173,11 @@ impl IncrementalDetokenizer {
 pub(crate) mod tests {
     use super::*;
 
-    /// A byte-level BPE tokenizer whose vocabulary is the 256 single bytes plus a few
-    /// merges and one special token, so multi-byte characters span several tokens.
+    /// The tiny test model's byte-level BPE tokenizer: the 256 single bytes, a few merges and
+    /// ChatML special tokens (260 is `<|endoftext|>`), so multi-byte characters span several
+    /// tokens.
     pub(crate) fn byte_tokenizer() -> tokenizers::Tokenizer {
-        let alphabet = model::tokenizer::gpt2_byte_alphabet();
-        let mut vocab = serde_json::Map::new();
-        for (i, c) in alphabet.iter().enumerate() {
-            vocab.insert(c.to_string(), serde_json::json!(i));
-        }
-        let merges = [("h", "e"), ("l", "l"), ("he", "ll"), ("Ġ", "w")];
-        for (i, (a, b)) in merges.iter().enumerate() {
-            vocab.insert(format!("{a}{b}"), serde_json::json!(256 + i));
-        }
-        vocab.insert("<|end|>".into(), serde_json::json!(260));
-        let json = serde_json::json!({
-            "version": "1.0",
-            "added_tokens": [{"id": 260, "content": "<|end|>", "single_word": false, "lstrip": false,
-                              "rstrip": false, "normalized": false, "special": true}],
-            "normalizer": null,
-            "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
-            "post_processor": null,
-            "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
-            "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
-                      "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
-                      "vocab": vocab, "merges": merges.iter().map(|(a, b)| format!("{a} {b}")).collect::<Vec<_>>()}
-        });
-        match tokenizers::Tokenizer::from_bytes(json.to_string()) {
+        match tokenizers::Tokenizer::from_bytes(model::testing::tokenizer_json()) {
             Ok(t) => t,
             Err(e) => panic!("test tokenizer: {e}"),
         }
@@ -292,7 +271,7 @@ pub(crate) mod tests {
         assert_eq!(out, "ab");
         let mut keep = IncrementalDetokenizer::new(&[], false, vec![], false);
         let _ = keep.push(260, &tok, true);
-        assert_eq!(keep.take_delta(true), "<|end|>");
+        assert_eq!(keep.take_delta(true), "<|endoftext|>");
     }
 
     #[test]

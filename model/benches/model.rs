@@ -85,12 +85,6 @@ fn memcpy_bytes_per_sec(samples: usize) -> f64 {
     (2 * len * 4) as f64 / secs
 }
 
-fn model_dir() -> PathBuf {
-    std::env::var_os("SMOLLM2_DIR").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/models/SmolLM2-135M-Instruct")
-    })
-}
-
 fn prompt(seed: u32, len: usize, vocab: usize) -> Vec<u32> {
     (0..len as u32)
         .map(|i| (i.wrapping_mul(2654435761).wrapping_add(seed * 97) % vocab as u32).max(17))
@@ -110,7 +104,7 @@ fn main() {
     let memcpy = memcpy_bytes_per_sec(samples);
     eprintln!("gemm {gflops:.1} GFLOP/s, memcpy {:.2} GB/s", memcpy / 1e9);
 
-    let dir = model_dir();
+    let dir = model::testing::smollm2_dir();
     let model = Llama::load(&dir).unwrap_or_else(|e| {
         panic!("cannot load SmolLM2 from {} ({e}); run `cargo xtask fetch-model`", dir.display())
     });

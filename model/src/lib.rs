@@ -15,6 +15,8 @@ pub mod ops;
 pub mod reference;
 pub mod rope;
 pub mod runner;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod tokenizer;
 pub mod weights;
 

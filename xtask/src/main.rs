@@ -1,4 +1,5 @@
-//! `cargo xtask …`: the project's task runner (tests, benchmarks, the main job, model fetching).
+//! `cargo xtask …`: the project's task runner (tests, benchmarks, the main job, the server,
+//! model fetching).
 //!
 //! Everything a developer or CI runs goes through here so that the README's commands
 //! stay two lines long. Each subcommand lives in its own module.
@@ -12,6 +13,7 @@ mod layering;
 mod plan;
 mod relaunch;
 mod run;
+mod serve;
 mod test;
 mod throughput;
 mod tidy;
@@ -35,6 +37,8 @@ enum Command {
     Plan(Box<plan::PlanArgs>),
     /// Start the engine on the default model, stream a batch of varied prompts, print a summary.
     Run(run::RunArgs),
+    /// The OpenAI-compatible HTTP server (completions, chat, SSE, /metrics) on the default model.
+    Serve(serve::ServeCmd),
     /// Offline throughput (like `vllm bench throughput`): random or JSONL prompts, all at once.
     Throughput(throughput::ThroughputArgs),
     /// Only the tidy checks (every .rs file starts with `//!`, no `#[ignore]`).
@@ -54,6 +58,7 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(args) => bench::run(&args),
         Command::Plan(args) => plan::run(&args),
         Command::Run(args) => run::run(&args),
+        Command::Serve(args) => serve::run(&args),
         Command::Throughput(args) => throughput::run(&args),
         Command::Tidy => tidy::check(&cmd::workspace_root()),
         Command::FetchModel(args) => fetch_model::run(&args),

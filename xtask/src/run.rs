@@ -10,108 +10,30 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, bail};
-use clap::{Args, ValueEnum};
+use clap::Args;
 use engine::{
-    ChatMessage, DType, Device, Engine, EngineConfig, EngineHandle, FinishReason, KvCacheSize,
-    PreemptionMode, Prompt, SamplingParams, ShutdownMode,
+    ChatMessage, Engine, EngineConfig, EngineHandle, FinishReason, Prompt, SamplingParams, ShutdownMode,
 };
 use serde::de::DeserializeOwned;
+pub use server::cli::EngineKnobs;
 
-/// Engine knobs shared by `run` and `throughput` (vLLM's names).
-#[derive(Debug, Clone, Args)]
-pub struct EngineKnobs {
-    /// Model folder (Hugging Face layout); default: target/models/SmolLM2-135M-Instruct, fetched if missing.
-    #[arg(long)]
-    pub model: Option<PathBuf>,
-    /// Tokens per KV block (8, 16 or 32).
-    #[arg(long, default_value_t = 16)]
-    pub block_size: usize,
-    /// Longest prompt + output (default: the model's max_position_embeddings).
-    #[arg(long)]
-    pub max_model_len: Option<usize>,
-    #[arg(long, default_value_t = 256)]
-    pub max_num_seqs: usize,
-    #[arg(long, default_value_t = 2048)]
-    pub max_num_batched_tokens: usize,
-    /// Turn automatic prefix caching off.
-    #[arg(long)]
-    pub no_prefix_caching: bool,
-    #[arg(long, value_enum, default_value = "recompute")]
-    pub preemption_mode: Preemption,
-    /// Host swap space in GiB (used with --preemption-mode swap).
-    #[arg(long, default_value_t = 1.0)]
-    pub swap_space: f64,
-    /// Device KV cache budget in GiB (ignored with --num-kv-blocks).
-    #[arg(long, default_value_t = 2.0)]
-    pub kv_cache_gib: f64,
-    /// Exact number of KV blocks.
-    #[arg(long)]
-    pub num_kv_blocks: Option<usize>,
-    /// KV cache element type (default: f32 on the CPU, bf16 on CUDA, which also runs the
-    /// weights and activations in it).
-    #[arg(long, value_enum)]
-    pub kv_dtype: Option<KvDtype>,
-    /// Where the model runs: cpu, cuda (GPU 0) or cuda:N. CUDA needs the NVIDIA driver; xtask
-    /// re-launches itself built with `--features cuda` when it was built without.
-    #[arg(long, default_value = "cpu")]
-    pub device: Device,
-    /// Fraction of GPU memory for weights, activations and the KV cache (CUDA; vLLM's knob).
-    #[arg(long, default_value_t = 0.9)]
-    pub gpu_memory_utilization: f64,
-    /// Seed for requests without their own.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
+/// Starting an engine from the shared engine flags, the xtask way: a release build, the
+/// default model fetched when none is named.
+pub trait StartEngine {
+    /// Re-launches as a release build when needed, then loads the engine with `config`;
+    /// unless `quiet`, logs to stderr (at `info` unless `RUST_LOG` says otherwise).
+    fn start_engine_with(&self, quiet: bool, config: EngineConfig) -> anyhow::Result<Engine>;
+
+    /// [`StartEngine::start_engine_with`] the knobs' own config.
+    fn start_engine(&self, quiet: bool) -> anyhow::Result<Engine>;
 }
 
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum Preemption {
-    Recompute,
-    Swap,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum KvDtype {
-    F32,
-    F16,
-    Bf16,
-}
-
-const GIB: f64 = (1u64 << 30) as f64;
-
-impl EngineKnobs {
-    pub fn config(&self) -> EngineConfig {
-        EngineConfig {
-            block_size: self.block_size,
-            max_model_len: self.max_model_len,
-            max_num_seqs: self.max_num_seqs,
-            max_num_batched_tokens: self.max_num_batched_tokens,
-            enable_prefix_caching: !self.no_prefix_caching,
-            preemption_mode: match self.preemption_mode {
-                Preemption::Recompute => PreemptionMode::Recompute,
-                Preemption::Swap => PreemptionMode::Swap,
-            },
-            swap_space_bytes: (self.swap_space * GIB) as usize,
-            kv_cache: match self.num_kv_blocks {
-                Some(n) => KvCacheSize::Blocks(n),
-                None => KvCacheSize::Bytes((self.kv_cache_gib * GIB) as usize),
-            },
-            kv_dtype: match (self.kv_dtype, self.device) {
-                (Some(KvDtype::F32), _) => DType::F32,
-                (Some(KvDtype::F16), _) => DType::F16,
-                (Some(KvDtype::Bf16), _) => DType::BF16,
-                (None, Device::Cpu) => DType::F32,
-                (None, _) => DType::BF16,
-            },
-            device: self.device,
-            gpu_memory_utilization: self.gpu_memory_utilization,
-            seed: self.seed,
-            ..EngineConfig::default()
-        }
+impl StartEngine for EngineKnobs {
+    fn start_engine(&self, quiet: bool) -> anyhow::Result<Engine> {
+        self.start_engine_with(quiet, self.config())
     }
 
-    /// Re-launches as a release build when needed, then loads the engine; unless `quiet`, logs
-    /// to stderr (at `info` unless `RUST_LOG` says otherwise).
-    pub fn start_engine(&self, quiet: bool) -> anyhow::Result<Engine> {
+    fn start_engine_with(&self, quiet: bool, config: EngineConfig) -> anyhow::Result<Engine> {
         crate::relaunch::ensure_release_build(self.device)?;
         if !quiet {
             let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -125,7 +47,7 @@ impl EngineKnobs {
         if !quiet {
             eprintln!("run: loading {}", dir.display());
         }
-        Engine::new(&dir, self.config()).with_context(|| format!("loading {}", dir.display()))
+        Engine::new(&dir, config).with_context(|| format!("loading {}", dir.display()))
     }
 }
 
@@ -333,34 +255,4 @@ fn print_stream(i: usize, stream: engine::RequestStream) -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[derive(Debug, clap::Parser)]
-    struct Cli {
-        #[command(flatten)]
-        knobs: EngineKnobs,
-    }
-
-    fn knobs(args: &[&str]) -> EngineKnobs {
-        use clap::Parser;
-        let cli = Cli::try_parse_from(std::iter::once("run").chain(args.iter().copied()));
-        cli.unwrap_or_else(|e| panic!("{e}")).knobs
-    }
-
-    #[test]
-    fn device_flag_picks_the_device_and_its_default_cache_dtype() {
-        let cpu = knobs(&[]).config();
-        assert_eq!((cpu.device, cpu.kv_dtype), (Device::Cpu, DType::F32));
-        let cuda = knobs(&["--device", "cuda", "--gpu-memory-utilization", "0.8"]).config();
-        assert_eq!((cuda.device, cuda.kv_dtype), (Device::Cuda { ordinal: 0 }, DType::BF16));
-        assert_eq!(cuda.gpu_memory_utilization, 0.8);
-        let f16 = knobs(&["--device", "cuda:1", "--kv-dtype", "f16"]).config();
-        assert_eq!((f16.device, f16.kv_dtype), (Device::Cuda { ordinal: 1 }, DType::F16));
-        let cli = <Cli as clap::Parser>::try_parse_from(["run", "--device", "tpu"]);
-        assert!(cli.is_err());
-    }
 }

@@ -38,10 +38,36 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
     eprintln!("tidy: ok");
     // The real-model tests read the converted default model; fetching is idempotent.
     fetch_model::run(&fetch_model::FetchModelArgs { dir: None, dtype: fetch_model::Dtype::F32 })?;
+    // The server's client test drives it with the official `openai` Python package.
+    ensure_openai_venv()?;
     if !args.no_cuda_check {
         cuda_check::run(&cuda_check::CudaCheckArgs { arch: "sm_80,sm_90".to_owned(), filter: None })?;
     }
     run_workspace_tests()
+}
+
+/// `target/venv-openai` with the `openai` package (idempotent: only what is missing is made).
+fn ensure_openai_venv() -> anyhow::Result<()> {
+    let venv = workspace_root().join("target/venv-openai");
+    let python = venv.join("bin/python");
+    if !python.exists() {
+        run_cmd(std::process::Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
+    }
+    let has_openai = std::process::Command::new(&python)
+        .args(["-c", "import openai, httpx"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !has_openai {
+        run_cmd(std::process::Command::new(&python).args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "openai>=1.30,<3",
+        ]))?;
+    }
+    Ok(())
 }
 
 /// `cargo test --workspace`, streaming its output, then one closing line with the totals

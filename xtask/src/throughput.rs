@@ -13,7 +13,7 @@ use engine::{Prompt, SamplingParams};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-use crate::run::{EngineKnobs, read_jsonl};
+use crate::run::{EngineKnobs, StartEngine, read_jsonl};
 
 #[derive(Debug, Args)]
 pub struct ThroughputArgs {

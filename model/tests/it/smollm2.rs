@@ -14,20 +14,8 @@ use crate::harness::{argmax, assign_blocks, build_batch, cache_for};
 /// our f32 sums run in a different order, over 30 layers).
 const LOGIT_TOL: f32 = 1e-3;
 
-fn workspace_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
 fn model_dir() -> PathBuf {
-    let dir = std::env::var_os("SMOLLM2_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target/models/SmolLM2-135M-Instruct"));
-    assert!(
-        dir.join("config.json").exists() && dir.join("model.safetensors").exists(),
-        "SmolLM2-135M-Instruct not found at {}: run `cargo xtask fetch-model` first (or set SMOLLM2_DIR)",
-        dir.display()
-    );
-    dir
+    model::testing::smollm2_dir_for_tests()
 }
 
 fn goldens() -> &'static Value {

@@ -25,6 +25,7 @@ pub const TARGETS: &[BenchTarget] = &[
     BenchTarget { group: "sim", package: "sim", bench: "sim", criterion: false },
     BenchTarget { group: "model", package: "model", bench: "model", criterion: false },
     BenchTarget { group: "e2e", package: "engine", bench: "e2e", criterion: false },
+    BenchTarget { group: "server", package: "server", bench: "server", criterion: false },
 ];
 
 /// Figures derived from two criterion benchmarks of the same run, as `(name, num, den)`:

@@ -1,0 +1,192 @@
+//! A tiny random Llama written as an ordinary HF folder (config, safetensors, byte-level BPE
+//! tokenizer with ChatML specials, chat template): the fixture of the engine's and the
+//! server's tests (feature `testing`).
+
+use std::path::Path;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use safetensors::tensor::{Dtype, TensorView};
+
+pub const HIDDEN: usize = 128;
+pub const HEADS: usize = 2;
+pub const KV_HEADS: usize = 1;
+pub const HEAD_DIM: usize = 64;
+pub const INTER: usize = 256;
+pub const LAYERS: usize = 2;
+pub const VOCAB: usize = 272;
+pub const MAX_POS: usize = 1024;
+/// Special tokens after the 256 bytes and 4 merges.
+pub const ENDOFTEXT: u32 = 260;
+pub const IM_START: u32 = 261;
+pub const IM_END: u32 = 262;
+
+/// Writes the tiny model into `dir`.
+pub fn write_tiny_llama(dir: &Path, seed: u64) {
+    let config = serde_json::json!({
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": HIDDEN,
+        "intermediate_size": INTER,
+        "num_hidden_layers": LAYERS,
+        "num_attention_heads": HEADS,
+        "num_key_value_heads": KV_HEADS,
+        "head_dim": HEAD_DIM,
+        "vocab_size": VOCAB,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "hidden_act": "silu",
+        "tie_word_embeddings": false,
+        "max_position_embeddings": MAX_POS,
+        "bos_token_id": ENDOFTEXT,
+        "eos_token_id": IM_END,
+    });
+    write(dir, "config.json", &config.to_string());
+    write(
+        dir,
+        "generation_config.json",
+        &serde_json::json!({"eos_token_id": [IM_END, ENDOFTEXT]}).to_string(),
+    );
+    write(
+        dir,
+        "tokenizer_config.json",
+        &serde_json::json!({
+            "bos_token": "<|endoftext|>",
+            "eos_token": "<|im_end|>",
+            "chat_template": "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+        })
+        .to_string(),
+    );
+    write(dir, "tokenizer.json", &tokenizer_json());
+    write_weights(dir, seed);
+}
+
+fn write(dir: &Path, name: &str, text: &str) {
+    if let Err(e) = std::fs::write(dir.join(name), text) {
+        panic!("writing {name}: {e}");
+    }
+}
+
+/// Uniform weights with standard deviation `gain/sqrt(fan_in)`: embeddings of std 1, layers
+/// that keep the residual stream's scale, and an untied LM head giving logits of std ~3, so
+/// greedy choices depend on the context and are far from ties, and temperature 1 is random.
+fn write_weights(dir: &Path, seed: u64) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    let mut add = |name: String, shape: Vec<usize>, fan_in: Option<(usize, f32)>| {
+        let n: usize = shape.iter().product();
+        let a = fan_in.map_or(0.0, |(f, gain)| gain * (3.0 / f as f32).sqrt());
+        let values: Vec<f32> = (0..n)
+            .map(|_| match fan_in {
+                Some(_) => rng.random_range(-a..a),
+                None => 1.0,
+            })
+            .collect();
+        tensors.push((name, shape, bytemuck_bytes(&values)));
+    };
+    add("model.embed_tokens.weight".into(), vec![VOCAB, HIDDEN], Some((1, 1.0)));
+    add("lm_head.weight".into(), vec![VOCAB, HIDDEN], Some((HIDDEN, 3.0)));
+    for l in 0..LAYERS {
+        let p = format!("model.layers.{l}");
+        add(format!("{p}.input_layernorm.weight"), vec![HIDDEN], None);
+        add(format!("{p}.post_attention_layernorm.weight"), vec![HIDDEN], None);
+        add(format!("{p}.self_attn.q_proj.weight"), vec![HEADS * HEAD_DIM, HIDDEN], Some((HIDDEN, 1.0)));
+        add(format!("{p}.self_attn.k_proj.weight"), vec![KV_HEADS * HEAD_DIM, HIDDEN], Some((HIDDEN, 1.0)));
+        add(format!("{p}.self_attn.v_proj.weight"), vec![KV_HEADS * HEAD_DIM, HIDDEN], Some((HIDDEN, 1.0)));
+        add(
+            format!("{p}.self_attn.o_proj.weight"),
+            vec![HIDDEN, HEADS * HEAD_DIM],
+            Some((HEADS * HEAD_DIM, 1.0)),
+        );
+        add(format!("{p}.mlp.gate_proj.weight"), vec![INTER, HIDDEN], Some((HIDDEN, 1.0)));
+        add(format!("{p}.mlp.up_proj.weight"), vec![INTER, HIDDEN], Some((HIDDEN, 1.0)));
+        add(format!("{p}.mlp.down_proj.weight"), vec![HIDDEN, INTER], Some((INTER, 1.0)));
+    }
+    add("model.norm.weight".into(), vec![HIDDEN], None);
+    let views: Vec<(String, TensorView<'_>)> = tensors
+        .iter()
+        .filter_map(|(name, shape, bytes)| {
+            TensorView::new(Dtype::F32, shape.clone(), bytes).ok().map(|v| (name.clone(), v))
+        })
+        .collect();
+    if let Err(e) = safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")) {
+        panic!("writing safetensors: {e}");
+    }
+}
+
+fn bytemuck_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// GPT-2 byte-level BPE over the 256 bytes, a few merges, and ChatML special tokens.
+pub fn tokenizer_json() -> String {
+    let mut vocab = serde_json::Map::new();
+    for (i, c) in crate::tokenizer::gpt2_byte_alphabet().iter().enumerate() {
+        vocab.insert(c.to_string(), serde_json::json!(i));
+    }
+    let merges = [("h", "e"), ("l", "l"), ("he", "ll"), ("Ġ", "w")];
+    for (i, (a, b)) in merges.iter().enumerate() {
+        vocab.insert(format!("{a}{b}"), serde_json::json!(256 + i));
+    }
+    let specials = [(ENDOFTEXT, "<|endoftext|>"), (IM_START, "<|im_start|>"), (IM_END, "<|im_end|>")];
+    for (id, s) in specials {
+        vocab.insert(s.into(), serde_json::json!(id));
+    }
+    let added: Vec<serde_json::Value> = specials
+        .iter()
+        .map(|(id, s)| {
+            serde_json::json!({"id": id, "content": s, "single_word": false, "lstrip": false,
+                               "rstrip": false, "normalized": false, "special": true})
+        })
+        .collect();
+    serde_json::json!({
+        "version": "1.0",
+        "added_tokens": added,
+        "normalizer": null,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+        "post_processor": null,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+                  "vocab": vocab, "merges": merges.iter().map(|(a, b)| format!("{a} {b}")).collect::<Vec<_>>()}
+    })
+    .to_string()
+}
+
+/// The real default model's folder: `$SMOLLM2_DIR`, else `target/models/SmolLM2-135M-Instruct`
+/// under the workspace root (where `cargo xtask fetch-model` writes it).
+pub fn smollm2_dir() -> std::path::PathBuf {
+    std::env::var_os("SMOLLM2_DIR").map(std::path::PathBuf::from).unwrap_or_else(|| {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/models/SmolLM2-135M-Instruct")
+    })
+}
+
+/// [`smollm2_dir`] for tests: fails with what to run when the model is missing.
+pub fn smollm2_dir_for_tests() -> std::path::PathBuf {
+    let dir = smollm2_dir();
+    assert!(
+        dir.join("config.json").exists() && dir.join("model.safetensors").exists(),
+        "SmolLM2-135M-Instruct not found at {}: run `cargo xtask fetch-model` first (or set SMOLLM2_DIR)",
+        dir.display()
+    );
+    dir
+}
+
+/// [`smollm2_dir`] for benchmarks: runs `cargo xtask fetch-model` when the model is missing.
+pub fn smollm2_dir_fetched() -> Result<std::path::PathBuf, String> {
+    let dir = smollm2_dir();
+    if !dir.join("model.safetensors").exists() {
+        eprintln!("{} missing; running cargo xtask fetch-model", dir.display());
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let status = std::process::Command::new(cargo)
+            .current_dir(root)
+            .args(["xtask", "fetch-model"])
+            .status()
+            .map_err(|e| format!("cargo xtask fetch-model: {e}"))?;
+        if !status.success() {
+            return Err("cargo xtask fetch-model failed".into());
+        }
+    }
+    Ok(dir)
+}

@@ -1,0 +1,176 @@
+//! Command-line flags: the engine's knobs (vLLM's names, shared with `cargo xtask run`,
+//! `throughput` and `serve`) and the server's own.
+
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+use engine::{DType, Device, EngineConfig, KvCacheSize, PreemptionMode, ShutdownMode};
+
+/// Engine knobs shared by `run`, `throughput` and `serve` (vLLM's names).
+#[derive(Debug, Clone, Args)]
+pub struct EngineKnobs {
+    /// Model folder (Hugging Face layout); default: target/models/SmolLM2-135M-Instruct, fetched if missing.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Tokens per KV block (8, 16 or 32).
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// Longest prompt + output (default: the model's max_position_embeddings).
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
+    #[arg(long, default_value_t = 256)]
+    pub max_num_seqs: usize,
+    #[arg(long, default_value_t = 2048)]
+    pub max_num_batched_tokens: usize,
+    /// Turn automatic prefix caching off.
+    #[arg(long)]
+    pub no_prefix_caching: bool,
+    #[arg(long, value_enum, default_value = "recompute")]
+    pub preemption_mode: Preemption,
+    /// Host swap space in GiB (used with --preemption-mode swap).
+    #[arg(long, default_value_t = 1.0)]
+    pub swap_space: f64,
+    /// Device KV cache budget in GiB (ignored with --num-kv-blocks).
+    #[arg(long, default_value_t = 2.0)]
+    pub kv_cache_gib: f64,
+    /// Exact number of KV blocks.
+    #[arg(long)]
+    pub num_kv_blocks: Option<usize>,
+    /// KV cache element type (default: f32 on the CPU, bf16 on CUDA, which also runs the
+    /// weights and activations in it).
+    #[arg(long, value_enum)]
+    pub kv_dtype: Option<KvDtype>,
+    /// Where the model runs: cpu, cuda (GPU 0) or cuda:N. CUDA needs the NVIDIA driver; xtask
+    /// re-launches itself built with `--features cuda` when it was built without.
+    #[arg(long, default_value = "cpu")]
+    pub device: Device,
+    /// Fraction of GPU memory for weights, activations and the KV cache (CUDA; vLLM's knob).
+    #[arg(long, default_value_t = 0.9)]
+    pub gpu_memory_utilization: f64,
+    /// Seed for requests without their own.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Preemption {
+    Recompute,
+    Swap,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum KvDtype {
+    F32,
+    F16,
+    Bf16,
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+impl EngineKnobs {
+    pub fn config(&self) -> EngineConfig {
+        EngineConfig {
+            block_size: self.block_size,
+            max_model_len: self.max_model_len,
+            max_num_seqs: self.max_num_seqs,
+            max_num_batched_tokens: self.max_num_batched_tokens,
+            enable_prefix_caching: !self.no_prefix_caching,
+            preemption_mode: match self.preemption_mode {
+                Preemption::Recompute => PreemptionMode::Recompute,
+                Preemption::Swap => PreemptionMode::Swap,
+            },
+            swap_space_bytes: (self.swap_space * GIB) as usize,
+            kv_cache: match self.num_kv_blocks {
+                Some(n) => KvCacheSize::Blocks(n),
+                None => KvCacheSize::Bytes((self.kv_cache_gib * GIB) as usize),
+            },
+            kv_dtype: match (self.kv_dtype, self.device) {
+                (Some(KvDtype::F32), _) => DType::F32,
+                (Some(KvDtype::F16), _) => DType::F16,
+                (Some(KvDtype::Bf16), _) => DType::BF16,
+                (None, Device::Cpu) => DType::F32,
+                (None, _) => DType::BF16,
+            },
+            device: self.device,
+            gpu_memory_utilization: self.gpu_memory_utilization,
+            seed: self.seed,
+            ..EngineConfig::default()
+        }
+    }
+}
+
+/// The server's flags, beside the engine's.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Address to listen on (loopback by default).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// Require `Authorization: Bearer <KEY>` on the `/v1` routes.
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// The model's name in the API (default: the model folder's name).
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+    /// Most requests waiting to be scheduled; past it, requests get 429.
+    #[arg(long, default_value_t = 4096)]
+    pub max_waiting: usize,
+    /// Largest request body in MiB (a larger one gets 400).
+    #[arg(long, default_value_t = 4)]
+    pub max_body_mib: usize,
+    /// On SIGINT/SIGTERM, abort in-flight requests instead of letting them finish.
+    #[arg(long)]
+    pub abort_on_shutdown: bool,
+    #[command(flatten)]
+    pub knobs: EngineKnobs,
+}
+
+impl ServeArgs {
+    /// The engine's settings: the knobs plus the server's queue bound and model name.
+    pub fn engine_config(&self) -> EngineConfig {
+        EngineConfig {
+            max_waiting: self.max_waiting,
+            served_model_name: self.served_model_name.clone(),
+            ..self.knobs.config()
+        }
+    }
+
+    pub fn server_config(&self) -> crate::ServerConfig {
+        crate::ServerConfig {
+            api_key: self.api_key.clone(),
+            max_body_bytes: self.max_body_mib.saturating_mul(1 << 20),
+            shutdown: if self.abort_on_shutdown { ShutdownMode::Abort } else { ShutdownMode::Drain },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        knobs: EngineKnobs,
+    }
+
+    fn knobs(args: &[&str]) -> EngineKnobs {
+        use clap::Parser;
+        let cli = Cli::try_parse_from(std::iter::once("run").chain(args.iter().copied()));
+        cli.unwrap_or_else(|e| panic!("{e}")).knobs
+    }
+
+    #[test]
+    fn device_flag_picks_the_device_and_its_default_cache_dtype() {
+        let cpu = knobs(&[]).config();
+        assert_eq!((cpu.device, cpu.kv_dtype), (Device::Cpu, DType::F32));
+        let cuda = knobs(&["--device", "cuda", "--gpu-memory-utilization", "0.8"]).config();
+        assert_eq!((cuda.device, cuda.kv_dtype), (Device::Cuda { ordinal: 0 }, DType::BF16));
+        assert_eq!(cuda.gpu_memory_utilization, 0.8);
+        let f16 = knobs(&["--device", "cuda:1", "--kv-dtype", "f16"]).config();
+        assert_eq!((f16.device, f16.kv_dtype), (Device::Cuda { ordinal: 1 }, DType::F16));
+        let cli = <Cli as clap::Parser>::try_parse_from(["run", "--device", "tpu"]);
+        assert!(cli.is_err());
+    }
+}

@@ -1,0 +1,218 @@
+//! `POST /v1/completions` and `POST /v1/chat/completions`: each prompt becomes one engine
+//! request (with its `n` samples), submitted without waiting for an engine step; the answer is
+//! either one JSON body or an SSE stream of chunks ending in `data: [DONE]`.
+//!
+//! The response body owns the requests' `OutputStream`s: when a client disconnects, hyper
+//! drops the body, the streams drop, and the engine aborts the requests at its next step
+//! boundary (their blocks freed within one step).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::State;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use engine::{OutputStream, Prompt, RequestOptions, SamplingParams};
+use futures_util::stream::{self, SelectAll, Stream, StreamExt};
+
+use crate::AppState;
+use crate::error::{ApiError, error_event_json};
+use crate::openai::{ChatRequest, CompletionRequest, SamplingFields};
+use crate::respond::{Choice, Endpoint, Envelope, TokenText, Usage};
+
+/// OpenAI's default `max_tokens` of the legacy completions endpoint.
+const COMPLETIONS_DEFAULT_MAX_TOKENS: i64 = 16;
+
+pub async fn completions(
+    State(state): State<Arc<AppState>>,
+    body: crate::JsonBody<CompletionRequest>,
+) -> Response {
+    let req = body.0;
+    let run = || -> Result<Job, ApiError> {
+        state.check_model(req.model.as_deref())?;
+        let max_tokens = req.sampling.max_tokens.or(Some(COMPLETIONS_DEFAULT_MAX_TOKENS));
+        let params =
+            req.sampling.to_params(state.handle.default_sampling_params(), max_tokens, req.logprobs)?;
+        let prompts = req.prompt.clone().into_prompts()?;
+        Ok(Job::new(&state, Endpoint::Completions, prompts, params, &req.sampling, false))
+    };
+    match run() {
+        Ok(job) => job.respond(state).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+pub async fn chat(State(state): State<Arc<AppState>>, body: crate::JsonBody<ChatRequest>) -> Response {
+    let req = body.0;
+    let run = || -> Result<Job, ApiError> {
+        state.check_model(req.model.as_deref())?;
+        let max_tokens = req.max_completion_tokens.or(req.sampling.max_tokens);
+        let top = if req.logprobs { Some(req.top_logprobs.unwrap_or(0)) } else { None };
+        let params = req.sampling.to_params(state.handle.default_sampling_params(), max_tokens, top)?;
+        let prompts = vec![Prompt::Chat(req.chat_messages()?)];
+        Ok(Job::new(&state, Endpoint::Chat, prompts, params, &req.sampling, req.logprobs))
+    };
+    match run() {
+        Ok(job) => job.respond(state).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// One API call, checked and ready to submit.
+struct Job {
+    envelope: Envelope,
+    prompts: Vec<Prompt>,
+    params: SamplingParams,
+    stream: bool,
+    include_usage: bool,
+}
+
+impl Job {
+    fn new(
+        state: &AppState,
+        endpoint: Endpoint,
+        prompts: Vec<Prompt>,
+        params: SamplingParams,
+        fields: &SamplingFields,
+        logprobs: bool,
+    ) -> Self {
+        let prefix = if endpoint == Endpoint::Chat { "chatcmpl" } else { "cmpl" };
+        Self {
+            envelope: Envelope {
+                id: format!("{prefix}-{}", state.handle.next_request_id()),
+                created: crate::unix_now(),
+                model: state.handle.model_name().to_owned(),
+                endpoint,
+                n: params.n,
+                logprobs,
+            },
+            prompts,
+            params,
+            stream: fields.stream,
+            include_usage: fields.include_usage(),
+        }
+    }
+
+    /// Submits every prompt (all or none: an error aborts the ones already in) and answers.
+    async fn respond(self, state: Arc<AppState>) -> Response {
+        let mut streams = Vec::with_capacity(self.prompts.len());
+        for (i, prompt) in self.prompts.iter().enumerate() {
+            let id = format!("{}-{i}", self.envelope.id);
+            match state.handle.submit(id, prompt.clone(), self.params.clone(), RequestOptions::default()) {
+                Ok(s) => streams.push(s),
+                // Dropping `streams` aborts the requests already submitted.
+                Err(e) => return ApiError::from(e).into_response(),
+            }
+        }
+        if self.stream {
+            let events = sse_events(state, self.envelope, streams, self.include_usage);
+            Sse::new(events).keep_alive(KeepAlive::default()).into_response()
+        } else {
+            whole_response(&state, &self.envelope, streams).await
+        }
+    }
+}
+
+/// Every request's outputs, tagged with its prompt's index, interleaved as they come.
+fn merged(
+    streams: Vec<OutputStream>,
+) -> SelectAll<impl Stream<Item = (usize, Result<engine::RequestOutput, engine::StreamError>)>> {
+    stream::select_all(streams.into_iter().enumerate().map(|(i, s)| s.map(move |item| (i, item))))
+}
+
+async fn whole_response(state: &AppState, envelope: &Envelope, streams: Vec<OutputStream>) -> Response {
+    let mut choices = vec![Choice::default(); streams.len() * envelope.n];
+    let mut usage = Usage::default();
+    let mut all = merged(streams);
+    while let Some((prompt, item)) = all.next().await {
+        let out = match item {
+            Ok(out) => out,
+            Err(e) => return stream_error(e).into_response(),
+        };
+        for delta in &out.outputs {
+            if let Some(c) = choices.get_mut(prompt * envelope.n + delta.index) {
+                c.absorb(delta);
+            }
+        }
+        if out.finished {
+            usage.add_final(&out);
+            state.metrics.observe_final(&out);
+        }
+    }
+    let tokens = TokenText { tokenizer: state.handle.tokenizer() };
+    Json(envelope.response(&choices, &usage, &tokens)).into_response()
+}
+
+/// A request that failed inside the engine, as the API reports it.
+fn stream_error(e: engine::StreamError) -> ApiError {
+    match e {
+        engine::StreamError::Rejected(e) => e.into(),
+        other => ApiError {
+            status: axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+            message: other.to_string(),
+            param: None,
+        },
+    }
+}
+
+/// The SSE events of a streamed call: chat's role chunks, one chunk per delta, the usage chunk
+/// when asked for, then `[DONE]`.
+fn sse_events(
+    state: Arc<AppState>,
+    envelope: Envelope,
+    streams: Vec<OutputStream>,
+    include_usage: bool,
+) -> impl Stream<Item = Result<Event, Infallible>> {
+    let choices = streams.len() * envelope.n;
+    let opening: Vec<Event> = if envelope.endpoint == Endpoint::Chat {
+        (0..choices).map(|i| json_event(&envelope.role_chunk(i))).collect()
+    } else {
+        Vec::new()
+    };
+    let body = stream::unfold(Some((merged(streams), Usage::default(), vec![0usize; choices])), move |st| {
+        let state = state.clone();
+        let envelope = envelope.clone();
+        async move {
+            let (mut all, mut usage, mut offsets) = st?;
+            let Some((prompt, item)) = all.next().await else {
+                // Every request ended: the usage chunk, then the end marker.
+                let mut tail = Vec::new();
+                if include_usage {
+                    tail.push(json_event(&envelope.usage_chunk(&usage)));
+                }
+                tail.push(Event::default().data("[DONE]"));
+                return Some((tail, None));
+            };
+            let events = match item {
+                Ok(out) => {
+                    let tokens = TokenText { tokenizer: state.handle.tokenizer() };
+                    let events = out
+                        .outputs
+                        .iter()
+                        .map(|d| {
+                            let index = prompt * envelope.n + d.index;
+                            let offset = offsets.get(index).copied().unwrap_or(0);
+                            if let Some(o) = offsets.get_mut(index) {
+                                *o += d.text.chars().count();
+                            }
+                            json_event(&envelope.delta_chunk(prompt, d, &tokens, offset))
+                        })
+                        .collect();
+                    if out.finished {
+                        usage.add_final(&out);
+                        state.metrics.observe_final(&out);
+                    }
+                    events
+                }
+                Err(e) => vec![Event::default().data(error_event_json(&stream_error(e).message))],
+            };
+            Some((events, Some((all, usage, offsets))))
+        }
+    });
+    stream::iter(opening).chain(body.flat_map(stream::iter)).map(Ok::<Event, Infallible>)
+}
+
+fn json_event(v: &serde_json::Value) -> Event {
+    Event::default().data(v.to_string())
+}

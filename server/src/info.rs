@@ -1,0 +1,119 @@
+//! The small routes: `GET /v1/models`, `GET /health`, `POST /tokenize`, `POST /detokenize`
+//! (vLLM's shapes) and `GET /metrics`.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use engine::Prompt;
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::openai::ChatMessageInput;
+use crate::{ApiError, AppState, JsonBody};
+
+pub async fn models(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
+    let h = &state.handle;
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": h.model_name(),
+            "object": "model",
+            "created": crate::unix_now(),
+            "owned_by": "paged-engine",
+            "root": h.model_name(),
+            "max_model_len": h.max_model_len(),
+        }]
+    }))
+}
+
+pub async fn health() -> StatusCode {
+    StatusCode::OK
+}
+
+/// `POST /tokenize`: a prompt (`add_special_tokens`, default true) or chat messages
+/// (rendered with the model's template).
+#[derive(Debug, Deserialize)]
+pub struct TokenizeRequest {
+    model: Option<String>,
+    prompt: Option<String>,
+    messages: Option<Vec<ChatMessageInput>>,
+    #[serde(default = "yes")]
+    add_special_tokens: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+pub async fn tokenize(State(state): State<Arc<AppState>>, body: JsonBody<TokenizeRequest>) -> Response {
+    let req = body.0;
+    let run = || -> Result<serde_json::Value, ApiError> {
+        state.check_model(req.model.as_deref())?;
+        let h = &state.handle;
+        let tokens = match (&req.prompt, &req.messages) {
+            (Some(text), None) if req.add_special_tokens => h.tokenize(Prompt::Text(text.clone()))?,
+            (Some(text), None) => h
+                .tokenizer()
+                .encode(text, true, false)
+                .map_err(|e| ApiError::bad_request(e.to_string(), Some("prompt")))?,
+            (None, Some(_)) => {
+                let chat = crate::openai::ChatRequest {
+                    model: None,
+                    messages: req.messages.clone().unwrap_or_default(),
+                    max_completion_tokens: None,
+                    logprobs: false,
+                    top_logprobs: None,
+                    sampling: Default::default(),
+                };
+                h.tokenize(Prompt::Chat(chat.chat_messages()?))?
+            }
+            _ => {
+                return Err(ApiError::bad_request("give exactly one of prompt and messages", Some("prompt")));
+            }
+        };
+        Ok(json!({"count": tokens.len(), "max_model_len": h.max_model_len(), "tokens": tokens}))
+    };
+    match run() {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub struct DetokenizeRequest {
+    model: Option<String>,
+    tokens: Vec<u32>,
+}
+
+pub async fn detokenize(State(state): State<Arc<AppState>>, body: JsonBody<DetokenizeRequest>) -> Response {
+    let req = body.0;
+    let run = || -> Result<serde_json::Value, ApiError> {
+        state.check_model(req.model.as_deref())?;
+        let tokenizer = state.handle.tokenizer();
+        if let Some(&bad) = req.tokens.iter().find(|&&t| t as usize >= tokenizer.vocab_size()) {
+            return Err(ApiError::bad_request(
+                format!("token id {bad} is outside the vocabulary"),
+                Some("tokens"),
+            ));
+        }
+        let text =
+            tokenizer.decode(&req.tokens, false).map_err(|e| ApiError::bad_request(e.to_string(), None))?;
+        Ok(json!({"prompt": text}))
+    };
+    match run() {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    match state.handle.metrics_async().await {
+        Ok(snap) => ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render(&snap))
+            .into_response(),
+        Err(e) => ApiError { status: StatusCode::SERVICE_UNAVAILABLE, message: e.to_string(), param: None }
+            .into_response(),
+    }
+}

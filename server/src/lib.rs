@@ -1,0 +1,198 @@
+//! `server`: an OpenAI-compatible HTTP server over the engine (axum on tokio).
+//!
+//! - `POST /v1/completions`, `POST /v1/chat/completions` (JSON or SSE streams): `generate.rs`,
+//!   request bodies and their checks in `openai.rs`, response shapes in `respond.rs`.
+//! - `GET /v1/models`, `GET /health`, `POST /tokenize`, `POST /detokenize`: `info.rs`.
+//! - `GET /metrics` (Prometheus text, vLLM's names): `metrics.rs`.
+//! - Errors in OpenAI's JSON shape with their status (400, 401, 404, 429): `error.rs`.
+//!
+//! Invariants: no handler blocks a tokio worker — the engine runs on its own thread
+//! ([`engine::EngineHandle`]), submissions never wait for a step and outputs arrive through
+//! async streams; a response body owns its requests' streams, so a client that goes away
+//! aborts its requests. `--api-key` guards the `/v1` routes.
+
+pub mod cli;
+mod error;
+mod generate;
+mod info;
+mod metrics;
+mod openai;
+mod respond;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, FromRequest, Request, State};
+use axum::http::header::AUTHORIZATION;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use engine::{EngineHandle, ShutdownMode};
+
+pub use error::ApiError;
+pub use metrics::Metrics;
+
+/// How the server behaves, beside the engine's own settings.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// When set, `/v1` routes need `Authorization: Bearer <key>`.
+    pub api_key: Option<String>,
+    /// Largest request body accepted (a larger one is a 400).
+    pub max_body_bytes: usize,
+    /// What happens to in-flight requests on SIGINT/SIGTERM.
+    pub shutdown: ShutdownMode,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self { api_key: None, max_body_bytes: 4 << 20, shutdown: ShutdownMode::Drain }
+    }
+}
+
+/// What every handler shares.
+#[derive(Debug)]
+pub struct AppState {
+    pub handle: EngineHandle,
+    pub metrics: Metrics,
+    api_key: Option<String>,
+}
+
+impl AppState {
+    pub fn new(handle: EngineHandle, config: &ServerConfig) -> Result<Self, prometheus::Error> {
+        let metrics = Metrics::new(handle.model_name())?;
+        Ok(Self { handle, metrics, api_key: config.api_key.clone() })
+    }
+
+    /// A request naming another model is a 404 (naming none takes the served one).
+    fn check_model(&self, asked: Option<&str>) -> Result<(), ApiError> {
+        match asked {
+            Some(m) if m != self.handle.model_name() => {
+                Err(ApiError::model_not_found(m, self.handle.model_name()))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A JSON body whose rejections (malformed, wrong types, too large) are OpenAI-shaped 400s.
+#[derive(Debug)]
+pub struct JsonBody<T>(pub T);
+
+impl<S, T> FromRequest<S> for JsonBody<T>
+where
+    axum::Json<T>: FromRequest<S, Rejection = axum::extract::rejection::JsonRejection>,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let axum::Json(value) = axum::Json::<T>::from_request(req, state).await?;
+        Ok(Self(value))
+    }
+}
+
+/// Every route, with the body limit and (when configured) the API-key check on `/v1`.
+pub fn router(state: Arc<AppState>, config: &ServerConfig) -> Router {
+    let v1 = Router::new()
+        .route("/v1/completions", post(generate::completions))
+        .route("/v1/chat/completions", post(generate::chat))
+        .route("/v1/models", get(info::models))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key));
+    Router::new()
+        .merge(v1)
+        .route("/health", get(info::health))
+        .route("/tokenize", post(info::tokenize))
+        .route("/detokenize", post(info::detokenize))
+        .route("/metrics", get(info::metrics))
+        .layer(DefaultBodyLimit::max(config.max_body_bytes))
+        .with_state(state)
+}
+
+async fn require_api_key(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    if let Some(key) = &state.api_key {
+        let given = req
+            .headers()
+            .get(AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if given != Some(key.as_str()) {
+            return ApiError::unauthorized().into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// Serves until `shutdown` resolves: then stops accepting, lets in-flight responses finish
+/// (`ShutdownMode::Drain`) or aborts their requests (`Abort`, each stream ends with an `abort`
+/// finish), and stops the engine thread.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: Arc<AppState>,
+    config: &ServerConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let app = router(state.clone(), config);
+    let handle = state.handle.clone();
+    let mode = config.shutdown;
+    let signal = async move {
+        shutdown.await;
+        tracing::info!(target: "server", "shutting down ({mode:?})");
+        if mode == ShutdownMode::Abort {
+            // Joining the engine thread blocks: keep it off the async workers.
+            let h = handle.clone();
+            let _ = tokio::task::spawn_blocking(move || h.shutdown(ShutdownMode::Abort)).await;
+        }
+    };
+    axum::serve(listener, app).with_graceful_shutdown(signal).await?;
+    let h = state.handle.clone();
+    let _ = tokio::task::spawn_blocking(move || h.shutdown(ShutdownMode::Drain)).await;
+    Ok(())
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}
+
+/// Seconds since the Unix epoch (OpenAI's `created`).
+fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// Starts the engine thread, binds `host:port` and serves until SIGINT/SIGTERM, on a tokio
+/// runtime of its own (what the binary and `cargo xtask serve` run).
+pub fn run_until_signal(
+    engine: engine::Engine,
+    args: &cli::ServeArgs,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let config = args.server_config();
+    let handle = EngineHandle::spawn(engine)?;
+    let state = Arc::new(AppState::new(handle, &config)?);
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port)).await?;
+        let addr = listener.local_addr()?;
+        tracing::info!(target: "server", "serving {} on http://{addr}", state.handle.model_name());
+        eprintln!("server: listening on http://{addr} (model {:?})", state.handle.model_name());
+        serve(listener, state, &config, shutdown_signal()).await
+    })?;
+    Ok(())
+}

@@ -1,0 +1,321 @@
+//! OpenAI's request bodies for `/v1/completions` and `/v1/chat/completions` (plus vLLM's
+//! extra sampling fields), and their translation into engine `SamplingParams` with a 400 that
+//! names the field for every value outside its domain. Unknown fields are ignored, as OpenAI
+//! does; a field of the wrong type fails the body's parse (a 400 as well).
+
+use engine::{ChatMessage, Prompt, SamplingParams};
+use serde::Deserialize;
+
+use crate::error::ApiError;
+
+/// `prompt`: a string, a list of strings, a list of token ids, or a list of such lists.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum PromptInput {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<u32>),
+    TokenLists(Vec<Vec<u32>>),
+}
+
+impl PromptInput {
+    /// One engine prompt per entry.
+    pub fn into_prompts(self) -> Result<Vec<Prompt>, ApiError> {
+        let prompts: Vec<Prompt> = match self {
+            Self::Text(t) => vec![Prompt::Text(t)],
+            Self::Texts(ts) => ts.into_iter().map(Prompt::Text).collect(),
+            Self::Tokens(ids) => vec![Prompt::Tokens(ids)],
+            Self::TokenLists(lists) => lists.into_iter().map(Prompt::Tokens).collect(),
+        };
+        if prompts.is_empty() {
+            return Err(ApiError::bad_request("prompt must not be an empty list", Some("prompt")));
+        }
+        Ok(prompts)
+    }
+}
+
+/// `stop`: one string or a list.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum StopInput {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// The sampling fields both endpoints share (OpenAI's and vLLM's extras). Numbers are read
+/// wide and signed so that a negative or fractional value gets a message about its field
+/// rather than a parse error.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct SamplingFields {
+    pub max_tokens: Option<i64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f64>,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+    pub repetition_penalty: Option<f64>,
+    pub seed: Option<i64>,
+    pub stop: Option<StopInput>,
+    pub stop_token_ids: Option<Vec<u32>>,
+    pub n: Option<i64>,
+    pub ignore_eos: Option<bool>,
+    pub min_tokens: Option<i64>,
+    pub include_stop_str_in_output: Option<bool>,
+    pub skip_special_tokens: Option<bool>,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    /// An end-user id for abuse monitoring in OpenAI's API: typed (a number is a 400), unused.
+    #[allow(dead_code)]
+    pub user: Option<String>,
+}
+
+/// `POST /v1/completions`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct CompletionRequest {
+    pub model: Option<String>,
+    pub prompt: PromptInput,
+    /// Top logprobs per position (0 gives the sampled token's only).
+    pub logprobs: Option<i64>,
+    #[serde(flatten)]
+    pub sampling: SamplingFields,
+}
+
+/// One chat message; `content` is a string or a list of `{"type": "text", "text": …}` parts.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatMessageInput {
+    pub role: String,
+    #[serde(default)]
+    pub content: Option<ChatContent>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum ChatContent {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatRequest {
+    pub model: Option<String>,
+    pub messages: Vec<ChatMessageInput>,
+    /// The newer name of `max_tokens`; wins when both are set.
+    pub max_completion_tokens: Option<i64>,
+    #[serde(default)]
+    pub logprobs: bool,
+    pub top_logprobs: Option<i64>,
+    #[serde(flatten)]
+    pub sampling: SamplingFields,
+}
+
+impl ChatRequest {
+    /// The messages as the chat template takes them (text parts joined).
+    pub fn chat_messages(&self) -> Result<Vec<ChatMessage>, ApiError> {
+        if self.messages.is_empty() {
+            return Err(ApiError::bad_request("messages must not be empty", Some("messages")));
+        }
+        self.messages
+            .iter()
+            .map(|m| {
+                let content = match &m.content {
+                    None => String::new(),
+                    Some(ChatContent::Text(t)) => t.clone(),
+                    Some(ChatContent::Parts(parts)) => {
+                        let mut text = String::new();
+                        for p in parts {
+                            match (p.kind.as_str(), &p.text) {
+                                ("text", Some(t)) => text.push_str(t),
+                                (kind, _) => {
+                                    return Err(ApiError::bad_request(
+                                        format!(
+                                            "unsupported content part {kind:?} (this model reads text only)"
+                                        ),
+                                        Some("messages"),
+                                    ));
+                                }
+                            }
+                        }
+                        text
+                    }
+                };
+                Ok(ChatMessage::new(m.role.clone(), content))
+            })
+            .collect()
+    }
+}
+
+/// A non-negative integer field as `usize`.
+fn count(value: i64, name: &'static str, min: i64) -> Result<usize, ApiError> {
+    if value < min {
+        return Err(ApiError::bad_request(format!("{name} must be at least {min}, got {value}"), Some(name)));
+    }
+    usize::try_from(value)
+        .map_err(|_| ApiError::bad_request(format!("{name} is too large: {value}"), Some(name)))
+}
+
+/// A float field as `f32`, finite.
+fn real(value: f64, name: &'static str) -> Result<f32, ApiError> {
+    if !value.is_finite() {
+        return Err(ApiError::bad_request(format!("{name} must be a finite number"), Some(name)));
+    }
+    Ok(value as f32)
+}
+
+impl SamplingFields {
+    /// The engine's parameters: every field the request sets, over the model's defaults, then
+    /// the engine's own validation (its message names the field).
+    pub fn to_params(
+        &self,
+        defaults: &SamplingParams,
+        max_tokens: Option<i64>,
+        logprobs: Option<i64>,
+    ) -> Result<SamplingParams, ApiError> {
+        let mut p = defaults.clone();
+        // OpenAI's default: up to the model's length (the engine fills in what fits).
+        p.max_tokens = max_tokens.map(|m| count(m, "max_tokens", 1)).transpose()?;
+        if let Some(t) = self.temperature {
+            p.temperature = real(t, "temperature")?;
+        }
+        if let Some(t) = self.top_p {
+            p.top_p = real(t, "top_p")?;
+        }
+        if let Some(k) = self.top_k {
+            p.top_k = i32::try_from(k)
+                .map_err(|_| ApiError::bad_request("top_k is out of range", Some("top_k")))?;
+        }
+        if let Some(m) = self.min_p {
+            p.min_p = real(m, "min_p")?;
+        }
+        if let Some(v) = self.presence_penalty {
+            p.presence_penalty = real(v, "presence_penalty")?;
+        }
+        if let Some(v) = self.frequency_penalty {
+            p.frequency_penalty = real(v, "frequency_penalty")?;
+        }
+        if let Some(v) = self.repetition_penalty {
+            p.repetition_penalty = real(v, "repetition_penalty")?;
+        }
+        // Any 64-bit seed, negative ones included (their bits).
+        p.seed = self.seed.map(|s| s as u64);
+        p.stop = match &self.stop {
+            None => Vec::new(),
+            Some(StopInput::One(s)) => vec![s.clone()],
+            Some(StopInput::Many(v)) => v.clone(),
+        };
+        if let Some(ids) = &self.stop_token_ids {
+            p.stop_token_ids = ids.clone();
+        }
+        if let Some(n) = self.n {
+            p.n = count(n, "n", 1)?;
+        }
+        p.ignore_eos = self.ignore_eos.unwrap_or(false);
+        if let Some(m) = self.min_tokens {
+            p.min_tokens = count(m, "min_tokens", 0)?;
+        }
+        p.include_stop_str_in_output = self.include_stop_str_in_output.unwrap_or(false);
+        p.skip_special_tokens = self.skip_special_tokens.unwrap_or(true);
+        p.logprobs = logprobs.map(|l| count(l, "logprobs", 0)).transpose()?;
+        p.validate().map_err(|e| ApiError::bad_request(e.to_string(), Some(param_of(&e))))?;
+        Ok(p)
+    }
+
+    pub fn include_usage(&self) -> bool {
+        self.stream_options.as_ref().is_some_and(|o| o.include_usage)
+    }
+}
+
+/// The request field an engine validation error is about.
+fn param_of(e: &engine::SamplingParamsError) -> &'static str {
+    use engine::SamplingParamsError as E;
+    match e {
+        E::N(_) => "n",
+        E::Temperature(_) => "temperature",
+        E::TopP(_) => "top_p",
+        E::TopK(_) => "top_k",
+        E::MinP(_) => "min_p",
+        E::Penalty { name, .. } => name,
+        E::RepetitionPenalty(_) => "repetition_penalty",
+        E::MaxTokensZero => "max_tokens",
+        E::MinTokensOverMax { .. } => "min_tokens",
+        E::Logprobs(_) => "logprobs",
+        E::EmptyStopString => "stop",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(body: serde_json::Value) -> Result<SamplingParams, ApiError> {
+        let req: CompletionRequest = serde_json::from_value(body).unwrap_or_else(|e| panic!("{e}"));
+        req.sampling.to_params(&SamplingParams::default(), req.sampling.max_tokens, req.logprobs)
+    }
+
+    #[test]
+    fn fields_map_onto_the_engine_and_unknown_fields_are_ignored() {
+        let p = params(serde_json::json!({
+            "prompt": "hi", "max_tokens": 7, "temperature": 0.5, "top_p": 0.9, "top_k": 40, "min_p": 0.1,
+            "presence_penalty": 0.5, "frequency_penalty": -0.5, "repetition_penalty": 1.1, "seed": -1,
+            "stop": "\n", "n": 2, "logprobs": 3, "ignore_eos": true, "min_tokens": 2, "user": "u",
+            "some_future_field": {"x": 1}
+        }))
+        .unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(p.max_tokens, Some(7));
+        assert_eq!((p.temperature, p.top_p, p.top_k, p.min_p), (0.5, 0.9, 40, 0.1));
+        assert_eq!((p.n, p.logprobs, p.seed, p.min_tokens), (2, Some(3), Some(u64::MAX), 2));
+        assert_eq!(p.stop, vec!["\n".to_owned()]);
+        assert!(p.ignore_eos);
+    }
+
+    #[test]
+    fn each_bad_value_names_its_field() {
+        for (body, param) in [
+            (serde_json::json!({"prompt": "x", "max_tokens": -1}), "max_tokens"),
+            (serde_json::json!({"prompt": "x", "max_tokens": 0}), "max_tokens"),
+            (serde_json::json!({"prompt": "x", "temperature": -1}), "temperature"),
+            (serde_json::json!({"prompt": "x", "top_p": 0}), "top_p"),
+            (serde_json::json!({"prompt": "x", "top_p": 1.5}), "top_p"),
+            (serde_json::json!({"prompt": "x", "n": 0}), "n"),
+            (serde_json::json!({"prompt": "x", "presence_penalty": 3}), "presence_penalty"),
+            (serde_json::json!({"prompt": "x", "logprobs": 99}), "logprobs"),
+            (serde_json::json!({"prompt": "x", "stop": [""]}), "stop"),
+        ] {
+            let e = params(body.clone()).err().unwrap_or_else(|| panic!("{body} was accepted"));
+            assert_eq!(e.status, 400);
+            assert_eq!(e.param, Some(param), "{body}: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn prompts_take_every_openai_shape() {
+        for (body, n) in [
+            (serde_json::json!("one"), 1),
+            (serde_json::json!(["a", "b"]), 2),
+            (serde_json::json!([1, 2, 3]), 1),
+            (serde_json::json!([[1, 2], [3]]), 2),
+        ] {
+            let p: PromptInput = serde_json::from_value(body).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(p.into_prompts().map(|v| v.len()).ok(), Some(n));
+        }
+        let empty: PromptInput =
+            serde_json::from_value(serde_json::json!([])).unwrap_or_else(|e| panic!("{e}"));
+        assert!(empty.into_prompts().is_err());
+    }
+}

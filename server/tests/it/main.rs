@@ -1,0 +1,8 @@
+//! Server integration tests over the tiny random model: the OpenAI endpoints (JSON and SSE),
+//! the small routes, bad requests, disconnects, the queue bound and the API key; and the real
+//! model behind a socket, driven by the `openai` Python package and curl.
+
+mod api;
+mod bad_input;
+mod real_client;
+mod support;

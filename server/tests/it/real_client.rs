@@ -1,0 +1,127 @@
+//! The server on the real SmolLM2 model over a real socket (127.0.0.1), driven by the official
+//! `openai` Python package (`tests/openai_client.py`: chat and completions, streaming and
+//! not, `n=2`, logprobs, stop, seeds, greedy text equal to the in-process engine's, errors,
+//! a 64-stream load test with disconnects, a burst past `max_waiting`) and by `curl
+//! --no-buffer`, which must see SSE chunks before the request ends.
+//!
+//! Needs the model (`cargo xtask fetch-model`) and the `openai` package in
+//! `target/venv-openai` (`cargo xtask test` installs both).
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Instant;
+
+use engine::{ChatMessage, Engine, EngineConfig, EngineHandle, Prompt, SamplingParams};
+use server::{AppState, ServerConfig};
+
+fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn python() -> PathBuf {
+    let py = workspace_root().join("target/venv-openai/bin/python");
+    assert!(
+        py.exists(),
+        "{} not found: `cargo xtask test` creates it (python3 -m venv target/venv-openai && \
+         target/venv-openai/bin/pip install openai)",
+        py.display()
+    );
+    py
+}
+
+fn config() -> EngineConfig {
+    EngineConfig {
+        kv_cache: engine::KvCacheSize::Blocks(1024),
+        max_model_len: Some(2048),
+        max_waiting: 32,
+        log_interval: std::time::Duration::ZERO,
+        ..EngineConfig::default()
+    }
+}
+
+/// Greedy outputs of the in-process engine the client's answers must equal.
+fn expected(dir: &std::path::Path) -> serde_json::Value {
+    let mut engine = Engine::new(dir, config()).unwrap_or_else(|e| panic!("{e}"));
+    let chat_prompt = "What is the capital of France?";
+    // What the server gives a request that sets only `temperature` and `max_tokens`.
+    let defaults = engine.default_sampling_params().clone();
+    let mut greedy = |prompt: Prompt, max_tokens| {
+        let params = SamplingParams { temperature: 0.0, max_tokens: Some(max_tokens), ..defaults.clone() };
+        let mut out = engine.generate(vec![prompt], &params).unwrap_or_else(|e| panic!("{e}"));
+        out.remove(0).unwrap_or_else(|e| panic!("{e}")).completions.remove(0).text
+    };
+    let chat = greedy(Prompt::Chat(vec![ChatMessage::new("user", chat_prompt)]), 24);
+    let completion = greedy(Prompt::Text("The capital of France is".into()), 12);
+    serde_json::json!({
+        "chat_prompt": chat_prompt,
+        "chat_greedy": chat,
+        "completion_greedy": completion,
+        "burst": 400,
+    })
+}
+
+#[test]
+fn the_openai_client_and_curl_against_the_real_model() {
+    let dir = model::testing::smollm2_dir_for_tests();
+    let python = python();
+    let want = expected(&dir);
+    let handle = EngineHandle::spawn(Engine::new(&dir, config()).unwrap_or_else(|e| panic!("{e}")))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let server_config = ServerConfig::default();
+    let state = Arc::new(AppState::new(handle, &server_config).unwrap_or_else(|e| panic!("{e}")));
+    let runtime = crate::support::runtime();
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap_or_else(|e| panic!("bind: {e}"));
+    let base = format!("http://{}", listener.local_addr().unwrap_or_else(|e| panic!("{e}")));
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let served = runtime.spawn(async move {
+        let stop = async {
+            let _ = stop_rx.await;
+        };
+        server::serve(listener, state, &server_config, stop).await
+    });
+
+    curl_sees_chunks_before_the_end(&base);
+    let out = Command::new(&python)
+        .arg(workspace_root().join("server/tests/openai_client.py"))
+        .arg(&base)
+        .arg(want.to_string())
+        .output()
+        .unwrap_or_else(|e| panic!("running {}: {e}", python.display()));
+    let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    println!("{log}");
+    assert!(out.status.success() && log.contains("all ok"), "the openai client checks failed:\n{log}");
+
+    let _ = stop_tx.send(());
+    runtime.block_on(served).unwrap_or_else(|e| panic!("{e}")).unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// `curl --no-buffer` on a 96-token chat stream: its first chunk arrives well before its last.
+fn curl_sees_chunks_before_the_end(base: &str) {
+    let body = r#"{"messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 96, "temperature": 0, "ignore_eos": true, "stream": true}"#;
+    let start = Instant::now();
+    let mut child = Command::new("curl")
+        .args(["--no-buffer", "-sS", "-H", "Content-Type: application/json", "-d", body])
+        .arg(format!("{base}/v1/chat/completions"))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("curl: {e}"));
+    let stdout = child.stdout.take().unwrap_or_else(|| panic!("curl stdout"));
+    let mut first = None;
+    let mut events = 0;
+    for line in BufReader::new(stdout).lines() {
+        let line = line.unwrap_or_default();
+        if line.starts_with("data: ") {
+            first.get_or_insert_with(|| start.elapsed());
+            events += 1;
+        }
+    }
+    let total = start.elapsed();
+    assert!(child.wait().is_ok_and(|s| s.success()), "curl failed");
+    let first = first.unwrap_or_else(|| panic!("curl saw no SSE event"));
+    assert!(events > 90, "{events} events");
+    assert!(first * 4 < total, "first chunk after {first:?} of {total:?}: the stream was buffered");
+}
