@@ -31,6 +31,14 @@ impl CudaDevice {
             return Err(CudaError::DriverMissing);
         }
         let ctx = CudaContext::new(ordinal)?;
+        // cudarc tracks every slice's uses with events once a context has a non-default stream
+        // (event waits and records around each launch argument: hundreds of driver calls per
+        // layer). This process puts every allocation, copy, launch and free on the one stream
+        // below, so stream order already orders them; turn the tracking off before any slice
+        // exists.
+        // SAFETY: no slice is ever used on another stream (`CudaDevice` hands out only this one,
+        // and nothing here calls `new_stream` or `default_stream` again).
+        unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream()?;
         Ok(Arc::new(CudaDevice { ctx, stream }))
     }

@@ -1,8 +1,9 @@
 //! Server integration tests over the tiny random model: the OpenAI endpoints (JSON and SSE),
 //! the small routes, bad requests, disconnects, the queue bound and the API key; and the real
-//! model behind a socket, driven by the `openai` Python package and curl.
+//! model behind a socket, driven by the `openai` Python package and curl; the binary and SIGTERM.
 
 mod api;
 mod bad_input;
 mod real_client;
+mod shutdown;
 mod support;
