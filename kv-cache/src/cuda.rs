@@ -162,6 +162,9 @@ pub struct CudaKvCache {
     /// Device addresses of every layer's key / value tensor (what `copy_blocks` walks).
     key_ptrs: CudaSlice<u64>,
     value_ptrs: CudaSlice<u64>,
+    /// Room for one step's copy-on-write `(src, dst)` pairs (at most one per block), so
+    /// `copy_blocks` uploads them without allocating.
+    pair_map: CudaSlice<i64>,
 }
 
 impl CudaKvCache {
@@ -195,7 +198,8 @@ impl CudaKvCache {
         let value_addrs: Vec<u64> = layers.iter().map(|l| addr(&l.value)).collect();
         let key_ptrs = stream.clone_htod(&key_addrs)?;
         let value_ptrs = stream.clone_htod(&value_addrs)?;
-        Ok(CudaKvCache { config, stream, layers, swap, key_ptrs, value_ptrs })
+        let pair_map = stream.alloc_zeros::<i64>(2 * config.num_blocks.max(1))?;
+        Ok(CudaKvCache { config, stream, layers, swap, key_ptrs, value_ptrs, pair_map })
     }
 
     pub fn config(&self) -> &CacheConfig {
@@ -219,6 +223,11 @@ impl CudaKvCache {
     /// Device arrays of every layer's key and value tensor address, for block-copy kernels.
     pub fn layer_pointer_tables(&self) -> (&CudaSlice<u64>, &CudaSlice<u64>) {
         (&self.key_ptrs, &self.value_ptrs)
+    }
+    /// [`CudaKvCache::layer_pointer_tables`] beside the preallocated room for `2 × num_blocks`
+    /// flattened copy pairs (what `copy_blocks` uploads its pairs into).
+    pub fn copy_tables_mut(&mut self) -> (&CudaSlice<u64>, &CudaSlice<u64>, &mut CudaSlice<i64>) {
+        (&self.key_ptrs, &self.value_ptrs, &mut self.pair_map)
     }
     /// Bytes of one block of one tensor of one layer.
     pub fn block_bytes(&self) -> usize {

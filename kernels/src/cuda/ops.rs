@@ -307,15 +307,25 @@ pub fn copy_blocks(
     check_pairs("copy", pairs, c.num_blocks, c.num_blocks)?;
     let cfg = kernel_config(c.dtype, c.head_size, c.block_size)?;
     let func = kernels.function_lazy(&cfg.program_name(), COPY_BLOCKS_ENTRY, || cfg.program())?;
+    if pairs.len() > c.num_blocks {
+        return Err(CudaError::InvalidArgument(format!(
+            "copy: {} pairs for a pool of {} blocks (each destination is a distinct block)",
+            pairs.len(),
+            c.num_blocks
+        )));
+    }
     let stream = kernels.device().stream().clone();
     let flat: Vec<i64> = pairs.iter().flat_map(|&(s, d)| [i64::from(s), i64::from(d)]).collect();
-    let mapping = stream.clone_htod(&flat)?;
     let block_bytes = cache.block_bytes() as i64;
     let layers = launch_dim(cache.num_layers(), MAX_GRID_YZ, "layers")?;
     let n = launch_dim(pairs.len(), MAX_GRID_X, "copy pairs")?;
-    let (kp, vp) = cache.layer_pointer_tables();
+    // Into the cache's preallocated pair room: no device allocation per call.
+    let (kp, vp, room) = cache.copy_tables_mut();
+    stream.memcpy_htod(&flat, &mut room.slice_mut(..flat.len()))?;
+    // The kernel reads the first `n` pairs of the room.
+    let mapping: &CudaSlice<i64> = room;
     let mut b = stream.launch_builder(&func);
-    b.arg(kp).arg(vp).arg(&mapping).arg(&block_bytes);
+    b.arg(kp).arg(vp).arg(mapping).arg(&block_bytes);
     // SAFETY: matches copy_blocks' parameters; pairs range-checked, pointer tables cover every layer.
     unsafe {
         b.launch(LaunchConfig { grid_dim: (n, layers, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 })
