@@ -190,3 +190,9 @@ pub fn smollm2_dir_fetched() -> Result<std::path::PathBuf, String> {
     }
     Ok(dir)
 }
+
+/// The Q4_1 GGUF the default model is converted from (kept by `cargo xtask fetch-model` in its
+/// download cache): what llama.cpp runs in the `peer` benchmarks.
+pub fn smollm2_gguf() -> std::path::PathBuf {
+    smollm2_dir().join("../.cache/SmolLM2-135M-Instruct.Q4_1.gguf")
+}

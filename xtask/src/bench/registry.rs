@@ -26,6 +26,7 @@ pub const TARGETS: &[BenchTarget] = &[
     BenchTarget { group: "model", package: "model", bench: "model", criterion: false },
     BenchTarget { group: "e2e", package: "engine", bench: "e2e", criterion: false },
     BenchTarget { group: "server", package: "server", bench: "server", criterion: false },
+    BenchTarget { group: "peer", package: "engine", bench: "peer", criterion: false },
 ];
 
 /// Figures derived from two criterion benchmarks of the same run, as `(name, num, den)`:

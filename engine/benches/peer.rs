@@ -1,0 +1,230 @@
+//! Benchmark group `peer`: our engine against llama.cpp on the same model, prompts and machine,
+//! in one run. llama.cpp is llama-cpp-python built from its sdist with `GGML_NATIVE=ON` in
+//! `target/venv-llamacpp` (installed here when missing, ~5 min on two cores) running the Q4_1
+//! GGUF the default model comes from; ours runs the f32 folder `cargo xtask fetch-model`
+//! converts from that GGUF, prefix caching off (the same prompt runs several times).
+//!
+//! Cases (token-id prompts, greedy, `ignore_eos`): `prefill_512` (one 512-token prompt),
+//! `decode_b1` (128 tokens after a 40-token prompt), `e2e_64` (64 requests of ~40 tokens in,
+//! 128 out, all at once, prefill included). Figures `peer.<case>_over_llamacpp` (ours ÷
+//! theirs, tok/s) and both sides' raw tok/s, medians of 3; a table and a bar chart in the
+//! report. Not part of `cargo xtask test`.
+
+use std::error::Error;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use engine::{Engine, EngineConfig, KvCacheSize, SamplingParams};
+use plotters::prelude::*;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde_json::{Value, json};
+
+const REPS: usize = 3;
+const CASES: [(&str, &str); 3] = [
+    ("prefill_512", "prefill of one 512-token prompt"),
+    ("decode_b1", "batch-1 decode, 128 tokens after 40"),
+    ("e2e_64", "64 requests × 40 in / 128 out"),
+];
+
+fn root() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().unwrap_or(manifest).to_path_buf()
+}
+
+/// `target/venv-llamacpp`'s python, with llama-cpp-python built for this CPU.
+fn llamacpp_python() -> Result<PathBuf, Box<dyn Error>> {
+    let venv = root().join("target/venv-llamacpp");
+    let python = venv.join("bin/python");
+    let ready = |py: &Path| {
+        Command::new(py).args(["-c", "import llama_cpp, numpy"]).status().is_ok_and(|s| s.success())
+    };
+    if python.exists() && ready(&python) {
+        return Ok(python);
+    }
+    eprintln!("peer: building llama-cpp-python (GGML_NATIVE=ON) into {}; minutes", venv.display());
+    if !python.exists() && !Command::new("python3").args(["-m", "venv"]).arg(&venv).status()?.success() {
+        return Err("python3 -m venv failed".into());
+    }
+    let ok = Command::new(&python)
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-binary",
+            "llama-cpp-python",
+            "llama-cpp-python",
+            "numpy",
+        ])
+        .env("CMAKE_ARGS", "-DGGML_NATIVE=ON")
+        .status()?
+        .success();
+    if !ok || !ready(&python) {
+        return Err("installing llama-cpp-python failed".into());
+    }
+    Ok(python)
+}
+
+/// The same prompts for both sides (random ids of the model's vocabulary, no special tokens).
+fn workload(engine: &Engine) -> Value {
+    let mut rng = ChaCha8Rng::seed_from_u64(41);
+    let (vocab, eos) = (engine.model_config().vocab_size, engine.eos_token_ids().to_vec());
+    let mut prompt = |n| engine::workload::random_prompt(&mut rng, n, vocab, &eos);
+    let prefill = prompt(512);
+    let b1 = prompt(40);
+    let mut lengths = ChaCha8Rng::seed_from_u64(3);
+    let e2e: Vec<Vec<u32>> = (0..64).map(|_| prompt(lengths.random_range(38..=42))).collect();
+    json!({
+        "reps": REPS,
+        "prefill_512": prefill,
+        "decode_b1": {"prompt": b1, "max_tokens": 128},
+        "e2e_64": {"prompts": e2e, "max_tokens": 128},
+    })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// One run of some requests to the end.
+struct RunResult {
+    wall_s: f64,
+    output_tokens: usize,
+    /// Each request's (time to first token, latency), seconds.
+    times: Vec<(f64, f64)>,
+}
+
+/// Runs `prompts` at once to the end.
+fn run(engine: &mut Engine, prompts: &[Vec<u32>], max_tokens: usize) -> Result<RunResult, Box<dyn Error>> {
+    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(max_tokens) };
+    let start = Instant::now();
+    for (i, p) in prompts.iter().enumerate() {
+        engine.add_request(format!("peer-{i}"), p.clone(), params.clone())?;
+    }
+    let (mut output_tokens, mut times) = (0, Vec::new());
+    while engine.has_unfinished() {
+        for out in engine.step()? {
+            output_tokens += out.outputs.iter().map(|c| c.token_ids.len()).sum::<usize>();
+            if let (true, Some(ttft), Some(lat)) =
+                (out.finished, out.timing.time_to_first_token, out.timing.latency)
+            {
+                times.push((ttft.as_secs_f64(), lat.as_secs_f64()));
+            }
+        }
+    }
+    Ok(RunResult { wall_s: start.elapsed().as_secs_f64(), output_tokens, times })
+}
+
+fn ours(engine: &mut Engine, w: &Value) -> Result<Value, Box<dyn Error>> {
+    let ids = |v: &Value| -> Vec<u32> {
+        v.as_array().into_iter().flatten().filter_map(|x| x.as_u64()).map(|x| x as u32).collect()
+    };
+    let prefill = ids(&w["prefill_512"]);
+    let b1 = ids(&w["decode_b1"]["prompt"]);
+    let e2e: Vec<Vec<u32>> = w["e2e_64"]["prompts"].as_array().into_iter().flatten().map(ids).collect();
+    run(engine, &[prefill[..8].to_vec()], 2)?; // warm-up
+    let mut rates = [Vec::new(), Vec::new(), Vec::new()];
+    for _ in 0..REPS {
+        let r = run(engine, std::slice::from_ref(&prefill), 1)?;
+        rates[0].push(prefill.len() as f64 / r.times[0].0);
+        let r = run(engine, std::slice::from_ref(&b1), 128)?;
+        rates[1].push((r.output_tokens - 1) as f64 / (r.times[0].1 - r.times[0].0));
+        let r = run(engine, &e2e, 128)?;
+        rates[2].push(r.output_tokens as f64 / r.wall_s);
+    }
+    let [a, b, c] = rates;
+    Ok(json!({"prefill_512_tok_s": median(a), "decode_b1_tok_s": median(b), "e2e_64_tok_s": median(c)}))
+}
+
+fn main() -> Result<(), Box<dyn Error>> {
+    let dir = model::testing::smollm2_dir_fetched()?;
+    let gguf = model::testing::smollm2_gguf();
+    if !gguf.exists() {
+        return Err(format!("{} missing: run `cargo xtask fetch-model`", gguf.display()).into());
+    }
+    let config = EngineConfig {
+        max_model_len: Some(2048),
+        kv_cache: KvCacheSize::Blocks(64 * 12 + 64),
+        enable_prefix_caching: false,
+        log_interval: std::time::Duration::ZERO,
+        ..EngineConfig::default()
+    };
+    let mut engine = Engine::new(&dir, config)?;
+    let w = workload(&engine);
+    let figures_dir = std::env::var_os("BENCH_FIGURES_DIR")
+        .map_or_else(|| root().join("target/bench-report/figures-run"), PathBuf::from);
+    std::fs::create_dir_all(&figures_dir)?;
+    // Beside the figures folder, whose every .json is read as figures.
+    let report_dir = figures_dir.parent().unwrap_or(&figures_dir).to_path_buf();
+    let workload_path = report_dir.join("peer-workload.json");
+    std::fs::write(&workload_path, w.to_string())?;
+
+    let python = llamacpp_python()?;
+    let threads = rayon::current_num_threads().to_string();
+    let script = root().join("engine/benches/peer_llamacpp.py");
+    let out = Command::new(&python).arg(&script).arg(&gguf).arg(&workload_path).arg(&threads).output()?;
+    if !out.status.success() {
+        return Err(format!("llama.cpp side failed:\n{}", String::from_utf8_lossy(&out.stderr)).into());
+    }
+    let theirs: Value = serde_json::from_slice(&out.stdout)?;
+    let ours = ours(&mut engine, &w)?;
+
+    let mut figures = serde_json::Map::new();
+    let mut md = format!(
+        "## Against llama.cpp (`peer`)\n\nSmolLM2-135M-Instruct on this machine, same token ids, {threads} threads, \
+         medians of {REPS}: ours on the f32 folder converted from the Q4_1 GGUF, llama.cpp \
+         (llama-cpp-python {}, `GGML_NATIVE=ON`) on that GGUF. Command: `cargo xtask bench --only peer`.\n\n\
+         | case | ours tok/s | llama.cpp tok/s | ours ÷ llama.cpp |\n|---|---:|---:|---:|\n",
+        theirs["llama_cpp_python"].as_str().unwrap_or("?")
+    );
+    let mut bars = Vec::new();
+    for (case, what) in CASES {
+        let key = format!("{case}_tok_s");
+        let (o, t) = (ours[&key].as_f64().unwrap_or(f64::NAN), theirs[&key].as_f64().unwrap_or(f64::NAN));
+        figures.insert(format!("peer.{case}_over_llamacpp"), json!(o / t));
+        figures.insert(format!("peer.{case}_ours_tok_s"), json!(o));
+        figures.insert(format!("peer.{case}_llamacpp_tok_s"), json!(t));
+        writeln!(md, "| {what} | {o:.1} | {t:.1} | {:.2} |", o / t)?;
+        bars.push((case, o, t));
+    }
+    let figures = Value::Object(figures);
+    std::fs::write(figures_dir.join("peer.json"), serde_json::to_string_pretty(&figures)? + "\n")?;
+    draw_bars(&report_dir.join("peer.svg"), &bars)?;
+    md.push_str("\n![ours and llama.cpp, tokens per second per case](peer.svg)\n");
+    std::fs::write(figures_dir.join("peer.md"), md)?;
+    println!("{}", serde_json::to_string_pretty(&figures)?);
+    Ok(())
+}
+
+/// Two bars per case: ours (blue) and llama.cpp (grey), tokens per second.
+fn draw_bars(path: &Path, bars: &[(&str, f64, f64)]) -> Result<(), Box<dyn Error>> {
+    let root = SVGBackend::new(path, (760, 420)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let top = bars.iter().map(|b| b.1.max(b.2)).fold(1.0, f64::max) * 1.15;
+    let mut chart = ChartBuilder::on(&root)
+        .caption("tokens / s: ours (blue) vs llama.cpp (grey)", ("sans-serif", 16))
+        .margin(12)
+        .x_label_area_size(36)
+        .y_label_area_size(56)
+        .build_cartesian_2d(0.0..bars.len() as f64, 0.0..top)?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(bars.len())
+        .x_label_formatter(&|x| bars.get(*x as usize).map_or(String::new(), |b| b.0.to_owned()))
+        .y_desc("tokens / s")
+        .draw()?;
+    for (i, (_, o, t)) in bars.iter().enumerate() {
+        let x = i as f64;
+        chart.draw_series([
+            Rectangle::new([(x + 0.15, 0.0), (x + 0.48, *o)], BLUE.filled()),
+            Rectangle::new([(x + 0.52, 0.0), (x + 0.85, *t)], RGBColor(150, 150, 150).filled()),
+        ])?;
+    }
+    root.present()?;
+    Ok(())
+}
