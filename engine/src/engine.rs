@@ -502,28 +502,46 @@ impl Engine {
         let mut slots: HashMap<String, usize> = HashMap::new();
         for (i, prompt) in prompts.into_iter().enumerate() {
             let id = format!("generate-{}-{i}", self.intake.peek_next_key());
-            match self.add_request(id.clone(), prompt, params.clone()) {
-                Ok(_) => {
-                    slots.insert(id.clone(), i);
-                    results.push(Ok(FinalOutput::new(id, 0)));
+            loop {
+                match self.add_request(id.clone(), prompt.clone(), params.clone()) {
+                    Ok(_) => {
+                        slots.insert(id.clone(), i);
+                        results.push(Ok(FinalOutput::new(id, 0)));
+                    }
+                    // A full waiting queue (`max_waiting`) drains as the engine steps.
+                    Err(RequestError::QueueFull { .. }) if !slots.is_empty() => {
+                        self.collect_step(&mut slots, &mut results)?;
+                        continue;
+                    }
+                    Err(e) => results.push(Err(e)),
                 }
-                Err(e) => results.push(Err(e)),
+                break;
             }
         }
         while !slots.is_empty() {
-            for out in self.step()? {
-                if let Some(&i) = slots.get(&out.request_id)
-                    && let Some(Ok(fin)) = results.get_mut(i)
-                {
-                    fin.prompt_tokens = out.prompt_tokens;
-                    fin.absorb(&out);
-                    if out.finished {
-                        slots.remove(&out.request_id);
-                    }
+            self.collect_step(&mut slots, &mut results)?;
+        }
+        Ok(results)
+    }
+
+    /// One step of `generate`: folds each output into its prompt's result.
+    fn collect_step(
+        &mut self,
+        slots: &mut HashMap<String, usize>,
+        results: &mut [Result<FinalOutput, RequestError>],
+    ) -> Result<(), EngineError> {
+        for out in self.step()? {
+            if let Some(&i) = slots.get(&out.request_id)
+                && let Some(Ok(fin)) = results.get_mut(i)
+            {
+                fin.prompt_tokens = out.prompt_tokens;
+                fin.absorb(&out);
+                if out.finished {
+                    slots.remove(&out.request_id);
                 }
             }
         }
-        Ok(results)
+        Ok(())
     }
 }
 

@@ -61,7 +61,9 @@ fn load_dataset(
 }
 
 pub fn run(args: &ThroughputArgs) -> anyhow::Result<()> {
-    let mut engine = args.knobs.start_engine(args.json)?;
+    // Offline, every prompt is queued at once (as vLLM's offline engine does): no queue bound.
+    let config = engine::EngineConfig { max_waiting: usize::MAX, ..args.knobs.config() };
+    let mut engine = args.knobs.start_engine_with(args.json, config)?;
     let mut rng = ChaCha8Rng::seed_from_u64(args.knobs.seed);
     let (vocab, eos) = (engine.model_config().vocab_size, engine.eos_token_ids().to_vec());
     let mut random = |len| Prompt::Tokens(engine::workload::random_prompt(&mut rng, len, vocab, &eos));

@@ -1,7 +1,7 @@
 //! The async half of `EngineHandle` on a single-threaded tokio runtime (so any blocking call
 //! would stall the test): `submit` + `OutputStream` give what the in-process engine gives,
 //! dropping a stream aborts its request and frees its blocks, and a full waiting queue refuses
-//! at once with `QueueFull` while the engine keeps serving.
+//! at once with `QueueFull` while the engine keeps serving (and `generate` waits for room).
 
 use std::time::Duration;
 
@@ -128,4 +128,19 @@ fn a_full_waiting_queue_refuses_at_once_and_recovers() {
         let m = handle.metrics_async().await.unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(m.requests_rejected, 1);
     });
+}
+
+#[test]
+fn generate_waits_for_room_in_a_bounded_queue() {
+    let fx = Fixture::new();
+    let mut engine = fx.engine(EngineConfig { max_num_seqs: 1, max_waiting: 2, ..small_config(64) });
+    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(3) };
+    let prompts: Vec<Prompt> = (0..5).map(|i| Prompt::from(prompt_tokens(20 + i, 6))).collect();
+    let results = engine.generate(prompts, &params).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(results.len(), 5);
+    for r in results {
+        let fin = r.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(fin.completions[0].token_ids.len(), 3);
+    }
+    assert!(engine.kv_is_idle());
 }
