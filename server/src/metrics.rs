@@ -41,92 +41,58 @@ const E2E_BUCKETS: &[f64] =
 
 impl Metrics {
     pub fn new(model_name: &str) -> Result<Self, prometheus::Error> {
+        type Res<T> = Result<T, prometheus::Error>;
         let registry = Registry::new();
         let opts = |name: &str, help: &str| Opts::new(name, help).const_label("model_name", model_name);
-        let hist = |name: &str, help: &str, buckets: &[f64]| {
-            HistogramOpts::new(name, help).const_label("model_name", model_name).buckets(buckets.to_vec())
+        let int_gauge = |name: &str, help: &str| -> Res<IntGauge> {
+            registered(&registry, IntGauge::with_opts(opts(name, help))?)
         };
-        let m = Self {
-            running: IntGauge::with_opts(opts(
-                "vllm:num_requests_running",
-                "Requests in the running batch.",
-            ))?,
-            waiting: IntGauge::with_opts(opts(
-                "vllm:num_requests_waiting",
-                "Requests waiting to be scheduled.",
-            ))?,
-            swapped: IntGauge::with_opts(opts(
-                "vllm:num_requests_swapped",
-                "Requests swapped out to the host.",
-            ))?,
-            kv_usage: Gauge::with_opts(opts(
-                "vllm:kv_cache_usage_perc",
-                "KV-cache usage (1 = every block in use).",
-            ))?,
-            prefix_hit_rate: Gauge::with_opts(opts(
+        let gauge = |name: &str, help: &str| -> Res<Gauge> {
+            registered(&registry, Gauge::with_opts(opts(name, help))?)
+        };
+        let counter = |name: &str, help: &str| -> Res<IntCounter> {
+            registered(&registry, IntCounter::with_opts(opts(name, help))?)
+        };
+        let histogram = |name: &str, help: &str, buckets: &[f64]| -> Res<Histogram> {
+            let o = HistogramOpts::new(name, help)
+                .const_label("model_name", model_name)
+                .buckets(buckets.to_vec());
+            registered(&registry, Histogram::with_opts(o)?)
+        };
+        Ok(Self {
+            running: int_gauge("vllm:num_requests_running", "Requests in the running batch.")?,
+            waiting: int_gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.")?,
+            swapped: int_gauge("vllm:num_requests_swapped", "Requests swapped out to the host.")?,
+            kv_usage: gauge("vllm:kv_cache_usage_perc", "KV-cache usage (1 = every block in use).")?,
+            prefix_hit_rate: gauge(
                 "vllm:prefix_cache_hit_rate",
                 "Prefix-cache hits / queried prompt tokens since start.",
-            ))?,
-            prefix_queries: IntCounter::with_opts(opts(
+            )?,
+            prefix_queries: counter(
                 "vllm:prefix_cache_queries_total",
                 "Prompt tokens looked up in the prefix cache.",
-            ))?,
-            prefix_hits: IntCounter::with_opts(opts(
-                "vllm:prefix_cache_hits_total",
-                "Prompt tokens found in the prefix cache.",
-            ))?,
-            preemptions: IntCounter::with_opts(opts(
-                "vllm:num_preemptions_total",
-                "Preemptions (recompute or swap).",
-            ))?,
-            prompt_tokens: IntCounter::with_opts(opts(
-                "vllm:prompt_tokens_total",
-                "Prefill tokens processed.",
-            ))?,
-            generation_tokens: IntCounter::with_opts(opts(
-                "vllm:generation_tokens_total",
-                "Generation tokens processed.",
-            ))?,
-            requests_finished: IntCounter::with_opts(opts(
+            )?,
+            prefix_hits: counter("vllm:prefix_cache_hits_total", "Prompt tokens found in the prefix cache.")?,
+            preemptions: counter("vllm:num_preemptions_total", "Preemptions (recompute or swap).")?,
+            prompt_tokens: counter("vllm:prompt_tokens_total", "Prefill tokens processed.")?,
+            generation_tokens: counter("vllm:generation_tokens_total", "Generation tokens processed.")?,
+            requests_finished: counter(
                 "vllm:request_success_total",
                 "Requests that finished (stop or length).",
-            ))?,
-            ttft: Histogram::with_opts(hist(
-                "vllm:time_to_first_token_seconds",
-                "Time to first token.",
-                TTFT_BUCKETS,
-            ))?,
-            tpot: Histogram::with_opts(hist(
+            )?,
+            ttft: histogram("vllm:time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS)?,
+            tpot: histogram(
                 "vllm:time_per_output_token_seconds",
                 "Time per output token after the first.",
                 TPOT_BUCKETS,
-            ))?,
-            e2e: Histogram::with_opts(hist(
+            )?,
+            e2e: histogram(
                 "vllm:e2e_request_latency_seconds",
                 "Arrival to finish of a request.",
                 E2E_BUCKETS,
-            ))?,
-            registry,
-        };
-        for c in [
-            Box::new(m.running.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(m.waiting.clone()),
-            Box::new(m.swapped.clone()),
-            Box::new(m.kv_usage.clone()),
-            Box::new(m.prefix_hit_rate.clone()),
-            Box::new(m.prefix_queries.clone()),
-            Box::new(m.prefix_hits.clone()),
-            Box::new(m.preemptions.clone()),
-            Box::new(m.prompt_tokens.clone()),
-            Box::new(m.generation_tokens.clone()),
-            Box::new(m.requests_finished.clone()),
-            Box::new(m.ttft.clone()),
-            Box::new(m.tpot.clone()),
-            Box::new(m.e2e.clone()),
-        ] {
-            m.registry.register(c)?;
-        }
-        Ok(m)
+            )?,
+            registry: registry.clone(),
+        })
     }
 
     /// Records a request's final output in the latency histograms (normal finishes only).
@@ -166,4 +132,13 @@ impl Metrics {
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
         String::from_utf8(buf).unwrap_or_default()
     }
+}
+
+/// Registers `metric` in `registry` and hands it back.
+fn registered<M: prometheus::core::Collector + Clone + 'static>(
+    registry: &Registry,
+    metric: M,
+) -> Result<M, prometheus::Error> {
+    registry.register(Box::new(metric.clone()))?;
+    Ok(metric)
 }
