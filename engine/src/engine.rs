@@ -14,7 +14,7 @@ use scheduler::{Scheduler, SchedulerConfig, SchedulerOutput, SeqId, StepResult};
 
 use crate::config::{EngineConfig, PreemptionMode};
 use crate::error::{EngineError, RequestError};
-use crate::metrics::{Gauges, MetricsCollector, MetricsSnapshot};
+use crate::metrics::{Gauges, LiveMetrics, MetricsCollector, MetricsSnapshot};
 use crate::output::{FinalOutput, FinishReason, RequestKey, RequestOutput};
 use crate::request::{Prompt, RequestOptions, RequestState};
 use crate::sampling::{SampleRow, SamplingParams, TokenChoice, sample_batch};
@@ -311,6 +311,11 @@ impl Engine {
 
     pub fn metrics(&self) -> MetricsSnapshot {
         self.metrics.snapshot(self.gauges())
+    }
+
+    /// Gauges and token counters only (what is published after every step).
+    pub fn live_metrics(&self) -> LiveMetrics {
+        self.metrics.live(self.gauges())
     }
 
     /// Clears throughput counters and latency samples (e.g. after a warm-up).

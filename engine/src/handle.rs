@@ -17,7 +17,7 @@ use parking_lot::Mutex;
 
 use crate::engine::{Engine, Intake, Prepared};
 use crate::error::{EngineError, RequestError};
-use crate::metrics::MetricsSnapshot;
+use crate::metrics::{LiveMetrics, MetricsSnapshot};
 use crate::output::{FinalOutput, RequestKey, RequestOutput};
 use crate::request::{Prompt, RequestOptions};
 use crate::sampling::SamplingParams;
@@ -110,6 +110,8 @@ struct Inner {
     intake: Arc<Intake>,
     /// Set by `shutdown`: later submissions fail at once.
     stopping: AtomicBool,
+    /// Written by the engine thread after every step.
+    live: Arc<Mutex<LiveMetrics>>,
     thread: Mutex<Option<JoinHandle<()>>>,
     next_id: AtomicU64,
 }
@@ -147,15 +149,18 @@ impl EngineHandle {
     pub fn spawn(engine: Engine) -> Result<Self, EngineError> {
         let (tx, rx) = crossbeam_channel::unbounded();
         let intake = engine.intake().clone();
+        let live = Arc::new(Mutex::new(engine.live_metrics()));
+        let published = live.clone();
         let thread = std::thread::Builder::new()
             .name("engine".into())
-            .spawn(move || EngineLoop::new(engine).run(&rx))
+            .spawn(move || EngineLoop::new(engine, published).run(&rx))
             .map_err(|e| EngineError::Config(format!("cannot start the engine thread: {e}")))?;
         Ok(Self {
             inner: Arc::new(Inner {
                 tx,
                 intake,
                 stopping: AtomicBool::new(false),
+                live,
                 thread: Mutex::new(Some(thread)),
                 next_id: AtomicU64::new(0),
             }),
@@ -299,6 +304,12 @@ impl EngineHandle {
     /// A metrics snapshot, taken by the engine thread between two steps (blocks until then).
     pub fn metrics(&self) -> Result<MetricsSnapshot, EngineError> {
         self.ask_blocking(Command::Metrics)
+    }
+
+    /// Gauges and token counters as of the engine's last step: never waits (what a metrics
+    /// scrape reads).
+    pub fn live_metrics(&self) -> LiveMetrics {
+        *self.inner.live.lock()
     }
 
     /// [`EngineHandle::metrics`] for async callers: awaits the engine thread without blocking one.
@@ -479,11 +490,13 @@ struct EngineLoop {
     engine: Engine,
     streams: HashMap<RequestKey, Sink>,
     draining: bool,
+    /// Where `live_metrics` reads from; written after every pass of the loop.
+    published: Arc<Mutex<LiveMetrics>>,
 }
 
 impl EngineLoop {
-    fn new(engine: Engine) -> Self {
-        Self { engine, streams: HashMap::new(), draining: false }
+    fn new(engine: Engine, published: Arc<Mutex<LiveMetrics>>) -> Self {
+        Self { engine, streams: HashMap::new(), draining: false, published }
     }
 
     fn run(mut self, rx: &Receiver<Command>) {
@@ -505,6 +518,7 @@ impl EngineLoop {
             if !stop && self.engine.has_unfinished() {
                 self.step();
             }
+            *self.published.lock() = self.engine.live_metrics();
         }
         // Abort shutdown: deliver the abort outputs.
         self.step();

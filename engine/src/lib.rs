@@ -24,7 +24,7 @@ pub use config::{DType, Device, EngineConfig, KvCacheSize, Policy, PreemptionMod
 pub use engine::Engine;
 pub use error::{EngineError, RequestError};
 pub use handle::{EngineHandle, OutputStream, RequestStream, ShutdownMode, StreamError};
-pub use metrics::{Gauges, LatencyStats, MetricsSnapshot};
+pub use metrics::{Gauges, LatencyStats, LiveMetrics, MetricsSnapshot};
 pub use model::ChatMessage;
 pub use output::{
     Completion, CompletionDelta, FinalOutput, FinishReason, RequestKey, RequestOutput, RequestTiming,

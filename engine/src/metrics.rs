@@ -99,6 +99,17 @@ pub struct Gauges {
     pub prefix_hits: u64,
 }
 
+/// The gauges and token counters, published by the engine thread after every step so that a
+/// reader (a Prometheus scrape) never waits for a step: [`crate::EngineHandle::live_metrics`].
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Default)]
+pub struct LiveMetrics {
+    pub gauges: Gauges,
+    pub prefix_cache_hit_rate: f64,
+    pub steps: u64,
+    pub prompt_tokens: u64,
+    pub generation_tokens: u64,
+}
+
 /// Everything an operator wants to see about the engine at one moment.
 #[derive(Debug, Clone, PartialEq, Serialize, Default)]
 pub struct MetricsSnapshot {
@@ -219,6 +230,17 @@ impl MetricsCollector {
         );
         self.last_log = now;
         self.last_log_tokens = (self.prompt_tokens, self.generation_tokens);
+    }
+
+    /// The cheap part of a snapshot (no latency statistics).
+    pub fn live(&self, gauges: Gauges) -> LiveMetrics {
+        LiveMetrics {
+            gauges,
+            prefix_cache_hit_rate: hit_rate(&gauges),
+            steps: self.steps,
+            prompt_tokens: self.prompt_tokens,
+            generation_tokens: self.generation_tokens,
+        }
     }
 
     pub fn snapshot(&self, gauges: Gauges) -> MetricsSnapshot {

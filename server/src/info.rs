@@ -110,10 +110,6 @@ pub async fn detokenize(State(state): State<Arc<AppState>>, body: JsonBody<Detok
 }
 
 pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
-    match state.handle.metrics_async().await {
-        Ok(snap) => ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render(&snap))
-            .into_response(),
-        Err(e) => ApiError { status: StatusCode::SERVICE_UNAVAILABLE, message: e.to_string(), param: None }
-            .into_response(),
-    }
+    let text = state.metrics.render(&state.handle.live_metrics());
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }

@@ -1,9 +1,9 @@
 //! `GET /metrics`: Prometheus text through the `prometheus` crate, under vLLM's metric names
 //! and meanings (so its dashboards read this server too). Gauges and token counters come from
-//! the engine's snapshot at scrape time; the latency histograms are fed by the handlers as
-//! requests finish.
+//! what the engine published after its last step (a scrape never waits for a step); the
+//! latency histograms are fed by the handlers as requests finish.
 
-use engine::{MetricsSnapshot, RequestOutput};
+use engine::{LiveMetrics, RequestOutput};
 use prometheus::{
     Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntGauge, Opts, Registry, TextEncoder,
 };
@@ -113,7 +113,7 @@ impl Metrics {
     }
 
     /// The Prometheus text of every metric, the gauges and counters brought up to `snap`.
-    pub fn render(&self, snap: &MetricsSnapshot) -> String {
+    pub fn render(&self, snap: &LiveMetrics) -> String {
         let g = &snap.gauges;
         self.running.set(g.num_running as i64);
         self.waiting.set(g.num_waiting as i64);
