@@ -1,9 +1,10 @@
 //! End-to-end offline benchmark (group `e2e`): 64 requests on SmolLM2-135M-Instruct with
 //! ShareGPT-shaped lengths scaled to the model (input ~160, output ~256 tokens, seeded),
 //! greedy with `ignore_eos`, all submitted at once. Also measures, in the same run, the
-//! single-request decode rate (for `e2e.batching_gain`) and output throughput against batch
-//! size. Writes `$BENCH_FIGURES_DIR/e2e.json`, the fragment `e2e.md`, and two SVG charts next
-//! to the report. `BENCH_QUICK=1` changes nothing here: every workload is measured once.
+//! single-request decode rate (for `e2e.batching_gain`), output throughput against batch size,
+//! and the time to first token of one 6 000-token prompt (`e2e.ttft_ms_6000`). Writes
+//! `$BENCH_FIGURES_DIR/e2e.json`, the fragment `e2e.md`, and two SVG charts next to the report.
+//! `BENCH_QUICK=1` changes nothing here: every workload is measured once.
 
 use std::error::Error;
 use std::fmt::Write as _;
@@ -196,6 +197,20 @@ fn main() -> Result<(), Box<dyn Error>> {
         sweep.push((b, tput));
     }
 
+    // Time to first token of one 6 000-token prompt (chunked by the 2 048-token budget), on
+    // an engine whose max_model_len admits it.
+    let ttft_6000_ms = {
+        let long_config =
+            EngineConfig { max_model_len: Some(8192), kv_cache: KvCacheSize::Blocks(400), ..config() };
+        let mut long_engine = Engine::new(&dir, long_config)?;
+        let vocab = long_engine.model_config().vocab_size;
+        let eos = long_engine.eos_token_ids().to_vec();
+        let prompt = engine::workload::random_prompt(&mut ChaCha8Rng::seed_from_u64(SEED), 6000, vocab, &eos);
+        let r = run(&mut long_engine, &[(prompt, 1)])?;
+        median(&r.ttft_ms)
+    };
+    eprintln!("e2e: one 6000-token prompt: TTFT {ttft_6000_ms:.0} ms");
+
     let figures = serde_json::json!({
         "e2e.output_tok_s": output_tok_s,
         "e2e.batching_gain": output_tok_s / single_decode_tok_s,
@@ -205,6 +220,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         "e2e.kv_util_mean": kv_util_mean(&main_run.timeline),
         "e2e.kv_usage_peak": main_run.timeline.iter().map(|s| s.kv_usage).fold(0.0, f64::max),
         "e2e.preemptions": main_run.preemptions as f64,
+        "e2e.ttft_ms_6000": ttft_6000_ms,
     });
     std::fs::write(figures_dir.join("e2e.json"), serde_json::to_string_pretty(&figures)? + "\n")?;
 

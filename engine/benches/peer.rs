@@ -5,6 +5,7 @@
 //! converts from that GGUF, prefix caching off (the same prompt runs several times).
 //!
 //! Cases (token-id prompts, greedy, `ignore_eos`): `prefill_512` (one 512-token prompt),
+//! `prefill_6000` (one 6 000-token prompt, chunked by both sides' 2 048-token batch),
 //! `decode_b1` (128 tokens after a 40-token prompt), `e2e_64` (64 requests of ~40 tokens in,
 //! 128 out, all at once, prefill included). Figures `peer.<case>_over_llamacpp` (ours ÷
 //! theirs, tok/s) and both sides' raw tok/s, medians of 3; a table and a bar chart in the
@@ -23,8 +24,9 @@ use rand_chacha::ChaCha8Rng;
 use serde_json::{Value, json};
 
 const REPS: usize = 3;
-const CASES: [(&str, &str); 3] = [
+const CASES: [(&str, &str); 4] = [
     ("prefill_512", "prefill of one 512-token prompt"),
+    ("prefill_6000", "prefill of one 6 000-token prompt (chunks of 2 048)"),
     ("decode_b1", "batch-1 decode, 128 tokens after 40"),
     ("e2e_64", "64 requests × 40 in / 128 out"),
 ];
@@ -74,12 +76,14 @@ fn workload(engine: &Engine) -> Value {
     let (vocab, eos) = (engine.model_config().vocab_size, engine.eos_token_ids().to_vec());
     let mut prompt = |n| engine::workload::random_prompt(&mut rng, n, vocab, &eos);
     let prefill = prompt(512);
+    let long = prompt(6000);
     let b1 = prompt(40);
     let mut lengths = ChaCha8Rng::seed_from_u64(3);
     let e2e: Vec<Vec<u32>> = (0..64).map(|_| prompt(lengths.random_range(38..=42))).collect();
     json!({
         "reps": REPS,
         "prefill_512": prefill,
+        "prefill_6000": long,
         "decode_b1": {"prompt": b1, "max_tokens": 128},
         "e2e_64": {"prompts": e2e, "max_tokens": 128},
     })
@@ -124,20 +128,28 @@ fn ours(engine: &mut Engine, w: &Value) -> Result<Value, Box<dyn Error>> {
         v.as_array().into_iter().flatten().filter_map(|x| x.as_u64()).map(|x| x as u32).collect()
     };
     let prefill = ids(&w["prefill_512"]);
+    let long = ids(&w["prefill_6000"]);
     let b1 = ids(&w["decode_b1"]["prompt"]);
     let e2e: Vec<Vec<u32>> = w["e2e_64"]["prompts"].as_array().into_iter().flatten().map(ids).collect();
     run(engine, &[prefill[..8].to_vec()], 2)?; // warm-up
-    let mut rates = [Vec::new(), Vec::new(), Vec::new()];
+    let mut rates = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
     for _ in 0..REPS {
         let r = run(engine, std::slice::from_ref(&prefill), 1)?;
         rates[0].push(prefill.len() as f64 / r.times[0].0);
+        let r = run(engine, std::slice::from_ref(&long), 1)?;
+        rates[3].push(long.len() as f64 / r.times[0].0);
         let r = run(engine, std::slice::from_ref(&b1), 128)?;
         rates[1].push((r.output_tokens - 1) as f64 / (r.times[0].1 - r.times[0].0));
         let r = run(engine, &e2e, 128)?;
         rates[2].push(r.output_tokens as f64 / r.wall_s);
     }
-    let [a, b, c] = rates;
-    Ok(json!({"prefill_512_tok_s": median(a), "decode_b1_tok_s": median(b), "e2e_64_tok_s": median(c)}))
+    let [a, b, c, d] = rates;
+    Ok(json!({
+        "prefill_512_tok_s": median(a),
+        "decode_b1_tok_s": median(b),
+        "e2e_64_tok_s": median(c),
+        "prefill_6000_tok_s": median(d),
+    }))
 }
 
 fn main() -> Result<(), Box<dyn Error>> {
@@ -147,7 +159,8 @@ fn main() -> Result<(), Box<dyn Error>> {
         return Err(format!("{} missing: run `cargo xtask fetch-model`", gguf.display()).into());
     }
     let config = EngineConfig {
-        max_model_len: Some(2048),
+        max_model_len: Some(8192),
+        // 64 × 168 tokens, or one 6 000-token prompt, in blocks of 16.
         kv_cache: KvCacheSize::Blocks(64 * 12 + 64),
         enable_prefix_caching: false,
         log_interval: std::time::Duration::ZERO,

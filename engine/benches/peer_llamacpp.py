@@ -3,6 +3,7 @@
 `python peer_llamacpp.py MODEL.gguf WORKLOAD.json THREADS` measures, on the same token ids as
 our engine, with llama-cpp-python's low-level API (llama.cpp's own batched decoding):
 - `prefill_512`: one prompt of 512 tokens in one batch (tokens / s);
+- `prefill_6000`: one prompt of 6 000 tokens in batches of 2 048 (tokens / s);
 - `decode_b1`: greedy decode of 128 tokens after a ~40-token prompt (tokens / s after the first);
 - `e2e_64`: 64 requests of ~40 prompt tokens and 128 greedy output tokens, all at once, one
   sequence per request in one batch (output tokens / s, prefill included).
@@ -111,6 +112,8 @@ out = {}
 p512 = WORKLOAD["prefill_512"]
 run_requests([p512[:8]], 2, 512)  # warm-up
 out["prefill_512_tok_s"] = median_of(reps, lambda: len(p512) / run_requests([p512], 1, 512)[1][0][0])
+p6000 = WORKLOAD["prefill_6000"]
+out["prefill_6000_tok_s"] = median_of(reps, lambda: len(p6000) / run_requests([p6000], 1, 2048)[1][0][0])
 b1 = WORKLOAD["decode_b1"]
 def decode_rate():
     _, [(ttft, end)], n = run_requests([b1["prompt"]], b1["max_tokens"], 512)
