@@ -58,6 +58,8 @@ struct StepBuffers {
     /// The sampled rows' logits, one row per sample.
     logits: Vec<f32>,
     targets: Vec<RowTarget>,
+    /// The gauges the last step computed (what a handle publishes after it).
+    gauges: Gauges,
 }
 
 impl Engine {
@@ -318,6 +320,12 @@ impl Engine {
         self.metrics.live(self.gauges())
     }
 
+    /// [`Engine::live_metrics`] as of the end of the last step, from the gauges that step
+    /// already computed (no second walk over the running sequences).
+    pub(crate) fn live_metrics_of_last_step(&self) -> LiveMetrics {
+        self.metrics.live(self.bufs.gauges)
+    }
+
     /// Clears throughput counters and latency samples (e.g. after a warm-up).
     pub fn reset_metrics(&mut self) {
         self.metrics.reset();
@@ -346,8 +354,8 @@ impl Engine {
             }
         }
         if self.bufs.plan.is_empty() {
-            let gauges = self.gauges();
-            self.metrics.step_done(0, 0, &gauges);
+            self.bufs.gauges = self.gauges();
+            self.metrics.step_done(0, 0, &self.bufs.gauges);
             return Ok(outputs);
         }
         let generated = self.run_step()?;
@@ -359,8 +367,8 @@ impl Engine {
         for sid in touched {
             self.finalize(sid, now, &mut outputs);
         }
-        let gauges = self.gauges();
-        self.metrics.step_done(self.bufs.plan.num_prefill_tokens(), generated, &gauges);
+        self.bufs.gauges = self.gauges();
+        self.metrics.step_done(self.bufs.plan.num_prefill_tokens(), generated, &self.bufs.gauges);
         Ok(outputs)
     }
 

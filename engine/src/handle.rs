@@ -490,7 +490,7 @@ struct EngineLoop {
     engine: Engine,
     streams: HashMap<RequestKey, Sink>,
     draining: bool,
-    /// Where `live_metrics` reads from; written after every pass of the loop.
+    /// Where `live_metrics` reads from; written after every step.
     published: Arc<Mutex<LiveMetrics>>,
 }
 
@@ -515,10 +515,12 @@ impl EngineLoop {
             while !stop && let Ok(cmd) = rx.try_recv() {
                 stop = self.handle(cmd);
             }
+            // Only a step changes what is published: a pass without one handled commands that
+            // either start work (a step follows) or leave the books as they were.
             if !stop && self.engine.has_unfinished() {
                 self.step();
+                *self.published.lock() = self.engine.live_metrics_of_last_step();
             }
-            *self.published.lock() = self.engine.live_metrics();
         }
         // Abort shutdown: deliver the abort outputs.
         self.step();

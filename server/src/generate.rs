@@ -13,13 +13,13 @@ use axum::Json;
 use axum::extract::State;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use engine::{OutputStream, Prompt, RequestOptions, SamplingParams};
+use engine::{Completion, FinalOutput, OutputStream, Prompt, RequestOptions, SamplingParams};
 use futures_util::stream::{self, SelectAll, Stream, StreamExt};
 
 use crate::AppState;
 use crate::error::{ApiError, error_event_json};
 use crate::openai::{ChatRequest, CompletionRequest, SamplingFields};
-use crate::respond::{Choice, Endpoint, Envelope, TokenText, Usage};
+use crate::respond::{Endpoint, Envelope, TokenText, Usage};
 
 /// OpenAI's default `max_tokens` of the legacy completions endpoint.
 const COMPLETIONS_DEFAULT_MAX_TOKENS: i64 = 16;
@@ -122,7 +122,9 @@ fn merged(
 }
 
 async fn whole_response(state: &AppState, envelope: &Envelope, streams: Vec<OutputStream>) -> Response {
-    let mut choices = vec![Choice::default(); streams.len() * envelope.n];
+    // One folded result per prompt; its completions are the prompt's `n` choices.
+    let mut finals: Vec<FinalOutput> =
+        streams.iter().map(|s| FinalOutput::new(s.id().to_owned(), 0)).collect();
     let mut usage = Usage::default();
     let mut all = merged(streams);
     while let Some((prompt, item)) = all.next().await {
@@ -130,16 +132,15 @@ async fn whole_response(state: &AppState, envelope: &Envelope, streams: Vec<Outp
             Ok(out) => out,
             Err(e) => return stream_error(e).into_response(),
         };
-        for delta in &out.outputs {
-            if let Some(c) = choices.get_mut(prompt * envelope.n + delta.index) {
-                c.absorb(delta);
-            }
+        if let Some(fin) = finals.get_mut(prompt) {
+            fin.absorb(&out);
         }
         if out.finished {
             usage.add_final(&out);
             state.metrics.observe_final(&out);
         }
     }
+    let choices: Vec<&Completion> = finals.iter().flat_map(|f| &f.completions).collect();
     let tokens = TokenText { tokenizer: state.handle.tokenizer() };
     Json(envelope.response(&choices, &usage, &tokens)).into_response()
 }
@@ -170,47 +171,67 @@ fn sse_events(
     } else {
         Vec::new()
     };
-    let body = stream::unfold(Some((merged(streams), Usage::default(), vec![0usize; choices])), move |st| {
-        let state = state.clone();
-        let envelope = envelope.clone();
-        async move {
-            let (mut all, mut usage, mut offsets) = st?;
-            let Some((prompt, item)) = all.next().await else {
-                // Every request ended: the usage chunk, then the end marker.
-                let mut tail = Vec::new();
-                if include_usage {
-                    tail.push(json_event(&envelope.usage_chunk(&usage)));
-                }
-                tail.push(Event::default().data("[DONE]"));
-                return Some((tail, None));
-            };
-            let events = match item {
-                Ok(out) => {
-                    let tokens = TokenText { tokenizer: state.handle.tokenizer() };
-                    let events = out
-                        .outputs
-                        .iter()
-                        .map(|d| {
-                            let index = prompt * envelope.n + d.index;
-                            let offset = offsets.get(index).copied().unwrap_or(0);
-                            if let Some(o) = offsets.get_mut(index) {
-                                *o += d.text.chars().count();
-                            }
-                            json_event(&envelope.delta_chunk(prompt, d, &tokens, offset))
-                        })
-                        .collect();
-                    if out.finished {
-                        usage.add_final(&out);
-                        state.metrics.observe_final(&out);
-                    }
-                    events
-                }
-                Err(e) => vec![Event::default().data(error_event_json(&stream_error(e).message))],
-            };
-            Some((events, Some((all, usage, offsets))))
-        }
+    // The unfold's state owns everything a chunk needs: no per-chunk clones.
+    let start = SseState {
+        all: merged(streams),
+        usage: Usage::default(),
+        offsets: vec![0; choices],
+        state,
+        envelope,
+    };
+    let body = stream::unfold(Some(start), move |st| async move {
+        let mut st = st?;
+        let Some((prompt, item)) = st.all.next().await else {
+            // Every request ended: the usage chunk, then the end marker.
+            let mut tail = Vec::new();
+            if include_usage {
+                tail.push(json_event(&st.envelope.usage_chunk(&st.usage)));
+            }
+            tail.push(Event::default().data("[DONE]"));
+            return Some((tail, None));
+        };
+        let events = match item {
+            Ok(out) => st.chunks(prompt, &out),
+            Err(e) => vec![Event::default().data(error_event_json(&stream_error(e).message))],
+        };
+        Some((events, Some(st)))
     });
     stream::iter(opening).chain(body.flat_map(stream::iter)).map(Ok::<Event, Infallible>)
+}
+
+/// A streamed call in flight: its requests' merged outputs and what its chunks accumulate.
+struct SseState<S> {
+    all: SelectAll<S>,
+    usage: Usage,
+    /// Characters of text each choice has sent (completions logprobs' `text_offset`).
+    offsets: Vec<usize>,
+    state: Arc<AppState>,
+    envelope: Envelope,
+}
+
+impl<S> SseState<S> {
+    /// One chunk per delta of `out` (prompt `prompt`'s request); a final output also counts
+    /// its usage and latencies.
+    fn chunks(&mut self, prompt: usize, out: &engine::RequestOutput) -> Vec<Event> {
+        let tokens = TokenText { tokenizer: self.state.handle.tokenizer() };
+        let events = out
+            .outputs
+            .iter()
+            .map(|d| {
+                let index = prompt * self.envelope.n + d.index;
+                let offset = self.offsets.get(index).copied().unwrap_or(0);
+                if let Some(o) = self.offsets.get_mut(index) {
+                    *o += d.text.chars().count();
+                }
+                json_event(&self.envelope.delta_chunk(prompt, d, &tokens, offset))
+            })
+            .collect();
+        if out.finished {
+            self.usage.add_final(out);
+            self.state.metrics.observe_final(out);
+        }
+        events
+    }
 }
 
 fn json_event(v: &serde_json::Value) -> Event {

@@ -59,17 +59,7 @@ pub async fn tokenize(State(state): State<Arc<AppState>>, body: JsonBody<Tokeniz
                 .tokenizer()
                 .encode(text, true, false)
                 .map_err(|e| ApiError::bad_request(e.to_string(), Some("prompt")))?,
-            (None, Some(_)) => {
-                let chat = crate::openai::ChatRequest {
-                    model: None,
-                    messages: req.messages.clone().unwrap_or_default(),
-                    max_completion_tokens: None,
-                    logprobs: false,
-                    top_logprobs: None,
-                    sampling: Default::default(),
-                };
-                h.tokenize(Prompt::Chat(chat.chat_messages()?))?
-            }
+            (None, Some(messages)) => h.tokenize(Prompt::Chat(crate::openai::chat_messages(messages)?))?,
             _ => {
                 return Err(ApiError::bad_request("give exactly one of prompt and messages", Some("prompt")));
             }

@@ -126,39 +126,42 @@ pub struct ChatRequest {
 }
 
 impl ChatRequest {
-    /// The messages as the chat template takes them (text parts joined).
+    /// The messages as the chat template takes them.
     pub fn chat_messages(&self) -> Result<Vec<ChatMessage>, ApiError> {
-        if self.messages.is_empty() {
-            return Err(ApiError::bad_request("messages must not be empty", Some("messages")));
-        }
-        self.messages
-            .iter()
-            .map(|m| {
-                let content = match &m.content {
-                    None => String::new(),
-                    Some(ChatContent::Text(t)) => t.clone(),
-                    Some(ChatContent::Parts(parts)) => {
-                        let mut text = String::new();
-                        for p in parts {
-                            match (p.kind.as_str(), &p.text) {
-                                ("text", Some(t)) => text.push_str(t),
-                                (kind, _) => {
-                                    return Err(ApiError::bad_request(
-                                        format!(
-                                            "unsupported content part {kind:?} (this model reads text only)"
-                                        ),
-                                        Some("messages"),
-                                    ));
-                                }
+        chat_messages(&self.messages)
+    }
+}
+
+/// Chat messages as the template takes them (text parts joined); an empty list is a 400.
+pub fn chat_messages(messages: &[ChatMessageInput]) -> Result<Vec<ChatMessage>, ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::bad_request("messages must not be empty", Some("messages")));
+    }
+    messages
+        .iter()
+        .map(|m| {
+            let content = match &m.content {
+                None => String::new(),
+                Some(ChatContent::Text(t)) => t.clone(),
+                Some(ChatContent::Parts(parts)) => {
+                    let mut text = String::new();
+                    for p in parts {
+                        match (p.kind.as_str(), &p.text) {
+                            ("text", Some(t)) => text.push_str(t),
+                            (kind, _) => {
+                                return Err(ApiError::bad_request(
+                                    format!("unsupported content part {kind:?} (this model reads text only)"),
+                                    Some("messages"),
+                                ));
                             }
                         }
-                        text
                     }
-                };
-                Ok(ChatMessage::new(m.role.clone(), content))
-            })
-            .collect()
-    }
+                    text
+                }
+            };
+            Ok(ChatMessage::new(m.role.clone(), content))
+        })
+        .collect()
 }
 
 /// A non-negative integer field as `usize`.

@@ -3,7 +3,7 @@
 //! (`chat.completion.chunk`, `text_completion`) one per delta, with `usage` and logprobs in
 //! each endpoint's own shape.
 
-use engine::{CompletionDelta, RequestOutput, sampling::PositionLogprobs};
+use engine::{Completion, CompletionDelta, RequestOutput, sampling::PositionLogprobs};
 use serde_json::{Map, Value, json};
 
 /// Which endpoint a response is for.
@@ -101,12 +101,12 @@ impl Envelope {
     }
 
     /// The whole (non-streaming) response.
-    pub fn response(&self, choices: &[Choice], usage: &Usage, tokens: &TokenText<'_>) -> Value {
+    pub fn response(&self, choices: &[&Completion], usage: &Usage, tokens: &TokenText<'_>) -> Value {
         let choices = choices
             .iter()
             .enumerate()
             .map(|(index, c)| {
-                let finish = c.finish_reason.as_deref();
+                let finish = c.finish_reason.as_ref().map(|f| f.as_str());
                 match self.endpoint {
                     Endpoint::Completions => json!({
                         "index": index,
@@ -198,25 +198,5 @@ impl Usage {
     pub fn add_final(&mut self, out: &RequestOutput) {
         self.prompt_tokens += out.prompt_tokens;
         self.completion_tokens += out.completion_tokens;
-    }
-}
-
-/// One choice of a whole response, folded from its deltas.
-#[derive(Debug, Clone, Default)]
-pub struct Choice {
-    pub text: String,
-    pub logprobs: Option<Vec<PositionLogprobs>>,
-    pub finish_reason: Option<String>,
-}
-
-impl Choice {
-    pub fn absorb(&mut self, delta: &CompletionDelta) {
-        self.text.push_str(&delta.text);
-        if let Some(lp) = &delta.logprobs {
-            self.logprobs.get_or_insert_with(Vec::new).extend_from_slice(lp);
-        }
-        if let Some(f) = &delta.finish_reason {
-            self.finish_reason = Some(f.as_str().to_owned());
-        }
     }
 }
