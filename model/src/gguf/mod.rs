@@ -3,10 +3,12 @@
 
 pub mod convert;
 pub mod dequant;
+pub mod quantize;
 pub mod reader;
 pub mod vocab;
 
 pub use convert::{ConvertSummary, OutputDtype, convert_gguf_to_hf, unpermute_qk};
-pub use dequant::{GgmlType, dequantize};
+pub use dequant::{GgmlType, dequantize, dequantize_block};
+pub use quantize::{QuantizeError, quantize};
 pub use reader::{GgufFile, GgufTensorInfo, GgufValue};
 pub use vocab::GgufVocab;
