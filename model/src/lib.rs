@@ -11,6 +11,7 @@ pub mod gguf;
 pub mod input;
 pub mod llama;
 pub mod ops;
+pub mod quant;
 #[cfg(feature = "testing")]
 pub mod reference;
 pub mod rope;

@@ -13,15 +13,20 @@ pub use token_lanes::token_lanes_linear;
 /// Raw output pointer shared by the column-range tasks of the `x·Wᵀ` kernels; each task
 /// writes only its own columns.
 #[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
+pub(crate) struct OutPtr(pub(crate) *mut f32);
 // SAFETY: tasks write disjoint `(token, column)` entries (their own column range).
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
 impl OutPtr {
     /// A method, so closures capture the whole (Send) wrapper, not its raw field.
-    fn get(self) -> *mut f32 {
+    pub(crate) fn get(self) -> *mut f32 {
         self.0
+    }
+
+    /// The pointer `n` floats on (for a sub-range of columns); no access happens here.
+    pub(crate) fn offset(self, n: usize) -> Self {
+        Self(self.0.wrapping_add(n))
     }
 }
 

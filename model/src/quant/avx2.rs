@@ -1,0 +1,348 @@
+//! The AVX2 + FMA + F16C path: each format's 32-value groups dequantized into four ymm
+//! registers ([`Group`]), the decode dot products over them for up to four tokens at once, and
+//! row dequantization for the prefill panels and embedding lookups.
+//!
+//! Every function here requires those three CPU features: callers reach them only through
+//! [`super::Isa::Avx2`], which is chosen after run-time detection.
+
+use std::arch::x86_64::*;
+
+use super::{GgmlType, Out, PartRef};
+
+/// One format's groups of 32 consecutive values of a row.
+pub(super) trait Group {
+    /// Values `32·g .. 32·g + 32` of the row at `row`, as four vectors of eight.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C are available; `row` points at a whole row of this format holding
+    /// more than `32·g` values.
+    unsafe fn group(row: *const u8, g: usize) -> [__m256; 4];
+}
+
+/// An f16 stored at `p` (unaligned), as f32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f16_at(p: *const u8) -> f32 {
+    // SAFETY: the caller's block holds two bytes at p.
+    let bits = unsafe { (p as *const u16).read_unaligned() };
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+}
+
+/// Sixteen bytes as two vectors of eight f32 (zero-extended).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn u8x16_to_f32(v: __m128i) -> [__m256; 2] {
+    [
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)),
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128::<8>(v))),
+    ]
+}
+
+/// Sixteen bytes of packed nibbles as 32 values: the low nibbles (values 0..16), then the
+/// high nibbles (16..32): ggml's order for Q4_0 and Q4_1.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn nibbles_low_then_high(v: __m128i) -> [__m256; 4] {
+    let mask = _mm_set1_epi8(0x0f);
+    let [a, b] = u8x16_to_f32(_mm_and_si128(v, mask));
+    let [c, d] = u8x16_to_f32(_mm_and_si128(_mm_srli_epi16::<4>(v), mask));
+    [a, b, c, d]
+}
+
+/// `q·scale + offset` for each of the four vectors.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn affine<const N: usize>(q: [__m256; N], scale: f32, offset: f32) -> [__m256; N] {
+    let (s, o) = (_mm256_set1_ps(scale), _mm256_set1_ps(offset));
+    q.map(|v| _mm256_fmadd_ps(v, s, o))
+}
+
+pub(super) struct Q8_0;
+impl Group for Q8_0 {
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn group(row: *const u8, g: usize) -> [__m256; 4] {
+        // SAFETY: block g (34 bytes: f16 d, 32 i8) lies inside the row.
+        unsafe {
+            let b = row.add(g * 34);
+            let d = _mm256_set1_ps(f16_at(b));
+            let lo = _mm_loadu_si128(b.add(2) as *const __m128i);
+            let hi = _mm_loadu_si128(b.add(18) as *const __m128i);
+            let f = |v: __m128i| _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)));
+            [f(lo), f(_mm_srli_si128::<8>(lo)), f(hi), f(_mm_srli_si128::<8>(hi))]
+        }
+    }
+}
+
+pub(super) struct Q4_0;
+impl Group for Q4_0 {
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn group(row: *const u8, g: usize) -> [__m256; 4] {
+        // SAFETY: block g (18 bytes: f16 d, 16 bytes of nibbles) lies inside the row.
+        unsafe {
+            let b = row.add(g * 18);
+            let d = f16_at(b);
+            affine(nibbles_low_then_high(_mm_loadu_si128(b.add(2) as *const __m128i)), d, -8.0 * d)
+        }
+    }
+}
+
+pub(super) struct Q4_1;
+impl Group for Q4_1 {
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn group(row: *const u8, g: usize) -> [__m256; 4] {
+        // SAFETY: block g (20 bytes: f16 d, f16 m, 16 bytes of nibbles) lies inside the row.
+        unsafe {
+            let b = row.add(g * 20);
+            affine(
+                nibbles_low_then_high(_mm_loadu_si128(b.add(4) as *const __m128i)),
+                f16_at(b),
+                f16_at(b.add(2)),
+            )
+        }
+    }
+}
+
+pub(super) struct F16;
+impl Group for F16 {
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn group(row: *const u8, g: usize) -> [__m256; 4] {
+        // SAFETY: 32 halves (64 bytes) at 64·g lie inside the row.
+        unsafe {
+            let b = row.add(g * 64);
+            [0, 16, 32, 48].map(|o| _mm256_cvtph_ps(_mm_loadu_si128(b.add(o) as *const __m128i)))
+        }
+    }
+}
+
+pub(super) struct Bf16;
+impl Group for Bf16 {
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn group(row: *const u8, g: usize) -> [__m256; 4] {
+        // SAFETY: 32 bf16 (64 bytes) at 64·g lie inside the row.
+        unsafe {
+            let b = row.add(g * 64);
+            // A bf16 is the top half of an f32.
+            [0, 16, 32, 48].map(|o| {
+                let v = _mm256_cvtepu16_epi32(_mm_loadu_si128(b.add(o) as *const __m128i));
+                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(v))
+            })
+        }
+    }
+}
+
+/// Q4_K's 6-bit scale and min of sub-block `j` (0..8) from the 12 packed bytes, as ggml's
+/// `get_scale_min_k4`.
+#[inline(always)]
+fn scale_min_k4(j: usize, q: &[u8; 12]) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        ((q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
+    }
+}
+
+/// 32 bytes as four vectors of eight f32 (zero-extended).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn u8x32_to_f32(v: __m256i) -> [__m256; 4] {
+    let [a, b] = u8x16_to_f32(_mm256_castsi256_si128(v));
+    let [c, d] = u8x16_to_f32(_mm256_extracti128_si256::<1>(v));
+    [a, b, c, d]
+}
+
+pub(super) struct Q4K;
+impl Group for Q4K {
+    /// Super-block of 256 (144 bytes: f16 d, f16 dmin, 12 bytes of scales and mins, 128 bytes
+    /// of nibbles); group `s` of it is sub-block `s`: the low nibbles of bytes `32·(s/2)..`
+    /// for even `s`, the high nibbles for odd `s`; value = `d·sc·q − dmin·m`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn group(row: *const u8, g: usize) -> [__m256; 4] {
+        // SAFETY: super-block g/8 (144 bytes) lies inside the row.
+        unsafe {
+            let b = row.add(g / 8 * 144);
+            let s = g % 8;
+            let (d, dmin) = (f16_at(b), f16_at(b.add(2)));
+            let (sc, m) = scale_min_k4(s, &*(b.add(4) as *const [u8; 12]));
+            let bytes = _mm256_loadu_si256(b.add(16 + 32 * (s / 2)) as *const __m256i);
+            let nib = if s.is_multiple_of(2) { bytes } else { _mm256_srli_epi16::<4>(bytes) };
+            let q = _mm256_and_si256(nib, _mm256_set1_epi8(0x0f));
+            affine(u8x32_to_f32(q), d * f32::from(sc), -dmin * f32::from(m))
+        }
+    }
+}
+
+pub(super) struct Q6K;
+impl Group for Q6K {
+    /// Super-block of 256 (210 bytes: 128 bytes of low nibbles `ql`, 64 of high bit pairs
+    /// `qh`, 16 i8 scales, f16 d) in two halves of 128; group `s` is quarter `s%4` of half
+    /// `s/4`: value `l` of it is `(ql[l (+32)] nibble | qh[l] bits 2·quarter.. << 4) − 32`,
+    /// scaled by `d·scales[8·half + 2·quarter + l/16]`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn group(row: *const u8, g: usize) -> [__m256; 4] {
+        // SAFETY: super-block g/8 (210 bytes) lies inside the row.
+        unsafe {
+            let b = row.add(g / 8 * 210);
+            let (half, quarter) = (g % 8 / 4, g % 4);
+            let ql = _mm256_loadu_si256(b.add(64 * half + 32 * (quarter % 2)) as *const __m256i);
+            let qh = _mm256_loadu_si256(b.add(128 + 32 * half) as *const __m256i);
+            let low4 = _mm256_set1_epi8(0x0f);
+            let nib = if quarter < 2 { ql } else { _mm256_srli_epi16::<4>(ql) };
+            let high2 = match quarter {
+                0 => qh,
+                1 => _mm256_srli_epi16::<2>(qh),
+                2 => _mm256_srli_epi16::<4>(qh),
+                _ => _mm256_srli_epi16::<6>(qh),
+            };
+            // Masking each byte before the left shift keeps bits inside their byte.
+            let high = _mm256_slli_epi16::<4>(_mm256_and_si256(high2, _mm256_set1_epi8(3)));
+            let q = u8x32_to_f32(_mm256_or_si256(_mm256_and_si256(nib, low4), high));
+            let d = f16_at(b.add(208));
+            let scales = b.add(192 + 8 * half + 2 * quarter) as *const i8;
+            let (s0, s1) = (d * f32::from(*scales), d * f32::from(*scales.add(1)));
+            let [a, b2] = affine([q[0], q[1]], s0, -32.0 * s0);
+            let [c, e] = affine([q[2], q[3]], s1, -32.0 * s1);
+            [a, b2, c, e]
+        }
+    }
+}
+
+/// Horizontal sum of eight lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+}
+
+/// Rows `r0..r1` of `part` times tokens `t0..t0+M` of `x`, into `out`: each group is
+/// dequantized once and multiplied into all `M` tokens, with `A` accumulators per token so
+/// the FMA chains overlap.
+///
+/// # Safety
+/// AVX2, FMA, F16C; the rows and tokens lie inside `part` and `x`; only this task writes
+/// columns `r0..r1` of `out`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_rows<F: Group, const M: usize, const A: usize>(
+    part: &PartRef<'_>,
+    rows: std::ops::Range<usize>,
+    x: &[f32],
+    t0: usize,
+    out: Out,
+    accumulate: bool,
+) {
+    let k = part.cols;
+    let groups = k / 32;
+    let xs = x[t0 * k..(t0 + M) * k].as_ptr();
+    for r in rows {
+        let row = part.row(r).as_ptr();
+        let mut acc = [[_mm256_setzero_ps(); A]; M];
+        for g in 0..groups {
+            // SAFETY: g < groups, so the group lies in the row; x holds M rows of k.
+            unsafe {
+                let w = F::group(row, g);
+                for (t, a) in acc.iter_mut().enumerate() {
+                    let xp = xs.add(t * k + 32 * g);
+                    for (j, &wj) in w.iter().enumerate() {
+                        a[j % A] = _mm256_fmadd_ps(wj, _mm256_loadu_ps(xp.add(8 * j)), a[j % A]);
+                    }
+                }
+            }
+        }
+        for (t, a) in acc.iter().enumerate() {
+            let total = a[1..].iter().fold(a[0], |s, &v| _mm256_add_ps(s, v));
+            // SAFETY: (t0 + t, r) is this task's entry.
+            unsafe { out.put(t0 + t, r, hsum(total), accumulate) };
+        }
+    }
+}
+
+/// The format's [`Group`] type, bound to `$G` inside `$body`.
+macro_rules! with_group {
+    ($ty:expr, $G:ident => $body:expr) => {
+        match $ty {
+            GgmlType::Q8_0 => {
+                type $G = Q8_0;
+                $body
+            }
+            GgmlType::Q4_0 => {
+                type $G = Q4_0;
+                $body
+            }
+            GgmlType::Q4_1 => {
+                type $G = Q4_1;
+                $body
+            }
+            GgmlType::Q4_K => {
+                type $G = Q4K;
+                $body
+            }
+            GgmlType::Q6_K => {
+                type $G = Q6K;
+                $body
+            }
+            GgmlType::F16 => {
+                type $G = F16;
+                $body
+            }
+            GgmlType::BF16 => {
+                type $G = Bf16;
+                $body
+            }
+            GgmlType::F32 => unreachable!("f32 parts take the f32 kernels"),
+        }
+    };
+}
+
+/// [`dot_rows`] for `mr` (1..=4) tokens from `t0`.
+///
+/// # Safety
+/// As [`dot_rows`]; `part.cols` is a multiple of 32.
+pub(super) unsafe fn dot_rows_dyn(
+    part: &PartRef<'_>,
+    rows: std::ops::Range<usize>,
+    x: &[f32],
+    t0: usize,
+    mr: usize,
+    out: Out,
+    accumulate: bool,
+) {
+    // SAFETY: forwarded contract.
+    unsafe {
+        with_group!(part.ty, G => match mr {
+            1 => dot_rows::<G, 1, 4>(part, rows, x, t0, out, accumulate),
+            2 => dot_rows::<G, 2, 4>(part, rows, x, t0, out, accumulate),
+            3 => dot_rows::<G, 3, 2>(part, rows, x, t0, out, accumulate),
+            _ => dot_rows::<G, 4, 2>(part, rows, x, t0, out, accumulate),
+        })
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dequantize_row_as<G: Group>(row: &[u8], out: &mut [f32]) {
+    for (g, chunk) in out.chunks_exact_mut(32).enumerate() {
+        // SAFETY: the row holds out.len() values, so group g exists; chunk has 32 floats.
+        unsafe {
+            let w = G::group(row.as_ptr(), g);
+            for (j, v) in w.iter().enumerate() {
+                _mm256_storeu_ps(chunk.as_mut_ptr().add(8 * j), *v);
+            }
+        }
+    }
+}
+
+/// One row of format `ty` (`out.len()` values, a multiple of 32) into `out`.
+///
+/// # Safety
+/// AVX2, FMA and F16C are available; `row` holds exactly one row of `out.len()` values.
+pub(super) unsafe fn dequantize_row(ty: GgmlType, row: &[u8], out: &mut [f32]) {
+    // SAFETY: forwarded contract.
+    unsafe { with_group!(ty, G => dequantize_row_as::<G>(row, out)) }
+}

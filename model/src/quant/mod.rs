@@ -1,0 +1,282 @@
+//! Weight matrices kept in their storage format (f32, f16, bf16 and ggml's Q4_0, Q4_1, Q8_0,
+//! Q4_K, Q6_K), memory-mapped when they come from a file, and `x·Wᵀ` over them with f32
+//! activations: a quantized model computes what its f32 dequantization would, while each
+//! decode step reads the quantized bytes only.
+//!
+//! Where the work goes: a few tokens (decode, [`DECODE_MAX_M`] or fewer) run [`decode`], which
+//! dequantizes each weight group in registers and streams every byte once for all tokens;
+//! more tokens (prefill) run [`panel`], which dequantizes a panel of rows into a cache-sized
+//! f32 buffer and hands it to `gemm`. The instruction set is chosen once at run time
+//! ([`Isa::detected`]): AVX2 + FMA + F16C where the CPU has them ([`avx2`]), otherwise a
+//! portable loop over the scalar dequantization (`gguf::dequant`), which is also the tests'
+//! second path on every machine.
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+mod decode;
+mod panel;
+mod storage;
+#[cfg(test)]
+mod tests;
+
+pub use storage::Storage;
+
+pub use crate::gguf::GgmlType;
+use crate::ops::{OutPtr, linear};
+
+/// Up to this many tokens a quantized projection streams its weights once through [`decode`];
+/// above it, the weights are dequantized panel by panel into `gemm` ([`panel`]).
+pub const DECODE_MAX_M: usize = 8;
+
+/// The instruction set the quantized kernels run with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isa {
+    /// Scalar dequantization, then vectorizable f32 loops.
+    Portable,
+    /// AVX2 + FMA + F16C: dequantization in ymm registers.
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+}
+
+impl Isa {
+    /// The best path this CPU runs, detected once.
+    pub fn detected() -> Isa {
+        static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *ISA.get_or_init(|| {
+            #[cfg(target_arch = "x86_64")]
+            if is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c")
+            {
+                return Isa::Avx2;
+            }
+            Isa::Portable
+        })
+    }
+
+    /// Every path this CPU can run (the tests run each).
+    pub fn available() -> Vec<Isa> {
+        let mut all = vec![Isa::Portable];
+        if Isa::detected() != Isa::Portable {
+            all.push(Isa::detected());
+        }
+        all
+    }
+}
+
+/// Rows of one storage format inside a [`Weight`].
+#[derive(Debug)]
+pub struct Part {
+    ty: GgmlType,
+    rows: usize,
+    data: Storage,
+}
+
+impl Part {
+    /// `rows × cols` values of format `ty` in `data`; refused unless the rows split into whole
+    /// blocks and `data` holds exactly their bytes.
+    pub fn new(ty: GgmlType, rows: usize, cols: usize, data: Storage) -> Result<Self, String> {
+        let want = rows.checked_mul(cols).and_then(|n| ty.n_bytes(n, Some(cols as u64)));
+        match want {
+            Some(n) if n == data.len() && (cols > 0 || rows == 0) => Ok(Self { ty, rows, data }),
+            Some(n) => Err(format!("{rows}×{cols} {ty:?} needs {n} bytes, storage has {}", data.len())),
+            None => Err(format!("rows of {cols} values do not split into whole {ty:?} blocks")),
+        }
+    }
+
+    pub fn format(&self) -> GgmlType {
+        self.ty
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// The stored bytes.
+    pub fn bytes(&self) -> &[u8] {
+        self.data.bytes()
+    }
+}
+
+/// A `[rows, cols]` matrix (PyTorch `Linear` layout) stored as one or more row ranges
+/// ([`Part`]s) of possibly different formats: a fused Q/K/V projection keeps each source
+/// tensor as it came, memory-mapped, instead of a concatenated copy.
+#[derive(Debug)]
+pub struct Weight {
+    rows: usize,
+    cols: usize,
+    parts: Vec<Part>,
+}
+
+impl Weight {
+    /// An f32 matrix (or vector, with one row... or one column: a norm is `[len]` as `1 × len`).
+    pub fn from_f32(rows: usize, cols: usize, values: Vec<f32>) -> Self {
+        assert_eq!(values.len(), rows * cols, "Weight::from_f32: {rows}×{cols} from {} values", values.len());
+        let part = Part { ty: GgmlType::F32, rows, data: Storage::F32(values) };
+        Self { rows, cols, parts: vec![part] }
+    }
+
+    /// The parts stacked by rows; all have `cols` columns (checked when each part was made).
+    pub fn from_parts(cols: usize, parts: Vec<Part>) -> Self {
+        let rows = parts.iter().map(|p| p.rows).sum();
+        Self { rows, cols, parts }
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// `rows × cols`.
+    pub fn len(&self) -> usize {
+        self.rows * self.cols
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn parts(&self) -> &[Part] {
+        &self.parts
+    }
+
+    /// Bytes a pass over the whole matrix reads (what decode streams per step).
+    pub fn storage_bytes(&self) -> usize {
+        self.parts.iter().map(|p| p.data.len()).sum()
+    }
+
+    /// The values, when the matrix is one f32 part (norm weights, f32 checkpoints).
+    pub fn as_f32(&self) -> Option<&[f32]> {
+        match self.parts.as_slice() {
+            [Part { data: Storage::F32(v), .. }] => Some(v),
+            [] => Some(&[]),
+            _ => None,
+        }
+    }
+
+    /// Row `r` dequantized into `out` (`cols` values): an embedding lookup.
+    pub fn row_to_f32(&self, r: usize, out: &mut [f32]) {
+        assert!(r < self.rows && out.len() == self.cols, "Weight::row_to_f32: row {r} of {}", self.rows);
+        let mut first = 0;
+        for p in &self.parts {
+            if r < first + p.rows {
+                let row_bytes = p.data.len() / p.rows;
+                let bytes = &p.data.bytes()[(r - first) * row_bytes..][..row_bytes];
+                Isa::detected().dequantize_row(p.ty, bytes, out);
+                return;
+            }
+            first += p.rows;
+        }
+    }
+
+    /// The whole matrix as f32 (for devices that keep f32/bf16 copies, and for the tests'
+    /// reference forward pass).
+    pub fn to_f32(&self) -> Vec<f32> {
+        if let Some(v) = self.as_f32() {
+            return v.to_vec();
+        }
+        let mut out = vec![0.0; self.len()];
+        if self.cols > 0 {
+            for (r, row) in out.chunks_exact_mut(self.cols).enumerate() {
+                self.row_to_f32(r, row);
+            }
+        }
+        out
+    }
+
+    /// `dst[m, rows] (+)= x[m, cols] · Wᵀ`, with `accumulate` adding to `dst` (the residual).
+    pub fn matmul(&self, dst: &mut [f32], x: &[f32], m: usize, accumulate: bool) {
+        self.matmul_with(Isa::detected(), dst, x, m, accumulate);
+    }
+
+    /// [`Self::matmul`] on a chosen path (tests force each one).
+    pub fn matmul_with(&self, isa: Isa, dst: &mut [f32], x: &[f32], m: usize, accumulate: bool) {
+        let (n, k) = (self.rows, self.cols);
+        assert!(dst.len() >= m * n && x.len() >= m * k, "Weight::matmul: short buffer");
+        if let Some(w) = self.as_f32() {
+            linear(dst, x, w, m, n, k, accumulate);
+            return;
+        }
+        if m == 0 {
+            return;
+        }
+        let out = Out { ptr: OutPtr(dst.as_mut_ptr()), ldd: n };
+        let mut col = 0;
+        for p in &self.parts {
+            let part = PartRef { ty: p.ty, rows: p.rows, cols: k, bytes: p.data.bytes() };
+            let out = Out { ptr: out.ptr.offset(col), ..out };
+            match (&p.data, m <= DECODE_MAX_M) {
+                (Storage::F32(w), _) => panel::f32_strided(out, x, m, k, w, p.rows, accumulate),
+                (_, true) => decode::matmul(isa, out, x, m, &part, accumulate),
+                (_, false) => panel::matmul(isa, out, x, m, &part, accumulate),
+            }
+            col += p.rows;
+        }
+    }
+}
+
+/// A part as the kernels see it: its format, shape and bytes.
+#[derive(Clone, Copy)]
+struct PartRef<'a> {
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    bytes: &'a [u8],
+}
+
+impl PartRef<'_> {
+    fn row_bytes(&self) -> usize {
+        self.bytes.len() / self.rows.max(1)
+    }
+
+    fn row(&self, r: usize) -> &[u8] {
+        let rb = self.row_bytes();
+        &self.bytes[r * rb..(r + 1) * rb]
+    }
+}
+
+/// Where a part's products go: column 0 of the part at `ptr`, rows `ldd` floats apart.
+/// Every task writes only its own columns, and `Weight::matmul` checked that `dst` holds
+/// `m × ldd` floats.
+#[derive(Clone, Copy)]
+struct Out {
+    ptr: OutPtr,
+    ldd: usize,
+}
+
+impl Out {
+    /// Writes (or adds) `v` at (token `t`, column `c`).
+    ///
+    /// # Safety
+    /// `(t, c)` lies inside the part's region and no other task writes it.
+    #[inline]
+    unsafe fn put(self, t: usize, c: usize, v: f32, accumulate: bool) {
+        // SAFETY: per the contract.
+        unsafe {
+            let d = self.ptr.get().add(t * self.ldd + c);
+            *d = if accumulate { *d + v } else { v };
+        }
+    }
+}
+
+impl Isa {
+    /// One row of format `ty` (`out.len()` values) into `out`.
+    fn dequantize_row(self, ty: GgmlType, row: &[u8], out: &mut [f32]) {
+        match self {
+            // SAFETY: the features were detected for this variant; `row` is one whole row.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 if out.len().is_multiple_of(32) && ty != GgmlType::F32 => unsafe {
+                avx2::dequantize_row(ty, row, out)
+            },
+            _ => {
+                let (per_block, block_bytes) = ty.block();
+                for (o, b) in out.chunks_exact_mut(per_block).zip(row.chunks_exact(block_bytes)) {
+                    crate::gguf::dequant::dequantize_block(ty, b, o);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,201 @@
+//! The quantized kernels against an f64 reference of dequantize-then-matmul, for every format,
+//! on every path this CPU runs (the portable one everywhere), with NaN around every buffer so
+//! a read or write outside its bounds shows.
+
+use half::{bf16, f16};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::*;
+use crate::gguf::dequantize;
+
+const FORMATS: [GgmlType; 7] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q6_K,
+    GgmlType::F16,
+    GgmlType::BF16,
+];
+
+/// `rows × cols` random values of `ty`: random quant bytes under sane f16 scales.
+pub(super) fn random_part(ty: GgmlType, rows: usize, cols: usize, rng: &mut ChaCha8Rng) -> Vec<u8> {
+    let (per_block, block_bytes) = ty.block();
+    let mut bytes = vec![0u8; rows * cols / per_block * block_bytes];
+    rng.fill(&mut bytes[..]);
+    let f16_at = |b: &mut [u8], at: usize, lo: f32, hi: f32, rng: &mut ChaCha8Rng| {
+        b[at..at + 2].copy_from_slice(&f16::from_f32(rng.random_range(lo..hi)).to_le_bytes())
+    };
+    for b in bytes.chunks_exact_mut(block_bytes) {
+        match ty {
+            GgmlType::Q8_0 | GgmlType::Q4_0 => f16_at(b, 0, 0.001, 0.05, rng),
+            GgmlType::Q4_1 => {
+                f16_at(b, 0, 0.001, 0.05, rng);
+                f16_at(b, 2, -0.4, 0.0, rng);
+            }
+            GgmlType::Q4_K => {
+                f16_at(b, 0, 0.0001, 0.005, rng);
+                f16_at(b, 2, 0.0001, 0.005, rng);
+            }
+            GgmlType::Q6_K => f16_at(b, 208, 0.0001, 0.002, rng),
+            GgmlType::F16 => f16_at(b, 0, -1.0, 1.0, rng),
+            GgmlType::BF16 => b.copy_from_slice(&bf16::from_f32(rng.random_range(-1.0..1.0)).to_le_bytes()),
+            GgmlType::F32 => b.copy_from_slice(&rng.random_range(-1.0f32..1.0).to_le_bytes()),
+        }
+    }
+    bytes
+}
+
+/// `x[m, k] · Wᵀ` in f64 over the scalar dequantization, and Σ|x||w| per entry (the scale
+/// of the rounding error an f32 kernel may make).
+fn reference(ty: GgmlType, bytes: &[u8], n: usize, k: usize, x: &[f32], m: usize) -> (Vec<f64>, Vec<f64>) {
+    let mut w = vec![0.0f32; n * k];
+    dequantize(ty, bytes, &mut w);
+    let mut want = vec![0.0; m * n];
+    let mut scale = vec![0.0; m * n];
+    for t in 0..m {
+        for r in 0..n {
+            for kk in 0..k {
+                let p = f64::from(x[t * k + kk]) * f64::from(w[r * k + kk]);
+                want[t * n + r] += p;
+                scale[t * n + r] += p.abs();
+            }
+        }
+    }
+    (want, scale)
+}
+
+/// One kernel call on a poisoned layout: the part's bytes between 0xFF runs (an f16 NaN in
+/// any scale read outside them), `x` with a NaN tail, and the output as columns 2..2+n of
+/// rows `n + 5` wide whose other columns are NaN and must stay so.
+fn check(isa: Isa, ty: GgmlType, m: usize, n: usize, k: usize, accumulate: bool, rng: &mut ChaCha8Rng) {
+    let bytes = random_part(ty, n, k, rng);
+    let pad = 64;
+    let mut poisoned = vec![0xffu8; bytes.len() + 2 * pad];
+    poisoned[pad..pad + bytes.len()].copy_from_slice(&bytes);
+    let part = PartRef { ty, rows: n, cols: k, bytes: &poisoned[pad..pad + bytes.len()] };
+    let mut x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-1.0..1.0)).collect();
+    x.extend([f32::NAN; 37]);
+    let (ldd, col0) = (n + 5, 2);
+    let before = if accumulate { 0.5 } else { f32::NAN };
+    let mut dst = vec![f32::NAN; m * ldd];
+    for t in 0..m {
+        dst[t * ldd + col0..t * ldd + col0 + n].fill(before);
+    }
+    let out = Out { ptr: OutPtr(dst.as_mut_ptr()).offset(col0), ldd };
+    if m <= DECODE_MAX_M {
+        decode::matmul(isa, out, &x, m, &part, accumulate);
+    } else {
+        panel::matmul(isa, out, &x, m, &part, accumulate);
+    }
+    let (want, scale) = reference(ty, &bytes, n, k, &x, m);
+    let base = if accumulate { 0.5 } else { 0.0 };
+    for t in 0..m {
+        for c in 0..ldd {
+            let got = dst[t * ldd + c];
+            if !(col0..col0 + n).contains(&c) {
+                assert!(got.is_nan(), "{isa:?} {ty:?} m={m} n={n} k={k}: padding column {c} written");
+                continue;
+            }
+            let r = c - col0;
+            let (w, s) = (want[t * n + r] + base, scale[t * n + r]);
+            assert!(
+                (f64::from(got) - w).abs() <= 1e-5 * s + 1e-6,
+                "{isa:?} {ty:?} m={m} n={n} k={k} acc={accumulate}: ({t}, {r}) = {got}, want {w} (scale {s})"
+            );
+        }
+    }
+}
+
+#[test]
+fn every_format_matches_the_f64_reference_on_every_path() {
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    for isa in Isa::available() {
+        for ty in FORMATS {
+            let per_block = ty.block().0;
+            // Short and long rows, in whole blocks; for f16/bf16 also a width no SIMD group
+            // divides (the AVX2 path hands those to the portable loop).
+            let mut widths = vec![per_block.max(32), 2 * per_block.max(256)];
+            if per_block == 1 {
+                widths.push(40);
+            }
+            for k in widths {
+                for (m, n) in [(1, 1), (1, 67), (2, 7), (3, 9), (4, 16), (5, 3), (8, 67), (9, 5), (70, 67)] {
+                    check(isa, ty, m, n, k, m % 2 == 1, &mut rng);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_fused_weight_of_mixed_formats_fills_each_part_s_columns() {
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    let k = 256;
+    let specs = [(GgmlType::Q4_1, 5), (GgmlType::Q8_0, 3), (GgmlType::F32, 2), (GgmlType::Q6_K, 4)];
+    let parts: Vec<Part> = specs
+        .iter()
+        .map(|&(ty, rows)| {
+            let bytes = random_part(ty, rows, k, &mut rng);
+            let data = if ty == GgmlType::F32 {
+                Storage::F32(
+                    bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect(),
+                )
+            } else {
+                Storage::Owned(bytes)
+            };
+            Part::new(ty, rows, k, data).unwrap()
+        })
+        .collect();
+    let w = Weight::from_parts(k, parts);
+    assert_eq!((w.rows(), w.cols()), (14, k));
+    let dense = w.to_f32();
+    for isa in Isa::available() {
+        for m in [1, 3, 12] {
+            let x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let mut dst = vec![f32::NAN; m * 14];
+            w.matmul_with(isa, &mut dst, &x, m, false);
+            for t in 0..m {
+                for r in 0..14 {
+                    let row = &dense[r * k..(r + 1) * k];
+                    let want: f64 =
+                        row.iter().zip(&x[t * k..]).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum();
+                    let scale: f64 = row.iter().zip(&x[t * k..]).map(|(&a, &b)| f64::from(a * b).abs()).sum();
+                    let got = f64::from(dst[t * 14 + r]);
+                    assert!(
+                        (got - want).abs() <= 1e-5 * scale + 1e-6,
+                        "{isa:?} m={m} ({t},{r}): {got} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn rows_dequantize_as_the_scalar_reference_on_every_path() {
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    for ty in FORMATS {
+        let k = 512;
+        let bytes = random_part(ty, 2, k, &mut rng);
+        let mut want = vec![0.0f32; 2 * k];
+        dequantize(ty, &bytes, &mut want);
+        for isa in Isa::available() {
+            let mut got = vec![f32::NAN; k];
+            isa.dequantize_row(ty, &bytes[bytes.len() / 2..], &mut got);
+            for (g, w) in got.iter().zip(&want[k..]) {
+                // FMA (one rounding) against the reference's multiply-then-add (two).
+                assert!((g - w).abs() <= 1e-6 * w.abs().max(1e-3), "{isa:?} {ty:?}: {g} vs {w}");
+            }
+        }
+    }
+}
+
+#[test]
+fn parts_refuse_storage_of_the_wrong_size() {
+    assert!(Part::new(GgmlType::Q4_1, 2, 64, Storage::Owned(vec![0; 80])).is_ok());
+    assert!(Part::new(GgmlType::Q4_1, 2, 64, Storage::Owned(vec![0; 79])).is_err());
+    assert!(Part::new(GgmlType::Q4_1, 2, 48, Storage::Owned(vec![0; 60])).is_err());
+    assert!(Part::new(GgmlType::Q4_K, usize::MAX, 256, Storage::Owned(vec![])).is_err());
+}
