@@ -58,6 +58,11 @@ impl ChatTemplate {
         let text = std::fs::read_to_string(path).map_err(|e| ModelError::io(path, e))?;
         let v: serde_json::Value =
             serde_json::from_str(&text).map_err(|e| ModelError::config(path, e.to_string()))?;
+        Self::from_tokenizer_config_value(&v, path)
+    }
+
+    /// [`Self::from_tokenizer_config`] for a document already parsed; `path` names it in errors.
+    pub fn from_tokenizer_config_value(v: &serde_json::Value, path: &Path) -> Result<Option<Self>> {
         let source = match v.get("chat_template") {
             None | Some(serde_json::Value::Null) => return Ok(None),
             Some(serde_json::Value::String(s)) => s.clone(),

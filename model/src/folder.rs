@@ -1,17 +1,20 @@
-//! An ordinary Hugging Face model folder: config, generation config, tokenizer and chat
-//! template (the weights are loaded separately by [`crate::Llama::load`]).
+//! An ordinary Hugging Face model folder, or a GGUF file standing for one: config, generation
+//! config, tokenizer and chat template (the weights are loaded separately by
+//! [`crate::Llama::load`]).
 
 use std::path::{Path, PathBuf};
 
 use crate::chat::ChatTemplate;
 use crate::config::LlamaConfig;
-use crate::error::Result;
+use crate::error::{ModelError, Result};
 use crate::generation::GenerationConfig;
+use crate::gguf::{self, GgufFile, GgufVocab};
 use crate::tokenizer::Tokenizer;
 
 /// Everything in a model folder except the weights.
 #[derive(Debug)]
 pub struct ModelFolder {
+    /// The folder, or the GGUF file.
     pub dir: PathBuf,
     pub config: LlamaConfig,
     pub generation: GenerationConfig,
@@ -22,7 +25,12 @@ pub struct ModelFolder {
 impl ModelFolder {
     /// Reads `config.json`, `tokenizer.json`, and (when present) `generation_config.json`
     /// and `tokenizer_config.json`.
+    ///
+    /// A file (rather than a folder) is read as a GGUF: the same four from its metadata.
     pub fn open(dir: &Path) -> Result<Self> {
+        if dir.is_file() {
+            return Self::from_gguf(&GgufFile::open(dir)?);
+        }
         let config = LlamaConfig::from_file(&dir.join("config.json"))?;
         let gen_path = dir.join("generation_config.json");
         let mut generation = if gen_path.exists() {
@@ -41,5 +49,25 @@ impl ModelFolder {
         let chat_template =
             if tc_path.exists() { ChatTemplate::from_tokenizer_config(&tc_path)? } else { None };
         Ok(Self { dir: dir.to_path_buf(), config, generation, tokenizer, chat_template })
+    }
+
+    /// The config, tokenizer (byte-level BPE rebuilt from `tokenizer.ggml.*`) and chat template
+    /// (`tokenizer.chat_template`) of a GGUF, as its HF conversion would have them.
+    pub fn from_gguf(g: &GgufFile) -> Result<Self> {
+        let path = &g.path;
+        let vocab = GgufVocab::from_gguf(g)?;
+        let meta = gguf::GgufModelMeta::read(g, &vocab)?;
+        let config = LlamaConfig::from_json(&meta.config.to_string(), path)?;
+        let generation = GenerationConfig {
+            bos_token_id: config.bos_token_id,
+            eos_token_ids: config.eos_token_ids.clone(),
+            ..GenerationConfig::default()
+        };
+        let bad_tokenizer = |reason: String| ModelError::Tokenizer { path: path.clone(), reason };
+        let tokenizer_json = vocab.tokenizer_json().map_err(|e| bad_tokenizer(e.to_string()))?;
+        let tokenizer = Tokenizer::from_bytes(tokenizer_json.to_string().as_bytes(), path)?;
+        let chat_template =
+            ChatTemplate::from_tokenizer_config_value(&vocab.tokenizer_config_json(meta.n_ctx), path)?;
+        Ok(Self { dir: path.clone(), config, generation, tokenizer, chat_template })
     }
 }

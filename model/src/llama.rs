@@ -1,4 +1,5 @@
-//! The Llama weights (fused per layer for fewer, larger GEMMs) and the CPU forward pass
+//! The Llama weights (fused per layer for fewer, larger GEMMs; each kept in its storage format,
+//! see [`crate::quant`]) from an HF folder or natively from a GGUF, and the CPU forward pass
 //! over the paged KV cache.
 
 use std::path::Path;
@@ -9,15 +10,17 @@ use rayon::prelude::*;
 
 use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
+use crate::gguf::{GgufFile, GgufTensorInfo};
 use crate::input::ModelInput;
-use crate::ops::{linear, rms_norm, rope_rotate_half, silu_mul};
+use crate::ops::{rms_norm, rope_interleaved, rope_rotate_half, silu_mul};
+use crate::quant::{GgmlType, Part, Storage, Weight};
 use crate::rope::Rope;
 use crate::weights::SafetensorsFiles;
 
-/// One decoder layer's weights, all `[out, in]` row-major: f32 on the host, and in the same
-/// layout wherever a device keeps them (`W` is its buffer type).
+/// One decoder layer's weights, all `[out, in]` row-major: [`Weight`]s on the host (norms as
+/// one f32 row), and in the same layout wherever a device keeps them (`W` is its buffer type).
 #[derive(Debug)]
-pub struct LayerWeights<W = Vec<f32>> {
+pub struct LayerWeights<W = Weight> {
     pub input_norm: W,
     /// Rows: Q (`heads·d`), then K, then V (`kv_heads·d` each).
     pub qkv: W,
@@ -47,15 +50,27 @@ impl<W> LayerWeights<W> {
     }
 }
 
-/// A loaded Llama model (f32 weights).
+/// How the rows of each Q/K head are ordered, which decides the rotary pairs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// HF order: dimension `i` pairs with `i + d/2` ("rotate half").
+    RotateHalf,
+    /// llama.cpp's GGUF order (rows permuted at conversion): `2i` pairs with `2i + 1`. Q and K
+    /// are permuted alike, so `q·k` and the attention are those of the HF model; keeping the
+    /// GGUF order spares a re-ordered copy of the quantized rows.
+    Interleaved,
+}
+
+/// A loaded Llama model.
 #[derive(Debug)]
 pub struct Llama {
     pub config: LlamaConfig,
-    pub embed: Vec<f32>,
+    pub embed: Weight,
     pub layers: Vec<LayerWeights>,
-    pub final_norm: Vec<f32>,
+    pub final_norm: Weight,
     /// `None` when tied to `embed`.
-    pub lm_head: Option<Vec<f32>>,
+    pub lm_head: Option<Weight>,
+    pub rope_style: RopeStyle,
     rope: Rope,
 }
 
@@ -87,8 +102,11 @@ fn ensure(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
 }
 
 impl Llama {
-    /// Loads config and weights from an HF folder.
+    /// Loads config and weights from an HF folder, or from a GGUF file ([`Self::from_gguf`]).
     pub fn load(dir: &Path) -> Result<Self> {
+        if dir.is_file() {
+            return Self::from_gguf(&GgufFile::open(dir)?);
+        }
         let config = LlamaConfig::from_file(&dir.join("config.json"))?;
         let files = SafetensorsFiles::open_dir(dir)?;
         Self::from_safetensors(config, &files)
@@ -103,7 +121,11 @@ impl Llama {
         let (h, d) = (c.hidden_size, c.head_dim);
         let (q_rows, kv_rows) = (c.num_attention_heads * d, c.num_key_value_heads * d);
         let inter = c.intermediate_size;
-        let embed = files.load_f32("model.embed_tokens.weight", &[c.vocab_size, h])?;
+        let matrix = |name: &str, rows: usize, cols: usize| -> Result<Weight> {
+            Ok(Weight::from_f32(rows, cols, files.load_f32(name, &[rows, cols])?))
+        };
+        let norm = |name: &str| -> Result<Weight> { Ok(Weight::from_f32(1, h, files.load_f32(name, &[h])?)) };
+        let embed = matrix("model.embed_tokens.weight", c.vocab_size, h)?;
         let mut layers = Vec::new();
         for l in 0..c.num_hidden_layers {
             let p = format!("model.layers.{l}");
@@ -117,23 +139,93 @@ impl Llama {
                 (&format!("{p}.mlp.up_proj.weight"), &[inter, h]),
             ])?;
             layers.push(LayerWeights {
-                input_norm: files.load_f32(&format!("{p}.input_layernorm.weight"), &[h])?,
-                qkv,
-                o_proj: files.load_f32(&format!("{p}.self_attn.o_proj.weight"), &[h, q_rows])?,
-                post_attn_norm: files.load_f32(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
-                gate_up,
-                down: files.load_f32(&format!("{p}.mlp.down_proj.weight"), &[h, inter])?,
+                input_norm: norm(&format!("{p}.input_layernorm.weight"))?,
+                qkv: Weight::from_f32(q_rows + 2 * kv_rows, h, qkv),
+                o_proj: matrix(&format!("{p}.self_attn.o_proj.weight"), h, q_rows)?,
+                post_attn_norm: norm(&format!("{p}.post_attention_layernorm.weight"))?,
+                gate_up: Weight::from_f32(2 * inter, h, gate_up),
+                down: matrix(&format!("{p}.mlp.down_proj.weight"), h, inter)?,
             });
         }
-        let final_norm = files.load_f32("model.norm.weight", &[h])?;
+        let final_norm = norm("model.norm.weight")?;
         // Some tied checkpoints still ship `lm_head.weight`; the flag decides.
-        let lm_head = if c.tie_word_embeddings {
-            None
-        } else {
-            Some(files.load_f32("lm_head.weight", &[c.vocab_size, h])?)
-        };
+        let lm_head =
+            if c.tie_word_embeddings { None } else { Some(matrix("lm_head.weight", c.vocab_size, h)?) };
         let rope = Rope::new(&config);
-        Ok(Self { config, embed, layers, final_norm, lm_head, rope })
+        Ok(Self { config, embed, layers, final_norm, lm_head, rope_style: RopeStyle::RotateHalf, rope })
+    }
+
+    /// Builds the model from a GGUF (llama architecture) with every matrix left in its GGUF
+    /// type and memory-mapped, and Q/K in the file's row order ([`RopeStyle::Interleaved`]).
+    /// Shapes are checked against the metadata before anything is used.
+    pub fn from_gguf(g: &GgufFile) -> Result<Self> {
+        let vocab = crate::gguf::GgufVocab::from_gguf(g)?;
+        let meta = crate::gguf::GgufModelMeta::read(g, &vocab)?;
+        let config = LlamaConfig::from_json(&meta.config.to_string(), &g.path)?;
+        let c = &config;
+        let (h, d) = (c.hidden_size, c.head_dim);
+        let (q_rows, kv_rows, inter) =
+            (c.num_attention_heads * d, c.num_key_value_heads * d, c.intermediate_size);
+        let tensor = |name: &str, shape: &[usize]| -> Result<&GgufTensorInfo> {
+            let info = g
+                .tensor(name)
+                .ok_or_else(|| ModelError::MissingTensor { path: g.path.clone(), tensor: name.to_owned() })?;
+            if info.shape() != shape {
+                return Err(ModelError::WrongShape {
+                    path: g.path.clone(),
+                    tensor: name.to_owned(),
+                    expected: shape.to_vec(),
+                    found: info.shape(),
+                });
+            }
+            Ok(info)
+        };
+        let part = |name: &str, rows: usize, cols: usize| -> Result<Part> {
+            let info = tensor(name, &[rows, cols])?;
+            let storage = if info.ggml_type == GgmlType::F32 {
+                Storage::F32(g.tensor_f32(info))
+            } else {
+                g.tensor_storage(info)
+            };
+            Part::new(info.ggml_type, rows, cols, storage)
+                .map_err(|reason| ModelError::gguf(&g.path, format!("tensor `{name}`: {reason}")))
+        };
+        let matrix = |parts: &[(&str, usize)]| -> Result<Weight> {
+            Ok(Weight::from_parts(
+                h.max(1),
+                parts.iter().map(|&(n, rows)| part(n, rows, h)).collect::<Result<_>>()?,
+            ))
+        };
+        let norm =
+            |name: &str| -> Result<Weight> { Ok(Weight::from_f32(1, h, g.tensor_f32(tensor(name, &[h])?))) };
+        let embed = matrix(&[("token_embd.weight", c.vocab_size)])?;
+        let mut layers = Vec::new();
+        for l in 0..c.num_hidden_layers {
+            let p = format!("blk.{l}");
+            layers.push(LayerWeights {
+                input_norm: norm(&format!("{p}.attn_norm.weight"))?,
+                qkv: matrix(&[
+                    (&format!("{p}.attn_q.weight"), q_rows),
+                    (&format!("{p}.attn_k.weight"), kv_rows),
+                    (&format!("{p}.attn_v.weight"), kv_rows),
+                ])?,
+                o_proj: Weight::from_parts(
+                    q_rows,
+                    vec![part(&format!("{p}.attn_output.weight"), h, q_rows)?],
+                ),
+                post_attn_norm: norm(&format!("{p}.ffn_norm.weight"))?,
+                gate_up: matrix(&[
+                    (&format!("{p}.ffn_gate.weight"), inter),
+                    (&format!("{p}.ffn_up.weight"), inter),
+                ])?,
+                down: Weight::from_parts(inter, vec![part(&format!("{p}.ffn_down.weight"), h, inter)?]),
+            });
+        }
+        let final_norm = norm("output_norm.weight")?;
+        let lm_head =
+            if c.tie_word_embeddings { None } else { Some(matrix(&[("output.weight", c.vocab_size)])?) };
+        let rope = Rope::new(&config);
+        Ok(Self { config, embed, layers, final_norm, lm_head, rope_style: RopeStyle::Interleaved, rope })
     }
 
     /// RoPE inverse frequencies (for the reference implementation and tests).
@@ -142,14 +234,15 @@ impl Llama {
     }
 
     /// The LM head matrix `[vocab, hidden]`.
-    pub fn lm_head(&self) -> &[f32] {
-        self.lm_head.as_deref().unwrap_or(&self.embed)
+    pub fn lm_head(&self) -> &Weight {
+        self.lm_head.as_ref().unwrap_or(&self.embed)
     }
 
-    /// Bytes of weights one decode step streams (every matrix once, embedding rows aside).
+    /// Bytes of weights one decode step streams, in their stored formats (every matrix once,
+    /// embedding rows aside).
     pub fn weight_bytes_per_step(&self) -> usize {
-        let per_layer: usize = self.layers.first().map_or(0, |l| l.all().iter().map(|w| w.len()).sum());
-        4 * (per_layer * self.layers.len() + self.lm_head().len() + self.final_norm.len())
+        let layers: usize = self.layers.iter().flat_map(|l| l.all()).map(|w| w.storage_bytes()).sum();
+        layers + self.lm_head().storage_bytes() + self.final_norm.storage_bytes()
     }
 
     /// FLOPs of the matrix multiplies for `tokens` tokens of which `samples` reach the LM head.
@@ -209,11 +302,15 @@ impl Llama {
         let (q_w, kv_w, qkv_w) = (nh * d, nkv * d, c.qkv_size());
         let half = d / 2;
 
-        // Embedding lookup.
+        // Embedding lookup (ids were checked against the vocabulary).
         let hidden = ensure(&mut ws.hidden, t * h);
         hidden.par_chunks_mut(h).zip(input.token_ids.par_iter()).for_each(|(row, &tok)| {
-            row.copy_from_slice(&self.embed[tok as usize * h..(tok as usize + 1) * h]);
+            self.embed.row_to_f32(tok as usize, row);
         });
+        let rope_pairs = match self.rope_style {
+            RopeStyle::RotateHalf => rope_rotate_half,
+            RopeStyle::Interleaved => rope_interleaved,
+        };
         // cos/sin per token, shared by all layers.
         let cos = ensure(&mut ws.cos, t * half);
         let sin = ensure(&mut ws.sin, t * half);
@@ -225,9 +322,9 @@ impl Llama {
         let scale = 1.0 / (d as f32).sqrt();
         for (l, lw) in self.layers.iter().enumerate() {
             let normed = ensure(&mut ws.normed, t * h);
-            rms_norm(normed, &ws.hidden[..t * h], &lw.input_norm, c.rms_norm_eps);
+            rms_norm(normed, &ws.hidden[..t * h], norm_of(&lw.input_norm), c.rms_norm_eps);
             let qkv = ensure(&mut ws.qkv, t * qkv_w);
-            linear(qkv, normed, &lw.qkv, t, qkv_w, h, false);
+            lw.qkv.matmul(qkv, normed, t, false);
             // Split Q/K/V into the kernels' contiguous layouts, rotating Q and K on the way.
             let q = ensure(&mut ws.q, t * q_w);
             let k = ensure(&mut ws.k, t * kv_w);
@@ -244,22 +341,22 @@ impl Llama {
                     kr.copy_from_slice(&src[q_w..q_w + kv_w]);
                     vr.copy_from_slice(&src[q_w + kv_w..]);
                     let (cr, sr) = (&cos[i * half..(i + 1) * half], &sin[i * half..(i + 1) * half]);
-                    rope_rotate_half(qr, d, cr, sr);
-                    rope_rotate_half(kr, d, cr, sr);
+                    rope_pairs(qr, d, cr, sr);
+                    rope_pairs(kr, d, cr, sr);
                 });
             let layer_cache = cache.layer_mut(l);
             Cpu.reshape_and_cache(k, v, input.slot_mapping, layer_cache)?;
             let attn = ensure(&mut ws.attn, t * q_w);
             Cpu.paged_attention(attn, q, layer_cache, &meta, nh, scale, &mut ())?;
             // Residual adds fused into the GEMMs (accumulate into `hidden`).
-            linear(&mut ws.hidden[..t * h], attn, &lw.o_proj, t, h, q_w, true);
+            lw.o_proj.matmul(&mut ws.hidden[..t * h], attn, t, true);
             let normed = &mut ws.normed[..t * h];
-            rms_norm(normed, &ws.hidden[..t * h], &lw.post_attn_norm, c.rms_norm_eps);
+            rms_norm(normed, &ws.hidden[..t * h], norm_of(&lw.post_attn_norm), c.rms_norm_eps);
             let gate_up = ensure(&mut ws.gate_up, t * 2 * inter);
-            linear(gate_up, normed, &lw.gate_up, t, 2 * inter, h, false);
+            lw.gate_up.matmul(gate_up, normed, t, false);
             let act = ensure(&mut ws.act, t * inter);
             silu_mul(act, gate_up, inter);
-            linear(&mut ws.hidden[..t * h], act, &lw.down, t, h, inter, true);
+            lw.down.matmul(&mut ws.hidden[..t * h], act, t, true);
         }
         // Final norm and LM head only for the rows that sample.
         let s = input.sample_indices.len();
@@ -268,9 +365,14 @@ impl Llama {
             row.copy_from_slice(&ws.hidden[i * h..(i + 1) * h]);
         }
         let sampled_normed = ensure(&mut ws.sampled_normed, s * h);
-        rms_norm(sampled_normed, sampled, &self.final_norm, c.rms_norm_eps);
+        rms_norm(sampled_normed, sampled, norm_of(&self.final_norm), c.rms_norm_eps);
         let logits = ensure(&mut ws.logits, s * c.vocab_size);
-        linear(logits, sampled_normed, self.lm_head(), s, c.vocab_size, h, false);
+        self.lm_head().matmul(logits, sampled_normed, s, false);
         Ok(&ws.logits[..s * c.vocab_size])
     }
+}
+
+/// A norm's weights: every loader stores norms as one f32 row.
+fn norm_of(w: &Weight) -> &[f32] {
+    w.as_f32().expect("norm weights are loaded as f32")
 }

@@ -193,6 +193,20 @@ pub fn rope_rotate_half(heads: &mut [f32], head_dim: usize, cos: &[f32], sin: &[
     }
 }
 
+/// llama.cpp-order RoPE (Q/K rows of a GGUF, see [`crate::llama::RopeStyle`]) applied in
+/// place to every head of one token: `(x_2i, x_2i+1) ← (x_2i·cos − x_2i+1·sin, x_2i+1·cos +
+/// x_2i·sin)`, with the frequencies of pair `i` as in [`rope_rotate_half`].
+#[inline]
+pub fn rope_interleaved(heads: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32]) {
+    for head in heads.chunks_exact_mut(head_dim) {
+        for (i, pair) in head.chunks_exact_mut(2).enumerate() {
+            let (x0, x1) = (pair[0], pair[1]);
+            pair[0] = x0 * cos[i] - x1 * sin[i];
+            pair[1] = x1 * cos[i] + x0 * sin[i];
+        }
+    }
+}
+
 /// The test oracle of every `x·Wᵀ` kernel here: a plain triple loop accumulating in `f64`.
 #[cfg(test)]
 pub(crate) fn naive_linear(x: &[f32], w: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {

@@ -1,7 +1,7 @@
 //! A naive full-sequence forward pass with no KV cache: plain loops, causal softmax in f64.
 //! Written for clarity, not speed; tests compare the paged forward pass against it.
 
-use crate::llama::Llama;
+use crate::llama::{LayerWeights, Llama, RopeStyle};
 
 fn matvec_t(x: &[f32], w: &[f32], n: usize) -> Vec<f32> {
     let k = x.len();
@@ -19,14 +19,18 @@ fn rms(x: &[f32], w: &[f32], eps: f64) -> Vec<f32> {
     x.iter().zip(w).map(|(&v, &g)| (f64::from(v) * inv) as f32 * g).collect()
 }
 
-/// Rotate-half RoPE on one head, angles computed from scratch per call.
-fn rope(head: &mut [f32], pos: usize, inv_freq: &[f64]) {
+/// RoPE on one head in the model's pair order, angles computed from scratch per call.
+fn rope(head: &mut [f32], pos: usize, inv_freq: &[f64], style: RopeStyle) {
     let half = head.len() / 2;
-    for i in 0..half {
-        let (s, c) = (pos as f64 * inv_freq[i]).sin_cos();
-        let (a, b) = (f64::from(head[i]), f64::from(head[i + half]));
-        head[i] = (a * c - b * s) as f32;
-        head[i + half] = (b * c + a * s) as f32;
+    for (i, &freq) in inv_freq.iter().enumerate().take(half) {
+        let (s, c) = (pos as f64 * freq).sin_cos();
+        let (ia, ib) = match style {
+            RopeStyle::RotateHalf => (i, i + half),
+            RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+        };
+        let (a, b) = (f64::from(head[ia]), f64::from(head[ib]));
+        head[ia] = (a * c - b * s) as f32;
+        head[ib] = (b * c + a * s) as f32;
     }
 }
 
@@ -37,9 +41,15 @@ pub fn forward_full(model: &Llama, tokens: &[u32]) -> Vec<f32> {
     let inter = c.intermediate_size;
     let inv_freq = model.rope_inv_freq();
     let group = nh / nkv;
+    // Every weight dequantized up front: the oracle computes in plain f32/f64 loops.
+    let dense = |w: &crate::quant::Weight| Ok::<_, ()>(w.to_f32());
+    let layers: Vec<LayerWeights<Vec<f32>>> =
+        model.layers.iter().map(|l| l.try_map(dense).expect("dequantizing cannot fail")).collect();
+    let embed = model.embed.to_f32();
     let mut xs: Vec<Vec<f32>> =
-        tokens.iter().map(|&t| model.embed[t as usize * h..(t as usize + 1) * h].to_vec()).collect();
-    for lw in &model.layers {
+        tokens.iter().map(|&t| embed[t as usize * h..(t as usize + 1) * h].to_vec()).collect();
+    let style = model.rope_style;
+    for lw in &layers {
         let mut qs = Vec::new();
         let mut ks = Vec::new();
         let mut vs = Vec::new();
@@ -48,8 +58,8 @@ pub fn forward_full(model: &Llama, tokens: &[u32]) -> Vec<f32> {
             let qkv = matvec_t(&n, &lw.qkv, c.qkv_size());
             let mut q = qkv[..nh * d].to_vec();
             let mut k = qkv[nh * d..(nh + nkv) * d].to_vec();
-            q.chunks_mut(d).for_each(|hd| rope(hd, pos, &inv_freq));
-            k.chunks_mut(d).for_each(|hd| rope(hd, pos, &inv_freq));
+            q.chunks_mut(d).for_each(|hd| rope(hd, pos, &inv_freq, style));
+            k.chunks_mut(d).for_each(|hd| rope(hd, pos, &inv_freq, style));
             qs.push(q);
             ks.push(k);
             vs.push(qkv[(nh + nkv) * d..].to_vec());
@@ -88,7 +98,6 @@ pub fn forward_full(model: &Llama, tokens: &[u32]) -> Vec<f32> {
             x.iter_mut().zip(&down).for_each(|(a, b)| *a += b);
         }
     }
-    xs.iter()
-        .flat_map(|x| matvec_t(&rms(x, &model.final_norm, c.rms_norm_eps), model.lm_head(), c.vocab_size))
-        .collect()
+    let (final_norm, lm_head) = (model.final_norm.to_f32(), model.lm_head().to_f32());
+    xs.iter().flat_map(|x| matvec_t(&rms(x, &final_norm, c.rms_norm_eps), &lm_head, c.vocab_size)).collect()
 }

@@ -24,7 +24,12 @@ impl std::fmt::Debug for Tokenizer {
 impl Tokenizer {
     pub fn from_file(path: &Path) -> Result<Self> {
         let bytes = std::fs::read(path).map_err(|e| ModelError::io(path, e))?;
-        let parsing = tokenizers::Tokenizer::from_bytes(&bytes)
+        Self::from_bytes(&bytes, path)
+    }
+
+    /// A `tokenizer.json` document already in memory; `path` names it in errors.
+    pub fn from_bytes(bytes: &[u8], path: &Path) -> Result<Self> {
+        let parsing = tokenizers::Tokenizer::from_bytes(bytes)
             .map_err(|e| ModelError::Tokenizer { path: path.to_path_buf(), reason: e.to_string() })?;
         let mut literal = parsing.clone();
         literal.set_encode_special_tokens(true);

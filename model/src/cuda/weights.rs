@@ -10,7 +10,9 @@ use kv_cache::DType;
 use rayon::prelude::*;
 
 use super::error::CudaModelError;
-use crate::llama::{LayerWeights, Llama};
+use crate::gguf::unpermute_qk;
+use crate::llama::{LayerWeights, Llama, RopeStyle};
+use crate::quant::Weight;
 
 /// f32 values as the bits of `dtype` (bf16 or f16), round to nearest even; in parallel chunks
 /// (this runs once per weight over up to gigabytes).
@@ -42,16 +44,29 @@ pub struct DeviceWeights {
 impl DeviceWeights {
     /// Converts and uploads every weight of `model`.
     pub fn upload(model: &Llama, stream: &Arc<CudaStream>, dtype: DType) -> Result<Self, CudaModelError> {
-        let up = |v: &[f32]| -> Result<CudaSlice<u16>, CudaModelError> {
+        // Quantized host weights are dequantized on the way (the GPU path computes in bf16/f16).
+        let up_dense = |v: &[f32]| -> Result<CudaSlice<u16>, CudaModelError> {
             Ok(stream.clone_htod(&to_half_bits(v, dtype)?)?)
         };
-        let layers = model.layers.iter().map(|l| l.try_map(|w| up(w))).collect::<Result<Vec<_>, _>>()?;
+        let up = |w: &Weight| up_dense(&w.to_f32());
+        let layers = model
+            .layers
+            .iter()
+            .map(|l| {
+                let mut layer = l.try_map(|w| up(w))?;
+                if model.rope_style == RopeStyle::Interleaved {
+                    // The CUDA kernels rotate halves: Q/K go up in HF row order.
+                    layer.qkv = up_dense(&qkv_rotate_half(model, &l.qkv))?;
+                }
+                Ok(layer)
+            })
+            .collect::<Result<Vec<_>, CudaModelError>>()?;
         Ok(DeviceWeights {
             dtype,
             embed: up(&model.embed)?,
             layers,
             final_norm: up(&model.final_norm)?,
-            lm_head: model.lm_head.as_deref().map(up).transpose()?,
+            lm_head: model.lm_head.as_ref().map(up).transpose()?,
         })
     }
 
@@ -65,6 +80,18 @@ impl DeviceWeights {
         let layer: usize = self.layers.iter().flat_map(|l| l.all()).map(CudaSlice::len).sum();
         2 * (layer + self.embed.len() + self.final_norm.len() + self.lm_head.as_ref().map_or(0, |h| h.len()))
     }
+}
+
+/// A GGUF's fused Q/K/V, dequantized, with the Q and K rows of every head put back in HF
+/// (rotate-half) order.
+fn qkv_rotate_half(model: &Llama, qkv: &Weight) -> Vec<f32> {
+    let c = &model.config;
+    let (h, q, kv) = (c.hidden_size, c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
+    let dense = qkv.to_f32();
+    let mut rows = unpermute_qk(&dense[..q * h], c.num_attention_heads, h);
+    rows.extend(unpermute_qk(&dense[q * h..(q + kv) * h], c.num_key_value_heads, h));
+    rows.extend_from_slice(&dense[(q + kv) * h..]);
+    rows
 }
 
 #[cfg(test)]

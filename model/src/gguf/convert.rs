@@ -11,6 +11,7 @@ use safetensors::{Dtype, View};
 use serde_json::json;
 
 use super::dequant::dequantize;
+use super::meta::Hparams;
 use super::reader::{GgufFile, GgufTensorInfo};
 use super::vocab::GgufVocab;
 use crate::error::{ModelError, Result};
@@ -30,75 +31,6 @@ pub enum OutputDtype {
 pub struct ConvertSummary {
     pub n_tensors: usize,
     pub n_parameters: usize,
-}
-
-/// Llama-arch hyper-parameters read from GGUF metadata.
-#[derive(Debug, Clone)]
-struct Hparams {
-    n_embd: usize,
-    n_ff: usize,
-    n_layer: usize,
-    n_head: usize,
-    n_head_kv: usize,
-    head_dim: usize,
-    n_ctx: u64,
-    rms_eps: f64,
-    rope_theta: f64,
-    rope_scaling: Option<(String, f64)>,
-    vocab_size: usize,
-}
-
-/// Shortest decimal that round-trips through f32 (GGUF stores f32: 1e-5, not 9.99999974e-6).
-fn f32_clean(v: f64) -> f64 {
-    (v as f32).to_string().parse().unwrap_or(v)
-}
-
-impl Hparams {
-    fn read(g: &GgufFile, vocab_len: usize) -> Result<Self> {
-        let arch = g.require_str("general.architecture")?;
-        if arch != "llama" {
-            return Err(ModelError::UnsupportedArchitecture { path: g.path.clone(), found: arch.to_owned() });
-        }
-        let u = |k: &str| g.require_u64(&format!("llama.{k}")).map(|v| v as usize);
-        let n_embd = u("embedding_length")?;
-        let n_head = u("attention.head_count")?;
-        let n_head_kv = u("attention.head_count_kv").unwrap_or(n_head);
-        if n_head == 0 || n_head_kv == 0 || n_head % n_head_kv != 0 {
-            return Err(ModelError::gguf(&g.path, format!("bad head counts {n_head}/{n_head_kv}")));
-        }
-        let head_dim = u("attention.key_length").unwrap_or(n_embd / n_head);
-        if let Ok(rot) = u("rope.dimension_count")
-            && rot != head_dim
-        {
-            return Err(ModelError::gguf(
-                &g.path,
-                format!("partial rotary ({rot} of {head_dim}) is not supported"),
-            ));
-        }
-        let rope_scaling = match g.get("llama.rope.scaling.type").and_then(|v| v.as_str()) {
-            None | Some("none") => None,
-            Some(kind) => Some((kind.to_owned(), g.require_f64("llama.rope.scaling.factor")?)),
-        };
-        if g.tensor("rope_freqs.weight").is_some() {
-            return Err(ModelError::gguf(
-                &g.path,
-                "llama3 rope scaling (rope_freqs) is not supported in conversion",
-            ));
-        }
-        Ok(Self {
-            n_embd,
-            n_ff: u("feed_forward_length")?,
-            n_layer: u("block_count")?,
-            n_head,
-            n_head_kv,
-            head_dim,
-            n_ctx: g.require_u64("llama.context_length")?,
-            rms_eps: f32_clean(g.require_f64("llama.attention.layer_norm_rms_epsilon")?),
-            rope_theta: f32_clean(g.require_f64("llama.rope.freq_base").unwrap_or(10000.0)),
-            rope_scaling,
-            vocab_size: u("vocab_size").unwrap_or(vocab_len),
-        })
-    }
 }
 
 /// HF name of a GGUF tensor, or `None` for tensors HF does not store.
@@ -268,33 +200,7 @@ pub fn convert_gguf_to_hf(
         OutputDtype::F32 => "float32",
         OutputDtype::Bf16 => "bfloat16",
     };
-    let rope_scaling = hp
-        .rope_scaling
-        .as_ref()
-        .map(|(kind, factor)| json!({"rope_type": kind, "type": kind, "factor": factor}));
-    let config = json!({
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_act": "silu",
-        "hidden_size": hp.n_embd,
-        "intermediate_size": hp.n_ff,
-        "num_hidden_layers": hp.n_layer,
-        "num_attention_heads": hp.n_head,
-        "num_key_value_heads": hp.n_head_kv,
-        "head_dim": hp.head_dim,
-        "vocab_size": hp.vocab_size,
-        "max_position_embeddings": hp.n_ctx,
-        "rms_norm_eps": hp.rms_eps,
-        "rope_theta": hp.rope_theta,
-        "rope_scaling": rope_scaling,
-        "tie_word_embeddings": tied,
-        "attention_bias": false,
-        "mlp_bias": false,
-        "bos_token_id": vocab.bos_token_id,
-        "eos_token_id": vocab.eos_token_id,
-        "pad_token_id": vocab.pad_token_id,
-        "torch_dtype": torch_dtype,
-    });
+    let config = hp.config_json(&vocab, tied, torch_dtype);
     write_json(&out_dir.join("config.json"), &config)?;
     write_json(
         &out_dir.join("generation_config.json"),

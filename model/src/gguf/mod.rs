@@ -3,6 +3,8 @@
 
 pub mod convert;
 pub mod dequant;
+mod meta;
+pub use meta::GgufModelMeta;
 pub mod quantize;
 pub mod reader;
 pub mod vocab;

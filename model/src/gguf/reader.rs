@@ -5,11 +5,13 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use memmap2::Mmap;
 
 use super::dequant::GgmlType;
 use crate::error::{ModelError, Result};
+use crate::quant::Storage;
 
 /// A metadata value.
 #[derive(Debug, Clone, PartialEq)]
@@ -104,7 +106,7 @@ pub struct GgufFile {
     pub version: u32,
     pub metadata: BTreeMap<String, GgufValue>,
     pub tensors: Vec<GgufTensorInfo>,
-    mmap: Mmap,
+    mmap: Arc<Mmap>,
 }
 
 /// Bounds-checked little-endian cursor.
@@ -257,7 +259,7 @@ impl GgufFile {
                 n_bytes,
             });
         }
-        Ok(Self { path: path.to_path_buf(), version, metadata, tensors, mmap })
+        Ok(Self { path: path.to_path_buf(), version, metadata, tensors, mmap: Arc::new(mmap) })
     }
 
     pub fn tensor(&self, name: &str) -> Option<&GgufTensorInfo> {
@@ -267,6 +269,18 @@ impl GgufFile {
     /// The raw (possibly quantized) bytes of a tensor; bounds were checked at open.
     pub fn tensor_bytes(&self, info: &GgufTensorInfo) -> &[u8] {
         &self.mmap[info.offset..info.offset + info.n_bytes]
+    }
+
+    /// A tensor's bytes as weight storage sharing this file's mapping (no copy).
+    pub fn tensor_storage(&self, info: &GgufTensorInfo) -> Storage {
+        Storage::Mapped { map: Arc::clone(&self.mmap), range: info.offset..info.offset + info.n_bytes }
+    }
+
+    /// A tensor dequantized to f32 (norm weights, small tensors).
+    pub fn tensor_f32(&self, info: &GgufTensorInfo) -> Vec<f32> {
+        let mut out = vec![0.0; info.n_elements()];
+        crate::gguf::dequantize(info.ggml_type, self.tensor_bytes(info), &mut out);
+        out
     }
 
     pub fn get(&self, key: &str) -> Option<&GgufValue> {

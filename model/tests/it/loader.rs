@@ -31,7 +31,7 @@ fn half_precision_weights_load_as_their_f32_values() {
     let f32_model = Llama::load(write(Dtype::F32, &tiny_tensors(true), &default_config()).path()).unwrap();
     for dtype in [Dtype::BF16, Dtype::F16] {
         let m = Llama::load(write(dtype, &tiny_tensors(true), &default_config()).path()).unwrap();
-        for (a, b) in m.embed.iter().zip(&f32_model.embed) {
+        for (a, b) in m.embed.to_f32().iter().zip(&f32_model.embed.to_f32()) {
             let rounded = match dtype {
                 Dtype::BF16 => half::bf16::from_f32(*b).to_f32(),
                 _ => half::f16::from_f32(*b).to_f32(),
@@ -92,9 +92,9 @@ fn sharded_checkpoint_loads_like_a_single_file() {
     let dir = sharded(root.path(), shard_name, |_| {});
     let a = Llama::load(single.path()).unwrap();
     let b = Llama::load(&dir).unwrap();
-    assert_eq!(a.embed, b.embed);
-    assert_eq!(a.layers[1].gate_up, b.layers[1].gate_up);
-    assert_eq!(a.final_norm, b.final_norm);
+    assert_eq!(a.embed.to_f32(), b.embed.to_f32());
+    assert_eq!(a.layers[1].gate_up.to_f32(), b.layers[1].gate_up.to_f32());
+    assert_eq!(a.final_norm.to_f32(), b.final_norm.to_f32());
 }
 
 #[test]

@@ -1,5 +1,6 @@
-//! The real default model (SmolLM2-135M-Instruct, converted by `cargo xtask fetch-model`)
-//! against the reference goldens kept in this crate's `tests/data/`: tokenizer ids, chat prompts, greedy
+//! The real default model (SmolLM2-135M-Instruct: the Q4_1 GGUF `cargo xtask fetch-model` keeps,
+//! loaded natively with its weights quantized, and the f32 HF folder converted from it) against
+//! the reference goldens kept in this crate's `tests/data/`: tokenizer ids, chat prompts, greedy
 //! continuations and top-5 logits of an f32 reference forward pass.
 
 use std::path::PathBuf;
@@ -14,8 +15,25 @@ use crate::harness::{argmax, assign_blocks, build_batch, cache_for};
 /// our f32 sums run in a different order, over 30 layers).
 const LOGIT_TOL: f32 = 1e-3;
 
-fn model_dir() -> PathBuf {
-    model::testing::smollm2_dir_for_tests()
+/// The two ways the model is loaded: the HF folder, and the GGUF file itself.
+#[derive(Debug, Clone, Copy)]
+enum Source {
+    Folder,
+    Gguf,
+}
+
+const SOURCES: [Source; 2] = [Source::Folder, Source::Gguf];
+
+fn model_path(source: Source) -> PathBuf {
+    let dir = model::testing::smollm2_dir_for_tests();
+    match source {
+        Source::Folder => dir,
+        Source::Gguf => {
+            let gguf = model::testing::smollm2_gguf();
+            assert!(gguf.exists(), "{} missing: run `cargo xtask fetch-model`", gguf.display());
+            gguf
+        }
+    }
 }
 
 fn goldens() -> &'static Value {
@@ -28,9 +46,9 @@ fn goldens() -> &'static Value {
     })
 }
 
-fn folder() -> &'static ModelFolder {
-    static F: OnceLock<ModelFolder> = OnceLock::new();
-    F.get_or_init(|| ModelFolder::open(&model_dir()).expect("open model folder"))
+fn folder(source: Source) -> &'static ModelFolder {
+    static F: [OnceLock<ModelFolder>; 2] = [OnceLock::new(), OnceLock::new()];
+    F[source as usize].get_or_init(|| ModelFolder::open(&model_path(source)).expect("open model folder"))
 }
 
 fn ids(v: &Value) -> Vec<u32> {
@@ -39,7 +57,13 @@ fn ids(v: &Value) -> Vec<u32> {
 
 #[test]
 fn tokenizer_matches_every_golden_string() {
-    let tok = &folder().tokenizer;
+    for source in SOURCES {
+        tokenizer_matches_every_golden_string_from(source);
+    }
+}
+
+fn tokenizer_matches_every_golden_string_from(source: Source) {
+    let tok = &folder(source).tokenizer;
     let cases = goldens()["tokenization"].as_array().expect("tokenization cases");
     assert!(cases.len() >= 10);
     for case in cases {
@@ -47,14 +71,25 @@ fn tokenizer_matches_every_golden_string() {
         let parse_special = case["parse_special"].as_bool().expect("parse_special");
         let add_special = case["add_special"].as_bool().expect("add_special");
         let got = tok.encode(text, parse_special, add_special).expect("encode");
-        assert_eq!(got, ids(&case["ids"]), "case {}", case["name"]);
-        assert_eq!(tok.decode(&got, false).expect("decode"), text, "round trip of {}", case["name"]);
+        assert_eq!(got, ids(&case["ids"]), "{source:?}: case {}", case["name"]);
+        assert_eq!(
+            tok.decode(&got, false).expect("decode"),
+            text,
+            "{source:?}: round trip of {}",
+            case["name"]
+        );
     }
 }
 
 #[test]
 fn config_and_chat_template_match_the_gguf_metadata() {
-    let f = folder();
+    for source in SOURCES {
+        config_and_chat_template_match_from(source);
+    }
+}
+
+fn config_and_chat_template_match_from(source: Source) {
+    let f = folder(source);
     let meta = &goldens()["metadata"];
     let c = &f.config;
     assert_eq!(c.num_hidden_layers as u64, meta["n_layers"].as_u64().unwrap());
@@ -75,10 +110,18 @@ fn config_and_chat_template_match_the_gguf_metadata() {
 }
 
 /// All golden prompts run together: one mixed prefill step, then batched greedy decoding;
-/// every token must match and every top-5 logit be within `LOGIT_TOL`.
+/// every token must match and every top-5 logit be within `LOGIT_TOL`. The goldens are the
+/// Q4_1 model's, so the GGUF with its weights left quantized must meet them as the f32
+/// dequantization does.
 #[test]
 fn greedy_generations_and_logits_match_the_goldens() {
-    let f = folder();
+    for source in SOURCES {
+        greedy_generations_and_logits_match_from(source);
+    }
+}
+
+fn greedy_generations_and_logits_match_from(source: Source) {
+    let f = folder(source);
     let model = Llama::load(&f.dir).expect("load weights");
     let gens = goldens()["generations"].as_array().expect("generations");
     let prompts: Vec<Vec<u32>> = gens.iter().map(|g| ids(&g["prompt_ids"])).collect();
@@ -101,7 +144,7 @@ fn greedy_generations_and_logits_match_the_goldens() {
         for (i, seq) in seqs.iter_mut().enumerate() {
             let row = &logits[i * vocab..(i + 1) * vocab];
             let tok = argmax(row);
-            assert_eq!(tok, expected[i][step], "{}: token {step} differs", gens[i]["name"]);
+            assert_eq!(tok, expected[i][step], "{source:?} {}: token {step} differs", gens[i]["name"]);
             for pair in gens[i]["top5_per_step"][step].as_array().unwrap() {
                 let id = pair[0].as_u64().unwrap() as usize;
                 let want = pair[1].as_f64().unwrap() as f32;
@@ -109,7 +152,7 @@ fn greedy_generations_and_logits_match_the_goldens() {
                 worst = worst.max(diff);
                 assert!(
                     diff <= LOGIT_TOL,
-                    "{}: step {step} logit of {id}: {} vs {want}",
+                    "{source:?} {}: step {step} logit of {id}: {} vs {want}",
                     gens[i]["name"],
                     row[id]
                 );
@@ -118,5 +161,5 @@ fn greedy_generations_and_logits_match_the_goldens() {
             seq.tokens.push(tok);
         }
     }
-    eprintln!("largest top-5 logit difference: {worst:.2e}");
+    eprintln!("{source:?}: largest top-5 logit difference: {worst:.2e}");
 }
