@@ -11,6 +11,10 @@ use super::{GgmlType, Out, PartRef};
 
 /// One format's groups of 32 consecutive values of a row.
 pub(super) trait Group {
+    /// Bytes of a row per group of 32 values (rounded down for Q6_K's 26.25): how far the
+    /// prefetch moves per group.
+    const BYTES: usize;
+
     /// Values `32·g .. 32·g + 32` of the row at `row`, as four vectors of eight.
     ///
     /// # Safety
@@ -59,6 +63,8 @@ fn affine<const N: usize>(q: [__m256; N], scale: f32, offset: f32) -> [__m256; N
 
 pub(super) struct Q8_0;
 impl Group for Q8_0 {
+    const BYTES: usize = 34;
+
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn group(row: *const u8, g: usize) -> [__m256; 4] {
@@ -76,6 +82,8 @@ impl Group for Q8_0 {
 
 pub(super) struct Q4_0;
 impl Group for Q4_0 {
+    const BYTES: usize = 18;
+
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn group(row: *const u8, g: usize) -> [__m256; 4] {
@@ -90,6 +98,8 @@ impl Group for Q4_0 {
 
 pub(super) struct Q4_1;
 impl Group for Q4_1 {
+    const BYTES: usize = 20;
+
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn group(row: *const u8, g: usize) -> [__m256; 4] {
@@ -107,6 +117,8 @@ impl Group for Q4_1 {
 
 pub(super) struct F16;
 impl Group for F16 {
+    const BYTES: usize = 64;
+
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn group(row: *const u8, g: usize) -> [__m256; 4] {
@@ -120,6 +132,8 @@ impl Group for F16 {
 
 pub(super) struct Bf16;
 impl Group for Bf16 {
+    const BYTES: usize = 64;
+
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn group(row: *const u8, g: usize) -> [__m256; 4] {
@@ -138,7 +152,7 @@ impl Group for Bf16 {
 /// Q4_K's 6-bit scale and min of sub-block `j` (0..8) from the 12 packed bytes, as ggml's
 /// `get_scale_min_k4`.
 #[inline(always)]
-fn scale_min_k4(j: usize, q: &[u8; 12]) -> (u8, u8) {
+pub(super) fn scale_min_k4(j: usize, q: &[u8; 12]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {
@@ -157,6 +171,8 @@ fn u8x32_to_f32(v: __m256i) -> [__m256; 4] {
 
 pub(super) struct Q4K;
 impl Group for Q4K {
+    const BYTES: usize = 18;
+
     /// Super-block of 256 (144 bytes: f16 d, f16 dmin, 12 bytes of scales and mins, 128 bytes
     /// of nibbles); group `s` of it is sub-block `s`: the low nibbles of bytes `32·(s/2)..`
     /// for even `s`, the high nibbles for odd `s`; value = `d·sc·q − dmin·m`.
@@ -179,6 +195,8 @@ impl Group for Q4K {
 
 pub(super) struct Q6K;
 impl Group for Q6K {
+    const BYTES: usize = 26;
+
     /// Super-block of 256 (210 bytes: 128 bytes of low nibbles `ql`, 64 of high bit pairs
     /// `qh`, 16 i8 scales, f16 d) in two halves of 128; group `s` is quarter `s%4` of half
     /// `s/4`: value `l` of it is `(ql[l (+32)] nibble | qh[l] bits 2·quarter.. << 4) − 32`,
@@ -190,19 +208,7 @@ impl Group for Q6K {
         unsafe {
             let b = row.add(g / 8 * 210);
             let (half, quarter) = (g % 8 / 4, g % 4);
-            let ql = _mm256_loadu_si256(b.add(64 * half + 32 * (quarter % 2)) as *const __m256i);
-            let qh = _mm256_loadu_si256(b.add(128 + 32 * half) as *const __m256i);
-            let low4 = _mm256_set1_epi8(0x0f);
-            let nib = if quarter < 2 { ql } else { _mm256_srli_epi16::<4>(ql) };
-            let high2 = match quarter {
-                0 => qh,
-                1 => _mm256_srli_epi16::<2>(qh),
-                2 => _mm256_srli_epi16::<4>(qh),
-                _ => _mm256_srli_epi16::<6>(qh),
-            };
-            // Masking each byte before the left shift keeps bits inside their byte.
-            let high = _mm256_slli_epi16::<4>(_mm256_and_si256(high2, _mm256_set1_epi8(3)));
-            let q = u8x32_to_f32(_mm256_or_si256(_mm256_and_si256(nib, low4), high));
+            let q = u8x32_to_f32(q6k_codes(b, half, quarter));
             let d = f16_at(b.add(208));
             let scales = b.add(192 + 8 * half + 2 * quarter) as *const i8;
             let (s0, s1) = (d * f32::from(*scales), d * f32::from(*scales.add(1)));
@@ -213,6 +219,33 @@ impl Group for Q6K {
     }
 }
 
+/// The 32 six-bit codes (0..64, before the −32) of quarter `quarter` of half `half` of the
+/// Q6_K super-block at `b`, one per byte.
+///
+/// # Safety
+/// AVX2 is available; `b` points at a whole 210-byte super-block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q6k_codes(b: *const u8, half: usize, quarter: usize) -> __m256i {
+    // SAFETY: ql (128 bytes) and qh (64 bytes) lie at the start of the super-block.
+    let (ql, qh) = unsafe {
+        (
+            _mm256_loadu_si256(b.add(64 * half + 32 * (quarter % 2)) as *const __m256i),
+            _mm256_loadu_si256(b.add(128 + 32 * half) as *const __m256i),
+        )
+    };
+    let nib = if quarter < 2 { ql } else { _mm256_srli_epi16::<4>(ql) };
+    let high2 = match quarter {
+        0 => qh,
+        1 => _mm256_srli_epi16::<2>(qh),
+        2 => _mm256_srli_epi16::<4>(qh),
+        _ => _mm256_srli_epi16::<6>(qh),
+    };
+    // Masking each byte before the left shift keeps bits inside their byte.
+    let high = _mm256_slli_epi16::<4>(_mm256_and_si256(high2, _mm256_set1_epi8(3)));
+    _mm256_or_si256(_mm256_and_si256(nib, _mm256_set1_epi8(0x0f)), high)
+}
+
 /// Horizontal sum of eight lanes.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -221,6 +254,11 @@ fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
 }
+
+/// Bytes ahead of the group being read that the decode loop prefetches: the hardware
+/// prefetchers stop at every 4 KiB page, and a quantized row is only a few hundred bytes, so
+/// without this each page starts with a stall on memory.
+pub(super) const PREFETCH_AHEAD: usize = 1024;
 
 /// Rows `r0..r1` of `part` times tokens `t0..t0+M` of `x`, into `out`: each group is
 /// dequantized once and multiplied into all `M` tokens, with `A` accumulators per token so
@@ -245,8 +283,10 @@ unsafe fn dot_rows<F: Group, const M: usize, const A: usize>(
         let row = part.row(r).as_ptr();
         let mut acc = [[_mm256_setzero_ps(); A]; M];
         for g in 0..groups {
-            // SAFETY: g < groups, so the group lies in the row; x holds M rows of k.
+            // SAFETY: g < groups, so the group lies in the row; x holds M rows of k. The
+            // prefetch is a hint (it may point past the part and never faults).
             unsafe {
+                _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(g * F::BYTES + PREFETCH_AHEAD) as *const i8);
                 let w = F::group(row, g);
                 for (t, a) in acc.iter_mut().enumerate() {
                     let xp = xs.add(t * k + 32 * g);

@@ -36,6 +36,11 @@ pub(super) fn matmul(isa: Isa, out: Out, x: &[f32], m: usize, part: &PartRef<'_>
                 Isa::Avx2 if part.cols.is_multiple_of(32) => unsafe {
                     super::avx2::dot_rows_dyn(part, rows.clone(), x, t, mr, out, accumulate)
                 },
+                // SAFETY: as above, for AVX-512F.
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx512 if part.cols.is_multiple_of(32) => unsafe {
+                    super::avx512::dot_rows_dyn(part, rows.clone(), x, t, mr, out, accumulate)
+                },
                 _ => portable_rows(part, rows.clone(), x, t, mr, out, accumulate),
             }
             t += mr;

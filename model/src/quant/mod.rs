@@ -7,12 +7,14 @@
 //! dequantizes each weight group in registers and streams every byte once for all tokens;
 //! more tokens (prefill) run [`panel`], which dequantizes a panel of rows into a cache-sized
 //! f32 buffer and hands it to `gemm`. The instruction set is chosen once at run time
-//! ([`Isa::detected`]): AVX2 + FMA + F16C where the CPU has them ([`avx2`]), otherwise a
-//! portable loop over the scalar dequantization (`gguf::dequant`), which is also the tests'
-//! second path on every machine.
+//! ([`Isa::detected`]): AVX-512F (sixteen lanes, [`avx512`]) where the CPU has it, else AVX2 +
+//! FMA + F16C ([`avx2`]), else a portable loop over the scalar dequantization
+//! (`gguf::dequant`); the tests run every one the machine can.
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 mod decode;
 mod panel;
 mod storage;
@@ -36,6 +38,9 @@ pub enum Isa {
     /// AVX2 + FMA + F16C: dequantization in ymm registers.
     #[cfg(target_arch = "x86_64")]
     Avx2,
+    /// AVX-512F on top of those: dequantization in zmm registers.
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
 }
 
 impl Isa {
@@ -48,6 +53,9 @@ impl Isa {
                 && is_x86_feature_detected!("fma")
                 && is_x86_feature_detected!("f16c")
             {
+                if is_x86_feature_detected!("avx512f") {
+                    return Isa::Avx512;
+                }
                 return Isa::Avx2;
             }
             Isa::Portable
@@ -56,11 +64,13 @@ impl Isa {
 
     /// Every path this CPU can run (the tests run each).
     pub fn available() -> Vec<Isa> {
-        let mut all = vec![Isa::Portable];
-        if Isa::detected() != Isa::Portable {
-            all.push(Isa::detected());
+        match Isa::detected() {
+            Isa::Portable => vec![Isa::Portable],
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => vec![Isa::Portable, Isa::Avx2],
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => vec![Isa::Portable, Isa::Avx2, Isa::Avx512],
         }
-        all
     }
 }
 
@@ -270,6 +280,11 @@ impl Isa {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 if out.len().is_multiple_of(32) && ty != GgmlType::F32 => unsafe {
                 avx2::dequantize_row(ty, row, out)
+            },
+            // SAFETY: as above.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 if out.len().is_multiple_of(32) && ty != GgmlType::F32 => unsafe {
+                avx512::dequantize_row(ty, row, out)
             },
             _ => {
                 let (per_block, block_bytes) = ty.block();
