@@ -9,18 +9,35 @@ use std::arch::x86_64::*;
 
 use super::{GgmlType, Out, PartRef};
 
-/// One format's groups of 32 consecutive values of a row.
+/// One format's groups of 32 consecutive values of a row, factored as `codes·scale + offset`
+/// (see [`super::avx512::Group`], of which this is the eight-lane twin).
 pub(super) trait Group {
     /// Bytes of a row per group of 32 values (rounded down for Q6_K's 26.25): how far the
     /// prefetch moves per group.
     const BYTES: usize;
+    /// Whether `offset` can be non-zero.
+    const OFFSET: bool;
 
-    /// Values `32·g .. 32·g + 32` of the row at `row`, as four vectors of eight.
+    /// Values `32·g .. 32·g + 32` of the row at `row` as `(codes, scale, offset)`: four vectors
+    /// of eight codes, value = code·scale + offset (scale 1 for formats without one scale per
+    /// 32 values, whose "codes" are the values).
     ///
     /// # Safety
     /// AVX2, FMA and F16C are available; `row` points at a whole row of this format holding
     /// more than `32·g` values.
-    unsafe fn group(row: *const u8, g: usize) -> [__m256; 4];
+    unsafe fn codes(row: *const u8, g: usize) -> ([__m256; 4], f32, f32);
+}
+
+/// The dequantized values of group `g`.
+///
+/// # Safety
+/// As [`Group::codes`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn group<F: Group>(row: *const u8, g: usize) -> [__m256; 4] {
+    // SAFETY: forwarded contract.
+    let (q, scale, offset) = unsafe { F::codes(row, g) };
+    affine(q, scale, offset)
 }
 
 /// An f16 stored at `p` (unaligned), as f32.
@@ -64,18 +81,18 @@ fn affine<const N: usize>(q: [__m256; N], scale: f32, offset: f32) -> [__m256; N
 pub(super) struct Q8_0;
 impl Group for Q8_0 {
     const BYTES: usize = 34;
+    const OFFSET: bool = false;
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn group(row: *const u8, g: usize) -> [__m256; 4] {
+    unsafe fn codes(row: *const u8, g: usize) -> ([__m256; 4], f32, f32) {
         // SAFETY: block g (34 bytes: f16 d, 32 i8) lies inside the row.
         unsafe {
             let b = row.add(g * 34);
-            let d = _mm256_set1_ps(f16_at(b));
             let lo = _mm_loadu_si128(b.add(2) as *const __m128i);
             let hi = _mm_loadu_si128(b.add(18) as *const __m128i);
-            let f = |v: __m128i| _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)));
-            [f(lo), f(_mm_srli_si128::<8>(lo)), f(hi), f(_mm_srli_si128::<8>(hi))]
+            let f = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+            ([f(lo), f(_mm_srli_si128::<8>(lo)), f(hi), f(_mm_srli_si128::<8>(hi))], f16_at(b), 0.0)
         }
     }
 }
@@ -83,15 +100,16 @@ impl Group for Q8_0 {
 pub(super) struct Q4_0;
 impl Group for Q4_0 {
     const BYTES: usize = 18;
+    const OFFSET: bool = true;
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn group(row: *const u8, g: usize) -> [__m256; 4] {
+    unsafe fn codes(row: *const u8, g: usize) -> ([__m256; 4], f32, f32) {
         // SAFETY: block g (18 bytes: f16 d, 16 bytes of nibbles) lies inside the row.
         unsafe {
             let b = row.add(g * 18);
             let d = f16_at(b);
-            affine(nibbles_low_then_high(_mm_loadu_si128(b.add(2) as *const __m128i)), d, -8.0 * d)
+            (nibbles_low_then_high(_mm_loadu_si128(b.add(2) as *const __m128i)), d, -8.0 * d)
         }
     }
 }
@@ -99,18 +117,18 @@ impl Group for Q4_0 {
 pub(super) struct Q4_1;
 impl Group for Q4_1 {
     const BYTES: usize = 20;
+    const OFFSET: bool = true;
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn group(row: *const u8, g: usize) -> [__m256; 4] {
+    unsafe fn codes(row: *const u8, g: usize) -> ([__m256; 4], f32, f32) {
         // SAFETY: block g (20 bytes: f16 d, f16 m, 16 bytes of nibbles) lies inside the row.
         unsafe {
             let b = row.add(g * 20);
-            affine(
-                nibbles_low_then_high(_mm_loadu_si128(b.add(4) as *const __m128i)),
-                f16_at(b),
-                f16_at(b.add(2)),
-            )
+            // d and m side by side: one load and one conversion for both.
+            let dm = _mm_cvtph_ps(_mm_cvtsi32_si128((b as *const i32).read_unaligned()));
+            let (d, m) = (_mm_cvtss_f32(dm), _mm_cvtss_f32(_mm_movehdup_ps(dm)));
+            (nibbles_low_then_high(_mm_loadu_si128(b.add(4) as *const __m128i)), d, m)
         }
     }
 }
@@ -118,14 +136,15 @@ impl Group for Q4_1 {
 pub(super) struct F16;
 impl Group for F16 {
     const BYTES: usize = 64;
+    const OFFSET: bool = false;
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn group(row: *const u8, g: usize) -> [__m256; 4] {
+    unsafe fn codes(row: *const u8, g: usize) -> ([__m256; 4], f32, f32) {
         // SAFETY: 32 halves (64 bytes) at 64·g lie inside the row.
         unsafe {
             let b = row.add(g * 64);
-            [0, 16, 32, 48].map(|o| _mm256_cvtph_ps(_mm_loadu_si128(b.add(o) as *const __m128i)))
+            ([0, 16, 32, 48].map(|o| _mm256_cvtph_ps(_mm_loadu_si128(b.add(o) as *const __m128i))), 1.0, 0.0)
         }
     }
 }
@@ -133,18 +152,20 @@ impl Group for F16 {
 pub(super) struct Bf16;
 impl Group for Bf16 {
     const BYTES: usize = 64;
+    const OFFSET: bool = false;
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn group(row: *const u8, g: usize) -> [__m256; 4] {
+    unsafe fn codes(row: *const u8, g: usize) -> ([__m256; 4], f32, f32) {
         // SAFETY: 32 bf16 (64 bytes) at 64·g lie inside the row.
         unsafe {
             let b = row.add(g * 64);
             // A bf16 is the top half of an f32.
-            [0, 16, 32, 48].map(|o| {
+            let values = [0, 16, 32, 48].map(|o| {
                 let v = _mm256_cvtepu16_epi32(_mm_loadu_si128(b.add(o) as *const __m128i));
                 _mm256_castsi256_ps(_mm256_slli_epi32::<16>(v))
-            })
+            });
+            (values, 1.0, 0.0)
         }
     }
 }
@@ -172,13 +193,14 @@ fn u8x32_to_f32(v: __m256i) -> [__m256; 4] {
 pub(super) struct Q4K;
 impl Group for Q4K {
     const BYTES: usize = 18;
+    const OFFSET: bool = true;
 
     /// Super-block of 256 (144 bytes: f16 d, f16 dmin, 12 bytes of scales and mins, 128 bytes
     /// of nibbles); group `s` of it is sub-block `s`: the low nibbles of bytes `32·(s/2)..`
     /// for even `s`, the high nibbles for odd `s`; value = `d·sc·q − dmin·m`.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn group(row: *const u8, g: usize) -> [__m256; 4] {
+    unsafe fn codes(row: *const u8, g: usize) -> ([__m256; 4], f32, f32) {
         // SAFETY: super-block g/8 (144 bytes) lies inside the row.
         unsafe {
             let b = row.add(g / 8 * 144);
@@ -188,7 +210,7 @@ impl Group for Q4K {
             let bytes = _mm256_loadu_si256(b.add(16 + 32 * (s / 2)) as *const __m256i);
             let nib = if s.is_multiple_of(2) { bytes } else { _mm256_srli_epi16::<4>(bytes) };
             let q = _mm256_and_si256(nib, _mm256_set1_epi8(0x0f));
-            affine(u8x32_to_f32(q), d * f32::from(sc), -dmin * f32::from(m))
+            (u8x32_to_f32(q), d * f32::from(sc), -dmin * f32::from(m))
         }
     }
 }
@@ -196,6 +218,7 @@ impl Group for Q4K {
 pub(super) struct Q6K;
 impl Group for Q6K {
     const BYTES: usize = 26;
+    const OFFSET: bool = false;
 
     /// Super-block of 256 (210 bytes: 128 bytes of low nibbles `ql`, 64 of high bit pairs
     /// `qh`, 16 i8 scales, f16 d) in two halves of 128; group `s` is quarter `s%4` of half
@@ -203,7 +226,7 @@ impl Group for Q6K {
     /// scaled by `d·scales[8·half + 2·quarter + l/16]`.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn group(row: *const u8, g: usize) -> [__m256; 4] {
+    unsafe fn codes(row: *const u8, g: usize) -> ([__m256; 4], f32, f32) {
         // SAFETY: super-block g/8 (210 bytes) lies inside the row.
         unsafe {
             let b = row.add(g / 8 * 210);
@@ -212,9 +235,10 @@ impl Group for Q6K {
             let d = f16_at(b.add(208));
             let scales = b.add(192 + 8 * half + 2 * quarter) as *const i8;
             let (s0, s1) = (d * f32::from(*scales), d * f32::from(*scales.add(1)));
+            // Two scales per group: the values themselves.
             let [a, b2] = affine([q[0], q[1]], s0, -32.0 * s0);
             let [c, e] = affine([q[2], q[3]], s1, -32.0 * s1);
-            [a, b2, c, e]
+            ([a, b2, c, e], 1.0, 0.0)
         }
     }
 }
@@ -260,15 +284,15 @@ fn hsum(v: __m256) -> f32 {
 /// without this each page starts with a stall on memory.
 pub(super) const PREFETCH_AHEAD: usize = 1024;
 
-/// Rows `r0..r1` of `part` times tokens `t0..t0+M` of `x`, into `out`: each group is
-/// dequantized once and multiplied into all `M` tokens, with `A` accumulators per token so
-/// the FMA chains overlap.
+/// Rows `rows` of `part` times tokens `t0..t0+M` of `x`, into `out`, as
+/// [`super::avx512`]'s `dot_rows` with eight lanes: per group the codes times the activations,
+/// scaled once, plus the offset times the activations' group sum.
 ///
 /// # Safety
 /// AVX2, FMA, F16C; the rows and tokens lie inside `part` and `x`; only this task writes
-/// columns `r0..r1` of `out`.
+/// columns `rows` of `out`.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_rows<F: Group, const M: usize, const A: usize>(
+unsafe fn dot_rows<F: Group, const M: usize>(
     part: &PartRef<'_>,
     rows: std::ops::Range<usize>,
     x: &[f32],
@@ -278,67 +302,39 @@ unsafe fn dot_rows<F: Group, const M: usize, const A: usize>(
 ) {
     let k = part.cols;
     let groups = k / 32;
-    let xs = x[t0 * k..(t0 + M) * k].as_ptr();
+    let xs = &x[t0 * k..(t0 + M) * k];
+    let group_sums: Vec<f32> =
+        if F::OFFSET { xs.chunks_exact(32).map(|c| c.iter().sum()).collect() } else { Vec::new() };
+    let xs = xs.as_ptr();
     for r in rows {
         let row = part.row(r).as_ptr();
-        let mut acc = [[_mm256_setzero_ps(); A]; M];
+        let mut acc = [_mm256_setzero_ps(); M];
+        let mut offsets = [0.0f32; M];
         for g in 0..groups {
             // SAFETY: g < groups, so the group lies in the row; x holds M rows of k. The
             // prefetch is a hint (it may point past the part and never faults).
             unsafe {
                 _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(g * F::BYTES + PREFETCH_AHEAD) as *const i8);
-                let w = F::group(row, g);
+                let (q, scale, offset) = F::codes(row, g);
+                let scale = _mm256_set1_ps(scale);
                 for (t, a) in acc.iter_mut().enumerate() {
                     let xp = xs.add(t * k + 32 * g);
-                    for (j, &wj) in w.iter().enumerate() {
-                        a[j % A] = _mm256_fmadd_ps(wj, _mm256_loadu_ps(xp.add(8 * j)), a[j % A]);
+                    let mut dot = _mm256_mul_ps(q[0], _mm256_loadu_ps(xp));
+                    for (j, &qj) in q.iter().enumerate().skip(1) {
+                        dot = _mm256_fmadd_ps(qj, _mm256_loadu_ps(xp.add(8 * j)), dot);
+                    }
+                    *a = _mm256_fmadd_ps(dot, scale, *a);
+                    if F::OFFSET {
+                        offsets[t] = offset.mul_add(*group_sums.get_unchecked(t * groups + g), offsets[t]);
                     }
                 }
             }
         }
         for (t, a) in acc.iter().enumerate() {
-            let total = a[1..].iter().fold(a[0], |s, &v| _mm256_add_ps(s, v));
             // SAFETY: (t0 + t, r) is this task's entry.
-            unsafe { out.put(t0 + t, r, hsum(total), accumulate) };
+            unsafe { out.put(t0 + t, r, hsum(*a) + offsets[t], accumulate) };
         }
     }
-}
-
-/// The format's [`Group`] type, bound to `$G` inside `$body`.
-macro_rules! with_group {
-    ($ty:expr, $G:ident => $body:expr) => {
-        match $ty {
-            GgmlType::Q8_0 => {
-                type $G = Q8_0;
-                $body
-            }
-            GgmlType::Q4_0 => {
-                type $G = Q4_0;
-                $body
-            }
-            GgmlType::Q4_1 => {
-                type $G = Q4_1;
-                $body
-            }
-            GgmlType::Q4_K => {
-                type $G = Q4K;
-                $body
-            }
-            GgmlType::Q6_K => {
-                type $G = Q6K;
-                $body
-            }
-            GgmlType::F16 => {
-                type $G = F16;
-                $body
-            }
-            GgmlType::BF16 => {
-                type $G = Bf16;
-                $body
-            }
-            GgmlType::F32 => unreachable!("f32 parts take the f32 kernels"),
-        }
-    };
 }
 
 /// [`dot_rows`] for `mr` (1..=4) tokens from `t0`.
@@ -356,11 +352,11 @@ pub(super) unsafe fn dot_rows_dyn(
 ) {
     // SAFETY: forwarded contract.
     unsafe {
-        with_group!(part.ty, G => match mr {
-            1 => dot_rows::<G, 1, 4>(part, rows, x, t0, out, accumulate),
-            2 => dot_rows::<G, 2, 4>(part, rows, x, t0, out, accumulate),
-            3 => dot_rows::<G, 3, 2>(part, rows, x, t0, out, accumulate),
-            _ => dot_rows::<G, 4, 2>(part, rows, x, t0, out, accumulate),
+        with_group!(avx2, part.ty, G => match mr {
+            1 => dot_rows::<G, 1>(part, rows, x, t0, out, accumulate),
+            2 => dot_rows::<G, 2>(part, rows, x, t0, out, accumulate),
+            3 => dot_rows::<G, 3>(part, rows, x, t0, out, accumulate),
+            _ => dot_rows::<G, 4>(part, rows, x, t0, out, accumulate),
         })
     }
 }
@@ -370,7 +366,7 @@ unsafe fn dequantize_row_as<G: Group>(row: &[u8], out: &mut [f32]) {
     for (g, chunk) in out.chunks_exact_mut(32).enumerate() {
         // SAFETY: the row holds out.len() values, so group g exists; chunk has 32 floats.
         unsafe {
-            let w = G::group(row.as_ptr(), g);
+            let w = group::<G>(row.as_ptr(), g);
             for (j, v) in w.iter().enumerate() {
                 _mm256_storeu_ps(chunk.as_mut_ptr().add(8 * j), *v);
             }
@@ -384,5 +380,5 @@ unsafe fn dequantize_row_as<G: Group>(row: &[u8], out: &mut [f32]) {
 /// AVX2, FMA and F16C are available; `row` holds exactly one row of `out.len()` values.
 pub(super) unsafe fn dequantize_row(ty: GgmlType, row: &[u8], out: &mut [f32]) {
     // SAFETY: forwarded contract.
-    unsafe { with_group!(ty, G => dequantize_row_as::<G>(row, out)) }
+    unsafe { with_group!(avx2, ty, G => dequantize_row_as::<G>(row, out)) }
 }

@@ -11,6 +11,46 @@
 //! FMA + F16C ([`avx2`]), else a portable loop over the scalar dequantization
 //! (`gguf::dequant`); the tests run every one the machine can.
 
+/// The SIMD module `$isa`'s [`avx2::Group`]-style type for format `$ty`, bound to `$G`
+/// inside `$body` (one match for every format-generic entry point of both x86 paths).
+#[cfg(target_arch = "x86_64")]
+macro_rules! with_group {
+    ($isa:ident, $ty:expr, $G:ident => $body:expr) => {
+        match $ty {
+            GgmlType::Q8_0 => {
+                type $G = super::$isa::Q8_0;
+                $body
+            }
+            GgmlType::Q4_0 => {
+                type $G = super::$isa::Q4_0;
+                $body
+            }
+            GgmlType::Q4_1 => {
+                type $G = super::$isa::Q4_1;
+                $body
+            }
+            GgmlType::Q4_K => {
+                type $G = super::$isa::Q4K;
+                $body
+            }
+            GgmlType::Q6_K => {
+                type $G = super::$isa::Q6K;
+                $body
+            }
+            GgmlType::F16 => {
+                type $G = super::$isa::F16;
+                $body
+            }
+            GgmlType::BF16 => {
+                type $G = super::$isa::Bf16;
+                $body
+            }
+            GgmlType::F32 => unreachable!("f32 parts take the f32 kernels"),
+        }
+    };
+}
+
+// After the macro: macro_rules! names are in scope only below their definition.
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
