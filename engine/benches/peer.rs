@@ -1,8 +1,8 @@
 //! Benchmark group `peer`: our engine against llama.cpp on the same model, prompts and machine,
 //! in one run. llama.cpp is llama-cpp-python built from its sdist with `GGML_NATIVE=ON` in
 //! `target/venv-llamacpp` (installed here when missing, ~5 min on two cores) running the Q4_1
-//! GGUF the default model comes from; ours runs the f32 folder `cargo xtask fetch-model`
-//! converts from that GGUF, prefix caching off (the same prompt runs several times).
+//! GGUF that is the default model; ours loads the same GGUF natively (weights kept quantized,
+//! f32 activations), prefix caching off (the same prompt runs several times).
 //!
 //! Cases (token-id prompts, greedy, `ignore_eos`): `prefill_512` (one 512-token prompt),
 //! `prefill_6000` (one 6 000-token prompt, chunked by both sides' 2 048-token batch),
@@ -153,7 +153,8 @@ fn ours(engine: &mut Engine, w: &Value) -> Result<Value, Box<dyn Error>> {
 }
 
 fn main() -> Result<(), Box<dyn Error>> {
-    let dir = model::testing::smollm2_dir_fetched()?;
+    // Fetches the model (the GGUF and the folder beside it) when missing.
+    model::testing::smollm2_dir_fetched()?;
     let gguf = model::testing::smollm2_gguf();
     if !gguf.exists() {
         return Err(format!("{} missing: run `cargo xtask fetch-model`", gguf.display()).into());
@@ -166,7 +167,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         log_interval: std::time::Duration::ZERO,
         ..EngineConfig::default()
     };
-    let mut engine = Engine::new(&dir, config)?;
+    let mut engine = Engine::new(&gguf, config)?;
     let w = workload(&engine);
     let figures_dir = std::env::var_os("BENCH_FIGURES_DIR")
         .map_or_else(|| root().join("target/bench-report/figures-run"), PathBuf::from);
@@ -189,8 +190,8 @@ fn main() -> Result<(), Box<dyn Error>> {
     let mut figures = serde_json::Map::new();
     let mut md = format!(
         "## Against llama.cpp (`peer`)\n\nSmolLM2-135M-Instruct on this machine, same token ids, {threads} threads, \
-         medians of {REPS}: ours on the f32 folder converted from the Q4_1 GGUF, llama.cpp \
-         (llama-cpp-python {}, `GGML_NATIVE=ON`) on that GGUF. Command: `cargo xtask bench --only peer`.\n\n\
+         medians of {REPS}: both on the same Q4_1 GGUF, ours loading it natively (weights kept \
+         quantized, f32 activations), llama.cpp (llama-cpp-python {}, `GGML_NATIVE=ON`). Command: `cargo xtask bench --only peer`.\n\n\
          | case | ours tok/s | llama.cpp tok/s | ours ÷ llama.cpp |\n|---|---:|---:|---:|\n",
         theirs["llama_cpp_python"].as_str().unwrap_or("?")
     );

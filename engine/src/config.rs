@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+pub use model::quant::Quantization;
 pub use model::runner::{DType, Device, KvCacheSize};
 pub use scheduler::{Policy, PreemptionMode};
 
@@ -42,6 +43,9 @@ pub struct EngineConfig {
     pub max_waiting: usize,
     /// The model's name for clients; `None` takes the model folder's name.
     pub served_model_name: Option<String>,
+    /// Quantize float weights at load (vLLM's `--quantization`); `None` keeps every weight in
+    /// the format its file stores (a GGUF's own quantization, bf16 of a bf16 checkpoint).
+    pub quantization: Option<Quantization>,
 }
 
 impl Default for EngineConfig {
@@ -64,6 +68,7 @@ impl Default for EngineConfig {
             gpu_memory_utilization: 0.9,
             max_waiting: 4096,
             served_model_name: None,
+            quantization: None,
         }
     }
 }

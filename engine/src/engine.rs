@@ -63,10 +63,14 @@ struct StepBuffers {
 }
 
 impl Engine {
-    /// Loads an HF model folder (config, weights, tokenizer, chat template) and sizes the cache.
+    /// Loads an HF model folder or a GGUF file (config, weights, tokenizer, chat template) and
+    /// sizes the cache.
     pub fn new(model_dir: &Path, config: EngineConfig) -> Result<Self, EngineError> {
         let folder = ModelFolder::open(model_dir)?;
-        let model = Llama::load(model_dir)?;
+        let mut model = Llama::load(model_dir)?;
+        if let Some(q) = config.quantization {
+            model.quantize_weights(q.ggml_type())?;
+        }
         Self::from_parts(folder, model, config)
     }
 
@@ -114,8 +118,10 @@ impl Engine {
             watermark: config.watermark,
             enable_prefix_caching: config.enable_prefix_caching,
         })?;
+        // A folder's name, or a GGUF file's without the extension.
         let model_name = config.served_model_name.clone().unwrap_or_else(|| {
-            folder.dir.file_name().map_or_else(|| "model".to_owned(), |n| n.to_string_lossy().into_owned())
+            let path = if folder.dir.is_file() { folder.dir.with_extension("") } else { folder.dir.clone() };
+            path.file_name().map_or_else(|| "model".to_owned(), |n| n.to_string_lossy().into_owned())
         });
         tracing::info!(
             target: "engine",

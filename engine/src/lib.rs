@@ -20,7 +20,7 @@ mod request;
 pub mod sampling;
 pub mod workload;
 
-pub use config::{DType, Device, EngineConfig, KvCacheSize, Policy, PreemptionMode};
+pub use config::{DType, Device, EngineConfig, KvCacheSize, Policy, PreemptionMode, Quantization};
 pub use engine::Engine;
 pub use error::{EngineError, RequestError};
 pub use handle::{EngineHandle, OutputStream, RequestStream, ShutdownMode, StreamError};

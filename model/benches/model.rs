@@ -104,10 +104,14 @@ fn main() {
     let memcpy = memcpy_bytes_per_sec(samples);
     eprintln!("gemm {gflops:.1} GFLOP/s, memcpy {:.2} GB/s", memcpy / 1e9);
 
-    let dir = model::testing::smollm2_dir();
-    let model = Llama::load(&dir).unwrap_or_else(|e| {
-        panic!("cannot load SmolLM2 from {} ({e}); run `cargo xtask fetch-model`", dir.display())
+    // The default model as users run it: the Q4_1 GGUF with its weights left quantized
+    // (`BENCH_MODEL` points elsewhere, e.g. at the f32 HF folder, for comparisons).
+    let path =
+        std::env::var_os("BENCH_MODEL").map(PathBuf::from).unwrap_or_else(model::testing::smollm2_gguf);
+    let model = Llama::load(&path).unwrap_or_else(|e| {
+        panic!("cannot load SmolLM2 from {} ({e}); run `cargo xtask fetch-model`", path.display())
     });
+    let formats = weight_formats(&model);
     let vocab = model.config.vocab_size;
     let mut ws = Workspace::default();
 
@@ -172,7 +176,7 @@ fn main() {
         "model.decode_b64_gemm_fraction": gemm_fraction,
     });
     let md = format!(
-        "## model (SmolLM2-135M-Instruct, f32, {} threads)\n\n\
+        "## model (SmolLM2-135M-Instruct, {formats}, {} threads)\n\n\
          | figure | value |\n|---|---|\n\
          | f32 GEMM 1024³ | {gflops:.1} GFLOP/s |\n| memcpy (bytes read + written /s, all cores) | {:.2} GB/s |\n\
          | prefill, one 512-token prompt | {prefill_tok_s:.0} tok/s |\n\
@@ -191,6 +195,20 @@ fn main() {
         }
         None => println!("{}\n{md}", serde_json::to_string_pretty(&figures).expect("json")),
     }
+}
+
+/// The storage formats of the model's matrices, e.g. "Q4_1 + Q8_0 weights".
+fn weight_formats(model: &Llama) -> String {
+    let mut names: Vec<String> = model
+        .layers
+        .iter()
+        .flat_map(|l| [&l.qkv, &l.o_proj, &l.gate_up, &l.down])
+        .chain([model.lm_head()])
+        .flat_map(|w| w.parts().iter().map(|p| format!("{:?}", p.format())))
+        .collect();
+    names.sort();
+    names.dedup();
+    format!("{} weights", names.join(" + "))
 }
 
 /// Physical block `b` of sequence `s` (blocks are interleaved across sequences).

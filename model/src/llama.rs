@@ -121,29 +121,30 @@ impl Llama {
         let (h, d) = (c.hidden_size, c.head_dim);
         let (q_rows, kv_rows) = (c.num_attention_heads * d, c.num_key_value_heads * d);
         let inter = c.intermediate_size;
-        let matrix = |name: &str, rows: usize, cols: usize| -> Result<Weight> {
-            Ok(Weight::from_f32(rows, cols, files.load_f32(name, &[rows, cols])?))
-        };
+        let matrix = |name: &str, rows: usize, cols: usize| files.load_weight(&[(name, rows)], cols);
         let norm = |name: &str| -> Result<Weight> { Ok(Weight::from_f32(1, h, files.load_f32(name, &[h])?)) };
         let embed = matrix("model.embed_tokens.weight", c.vocab_size, h)?;
         let mut layers = Vec::new();
         for l in 0..c.num_hidden_layers {
             let p = format!("model.layers.{l}");
-            let qkv = files.load_f32_concat(&[
-                (&format!("{p}.self_attn.q_proj.weight"), &[q_rows, h]),
-                (&format!("{p}.self_attn.k_proj.weight"), &[kv_rows, h]),
-                (&format!("{p}.self_attn.v_proj.weight"), &[kv_rows, h]),
-            ])?;
-            let gate_up = files.load_f32_concat(&[
-                (&format!("{p}.mlp.gate_proj.weight"), &[inter, h]),
-                (&format!("{p}.mlp.up_proj.weight"), &[inter, h]),
-            ])?;
+            let qkv = files.load_weight(
+                &[
+                    (&format!("{p}.self_attn.q_proj.weight"), q_rows),
+                    (&format!("{p}.self_attn.k_proj.weight"), kv_rows),
+                    (&format!("{p}.self_attn.v_proj.weight"), kv_rows),
+                ],
+                h,
+            )?;
+            let gate_up = files.load_weight(
+                &[(&format!("{p}.mlp.gate_proj.weight"), inter), (&format!("{p}.mlp.up_proj.weight"), inter)],
+                h,
+            )?;
             layers.push(LayerWeights {
                 input_norm: norm(&format!("{p}.input_layernorm.weight"))?,
-                qkv: Weight::from_f32(q_rows + 2 * kv_rows, h, qkv),
+                qkv,
                 o_proj: matrix(&format!("{p}.self_attn.o_proj.weight"), h, q_rows)?,
                 post_attn_norm: norm(&format!("{p}.post_attention_layernorm.weight"))?,
-                gate_up: Weight::from_f32(2 * inter, h, gate_up),
+                gate_up,
                 down: matrix(&format!("{p}.mlp.down_proj.weight"), h, inter)?,
             });
         }
@@ -226,6 +227,23 @@ impl Llama {
             if c.tie_word_embeddings { None } else { Some(matrix(&[("output.weight", c.vocab_size)])?) };
         let rope = Rope::new(&config);
         Ok(Self { config, embed, layers, final_norm, lm_head, rope_style: RopeStyle::Interleaved, rope })
+    }
+
+    /// Quantizes every float matrix (embedding, projections, LM head) to `ty` at load
+    /// (`--quantization`); matrices a GGUF already holds quantized stay as they are.
+    pub fn quantize_weights(&mut self, ty: GgmlType) -> Result<()> {
+        let bad =
+            |e: crate::quant::QuantizeError| ModelError::InvalidInput(format!("quantizing to {ty:?}: {e}"));
+        self.embed = self.embed.quantized(ty).map_err(bad)?;
+        if let Some(head) = &self.lm_head {
+            self.lm_head = Some(head.quantized(ty).map_err(bad)?);
+        }
+        for l in &mut self.layers {
+            for w in [&mut l.qkv, &mut l.o_proj, &mut l.gate_up, &mut l.down] {
+                *w = w.quantized(ty).map_err(bad)?;
+            }
+        }
+        Ok(())
     }
 
     /// RoPE inverse frequencies (for the reference implementation and tests).

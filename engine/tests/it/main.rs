@@ -8,4 +8,5 @@ mod handle;
 mod hostile;
 mod invariance;
 mod options;
+mod real_model;
 mod support;

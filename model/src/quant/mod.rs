@@ -63,8 +63,27 @@ mod tests;
 
 pub use storage::Storage;
 
-pub use crate::gguf::GgmlType;
+pub use crate::gguf::{GgmlType, QuantizeError};
 use crate::ops::{OutPtr, linear};
+use rayon::prelude::*;
+
+/// Formats float weights can be quantized to at load (`--quantization`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Quantization {
+    /// 8-bit, one f16 scale per 32 values (8.5 bits per weight).
+    Q8_0,
+    /// 4-bit, one f16 scale per 32 values (4.5 bits per weight).
+    Q4_0,
+}
+
+impl Quantization {
+    pub fn ggml_type(self) -> GgmlType {
+        match self {
+            Self::Q8_0 => GgmlType::Q8_0,
+            Self::Q4_0 => GgmlType::Q4_0,
+        }
+    }
+}
 
 /// Up to this many tokens a quantized projection streams its weights once through [`decode`];
 /// above it, the weights are dequantized panel by panel into `gemm` ([`panel`]).
@@ -235,6 +254,38 @@ impl Weight {
             }
         }
         out
+    }
+
+    /// The matrix with its float parts (f32, f16, bf16) quantized to `ty` row by row with
+    /// ggml's reference quantizer; parts already quantized stay as they are.
+    pub fn quantized(&self, ty: GgmlType) -> Result<Weight, QuantizeError> {
+        let cols = self.cols;
+        let parts = self
+            .parts
+            .iter()
+            .map(|p| {
+                if !matches!(p.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
+                    let data = Storage::Owned(p.data.bytes().to_vec());
+                    return Ok(Part { ty: p.ty, rows: p.rows, data });
+                }
+                let rows: Vec<Vec<u8>> = (0..p.rows)
+                    .into_par_iter()
+                    .map(|r| {
+                        let row_bytes = p.data.len() / p.rows;
+                        let mut values = vec![0.0f32; cols];
+                        Isa::detected().dequantize_row(
+                            p.ty,
+                            &p.data.bytes()[r * row_bytes..][..row_bytes],
+                            &mut values,
+                        );
+                        let mut out = Vec::new();
+                        crate::gguf::quantize(ty, &values, &mut out).map(|()| out)
+                    })
+                    .collect::<Result<_, _>>()?;
+                Ok(Part { ty, rows: p.rows, data: Storage::Owned(rows.concat()) })
+            })
+            .collect::<Result<Vec<_>, QuantizeError>>()?;
+        Ok(Weight { rows: self.rows, cols, parts })
     }
 
     /// `dst[m, rows] (+)= x[m, cols] · Wᵀ`, with `accumulate` adding to `dst` (the residual).

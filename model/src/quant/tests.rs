@@ -199,3 +199,29 @@ fn parts_refuse_storage_of_the_wrong_size() {
     assert!(Part::new(GgmlType::Q4_1, 2, 48, Storage::Owned(vec![0; 60])).is_err());
     assert!(Part::new(GgmlType::Q4_K, usize::MAX, 256, Storage::Owned(vec![])).is_err());
 }
+
+#[test]
+fn float_weights_quantize_at_load_and_multiply_as_their_quantization() {
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let (n, k) = (9, 96);
+    let values: Vec<f32> = (0..n * k).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let w = Weight::from_f32(n, k, values.clone());
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_0] {
+        let q = w.quantized(ty).unwrap();
+        assert_eq!((q.parts().len(), q.parts()[0].format()), (1, ty));
+        let mut want = Vec::new();
+        crate::gguf::quantize(ty, &values, &mut want).unwrap();
+        assert_eq!(q.parts()[0].bytes(), &want[..], "row-by-row quantization is the reference's");
+        let x: Vec<f32> = (0..3 * k).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let (ref_out, scale) = reference(ty, &want, n, k, &x, 3);
+        let mut got = vec![0.0; 3 * n];
+        q.matmul(&mut got, &x, 3, false);
+        for ((g, r), s) in got.iter().zip(&ref_out).zip(&scale) {
+            assert!((f64::from(*g) - r).abs() <= 1e-5 * s + 1e-6, "{ty:?}: {g} vs {r}");
+        }
+    }
+    // Already-quantized parts are kept, and K-quants have no reference quantizer to go to.
+    let q = w.quantized(GgmlType::Q8_0).unwrap();
+    assert_eq!(q.quantized(GgmlType::Q4_0).unwrap().parts()[0].format(), GgmlType::Q8_0);
+    assert!(w.quantized(GgmlType::Q4_K).is_err());
+}

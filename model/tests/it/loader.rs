@@ -26,6 +26,8 @@ fn load_err(dir: &tempfile::TempDir) -> String {
     }
 }
 
+/// bf16/f16 checkpoints stay in their format (two bytes a weight, no f32 copy) and compute as
+/// their f32 values.
 #[test]
 fn half_precision_weights_load_as_their_f32_values() {
     let f32_model = Llama::load(write(Dtype::F32, &tiny_tensors(true), &default_config()).path()).unwrap();
@@ -37,6 +39,14 @@ fn half_precision_weights_load_as_their_f32_values() {
                 _ => half::f16::from_f32(*b).to_f32(),
             };
             assert_eq!(*a, rounded);
+        }
+        let want = match dtype {
+            Dtype::BF16 => model::quant::GgmlType::BF16,
+            _ => model::quant::GgmlType::F16,
+        };
+        for w in [&m.embed, &m.layers[0].qkv, &m.layers[0].o_proj, &m.layers[0].gate_up, &m.layers[0].down] {
+            assert!(w.parts().iter().all(|p| p.format() == want), "{dtype:?} kept as {want:?}");
+            assert_eq!(w.storage_bytes(), 2 * w.len());
         }
     }
 }
