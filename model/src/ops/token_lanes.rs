@@ -4,7 +4,9 @@
 //! small next to the weights — and each weight element is broadcast straight from the
 //! row-major weights. So the constant weights are neither repacked every call (what `gemm`
 //! does with its right-hand side) nor stored twice. Micro-tile: 32 tokens × 12 weight rows,
-//! 24 zmm accumulators, one weight broadcast feeding two FMAs.
+//! 24 zmm accumulators, one weight broadcast feeding two FMAs. The weight rows come from a
+//! [`WeightRows`]: f32 rows in place, or (for `quant`) a task's rows dequantized into its own
+//! buffer once per call.
 
 use std::cell::RefCell;
 
@@ -38,6 +40,35 @@ pub fn available() -> bool {
 thread_local! {
     /// Transposed activation panels, reused across calls (grows to the largest block once).
     static PANELS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// A task's weight rows when its [`WeightRows`] makes them (dequantization).
+    static ROWS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Where the weight rows of a task come from.
+pub(crate) trait WeightRows: Sync {
+    /// Rows `j0..j1` as `(j1 − j0)·k` contiguous floats: borrowed in place, or written into
+    /// `scratch` (grown as needed) and borrowed from it.
+    fn rows<'a>(&'a self, j0: usize, j1: usize, scratch: &'a mut Vec<f32>) -> &'a [f32];
+
+    /// Whether [`Self::rows`] writes its rows (then a task's row range is capped so they
+    /// stay in cache).
+    fn makes_rows(&self) -> bool;
+}
+
+/// Row-major f32 weights `[n, k]`.
+struct F32Rows<'w> {
+    w: &'w [f32],
+    k: usize,
+}
+
+impl WeightRows for F32Rows<'_> {
+    fn rows<'a>(&'a self, j0: usize, j1: usize, _: &'a mut Vec<f32>) -> &'a [f32] {
+        &self.w[j0 * self.k..j1 * self.k]
+    }
+
+    fn makes_rows(&self) -> bool {
+        false
+    }
 }
 
 /// See the module doc. Returns `false` (and does nothing) when the CPU lacks AVX-512.
@@ -51,13 +82,34 @@ pub fn token_lanes_linear(
     accumulate: bool,
 ) -> bool {
     assert!(dst.len() >= m * n && x.len() >= m * k && w.len() >= n * k, "token_lanes_linear: short buffer");
+    // SAFETY: dst holds m rows of n floats (asserted).
+    unsafe { token_lanes_rows(OutPtr(dst.as_mut_ptr()), n, x, &F32Rows { w, k }, m, n, k, accumulate) }
+}
+
+/// [`token_lanes_linear`] with the output's rows `ldo` floats apart and the weight rows from
+/// `w`. Returns `false` (and does nothing) when the CPU lacks AVX-512.
+///
+/// # Safety
+/// `out` addresses `m` rows (`ldo` apart) of `n` writable floats that nothing else touches
+/// during the call; `x` holds `m·k` floats.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn token_lanes_rows(
+    out: OutPtr,
+    ldo: usize,
+    x: &[f32],
+    w: &impl WeightRows,
+    m: usize,
+    n: usize,
+    k: usize,
+    accumulate: bool,
+) -> bool {
+    assert!(x.len() >= m * k, "token_lanes_rows: short activations");
     if !available() {
         return false;
     }
     if m == 0 || n == 0 {
         return true;
     }
-    let out = OutPtr(dst.as_mut_ptr());
     // Taken out of the thread-local rather than borrowed: while this thread waits for the
     // row-block tasks it may run another job that calls back in here (a second forward pass
     // on the same pool), which then simply allocates its own panels.
@@ -74,32 +126,42 @@ pub fn token_lanes_linear(
             pack(panels, &x[t0 * k..(t0 + mc) * k], mc, k);
             let panels = &*panels;
             let row_blocks = n.div_ceil(TN);
-            let per_task = row_blocks.div_ceil(rayon::current_num_threads().max(1) * 8).max(1);
+            let mut per_task = row_blocks.div_ceil(rayon::current_num_threads().max(1) * 8).max(1);
+            if w.makes_rows() {
+                // A task's made rows stay within ~1 MiB (in L2 while every token block runs).
+                per_task = per_task.min(((1 << 20) / (4 * TN * k.max(1))).max(1));
+            }
             (0..row_blocks.div_ceil(per_task)).into_par_iter().for_each(|task| {
-                for rb in task * per_task..((task + 1) * per_task).min(row_blocks) {
+                let (rb0, rb1) = (task * per_task, ((task + 1) * per_task).min(row_blocks));
+                let (j0, j1) = (rb0 * TN, (rb1 * TN).min(n));
+                // Taken, not borrowed, for the same reason as the panels.
+                let mut scratch = ROWS.take();
+                let rows = w.rows(j0, j1, &mut scratch);
+                for rb in rb0..rb1 {
                     let j = rb * TN;
                     let nb = (n - j).min(TN);
                     for b in 0..blocks {
                         let tb = (mc - b * TM).min(TM);
                         let panel = &panels[b * k * TM..(b + 1) * k * TM];
                         #[cfg(target_arch = "x86_64")]
-                        // SAFETY: AVX-512F was detected; rows j..j+nb of w, the panel
-                        // and the output tile (t0+b·TM+tb ≤ m, j+nb ≤ n) are in bounds, and
-                        // only this task writes columns j..j+nb.
+                        // SAFETY: AVX-512F was detected; rows j..j+nb (of rows j0..j1),
+                        // the panel and the output tile (t0+b·TM+tb ≤ m, j+nb ≤ n) are in
+                        // bounds, and only this task writes columns j..j+nb.
                         unsafe {
                             avx512::tile(
                                 panel,
-                                w.as_ptr().add(j * k),
+                                rows.as_ptr().add((j - j0) * k),
                                 k,
                                 nb,
-                                out.get().add((t0 + b * TM) * n + j),
-                                n,
+                                out.get().add((t0 + b * TM) * ldo + j),
+                                ldo,
                                 tb,
                                 accumulate,
                             );
                         }
                     }
                 }
+                ROWS.set(scratch);
             });
         }
     }

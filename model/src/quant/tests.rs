@@ -66,10 +66,38 @@ fn reference(ty: GgmlType, bytes: &[u8], n: usize, k: usize, x: &[f32], m: usize
     (want, scale)
 }
 
+/// The kernels a call of `m` tokens can take: decode, or both prefill routes.
+#[derive(Debug, Clone, Copy)]
+enum Route {
+    Decode,
+    Gemm,
+    TokenLanes,
+}
+
+/// Every kernel (route) on every path, for one shape.
+fn check(isa: Isa, ty: GgmlType, m: usize, n: usize, k: usize, accumulate: bool, rng: &mut ChaCha8Rng) {
+    if m <= DECODE_MAX_M {
+        check_route(Route::Decode, isa, ty, m, n, k, accumulate, rng);
+    } else {
+        check_route(Route::Gemm, isa, ty, m, n, k, accumulate, rng);
+        check_route(Route::TokenLanes, isa, ty, m, n, k, accumulate, rng);
+    }
+}
+
 /// One kernel call on a poisoned layout: the part's bytes between 0xFF runs (an f16 NaN in
 /// any scale read outside them), `x` with a NaN tail, and the output as columns 2..2+n of
 /// rows `n + 5` wide whose other columns are NaN and must stay so.
-fn check(isa: Isa, ty: GgmlType, m: usize, n: usize, k: usize, accumulate: bool, rng: &mut ChaCha8Rng) {
+#[allow(clippy::too_many_arguments)]
+fn check_route(
+    route: Route,
+    isa: Isa,
+    ty: GgmlType,
+    m: usize,
+    n: usize,
+    k: usize,
+    accumulate: bool,
+    rng: &mut ChaCha8Rng,
+) {
     let bytes = random_part(ty, n, k, rng);
     let pad = 64;
     let mut poisoned = vec![0xffu8; bytes.len() + 2 * pad];
@@ -84,10 +112,14 @@ fn check(isa: Isa, ty: GgmlType, m: usize, n: usize, k: usize, accumulate: bool,
         dst[t * ldd + col0..t * ldd + col0 + n].fill(before);
     }
     let out = Out { ptr: OutPtr(dst.as_mut_ptr()).offset(col0), ldd };
-    if m <= DECODE_MAX_M {
-        decode::matmul(isa, out, &x, m, &part, accumulate);
-    } else {
-        panel::matmul(isa, out, &x, m, &part, accumulate);
+    match route {
+        Route::Decode => decode::matmul(isa, out, &x, m, &part, accumulate),
+        Route::Gemm => panel::via_gemm(isa, out, &x, m, &part, accumulate),
+        Route::TokenLanes => {
+            if !panel::via_token_lanes(isa, out, &x, m, &part, accumulate) {
+                return; // no AVX-512 on this machine: the route does not exist here
+            }
+        }
     }
     let (want, scale) = reference(ty, &bytes, n, k, &x, m);
     let base = if accumulate { 0.5 } else { 0.0 };
@@ -95,14 +127,17 @@ fn check(isa: Isa, ty: GgmlType, m: usize, n: usize, k: usize, accumulate: bool,
         for c in 0..ldd {
             let got = dst[t * ldd + c];
             if !(col0..col0 + n).contains(&c) {
-                assert!(got.is_nan(), "{isa:?} {ty:?} m={m} n={n} k={k}: padding column {c} written");
+                assert!(
+                    got.is_nan(),
+                    "{route:?} {isa:?} {ty:?} m={m} n={n} k={k}: padding column {c} written"
+                );
                 continue;
             }
             let r = c - col0;
             let (w, s) = (want[t * n + r] + base, scale[t * n + r]);
             assert!(
                 (f64::from(got) - w).abs() <= 1e-5 * s + 1e-6,
-                "{isa:?} {ty:?} m={m} n={n} k={k} acc={accumulate}: ({t}, {r}) = {got}, want {w} (scale {s})"
+                "{route:?} {isa:?} {ty:?} m={m} n={n} k={k} acc={accumulate}: ({t}, {r}) = {got}, want {w} (scale {s})"
             );
         }
     }
