@@ -192,7 +192,7 @@ fn sse_events(
         };
         let events = match item {
             Ok(out) => st.chunks(prompt, &out),
-            Err(e) => vec![Event::default().data(error_event_json(&stream_error(e).message))],
+            Err(e) => vec![Event::default().data(sse_safe_json(error_event_json(&stream_error(e).message)))],
         };
         Some((events, Some(st)))
     });
@@ -235,5 +235,30 @@ impl<S> SseState<S> {
 }
 
 fn json_event(v: &serde_json::Value) -> Event {
-    Event::default().data(v.to_string())
+    Event::default().data(sse_safe_json(v.to_string()))
+}
+
+/// JSON with the three line breaks JSON leaves raw (U+0085, U+2028, U+2029) escaped: they can
+/// only stand inside strings, and line readers that split on every Unicode line break (Python's
+/// `str.splitlines`, which some SSE clients use) would otherwise cut the event in two. Model
+/// text produces them now and then (a sampled token decoding to U+2028, say).
+fn sse_safe_json(json: String) -> String {
+    if !json.contains(['\u{85}', '\u{2028}', '\u{2029}']) {
+        return json;
+    }
+    json.replace('\u{85}', "\\u0085").replace('\u{2028}', "\\u2028").replace('\u{2029}', "\\u2029")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sse_safe_json;
+
+    #[test]
+    fn unicode_line_breaks_are_escaped_and_the_json_is_unchanged() {
+        let v = serde_json::json!({"text": "a\u{2028}b\u{85}c\u{2029}d\ne"});
+        let safe = sse_safe_json(v.to_string());
+        assert!(!safe.contains(['\u{85}', '\u{2028}', '\u{2029}', '\n']), "{safe}");
+        assert_eq!(serde_json::from_str::<serde_json::Value>(&safe).unwrap(), v);
+        assert_eq!(sse_safe_json("{\"a\":1}".into()), "{\"a\":1}");
+    }
 }
