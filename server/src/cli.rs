@@ -40,8 +40,8 @@ pub struct EngineKnobs {
     /// Exact number of KV blocks.
     #[arg(long)]
     pub num_kv_blocks: Option<usize>,
-    /// KV cache element type (default: f32 on the CPU, bf16 on CUDA, which also runs the
-    /// weights and activations in it).
+    /// KV cache element type (default: bf16, on CUDA also the weights' and activations' type;
+    /// f32 on the CPU for results bit-comparable with an f32 reference).
     #[arg(long, value_enum)]
     pub kv_dtype: Option<KvDtype>,
     /// Where the model runs: cpu, cuda (GPU 0) or cuda:N. CUDA needs the NVIDIA driver; xtask
@@ -100,7 +100,6 @@ impl EngineKnobs {
                 (Some(KvDtype::F32), _) => DType::F32,
                 (Some(KvDtype::F16), _) => DType::F16,
                 (Some(KvDtype::Bf16), _) => DType::BF16,
-                (None, Device::Cpu) => DType::F32,
                 (None, _) => DType::BF16,
             },
             device: self.device,
@@ -180,7 +179,7 @@ mod tests {
     #[test]
     fn device_flag_picks_the_device_and_its_default_cache_dtype() {
         let cpu = knobs(&[]).config();
-        assert_eq!((cpu.device, cpu.kv_dtype), (Device::Cpu, DType::F32));
+        assert_eq!((cpu.device, cpu.kv_dtype), (Device::Cpu, DType::BF16));
         let cuda = knobs(&["--device", "cuda", "--gpu-memory-utilization", "0.8"]).config();
         assert_eq!((cuda.device, cuda.kv_dtype), (Device::Cuda { ordinal: 0 }, DType::BF16));
         assert_eq!(cuda.gpu_memory_utilization, 0.8);
