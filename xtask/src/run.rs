@@ -215,10 +215,23 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         m.gauges.prefix_hits,
         m.gauges.prefix_queries
     );
+    if let Some(kib) = peak_rss_kib() {
+        println!(
+            "peak RSS           {:.0} MiB (weights mapped from the model file count once read)",
+            kib as f64 / 1024.0
+        );
+    }
     if failures > 0 {
         bail!("{failures} request(s) failed");
     }
     Ok(())
+}
+
+/// This process's peak resident set (Linux `VmHWM`), in KiB; `None` where it is not reported.
+fn peak_rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// Prints a request's text line by line as it streams in, then its finish reason (each line in
