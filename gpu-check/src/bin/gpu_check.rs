@@ -18,7 +18,7 @@ use gpu_check::attn_cases::{
 use gpu_check::figures::{Figures, Res, finish};
 use kernels::cuda::DeviceAttnMetadata;
 use kernels::cuda::kernels::{AttentionConfig, AttentionVariant, all_programs, attention_configs};
-use kernels::cuda::ops::{self, AttnWorkspace, DeviceSlotMapping};
+use kernels::cuda::ops::{self, AttnWorkspace, DeviceSlotMapping, WorkspaceShape};
 use kernels::cuda::{CudaDevice, CudaError, CudaKernels, cubin_cache::CubinCache, nvrtc};
 use kv_cache::cuda::{CudaKvCache, DeviceLayerCache};
 use kv_cache::{BlockShape, CacheConfig, CacheGeometry, DType, KvCache, LayerCache};
@@ -125,11 +125,11 @@ fn check_attention(kernels: &CudaKernels, figures: &mut Figures) -> Res<usize> {
             for (variant, err) in errors {
                 cases += 1;
                 let key =
-                    format!("check.attention.{name}_{variant:?}.{}.max_rel_err", dtype.name()).to_lowercase();
+                    format!("check.attention.{name}_{variant}.{}.max_rel_err", dtype.name()).to_lowercase();
                 record_max(figures, &key, err);
                 if err > attention_tolerance(dtype) {
                     failures += 1;
-                    eprintln!("FAIL {what} {variant:?}: max rel err {err:.3e}");
+                    eprintln!("FAIL {what} {variant}: max rel err {err:.3e}");
                 }
             }
         }
@@ -142,8 +142,9 @@ fn check_attention(kernels: &CudaKernels, figures: &mut Figures) -> Res<usize> {
     Ok(failures)
 }
 
-/// One attention case through both kernel variants: the largest relative error of each
-/// against the CPU reference.
+/// One attention case through both kernel variants, and v2 once more with a workspace of two
+/// tokens (so a batch runs as several launches, each at its token offset): the largest
+/// relative error of each against the CPU reference.
 fn attention_case(
     kernels: &CudaKernels,
     stream: &Arc<cudarc::driver::CudaStream>,
@@ -151,17 +152,24 @@ fn attention_case(
     num_heads: usize,
     chunks: &[(usize, usize)],
     seed: u64,
-) -> Res<Vec<(AttentionVariant, f64)>> {
+) -> Res<Vec<(&'static str, f64)>> {
     let case = AttnCase::random(geometry, num_heads, chunks, seed)?;
     let want = case.reference()?;
     let mut dev_cache = DeviceLayerCache::new(stream, geometry)?;
     dev_cache.upload(stream, &case.cache)?;
     let meta = DeviceAttnMetadata::upload(stream, &case.meta(), geometry.block_size, geometry.num_blocks)?;
     let query = stream.clone_htod(&case.query)?;
-    let mut ws =
-        AttnWorkspace::new(stream, meta.num_tokens(), num_heads, geometry.head_size, meta.max_context())?;
-    let mut errors = Vec::with_capacity(2);
-    for variant in [AttentionVariant::V1, AttentionVariant::V2] {
+    let (tokens, head, context) = (meta.num_tokens(), geometry.head_size, meta.max_context());
+    let mut ws = AttnWorkspace::new(stream, tokens, num_heads, head, context)?;
+    let two_tokens = WorkspaceShape::for_budget(2, num_heads, head, context, usize::MAX).bytes();
+    let mut small = AttnWorkspace::with_budget(stream, tokens, num_heads, head, context, two_tokens)?;
+    let mut errors = Vec::with_capacity(3);
+    for (label, variant, split) in [
+        ("V1", AttentionVariant::V1, false),
+        ("V2", AttentionVariant::V2, false),
+        ("V2_split", AttentionVariant::V2, true),
+    ] {
+        let ws = if split { &mut small } else { &mut ws };
         let mut out = stream.alloc_zeros::<f32>(case.query.len().max(1))?;
         ops::paged_attention_with(
             kernels,
@@ -171,11 +179,11 @@ fn attention_case(
             &meta,
             num_heads,
             case.scale,
-            &mut ws,
+            ws,
             Some(variant),
         )?;
         let got = stream.clone_dtoh(&out)?;
-        errors.push((variant, max_rel_error(&got[..want.len()], &want)));
+        errors.push((label, max_rel_error(&got[..want.len()], &want)));
     }
     Ok(errors)
 }

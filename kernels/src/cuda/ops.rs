@@ -41,9 +41,9 @@ pub fn shared_bytes(cfg: &AttentionConfig, qpk: usize, tokens: usize) -> usize {
     4 * (2 * ATTENTION_WARPS * qpk + qpk * cfg.head_size + qpk * len)
 }
 
-/// The largest v2 batch a workspace holds: its `tmp_out` is `[max_tokens, num_heads,
+/// The largest v2 launch a workspace holds: its `tmp_out` is `[max_tokens, num_heads,
 /// max_parts, head_size]`, so every one of the four bounds a launch (a larger head would write
-/// past the end).
+/// past the end). A batch of more tokens is split into launches of at most `max_tokens`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WorkspaceShape {
     pub max_tokens: usize,
@@ -52,24 +52,47 @@ pub struct WorkspaceShape {
     pub max_parts: usize,
 }
 
+/// Device bytes the v2 scratch may take by default: with Llama-3-8B's 32 heads of 128 and
+/// 256 partitions (a 131 072-token context) that is 63 query tokens per launch, so a decode
+/// batch of 256 sequences takes 5 launches, and the scratch never grows with the batch.
+pub const DEFAULT_WORKSPACE_BUDGET: usize = 256 << 20;
+
 impl WorkspaceShape {
-    /// Refuses a batch of `tokens` query tokens, `heads` heads of `head_size`, `parts` partitions
-    /// that does not fit.
-    pub fn check(
-        &self,
-        tokens: usize,
-        heads: usize,
+    /// The shape for batches of up to `max_tokens` query tokens of `num_heads` heads of
+    /// `head_size` over contexts up to `max_context`, holding as many tokens per launch as
+    /// `budget` bytes allow (at least one).
+    pub fn for_budget(
+        max_tokens: usize,
+        num_heads: usize,
         head_size: usize,
-        parts: usize,
-    ) -> Result<(), CudaError> {
-        if tokens > self.max_tokens
-            || heads > self.num_heads
-            || head_size > self.head_size
-            || parts > self.max_parts
-        {
+        max_context: usize,
+        budget: usize,
+    ) -> Self {
+        let max_parts = max_context.div_ceil(PARTITION_SIZE).max(1);
+        let mut shape = WorkspaceShape {
+            max_tokens: 1,
+            num_heads: num_heads.max(1),
+            head_size: head_size.max(1),
+            max_parts,
+        };
+        let per_token = shape.bytes();
+        shape.max_tokens = (budget / per_token.max(1)).clamp(1, max_tokens.max(1));
+        shape
+    }
+
+    /// Device bytes of `tmp_out`, `exp_sums` and `max_logits` for this shape.
+    pub fn bytes(&self) -> usize {
+        let n = self.max_tokens * self.num_heads * self.max_parts;
+        4 * (n * self.head_size + 2 * n)
+    }
+
+    /// Refuses launches of `heads` heads of `head_size` over `parts` partitions that do not
+    /// fit (tokens are split into launches of at most `max_tokens`).
+    pub fn check(&self, heads: usize, head_size: usize, parts: usize) -> Result<(), CudaError> {
+        if heads > self.num_heads || head_size > self.head_size || parts > self.max_parts {
             return Err(CudaError::InvalidArgument(format!(
-                "workspace sized for {} tokens x {} heads of {} x {} partitions, batch needs {tokens} x {heads} of {head_size} x {parts}",
-                self.max_tokens, self.num_heads, self.head_size, self.max_parts
+                "workspace sized for {} heads of {} x {} partitions, batch needs {heads} of {head_size} x {parts}",
+                self.num_heads, self.head_size, self.max_parts
             )));
         }
         Ok(())
@@ -77,7 +100,7 @@ impl WorkspaceShape {
 }
 
 /// Scratch of the partitioned kernel (per-partition outputs, max logits, exp sums), allocated
-/// once for the largest batch so a step never allocates device memory.
+/// once, within a byte budget, so a step never allocates device memory.
 #[derive(Debug)]
 pub struct AttnWorkspace {
     tmp_out: CudaSlice<f32>,
@@ -87,6 +110,7 @@ pub struct AttnWorkspace {
 }
 
 impl AttnWorkspace {
+    /// A workspace within [`DEFAULT_WORKSPACE_BUDGET`].
     pub fn new(
         stream: &Arc<CudaStream>,
         max_tokens: usize,
@@ -94,14 +118,30 @@ impl AttnWorkspace {
         head_size: usize,
         max_context: usize,
     ) -> Result<Self, CudaError> {
-        let max_parts = max_context.div_ceil(PARTITION_SIZE).max(1);
-        let n = max_tokens.max(1) * num_heads.max(1) * max_parts;
+        Self::with_budget(stream, max_tokens, num_heads, head_size, max_context, DEFAULT_WORKSPACE_BUDGET)
+    }
+
+    /// A workspace of at most `budget` bytes (at least one token's worth).
+    pub fn with_budget(
+        stream: &Arc<CudaStream>,
+        max_tokens: usize,
+        num_heads: usize,
+        head_size: usize,
+        max_context: usize,
+        budget: usize,
+    ) -> Result<Self, CudaError> {
+        let shape = WorkspaceShape::for_budget(max_tokens, num_heads, head_size, max_context, budget);
+        let n = shape.max_tokens * shape.num_heads * shape.max_parts;
         Ok(AttnWorkspace {
-            tmp_out: stream.alloc_zeros(n * head_size.max(1))?,
+            tmp_out: stream.alloc_zeros(n * shape.head_size)?,
             exp_sums: stream.alloc_zeros(n)?,
             max_logits: stream.alloc_zeros(n)?,
-            shape: WorkspaceShape { max_tokens, num_heads, head_size, max_parts },
+            shape,
         })
+    }
+
+    pub fn shape(&self) -> WorkspaceShape {
+        self.shape
     }
 }
 
@@ -145,75 +185,95 @@ pub fn paged_attention_with(
     }
     let parts = meta.host.max_context.div_ceil(PARTITION_SIZE).max(1);
     if chosen == AttentionVariant::V2 {
-        workspace.shape.check(meta.host.num_tokens, num_heads, g.head_size, parts)?;
+        workspace.shape.check(num_heads, g.head_size, parts)?;
     }
     let entry = cfg.attention_entry(qpk);
     let func = kernels.function_lazy(&cfg.program_name(), &entry, || cfg.program())?;
     let stream = kernels.device().stream().clone();
     // Tokens go on x (up to 2³¹ − 1 blocks); head groups and partitions on y and z (≤ 65 535).
-    let tokens = launch_dim(meta.host.num_tokens, MAX_GRID_X, "tokens")?;
+    // v1 runs every token in one launch (the kernel relies on it: a v1 launch starts at token
+    // 0); v2 in launches of at most the workspace's tokens.
+    let per_launch = match chosen {
+        AttentionVariant::V1 => meta.host.num_tokens,
+        AttentionVariant::V2 => workspace.shape.max_tokens,
+    };
     let head_groups = launch_dim(g.num_kv_heads * group / qpk, MAX_GRID_YZ, "head groups")?;
     let null: u64 = 0;
-    let mut b = stream.launch_builder(&func);
-    // v1 writes `out` directly; v2 writes per-partition results for the reduce kernel.
-    let (grid_z, shared, partition_size) = match chosen {
-        AttentionVariant::V1 => {
-            b.arg(&mut *out).arg(&null).arg(&null);
-            (1, v1_shared, 0i32)
-        }
-        AttentionVariant::V2 => {
-            b.arg(&mut workspace.tmp_out).arg(&mut workspace.exp_sums).arg(&mut workspace.max_logits);
-            let grid_z = launch_dim(parts, MAX_GRID_YZ, "context partitions")?;
-            (grid_z, shared_bytes(&cfg, qpk, PARTITION_SIZE), PARTITION_SIZE as i32)
-        }
-    };
-    let cfg_launch = LaunchConfig {
-        grid_dim: (tokens, head_groups, grid_z),
-        block_dim: (ATTENTION_THREADS, 1, 1),
-        shared_mem_bytes: launch_dim(shared, MAX_SHARED_BYTES, "shared bytes")?,
-    };
     let max_blocks = meta.max_blocks_per_seq as i32;
     let num_seqs = meta.host.seq_lens.len() as i32;
     let (nh, nkv) = (num_heads as i32, g.num_kv_heads as i32);
     let max_parts = workspace.shape.max_parts as i32;
-    b.arg(query)
-        .arg(cache.key())
-        .arg(cache.value())
-        .arg(&meta.block_tables)
-        .arg(&max_blocks)
-        .arg(&meta.seq_rows)
-        .arg(&meta.seq_lens);
-    if meta.host.is_decode {
-        b.arg(&null);
-    } else {
-        b.arg(&meta.query_start_loc);
-    }
-    b.arg(&num_seqs).arg(&nh).arg(&nkv).arg(&scale).arg(&max_parts).arg(&partition_size);
-    // SAFETY: argument list matches PA_PARAMS in attention.cu; every buffer was size-checked
-    // above and every block index the kernel reads was range-checked by DeviceAttnMetadata.
-    unsafe { b.launch(cfg_launch) }?;
-    if chosen == AttentionVariant::V2 {
-        let reduce = kernels.function_lazy(&cfg.program_name(), REDUCE_ENTRY, || cfg.program())?;
-        let head_size = g.head_size as i32;
-        let mut r = stream.launch_builder(&reduce);
-        r.arg(&mut *out)
-            .arg(&workspace.exp_sums)
-            .arg(&workspace.max_logits)
-            .arg(&workspace.tmp_out)
+    for t0 in (0..meta.host.num_tokens).step_by(per_launch.max(1)) {
+        let tokens = launch_dim((meta.host.num_tokens - t0).min(per_launch), MAX_GRID_X, "tokens")?;
+        let token_offset = launch_dim(t0, i32::MAX as usize, "token offset")? as i32;
+        let mut b = stream.launch_builder(&func);
+        // v1 writes `out` directly; v2 writes per-partition results for the reduce kernel.
+        let (grid_z, shared, partition_size) = match chosen {
+            AttentionVariant::V1 => {
+                b.arg(&mut *out).arg(&null).arg(&null);
+                (1, v1_shared, 0i32)
+            }
+            AttentionVariant::V2 => {
+                b.arg(&mut workspace.tmp_out).arg(&mut workspace.exp_sums).arg(&mut workspace.max_logits);
+                let grid_z = launch_dim(parts, MAX_GRID_YZ, "context partitions")?;
+                (grid_z, shared_bytes(&cfg, qpk, PARTITION_SIZE), PARTITION_SIZE as i32)
+            }
+        };
+        let cfg_launch = LaunchConfig {
+            grid_dim: (tokens, head_groups, grid_z),
+            block_dim: (ATTENTION_THREADS, 1, 1),
+            shared_mem_bytes: launch_dim(shared, MAX_SHARED_BYTES, "shared bytes")?,
+        };
+        b.arg(query)
+            .arg(cache.key())
+            .arg(cache.value())
+            .arg(&meta.block_tables)
+            .arg(&max_blocks)
+            .arg(&meta.seq_rows)
             .arg(&meta.seq_lens);
         if meta.host.is_decode {
-            r.arg(&null);
+            b.arg(&null);
         } else {
-            r.arg(&meta.query_start_loc);
+            b.arg(&meta.query_start_loc);
         }
-        r.arg(&num_seqs).arg(&nh).arg(&head_size).arg(&max_parts).arg(&partition_size);
-        let rc = LaunchConfig {
-            grid_dim: (tokens, launch_dim(num_heads, MAX_GRID_YZ, "heads")?, 1),
-            block_dim: (ATTENTION_THREADS, 1, 1),
-            shared_mem_bytes: launch_dim(4 * workspace.shape.max_parts, MAX_SHARED_BYTES, "shared bytes")?,
-        };
-        // SAFETY: matches paged_attention_v2_reduce's parameters; sizes checked above.
-        unsafe { r.launch(rc) }?;
+        b.arg(&num_seqs)
+            .arg(&nh)
+            .arg(&nkv)
+            .arg(&scale)
+            .arg(&max_parts)
+            .arg(&partition_size)
+            .arg(&token_offset);
+        // SAFETY: argument list matches PA_PARAMS in attention.cu; every buffer was size-checked
+        // above (a v2 launch holds at most the workspace's tokens) and every block index the
+        // kernel reads was range-checked by DeviceAttnMetadata.
+        unsafe { b.launch(cfg_launch) }?;
+        if chosen == AttentionVariant::V2 {
+            let reduce = kernels.function_lazy(&cfg.program_name(), REDUCE_ENTRY, || cfg.program())?;
+            let head_size = g.head_size as i32;
+            let mut r = stream.launch_builder(&reduce);
+            r.arg(&mut *out)
+                .arg(&workspace.exp_sums)
+                .arg(&workspace.max_logits)
+                .arg(&workspace.tmp_out)
+                .arg(&meta.seq_lens);
+            if meta.host.is_decode {
+                r.arg(&null);
+            } else {
+                r.arg(&meta.query_start_loc);
+            }
+            r.arg(&num_seqs).arg(&nh).arg(&head_size).arg(&max_parts).arg(&partition_size).arg(&token_offset);
+            let rc = LaunchConfig {
+                grid_dim: (tokens, launch_dim(num_heads, MAX_GRID_YZ, "heads")?, 1),
+                block_dim: (ATTENTION_THREADS, 1, 1),
+                shared_mem_bytes: launch_dim(
+                    4 * workspace.shape.max_parts,
+                    MAX_SHARED_BYTES,
+                    "shared bytes",
+                )?,
+            };
+            // SAFETY: matches paged_attention_v2_reduce's parameters; sizes checked above.
+            unsafe { r.launch(rc) }?;
+        }
     }
     Ok(chosen)
 }
@@ -383,14 +443,34 @@ mod tests {
     #[test]
     fn a_workspace_refuses_what_it_was_not_sized_for() {
         let shape = WorkspaceShape { max_tokens: 256, num_heads: 32, head_size: 128, max_parts: 16 };
-        assert!(shape.check(256, 32, 128, 16).is_ok());
-        assert!(shape.check(64, 8, 64, 2).is_ok());
-        // A larger head (the case that used to write out of bounds), more heads, tokens or
-        // partitions: refused.
-        assert!(shape.check(1, 1, 256, 1).is_err());
-        assert!(shape.check(1, 33, 128, 1).is_err());
-        assert!(shape.check(257, 1, 128, 1).is_err());
-        assert!(shape.check(1, 1, 128, 17).is_err());
+        assert!(shape.check(32, 128, 16).is_ok());
+        assert!(shape.check(8, 64, 2).is_ok());
+        // A larger head (the case that used to write out of bounds), more heads or partitions:
+        // refused (more tokens are split into launches).
+        assert!(shape.check(1, 256, 1).is_err());
+        assert!(shape.check(33, 128, 1).is_err());
+        assert!(shape.check(1, 128, 17).is_err());
+    }
+
+    /// #17 item 2: Llama-3-8B (32 heads of 128) at max_model_len 131 072 with 8 192 batched
+    /// tokens used to need `8192 × 32 × 256 × 128 × 4` B ≈ 34 GB of v2 scratch; within the
+    /// budget it stays under 1 GiB, with a useful number of tokens per launch.
+    #[test]
+    fn the_v2_scratch_of_a_long_context_model_stays_within_its_budget() {
+        let shape = WorkspaceShape::for_budget(8192, 32, 128, 131_072, DEFAULT_WORKSPACE_BUDGET);
+        assert_eq!(shape.max_parts, 256);
+        assert!(shape.bytes() <= DEFAULT_WORKSPACE_BUDGET && shape.bytes() < 1 << 30, "{} B", shape.bytes());
+        assert!(shape.max_tokens >= 32, "{} tokens per launch", shape.max_tokens);
+        // 8 192 tokens then take ceil(8192 / max_tokens) launches, each within the grid limits.
+        let launches = 8192usize.div_ceil(shape.max_tokens);
+        assert!(launch_dim(shape.max_tokens, MAX_GRID_X, "tokens").is_ok());
+        assert!(launch_dim(shape.max_parts, MAX_GRID_YZ, "context partitions").is_ok());
+        assert!(launches <= 8192);
+        // A small model's short context needs far less than the budget: sized to the batch.
+        let small = WorkspaceShape::for_budget(64, 9, 64, 2048, DEFAULT_WORKSPACE_BUDGET);
+        assert_eq!((small.max_tokens, small.max_parts), (64, 4));
+        // A budget below one token's scratch still holds one token.
+        assert_eq!(WorkspaceShape::for_budget(10, 32, 128, 131_072, 1).max_tokens, 1);
     }
 
     #[test]

@@ -55,7 +55,8 @@ __device__ __forceinline__ void paged_attention_body(
     const cache_t* __restrict__ k_cache, const cache_t* __restrict__ v_cache,
     const int* __restrict__ block_tables, int max_blocks_per_seq, const int* __restrict__ seq_rows,
     const int* __restrict__ seq_lens, const int* __restrict__ query_start_loc, int num_seqs,
-    int num_heads, int num_kv_heads, float scale, int max_parts, int partition_size) {
+    int num_heads, int num_kv_heads, float scale, int max_parts, int partition_size,
+    int token_offset) {
   constexpr int X = CacheTraits<cache_t>::X;
   static_assert(BS <= WARP_SIZE && WARP_SIZE % BS == 0, "block size must divide the warp");
   static_assert(BS % X == 0, "a value row of a block must be whole 16-byte chunks");
@@ -70,7 +71,11 @@ __device__ __forceinline__ void paged_attention_body(
   constexpr int K_BATCH = K_ITERS < 8 ? K_ITERS : 8;  // 16-byte key loads in flight per lane
   constexpr int V_BATCH = V_ITERS < 4 ? V_ITERS : 4;  // 16-byte value loads in flight per lane
 
-  const int token = blockIdx.x;
+  // A launch covers query tokens token_offset.. (the host splits v2 batches so that the
+  // per-partition scratch, indexed by the launch's own token `slot`, stays bounded). v1
+  // launches always start at token 0, so `slot` also indexes v1's `out` (one fewer register).
+  const int token = blockIdx.x + token_offset;
+  const int slot = blockIdx.x;
   const int part = blockIdx.z;
   const int group = num_heads / num_kv_heads;
   const int groups_per_kv = group / QPK;
@@ -206,7 +211,7 @@ __device__ __forceinline__ void paged_attention_body(
     for (int w = 0; w < PA_NUM_WARPS; ++w) s += red_sum[w * QPK + g];
     inv_sum[g] = 1.f / s;  // s >= 1: the max logit contributes exp(0)
     if (split && threadIdx.x == 0) {
-      const long long idx = ((long long)token * num_heads + head0 + g) * max_parts + part;
+      const long long idx = ((long long)slot * num_heads + head0 + g) * max_parts + part;
       max_logits[idx] = row_max[g];
       exp_sums[idx] = s;
     }
@@ -267,7 +272,7 @@ __device__ __forceinline__ void paged_attention_body(
       const int row = warp * ROWS + j / CPR;
 #pragma unroll
       for (int g = 0; g < QPK; ++g) {
-        const long long head_idx = (long long)token * num_heads + head0 + g;
+        const long long head_idx = (long long)slot * num_heads + head0 + g;
         const long long o = split ? (head_idx * max_parts + part) * HEAD + row : head_idx * HEAD + row;
         out[o] = vacc[i][g] * inv_sum[g];
       }
@@ -282,10 +287,11 @@ __device__ __forceinline__ void paged_attention_body(
       int max_blocks_per_seq, const int *__restrict__ seq_rows,                            \
       const int *__restrict__ seq_lens,                                                    \
       const int *__restrict__ query_start_loc, int num_seqs, int num_heads,                \
-      int num_kv_heads, float scale, int max_parts, int partition_size
+      int num_kv_heads, float scale, int max_parts, int partition_size, int token_offset
 #define PA_ARGS                                                                            \
   out, exp_sums, max_logits, q, k_cache, v_cache, block_tables, max_blocks_per_seq,        \
-      seq_rows, seq_lens, query_start_loc, num_seqs, num_heads, num_kv_heads, scale, max_parts, partition_size
+      seq_rows, seq_lens, query_start_loc, num_seqs, num_heads, num_kv_heads, scale, max_parts, \
+      partition_size, token_offset
 
 // One kernel for both decode variants: v1 (partition_size == 0: the whole context in one block,
 // grid.z == 1) and v2 (partition_size > 0: grid.z partitions, merged by
@@ -297,19 +303,20 @@ __device__ __forceinline__ void paged_attention_body(
     paged_attention_body<T, HEAD, BS, QPK>(PA_ARGS);                                       \
   }
 
-// Merge the partitions of one (query token, head): grid (num_tokens, num_heads), 128 threads,
-// dynamic shared memory = max_parts floats.
+// Merge the partitions of one (query token, head): grid (tokens of the launch, num_heads), 128
+// threads, dynamic shared memory = max_parts floats. Query token = blockIdx.x + token_offset;
+// the scratch is indexed by blockIdx.x, as the attention launch of the same tokens wrote it.
 extern "C" __global__ void __launch_bounds__(PA_NUM_THREADS, 4) paged_attention_v2_reduce(
     float* __restrict__ out, const float* __restrict__ exp_sums,
     const float* __restrict__ max_logits, const float* __restrict__ tmp_out,
     const int* __restrict__ seq_lens, const int* __restrict__ query_start_loc, int num_seqs,
-    int num_heads, int head_size, int max_parts, int partition_size) {
-  const int token = blockIdx.x;
+    int num_heads, int head_size, int max_parts, int partition_size, int token_offset) {
+  const int token = blockIdx.x + token_offset;
   const int head = blockIdx.y;
   int seq, ctx;
   query_context(token, seq_lens, query_start_loc, num_seqs, &seq, &ctx);
-  const long long head_idx = (long long)token * num_heads + head;
-  float* o = out + head_idx * head_size;
+  float* o = out + ((long long)token * num_heads + head) * head_size;
+  const long long head_idx = (long long)blockIdx.x * num_heads + head;  // in the scratch
   const int parts = ctx > 0 ? min((ctx + partition_size - 1) / partition_size, max_parts) : 0;
   if (parts == 0) {
     for (int d = threadIdx.x; d < head_size; d += PA_NUM_THREADS) o[d] = 0.f;
