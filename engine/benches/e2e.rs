@@ -161,7 +161,8 @@ fn main() -> Result<(), Box<dyn Error>> {
     let figures_dir = std::env::var_os("BENCH_FIGURES_DIR")
         .map_or_else(|| root().join("target/bench-report/figures-run"), PathBuf::from);
     std::fs::create_dir_all(&figures_dir)?;
-    let dir = model::testing::smollm2_dir_fetched()?;
+    // The default model as users run it: the Q4_1 GGUF, weights kept quantized.
+    let dir = model::testing::default_model_fetched()?;
     let mut engine = Engine::new(&dir, config())?;
     let requests = workload(&engine);
 

@@ -153,12 +153,7 @@ fn ours(engine: &mut Engine, w: &Value) -> Result<Value, Box<dyn Error>> {
 }
 
 fn main() -> Result<(), Box<dyn Error>> {
-    // Fetches the model (the GGUF and the folder beside it) when missing.
-    model::testing::smollm2_dir_fetched()?;
-    let gguf = model::testing::smollm2_gguf();
-    if !gguf.exists() {
-        return Err(format!("{} missing: run `cargo xtask fetch-model`", gguf.display()).into());
-    }
+    let gguf = model::testing::default_model_fetched()?;
     let config = EngineConfig {
         max_model_len: Some(8192),
         // 64 × 168 tokens, or one 6 000-token prompt, in blocks of 16.

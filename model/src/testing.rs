@@ -191,6 +191,14 @@ pub fn smollm2_dir_fetched() -> Result<std::path::PathBuf, String> {
     Ok(dir)
 }
 
+/// The default model as users run it (the Q4_1 GGUF, see [`smollm2_gguf`]), for benchmarks:
+/// runs `cargo xtask fetch-model` when it is missing.
+pub fn default_model_fetched() -> Result<std::path::PathBuf, String> {
+    smollm2_dir_fetched()?;
+    let gguf = smollm2_gguf();
+    if gguf.exists() { Ok(gguf) } else { Err(format!("{} missing after fetch-model", gguf.display())) }
+}
+
 /// The Q4_1 GGUF the default model's folder is converted from, which `cargo xtask fetch-model`
 /// keeps beside that folder: the default model itself (loaded natively), and what llama.cpp
 /// runs in the `peer` benchmarks.

@@ -132,7 +132,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         log_interval: Duration::ZERO,
         ..EngineConfig::default()
     };
-    let engine = Engine::new(&model::testing::smollm2_dir_fetched()?, config)?;
+    let engine = Engine::new(&model::testing::default_model_fetched()?, config)?;
     let mut rng = ChaCha8Rng::seed_from_u64(7);
     let (vocab, eos) = (engine.model_config().vocab_size, engine.eos_token_ids().to_vec());
     let prompts: Vec<Vec<u32>> =
