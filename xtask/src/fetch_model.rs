@@ -28,11 +28,12 @@ const MARKER: &str = ".fetch-model-complete";
 
 /// The converter's sources (`model/src/gguf/`), compiled in: their hash is the converter's
 /// version in the marker. A unit test checks the list covers the whole folder.
-const CONVERTER_SOURCES: [(&str, &str); 6] = [
+const CONVERTER_SOURCES: [(&str, &str); 7] = [
     ("convert.rs", include_str!("../../model/src/gguf/convert.rs")),
     ("dequant.rs", include_str!("../../model/src/gguf/dequant.rs")),
     ("meta.rs", include_str!("../../model/src/gguf/meta.rs")),
     ("mod.rs", include_str!("../../model/src/gguf/mod.rs")),
+    ("quantize.rs", include_str!("../../model/src/gguf/quantize.rs")),
     ("reader.rs", include_str!("../../model/src/gguf/reader.rs")),
     ("vocab.rs", include_str!("../../model/src/gguf/vocab.rs")),
 ];
