@@ -54,16 +54,37 @@ pub fn linear(dst: &mut [f32], x: &[f32], w: &[f32], m: usize, n: usize, k: usiz
     if m <= TOKEN_LANES_MAX_M && token_lanes_linear(dst, x, w, m, n, k, accumulate) {
         return;
     }
-    // SAFETY: the slices hold at least m·n, m·k and n·k elements (asserted above); strides
-    // describe row-major `dst[m,n]`, `x[m,k]` and `wᵀ[k,n]` (element (kk, j) at j·k + kk).
+    // SAFETY: the slices hold at least m·n, m·k and n·k elements (asserted above).
+    unsafe { gemm_into(OutPtr(dst.as_mut_ptr()), n, x, m, k, w, n, accumulate, gemm::Parallelism::Rayon(0)) };
+}
+
+/// `out[m, n] (+)= x[m, k] · w[n, k]ᵀ` through `gemm`, with `out`'s rows `ldo` floats apart.
+///
+/// # Safety
+/// `x` and `w` hold `m·k` and `n·k` floats; `out` addresses `m` rows of `n` writable floats
+/// that nothing else touches during the call.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn gemm_into(
+    out: OutPtr,
+    ldo: usize,
+    x: &[f32],
+    m: usize,
+    k: usize,
+    w: &[f32],
+    n: usize,
+    accumulate: bool,
+    parallelism: gemm::Parallelism,
+) {
+    // SAFETY: per the contract; strides describe row-major `out[m, ldo]`, `x[m, k]` and
+    // `wᵀ[k, n]` (element (kk, j) at j·k + kk).
     unsafe {
         gemm::gemm(
             m,
             n,
             k,
-            dst.as_mut_ptr(),
+            out.get(),
             1,
-            n as isize,
+            ldo as isize,
             accumulate,
             x.as_ptr(),
             1,
@@ -76,7 +97,7 @@ pub fn linear(dst: &mut [f32], x: &[f32], w: &[f32], m: usize, n: usize, k: usiz
             false,
             false,
             false,
-            gemm::Parallelism::Rayon(0),
+            parallelism,
         );
     }
 }

@@ -337,29 +337,7 @@ unsafe fn dot_rows<F: Group, const M: usize>(
     }
 }
 
-/// [`dot_rows`] for `mr` (1..=4) tokens from `t0`.
-///
-/// # Safety
-/// As [`dot_rows`]; `part.cols` is a multiple of 32.
-pub(super) unsafe fn dot_rows_dyn(
-    part: &PartRef<'_>,
-    rows: std::ops::Range<usize>,
-    x: &[f32],
-    t0: usize,
-    mr: usize,
-    out: Out,
-    accumulate: bool,
-) {
-    // SAFETY: forwarded contract.
-    unsafe {
-        with_group!(avx2, part.ty, G => match mr {
-            1 => dot_rows::<G, 1>(part, rows, x, t0, out, accumulate),
-            2 => dot_rows::<G, 2>(part, rows, x, t0, out, accumulate),
-            3 => dot_rows::<G, 3>(part, rows, x, t0, out, accumulate),
-            _ => dot_rows::<G, 4>(part, rows, x, t0, out, accumulate),
-        })
-    }
-}
+dot_rows_dyn!(avx2);
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dequantize_row_as<G: Group>(row: &[u8], out: &mut [f32]) {

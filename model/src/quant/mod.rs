@@ -50,7 +50,38 @@ macro_rules! with_group {
     };
 }
 
-// After the macro: macro_rules! names are in scope only below their definition.
+/// The SIMD module `$isa`'s `dot_rows_dyn`: its `dot_rows` for `mr` (1..=4) tokens of the
+/// part's format (one dispatch, written once for both x86 paths).
+#[cfg(target_arch = "x86_64")]
+macro_rules! dot_rows_dyn {
+    ($isa:ident) => {
+        /// [`dot_rows`] for `mr` (1..=4) tokens from `t0`.
+        ///
+        /// # Safety
+        /// As [`dot_rows`]; `part.cols` is a multiple of 32.
+        pub(super) unsafe fn dot_rows_dyn(
+            part: &PartRef<'_>,
+            rows: std::ops::Range<usize>,
+            x: &[f32],
+            t0: usize,
+            mr: usize,
+            out: Out,
+            accumulate: bool,
+        ) {
+            // SAFETY: forwarded contract.
+            unsafe {
+                with_group!($isa, part.ty, G => match mr {
+                    1 => dot_rows::<G, 1>(part, rows, x, t0, out, accumulate),
+                    2 => dot_rows::<G, 2>(part, rows, x, t0, out, accumulate),
+                    3 => dot_rows::<G, 3>(part, rows, x, t0, out, accumulate),
+                    _ => dot_rows::<G, 4>(part, rows, x, t0, out, accumulate),
+                })
+            }
+        }
+    };
+}
+
+// After the macros: macro_rules! names are in scope only below their definition.
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
@@ -63,9 +94,10 @@ mod tests;
 
 pub use storage::Storage;
 
+use rayon::prelude::*;
+
 pub use crate::gguf::{GgmlType, QuantizeError};
 use crate::ops::{OutPtr, linear};
-use rayon::prelude::*;
 
 /// Formats float weights can be quantized to at load (`--quantization`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,7 +118,7 @@ impl Quantization {
 }
 
 /// Up to this many tokens a quantized projection streams its weights once through [`decode`];
-/// above it, the weights are dequantized panel by panel into `gemm` ([`panel`]).
+/// above it, rows are dequantized into `token_lanes` or panels into `gemm` ([`panel`]).
 pub const DECODE_MAX_M: usize = 8;
 
 /// The instruction set the quantized kernels run with.
@@ -178,7 +210,7 @@ pub struct Weight {
 }
 
 impl Weight {
-    /// An f32 matrix (or vector, with one row... or one column: a norm is `[len]` as `1 × len`).
+    /// An f32 matrix (a norm's vector is one row: `1 × len`).
     pub fn from_f32(rows: usize, cols: usize, values: Vec<f32>) -> Self {
         assert_eq!(values.len(), rows * cols, "Weight::from_f32: {rows}×{cols} from {} values", values.len());
         let part = Part { ty: GgmlType::F32, rows, data: Storage::F32(values) };

@@ -7,7 +7,7 @@ use std::cell::RefCell;
 use rayon::prelude::*;
 
 use super::{Isa, Out, PartRef};
-use crate::ops::{TOKEN_LANES_MAX_M, WeightRows, token_lanes_available, token_lanes_rows};
+use crate::ops::{TOKEN_LANES_MAX_M, WeightRows, gemm_into, token_lanes_available, token_lanes_rows};
 
 /// Rows per panel for rows of `k` values: as many as fit in ~1 MiB (a panel stays in a core's
 /// L2 while `gemm` reads it), at most 256 and at least 16. Wide panels matter: `gemm` packs
@@ -94,7 +94,9 @@ pub(super) fn via_gemm(isa: Isa, out: Out, x: &[f32], m: usize, part: &PartRef<'
             let out = Out { ptr: out.ptr.offset(r0), ..out };
             // SAFETY: x holds m·k floats (asserted), the panel (r1−r0)·k; this task owns
             // columns r0..r1 of the part's region of m rows × ldd.
-            unsafe { gemm_into(out, x, m, k, panel, r1 - r0, accumulate, gemm::Parallelism::None) };
+            unsafe {
+                gemm_into(out.ptr, out.ldd, x, m, k, panel, r1 - r0, accumulate, gemm::Parallelism::None)
+            };
         });
     });
 }
@@ -103,47 +105,5 @@ pub(super) fn via_gemm(isa: Isa, out: Out, x: &[f32], m: usize, part: &PartRef<'
 pub(super) fn f32_strided(out: Out, x: &[f32], m: usize, k: usize, w: &[f32], rows: usize, accumulate: bool) {
     assert!(x.len() >= m * k && w.len() >= rows * k, "f32_strided: short buffer");
     // SAFETY: as asserted; `Weight::matmul` checked the output region.
-    unsafe { gemm_into(out, x, m, k, w, rows, accumulate, gemm::Parallelism::Rayon(0)) };
-}
-
-/// `out[m, n] (+)= x[m, k] · w[n, k]ᵀ` with `out` rows `out.ldd` apart.
-///
-/// # Safety
-/// `x` and `w` hold `m·k` and `n·k` floats; `out` addresses `m` rows of `n` writable floats.
-#[allow(clippy::too_many_arguments)]
-unsafe fn gemm_into(
-    out: Out,
-    x: &[f32],
-    m: usize,
-    k: usize,
-    w: &[f32],
-    n: usize,
-    accumulate: bool,
-    parallelism: gemm::Parallelism,
-) {
-    // SAFETY: per the contract; strides describe row-major `out[m, ldd]`, `x[m, k]` and
-    // `wᵀ[k, n]` (element (kk, j) at j·k + kk).
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            out.ptr.get(),
-            1,
-            out.ldd as isize,
-            accumulate,
-            x.as_ptr(),
-            1,
-            k as isize,
-            w.as_ptr(),
-            k as isize,
-            1,
-            1.0f32,
-            1.0f32,
-            false,
-            false,
-            false,
-            parallelism,
-        );
-    }
+    unsafe { gemm_into(out.ptr, out.ldd, x, m, k, w, rows, accumulate, gemm::Parallelism::Rayon(0)) };
 }
