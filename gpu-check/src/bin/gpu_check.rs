@@ -98,48 +98,85 @@ fn record_max(figures: &mut Figures, key: &str, v: f64) {
 
 fn check_attention(kernels: &CudaKernels, figures: &mut Figures) -> Res<usize> {
     let stream = kernels.device().stream().clone();
-    let mut failures = 0;
-    let mut cases = 0;
-    // The cases that could not run (upload or launch errors), as `check.attention.errors`.
-    let mut case_errors = Vec::new();
+    let mut tally = Tally::default();
     for (i, AttentionConfig { dtype, head_size, block_size }) in attention_configs().enumerate() {
+        // Every GQA group with 2 KV heads and, every other round of four configs, with 8.
         let group = [1, 3, 4, 8][i % 4];
-        let num_kv_heads = 2;
-        let num_heads = num_kv_heads * group;
+        let num_kv_heads = if (i / 4) % 2 == 0 { 2 } else { 8 };
         for (name, chunks) in batches() {
-            let needed: usize = chunks.iter().map(|&(_, l)| l.div_ceil(block_size)).sum();
-            let geometry =
-                CacheGeometry { num_blocks: 2 * needed + 3, num_kv_heads, head_size, block_size, dtype };
             let seed = i as u64 * 31 + name.len() as u64;
-            let what = format!("attention {name} {dtype} h{head_size} b{block_size} group {group}");
-            // A case that errors (upload, launch) is a failure of that case; the others still run.
-            let errors = match attention_case(kernels, &stream, geometry, num_heads, &chunks, seed) {
-                Ok(errors) => errors,
-                Err(e) => {
-                    failures += 1;
-                    eprintln!("FAIL {what}: {e}");
-                    case_errors.push(format!("{what}: {e}"));
-                    continue;
-                }
-            };
-            for (variant, err) in errors {
-                cases += 1;
-                let key =
-                    format!("check.attention.{name}_{variant}.{}.max_rel_err", dtype.name()).to_lowercase();
-                record_max(figures, &key, err);
-                if err > attention_tolerance(dtype) {
-                    failures += 1;
-                    eprintln!("FAIL {what} {variant}: max rel err {err:.3e}");
-                }
+            let config = (dtype, head_size, block_size, num_kv_heads, group);
+            tally.run(kernels, &stream, figures, name, config, &chunks, seed);
+        }
+    }
+    // Long contexts on a few configurations: 8 192 tokens make v1 need more than 48 KB of
+    // dynamic shared memory (the opt-in path) at 4 or 8 query heads per KV head; 32 768 go past
+    // any opt-in size, so v1 falls back to v2 there.
+    for (i, dtype) in [DType::F16, DType::BF16].into_iter().enumerate() {
+        for (j, head_size) in [64, 128].into_iter().enumerate() {
+            let config = (dtype, head_size, 16, 8, [4, 8][(i + j) % 2]);
+            tally.run(kernels, &stream, figures, "long", config, &long_batch(), 7 + i as u64 * 2 + j as u64);
+        }
+    }
+    if !tally.case_errors.is_empty() {
+        figures.insert("check.attention.errors".into(), json!(tally.case_errors));
+    }
+    figures.insert("check.attention.cases".into(), json!(tally.cases));
+    figures.insert("check.attention.failures".into(), json!(tally.failures));
+    Ok(tally.failures)
+}
+
+/// `(query_len, seq_len)` of the long-context batch.
+fn long_batch() -> Vec<(usize, usize)> {
+    vec![(1, 32_768), (1, 8_192), (2, 9_000)]
+}
+
+/// Cases run, failures, and the cases that could not run (upload or launch errors).
+#[derive(Default)]
+struct Tally {
+    cases: usize,
+    failures: usize,
+    case_errors: Vec<String>,
+}
+
+impl Tally {
+    /// One batch on one configuration `(dtype, head_size, block_size, num_kv_heads, group)`;
+    /// a case that errors is a failure of that case, and the others still run.
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &mut self,
+        kernels: &CudaKernels,
+        stream: &Arc<cudarc::driver::CudaStream>,
+        figures: &mut Figures,
+        name: &str,
+        (dtype, head_size, block_size, num_kv_heads, group): (DType, usize, usize, usize, usize),
+        chunks: &[(usize, usize)],
+        seed: u64,
+    ) {
+        let needed: usize = chunks.iter().map(|&(_, l)| l.div_ceil(block_size)).sum();
+        let geometry =
+            CacheGeometry { num_blocks: 2 * needed + 3, num_kv_heads, head_size, block_size, dtype };
+        let what =
+            format!("attention {name} {dtype} h{head_size} b{block_size} kv{num_kv_heads} group {group}");
+        let errors = match attention_case(kernels, stream, geometry, num_kv_heads * group, chunks, seed) {
+            Ok(errors) => errors,
+            Err(e) => {
+                self.failures += 1;
+                eprintln!("FAIL {what}: {e}");
+                self.case_errors.push(format!("{what}: {e}"));
+                return;
+            }
+        };
+        for (variant, err) in errors {
+            self.cases += 1;
+            let key = format!("check.attention.{name}_{variant}.{}.max_rel_err", dtype.name()).to_lowercase();
+            record_max(figures, &key, err);
+            if err > attention_tolerance(dtype) {
+                self.failures += 1;
+                eprintln!("FAIL {what} {variant}: max rel err {err:.3e}");
             }
         }
     }
-    if !case_errors.is_empty() {
-        figures.insert("check.attention.errors".into(), json!(case_errors));
-    }
-    figures.insert("check.attention.cases".into(), json!(cases));
-    figures.insert("check.attention.failures".into(), json!(failures));
-    Ok(failures)
 }
 
 /// One attention case through both kernel variants, and v2 once more with a workspace of two
