@@ -274,3 +274,31 @@ fn unsupported_dtype_is_reported() {
     assert!(matches!(err, ModelError::UnsupportedDtype { .. }), "{err}");
     assert!(err.to_string().contains("`model.norm.weight` has unsupported dtype I32"), "{err}");
 }
+
+/// The real GGUF with one metadata value changed, or cut short: a typed error from the native
+/// loader (and from the folder view of it), never a panic.
+#[test]
+fn a_gguf_with_inconsistent_metadata_or_cut_short_is_refused() {
+    let src = model::testing::smollm2_gguf();
+    assert!(src.exists(), "{} missing: run `cargo xtask fetch-model`", src.display());
+    let bytes = std::fs::read(&src).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    // `llama.feed_forward_length` (a u32 after its key and type tag) from 1536 to 1535: every
+    // FFN tensor's shape now disagrees with the metadata.
+    let key = b"llama.feed_forward_length";
+    let at = bytes.windows(key.len()).position(|w| w == key).expect("key present") + key.len();
+    assert_eq!(u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()), 4, "u32 type tag");
+    let mut patched = bytes.clone();
+    patched[at + 4..at + 8].copy_from_slice(&1535u32.to_le_bytes());
+    let path = dir.path().join("patched.gguf");
+    std::fs::write(&path, &patched).unwrap();
+    let err = Llama::load(&path).err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(err.contains("ffn_gate.weight") && err.contains("1535"), "{err}");
+    // Cut inside the tensor data: the directory promises bytes the file does not have.
+    let cut = dir.path().join("cut.gguf");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    for result in [Llama::load(&cut).err(), model::ModelFolder::open(&cut).err()] {
+        let err = result.map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.contains("truncated"), "{err}");
+    }
+}
