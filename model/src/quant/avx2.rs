@@ -7,7 +7,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{GgmlType, Out, PartRef};
+use super::{Activations, GgmlType, Out, PartRef};
 
 /// One format's groups of 32 consecutive values of a row, factored as `codes·scale + offset`
 /// (see [`super::avx512::Group`], of which this is the eight-lane twin).
@@ -40,10 +40,10 @@ unsafe fn group<F: Group>(row: *const u8, g: usize) -> [__m256; 4] {
     affine(q, scale, offset)
 }
 
-/// An f16 stored at `p` (unaligned), as f32.
+/// An f16 stored at `p` (unaligned), as f32 (the AVX-512 path uses it too).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn f16_at(p: *const u8) -> f32 {
+pub(super) unsafe fn f16_at(p: *const u8) -> f32 {
     // SAFETY: the caller's block holds two bytes at p.
     let bits = unsafe { (p as *const u16).read_unaligned() };
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
@@ -295,17 +295,15 @@ pub(super) const PREFETCH_AHEAD: usize = 1024;
 unsafe fn dot_rows<F: Group, const M: usize>(
     part: &PartRef<'_>,
     rows: std::ops::Range<usize>,
-    x: &[f32],
+    acts: Activations<'_>,
     t0: usize,
     out: Out,
     accumulate: bool,
 ) {
     let k = part.cols;
     let groups = k / 32;
-    let xs = &x[t0 * k..(t0 + M) * k];
-    let group_sums: Vec<f32> =
-        if F::OFFSET { xs.chunks_exact(32).map(|c| c.iter().sum()).collect() } else { Vec::new() };
-    let xs = xs.as_ptr();
+    let xs = acts.x[t0 * k..(t0 + M) * k].as_ptr();
+    let group_sums = &acts.group_sums[t0 * groups..];
     for r in rows {
         let row = part.row(r).as_ptr();
         let mut acc = [_mm256_setzero_ps(); M];

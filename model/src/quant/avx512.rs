@@ -5,8 +5,8 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2::{PREFETCH_AHEAD, scale_min_k4};
-use super::{GgmlType, Out, PartRef};
+use super::avx2::{PREFETCH_AHEAD, f16_at, scale_min_k4};
+use super::{Activations, GgmlType, Out, PartRef};
 
 /// One format's groups of 32 consecutive values of a row, factored as `codes·scale + offset`
 /// with one scale and offset per group: the decode loop multiplies the codes into the
@@ -38,15 +38,6 @@ unsafe fn group<F: Group>(row: *const u8, g: usize) -> [__m512; 2] {
     // SAFETY: forwarded contract.
     let (q, scale, offset) = unsafe { F::codes(row, g) };
     affine(q, scale, offset)
-}
-
-/// An f16 stored at `p` (unaligned), as f32.
-#[inline]
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn f16_at(p: *const u8) -> f32 {
-    // SAFETY: the caller's block holds two bytes at p.
-    let bits = unsafe { (p as *const u16).read_unaligned() };
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
 }
 
 /// Sixteen bytes as sixteen f32 (zero-extended).
@@ -221,7 +212,7 @@ impl Group for Q6K {
 
 /// Rows `rows` of `part` times tokens `t0..t0+M` of `x`, into `out`: per group, the codes
 /// are multiplied into each token's 32 activations, the sum scaled once, and the offset added
-/// through the activations' group sum (computed once per call).
+/// through the activations' group sum (computed once per call, [`Activations`]).
 ///
 /// # Safety
 /// AVX-512F, AVX2, FMA, F16C; the rows and tokens lie inside `part` and `x`; only this task
@@ -230,17 +221,15 @@ impl Group for Q6K {
 unsafe fn dot_rows<F: Group, const M: usize>(
     part: &PartRef<'_>,
     rows: std::ops::Range<usize>,
-    x: &[f32],
+    acts: Activations<'_>,
     t0: usize,
     out: Out,
     accumulate: bool,
 ) {
     let k = part.cols;
     let groups = k / 32;
-    let xs = &x[t0 * k..(t0 + M) * k];
-    let group_sums: Vec<f32> =
-        if F::OFFSET { xs.chunks_exact(32).map(|c| c.iter().sum()).collect() } else { Vec::new() };
-    let xs = xs.as_ptr();
+    let xs = acts.x[t0 * k..(t0 + M) * k].as_ptr();
+    let group_sums = &acts.group_sums[t0 * groups..];
     for r in rows {
         let row = part.row(r).as_ptr();
         let mut acc = [_mm512_setzero_ps(); M];

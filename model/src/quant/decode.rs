@@ -5,7 +5,7 @@
 
 use rayon::prelude::*;
 
-use super::{Isa, Out, PartRef};
+use super::{Activations, Isa, Out, PartRef};
 use crate::ops::dot;
 
 /// Rows per rayon task: about eight tasks per thread for work stealing to balance, and at
@@ -23,6 +23,10 @@ const TOKENS_PER_PASS: usize = 4;
 /// See the module doc: `out[t, r] (+)= x[t] · row r` for `t < m`, every row of `part`.
 pub(super) fn matmul(isa: Isa, out: Out, x: &[f32], m: usize, part: &PartRef<'_>, accumulate: bool) {
     assert!(x.len() >= m * part.cols, "decode::matmul: short activations");
+    let simd = isa != Isa::Portable && part.cols.is_multiple_of(32);
+    let group_sums: Vec<f32> =
+        if simd { x[..m * part.cols].chunks_exact(32).map(|c| c.iter().sum()).collect() } else { Vec::new() };
+    let acts = Activations { x, group_sums: &group_sums };
     let per_task = rows_per_task(part.rows, part.row_bytes());
     (0..part.rows.div_ceil(per_task)).into_par_iter().for_each(|task| {
         let rows = task * per_task..((task + 1) * per_task).min(part.rows);
@@ -33,13 +37,13 @@ pub(super) fn matmul(isa: Isa, out: Out, x: &[f32], m: usize, part: &PartRef<'_>
                 // SAFETY: AVX2/FMA/F16C were detected for this variant; the rows are this
                 // task's, tokens t..t+mr lie in x (asserted), whole groups of 32 per row.
                 #[cfg(target_arch = "x86_64")]
-                Isa::Avx2 if part.cols.is_multiple_of(32) => unsafe {
-                    super::avx2::dot_rows_dyn(part, rows.clone(), x, t, mr, out, accumulate)
+                Isa::Avx2 if simd => unsafe {
+                    super::avx2::dot_rows_dyn(part, rows.clone(), acts, t, mr, out, accumulate)
                 },
                 // SAFETY: as above, for AVX-512F.
                 #[cfg(target_arch = "x86_64")]
-                Isa::Avx512 if part.cols.is_multiple_of(32) => unsafe {
-                    super::avx512::dot_rows_dyn(part, rows.clone(), x, t, mr, out, accumulate)
+                Isa::Avx512 if simd => unsafe {
+                    super::avx512::dot_rows_dyn(part, rows.clone(), acts, t, mr, out, accumulate)
                 },
                 _ => portable_rows(part, rows.clone(), x, t, mr, out, accumulate),
             }

@@ -62,7 +62,7 @@ macro_rules! dot_rows_dyn {
         pub(super) unsafe fn dot_rows_dyn(
             part: &PartRef<'_>,
             rows: std::ops::Range<usize>,
-            x: &[f32],
+            acts: Activations<'_>,
             t0: usize,
             mr: usize,
             out: Out,
@@ -71,10 +71,10 @@ macro_rules! dot_rows_dyn {
             // SAFETY: forwarded contract.
             unsafe {
                 with_group!($isa, part.ty, G => match mr {
-                    1 => dot_rows::<G, 1>(part, rows, x, t0, out, accumulate),
-                    2 => dot_rows::<G, 2>(part, rows, x, t0, out, accumulate),
-                    3 => dot_rows::<G, 3>(part, rows, x, t0, out, accumulate),
-                    _ => dot_rows::<G, 4>(part, rows, x, t0, out, accumulate),
+                    1 => dot_rows::<G, 1>(part, rows, acts, t0, out, accumulate),
+                    2 => dot_rows::<G, 2>(part, rows, acts, t0, out, accumulate),
+                    3 => dot_rows::<G, 3>(part, rows, acts, t0, out, accumulate),
+                    _ => dot_rows::<G, 4>(part, rows, acts, t0, out, accumulate),
                 })
             }
         }
@@ -349,6 +349,15 @@ impl Weight {
             col += p.rows;
         }
     }
+}
+
+/// The activations of a decode call as the SIMD kernels read them: `x[m, k]`, and each
+/// token's sum over every group of 32 values (`[m, k/32]`: the offset term of the factored
+/// formats), computed once per call rather than in every task.
+#[derive(Clone, Copy)]
+struct Activations<'a> {
+    x: &'a [f32],
+    group_sums: &'a [f32],
 }
 
 /// A part as the kernels see it: its format, shape and bytes.
