@@ -66,8 +66,7 @@ impl Engine {
     /// Loads an HF model folder or a GGUF file (config, weights, tokenizer, chat template) and
     /// sizes the cache.
     pub fn new(model_dir: &Path, config: EngineConfig) -> Result<Self, EngineError> {
-        let folder = ModelFolder::open(model_dir)?;
-        let mut model = Llama::load(model_dir)?;
+        let (folder, mut model) = ModelFolder::open_with_weights(model_dir)?;
         if let Some(q) = config.quantization {
             model.quantize_weights(q.ggml_type())?;
         }

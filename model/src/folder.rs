@@ -9,7 +9,9 @@ use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
 use crate::generation::GenerationConfig;
 use crate::gguf::{self, GgufFile, GgufVocab};
+use crate::llama::Llama;
 use crate::tokenizer::Tokenizer;
+use crate::weights::SafetensorsFiles;
 
 /// Everything in a model folder except the weights.
 #[derive(Debug)]
@@ -49,6 +51,20 @@ impl ModelFolder {
         let chat_template =
             if tc_path.exists() { ChatTemplate::from_tokenizer_config(&tc_path)? } else { None };
         Ok(Self { dir: dir.to_path_buf(), config, generation, tokenizer, chat_template })
+    }
+
+    /// [`Self::open`] and the weights ([`Llama::load`]), with each file read once: a GGUF is
+    /// mapped and its metadata (vocabulary, config) parsed a single time.
+    pub fn open_with_weights(path: &Path) -> Result<(Self, Llama)> {
+        if path.is_file() {
+            let g = GgufFile::open(path)?;
+            let folder = Self::from_gguf(&g)?;
+            let model = Llama::from_gguf_with_config(&g, folder.config.clone())?;
+            return Ok((folder, model));
+        }
+        let folder = Self::open(path)?;
+        let model = Llama::from_safetensors(folder.config.clone(), &SafetensorsFiles::open_dir(path)?)?;
+        Ok((folder, model))
     }
 
     /// The config, tokenizer (byte-level BPE rebuilt from `tokenizer.ggml.*`) and chat template

@@ -162,7 +162,12 @@ impl Llama {
     pub fn from_gguf(g: &GgufFile) -> Result<Self> {
         let vocab = crate::gguf::GgufVocab::from_gguf(g)?;
         let meta = crate::gguf::GgufModelMeta::read(g, &vocab)?;
-        let config = LlamaConfig::from_json(&meta.config.to_string(), &g.path)?;
+        Self::from_gguf_with_config(g, LlamaConfig::from_json(&meta.config.to_string(), &g.path)?)
+    }
+
+    /// [`Self::from_gguf`] with the config already read from `g`'s metadata (by
+    /// [`crate::ModelFolder::from_gguf`]), so the vocabulary is not parsed twice.
+    pub(crate) fn from_gguf_with_config(g: &GgufFile, config: LlamaConfig) -> Result<Self> {
         let c = &config;
         let (h, d) = (c.hidden_size, c.head_dim);
         let (q_rows, kv_rows, inter) =

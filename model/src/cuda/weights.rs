@@ -53,12 +53,14 @@ impl DeviceWeights {
             .layers
             .iter()
             .map(|l| {
-                let mut layer = l.try_map(|w| up(w))?;
-                if model.rope_style == RopeStyle::Interleaved {
-                    // The CUDA kernels rotate halves: Q/K go up in HF row order.
-                    layer.qkv = up_dense(&qkv_rotate_half(model, &l.qkv))?;
-                }
-                Ok(layer)
+                l.try_map(|w| {
+                    if model.rope_style == RopeStyle::Interleaved && std::ptr::eq(w, &l.qkv) {
+                        // The CUDA kernels rotate halves: Q/K go up in HF row order.
+                        up_dense(&qkv_rotate_half(model, w))
+                    } else {
+                        up(w)
+                    }
+                })
             })
             .collect::<Result<Vec<_>, CudaModelError>>()?;
         Ok(DeviceWeights {

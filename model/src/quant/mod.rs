@@ -297,8 +297,8 @@ impl Weight {
             .iter()
             .map(|p| {
                 if !matches!(p.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
-                    let data = Storage::Owned(p.data.bytes().to_vec());
-                    return Ok(Part { ty: p.ty, rows: p.rows, data });
+                    // Kept as it is: a GGUF's mapped tensor stays mapped, not copied to the heap.
+                    return Ok(Part { ty: p.ty, rows: p.rows, data: p.data.share() });
                 }
                 let rows: Vec<Vec<u8>> = (0..p.rows)
                     .into_par_iter()

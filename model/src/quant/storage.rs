@@ -23,6 +23,16 @@ impl Storage {
         (range.start <= range.end && range.end <= map.len()).then_some(Self::Mapped { map, range })
     }
 
+    /// The same bytes for a second owner: a mapped range shares the mapping, the others are
+    /// copied.
+    pub fn share(&self) -> Self {
+        match self {
+            Self::F32(v) => Self::F32(v.clone()),
+            Self::Owned(b) => Self::Owned(b.clone()),
+            Self::Mapped { map, range } => Self::Mapped { map: Arc::clone(map), range: range.clone() },
+        }
+    }
+
     pub fn bytes(&self) -> &[u8] {
         match self {
             Self::F32(v) => bytemuck::cast_slice(v),
