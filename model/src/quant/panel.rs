@@ -1,6 +1,8 @@
-//! `x·Wᵀ` for many tokens over one part: the rows are dequantized a panel at a time into a
-//! per-thread f32 buffer that stays in cache, and `gemm` multiplies the panel into all
-//! tokens, so the dequantization is paid once per weight per step, not once per token.
+//! `x·Wᵀ` for many tokens over one part: rows are dequantized into a per-thread f32 buffer
+//! that stays in cache and multiplied into all tokens, so the dequantization is paid once per
+//! weight per step, not once per token. On AVX-512 up to `TOKEN_LANES_MAX_M` tokens, each
+//! task's rows feed `ops::token_lanes` (activations transposed once per call); otherwise
+//! panels of rows feed `gemm`.
 
 use std::cell::RefCell;
 
