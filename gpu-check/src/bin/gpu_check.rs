@@ -1,8 +1,27 @@
-//! `gpu_check`: the one program a lent GPU runs. Checks every CUDA kernel against the CPU
-//! reference on random data (every cache dtype, head size and block size; NaN-poisoned padding;
-//! shuffled blocks; decode and varlen batches through both the v1 and the v2 kernel), checks
-//! copy/swap, then measures device-to-device copy bandwidth and paged decode attention, and
-//! writes everything as flat JSON to `$OUT/gpu_check.json`.
+//! `gpu_check`: the kernel half of the GPU run (the model half is `gpu_model_check`). Checks
+//! every CUDA kernel against the CPU reference on random data (every cache dtype, head size and
+//! block size; NaN-poisoned padding; shuffled blocks; decode and varlen batches through both the
+//! v1 and the v2 kernel), checks copy/swap, measures device-to-device copy bandwidth and paged
+//! decode attention, then checks every cache kernel at offsets past 2³² elements, and writes
+//! everything as flat JSON to `$OUT/gpu_check.json`.
+//!
+//! The sections run in this order; each reports its failures and its wall time
+//! (`time.<section>_s`, also printed), and one that errors counts as one failure while the others
+//! still run. Estimated time on the H200 machine, from the sizes (host work measured on a 2-core
+//! development VM; the device work is bytes over bandwidth, small beside it):
+//!
+//! | section | sizes | estimate |
+//! |---|---|---|
+//! | `attention` | 36 configurations (f16/bf16 × 6 head sizes × blocks 8/16/32) × 2 batches of ≤ 1 100 context tokens (2 or 8 KV heads, GQA 1–8), each through v1, v2 and split v2 | ~5 s (host: case and f64 reference) |
+//! | `attention`, long | 4 cases of 32 768 + 8 192 + 2 × 9 000 context tokens, 8 KV heads (up to 205 MB a tensor uploaded) | ~11 s host, < 0.5 s device |
+//! | `reshape_and_cache` | 36 configurations × 37 slots of a 13-block cache | < 1 s |
+//! | `copy_and_swap` | bf16, 2 layers × 32 blocks, 3 copies, 2 swaps each way | < 1 s |
+//! | `bench` | 1 GiB device copy × 23; decode over 64 × 4 096 tokens (1 GiB of K/V) × 6 variants × 23 calls | ~2 s |
+//! | `far_offsets` | bf16 pool of 17.2 GB (2 × 4.31·10⁹ elements), 14 MB tail written and read back twice | < 1 s |
+//!
+//! About 20 s in all plus CUDA start-up, far inside the 270 s `run.sh` gives this binary. The
+//! far-offset section runs last: a 32-bit offset there could fault, and a fault ends the CUDA
+//! context for everything after it.
 //!
 //! `gpu_check --precompile DIR [--arch sm_90]` runs without a GPU: it compiles every program
 //! into the cubin cache folder DIR, so the GPU run needs no NVRTC at all.
@@ -13,7 +32,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use gpu_check::attn_cases::{
-    AttnCase, attention_tolerance, batches, cache_images_equal, decode_figures, layer_bytes, max_rel_error,
+    AttnCase, FAR_GROUP, FAR_POOL_BLOCKS, FarPlacement, attention_tolerance, batches, cache_images_equal,
+    decode_figures, far_batch, far_geometry, layer_bytes, max_rel_error, nan_bytes,
 };
 use gpu_check::figures::{Figures, Res, finish};
 use kernels::cuda::DeviceAttnMetadata;
@@ -73,15 +93,23 @@ fn run(cubin_dir: Option<PathBuf>, figures: &mut Figures) -> Res<usize> {
     failures += section("attention", figures, |f| check_attention(&kernels, f));
     failures += section("reshape_and_cache", figures, |f| check_reshape_and_cache(&kernels, f));
     failures += section("copy_and_swap", figures, |f| check_copy_and_swap(&kernels, &device, f));
+    let bench_failures = section("bench", figures, |f| bench(&kernels, &device, f).map(|()| 0));
+    // Last: a 32-bit offset there could fault, and a fault ends the context for all that follows.
+    failures += section("far_offsets", figures, |f| check_far_offsets(&kernels, &device, f));
     figures.insert("check.seconds".into(), json!(start.elapsed().as_secs_f64()));
     figures.insert("check.failures".into(), json!(failures));
-    failures += section("bench", figures, |f| bench(&kernels, &device, f).map(|()| 0));
-    Ok(failures)
+    Ok(failures + bench_failures)
 }
 
-/// Runs one section; its error is recorded as `error.<name>` and counted as one failure.
+/// Runs one section, recording its wall time as `time.<name>_s`; its error is recorded as
+/// `error.<name>` and counted as one failure.
 fn section(name: &str, figures: &mut Figures, run: impl FnOnce(&mut Figures) -> Res<usize>) -> usize {
-    match run(figures) {
+    let start = Instant::now();
+    let result = run(figures);
+    let seconds = start.elapsed().as_secs_f64();
+    figures.insert(format!("time.{name}_s"), json!(seconds));
+    eprintln!("section {name}: {seconds:.1} s");
+    match result {
         Ok(failures) => failures,
         Err(e) => {
             eprintln!("FAIL {name}: {e}");
@@ -195,6 +223,21 @@ fn attention_case(
     let mut dev_cache = DeviceLayerCache::new(stream, geometry)?;
     dev_cache.upload(stream, &case.cache)?;
     let meta = DeviceAttnMetadata::upload(stream, &case.meta(), geometry.block_size, geometry.num_blocks)?;
+    run_variants(kernels, stream, &case, &dev_cache, &meta, &want)
+}
+
+/// `case`'s queries through both kernel variants over `dev_cache` and `meta` (the case's batch,
+/// its blocks wherever `meta`'s table says), and v2 once more with a workspace of two tokens:
+/// the largest relative error of each against `want`.
+fn run_variants(
+    kernels: &CudaKernels,
+    stream: &Arc<cudarc::driver::CudaStream>,
+    case: &AttnCase,
+    dev_cache: &DeviceLayerCache,
+    meta: &DeviceAttnMetadata,
+    want: &[f32],
+) -> Res<Vec<(&'static str, f64)>> {
+    let (num_heads, geometry) = (case.num_heads, *dev_cache.geometry());
     let query = stream.clone_htod(&case.query)?;
     let (tokens, head, context) = (meta.num_tokens(), geometry.head_size, meta.max_context());
     let mut ws = AttnWorkspace::new(stream, tokens, num_heads, head, context)?;
@@ -212,15 +255,15 @@ fn attention_case(
             kernels,
             &mut out,
             &query,
-            &dev_cache,
-            &meta,
+            dev_cache,
+            meta,
             num_heads,
             case.scale,
             ws,
             Some(variant),
         )?;
         let got = stream.clone_dtoh(&out)?;
-        errors.push((label, max_rel_error(&got[..want.len()], &want)));
+        errors.push((label, max_rel_error(&got[..want.len()], want)));
     }
     Ok(errors)
 }
@@ -299,6 +342,105 @@ fn check_copy_and_swap(kernels: &CudaKernels, device: &Arc<CudaDevice>, figures:
     }
     figures.insert("check.copy_swap.failures".into(), json!(failures));
     Ok(failures)
+}
+
+/// #17: every kernel that indexes the cache, on a bf16 pool of [`FAR_POOL_BLOCKS`] blocks (8.6 GB
+/// a tensor, 17.2 GB in all) whose used blocks all start past element 2³² (byte 2³³): a small
+/// random case ([`far_batch`], 106 blocks of 8 KV heads of 128, GQA 4) placed at the pool's end
+/// by [`FarPlacement`], gaps and spares poisoned with NaN. `reshape_and_cache` writes the case's
+/// keys and values at the placed slots and the tail is read back against the small cache's
+/// bytes; v1, v2 and split v2 attention read through the remapped table against the CPU
+/// reference of the small case; `copy_blocks` and a swap out / swap in round trip move placed
+/// blocks into gaps and spares, and the tail is read back again. Only the 14 MB tail crosses
+/// the bus, so the case costs well under a second on an H200: allocating and zeroing 17 GB
+/// (~10 ms at ~3 TB/s), 14 MB up and down twice (~10 ms), three attention launches over 1 700
+/// context tokens, and ~0.2 s of host work (the small case and its f64 reference).
+fn check_far_offsets(kernels: &CudaKernels, device: &Arc<CudaDevice>, figures: &mut Figures) -> Res<usize> {
+    let stream = device.stream().clone();
+    let chunks = far_batch();
+    let needed: usize = chunks.iter().map(|&(_, l)| l.div_ceil(16)).sum();
+    let place = FarPlacement::at_end(far_geometry(2 * needed + 3), FAR_POOL_BLOCKS)?;
+    let (small, pool) = (place.small(), place.pool());
+    figures.insert("check.far_offsets.min_tile_offset".into(), json!(place.min_tile_offset()));
+    figures.insert(
+        "check.far_offsets.pool_bytes".into(),
+        json!(2 * pool.tensor_elems() * pool.dtype.size_in_bytes()),
+    );
+    let (case, inputs) = AttnCase::with_inputs(small, small.num_kv_heads * FAR_GROUP, &chunks, 17)?;
+    let want = case.reference()?;
+    let shape = BlockShape {
+        block_size: pool.block_size,
+        num_layers: 1,
+        num_kv_heads: pool.num_kv_heads,
+        head_size: pool.head_size,
+        dtype: pool.dtype,
+    };
+    let mut dev = CudaKvCache::new(CacheConfig::new(shape, pool.num_blocks, 2), stream.clone())?;
+    let tail = place.tail_bytes();
+    let poison = nan_bytes(tail.len(), pool.dtype);
+    {
+        let (key, value) = dev.layer_mut(0)?.key_value_mut();
+        stream.memcpy_htod(&poison, &mut key.slice_mut(tail.clone()))?;
+        stream.memcpy_htod(&poison, &mut value.slice_mut(tail.clone()))?;
+    }
+    let mut failures = 0;
+    let mut fail = |what: &str| {
+        failures += 1;
+        eprintln!("FAIL far offsets: {what}");
+    };
+
+    // Write: the case's keys and values at the placed slots.
+    let slots = place.slots(&inputs.slots);
+    let mapping = DeviceSlotMapping::upload(&stream, &slots, pool.num_slots())?;
+    let (key, value) = (stream.clone_htod(&inputs.key)?, stream.clone_htod(&inputs.value)?);
+    ops::reshape_and_cache(kernels, &key, &value, &mapping, dev.layer_mut(0)?)?;
+    let (small_k, small_v) = layer_bytes(&case.cache);
+    let (mut want_k, mut want_v) = (place.tail_image(&small_k), place.tail_image(&small_v));
+    if !tail_matches(&stream, &dev, &place, &want_k, &want_v)? {
+        fail("reshape_and_cache");
+    }
+
+    // Read: every variant through the remapped table.
+    let table = place.table(&case.block_tables);
+    let meta = kernels::PagedAttnMetadata { block_tables: &table, ..case.meta() };
+    let dmeta = DeviceAttnMetadata::upload(&stream, &meta, pool.block_size, pool.num_blocks)?;
+    for (variant, err) in run_variants(kernels, &stream, &case, dev.layer(0)?, &dmeta, &want)? {
+        record_max(figures, &format!("check.far_offsets.{variant}.max_rel_err").to_lowercase(), err);
+        if err > attention_tolerance(pool.dtype) {
+            fail(&format!("attention {variant}: max rel err {err:.3e}"));
+        }
+    }
+
+    // Move: copy-on-write copies into gaps, a swap round trip into the spares.
+    let moves = place.moves(&case.block_tables);
+    ops::copy_blocks(kernels, &mut dev, &moves.copies)?;
+    kernels::cuda::swap::swap_out(kernels, &mut dev, &moves.swap_out)?;
+    kernels::cuda::swap::swap_in(kernels, &mut dev, &moves.swap_in)?;
+    device.synchronize()?;
+    place.apply_moves(&mut want_k, &moves);
+    place.apply_moves(&mut want_v, &moves);
+    if !tail_matches(&stream, &dev, &place, &want_k, &want_v)? {
+        fail("copy_blocks / swap");
+    }
+    figures.insert("check.far_offsets.failures".into(), json!(failures));
+    Ok(failures)
+}
+
+/// Whether the tail of layer 0's key and value tensors reads as `want_k` / `want_v`.
+fn tail_matches(
+    stream: &Arc<cudarc::driver::CudaStream>,
+    dev: &CudaKvCache,
+    place: &FarPlacement,
+    want_k: &[u8],
+    want_v: &[u8],
+) -> Res<bool> {
+    let layer = dev.layer(0)?;
+    let tail = place.tail_bytes();
+    let key = stream.clone_dtoh(&layer.key().slice(tail.clone()))?;
+    let value = stream.clone_dtoh(&layer.value().slice(tail))?;
+    stream.synchronize()?;
+    let dtype = place.pool().dtype;
+    Ok(cache_images_equal(&key, want_k, dtype) && cache_images_equal(&value, want_v, dtype))
 }
 
 /// Mean seconds per call of `f` over `iters` calls, timed with CUDA events after 3 warm-ups.

@@ -18,6 +18,11 @@
 //
 // v2 (partition_size > 0) writes per-partition results normalised by the partition's own sum plus its max logit and
 // exp-sum; `paged_attention_v2_reduce` merges them by log-sum-exp.
+//
+// Offsets into the cache, the activations and the v2 scratch are 64-bit (`long long`): a pool
+// passes 2^31 elements at 2^31 / (HEAD * BS * kv heads) blocks, 131 072 blocks of 8 kv heads of
+// 128 in blocks of 16. Block ids themselves are `int` (the host refuses pools of more than
+// 2^31 - 1 blocks). gpu_check's far-offset case reads every tile past element 2^32.
 
 #define PA_NUM_THREADS 128
 #define PA_NUM_WARPS (PA_NUM_THREADS / WARP_SIZE)

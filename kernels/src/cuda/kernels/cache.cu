@@ -38,12 +38,14 @@ __device__ __forceinline__ void reshape_and_cache_body(
 
 // Copy-on-write: for every pair (grid.x: up to 2^31 - 1) and layer (grid.y), copy block mapping[2p] to
 // mapping[2p+1] in both the key and the value cache. A block is `block_bytes` bytes (a multiple
-// of 16: head sizes and block sizes make it so), copied as 16-byte vectors.
+// of 16: head sizes and block sizes make it so), copied as 16-byte vectors. Every index is 64-bit:
+// `2 * pair` passes 2^31 past 2^30 pairs, and block × vectors per block passes it in a tensor
+// over 32 GiB.
 extern "C" __global__ void copy_blocks(const unsigned long long* __restrict__ key_ptrs,
                                        const unsigned long long* __restrict__ value_ptrs,
                                        const long long* __restrict__ mapping,
                                        long long block_bytes) {
-  const int pair = blockIdx.x;
+  const long long pair = blockIdx.x;
   const int layer = blockIdx.y;
   const long long src = mapping[2 * pair];
   const long long dst = mapping[2 * pair + 1];
