@@ -13,9 +13,11 @@
 //!   order, and criterion reports the paged half. The ratio `attn.paged_over_contiguous_bs{8,16}`
 //!   is the median of the per-sample ratios: both halves see the same memory, pages and machine
 //!   load, which separate measurement windows over separate GiB allocations did not;
-//! - `prefill_8x512_ms`: varlen prefill of 8 chunks × 512 tokens.
+//! - `prefill_8x512_ms`: varlen prefill of 8 chunks × 512 tokens (f32 cache);
+//! - `prefill_4k_bf16_ms`: one 4 096-token prompt on a bf16 cache (the CPU default).
 //!
-//! Written to `$BENCH_FIGURES_DIR`: the paged-over-contiguous ratios, `attn.prefill_gflops`
+//! Written to `$BENCH_FIGURES_DIR`: the paged-over-contiguous ratios, `attn.prefill_gflops` and
+//! `attn.prefill_gflops_4k`
 //! (causal FLOPs / median time, timed by the same criterion samples through `iter_custom`),
 //! internal-fragmentation waste per block size on a ShareGPT-like length trace, and
 //! `attn_block_size.md` (the trade-off table).
@@ -201,42 +203,56 @@ fn bench_decode_pair(c: &mut Criterion, samples: &Samples, names: PairNames, bs:
     g.finish();
 }
 
-const PREFILL_SEQS: usize = 8;
-const PREFILL_LEN: usize = 512;
-
-/// FLOPs of causal prefill: every (query, visible key) pair costs `2·d` for q·k and `2·d` for p·v.
-fn prefill_flops() -> f64 {
-    let pairs_per_seq = (PREFILL_LEN * (PREFILL_LEN + 1) / 2) as f64;
-    PREFILL_SEQS as f64 * NUM_HEADS as f64 * pairs_per_seq * 4.0 * HEAD_SIZE as f64
+/// A causal prefill case: `seqs` prompts of `len` tokens in one call.
+#[derive(Clone, Copy)]
+struct PrefillCase {
+    name: &'static str,
+    seqs: usize,
+    len: usize,
+    dtype: DType,
 }
 
-fn bench_prefill(c: &mut Criterion, samples: &Samples) {
+/// Varlen prefill, 8 × 512 tokens, f32 cache (`attn.prefill_gflops`).
+const PREFILL_8X512: PrefillCase =
+    PrefillCase { name: "prefill_8x512_ms", seqs: 8, len: 512, dtype: DType::F32 };
+/// One 4 096-token prompt on the CPU's default bf16 cache (`attn.prefill_gflops_4k`).
+const PREFILL_4K: PrefillCase =
+    PrefillCase { name: "prefill_4k_bf16_ms", seqs: 1, len: 4096, dtype: DType::BF16 };
+
+/// FLOPs of causal prefill: every (query, visible key) pair costs `2·d` for q·k and `2·d` for p·v.
+fn prefill_flops(case: PrefillCase) -> f64 {
+    let pairs_per_seq = (case.len * (case.len + 1) / 2) as f64;
+    case.seqs as f64 * NUM_HEADS as f64 * pairs_per_seq * 4.0 * HEAD_SIZE as f64
+}
+
+fn bench_prefill(c: &mut Criterion, samples: &Samples, case: PrefillCase) {
+    let PrefillCase { name, seqs, len, dtype } = case;
     let bs = 16;
-    let blocks_per_seq = PREFILL_LEN / bs;
+    let blocks_per_seq = len / bs;
     let geometry = CacheGeometry {
-        num_blocks: PREFILL_SEQS * blocks_per_seq,
+        num_blocks: seqs * blocks_per_seq,
         num_kv_heads: NUM_KV_HEADS,
         head_size: HEAD_SIZE,
         block_size: bs,
-        dtype: DType::F32,
+        dtype,
     };
     let mut cache = LayerCache::new(geometry).expect("prefill cache");
-    let mut tables: Vec<u32> = (0..(PREFILL_SEQS * blocks_per_seq) as u32).collect();
+    let mut tables: Vec<u32> = (0..(seqs * blocks_per_seq) as u32).collect();
     tables.shuffle(&mut ChaCha8Rng::seed_from_u64(11));
-    let tokens = PREFILL_SEQS * PREFILL_LEN;
+    let tokens = seqs * len;
     let kv_row = NUM_KV_HEADS * HEAD_SIZE;
     let key: Vec<f32> = (0..tokens * kv_row).map(|i| pattern(i, 4)).collect();
     let value: Vec<f32> = (0..tokens * kv_row).map(|i| pattern(i, 5)).collect();
     let slots: Vec<i64> = (0..tokens)
         .map(|t| {
-            let (s, i) = (t / PREFILL_LEN, t % PREFILL_LEN);
+            let (s, i) = (t / len, t % len);
             (tables[s * blocks_per_seq + i / bs] as usize * bs + i % bs) as i64
         })
         .collect();
     reshape_and_cache(&key, &value, &slots, &mut cache).expect("write prefill kv");
     let query: Vec<f32> = (0..tokens * NUM_HEADS * HEAD_SIZE).map(|i| pattern(i, 6)).collect();
-    let qsl: Vec<usize> = (0..=PREFILL_SEQS).map(|s| s * PREFILL_LEN).collect();
-    let lens = vec![PREFILL_LEN; PREFILL_SEQS];
+    let qsl: Vec<usize> = (0..=seqs).map(|s| s * len).collect();
+    let lens = vec![len; seqs];
     let meta = PagedAttnMetadata {
         query_start_loc: &qsl,
         seq_lens: &lens,
@@ -248,9 +264,9 @@ fn bench_prefill(c: &mut Criterion, samples: &Samples) {
     let mut g = c.benchmark_group("attn");
     g.sample_size(10);
     g.sampling_mode(SamplingMode::Flat);
-    g.bench_function("prefill_8x512_ms", |b| {
+    g.bench_function(name, |b| {
         b.iter_custom(|iters| {
-            timed(samples, "prefill_8x512_ms", iters, || {
+            timed(samples, name, iters, || {
                 paged_attention(&mut out, &query, &cache, &meta, NUM_HEADS, 1.0 / (HEAD_SIZE as f32).sqrt())
                     .expect("prefill")
             })
@@ -298,8 +314,10 @@ fn write_outputs(samples: &Samples) {
     let s = samples.borrow();
     let ms = |name: &str| s.get(name).map(|v| median(v) * 1e3);
     let mut figures = BTreeMap::new();
-    if let Some(t) = ms("prefill_8x512_ms") {
-        figures.insert("attn.prefill_gflops".to_owned(), prefill_flops() / (t * 1e-3) / 1e9);
+    for (case, figure) in [(PREFILL_8X512, "attn.prefill_gflops"), (PREFILL_4K, "attn.prefill_gflops_4k")] {
+        if let Some(t) = ms(case.name) {
+            figures.insert(figure.to_owned(), prefill_flops(case) / (t * 1e-3) / 1e9);
+        }
     }
     let trace = length_trace(10_000);
     let mean =
@@ -347,11 +365,16 @@ fn write_outputs(samples: &Samples) {
             w_steps * 100.0
         ));
     }
-    if let Some(t) = ms("prefill_8x512_ms") {
-        md.push_str(&format!(
-            "\nVarlen prefill, 8 chunks × 512 tokens (causal, 32/8 heads, head 128): {t:.1} ms, {:.1} GFLOP/s.\n",
-            prefill_flops() / (t * 1e-3) / 1e9
-        ));
+    for case in [PREFILL_8X512, PREFILL_4K] {
+        if let Some(t) = ms(case.name) {
+            md.push_str(&format!(
+                "\nCausal prefill, {} × {} tokens, {} cache (32/8 heads, head 128, tiled kernel): {t:.1} ms, {:.1} GFLOP/s.\n",
+                case.seqs,
+                case.len,
+                case.dtype,
+                prefill_flops(case) / (t * 1e-3) / 1e9
+            ));
+        }
     }
     println!("{md}");
     for (k, v) in &figures {
@@ -382,7 +405,8 @@ fn main() {
         pair("decode_bs32_paged_ms", "decode_bs32_contig_ms", "ratio_bs32"),
         32,
     );
-    bench_prefill(&mut c, &samples);
+    bench_prefill(&mut c, &samples, PREFILL_8X512);
+    bench_prefill(&mut c, &samples, PREFILL_4K);
     c.final_summary();
     write_outputs(&samples);
 }

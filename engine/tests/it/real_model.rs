@@ -74,3 +74,35 @@ fn the_folder_quantized_at_load_stays_close_to_the_goldens() {
         assert!(agree as f64 >= min_agree * total as f64, "{q:?}: only {agree}/{total} tokens agree");
     }
 }
+
+/// A long prompt prefilled in chunks of the token budget (here 5 chunks of ≤ 256 tokens, each
+/// attending over the cached prefix through the tiled prefill kernel) gives the greedy tokens
+/// the same prompt gives in one chunk.
+#[test]
+fn a_long_prompt_in_chunks_generates_what_one_chunk_generates() {
+    let gguf = model::testing::smollm2_gguf();
+    // 1 100 tokens: the golden prompts and continuations, one after another, over and over.
+    let text: Vec<u32> = goldens().into_iter().flat_map(|(p, o)| p.into_iter().chain(o)).collect();
+    let prompt: Vec<u32> = text.iter().copied().cycle().take(1100).collect();
+    assert!(prompt.len() > 4 * 256, "prompt of {} tokens", prompt.len());
+    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(24) };
+    let run = |budget: usize| {
+        let cfg = EngineConfig {
+            max_num_batched_tokens: budget,
+            kv_cache: KvCacheSize::Blocks(128),
+            ..config(None)
+        };
+        let mut engine = Engine::new(&gguf, cfg).unwrap_or_else(|e| panic!("{e}"));
+        let out =
+            engine.generate(vec![Prompt::Tokens(prompt.clone())], &params).unwrap_or_else(|e| panic!("{e}"));
+        let ids = out.into_iter().next().expect("one output").unwrap_or_else(|e| panic!("{e}")).completions
+            [0]
+        .token_ids
+        .clone();
+        assert!(engine.kv_is_idle());
+        ids
+    };
+    let whole = run(2048);
+    assert_eq!(whole.len(), 24);
+    assert_eq!(run(256), whole);
+}

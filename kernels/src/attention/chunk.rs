@@ -1,12 +1,19 @@
 //! Prefill and chunked prefill: a tile of query tokens of one chunk, for one kv head, walks the
-//! blocks its rows may see with an online softmax (running max, rescaled sum and accumulator).
-//! Row `i` of the chunk sits at position `seq_len - query_len + i` and sees positions `0 ..= it`,
-//! i.e. the cached prefix plus the chunk causally. K/V tiles are reused from L1 across rows.
+//! blocks its rows may see [`STEP_KEYS`] keys at a time with an online softmax
+//! ([`flash_step`]). Row `r` of the tile is query token `q0 + r / group` and query head
+//! `kv_head · group + r % group`; its token sits at position `seq_len - query_len + q0 + r / group`
+//! and sees positions `0 ..= it`: the cached prefix plus the chunk causally. Blocks past the last
+//! row's position are never read, so a chunk over a cached prefix costs what its own rows need.
 
-use super::decode::widen_masked;
-use super::scratch::{at_least, with_scratch};
+use super::scratch::{at_least, at_least_aligned, with_scratch};
 use super::{Problem, SharedOut};
-use crate::simd::{Ahead, KernelElem, exp_sub_sum, max_of, pv_tile, qk_rows, qrep_len};
+use crate::simd::{FlashTile, KernelElem, KvRun, ROW_ALIGN, STEP_KEYS, flash_step};
+
+/// Query tokens of one work item for `group` query heads per kv head: 16, or more for small
+/// groups so that a tile has at least 48 rows (three 16-lane vectors) to share each key load.
+pub(super) fn query_tile(group: usize) -> usize {
+    16 * 3usize.div_ceil(group)
+}
 
 /// Query tokens `q0 .. q1` of `seq`'s chunk, all query heads of `kv_head`.
 pub(super) fn run_item<T: KernelElem>(
@@ -18,86 +25,75 @@ pub(super) fn run_item<T: KernelElem>(
     out: SharedOut,
 ) {
     let g = &pb.g;
-    let (d, bs, x, group) = (g.head_size, g.block_size, g.x(), pb.group);
+    let (d, bs, group) = (g.head_size, g.block_size, pb.group);
     let seq_len = pb.meta.seq_lens[seq];
     let first_pos = seq_len - pb.meta.query_len(seq);
     let first_token = pb.meta.query_start_loc[seq];
-    let rows = (q1 - q0) * group;
-    // Row r is query token q0 + r / group, query head kv_head * group + r % group.
+    let real_rows = (q1 - q0) * group;
+    let rows = real_rows.next_multiple_of(ROW_ALIGN);
+    let stride = rows + ROW_ALIGN;
     let token_head = |r: usize| (first_token + q0 + r / group, kv_head * group + r % group);
-    let pos_of = |r: usize| first_pos + q0 + r / group;
-    let visible = pos_of(rows - 1) + 1;
+    // Padding rows take the last real row's position (they must see some key, like it).
+    let pos_of = |r: usize| first_pos + q0 + r.min(real_rows - 1) / group;
+    let visible = pos_of(real_rows - 1) + 1;
     let table = &pb.meta.block_table(seq)[..visible.div_ceil(bs)];
-    let ql = qrep_len(d, x);
+    let (key, value) = (pb.key, pb.value);
     with_scratch(|s| {
-        let qrep = at_least(&mut s.qrep, rows * ql);
-        let acc = at_least(&mut s.acc, rows * d);
-        let maxes = at_least(&mut s.max, rows);
-        let sums = at_least(&mut s.sum, rows);
-        let scores = at_least(&mut s.logits, rows * bs);
-        let probs = at_least(&mut s.probs, bs);
-        let vtile = at_least(&mut s.vtile, d * bs);
-        pb.prepare_queries((0..rows).map(token_head), qrep);
-        acc.fill(0.0);
-        maxes.fill(f32::NEG_INFINITY);
-        sums.fill(0.0);
-
-        for (b, &block) in table.iter().enumerate() {
-            let start = b * bs;
-            let k = pb.key_tile(block, kv_head);
-            let v = pb.value_tile(block, kv_head);
-            // Slots past the sequence may hold anything (NaN); a zeroed widened copy keeps them out.
-            let past_end = start + bs > seq_len;
-            if past_end {
-                widen_masked(v, d, bs, seq_len - start, vtile);
-            }
-            // Rows are ordered by position: those whose causal window reaches this block are a suffix.
-            let first = (0..rows).find(|&r| pos_of(r) >= start).unwrap_or(rows);
-            if first == rows {
-                continue;
-            }
-            qk_rows(
-                pb.isa,
-                k,
-                &qrep[first * ql..],
-                rows - first,
-                d,
-                bs,
-                &mut scores[first * bs..],
-                bs,
-                Ahead::none(),
-            );
-            for r in first..rows {
-                let pos = pos_of(r);
-                let valid = (pos + 1 - start).min(bs);
-                let scores = &scores[r * bs..(r + 1) * bs];
-                let row_acc = &mut acc[r * d..(r + 1) * d];
-                let block_max = max_of(&scores[..valid]);
-                if block_max > maxes[r] {
-                    // New running max: rescale what was accumulated under the old one.
-                    let c = (maxes[r] - block_max).exp();
-                    sums[r] *= c;
-                    row_acc.iter_mut().for_each(|a| *a *= c);
-                    maxes[r] = block_max;
+        let queries = at_least_aligned(&mut s.qrep, d * stride);
+        for r in 0..rows {
+            if r < real_rows {
+                let (token, head) = token_head(r);
+                for (dim, &q) in pb.query_row(token, head).iter().enumerate() {
+                    queries[dim * stride + r] = q * pb.scale;
                 }
-                probs[..valid].copy_from_slice(&scores[..valid]);
-                sums[r] += exp_sub_sum(pb.isa, &mut probs[..valid], maxes[r]);
-                probs[valid..].fill(0.0);
-                if past_end {
-                    pv_tile::<f32>(pb.isa, vtile, probs, d, bs, row_acc);
-                } else {
-                    pv_tile(pb.isa, v, probs, d, bs, row_acc);
-                }
+            } else {
+                (0..d).for_each(|dim| queries[dim * stride + r] = 0.0);
             }
         }
+        let row_pos = at_least(&mut s.row_pos, rows);
+        row_pos.iter_mut().enumerate().for_each(|(r, p)| *p = pos_of(r) as f32);
+        let max = at_least(&mut s.max, rows);
+        max.fill(f32::NEG_INFINITY);
+        let sum = at_least(&mut s.sum, rows);
+        sum.fill(0.0);
+        let acc = at_least_aligned(&mut s.acc, d * stride);
+        acc.fill(0.0);
+        let mut tile = FlashTile {
+            head_size: d,
+            rows,
+            stride,
+            queries,
+            row_pos,
+            min_pos: pos_of(0),
+            max,
+            sum,
+            acc,
+            scores: at_least_aligned(&mut s.logits, STEP_KEYS * stride),
+            keys: at_least_aligned(&mut s.keys, STEP_KEYS * d),
+            values: at_least_aligned(&mut s.values, STEP_KEYS * d),
+        };
+        for (step, blocks) in table.chunks(STEP_KEYS / bs).enumerate() {
+            let first_key = step * STEP_KEYS;
+            let run = KvRun {
+                key,
+                value,
+                blocks,
+                kv_head,
+                num_kv_heads: g.num_kv_heads,
+                block_size: bs,
+                first_key,
+                live: (seq_len - first_key).min(blocks.len() * bs),
+            };
+            flash_step(pb.isa, &mut tile, &run);
+        }
 
-        for r in 0..rows {
+        for r in 0..real_rows {
             let (token, head) = token_head(r);
             // SAFETY: (token, head) rows of this tile and kv head belong to this item alone.
             let dst = unsafe { out.range(pb.out_offset(token, head), d) };
-            let inv = 1.0 / sums[r];
-            for (o, a) in dst.iter_mut().zip(&acc[r * d..(r + 1) * d]) {
-                *o = a * inv;
+            let inv = 1.0 / tile.sum[r];
+            for (dim, o) in dst.iter_mut().enumerate() {
+                *o = tile.acc[dim * stride + r] * inv;
             }
         }
     });

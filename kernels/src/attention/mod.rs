@@ -4,8 +4,9 @@
 //! - a sequence with one query token (decode) becomes one item per kv head — or, on the split
 //!   ("v2", flash-decoding) path, one per kv head and context partition of [`PARTITION_TOKENS`],
 //!   whose partial results are merged by log-sum-exp afterwards;
-//! - a longer chunk becomes one item per kv head and tile of [`QUERY_TILE`] query tokens, run
-//!   with an online softmax over the blocks it may see (causal within the chunk).
+//! - a longer chunk becomes one item per kv head and tile of query tokens (`chunk::query_tile`),
+//!   run as tiled ("flash") attention with an online softmax over the blocks it may see (causal
+//!   within the chunk); items are ordered longest first so that the causal skew balances.
 //!
 //! Every item writes its own rows of `out` (or of the split-path partials), so items never race.
 
@@ -24,8 +25,6 @@ use crate::{AttnError, PagedAttnMetadata};
 pub const PARTITION_TOKENS: usize = 512;
 /// Decode contexts longer than this always take the split path (bounded scratch, more items).
 pub const LONG_CONTEXT: usize = 8192;
-/// Query tokens per work item on the chunk path.
-pub const QUERY_TILE: usize = 16;
 
 /// When decode takes the split-context ("v2") path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -232,14 +231,21 @@ fn run<T: KernelElem>(
             num_parts_total += parts;
         }
     }
+    let tile = chunk::query_tile(group);
+    let mut chunks = Vec::new();
     for seq in (0..meta.num_seqs()).filter(|&s| meta.query_len(s) > 1) {
         let q_len = meta.query_len(seq);
-        for kv_head in 0..g.num_kv_heads {
-            for q0 in (0..q_len).step_by(QUERY_TILE) {
-                items.push(Item::Chunk { seq, kv_head, q0, q1: (q0 + QUERY_TILE).min(q_len) });
-            }
+        let first_pos = meta.seq_lens[seq] - q_len;
+        for q0 in (0..q_len).step_by(tile) {
+            let q1 = (q0 + tile).min(q_len);
+            // Work ∝ rows × keys seen by the last row.
+            let cost = (q1 - q0) * (first_pos + q1);
+            chunks.extend((0..g.num_kv_heads).map(|kv_head| (cost, Item::Chunk { seq, kv_head, q0, q1 })));
         }
     }
+    // Longest first: the short tiles at the start of a causal prompt fill in at the end.
+    chunks.sort_by_key(|&(cost, _)| std::cmp::Reverse(cost));
+    items.extend(chunks.into_iter().map(|(_, item)| item));
 
     // Split partials: per partition and query head, [max, sum, normalized output (head_size)].
     let stride = g.head_size + 2;

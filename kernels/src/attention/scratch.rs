@@ -5,19 +5,22 @@ use std::cell::RefCell;
 
 #[derive(Debug, Default)]
 pub(super) struct Scratch {
-    /// Prepared query rows (`qrep_len` each).
+    /// Decode: prepared query rows (`qrep_len` each). Chunks: scaled queries `[head][rows]`.
     pub qrep: Vec<f32>,
-    /// Decode: logits then probabilities per query head. Chunks: one block's scores.
+    /// Decode: logits then probabilities per query head. Chunks: one step's scores.
     pub logits: Vec<f32>,
-    /// Output accumulators, `head_size` per query row.
+    /// Output accumulators: decode `head_size · 8` per query head, chunks `[head][rows]`.
     pub acc: Vec<f32>,
-    /// One value tile widened to f32 with the slots past the context zeroed.
+    /// Decode: one value tile widened to f32 with the slots past the context zeroed.
     pub vtile: Vec<f32>,
-    /// Chunks: one block's probabilities.
-    pub probs: Vec<f32>,
-    /// Chunks: running max and running sum per query row.
+    /// Running max and running sum per query row.
     pub max: Vec<f32>,
     pub sum: Vec<f32>,
+    /// Chunks: each row's position.
+    pub row_pos: Vec<f32>,
+    /// Chunks: one step's keys and values widened to f32.
+    pub keys: Vec<f32>,
+    pub values: Vec<f32>,
 }
 
 /// Borrows `v` with at least `n` elements, growing it (only) when it is too short.
@@ -26,6 +29,15 @@ pub(super) fn at_least(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
         v.resize(n, 0.0);
     }
     &mut v[..n]
+}
+
+/// [`at_least`], starting on a 64-byte boundary: a 16-lane load from it never straddles two
+/// cache lines (a split load costs two).
+pub(super) fn at_least_aligned(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    const LINE_FLOATS: usize = 16;
+    let buf = at_least(v, n + LINE_FLOATS);
+    let skip = buf.as_ptr().align_offset(64).min(LINE_FLOATS);
+    &mut buf[skip..skip + n]
 }
 
 thread_local! {

@@ -4,7 +4,7 @@
 //! Why a second x86 path: with 16 lanes per instruction and 32 registers, each key/value load
 //! feeds 16 accumulators (4 query heads × 4 vectors) instead of 8, so widening a bf16/f16 cache
 //! to f32 and the FMAs cost half the instructions they cost with AVX2. The other kernels
-//! (`finish_rows`, `pv_tile`, `exp`) stay on their AVX2 versions, which every AVX-512 CPU runs.
+//! (`finish_rows`, `exp`) stay on their AVX2 versions, which every AVX-512 CPU runs.
 
 use std::arch::x86_64::*;
 

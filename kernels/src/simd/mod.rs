@@ -1,10 +1,11 @@
 //! The inner loops of attention over one (block, kv head) tile, per instruction set.
 //!
-//! Two micro-kernels carry all the work: `qk_tile` (scores of one query row against the
-//! `block_size` keys of a tile, in the key layout `[head_size/x, block_size, x]`) and `pv_tile`
-//! (`acc += p · V` over a value tile `[head_size, block_size]`), plus a vectorized `exp`. The
-//! AVX2/FMA/F16C versions are chosen at run time, with AVX-512 versions of the two decode
-//! micro-kernels on CPUs that have it; the portable ones are plain loops.
+//! Decode: two micro-kernels carry the work, `qk_rows` (scores of a few query rows against the
+//! `block_size` keys of a tile, in the key layout `[head_size/x, block_size, x]`) and
+//! `pv_blocks` (`acc += p · V` over value tiles `[head_size, block_size]`), plus a vectorized
+//! `exp`. Prefill: the tiled step of `flash` (query rows in vector lanes), written once over
+//! `lanes::Lanes`. The AVX2/FMA/F16C versions are chosen at run time, with AVX-512 versions on
+//! CPUs that have it; the portable ones are plain loops.
 
 /// `match $v` over the values `$n` (and `$last` for any other), evaluating `$body` with `$C` a
 /// `const` of the value matched, so that the kernel it calls is monomorphized per value.
@@ -51,12 +52,16 @@ macro_rules! for_head_groups {
 
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+mod flash;
+mod lanes;
 mod portable;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
 use half::{bf16, f16};
 use kv_cache::CacheElem;
+
+pub(crate) use flash::{FlashTile, KvRun, ROW_ALIGN, STEP_KEYS, flash_step};
 
 /// Instruction set the CPU kernels run with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -272,26 +277,6 @@ pub(crate) fn finish_rows(isa: Isa, acc8: &[f32], scale: f32, out: &mut [f32]) {
     }
 }
 
-/// `acc[d] += Σ_t p[t] · value[d][t]` over one value tile `[head_size, block_size]`.
-#[inline]
-pub(crate) fn pv_tile<T: KernelElem>(
-    isa: Isa,
-    tile: &[T],
-    p: &[f32],
-    head_size: usize,
-    bs: usize,
-    acc: &mut [f32],
-) {
-    assert!(tile.len() >= head_size * bs && p.len() >= bs && acc.len() >= head_size);
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx2`/`Avx512` are only used after `is_available` said yes (AVX-512 there
-        // implies AVX2); lengths checked above.
-        Isa::Avx2 | Isa::Avx512 => unsafe { x86::pv_tile(tile, p, head_size, bs, acc) },
-        _ => portable::pv_tile(tile, p, head_size, bs, acc),
-    }
-}
-
 /// `v[i] = exp(v[i] - max)` in place; returns the sum.
 #[inline]
 pub(crate) fn exp_sub_sum(isa: Isa, v: &mut [f32], max: f32) -> f32 {
@@ -472,13 +457,6 @@ mod tests {
                             );
                         }
                     }
-                }
-                let p: Vec<f32> = (0..bs).map(|_| lcg(&mut seed).abs()).collect();
-                let mut acc: Vec<f32> = (0..d).map(|i| i as f32).collect();
-                pv_tile(isa, &tile, &p, d, bs, &mut acc);
-                for (i, a) in acc.iter().enumerate() {
-                    let want = i as f32 + (0..bs).map(|t| p[t] * wide[i * bs + t]).sum::<f32>();
-                    assert!((a - want).abs() < 1e-4, "{isa:?} pv d{d} bs{bs}: {a} vs {want}");
                 }
             }
         }

@@ -54,13 +54,6 @@ pub(super) fn finish_rows(acc8: &[f32], scale: f32, out: &mut [f32]) {
     }
 }
 
-pub(super) fn pv_tile<T: KernelElem>(tile: &[T], p: &[f32], d: usize, bs: usize, acc: &mut [f32]) {
-    let p = &p[..bs];
-    for (a, row) in acc[..d].iter_mut().zip(tile.chunks_exact(bs)) {
-        *a += row.iter().zip(p).map(|(v, w)| v.to_f32() * w).sum::<f32>();
-    }
-}
-
 pub(super) fn exp_sub_sum(v: &mut [f32], max: f32) -> f32 {
     let mut sum = 0.0;
     for e in v.iter_mut() {

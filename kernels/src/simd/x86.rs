@@ -217,47 +217,14 @@ pub(super) unsafe fn finish_rows(acc8: &[f32], scale: f32, out: &mut [f32]) {
     }
 }
 
-#[inline(always)]
-unsafe fn pv_rows<T: KernelElem, const NK: usize>(tile: *const T, p: *const f32, d: usize, acc: *mut f32) {
-    // SAFETY: the caller guarantees `d` rows of `NK * 8` elements, `NK * 8` weights and `d` outputs.
-    unsafe {
-        let mut pv = [_mm256_setzero_ps(); NK];
-        for (k, w) in pv.iter_mut().enumerate() {
-            *w = _mm256_loadu_ps(p.add(k * 8));
-        }
-        let bs = NK * 8;
-        for d0 in (0..d).step_by(8) {
-            let mut prods = [_mm256_setzero_ps(); 8];
-            for (r, prod) in prods.iter_mut().enumerate() {
-                let row = tile.add((d0 + r) * bs);
-                let mut s = _mm256_mul_ps(T::load8(row), pv[0]);
-                for (k, w) in pv.iter().enumerate().skip(1) {
-                    s = _mm256_fmadd_ps(T::load8(row.add(k * 8)), *w, s);
-                }
-                *prod = s;
-            }
-            let dst = acc.add(d0);
-            _mm256_storeu_ps(dst, _mm256_add_ps(_mm256_loadu_ps(dst), hsum8x8(&prods)));
-        }
-    }
-}
-
-/// # Safety
-/// AVX2/FMA/F16C available; `tile.len() >= d * bs`, `p.len() >= bs`, `acc.len() >= d`;
-/// `bs` in {8, 16, 32} and `d` a multiple of 8.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn pv_tile<T: KernelElem>(tile: &[T], p: &[f32], d: usize, bs: usize, acc: &mut [f32]) {
-    let (t, w, a) = (tile.as_ptr(), p.as_ptr(), acc.as_mut_ptr());
-    // SAFETY: per the contract above.
-    unsafe { with_block_size!(bs, |BS| pv_rows::<T, { BS / 8 }>(t, w, d, a)) }
-}
-
 /// `exp` of 8 lanes: Cephes-style range reduction to `2^n · e^r`, `|r| <= ln2/2`, degree-5
-/// polynomial; relative error ~1e-7 over the clamped range [-87.3, 88.0].
+/// polynomial; relative error ~1e-7 over the clamped range [-87.3, 88.0], and exactly 0 below
+/// it: the clamped ~1e-38 times a value is subnormal, a ~100-cycle microcode assist per FMA.
 #[inline(always)]
-unsafe fn exp8(x: __m256) -> __m256 {
+pub(super) unsafe fn exp8(x: __m256) -> __m256 {
     // SAFETY: pure register arithmetic; AVX2/FMA enabled by the calling function.
     unsafe {
+        let tiny = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(-87.336_55));
         let x = _mm256_min_ps(x, _mm256_set1_ps(88.0));
         let x = _mm256_max_ps(x, _mm256_set1_ps(-87.336_55));
         let fx = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
@@ -276,7 +243,7 @@ unsafe fn exp8(x: __m256) -> __m256 {
         y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0)));
         let n = _mm256_cvtps_epi32(fx);
         let pow2 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(n, _mm256_set1_epi32(127))));
-        _mm256_mul_ps(y, pow2)
+        _mm256_andnot_ps(tiny, _mm256_mul_ps(y, pow2))
     }
 }
 
