@@ -71,6 +71,8 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let mut fresh = criterion_results::figures(&measured);
     fresh.extend(registry::derived_figures(&measured));
     let fragments = read_program_outputs(&figures_dir, &mut fresh)?;
+    let ratios = registry::same_run_ratios(&fresh);
+    fresh.extend(ratios);
 
     let summary_path = report_dir.join("summary.json");
     let previous = std::fs::read_to_string(&summary_path).unwrap_or_else(|_| "{}".to_owned());

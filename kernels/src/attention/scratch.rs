@@ -5,11 +5,11 @@ use std::cell::RefCell;
 
 #[derive(Debug, Default)]
 pub(super) struct Scratch {
-    /// Decode: prepared query rows (`qrep_len` each). Chunks: scaled queries `[head][rows]`.
+    /// Decode: prepared query rows (`qrep_len` each). Chunks: scaled queries `[head][stride]`.
     pub qrep: Vec<f32>,
     /// Decode: logits then probabilities per query head. Chunks: one step's scores.
     pub logits: Vec<f32>,
-    /// Output accumulators: decode `head_size · 8` per query head, chunks `[head][rows]`.
+    /// Output accumulators: decode `head_size · 8` per query head, chunks `[head][stride]`.
     pub acc: Vec<f32>,
     /// Decode: one value tile widened to f32 with the slots past the context zeroed.
     pub vtile: Vec<f32>,

@@ -36,6 +36,11 @@ pub const DERIVED: &[(&str, &str, &str)] = &[
     ("attn.decode_bw_fraction_bf16", "attn/decode_bf16_ms", "attn/memcpy_ms"),
 ];
 
+/// Ratios of two program figures measured in the same run, as `(name, num, den)`: set only when
+/// both were measured now (a ratio across runs would mix two machines' loads).
+pub const RATIOS: &[(&str, &str, &str)] =
+    &[("attn.prefill_4k_over_gemm", "attn.prefill_gflops_4k", "model.gemm_gflops")];
+
 /// Targets stated by the issues, shown beside the figures in `report.md`.
 pub const GOALS: &[(&str, &str)] = &[
     ("block_alloc.alloc_free_ns", "≤ 50"),
@@ -53,6 +58,11 @@ pub const GOALS: &[(&str, &str)] = &[
     ("model.decode_b1_bw_fraction", "≥ 0.6"),
     ("model.decode_b64_gemm_fraction", "≥ 0.5"),
     ("e2e.batching_gain", "≥ 8"),
+    ("attn.prefill_4k_over_gemm", "≥ 0.6"),
+    ("peer.prefill_6000_over_llamacpp", "≥ 2.5"),
+    ("peer.prefill_512_over_llamacpp", "≥ 2.0"),
+    ("peer.decode_b1_over_llamacpp", "≥ 1.3"),
+    ("peer.e2e_64_over_llamacpp", "≥ 3.0"),
     ("e2e.kv_util_mean", "≥ 0.9"),
     ("cuda.decode_bw_fraction", "≥ 0.80"),
     ("cuda.paged_over_contiguous", "≤ 1.10"),
@@ -62,6 +72,14 @@ pub fn group_names() -> String {
     let mut groups: Vec<&str> = TARGETS.iter().map(|t| t.group).collect();
     groups.dedup();
     groups.join(", ")
+}
+
+/// Every [`RATIOS`] figure whose two inputs are in `fresh` (this run's figures).
+pub fn same_run_ratios(fresh: &Figures) -> Figures {
+    RATIOS
+        .iter()
+        .filter_map(|&(name, num, den)| Some((name.to_owned(), fresh.get(num)? / fresh.get(den)?)))
+        .collect()
 }
 
 /// Every derived figure whose two inputs were measured in this run.
