@@ -14,10 +14,11 @@
 //!   is the median of the per-sample ratios: both halves see the same memory, pages and machine
 //!   load, which separate measurement windows over separate GiB allocations did not;
 //! - `prefill_8x512_ms`: varlen prefill of 8 chunks × 512 tokens (f32 cache);
-//! - `prefill_4k_bf16_ms`: one 4 096-token prompt on a bf16 cache (the CPU default).
+//! - `prefill_4k_bf16_ms`: one 4 096-token prompt on a bf16 cache (the CPU default), and
+//!   `prefill_4k_bf16_avx2_ms` the same on the AVX2 kernels.
 //!
-//! Written to `$BENCH_FIGURES_DIR`: the paged-over-contiguous ratios, `attn.prefill_gflops` and
-//! `attn.prefill_gflops_4k`
+//! Written to `$BENCH_FIGURES_DIR`: the paged-over-contiguous ratios, `attn.prefill_gflops`,
+//! `attn.prefill_gflops_4k` and `attn.prefill_gflops_4k_avx2`
 //! (causal FLOPs / median time, timed by the same criterion samples through `iter_custom`),
 //! internal-fragmentation waste per block size on a ShareGPT-like length trace, and
 //! `attn_block_size.md` (the trade-off table).
@@ -29,7 +30,9 @@ use std::time::{Duration, Instant};
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, SamplingMode, Throughput};
 use half::bf16;
-use kernels::{PagedAttnMetadata, paged_attention, reshape_and_cache};
+use kernels::{
+    AttnOptions, Isa, PagedAttnMetadata, paged_attention, paged_attention_with, reshape_and_cache,
+};
 use kv_cache::{CacheElem, CacheGeometry, DType, LayerCache};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -203,21 +206,32 @@ fn bench_decode_pair(c: &mut Criterion, samples: &Samples, names: PairNames, bs:
     g.finish();
 }
 
-/// A causal prefill case: `seqs` prompts of `len` tokens in one call.
+/// A causal prefill case: `seqs` prompts of `len` tokens in one call, on `isa` (`None`: the
+/// best this CPU has, as the engine runs).
 #[derive(Clone, Copy)]
 struct PrefillCase {
     name: &'static str,
     seqs: usize,
     len: usize,
     dtype: DType,
+    isa: Option<Isa>,
 }
 
 /// Varlen prefill, 8 × 512 tokens, f32 cache (`attn.prefill_gflops`).
 const PREFILL_8X512: PrefillCase =
-    PrefillCase { name: "prefill_8x512_ms", seqs: 8, len: 512, dtype: DType::F32 };
+    PrefillCase { name: "prefill_8x512_ms", seqs: 8, len: 512, dtype: DType::F32, isa: None };
 /// One 4 096-token prompt on the CPU's default bf16 cache (`attn.prefill_gflops_4k`).
 const PREFILL_4K: PrefillCase =
-    PrefillCase { name: "prefill_4k_bf16_ms", seqs: 1, len: 4096, dtype: DType::BF16 };
+    PrefillCase { name: "prefill_4k_bf16_ms", seqs: 1, len: 4096, dtype: DType::BF16, isa: None };
+/// [`PREFILL_4K`] on the AVX2 kernels (forced on an AVX-512 CPU: the path AVX2-only machines
+/// run; `attn.prefill_gflops_4k_avx2`).
+const PREFILL_4K_AVX2: PrefillCase = PrefillCase {
+    name: "prefill_4k_bf16_avx2_ms",
+    seqs: 1,
+    len: 4096,
+    dtype: DType::BF16,
+    isa: Some(Isa::Avx2),
+};
 
 /// FLOPs of causal prefill: every (query, visible key) pair costs `2·d` for q·k and `2·d` for p·v.
 fn prefill_flops(case: PrefillCase) -> f64 {
@@ -226,7 +240,12 @@ fn prefill_flops(case: PrefillCase) -> f64 {
 }
 
 fn bench_prefill(c: &mut Criterion, samples: &Samples, case: PrefillCase) {
-    let PrefillCase { name, seqs, len, dtype } = case;
+    let PrefillCase { name, seqs, len, dtype, isa } = case;
+    let opts = AttnOptions { isa: isa.unwrap_or_else(Isa::detect), ..AttnOptions::default() };
+    if !opts.isa.is_available() {
+        eprintln!("attn: {name} skipped, this CPU lacks {:?}", opts.isa);
+        return;
+    }
     let bs = 16;
     let blocks_per_seq = len / bs;
     let geometry = CacheGeometry {
@@ -267,7 +286,8 @@ fn bench_prefill(c: &mut Criterion, samples: &Samples, case: PrefillCase) {
     g.bench_function(name, |b| {
         b.iter_custom(|iters| {
             timed(samples, name, iters, || {
-                paged_attention(&mut out, &query, &cache, &meta, NUM_HEADS, 1.0 / (HEAD_SIZE as f32).sqrt())
+                let scale = 1.0 / (HEAD_SIZE as f32).sqrt();
+                paged_attention_with(&opts, &mut out, &query, &cache, &meta, NUM_HEADS, scale)
                     .expect("prefill")
             })
         })
@@ -314,7 +334,11 @@ fn write_outputs(samples: &Samples) {
     let s = samples.borrow();
     let ms = |name: &str| s.get(name).map(|v| median(v) * 1e3);
     let mut figures = BTreeMap::new();
-    for (case, figure) in [(PREFILL_8X512, "attn.prefill_gflops"), (PREFILL_4K, "attn.prefill_gflops_4k")] {
+    for (case, figure) in [
+        (PREFILL_8X512, "attn.prefill_gflops"),
+        (PREFILL_4K, "attn.prefill_gflops_4k"),
+        (PREFILL_4K_AVX2, "attn.prefill_gflops_4k_avx2"),
+    ] {
         if let Some(t) = ms(case.name) {
             figures.insert(figure.to_owned(), prefill_flops(case) / (t * 1e-3) / 1e9);
         }
@@ -365,13 +389,14 @@ fn write_outputs(samples: &Samples) {
             w_steps * 100.0
         ));
     }
-    for case in [PREFILL_8X512, PREFILL_4K] {
+    for case in [PREFILL_8X512, PREFILL_4K, PREFILL_4K_AVX2] {
         if let Some(t) = ms(case.name) {
             md.push_str(&format!(
-                "\nCausal prefill, {} × {} tokens, {} cache (32/8 heads, head 128, tiled kernel): {t:.1} ms, {:.1} GFLOP/s.\n",
+                "\nCausal prefill, {} × {} tokens, {} cache (32/8 heads, head 128, tiled kernel, {}): {t:.1} ms, {:.1} GFLOP/s.\n",
                 case.seqs,
                 case.len,
                 case.dtype,
+                case.isa.map_or("best ISA".to_owned(), |i| format!("{i:?}")),
                 prefill_flops(case) / (t * 1e-3) / 1e9
             ));
         }
@@ -407,6 +432,7 @@ fn main() {
     );
     bench_prefill(&mut c, &samples, PREFILL_8X512);
     bench_prefill(&mut c, &samples, PREFILL_4K);
+    bench_prefill(&mut c, &samples, PREFILL_4K_AVX2);
     c.final_summary();
     write_outputs(&samples);
 }

@@ -108,6 +108,7 @@ mod x86 {
 
     use super::Lanes;
     use crate::simd::KernelElem;
+    use crate::simd::x86::EXP_POLY;
 
     /// AVX2 + FMA (+ F16C for widening f16): 8 lanes.
     #[derive(Clone, Copy)]
@@ -237,12 +238,10 @@ mod x86 {
             );
             let r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693_359_4), x);
             let r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.121_944_4e-4), r);
-            let mut y = _mm512_set1_ps(1.987_569_1e-4);
-            y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.398_199_9e-3));
-            y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.333_452e-3));
-            y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.166_579_6e-2));
-            y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.666_666_5e-1));
-            y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(0.5));
+            let mut y = _mm512_set1_ps(EXP_POLY[0]);
+            for c in &EXP_POLY[1..] {
+                y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(*c));
+            }
             y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0)));
             let n = _mm512_cvtps_epi32(fx);
             let pow2 =

@@ -73,22 +73,25 @@ fn mixed_batch() -> impl Strategy<Value = Batch> {
         2 => (ctx, q.min(ctx)),  // chunk over a cached prefix, possibly empty
         _ => (ctx, q.clamp(1, ctx)),
     });
-    (
-        1usize..3,
-        prop::sample::select(vec![1usize, 2, 3, 4, 8]),
-        head_sizes(),
-        block_sizes(),
-        prop::collection::vec(seq, 1..4),
-        any::<u64>(),
-    )
-        .prop_map(|(num_kv_heads, group, head_size, block_size, seqs, seed)| Batch {
+    batches(prop::sample::select(vec![1usize, 2, 3, 4, 8]), seq)
+}
+
+/// Batches of 1–3 sequences drawn from `seq`, 1–2 kv heads, `group` query heads per kv head,
+/// every head and block size.
+fn batches(
+    group: impl Strategy<Value = usize>,
+    seq: impl Strategy<Value = (usize, usize)>,
+) -> impl Strategy<Value = Batch> {
+    (1usize..3, group, head_sizes(), block_sizes(), prop::collection::vec(seq, 1..4), any::<u64>()).prop_map(
+        |(num_kv_heads, group, head_size, block_size, seqs, seed)| Batch {
             num_kv_heads,
             group,
             head_size,
             block_size,
             seqs,
             seed,
-        })
+        },
+    )
 }
 
 /// Prefill-shaped batches for the tiled kernel: up to three sequences, each a chunk of 2..300
@@ -97,15 +100,7 @@ fn mixed_batch() -> impl Strategy<Value = Batch> {
 fn prefill_batch() -> impl Strategy<Value = Batch> {
     let seq = (2usize..300, prop_oneof![1 => Just(0usize), 2 => 0usize..300])
         .prop_map(|(q, cached)| (cached + q, q));
-    (1usize..3, 1usize..=8, head_sizes(), block_sizes(), prop::collection::vec(seq, 1..4), any::<u64>())
-        .prop_map(|(num_kv_heads, group, head_size, block_size, seqs, seed)| Batch {
-            num_kv_heads,
-            group,
-            head_size,
-            block_size,
-            seqs,
-            seed,
-        })
+    batches(1usize..=8, seq)
 }
 
 fn run_both(batch: &Batch, dtype: DType, opts: &AttnOptions) -> (Vec<f32>, Vec<f32>) {
