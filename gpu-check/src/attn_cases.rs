@@ -192,10 +192,26 @@ pub fn cache_images_equal(a: &[u8], b: &[u8], dtype: DType) -> bool {
 
 /// The batches every configuration is checked on: `(name, [(query_len, seq_len)])`. Contexts
 /// past 512 tokens give v2 several partitions; partial last blocks exercise the masking.
+/// `prefill` is the tiled prefill kernel's: whole prompts shorter and longer than a tile, chunks
+/// over a cached prefix that starts inside a block for every block size (271 and 13 tokens
+/// cached), a two-token chunk, and a decode token in the same batch.
 pub fn batches() -> Vec<(&'static str, Vec<(usize, usize)>)> {
     vec![
         ("decode", vec![(1, 1), (1, 17), (1, 600), (1, 1100), (1, 513)]),
         ("varlen", vec![(5, 45), (1, 700), (40, 40), (0, 12), (17, 530)]),
+        ("prefill", vec![(37, 37), (29, 300), (1, 50), (64, 77), (2, 2), (3, 9)]),
+    ]
+}
+
+/// `(name, config, batch)` of the long-prompt cases of the tiled prefill kernel, config as
+/// `(dtype, head_size, block_size, num_kv_heads, group)`: a 2 500-token prompt beside a decode
+/// token, and a 1 500-token chunk over 1 503 cached tokens (the chunk starts inside a block).
+/// Two KV heads keep the f64 reference at a few seconds.
+#[allow(clippy::type_complexity)]
+pub fn long_prompt_cases() -> Vec<(&'static str, (DType, usize, usize, usize, usize), Vec<(usize, usize)>)> {
+    vec![
+        ("long_prompt", (DType::BF16, 128, 16, 2, 4), vec![(2_500, 2_500), (1, 900)]),
+        ("long_chunk", (DType::F16, 64, 32, 1, 8), vec![(1_500, 3_003)]),
     ]
 }
 
@@ -461,6 +477,29 @@ mod tests {
             }
         }
         Ok(())
+    }
+
+    /// The prefill batch has what the tiled kernel must get right: chunks whose cached prefix
+    /// ends inside a block for blocks of 8, 16 and 32, prompts longer than one tile of 32 rows,
+    /// and a decode token in the same batch; the long-prompt cases are long and stay cheap.
+    #[test]
+    fn the_prefill_batches_cover_chunks_inside_blocks_and_long_prompts() {
+        let prefill =
+            batches().into_iter().find(|(n, _)| *n == "prefill").map(|(_, b)| b).unwrap_or_default();
+        for bs in [8, 16, 32] {
+            assert!(prefill.iter().any(|&(q, l)| q > 1 && l > q && (l - q) % bs != 0), "block size {bs}");
+        }
+        assert!(prefill.iter().any(|&(q, _)| q > 32) && prefill.iter().any(|&(q, _)| q == 1));
+        let long = long_prompt_cases();
+        assert!(long.iter().any(|(_, _, b)| b.iter().any(|&(q, _)| q >= 2_000)));
+        assert!(
+            long.iter().any(|(_, (_, _, bs, _, _), b)| b.iter().any(|&(q, l)| l > q && (l - q) % bs != 0))
+        );
+        for (_, (_, head, _, kv, group), b) in &long {
+            // Query-key pairs times heads times dims: the f64 reference's work, < 1.5e10 each.
+            let pairs: usize = b.iter().map(|&(q, l)| (0..q).map(|t| l - q + t + 1).sum::<usize>()).sum();
+            assert!(pairs * kv * group * head * 2 < 15_000_000_000, "{pairs}");
+        }
     }
 
     #[test]

@@ -4,8 +4,10 @@
 //! forward, the e2e figure). The host side of the kernel check lives in [`attn_cases`], that of
 //! the model check in [`model_cases`] (its random models), so both are unit-tested without a GPU;
 //! `cuda_emulation` (tests only) emulates the CUDA forward's bf16/f16 roundings on the CPU to
-//! calibrate and test the model check's per-logit tolerance on those models. [`figures`] is how
-//! both GPU programs record and write their figures. Everything is behind the `cuda` feature.
+//! calibrate and test the model check's per-logit tolerance on those models, and
+//! `prefill_emulation` (tests only) runs the tiled prefill kernel's tiling and online softmax on
+//! the CPU against the f64 reference. [`figures`] is how both GPU programs record and write
+//! their figures. Everything is behind the `cuda` feature.
 
 #[cfg(feature = "cuda")]
 pub mod attn_cases;
@@ -15,3 +17,5 @@ mod cuda_emulation;
 pub mod figures;
 #[cfg(feature = "cuda")]
 pub mod model_cases;
+#[cfg(all(test, feature = "cuda"))]
+mod prefill_emulation;

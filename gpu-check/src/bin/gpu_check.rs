@@ -1,7 +1,7 @@
 //! `gpu_check`: the kernel half of the GPU run (the model half is `gpu_model_check`). Checks
 //! every CUDA kernel against the CPU reference on random data (every cache dtype, head size and
-//! block size; NaN-poisoned padding; shuffled blocks; decode and varlen batches through both the
-//! v1 and the v2 kernel), checks copy/swap, measures device-to-device copy bandwidth and paged
+//! block size; NaN-poisoned padding; shuffled blocks; decode, varlen and prefill batches through
+//! the v1 and the v2 decode kernel and the tiled prefill path), checks copy/swap, measures device-to-device copy bandwidth and paged
 //! decode attention, then checks every cache kernel at offsets past 2³² elements, and writes
 //! everything as flat JSON to `$OUT/gpu_check.json`.
 //!
@@ -12,14 +12,15 @@
 //!
 //! | section | sizes | estimate |
 //! |---|---|---|
-//! | `attention` | 36 configurations (f16/bf16 × 6 head sizes × blocks 8/16/32) × 2 batches of ≤ 1 100 context tokens (2 or 8 KV heads, GQA 1–8), each through v1, v2 and split v2 | ~5 s (host: case and f64 reference) |
+//! | `attention` | 36 configurations (f16/bf16 × 6 head sizes × blocks 8/16/32) × 3 batches of ≤ 1 100 context tokens (2 or 8 KV heads, GQA 1–8; the `prefill` batch: chunks starting inside a block, prompts longer than a tile, a decode token beside them), each through v1, v2, split v2 and `Tiled` (tiled prefill + decode tokens) | ~6 s (host: case and f64 reference) |
 //! | `attention`, long | 4 cases of 32 768 + 8 192 + 2 × 9 000 context tokens, 8 KV heads (up to 205 MB a tensor uploaded) | ~11 s host, < 0.5 s device |
+//! | `attention`, long prompts | a 2 500-token prompt (bf16, h128, b16, GQA 4) and a 1 500-token chunk over 1 503 cached tokens (f16, h64, b32, GQA 8), each through the four paths | ~8 s host (f64 reference), < 0.5 s device |
 //! | `reshape_and_cache` | 36 configurations × 37 slots of a 13-block cache | < 1 s |
 //! | `copy_and_swap` | bf16, 2 layers × 32 blocks, 3 copies, 2 swaps each way | < 1 s |
 //! | `bench` | 1 GiB device copy × 23; decode over 64 × 4 096 tokens (1 GiB of K/V) × 6 variants × 23 calls | ~2 s |
 //! | `far_offsets` | bf16 pool of 17.2 GB (2 × 4.31·10⁹ elements), 14 MB tail written and read back twice | < 1 s |
 //!
-//! About 20 s in all plus CUDA start-up, far inside the 270 s `run.sh` gives this binary. The
+//! About 30 s in all plus CUDA start-up, far inside the 270 s `run.sh` gives this binary. The
 //! far-offset section runs last: a 32-bit offset there could fault, and a fault ends the CUDA
 //! context for everything after it.
 //!
@@ -33,7 +34,7 @@ use std::time::Instant;
 
 use gpu_check::attn_cases::{
     AttnCase, FAR_GROUP, FAR_POOL_BLOCKS, FarPlacement, attention_tolerance, batches, cache_images_equal,
-    decode_figures, far_batch, far_geometry, layer_bytes, max_rel_error, nan_bytes,
+    decode_figures, far_batch, far_geometry, layer_bytes, long_prompt_cases, max_rel_error, nan_bytes,
 };
 use gpu_check::figures::{Figures, Res, finish};
 use kernels::cuda::DeviceAttnMetadata;
@@ -146,6 +147,10 @@ fn check_attention(kernels: &CudaKernels, figures: &mut Figures) -> Res<usize> {
             tally.run(kernels, &stream, figures, "long", config, &long_batch(), 7 + i as u64 * 2 + j as u64);
         }
     }
+    // Long prompts through the tiled prefill kernel (and the decode kernel, forced, as before).
+    for (i, (name, config, chunks)) in long_prompt_cases().into_iter().enumerate() {
+        tally.run(kernels, &stream, figures, name, config, &chunks, 41 + i as u64);
+    }
     if !tally.case_errors.is_empty() {
         figures.insert("check.attention.errors".into(), json!(tally.case_errors));
     }
@@ -207,9 +212,9 @@ impl Tally {
     }
 }
 
-/// One attention case through both kernel variants, and v2 once more with a workspace of two
-/// tokens (so a batch runs as several launches, each at its token offset): the largest
-/// relative error of each against the CPU reference.
+/// One attention case through both decode kernel variants, v2 once more with a workspace of two
+/// tokens (so a batch runs as several launches, each at its token offset), and the tiled prefill
+/// path: the largest relative error of each against the CPU reference.
 fn attention_case(
     kernels: &CudaKernels,
     stream: &Arc<cudarc::driver::CudaStream>,
@@ -226,9 +231,9 @@ fn attention_case(
     run_variants(kernels, stream, &case, &dev_cache, &meta, &want)
 }
 
-/// `case`'s queries through both kernel variants over `dev_cache` and `meta` (the case's batch,
-/// its blocks wherever `meta`'s table says), and v2 once more with a workspace of two tokens:
-/// the largest relative error of each against `want`.
+/// `case`'s queries through both decode kernel variants over `dev_cache` and `meta` (the case's
+/// batch, its blocks wherever `meta`'s table says), v2 once more with a workspace of two tokens,
+/// and the tiled prefill path: the largest relative error of each against `want`.
 fn run_variants(
     kernels: &CudaKernels,
     stream: &Arc<cudarc::driver::CudaStream>,
@@ -243,11 +248,15 @@ fn run_variants(
     let mut ws = AttnWorkspace::new(stream, tokens, num_heads, head, context)?;
     let two_tokens = WorkspaceShape::for_budget(2, num_heads, head, context, usize::MAX).bytes();
     let mut small = AttnWorkspace::with_budget(stream, tokens, num_heads, head, context, two_tokens)?;
-    let mut errors = Vec::with_capacity(3);
+    let mut errors = Vec::with_capacity(4);
+    // `Tiled` (what the engine runs): the tiled prefill kernel over the sequences of more than
+    // one query token, the decode kernel over the batch's decode tokens only, here with the
+    // two-token workspace so a v2 decode part runs as several launches beside it.
     for (label, variant, split) in [
         ("V1", AttentionVariant::V1, false),
         ("V2", AttentionVariant::V2, false),
         ("V2_split", AttentionVariant::V2, true),
+        ("Tiled", AttentionVariant::Tiled, true),
     ] {
         let ws = if split { &mut small } else { &mut ws };
         let mut out = stream.alloc_zeros::<f32>(case.query.len().max(1))?;

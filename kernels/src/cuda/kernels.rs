@@ -26,6 +26,10 @@ pub const KERNEL_SOURCES: &[(&str, &str)] = &[
 pub const CACHE_DTYPES: [DType; 2] = [DType::F16, DType::BF16];
 /// Tokens per partition of the v2 (split-context) decode kernel; must match `attention.cu`.
 pub const PARTITION_SIZE: usize = 512;
+/// Threads per tiled prefill thread block; must match `PF_NUM_THREADS` in `attention.cu`.
+pub const PREFILL_THREADS: u32 = 128;
+/// Keys per key tile of the tiled prefill kernel; must match `PF_KEYS` in `attention.cu`.
+pub const PREFILL_KEYS: usize = 32;
 /// Threads per attention thread block; must match `PA_NUM_THREADS` in `attention.cu`.
 pub const ATTENTION_THREADS: u32 = 128;
 /// Warps per attention thread block.
@@ -51,6 +55,9 @@ pub enum AttentionVariant {
     V1,
     /// 512-token partitions merged by the reduce kernel.
     V2,
+    /// Varlen batches: the tiled prefill kernel over the sequences of more than one query token,
+    /// the decode kernel (v1 or v2, chosen for the decode tokens alone) over the others.
+    Tiled,
 }
 
 /// The shape parameters an attention program is specialised for.
@@ -92,6 +99,13 @@ impl AttentionConfig {
         format!("paged_attention_{tn}_h{}_b{}_g{qpk}", self.head_size, self.block_size)
     }
 
+    /// Entry point name of the tiled prefill kernel (one per configuration: the GQA group is a
+    /// runtime parameter).
+    pub fn prefill_entry(&self) -> String {
+        let (tn, _) = cuda_type(self.dtype);
+        format!("paged_prefill_{tn}_h{}_b{}", self.head_size, self.block_size)
+    }
+
     /// Entry point name of `reshape_and_cache` for this cache dtype.
     pub fn reshape_and_cache_entry(&self) -> String {
         format!("reshape_and_cache_{}", cuda_type(self.dtype).0)
@@ -108,6 +122,8 @@ impl AttentionConfig {
             let _ = writeln!(source, "PAGED_ATTENTION({tn}, {ty}, {h}, {b}, {qpk})");
             entries.push(Entry { name: self.attention_entry(qpk), attention: true });
         }
+        let _ = writeln!(source, "PAGED_PREFILL({tn}, {ty}, {h}, {b})");
+        entries.push(Entry { name: self.prefill_entry(), attention: true });
         let _ = writeln!(source, "RESHAPE_AND_CACHE({tn}, {ty})");
         entries.push(Entry { name: self.reshape_and_cache_entry(), attention: false });
         entries.push(Entry { name: REDUCE_ENTRY.to_owned(), attention: true });
@@ -235,6 +251,8 @@ mod tests {
         assert!(p.entries.iter().any(|e| e.name == "paged_attention_bf16_h128_b16_g4"));
         assert!(p.entries.iter().any(|e| e.name == "paged_attention_bf16_h128_b16_g8"));
         assert!(p.entries.iter().any(|e| e.name == "reshape_and_cache_bf16"));
+        assert!(p.source.contains("PAGED_PREFILL(bf16, __nv_bfloat16, 128, 16)"));
+        assert!(p.entries.iter().any(|e| e.name == "paged_prefill_bf16_h128_b16" && e.attention));
         assert!(!p.source.contains("#pragma once"));
     }
 

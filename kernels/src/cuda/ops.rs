@@ -1,5 +1,6 @@
-//! Launch wrappers: the CUDA twins of `reshape_and_cache`, `paged_attention` (decode v1/v2 and
-//! varlen prefill) and `copy_blocks`, over `kv_cache::cuda` device caches.
+//! Launch wrappers: the CUDA twins of `reshape_and_cache`, `paged_attention` (decode v1/v2; a
+//! varlen batch's prefill sequences through the tiled prefill kernel, tiled by [`PrefillPlan`])
+//! and `copy_blocks`, over `kv_cache::cuda` device caches.
 //!
 //! Everything a kernel could trip over (slot and block ranges, shapes, lengths) is checked on the
 //! host before the launch, from the same host metadata the CPU kernels take, so a bad batch is a
@@ -14,9 +15,9 @@ use kv_cache::cuda::{CudaKvCache, DeviceLayerCache};
 use super::error::CudaError;
 use super::kernels::{
     ATTENTION_THREADS, ATTENTION_WARPS, AttentionConfig, AttentionVariant, COPY_BLOCKS_ENTRY, PARTITION_SIZE,
-    REDUCE_ENTRY,
+    PREFILL_KEYS, PREFILL_THREADS, REDUCE_ENTRY,
 };
-use super::metadata::{DeviceAttnMetadata, upload_into};
+use super::metadata::{DeviceAttnMetadata, HostAttnMetadata, upload_into};
 use super::runtime::CudaKernels;
 use super::swap::check_pairs;
 use crate::meta::check_slots;
@@ -107,6 +108,12 @@ pub struct AttnWorkspace {
     exp_sums: CudaSlice<f32>,
     max_logits: CudaSlice<f32>,
     shape: WorkspaceShape,
+    /// The tiled prefill kernel's tile list ([`PrefillPlan::tiles`]) and how many tiles it holds.
+    tiles: CudaSlice<i32>,
+    num_tiles: usize,
+    /// What `tiles` was built from (query_start_loc, seq_lens, tile tokens): the layers of one
+    /// step share it, so it is uploaded once a step.
+    tiles_for: Option<(Vec<i32>, Vec<i32>, usize)>,
 }
 
 impl AttnWorkspace {
@@ -137,7 +144,31 @@ impl AttnWorkspace {
             exp_sums: stream.alloc_zeros(n)?,
             max_logits: stream.alloc_zeros(n)?,
             shape,
+            tiles: stream.alloc_zeros(2)?,
+            num_tiles: 0,
+            tiles_for: None,
         })
+    }
+
+    /// Uploads `plan`'s tiles of the batch `host` unless they are the ones uploaded last.
+    fn upload_tiles(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        plan: &PrefillPlan,
+        host: &HostAttnMetadata,
+    ) -> Result<(), CudaError> {
+        let same = self.tiles_for.as_ref().is_some_and(|(qsl, lens, tt)| {
+            *tt == plan.tile_tokens && *qsl == host.query_start_loc && *lens == host.seq_lens
+        });
+        if same {
+            return Ok(());
+        }
+        let tiles = plan.tiles(&host.query_start_loc, &host.seq_lens);
+        self.tiles_for = None;
+        upload_into(stream, &tiles, &mut self.tiles)?;
+        self.num_tiles = tiles.len() / 2;
+        self.tiles_for = Some((host.query_start_loc.clone(), host.seq_lens.clone(), plan.tile_tokens));
+        Ok(())
     }
 
     pub fn shape(&self) -> WorkspaceShape {
@@ -145,9 +176,13 @@ impl AttnWorkspace {
     }
 }
 
-/// `paged_attention` on the GPU, `variant` forced (benchmarks compare them) or, when `None`,
-/// chosen by [`choose_variant`] (v2 also when v1's logits would not fit in shared memory).
-/// Returns the variant that ran.
+/// `paged_attention` on the GPU. `None` (or `Some(Tiled)`): a varlen batch's sequences of more
+/// than one query token go through the tiled prefill kernel and its decode tokens (if any)
+/// through the decode kernel, v1 or v2 chosen by [`choose_variant`] for them alone; a decode
+/// batch through the decode kernel as chosen. `Some(V1 | V2)` forces the decode kernel over every
+/// token (benchmarks and the GPU check compare them). v2 also runs when v1's logits would not fit
+/// in shared memory, the decode kernel when the tiled one's tiles would not. Returns the variant
+/// that ran (`Tiled` when the tiled kernel did).
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention_with(
     kernels: &CudaKernels,
@@ -176,14 +211,182 @@ pub fn paged_attention_with(
         return Ok(AttentionVariant::V1);
     }
     let group = num_heads / g.num_kv_heads;
+    let plan = PrefillPlan::new(g.head_size, group);
+    let split = DecodeSplit::of(&meta.host);
+    let tiled = split.prefill_seqs > 0
+        && matches!(variant, None | Some(AttentionVariant::Tiled))
+        && plan.shared_bytes() <= kernels.max_shared_bytes();
+    if !tiled {
+        let requested = variant.filter(|v| *v != AttentionVariant::Tiled);
+        let max_context = meta.host.max_context;
+        return launch_decode(
+            kernels,
+            out,
+            query,
+            cache,
+            meta,
+            (&cfg, num_heads, scale),
+            workspace,
+            (requested, max_context, meta.host.num_tokens, false),
+        );
+    }
+    if split.decode_tokens > 0 {
+        let choice = (None, split.decode_max_context, split.decode_tokens, true);
+        launch_decode(kernels, out, query, cache, meta, (&cfg, num_heads, scale), workspace, choice)?;
+    }
+    workspace.upload_tiles(kernels.device().stream(), &plan, &meta.host)?;
+    let func = kernels.function_lazy(&cfg.program_name(), &cfg.prefill_entry(), || cfg.program())?;
+    let stream = kernels.device().stream().clone();
+    let (grid_x, grid_y) = plan.grid(workspace.num_tiles, g.num_kv_heads)?;
+    let max_blocks = meta.max_blocks_per_seq as i32;
+    let (nh, nkv) = (num_heads as i32, g.num_kv_heads as i32);
+    let (tile_heads, tile_tokens) = (plan.tile_heads as i32, plan.tile_tokens as i32);
+    let mut b = stream.launch_builder(&func);
+    b.arg(&mut *out)
+        .arg(query)
+        .arg(cache.key())
+        .arg(cache.value())
+        .arg(&meta.block_tables)
+        .arg(&max_blocks)
+        .arg(&meta.seq_rows)
+        .arg(&meta.seq_lens)
+        .arg(&meta.query_start_loc)
+        .arg(&workspace.tiles)
+        .arg(&nh)
+        .arg(&nkv)
+        .arg(&scale)
+        .arg(&tile_heads)
+        .arg(&tile_tokens);
+    let launch = LaunchConfig {
+        grid_dim: (grid_x, grid_y, 1),
+        block_dim: (PREFILL_THREADS, 1, 1),
+        shared_mem_bytes: launch_dim(plan.shared_bytes(), MAX_SHARED_BYTES, "shared bytes")?,
+    };
+    // SAFETY: argument list matches PF_PARAMS in attention.cu; query/out were size-checked
+    // above, the tiles were built from this batch's checked metadata (every tile inside its
+    // sequence's query tokens), and every block index the kernel reads (keys below seq_len) was
+    // range-checked by DeviceAttnMetadata.
+    unsafe { b.launch(launch) }?;
+    Ok(AttentionVariant::Tiled)
+}
+
+/// A varlen batch's split between the tiled prefill kernel and the decode kernel: sequences of
+/// more than one query token, and the decode tokens (sequences of one) with their longest context.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DecodeSplit {
+    pub prefill_seqs: usize,
+    pub decode_tokens: usize,
+    pub decode_max_context: usize,
+}
+
+impl DecodeSplit {
+    pub fn of(host: &HostAttnMetadata) -> Self {
+        let mut split = DecodeSplit::default();
+        if host.is_decode {
+            return DecodeSplit {
+                prefill_seqs: 0,
+                decode_tokens: host.num_tokens,
+                decode_max_context: host.max_context,
+            };
+        }
+        for (s, w) in host.query_start_loc.windows(2).enumerate() {
+            match w[1] - w[0] {
+                0 => {}
+                1 => {
+                    split.decode_tokens += 1;
+                    let ctx = host.seq_lens.get(s).copied().unwrap_or(0).max(0) as usize;
+                    split.decode_max_context = split.decode_max_context.max(ctx);
+                }
+                _ => split.prefill_seqs += 1,
+            }
+        }
+        split
+    }
+}
+
+/// How the tiled prefill kernel covers a batch (mirrors `paged_prefill_body` in `attention.cu`):
+/// a tile is `rows` query rows, `tile_tokens` consecutive query tokens of one sequence times
+/// `tile_heads` query heads of one KV head's group; a group larger than `rows` is cut into
+/// `head_chunks` chunks. Grid: x = tiles, y = KV heads × head chunks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrefillPlan {
+    pub head_size: usize,
+    pub rows: usize,
+    pub tile_heads: usize,
+    pub tile_tokens: usize,
+    pub head_chunks: usize,
+}
+
+impl PrefillPlan {
+    /// The tiling for heads of `head_size` and GQA groups of `group` query heads.
+    pub fn new(head_size: usize, group: usize) -> Self {
+        // PF_ROWS: 16 rows for heads above 128 keep the per-thread accumulators at 32 floats.
+        let rows = if head_size > 128 { 16 } else { 32 };
+        let group = group.max(1);
+        let head_chunks = group.div_ceil(rows);
+        let tile_heads = group.div_ceil(head_chunks);
+        PrefillPlan { head_size, rows, tile_heads, tile_tokens: rows / tile_heads, head_chunks }
+    }
+
+    /// Dynamic shared memory of a launch: padded queries and keys, values, probabilities.
+    pub fn shared_bytes(&self) -> usize {
+        let (h, k) = (self.head_size, PREFILL_KEYS);
+        4 * (self.rows * (h + 1) + k * (h + 1) + k * h + self.rows * (k + 1))
+    }
+
+    /// The tiles of a varlen batch as `(sequence, first query token of the sequence)` pairs,
+    /// flattened: every sequence of more than one query token cut into runs of `tile_tokens`,
+    /// the tiles with the most keys to walk (the causal work) first.
+    pub fn tiles(&self, query_start_loc: &[i32], seq_lens: &[i32]) -> Vec<i32> {
+        let mut tiles: Vec<(i64, i32, i32)> = Vec::new();
+        for (s, w) in query_start_loc.windows(2).enumerate() {
+            let qlen = w[1] - w[0];
+            if qlen <= 1 {
+                continue;
+            }
+            let first_pos = i64::from(seq_lens.get(s).copied().unwrap_or(0) - qlen);
+            for t0 in (0..qlen).step_by(self.tile_tokens.max(1)) {
+                let last = (t0 + self.tile_tokens as i32).min(qlen);
+                tiles.push((first_pos + i64::from(last), s as i32, t0));
+            }
+        }
+        tiles.sort_by_key(|&(work, s, t0)| (std::cmp::Reverse(work), s, t0));
+        tiles.into_iter().flat_map(|(_, s, t0)| [s, t0]).collect()
+    }
+
+    /// Grid x and y of a launch over `num_tiles` tiles and `num_kv_heads` KV heads, checked.
+    pub fn grid(&self, num_tiles: usize, num_kv_heads: usize) -> Result<(u32, u32), CudaError> {
+        Ok((
+            launch_dim(num_tiles, MAX_GRID_X, "prefill tiles")?,
+            launch_dim(num_kv_heads * self.head_chunks, MAX_GRID_YZ, "KV heads x head chunks")?,
+        ))
+    }
+}
+
+/// The decode kernel over the batch (`skip_prefill`: only its decode tokens; the tiled kernel
+/// writes the other rows), `requested` forced or chosen for `tokens` query tokens of contexts up
+/// to `max_context`.
+#[allow(clippy::too_many_arguments)]
+fn launch_decode(
+    kernels: &CudaKernels,
+    out: &mut CudaSlice<f32>,
+    query: &CudaSlice<f32>,
+    cache: &DeviceLayerCache,
+    meta: &DeviceAttnMetadata,
+    (cfg, num_heads, scale): (&AttentionConfig, usize, f32),
+    workspace: &mut AttnWorkspace,
+    (requested, max_context, tokens, skip_prefill): (Option<AttentionVariant>, usize, usize, bool),
+) -> Result<AttentionVariant, CudaError> {
+    let g = *cache.geometry();
+    let group = num_heads / g.num_kv_heads;
     let qpk = cfg.qpk_for_group(group);
-    let v1_shared = shared_bytes(&cfg, qpk, meta.host.max_context);
-    let mut chosen =
-        variant.unwrap_or_else(|| choose_variant(meta.host.max_context, meta.host.num_tokens, num_heads));
-    if chosen == AttentionVariant::V1 && v1_shared > kernels.max_shared_bytes() {
+    let v1_shared = shared_bytes(cfg, qpk, max_context);
+    let mut chosen = requested.unwrap_or_else(|| choose_variant(max_context, tokens, num_heads));
+    if chosen != AttentionVariant::V2 && v1_shared > kernels.max_shared_bytes() {
         chosen = AttentionVariant::V2;
     }
-    let parts = meta.host.max_context.div_ceil(PARTITION_SIZE).max(1);
+    let chosen = if chosen == AttentionVariant::V2 { AttentionVariant::V2 } else { AttentionVariant::V1 };
+    let parts = max_context.div_ceil(PARTITION_SIZE).max(1);
     if chosen == AttentionVariant::V2 {
         workspace.shape.check(num_heads, g.head_size, parts)?;
     }
@@ -194,8 +397,8 @@ pub fn paged_attention_with(
     // v1 runs every token in one launch (the kernel relies on it: a v1 launch starts at token
     // 0); v2 in launches of at most the workspace's tokens.
     let per_launch = match chosen {
-        AttentionVariant::V1 => meta.host.num_tokens,
         AttentionVariant::V2 => workspace.shape.max_tokens,
+        _ => meta.host.num_tokens,
     };
     let head_groups = launch_dim(g.num_kv_heads * group / qpk, MAX_GRID_YZ, "head groups")?;
     let null: u64 = 0;
@@ -203,20 +406,21 @@ pub fn paged_attention_with(
     let num_seqs = meta.host.seq_lens.len() as i32;
     let (nh, nkv) = (num_heads as i32, g.num_kv_heads as i32);
     let max_parts = workspace.shape.max_parts as i32;
+    let skip = i32::from(skip_prefill);
     for t0 in (0..meta.host.num_tokens).step_by(per_launch.max(1)) {
         let tokens = launch_dim((meta.host.num_tokens - t0).min(per_launch), MAX_GRID_X, "tokens")?;
         let token_offset = launch_dim(t0, i32::MAX as usize, "token offset")? as i32;
         let mut b = stream.launch_builder(&func);
         // v1 writes `out` directly; v2 writes per-partition results for the reduce kernel.
         let (grid_z, shared, partition_size) = match chosen {
-            AttentionVariant::V1 => {
-                b.arg(&mut *out).arg(&null).arg(&null);
-                (1, v1_shared, 0i32)
-            }
             AttentionVariant::V2 => {
                 b.arg(&mut workspace.tmp_out).arg(&mut workspace.exp_sums).arg(&mut workspace.max_logits);
                 let grid_z = launch_dim(parts, MAX_GRID_YZ, "context partitions")?;
-                (grid_z, shared_bytes(&cfg, qpk, PARTITION_SIZE), PARTITION_SIZE as i32)
+                (grid_z, shared_bytes(cfg, qpk, PARTITION_SIZE), PARTITION_SIZE as i32)
+            }
+            _ => {
+                b.arg(&mut *out).arg(&null).arg(&null);
+                (1, v1_shared, 0i32)
             }
         };
         let cfg_launch = LaunchConfig {
@@ -242,10 +446,13 @@ pub fn paged_attention_with(
             .arg(&scale)
             .arg(&max_parts)
             .arg(&partition_size)
-            .arg(&token_offset);
+            .arg(&token_offset)
+            .arg(&skip);
         // SAFETY: argument list matches PA_PARAMS in attention.cu; every buffer was size-checked
         // above (a v2 launch holds at most the workspace's tokens) and every block index the
-        // kernel reads was range-checked by DeviceAttnMetadata.
+        // kernel reads was range-checked by DeviceAttnMetadata. With `skip_prefill` the blocks of
+        // prefill tokens return at once, so shared memory and partitions sized for the decode
+        // tokens' contexts suffice.
         unsafe { b.launch(cfg_launch) }?;
         if chosen == AttentionVariant::V2 {
             let reduce = kernels.function_lazy(&cfg.program_name(), REDUCE_ENTRY, || cfg.program())?;
@@ -261,7 +468,13 @@ pub fn paged_attention_with(
             } else {
                 r.arg(&meta.query_start_loc);
             }
-            r.arg(&num_seqs).arg(&nh).arg(&head_size).arg(&max_parts).arg(&partition_size).arg(&token_offset);
+            r.arg(&num_seqs)
+                .arg(&nh)
+                .arg(&head_size)
+                .arg(&max_parts)
+                .arg(&partition_size)
+                .arg(&token_offset)
+                .arg(&skip);
             let rc = LaunchConfig {
                 grid_dim: (tokens, launch_dim(num_heads, MAX_GRID_YZ, "heads")?, 1),
                 block_dim: (ATTENTION_THREADS, 1, 1),
@@ -477,6 +690,92 @@ mod tests {
     fn slot_mappings_are_checked() {
         assert!(check_slots(&[0, -1, 63], 64).is_ok());
         assert!(check_slots(&[64], 64).is_err());
+    }
+
+    /// Every query token of every sequence of more than one token is in exactly one tile, and
+    /// the tile's rows (tokens × heads) fit the kernel's rows; decode sequences get no tile.
+    #[test]
+    fn prefill_tiles_cover_every_prefill_token_once() {
+        let qsl = [0, 1, 38, 38, 39, 3039, 3046];
+        let seq_lens = [50, 37, 12, 700, 3000, 301];
+        for head in [64, 80, 128, 256] {
+            for group in 1..=20 {
+                let plan = PrefillPlan::new(head, group);
+                assert_eq!(plan.rows, if head > 128 { 16 } else { 32 });
+                assert!(plan.tile_heads * plan.tile_tokens <= plan.rows && plan.tile_tokens >= 1);
+                // The head chunks cover the group.
+                assert!(plan.tile_heads * plan.head_chunks >= group);
+                assert!(plan.tile_heads * (plan.head_chunks - 1) < group);
+                let tiles = plan.tiles(&qsl, &seq_lens);
+                let mut seen = vec![0u32; qsl[qsl.len() - 1] as usize];
+                let mut last_work = i64::MAX;
+                for t in tiles.chunks_exact(2) {
+                    let (s, t0) = (t[0] as usize, t[1]);
+                    let qlen = qsl[s + 1] - qsl[s];
+                    assert!(qlen > 1 && (0..qlen).contains(&t0), "tile {t:?}");
+                    let end = (t0 + plan.tile_tokens as i32).min(qlen);
+                    for tok in t0..end {
+                        seen[(qsl[s] + tok) as usize] += 1;
+                    }
+                    // Longest causal work (keys up to the tile's last position) first.
+                    let work = i64::from(seq_lens[s] - qlen + end);
+                    assert!(work <= last_work);
+                    last_work = work;
+                }
+                for (s, w) in qsl.windows(2).enumerate() {
+                    let want = u32::from(w[1] - w[0] > 1);
+                    for tok in w[0]..w[1] {
+                        assert_eq!(seen[tok as usize], want, "head {head} group {group} seq {s} token {tok}");
+                    }
+                }
+                let (x, y) = plan.grid(tiles.len() / 2, 8).unwrap_or((0, 0));
+                assert_eq!((x as usize, y as usize), (tiles.len() / 2, 8 * plan.head_chunks));
+            }
+        }
+        // Grid y stops at 65 535.
+        assert!(PrefillPlan::new(128, 1).grid(10, 65_536).is_err());
+        assert!(PrefillPlan::new(128, 40).grid(10, 32_768).is_err());
+        assert_eq!(PrefillPlan::new(128, 4).tile_tokens, 8);
+        assert_eq!((PrefillPlan::new(64, 3).tile_heads, PrefillPlan::new(64, 3).tile_tokens), (3, 10));
+        assert_eq!(PrefillPlan::new(256, 40).head_chunks, 3);
+    }
+
+    #[test]
+    fn prefill_shared_memory_matches_the_kernel_layout() {
+        // 32 rows x 129 queries + 32 x 129 keys + 32 x 128 values + 32 x 33 probabilities.
+        assert_eq!(PrefillPlan::new(128, 4).shared_bytes(), 4 * (32 * 129 * 2 + 32 * 128 + 32 * 33));
+        assert!(PrefillPlan::new(64, 8).shared_bytes() <= 48 * 1024);
+        // Above the default 48 KB (the opt-in path) but far inside an A100/H100's 163+ KB.
+        for head in [128, 256] {
+            let b = PrefillPlan::new(head, 1).shared_bytes();
+            assert!(b > 48 * 1024 && b < 100 * 1024, "{head}: {b}");
+        }
+    }
+
+    #[test]
+    fn a_mixed_batch_splits_into_prefill_sequences_and_decode_tokens() {
+        let host = HostAttnMetadata {
+            query_start_loc: vec![0, 1, 38, 38, 39],
+            seq_lens: vec![50, 37, 12, 700],
+            seq_rows: vec![0, 1, 2, 3],
+            num_tokens: 39,
+            max_context: 700,
+            is_decode: false,
+        };
+        let split = DecodeSplit::of(&host);
+        assert_eq!(split, DecodeSplit { prefill_seqs: 1, decode_tokens: 2, decode_max_context: 700 });
+        let decode = HostAttnMetadata {
+            query_start_loc: vec![0, 1],
+            seq_lens: vec![9],
+            num_tokens: 1,
+            max_context: 9,
+            is_decode: true,
+            ..host
+        };
+        assert_eq!(
+            DecodeSplit::of(&decode),
+            DecodeSplit { prefill_seqs: 0, decode_tokens: 1, decode_max_context: 9 }
+        );
     }
 
     #[test]
