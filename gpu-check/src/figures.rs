@@ -1,8 +1,10 @@
-//! What the GPU programs share around their checks: the flat JSON map of figures they fill, and
-//! how a run ends (the map printed and written to `$OUT`, the exit code).
+//! What the GPU programs share around their checks: the flat JSON map of figures they fill, how
+//! a section of checks runs (timed, its error counted, never ending the run), and how a run ends
+//! (the map printed and written to `$OUT`, the exit code).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Instant;
 
 use serde_json::{Map, Value, json};
 
@@ -10,6 +12,24 @@ use serde_json::{Map, Value, json};
 pub type Figures = Map<String, Value>;
 /// What a check returns: usually a count of failed checks.
 pub type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+/// Runs one section of checks, recording its wall time as `time.<name>_s`; an error is recorded
+/// as `error.<name>` and counts as one failure, and the caller's other sections still run.
+pub fn section(name: &str, figures: &mut Figures, run: impl FnOnce(&mut Figures) -> Res<usize>) -> usize {
+    let start = Instant::now();
+    let result = run(figures);
+    let seconds = start.elapsed().as_secs_f64();
+    figures.insert(format!("time.{name}_s"), json!(seconds));
+    eprintln!("section {name}: {seconds:.1} s");
+    match result {
+        Ok(failures) => failures,
+        Err(e) => {
+            eprintln!("FAIL {name}: {e}");
+            figures.insert(format!("error.{name}"), Value::String(e.to_string()));
+            1
+        }
+    }
+}
 
 /// Ends program `name`: records `result` (failed checks, or the error that stopped the run) as
 /// `error` and `passed_key` (1 when nothing failed), prints the figures and writes them to

@@ -36,7 +36,7 @@ use gpu_check::attn_cases::{
     AttnCase, FAR_GROUP, FAR_POOL_BLOCKS, FarPlacement, attention_tolerance, batches, cache_images_equal,
     decode_figures, far_batch, far_geometry, layer_bytes, long_prompt_cases, max_rel_error, nan_bytes,
 };
-use gpu_check::figures::{Figures, Res, finish};
+use gpu_check::figures::{Figures, Res, finish, section};
 use kernels::cuda::DeviceAttnMetadata;
 use kernels::cuda::kernels::{AttentionConfig, AttentionVariant, all_programs, attention_configs};
 use kernels::cuda::ops::{self, AttnWorkspace, DeviceSlotMapping, WorkspaceShape};
@@ -100,24 +100,6 @@ fn run(cubin_dir: Option<PathBuf>, figures: &mut Figures) -> Res<usize> {
     figures.insert("check.seconds".into(), json!(start.elapsed().as_secs_f64()));
     figures.insert("check.failures".into(), json!(failures));
     Ok(failures + bench_failures)
-}
-
-/// Runs one section, recording its wall time as `time.<name>_s`; its error is recorded as
-/// `error.<name>` and counted as one failure.
-fn section(name: &str, figures: &mut Figures, run: impl FnOnce(&mut Figures) -> Res<usize>) -> usize {
-    let start = Instant::now();
-    let result = run(figures);
-    let seconds = start.elapsed().as_secs_f64();
-    figures.insert(format!("time.{name}_s"), json!(seconds));
-    eprintln!("section {name}: {seconds:.1} s");
-    match result {
-        Ok(failures) => failures,
-        Err(e) => {
-            eprintln!("FAIL {name}: {e}");
-            figures.insert(format!("error.{name}"), Value::String(e.to_string()));
-            1
-        }
-    }
 }
 
 fn record_max(figures: &mut Figures, key: &str, v: f64) {

@@ -32,7 +32,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use engine::{DType, Device, Engine, EngineConfig, KvCacheSize, Prompt, SamplingParams};
-use gpu_check::figures::{Figures, Res, finish};
+use gpu_check::figures::{Figures, Res, finish, section};
 use gpu_check::model_cases::{LLAMA_32_1B, TINY, TINY_G4_H128, write_folder};
 use kernels::cuda::{CudaDevice, CudaKernels};
 use kv_cache::cuda::CudaKvCache;
@@ -76,24 +76,6 @@ fn run(work: &Path, figures: &mut Figures) -> Res<usize> {
         e2e(&big, f).map(|()| 0)
     });
     Ok(failures)
-}
-
-/// Runs one check, recording its wall time as `time.<name>_s`; an error is recorded as
-/// `error.<name>` and counts as one failure, and the other checks still run.
-fn section(name: &str, figures: &mut Figures, run: impl FnOnce(&mut Figures) -> Res<usize>) -> usize {
-    let start = Instant::now();
-    let result = run(figures);
-    let seconds = start.elapsed().as_secs_f64();
-    figures.insert(format!("time.{name}_s"), json!(seconds));
-    eprintln!("section {name}: {seconds:.1} s");
-    match result {
-        Ok(failures) => failures,
-        Err(e) => {
-            eprintln!("FAIL {name}: {e}");
-            figures.insert(format!("error.{name}"), Value::String(e.to_string()));
-            1
-        }
-    }
 }
 
 /// CPU (f32 cache) against CUDA (`dtype` weights and cache) on the same steps: four prompts (up
