@@ -101,9 +101,11 @@ pub(crate) fn flash_step<T: KernelElem>(isa: Isa, t: &mut FlashTile<'_>, kv: &Kv
             .is_some_and(|end| kv.kv_head < kv.num_kv_heads && end <= kv.key.len() && end <= kv.value.len())
     };
     assert!(kv.blocks.iter().all(|&b| in_cache(b)), "block outside the cache");
-    match isa {
+    // Positions are compared as f32 lanes: exact below 2^24.
+    assert!(kv.first_key + keys <= 1 << 24, "positions past 2^24");
+    match if isa.is_available() { isa } else { Isa::Portable } {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx512` is only used after `is_available` said yes (AVX2/FMA/F16C with
+        // SAFETY: `Isa::Avx512` is only taken when `is_available` says yes (AVX2/FMA/F16C with
         // it); every length was checked above.
         Isa::Avx512 => unsafe { step_avx512(t, kv) },
         #[cfg(target_arch = "x86_64")]
