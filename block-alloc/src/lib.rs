@@ -23,6 +23,8 @@
 //! - Swap ([`swap_out`], [`swap_in`], [`can_swap_in`], [`can_swap_out`]): a host swap pool is
 //!   just another [`BlockPool`] (see [`PoolConfig::host`]); a swap moves a whole group of tables
 //!   and returns the `(from, to)` block copies to perform.
+//! - Live view ([`BlockPool::block_states_into`]): one [`BlockState`] byte per block (free,
+//!   cached, owned, shared), O(blocks), into a reusable buffer.
 //!
 //! # Typical step (what the scheduler does)
 //! ```
@@ -71,6 +73,7 @@ mod free_queue;
 mod hash;
 mod pool;
 mod prefix;
+mod snapshot;
 mod swap;
 mod table;
 
@@ -80,6 +83,7 @@ pub use free_queue::FreeQueueIter;
 pub use hash::BlockHash;
 pub use pool::BlockPool;
 pub use prefix::{PrefixProbe, PrefixStats};
+pub use snapshot::BlockState;
 pub use swap::{can_swap_in, can_swap_out, num_distinct_blocks, swap_in, swap_out};
 pub use table::{BlockTable, CopyOnWrite};
 

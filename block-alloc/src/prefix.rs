@@ -47,7 +47,7 @@ pub(crate) struct PrefixCache {
     /// Index key of a hash → the one block registered under it.
     index: HashIndex<BlockId>,
     /// Whether each block is registered in `index` (under `hashes[b]`).
-    cached: Vec<bool>,
+    pub(crate) cached: Vec<bool>,
     hashes: Vec<BlockHash>,
     salts: Vec<u64>,
     /// `block_size` token ids per block: what a registered block holds.

@@ -10,10 +10,14 @@
 //! A step's `SchedulerOutput` names each sequence's row of the worker's persistent block table and
 //! carries only the ids that row lacks (`rows.rs`), so a decode step costs O(1) per sequence
 //! rather than a copy of its whole table.
+//!
+//! `kv_map.rs`: [`KvMap`], a between-steps snapshot of the pools (a state byte per block), the
+//! running and swapped tables and the counters, for a live view of the cache.
 
 mod config;
 mod error;
 mod group;
+mod kv_map;
 mod output;
 mod preempt;
 mod queue;
@@ -23,9 +27,10 @@ mod schedule;
 mod scheduler;
 mod update;
 
-pub use block_alloc::{BlockId, BlockPool};
+pub use block_alloc::{BlockId, BlockPool, BlockState};
 pub use config::{Policy, PreemptionMode, SchedulerConfig};
 pub use error::SchedulerError;
+pub use kv_map::{KvCounters, KvMap, KvTable};
 pub use output::{FinishedSeq, SampledToken, ScheduledSeq, SchedulerOutput, StepResult};
 pub use request::{Request, RequestId, SeqFinish, SeqId, TokenId};
 pub use scheduler::{Scheduler, SchedulerStats, blocks_for_request, max_new_tokens_within};

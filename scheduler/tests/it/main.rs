@@ -2,5 +2,6 @@
 //! random arrivals, lengths and aborts over tiny pools.
 
 mod fake;
+mod kv_map;
 mod props;
 mod scenarios;
