@@ -239,6 +239,16 @@ impl Engine {
         }
     }
 
+    /// The scheduler (read-only: snapshots and figures).
+    pub(crate) fn scheduler(&self) -> &Scheduler {
+        &self.scheduler
+    }
+
+    /// The client id of the live request the scheduler knows as `sid` (its `RequestKey`).
+    pub(crate) fn request_id_of(&self, sid: u64) -> Option<&str> {
+        self.live.get(&sid).map(|s| s.id.as_str())
+    }
+
     /// Admission's shared half, for handles.
     pub(crate) fn intake(&self) -> &Arc<Intake> {
         &self.intake

@@ -17,6 +17,7 @@ use parking_lot::Mutex;
 
 use crate::engine::{Engine, Intake, Prepared};
 use crate::error::{EngineError, RequestError};
+use crate::kv_map::{KvMapPublisher, KvMapShared, KvSnapshot};
 use crate::metrics::{LiveMetrics, MetricsSnapshot};
 use crate::output::{FinalOutput, RequestKey, RequestOutput};
 use crate::request::{Prompt, RequestOptions};
@@ -73,6 +74,9 @@ enum Command {
     Rejected,
     Metrics(Reply<MetricsSnapshot>),
     Idle(Reply<bool>),
+    /// Wakes an idle engine thread so it serves a KV-map request (the request itself is the
+    /// counter in `KvMapShared`).
+    KvMap,
     Shutdown(ShutdownMode),
 }
 
@@ -99,6 +103,7 @@ impl std::fmt::Debug for Command {
             Self::Rejected => f.write_str("Rejected"),
             Self::Metrics(_) => f.write_str("Metrics"),
             Self::Idle(_) => f.write_str("Idle"),
+            Self::KvMap => f.write_str("KvMap"),
             Self::Shutdown(m) => write!(f, "Shutdown({m:?})"),
         }
     }
@@ -112,6 +117,8 @@ struct Inner {
     stopping: AtomicBool,
     /// Written by the engine thread after every step.
     live: Arc<Mutex<LiveMetrics>>,
+    /// KV-map requests and the snapshots that answer them.
+    kv_map: Arc<KvMapShared>,
     thread: Mutex<Option<JoinHandle<()>>>,
     next_id: AtomicU64,
 }
@@ -151,9 +158,10 @@ impl EngineHandle {
         let intake = engine.intake().clone();
         let live = Arc::new(Mutex::new(engine.live_metrics()));
         let published = live.clone();
+        let (kv_publisher, kv_map) = KvMapPublisher::new();
         let thread = std::thread::Builder::new()
             .name("engine".into())
-            .spawn(move || EngineLoop::new(engine, published).run(&rx))
+            .spawn(move || EngineLoop::new(engine, published, kv_publisher).run(&rx))
             .map_err(|e| EngineError::Config(format!("cannot start the engine thread: {e}")))?;
         Ok(Self {
             inner: Arc::new(Inner {
@@ -161,6 +169,7 @@ impl EngineHandle {
                 intake,
                 stopping: AtomicBool::new(false),
                 live,
+                kv_map,
                 thread: Mutex::new(Some(thread)),
                 next_id: AtomicU64::new(0),
             }),
@@ -317,6 +326,38 @@ impl EngineHandle {
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.inner.tx.send(Command::Metrics(Reply::Async(tx))).map_err(|_| EngineError::Stopped)?;
         rx.await.map_err(|_| EngineError::Stopped)
+    }
+
+    /// Asks the engine thread for a [`KvSnapshot`] at its next step boundary (never waits; an
+    /// idle engine is woken to take it). Returns the generation of the snapshot that answers:
+    /// watch [`EngineHandle::kv_map_updates`] for one with at least that `generation`.
+    pub fn request_kv_map(&self) -> Result<u64, EngineError> {
+        let generation = self.inner.kv_map.request();
+        self.inner.tx.send(Command::KvMap).map_err(|_| EngineError::Stopped)?;
+        Ok(generation)
+    }
+
+    /// The last published [`KvSnapshot`], if any (never waits, asks for nothing).
+    pub fn latest_kv_map(&self) -> Option<Arc<KvSnapshot>> {
+        self.inner.kv_map.latest()
+    }
+
+    /// The channel the snapshots are published in (closed when the engine thread stops).
+    pub fn kv_map_updates(&self) -> tokio::sync::watch::Receiver<Option<Arc<KvSnapshot>>> {
+        self.inner.kv_map.subscribe()
+    }
+
+    /// A [`KvSnapshot`] taken at a step boundary after this call: asks for one and awaits it
+    /// without blocking a thread. The engine never holds a step up for it; it is taken between
+    /// two steps (or at once by an idle engine).
+    pub async fn kv_map(&self) -> Result<Arc<KvSnapshot>, EngineError> {
+        let mut updates = self.kv_map_updates();
+        let generation = self.request_kv_map()?;
+        let snapshot = updates
+            .wait_for(|s| s.as_ref().is_some_and(|s| s.generation >= generation))
+            .await
+            .map_err(|_| EngineError::Stopped)?;
+        snapshot.clone().ok_or(EngineError::Stopped)
     }
 
     /// Whether the engine holds no KV block at all (nothing running, nothing leaked).
@@ -492,11 +533,13 @@ struct EngineLoop {
     draining: bool,
     /// Where `live_metrics` reads from; written after every step.
     published: Arc<Mutex<LiveMetrics>>,
+    /// Publishes a KV map between steps when a handle asked for one.
+    kv_map: KvMapPublisher,
 }
 
 impl EngineLoop {
-    fn new(engine: Engine, published: Arc<Mutex<LiveMetrics>>) -> Self {
-        Self { engine, streams: HashMap::new(), draining: false, published }
+    fn new(engine: Engine, published: Arc<Mutex<LiveMetrics>>, kv_map: KvMapPublisher) -> Self {
+        Self { engine, streams: HashMap::new(), draining: false, published, kv_map }
     }
 
     fn run(mut self, rx: &Receiver<Command>) {
@@ -521,6 +564,8 @@ impl EngineLoop {
                 self.step();
                 *self.published.lock() = self.engine.live_metrics_of_last_step();
             }
+            // Between steps: a KV map, only if one was asked for (else one atomic load).
+            self.kv_map.publish_if_asked(&self.engine);
         }
         // Abort shutdown: deliver the abort outputs.
         self.step();
@@ -548,6 +593,7 @@ impl EngineLoop {
             Command::Rejected => self.engine.record_rejected(),
             Command::Metrics(reply) => reply.send(self.engine.metrics()),
             Command::Idle(reply) => reply.send(self.engine.kv_is_idle()),
+            Command::KvMap => {} // served after the commands, by `publish_if_asked`
             Command::Shutdown(ShutdownMode::Drain) => self.draining = true,
             Command::Shutdown(ShutdownMode::Abort) => {
                 for id in self.engine.unfinished_ids() {

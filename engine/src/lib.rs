@@ -5,6 +5,8 @@
 //! - [`EngineHandle`]: the engine on its own thread behind a command channel; submitting never
 //!   waits for a step, and each request's [`RequestOutput`]s come back through a blocking
 //!   [`RequestStream`] or an async [`OutputStream`] (what a web service embeds).
+//! - [`kv_map`]: [`KvSnapshot`], the live map of the KV blocks, taken between steps only when a
+//!   handle asked for one ([`EngineHandle::kv_map`]).
 //! - [`sampling`]: vLLM `SamplingParams` semantics, vectorized over the batch.
 //! - [`detok`]: incremental detokenization and stop strings.
 //! - [`workload`]: synthetic benchmark prompts.
@@ -14,6 +16,7 @@ pub mod detok;
 mod engine;
 pub mod error;
 mod handle;
+pub mod kv_map;
 pub mod metrics;
 pub mod output;
 mod request;
@@ -24,6 +27,7 @@ pub use config::{DType, Device, EngineConfig, KvCacheSize, Policy, PreemptionMod
 pub use engine::Engine;
 pub use error::{EngineError, RequestError};
 pub use handle::{EngineHandle, OutputStream, RequestStream, ShutdownMode, StreamError};
+pub use kv_map::{BlockState, KvCounters, KvMap, KvSnapshot, KvTable};
 pub use metrics::{Gauges, LatencyStats, LiveMetrics, MetricsSnapshot};
 pub use model::ChatMessage;
 pub use output::{

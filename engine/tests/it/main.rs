@@ -7,6 +7,7 @@ mod device;
 mod handle;
 mod hostile;
 mod invariance;
+mod kv_map;
 mod options;
 mod real_model;
 mod support;
