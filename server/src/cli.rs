@@ -137,6 +137,9 @@ pub struct ServeArgs {
     /// On SIGINT/SIGTERM, abort in-flight requests instead of letting them finish.
     #[arg(long)]
     pub abort_on_shutdown: bool,
+    /// Default period of `GET /v1/kv_map/stream` in milliseconds (clamped to 50..=10000).
+    #[arg(long, default_value_t = 250)]
+    pub kv_map_interval_ms: u64,
     #[command(flatten)]
     pub knobs: EngineKnobs,
 }
@@ -156,6 +159,7 @@ impl ServeArgs {
             api_key: self.api_key.clone(),
             max_body_bytes: self.max_body_mib.saturating_mul(1 << 20),
             shutdown: if self.abort_on_shutdown { ShutdownMode::Abort } else { ShutdownMode::Drain },
+            kv_map_interval: std::time::Duration::from_millis(self.kv_map_interval_ms),
         }
     }
 }

@@ -242,7 +242,7 @@ fn json_event(v: &serde_json::Value) -> Event {
 /// only stand inside strings, and line readers that split on every Unicode line break (Python's
 /// `str.splitlines`, which some SSE clients use) would otherwise cut the event in two. Model
 /// text produces them now and then (a sampled token decoding to U+2028, say).
-fn sse_safe_json(json: String) -> String {
+pub(crate) fn sse_safe_json(json: String) -> String {
     if !json.contains(['\u{85}', '\u{2028}', '\u{2029}']) {
         return json;
     }

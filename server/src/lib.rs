@@ -4,6 +4,8 @@
 //!   request bodies and their checks in `openai.rs`, response shapes in `respond.rs`.
 //! - `GET /v1/models`, `GET /health`, `POST /tokenize`, `POST /detokenize`: `info.rs`.
 //! - `GET /metrics` (Prometheus text, vLLM's names): `metrics.rs`.
+//! - `GET /v1/kv_map`, `GET /v1/kv_map/stream` (SSE): the live KV block map, taken between
+//!   engine steps only when asked; its JSON encoding is documented in `kv_map.rs`.
 //! - Errors in OpenAI's JSON shape with their status (400, 401, 404, 429): `error.rs`.
 //!
 //! Invariants: no handler blocks a tokio worker — the engine runs on its own thread
@@ -15,6 +17,7 @@ pub mod cli;
 mod error;
 mod generate;
 mod info;
+pub mod kv_map;
 mod metrics;
 mod openai;
 mod respond;
@@ -42,11 +45,19 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// What happens to in-flight requests on SIGINT/SIGTERM.
     pub shutdown: ShutdownMode,
+    /// Default period of `GET /v1/kv_map/stream` (a client's `?interval_ms=` overrides it;
+    /// either is clamped to 50 ms..10 s).
+    pub kv_map_interval: std::time::Duration,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
-        Self { api_key: None, max_body_bytes: 4 << 20, shutdown: ShutdownMode::Drain }
+        Self {
+            api_key: None,
+            max_body_bytes: 4 << 20,
+            shutdown: ShutdownMode::Drain,
+            kv_map_interval: std::time::Duration::from_millis(250),
+        }
     }
 }
 
@@ -56,12 +67,13 @@ pub struct AppState {
     pub handle: EngineHandle,
     pub metrics: Metrics,
     api_key: Option<String>,
+    kv_map_interval: std::time::Duration,
 }
 
 impl AppState {
     pub fn new(handle: EngineHandle, config: &ServerConfig) -> Result<Self, prometheus::Error> {
         let metrics = Metrics::new(handle.model_name())?;
-        Ok(Self { handle, metrics, api_key: config.api_key.clone() })
+        Ok(Self { handle, metrics, api_key: config.api_key.clone(), kv_map_interval: config.kv_map_interval })
     }
 
     /// A request naming another model is a 404 (naming none takes the served one).
@@ -98,6 +110,8 @@ pub fn router(state: Arc<AppState>, config: &ServerConfig) -> Router {
         .route("/v1/completions", post(generate::completions))
         .route("/v1/chat/completions", post(generate::chat))
         .route("/v1/models", get(info::models))
+        .route("/v1/kv_map", get(kv_map::kv_map))
+        .route("/v1/kv_map/stream", get(kv_map::kv_map_stream))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key));
     Router::new()
         .merge(v1)

@@ -4,6 +4,7 @@
 
 mod api;
 mod bad_input;
+mod kv_map;
 mod real_client;
 mod shutdown;
 mod support;
