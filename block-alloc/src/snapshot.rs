@@ -54,14 +54,25 @@ impl BlockPool {
     /// shorter than the pool (pass the same buffer again to allocate nothing).
     pub fn block_states_into(&self, out: &mut Vec<u8>) {
         out.clear();
+        out.resize(self.ref_counts.len(), 0);
+        // Selects rather than branches, over equal-length slices (no bounds checks), so the
+        // loop vectorizes.
+        let code = |rc: u32, cached: bool| {
+            let free = if cached { BlockState::Cached.code() } else { BlockState::Free.code() };
+            let held = if rc == 1 { BlockState::Owned.code() } else { BlockState::Shared.code() };
+            if rc == 0 { free } else { held }
+        };
         match &self.cache {
-            Some(cache) => out.extend(
-                self.ref_counts
-                    .iter()
-                    .zip(cache.cached.iter())
-                    .map(|(&rc, &cached)| BlockState::of(rc, cached).code()),
-            ),
-            None => out.extend(self.ref_counts.iter().map(|&rc| BlockState::of(rc, false).code())),
+            Some(cache) => {
+                for ((o, &rc), &cached) in out.iter_mut().zip(&self.ref_counts).zip(&cache.cached) {
+                    *o = code(rc, cached);
+                }
+            }
+            None => {
+                for (o, &rc) in out.iter_mut().zip(&self.ref_counts) {
+                    *o = code(rc, false);
+                }
+            }
         }
     }
 

@@ -27,6 +27,7 @@ pub const TARGETS: &[BenchTarget] = &[
     BenchTarget { group: "e2e", package: "engine", bench: "e2e", criterion: false },
     BenchTarget { group: "server", package: "server", bench: "server", criterion: false },
     BenchTarget { group: "peer", package: "engine", bench: "peer", criterion: false },
+    BenchTarget { group: "web", package: "scheduler", bench: "web", criterion: false },
 ];
 
 /// Figures derived from two criterion benchmarks of the same run, as `(name, num, den)`:
@@ -66,6 +67,7 @@ pub const GOALS: &[(&str, &str)] = &[
     ("e2e.kv_util_mean", "≥ 0.9"),
     ("cuda.decode_bw_fraction", "≥ 0.80"),
     ("cuda.paged_over_contiguous", "≤ 1.10"),
+    ("web.kv_map_snapshot_us", "≤ 200"),
 ];
 
 pub fn group_names() -> String {
