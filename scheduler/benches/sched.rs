@@ -9,6 +9,8 @@
 //!
 //! `cargo xtask bench` turns the ids `sched/step_us_N` into figures `sched.step_us_N` (µs).
 
+mod support;
+
 use std::time::Duration;
 
 use criterion::Criterion;
@@ -57,14 +59,7 @@ impl Bench {
     }
 
     fn step(&mut self) {
-        self.sched.schedule_into(&mut self.out).expect("schedule");
-        self.samples.clear();
-        for s in &self.out.seqs {
-            for _ in 0..s.num_samples {
-                self.samples.push(SampledToken { seq_id: s.seq_id, token: 7, stop: false });
-            }
-        }
-        self.sched.update_into(&self.samples, &mut self.result).expect("update");
+        support::step_with_token_7(&mut self.sched, &mut self.out, &mut self.samples, &mut self.result);
         self.steps += 1;
     }
 }

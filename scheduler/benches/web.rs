@@ -9,6 +9,8 @@
 //! timed on the benchmark thread's CPU clock like the other host benches (the development
 //! machines are shared). Writes `$BENCH_FIGURES_DIR/web.json`.
 
+mod support;
+
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -38,14 +40,7 @@ struct Driver {
 
 impl Driver {
     fn step(&mut self) {
-        self.sched.schedule_into(&mut self.out).expect("schedule");
-        self.samples.clear();
-        for s in &self.out.seqs {
-            for _ in 0..s.num_samples {
-                self.samples.push(SampledToken { seq_id: s.seq_id, token: 7, stop: false });
-            }
-        }
-        self.sched.update_into(&self.samples, &mut self.result).expect("update");
+        support::step_with_token_7(&mut self.sched, &mut self.out, &mut self.samples, &mut self.result);
     }
 }
 
