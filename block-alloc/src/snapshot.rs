@@ -37,14 +37,13 @@ impl BlockState {
         }
     }
 
+    /// The byte of a block with `ref_count` holders, `cached` telling whether the prefix cache
+    /// holds it. Selects rather than branches, so the pool-wide loop over it vectorizes.
     #[inline]
-    fn of(ref_count: u32, cached: bool) -> Self {
-        match (ref_count, cached) {
-            (0, false) => Self::Free,
-            (0, true) => Self::Cached,
-            (1, _) => Self::Owned,
-            _ => Self::Shared,
-        }
+    fn code_of(ref_count: u32, cached: bool) -> u8 {
+        let free = if cached { Self::Cached.code() } else { Self::Free.code() };
+        let held = if ref_count == 1 { Self::Owned.code() } else { Self::Shared.code() };
+        if ref_count == 0 { free } else { held }
     }
 }
 
@@ -55,13 +54,8 @@ impl BlockPool {
     pub fn block_states_into(&self, out: &mut Vec<u8>) {
         out.clear();
         out.resize(self.ref_counts.len(), 0);
-        // Selects rather than branches, over equal-length slices (no bounds checks), so the
-        // loop vectorizes.
-        let code = |rc: u32, cached: bool| {
-            let free = if cached { BlockState::Cached.code() } else { BlockState::Free.code() };
-            let held = if rc == 1 { BlockState::Owned.code() } else { BlockState::Shared.code() };
-            if rc == 0 { free } else { held }
-        };
+        // Over equal-length slices (no bounds checks), so the loop vectorizes.
+        let code = BlockState::code_of;
         match &self.cache {
             Some(cache) => {
                 for ((o, &rc), &cached) in out.iter_mut().zip(&self.ref_counts).zip(&cache.cached) {
@@ -79,7 +73,7 @@ impl BlockPool {
     /// The state of block `b` (`None` for unknown ids).
     pub fn block_state(&self, b: crate::BlockId) -> Option<BlockState> {
         let rc = *self.ref_counts.get(b as usize)?;
-        Some(BlockState::of(rc, self.is_cached(b)))
+        BlockState::from_code(BlockState::code_of(rc, self.is_cached(b)))
     }
 }
 
