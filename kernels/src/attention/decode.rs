@@ -144,7 +144,7 @@ pub(super) fn run_item<T: KernelElem>(
 }
 
 /// Copies a value tile `[d, bs]` widened to f32, zeroing token columns `valid ..`.
-pub(super) fn widen_masked<T: KernelElem>(v: &[T], d: usize, bs: usize, valid: usize, dst: &mut [f32]) {
+fn widen_masked<T: KernelElem>(v: &[T], d: usize, bs: usize, valid: usize, dst: &mut [f32]) {
     for (src_row, dst_row) in v.chunks_exact(bs).zip(dst.chunks_exact_mut(bs)).take(d) {
         for (t, o) in dst_row.iter_mut().enumerate() {
             *o = if t < valid { src_row[t].to_f32() } else { 0.0 };
