@@ -6,6 +6,10 @@
 //! - `GET /metrics` (Prometheus text, vLLM's names): `metrics.rs`.
 //! - `GET /v1/kv_map`, `GET /v1/kv_map/stream` (SSE): the live KV block map, taken between
 //!   engine steps only when asked; its JSON encoding is documented in `kv_map.rs`.
+//! - `GET /v1/plan`, `POST /v1/plan`: the KV cache / VRAM calculator (the `sim` crate, as
+//!   `cargo xtask plan` runs it, sizes bounded): `plan.rs`.
+//! - `GET /`, `/app.js`, `/style.css`: the web page (chat, live KV map, calculator), embedded in
+//!   the binary, outside `/v1` (no API key): `web.rs`, files in `server/web/`.
 //! - Errors in OpenAI's JSON shape with their status (400, 401, 404, 429): `error.rs`.
 //!
 //! Invariants: no handler blocks a tokio worker — the engine runs on its own thread
@@ -20,7 +24,9 @@ mod info;
 pub mod kv_map;
 mod metrics;
 mod openai;
+pub mod plan;
 mod respond;
+pub mod web;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -68,12 +74,20 @@ pub struct AppState {
     pub metrics: Metrics,
     api_key: Option<String>,
     kv_map_interval: std::time::Duration,
+    /// One calculator simulation at a time (`plan.rs`).
+    plan_slot: tokio::sync::Semaphore,
 }
 
 impl AppState {
     pub fn new(handle: EngineHandle, config: &ServerConfig) -> Result<Self, prometheus::Error> {
         let metrics = Metrics::new(handle.model_name())?;
-        Ok(Self { handle, metrics, api_key: config.api_key.clone(), kv_map_interval: config.kv_map_interval })
+        Ok(Self {
+            handle,
+            metrics,
+            api_key: config.api_key.clone(),
+            kv_map_interval: config.kv_map_interval,
+            plan_slot: tokio::sync::Semaphore::new(1),
+        })
     }
 
     /// A request naming another model is a 404 (naming none takes the served one).
@@ -112,9 +126,13 @@ pub fn router(state: Arc<AppState>, config: &ServerConfig) -> Router {
         .route("/v1/models", get(info::models))
         .route("/v1/kv_map", get(kv_map::kv_map))
         .route("/v1/kv_map/stream", get(kv_map::kv_map_stream))
+        .route("/v1/plan", get(plan::presets).post(plan::plan))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key));
     Router::new()
         .merge(v1)
+        .route(web::INDEX.path, get(web::index))
+        .route(web::APP_JS.path, get(web::app_js))
+        .route(web::STYLE_CSS.path, get(web::style_css))
         .route("/health", get(info::health))
         .route("/tokenize", post(info::tokenize))
         .route("/detokenize", post(info::detokenize))

@@ -1,5 +1,6 @@
 //! Server integration tests over the tiny random model: the OpenAI endpoints (JSON and SSE),
-//! the small routes, bad requests, disconnects, the queue bound and the API key; and the real
+//! the small routes, the web page's routes and the calculator (`/v1/plan`), bad requests,
+//! disconnects, the queue bound and the API key; and the real
 //! model behind a socket, driven by the `openai` Python package and curl; the binary and SIGTERM.
 
 mod api;
@@ -8,3 +9,4 @@ mod kv_map;
 mod real_client;
 mod shutdown;
 mod support;
+mod web;

@@ -1,0 +1,91 @@
+//! The web page at `GET /`: chat, the live KV block map and the KV cache calculator, as three
+//! files (`server/web/`: `index.html`, `app.js`, `style.css`) embedded in the binary with
+//! `include_str!` — plain HTML/CSS/JS, no build step, nothing fetched from elsewhere.
+//!
+//! The page talks only to this server's API (`/v1/models`, `/v1/chat/completions` with
+//! `stream: true`, `/v1/kv_map/stream`, `/v1/plan`); these routes sit outside `/v1`, so they
+//! need no API key (the page has a field for one and sends it as `Authorization: Bearer`).
+//! Every answer carries its content type, `Cache-Control: no-cache` (revalidate: a new binary
+//! serves its new page at once) with an `ETag` of the content, and a content security policy
+//! that allows only this origin's scripts and styles.
+
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+
+/// One embedded file.
+#[derive(Debug, Clone, Copy)]
+pub struct Asset {
+    pub path: &'static str,
+    pub content_type: &'static str,
+    pub body: &'static str,
+}
+
+pub const INDEX: Asset =
+    Asset { path: "/", content_type: "text/html; charset=utf-8", body: include_str!("../web/index.html") };
+pub const APP_JS: Asset = Asset {
+    path: "/app.js",
+    content_type: "text/javascript; charset=utf-8",
+    body: include_str!("../web/app.js"),
+};
+pub const STYLE_CSS: Asset = Asset {
+    path: "/style.css",
+    content_type: "text/css; charset=utf-8",
+    body: include_str!("../web/style.css"),
+};
+
+/// Every route of the page.
+pub const ASSETS: [Asset; 3] = [INDEX, APP_JS, STYLE_CSS];
+
+/// What the page may load: its own scripts, styles, fetches; inline styles only through the
+/// DOM (`element.style`), images only as data URLs (the empty favicon).
+const CSP: &str = "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
+                   connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'";
+
+impl Asset {
+    /// A strong validator of the content: FNV-1a of the bytes (computed per request: the files
+    /// are a few tens of KiB).
+    pub fn etag(&self) -> String {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in self.body.bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        format!("\"{h:016x}\"")
+    }
+
+    /// The file, or 304 when the client's `If-None-Match` names its current ETag.
+    pub fn respond(&self, request_headers: &HeaderMap) -> Response {
+        let etag = self.etag();
+        let fresh = request_headers
+            .get(header::IF_NONE_MATCH)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.split(',').any(|t| t.trim() == etag));
+        let mut headers = HeaderMap::new();
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        if let Ok(v) = HeaderValue::from_str(&etag) {
+            headers.insert(header::ETAG, v);
+        }
+        headers.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+        if fresh {
+            return (StatusCode::NOT_MODIFIED, headers).into_response();
+        }
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(self.content_type));
+        if self.path == "/" {
+            headers.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CSP));
+            headers.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+        }
+        (headers, self.body).into_response()
+    }
+}
+
+pub async fn index(headers: HeaderMap) -> Response {
+    INDEX.respond(&headers)
+}
+
+pub async fn app_js(headers: HeaderMap) -> Response {
+    APP_JS.respond(&headers)
+}
+
+pub async fn style_css(headers: HeaderMap) -> Response {
+    STYLE_CSS.respond(&headers)
+}
