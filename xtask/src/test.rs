@@ -1,6 +1,6 @@
 //! `cargo xtask test`: the single command CI runs — fmt, clippy (default and `cuda` builds),
-//! tidy, the default model fetch the real-model tests need, the CUDA compile check, then
-//! every test of the workspace.
+//! tidy, the default model fetch the real-model tests need, Chromium for the web page's browser
+//! test, the CUDA compile check, then every test of the workspace.
 
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;
@@ -40,6 +40,8 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
     fetch_model::run(&fetch_model::FetchModelArgs { dir: None, dtype: fetch_model::Dtype::F32 })?;
     // The server's client test drives it with the official `openai` Python package.
     ensure_openai_venv()?;
+    // The server's browser test drives the web page in headless Chromium.
+    ensure_chromium()?;
     if !args.no_cuda_check {
         cuda_check::run(&cuda_check::CudaCheckArgs { arch: "sm_80,sm_90".to_owned(), filter: None })?;
     }
@@ -67,6 +69,31 @@ fn ensure_openai_venv() -> anyhow::Result<()> {
             "openai>=1.30,<3",
         ]))?;
     }
+    Ok(())
+}
+
+/// What the browser test runs (Debian's packages): the browser and its WebDriver.
+const CHROMIUM_BINARIES: [&str; 2] = ["/usr/bin/chromium", "/usr/bin/chromedriver"];
+
+/// Installs `chromium` and `chromium-driver` with apt-get when missing (as root only; anyone
+/// else is told what to run).
+fn ensure_chromium() -> anyhow::Result<()> {
+    if CHROMIUM_BINARIES.iter().all(|p| std::path::Path::new(p).exists()) {
+        return Ok(());
+    }
+    let root = std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+    if !root {
+        bail!(
+            "the browser test needs {} and {}: run `sudo apt-get install -y chromium chromium-driver`",
+            CHROMIUM_BINARIES[0],
+            CHROMIUM_BINARIES[1]
+        );
+    }
+    run_cmd(std::process::Command::new("apt-get").arg("update"))?;
+    run_cmd(std::process::Command::new("apt-get").args(["install", "-y", "chromium", "chromium-driver"]))?;
     Ok(())
 }
 
