@@ -186,8 +186,12 @@ async function send() {
     setBusy(false);
   }
   const secs = (performance.now() - started) / 1000;
-  if (content) chat.history.push({ role: "assistant", content });
-  else if (!failed && finish !== "stopped") body.textContent = "(empty reply)";
+  if (content) {
+    chat.history.push({ role: "assistant", content });
+  } else {
+    chat.history.pop();  // nothing came back: the question is not part of the conversation
+    if (!failed && finish !== "stopped") body.textContent = "(empty reply)";
+  }
   if (failed && !content) div.remove();
   div.dataset.state = failed ? "error" : finish === "stopped" ? "stopped" : "done";
   const tokens = usage ? usage.completion_tokens : Number(div.dataset.deltas);
@@ -676,6 +680,7 @@ function start() {
   canvasTip($("kv-canvas"), () => kv.layout, () => kv.snap && kv.snap.device, "device");
   window.addEventListener("resize", render);
   $("api-key").addEventListener("change", () => { loadModel(); });
+  $("key-form").addEventListener("submit", (e) => { e.preventDefault(); loadModel(); });
   loadModel();
   kvLoop();
   initCalc();
