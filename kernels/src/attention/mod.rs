@@ -26,11 +26,39 @@ pub const PARTITION_TOKENS: usize = 512;
 /// Decode contexts longer than this always take the split path (bounded scratch, more items).
 pub const LONG_CONTEXT: usize = 8192;
 
+/// Fewest context tokens a starved decode splits off into one partition: below this an item's
+/// work is too small for the merge and the task it adds.
+pub(crate) const MIN_PARTITION_TOKENS: usize = 128;
+
+/// [`SplitPolicy::Auto`]'s partition size for `items` (sequence, kv head) decode items whose
+/// longest context is `max_ctx`, on `threads` threads: [`PARTITION_TOKENS`] past
+/// [`LONG_CONTEXT`]; when there are fewer than four items per thread (batch-1 decode has one
+/// per kv head: three on SmolLM2 for two threads, one idle a third of the time), partitions
+/// small enough to make about that many items, of at least [`MIN_PARTITION_TOKENS`], in whole
+/// blocks; otherwise no split.
+pub(crate) fn auto_partition(
+    items: usize,
+    max_ctx: usize,
+    block_size: usize,
+    threads: usize,
+) -> Option<usize> {
+    if max_ctx > LONG_CONTEXT {
+        return Some(PARTITION_TOKENS);
+    }
+    let wanted = 4 * threads.max(1);
+    if items == 0 || items >= wanted || max_ctx < 2 * MIN_PARTITION_TOKENS {
+        return None;
+    }
+    let parts = wanted.div_ceil(items);
+    let tokens = max_ctx.div_ceil(parts).clamp(MIN_PARTITION_TOKENS, PARTITION_TOKENS);
+    Some(tokens.div_ceil(block_size.max(1)) * block_size.max(1))
+}
+
 /// When decode takes the split-context ("v2") path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum SplitPolicy {
     /// Split when contexts are long ([`LONG_CONTEXT`]) or when there are too few
-    /// (sequence, kv head) items to keep every thread busy.
+    /// (sequence, kv head) items to keep every thread busy ([`auto_partition`]).
     #[default]
     Auto,
     /// Never split: one pass per (sequence, kv head).
@@ -205,9 +233,12 @@ fn run<T: KernelElem>(
         SplitPolicy::Always { partition_tokens } => Some(partition_tokens),
         SplitPolicy::Auto => {
             let max_ctx = decode_seqs.iter().map(|&s| meta.seq_lens[s]).max().unwrap_or(0);
-            let items = decode_seqs.len() * g.num_kv_heads;
-            let starved = items < 4 * rayon::current_num_threads() && max_ctx > 2 * PARTITION_TOKENS;
-            (max_ctx > LONG_CONTEXT || starved).then_some(PARTITION_TOKENS)
+            auto_partition(
+                decode_seqs.len() * g.num_kv_heads,
+                max_ctx,
+                g.block_size,
+                rayon::current_num_threads(),
+            )
         }
     };
 
@@ -264,5 +295,26 @@ fn run<T: KernelElem>(
     });
     if !splits.is_empty() {
         splits.par_iter().for_each(|s| decode::merge(&pb, s, &partials, stride, out_view));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn starved_decodes_split_into_whole_blocks_and_busy_ones_do_not() {
+        // Batch 1 of SmolLM2 (3 kv heads) at 512 tokens on 2 threads: 3 parts of 176 tokens.
+        assert_eq!(auto_partition(3, 512, 16, 2), Some(176));
+        // Parts never shrink below the minimum, never grow past the long-context size.
+        assert_eq!(auto_partition(1, 300, 16, 8), Some(MIN_PARTITION_TOKENS));
+        assert_eq!(auto_partition(1, 8000, 16, 8), Some(256));
+        assert_eq!(auto_partition(3, 500, 32, 2), Some(192));
+        // Short contexts, enough items, or nothing to do: one pass per item.
+        assert_eq!(auto_partition(3, 200, 16, 2), None);
+        assert_eq!(auto_partition(8, 4000, 16, 2), None);
+        assert_eq!(auto_partition(0, 4000, 16, 2), None);
+        // Past LONG_CONTEXT always split, however many items.
+        assert_eq!(auto_partition(100, LONG_CONTEXT + 1, 16, 2), Some(PARTITION_TOKENS));
     }
 }
