@@ -9,12 +9,16 @@ mod harness;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use harness::{Seq, build_batch, cache_for};
+use harness::{Seq, build_batch, cache_of};
+use kv_cache::DType;
+use model::quant::ActivationPrecision;
 use model::{Llama, Workspace};
 use rayon::prelude::*;
 
 const CONTEXT: usize = 512;
 const BLOCK: usize = 16;
+/// The cache dtype of every case: the engine's CPU default.
+const KV_DTYPE: DType = DType::BF16;
 
 fn quick() -> bool {
     std::env::var("BENCH_QUICK").is_ok_and(|v| v == "1")
@@ -31,7 +35,11 @@ fn median_secs(samples: usize, mut f: impl FnMut()) -> f64 {
             t.elapsed().as_secs_f64()
         })
         .collect();
-    let mut times = times;
+    median(&mut times.clone())
+}
+
+/// The median of `times` (sorted in place).
+fn median(times: &mut [f64]) -> f64 {
     times.sort_by(f64::total_cmp);
     times[times.len() / 2]
 }
@@ -108,7 +116,7 @@ fn main() {
     // (`BENCH_MODEL` points elsewhere, e.g. at the f32 HF folder, for comparisons).
     let path =
         std::env::var_os("BENCH_MODEL").map(PathBuf::from).unwrap_or_else(model::testing::smollm2_gguf);
-    let model = Llama::load(&path).unwrap_or_else(|e| {
+    let mut model = Llama::load(&path).unwrap_or_else(|e| {
         panic!("cannot load SmolLM2 from {} ({e}); run `cargo xtask fetch-model`", path.display())
     });
     let formats = weight_formats(&model);
@@ -118,7 +126,8 @@ fn main() {
     // Prefill: one 512-token prompt in one step (into a fresh region of the cache each time).
     let per_seq = (CONTEXT + 64).div_ceil(BLOCK);
     let n_seqs = 64;
-    let mut cache = cache_for(&model.config, BLOCK, per_seq * n_seqs);
+    // The engine's CPU default cache dtype: what users run.
+    let mut cache = cache_of(&model.config, BLOCK, per_seq * n_seqs, KV_DTYPE);
     let mut seqs: Vec<Seq> = (0..n_seqs)
         .map(|i| Seq {
             tokens: prompt(i as u32, CONTEXT, vocab),
@@ -143,16 +152,40 @@ fn main() {
         s.cached = CONTEXT - 1;
     }
 
-    // Decode at batch 1: the query token at position 511 attends to 512 tokens.
+    // Decode at batch 1: the query token at position 511 attends to 512 tokens. A step reads
+    // every weight once and the sequence's K and V: those bytes over memcpy's are the fraction.
+    // Each activation precision of the decode matmuls in turn, sample by sample (round robin,
+    // so the machine's drift falls on all alike); the default's is the headline figure.
     let decode1 = build_batch(&seqs[..1], &[1], BLOCK, false);
-    let b1_secs = median_secs(samples * 3, || {
-        model.forward(&decode1.input(), &mut cache, &mut ws).expect("decode b1");
-    });
-    let decode_tok_s_b1 = 1.0 / b1_secs;
-    let bw_fraction = model.weight_bytes_per_step() as f64 / b1_secs / memcpy;
+    let precisions = [ActivationPrecision::default(), ActivationPrecision::F32, ActivationPrecision::Int16];
+    let mut times = vec![Vec::new(); precisions.len()];
+    for round in 0..=samples * 3 {
+        for (i, &p) in precisions.iter().enumerate() {
+            model.activations = p;
+            let t = Instant::now();
+            model.forward(&decode1.input(), &mut cache, &mut ws).expect("decode b1");
+            // Round 0 warms each up.
+            if round > 0 {
+                times[i].push(t.elapsed().as_secs_f64());
+            }
+        }
+    }
+    model.activations = ActivationPrecision::default();
+    let b1_secs: Vec<f64> = times.iter_mut().map(|t| median(t)).collect();
+    let kv_bytes = model.config.num_hidden_layers
+        * 2
+        * model.config.num_key_value_heads
+        * model.config.head_dim
+        * CONTEXT
+        * KV_DTYPE.size_in_bytes();
+    let step_bytes = (model.weight_bytes_per_step() + kv_bytes) as f64;
+    let decode_tok_s_b1 = 1.0 / b1_secs[0];
+    let bw_fraction = step_bytes / b1_secs[0] / memcpy;
     eprintln!(
-        "decode b1 {decode_tok_s_b1:.1} tok/s, weights at {:.2} GB/s",
-        model.weight_bytes_per_step() as f64 / b1_secs / 1e9
+        "decode b1 {decode_tok_s_b1:.1} tok/s ({:.2} GB/s); f32 kernels {:.1} tok/s, int16 {:.1} tok/s",
+        step_bytes / b1_secs[0] / 1e9,
+        1.0 / b1_secs[1],
+        1.0 / b1_secs[2]
     );
 
     // Decode at batch 64, context 512 each.
@@ -172,6 +205,9 @@ fn main() {
         "model.prefill_tok_s": prefill_tok_s,
         "model.decode_tok_s_b1": decode_tok_s_b1,
         "model.decode_b1_bw_fraction": bw_fraction,
+        "model.decode_tok_s_b1_f32_kernels": 1.0 / b1_secs[1],
+        "model.decode_tok_s_b1_int16": 1.0 / b1_secs[2],
+        "model.decode_b1_bw_fraction_int16": step_bytes / b1_secs[2] / memcpy,
         "model.decode_tok_s_b64": decode_tok_s_b64,
         "model.decode_b64_gemm_fraction": gemm_fraction,
     });
@@ -180,11 +216,16 @@ fn main() {
          | figure | value |\n|---|---|\n\
          | f32 GEMM 1024³ | {gflops:.1} GFLOP/s |\n| memcpy (bytes read + written /s, all cores) | {:.2} GB/s |\n\
          | prefill, one 512-token prompt | {prefill_tok_s:.0} tok/s |\n\
-         | decode batch 1, context 512 | {decode_tok_s_b1:.1} tok/s ({:.0} MB of weights per token, {bw_fraction:.2} of memcpy) |\n\
+         | decode batch 1, context 512 | {decode_tok_s_b1:.1} tok/s ({:.0} MB of weights + {:.0} MB of {KV_DTYPE:?} K/V per token, {bw_fraction:.2} of memcpy) |\n\
+         | decode batch 1, f32 kernels / int16 activations | {:.1} / {:.1} tok/s ({:.2} of memcpy with int16) |\n\
          | decode batch 64, context 512 | {decode_tok_s_b64:.0} tok/s ({gemm_fraction:.2} of the GEMM roofline, matmul + attention FLOPs) |\n",
         rayon::current_num_threads(),
         memcpy / 1e9,
         model.weight_bytes_per_step() as f64 / 1e6,
+        kv_bytes as f64 / 1e6,
+        1.0 / b1_secs[1],
+        1.0 / b1_secs[2],
+        step_bytes / b1_secs[2] / memcpy,
     );
     match std::env::var_os("BENCH_FIGURES_DIR") {
         Some(out) => {

@@ -13,7 +13,7 @@ use crate::error::{ModelError, Result};
 use crate::gguf::{GgufFile, GgufTensorInfo};
 use crate::input::ModelInput;
 use crate::ops::{rms_norm, rope_interleaved, rope_rotate_half, silu_mul};
-use crate::quant::{GgmlType, Part, Storage, Weight};
+use crate::quant::{ActivationPrecision, GgmlType, Isa, Part, Storage, Weight};
 use crate::rope::Rope;
 use crate::weights::SafetensorsFiles;
 
@@ -71,6 +71,9 @@ pub struct Llama {
     /// `None` when tied to `embed`.
     pub lm_head: Option<Weight>,
     pub rope_style: RopeStyle,
+    /// How decode-shaped matmuls over Q4_0/Q4_1/Q8_0 weights take their activations
+    /// (f32-exact by default; one int16 per value when a user opts in).
+    pub activations: ActivationPrecision,
     rope: Rope,
 }
 
@@ -153,7 +156,16 @@ impl Llama {
         let lm_head =
             if c.tie_word_embeddings { None } else { Some(matrix("lm_head.weight", c.vocab_size, h)?) };
         let rope = Rope::new(&config);
-        Ok(Self { config, embed, layers, final_norm, lm_head, rope_style: RopeStyle::RotateHalf, rope })
+        Ok(Self {
+            config,
+            embed,
+            layers,
+            final_norm,
+            lm_head,
+            rope_style: RopeStyle::RotateHalf,
+            activations: ActivationPrecision::default(),
+            rope,
+        })
     }
 
     /// Builds the model from a GGUF (llama architecture) with every matrix left in its GGUF
@@ -231,7 +243,16 @@ impl Llama {
         let lm_head =
             if c.tie_word_embeddings { None } else { Some(matrix(&[("output.weight", c.vocab_size)])?) };
         let rope = Rope::new(&config);
-        Ok(Self { config, embed, layers, final_norm, lm_head, rope_style: RopeStyle::Interleaved, rope })
+        Ok(Self {
+            config,
+            embed,
+            layers,
+            final_norm,
+            lm_head,
+            rope_style: RopeStyle::Interleaved,
+            activations: ActivationPrecision::default(),
+            rope,
+        })
     }
 
     /// Quantizes every float matrix (embedding, projections, LM head) to `ty` at load
@@ -343,11 +364,12 @@ impl Llama {
             .for_each(|((cr, sr), &p)| self.rope.fill(p, cr, sr));
         let meta = input.attn;
         let scale = 1.0 / (d as f32).sqrt();
+        let (isa, precision) = (Isa::detected(), self.activations);
         for (l, lw) in self.layers.iter().enumerate() {
             let normed = ensure(&mut ws.normed, t * h);
             rms_norm(normed, &ws.hidden[..t * h], norm_of(&lw.input_norm), c.rms_norm_eps);
             let qkv = ensure(&mut ws.qkv, t * qkv_w);
-            lw.qkv.matmul(qkv, normed, t, false);
+            lw.qkv.matmul_as(isa, precision, qkv, normed, t, false);
             // Split Q/K/V into the kernels' contiguous layouts, rotating Q and K on the way.
             let q = ensure(&mut ws.q, t * q_w);
             let k = ensure(&mut ws.k, t * kv_w);
@@ -372,14 +394,14 @@ impl Llama {
             let attn = ensure(&mut ws.attn, t * q_w);
             Cpu.paged_attention(attn, q, layer_cache, &meta, nh, scale, &mut ())?;
             // Residual adds fused into the GEMMs (accumulate into `hidden`).
-            lw.o_proj.matmul(&mut ws.hidden[..t * h], attn, t, true);
+            lw.o_proj.matmul_as(isa, precision, &mut ws.hidden[..t * h], attn, t, true);
             let normed = &mut ws.normed[..t * h];
             rms_norm(normed, &ws.hidden[..t * h], norm_of(&lw.post_attn_norm), c.rms_norm_eps);
             let gate_up = ensure(&mut ws.gate_up, t * 2 * inter);
-            lw.gate_up.matmul(gate_up, normed, t, false);
+            lw.gate_up.matmul_as(isa, precision, gate_up, normed, t, false);
             let act = ensure(&mut ws.act, t * inter);
             silu_mul(act, gate_up, inter);
-            lw.down.matmul(&mut ws.hidden[..t * h], act, t, true);
+            lw.down.matmul_as(isa, precision, &mut ws.hidden[..t * h], act, t, true);
         }
         // Final norm and LM head only for the rows that sample.
         let s = input.sample_indices.len();
@@ -390,7 +412,7 @@ impl Llama {
         let sampled_normed = ensure(&mut ws.sampled_normed, s * h);
         rms_norm(sampled_normed, sampled, norm_of(&self.final_norm), c.rms_norm_eps);
         let logits = ensure(&mut ws.logits, s * c.vocab_size);
-        self.lm_head().matmul(logits, sampled_normed, s, false);
+        self.lm_head().matmul_as(isa, precision, logits, sampled_normed, s, false);
         Ok(&ws.logits[..s * c.vocab_size])
     }
 }

@@ -5,6 +5,7 @@
 
 use rayon::prelude::*;
 
+use super::int16::{self, X16};
 use super::{Activations, Isa, Out, PartRef};
 use crate::ops::dot;
 
@@ -21,9 +22,26 @@ fn rows_per_task(rows: usize, row_bytes: usize) -> usize {
 const TOKENS_PER_PASS: usize = 4;
 
 /// See the module doc: `out[t, r] (+)= x[t] · row r` for `t < m`, every row of `part`.
-pub(super) fn matmul(isa: Isa, out: Out, x: &[f32], m: usize, part: &PartRef<'_>, accumulate: bool) {
+/// `xq`: the activations in int16 when the caller chose the integer kernels ([`int16`]),
+/// which formats it [`int16::supports`] take.
+pub(super) fn matmul(
+    isa: Isa,
+    xq: Option<&X16>,
+    out: Out,
+    x: &[f32],
+    m: usize,
+    part: &PartRef<'_>,
+    accumulate: bool,
+) {
     assert!(x.len() >= m * part.cols, "decode::matmul: short activations");
     let simd = isa != Isa::Portable && part.cols.is_multiple_of(32);
+    #[cfg(target_arch = "x86_64")]
+    if let Some(xq) = xq
+        && simd
+        && int16::supports(part.ty)
+    {
+        return matmul_int16(isa, out, xq, m, part, accumulate);
+    }
     let group_sums: Vec<f32> =
         if simd { x[..m * part.cols].chunks_exact(32).map(|c| c.iter().sum()).collect() } else { Vec::new() };
     let acts = Activations { x, group_sums: &group_sums };
@@ -46,6 +64,31 @@ pub(super) fn matmul(isa: Isa, out: Out, x: &[f32], m: usize, part: &PartRef<'_>
                     super::avx512::dot_rows_dyn(part, rows.clone(), acts, t, mr, out, accumulate)
                 },
                 _ => portable_rows(part, rows.clone(), x, t, mr, out, accumulate),
+            }
+            t += mr;
+        }
+    });
+}
+
+/// [`matmul`] on activations rounded to int16 ([`int16`]).
+#[cfg(target_arch = "x86_64")]
+fn matmul_int16(isa: Isa, out: Out, xq: &X16, m: usize, part: &PartRef<'_>, accumulate: bool) {
+    let wide = isa == Isa::Avx512 && int16::avx512_vnni();
+    let per_task = rows_per_task(part.rows, part.row_bytes());
+    (0..part.rows.div_ceil(per_task)).into_par_iter().for_each(|task| {
+        let rows = task * per_task..((task + 1) * per_task).min(part.rows);
+        let mut t = 0;
+        while t < m {
+            let mr = (m - t).min(TOKENS_PER_PASS);
+            // SAFETY: AVX2/FMA/F16C were detected for any SIMD Isa, AVX-512BW/VNNI for `wide`;
+            // the rows are this task's, tokens t..t+mr lie in xq (quantized from m tokens),
+            // whole groups of 32 per row, a format `int16::supports`.
+            unsafe {
+                if wide {
+                    int16::dot_rows_avx512(part, rows.clone(), xq, t, mr, out, accumulate)
+                } else {
+                    int16::dot_rows_avx2(part, rows.clone(), xq, t, mr, out, accumulate)
+                }
             }
             t += mr;
         }

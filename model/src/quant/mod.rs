@@ -1,10 +1,12 @@
 //! Weight matrices kept in their storage format (f32, f16, bf16 and ggml's Q4_0, Q4_1, Q8_0,
-//! Q4_K, Q6_K), memory-mapped when they come from a file, and `x·Wᵀ` over them with f32
-//! activations: a quantized model computes what its f32 dequantization would, while each
-//! decode step reads the quantized bytes only.
+//! Q4_K, Q6_K), memory-mapped when they come from a file, and `x·Wᵀ` over them: a quantized
+//! model computes what its f32 dequantization would (to f32 rounding), while each decode step
+//! reads the quantized bytes only.
 //!
 //! Where the work goes: a few tokens (decode, [`DECODE_MAX_M`] or fewer) run [`decode`], which
-//! dequantizes each weight group in registers and streams every byte once for all tokens;
+//! dequantizes each weight group in registers and streams every byte once for all tokens (for
+//! Q4_0/Q4_1/Q8_0 on integer kernels over int16 activations, [`int16`], per
+//! [`ActivationPrecision`]);
 //! more tokens (prefill) run [`panel`], which dequantizes a panel of rows into a cache-sized
 //! f32 buffer and hands it to `gemm`. The instruction set is chosen once at run time
 //! ([`Isa::detected`]): AVX-512F (sixteen lanes, [`avx512`]) where the CPU has it, else AVX2 +
@@ -87,6 +89,7 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod decode;
+mod int16;
 mod panel;
 mod storage;
 #[cfg(test)]
@@ -120,6 +123,33 @@ impl Quantization {
 /// Up to this many tokens a quantized projection streams its weights once through [`decode`];
 /// above it, rows are dequantized into `token_lanes` or panels into `gemm` ([`panel`]).
 pub const DECODE_MAX_M: usize = 8;
+
+/// How decode-shaped matmuls over Q4_0, Q4_1 and Q8_0 take their activations (the other
+/// formats, and prefill-shaped matmuls, always run f32 kernels).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ActivationPrecision {
+    /// f32 kernels: each group's codes converted to f32 and multiplied into the activations.
+    F32,
+    /// Integer kernels on two int16 words per activation (`int16`): what the f32 kernels
+    /// compute, to within f32 rounding (2⁻³¹ of each group's largest value), with the
+    /// multiply-adds on the integer codes; the default.
+    #[default]
+    Int16x2,
+    /// Integer kernels on one int16 word per activation (2⁻¹⁶ of each group's largest value):
+    /// faster still, with its own measured tolerance (the model crate's golden tests).
+    Int16,
+}
+
+impl ActivationPrecision {
+    /// Whether the integer kernels run, and on split activations.
+    fn integer(self) -> Option<bool> {
+        match self {
+            ActivationPrecision::F32 => None,
+            ActivationPrecision::Int16x2 => Some(true),
+            ActivationPrecision::Int16 => Some(false),
+        }
+    }
+}
 
 /// The instruction set the quantized kernels run with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -327,6 +357,19 @@ impl Weight {
 
     /// [`Self::matmul`] on a chosen path (tests force each one).
     pub fn matmul_with(&self, isa: Isa, dst: &mut [f32], x: &[f32], m: usize, accumulate: bool) {
+        self.matmul_as(isa, ActivationPrecision::default(), dst, x, m, accumulate);
+    }
+
+    /// [`Self::matmul_with`] with the decode activations taken at `precision`.
+    pub fn matmul_as(
+        &self,
+        isa: Isa,
+        precision: ActivationPrecision,
+        dst: &mut [f32],
+        x: &[f32],
+        m: usize,
+        accumulate: bool,
+    ) {
         let (n, k) = (self.rows, self.cols);
         assert!(dst.len() >= m * n && x.len() >= m * k, "Weight::matmul: short buffer");
         if let Some(w) = self.as_f32() {
@@ -337,13 +380,26 @@ impl Weight {
             return;
         }
         let out = Out { ptr: OutPtr(dst.as_mut_ptr()), ldd: n };
+        // The integer kernels' activations, rounded once for every part that takes them.
+        let xq = match precision.integer() {
+            #[cfg(target_arch = "x86_64")]
+            Some(split)
+                if m <= DECODE_MAX_M
+                    && isa != Isa::Portable
+                    && k.is_multiple_of(32)
+                    && self.parts.iter().any(|p| int16::supports(p.ty)) =>
+            {
+                Some(int16::X16::quantize(x, m, k, split))
+            }
+            _ => None,
+        };
         let mut col = 0;
         for p in &self.parts {
             let part = PartRef { ty: p.ty, rows: p.rows, cols: k, bytes: p.data.bytes() };
             let out = Out { ptr: out.ptr.offset(col), ..out };
             match (&p.data, m <= DECODE_MAX_M) {
                 (Storage::F32(w), _) => panel::f32_strided(out, x, m, k, w, p.rows, accumulate),
-                (_, true) => decode::matmul(isa, out, x, m, &part, accumulate),
+                (_, true) => decode::matmul(isa, xq.as_ref(), out, x, m, &part, accumulate),
                 (_, false) => panel::matmul(isa, out, x, m, &part, accumulate),
             }
             col += p.rows;

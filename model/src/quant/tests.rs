@@ -67,9 +67,13 @@ fn reference(ty: GgmlType, bytes: &[u8], n: usize, k: usize, x: &[f32], m: usize
 }
 
 /// The kernels a call of `m` tokens can take: decode, or both prefill routes.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 enum Route {
     Decode,
+    /// Decode on the integer kernels (`int16`), activations split in two words (the default).
+    DecodeInt16x2,
+    /// Decode on the integer kernels, one int16 word per activation.
+    DecodeInt16,
     Gemm,
     TokenLanes,
 }
@@ -78,6 +82,10 @@ enum Route {
 fn check(isa: Isa, ty: GgmlType, m: usize, n: usize, k: usize, accumulate: bool, rng: &mut ChaCha8Rng) {
     if m <= DECODE_MAX_M {
         check_route(Route::Decode, isa, ty, m, n, k, accumulate, rng);
+        if int16::supports(ty) {
+            check_route(Route::DecodeInt16x2, isa, ty, m, n, k, accumulate, rng);
+            check_route(Route::DecodeInt16, isa, ty, m, n, k, accumulate, rng);
+        }
     } else {
         check_route(Route::Gemm, isa, ty, m, n, k, accumulate, rng);
         check_route(Route::TokenLanes, isa, ty, m, n, k, accumulate, rng);
@@ -113,7 +121,12 @@ fn check_route(
     }
     let out = Out { ptr: OutPtr(dst.as_mut_ptr()).offset(col0), ldd };
     match route {
-        Route::Decode => decode::matmul(isa, out, &x, m, &part, accumulate),
+        Route::Decode => decode::matmul(isa, None, out, &x, m, &part, accumulate),
+        Route::DecodeInt16x2 | Route::DecodeInt16 if isa != Isa::Portable => {
+            let xq = int16::X16::quantize(&x, m, k, route == Route::DecodeInt16x2);
+            decode::matmul(isa, Some(&xq), out, &x, m, &part, accumulate)
+        }
+        Route::DecodeInt16x2 | Route::DecodeInt16 => decode::matmul(isa, None, out, &x, m, &part, accumulate),
         Route::Gemm => panel::via_gemm(isa, out, &x, m, &part, accumulate),
         Route::TokenLanes => {
             if !panel::via_token_lanes(isa, out, &x, m, &part, accumulate) {
@@ -122,6 +135,15 @@ fn check_route(
         }
     }
     let (want, scale) = reference(ty, &bytes, n, k, &x, m);
+    // The integer kernels (SIMD only) compute, up to f32 sums, W times the activations they
+    // rounded, and the rounding moves each product by at most half a step: check both. Split
+    // activations must also meet the f32 kernels' own tolerance below.
+    let integer = matches!(route, Route::DecodeInt16 | Route::DecodeInt16x2) && isa != Isa::Portable;
+    let (rounded_want, rounding) = if integer {
+        int16_expectation(ty, &bytes, n, k, &x, m, route == Route::DecodeInt16x2)
+    } else {
+        (vec![], vec![])
+    };
     let base = if accumulate { 0.5 } else { 0.0 };
     for t in 0..m {
         for c in 0..ldd {
@@ -135,12 +157,67 @@ fn check_route(
             }
             let r = c - col0;
             let (w, s) = (want[t * n + r] + base, scale[t * n + r]);
+            if integer {
+                let (rw, bound) = (rounded_want[t * n + r] + base, rounding[t * n + r]);
+                assert!(
+                    (f64::from(got) - rw).abs() <= 1e-5 * s + 1e-6,
+                    "{route:?} {isa:?} {ty:?} m={m} n={n} k={k} acc={accumulate}: ({t}, {r}) = {got}, want {rw} on the rounded activations"
+                );
+                assert!(
+                    (f64::from(got) - w).abs() <= bound * 1.0001 + 1e-5 * s + 1e-6,
+                    "{route:?} {isa:?} {ty:?} m={m} n={n} k={k}: ({t}, {r}) = {got}, want {w}: more than the rounding bound {bound}"
+                );
+                if route == Route::DecodeInt16 {
+                    continue;
+                }
+            }
             assert!(
                 (f64::from(got) - w).abs() <= 1e-5 * s + 1e-6,
                 "{route:?} {isa:?} {ty:?} m={m} n={n} k={k} acc={accumulate}: ({t}, {r}) = {got}, want {w} (scale {s})"
             );
         }
     }
+}
+
+/// What the int16 path computes, in f64: `d·Σ code·x̃ + offset·Σx` per group with `x̃` the
+/// activations it rounded, and the bound on its distance from the f32 result,
+/// `Σ |d·code|·dx/2` (each rounded activation is within half a step `dx/2`; split, within
+/// half a step of the low word).
+fn int16_expectation(
+    ty: GgmlType,
+    bytes: &[u8],
+    n: usize,
+    k: usize,
+    x: &[f32],
+    m: usize,
+    split: bool,
+) -> (Vec<f64>, Vec<f64>) {
+    let xq = int16::X16::quantize(x, m, k, split);
+    let mut w = vec![0.0f32; n * k];
+    dequantize(ty, bytes, &mut w);
+    let block_bytes = ty.block().1;
+    let (mut want, mut bound) = (vec![0.0; m * n], vec![0.0; m * n]);
+    for t in 0..m {
+        for r in 0..n {
+            for g in 0..k / 32 {
+                let block = &bytes[(r * k / 32 + g) * block_bytes..][..block_bytes];
+                let f16_at = |at: usize| f64::from(f16::from_le_bytes([block[at], block[at + 1]]).to_f32());
+                let offset = match ty {
+                    GgmlType::Q4_0 => -8.0 * f16_at(0),
+                    GgmlType::Q4_1 => f16_at(2),
+                    _ => 0.0,
+                };
+                let step = f64::from(xq.dx[t * xq.pairs() * 2 + g]);
+                let half_step = if split { step / f64::from(int16::LOW_STEPS) / 2.0 } else { step / 2.0 };
+                for i in 32 * g..32 * g + 32 {
+                    let scaled_code = f64::from(w[r * k + i]) - offset;
+                    want[t * n + r] += scaled_code * xq.value(t, i) + offset * f64::from(x[t * k + i]);
+                    bound[t * n + r] += scaled_code.abs() * half_step;
+                }
+            }
+        }
+    }
+    (want, bound)
 }
 
 #[test]
@@ -151,7 +228,11 @@ fn every_format_matches_the_f64_reference_on_every_path() {
             let per_block = ty.block().0;
             // Short and long rows, in whole blocks; for f16/bf16 also a width no SIMD group
             // divides (the AVX2 path hands those to the portable loop).
+            // 96 = three groups of 32: the int16 path's odd last group (paired with zeros).
             let mut widths = vec![per_block.max(32), 2 * per_block.max(256)];
+            if per_block == 32 {
+                widths.push(96);
+            }
             if per_block == 1 {
                 widths.push(40);
             }
@@ -259,4 +340,36 @@ fn float_weights_quantize_at_load_and_multiply_as_their_quantization() {
     let q = w.quantized(GgmlType::Q8_0).unwrap();
     assert_eq!(q.quantized(GgmlType::Q4_0).unwrap().parts()[0].format(), GgmlType::Q8_0);
     assert!(w.quantized(GgmlType::Q4_K).is_err());
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn integer_kernels_take_nan_zero_and_tiny_groups_as_the_f32_kernels_do() {
+    let mut rng = ChaCha8Rng::seed_from_u64(13);
+    let (n, k) = (5, 128);
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+        let bytes = random_part(ty, n, k, &mut rng);
+        let part = Part::new(ty, n, k, Storage::Owned(bytes)).unwrap();
+        let w = Weight::from_parts(k, vec![part]);
+        // Token 0: a NaN in group 1. Token 1: group 0 zero, group 2 tiny (1e-32), the rest random.
+        let mut x: Vec<f32> = (0..2 * k).map(|_| rng.random_range(-1.0..1.0)).collect();
+        x[40] = f32::NAN;
+        x[k..k + 32].fill(0.0);
+        x[k + 64..k + 96].iter_mut().for_each(|v| *v *= 1e-32);
+        for isa in Isa::available() {
+            let mut want = vec![0.0; 2 * n];
+            w.matmul_as(isa, ActivationPrecision::F32, &mut want, &x, 2, false);
+            for precision in [ActivationPrecision::Int16x2, ActivationPrecision::Int16] {
+                let mut got = vec![0.0; 2 * n];
+                w.matmul_as(isa, precision, &mut got, &x, 2, false);
+                assert!(got[..n].iter().all(|v| v.is_nan()), "{isa:?} {ty:?} {precision:?}: NaN lost");
+                for (g, r) in got[n..].iter().zip(&want[n..]) {
+                    assert!(
+                        (g - r).abs() <= 1e-3 * r.abs().max(1.0),
+                        "{isa:?} {ty:?} {precision:?}: {g} vs {r}"
+                    );
+                }
+            }
+        }
+    }
 }

@@ -52,7 +52,12 @@ pub fn build_batch(seqs: &[Seq], chunks: &[usize], block_size: usize, sample_all
 
 /// An f32 cache with `num_blocks` blocks for `cfg`.
 pub fn cache_for(cfg: &LlamaConfig, block_size: usize, num_blocks: usize) -> KvCache {
-    KvCache::new(CacheConfig::new(cfg.block_shape(block_size, DType::F32), num_blocks, 0))
+    cache_of(cfg, block_size, num_blocks, DType::F32)
+}
+
+/// A cache of `dtype` with `num_blocks` blocks for `cfg`.
+pub fn cache_of(cfg: &LlamaConfig, block_size: usize, num_blocks: usize, dtype: DType) -> KvCache {
+    KvCache::new(CacheConfig::new(cfg.block_shape(block_size, dtype), num_blocks, 0))
         .expect("cache allocation")
 }
 
