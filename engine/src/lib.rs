@@ -23,7 +23,9 @@ mod request;
 pub mod sampling;
 pub mod workload;
 
-pub use config::{DType, Device, EngineConfig, KvCacheSize, Policy, PreemptionMode, Quantization};
+pub use config::{
+    ActivationPrecision, DType, Device, EngineConfig, KvCacheSize, Policy, PreemptionMode, Quantization,
+};
 pub use engine::Engine;
 pub use error::{EngineError, RequestError};
 pub use handle::{EngineHandle, OutputStream, RequestStream, ShutdownMode, StreamError};
