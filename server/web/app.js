@@ -477,7 +477,7 @@ async function kvLoop() {
 
 // ---------------------------------------------------------------- calculator
 
-const calc = { presets: null };
+const calc = { presets: null, last: null };
 
 function fmtBytes(b) {
   const units = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -589,7 +589,7 @@ function showPlan(r) {
   const paged = sys["paged"], max = sys["orca-max"];
   const figures = [
     ["KV per token", fmtBytes(r.kv_bytes_per_token)],
-    ["KV memory", r.kv_memory_gib.toFixed(2) + " GiB (weights " + r.weights_gib.toFixed(1) + " GiB)"],
+    ["KV memory (weights: " + r.weights_gib.toFixed(1) + " GiB)", r.kv_memory_gib.toFixed(2) + " GiB"],
     ["Token slots", r.kv_tokens.toLocaleString()],
     ["Blocks", r.num_blocks.toLocaleString() + " × " + r.block_size + " tokens"],
     ["Fit, contiguous (" + r.max_model_len + " reserved each)", r.fit.contiguous_max_len.toLocaleString() + " sequences"],
@@ -634,7 +634,7 @@ function drawChart(r) {
       ],
     },
     {
-      title: "Simulated: mean sequences running · KV utilization",
+      title: "Simulated: mean running · KV utilization",
       rows: r.systems.map((s) => ({
         name: names[s.system] || s.system,
         value: s.mean_running,
@@ -643,7 +643,10 @@ function drawChart(r) {
       })),
     },
   ];
-  const W = 640, left = 120, right = 120, rowH = 30, titleH = 26, gapH = 14;
+  calc.last = r;
+  // Drawn at the box's own width (one SVG unit = one CSS pixel), so text keeps its size on a phone.
+  const W = Math.max(300, Math.round($("calc-chart").clientWidth || 640));
+  const left = W < 480 ? 92 : 120, right = W < 480 ? 96 : 120, rowH = 30, titleH = 26, gapH = 14;
   const H = groups.reduce((h, g) => h + titleH + g.rows.length * rowH + gapH, 0);
   const svg = el("svg", { viewBox: "0 0 " + W + " " + H, role: "img",
     "aria-label": "Sequences that fit: paged " + r.fit.paged_mean_len + ", contiguous " + r.fit.contiguous_max_len +
@@ -678,7 +681,10 @@ function start() {
   loadColors();
   initChat();
   canvasTip($("kv-canvas"), () => kv.layout, () => kv.snap && kv.snap.device, "device");
-  window.addEventListener("resize", render);
+  window.addEventListener("resize", () => {
+    render();
+    if (calc.last) drawChart(calc.last);
+  });
   $("api-key").addEventListener("change", () => { loadModel(); });
   $("key-form").addEventListener("submit", (e) => { e.preventDefault(); loadModel(); });
   loadModel();

@@ -450,6 +450,11 @@ async fn enter_sends_and_the_reply_streams(c: &Ctx) {
     c.js(WATCH_LENGTHS).await;
     c.set_value("max-tokens", "48").await;
     c.set_value("temperature", "0").await;
+    // Shift+Enter is a new line, not a send.
+    c.type_into("prompt", "first line\u{E008}\u{E007}\u{E000}second line").await;
+    let v = c.js("return {value: document.getElementById('prompt').value, sent: document.querySelectorAll('.msg').length}").await;
+    assert_eq!(v, json!({"value": "first line\nsecond line", "sent": 0}));
+    c.set_value("prompt", "").await;
     c.type_into("prompt", "Write three sentences about the ocean.").await;
     c.type_into("prompt", "\u{E007}").await; // Enter
     c.until("streaming to start", 30, "const m = document.querySelector('.msg.assistant'); return m && +m.dataset.deltas >= 4 && m.dataset.state === 'streaming'").await;

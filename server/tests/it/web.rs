@@ -196,16 +196,23 @@ fn plan_refuses_bad_sizes_with_400s_naming_the_field() {
 }
 
 #[test]
-fn the_largest_plan_allowed_stays_short() {
+fn the_largest_plans_allowed_stay_short() {
     let srv = TestServer::default();
+    let (max_req, max_len) = (server::plan::MAX_REQUESTS, server::plan::MAX_MODEL_LEN);
     runtime().block_on(async {
-        // The slowest corner within the bounds: the most requests, the longest context,
-        // arriving slowly so that they run nearly one at a time.
-        let body = json!({"model": "llama2-7b", "hardware": "h200", "num_requests": server::plan::MAX_REQUESTS,
-                          "max_model_len": server::plan::MAX_MODEL_LEN, "rate": 0.001});
-        let t = std::time::Instant::now();
-        let (status, got) = srv.post_json("/v1/plan", &body).await;
-        assert_eq!(status, StatusCode::OK, "{got}");
-        assert!(t.elapsed() < std::time::Duration::from_secs(20), "{:?}", t.elapsed());
+        // Corners within the bounds: the most requests at the longest context, arriving slowly
+        // (one at a time: the most steps); all at once into a pool that holds about one
+        // (preemption by recompute, then by swap); the most blocks and sequences per batch.
+        for body in [
+            json!({"model": "llama2-7b", "hardware": "h200", "num_requests": max_req, "max_model_len": max_len, "rate": 0.001}),
+            json!({"model": "llama2-7b", "kv_memory_gib": 1.0, "num_requests": max_req, "max_model_len": 2048, "max_num_seqs": 2048}),
+            json!({"model": "llama2-7b", "kv_memory_gib": 1.0, "num_requests": max_req, "max_model_len": 2048, "preemption": "swap", "swap_gib": 1.0}),
+            json!({"model": "smollm2-135m", "kv_memory_gib": 22.0, "block_size": 1, "num_requests": max_req, "max_model_len": max_len, "max_num_seqs": 2048, "max_num_batched_tokens": 65_536}),
+        ] {
+            let t = std::time::Instant::now();
+            let (status, got) = srv.post_json("/v1/plan", &body).await;
+            assert_eq!(status, StatusCode::OK, "{body}: {got}");
+            assert!(t.elapsed() < std::time::Duration::from_secs(20), "{body}: {:?}", t.elapsed());
+        }
     });
 }
