@@ -396,6 +396,37 @@ async fn page_loads_without_console_errors(c: &Ctx) {
     assert_eq!((big["per"].clone(), big["cells"].clone()), (json!(25), json!(4000)), "{big}");
     assert!(big["ms"].as_f64().is_some_and(|ms| ms < 100.0), "drawing 100 000 blocks: {big}");
     c.shot("01-loaded").await;
+    // The host swap pool (the test engine has none): a snapshot with a swapped sequence draws
+    // the host grid in the swapped colour and lists the sequence as swapped, its table in the
+    // host pool. The next live snapshot replaces it.
+    let swapped = c.js(r#"
+        const fake = {generation: 1, block_size: 16, device: 'c...', host: 'o.o.',
+          tables: [{id: 'req-swapped', key: 9, seq: 0, swapped: true, tokens: 20, blocks: [0, 2]}],
+          counters: {kv_usage: 0, prefix_hit_rate: 0, prefix_queried_tokens: 0, num_running: 0,
+                     num_waiting: 0, num_swapped: 1, num_preemptions: 1}};
+        applySnapshot(fake);
+        kv.selected = '9:0';
+        render();
+        const px = Array.from(document.getElementById('host-canvas').getContext('2d').getImageData(3, 3, 1, 1).data);
+        const out = {shown: !document.getElementById('host-wrap').hidden, px,
+          item: document.querySelector('#tables li').textContent,
+          table: document.getElementById('block-table').textContent,
+          swappedCount: document.getElementById('c-swapped').textContent};
+        kv.selected = null;
+        return out;
+    "#).await;
+    assert_eq!(swapped["shown"], true, "{swapped}");
+    assert_eq!(swapped["px"], json!([139, 92, 246, 255]), "the swapped colour: {swapped}");
+    assert!(
+        swapped["item"].as_str().is_some_and(|t| t.contains("req-swapped") && t.contains("swapped")),
+        "{swapped}"
+    );
+    assert!(
+        swapped["table"].as_str().is_some_and(|t| t.contains("host pool") && t.contains("1 → 2")),
+        "{swapped}"
+    );
+    assert_eq!(swapped["swappedCount"], "1");
+    c.until("the live map back", 10, "return document.getElementById('host-wrap').hidden && document.querySelectorAll('#tables li').length === 0").await;
     c.assert_no_console_errors().await;
 }
 
