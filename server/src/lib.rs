@@ -75,7 +75,7 @@ pub struct AppState {
     api_key: Option<String>,
     kv_map_interval: std::time::Duration,
     /// One calculator simulation at a time (`plan.rs`).
-    plan_slot: tokio::sync::Semaphore,
+    plan_slot: Arc<tokio::sync::Semaphore>,
 }
 
 impl AppState {
@@ -86,7 +86,7 @@ impl AppState {
             metrics,
             api_key: config.api_key.clone(),
             kv_map_interval: config.kv_map_interval,
-            plan_slot: tokio::sync::Semaphore::new(1),
+            plan_slot: Arc::new(tokio::sync::Semaphore::new(1)),
         })
     }
 

@@ -212,7 +212,7 @@ impl PlanRequest {
         let mut hardware =
             Hardware::by_name(hw_name).ok_or_else(|| unknown("hardware", hw_name, &HARDWARE_PRESETS))?;
         if let Some(gib) = self.gpu_memory_gib {
-            hardware.memory_bytes = float_in("gpu_memory_gib", gib, 0.0, MAX_MEMORY_GIB)? * GIB;
+            hardware.memory_bytes = float_in("gpu_memory_gib", gib, 0.01, MAX_MEMORY_GIB)? * GIB;
         }
         let utilization =
             float_in("gpu_memory_utilization", self.gpu_memory_utilization.unwrap_or(0.9), 0.01, 1.0)?;
@@ -387,10 +387,15 @@ pub async fn plan(State(state): State<Arc<AppState>>, body: JsonBody<PlanRequest
         Err(e) => return ApiError::from(e).into_response(),
     };
     // One simulation at a time: a page's repeated clicks queue instead of taking every core.
-    let Ok(_permit) = state.plan_slot.acquire().await else {
+    // The permit lives as long as the simulation, even if the client goes away meanwhile.
+    let Ok(permit) = state.plan_slot.clone().acquire_owned().await else {
         return ApiError::bad_request("the calculator is shutting down", None).into_response();
     };
-    match tokio::task::spawn_blocking(move || plan.run()).await {
+    let run = move || {
+        let _permit = permit;
+        plan.run()
+    };
+    match tokio::task::spawn_blocking(run).await {
         Ok(Ok(v)) => Json(v).into_response(),
         Ok(Err(e)) => ApiError::from(e).into_response(),
         Err(e) => ApiError {

@@ -25,23 +25,28 @@ async function errorMessage(resp) {
 }
 
 // Reads an SSE body from a fetch Response, calling onData(dataString) for each event.
+// Returning false from onData, or throwing, stops reading and cancels the body.
 async function readSse(resp, onData) {
   const reader = resp.body.getReader();
   const decoder = new TextDecoder();
   let buf = "";
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) break;
-    buf += decoder.decode(value, { stream: true });
-    buf = buf.replace(/\r\n?/g, "\n");
-    let end;
-    while ((end = buf.indexOf("\n\n")) >= 0) {
-      const block = buf.slice(0, end);
-      buf = buf.slice(end + 2);
-      const data = block.split("\n").filter((l) => l.startsWith("data:"))
-        .map((l) => l.slice(5).replace(/^ /, "")).join("\n");
-      if (data && onData(data) === false) { reader.cancel().catch(() => {}); return; }
+  try {
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return;
+      buf += decoder.decode(value, { stream: true });
+      buf = buf.replace(/\r\n?/g, "\n");
+      let end;
+      while ((end = buf.indexOf("\n\n")) >= 0) {
+        const block = buf.slice(0, end);
+        buf = buf.slice(end + 2);
+        const data = block.split("\n").filter((l) => l.startsWith("data:"))
+          .map((l) => l.slice(5).replace(/^ /, "")).join("\n");
+        if (data && onData(data) === false) return;
+      }
     }
+  } finally {
+    reader.cancel().catch(() => {});
   }
 }
 
