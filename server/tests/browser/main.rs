@@ -4,13 +4,15 @@
 //! enough on a CPU to watch them stream). One browser and one server serve every step, in
 //! order; each step reloads the page and starts from an idle engine.
 //!
-//! Steps: the page loads without console errors; every control has an accessible label; a
-//! chat message sent with Enter streams into the page token by token while the KV map shows
-//! owned blocks; two requests sharing a long prompt show shared blocks (and a hovered
-//! sequence its block table), none held after they finish; Stop and Escape abort a long
-//! generation and free its blocks (the page's map and `GET /v1/kv_map` agree); server errors
-//! show as errors; the calculator draws its chart and shows a 400 as an error; at 390 px
-//! nothing overflows horizontally. Screenshots of each state go to `target/web-screenshots/`.
+//! Steps: the page loads without console errors (a 100 000-block pool aggregates into cells, a
+//! swapped sequence draws in the host pool); every control has an accessible label; Shift+Enter
+//! is a new line, and a chat message sent with Enter streams into the page token by token
+//! while the KV map shows owned blocks; two requests sharing a long prompt show shared blocks
+//! (and a hovered or focused sequence its block table), none held after they finish; Stop and
+//! Escape abort a long generation and free its blocks (the page's map, `GET /v1/kv_map` and
+//! `/metrics` agree); a 400 and an SSE error event show as errors; the calculator draws its
+//! chart and shows a 400 as an error; at 390 px nothing overflows horizontally. Screenshots of
+//! each state go to `target/web-screenshots/`.
 //!
 //! Its own harness (`harness = false`): the steps share one browser, run in order, and print
 //! libtest's lines (`test … ok`, `test result: …`) so `cargo xtask test` counts them. Needs
