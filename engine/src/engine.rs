@@ -74,7 +74,11 @@ impl Engine {
     }
 
     /// Builds the engine from an opened folder and its loaded weights.
-    pub fn from_parts(folder: ModelFolder, mut model: Llama, config: EngineConfig) -> Result<Self, EngineError> {
+    pub fn from_parts(
+        folder: ModelFolder,
+        mut model: Llama,
+        config: EngineConfig,
+    ) -> Result<Self, EngineError> {
         model.activations = config.decode_activations;
         let mc = &model.config;
         let max_model_len = config.max_model_len.unwrap_or(mc.max_position_embeddings);

@@ -157,7 +157,7 @@ fn main() {
     // Each activation precision of the decode matmuls in turn, sample by sample (round robin,
     // so the machine's drift falls on all alike); the default's is the headline figure.
     let decode1 = build_batch(&seqs[..1], &[1], BLOCK, false);
-    let precisions = [ActivationPrecision::default(), ActivationPrecision::F32, ActivationPrecision::Int16];
+    let precisions = [ActivationPrecision::default(), ActivationPrecision::Int16];
     let mut times = vec![Vec::new(); precisions.len()];
     for round in 0..=samples * 3 {
         for (i, &p) in precisions.iter().enumerate() {
@@ -182,10 +182,9 @@ fn main() {
     let decode_tok_s_b1 = 1.0 / b1_secs[0];
     let bw_fraction = step_bytes / b1_secs[0] / memcpy;
     eprintln!(
-        "decode b1 {decode_tok_s_b1:.1} tok/s ({:.2} GB/s); f32 kernels {:.1} tok/s, int16 {:.1} tok/s",
+        "decode b1 {decode_tok_s_b1:.1} tok/s ({:.2} GB/s); int16 activations {:.1} tok/s",
         step_bytes / b1_secs[0] / 1e9,
         1.0 / b1_secs[1],
-        1.0 / b1_secs[2]
     );
 
     // Decode at batch 64, context 512 each.
@@ -205,9 +204,8 @@ fn main() {
         "model.prefill_tok_s": prefill_tok_s,
         "model.decode_tok_s_b1": decode_tok_s_b1,
         "model.decode_b1_bw_fraction": bw_fraction,
-        "model.decode_tok_s_b1_f32_kernels": 1.0 / b1_secs[1],
-        "model.decode_tok_s_b1_int16": 1.0 / b1_secs[2],
-        "model.decode_b1_bw_fraction_int16": step_bytes / b1_secs[2] / memcpy,
+        "model.decode_tok_s_b1_int16": 1.0 / b1_secs[1],
+        "model.decode_b1_bw_fraction_int16": step_bytes / b1_secs[1] / memcpy,
         "model.decode_tok_s_b64": decode_tok_s_b64,
         "model.decode_b64_gemm_fraction": gemm_fraction,
     });
@@ -217,15 +215,14 @@ fn main() {
          | f32 GEMM 1024³ | {gflops:.1} GFLOP/s |\n| memcpy (bytes read + written /s, all cores) | {:.2} GB/s |\n\
          | prefill, one 512-token prompt | {prefill_tok_s:.0} tok/s |\n\
          | decode batch 1, context 512 | {decode_tok_s_b1:.1} tok/s ({:.0} MB of weights + {:.0} MB of {KV_DTYPE:?} K/V per token, {bw_fraction:.2} of memcpy) |\n\
-         | decode batch 1, f32 kernels / int16 activations | {:.1} / {:.1} tok/s ({:.2} of memcpy with int16) |\n\
+         | decode batch 1, int16 activations (opt-in) | {:.1} tok/s ({:.2} of memcpy) |\n\
          | decode batch 64, context 512 | {decode_tok_s_b64:.0} tok/s ({gemm_fraction:.2} of the GEMM roofline, matmul + attention FLOPs) |\n",
         rayon::current_num_threads(),
         memcpy / 1e9,
         model.weight_bytes_per_step() as f64 / 1e6,
         kv_bytes as f64 / 1e6,
         1.0 / b1_secs[1],
-        1.0 / b1_secs[2],
-        step_bytes / b1_secs[2] / memcpy,
+        step_bytes / b1_secs[1] / memcpy,
     );
     match std::env::var_os("BENCH_FIGURES_DIR") {
         Some(out) => {

@@ -72,7 +72,7 @@ pub struct Llama {
     pub lm_head: Option<Weight>,
     pub rope_style: RopeStyle,
     /// How decode-shaped matmuls over Q4_0/Q4_1/Q8_0 weights take their activations
-    /// (f32-exact by default; one int16 per value when a user opts in).
+    /// (f32 by default; int16 when a user opts in).
     pub activations: ActivationPrecision,
     rope: Rope,
 }

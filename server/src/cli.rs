@@ -18,9 +18,9 @@ pub struct EngineKnobs {
     /// Quantize float weights at load (a GGUF's own quantized tensors are kept as they are).
     #[arg(long, value_enum)]
     pub quantization: Option<QuantizationArg>,
-    /// Activations of the CPU's decode matmuls over Q4_0/Q4_1/Q8_0 weights: int16x2 (integer
-    /// kernels, the f32 result), int16 (faster, ~7e-3 of logit error measured), f32 (float kernels).
-    #[arg(long, value_enum, default_value = "int16x2")]
+    /// Activations of the CPU's decode matmuls over Q4_0/Q4_1/Q8_0 weights: f32 (what the f32
+    /// dequantization computes) or int16 (integer kernels, ~1e-2 of logit error measured).
+    #[arg(long, value_enum, default_value = "f32")]
     pub decode_activations: DecodeActivations,
     /// Tokens per KV block (8, 16 or 32).
     #[arg(long, default_value_t = 16)]
@@ -64,9 +64,8 @@ pub struct EngineKnobs {
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum DecodeActivations {
-    Int16x2,
-    Int16,
     F32,
+    Int16,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -123,7 +122,6 @@ impl EngineKnobs {
                 QuantizationArg::Q4_0 => Quantization::Q4_0,
             }),
             decode_activations: match self.decode_activations {
-                DecodeActivations::Int16x2 => ActivationPrecision::Int16x2,
                 DecodeActivations::Int16 => ActivationPrecision::Int16,
                 DecodeActivations::F32 => ActivationPrecision::F32,
             },

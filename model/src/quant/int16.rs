@@ -3,9 +3,11 @@
 //! rounded once per call to int16 with one scale per group of 32 (`dx = max|x| / 32767`), so a
 //! group's dot product is an exact integer sum (`vpdpwssd` on AVX-512 VNNI, `vpmaddwd` on
 //! AVX2) scaled once by `d·dx`; the offsets of Q4_0/Q4_1 still go through the exact f32 group
-//! sums. The f32 path is compute-bound on converting codes to floats; this one does the
-//! multiply-adds on the integer codes directly, about 1.5× faster, for a rounding error of
-//! 2⁻¹⁶ of each group's largest activation (see the tests for its measured size).
+//! sums. The rounding error is 2⁻¹⁶ of each group's largest activation (the tests bound it per
+//! product; the model crate's golden test measures it on the real model). On one core with the
+//! weights in L2 this is ~1.5× the f32 kernels, which convert every code to a float; in a
+//! whole batch-1 decode on two cores both stream the weights at the memory's pace (the model
+//! bench measures both), so it is an option, not the default.
 //!
 //! The activations are laid out in pairs of groups, `[g0 0..16, g1 0..16, g0 16..32,
 //! g1 16..32]`, the order in which one zmm load of two groups' codes arrives (AVX2 reads the
@@ -24,18 +26,14 @@ pub(super) fn avx512_vnni() -> bool {
     *HAS.get_or_init(|| is_x86_feature_detected!("avx512bw") && is_x86_feature_detected!("avx512vnni"))
 }
 
-/// `1/LOW_STEPS` is the unit of a split activation's low word (see [`X16::quantize`]).
-pub(super) const LOW_STEPS: f32 = 65534.0;
-
 /// The activations of one decode call in int16: per token and pair of groups, 64 words in the
-/// pair layout (module doc), followed, when `split`, by 64 more for the low halves; `dx[m][pairs·2]`
-/// (a zero group's scale is 0), and the f32 group sums `sums[m][groups]` for the offsets.
+/// pair layout (module doc); `dx[m][pairs·2]` (a zero group's scale is 0), and the f32 group
+/// sums `sums[m][groups]` for the offsets.
 pub(super) struct X16 {
     pub q: Vec<i16>,
     pub dx: Vec<f32>,
     pub sums: Vec<f32>,
     pub groups: usize,
-    pub split: bool,
 }
 
 impl X16 {
@@ -44,44 +42,30 @@ impl X16 {
         self.groups.div_ceil(2)
     }
 
-    /// Words per pair of groups: 64, or 128 when split.
-    pub fn words_per_pair(&self) -> usize {
-        if self.split { 128 } else { 64 }
-    }
-
     /// `m` tokens of `k` activations (`k` a multiple of 32) as `x ≈ dx·hi` with
-    /// `dx = max|x|/32767` per group, or, `split`, as `x ≈ dx·(hi + lo/LOW_STEPS)`: the low
-    /// word holds what `hi` rounded off (taken exactly by an FMA), so the error is that of the
-    /// f32 scale, 2⁻²⁴ relative, plus 2⁻³¹ of the group's largest value: f32 rounding. A group
-    /// holding a NaN or an infinity gets a NaN scale, so its products come out NaN as the f32
-    /// path's would.
+    /// `dx = max|x|/32767` per group. A group holding a NaN or an infinity gets a NaN scale, so
+    /// its products come out NaN as the f32 path's would.
     #[cfg(target_arch = "x86_64")]
-    pub fn quantize(x: &[f32], m: usize, k: usize, split: bool) -> X16 {
+    pub fn quantize(x: &[f32], m: usize, k: usize) -> X16 {
         assert!(k.is_multiple_of(32) && x.len() >= m * k, "X16::quantize: {m} tokens of {k}");
         let groups = k / 32;
         let pairs = groups.div_ceil(2);
-        let per_pair = if split { 128 } else { 64 };
         let mut xq = X16 {
-            q: vec![0i16; m * pairs * per_pair],
+            q: vec![0i16; m * pairs * 64],
             dx: vec![0.0f32; m * pairs * 2],
             sums: vec![0.0f32; m * groups],
             groups,
-            split,
         };
         for t in 0..m {
             for g in 0..groups {
                 let (p, half) = (g / 2, g % 2);
-                let words = (t * pairs + p) * per_pair + 16 * half;
+                let words = (t * pairs + p) * 64 + 16 * half;
                 // SAFETY: the integer kernels, this function's only callers outside tests, run
                 // on an Isa that detected AVX2 + FMA; the tests run it where they detected it.
                 // The group's 32 values lie in x (asserted); its words, its halves at `words`
-                // and `words + 32` (and the low words 64 further when split), lie in q.
+                // and `words + 32`, lie in q.
                 let (sum, dx) = unsafe {
-                    x86::quantize_group(
-                        x.as_ptr().add(t * k + 32 * g),
-                        xq.q.as_mut_ptr().add(words),
-                        if split { Some(xq.q.as_mut_ptr().add(words + 64)) } else { None },
-                    )
+                    x86::quantize_group(x.as_ptr().add(t * k + 32 * g), xq.q.as_mut_ptr().add(words))
                 };
                 xq.sums[t * groups + g] = sum;
                 xq.dx[t * pairs * 2 + g] = dx;
@@ -90,11 +74,10 @@ impl X16 {
         xq
     }
 
-    /// Token `t`'s words of pair `p` ([`Self::words_per_pair`]).
+    /// Token `t`'s 64 words of pair `p`.
     pub fn pair(&self, t: usize, p: usize) -> &[i16] {
-        let n = self.words_per_pair();
-        let base = (t * self.pairs() + p) * n;
-        &self.q[base..base + n]
+        let base = (t * self.pairs() + p) * 64;
+        &self.q[base..base + 64]
     }
 
     /// The value of token `t`'s activation `i` as this path sees it: the tests' reference
@@ -104,12 +87,7 @@ impl X16 {
         let (g, j) = (i / 32, i % 32);
         let (p, half) = (g / 2, g % 2);
         let word = if j < 16 { 16 * half + j } else { 32 + 16 * half + j - 16 };
-        let words = self.pair(t, p);
-        let mut v = f64::from(words[word]);
-        if self.split {
-            v += f64::from(words[word + 64]) / f64::from(LOW_STEPS);
-        }
-        v * f64::from(self.dx[t * self.pairs() * 2 + g])
+        f64::from(self.pair(t, p)[word]) * f64::from(self.dx[t * self.pairs() * 2 + g])
     }
 }
 
@@ -124,14 +102,13 @@ mod x86 {
     use crate::quant::avx2::{PREFETCH_AHEAD, f16_at};
     use crate::quant::{GgmlType, Out, PartRef};
 
-    /// One group of 32 activations at `x` into int16 words: values 0..16 at `hi`, 16..32 at
-    /// `hi + 32` (and the low words likewise at `lo`); returns the group's f32 sum and scale
-    /// (see [`X16::quantize`]).
+    /// One group of 32 activations at `x` into int16 words: values 0..16 at `words`, 16..32 at
+    /// `words + 32`; returns the group's f32 sum and scale (see [`X16::quantize`]).
     ///
     /// # Safety
-    /// AVX2 and FMA are available; `x` holds 32 floats; `hi` (and `lo`) hold 48 words.
+    /// AVX2 and FMA are available; `x` holds 32 floats; `words` holds 48 words.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn quantize_group(x: *const f32, hi: *mut i16, lo: Option<*mut i16>) -> (f32, f32) {
+    pub(super) unsafe fn quantize_group(x: *const f32, words: *mut i16) -> (f32, f32) {
         // SAFETY: per the contract.
         unsafe {
             let v: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(x.add(8 * i)));
@@ -145,37 +122,17 @@ mod x86 {
             if !sum.is_finite() || amax < TINY {
                 // NaN or ±∞ inside (max ignores NaN; the sum does not), or all tiny: no codes.
                 for i in [0, 32] {
-                    _mm256_storeu_si256(hi.add(i) as *mut __m256i, _mm256_setzero_si256());
-                    if let Some(lo) = lo {
-                        _mm256_storeu_si256(lo.add(i) as *mut __m256i, _mm256_setzero_si256());
-                    }
+                    _mm256_storeu_si256(words.add(i) as *mut __m256i, _mm256_setzero_si256());
                 }
                 return (sum, if sum.is_finite() { 0.0 } else { f32::NAN });
             }
             let inv = _mm256_set1_ps(32767.0 / amax);
-            let steps = _mm256_set1_ps(super::LOW_STEPS);
-            // Values 0..16, then 16..32: eight at a time, rounded to nearest (|x·inv| ≤ 32767).
-            let mut words = [_mm256_setzero_si256(); 2];
-            let mut low = [_mm256_setzero_si256(); 2];
+            // Values 0..16, then 16..32: sixteen at a time, rounded to nearest (|x·inv| ≤ 32767).
             for h in 0..2 {
-                let pair = [v[2 * h], v[2 * h + 1]];
-                let q = pair.map(|x| _mm256_cvtps_epi32(_mm256_mul_ps(x, inv)));
+                let q = [v[2 * h], v[2 * h + 1]].map(|x| _mm256_cvtps_epi32(_mm256_mul_ps(x, inv)));
                 // packs interleaves 128-bit lanes: the permute puts the words back in order.
-                words[h] = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(q[0], q[1]));
-                if lo.is_some() {
-                    // x·inv − hi exactly (one rounding, of a value below 1/2), in 1/LOW_STEPS.
-                    let r: [__m256i; 2] = std::array::from_fn(|i| {
-                        let rem = _mm256_fmsub_ps(pair[i], inv, _mm256_cvtepi32_ps(q[i]));
-                        _mm256_cvtps_epi32(_mm256_mul_ps(rem, steps))
-                    });
-                    low[h] = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(r[0], r[1]));
-                }
-            }
-            for (h, w) in words.iter().enumerate() {
-                _mm256_storeu_si256(hi.add(32 * h) as *mut __m256i, *w);
-                if let Some(lo) = lo {
-                    _mm256_storeu_si256(lo.add(32 * h) as *mut __m256i, low[h]);
-                }
+                let w = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(q[0], q[1]));
+                _mm256_storeu_si256(words.add(32 * h) as *mut __m256i, w);
             }
             (sum, amax / 32767.0)
         }
@@ -290,7 +247,7 @@ mod x86 {
     /// AVX-512F/BW/VNNI, AVX2, FMA, F16C; the rows and tokens lie inside `part` and `xq`; only
     /// this task writes columns `rows` of `out`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-    unsafe fn rows512<F: Codes, const M: usize, const SPLIT: bool>(
+    unsafe fn rows512<F: Codes, const M: usize>(
         part: &PartRef<'_>,
         rows: std::ops::Range<usize>,
         xq: &X16,
@@ -304,7 +261,6 @@ mod x86 {
         // Lanes 0..8 take element 0 of a two-float vector, lanes 8..16 element 1.
         let halves = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
         let low4 = _mm512_set1_epi16(0x0f);
-        let low_unit = _mm512_set1_ps(1.0 / super::LOW_STEPS);
         for r in rows {
             let row = part.row(r).as_ptr();
             let mut acc = [_mm512_setzero_ps(); M];
@@ -326,23 +282,17 @@ mod x86 {
                     };
                     let d = _mm_setr_ps(d0, d1, 0.0, 0.0);
                     for (t, a) in acc.iter_mut().enumerate() {
-                        let words = xq.pair(t0 + t, p).as_ptr();
-                        let dot_at = |w: *const i16| {
-                            let lo = _mm512_dpwssd_epi32(
-                                _mm512_setzero_si512(),
-                                first,
-                                _mm512_loadu_si512(w as *const _),
-                            );
-                            _mm512_cvtepi32_ps(_mm512_dpwssd_epi32(
-                                lo,
-                                second,
-                                _mm512_loadu_si512(w.add(32) as *const _),
-                            ))
-                        };
-                        let mut dot = dot_at(words);
-                        if SPLIT {
-                            dot = _mm512_fmadd_ps(dot_at(words.add(64)), low_unit, dot);
-                        }
+                        let w = xq.pair(t0 + t, p).as_ptr();
+                        let first_half = _mm512_dpwssd_epi32(
+                            _mm512_setzero_si512(),
+                            first,
+                            _mm512_loadu_si512(w as *const _),
+                        );
+                        let dot = _mm512_cvtepi32_ps(_mm512_dpwssd_epi32(
+                            first_half,
+                            second,
+                            _mm512_loadu_si512(w.add(32) as *const _),
+                        ));
                         let dx = xq.dx.as_ptr().add(((t0 + t) * pairs + p) * 2);
                         let s = _mm_mul_ps(d, _mm_castpd_ps(_mm_load_sd(dx as *const f64)));
                         let s = _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(s));
@@ -370,7 +320,7 @@ mod x86 {
     /// # Safety
     /// AVX2, FMA, F16C; otherwise as [`rows512`].
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn rows256<F: Codes, const M: usize, const SPLIT: bool>(
+    unsafe fn rows256<F: Codes, const M: usize>(
         part: &PartRef<'_>,
         rows: std::ops::Range<usize>,
         xq: &X16,
@@ -381,7 +331,6 @@ mod x86 {
         let groups = xq.groups;
         let pairs = xq.pairs();
         let low4 = _mm256_set1_epi16(0x0f);
-        let low_unit = _mm256_set1_ps(1.0 / super::LOW_STEPS);
         for r in rows {
             let row = part.row(r).as_ptr();
             let mut acc = [_mm256_setzero_ps(); M];
@@ -401,16 +350,10 @@ mod x86 {
                     let (p, half) = (g / 2, g % 2);
                     for (t, a) in acc.iter_mut().enumerate() {
                         let words = xq.pair(t0 + t, p).as_ptr().add(16 * half);
-                        let dot_at = |w: *const i16| {
-                            _mm256_cvtepi32_ps(_mm256_add_epi32(
-                                _mm256_madd_epi16(first, _mm256_loadu_si256(w as *const __m256i)),
-                                _mm256_madd_epi16(second, _mm256_loadu_si256(w.add(32) as *const __m256i)),
-                            ))
-                        };
-                        let mut dot = dot_at(words);
-                        if SPLIT {
-                            dot = _mm256_fmadd_ps(dot_at(words.add(64)), low_unit, dot);
-                        }
+                        let dot = _mm256_cvtepi32_ps(_mm256_add_epi32(
+                            _mm256_madd_epi16(first, _mm256_loadu_si256(words as *const __m256i)),
+                            _mm256_madd_epi16(second, _mm256_loadu_si256(words.add(32) as *const __m256i)),
+                        ));
                         let s = d * *xq.dx.get_unchecked(((t0 + t) * pairs + p) * 2 + half);
                         *a = _mm256_fmadd_ps(dot, _mm256_set1_ps(s), *a);
                         if F::OFFSET {
@@ -453,19 +396,16 @@ mod x86 {
                 accumulate: bool,
             ) {
                 macro_rules! by_m {
-                    ($F:ty, $split:literal) => {
+                    ($F:ty) => {
                         // SAFETY: forwarded contract.
                         unsafe {
                             match mr {
-                                1 => $kernel::<$F, 1, $split>(part, rows, xq, t0, out, accumulate),
-                                2 => $kernel::<$F, 2, $split>(part, rows, xq, t0, out, accumulate),
-                                3 => $kernel::<$F, 3, $split>(part, rows, xq, t0, out, accumulate),
-                                _ => $kernel::<$F, 4, $split>(part, rows, xq, t0, out, accumulate),
+                                1 => $kernel::<$F, 1>(part, rows, xq, t0, out, accumulate),
+                                2 => $kernel::<$F, 2>(part, rows, xq, t0, out, accumulate),
+                                3 => $kernel::<$F, 3>(part, rows, xq, t0, out, accumulate),
+                                _ => $kernel::<$F, 4>(part, rows, xq, t0, out, accumulate),
                             }
                         }
-                    };
-                    ($F:ty) => {
-                        if xq.split { by_m!($F, true) } else { by_m!($F, false) }
                     };
                 }
                 match part.ty {

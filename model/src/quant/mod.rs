@@ -1,12 +1,12 @@
 //! Weight matrices kept in their storage format (f32, f16, bf16 and ggml's Q4_0, Q4_1, Q8_0,
-//! Q4_K, Q6_K), memory-mapped when they come from a file, and `x·Wᵀ` over them: a quantized
-//! model computes what its f32 dequantization would (to f32 rounding), while each decode step
-//! reads the quantized bytes only.
+//! Q4_K, Q6_K), memory-mapped when they come from a file, and `x·Wᵀ` over them with f32
+//! activations: a quantized model computes what its f32 dequantization would, while each
+//! decode step reads the quantized bytes only.
 //!
 //! Where the work goes: a few tokens (decode, [`DECODE_MAX_M`] or fewer) run [`decode`], which
-//! dequantizes each weight group in registers and streams every byte once for all tokens (for
-//! Q4_0/Q4_1/Q8_0 on integer kernels over int16 activations, [`int16`], per
-//! [`ActivationPrecision`]);
+//! dequantizes each weight group in registers and streams every byte once for all tokens (or,
+//! opted into with [`ActivationPrecision::Int16`], multiplies Q4_0/Q4_1/Q8_0 codes into int16
+//! activations, [`int16`]);
 //! more tokens (prefill) run [`panel`], which dequantizes a panel of rows into a cache-sized
 //! f32 buffer and hands it to `gemm`. The instruction set is chosen once at run time
 //! ([`Isa::detected`]): AVX-512F (sixteen lanes, [`avx512`]) where the CPU has it, else AVX2 +
@@ -125,30 +125,17 @@ impl Quantization {
 pub const DECODE_MAX_M: usize = 8;
 
 /// How decode-shaped matmuls over Q4_0, Q4_1 and Q8_0 take their activations (the other
-/// formats, and prefill-shaped matmuls, always run f32 kernels).
+/// formats, and prefill-shaped matmuls, always run the f32 kernels).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ActivationPrecision {
-    /// f32 kernels: each group's codes converted to f32 and multiplied into the activations.
-    F32,
-    /// Integer kernels on two int16 words per activation (`int16`): what the f32 kernels
-    /// compute, to within f32 rounding (2⁻³¹ of each group's largest value), with the
-    /// multiply-adds on the integer codes; the default.
+    /// As f32: each group's codes converted to f32 and multiplied into the activations, so a
+    /// quantized model computes what its f32 dequantization would (the default).
     #[default]
-    Int16x2,
-    /// Integer kernels on one int16 word per activation (2⁻¹⁶ of each group's largest value):
-    /// faster still, with its own measured tolerance (the model crate's golden tests).
+    F32,
+    /// Rounded once per call to int16 with one scale per 32 values, for integer kernels
+    /// (`int16`): 2⁻¹⁶ of each group's largest value, a measured tolerance (the model crate's
+    /// golden test), an option for CPUs where the float kernels are compute-bound.
     Int16,
-}
-
-impl ActivationPrecision {
-    /// Whether the integer kernels run, and on split activations.
-    fn integer(self) -> Option<bool> {
-        match self {
-            ActivationPrecision::F32 => None,
-            ActivationPrecision::Int16x2 => Some(true),
-            ActivationPrecision::Int16 => Some(false),
-        }
-    }
 }
 
 /// The instruction set the quantized kernels run with.
@@ -381,15 +368,15 @@ impl Weight {
         }
         let out = Out { ptr: OutPtr(dst.as_mut_ptr()), ldd: n };
         // The integer kernels' activations, rounded once for every part that takes them.
-        let xq = match precision.integer() {
+        let xq = match precision {
             #[cfg(target_arch = "x86_64")]
-            Some(split)
+            ActivationPrecision::Int16
                 if m <= DECODE_MAX_M
                     && isa != Isa::Portable
                     && k.is_multiple_of(32)
                     && self.parts.iter().any(|p| int16::supports(p.ty)) =>
             {
-                Some(int16::X16::quantize(x, m, k, split))
+                Some(int16::X16::quantize(x, m, k))
             }
             _ => None,
         };

@@ -70,9 +70,7 @@ fn reference(ty: GgmlType, bytes: &[u8], n: usize, k: usize, x: &[f32], m: usize
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Route {
     Decode,
-    /// Decode on the integer kernels (`int16`), activations split in two words (the default).
-    DecodeInt16x2,
-    /// Decode on the integer kernels, one int16 word per activation.
+    /// Decode on the integer kernels over int16 activations (`int16`).
     DecodeInt16,
     Gemm,
     TokenLanes,
@@ -83,7 +81,6 @@ fn check(isa: Isa, ty: GgmlType, m: usize, n: usize, k: usize, accumulate: bool,
     if m <= DECODE_MAX_M {
         check_route(Route::Decode, isa, ty, m, n, k, accumulate, rng);
         if int16::supports(ty) {
-            check_route(Route::DecodeInt16x2, isa, ty, m, n, k, accumulate, rng);
             check_route(Route::DecodeInt16, isa, ty, m, n, k, accumulate, rng);
         }
     } else {
@@ -122,11 +119,11 @@ fn check_route(
     let out = Out { ptr: OutPtr(dst.as_mut_ptr()).offset(col0), ldd };
     match route {
         Route::Decode => decode::matmul(isa, None, out, &x, m, &part, accumulate),
-        Route::DecodeInt16x2 | Route::DecodeInt16 if isa != Isa::Portable => {
-            let xq = int16::X16::quantize(&x, m, k, route == Route::DecodeInt16x2);
+        Route::DecodeInt16 if isa != Isa::Portable => {
+            let xq = int16::X16::quantize(&x, m, k);
             decode::matmul(isa, Some(&xq), out, &x, m, &part, accumulate)
         }
-        Route::DecodeInt16x2 | Route::DecodeInt16 => decode::matmul(isa, None, out, &x, m, &part, accumulate),
+        Route::DecodeInt16 => decode::matmul(isa, None, out, &x, m, &part, accumulate),
         Route::Gemm => panel::via_gemm(isa, out, &x, m, &part, accumulate),
         Route::TokenLanes => {
             if !panel::via_token_lanes(isa, out, &x, m, &part, accumulate) {
@@ -136,14 +133,10 @@ fn check_route(
     }
     let (want, scale) = reference(ty, &bytes, n, k, &x, m);
     // The integer kernels (SIMD only) compute, up to f32 sums, W times the activations they
-    // rounded, and the rounding moves each product by at most half a step: check both. Split
-    // activations must also meet the f32 kernels' own tolerance below.
-    let integer = matches!(route, Route::DecodeInt16 | Route::DecodeInt16x2) && isa != Isa::Portable;
-    let (rounded_want, rounding) = if integer {
-        int16_expectation(ty, &bytes, n, k, &x, m, route == Route::DecodeInt16x2)
-    } else {
-        (vec![], vec![])
-    };
+    // rounded, and the rounding moves each product by at most half a step: check both.
+    let integer = route == Route::DecodeInt16 && isa != Isa::Portable;
+    let (rounded_want, rounding) =
+        if integer { int16_expectation(ty, &bytes, n, k, &x, m) } else { (vec![], vec![]) };
     let base = if accumulate { 0.5 } else { 0.0 };
     for t in 0..m {
         for c in 0..ldd {
@@ -167,9 +160,7 @@ fn check_route(
                     (f64::from(got) - w).abs() <= bound * 1.0001 + 1e-5 * s + 1e-6,
                     "{route:?} {isa:?} {ty:?} m={m} n={n} k={k}: ({t}, {r}) = {got}, want {w}: more than the rounding bound {bound}"
                 );
-                if route == Route::DecodeInt16 {
-                    continue;
-                }
+                continue;
             }
             assert!(
                 (f64::from(got) - w).abs() <= 1e-5 * s + 1e-6,
@@ -181,8 +172,7 @@ fn check_route(
 
 /// What the int16 path computes, in f64: `d·Σ code·x̃ + offset·Σx` per group with `x̃` the
 /// activations it rounded, and the bound on its distance from the f32 result,
-/// `Σ |d·code|·dx/2` (each rounded activation is within half a step `dx/2`; split, within
-/// half a step of the low word).
+/// `Σ |d·code|·dx/2` (each rounded activation is within half a step `dx/2`).
 fn int16_expectation(
     ty: GgmlType,
     bytes: &[u8],
@@ -190,9 +180,8 @@ fn int16_expectation(
     k: usize,
     x: &[f32],
     m: usize,
-    split: bool,
 ) -> (Vec<f64>, Vec<f64>) {
-    let xq = int16::X16::quantize(x, m, k, split);
+    let xq = int16::X16::quantize(x, m, k);
     let mut w = vec![0.0f32; n * k];
     dequantize(ty, bytes, &mut w);
     let block_bytes = ty.block().1;
@@ -207,8 +196,7 @@ fn int16_expectation(
                     GgmlType::Q4_1 => f16_at(2),
                     _ => 0.0,
                 };
-                let step = f64::from(xq.dx[t * xq.pairs() * 2 + g]);
-                let half_step = if split { step / f64::from(int16::LOW_STEPS) / 2.0 } else { step / 2.0 };
+                let half_step = f64::from(xq.dx[t * xq.pairs() * 2 + g]) / 2.0;
                 for i in 32 * g..32 * g + 32 {
                     let scaled_code = f64::from(w[r * k + i]) - offset;
                     want[t * n + r] += scaled_code * xq.value(t, i) + offset * f64::from(x[t * k + i]);
@@ -359,16 +347,11 @@ fn integer_kernels_take_nan_zero_and_tiny_groups_as_the_f32_kernels_do() {
         for isa in Isa::available() {
             let mut want = vec![0.0; 2 * n];
             w.matmul_as(isa, ActivationPrecision::F32, &mut want, &x, 2, false);
-            for precision in [ActivationPrecision::Int16x2, ActivationPrecision::Int16] {
-                let mut got = vec![0.0; 2 * n];
-                w.matmul_as(isa, precision, &mut got, &x, 2, false);
-                assert!(got[..n].iter().all(|v| v.is_nan()), "{isa:?} {ty:?} {precision:?}: NaN lost");
-                for (g, r) in got[n..].iter().zip(&want[n..]) {
-                    assert!(
-                        (g - r).abs() <= 1e-3 * r.abs().max(1.0),
-                        "{isa:?} {ty:?} {precision:?}: {g} vs {r}"
-                    );
-                }
+            let mut got = vec![0.0; 2 * n];
+            w.matmul_as(isa, ActivationPrecision::Int16, &mut got, &x, 2, false);
+            assert!(got[..n].iter().all(|v| v.is_nan()), "{isa:?} {ty:?}: NaN lost");
+            for (g, r) in got[n..].iter().zip(&want[n..]) {
+                assert!((g - r).abs() <= 1e-3 * r.abs().max(1.0), "{isa:?} {ty:?}: {g} vs {r}");
             }
         }
     }
