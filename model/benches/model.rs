@@ -1,6 +1,7 @@
-//! `model` benchmarks (a plain program, `harness = false`): the f32 GEMM roofline and a
-//! memcpy bandwidth measured in the same run, then SmolLM2-135M prefill, batch-1 decode and
-//! batch-64 decode at context 512, with the fractions of those rooflines they reach.
+//! `model` benchmarks (a plain program, `harness = false`): the f32 GEMM roofline, a memcpy
+//! bandwidth and a read-only sum measured in the same run, then SmolLM2-135M prefill, batch-1
+//! decode (default and int16 activations) and batch-64 decode at context 512, on the engine's
+//! bf16 cache, with the fractions of those rooflines they reach.
 //! Writes `$BENCH_FIGURES_DIR/model.json` and `model.md`; `BENCH_QUICK=1` takes fewer samples.
 
 #[path = "../tests/it/harness.rs"]
@@ -93,6 +94,50 @@ fn memcpy_bytes_per_sec(samples: usize) -> f64 {
     (2 * len * 4) as f64 / secs
 }
 
+/// Bytes read per second by a sum over a 512 MiB buffer on all cores (AVX2 loads, four
+/// accumulators where the CPU has AVX2): the read-only roofline a decode step's weight and
+/// K/V stream is bound by, beside memcpy's read + write traffic.
+fn read_bytes_per_sec(samples: usize) -> f64 {
+    let len = 128 << 20;
+    let src: Vec<u32> = (0..len as u32).collect();
+    let chunk = len / rayon::current_num_threads().max(1) / 8;
+    let mut total = 0u32;
+    let secs = median_secs(samples, || {
+        total = total.wrapping_add(src.par_chunks(chunk).map(sum_words).reduce(|| 0, u32::wrapping_add));
+    });
+    std::hint::black_box(total);
+    (len * 4) as f64 / secs
+}
+
+/// The wrapping sum of `words`, as fast as loads go.
+fn sum_words(words: &[u32]) -> u32 {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 was detected.
+        return unsafe { sum_words_avx2(words) };
+    }
+    words.iter().fold(0, |a, &v| a.wrapping_add(v))
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn sum_words_avx2(words: &[u32]) -> u32 {
+    use std::arch::x86_64::*;
+    let mut acc = [_mm256_setzero_si256(); 4];
+    let mut blocks = words.chunks_exact(32);
+    for b in &mut blocks {
+        for (i, a) in acc.iter_mut().enumerate() {
+            // SAFETY: each block holds 32 words: four loads of eight.
+            *a = _mm256_add_epi32(*a, unsafe { _mm256_loadu_si256(b.as_ptr().add(8 * i) as *const __m256i) });
+        }
+    }
+    let mut lanes = [0u32; 8];
+    let sum = _mm256_add_epi32(_mm256_add_epi32(acc[0], acc[1]), _mm256_add_epi32(acc[2], acc[3]));
+    // SAFETY: eight u32 lanes into eight u32.
+    unsafe { _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, sum) };
+    lanes.iter().chain(blocks.remainder()).fold(0, |a, &v| a.wrapping_add(v))
+}
+
 fn prompt(seed: u32, len: usize, vocab: usize) -> Vec<u32> {
     (0..len as u32)
         .map(|i| (i.wrapping_mul(2654435761).wrapping_add(seed * 97) % vocab as u32).max(17))
@@ -110,7 +155,8 @@ fn main() {
     // A 1024³ GEMM takes milliseconds: many samples, so one descheduled thread does not move the median.
     let gflops = gemm_gflops(samples * 10);
     let memcpy = memcpy_bytes_per_sec(samples);
-    eprintln!("gemm {gflops:.1} GFLOP/s, memcpy {:.2} GB/s", memcpy / 1e9);
+    let read = read_bytes_per_sec(samples);
+    eprintln!("gemm {gflops:.1} GFLOP/s, memcpy {:.2} GB/s, read {:.2} GB/s", memcpy / 1e9, read / 1e9);
 
     // The default model as users run it: the Q4_1 GGUF with its weights left quantized
     // (`BENCH_MODEL` points elsewhere, e.g. at the f32 HF folder, for comparisons).
@@ -204,6 +250,8 @@ fn main() {
         "model.prefill_tok_s": prefill_tok_s,
         "model.decode_tok_s_b1": decode_tok_s_b1,
         "model.decode_b1_bw_fraction": bw_fraction,
+        "model.read_gb_s": read / 1e9,
+        "model.decode_b1_read_fraction": step_bytes / b1_secs[0] / read,
         "model.decode_tok_s_b1_int16": 1.0 / b1_secs[1],
         "model.decode_b1_bw_fraction_int16": step_bytes / b1_secs[1] / memcpy,
         "model.decode_tok_s_b64": decode_tok_s_b64,
@@ -212,15 +260,17 @@ fn main() {
     let md = format!(
         "## model (SmolLM2-135M-Instruct, {formats}, {} threads)\n\n\
          | figure | value |\n|---|---|\n\
-         | f32 GEMM 1024³ | {gflops:.1} GFLOP/s |\n| memcpy (bytes read + written /s, all cores) | {:.2} GB/s |\n\
+         | f32 GEMM 1024³ | {gflops:.1} GFLOP/s |\n| memcpy (bytes read + written /s, all cores) | {:.2} GB/s |\n| read-only sum (all cores) | {:.2} GB/s |\n\
          | prefill, one 512-token prompt | {prefill_tok_s:.0} tok/s |\n\
-         | decode batch 1, context 512 | {decode_tok_s_b1:.1} tok/s ({:.0} MB of weights + {:.0} MB of {KV_DTYPE:?} K/V per token, {bw_fraction:.2} of memcpy) |\n\
+         | decode batch 1, context 512 | {decode_tok_s_b1:.1} tok/s ({:.0} MB of weights + {:.0} MB of {KV_DTYPE:?} K/V per token, {bw_fraction:.2} of memcpy, {:.2} of the read-only sum) |\n\
          | decode batch 1, int16 activations (opt-in) | {:.1} tok/s ({:.2} of memcpy) |\n\
          | decode batch 64, context 512 | {decode_tok_s_b64:.0} tok/s ({gemm_fraction:.2} of the GEMM roofline, matmul + attention FLOPs) |\n",
         rayon::current_num_threads(),
         memcpy / 1e9,
+        read / 1e9,
         model.weight_bytes_per_step() as f64 / 1e6,
         kv_bytes as f64 / 1e6,
+        step_bytes / b1_secs[0] / read,
         1.0 / b1_secs[1],
         step_bytes / b1_secs[1] / memcpy,
     );
