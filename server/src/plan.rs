@@ -22,12 +22,20 @@ use sim::{CostModel, Hardware, ModelShape, SimSetup, Trace, TraceShape};
 
 use crate::{ApiError, AppState, JsonBody};
 
-/// The model presets `sim::ModelShape::by_name` knows.
-pub const MODEL_PRESETS: [&str; 3] = ["opt-13b", "llama2-7b", "smollm2-135m"];
-/// The accelerators `sim::Hardware::by_name` knows.
-pub const HARDWARE_PRESETS: [&str; 2] = ["a100-40gb", "h200"];
-/// The synthetic traces `sim::TraceShape::by_name` knows.
-pub const TRACE_PRESETS: [&str; 2] = ["sharegpt", "alpaca"];
+/// The names of the model presets `sim` knows (`ModelShape::PRESETS`).
+pub fn model_presets() -> Vec<&'static str> {
+    ModelShape::PRESETS.iter().map(|m| m.name).collect()
+}
+
+/// The names of the accelerators `sim` knows (`Hardware::PRESETS`).
+pub fn hardware_presets() -> Vec<&'static str> {
+    Hardware::PRESETS.iter().map(|h| h.name).collect()
+}
+
+/// The names of the synthetic traces `sim` knows (`TraceShape::PRESETS`).
+pub fn trace_presets() -> Vec<&'static str> {
+    TraceShape::PRESETS.iter().map(|t| t.name).collect()
+}
 
 /// Bounds on what a client may ask for: together they keep one simulation well under a second
 /// or two (its steps grow with the trace's tokens, its pool with the blocks).
@@ -175,7 +183,7 @@ impl PlanRequest {
     pub fn validate(&self) -> Result<Plan, PlanError> {
         let model_name = self.model.as_deref().unwrap_or("opt-13b");
         let mut model =
-            ModelShape::by_name(model_name).ok_or_else(|| unknown("model", model_name, &MODEL_PRESETS))?;
+            ModelShape::by_name(model_name).ok_or_else(|| unknown("model", model_name, &model_presets()))?;
         if let Some(v) = self.layers {
             model.num_layers = int_in("layers", v, 1, MAX_DIM)?;
         }
@@ -210,7 +218,7 @@ impl PlanRequest {
 
         let hw_name = self.hardware.as_deref().unwrap_or("a100-40gb");
         let mut hardware =
-            Hardware::by_name(hw_name).ok_or_else(|| unknown("hardware", hw_name, &HARDWARE_PRESETS))?;
+            Hardware::by_name(hw_name).ok_or_else(|| unknown("hardware", hw_name, &hardware_presets()))?;
         if let Some(gib) = self.gpu_memory_gib {
             hardware.memory_bytes = float_in("gpu_memory_gib", gib, 0.01, MAX_MEMORY_GIB)? * GIB;
         }
@@ -286,7 +294,7 @@ impl PlanRequest {
 
         let trace_name = self.trace.as_deref().unwrap_or("sharegpt");
         let shape =
-            TraceShape::by_name(trace_name).ok_or_else(|| unknown("trace", trace_name, &TRACE_PRESETS))?;
+            TraceShape::by_name(trace_name).ok_or_else(|| unknown("trace", trace_name, &trace_presets()))?;
         let num_requests = int_in("num_requests", self.num_requests.unwrap_or(1000), 1, MAX_REQUESTS)?;
         let rate = match self.rate {
             None => f64::INFINITY,
@@ -356,23 +364,21 @@ fn finite(x: f64) -> Value {
 
 /// `GET /v1/plan`: presets and bounds for the calculator's form.
 pub async fn presets() -> Json<Value> {
-    let models: Vec<Value> = MODEL_PRESETS
+    let models: Vec<Value> = ModelShape::PRESETS
         .iter()
-        .filter_map(|n| ModelShape::by_name(n))
         .map(|m| {
             json!({"name": m.name, "layers": m.num_layers, "kv_heads": m.num_kv_heads,
                    "head_dim": m.head_dim, "params": m.num_params, "dtype_bytes": m.dtype_bytes})
         })
         .collect();
-    let hardware: Vec<Value> = HARDWARE_PRESETS
+    let hardware: Vec<Value> = Hardware::PRESETS
         .iter()
-        .filter_map(|n| Hardware::by_name(n))
         .map(|h| json!({"name": h.name, "memory_gib": h.memory_bytes / GIB}))
         .collect();
     Json(json!({
         "models": models,
         "hardware": hardware,
-        "traces": TRACE_PRESETS,
+        "traces": trace_presets(),
         "limits": {
             "num_requests": MAX_REQUESTS, "max_model_len": MAX_MODEL_LEN, "blocks": MAX_BLOCKS,
             "block_size": MAX_BLOCK_SIZE, "max_num_seqs": MAX_NUM_SEQS, "dim": MAX_DIM,

@@ -3,8 +3,9 @@
 //! `include_str!` — plain HTML/CSS/JS, no build step, nothing fetched from elsewhere.
 //!
 //! The page talks only to this server's API (`/v1/models`, `/v1/chat/completions` with
-//! `stream: true`, `/v1/kv_map/stream`, `/v1/plan`); these routes sit outside `/v1`, so they
-//! need no API key (the page has a field for one and sends it as `Authorization: Bearer`).
+//! `stream: true`, `/v1/kv_map/stream`, `/v1/plan`). Its own three files are served outside
+//! `/v1`, so loading the page needs no API key; its calls carry one from a field on the page as
+//! `Authorization: Bearer`.
 //! Every answer carries its content type, `Cache-Control: no-cache` (revalidate: a new binary
 //! serves its new page at once) with an `ETag` of the content, and a content security policy
 //! that allows only this origin's scripts and styles.

@@ -46,8 +46,11 @@ impl ModelShape {
         dtype_bytes: 2,
     };
 
+    /// Every named shape (`by_name`'s, `cargo xtask plan --model`'s and the web calculator's).
+    pub const PRESETS: [ModelShape; 3] = [Self::OPT_13B, Self::LLAMA2_7B, Self::SMOLLM2_135M];
+
     pub fn by_name(name: &str) -> Option<ModelShape> {
-        [Self::OPT_13B, Self::LLAMA2_7B, Self::SMOLLM2_135M].into_iter().find(|m| m.name == name)
+        Self::PRESETS.into_iter().find(|m| m.name == name)
     }
 
     /// K and V of one token across all layers.
@@ -96,8 +99,11 @@ impl Hardware {
         memory_bytes: 141e9,
     };
 
+    /// Every named accelerator.
+    pub const PRESETS: [Hardware; 2] = [Self::A100_40GB, Self::H200];
+
     pub fn by_name(name: &str) -> Option<Hardware> {
-        [Self::A100_40GB, Self::H200].into_iter().find(|h| h.name == name)
+        Self::PRESETS.into_iter().find(|h| h.name == name)
     }
 }
 

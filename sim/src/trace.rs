@@ -47,12 +47,11 @@ impl TraceShape {
         sigma_output: 0.8,
     };
 
+    /// Every named trace shape.
+    pub const PRESETS: [TraceShape; 2] = [Self::SHAREGPT, Self::ALPACA];
+
     pub fn by_name(name: &str) -> Option<TraceShape> {
-        match name {
-            "sharegpt" => Some(Self::SHAREGPT),
-            "alpaca" => Some(Self::ALPACA),
-            _ => None,
-        }
+        Self::PRESETS.into_iter().find(|t| t.name == name)
     }
 }
 

@@ -82,8 +82,9 @@ const GIB: f64 = (1u64 << 30) as f64;
 pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
     crate::relaunch::ensure_release_build(engine::Device::Cpu)?;
     let model = model_shape(args)?;
-    let hardware = Hardware::by_name(&args.hardware)
-        .with_context(|| format!("unknown hardware {:?} (a100-40gb, h200)", args.hardware))?;
+    let hardware = Hardware::by_name(&args.hardware).with_context(|| {
+        format!("unknown hardware {:?} ({})", args.hardware, names(Hardware::PRESETS.map(|h| h.name)))
+    })?;
     let kv_tokens = match (args.kv_tokens, args.kv_memory_gib) {
         (Some(tokens), _) => tokens,
         (None, Some(gib)) => model.kv_token_slots(gib * GIB),
@@ -147,9 +148,15 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Preset names for an error message.
+fn names<const N: usize>(names: [&str; N]) -> String {
+    names.join(", ")
+}
+
 fn model_shape(args: &PlanArgs) -> anyhow::Result<ModelShape> {
-    let mut m = ModelShape::by_name(&args.model)
-        .with_context(|| format!("unknown model {:?} (opt-13b, llama2-7b, smollm2-135m)", args.model))?;
+    let mut m = ModelShape::by_name(&args.model).with_context(|| {
+        format!("unknown model {:?} ({})", args.model, names(ModelShape::PRESETS.map(|m| m.name)))
+    })?;
     m.num_layers = args.layers.unwrap_or(m.num_layers);
     m.num_kv_heads = args.kv_heads.unwrap_or(m.num_kv_heads);
     m.head_dim = args.head_dim.unwrap_or(m.head_dim);
