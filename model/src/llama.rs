@@ -105,6 +105,28 @@ fn ensure(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
 }
 
 impl Llama {
+    /// The model from its loaded parts (the rotary tables built, decode activations f32).
+    fn assemble(
+        config: LlamaConfig,
+        embed: Weight,
+        layers: Vec<LayerWeights>,
+        final_norm: Weight,
+        lm_head: Option<Weight>,
+        rope_style: RopeStyle,
+    ) -> Self {
+        let rope = Rope::new(&config);
+        Self {
+            config,
+            embed,
+            layers,
+            final_norm,
+            lm_head,
+            rope_style,
+            activations: ActivationPrecision::default(),
+            rope,
+        }
+    }
+
     /// Loads config and weights from an HF folder, or from a GGUF file ([`Self::from_gguf`]).
     pub fn load(dir: &Path) -> Result<Self> {
         if dir.is_file() {
@@ -155,17 +177,7 @@ impl Llama {
         // Some tied checkpoints still ship `lm_head.weight`; the flag decides.
         let lm_head =
             if c.tie_word_embeddings { None } else { Some(matrix("lm_head.weight", c.vocab_size, h)?) };
-        let rope = Rope::new(&config);
-        Ok(Self {
-            config,
-            embed,
-            layers,
-            final_norm,
-            lm_head,
-            rope_style: RopeStyle::RotateHalf,
-            activations: ActivationPrecision::default(),
-            rope,
-        })
+        Ok(Self::assemble(config, embed, layers, final_norm, lm_head, RopeStyle::RotateHalf))
     }
 
     /// Builds the model from a GGUF (llama architecture) with every matrix left in its GGUF
@@ -242,17 +254,7 @@ impl Llama {
         let final_norm = norm("output_norm.weight")?;
         let lm_head =
             if c.tie_word_embeddings { None } else { Some(matrix(&[("output.weight", c.vocab_size)])?) };
-        let rope = Rope::new(&config);
-        Ok(Self {
-            config,
-            embed,
-            layers,
-            final_norm,
-            lm_head,
-            rope_style: RopeStyle::Interleaved,
-            activations: ActivationPrecision::default(),
-            rope,
-        })
+        Ok(Self::assemble(config, embed, layers, final_norm, lm_head, RopeStyle::Interleaved))
     }
 
     /// Quantizes every float matrix (embedding, projections, LM head) to `ty` at load

@@ -135,8 +135,9 @@ impl From<PlanError> for ApiError {
     }
 }
 
-fn int_in(field: &'static str, value: usize, min: usize, max: usize) -> Result<usize, PlanError> {
-    if (min..=max).contains(&value) {
+/// `value` if it lies in `min..=max` (a NaN never does), else the error naming `field`.
+fn in_range<T: PartialOrd + ToString>(field: &'static str, value: T, min: T, max: T) -> Result<T, PlanError> {
+    if value >= min && value <= max {
         Ok(value)
     } else {
         Err(PlanError::OutOfRange {
@@ -148,17 +149,13 @@ fn int_in(field: &'static str, value: usize, min: usize, max: usize) -> Result<u
     }
 }
 
+fn int_in(field: &'static str, value: usize, min: usize, max: usize) -> Result<usize, PlanError> {
+    in_range(field, value, min, max)
+}
+
+/// As [`int_in`]; with finite bounds, infinities and NaN are out of range.
 fn float_in(field: &'static str, value: f64, min: f64, max: f64) -> Result<f64, PlanError> {
-    if value.is_finite() && value >= min && value <= max {
-        Ok(value)
-    } else {
-        Err(PlanError::OutOfRange {
-            field,
-            value: value.to_string(),
-            min: min.to_string(),
-            max: max.to_string(),
-        })
-    }
+    in_range(field, value, min, max)
 }
 
 fn unknown(field: &'static str, value: &str, known: &[&str]) -> PlanError {

@@ -45,27 +45,28 @@ pub(super) fn matmul(
     let group_sums: Vec<f32> =
         if simd { x[..m * part.cols].chunks_exact(32).map(|c| c.iter().sum()).collect() } else { Vec::new() };
     let acts = Activations { x, group_sums: &group_sums };
+    for_each_pass(part, m, |rows, t, mr| match isa {
+        // SAFETY: AVX2/FMA/F16C were detected for this variant; the rows are this task's,
+        // tokens t..t+mr lie in x (asserted), whole groups of 32 per row.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 if simd => unsafe { super::avx2::dot_rows_dyn(part, rows, acts, t, mr, out, accumulate) },
+        // SAFETY: as above, for AVX-512F.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 if simd => unsafe {
+            super::avx512::dot_rows_dyn(part, rows, acts, t, mr, out, accumulate)
+        },
+        _ => portable_rows(part, rows, x, t, mr, out, accumulate),
+    });
+}
+
+/// Calls `pass(rows, t, mr)` for every task's rows (tasks in parallel) and, within a task, for
+/// each run of up to [`TOKENS_PER_PASS`] tokens `t..t+mr` of the `m`.
+fn for_each_pass(part: &PartRef<'_>, m: usize, pass: impl Fn(std::ops::Range<usize>, usize, usize) + Sync) {
     let per_task = rows_per_task(part.rows, part.row_bytes());
     (0..part.rows.div_ceil(per_task)).into_par_iter().for_each(|task| {
         let rows = task * per_task..((task + 1) * per_task).min(part.rows);
-        let mut t = 0;
-        while t < m {
-            let mr = (m - t).min(TOKENS_PER_PASS);
-            match isa {
-                // SAFETY: AVX2/FMA/F16C were detected for this variant; the rows are this
-                // task's, tokens t..t+mr lie in x (asserted), whole groups of 32 per row.
-                #[cfg(target_arch = "x86_64")]
-                Isa::Avx2 if simd => unsafe {
-                    super::avx2::dot_rows_dyn(part, rows.clone(), acts, t, mr, out, accumulate)
-                },
-                // SAFETY: as above, for AVX-512F.
-                #[cfg(target_arch = "x86_64")]
-                Isa::Avx512 if simd => unsafe {
-                    super::avx512::dot_rows_dyn(part, rows.clone(), acts, t, mr, out, accumulate)
-                },
-                _ => portable_rows(part, rows.clone(), x, t, mr, out, accumulate),
-            }
-            t += mr;
+        for t in (0..m).step_by(TOKENS_PER_PASS) {
+            pass(rows.clone(), t, (m - t).min(TOKENS_PER_PASS));
         }
     });
 }
@@ -74,23 +75,16 @@ pub(super) fn matmul(
 #[cfg(target_arch = "x86_64")]
 fn matmul_int16(isa: Isa, out: Out, xq: &X16, m: usize, part: &PartRef<'_>, accumulate: bool) {
     let wide = isa == Isa::Avx512 && int16::avx512_vnni();
-    let per_task = rows_per_task(part.rows, part.row_bytes());
-    (0..part.rows.div_ceil(per_task)).into_par_iter().for_each(|task| {
-        let rows = task * per_task..((task + 1) * per_task).min(part.rows);
-        let mut t = 0;
-        while t < m {
-            let mr = (m - t).min(TOKENS_PER_PASS);
-            // SAFETY: AVX2/FMA/F16C were detected for any SIMD Isa, AVX-512BW/VNNI for `wide`;
-            // the rows are this task's, tokens t..t+mr lie in xq (quantized from m tokens),
-            // whole groups of 32 per row, a format `int16::supports`.
-            unsafe {
-                if wide {
-                    int16::dot_rows_avx512(part, rows.clone(), xq, t, mr, out, accumulate)
-                } else {
-                    int16::dot_rows_avx2(part, rows.clone(), xq, t, mr, out, accumulate)
-                }
+    for_each_pass(part, m, |rows, t, mr| {
+        // SAFETY: AVX2/FMA/F16C were detected for any SIMD Isa, AVX-512BW/VNNI for `wide`; the
+        // rows are this task's, tokens t..t+mr lie in xq (quantized from m tokens), whole
+        // groups of 32 per row, a format `int16::supports`.
+        unsafe {
+            if wide {
+                int16::dot_rows_avx512(part, rows, xq, t, mr, out, accumulate)
+            } else {
+                int16::dot_rows_avx2(part, rows, xq, t, mr, out, accumulate)
             }
-            t += mr;
         }
     });
 }
