@@ -29,14 +29,14 @@ fn quick() -> bool {
 /// for every figure alike (rooflines and workloads), so their ratios compare like with like.
 fn median_secs(samples: usize, mut f: impl FnMut()) -> f64 {
     f();
-    let times: Vec<f64> = (0..samples)
+    let mut times: Vec<f64> = (0..samples)
         .map(|_| {
             let t = Instant::now();
             f();
             t.elapsed().as_secs_f64()
         })
         .collect();
-    median(&mut times.clone())
+    median(&mut times)
 }
 
 /// The median of `times` (sorted in place).

@@ -237,18 +237,12 @@ impl PlanRequest {
 
         let kv_tokens = match self.kv_memory_gib {
             Some(gib) => model.kv_token_slots(float_in("kv_memory_gib", gib, 0.0, MAX_MEMORY_GIB)? * GIB),
-            None => {
-                let budget = hardware.memory_bytes * utilization - model.weight_bytes();
-                if budget <= 0.0 {
-                    return Err(PlanError::WeightsDoNotFit {
-                        model: model.name.to_owned(),
-                        weights_gb: model.weight_bytes() / 1e9,
-                        memory_gb: hardware.memory_bytes / 1e9,
-                        utilization,
-                    });
-                }
-                model.kv_token_slots(budget)
-            }
+            None => model.kv_tokens_on(&hardware, utilization).ok_or_else(|| PlanError::WeightsDoNotFit {
+                model: model.name.to_owned(),
+                weights_gb: model.weight_bytes() / 1e9,
+                memory_gb: hardware.memory_bytes / 1e9,
+                utilization,
+            })?,
         };
         if kv_tokens < block_size {
             return Err(PlanError::NoBlock { tokens: kv_tokens, block_size });

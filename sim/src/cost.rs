@@ -66,6 +66,13 @@ impl ModelShape {
     pub fn kv_token_slots(&self, kv_budget_bytes: f64) -> usize {
         (kv_budget_bytes / self.kv_bytes_per_token() as f64).max(0.0) as usize
     }
+
+    /// Token slots of the memory left on `hardware` at `utilization` once the weights are in
+    /// (vLLM's `gpu_memory_utilization` budget); `None` when the weights do not fit.
+    pub fn kv_tokens_on(&self, hardware: &Hardware, utilization: f64) -> Option<usize> {
+        let budget = hardware.memory_bytes * utilization - self.weight_bytes();
+        (budget > 0.0).then(|| self.kv_token_slots(budget))
+    }
 }
 
 /// An accelerator for the roofline.

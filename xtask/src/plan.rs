@@ -88,18 +88,14 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
     let kv_tokens = match (args.kv_tokens, args.kv_memory_gib) {
         (Some(tokens), _) => tokens,
         (None, Some(gib)) => model.kv_token_slots(gib * GIB),
-        (None, None) => {
-            let budget = hardware.memory_bytes * args.gpu_memory_utilization - model.weight_bytes();
-            if budget <= 0.0 {
-                bail!(
-                    "{} weights ({:.1} GB) do not fit {} at this utilization",
-                    model.name,
-                    model.weight_bytes() / 1e9,
-                    hardware.name
-                );
-            }
-            model.kv_token_slots(budget)
-        }
+        (None, None) => model.kv_tokens_on(&hardware, args.gpu_memory_utilization).with_context(|| {
+            format!(
+                "{} weights ({:.1} GB) do not fit {} at this utilization",
+                model.name,
+                model.weight_bytes() / 1e9,
+                hardware.name
+            )
+        })?,
     };
     if kv_tokens < args.block_size || args.block_size == 0 {
         bail!("KV memory holds {kv_tokens} tokens: not even one block of {}", args.block_size);

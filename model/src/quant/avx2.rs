@@ -270,10 +270,10 @@ pub(super) unsafe fn q6k_codes(b: *const u8, half: usize, quarter: usize) -> __m
     _mm256_or_si256(_mm256_and_si256(nib, _mm256_set1_epi8(0x0f)), high)
 }
 
-/// Horizontal sum of eight lanes.
+/// Horizontal sum of eight lanes (the int16 path uses it too).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn hsum(v: __m256) -> f32 {
+pub(super) fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))

@@ -61,7 +61,7 @@ impl X16 {
                 let (p, half) = (g / 2, g % 2);
                 let words = (t * pairs + p) * 64 + 16 * half;
                 // SAFETY: the integer kernels, this function's only callers outside tests, run
-                // on an Isa that detected AVX2 + FMA; the tests run it where they detected it.
+                // on an Isa that detected AVX2 + FMA + F16C; the tests run it where they did.
                 // The group's 32 values lie in x (asserted); its words, its halves at `words`
                 // and `words + 32`, lie in q.
                 let (sum, dx) = unsafe {
@@ -99,15 +99,15 @@ mod x86 {
     use std::arch::x86_64::*;
 
     use super::X16;
-    use crate::quant::avx2::{PREFETCH_AHEAD, f16_at};
+    use crate::quant::avx2::{PREFETCH_AHEAD, f16_at, hsum};
     use crate::quant::{GgmlType, Out, PartRef};
 
     /// One group of 32 activations at `x` into int16 words: values 0..16 at `words`, 16..32 at
     /// `words + 32`; returns the group's f32 sum and scale (see [`X16::quantize`]).
     ///
     /// # Safety
-    /// AVX2 and FMA are available; `x` holds 32 floats; `words` holds 48 words.
-    #[target_feature(enable = "avx2,fma")]
+    /// AVX2, FMA and F16C are available; `x` holds 32 floats; `words` holds 48 words.
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn quantize_group(x: *const f32, words: *mut i16) -> (f32, f32) {
         // SAFETY: per the contract.
         unsafe {
@@ -115,7 +115,7 @@ mod x86 {
             let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
             let m = v.iter().fold(_mm256_setzero_ps(), |a, &x| _mm256_max_ps(a, _mm256_and_ps(x, abs)));
             let s = v.iter().fold(_mm256_setzero_ps(), |a, &x| _mm256_add_ps(a, x));
-            let (amax, sum) = (reduce8(m, |a, b| _mm_max_ps(a, b)), reduce8(s, |a, b| _mm_add_ps(a, b)));
+            let (amax, sum) = (hmax(m), hsum(s));
             // Below TINY, 32767/amax would overflow: such groups (all zero, or every value under
             // 1e-30, whose products vanish in any f32 output) get no codes.
             const TINY: f32 = 1e-30;
@@ -138,13 +138,13 @@ mod x86 {
         }
     }
 
-    /// `op` folded over the eight lanes of `v`.
+    /// The largest of eight lanes.
     #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    fn reduce8(v: __m256, op: impl Fn(__m128, __m128) -> __m128) -> f32 {
-        let s = op(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-        let s = op(s, _mm_movehl_ps(s, s));
-        _mm_cvtss_f32(op(s, _mm_movehdup_ps(s)))
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn hmax(v: __m256) -> f32 {
+        let s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+        _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)))
     }
 
     /// One format's groups as integer codes for this path: `value = code·d + m`.
@@ -166,10 +166,12 @@ mod x86 {
         unsafe fn scale(row: *const u8, g: usize) -> (f32, f32);
     }
 
-    /// Sixteen bytes of nibbles: the low nibbles are the group's first half, the high its
-    /// second; returned as the raw bytes twice (the kernels split them in wide registers).
+    /// Q4_1 (f16 d, f16 m, sixteen bytes of nibbles) and Q4_0 (f16 d, nibbles, offset -8d):
+    /// `halves` returns the nibble bytes twice, the low nibbles being the group's first half
+    /// and the high its second (the kernels split them after widening).
     pub(super) struct Q4_1;
     pub(super) struct Q4_0;
+    /// Q8_0 (f16 d, 32 signed bytes): `halves` returns bytes 0..16 and 16..32.
     pub(super) struct Q8_0;
 
     impl Codes for Q4_1 {
@@ -364,18 +366,9 @@ mod x86 {
             }
             for (t, a) in acc.iter().enumerate() {
                 // SAFETY: (t0 + t, r) is this task's entry.
-                unsafe { out.put(t0 + t, r, sum8(*a) + offsets[t], accumulate) };
+                unsafe { out.put(t0 + t, r, hsum(*a) + offsets[t], accumulate) };
             }
         }
-    }
-
-    /// The sum of eight lanes.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    fn sum8(v: __m256) -> f32 {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
     }
 
     /// One dispatch over format and token count for a row kernel.
