@@ -91,6 +91,8 @@ mod avx512;
 mod decode;
 mod int16;
 mod panel;
+#[cfg(target_arch = "x86_64")]
+mod q4_1_wide;
 mod storage;
 #[cfg(test)]
 mod tests;
@@ -168,6 +170,13 @@ impl Isa {
             }
             Isa::Portable
         })
+    }
+
+    fn is_avx512(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        return self == Isa::Avx512;
+        #[cfg(not(target_arch = "x86_64"))]
+        return false;
     }
 
     /// Every path this CPU can run (the tests run each).
@@ -380,17 +389,20 @@ impl Weight {
             }
             _ => None,
         };
+        // Quantized parts of a decode-shaped call run together (one parallel region).
+        let mut decode_parts = Vec::new();
         let mut col = 0;
         for p in &self.parts {
             let part = PartRef { ty: p.ty, rows: p.rows, cols: k, bytes: p.data.bytes() };
             let out = Out { ptr: out.ptr.offset(col), ..out };
             match (&p.data, m <= DECODE_MAX_M) {
                 (Storage::F32(w), _) => panel::f32_strided(out, x, m, k, w, p.rows, accumulate),
-                (_, true) => decode::matmul(isa, xq.as_ref(), out, x, m, &part, accumulate),
+                (_, true) => decode_parts.push((part, out)),
                 (_, false) => panel::matmul(isa, out, x, m, &part, accumulate),
             }
             col += p.rows;
         }
+        decode::matmul_parts(isa, xq.as_ref(), x, m, &decode_parts, accumulate);
     }
 }
 

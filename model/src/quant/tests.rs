@@ -217,9 +217,12 @@ fn every_format_matches_the_f64_reference_on_every_path() {
             // Short and long rows, in whole blocks; for f16/bf16 also a width no SIMD group
             // divides (the AVX2 path hands those to the portable loop).
             // 96 = three groups of 32: the int16 path's odd last group (paired with zeros).
+            // For Q4_1 on AVX-512 (four groups per block, pairs of blocks): 160 = a lone
+            // block and a short one, 224 = a lone block and three groups, 384 = a pair and a
+            // lone block, 576 = SmolLM2's width, two pairs and two groups.
             let mut widths = vec![per_block.max(32), 2 * per_block.max(256)];
             if per_block == 32 {
-                widths.push(96);
+                widths.extend([96, 160, 224, 384, 576]);
             }
             if per_block == 1 {
                 widths.push(40);
