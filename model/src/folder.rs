@@ -54,10 +54,11 @@ impl ModelFolder {
     }
 
     /// [`Self::open`] and the weights ([`Llama::load`]), with each file read once: a GGUF is
-    /// mapped and its metadata (vocabulary, config) parsed a single time.
+    /// opened ([`GgufFile::open_for_weights`]) and its metadata (vocabulary, config) parsed a
+    /// single time.
     pub fn open_with_weights(path: &Path) -> Result<(Self, Llama)> {
         if path.is_file() {
-            let g = GgufFile::open(path)?;
+            let g = GgufFile::open_for_weights(path)?;
             let folder = Self::from_gguf(&g)?;
             let model = Llama::from_gguf_with_config(&g, folder.config.clone())?;
             return Ok((folder, model));

@@ -130,7 +130,7 @@ impl Llama {
     /// Loads config and weights from an HF folder, or from a GGUF file ([`Self::from_gguf`]).
     pub fn load(dir: &Path) -> Result<Self> {
         if dir.is_file() {
-            return Self::from_gguf(&GgufFile::open(dir)?);
+            return Self::from_gguf(&GgufFile::open_for_weights(dir)?);
         }
         let config = LlamaConfig::from_file(&dir.join("config.json"))?;
         let files = SafetensorsFiles::open_dir(dir)?;
