@@ -34,8 +34,8 @@ pub(crate) const MIN_PARTITION_TOKENS: usize = 128;
 /// longest context is `max_ctx`, on `threads` threads: [`PARTITION_TOKENS`] past
 /// [`LONG_CONTEXT`]; when there are fewer than four items per thread (batch-1 decode has one
 /// per kv head: three on SmolLM2 for two threads, one idle a third of the time), partitions
-/// small enough to make about that many items, of at least [`MIN_PARTITION_TOKENS`], in whole
-/// blocks; otherwise no split.
+/// small enough to make about that many items (a multiple of the threads where that takes
+/// only a few more), of at least [`MIN_PARTITION_TOKENS`], in whole blocks; otherwise no split.
 pub(crate) fn auto_partition(
     items: usize,
     max_ctx: usize,
@@ -49,7 +49,13 @@ pub(crate) fn auto_partition(
     if items == 0 || items >= wanted || max_ctx < 2 * MIN_PARTITION_TOKENS {
         return None;
     }
-    let parts = wanted.div_ceil(items);
+    // Whole rounds of items for the threads: 3 kv heads × 3 parts leave one thread a fifth
+    // item while the other waits; × 4 parts split evenly.
+    let threads = threads.max(1);
+    let mut parts = wanted.div_ceil(items);
+    while (items * parts) % threads != 0 && parts < wanted.div_ceil(items) + threads {
+        parts += 1;
+    }
     let tokens = max_ctx.div_ceil(parts).clamp(MIN_PARTITION_TOKENS, PARTITION_TOKENS);
     Some(tokens.div_ceil(block_size.max(1)) * block_size.max(1))
 }
@@ -304,12 +310,15 @@ mod tests {
 
     #[test]
     fn starved_decodes_split_into_whole_blocks_and_busy_ones_do_not() {
-        // Batch 1 of SmolLM2 (3 kv heads) at 512 tokens on 2 threads: 3 parts of 176 tokens.
-        assert_eq!(auto_partition(3, 512, 16, 2), Some(176));
+        // Batch 1 of SmolLM2 (3 kv heads) at 512 tokens on 2 threads: 4 parts of 128 tokens
+        // (12 items, six per thread; 3 parts would leave one thread five, the other four).
+        assert_eq!(auto_partition(3, 512, 16, 2), Some(128));
+        assert_eq!(auto_partition(3, 1024, 16, 2), Some(256));
+        assert_eq!(auto_partition(3, 1024, 16, 4), Some(128));
         // Parts never shrink below the minimum, never grow past the long-context size.
         assert_eq!(auto_partition(1, 300, 16, 8), Some(MIN_PARTITION_TOKENS));
         assert_eq!(auto_partition(1, 8000, 16, 8), Some(256));
-        assert_eq!(auto_partition(3, 500, 32, 2), Some(192));
+        assert_eq!(auto_partition(3, 500, 32, 2), Some(128));
         // Short contexts, enough items, or nothing to do: one pass per item.
         assert_eq!(auto_partition(3, 200, 16, 2), None);
         assert_eq!(auto_partition(8, 4000, 16, 2), None);
