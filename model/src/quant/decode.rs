@@ -11,13 +11,17 @@ use super::q4_1_wide;
 use super::{Activations, GgmlType, Isa, Out, PartRef};
 use crate::ops::dot;
 
-/// Rows per rayon task: about eight tasks per thread for work stealing to balance, and at
-/// least ~16 KB of weights each so task overhead stays small.
+/// Rows per rayon task: about eight tasks per thread for work stealing to balance, at least
+/// ~16 KB of weights each so task overhead stays small, and then a task count that is a
+/// multiple of the threads with the rows split evenly: SmolLM2's 576-row o_proj made 13 tasks
+/// (one thread ran seven while the other waited); 14 made 576×576 Q4_1 decode 7–12 % faster
+/// on two threads.
 fn rows_per_task(rows: usize, row_bytes: usize) -> usize {
     let threads = rayon::current_num_threads().max(1);
     let by_balance = rows.div_ceil(threads * 8);
     let by_size = (16 * 1024 / row_bytes.max(1)).max(1);
-    by_balance.max(by_size).max(1)
+    let tasks = rows.div_ceil(by_balance.max(by_size).max(1)).next_multiple_of(threads);
+    rows.div_ceil(tasks).max(1)
 }
 
 /// Tokens one pass over a row serves.
