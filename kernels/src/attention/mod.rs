@@ -32,10 +32,13 @@ pub(crate) const MIN_PARTITION_TOKENS: usize = 128;
 
 /// [`SplitPolicy::Auto`]'s partition size for `items` (sequence, kv head) decode items whose
 /// longest context is `max_ctx`, on `threads` threads: [`PARTITION_TOKENS`] past
-/// [`LONG_CONTEXT`]; when there are fewer than four items per thread (batch-1 decode has one
+/// [`LONG_CONTEXT`]; when there are fewer than two items per thread (batch-1 decode has one
 /// per kv head: three on SmolLM2 for two threads, one idle a third of the time), partitions
-/// small enough to make about that many items (a multiple of the threads where that takes
-/// only a few more), of at least [`MIN_PARTITION_TOKENS`], in whole blocks; otherwise no split.
+/// small enough to make two per thread, in whole rounds for the threads, of at least
+/// [`MIN_PARTITION_TOKENS`], in whole blocks; otherwise no split. Not more: every item costs
+/// its own query preparation, softmax pass and merge row — batch-1 SmolLM2 at 512 tokens on
+/// two threads measured 0.80–0.87 ms of attention per step with six items of 256 tokens,
+/// 0.89–0.99 with twelve of 128, 1.04–1.09 with 18–24.
 pub(crate) fn auto_partition(
     items: usize,
     max_ctx: usize,
@@ -45,13 +48,13 @@ pub(crate) fn auto_partition(
     if max_ctx > LONG_CONTEXT {
         return Some(PARTITION_TOKENS);
     }
-    let wanted = 4 * threads.max(1);
+    let threads = threads.max(1);
+    let wanted = 2 * threads;
     if items == 0 || items >= wanted || max_ctx < 2 * MIN_PARTITION_TOKENS {
         return None;
     }
-    // Whole rounds of items for the threads: 3 kv heads × 3 parts leave one thread a fifth
-    // item while the other waits; × 4 parts split evenly.
-    let threads = threads.max(1);
+    // Whole rounds of items for the threads: 3 kv heads × 3 parts would leave one thread a
+    // fifth item while the other waits.
     let mut parts = wanted.div_ceil(items);
     while (items * parts) % threads != 0 && parts < wanted.div_ceil(items) + threads {
         parts += 1;
@@ -310,18 +313,20 @@ mod tests {
 
     #[test]
     fn starved_decodes_split_into_whole_blocks_and_busy_ones_do_not() {
-        // Batch 1 of SmolLM2 (3 kv heads) at 512 tokens on 2 threads: 4 parts of 128 tokens
-        // (12 items, six per thread; 3 parts would leave one thread five, the other four).
-        assert_eq!(auto_partition(3, 512, 16, 2), Some(128));
-        assert_eq!(auto_partition(3, 1024, 16, 2), Some(256));
-        assert_eq!(auto_partition(3, 1024, 16, 4), Some(128));
+        // Batch 1 of SmolLM2 (3 kv heads) at 512 tokens on 2 threads: 2 parts of 256 tokens,
+        // three items per thread.
+        assert_eq!(auto_partition(3, 512, 16, 2), Some(256));
+        assert_eq!(auto_partition(3, 1024, 16, 2), Some(512));
+        // 3 heads on 4 threads: 3 parts would make 9 items, 4 make two whole rounds.
+        assert_eq!(auto_partition(3, 1024, 16, 4), Some(256));
         // Parts never shrink below the minimum, never grow past the long-context size.
         assert_eq!(auto_partition(1, 300, 16, 8), Some(MIN_PARTITION_TOKENS));
-        assert_eq!(auto_partition(1, 8000, 16, 8), Some(256));
-        assert_eq!(auto_partition(3, 500, 32, 2), Some(128));
+        assert_eq!(auto_partition(1, 8000, 16, 8), Some(512));
+        assert_eq!(auto_partition(1, 4000, 16, 8), Some(256));
+        assert_eq!(auto_partition(3, 500, 32, 2), Some(256));
         // Short contexts, enough items, or nothing to do: one pass per item.
         assert_eq!(auto_partition(3, 200, 16, 2), None);
-        assert_eq!(auto_partition(8, 4000, 16, 2), None);
+        assert_eq!(auto_partition(4, 4000, 16, 2), None);
         assert_eq!(auto_partition(0, 4000, 16, 2), None);
         // Past LONG_CONTEXT always split, however many items.
         assert_eq!(auto_partition(100, LONG_CONTEXT + 1, 16, 2), Some(PARTITION_TOKENS));
