@@ -175,7 +175,23 @@ fn main() -> Result<(), Box<dyn Error>> {
     let python = llamacpp_python()?;
     let threads = rayon::current_num_threads().to_string();
     let script = root().join("engine/benches/peer_llamacpp.py");
-    let out = Command::new(&python).arg(&script).arg(&gguf).arg(&workload_path).arg(&threads).output()?;
+    // llama.cpp's extra CPU buffer types (AMX, repacked layouts) crash on some machines that
+    // advertise AMX; a probe decides whether the measured run may use them.
+    let probe = Command::new(&python).arg(&script).arg(&gguf).arg("--probe").arg(&threads).output()?;
+    let no_extra_bufts = !probe.status.success();
+    if no_extra_bufts {
+        eprintln!(
+            "peer: llama.cpp with its extra buffer types failed ({}); measuring it without them",
+            probe.status
+        );
+    }
+    let out = Command::new(&python)
+        .arg(&script)
+        .arg(&gguf)
+        .arg(&workload_path)
+        .arg(&threads)
+        .env("PEER_NO_EXTRA_BUFTS", if no_extra_bufts { "1" } else { "0" })
+        .output()?;
     if !out.status.success() {
         return Err(format!("llama.cpp side failed:\n{}", String::from_utf8_lossy(&out.stderr)).into());
     }
@@ -199,6 +215,15 @@ fn main() -> Result<(), Box<dyn Error>> {
         figures.insert(format!("peer.{case}_llamacpp_tok_s"), json!(t));
         writeln!(md, "| {what} | {o:.1} | {t:.1} | {:.2} |", o / t)?;
         bars.push((case, o, t));
+    }
+    if no_extra_bufts {
+        writeln!(
+            md,
+            "\nllama.cpp ran without its extra CPU buffer types (`use_extra_bufts = false`): with them \
+             its probe decode failed on this machine ({}; seen: SIGSEGV in `ggml_backend_amx_mul_mat` \
+             on a VM that advertises AMX).",
+            probe.status
+        )?;
     }
     let figures = Value::Object(figures);
     std::fs::write(figures_dir.join("peer.json"), serde_json::to_string_pretty(&figures)? + "\n")?;

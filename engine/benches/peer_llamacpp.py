@@ -8,6 +8,11 @@ our engine, with llama-cpp-python's low-level API (llama.cpp's own batched decod
 - `e2e_64`: 64 requests of ~40 prompt tokens and 128 greedy output tokens, all at once, one
   sequence per request in one batch (output tokens / s, prefill included).
 Each case runs `reps` times; prints one JSON object with the median tok/s per case.
+
+`python peer_llamacpp.py MODEL.gguf --probe THREADS` only loads the model and decodes a few
+tokens: the bench runs it first, because llama.cpp's extra CPU buffer types (AMX, repacked
+layouts) can crash on a machine that advertises AMX (a VM: SIGSEGV in
+`ggml_backend_amx_mul_mat`); with `PEER_NO_EXTRA_BUFTS=1` they are off.
 """
 
 import ctypes
@@ -19,13 +24,19 @@ import time
 import llama_cpp as L
 import numpy as np
 
-MODEL, WORKLOAD, THREADS = sys.argv[1], json.load(open(sys.argv[2])), int(sys.argv[3])
+import os
+
+PROBE = sys.argv[2] == "--probe"
+MODEL, THREADS = sys.argv[1], int(sys.argv[3])
+WORKLOAD = None if PROBE else json.load(open(sys.argv[2]))
+EXTRA_BUFTS = os.environ.get("PEER_NO_EXTRA_BUFTS") != "1"
 
 # Quiet: llama.cpp logs every tensor it loads.
 _silent = L.llama_log_callback(lambda level, text, user: None)
 L.llama_log_set(_silent, ctypes.c_void_p())
 L.llama_backend_init()
 mparams = L.llama_model_default_params()
+mparams.use_extra_bufts = EXTRA_BUFTS
 model = L.llama_model_load_from_file(MODEL.encode(), mparams)
 assert model, f"cannot load {MODEL}"
 vocab = L.llama_model_get_vocab(model)
@@ -107,6 +118,11 @@ def median_of(reps, f):
     return statistics.median(f() for _ in range(reps))
 
 
+if PROBE:
+    run_requests([list(range(10, 42))], 4, 512)
+    print(json.dumps({"probe": "ok"}))
+    sys.exit(0)
+
 reps = WORKLOAD["reps"]
 out = {}
 p512 = WORKLOAD["prefill_512"]
@@ -125,4 +141,5 @@ def e2e_rate():
     return n / wall
 out["e2e_64_tok_s"] = median_of(reps, e2e_rate)
 out["llama_cpp_python"] = L.__version__
+out["extra_bufts"] = EXTRA_BUFTS
 print(json.dumps(out))
