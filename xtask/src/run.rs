@@ -217,7 +217,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     );
     if let Some(kib) = peak_rss_kib() {
         println!(
-            "peak RSS           {:.0} MiB (weights mapped from the model file count once read)",
+            "peak RSS           {:.0} MiB (the weights once: in huge pages, or mapped from the file and counted once read)",
             kib as f64 / 1024.0
         );
     }
