@@ -1,6 +1,6 @@
-//! `x·Wᵀ` for a few tokens over one quantized part: decode is bound by reading the weights,
-//! so each row is dequantized group by group in registers and multiplied into every token
-//! (four at a time) before the next group is read; nothing is written back but the dot
+//! `x·Wᵀ` for a few tokens over a weight's quantized parts: decode is bound by reading the
+//! weights, so each row is dequantized group by group in registers and multiplied into every
+//! token (four at a time) before the next group is read; nothing is written back but the dot
 //! products.
 
 use rayon::prelude::*;
