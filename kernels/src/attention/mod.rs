@@ -56,7 +56,7 @@ pub(crate) fn auto_partition(
     // Whole rounds of items for the threads: 3 kv heads × 3 parts would leave one thread a
     // fifth item while the other waits.
     let mut parts = wanted.div_ceil(items);
-    while (items * parts) % threads != 0 && parts < wanted.div_ceil(items) + threads {
+    while !(items * parts).is_multiple_of(threads) && parts < wanted.div_ceil(items) + threads {
         parts += 1;
     }
     let tokens = max_ctx.div_ceil(parts).clamp(MIN_PARTITION_TOKENS, PARTITION_TOKENS);
