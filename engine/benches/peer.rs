@@ -36,13 +36,17 @@ fn root() -> PathBuf {
     manifest.parent().unwrap_or(manifest).to_path_buf()
 }
 
+/// The llama-cpp-python release the peer figures are measured against: pinned, so that runs
+/// of different sessions compare with the same llama.cpp (an unpinned install picked up
+/// 0.3.36, whose AMX path crashes on these VMs; see the probe in `main`).
+const LLAMA_CPP_PYTHON: &str = "0.3.36";
+
 /// `target/venv-llamacpp`'s python, with llama-cpp-python built for this CPU.
 fn llamacpp_python() -> Result<PathBuf, Box<dyn Error>> {
     let venv = root().join("target/venv-llamacpp");
     let python = venv.join("bin/python");
-    let ready = |py: &Path| {
-        Command::new(py).args(["-c", "import llama_cpp, numpy"]).status().is_ok_and(|s| s.success())
-    };
+    let check = format!("import llama_cpp, numpy; assert llama_cpp.__version__ == '{LLAMA_CPP_PYTHON}'");
+    let ready = |py: &Path| Command::new(py).args(["-c", &check]).status().is_ok_and(|s| s.success());
     if python.exists() && ready(&python) {
         return Ok(python);
     }
@@ -58,7 +62,7 @@ fn llamacpp_python() -> Result<PathBuf, Box<dyn Error>> {
             "--quiet",
             "--no-binary",
             "llama-cpp-python",
-            "llama-cpp-python",
+            &format!("llama-cpp-python=={LLAMA_CPP_PYTHON}"),
             "numpy",
         ])
         .env("CMAKE_ARGS", "-DGGML_NATIVE=ON")
