@@ -55,7 +55,7 @@ impl Permuted {
         let mut data = vec![0.0f32; m * blocks * BLOCK_FLOATS];
         for t in 0..m {
             let xt = &x[t * k..(t + 1) * k];
-            let group_sum = |g: usize| xt[32 * g..32 * g + 32].iter().sum::<f32>();
+            let sums: Vec<f32> = xt.chunks_exact(32).map(|c| c.iter().sum()).collect();
             for b in 0..blocks {
                 let out = &mut data[(t * blocks + b) * BLOCK_FLOATS..][..BLOCK_FLOATS];
                 for lane in 0..16 {
@@ -75,19 +75,12 @@ impl Permuted {
                     out[8 * 16 + lane] = -16.0 * sum;
                 }
                 // Group sums at the m lanes, this block's then the next's.
-                for (slot, group) in (GROUPS * b..GROUPS * b + 2 * GROUPS).enumerate() {
-                    if group < groups {
-                        out[9 * 16 + 2 * slot + 1] = group_sum(group);
-                    }
+                for (slot, &sum) in sums.iter().skip(GROUPS * b).take(2 * GROUPS).enumerate() {
+                    out[9 * 16 + 2 * slot + 1] = sum;
                 }
             }
         }
         Self { data, blocks }
-    }
-
-    /// Token `t`'s ten vectors of block `b`.
-    fn at(&self, t: usize, b: usize) -> *const f32 {
-        self.data[(t * self.blocks + b) * BLOCK_FLOATS..][..BLOCK_FLOATS].as_ptr()
     }
 }
 
@@ -195,7 +188,15 @@ unsafe fn dot_rows<const M: usize>(
 ) {
     let groups = part.cols / 32;
     let whole = groups / GROUPS;
-    let xs_of = |b: usize| -> [*const f32; M] { std::array::from_fn(|t| x.at(t0 + t, b)) };
+    // Each token's blocks lie one after another in x (checked once here, not per block).
+    assert!(
+        (t0 + M) * x.blocks * BLOCK_FLOATS <= x.data.len(),
+        "q4_1_wide: tokens past the permuted activations"
+    );
+    let first: [*const f32; M] =
+        std::array::from_fn(|t| x.data.as_ptr().wrapping_add((t0 + t) * x.blocks * BLOCK_FLOATS));
+    // SAFETY (callers): b < x.blocks, so each token's block b lies in x.
+    let xs_of = |b: usize| -> [*const f32; M] { first.map(|p| p.wrapping_add(b * BLOCK_FLOATS)) };
     let block_bytes = GROUPS * GROUP_BYTES;
     // Header dwords 0, 5, 10, 15 of `lo` and of `lo2` (a pair's second block).
     let header_index = _mm512_setr_epi32(0, 5, 10, 15, 16, 21, 26, 31, 0, 0, 0, 0, 0, 0, 0, 0);
@@ -203,14 +204,22 @@ unsafe fn dot_rows<const M: usize>(
         let row = part.row(r).as_ptr();
         let mut acc = [_mm512_setzero_ps(); M];
         let mut off = [_mm512_setzero_ps(); M];
-        // `dm` holds [d, m] pairs of `blocks` blocks from block `b`: offsets through the
-        // group sums in x's vector 9.
-        let offsets = |dm: __m512, b: usize, off: &mut [__m512; M]| {
-            let xs = xs_of(b);
+        // `dm` holds the [d, m] pairs of block `b` (and of b + 1 in lanes 8..16 for a pair):
+        // offsets through the group sums in x's vector 9.
+        let offsets = |dm: __m512, xs: [*const f32; M], off: &mut [__m512; M]| {
             for t in 0..M {
-                // SAFETY: vector 9 of block b lies in x.
+                // SAFETY: vector 9 of the block lies in x.
                 off[t] = _mm512_fmadd_ps(dm, unsafe { _mm512_loadu_ps(xs[t].add(16 * 9)) }, off[t]);
             }
+        };
+        // A block with its own header conversion: an odd whole block or the short last one.
+        let lone = |lo: __m512i, hi: __m512i, b: usize, acc: &mut [__m512; M], off: &mut [__m512; M]| {
+            let headers = _mm512_permutexvar_epi32(header_index, lo);
+            let dm = _mm512_zextps256_ps512(_mm256_cvtph_ps(_mm512_castsi512_si128(headers)));
+            let xs = xs_of(b);
+            offsets(dm, xs, off);
+            // SAFETY: the block's ten vectors lie in x.
+            unsafe { block::<M>(nibbles(lo, hi), scales::<0>(dm), xs, acc) };
         };
         let mut b = 0;
         while b < whole {
@@ -231,15 +240,13 @@ unsafe fn dot_rows<const M: usize>(
                     let hi2 = _mm512_castsi128_si512(_mm_loadu_si128(p2.add(64) as *const __m128i));
                     let headers = _mm512_permutex2var_epi32(lo, header_index, lo2);
                     let dm = _mm512_cvtph_ps(_mm512_castsi512_si256(headers));
-                    offsets(dm, b, &mut off);
-                    block::<M>(nibbles(lo, hi), scales::<0>(dm), xs_of(b), &mut acc);
+                    let xs = xs_of(b);
+                    offsets(dm, xs, &mut off);
+                    block::<M>(nibbles(lo, hi), scales::<0>(dm), xs, &mut acc);
                     block::<M>(nibbles(lo2, hi2), scales::<8>(dm), xs_of(b + 1), &mut acc);
                     b += 2;
                 } else {
-                    let headers = _mm512_permutexvar_epi32(header_index, lo);
-                    let dm = _mm512_zextps256_ps512(_mm256_cvtph_ps(_mm512_castsi512_si128(headers)));
-                    offsets(dm, b, &mut off);
-                    block::<M>(nibbles(lo, hi), scales::<0>(dm), xs_of(b), &mut acc);
+                    lone(lo, hi, b, &mut acc, &mut off);
                     b += 1;
                 }
             }
@@ -249,16 +256,10 @@ unsafe fn dot_rows<const M: usize>(
             // SAFETY: the last `rest` groups (5·rest ≤ 15 dwords) lie in the row; the masked
             // load reads nothing past them, and the lanes of absent groups see zero nibbles,
             // zero headers and zero activations.
-            unsafe {
-                let lo = _mm512_maskz_loadu_epi32(
-                    (1u16 << (5 * rest)) - 1,
-                    row.add(whole * block_bytes) as *const i32,
-                );
-                let headers = _mm512_permutexvar_epi32(header_index, lo);
-                let dm = _mm512_zextps256_ps512(_mm256_cvtph_ps(_mm512_castsi512_si128(headers)));
-                offsets(dm, whole, &mut off);
-                block::<M>(nibbles(lo, _mm512_setzero_si512()), scales::<0>(dm), xs_of(whole), &mut acc);
-            }
+            let lo = unsafe {
+                _mm512_maskz_loadu_epi32((1u16 << (5 * rest)) - 1, row.add(whole * block_bytes) as *const i32)
+            };
+            lone(lo, _mm512_setzero_si512(), whole, &mut acc, &mut off);
         }
         for t in 0..M {
             // SAFETY: (t0 + t, r) is this task's entry.
