@@ -134,7 +134,7 @@ impl Kernel {
             Kernel::Portable
         } else if int16_acts && int16::supports(ty) {
             Kernel::Int16
-        } else if cfg!(target_arch = "x86_64") && isa.is_avx512() && ty == GgmlType::Q4_1 {
+        } else if isa.is_avx512() && ty == GgmlType::Q4_1 {
             Kernel::Q4_1Wide
         } else {
             Kernel::Groups

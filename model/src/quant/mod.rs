@@ -172,6 +172,8 @@ impl Isa {
         })
     }
 
+    /// Whether this is the AVX-512 path (false on every other architecture, where the
+    /// variant does not exist).
     fn is_avx512(self) -> bool {
         #[cfg(target_arch = "x86_64")]
         return self == Isa::Avx512;
