@@ -290,8 +290,9 @@ impl GgufFile {
     /// memory that the kernel backs with transparent huge pages, where it offers them
     /// (Linux with THP `always` or `madvise`; elsewhere the file stays mapped). A batch-1
     /// decode step walks every weight, ~100 MB for SmolLM2: with 4 KiB pages that is ~25 000
-    /// TLB misses per step, with 2 MiB pages ~50 — measured 5–6 % faster decode on the Q4_1
-    /// SmolLM2 (the same steps alternating between the two copies in one process). The copy
+    /// TLB misses per step, with 2 MiB pages ~50 — measured 14–16 % faster batch-1 decode on
+    /// the Q4_1 SmolLM2 (the same steps alternating between the two copies in one process,
+    /// three runs; the page-ahead prefetches walk into pages the TLB does not hold). The copy
     /// is read with `read`, not through the file's mapping, so the resident set holds one copy.
     pub fn open_for_weights(path: &Path) -> Result<Self> {
         let mut g = Self::open(path)?;
