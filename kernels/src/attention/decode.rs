@@ -5,7 +5,7 @@
 use super::scratch::{at_least, with_scratch};
 use super::{Problem, SharedOut, SplitSeq};
 use crate::simd::{
-    Ahead, KernelElem, exp_sub_sum, finish_rows, max_of, prefetch, pv_blocks, qk_rows, qrep_len,
+    Ahead, KernelElem, exp_sub_sum, finish_rows, max_of, prefetch, pv_blocks, qk_rows, qrep_len, widen_masked,
 };
 
 /// Value tiles per `pv_blocks` call: accumulators go back to memory once per run of this many.
@@ -118,7 +118,7 @@ pub(super) fn run_item<T: KernelElem>(
         }
         if full < num_blocks {
             // Zero the slots past the context: p = 0 there, but 0 · NaN would still be NaN.
-            widen_masked(pb.value_tile(table[full], kv_head), d, bs, n - full * bs, vtile);
+            widen_masked(pb.isa, pb.value_tile(table[full], kv_head), d, bs, n - full * bs, vtile);
             let probs = &logits[full * bs..];
             pv_blocks::<f32>(pb.isa, &[&vtile[..]], probs, padded, group, d, bs, acc8, Ahead::none());
         }
@@ -141,15 +141,6 @@ pub(super) fn run_item<T: KernelElem>(
             finish_rows(pb.isa, src, 1.0 / sum, dst);
         }
     });
-}
-
-/// Copies a value tile `[d, bs]` widened to f32, zeroing token columns `valid ..`.
-fn widen_masked<T: KernelElem>(v: &[T], d: usize, bs: usize, valid: usize, dst: &mut [f32]) {
-    for (src_row, dst_row) in v.chunks_exact(bs).zip(dst.chunks_exact_mut(bs)).take(d) {
-        for (t, o) in dst_row.iter_mut().enumerate() {
-            *o = if t < valid { src_row[t].to_f32() } else { 0.0 };
-        }
-    }
 }
 
 /// Merges one split sequence's partitions: weights `sum_k · exp(max_k - max)` (log-sum-exp).

@@ -34,6 +34,9 @@ pub(crate) trait Lanes: Copy {
     /// `self` where `key <= row`, `-inf` where `key > row` (a causal mask; NaN in `self` on a
     /// masked lane is replaced too).
     unsafe fn mask_later(self, key: Self, row: Self) -> Self;
+    /// Bitwise `self & mask`: lanes whose mask is all ones kept, those whose mask is 0 made
+    /// +0 (NaN included).
+    unsafe fn and_bits(self, mask: Self) -> Self;
 }
 
 /// The portable vector: 8 floats in plain loops (what the compiler vectorizes by itself).
@@ -96,6 +99,10 @@ impl Lanes for Plain {
     #[inline(always)]
     unsafe fn mask_later(self, key: Self, row: Self) -> Self {
         Plain(std::array::from_fn(|i| if key.0[i] > row.0[i] { f32::NEG_INFINITY } else { self.0[i] }))
+    }
+    #[inline(always)]
+    unsafe fn and_bits(self, mask: Self) -> Self {
+        Plain(std::array::from_fn(|i| f32::from_bits(self.0[i].to_bits() & mask.0[i].to_bits())))
     }
 }
 
@@ -170,6 +177,10 @@ mod x86 {
                 Avx2(_mm256_blendv_ps(self.0, _mm256_set1_ps(f32::NEG_INFINITY), later))
             }
         }
+        #[inline(always)]
+        unsafe fn and_bits(self, mask: Self) -> Self {
+            unsafe { Avx2(_mm256_and_ps(self.0, mask.0)) }
+        }
     }
 
     impl Lanes for Avx512 {
@@ -220,6 +231,15 @@ mod x86 {
             unsafe {
                 let later = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(key.0, row.0);
                 Avx512(_mm512_mask_blend_ps(later, self.0, _mm512_set1_ps(f32::NEG_INFINITY)))
+            }
+        }
+        #[inline(always)]
+        unsafe fn and_bits(self, mask: Self) -> Self {
+            unsafe {
+                Avx512(_mm512_castsi512_ps(_mm512_and_si512(
+                    _mm512_castps_si512(self.0),
+                    _mm512_castps_si512(mask.0),
+                )))
             }
         }
     }

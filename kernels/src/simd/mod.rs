@@ -55,6 +55,7 @@ mod avx512;
 mod flash;
 mod lanes;
 mod portable;
+mod widen;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -62,6 +63,7 @@ use half::{bf16, f16};
 use kv_cache::CacheElem;
 
 pub(crate) use flash::{FlashTile, KvRun, ROW_ALIGN, STEP_KEYS, flash_step};
+pub(crate) use widen::widen_masked;
 
 /// Instruction set the CPU kernels run with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
