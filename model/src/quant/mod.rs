@@ -7,8 +7,10 @@
 //! dequantizes each weight group in registers and streams every byte once for all tokens (or,
 //! opted into with [`ActivationPrecision::Int16`], multiplies Q4_0/Q4_1/Q8_0 codes into int16
 //! activations, [`int16`]);
-//! more tokens (prefill) run [`panel`], which dequantizes a panel of rows into a cache-sized
-//! f32 buffer and hands it to `gemm`. The instruction set is chosen once at run time
+//! more tokens run [`panel`], which dequantizes rows into f32 once per call and multiplies
+//! them into every token: on AVX-512 up to `ops::TOKEN_LANES_MAX_M` tokens (batched decode)
+//! 12 rows at a time into `ops::token_lanes`, past that (prefill) whole weights in slabs of a
+//! few MB into one `gemm` call each; elsewhere panels of rows into `gemm`. The instruction set is chosen once at run time
 //! ([`Isa::detected`]): AVX-512F (sixteen lanes, [`avx512`]) where the CPU has it, else AVX2 +
 //! FMA + F16C ([`avx2`]), else a portable loop over the scalar dequantization
 //! (`gguf::dequant`); the tests run every one the machine can.
@@ -391,11 +393,18 @@ impl Weight {
             }
             _ => None,
         };
+        // Prefill-sized calls over quantized weights: every part's rows dequantized into slabs
+        // for one `gemm` call each (f32 parts, if any, take the per-part path below).
+        let part_refs =
+            || self.parts.iter().map(|p| PartRef { ty: p.ty, rows: p.rows, cols: k, bytes: p.data.bytes() });
+        if m > panel::SLABS_MIN_M && !self.parts.iter().any(|p| matches!(p.data, Storage::F32(_))) {
+            panel::slabs(isa, out, x, m, &part_refs().collect::<Vec<_>>(), accumulate);
+            return;
+        }
         // Quantized parts of a decode-shaped call run together (one parallel region).
         let mut decode_parts = Vec::new();
         let mut col = 0;
-        for p in &self.parts {
-            let part = PartRef { ty: p.ty, rows: p.rows, cols: k, bytes: p.data.bytes() };
+        for (p, part) in self.parts.iter().zip(part_refs()) {
             let out = Out { ptr: out.ptr.offset(col), ..out };
             match (&p.data, m <= DECODE_MAX_M) {
                 (Storage::F32(w), _) => panel::f32_strided(out, x, m, k, w, p.rows, accumulate),

@@ -74,6 +74,9 @@ enum Route {
     DecodeInt16,
     Gemm,
     TokenLanes,
+    /// The prefill route past `token_lanes`' range, in slabs of 16 rows (so a weight of more
+    /// rows is split, the last slab short).
+    Slabs,
 }
 
 /// Every kernel (route) on every path, for one shape.
@@ -86,6 +89,7 @@ fn check(isa: Isa, ty: GgmlType, m: usize, n: usize, k: usize, accumulate: bool,
     } else {
         check_route(Route::Gemm, isa, ty, m, n, k, accumulate, rng);
         check_route(Route::TokenLanes, isa, ty, m, n, k, accumulate, rng);
+        check_route(Route::Slabs, isa, ty, m, n, k, accumulate, rng);
     }
 }
 
@@ -125,6 +129,7 @@ fn check_route(
         }
         Route::DecodeInt16 => decode::matmul(isa, None, out, &x, m, &part, accumulate),
         Route::Gemm => panel::via_gemm(isa, out, &x, m, &part, accumulate),
+        Route::Slabs => panel::slabs_of(16 * 4 * k, isa, out, &x, m, &[part], accumulate),
         Route::TokenLanes => {
             if !panel::via_token_lanes(isa, out, &x, m, &part, accumulate) {
                 return; // no AVX-512 on this machine: the route does not exist here
@@ -273,6 +278,54 @@ fn a_fused_weight_of_mixed_formats_fills_each_part_s_columns() {
                     assert!(
                         (got - want).abs() <= 1e-5 * scale + 1e-6,
                         "{isa:?} m={m} ({t},{r}): {got} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Past `token_lanes`' range a weight of quantized parts goes through `panel::slabs`: each
+/// part's columns filled, also when a slab ends inside a part and the next spans two.
+#[test]
+fn a_fused_quantized_weight_of_many_tokens_goes_through_slabs() {
+    let mut rng = ChaCha8Rng::seed_from_u64(17);
+    let (k, m) = (256, panel::SLABS_MIN_M + 3);
+    let specs = [(GgmlType::Q4_1, 5), (GgmlType::Q8_0, 3), (GgmlType::Q6_K, 4), (GgmlType::F16, 2)];
+    let parts: Vec<Part> = specs
+        .iter()
+        .map(|&(ty, rows)| {
+            Part::new(ty, rows, k, Storage::Owned(random_part(ty, rows, k, &mut rng))).unwrap()
+        })
+        .collect();
+    let w = Weight::from_parts(k, parts);
+    let dense = w.to_f32();
+    let x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-1.0..1.0)).collect();
+    for isa in Isa::available() {
+        for slab_rows in [None, Some(1), Some(3)] {
+            let mut dst = vec![0.25f32; m * 14];
+            match slab_rows {
+                None => w.matmul_with(isa, &mut dst, &x, m, true),
+                Some(rows) => {
+                    let refs: Vec<PartRef<'_>> = w
+                        .parts
+                        .iter()
+                        .map(|p| PartRef { ty: p.ty, rows: p.rows, cols: k, bytes: p.data.bytes() })
+                        .collect();
+                    let out = Out { ptr: OutPtr(dst.as_mut_ptr()), ldd: 14 };
+                    panel::slabs_of(rows * 4 * k, isa, out, &x, m, &refs, true);
+                }
+            }
+            for t in 0..m {
+                for r in 0..14 {
+                    let row = &dense[r * k..(r + 1) * k];
+                    let want: f64 =
+                        row.iter().zip(&x[t * k..]).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum();
+                    let scale: f64 = row.iter().zip(&x[t * k..]).map(|(&a, &b)| f64::from(a * b).abs()).sum();
+                    let got = f64::from(dst[t * 14 + r]) - 0.25;
+                    assert!(
+                        (got - want).abs() <= 1e-5 * scale + 1e-6,
+                        "{isa:?} slabs of {slab_rows:?} rows, ({t},{r}): {got} vs {want}"
                     );
                 }
             }

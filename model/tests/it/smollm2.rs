@@ -122,22 +122,37 @@ fn config_and_chat_template_match_from(source: Source) {
 #[test]
 fn greedy_generations_and_logits_match_the_goldens() {
     for source in SOURCES {
-        greedy_generations_and_logits_match_from(source, ActivationPrecision::default(), LOGIT_TOL);
+        greedy_generations_and_logits_match_from(source, ActivationPrecision::default(), LOGIT_TOL, 1);
     }
+}
+
+/// The goldens' prompts three times over (264 tokens in the first step): a prefill of more
+/// tokens than `token_lanes` takes, so the GGUF's matmuls run through dequantized slabs and
+/// `gemm` (the path a long prompt takes), and batch-12 decoding after it.
+#[test]
+fn a_prefill_past_the_token_lanes_range_matches_the_goldens() {
+    greedy_generations_and_logits_match_from(Source::Gguf, ActivationPrecision::default(), LOGIT_TOL, 3);
 }
 
 /// The optional int16-activation decode path (`ActivationPrecision::Int16`) on the GGUF: every
 /// golden token, and top-5 logits within its own tolerance, measured (see `INT16_LOGIT_TOL`).
 #[test]
 fn int16_activations_keep_the_golden_tokens_within_their_tolerance() {
-    greedy_generations_and_logits_match_from(Source::Gguf, ActivationPrecision::Int16, INT16_LOGIT_TOL);
+    greedy_generations_and_logits_match_from(Source::Gguf, ActivationPrecision::Int16, INT16_LOGIT_TOL, 1);
 }
 
-fn greedy_generations_and_logits_match_from(source: Source, precision: ActivationPrecision, tol: f32) {
+/// Runs the golden prompts, each `copies` times (side by side in every batch), to the end.
+fn greedy_generations_and_logits_match_from(
+    source: Source,
+    precision: ActivationPrecision,
+    tol: f32,
+    copies: usize,
+) {
     let f = folder(source);
     let mut model = Llama::load(&f.dir).expect("load weights");
     model.activations = precision;
-    let gens = goldens()["generations"].as_array().expect("generations");
+    let all = goldens()["generations"].as_array().expect("generations");
+    let gens: Vec<&Value> = all.iter().cycle().take(copies * all.len()).collect();
     let prompts: Vec<Vec<u32>> = gens.iter().map(|g| ids(&g["prompt_ids"])).collect();
     let expected: Vec<Vec<u32>> = gens.iter().map(|g| ids(&g["output_ids"])).collect();
     let steps = expected[0].len();
