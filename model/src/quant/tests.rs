@@ -268,19 +268,21 @@ fn a_fused_weight_of_mixed_formats_fills_each_part_s_columns() {
             let x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-1.0..1.0)).collect();
             let mut dst = vec![f32::NAN; m * 14];
             w.matmul_with(isa, &mut dst, &x, m, false);
-            for t in 0..m {
-                for r in 0..14 {
-                    let row = &dense[r * k..(r + 1) * k];
-                    let want: f64 =
-                        row.iter().zip(&x[t * k..]).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum();
-                    let scale: f64 = row.iter().zip(&x[t * k..]).map(|(&a, &b)| f64::from(a * b).abs()).sum();
-                    let got = f64::from(dst[t * 14 + r]);
-                    assert!(
-                        (got - want).abs() <= 1e-5 * scale + 1e-6,
-                        "{isa:?} m={m} ({t},{r}): {got} vs {want}"
-                    );
-                }
-            }
+            assert_dense_product(&dense, k, &x, &dst, 0.0, &format!("{isa:?} m={m}"));
+        }
+    }
+}
+
+/// `dst` (`[m, n]`, each entry `base` plus its product) against the f64 product of `x`
+/// (`[m, k]`) and the dense weight rows (`[n, k]`), within f32 rounding of Σ|x·w|.
+fn assert_dense_product(dense: &[f32], k: usize, x: &[f32], dst: &[f32], base: f32, what: &str) {
+    let n = dense.len() / k;
+    for (t, (xt, out)) in x.chunks_exact(k).zip(dst.chunks_exact(n)).enumerate() {
+        for (r, (row, &got)) in dense.chunks_exact(k).zip(out).enumerate() {
+            let want: f64 = row.iter().zip(xt).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum();
+            let scale: f64 = row.iter().zip(xt).map(|(&a, &b)| f64::from(a * b).abs()).sum();
+            let got = f64::from(got) - f64::from(base);
+            assert!((got - want).abs() <= 1e-5 * scale + 1e-6, "{what} ({t},{r}): {got} vs {want}");
         }
     }
 }
@@ -316,19 +318,7 @@ fn a_fused_quantized_weight_of_many_tokens_goes_through_slabs() {
                     panel::slabs_of(rows * 4 * k, isa, out, &x, m, &refs, true);
                 }
             }
-            for t in 0..m {
-                for r in 0..14 {
-                    let row = &dense[r * k..(r + 1) * k];
-                    let want: f64 =
-                        row.iter().zip(&x[t * k..]).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum();
-                    let scale: f64 = row.iter().zip(&x[t * k..]).map(|(&a, &b)| f64::from(a * b).abs()).sum();
-                    let got = f64::from(dst[t * 14 + r]) - 0.25;
-                    assert!(
-                        (got - want).abs() <= 1e-5 * scale + 1e-6,
-                        "{isa:?} slabs of {slab_rows:?} rows, ({t},{r}): {got} vs {want}"
-                    );
-                }
-            }
+            assert_dense_product(&dense, k, &x, &dst, 0.25, &format!("{isa:?} slabs of {slab_rows:?} rows"));
         }
     }
 }
