@@ -174,28 +174,27 @@ fn pack(panels: &mut [f32], x: &[f32], mc: usize, k: usize) {
         let x = &x[b * TM * k..(b * TM + rows) * k];
         // Whole 16 × 16 squares through registers (a scalar copy per value was ~1.6 % of a
         // batch-64 decode step), the last k % 16 columns one value at a time.
-        let squares = k / 16 * 16;
         #[cfg(target_arch = "x86_64")]
-        if available() {
-            for g in (0..rows).step_by(16) {
-                for kk in (0..squares).step_by(16) {
-                    // SAFETY: AVX-512F was detected; rows g..g+n of x have columns kk..kk+16
-                    // (kk + 16 ≤ k); the panel has TM floats per column, so lanes g..g+16
-                    // of columns kk..kk+16 lie inside it (g + 16 ≤ TM).
-                    unsafe {
-                        avx512::transpose16(
-                            x.as_ptr().add(g * k + kk),
-                            k,
-                            (rows - g).min(16),
-                            panel.as_mut_ptr().add(kk * TM + g),
-                            TM,
-                        )
-                    };
-                }
-            }
-        }
+        let squares = if available() { k / 16 * 16 } else { 0 };
         #[cfg(not(target_arch = "x86_64"))]
         let squares = 0;
+        #[cfg(target_arch = "x86_64")]
+        for g in (0..rows).step_by(16) {
+            for kk in (0..squares).step_by(16) {
+                // SAFETY: AVX-512F was detected (else there are no squares); rows g..g+n of
+                // x have columns kk..kk+16 (kk + 16 ≤ k); the panel has TM floats per
+                // column, so lanes g..g+16 of columns kk..kk+16 lie inside it (g + 16 ≤ TM).
+                unsafe {
+                    avx512::transpose16(
+                        x.as_ptr().add(g * k + kk),
+                        k,
+                        (rows - g).min(16),
+                        panel.as_mut_ptr().add(kk * TM + g),
+                        TM,
+                    )
+                };
+            }
+        }
         for (kk, lanes) in panel.chunks_exact_mut(TM).enumerate().skip(squares) {
             for (i, lane) in lanes.iter_mut().take(rows).enumerate() {
                 *lane = x[i * k + kk];

@@ -8,11 +8,12 @@
 //! opted into with [`ActivationPrecision::Int16`], multiplies Q4_0/Q4_1/Q8_0 codes into int16
 //! activations, [`int16`]);
 //! more tokens run [`panel`], which dequantizes rows into f32 once per call and multiplies
-//! them into every token: on AVX-512 up to `ops::TOKEN_LANES_MAX_M` tokens (batched decode)
-//! 12 rows at a time into `ops::token_lanes`, past that (prefill) whole weights in slabs of a
-//! few MB into one `gemm` call each; elsewhere panels of rows into `gemm`. The instruction set is chosen once at run time
-//! ([`Isa::detected`]): AVX-512F (sixteen lanes, [`avx512`]) where the CPU has it, else AVX2 +
-//! FMA + F16C ([`avx2`]), else a portable loop over the scalar dequantization
+//! them into every token: up to `ops::TOKEN_LANES_MAX_M` tokens (batched decode) 12 rows at a
+//! time into `ops::token_lanes` on AVX-512, or panels of rows into `gemm` without it; past
+//! that (prefill) whole weights in slabs of a few MB into one `gemm` call each. The
+//! instruction set is chosen once at run time ([`Isa::detected`]): AVX-512F (sixteen lanes,
+//! [`avx512`]) where the CPU has it, else AVX2 + FMA + F16C ([`avx2`]), else a portable loop
+//! over the scalar dequantization
 //! (`gguf::dequant`); the tests run every one the machine can.
 
 /// The SIMD module `$isa`'s [`avx2::Group`]-style type for format `$ty`, bound to `$G`
@@ -394,7 +395,7 @@ impl Weight {
             _ => None,
         };
         // Prefill-sized calls over quantized weights: every part's rows dequantized into slabs
-        // for one `gemm` call each (f32 parts, if any, take the per-part path below).
+        // for one `gemm` call each (a weight with an f32 part takes the per-part path below).
         let part_refs =
             || self.parts.iter().map(|p| PartRef { ty: p.ty, rows: p.rows, cols: k, bytes: p.data.bytes() });
         if m > panel::SLABS_MIN_M && !self.parts.iter().any(|p| matches!(p.data, Storage::F32(_))) {
