@@ -17,14 +17,13 @@ layouts) can crash on a machine that advertises AMX (a VM: SIGSEGV in
 
 import ctypes
 import json
+import os
 import statistics
 import sys
 import time
 
 import llama_cpp as L
 import numpy as np
-
-import os
 
 PROBE = sys.argv[2] == "--probe"
 MODEL, THREADS = sys.argv[1], int(sys.argv[3])

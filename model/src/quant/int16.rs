@@ -391,14 +391,7 @@ mod x86 {
                 macro_rules! by_m {
                     ($F:ty) => {
                         // SAFETY: forwarded contract.
-                        unsafe {
-                            match mr {
-                                1 => $kernel::<$F, 1>(part, rows, xq, t0, out, accumulate),
-                                2 => $kernel::<$F, 2>(part, rows, xq, t0, out, accumulate),
-                                3 => $kernel::<$F, 3>(part, rows, xq, t0, out, accumulate),
-                                _ => $kernel::<$F, 4>(part, rows, xq, t0, out, accumulate),
-                            }
-                        }
+                        unsafe { with_tokens!(mr, |M| $kernel::<$F, M>(part, rows, xq, t0, out, accumulate)) }
                     };
                 }
                 match part.ty {

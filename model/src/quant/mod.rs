@@ -55,6 +55,32 @@ macro_rules! with_group {
     };
 }
 
+/// `$body` with `$M` a `const` of the token count `$mr` (1 to 4; more is taken as 4), so that
+/// each decode kernel is compiled per token count and its accumulators stay in registers.
+#[cfg(target_arch = "x86_64")]
+macro_rules! with_tokens {
+    ($mr:expr, |$M:ident| $body:expr) => {
+        match $mr {
+            1 => {
+                const $M: usize = 1;
+                $body
+            }
+            2 => {
+                const $M: usize = 2;
+                $body
+            }
+            3 => {
+                const $M: usize = 3;
+                $body
+            }
+            _ => {
+                const $M: usize = 4;
+                $body
+            }
+        }
+    };
+}
+
 /// The SIMD module `$isa`'s `dot_rows_dyn`: its `dot_rows` for `mr` (1..=4) tokens of the
 /// part's format (one dispatch, written once for both x86 paths).
 #[cfg(target_arch = "x86_64")]
@@ -75,12 +101,9 @@ macro_rules! dot_rows_dyn {
         ) {
             // SAFETY: forwarded contract.
             unsafe {
-                with_group!($isa, part.ty, G => match mr {
-                    1 => dot_rows::<G, 1>(part, rows, acts, t0, out, accumulate),
-                    2 => dot_rows::<G, 2>(part, rows, acts, t0, out, accumulate),
-                    3 => dot_rows::<G, 3>(part, rows, acts, t0, out, accumulate),
-                    _ => dot_rows::<G, 4>(part, rows, acts, t0, out, accumulate),
-                })
+                with_group!($isa, part.ty, G => with_tokens!(mr, |M| {
+                    dot_rows::<G, M>(part, rows, acts, t0, out, accumulate)
+                }))
             }
         }
     };
@@ -351,6 +374,11 @@ impl Weight {
         Ok(Weight { rows: self.rows, cols, parts })
     }
 
+    /// Each part as the kernels take it (format, shape and bytes), in row order.
+    fn part_refs(&self) -> impl Iterator<Item = PartRef<'_>> {
+        self.parts.iter().map(|p| PartRef { ty: p.ty, rows: p.rows, cols: self.cols, bytes: p.data.bytes() })
+    }
+
     /// `dst[m, rows] (+)= x[m, cols] · Wᵀ`, with `accumulate` adding to `dst` (the residual).
     pub fn matmul(&self, dst: &mut [f32], x: &[f32], m: usize, accumulate: bool) {
         self.matmul_with(Isa::detected(), dst, x, m, accumulate);
@@ -396,16 +424,14 @@ impl Weight {
         };
         // Prefill-sized calls over quantized weights: every part's rows dequantized into slabs
         // for one `gemm` call each (a weight with an f32 part takes the per-part path below).
-        let part_refs =
-            || self.parts.iter().map(|p| PartRef { ty: p.ty, rows: p.rows, cols: k, bytes: p.data.bytes() });
         if m > panel::SLABS_MIN_M && !self.parts.iter().any(|p| matches!(p.data, Storage::F32(_))) {
-            panel::slabs(isa, out, x, m, &part_refs().collect::<Vec<_>>(), accumulate);
+            panel::slabs(isa, out, x, m, &self.part_refs().collect::<Vec<_>>(), accumulate);
             return;
         }
         // Quantized parts of a decode-shaped call run together (one parallel region).
         let mut decode_parts = Vec::new();
         let mut col = 0;
-        for (p, part) in self.parts.iter().zip(part_refs()) {
+        for (p, part) in self.parts.iter().zip(self.part_refs()) {
             let out = Out { ptr: out.ptr.offset(col), ..out };
             match (&p.data, m <= DECODE_MAX_M) {
                 (Storage::F32(w), _) => panel::f32_strided(out, x, m, k, w, p.rows, accumulate),

@@ -282,12 +282,5 @@ pub(super) unsafe fn dot_rows_dyn(
     accumulate: bool,
 ) {
     // SAFETY: forwarded contract.
-    unsafe {
-        match mr {
-            1 => dot_rows::<1>(part, rows, x, t0, out, accumulate),
-            2 => dot_rows::<2>(part, rows, x, t0, out, accumulate),
-            3 => dot_rows::<3>(part, rows, x, t0, out, accumulate),
-            _ => dot_rows::<4>(part, rows, x, t0, out, accumulate),
-        }
-    }
+    unsafe { with_tokens!(mr, |M| dot_rows::<M>(part, rows, x, t0, out, accumulate)) }
 }

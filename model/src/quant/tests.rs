@@ -309,11 +309,7 @@ fn a_fused_quantized_weight_of_many_tokens_goes_through_slabs() {
             match slab_rows {
                 None => w.matmul_with(isa, &mut dst, &x, m, true),
                 Some(rows) => {
-                    let refs: Vec<PartRef<'_>> = w
-                        .parts
-                        .iter()
-                        .map(|p| PartRef { ty: p.ty, rows: p.rows, cols: k, bytes: p.data.bytes() })
-                        .collect();
+                    let refs: Vec<PartRef<'_>> = w.part_refs().collect();
                     let out = Out { ptr: OutPtr(dst.as_mut_ptr()), ldd: 14 };
                     panel::slabs_of(rows * 4 * k, isa, out, &x, m, &refs, true);
                 }
