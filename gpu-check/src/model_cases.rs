@@ -68,6 +68,22 @@ pub const LLAMA_32_1B: Shape = Shape {
     llama3_rope: true,
 };
 
+/// SmolLM2-135M's shape (the project's default model): 30 layers, hidden 576, 9/3 heads of 64,
+/// tied 49 152-token vocabulary. With tied random embeddings the logits spread by about
+/// √hidden, so greedy choices are decisive, not near ties.
+pub const SMOLLM2_135M: Shape = Shape {
+    hidden: 576,
+    inter: 1536,
+    layers: 30,
+    heads: 9,
+    kv_heads: 3,
+    head_dim: 64,
+    vocab: 49_152,
+    max_pos: 8192,
+    tied: true,
+    llama3_rope: false,
+};
+
 /// A tensor to generate: name, shape, and `(fan_in, gain)` (`None`: a norm weight of ones).
 pub type TensorSpec = (String, Vec<usize>, Option<(usize, f32)>);
 

@@ -89,6 +89,42 @@ impl CubinCache {
         Ok(cubin)
     }
 
+    /// The cubin of `program` for `arch`, loaded by `load`. A cached cubin that fails to load
+    /// (one built by an NVRTC newer than this machine's driver, a corrupt file) is compiled
+    /// again with `compile` (this machine's NVRTC), logged with the reason, replaced in memory
+    /// and on disk, and loaded once more; a fresh compile that fails to load is an error.
+    pub fn load_or_recompile<T>(
+        &self,
+        program: &Program,
+        arch: &str,
+        compile: impl Fn() -> Result<Vec<u8>, CudaError>,
+        load: impl Fn(&[u8]) -> Result<T, CudaError>,
+    ) -> Result<T, CudaError> {
+        let compiled_now = std::cell::Cell::new(false);
+        let cubin = self.get_or_compile(program, arch, || {
+            compiled_now.set(true);
+            compile()
+        })?;
+        let first = match load(&cubin) {
+            Ok(loaded) => return Ok(loaded),
+            Err(e) if compiled_now.get() => return Err(e),
+            Err(e) => e,
+        };
+        let key = file_name(program, arch);
+        eprintln!(
+            "kernels: the cached cubin {key} did not load ({first}); compiling {} for {arch} with this machine's NVRTC",
+            program.name
+        );
+        let fresh = Arc::new(compile()?);
+        lock(&self.mem).insert(key.clone(), fresh.clone());
+        if let Some(dir) = &self.dir
+            && let Err(e) = write_atomically(&dir.join(&key), &fresh)
+        {
+            eprintln!("kernels: could not replace cubin {key}: {e}");
+        }
+        load(&fresh)
+    }
+
     /// Stores an already compiled cubin on disk (what the GPU bundle does ahead of time).
     pub fn store(&self, program: &Program, arch: &str, cubin: &[u8]) -> Result<PathBuf, CudaError> {
         let Some(dir) = &self.dir else {
@@ -166,6 +202,39 @@ mod tests {
         // Another architecture is another entry.
         again.get_or_compile(&p, "sm_80", compile)?;
         assert_eq!(calls.get(), 2);
+        Ok(())
+    }
+
+    #[test]
+    fn a_cached_cubin_that_does_not_load_is_compiled_again_and_replaced() -> Result<(), CudaError> {
+        let dir = TempDir::new("corrupt");
+        let p = program("z");
+        let good = b"\x7fELF good cubin".to_vec();
+        // A loader that accepts only ELF images, as the driver rejects a corrupt file.
+        let load = |b: &[u8]| {
+            if b.starts_with(b"\x7fELF") {
+                Ok(b.len())
+            } else {
+                Err(CudaError::InvalidArgument("CUDA_ERROR_INVALID_IMAGE".into()))
+            }
+        };
+        let calls = std::cell::Cell::new(0);
+        let compile = || {
+            calls.set(calls.get() + 1);
+            Ok(good.clone())
+        };
+        let cache = CubinCache::new(Some(dir.0.clone()));
+        let path = cache.store(&p, "sm_90", b"corrupt bytes")?;
+        assert_eq!(cache.load_or_recompile(&p, "sm_90", compile, load)?, good.len());
+        assert_eq!(calls.get(), 1);
+        // The file on disk is the fresh cubin now, and memory serves the next call.
+        assert_eq!(std::fs::read(&path).ok(), Some(good.clone()));
+        assert_eq!(cache.load_or_recompile(&p, "sm_90", compile, load)?, good.len());
+        assert_eq!(calls.get(), 1);
+        // A cubin this machine just compiled that still does not load is an error, not a loop.
+        let bad = CubinCache::new(None);
+        let r = bad.load_or_recompile(&program("w"), "sm_90", || Ok(b"junk".to_vec()), load);
+        assert!(matches!(r, Err(CudaError::InvalidArgument(_))));
         Ok(())
     }
 

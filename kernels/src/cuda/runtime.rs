@@ -3,6 +3,8 @@
 //!
 //! Cubins, not PTX: PTX from a newer NVRTC than the driver cannot be JIT-compiled by the driver,
 //! while a cubin for the device's exact `sm_XY` loads on any driver of the same major version.
+//! A cached cubin that still fails to load is compiled again with this machine's NVRTC
+//! ([`CubinCache::load_or_recompile`]), the reason logged.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -107,10 +109,12 @@ impl CudaKernels {
         if let Some(m) = lock(&self.modules).get(&program.name) {
             return Ok(m.clone());
         }
-        let cubin = self.cubins.get_or_compile(program, &self.arch, || {
-            nvrtc::compile(program, &self.arch, &self.header_dir, false).map(|c| c.cubin)
-        })?;
-        let module = self.device.context().load_module(Ptx::from_binary(cubin.as_ref().clone()))?;
+        let module = self.cubins.load_or_recompile(
+            program,
+            &self.arch,
+            || nvrtc::compile(program, &self.arch, &self.header_dir, false).map(|c| c.cubin),
+            |cubin| Ok(self.device.context().load_module(Ptx::from_binary(cubin.to_vec()))?),
+        )?;
         lock(&self.modules).insert(program.name.clone(), module.clone());
         Ok(module)
     }

@@ -10,7 +10,9 @@
 use std::sync::Arc;
 
 use cudarc::cublas::CudaBlas;
-use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PinnedHostSlice, PushKernelArg,
+};
 use kernels::backend::KernelBackend;
 use kernels::cuda::DeviceAttnMetadata;
 use kernels::cuda::kernels::{cast_entry, model_entry, model_program};
@@ -31,6 +33,19 @@ use crate::rope::Rope;
 
 /// Threads per block of the row kernels (a multiple of 32, as `block_sum` needs).
 const ROW_THREADS: u32 = 256;
+
+/// Keeps cuBLAS from reducing split-K partial sums in the half output type: the GEMMs that
+/// write bf16/f16 must round once, at the end, as the tolerance model (`tolerance.rs`) assumes.
+fn disallow_reduced_precision_reduction(blas: &CudaBlas) -> Result<(), CudaModelError> {
+    use cudarc::cublas::sys::{cublasMath_t, cublasSetMathMode};
+    // `CUBLAS_DEFAULT_MATH` (0) with the flag set: the flag's value is the whole mode.
+    // SAFETY: the handle is live for `blas`'s lifetime and the call only sets a mode on it.
+    unsafe {
+        cublasSetMathMode(*blas.handle(), cublasMath_t::CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)
+    }
+    .result()?;
+    Ok(())
+}
 
 /// The model kernels one forward launches, loaded once.
 #[derive(Debug)]
@@ -135,7 +150,10 @@ pub struct CudaLlama {
     act: Activations,
     host_rows: Vec<i32>,
     host_positions: Vec<i64>,
-    host_logits: Vec<f32>,
+    /// The sampled rows' logits on the host: page-locked (a copy at the bus's speed, no staging
+    /// through a driver buffer), cached (not write-combined: the sampler reads it), sized for
+    /// the largest step.
+    host_logits: PinnedHostSlice<f32>,
     /// Slot mapping and attention metadata of the last step: refilled in place every step
     /// (grown only when a batch outgrows them), so a warmed-up step allocates no device memory.
     slots: Option<DeviceSlotMapping>,
@@ -179,11 +197,21 @@ impl CudaLlama {
         let stream = device.stream().clone();
         device.context().bind_to_thread()?;
         let blas = CudaBlas::new(stream.clone())?;
+        disallow_reduced_precision_reduction(&blas)?;
         let weights = DeviceWeights::upload(model, &stream, dtype)?;
         let positions = limits.max_model_len.max(1);
         let cos_sin = stream.clone_htod(&cos_sin_table(&Rope::new(&c), positions))?;
         let functions = Functions::load(&kernels, dtype)?;
         let act = Activations::new(&stream, &c, &limits)?;
+        let logits_len = limits.max_samples.max(1).checked_mul(c.vocab_size).ok_or_else(|| {
+            CudaModelError::InvalidInput(format!(
+                "{} samples × {} logits overflow",
+                limits.max_samples, c.vocab_size
+            ))
+        })?;
+        // SAFETY: plain page-locked memory (flags 0: cached, readable at full speed by the host);
+        // every element read is first written by a device copy in `forward`.
+        let host_logits = unsafe { device.context().alloc_pinned_with_flags::<f32>(logits_len, 0) }?;
         Ok(CudaLlama {
             config: c,
             kernels,
@@ -195,7 +223,7 @@ impl CudaLlama {
             act,
             host_rows: Vec::new(),
             host_positions: Vec::new(),
-            host_logits: Vec::new(),
+            host_logits,
             slots: None,
             meta: None,
         })
@@ -250,8 +278,7 @@ impl CudaLlama {
         let s = input.sample_indices.len();
         let vocab = self.config.vocab_size;
         if t == 0 {
-            self.host_logits.clear();
-            return Ok(&self.host_logits);
+            return Ok(&[]);
         }
         let cc = *cache.config();
         let slots = match self.slots.take() {
@@ -270,12 +297,12 @@ impl CudaLlama {
         self.slots = Some(slots);
         self.meta = Some(meta);
         result?;
-        self.host_logits.resize(s * vocab, 0.0);
         if s > 0 {
-            stream.memcpy_dtoh(&self.act.logits.slice(..s * vocab), &mut self.host_logits[..])?;
+            stream.memcpy_dtoh(&self.act.logits.slice(..s * vocab), &mut self.host_logits)?;
         }
         stream.synchronize()?;
-        Ok(&self.host_logits[..s * vocab])
+        // `check_batch` keeps `s` within `max_samples`, so the rows fit the buffer.
+        Ok(&self.host_logits.as_slice()?[..s * vocab])
     }
 
     /// Uploads ids, positions and sampled rows, then embedding, every layer and the LM head.

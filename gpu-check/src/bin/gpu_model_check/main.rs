@@ -1,30 +1,30 @@
-//! `gpu_model_check`: the model half of the GPU run (the kernel half is `gpu_check`). On a lent GPU it
-//! 1. writes two tiny random Llamas (`gpu_check::model_cases`: GQA group 2 with heads of 64;
-//!    group 4 with heads of 128, tied embeddings and llama3 RoPE) as ordinary HF folders, loads
-//!    them through the normal loader, and runs the CPU forward (f32) and the CUDA forward (bf16,
-//!    then f16) through the same chunked-prefill and decode steps over contexts past one v2
-//!    partition (up to 1 100 tokens), holding every CUDA logit to its
-//!    `model::cuda::LogitTolerance` (5 standard deviations of the error the CUDA forward's
-//!    bf16/f16 roundings predict for that logit; the derivation and its calibration are in
-//!    `model/src/cuda/tolerance.rs`) and requiring the CUDA greedy token to be the CPU's on
-//!    every row that is not a near tie (two tokens whose CPU logits lie within their
-//!    tolerances' sum);
-//! 2. writes a random-weight Llama-3.2-1B-shaped folder (bf16, generated here, never carried)
-//!    and measures `cuda.e2e_output_tok_s`: 256 requests of 512 random prompt tokens and 128
-//!    output tokens each, submitted at once, through the engine on CUDA.
+//! `gpu_model_check`: the model half of the GPU run (the kernel half is `gpu_check`), one section
+//! per process (`gpu_model_check --only SECTION`, as `gpu_run` starts it):
+//! - `model_bf16`, `model_f16`: writes two tiny random Llamas (`gpu_check::model_cases`: GQA
+//!   group 2 with heads of 64; group 4 with heads of 128, tied embeddings and llama3 RoPE) as
+//!   ordinary HF folders, loads them through the normal loader, and runs the CPU forward (f32)
+//!   and the CUDA forward (bf16 or f16) through the same chunked-prefill and decode steps over
+//!   contexts past one v2 partition (up to 1 100 tokens), holding every CUDA logit to its
+//!   `model::cuda::LogitTolerance` (5 standard deviations of the error the CUDA forward's
+//!   bf16/f16 roundings predict for that logit; the derivation and its calibration are in
+//!   `model/src/cuda/tolerance.rs`) and requiring the CUDA greedy token to be the CPU's on
+//!   every row that is not a near tie (two tokens whose CPU logits lie within their
+//!   tolerances' sum); each shape is a case;
+//! - `e2e_greedy` (`greedy.rs`): the engine on CUDA (bf16 weights and cache) generates greedy
+//!   tokens for a batch of prompts; the CPU forward, fed the GPU's own tokens, checks each one
+//!   is its argmax or a near tie;
+//! - `e2e`: writes a random-weight Llama-3.2-1B-shaped folder (bf16, generated here, never
+//!   carried) and measures `cuda.e2e_output_tok_s`: 256 requests of 512 random prompt tokens
+//!   and 128 output tokens each, submitted at once, through the engine on CUDA.
 //!
-//! Each check reports on its own (`time.<check>_s`; an error is `error.<check>` and one
-//! failure) and none stops the others. Estimated time on the H200 machine, from the sizes:
-//! - each of the four forward checks (2 shapes × bf16/f16): 13 steps over 1 868 prompt tokens
-//!   and 32 decodes; the CPU forward is ~9 GFLOP (`tiny`) or ~18 GFLOP (`tiny_g4_h128`), a
-//!   second or two on 16 cores with loading and the first launches, the CUDA side milliseconds:
-//!   ~10 s for the four;
-//! - e2e: 2.5 GB of random bf16 written (~5 s), loaded and uploaded (~5 s), then 131 072
-//!   prefill and 32 768 decode tokens (~255 TFLOP of prefill GEMMs; 128 decode steps each bringing
-//!   256 rows of 128 256 f32 logits, 131 MB, to the host): ~10–20 s.
-//!
-//! Under a minute in all, far inside the 200 s `run.sh` gives this binary. Writes flat JSON to
-//! `$OUT/gpu_model_check.json`; exits non-zero when a check fails.
+//! Estimated time on the H200 machine (the table in `gpu_check::sections`): each forward check
+//! is 13 steps over 1 868 prompt tokens and 32 decodes, a CPU forward of ~9 or ~18 GFLOP (a
+//! second or two on 16 cores with loading), the CUDA side milliseconds; `e2e` writes 2.5 GB of
+//! random bf16 (~5 s), loads and uploads it (~5 s), then runs 131 072 prefill and 32 768 decode
+//! tokens (~255 TFLOP of prefill GEMMs; 128 decode steps each bringing 256 rows of 128 256 f32
+//! logits, 131 MB, into page-locked memory): ~10–20 s.
+
+mod greedy;
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -32,8 +32,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use engine::{DType, Device, Engine, EngineConfig, KvCacheSize, Prompt, SamplingParams};
-use gpu_check::figures::{Figures, Res, finish, section};
+use gpu_check::figures::{Recorder, Res, run_section};
 use gpu_check::model_cases::{LLAMA_32_1B, TINY, TINY_G4_H128, write_folder};
+use gpu_check::sections::{self, Program};
 use kernels::cuda::{CudaDevice, CudaKernels};
 use kv_cache::cuda::CudaKvCache;
 use kv_cache::{CacheConfig, KvCache};
@@ -42,40 +43,55 @@ use model::{Llama, Workspace};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use safetensors::tensor::Dtype;
-use serde_json::{Value, json};
 
 fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some(name) = args.iter().position(|a| a == "--only").and_then(|i| args.get(i + 1)).cloned() else {
+        let names: Vec<&str> = sections::of(Program::Model).map(|s| s.name).collect();
+        eprintln!("usage: gpu_model_check --only SECTION ({})", names.join(", "));
+        return ExitCode::from(2);
+    };
+    if sections::by_name(&name).is_none_or(|s| s.program != Program::Model) {
+        eprintln!("gpu_model_check: no section {name}");
+        return ExitCode::from(2);
+    }
     let work = std::env::temp_dir().join(format!("gpu-model-check-{}", std::process::id()));
-    let mut figures = Figures::new();
-    let result = run(&work, &mut figures);
+    let code = run_section(&name, |rec| run(&name, &work, rec));
     let _ = std::fs::remove_dir_all(&work);
-    finish("gpu_model_check", "model_check.passed", figures, result)
+    code
 }
 
-fn run(work: &Path, figures: &mut Figures) -> Res<usize> {
+fn run(name: &str, work: &Path, rec: &mut Recorder) -> Res<()> {
     let device = CudaDevice::open(0)?;
-    figures.insert("device".into(), Value::String(device.name()?));
+    rec.figure("device", device.name()?);
     let kernels = Arc::new(CudaKernels::new(device.clone())?);
-    let mut failures = 0;
+    match name {
+        "model_bf16" => forward_checks(work, &kernels, DType::BF16, rec),
+        "model_f16" => forward_checks(work, &kernels, DType::F16, rec),
+        "e2e_greedy" => greedy::check(work, rec),
+        "e2e" => {
+            let start = Instant::now();
+            let big = work.join("llama-3.2-1b-random");
+            write_folder(&big, &LLAMA_32_1B, Dtype::BF16, 12)?;
+            rec.figure("cuda.e2e_write_model_s", start.elapsed().as_secs_f64());
+            e2e(&big, rec)
+        }
+        other => Err(format!("gpu_model_check has no section {other}").into()),
+    }
+}
+
+/// Both tiny shapes in `dtype`: each a case that passes or fails (an error of one shape is
+/// recorded, and the other still runs).
+fn forward_checks(work: &Path, kernels: &Arc<CudaKernels>, dtype: DType, rec: &mut Recorder) -> Res<()> {
     for (name, shape, seed) in [("tiny", &TINY, 11), ("tiny_g4_h128", &TINY_G4_H128, 13)] {
         let dir = work.join(name);
-        if let Err(e) = write_folder(&dir, shape, Dtype::F32, seed) {
-            failures += section(&format!("forward_{name}"), figures, |_| Err(e));
-            continue;
-        }
-        for dtype in [DType::BF16, DType::F16] {
-            let label = format!("forward_{name}_{}", dtype.name());
-            failures += section(&label, figures, |f| forward_check(&dir, name, &kernels, dtype, f));
+        let outcome = write_folder(&dir, shape, Dtype::F32, seed)
+            .and_then(|()| forward_check(&dir, name, kernels, dtype, rec));
+        if let Err(e) = outcome {
+            rec.error(format!("forward {name} {}: {e}", dtype.name()));
         }
     }
-    failures += section("e2e", figures, |f| {
-        let start = Instant::now();
-        let big = work.join("llama-3.2-1b-random");
-        write_folder(&big, &LLAMA_32_1B, Dtype::BF16, 12)?;
-        f.insert("cuda.e2e_write_model_s".into(), json!(start.elapsed().as_secs_f64()));
-        e2e(&big, f).map(|()| 0)
-    });
-    Ok(failures)
+    Ok(())
 }
 
 /// CPU (f32 cache) against CUDA (`dtype` weights and cache) on the same steps: four prompts (up
@@ -91,8 +107,8 @@ fn forward_check(
     shape: &str,
     kernels: &Arc<CudaKernels>,
     dtype: DType,
-    figures: &mut Figures,
-) -> Res<usize> {
+    rec: &mut Recorder,
+) -> Res<()> {
     let model = Llama::load(dir)?;
     let c = model.config.clone();
     let tolerance = LogitTolerance::new(&model, dtype)?;
@@ -139,18 +155,23 @@ fn forward_check(
         }
     }
     let name = format!("{shape}_{}", dtype.name());
-    figures.insert(format!("cuda.forward_{name}_max_logit_error_over_tolerance"), json!(finite(worst)));
-    figures.insert(format!("cuda.forward_{name}_rows"), json!(rows));
-    figures.insert(format!("cuda.forward_{name}_failed_rows"), json!(failed_rows));
-    figures.insert(format!("cuda.forward_{name}_greedy_agreement"), json!(agree as f64 / rows.max(1) as f64));
-    figures.insert(format!("cuda.forward_{name}_greedy_near_ties"), json!(ties));
-    figures.insert(format!("cuda.forward_{name}_greedy_disagreements_not_ties"), json!(wrong));
-    let failed = failed_rows > 0 || rows == 0;
-    eprintln!(
-        "forward {name}: {rows} rows, largest logit error {worst:.3} of its tolerance ({failed_rows} rows failed), greedy agreement {agree}/{rows} ({ties} near ties, {wrong} real disagreements){}",
-        if failed { "  FAIL" } else { "" }
+    rec.figure(format!("cuda.forward_{name}_max_logit_error_over_tolerance"), finite(worst));
+    rec.figure(format!("cuda.forward_{name}_rows"), rows);
+    rec.figure(format!("cuda.forward_{name}_failed_rows"), failed_rows);
+    rec.figure(format!("cuda.forward_{name}_greedy_agreement"), agree as f64 / rows.max(1) as f64);
+    rec.figure(format!("cuda.forward_{name}_greedy_near_ties"), ties);
+    rec.figure(format!("cuda.forward_{name}_greedy_disagreements_not_ties"), wrong);
+    let summary = format!(
+        "forward {name} (heads {}/{} of {}): {rows} rows, largest logit error {worst:.3} of its tolerance ({failed_rows} rows failed), greedy agreement {agree}/{rows} ({ties} near ties, {wrong} real disagreements)",
+        c.num_attention_heads, c.num_key_value_heads, c.head_dim
     );
-    Ok(usize::from(failed))
+    if failed_rows > 0 || wrong > 0 || rows == 0 {
+        rec.fail(summary);
+    } else {
+        eprintln!("{summary}");
+        rec.pass(1);
+    }
+    Ok(())
 }
 
 /// `v`, or 1e30 for a NaN or an infinity (JSON has neither).
@@ -159,7 +180,7 @@ fn finite(v: f32) -> f64 {
 }
 
 /// `cuda.e2e_output_tok_s`: 256 requests × (512 in, 128 out), all submitted at once.
-fn e2e(dir: &Path, figures: &mut Figures) -> Res<()> {
+fn e2e(dir: &Path, rec: &mut Recorder) -> Res<()> {
     let config = EngineConfig {
         device: Device::Cuda { ordinal: 0 },
         kv_dtype: DType::BF16,
@@ -173,8 +194,8 @@ fn e2e(dir: &Path, figures: &mut Figures) -> Res<()> {
     };
     let start = Instant::now();
     let mut engine = Engine::new(dir, config)?;
-    figures.insert("cuda.e2e_load_s".into(), json!(start.elapsed().as_secs_f64()));
-    figures.insert("cuda.e2e_kv_blocks".into(), json!(engine.num_kv_blocks()));
+    rec.figure("cuda.e2e_load_s", start.elapsed().as_secs_f64());
+    rec.figure("cuda.e2e_kv_blocks", engine.num_kv_blocks());
     let vocab = engine.model_config().vocab_size;
     let eos = engine.eos_token_ids().to_vec();
     let mut rng = ChaCha8Rng::seed_from_u64(3);
@@ -191,18 +212,22 @@ fn e2e(dir: &Path, figures: &mut Figures) -> Res<()> {
     let wall = start.elapsed().as_secs_f64();
     let failed = results.iter().filter(|r| r.is_err()).count();
     let m = engine.metrics();
-    figures.insert("cuda.e2e_output_tok_s".into(), json!(m.generation_tokens as f64 / wall));
-    figures
-        .insert("cuda.e2e_total_tok_s".into(), json!((m.generation_tokens + m.prompt_tokens) as f64 / wall));
-    figures.insert("cuda.e2e_seconds".into(), json!(wall));
-    figures.insert("cuda.e2e_failed_requests".into(), json!(failed));
+    rec.figure("cuda.e2e_output_tok_s", m.generation_tokens as f64 / wall);
+    rec.figure("cuda.e2e_total_tok_s", (m.generation_tokens + m.prompt_tokens) as f64 / wall);
+    rec.figure("cuda.e2e_seconds", wall);
+    rec.figure("cuda.e2e_failed_requests", failed);
     eprintln!(
         "e2e: 256 x (512 in, 128 out) in {wall:.2} s: {:.0} output tok/s, {} generated, {failed} failed",
         m.generation_tokens as f64 / wall,
         m.generation_tokens
     );
     if failed > 0 || m.generation_tokens != 256 * 128 {
-        return Err(format!("e2e: {failed} requests failed, {} tokens generated", m.generation_tokens).into());
+        rec.fail(format!(
+            "e2e 256 x (512 in, 128 out): {failed} requests failed, {} tokens generated",
+            m.generation_tokens
+        ));
+    } else {
+        rec.pass(1);
     }
     Ok(())
 }

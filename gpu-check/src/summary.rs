@@ -1,0 +1,163 @@
+//! The short summary `gpu_run` prints at the end of the GPU run (and writes to
+//! `$OUT/summary.txt`): per section its status and passed / failed / error counts, the failing
+//! cases with their parameters, the last log lines of a section that crashed or timed out, and
+//! the headline figures.
+
+use std::fmt::Write as _;
+
+use serde_json::Value;
+
+use crate::figures::{Figures, SectionRecord, Status};
+use crate::runner::records_in;
+use crate::sections::SECTIONS;
+
+/// Failing cases listed per section (the log and `figures.json` have the rest).
+const CASES_SHOWN: usize = 12;
+
+/// The headline figures, in the order printed.
+const HEADLINES: [&str; 14] = [
+    "device",
+    "driver",
+    "cuda.copy_tb_s",
+    "cuda.decode_bw_fraction",
+    "cuda.decode_v1_bw_fraction",
+    "cuda.decode_v2_bw_fraction",
+    "cuda.paged_over_contiguous",
+    "cuda.e2e_output_tok_s",
+    "cuda.e2e_greedy_tokens",
+    "cuda.e2e_greedy_argmax_agreement",
+    "cuda.e2e_greedy_near_ties",
+    "cuda.e2e_greedy_disagreements_not_ties",
+    "cuda.forward_tiny_bf16_max_logit_error_over_tolerance",
+    "cuda.forward_tiny_f16_max_logit_error_over_tolerance",
+];
+
+/// The summary of a figures file.
+pub fn render(figures: &Figures) -> String {
+    let mut records = records_in(figures);
+    // Plan order first, anything else after.
+    records.sort_by_key(|r| SECTIONS.iter().position(|s| s.name == r.section).unwrap_or(usize::MAX));
+    let mut out = String::new();
+    let ok = records.iter().filter(|r| r.status.is_ok()).count();
+    let _ = writeln!(out, "GPU run summary: {ok} of {} sections passed", records.len());
+    for r in &records {
+        section_lines(&mut out, r);
+    }
+    let _ = writeln!(out, "headline figures:");
+    for key in HEADLINES {
+        if let Some(v) = figures.get(key) {
+            let _ = writeln!(out, "  {key} = {}", show(v));
+        }
+    }
+    let worst: Vec<(&String, &Value)> =
+        figures.iter().filter(|(k, _)| k.starts_with("check.") && k.ends_with("max_rel_err")).collect();
+    if let Some((k, v)) = worst.iter().max_by(|a, b| {
+        let (x, y) = (a.1.as_f64().unwrap_or(0.0), b.1.as_f64().unwrap_or(0.0));
+        x.total_cmp(&y)
+    }) {
+        let _ = writeln!(out, "  largest attention error: {k} = {}", show(v));
+    }
+    out
+}
+
+fn section_lines(out: &mut String, r: &SectionRecord) {
+    let flag = if r.status.is_ok() { "" } else { "  <--" };
+    let _ = writeln!(
+        out,
+        "  {:<16} {:<9} passed {:>4}  failed {:>3}  errors {:>2}  {:>6.1} s{flag}",
+        r.section,
+        status_word(r.status),
+        r.passed,
+        r.failed,
+        r.errors,
+        r.seconds
+    );
+    for case in r.failing.iter().take(CASES_SHOWN) {
+        let _ = writeln!(out, "      {case}");
+    }
+    if r.failing.len() > CASES_SHOWN {
+        let _ = writeln!(out, "      … {} more in figures.json", r.failing.len() - CASES_SHOWN);
+    }
+    for line in &r.log_tail {
+        let _ = writeln!(out, "      | {line}");
+    }
+}
+
+fn status_word(s: Status) -> &'static str {
+    match s {
+        Status::Running => "running",
+        Status::Passed => "passed",
+        Status::Failed => "FAILED",
+        Status::Error => "ERROR",
+        Status::TimedOut => "TIMEOUT",
+        Status::Crashed => "CRASHED",
+        Status::Skipped => "SKIPPED",
+    }
+}
+
+fn show(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Number(n) => match n.as_f64() {
+            Some(x) if n.is_f64() => format!("{x:.4}"),
+            _ => n.to_string(),
+        },
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::runner::merge_into;
+
+    #[test]
+    fn names_each_failing_case_with_its_parameters_and_the_headlines() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("figures.json");
+        let mut figures = Figures::new();
+        figures.insert("cuda.decode_bw_fraction".into(), json!(0.83));
+        let failing = SectionRecord {
+            section: "attention_v2".into(),
+            status: Status::Failed,
+            passed: 140,
+            failed: 2,
+            failing: vec![
+                "attention prefill bf16 h256 b32 kv8 group 4 ctx 1100 V2: max rel err 3.2e-2".into(),
+                "attention long f16 h128 b16 kv8 group 8 ctx 32768 V2: max rel err 1.0e30".into(),
+            ],
+            seconds: 7.5,
+            ..SectionRecord::default()
+        };
+        let crashed = SectionRecord {
+            section: "far_offsets".into(),
+            status: Status::Crashed,
+            errors: 1,
+            failing: vec!["error: ended by signal 11".into()],
+            log_tail: vec!["CUDA_ERROR_ILLEGAL_ADDRESS".into()],
+            ..SectionRecord::default()
+        };
+        let passed = SectionRecord {
+            section: "bandwidth".into(),
+            status: Status::Passed,
+            passed: 1,
+            figures: figures.clone(),
+            ..SectionRecord::default()
+        };
+        for r in [&passed, &crashed, &failing] {
+            merge_into(&path, r).unwrap();
+        }
+        let figures: Figures = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let text = render(&figures);
+        assert!(text.starts_with("GPU run summary: 1 of 3 sections passed"), "{text}");
+        // Plan order: attention_v2 before bandwidth before far_offsets.
+        let at = |s: &str| text.find(s).unwrap_or_else(|| panic!("{s} missing from\n{text}"));
+        assert!(at("attention_v2") < at("bandwidth") && at("bandwidth") < at("far_offsets"));
+        assert!(text.contains("h256 b32 kv8 group 4 ctx 1100 V2"));
+        assert!(text.contains("ctx 32768"));
+        assert!(text.contains("CRASHED") && text.contains("signal 11") && text.contains("| CUDA_ERROR"));
+        assert!(text.contains("cuda.decode_bw_fraction = 0.8300"));
+    }
+}
