@@ -121,4 +121,12 @@ mod tests {
         assert_eq!(of(Program::Kernels).count() + of(Program::Model).count(), SECTIONS.len());
         assert!(SECTIONS.iter().filter(|s| s.sanitize).all(|s| s.program == Program::Kernels));
     }
+
+    #[test]
+    fn the_bundle_prints_these_timeouts() {
+        // xtask (which does not depend on this crate) prints the `timeout_s` of each script.
+        let xtask = include_str!("../../xtask/src/gpu_check.rs");
+        assert!(xtask.contains(&format!("pub const RUN_TIMEOUT_S: u64 = {RUN_TIMEOUT_S};")));
+        assert!(xtask.contains(&format!("pub const SANITIZE_TIMEOUT_S: u64 = {SANITIZE_TIMEOUT_S};")));
+    }
 }

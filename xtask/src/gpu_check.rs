@@ -1,15 +1,21 @@
-//! `cargo xtask gpu-check --bundle`: build, here, the self-contained GPU check into
-//! `target/gpu-bundle` and print the exact device `run` command that carries that folder:
-//! - `gpu_check` (crate `gpu-check`): every kernel against the CPU reference, bandwidth figures;
-//! - `gpu_model_check` (crate `gpu-check`): the CUDA forward of a tiny random Llama against the CPU
-//!   forward, then `cuda.e2e_output_tok_s` on a random Llama-3.2-1B-shaped model;
+//! `cargo xtask gpu-check --bundle`: build, here, the self-contained GPU run into
+//! `target/gpu-bundle` and print the exact device `run` commands that carry that folder:
+//! - `gpu_run` (crate `gpu-check`): starts every section of the run in its own process, logs
+//!   to `$OUT/<program>.log`, figures to `$OUT/figures.json` as they come, and prints a summary;
+//! - `gpu_check`, `gpu_model_check` (crate `gpu-check`): the sections (kernels against the CPU
+//!   reference and bandwidth; the CUDA forward against the CPU's, the engine's greedy tokens,
+//!   the e2e figure), one per process with `--only NAME`;
 //! - `cubins/`: every kernel precompiled for the device's architecture;
-//! - `run.sh`: finds libcublas (PyTorch's `nvidia` wheels) with python3, puts it on
-//!   `LD_LIBRARY_PATH`, points the cubin cache at `cubins/`, runs both binaries.
+//! - `setup.sh` (sourced): prints the GPU and driver, finds libcuda (the usual driver folders
+//!   too), cuBLAS and NVRTC (PyTorch's `nvidia` wheels, with python3), probes one cubin and
+//!   compiles them all with the device's NVRTC when it does not load;
+//! - `run.sh`: setup, then `gpu_run`; `sanitize.sh`: setup, then `gpu_run --sanitize`
+//!   (compute-sanitizer memcheck and racecheck on the smallest cases), for a later run.
 //!
 //! The device machine has a driver but no Rust toolchain and an NVRTC too old for our headers, so
 //! the bundle ships cubins (loaded by the binaries' cubin cache, keyed by source hash + arch) and
-//! the binaries link no CUDA library (cudarc loads libcuda and libcublas at run time).
+//! the binaries link no CUDA library (cudarc loads libcuda and libcublas at run time). The
+//! bundle is refused when a binary needs a GLIBC newer than the device image's (Debian 12).
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -19,6 +25,7 @@ use clap::Args;
 
 use crate::cmd::{cargo, files_under, fresh_dir, run as run_cmd, workspace_root};
 use crate::cuda_check::{ensure_nvrtc, library_path_with};
+use crate::glibc;
 
 /// Most the device tool carries (64 MiB in all); leave room for the working tree.
 const BUNDLE_LIMIT_BYTES: u64 = 60 << 20;
@@ -34,7 +41,23 @@ pub struct GpuCheckArgs {
 }
 
 /// The binaries of crate `gpu-check` the bundle carries.
-const BINARIES: [&str; 2] = ["gpu_check", "gpu_model_check"];
+const BINARIES: [&str; 3] = ["gpu_run", "gpu_check", "gpu_model_check"];
+
+/// The device image's C library (Debian 12): no bundled binary may need a newer GLIBC.
+const DEVICE_GLIBC: (u32, u32) = (2, 36);
+
+/// The scripts, by file name.
+const SCRIPTS: [(&str, &str); 3] = [
+    ("setup.sh", include_str!("gpu_check/setup.sh")),
+    ("run.sh", include_str!("gpu_check/run.sh")),
+    ("sanitize.sh", include_str!("gpu_check/sanitize.sh")),
+];
+
+/// `run.sh` in all (its `timeout_s`), and the sanitizer script's: `gpu_check::sections`'
+/// `RUN_TIMEOUT_S` and `SANITIZE_TIMEOUT_S` (xtask does not depend on gpu-check; a test of
+/// gpu-check holds the two in step).
+pub const RUN_TIMEOUT_S: u64 = 360;
+pub const SANITIZE_TIMEOUT_S: u64 = 480;
 
 pub fn run(args: &GpuCheckArgs) -> anyhow::Result<()> {
     if !args.bundle {
@@ -55,13 +78,17 @@ pub fn run(args: &GpuCheckArgs) -> anyhow::Result<()> {
         // Debug line tables are not needed on the device; strip them when the tool exists.
         let _ = Command::new("strip").arg(&exe).status();
     }
-    let script = bundle.join("run.sh");
-    std::fs::write(&script, RUN_SCRIPT).with_context(|| format!("writing {}", script.display()))?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))?;
+    for (name, text) in SCRIPTS {
+        let script = bundle.join(name);
+        std::fs::write(&script, text).with_context(|| format!("writing {}", script.display()))?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))?;
+        }
     }
+    let binaries: Vec<PathBuf> = BINARIES.iter().map(|b| bundle.join(b)).collect();
+    glibc::check_at_most(&binaries.iter().map(PathBuf::as_path).collect::<Vec<_>>(), DEVICE_GLIBC)?;
     let exe = bundle.join("gpu_check");
     let lib = ensure_nvrtc()?;
     run_cmd(
@@ -77,64 +104,63 @@ pub fn run(args: &GpuCheckArgs) -> anyhow::Result<()> {
     if size > BUNDLE_LIMIT_BYTES {
         bail!("bundle is {} MiB, over the {} MiB carry budget", size >> 20, BUNDLE_LIMIT_BYTES >> 20);
     }
-    println!("bundle: {} ({:.1} MiB)", bundle.display(), size as f64 / (1 << 20) as f64);
     println!(
-        "device run (one call; writes $OUT/gpu_check.json and $OUT/gpu_model_check.json; at most 8 min on an H200):"
+        "bundle: {} ({:.1} MiB; binaries need GLIBC <= {}.{})",
+        bundle.display(),
+        size as f64 / (1 << 20) as f64,
+        DEVICE_GLIBC.0,
+        DEVICE_GLIBC.1
     );
-    println!("  run(command = \"{RUN_COMMAND}\", carry = [\"target/gpu-bundle\"], timeout_s = 540)");
+    println!(
+        "device run (one call; $OUT gets setup.log, gpu_check.log, gpu_model_check.log, figures.json, summary.txt; \
+         the summary is printed; under {} min on an H200, leaving room for a second run in 15 min):",
+        RUN_TIMEOUT_S / 60
+    );
+    println!(
+        "  run(command = \"{RUN_COMMAND}\", carry = [\"target/gpu-bundle\"], timeout_s = {RUN_TIMEOUT_S})"
+    );
+    println!("then give_back, unless running again at once. For a later run, the sanitizers:");
+    println!(
+        "  run(command = \"{SANITIZE_COMMAND}\", carry = [\"target/gpu-bundle\"], timeout_s = {SANITIZE_TIMEOUT_S})"
+    );
     Ok(())
 }
 
 /// The device `run` command (relative to the repository root the device tool starts in).
 pub const RUN_COMMAND: &str = "sh target/gpu-bundle/run.sh";
 
-/// What `run.sh` does on the device machine (no Rust there; python3 with PyTorch's CUDA wheels).
-pub const RUN_SCRIPT: &str = r#"#!/bin/sh
-# The GPU run: kernels against the CPU reference, then the model forward and the e2e figure.
-here=$(cd "$(dirname "$0")" && pwd)
-# libcublas (and libnvrtc) come from the `nvidia` wheels PyTorch installs; find their lib folders.
-libs=$(python3 - <<'PY' 2>/dev/null
-import glob, os
-try:
-    import nvidia
-    roots = list(nvidia.__path__)
-except Exception:
-    roots = []
-dirs = set()
-for r in roots:
-    for pat in ("libcublas.so*", "libcublasLt.so*", "libnvrtc.so*"):
-        for f in glob.glob(os.path.join(r, "**", pat), recursive=True):
-            dirs.add(os.path.dirname(f))
-print(":".join(sorted(dirs)))
-PY
-)
-export LD_LIBRARY_PATH="${libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export KERNELS_CUBIN_DIR="$here/cubins"
-echo "run.sh: cuBLAS/NVRTC from: ${libs:-<not found>}" >&2
-status=0
-timeout 270 "$here/gpu_check" --cubins "$here/cubins" || status=1
-timeout 200 "$here/gpu_model_check" || status=1
-exit $status
-"#;
+/// The optional sanitizer run's command.
+pub const SANITIZE_COMMAND: &str = "sh target/gpu-bundle/sanitize.sh";
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn run_script_sets_up_libraries_and_runs_both_checks() {
-        assert!(RUN_SCRIPT.starts_with("#!/bin/sh\n"));
-        assert!(RUN_SCRIPT.contains("LD_LIBRARY_PATH"));
-        assert!(RUN_SCRIPT.contains("KERNELS_CUBIN_DIR"));
-        assert!(RUN_SCRIPT.contains("/gpu_check\""));
-        assert!(RUN_SCRIPT.contains("/gpu_model_check\""));
-        assert!(RUN_COMMAND.ends_with("run.sh"));
-        // The binaries' time limits together stay inside the 8 minutes the run may take.
-        let limits: u32 = RUN_SCRIPT
-            .split("timeout ")
-            .skip(1)
-            .filter_map(|rest| rest.split_whitespace().next()?.parse::<u32>().ok())
-            .sum();
-        assert!(limits > 0 && limits <= 8 * 60, "{limits} s");
+    fn scripts_set_up_libraries_probe_cubins_and_start_the_runner() {
+        let script = |name: &str| SCRIPTS.iter().find(|(n, _)| *n == name).map(|(_, t)| *t).unwrap_or("");
+        let setup = script("setup.sh");
+        for needle in [
+            "nvidia-smi",
+            "/usr/local/nvidia/lib64",
+            "/usr/lib/x86_64-linux-gnu",
+            "LD_LIBRARY_PATH",
+            "KERNELS_CUBIN_DIR",
+            "--probe",
+            "--precompile",
+            "COMPUTE_SANITIZER",
+        ] {
+            assert!(setup.contains(needle), "setup.sh lacks {needle}");
+        }
+        for name in ["run.sh", "sanitize.sh"] {
+            let text = script(name);
+            assert!(text.starts_with("#!/bin/sh\n"), "{name}");
+            assert!(text.contains(". \"$here/setup.sh\"") && text.contains("/gpu_run\""), "{name}");
+        }
+        assert!(script("run.sh").contains("--started-at"));
+        assert!(script("sanitize.sh").contains("--sanitize"));
+        assert!(RUN_COMMAND.ends_with("run.sh") && SANITIZE_COMMAND.ends_with("sanitize.sh"));
+        // Two runs and a machine start fit in the 15 minutes a session may hold the device.
+        assert!(2 * RUN_TIMEOUT_S + 120 <= 15 * 60);
     }
 }

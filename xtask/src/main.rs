@@ -8,6 +8,7 @@ mod bench;
 mod cmd;
 mod cuda_check;
 mod fetch_model;
+mod glibc;
 mod gpu_check;
 mod layering;
 mod plan;
