@@ -20,6 +20,7 @@ use crate::request::{Prompt, RequestOptions, RequestState};
 use crate::sampling::{SampleRow, SamplingParams, TokenChoice, sample_batch};
 
 mod admission;
+mod greedy;
 
 pub(crate) use admission::{Intake, IntakeLimits, Prepared};
 
@@ -402,7 +403,7 @@ impl Engine {
             self.runner.write_table_row(s.row, s.table_from, plan.new_blocks(s))?;
         }
         let vocab = self.runner.model_config().vocab_size;
-        let logits = self.runner.forward(&StepInput {
+        let step = StepInput {
             token_ids: &plan.token_ids,
             positions: &plan.positions,
             slot_mapping: &plan.slot_mapping,
@@ -410,9 +411,22 @@ impl Engine {
             seq_lens: &plan.seq_lens,
             seq_rows: &plan.seq_rows,
             sample_indices: &plan.sample_indices,
-        })?;
-        gather_sample_rows(&self.bufs.plan, logits, vocab, &mut self.bufs.targets, &mut self.bufs.logits)?;
-        let sampled = self.sample(vocab)?;
+        };
+        let sampled = if greedy::plain_greedy_step(plan, &self.live) {
+            let tokens = self.runner.forward_greedy(&step, crate::sampling::filter::argmax)?;
+            greedy::targets(&self.bufs.plan, &mut self.bufs.targets);
+            greedy::record(tokens, &self.bufs.targets, &mut self.live)?
+        } else {
+            let logits = self.runner.forward(&step)?;
+            gather_sample_rows(
+                &self.bufs.plan,
+                logits,
+                vocab,
+                &mut self.bufs.targets,
+                &mut self.bufs.logits,
+            )?;
+            self.sample(vocab)?
+        };
         let updates = self.apply_samples(sampled)?;
         self.update_scheduler(&updates)?;
         Ok(updates.len())

@@ -1,7 +1,7 @@
 //! Sampling: request parameters (`params`), the per-row arithmetic (`filter`) and the
 //! batched, per-sequence-seeded sampler (`sampler`).
 
-mod filter;
+pub(crate) mod filter;
 mod params;
 mod sampler;
 

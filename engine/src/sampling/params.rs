@@ -144,6 +144,12 @@ impl SamplingParams {
         self.temperature < GREEDY_EPS
     }
 
+    /// Whether the token is the bare argmax of the logits: greedy, no penalty, no logprobs, no
+    /// banned tokens (`min_tokens`). Such rows can be sampled where the logits are (the GPU).
+    pub fn is_plain_greedy(&self) -> bool {
+        self.is_greedy() && !self.has_penalties() && self.logprobs.is_none() && self.min_tokens == 0
+    }
+
     /// Whether any of the three penalties changes the logits.
     pub fn has_penalties(&self) -> bool {
         self.presence_penalty != 0.0 || self.frequency_penalty != 0.0 || self.repetition_penalty != 1.0

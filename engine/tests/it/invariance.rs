@@ -193,3 +193,27 @@ fn parallel_samples_share_the_prompt_blocks() {
     assert!(shared_peak < separate_peak, "n=4 peak {shared_peak} blocks, 4 requests {separate_peak}");
     assert!(shared_peak <= 13 + 4, "{shared_peak}");
 }
+
+#[test]
+fn greedy_picked_by_the_runner_equals_the_full_sampler() {
+    // Plain greedy steps take the runner's argmax (`Runner::forward_greedy`, on a GPU the
+    // device's); asking for logprobs sends the same requests through the full sampler.
+    let fx = Fixture::new();
+    let reqs = workload();
+    let with_logprobs = |every: usize| -> Vec<(String, Vec<u32>, SamplingParams)> {
+        reqs.iter()
+            .enumerate()
+            .map(|(i, (id, p, params))| {
+                let logprobs = (i % every == 0).then_some(1);
+                (id.clone(), p.clone(), SamplingParams { logprobs, ..params.clone() })
+            })
+            .collect()
+    };
+    let mut engine = fx.engine(small_config(512));
+    let (plain, _) = run(&mut engine, &reqs);
+    let (full, _) = run(&mut engine, &with_logprobs(1));
+    assert_same(&full, &plain, "every request with logprobs (full sampler) against none (runner's argmax)");
+    // Mixed batches: a step with one full-sampler row samples every row on the host.
+    let (mixed, _) = run(&mut engine, &with_logprobs(5));
+    assert_same(&full, &mixed, "one request in five with logprobs");
+}

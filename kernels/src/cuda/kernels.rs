@@ -149,6 +149,10 @@ pub const MODEL_DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 pub const MODEL_KERNEL_NAMES: [&str; 7] =
     ["embedding", "rms_norm", "rotary", "silu_mul", "add", "rms_norm_f32in", "embedding_f32out"];
 
+/// The device's greedy sampler (one instance: logits are f32), and its threads per block.
+pub const ARGMAX_ENTRY: &str = "argmax_rows_f32";
+pub const ARGMAX_THREADS: u32 = 256;
+
 /// Name of a model kernel (one of [`MODEL_KERNEL_NAMES`]) for a dtype.
 pub fn model_entry(kernel: &str, dtype: DType) -> String {
     format!("{kernel}_{}", cuda_type(dtype).0)
@@ -175,6 +179,7 @@ pub fn model_program() -> Program {
             entries.push(Entry { name: cast_entry(dtype, dst), attention: false });
         }
     }
+    entries.push(Entry { name: ARGMAX_ENTRY.to_owned(), attention: false });
     Program { name: "model".to_owned(), source, entries }
 }
 

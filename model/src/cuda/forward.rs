@@ -5,7 +5,9 @@
 //! Per layer: RMSNorm (f32 residual → half) · Q, K, V GEMMs (f32 out) · rotary (f32) ·
 //! `reshape_and_cache` · paged attention (f32) · cast · O GEMM adding into the residual · RMSNorm ·
 //! gate/up GEMM · SiLU·mul · down GEMM adding into the residual. Then the final norm of the
-//! sampled rows only, the LM head for them only, and one copy of f32 logits to the host.
+//! sampled rows only, the LM head for them only, and one copy of their f32 logits into
+//! page-locked host memory ([`CudaLlama::forward`]), or of their greedy tokens, picked on the
+//! device ([`CudaLlama::forward_greedy`]).
 
 use std::sync::Arc;
 
@@ -15,7 +17,7 @@ use cudarc::driver::{
 };
 use kernels::backend::KernelBackend;
 use kernels::cuda::DeviceAttnMetadata;
-use kernels::cuda::kernels::{cast_entry, model_entry, model_program};
+use kernels::cuda::kernels::{ARGMAX_ENTRY, ARGMAX_THREADS, cast_entry, model_entry, model_program};
 use kernels::cuda::ops::{AttnWorkspace, DeviceSlotMapping};
 use kernels::cuda::{CudaDevice, CudaKernels, Program};
 use kv_cache::DType;
@@ -55,6 +57,7 @@ struct Functions {
     rotary: CudaFunction,
     silu_mul: CudaFunction,
     cast_attn: CudaFunction,
+    argmax: CudaFunction,
 }
 
 impl Functions {
@@ -67,6 +70,7 @@ impl Functions {
             rotary: f(model_entry("rotary", DType::F32))?,
             silu_mul: f(model_entry("silu_mul", dtype))?,
             cast_attn: f(cast_entry(DType::F32, dtype))?,
+            argmax: f(ARGMAX_ENTRY.to_owned())?,
         })
     }
 }
@@ -90,6 +94,8 @@ struct Activations {
     act: CudaSlice<u16>,
     sampled: CudaSlice<u16>,
     logits: CudaSlice<f32>,
+    /// The greedy token of each sampled row (`forward_greedy`).
+    greedy: CudaSlice<u32>,
     attn_ws: AttnWorkspace,
 }
 
@@ -118,6 +124,7 @@ impl Activations {
             act: stream.alloc_zeros(t * inter)?,
             sampled: stream.alloc_zeros(s * h)?,
             logits: stream.alloc_zeros(s * c.vocab_size)?,
+            greedy: stream.alloc_zeros(s)?,
             attn_ws: AttnWorkspace::new(
                 stream,
                 t,
@@ -154,6 +161,8 @@ pub struct CudaLlama {
     /// through a driver buffer), cached (not write-combined: the sampler reads it), sized for
     /// the largest step.
     host_logits: PinnedHostSlice<f32>,
+    /// The sampled rows' greedy tokens on the host (page-locked too).
+    host_tokens: PinnedHostSlice<u32>,
     /// Slot mapping and attention metadata of the last step: refilled in place every step
     /// (grown only when a batch outgrows them), so a warmed-up step allocates no device memory.
     slots: Option<DeviceSlotMapping>,
@@ -212,6 +221,9 @@ impl CudaLlama {
         // SAFETY: plain page-locked memory (flags 0: cached, readable at full speed by the host);
         // every element read is first written by a device copy in `forward`.
         let host_logits = unsafe { device.context().alloc_pinned_with_flags::<f32>(logits_len, 0) }?;
+        // SAFETY: as above; every token read is first written by a device copy.
+        let host_tokens =
+            unsafe { device.context().alloc_pinned_with_flags::<u32>(limits.max_samples.max(1), 0) }?;
         Ok(CudaLlama {
             config: c,
             kernels,
@@ -224,6 +236,7 @@ impl CudaLlama {
             host_rows: Vec::new(),
             host_positions: Vec::new(),
             host_logits,
+            host_tokens,
             slots: None,
             meta: None,
         })
@@ -270,15 +283,49 @@ impl CudaLlama {
         input: &ModelInput<'_>,
         cache: &mut CudaKvCache,
     ) -> Result<&[f32], CudaModelError> {
+        let s = self.step(input, cache)?;
+        let vocab = self.config.vocab_size;
+        let stream = self.stream();
+        if s > 0 {
+            stream.memcpy_dtoh(&self.act.logits.slice(..s * vocab), &mut self.host_logits)?;
+        }
+        stream.synchronize()?;
+        // `check_batch` keeps `s` within `max_samples`, so the rows fit the buffer.
+        Ok(&self.host_logits.as_slice()?[..s * vocab])
+    }
+
+    /// One step like [`CudaLlama::forward`], sampled greedily on the device: the greedy token of
+    /// each sampled row (the first largest logit; `u32::MAX` for a row with nothing above -inf),
+    /// so only `sample_indices.len()` ids cross the bus instead of their logits.
+    pub fn forward_greedy(
+        &mut self,
+        input: &ModelInput<'_>,
+        cache: &mut CudaKvCache,
+    ) -> Result<&[u32], CudaModelError> {
+        let s = self.step(input, cache)?;
+        let stream = self.stream();
+        if s > 0 {
+            let vocab = i64::try_from(self.config.vocab_size)
+                .map_err(|_| CudaModelError::InvalidInput("vocabulary size".into()))?;
+            let mut b = stream.launch_builder(&self.functions.argmax);
+            b.arg(&mut self.act.greedy).arg(&self.act.logits).arg(&vocab);
+            // SAFETY: argmax_rows_f32(out[s], logits[s, vocab], vocab): both buffers hold
+            // max_samples >= s rows; ARGMAX_THREADS is the kernel's shared-array size.
+            unsafe { b.launch(rows_launch(s, ARGMAX_THREADS)?) }?;
+            stream.memcpy_dtoh(&self.act.greedy.slice(..s), &mut self.host_tokens)?;
+        }
+        stream.synchronize()?;
+        Ok(&self.host_tokens.as_slice()?[..s])
+    }
+
+    /// The step up to the sampled rows' logits on the device; returns their number.
+    fn step(&mut self, input: &ModelInput<'_>, cache: &mut CudaKvCache) -> Result<usize, CudaModelError> {
         check_batch(input, &self.limits, &self.config)?;
         self.check_cache(cache)?;
         let stream = self.stream();
         self.kernels.device().context().bind_to_thread()?;
-        let t = input.num_tokens();
-        let s = input.sample_indices.len();
-        let vocab = self.config.vocab_size;
-        if t == 0 {
-            return Ok(&[]);
+        if input.num_tokens() == 0 {
+            return Ok(0);
         }
         let cc = *cache.config();
         let slots = match self.slots.take() {
@@ -297,12 +344,7 @@ impl CudaLlama {
         self.slots = Some(slots);
         self.meta = Some(meta);
         result?;
-        if s > 0 {
-            stream.memcpy_dtoh(&self.act.logits.slice(..s * vocab), &mut self.host_logits)?;
-        }
-        stream.synchronize()?;
-        // `check_batch` keeps `s` within `max_samples`, so the rows fit the buffer.
-        Ok(&self.host_logits.as_slice()?[..s * vocab])
+        Ok(input.sample_indices.len())
     }
 
     /// Uploads ids, positions and sampled rows, then embedding, every layer and the LM head.

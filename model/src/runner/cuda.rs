@@ -63,6 +63,10 @@ impl CudaRunner {
     pub fn forward(&mut self, input: &ModelInput<'_>) -> Result<&[f32]> {
         self.model.forward(input, &mut self.cache).map_err(cuda_err)
     }
+
+    pub fn forward_greedy(&mut self, input: &ModelInput<'_>) -> Result<&[u32]> {
+        self.model.forward_greedy(input, &mut self.cache).map_err(cuda_err)
+    }
 }
 
 pub(super) fn cuda_err(e: impl Into<CudaModelError>) -> ModelError {

@@ -95,6 +95,8 @@ pub struct Runner {
     on: OnDevice,
     tables: BlockTables,
     cache_config: CacheConfig,
+    /// The greedy tokens of the last `forward_greedy` on the CPU.
+    greedy: Vec<u32>,
 }
 
 impl Runner {
@@ -127,7 +129,7 @@ impl Runner {
             }
         };
         let tables = BlockTables::new(config.max_model_len.div_ceil(config.block_size));
-        Ok(Self { on, tables, cache_config })
+        Ok(Self { on, tables, cache_config, greedy: Vec::new() })
     }
 
     pub fn model_config(&self) -> &LlamaConfig {
@@ -168,19 +170,50 @@ impl Runner {
     /// One forward step over the runner's block table; logits `[sample_indices.len(), vocab]`
     /// (f32, host memory).
     pub fn forward(&mut self, step: &StepInput<'_>) -> Result<&[f32]> {
-        let changed_rows = self.tables.take_changed();
-        let input = ModelInput {
-            token_ids: step.token_ids,
-            positions: step.positions,
-            slot_mapping: step.slot_mapping,
-            attn: self.tables.metadata(step.query_start_loc, step.seq_lens, step.seq_rows),
-            changed_rows,
-            sample_indices: step.sample_indices,
-        };
+        let input = model_input(&mut self.tables, step);
         match &mut self.on {
             OnDevice::Cpu(c) => c.model.forward(&input, &mut c.cache, &mut c.workspace),
             #[cfg(feature = "cuda")]
             OnDevice::Cuda(c) => c.forward(&input),
         }
+    }
+
+    /// One forward step sampled greedily: the greedy token of each sampled row (`u32::MAX` where
+    /// a row has none), so a device copies back one id per row instead of its logits. `argmax`
+    /// is the sampler's own rule, applied to the host logits on the CPU; the CUDA kernel
+    /// (`argmax_rows_f32`) implements the same rule: the first largest value, NaN never wins,
+    /// none above -inf gives none.
+    pub fn forward_greedy(
+        &mut self,
+        step: &StepInput<'_>,
+        argmax: fn(&[f32]) -> Option<u32>,
+    ) -> Result<&[u32]> {
+        let input = model_input(&mut self.tables, step);
+        match &mut self.on {
+            OnDevice::Cpu(c) => {
+                let logits = c.model.forward(&input, &mut c.cache, &mut c.workspace)?;
+                let vocab = c.model.config.vocab_size.max(1);
+                self.greedy.clear();
+                self.greedy.extend(logits.chunks_exact(vocab).map(|row| argmax(row).unwrap_or(u32::MAX)));
+                Ok(&self.greedy)
+            }
+            #[cfg(feature = "cuda")]
+            OnDevice::Cuda(c) => c.forward_greedy(&input),
+        }
+    }
+}
+
+/// A step's model input over the runner's table: the rows written since the last step go with
+/// it (a device uploads only those).
+fn model_input<'a>(tables: &'a mut BlockTables, step: &StepInput<'a>) -> ModelInput<'a> {
+    let changed_rows = tables.take_changed();
+    let tables: &'a BlockTables = tables;
+    ModelInput {
+        token_ids: step.token_ids,
+        positions: step.positions,
+        slot_mapping: step.slot_mapping,
+        attn: tables.metadata(step.query_start_loc, step.seq_lens, step.seq_rows),
+        changed_rows,
+        sample_indices: step.sample_indices,
     }
 }

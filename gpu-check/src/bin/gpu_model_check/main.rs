@@ -21,8 +21,8 @@
 //! is 13 steps over 1 868 prompt tokens and 32 decodes, a CPU forward of ~9 or ~18 GFLOP (a
 //! second or two on 16 cores with loading), the CUDA side milliseconds; `e2e` writes 2.5 GB of
 //! random bf16 (~5 s), loads and uploads it (~5 s), then runs 131 072 prefill and 32 768 decode
-//! tokens (~255 TFLOP of prefill GEMMs; 128 decode steps each bringing 256 rows of 128 256 f32
-//! logits, 131 MB, into page-locked memory): ~10–20 s.
+//! tokens (~255 TFLOP of prefill GEMMs; the greedy tokens are picked on the device, so a decode
+//! step brings 256 ids to the host, not 131 MB of logits): ~10–20 s.
 
 mod greedy;
 

@@ -118,6 +118,43 @@ __device__ __forceinline__ void embedding_f32_body(float* __restrict__ out, cons
     out[row * hidden + i] = CacheTraits<T>::to_f32(src[i]);
 }
 
+// Greedy sampling on the device: out[r] = the first index of the largest value of row r of the
+// f32 logits [rows, vocab] (NaN never wins; a row with no value above -inf gives 0xFFFFFFFF),
+// exactly the host sampler's argmax. Grid: rows; ARGMAX_THREADS threads (a power of two).
+#define ARGMAX_THREADS 256
+extern "C" __global__ void argmax_rows_f32(unsigned int* __restrict__ out,
+                                           const float* __restrict__ logits, long long vocab) {
+  __shared__ float best_v[ARGMAX_THREADS];
+  __shared__ long long best_i[ARGMAX_THREADS];
+  const float* row = logits + (long long)blockIdx.x * vocab;
+  float v = NEG_INF;
+  long long idx = vocab;
+  // Each thread scans its indices in increasing order: only a strictly larger value moves it.
+  for (long long i = threadIdx.x; i < vocab; i += blockDim.x) {
+    const float x = row[i];
+    if (x > v) {
+      v = x;
+      idx = i;
+    }
+  }
+  best_v[threadIdx.x] = v;
+  best_i[threadIdx.x] = idx;
+  __syncthreads();
+  for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) {
+      const float ov = best_v[threadIdx.x + stride];
+      const long long oi = best_i[threadIdx.x + stride];
+      if (ov > best_v[threadIdx.x] || (ov == best_v[threadIdx.x] && oi < best_i[threadIdx.x])) {
+        best_v[threadIdx.x] = ov;
+        best_i[threadIdx.x] = oi;
+      }
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0)
+    out[blockIdx.x] = best_v[0] == NEG_INF ? 0xFFFFFFFFu : (unsigned int)best_i[0];
+}
+
 #define MODEL_KERNELS(TN, T)                                                               \
   extern "C" __global__ void embedding_##TN(T* out, const T* table, const unsigned int* ids, \
                                             int hidden) {                                  \
