@@ -193,7 +193,7 @@ fn main() {
     let pairs: Vec<(u32, u32)> = (1..n_seqs)
         .flat_map(|s| (0..CONTEXT / BLOCK).map(move |b| (seqs_block(b, 0, n_seqs), seqs_block(b, s, n_seqs))))
         .collect();
-    kernels::copy_blocks(&mut cache, &pairs).expect("copy blocks");
+    attn_kernels::copy_blocks(&mut cache, &pairs).expect("copy blocks");
     for s in &mut seqs {
         s.cached = CONTEXT - 1;
     }

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use kernels::backend::{Cpu, KernelBackend};
+use attn_kernels::backend::{Cpu, KernelBackend};
 use kv_cache::KvCache;
 use rayon::prelude::*;
 

@@ -109,7 +109,7 @@ print(":".join(sorted(dirs)))
 PY
 )
 export LD_LIBRARY_PATH="${libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export KERNELS_CUBIN_DIR="$here/cubins"
+export ATTN_KERNELS_CUBIN_DIR="$here/cubins"
 echo "run.sh: cuBLAS/NVRTC from: ${libs:-<not found>}" >&2
 status=0
 timeout 270 "$here/gpu_check" --cubins "$here/cubins" || status=1
@@ -125,7 +125,7 @@ mod tests {
     fn run_script_sets_up_libraries_and_runs_both_checks() {
         assert!(RUN_SCRIPT.starts_with("#!/bin/sh\n"));
         assert!(RUN_SCRIPT.contains("LD_LIBRARY_PATH"));
-        assert!(RUN_SCRIPT.contains("KERNELS_CUBIN_DIR"));
+        assert!(RUN_SCRIPT.contains("ATTN_KERNELS_CUBIN_DIR"));
         assert!(RUN_SCRIPT.contains("/gpu_check\""));
         assert!(RUN_SCRIPT.contains("/gpu_model_check\""));
         assert!(RUN_COMMAND.ends_with("run.sh"));

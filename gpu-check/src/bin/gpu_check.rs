@@ -32,15 +32,15 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
 
+use attn_kernels::cuda::DeviceAttnMetadata;
+use attn_kernels::cuda::kernels::{AttentionConfig, AttentionVariant, all_programs, attention_configs};
+use attn_kernels::cuda::ops::{self, AttnWorkspace, DeviceSlotMapping, WorkspaceShape};
+use attn_kernels::cuda::{CudaDevice, CudaError, CudaKernels, cubin_cache::CubinCache, nvrtc};
 use gpu_check::attn_cases::{
     AttnCase, FAR_GROUP, FAR_POOL_BLOCKS, FarPlacement, attention_tolerance, batches, cache_images_equal,
     decode_figures, far_batch, far_geometry, layer_bytes, long_prompt_cases, max_rel_error, nan_bytes,
 };
 use gpu_check::figures::{Figures, Res, finish, section};
-use kernels::cuda::DeviceAttnMetadata;
-use kernels::cuda::kernels::{AttentionConfig, AttentionVariant, all_programs, attention_configs};
-use kernels::cuda::ops::{self, AttnWorkspace, DeviceSlotMapping, WorkspaceShape};
-use kernels::cuda::{CudaDevice, CudaError, CudaKernels, cubin_cache::CubinCache, nvrtc};
 use kv_cache::cuda::{CudaKvCache, DeviceLayerCache};
 use kv_cache::{BlockShape, CacheConfig, CacheGeometry, DType, KvCache, LayerCache};
 use rand::seq::SliceRandom;
@@ -73,7 +73,7 @@ fn main() -> ExitCode {
 /// Compiles every program for `arch` into the cubin cache folder (no GPU needed).
 fn precompile(dir: PathBuf, arch: &str) -> Res<()> {
     let cache = CubinCache::new(Some(dir.clone()));
-    let headers = std::env::temp_dir().join("kernels-nvrtc-headers");
+    let headers = std::env::temp_dir().join("attn-kernels-nvrtc-headers");
     let programs = all_programs();
     programs.par_iter().try_for_each(|p| {
         nvrtc::compile(p, arch, &headers, false).and_then(|c| cache.store(p, arch, &c.cubin)).map(drop)
@@ -278,7 +278,7 @@ fn check_reshape_and_cache(kernels: &CudaKernels, figures: &mut Figures) -> Res<
         let n = slots.len() * 3 * head_size;
         let k: Vec<f32> = (0..n).map(|_| rng.random_range(-4.0f32..4.0)).collect();
         let v: Vec<f32> = (0..n).map(|_| rng.random_range(-4.0f32..4.0)).collect();
-        kernels::reshape_and_cache(&k, &v, &slots, &mut host)?;
+        attn_kernels::reshape_and_cache(&k, &v, &slots, &mut host)?;
         let mapping = DeviceSlotMapping::upload(&stream, &slots, geometry.num_slots())?;
         let (key, value) = (stream.clone_htod(&k)?, stream.clone_htod(&v)?);
         ops::reshape_and_cache(kernels, &key, &value, &mapping, &mut dev)?;
@@ -315,13 +315,13 @@ fn check_copy_and_swap(kernels: &CudaKernels, device: &Arc<CudaDevice>, figures:
         dev.layer_mut(l)?.upload(device.stream(), host.layer(l))?;
     }
     let pairs = [(3u32, 7u32), (0, 31), (12, 1)];
-    kernels::copy_blocks(&mut host, &pairs)?;
+    attn_kernels::copy_blocks(&mut host, &pairs)?;
     ops::copy_blocks(kernels, &mut dev, &pairs)?;
     // Swap blocks 7 and 31 out to swap slots 0 and 5, then back in to device blocks 20 and 21.
-    kernels::cuda::swap::swap_out(kernels, &mut dev, &[(7, 0), (31, 5)])?;
-    kernels::cuda::swap::swap_in(kernels, &mut dev, &[(0, 20), (5, 21)])?;
+    attn_kernels::cuda::swap::swap_out(kernels, &mut dev, &[(7, 0), (31, 5)])?;
+    attn_kernels::cuda::swap::swap_in(kernels, &mut dev, &[(0, 20), (5, 21)])?;
     device.synchronize()?;
-    kernels::copy_blocks(&mut host, &[(7, 20), (31, 21)])?;
+    attn_kernels::copy_blocks(&mut host, &[(7, 20), (31, 21)])?;
     let mut failures = 0;
     for l in 0..config.num_layers {
         let mut back = LayerCache::new(*host.layer(l).geometry())?;
@@ -393,7 +393,7 @@ fn check_far_offsets(kernels: &CudaKernels, device: &Arc<CudaDevice>, figures: &
 
     // Read: every variant through the remapped table.
     let table = place.table(&case.block_tables);
-    let meta = kernels::PagedAttnMetadata { block_tables: &table, ..case.meta() };
+    let meta = attn_kernels::PagedAttnMetadata { block_tables: &table, ..case.meta() };
     let dmeta = DeviceAttnMetadata::upload(&stream, &meta, pool.block_size, pool.num_blocks)?;
     for (variant, err) in run_variants(kernels, &stream, &case, dev.layer(0)?, &dmeta, &want)? {
         record_max(figures, &format!("check.far_offsets.{variant}.max_rel_err").to_lowercase(), err);
@@ -405,8 +405,8 @@ fn check_far_offsets(kernels: &CudaKernels, device: &Arc<CudaDevice>, figures: &
     // Move: copy-on-write copies into gaps, a swap round trip into the spares.
     let moves = place.moves(&case.block_tables);
     ops::copy_blocks(kernels, &mut dev, &moves.copies)?;
-    kernels::cuda::swap::swap_out(kernels, &mut dev, &moves.swap_out)?;
-    kernels::cuda::swap::swap_in(kernels, &mut dev, &moves.swap_in)?;
+    attn_kernels::cuda::swap::swap_out(kernels, &mut dev, &moves.swap_out)?;
+    attn_kernels::cuda::swap::swap_in(kernels, &mut dev, &moves.swap_in)?;
     device.synchronize()?;
     place.apply_moves(&mut want_k, &moves);
     place.apply_moves(&mut want_v, &moves);
@@ -485,7 +485,7 @@ fn bench(kernels: &CudaKernels, device: &Arc<CudaDevice>, figures: &mut Figures)
     let scale = 1.0 / (head_size as f32).sqrt();
     let mut times = Vec::new();
     for (table_name, table) in [("paged", &shuffled), ("contiguous", &contiguous)] {
-        let meta = kernels::PagedAttnMetadata {
+        let meta = attn_kernels::PagedAttnMetadata {
             query_start_loc: &qsl,
             seq_lens: &lens,
             block_tables: table,

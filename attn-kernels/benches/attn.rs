@@ -27,12 +27,12 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use attn_kernels::{
+    AttnOptions, Isa, PagedAttnMetadata, paged_attention, paged_attention_with, reshape_and_cache,
+};
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, SamplingMode, Throughput};
 use half::bf16;
-use kernels::{
-    AttnOptions, Isa, PagedAttnMetadata, paged_attention, paged_attention_with, reshape_and_cache,
-};
 use kv_cache::{CacheElem, CacheGeometry, DType, LayerCache};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};

@@ -1,6 +1,6 @@
 //! Bad input: a typed error, and the output and cache untouched.
 
-use kernels::{
+use attn_kernels::{
     AttnError, AttnOptions, PagedAttnMetadata, SplitPolicy, paged_attention, paged_attention_with,
 };
 use kv_cache::{CacheGeometry, DType, LayerCache};

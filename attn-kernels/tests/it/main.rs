@@ -1,4 +1,4 @@
-//! Integration tests of kernels: property tests against the naive `reference`, dtype
+//! Integration tests of attn-kernels: property tests against the naive `reference`, dtype
 //! cross-checks, chunked-prefill equivalence, block copy/swap round trips and bad-input errors.
 
 mod attention;

@@ -1,7 +1,7 @@
 //! `copy_blocks` / `swap_out` / `swap_in` round trips: moved blocks arrive intact, every other
 //! block keeps its bytes.
 
-use kernels::{AttnError, copy_blocks, swap_blocks, swap_in, swap_out};
+use attn_kernels::{AttnError, copy_blocks, swap_blocks, swap_in, swap_out};
 use kv_cache::{BlockShape, CacheConfig, DType, KvCache, LayerCache};
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};

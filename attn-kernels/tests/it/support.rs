@@ -1,6 +1,6 @@
 //! Builds paged test batches: shuffled physical blocks, NaN-poisoned unused slots, random K/V.
 
-use kernels::{PagedAttnMetadata, reshape_and_cache};
+use attn_kernels::{PagedAttnMetadata, reshape_and_cache};
 use kv_cache::{CacheGeometry, DType, LayerCache};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};

@@ -16,7 +16,7 @@ use super::lock;
 pub const OPTIONS_VERSION: &str = "nvrtc-opts-1";
 
 /// Environment variable naming the on-disk cache folder.
-pub const CACHE_DIR_ENV: &str = "KERNELS_CUBIN_DIR";
+pub const CACHE_DIR_ENV: &str = "ATTN_KERNELS_CUBIN_DIR";
 
 /// The cache key of `program` compiled for `arch`: a hex SHA-256 prefix.
 pub fn cache_key(program: &Program, arch: &str) -> String {
@@ -34,8 +34,9 @@ pub fn file_name(program: &Program, arch: &str) -> String {
     format!("{}-{arch}-{}.cubin", program.name, cache_key(program, arch))
 }
 
-/// The default on-disk folder: `$KERNELS_CUBIN_DIR`, else `$XDG_CACHE_HOME/paged-llm-kernels`,
-/// else `~/.cache/paged-llm-kernels`; `None` when none of them is set.
+/// The default on-disk folder: `$ATTN_KERNELS_CUBIN_DIR`, else
+/// `$XDG_CACHE_HOME/paged-llm-kernels`, else `~/.cache/paged-llm-kernels`; `None` when none of
+/// them is set.
 pub fn default_dir() -> Option<PathBuf> {
     if let Some(d) = std::env::var_os(CACHE_DIR_ENV) {
         return Some(PathBuf::from(d));
@@ -79,7 +80,7 @@ impl CubinCache {
                     && let Err(e) = write_atomically(p, &bytes)
                 {
                     // The crate has no logging dependency; a failed write is worth one line.
-                    eprintln!("kernels: could not store cubin {}: {e}", p.display());
+                    eprintln!("attn-kernels: could not store cubin {}: {e}", p.display());
                 }
                 bytes
             }
@@ -119,7 +120,7 @@ mod tests {
     struct TempDir(PathBuf);
     impl TempDir {
         fn new(tag: &str) -> Self {
-            let d = std::env::temp_dir().join(format!("kernels-cubin-{tag}-{}", std::process::id()));
+            let d = std::env::temp_dir().join(format!("attn-kernels-cubin-{tag}-{}", std::process::id()));
             let _ = std::fs::remove_dir_all(&d);
             TempDir(d)
         }

@@ -1,4 +1,4 @@
-//! `kernels`: the device code over the paged KV layout — write-to-cache, paged attention, copy/swap (CPU; CUDA behind `cuda`).
+//! `attn-kernels`: the device code over the paged KV layout — write-to-cache, paged attention, copy/swap (CPU; CUDA behind `cuda`).
 //!
 //! One public function per kernel; each validates all of its input first and returns a typed
 //! [`AttnError`] before writing anything. Activations (`query`, `key`, `value`, `out`) are `f32`;

@@ -6,7 +6,7 @@
 //! Narrow caches against an f32 cache of the same data: f16 `5e-3`, bf16 `4e-2` absolute
 //! (values in [-1, 1]; bf16 keeps 8 mantissa bits, f16 11).
 
-use kernels::{
+use attn_kernels::{
     AttnOptions, Isa, PagedAttnMetadata, SplitPolicy, paged_attention_with, reference, reshape_and_cache,
 };
 use kv_cache::{CacheGeometry, DType, LayerCache};
