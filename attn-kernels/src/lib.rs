@@ -37,6 +37,7 @@ mod attention;
 pub mod backend;
 mod block_ops;
 mod cache_write;
+pub mod cpu;
 mod error;
 mod meta;
 #[cfg(feature = "testing")]

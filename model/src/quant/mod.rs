@@ -14,7 +14,7 @@
 //! instruction set is chosen once at run time ([`Isa::detected`]): AVX-512F (sixteen lanes,
 //! [`avx512`]) where the CPU has it, else AVX2 + FMA + F16C ([`avx2`]), else a portable loop
 //! over the scalar dequantization
-//! (`gguf::dequant`); the tests run every one the machine can.
+//! (`attn_kernels::cpu::ggml::dequantize_block`); the tests run every one the machine can.
 
 /// The SIMD module `$isa`'s [`avx2::Group`]-style type for format `$ty`, bound to `$G`
 /// inside `$body` (one match for every format-generic entry point of both x86 paths).
@@ -127,8 +127,8 @@ pub use storage::Storage;
 
 use rayon::prelude::*;
 
-pub use crate::gguf::{GgmlType, QuantizeError};
 use crate::ops::{OutPtr, linear};
+pub use attn_kernels::cpu::ggml::{GgmlType, QuantizeError};
 
 /// Formats float weights can be quantized to at load (`--quantization`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -365,7 +365,7 @@ impl Weight {
                             &mut values,
                         );
                         let mut out = Vec::new();
-                        crate::gguf::quantize(ty, &values, &mut out).map(|()| out)
+                        attn_kernels::cpu::ggml::quantize(ty, &values, &mut out).map(|()| out)
                     })
                     .collect::<Result<_, _>>()?;
                 Ok(Part { ty, rows: p.rows, data: Storage::Owned(rows.concat()) })
@@ -514,7 +514,7 @@ impl Isa {
             _ => {
                 let (per_block, block_bytes) = ty.block();
                 for (o, b) in out.chunks_exact_mut(per_block).zip(row.chunks_exact(block_bytes)) {
-                    crate::gguf::dequant::dequantize_block(ty, b, o);
+                    attn_kernels::cpu::ggml::dequantize_block(ty, b, o);
                 }
             }
         }

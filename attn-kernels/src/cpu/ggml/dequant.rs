@@ -5,7 +5,7 @@
 use half::f16;
 use rayon::prelude::*;
 
-/// The ggml types this converter reads.
+/// The ggml types read from a GGUF and multiplied by the kernels.
 // Variant names are ggml's own (`GGML_TYPE_Q4_K`), so they read the same as llama.cpp's sources.
 #[allow(non_camel_case_types)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
