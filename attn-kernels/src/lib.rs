@@ -1,6 +1,9 @@
-//! `attn-kernels`: the device code over the paged KV layout — write-to-cache, paged attention, copy/swap (CPU; CUDA behind `cuda`).
+//! `attn-kernels`: every compute kernel of the engine, CPU and CUDA (behind `cuda`): the device
+//! code over the paged KV layout — write-to-cache, paged attention, copy/swap — and the CPU
+//! kernels of the rest of a decoder layer ([`cpu`]: quantized and f32 matmul, RMSNorm, SwiGLU,
+//! RoPE, ggml's block formats).
 //!
-//! One public function per kernel; each validates all of its input first and returns a typed
+//! The attention kernels: one public function per kernel; each validates all of its input first and returns a typed
 //! [`AttnError`] before writing anything. Activations (`query`, `key`, `value`, `out`) are `f32`;
 //! the cache is in its own dtype (f32/f16/bf16) and every dot product accumulates in `f32`.
 //!
@@ -15,6 +18,8 @@
 //!   CUDA twins): what a forward pass calls so that it never branches on the device.
 //! - `reference` (feature `testing`): naive gather-through-the-block-table versions with an
 //!   `f64` softmax, the oracles of tests, benches and the GPU check.
+//! - [`cpu`]: `Weight` (a matrix in its storage format) and `x·Wᵀ` over it, the f32 `linear`,
+//!   `norm`, `act`, `rope`, and `ggml`'s formats.
 //!
 //! The CPU code uses every rayon thread, AVX2/FMA/F16C inner loops chosen at run time (portable
 //! fallback otherwise), and per-thread scratch so the hot loop never allocates.

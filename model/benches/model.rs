@@ -12,8 +12,7 @@ use std::time::Instant;
 
 use harness::{Seq, build_batch, cache_of};
 use kv_cache::DType;
-use model::quant::ActivationPrecision;
-use model::{Llama, Workspace};
+use model::{ActivationPrecision, Llama, Workspace};
 use rayon::prelude::*;
 
 const CONTEXT: usize = 512;

@@ -9,10 +9,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use attn_kernels::cpu::ggml::{GgmlType, dequantize};
+use attn_kernels::cpu::quant::Storage;
 use memmap2::Mmap;
 
 use crate::error::{ModelError, Result};
-use crate::quant::Storage;
 
 /// A metadata value.
 #[derive(Debug, Clone, PartialEq)]

@@ -2,7 +2,7 @@
 //! on every path this CPU runs (the portable one everywhere), with NaN around every buffer so
 //! a read or write outside its bounds shows.
 
-use attn_kernels::cpu::ggml::dequantize;
+use crate::cpu::ggml::dequantize;
 use half::{bf16, f16};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -356,7 +356,7 @@ fn float_weights_quantize_at_load_and_multiply_as_their_quantization() {
         let q = w.quantized(ty).unwrap();
         assert_eq!((q.parts().len(), q.parts()[0].format()), (1, ty));
         let mut want = Vec::new();
-        attn_kernels::cpu::ggml::quantize(ty, &values, &mut want).unwrap();
+        crate::cpu::ggml::quantize(ty, &values, &mut want).unwrap();
         assert_eq!(q.parts()[0].bytes(), &want[..], "row-by-row quantization is the reference's");
         let x: Vec<f32> = (0..3 * k).map(|_| rng.random_range(-1.0..1.0)).collect();
         let (ref_out, scale) = reference(ty, &want, n, k, &x, 3);

@@ -33,6 +33,7 @@ impl Storage {
         }
     }
 
+    #[inline]
     pub fn bytes(&self) -> &[u8] {
         match self {
             Self::F32(v) => bytemuck::cast_slice(v),
@@ -41,6 +42,7 @@ impl Storage {
         }
     }
 
+    #[inline]
     pub fn len(&self) -> usize {
         match self {
             Self::F32(v) => 4 * v.len(),
@@ -49,6 +51,7 @@ impl Storage {
         }
     }
 
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -256,7 +256,7 @@ pub fn rope_rotate_half(heads: &mut [f32], head_dim: usize, cos: &[f32], sin: &[
     }
 }
 
-/// llama.cpp-order RoPE (Q/K rows of a GGUF, see [`crate::llama::RopeStyle`]) applied in
+/// llama.cpp-order RoPE (Q/K rows of a GGUF, `model`'s `RopeStyle::Interleaved`) applied in
 /// place to every head of one token: `(x_2i, x_2i+1) ← (x_2i·cos − x_2i+1·sin, x_2i+1·cos +
 /// x_2i·sin)`, with the frequencies of pair `i` as in [`rope_rotate_half`].
 #[inline]

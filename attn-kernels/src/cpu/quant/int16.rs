@@ -99,8 +99,8 @@ mod x86 {
     use std::arch::x86_64::*;
 
     use super::X16;
-    use crate::quant::avx2::{PREFETCH_AHEAD, f16_at, hsum};
-    use crate::quant::{GgmlType, Out, PartRef};
+    use crate::cpu::quant::avx2::{PREFETCH_AHEAD, f16_at, hsum};
+    use crate::cpu::quant::{GgmlType, Out, PartRef};
 
     /// One group of 32 activations at `x` into int16 words: values 0..16 at `words`, 16..32 at
     /// `words + 32`; returns the group's f32 sum and scale (see [`X16::quantize`]).
@@ -379,7 +379,7 @@ mod x86 {
             ///
             /// # Safety
             /// As the kernel's.
-            pub(in crate::quant) unsafe fn $name(
+            pub(in crate::cpu::quant) unsafe fn $name(
                 part: &PartRef<'_>,
                 rows: std::ops::Range<usize>,
                 xq: &X16,

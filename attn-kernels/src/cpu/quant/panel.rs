@@ -1,7 +1,7 @@
 //! `x·Wᵀ` for many tokens over a weight's parts: rows are dequantized into f32 and multiplied
 //! into all tokens, so the dequantization is paid once per weight per step, not once per
 //! token. On AVX-512 up to `TOKEN_LANES_MAX_M` tokens each block of 12 rows is dequantized
-//! into a per-thread buffer just before `ops::token_lanes` multiplies it (activations
+//! into a per-thread buffer just before `linear::token_lanes` multiplies it (activations
 //! transposed once per call); past [`SLABS_MIN_M`] tokens (prefill) every part's rows go into
 //! one slab of a few MB for one parallel `gemm` call ([`slabs`]); otherwise cache-sized panels
 //! of rows feed `gemm` one by one.
@@ -11,7 +11,7 @@ use std::cell::RefCell;
 use rayon::prelude::*;
 
 use super::{Isa, Out, PartRef};
-use crate::ops::{TOKEN_LANES_MAX_M, WeightRows, gemm_into, token_lanes_available, token_lanes_rows};
+use crate::cpu::linear::{TOKEN_LANES_MAX_M, WeightRows, gemm_into, token_lanes_available, token_lanes_rows};
 
 /// Rows per panel for rows of `k` values: as many as fit in ~1 MiB (a panel stays in a core's
 /// L2 while `gemm` reads it), at most 256 and at least 16. Wide panels matter: `gemm` packs

@@ -374,7 +374,7 @@ mod tests {
         for &(m, n, k) in &[(1, 12, 3), (16, 13, 17), (17, 24, 64), (33, 25, 40), (300, 36, 9), (5, 7, 576)] {
             let x: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 5.0).collect();
             let w: Vec<f32> = (0..n * k).map(|i| ((i * 5 % 11) as f32 - 5.0) / 7.0).collect();
-            let want = crate::ops::naive_linear(&x, &w, m, n, k);
+            let want = crate::cpu::linear::naive_linear(&x, &w, m, n, k);
             let mut dst = vec![1.0; m * n];
             if !available() {
                 // Without AVX-512 the kernel declines and leaves dst alone.

@@ -9,7 +9,7 @@ use super::int16::{self, X16};
 #[cfg(target_arch = "x86_64")]
 use super::q4_1_wide;
 use super::{Activations, GgmlType, Isa, Out, PartRef};
-use crate::ops::dot;
+use crate::cpu::linear::dot;
 
 /// Rows per rayon task: about eight tasks per thread for work stealing to balance, at least
 /// ~16 KB of weights each so task overhead stays small, and then a task count that is a

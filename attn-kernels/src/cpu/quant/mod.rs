@@ -8,13 +8,13 @@
 //! opted into with [`ActivationPrecision::Int16`], multiplies Q4_0/Q4_1/Q8_0 codes into int16
 //! activations, [`int16`]);
 //! more tokens run [`panel`], which dequantizes rows into f32 once per call and multiplies
-//! them into every token: up to `ops::TOKEN_LANES_MAX_M` tokens (batched decode) 12 rows at a
-//! time into `ops::token_lanes` on AVX-512, or panels of rows into `gemm` without it; past
+//! them into every token: up to `linear::TOKEN_LANES_MAX_M` tokens (batched decode) 12 rows at
+//! a time into `linear::token_lanes` on AVX-512, or panels of rows into `gemm` without it; past
 //! that (prefill) whole weights in slabs of a few MB into one `gemm` call each. The
 //! instruction set is chosen once at run time ([`Isa::detected`]): AVX-512F (sixteen lanes,
 //! [`avx512`]) where the CPU has it, else AVX2 + FMA + F16C ([`avx2`]), else a portable loop
-//! over the scalar dequantization
-//! (`attn_kernels::cpu::ggml::dequantize_block`); the tests run every one the machine can.
+//! over the scalar dequantization ([`crate::cpu::ggml::dequantize_block`]); the tests run
+//! every one the machine can.
 
 /// The SIMD module `$isa`'s [`avx2::Group`]-style type for format `$ty`, bound to `$G`
 /// inside `$body` (one match for every format-generic entry point of both x86 paths).
@@ -127,26 +127,8 @@ pub use storage::Storage;
 
 use rayon::prelude::*;
 
-use crate::ops::{OutPtr, linear};
-pub use attn_kernels::cpu::ggml::{GgmlType, QuantizeError};
-
-/// Formats float weights can be quantized to at load (`--quantization`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Quantization {
-    /// 8-bit, one f16 scale per 32 values (8.5 bits per weight).
-    Q8_0,
-    /// 4-bit, one f16 scale per 32 values (4.5 bits per weight).
-    Q4_0,
-}
-
-impl Quantization {
-    pub fn ggml_type(self) -> GgmlType {
-        match self {
-            Self::Q8_0 => GgmlType::Q8_0,
-            Self::Q4_0 => GgmlType::Q4_0,
-        }
-    }
-}
+pub use crate::cpu::ggml::{GgmlType, QuantizeError};
+use crate::cpu::linear::{OutPtr, linear};
 
 /// Up to this many tokens a quantized projection streams its weights once through [`decode`];
 /// above it, rows are dequantized into `token_lanes` or panels into `gemm` ([`panel`]).
@@ -239,15 +221,18 @@ impl Part {
         }
     }
 
+    #[inline]
     pub fn format(&self) -> GgmlType {
         self.ty
     }
 
+    #[inline]
     pub fn rows(&self) -> usize {
         self.rows
     }
 
     /// The stored bytes.
+    #[inline]
     pub fn bytes(&self) -> &[u8] {
         self.data.bytes()
     }
@@ -277,23 +262,28 @@ impl Weight {
         Self { rows, cols, parts }
     }
 
+    #[inline]
     pub fn rows(&self) -> usize {
         self.rows
     }
 
+    #[inline]
     pub fn cols(&self) -> usize {
         self.cols
     }
 
     /// `rows × cols`.
+    #[inline]
     pub fn len(&self) -> usize {
         self.rows * self.cols
     }
 
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
+    #[inline]
     pub fn parts(&self) -> &[Part] {
         &self.parts
     }
@@ -304,6 +294,7 @@ impl Weight {
     }
 
     /// The values, when the matrix is one f32 part (norm weights, f32 checkpoints).
+    #[inline]
     pub fn as_f32(&self) -> Option<&[f32]> {
         match self.parts.as_slice() {
             [Part { data: Storage::F32(v), .. }] => Some(v),
@@ -365,7 +356,7 @@ impl Weight {
                             &mut values,
                         );
                         let mut out = Vec::new();
-                        attn_kernels::cpu::ggml::quantize(ty, &values, &mut out).map(|()| out)
+                        crate::cpu::ggml::quantize(ty, &values, &mut out).map(|()| out)
                     })
                     .collect::<Result<_, _>>()?;
                 Ok(Part { ty, rows: p.rows, data: Storage::Owned(rows.concat()) })
@@ -514,7 +505,7 @@ impl Isa {
             _ => {
                 let (per_block, block_bytes) = ty.block();
                 for (o, b) in out.chunks_exact_mut(per_block).zip(row.chunks_exact(block_bytes)) {
-                    attn_kernels::cpu::ggml::dequantize_block(ty, b, o);
+                    crate::cpu::ggml::dequantize_block(ty, b, o);
                 }
             }
         }
