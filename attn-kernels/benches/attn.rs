@@ -241,7 +241,7 @@ fn prefill_flops(case: PrefillCase) -> f64 {
 
 fn bench_prefill(c: &mut Criterion, samples: &Samples, case: PrefillCase) {
     let PrefillCase { name, seqs, len, dtype, isa } = case;
-    let opts = AttnOptions { isa: isa.unwrap_or_else(Isa::detect), ..AttnOptions::default() };
+    let opts = AttnOptions { isa: isa.unwrap_or_else(Isa::detected), ..AttnOptions::default() };
     if !opts.isa.is_available() {
         eprintln!("attn: {name} skipped, this CPU lacks {:?}", opts.isa);
         return;

@@ -21,8 +21,9 @@
 //! - [`cpu`]: `Weight` (a matrix in its storage format) and `x·Wᵀ` over it, the f32 `linear`,
 //!   `norm`, `act`, `rope`, and `ggml`'s formats.
 //!
-//! The CPU code uses every rayon thread, AVX2/FMA/F16C inner loops chosen at run time (portable
-//! fallback otherwise), and per-thread scratch so the hot loop never allocates.
+//! The CPU code uses every rayon thread, AVX-512 or AVX2/FMA/F16C inner loops chosen once at
+//! run time ([`Isa`], the one detection for every CPU kernel; portable fallback otherwise), and
+//! per-thread scratch so the hot loop never allocates.
 
 /// Evaluates `$body` with `$key` and `$value` bound to the tensors of `$slices` (a
 /// `kv_cache::$kind`: `CacheSlices` or `CacheSlicesMut`) in their own element type; a storage the
@@ -44,6 +45,7 @@ mod block_ops;
 mod cache_write;
 pub mod cpu;
 mod error;
+mod isa;
 mod meta;
 #[cfg(feature = "testing")]
 pub mod reference;
@@ -53,8 +55,8 @@ pub use attention::{AttnOptions, SplitPolicy, paged_attention, paged_attention_w
 pub use block_ops::{copy_blocks, swap_blocks, swap_in, swap_out};
 pub use cache_write::reshape_and_cache;
 pub use error::AttnError;
+pub use isa::Isa;
 pub use meta::{PagedAttnMetadata, SUPPORTED_BLOCK_SIZES, SUPPORTED_HEAD_SIZES};
-pub use simd::Isa;
 
 #[cfg(feature = "cuda")]
 pub mod cuda;

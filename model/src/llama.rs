@@ -4,10 +4,11 @@
 
 use std::path::Path;
 
+use attn_kernels::Isa;
 use attn_kernels::backend::{Cpu, KernelBackend};
 use attn_kernels::cpu::act::silu_mul;
 use attn_kernels::cpu::norm::rms_norm;
-use attn_kernels::cpu::quant::{ActivationPrecision, GgmlType, Isa, Part, QuantizeError, Storage, Weight};
+use attn_kernels::cpu::quant::{ActivationPrecision, GgmlType, Part, QuantizeError, Storage, Weight};
 use attn_kernels::cpu::rope::{rope_interleaved, rope_rotate_half};
 use kv_cache::KvCache;
 use rayon::prelude::*;

@@ -18,8 +18,8 @@ use kv_cache::{CacheGeometry, LayerCache};
 use rayon::prelude::*;
 
 use crate::meta::validate;
-use crate::simd::{Isa, KernelElem, prepare_query, qrep_len};
-use crate::{AttnError, PagedAttnMetadata};
+use crate::simd::{KernelElem, prepare_query, qrep_len};
+use crate::{AttnError, Isa, PagedAttnMetadata};
 
 /// Context tokens per partition on the split-context decode path.
 pub const PARTITION_TOKENS: usize = 512;
@@ -86,7 +86,7 @@ pub struct AttnOptions {
 
 impl Default for AttnOptions {
     fn default() -> Self {
-        AttnOptions { isa: Isa::detect(), split: SplitPolicy::Auto }
+        AttnOptions { isa: Isa::detected(), split: SplitPolicy::Auto }
     }
 }
 

@@ -4,11 +4,13 @@
 use rayon::prelude::*;
 
 use super::TOKENS_PER_TASK;
+#[cfg(target_arch = "x86_64")]
+use crate::Isa;
 
 /// SwiGLU: `out[t, i] = silu(gate_up[t, i]) * gate_up[t, inter + i]`.
 pub fn silu_mul(out: &mut [f32], gate_up: &[f32], inter: usize) {
     #[cfg(target_arch = "x86_64")]
-    let avx512 = is_x86_feature_detected!("avx512f");
+    let avx512 = Isa::detected() == Isa::Avx512;
     out.par_chunks_mut(inter * TOKENS_PER_TASK)
         .zip(gate_up.par_chunks(2 * inter * TOKENS_PER_TASK))
         .for_each(|(o, gu)| {
@@ -16,7 +18,7 @@ pub fn silu_mul(out: &mut [f32], gate_up: &[f32], inter: usize) {
                 let (g, u) = gurow.split_at(inter);
                 #[cfg(target_arch = "x86_64")]
                 if avx512 {
-                    // SAFETY: AVX-512F was detected at run time.
+                    // SAFETY: the AVX-512 tier (AVX-512F) was detected at run time.
                     unsafe { silu_mul_row_avx512(orow, g, u) };
                     continue;
                 }

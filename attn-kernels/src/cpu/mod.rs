@@ -5,6 +5,9 @@
 //! - [`norm`]: RMSNorm. [`act`]: SwiGLU. [`rope`]: rotary embedding of one token's heads.
 //! - [`ggml`]: ggml's block formats (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, F16, BF16, F32),
 //!   dequantization and reference quantizers.
+//!
+//! The instruction set is the crate's one run-time choice, [`crate::Isa`], shared with the
+//! attention kernels; every kernel has a portable fallback.
 
 pub mod act;
 pub mod ggml;

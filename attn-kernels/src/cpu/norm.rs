@@ -4,22 +4,22 @@
 use rayon::prelude::*;
 
 use super::TOKENS_PER_TASK;
+use crate::Isa;
 
 /// `out[t] = x[t] / rms(x[t]) * weight` for every row of width `weight.len()`.
 pub fn rms_norm(out: &mut [f32], x: &[f32], weight: &[f32], eps: f64) {
     let h = weight.len();
-    #[cfg(target_arch = "x86_64")]
-    let (avx512, avx2) = (is_x86_feature_detected!("avx512f"), is_x86_feature_detected!("avx2"));
+    let isa = Isa::detected();
     out.par_chunks_mut(h * TOKENS_PER_TASK).zip(x.par_chunks(h * TOKENS_PER_TASK)).for_each(|(o, xi)| {
-        #[cfg(target_arch = "x86_64")]
-        if avx512 {
-            // SAFETY: AVX-512F was detected at run time.
-            return unsafe { rms_norm_rows_avx512(o, xi, weight, eps) };
-        } else if avx2 {
-            // SAFETY: AVX2 was detected at run time.
-            return unsafe { rms_norm_rows_avx2(o, xi, weight, eps) };
+        match isa {
+            // SAFETY: the AVX-512 tier (AVX-512F) was detected at run time.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => unsafe { rms_norm_rows_avx512(o, xi, weight, eps) },
+            // SAFETY: the AVX2 tier was detected at run time.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => unsafe { rms_norm_rows_avx2(o, xi, weight, eps) },
+            _ => rms_norm_rows(o, xi, weight, eps),
         }
-        rms_norm_rows(o, xi, weight, eps);
     });
 }
 

@@ -1,4 +1,4 @@
-//! AVX-512 (F + DQ) micro-kernels of the decode hot loops: `q·k` over a key tile and `p · V` over
+//! AVX-512F micro-kernels of the decode hot loops: `q·k` over a key tile and `p · V` over
 //! runs of value tiles. Callers check the CPU features and slice lengths.
 //!
 //! Why a second x86 path: with 16 lanes per instruction and 32 registers, each key/value load
@@ -12,6 +12,25 @@ use super::{Ahead, KernelElem};
 
 /// Lanes per vector.
 const L: usize = 16;
+
+/// The 8 floats at `p` in both halves of a vector (`vbroadcastf64x4`: AVX-512F; DQ's
+/// `vbroadcastf32x8` moves the same bits).
+///
+/// # Safety
+/// `p .. p + 8` is readable; AVX-512F is enabled by the calling function.
+#[inline(always)]
+unsafe fn broadcast8(p: *const f32) -> __m512 {
+    // SAFETY: per the contract.
+    unsafe { _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(p)))) }
+}
+
+/// The upper 8 floats of `v` (`vextractf64x4`: AVX-512F; DQ's `vextractf32x8` moves the same
+/// bits).
+#[inline(always)]
+unsafe fn upper8(v: __m512) -> __m256 {
+    // SAFETY: pure register arithmetic; AVX-512F is enabled by the calling function.
+    unsafe { _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v))) }
+}
 
 /// Lane `4k + m` of the result is the sum of the four lanes of quarter (128-bit lane) `k` of
 /// `e[m]`: a 4×4 transpose-and-add inside each quarter.
@@ -81,7 +100,7 @@ unsafe fn qk_heads<T: KernelElem, const H: usize, const V: usize>(
                 }
                 for (h, a) in acc.iter_mut().enumerate() {
                     // The 8 prepared lanes (x dims, repeated) in both halves match 16 / x tokens.
-                    let q = _mm512_broadcast_f32x8(_mm256_loadu_ps(qrep.add(h * ql + c * 8)));
+                    let q = broadcast8(qrep.add(h * ql + c * 8));
                     for (av, &kv) in a.iter_mut().zip(&k) {
                         *av = _mm512_fmadd_ps(kv, q, *av);
                     }
@@ -113,7 +132,7 @@ unsafe fn qk_heads<T: KernelElem, const H: usize, const V: usize>(
                     let s = untranspose4(sum_quarters4(quads[h][0], quads[h][1], a, b));
                     _mm256_storeu_ps(out.add(h * stride), _mm512_castps512_ps256(s));
                     if h + 1 < H {
-                        _mm256_storeu_ps(out.add((h + 1) * stride), _mm512_extractf32x8_ps::<1>(s));
+                        _mm256_storeu_ps(out.add((h + 1) * stride), upper8(s));
                     }
                 }
             }
@@ -122,10 +141,10 @@ unsafe fn qk_heads<T: KernelElem, const H: usize, const V: usize>(
 }
 
 /// # Safety
-/// AVX-512F/DQ available; `tile.len() >= d * bs`, `qrep.len() >= nh * d / x * 8`,
+/// AVX-512F, AVX2, FMA and F16C available; `tile.len() >= d * bs`, `qrep.len() >= nh * d / x * 8`,
 /// `scores.len() >= (nh - 1) * stride + bs`; `bs` in {8, 16, 32}, `d` a multiple of `x`.
 #[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx512f,avx512dq,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
 pub(super) unsafe fn qk_rows<T: KernelElem>(
     tile: &[T],
     qrep: &[f32],
@@ -186,7 +205,7 @@ unsafe fn pv_heads<T: KernelElem, const H: usize, const BS: usize>(
                     // Vector u covers tokens (16u mod BS) .. + 16 of its row(s).
                     let w = match BS {
                         8 => {
-                            let w = _mm512_broadcast_f32x8(_mm256_loadu_ps(ph));
+                            let w = broadcast8(ph);
                             [w, w]
                         }
                         16 => {
@@ -211,8 +230,7 @@ unsafe fn pv_heads<T: KernelElem, const H: usize, const BS: usize>(
                     } else {
                         // 16 tokens of one row: fold onto that row's 8 lanes.
                         let p = dst.add(e / BS * 8);
-                        let folded =
-                            _mm256_add_ps(_mm512_castps512_ps256(au), _mm512_extractf32x8_ps::<1>(au));
+                        let folded = _mm256_add_ps(_mm512_castps512_ps256(au), upper8(au));
                         _mm256_storeu_ps(p, _mm256_add_ps(_mm256_loadu_ps(p), folded));
                     }
                 }
@@ -222,10 +240,10 @@ unsafe fn pv_heads<T: KernelElem, const H: usize, const BS: usize>(
 }
 
 /// # Safety
-/// AVX-512F/DQ available; every tile `>= d * bs` elements, `probs.len() >= (nh - 1) * stride +
+/// AVX-512F, AVX2, FMA and F16C available; every tile `>= d * bs` elements, `probs.len() >= (nh - 1) * stride +
 /// tiles.len() * bs`, `acc8.len() >= nh * d * 8`; `bs` in {8, 16, 32}, `d` a multiple of 8.
 #[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx512f,avx512dq,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
 pub(super) unsafe fn pv_blocks<T: KernelElem>(
     tiles: &[&[T]],
     probs: &[f32],

@@ -15,10 +15,11 @@
 //! query head of the GQA group). Register blocks: AVX-512 8 keys (or dims) × 3 vectors of 16
 //! rows = 24 accumulators; AVX2 4 × 3 × 8; the loads per FMA stay under the two load ports' rate.
 
+use super::KernelElem;
 #[cfg(target_arch = "x86_64")]
 use super::lanes::{Avx2, Avx512};
 use super::lanes::{Lanes, Plain};
-use super::{Isa, KernelElem};
+use crate::Isa;
 
 /// Keys per step: the score tile is `[STEP_KEYS][rows]` (with the widened keys and values, a
 /// few hundred KiB: it stays in L2 while every row block walks it).

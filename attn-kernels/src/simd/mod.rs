@@ -5,7 +5,7 @@
 //! `pv_blocks` (`acc += p · V` over value tiles `[head_size, block_size]`), plus a vectorized
 //! `exp`. Prefill: the tiled step of `flash` (query rows in vector lanes), written once over
 //! `lanes::Lanes`. The AVX2/FMA/F16C versions are chosen at run time, with AVX-512 versions on
-//! CPUs that have it; the portable ones are plain loops.
+//! CPUs that have it (the crate's one [`Isa`]); the portable ones are plain loops.
 
 /// `match $v` over the values `$n` (and `$last` for any other), evaluating `$body` with `$C` a
 /// `const` of the value matched, so that the kernel it calls is monomorphized per value.
@@ -62,50 +62,10 @@ mod x86;
 use half::{bf16, f16};
 use kv_cache::CacheElem;
 
+use crate::Isa;
+
 pub(crate) use flash::{FlashTile, KvRun, ROW_ALIGN, STEP_KEYS, flash_step};
 pub(crate) use widen::widen_masked;
-
-/// Instruction set the CPU kernels run with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Isa {
-    /// Plain Rust loops (whatever the compiler vectorizes for the baseline target).
-    Portable,
-    /// AVX2 + FMA + F16C intrinsics (x86-64 only, checked at run time).
-    Avx2,
-    /// [`Isa::Avx2`] plus AVX-512F/DQ for the decode micro-kernels (`q·k`, `p·V`).
-    Avx512,
-}
-
-impl Isa {
-    /// Every instruction set, best last.
-    pub const ALL: [Isa; 3] = [Isa::Portable, Isa::Avx2, Isa::Avx512];
-
-    /// The best instruction set this CPU supports.
-    pub fn detect() -> Isa {
-        Isa::ALL.into_iter().rev().find(|isa| isa.is_available()).unwrap_or(Isa::Portable)
-    }
-
-    /// Whether this CPU can run `self`.
-    pub fn is_available(self) -> bool {
-        #[cfg(target_arch = "x86_64")]
-        let avx2 = || {
-            is_x86_feature_detected!("avx2")
-                && is_x86_feature_detected!("fma")
-                && is_x86_feature_detected!("f16c")
-        };
-        match self {
-            Isa::Portable => true,
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => avx2(),
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => {
-                avx2() && is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512dq")
-            }
-            #[cfg(not(target_arch = "x86_64"))]
-            _ => false,
-        }
-    }
-}
 
 /// Cache element types the micro-kernels can load as 8 (AVX2) or 16 (AVX-512) `f32` lanes.
 pub(crate) trait KernelElem: CacheElem {
@@ -270,8 +230,8 @@ pub(crate) fn finish_rows(isa: Isa, acc8: &[f32], scale: f32, out: &mut [f32]) {
     assert!(acc8.len() >= out.len() * 8);
     match isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx2`/`Avx512` are only used after `is_available` said yes (AVX-512 there
-        // implies AVX2); lengths checked above.
+        // SAFETY: `Isa::Avx2`/`Avx512` are only used after `is_available` said yes (the AVX-512
+        // tier includes AVX2); lengths checked above.
         Isa::Avx2 | Isa::Avx512 if out.len().is_multiple_of(8) => unsafe {
             x86::finish_rows(acc8, scale, out)
         },
@@ -466,7 +426,7 @@ mod tests {
 
     #[test]
     fn micro_kernels_match_naive_loops_on_every_isa_and_dtype() {
-        for isa in Isa::ALL.into_iter().filter(|i| i.is_available()) {
+        for isa in Isa::available() {
             check_isa::<f32>(isa);
             check_isa::<f16>(isa);
             check_isa::<bf16>(isa);
@@ -475,7 +435,7 @@ mod tests {
 
     #[test]
     fn exp_matches_std_and_sums() {
-        for isa in Isa::ALL.into_iter().filter(|i| i.is_available()) {
+        for isa in Isa::available() {
             let src: Vec<f32> = (0..203).map(|i| (i as f32 - 150.0) * 0.7).collect();
             let mut v = src.clone();
             let max = max_of(&v);

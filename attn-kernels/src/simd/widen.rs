@@ -1,10 +1,11 @@
 //! A value tile widened to f32 with its slots past the context zeroed: decode's last, partly
 //! filled block, whose `p = 0` slots would still turn a NaN (stale or poisoned) into NaN.
 
+use super::KernelElem;
 #[cfg(target_arch = "x86_64")]
 use super::lanes::{Avx2, Avx512};
 use super::lanes::{Lanes, Plain};
-use super::{Isa, KernelElem};
+use crate::Isa;
 
 /// `dst[dim·bs + t]` = `v[dim·bs + t]` as f32 for `t < valid`, +0 for `valid ≤ t < bs`, over
 /// the `d` dims of a value tile `[d, bs]`. Vectorized: as a scalar loop (one conversion and
@@ -80,7 +81,7 @@ mod tests {
     /// the kept slots exactly the scalar conversion (NaN stays NaN), the rest +0 even where
     /// the tile holds NaN or infinity.
     fn check<T: KernelElem>(from: impl Fn(f32) -> T) {
-        for isa in Isa::ALL.into_iter().filter(|i| i.is_available()) {
+        for isa in Isa::available() {
             for bs in [8, 16, 32] {
                 for d in [2, 16, 64] {
                     let v: Vec<T> = (0..d * bs)

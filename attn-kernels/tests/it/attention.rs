@@ -129,7 +129,7 @@ proptest! {
     /// AVX-512 machine, and the portable loops) against the f64 reference.
     #[test]
     fn prefill_matches_reference_on_every_isa(batch in prefill_batch(), dtype in dtypes()) {
-        for isa in Isa::ALL.into_iter().filter(|isa| isa.is_available()) {
+        for isa in Isa::available() {
             let (got, want) = run_both(&batch, dtype, &AttnOptions { isa, split: SplitPolicy::Auto });
             assert_close(&got, &want, ABS, REL, &format!("{dtype} {isa:?}"));
         }
@@ -247,7 +247,7 @@ fn softmax_is_safe_for_huge_logits() {
         let built = batch.build();
         let cache = batch.cache(&built, DType::F32);
         for split in [SplitPolicy::Never, SplitPolicy::Always { partition_tokens: 64 }] {
-            let opts = AttnOptions { isa: Isa::detect(), split };
+            let opts = AttnOptions { isa: Isa::detected(), split };
             let mut got = vec![0.0; built.query.len()];
             let mut want = vec![0.0; built.query.len()];
             paged_attention_with(&opts, &mut got, &built.query, &cache, &built.meta(), 2, 1e3)
@@ -269,7 +269,7 @@ fn long_context_paths_agree() {
     let mut want = vec![0.0; built.query.len()];
     reference::paged_attention(&mut want, &built.query, &cache, &built.meta(), 8, batch.scale())
         .expect("reference");
-    for isa in Isa::ALL.into_iter().filter(|isa| isa.is_available()) {
+    for isa in Isa::available() {
         for split in [SplitPolicy::Auto, SplitPolicy::Never, SplitPolicy::Always { partition_tokens: 512 }] {
             let mut got = vec![0.0; built.query.len()];
             paged_attention_with(

@@ -3,11 +3,12 @@
 //! by weight bandwidth and packing would only add traffic. The work is cut into tiles of up to
 //! 4 tokens × 4 weight rows, each tile keeping one accumulator per (token, row) pair, so the
 //! loads of four independent weight streams are in flight at once. AVX-512 when the CPU has it
-//! (checked at run time), otherwise a portable loop.
+//! (the crate's [`Isa`], detected at run time), otherwise a portable loop.
 
 use rayon::prelude::*;
 
 use super::OutPtr;
+use crate::Isa;
 
 /// Tokens per tile.
 const MR: usize = 4;
@@ -29,7 +30,7 @@ pub fn small_m_linear(dst: &mut [f32], x: &[f32], w: &[f32], m: usize, n: usize,
     if m == 0 || n == 0 {
         return;
     }
-    let isa = Isa::get();
+    let isa = Isa::detected();
     let out = OutPtr(dst.as_mut_ptr());
     let per_task = rows_per_task(n, k);
     (0..n.div_ceil(per_task)).into_par_iter().for_each(|task| {
@@ -43,7 +44,7 @@ pub fn small_m_linear(dst: &mut [f32], x: &[f32], w: &[f32], m: usize, n: usize,
                 let mr = (m - t).min(MR);
                 let mut acc = [[0.0f32; NR]; MR];
                 // SAFETY: rows t..t+mr of x and j..j+nr of w lie inside the checked buffers.
-                unsafe { isa.tile(x.as_ptr().add(t * k), w.as_ptr().add(j * k), k, mr, nr, &mut acc) };
+                unsafe { tile(isa, x.as_ptr().add(t * k), w.as_ptr().add(j * k), k, mr, nr, &mut acc) };
                 for (i, row) in acc.iter().enumerate().take(mr) {
                     for (c, &v) in row.iter().enumerate().take(nr) {
                         // SAFETY: (t+i, j+c) < (m, n) and only this task writes column j+c.
@@ -60,53 +61,34 @@ pub fn small_m_linear(dst: &mut [f32], x: &[f32], w: &[f32], m: usize, n: usize,
     });
 }
 
-/// The instruction set the tiles run with, detected once.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Isa {
-    Portable,
-    #[cfg(target_arch = "x86_64")]
-    Avx512,
-}
-
-impl Isa {
-    fn get() -> Isa {
-        static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
-        *ISA.get_or_init(|| {
-            #[cfg(target_arch = "x86_64")]
-            if is_x86_feature_detected!("avx512f") {
-                return Isa::Avx512;
-            }
-            Isa::Portable
-        })
-    }
-
-    /// `acc[i][c] = Σ_kk x[i·k + kk] · w[c·k + kk]` for `i < mr`, `c < nr`.
-    ///
-    /// # Safety
-    /// `x` must point at `mr·k` readable floats and `w` at `nr·k`; `mr, nr` in `1..=4`.
-    unsafe fn tile(
-        self,
-        x: *const f32,
-        w: *const f32,
-        k: usize,
-        mr: usize,
-        nr: usize,
-        acc: &mut [[f32; NR]; MR],
-    ) {
-        match self {
-            Isa::Portable => {
-                for (i, row) in acc.iter_mut().enumerate().take(mr) {
-                    // SAFETY: in bounds per the contract.
-                    let xs = unsafe { std::slice::from_raw_parts(x.add(i * k), k) };
-                    for (c, v) in row.iter_mut().enumerate().take(nr) {
-                        let ws = unsafe { std::slice::from_raw_parts(w.add(c * k), k) };
-                        *v = super::dot(xs, ws);
-                    }
+/// `acc[i][c] = Σ_kk x[i·k + kk] · w[c·k + kk]` for `i < mr`, `c < nr`: the AVX-512 kernel
+/// on [`Isa::Avx512`], a portable loop on the others (AVX2 has no tile kernel of its own).
+///
+/// # Safety
+/// `x` must point at `mr·k` readable floats and `w` at `nr·k`; `mr, nr` in `1..=4`; `isa` is
+/// available on this CPU.
+unsafe fn tile(
+    isa: Isa,
+    x: *const f32,
+    w: *const f32,
+    k: usize,
+    mr: usize,
+    nr: usize,
+    acc: &mut [[f32; NR]; MR],
+) {
+    match isa {
+        // SAFETY: the AVX-512 tier (AVX-512F) is available; bounds per the contract.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { avx512::tile(x, w, k, mr, nr, acc) },
+        _ => {
+            for (i, row) in acc.iter_mut().enumerate().take(mr) {
+                // SAFETY: in bounds per the contract.
+                let xs = unsafe { std::slice::from_raw_parts(x.add(i * k), k) };
+                for (c, v) in row.iter_mut().enumerate().take(nr) {
+                    let ws = unsafe { std::slice::from_raw_parts(w.add(c * k), k) };
+                    *v = super::dot(xs, ws);
                 }
             }
-            // SAFETY: AVX-512F was detected; bounds per the contract.
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => unsafe { avx512::tile(x, w, k, mr, nr, acc) },
         }
     }
 }
@@ -120,10 +102,10 @@ mod avx512 {
     /// Floats ahead of the current position that each weight stream prefetches.
     const PREFETCH_AHEAD: usize = 256;
 
-    /// Dispatches to the tile shape; see [`super::Isa::tile`].
+    /// Dispatches to the tile shape; see [`super::tile`].
     ///
     /// # Safety
-    /// As `Isa::tile`, and the CPU supports AVX-512F.
+    /// As `super::tile`, and the CPU supports AVX-512F.
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn tile(
         x: *const f32,
@@ -217,7 +199,7 @@ mod avx512 {
 mod tests {
     use super::*;
 
-    /// Every tile shape and edge (k tails, partial token and row tiles), both ISAs.
+    /// Every tile shape and edge (k tails, partial token and row tiles), every ISA.
     #[test]
     fn matches_naive_on_every_edge() {
         for &(m, n, k) in
@@ -231,14 +213,14 @@ mod tests {
             for (d, e) in dst.iter().zip(&want) {
                 assert!((d - 1.0 - e).abs() < 1e-3, "m={m} n={n} k={k}: {d} vs {e}");
             }
-            for isa in [Isa::Portable, Isa::get()] {
+            for isa in Isa::available() {
                 for t in 0..m.div_ceil(MR) {
                     for j in 0..n.div_ceil(NR) {
                         let (mr, nr) = ((m - t * MR).min(MR), (n - j * NR).min(NR));
                         let mut acc = [[f32::NAN; NR]; MR];
                         // SAFETY: the tile lies inside x and w.
                         unsafe {
-                            isa.tile(x[t * MR * k..].as_ptr(), w[j * NR * k..].as_ptr(), k, mr, nr, &mut acc)
+                            tile(isa, x[t * MR * k..].as_ptr(), w[j * NR * k..].as_ptr(), k, mr, nr, &mut acc)
                         };
                         for (i, row) in acc.iter().enumerate().take(mr) {
                             for (c, v) in row.iter().enumerate().take(nr) {

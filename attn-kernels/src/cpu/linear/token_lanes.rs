@@ -13,6 +13,7 @@ use std::cell::RefCell;
 use rayon::prelude::*;
 
 use super::OutPtr;
+use crate::Isa;
 
 /// Tokens per micro-tile (two zmm registers of lanes).
 const TM: usize = 32;
@@ -22,19 +23,10 @@ const TN: usize = 12;
 /// of a rayon task runs over them.
 const MC: usize = 128;
 
-/// Whether this CPU runs [`token_lanes_linear`].
+/// Whether this CPU runs [`token_lanes_linear`] (the AVX-512 tier of [`Isa`]).
+#[inline]
 pub fn available() -> bool {
-    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *AVAILABLE.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            is_x86_feature_detected!("avx512f")
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            false
-        }
-    })
+    Isa::detected() == Isa::Avx512
 }
 
 thread_local! {

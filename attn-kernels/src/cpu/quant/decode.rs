@@ -8,7 +8,8 @@ use rayon::prelude::*;
 use super::int16::{self, X16};
 #[cfg(target_arch = "x86_64")]
 use super::q4_1_wide;
-use super::{Activations, GgmlType, Isa, Out, PartRef};
+use super::{Activations, GgmlType, Out, PartRef};
+use crate::Isa;
 use crate::cpu::linear::dot;
 
 /// Rows per rayon task: about eight tasks per thread for work stealing to balance, at least
@@ -90,7 +91,7 @@ pub(super) fn matmul_parts(
                 #[cfg(target_arch = "x86_64")]
                 Kernel::Int16 => unsafe {
                     let xq = xq.expect("int16 kernels are chosen only with int16 activations");
-                    if isa == Isa::Avx512 && int16::avx512_vnni() {
+                    if isa == Isa::Avx512 && crate::isa::avx512_vnni() {
                         int16::dot_rows_avx512(part, rows, xq, t, mr, out, accumulate)
                     } else {
                         int16::dot_rows_avx2(part, rows, xq, t, mr, out, accumulate)
@@ -134,7 +135,7 @@ impl Kernel {
             Kernel::Portable
         } else if int16_acts && int16::supports(ty) {
             Kernel::Int16
-        } else if isa.is_avx512() && ty == GgmlType::Q4_1 {
+        } else if isa == Isa::Avx512 && ty == GgmlType::Q4_1 {
             Kernel::Q4_1Wide
         } else {
             Kernel::Groups

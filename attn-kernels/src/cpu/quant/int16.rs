@@ -19,13 +19,6 @@ pub(super) fn supports(ty: super::GgmlType) -> bool {
     matches!(ty, Q4_0 | Q4_1 | Q8_0)
 }
 
-/// Whether the CPU has AVX-512BW and VNNI (the zmm kernel), detected once.
-#[cfg(target_arch = "x86_64")]
-pub(super) fn avx512_vnni() -> bool {
-    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *HAS.get_or_init(|| is_x86_feature_detected!("avx512bw") && is_x86_feature_detected!("avx512vnni"))
-}
-
 /// The activations of one decode call in int16: per token and pair of groups, 64 words in the
 /// pair layout (module doc); `dx[m][pairs·2]` (a zero group's scale is 0), and the f32 group
 /// sums `sums[m][groups]` for the offsets.

@@ -11,8 +11,8 @@
 //! them into every token: up to `linear::TOKEN_LANES_MAX_M` tokens (batched decode) 12 rows at
 //! a time into `linear::token_lanes` on AVX-512, or panels of rows into `gemm` without it; past
 //! that (prefill) whole weights in slabs of a few MB into one `gemm` call each. The
-//! instruction set is chosen once at run time ([`Isa::detected`]): AVX-512F (sixteen lanes,
-//! [`avx512`]) where the CPU has it, else AVX2 + FMA + F16C ([`avx2`]), else a portable loop
+//! instruction set is the crate's one run-time choice ([`Isa::detected`]): AVX-512F (sixteen
+//! lanes, [`avx512`]) where the CPU has it, else AVX2 + FMA + F16C ([`avx2`]), else a portable loop
 //! over the scalar dequantization ([`crate::cpu::ggml::dequantize_block`]); the tests run
 //! every one the machine can.
 
@@ -127,6 +127,7 @@ pub use storage::Storage;
 
 use rayon::prelude::*;
 
+use crate::Isa;
 pub use crate::cpu::ggml::{GgmlType, QuantizeError};
 use crate::cpu::linear::{OutPtr, linear};
 
@@ -146,59 +147,6 @@ pub enum ActivationPrecision {
     /// (`int16`): 2⁻¹⁶ of each group's largest value, a measured tolerance (the model crate's
     /// golden test), an option for CPUs where the float kernels are compute-bound.
     Int16,
-}
-
-/// The instruction set the quantized kernels run with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Isa {
-    /// Scalar dequantization, then vectorizable f32 loops.
-    Portable,
-    /// AVX2 + FMA + F16C: dequantization in ymm registers.
-    #[cfg(target_arch = "x86_64")]
-    Avx2,
-    /// AVX-512F on top of those: dequantization in zmm registers.
-    #[cfg(target_arch = "x86_64")]
-    Avx512,
-}
-
-impl Isa {
-    /// The best path this CPU runs, detected once.
-    pub fn detected() -> Isa {
-        static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
-        *ISA.get_or_init(|| {
-            #[cfg(target_arch = "x86_64")]
-            if is_x86_feature_detected!("avx2")
-                && is_x86_feature_detected!("fma")
-                && is_x86_feature_detected!("f16c")
-            {
-                if is_x86_feature_detected!("avx512f") {
-                    return Isa::Avx512;
-                }
-                return Isa::Avx2;
-            }
-            Isa::Portable
-        })
-    }
-
-    /// Whether this is the AVX-512 path (false on every other architecture, where the
-    /// variant does not exist).
-    fn is_avx512(self) -> bool {
-        #[cfg(target_arch = "x86_64")]
-        return self == Isa::Avx512;
-        #[cfg(not(target_arch = "x86_64"))]
-        return false;
-    }
-
-    /// Every path this CPU can run (the tests run each).
-    pub fn available() -> Vec<Isa> {
-        match Isa::detected() {
-            Isa::Portable => vec![Isa::Portable],
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => vec![Isa::Portable, Isa::Avx2],
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => vec![Isa::Portable, Isa::Avx2, Isa::Avx512],
-        }
-    }
 }
 
 /// Rows of one storage format inside a [`Weight`].
@@ -375,7 +323,8 @@ impl Weight {
         self.matmul_with(Isa::detected(), dst, x, m, accumulate);
     }
 
-    /// [`Self::matmul`] on a chosen path (tests force each one).
+    /// [`Self::matmul`] on a chosen path (tests force each one; one this CPU lacks runs as
+    /// [`Isa::Portable`]).
     pub fn matmul_with(&self, isa: Isa, dst: &mut [f32], x: &[f32], m: usize, accumulate: bool) {
         self.matmul_as(isa, ActivationPrecision::default(), dst, x, m, accumulate);
     }
@@ -392,6 +341,8 @@ impl Weight {
     ) {
         let (n, k) = (self.rows, self.cols);
         assert!(dst.len() >= m * n && x.len() >= m * k, "Weight::matmul: short buffer");
+        // Every kernel below may take `isa`'s instructions: only ones this CPU has.
+        let isa = if isa.is_available() { isa } else { Isa::Portable };
         if let Some(w) = self.as_f32() {
             linear(dst, x, w, m, n, k, accumulate);
             return;

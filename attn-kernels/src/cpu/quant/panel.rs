@@ -10,7 +10,8 @@ use std::cell::RefCell;
 
 use rayon::prelude::*;
 
-use super::{Isa, Out, PartRef};
+use super::{Out, PartRef};
+use crate::Isa;
 use crate::cpu::linear::{TOKEN_LANES_MAX_M, WeightRows, gemm_into, token_lanes_available, token_lanes_rows};
 
 /// Rows per panel for rows of `k` values: as many as fit in ~1 MiB (a panel stays in a core's

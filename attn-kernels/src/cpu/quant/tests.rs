@@ -2,12 +2,12 @@
 //! on every path this CPU runs (the portable one everywhere), with NaN around every buffer so
 //! a read or write outside its bounds shows.
 
-use crate::cpu::ggml::dequantize;
 use half::{bf16, f16};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::*;
+use crate::cpu::ggml::dequantize;
 
 const FORMATS: [GgmlType; 7] = [
     GgmlType::Q4_0,
