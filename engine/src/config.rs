@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-pub use model::quant::{ActivationPrecision, Quantization};
 pub use model::runner::{DType, Device, KvCacheSize};
+pub use model::{ActivationPrecision, Quantization};
 pub use scheduler::{Policy, PreemptionMode};
 
 /// Engine settings; `Default` gives vLLM-like values for a small CPU deployment.

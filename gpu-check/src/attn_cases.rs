@@ -10,7 +10,7 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use kernels::{AttnError, PagedAttnMetadata};
+use attn_kernels::{AttnError, PagedAttnMetadata};
 
 /// One attention batch on one layer: a NaN-poisoned cache whose used slots hold random K/V,
 /// shuffled physical blocks, and random queries.
@@ -83,7 +83,7 @@ impl AttnCase {
         let row = geometry.num_kv_heads * geometry.head_size;
         let kv: Vec<f32> = (0..slots.len() * row).map(|_| rng.random_range(-1.0f32..1.0)).collect();
         let vv: Vec<f32> = (0..slots.len() * row).map(|_| rng.random_range(-1.0f32..1.0)).collect();
-        kernels::reshape_and_cache(&kv, &vv, &slots, &mut cache)?;
+        attn_kernels::reshape_and_cache(&kv, &vv, &slots, &mut cache)?;
         let mut query_start_loc = vec![0];
         for &(q, _) in chunks {
             query_start_loc.push(query_start_loc.last().copied().unwrap_or(0) + q);
@@ -122,7 +122,7 @@ impl AttnCase {
     /// The f64-softmax reference output.
     pub fn reference(&self) -> Result<Vec<f32>, AttnError> {
         let mut out = vec![0.0; self.query.len()];
-        kernels::reference::paged_attention(
+        attn_kernels::reference::paged_attention(
             &mut out,
             &self.query,
             &self.cache,
@@ -463,7 +463,14 @@ mod tests {
                 let want = case.reference()?;
                 let cpu = |scale: f32| -> Result<Vec<f32>, AttnError> {
                     let mut out = vec![0.0f32; case.query.len()];
-                    kernels::paged_attention(&mut out, &case.query, &case.cache, &case.meta(), 4, scale)?;
+                    attn_kernels::paged_attention(
+                        &mut out,
+                        &case.query,
+                        &case.cache,
+                        &case.meta(),
+                        4,
+                        scale,
+                    )?;
                     Ok(out)
                 };
                 let err = max_rel_error(&cpu(case.scale)?, &want);
@@ -584,7 +591,7 @@ mod tests {
         let mut pool = kv_cache::KvCache::new(kv_cache::CacheConfig::new(shape, place.pool().num_blocks, 2))?;
         let layer = &mut pool.layers_mut()[0];
         layer.fill(f32::NAN);
-        kernels::reshape_and_cache(&inputs.key, &inputs.value, &place.slots(&inputs.slots), layer)?;
+        attn_kernels::reshape_and_cache(&inputs.key, &inputs.value, &place.slots(&inputs.slots), layer)?;
 
         let tail = place.tail_bytes();
         let (sk, sv) = layer_bytes(&case.cache);
@@ -599,13 +606,13 @@ mod tests {
         let table = place.table(&case.block_tables);
         let meta = PagedAttnMetadata { block_tables: &table, ..case.meta() };
         let mut out = vec![0.0; case.query.len()];
-        kernels::reference::paged_attention(&mut out, &case.query, pool.layer(0), &meta, 4, case.scale)?;
+        attn_kernels::reference::paged_attention(&mut out, &case.query, pool.layer(0), &meta, 4, case.scale)?;
         assert_eq!(out, case.reference()?);
 
         let moves = place.moves(&case.block_tables);
-        kernels::copy_blocks(&mut pool, &moves.copies)?;
-        kernels::swap_out(&mut pool, &moves.swap_out)?;
-        kernels::swap_in(&mut pool, &moves.swap_in)?;
+        attn_kernels::copy_blocks(&mut pool, &moves.copies)?;
+        attn_kernels::swap_out(&mut pool, &moves.swap_out)?;
+        attn_kernels::swap_in(&mut pool, &moves.swap_in)?;
         place.apply_moves(&mut want_k, &moves);
         place.apply_moves(&mut want_v, &moves);
         let (pk, pv) = layer_bytes(pool.layer(0));

@@ -107,7 +107,7 @@ pub fn logits(model: &Llama, tokens: &[u32], sampled: usize, half: Option<DType>
     let half_d = d / 2;
     let scale = 1.0 / (d as f32).sqrt();
     for layer in &model.layers {
-        let w = |m: &model::quant::Weight| rounded(m.to_f32(), half);
+        let w = |m: &attn_kernels::cpu::quant::Weight| rounded(m.to_f32(), half);
         let (qkv_w, o_w, gu_w, down_w) = (w(&layer.qkv), w(&layer.o_proj), w(&layer.gate_up), w(&layer.down));
         let normed = rms_norm(&x, &w(&layer.input_norm), eps, half);
         let qkv = linear(&normed, &qkv_w, h);

@@ -1,12 +1,12 @@
-//! A CPU model of the tiled prefill kernel (`paged_prefill_body` in `kernels`' `attention.cu`;
+//! A CPU model of the tiled prefill kernel (`paged_prefill_body` in `attn-kernels`' `attention.cu`;
 //! tests only): the same tiles ([`PrefillPlan`]), head chunks, key tiles of [`PREFILL_KEYS`] keys
 //! up to the tile's last position, keys past the sequence zeroed and never read, the same masks
 //! and the same online softmax (running max, rescale by `exp(m_old − m_new)`, sum), in f32. It
 //! checks the tiling and the algorithm against the f64 reference without a GPU; the device run
 //! checks the kernel itself (`gpu_check`, variant `Tiled`).
 
-use kernels::cuda::kernels::PREFILL_KEYS;
-use kernels::cuda::ops::PrefillPlan;
+use attn_kernels::cuda::kernels::PREFILL_KEYS;
+use attn_kernels::cuda::ops::PrefillPlan;
 
 use crate::attn_cases::AttnCase;
 
@@ -107,7 +107,7 @@ mod tests {
     /// rows (GQA 1–8 and a group past one tile's rows, every block size, heads of 64 and of 256
     /// with their 16-row tiles), writes every prefill row and nothing else.
     #[test]
-    fn the_tiled_prefill_algorithm_matches_the_reference() -> Result<(), kernels::AttnError> {
+    fn the_tiled_prefill_algorithm_matches_the_reference() -> Result<(), attn_kernels::AttnError> {
         let mut seed = 0;
         for (head, group, kv) in [(64, 1, 2), (64, 3, 2), (256, 4, 1), (64, 8, 1), (80, 40, 1)] {
             for bs in [8, 16, 32] {

@@ -26,7 +26,7 @@ impl BlockShape {
     /// Checks what the layout needs: non-zero dims and `head_size % x == 0`.
     ///
     /// Which block and head sizes the kernels implement is the kernels' business
-    /// (`kernels` rejects the others with a typed error); the layout itself is generic.
+    /// (`attn-kernels` rejects the others with a typed error); the layout itself is generic.
     pub fn validate(&self) -> Result<(), CacheError> {
         if self.num_layers == 0 || self.num_kv_heads == 0 || self.head_size == 0 || self.block_size == 0 {
             return Err(CacheError::InvalidShape(format!(

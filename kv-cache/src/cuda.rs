@@ -1,7 +1,7 @@
 //! The KV cache's memory on an NVIDIA GPU (behind the `cuda` feature): per-layer device tensors
 //! in vLLM's layout, a pinned host swap cache, and sizing from free device memory.
-//! The cache owns the memory; the device (context and stream, `kernels::cuda::CudaDevice`) and
-//! every kernel over the memory, the swap copies included, are `kernels`'. Everything here takes
+//! The cache owns the memory; the device (context and stream, `attn_kernels::cuda::CudaDevice`) and
+//! every kernel over the memory, the swap copies included, are `attn-kernels`'. Everything here takes
 //! the cudarc stream it allocates and copies on, so this crate never opens a device itself.
 //!
 //! Device tensors are raw bytes described by a [`CacheGeometry`] (the same index math as the CPU
@@ -144,7 +144,7 @@ fn host_bytes_mut(host: &mut LayerCache) -> Result<(&mut [u8], &mut [u8]), CudaC
 }
 
 /// Pinned host memory of one layer's swap space (key and value, same block layout as the
-/// device tensors). The copies between the two are `kernels`' (`kernels::cuda::swap`).
+/// device tensors). The copies between the two are `attn-kernels`' (`attn_kernels::cuda::swap`).
 #[derive(Debug)]
 pub struct SwapLayer {
     pub key: PinnedHostSlice<u8>,
@@ -235,7 +235,7 @@ impl CudaKvCache {
     }
 
     /// Every layer's device tensors beside its pinned swap tensors (empty when the cache has
-    /// no swap space): what `kernels`' swap copies walk.
+    /// no swap space): what `attn-kernels`' swap copies walk.
     pub fn layers_and_swap_mut(&mut self) -> (&mut [DeviceLayerCache], &mut [SwapLayer]) {
         (&mut self.layers, &mut self.swap)
     }

@@ -8,10 +8,10 @@
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub enum Device {
-    /// Host memory; the CPU kernels of `kernels` run on it.
+    /// Host memory; the CPU kernels of `attn-kernels` run on it.
     #[default]
     Cpu,
-    /// GPU `ordinal` (as CUDA numbers them); the CUDA kernels of `kernels` run on it.
+    /// GPU `ordinal` (as CUDA numbers them); the CUDA kernels of `attn-kernels` run on it.
     Cuda { ordinal: usize },
 }
 

@@ -246,7 +246,7 @@ impl LayerCache {
     /// Writes one token's key and value for one kv head (converted to the cache dtype).
     ///
     /// A plain per-token writer for tests and tools; the batched writer is
-    /// `kernels::reshape_and_cache`.
+    /// `attn_kernels::reshape_and_cache`.
     pub fn write_token(
         &mut self,
         slot: usize,

@@ -12,7 +12,7 @@
 //! With the `cuda` feature, `cuda` holds the same memory on a GPU (`CudaKvCache`,
 //! `DeviceLayerCache`, the pinned `SwapLayer`s, `blocks_for_memory`) and nothing else: it takes
 //! the cudarc stream to allocate and copy on, while the device itself (`CudaDevice`, opening,
-//! `driver_present`) and every kernel over the memory live in `kernels::cuda`.
+//! `driver_present`) and every kernel over the memory live in `attn_kernels::cuda`.
 
 mod cache;
 mod config;

@@ -12,8 +12,7 @@ use std::time::Instant;
 
 use harness::{Seq, build_batch, cache_of};
 use kv_cache::DType;
-use model::quant::ActivationPrecision;
-use model::{Llama, Workspace};
+use model::{ActivationPrecision, Llama, Workspace};
 use rayon::prelude::*;
 
 const CONTEXT: usize = 512;
@@ -193,7 +192,7 @@ fn main() {
     let pairs: Vec<(u32, u32)> = (1..n_seqs)
         .flat_map(|s| (0..CONTEXT / BLOCK).map(move |b| (seqs_block(b, 0, n_seqs), seqs_block(b, s, n_seqs))))
         .collect();
-    kernels::copy_blocks(&mut cache, &pairs).expect("copy blocks");
+    attn_kernels::copy_blocks(&mut cache, &pairs).expect("copy blocks");
     for s in &mut seqs {
         s.cached = CONTEXT - 1;
     }

@@ -35,7 +35,7 @@ pub enum ModelError {
     #[error("invalid model input: {0}")]
     InvalidInput(String),
     #[error("attention kernel failed: {0}")]
-    Attention(#[from] kernels::AttnError),
+    Attention(#[from] attn_kernels::AttnError),
     #[error(transparent)]
     Cache(#[from] kv_cache::CacheError),
     /// The device asked for is not available in this build or on this machine.

@@ -3,7 +3,7 @@
 
 use std::ops::Range;
 
-use kernels::PagedAttnMetadata;
+use attn_kernels::PagedAttnMetadata;
 
 /// One step's input. Sequence `s` owns flat tokens `attn.query_start_loc[s] ..
 /// attn.query_start_loc[s+1]`.

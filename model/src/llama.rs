@@ -1,10 +1,15 @@
 //! The Llama weights (fused per layer for fewer, larger GEMMs; each kept in its storage format,
-//! see [`crate::quant`]) from an HF folder or natively from a GGUF, and the CPU forward pass
-//! over the paged KV cache.
+//! see `attn_kernels::cpu::quant`) from an HF folder or natively from a GGUF, and the CPU
+//! forward pass over the paged KV cache.
 
 use std::path::Path;
 
-use kernels::backend::{Cpu, KernelBackend};
+use attn_kernels::Isa;
+use attn_kernels::backend::{Cpu, KernelBackend};
+use attn_kernels::cpu::act::silu_mul;
+use attn_kernels::cpu::norm::rms_norm;
+use attn_kernels::cpu::quant::{ActivationPrecision, GgmlType, Part, QuantizeError, Storage, Weight};
+use attn_kernels::cpu::rope::{rope_interleaved, rope_rotate_half};
 use kv_cache::KvCache;
 use rayon::prelude::*;
 
@@ -12,10 +17,26 @@ use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
 use crate::gguf::{GgufFile, GgufTensorInfo};
 use crate::input::ModelInput;
-use crate::ops::{rms_norm, rope_interleaved, rope_rotate_half, silu_mul};
-use crate::quant::{ActivationPrecision, GgmlType, Isa, Part, Storage, Weight};
 use crate::rope::Rope;
 use crate::weights::SafetensorsFiles;
+
+/// Formats float weights can be quantized to at load (`--quantization`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Quantization {
+    /// 8-bit, one f16 scale per 32 values (8.5 bits per weight).
+    Q8_0,
+    /// 4-bit, one f16 scale per 32 values (4.5 bits per weight).
+    Q4_0,
+}
+
+impl Quantization {
+    pub fn ggml_type(self) -> GgmlType {
+        match self {
+            Self::Q8_0 => GgmlType::Q8_0,
+            Self::Q4_0 => GgmlType::Q4_0,
+        }
+    }
+}
 
 /// One decoder layer's weights, all `[out, in]` row-major: [`Weight`]s on the host (norms as
 /// one f32 row), and in the same layout wherever a device keeps them (`W` is its buffer type).
@@ -260,8 +281,7 @@ impl Llama {
     /// Quantizes every float matrix (embedding, projections, LM head) to `ty` at load
     /// (`--quantization`); matrices a GGUF already holds quantized stay as they are.
     pub fn quantize_weights(&mut self, ty: GgmlType) -> Result<()> {
-        let bad =
-            |e: crate::quant::QuantizeError| ModelError::InvalidInput(format!("quantizing to {ty:?}: {e}"));
+        let bad = |e: QuantizeError| ModelError::InvalidInput(format!("quantizing to {ty:?}: {e}"));
         self.embed = self.embed.quantized(ty).map_err(bad)?;
         if let Some(head) = &self.lm_head {
             self.lm_head = Some(head.quantized(ty).map_err(bad)?);

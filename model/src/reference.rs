@@ -42,7 +42,7 @@ pub fn forward_full(model: &Llama, tokens: &[u32]) -> Vec<f32> {
     let inv_freq = model.rope_inv_freq();
     let group = nh / nkv;
     // Every weight dequantized up front: the oracle computes in plain f32/f64 loops.
-    let dense = |w: &crate::quant::Weight| Ok::<_, ()>(w.to_f32());
+    let dense = |w: &attn_kernels::cpu::quant::Weight| Ok::<_, ()>(w.to_f32());
     let layers: Vec<LayerWeights<Vec<f32>>> =
         model.layers.iter().map(|l| l.try_map(dense).expect("dequantizing cannot fail")).collect();
     let embed = model.embed.to_f32();

@@ -10,12 +10,12 @@ use std::fs::File;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
+use attn_kernels::cpu::quant::{GgmlType, Part, Storage, Weight};
 use memmap2::Mmap;
 use rayon::prelude::*;
 use safetensors::{Dtype, SafeTensors};
 
 use crate::error::{ModelError, Result};
-use crate::quant::{GgmlType, Part, Storage, Weight};
 
 /// One memory-mapped shard.
 #[derive(Debug)]

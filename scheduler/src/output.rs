@@ -52,7 +52,7 @@ pub struct SchedulerOutput {
     pub positions: Vec<u32>,
     pub slot_mapping: Vec<i64>,
     /// The attention metadata of the batch, in the kernels' form
-    /// (`kernels::PagedAttnMetadata`): `[num_seqs + 1]` prefix sums of the query tokens,
+    /// (`attn_kernels::PagedAttnMetadata`): `[num_seqs + 1]` prefix sums of the query tokens,
     /// `[num_seqs]` context lengths (this step's tokens included) and block-table rows.
     pub query_start_loc: Vec<usize>,
     pub seq_lens: Vec<usize>,

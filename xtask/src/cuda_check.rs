@@ -4,7 +4,7 @@
 //! unit tests of the `cuda` modules, which only build with the feature.
 //!
 //! NVRTC comes from its PyPI wheel (installed once into `target/nvrtc` with pip). The compile
-//! itself runs in the `cuda_check` binary of `kernels` (built with `--features cuda`),
+//! itself runs in the `cuda_check` binary of `attn-kernels` (built with `--features cuda`),
 //! started with `LD_LIBRARY_PATH` pointing at the wheel's libraries: the dynamic loader reads
 //! that variable only at process start, so it must be set for a child process. This also keeps
 //! xtask itself free of cudarc.
@@ -85,7 +85,7 @@ pub fn run(args: &CudaCheckArgs) -> anyhow::Result<()> {
             "-p",
             "kv-cache",
             "-p",
-            "kernels",
+            "attn-kernels",
             "-p",
             "model",
             "--features",

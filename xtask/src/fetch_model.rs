@@ -26,16 +26,19 @@ const MODEL_NAME: &str = "SmolLM2-135M-Instruct";
 /// which converter, so a warm `target/` is converted again when the converter changes.
 const MARKER: &str = ".fetch-model-complete";
 
-/// The converter's sources (`model/src/gguf/`), compiled in: their hash is the converter's
-/// version in the marker. A unit test checks the list covers the whole folder.
-const CONVERTER_SOURCES: [(&str, &str); 7] = [
-    ("convert.rs", include_str!("../../model/src/gguf/convert.rs")),
-    ("dequant.rs", include_str!("../../model/src/gguf/dequant.rs")),
-    ("meta.rs", include_str!("../../model/src/gguf/meta.rs")),
-    ("mod.rs", include_str!("../../model/src/gguf/mod.rs")),
-    ("quantize.rs", include_str!("../../model/src/gguf/quantize.rs")),
-    ("reader.rs", include_str!("../../model/src/gguf/reader.rs")),
-    ("vocab.rs", include_str!("../../model/src/gguf/vocab.rs")),
+/// The converter's sources (every `.rs` file of `model/src/gguf/`, the GGUF reader and
+/// converter, and of `attn-kernels/src/cpu/ggml/`, the ggml block formats it dequantizes with),
+/// compiled in: their hash is the converter's version in the marker. A unit test checks the
+/// list covers both folders.
+const CONVERTER_SOURCES: [(&str, &str); 8] = [
+    ("attn-kernels/src/cpu/ggml/dequant.rs", include_str!("../../attn-kernels/src/cpu/ggml/dequant.rs")),
+    ("attn-kernels/src/cpu/ggml/mod.rs", include_str!("../../attn-kernels/src/cpu/ggml/mod.rs")),
+    ("attn-kernels/src/cpu/ggml/quantize.rs", include_str!("../../attn-kernels/src/cpu/ggml/quantize.rs")),
+    ("model/src/gguf/convert.rs", include_str!("../../model/src/gguf/convert.rs")),
+    ("model/src/gguf/meta.rs", include_str!("../../model/src/gguf/meta.rs")),
+    ("model/src/gguf/mod.rs", include_str!("../../model/src/gguf/mod.rs")),
+    ("model/src/gguf/reader.rs", include_str!("../../model/src/gguf/reader.rs")),
+    ("model/src/gguf/vocab.rs", include_str!("../../model/src/gguf/vocab.rs")),
 ];
 
 /// Short hash of the converter's sources (what the marker records as `converter=`).
@@ -285,12 +288,17 @@ mod tests {
 
     #[test]
     fn converter_version_covers_every_gguf_source() {
-        let dir = workspace_root().join("model/src/gguf");
-        let mut on_disk: Vec<String> = std::fs::read_dir(&dir)
-            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-            .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
-            .filter(|n| n.ends_with(".rs"))
-            .collect();
+        let mut on_disk: Vec<String> = Vec::new();
+        for folder in ["attn-kernels/src/cpu/ggml", "model/src/gguf"] {
+            let dir = workspace_root().join(folder);
+            on_disk.extend(
+                std::fs::read_dir(&dir)
+                    .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+                    .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+                    .filter(|n| n.ends_with(".rs"))
+                    .map(|n| format!("{folder}/{n}")),
+            );
+        }
         on_disk.sort();
         let listed: Vec<&str> = CONVERTER_SOURCES.iter().map(|(n, _)| *n).collect();
         assert_eq!(on_disk, listed, "add the new converter source to CONVERTER_SOURCES");

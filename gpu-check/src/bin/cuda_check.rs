@@ -9,12 +9,12 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use kernels::cuda::check::{self, CheckOptions};
+use attn_kernels::cuda::check::{self, CheckOptions};
 
 fn main() -> ExitCode {
     let mut opts = CheckOptions {
         archs: vec!["sm_80".into(), "sm_90".into()],
-        header_dir: std::env::temp_dir().join("kernels-nvrtc-headers"),
+        header_dir: std::env::temp_dir().join("attn-kernels-nvrtc-headers"),
         jobs: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2),
         filter: None,
     };

@@ -51,7 +51,7 @@ mod tests {
     fn batches_beyond_the_limits_or_the_model_are_rejected() {
         let limits = BatchLimits { max_tokens: 3, max_samples: 1, max_model_len: 8 };
         let c = test_config();
-        let attn = kernels::PagedAttnMetadata {
+        let attn = attn_kernels::PagedAttnMetadata {
             query_start_loc: &[0, 3],
             seq_lens: &[3],
             block_tables: &[0],
@@ -72,7 +72,7 @@ mod tests {
                 token_ids: &[1, 2, 3, 4],
                 positions: &[0, 1, 2, 3],
                 slot_mapping: &[0, 1, 2, 3],
-                attn: kernels::PagedAttnMetadata { query_start_loc: &[0, 4], ..attn },
+                attn: attn_kernels::PagedAttnMetadata { query_start_loc: &[0, 4], ..attn },
                 ..ok.clone()
             },
             ModelInput { positions: &[0, 1], ..ok.clone() },
@@ -81,7 +81,7 @@ mod tests {
             ModelInput { sample_indices: &[1, 2], ..ok.clone() },
             ModelInput { sample_indices: &[3], ..ok.clone() },
             ModelInput {
-                attn: kernels::PagedAttnMetadata { query_start_loc: &[0, 2], ..attn },
+                attn: attn_kernels::PagedAttnMetadata { query_start_loc: &[0, 2], ..attn },
                 ..ok.clone()
             },
         ];

@@ -1,8 +1,8 @@
 //! Errors of the CUDA forward: device, kernels, cuBLAS, and bad batches; never a panic.
 
+use attn_kernels::cuda::CudaError;
 use cudarc::cublas::result::CublasError;
 use cudarc::driver::DriverError;
-use kernels::cuda::CudaError;
 use kv_cache::cuda::CudaCacheError;
 
 /// Everything the CUDA forward can fail with.

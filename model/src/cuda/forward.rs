@@ -11,15 +11,15 @@
 
 use std::sync::Arc;
 
+use attn_kernels::backend::KernelBackend;
+use attn_kernels::cuda::DeviceAttnMetadata;
+use attn_kernels::cuda::kernels::{ARGMAX_ENTRY, ARGMAX_THREADS, cast_entry, model_entry, model_program};
+use attn_kernels::cuda::ops::{AttnWorkspace, DeviceSlotMapping};
+use attn_kernels::cuda::{CudaDevice, CudaKernels, Program};
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{
     CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PinnedHostSlice, PushKernelArg,
 };
-use kernels::backend::KernelBackend;
-use kernels::cuda::DeviceAttnMetadata;
-use kernels::cuda::kernels::{ARGMAX_ENTRY, ARGMAX_THREADS, cast_entry, model_entry, model_program};
-use kernels::cuda::ops::{AttnWorkspace, DeviceSlotMapping};
-use kernels::cuda::{CudaDevice, CudaKernels, Program};
 use kv_cache::DType;
 use kv_cache::cuda::CudaKvCache;
 

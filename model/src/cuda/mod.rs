@@ -1,7 +1,7 @@
 //! The Llama forward pass on an NVIDIA GPU (behind the `cuda` feature): weights uploaded once in
-//! bf16 or f16, cuBLAS GEMMs with f32 accumulation, the small kernels of `kernels`' model
+//! bf16 or f16, cuBLAS GEMMs with f32 accumulation, the small kernels of `attn-kernels`' model
 //! program (embedding, RMSNorm, rotary, SiLU·mul, casts), `reshape_and_cache` and paged attention
-//! through the `kernels::cuda::ops` wrappers, and f32 logits copied back for the sampler.
+//! through the `attn_kernels::cuda::ops` wrappers, and f32 logits copied back for the sampler.
 //!
 //! The residual stream stays in f32 on the device (the GEMMs that add into it write f32 with
 //! `beta = 1`), so the only half roundings are the weights, the GEMM inputs, the KV cache and the
@@ -19,12 +19,12 @@ mod rope_table;
 mod tolerance;
 mod weights;
 
+/// Whether libcuda loads on this machine (a CUDA runner fails with one clear error without it).
+pub use attn_kernels::cuda::driver_present;
 pub use batch::BatchLimits;
 pub use driver::{StepBatch, StepDriver, argmax};
 pub use error::CudaModelError;
 pub use forward::CudaLlama;
-/// Whether libcuda loads on this machine (a CUDA runner fails with one clear error without it).
-pub use kernels::cuda::driver_present;
 pub use tolerance::{
     Greedy, HALF_ROUNDINGS_OUTSIDE, HALF_ROUNDINGS_PER_LAYER, LogitTolerance, RowCheck, TOLERANCE_SIGMAS,
     unit_roundoff,

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use attn_kernels::cpu::quant::Weight;
 use cudarc::driver::{CudaSlice, CudaStream};
 use half::{bf16, f16};
 use kv_cache::DType;
@@ -12,7 +13,6 @@ use rayon::prelude::*;
 use super::error::CudaModelError;
 use crate::gguf::unpermute_qk;
 use crate::llama::{LayerWeights, Llama, RopeStyle};
-use crate::quant::Weight;
 
 /// f32 values as the bits of `dtype` (bf16 or f16), round to nearest even; in parallel chunks
 /// (this runs once per weight over up to gigabytes).

@@ -7,10 +7,10 @@ use std::borrow::Cow;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use attn_kernels::cpu::ggml::dequantize;
 use safetensors::{Dtype, View};
 use serde_json::json;
 
-use super::dequant::dequantize;
 use super::meta::Hparams;
 use super::reader::{GgufFile, GgufTensorInfo};
 use super::vocab::GgufVocab;

@@ -1,16 +1,13 @@
-//! GGUF support: read a llama.cpp model file and convert it to an ordinary Hugging Face
-//! folder (the engine itself only loads HF folders).
+//! GGUF support: read a llama.cpp model file (its weights load natively, see `llama.rs`) and
+//! convert it to an ordinary Hugging Face folder. The ggml block formats themselves (types,
+//! dequantization, quantizers) are `attn_kernels::cpu::ggml`'s.
 
 pub mod convert;
-pub mod dequant;
 mod meta;
 pub use meta::GgufModelMeta;
-pub mod quantize;
 pub mod reader;
 pub mod vocab;
 
 pub use convert::{ConvertSummary, OutputDtype, convert_gguf_to_hf, unpermute_qk};
-pub use dequant::{GgmlType, dequantize, dequantize_block};
-pub use quantize::{QuantizeError, quantize};
 pub use reader::{GgufFile, GgufTensorInfo, GgufValue};
 pub use vocab::GgufVocab;

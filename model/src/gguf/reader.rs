@@ -8,11 +8,11 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use attn_kernels::cpu::ggml::{GgmlType, dequantize};
+use attn_kernels::cpu::quant::Storage;
 use memmap2::Mmap;
 
-use super::dequant::GgmlType;
 use crate::error::{ModelError, Result};
-use crate::quant::Storage;
 
 /// A metadata value.
 #[derive(Debug, Clone, PartialEq)]
@@ -319,7 +319,7 @@ impl GgufFile {
     /// A tensor dequantized to f32 (norm weights, small tensors).
     pub fn tensor_f32(&self, info: &GgufTensorInfo) -> Vec<f32> {
         let mut out = vec![0.0; info.n_elements()];
-        crate::gguf::dequantize(info.ggml_type, self.tensor_bytes(info), &mut out);
+        dequantize(info.ggml_type, self.tensor_bytes(info), &mut out);
         out
     }
 
@@ -396,7 +396,7 @@ mod tests {
         let t = g.tensor("token_embd.weight").unwrap();
         assert_eq!(t.shape(), vec![2, 32]);
         let mut out = vec![0.0; 64];
-        crate::gguf::dequantize(t.ggml_type, g.tensor_bytes(t), &mut out);
+        dequantize(t.ggml_type, g.tensor_bytes(t), &mut out);
         assert_eq!(out[0], -8.0);
         assert_eq!(out[32 + 31], 8.0);
     }

@@ -4,7 +4,7 @@
 
 use std::ops::Range;
 
-use kernels::PagedAttnMetadata;
+use attn_kernels::PagedAttnMetadata;
 
 use crate::error::{ModelError, Result};
 

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use kernels::cuda::{CudaDevice, CudaKernels};
+use attn_kernels::cuda::{CudaDevice, CudaKernels};
 use kv_cache::cuda::{CudaKvCache, blocks_for_memory};
 use kv_cache::{BlockShape, CacheConfig, DType};
 

@@ -18,7 +18,7 @@ mod block_table;
 #[cfg(feature = "cuda")]
 mod cuda;
 
-use kernels::backend::{Cpu, KernelBackend};
+use attn_kernels::backend::{Cpu, KernelBackend};
 use kv_cache::KvCache;
 pub use kv_cache::{BlockShape, CacheConfig, DType, Device};
 

@@ -41,8 +41,8 @@ fn half_precision_weights_load_as_their_f32_values() {
             assert_eq!(*a, rounded);
         }
         let want = match dtype {
-            Dtype::BF16 => model::quant::GgmlType::BF16,
-            _ => model::quant::GgmlType::F16,
+            Dtype::BF16 => attn_kernels::cpu::ggml::GgmlType::BF16,
+            _ => attn_kernels::cpu::ggml::GgmlType::F16,
         };
         for w in [&m.embed, &m.layers[0].qkv, &m.layers[0].o_proj, &m.layers[0].gate_up, &m.layers[0].down] {
             assert!(w.parts().iter().all(|p| p.format() == want), "{dtype:?} kept as {want:?}");

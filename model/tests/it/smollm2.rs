@@ -6,8 +6,7 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use model::quant::ActivationPrecision;
-use model::{ChatMessage, Llama, ModelFolder, Workspace};
+use model::{ActivationPrecision, ChatMessage, Llama, ModelFolder, Workspace};
 use serde_json::Value;
 
 use crate::harness::{argmax, assign_blocks, build_batch, cache_for};

@@ -20,7 +20,7 @@ pub struct BenchTarget {
 
 pub const TARGETS: &[BenchTarget] = &[
     BenchTarget { group: "block_alloc", package: "block-alloc", bench: "block_alloc", criterion: true },
-    BenchTarget { group: "attn", package: "kernels", bench: "attn", criterion: true },
+    BenchTarget { group: "attn", package: "attn-kernels", bench: "attn", criterion: true },
     BenchTarget { group: "sched", package: "scheduler", bench: "sched", criterion: true },
     BenchTarget { group: "sim", package: "sim", bench: "sim", criterion: false },
     BenchTarget { group: "model", package: "model", bench: "model", criterion: false },

@@ -64,7 +64,7 @@ done
 say "compute-sanitizer: ${COMPUTE_SANITIZER:-<not found>}"
 
 # The cubins: the bundled ones when one of them loads, else compiled here (16 cores).
-export KERNELS_CUBIN_DIR="$here/cubins"
+export ATTN_KERNELS_CUBIN_DIR="$here/cubins"
 say "== cubin probe"
 probe=$(timeout 60 "$here/gpu_check" --probe 2>&1)
 probe_status=$?
@@ -73,8 +73,8 @@ if [ "$probe_status" -eq 3 ]; then
   arch=$(echo "$probe" | sed -n 's/.*arch=\(sm_[0-9a-z]*\).*/\1/p' | head -n 1)
   say "the bundled cubins do not load here: compiling every kernel for ${arch:-sm_90} with this machine's NVRTC"
   if timeout 150 "$here/gpu_check" --precompile /tmp/gpu-check-cubins --arch "${arch:-sm_90}" >>"$log" 2>&1; then
-    export KERNELS_CUBIN_DIR=/tmp/gpu-check-cubins
-    say "compiled into $KERNELS_CUBIN_DIR"
+    export ATTN_KERNELS_CUBIN_DIR=/tmp/gpu-check-cubins
+    say "compiled into $ATTN_KERNELS_CUBIN_DIR"
   else
     say "compiling failed (see setup.log); each process will try its own modules"
   fi

@@ -3,13 +3,13 @@
 
 use std::sync::Arc;
 
+use attn_kernels::cuda::DeviceAttnMetadata;
+use attn_kernels::cuda::kernels::{AttentionConfig, AttentionVariant, attention_configs};
+use attn_kernels::cuda::ops::{self, AttnWorkspace, WorkspaceShape};
+use attn_kernels::cuda::{CudaError, CudaKernels};
 use cudarc::driver::CudaStream;
 use gpu_check::attn_cases::{AttnCase, attention_tolerance, batches, long_prompt_cases, max_rel_error};
 use gpu_check::figures::{Recorder, Res};
-use kernels::cuda::DeviceAttnMetadata;
-use kernels::cuda::kernels::{AttentionConfig, AttentionVariant, attention_configs};
-use kernels::cuda::ops::{self, AttnWorkspace, WorkspaceShape};
-use kernels::cuda::{CudaError, CudaKernels};
 use kv_cache::cuda::DeviceLayerCache;
 use kv_cache::{CacheGeometry, DType};
 

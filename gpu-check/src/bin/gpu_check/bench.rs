@@ -1,12 +1,12 @@
 //! The bandwidth section: device-to-device copy (the ceiling) and paged decode attention over
 //! 64 × 4 096 tokens, paged and contiguous tables, v1 / v2 / the automatic choice.
 
+use attn_kernels::cuda::DeviceAttnMetadata;
+use attn_kernels::cuda::kernels::AttentionVariant;
+use attn_kernels::cuda::ops::{self, AttnWorkspace};
+use attn_kernels::cuda::{CudaDevice, CudaError};
 use gpu_check::attn_cases::decode_figures;
 use gpu_check::figures::{Recorder, Res};
-use kernels::cuda::DeviceAttnMetadata;
-use kernels::cuda::kernels::AttentionVariant;
-use kernels::cuda::ops::{self, AttnWorkspace};
-use kernels::cuda::{CudaDevice, CudaError};
 use kv_cache::cuda::DeviceLayerCache;
 use kv_cache::{CacheGeometry, DType};
 use rand::SeedableRng;
@@ -67,7 +67,7 @@ pub fn bench(ctx: &Ctx, rec: &mut Recorder) -> Res<()> {
     let scale = 1.0 / (head_size as f32).sqrt();
     let mut times = Vec::new();
     for (table_name, table) in [("paged", &shuffled), ("contiguous", &contiguous)] {
-        let meta = kernels::PagedAttnMetadata {
+        let meta = attn_kernels::PagedAttnMetadata {
             query_start_loc: &qsl,
             seq_lens: &lens,
             block_tables: table,

@@ -2,10 +2,10 @@
 //! slots, a NaN-poisoned cache) and copy-on-write copies with swap out / swap in, each against
 //! the CPU kernels' bytes.
 
+use attn_kernels::cuda::kernels::{AttentionConfig, attention_configs};
+use attn_kernels::cuda::ops::{self, DeviceSlotMapping};
 use gpu_check::attn_cases::{cache_images_equal, layer_bytes};
 use gpu_check::figures::{Recorder, Res};
-use kernels::cuda::kernels::{AttentionConfig, attention_configs};
-use kernels::cuda::ops::{self, DeviceSlotMapping};
 use kv_cache::cuda::{CudaKvCache, DeviceLayerCache};
 use kv_cache::{BlockShape, CacheConfig, CacheGeometry, DType, KvCache, LayerCache};
 use rand::seq::SliceRandom;
@@ -35,7 +35,7 @@ pub fn check_reshape_and_cache(ctx: &Ctx, rec: &mut Recorder) -> Res<()> {
         let n = slots.len() * 3 * head_size;
         let k: Vec<f32> = (0..n).map(|_| rng.random_range(-4.0f32..4.0)).collect();
         let v: Vec<f32> = (0..n).map(|_| rng.random_range(-4.0f32..4.0)).collect();
-        kernels::reshape_and_cache(&k, &v, &slots, &mut host)?;
+        attn_kernels::reshape_and_cache(&k, &v, &slots, &mut host)?;
         let mapping = DeviceSlotMapping::upload(&stream, &slots, geometry.num_slots())?;
         let (key, value) = (stream.clone_htod(&k)?, stream.clone_htod(&v)?);
         ops::reshape_and_cache(kernels, &key, &value, &mapping, &mut dev)?;
@@ -73,13 +73,13 @@ pub fn check_copy_and_swap(ctx: &Ctx, rec: &mut Recorder) -> Res<()> {
         dev.layer_mut(l)?.upload(device.stream(), host.layer(l))?;
     }
     let pairs = [(3u32, 7u32), (0, 31), (12, 1)];
-    kernels::copy_blocks(&mut host, &pairs)?;
+    attn_kernels::copy_blocks(&mut host, &pairs)?;
     ops::copy_blocks(kernels, &mut dev, &pairs)?;
     // Swap blocks 7 and 31 out to swap slots 0 and 5, then back in to device blocks 20 and 21.
-    kernels::cuda::swap::swap_out(kernels, &mut dev, &[(7, 0), (31, 5)])?;
-    kernels::cuda::swap::swap_in(kernels, &mut dev, &[(0, 20), (5, 21)])?;
+    attn_kernels::cuda::swap::swap_out(kernels, &mut dev, &[(7, 0), (31, 5)])?;
+    attn_kernels::cuda::swap::swap_in(kernels, &mut dev, &[(0, 20), (5, 21)])?;
     device.synchronize()?;
-    kernels::copy_blocks(&mut host, &[(7, 20), (31, 21)])?;
+    attn_kernels::copy_blocks(&mut host, &[(7, 20), (31, 21)])?;
     for l in 0..config.num_layers {
         let mut back = LayerCache::new(*host.layer(l).geometry())?;
         dev.layer(l)?.download(device.stream(), &mut back)?;

@@ -3,14 +3,14 @@
 
 use std::sync::Arc;
 
+use attn_kernels::cuda::DeviceAttnMetadata;
+use attn_kernels::cuda::kernels::AttentionVariant::{Tiled, V1, V2};
+use attn_kernels::cuda::ops::{self, DeviceSlotMapping};
 use gpu_check::attn_cases::{
     AttnCase, FAR_GROUP, FAR_POOL_BLOCKS, FarPlacement, attention_tolerance, cache_images_equal, far_batch,
     far_geometry, layer_bytes, nan_bytes,
 };
 use gpu_check::figures::{Recorder, Res};
-use kernels::cuda::DeviceAttnMetadata;
-use kernels::cuda::kernels::AttentionVariant::{Tiled, V1, V2};
-use kernels::cuda::ops::{self, DeviceSlotMapping};
 use kv_cache::cuda::CudaKvCache;
 use kv_cache::{BlockShape, CacheConfig};
 
@@ -73,7 +73,7 @@ pub fn check_far_offsets(ctx: &Ctx, rec: &mut Recorder) -> Res<()> {
 
     // Read: every variant through the remapped table.
     let table = place.table(&case.block_tables);
-    let meta = kernels::PagedAttnMetadata { block_tables: &table, ..case.meta() };
+    let meta = attn_kernels::PagedAttnMetadata { block_tables: &table, ..case.meta() };
     let dmeta = DeviceAttnMetadata::upload(&stream, &meta, pool.block_size, pool.num_blocks)?;
     for path in [("V1", V1, false), ("V2", V2, false), ("V2_split", V2, true), ("Tiled", Tiled, true)] {
         let err = run_path(kernels, &stream, &case, dev.layer(0)?, &dmeta, &want, path)?;
@@ -85,8 +85,8 @@ pub fn check_far_offsets(ctx: &Ctx, rec: &mut Recorder) -> Res<()> {
     // Move: copy-on-write copies into gaps, a swap round trip into the spares.
     let moves = place.moves(&case.block_tables);
     ops::copy_blocks(kernels, &mut dev, &moves.copies)?;
-    kernels::cuda::swap::swap_out(kernels, &mut dev, &moves.swap_out)?;
-    kernels::cuda::swap::swap_in(kernels, &mut dev, &moves.swap_in)?;
+    attn_kernels::cuda::swap::swap_out(kernels, &mut dev, &moves.swap_out)?;
+    attn_kernels::cuda::swap::swap_in(kernels, &mut dev, &moves.swap_in)?;
     device.synchronize()?;
     place.apply_moves(&mut want_k, &moves);
     place.apply_moves(&mut want_v, &moves);

@@ -14,7 +14,7 @@
 //! bundled cubin without compiling (exit 3 when it does not load: `run.sh` then precompiles
 //! with the device's NVRTC). `gpu_check --precompile DIR [--arch sm_90]` runs without a GPU: it
 //! compiles every program into the cubin cache folder DIR, so the GPU run needs no NVRTC.
-//! The cubin folder is `$KERNELS_CUBIN_DIR` (what `run.sh` sets).
+//! The cubin folder is `$ATTN_KERNELS_CUBIN_DIR` (what `run.sh` sets).
 
 mod attention;
 mod bench;
@@ -25,13 +25,13 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use attn_kernels::cuda::cubin_cache::{CubinCache, default_dir, file_name};
+use attn_kernels::cuda::kernels::{all_programs, model_program};
+use attn_kernels::cuda::runtime::arch_name;
+use attn_kernels::cuda::{CudaDevice, CudaKernels, nvrtc};
 use cudarc::nvrtc::Ptx;
 use gpu_check::figures::{Recorder, Res, run_section};
 use gpu_check::sections::{self, Program};
-use kernels::cuda::cubin_cache::{CubinCache, default_dir, file_name};
-use kernels::cuda::kernels::{all_programs, model_program};
-use kernels::cuda::runtime::arch_name;
-use kernels::cuda::{CudaDevice, CudaKernels, nvrtc};
 use rayon::prelude::*;
 
 /// What every section gets: the device, its kernels, and whether to run the smallest cases only.
@@ -72,7 +72,7 @@ fn main() -> ExitCode {
 }
 
 fn run(name: &str, ctx: &Ctx, rec: &mut Recorder) -> Res<()> {
-    use kernels::cuda::kernels::AttentionVariant::{Tiled, V1, V2};
+    use attn_kernels::cuda::kernels::AttentionVariant::{Tiled, V1, V2};
     match name {
         "attention_v1" => attention::check(ctx, rec, ("V1", V1, false)),
         "attention_v2" => attention::check(ctx, rec, ("V2", V2, false)),
@@ -133,7 +133,7 @@ fn probe() -> ExitCode {
     println!("device={name} driver={}.{} arch={arch}", driver / 1000, (driver % 1000) / 10);
     let program = model_program();
     let Some(path) = default_dir().map(|d| d.join(file_name(&program, &arch))) else {
-        eprintln!("gpu_check --probe: no cubin folder (set KERNELS_CUBIN_DIR)");
+        eprintln!("gpu_check --probe: no cubin folder (set ATTN_KERNELS_CUBIN_DIR)");
         return ExitCode::from(3);
     };
     let bytes = match std::fs::read(&path) {

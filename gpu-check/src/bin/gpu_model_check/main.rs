@@ -31,11 +31,11 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
 
+use attn_kernels::cuda::{CudaDevice, CudaKernels};
 use engine::{DType, Device, Engine, EngineConfig, KvCacheSize, Prompt, SamplingParams};
 use gpu_check::figures::{Recorder, Res, run_section};
 use gpu_check::model_cases::{LLAMA_32_1B, TINY, TINY_G4_H128, write_folder};
 use gpu_check::sections::{self, Program};
-use kernels::cuda::{CudaDevice, CudaKernels};
 use kv_cache::cuda::CudaKvCache;
 use kv_cache::{CacheConfig, KvCache};
 use model::cuda::{BatchLimits, CudaLlama, Greedy, LogitTolerance, StepDriver, argmax};

@@ -1,0 +1,387 @@
+//! `dst[m, n] (+)= x[m, k] · w[n, k]ᵀ` for batches of tokens with the tokens in the vector
+//! lanes (AVX-512 only; callers fall back to `gemm` elsewhere). The activations are
+//! transposed per call into panels `[k][32 tokens]` — cheap, since a batch of activations is
+//! small next to the weights — and each weight element is broadcast straight from the
+//! row-major weights. So the constant weights are neither repacked every call (what `gemm`
+//! does with its right-hand side) nor stored twice. Micro-tile: 32 tokens × 12 weight rows,
+//! 24 zmm accumulators, one weight broadcast feeding two FMAs. The weight rows come from a
+//! [`WeightRows`]: f32 rows in place, or (for `quant`) each micro-tile's 12 rows dequantized
+//! into a small per-thread buffer just before the tiles that use them.
+
+use std::cell::RefCell;
+
+use rayon::prelude::*;
+
+use super::OutPtr;
+use crate::Isa;
+
+/// Tokens per micro-tile (two zmm registers of lanes).
+const TM: usize = 32;
+/// Weight rows per micro-tile.
+const TN: usize = 12;
+/// Tokens per cache block: their transposed panels stay in L2 while every weight row block
+/// of a rayon task runs over them.
+const MC: usize = 128;
+
+/// Whether this CPU runs [`token_lanes_linear`] (the AVX-512 tier of [`Isa`]).
+#[inline]
+pub fn available() -> bool {
+    Isa::detected() == Isa::Avx512
+}
+
+thread_local! {
+    /// Transposed activation panels, reused across calls (grows to the largest block once).
+    static PANELS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// The current row block's weight rows when a [`WeightRows`] makes them (dequantization).
+    static ROWS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Where the weight rows of a micro-tile come from.
+pub(crate) trait WeightRows: Sync {
+    /// Rows `j0..j1` as `(j1 − j0)·k` contiguous floats: borrowed in place, or written into
+    /// `scratch` (grown as needed) and borrowed from it. Asked for one row block (up to `TN`
+    /// rows) at a time, so rows that are made are still in L1/L2 when the tiles read them:
+    /// dequantizing a whole task's rows (up to 1 MiB) first and reading them back was ~5 %
+    /// slower for batch-64 decode.
+    fn rows<'a>(&'a self, j0: usize, j1: usize, scratch: &'a mut Vec<f32>) -> &'a [f32];
+
+    /// Starts fetching what [`Self::rows`] will read for rows `j0..j1` (clamped to the
+    /// weight), while the tiles of the rows before them compute.
+    fn prefetch(&self, _j0: usize, _j1: usize) {}
+}
+
+/// Row-major f32 weights `[n, k]`.
+struct F32Rows<'w> {
+    w: &'w [f32],
+    k: usize,
+}
+
+impl WeightRows for F32Rows<'_> {
+    fn rows<'a>(&'a self, j0: usize, j1: usize, _: &'a mut Vec<f32>) -> &'a [f32] {
+        &self.w[j0 * self.k..j1 * self.k]
+    }
+}
+
+/// See the module doc. Returns `false` (and does nothing) when the CPU lacks AVX-512.
+pub fn token_lanes_linear(
+    dst: &mut [f32],
+    x: &[f32],
+    w: &[f32],
+    m: usize,
+    n: usize,
+    k: usize,
+    accumulate: bool,
+) -> bool {
+    assert!(dst.len() >= m * n && x.len() >= m * k && w.len() >= n * k, "token_lanes_linear: short buffer");
+    // SAFETY: dst holds m rows of n floats (asserted).
+    unsafe { token_lanes_rows(OutPtr(dst.as_mut_ptr()), n, x, &F32Rows { w, k }, m, n, k, accumulate) }
+}
+
+/// [`token_lanes_linear`] with the output's rows `ldo` floats apart and the weight rows from
+/// `w`. Returns `false` (and does nothing) when the CPU lacks AVX-512.
+///
+/// # Safety
+/// `out` addresses `m` rows (`ldo` apart) of `n` writable floats that nothing else touches
+/// during the call; `x` holds `m·k` floats.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn token_lanes_rows(
+    out: OutPtr,
+    ldo: usize,
+    x: &[f32],
+    w: &impl WeightRows,
+    m: usize,
+    n: usize,
+    k: usize,
+    accumulate: bool,
+) -> bool {
+    assert!(x.len() >= m * k, "token_lanes_rows: short activations");
+    if !available() {
+        return false;
+    }
+    if m == 0 || n == 0 {
+        return true;
+    }
+    // Taken out of the thread-local rather than borrowed: while this thread waits for the
+    // row-block tasks it may run another job that calls back in here (a second forward pass
+    // on the same pool), which then simply allocates its own panels.
+    let mut panels = PANELS.take();
+    {
+        let panels = &mut panels;
+        for t0 in (0..m).step_by(MC) {
+            let mc = (m - t0).min(MC);
+            let blocks = mc.div_ceil(TM);
+            if panels.len() < blocks * k * TM {
+                panels.resize(blocks * k * TM, 0.0);
+            }
+            let panels = &mut panels[..blocks * k * TM];
+            pack(panels, &x[t0 * k..(t0 + mc) * k], mc, k);
+            let panels = &*panels;
+            let row_blocks = n.div_ceil(TN);
+            let per_task = row_blocks.div_ceil(rayon::current_num_threads().max(1) * 8).max(1);
+            (0..row_blocks.div_ceil(per_task)).into_par_iter().for_each(|task| {
+                let (rb0, rb1) = (task * per_task, ((task + 1) * per_task).min(row_blocks));
+                // Taken, not borrowed, for the same reason as the panels.
+                let mut scratch = ROWS.take();
+                for rb in rb0..rb1 {
+                    let j = rb * TN;
+                    let nb = (n - j).min(TN);
+                    let rows = w.rows(j, j + nb, &mut scratch);
+                    w.prefetch(j + TN, j + 2 * TN);
+                    for b in 0..blocks {
+                        let tb = (mc - b * TM).min(TM);
+                        let panel = &panels[b * k * TM..(b + 1) * k * TM];
+                        #[cfg(target_arch = "x86_64")]
+                        // SAFETY: AVX-512F was detected; rows j..j+nb, the panel and the
+                        // output tile (t0+b·TM+tb ≤ m, j+nb ≤ n) are in bounds, and only this
+                        // task writes columns j..j+nb.
+                        unsafe {
+                            avx512::tile(
+                                panel,
+                                rows.as_ptr(),
+                                k,
+                                nb,
+                                out.get().add((t0 + b * TM) * ldo + j),
+                                ldo,
+                                tb,
+                                accumulate,
+                            );
+                        }
+                    }
+                }
+                ROWS.set(scratch);
+            });
+        }
+    }
+    PANELS.set(panels);
+    true
+}
+
+/// `panels[b][kk][i] = x[b·TM + i][kk]`, zero past the last token.
+fn pack(panels: &mut [f32], x: &[f32], mc: usize, k: usize) {
+    panels.par_chunks_mut(k * TM).enumerate().for_each(|(b, panel)| {
+        let rows = (mc - b * TM).min(TM);
+        if rows < TM {
+            panel.fill(0.0);
+        }
+        let x = &x[b * TM * k..(b * TM + rows) * k];
+        // Whole 16 × 16 squares through registers (a scalar copy per value was ~1.6 % of a
+        // batch-64 decode step), the last k % 16 columns one value at a time.
+        #[cfg(target_arch = "x86_64")]
+        let squares = if available() { k / 16 * 16 } else { 0 };
+        #[cfg(not(target_arch = "x86_64"))]
+        let squares = 0;
+        #[cfg(target_arch = "x86_64")]
+        for g in (0..rows).step_by(16) {
+            for kk in (0..squares).step_by(16) {
+                // SAFETY: AVX-512F was detected (else there are no squares); rows g..g+n of
+                // x have columns kk..kk+16 (kk + 16 ≤ k); the panel has TM floats per
+                // column, so lanes g..g+16 of columns kk..kk+16 lie inside it (g + 16 ≤ TM).
+                unsafe {
+                    avx512::transpose16(
+                        x.as_ptr().add(g * k + kk),
+                        k,
+                        (rows - g).min(16),
+                        panel.as_mut_ptr().add(kk * TM + g),
+                        TM,
+                    )
+                };
+            }
+        }
+        for (kk, lanes) in panel.chunks_exact_mut(TM).enumerate().skip(squares) {
+            for (i, lane) in lanes.iter_mut().take(rows).enumerate() {
+                *lane = x[i * k + kk];
+            }
+        }
+    });
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    use super::{TM, TN};
+
+    /// Rows `0..n` (`n ≤ 16`) of 16 floats, `ld` apart from `src`, transposed: column `j`
+    /// goes to the 16 floats at `dst + j·dld`, rows past `n` as zeros. Two rounds of
+    /// unpacks interleave 2×2 and then 4×4 blocks inside each 128-bit lane; two rounds of
+    /// 128-bit shuffles transpose the 4×4 grid of those lanes.
+    ///
+    /// # Safety
+    /// AVX-512F; `src + i·ld .. + 16` readable for `i < n`, `dst + j·dld .. + 16` writable.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn transpose16(src: *const f32, ld: usize, n: usize, dst: *mut f32, dld: usize) {
+        // SAFETY: per the contract.
+        unsafe {
+            let r: [__m512; 16] = std::array::from_fn(|i| {
+                if i < n { _mm512_loadu_ps(src.add(i * ld)) } else { _mm512_setzero_ps() }
+            });
+            // t[2p], t[2p+1]: rows 2p, 2p+1 interleaved (columns 4L, 4L+1 / 4L+2, 4L+3 of lane L).
+            let t: [__m512; 16] = std::array::from_fn(|i| {
+                let (a, b) = (r[i & !1], r[i | 1]);
+                if i % 2 == 0 { _mm512_unpacklo_ps(a, b) } else { _mm512_unpackhi_ps(a, b) }
+            });
+            // u[4g + c], lane L: rows 4g..4g+4 of column 4L + c.
+            let u: [__m512; 16] = std::array::from_fn(|i| {
+                let (g, c) = (i / 4, i % 4);
+                let (a, b) = (_mm512_castps_pd(t[4 * g + c / 2]), _mm512_castps_pd(t[4 * g + 2 + c / 2]));
+                _mm512_castpd_ps(if c % 2 == 0 { _mm512_unpacklo_pd(a, b) } else { _mm512_unpackhi_pd(a, b) })
+            });
+            for c in 0..4 {
+                let [u0, u1, u2, u3] = [u[c], u[4 + c], u[8 + c], u[12 + c]];
+                // Lanes (0, 2) and (1, 3) of each pair, then of those: out lane g = u_g's lane L.
+                let v0 = _mm512_shuffle_f32x4::<0x88>(u0, u1);
+                let v1 = _mm512_shuffle_f32x4::<0xDD>(u0, u1);
+                let v2 = _mm512_shuffle_f32x4::<0x88>(u2, u3);
+                let v3 = _mm512_shuffle_f32x4::<0xDD>(u2, u3);
+                let w = [
+                    _mm512_shuffle_f32x4::<0x88>(v0, v2),
+                    _mm512_shuffle_f32x4::<0x88>(v1, v3),
+                    _mm512_shuffle_f32x4::<0xDD>(v0, v2),
+                    _mm512_shuffle_f32x4::<0xDD>(v1, v3),
+                ];
+                for (l, &col) in w.iter().enumerate() {
+                    _mm512_storeu_ps(dst.add((4 * l + c) * dld), col);
+                }
+            }
+        }
+    }
+
+    /// Floats ahead of the current step that each weight row prefetches.
+    const PREFETCH_AHEAD: usize = 128;
+
+    /// One `tokens × nb` output tile from a transposed panel; `nb` of 12 takes the wide
+    /// kernel, an edge tile goes one weight row at a time.
+    ///
+    /// # Safety
+    /// CPU has AVX-512F; `panel` holds `k·TM` floats; `w` points at `nb` rows of `k`;
+    /// `out` at a row-major tile with row stride `ldo` of `tokens` rows and `nb` columns.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn tile(
+        panel: &[f32],
+        w: *const f32,
+        k: usize,
+        nb: usize,
+        out: *mut f32,
+        ldo: usize,
+        tokens: usize,
+        accumulate: bool,
+    ) {
+        // SAFETY: forwarded contract.
+        unsafe {
+            if nb == TN {
+                if tokens > 16 {
+                    micro::<TN, 2>(panel, w, k, out, ldo, tokens, accumulate);
+                } else {
+                    micro::<TN, 1>(panel, w, k, out, ldo, tokens, accumulate);
+                }
+            } else {
+                for c in 0..nb {
+                    micro::<1, 2>(panel, w.add(c * k), k, out.add(c), ldo, tokens, accumulate);
+                }
+            }
+        }
+    }
+
+    /// Steps of `kk` per turn of the main loop. Four amortize the address arithmetic of the
+    /// `NB` strided broadcasts (a few integer µops per row per step, which compete with the
+    /// FMAs for ports): ~5 % faster batch-64 decode than one. Written out as four calls: as a
+    /// `for` loop over the four, LLVM hoisted the broadcasts out of it and spilled 24 of the
+    /// 32 zmm registers (35 % slower than not unrolling at all).
+    const UNROLL: usize = 4;
+
+    /// `NB` weight rows × `V·16` tokens: per `kk`, `V` panel loads and `NB` broadcasts
+    /// feeding `NB·V` FMAs.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn micro<const NB: usize, const V: usize>(
+        panel: &[f32],
+        w: *const f32,
+        k: usize,
+        out: *mut f32,
+        ldo: usize,
+        tokens: usize,
+        accumulate: bool,
+    ) {
+        let mut acc = [[_mm512_setzero_ps(); V]; NB];
+        let p = panel.as_ptr();
+        // SAFETY (whole body): kk < k keeps panel reads below k·TM and weight reads inside
+        // the NB rows; output writes stay inside the tile.
+        unsafe {
+            let step = |acc: &mut [[__m512; V]; NB], kk: usize| {
+                let mut xv = [_mm512_setzero_ps(); V];
+                for (v, x) in xv.iter_mut().enumerate() {
+                    *x = _mm512_loadu_ps(p.add(kk * TM + v * 16));
+                }
+                for (c, a) in acc.iter_mut().enumerate() {
+                    let b = _mm512_set1_ps(*w.add(c * k + kk));
+                    for (s, &x) in a.iter_mut().zip(&xv) {
+                        *s = _mm512_fmadd_ps(x, b, *s);
+                    }
+                }
+            };
+            let mut kk = 0;
+            while kk + UNROLL <= k {
+                if kk % 16 == 0 {
+                    // Each weight row is read one float per step: fetch its lines well ahead
+                    // (twelve slow streams are more than the hardware prefetcher tracks well).
+                    for c in 0..NB {
+                        _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(c * k + kk + PREFETCH_AHEAD) as *const i8);
+                    }
+                }
+                step(&mut acc, kk);
+                step(&mut acc, kk + 1);
+                step(&mut acc, kk + 2);
+                step(&mut acc, kk + 3);
+                kk += UNROLL;
+            }
+            for kk in kk..k {
+                step(&mut acc, kk);
+            }
+            let mut lanes = [[0.0f32; TM]; NB];
+            for (l, a) in lanes.iter_mut().zip(&acc) {
+                for (v, &s) in a.iter().enumerate() {
+                    _mm512_storeu_ps(l.as_mut_ptr().add(v * 16), s);
+                }
+            }
+            for t in 0..tokens.min(V * 16) {
+                let row = out.add(t * ldo);
+                for (c, l) in lanes.iter().enumerate() {
+                    let d = row.add(c);
+                    *d = if accumulate { *d + l[t] } else { l[t] };
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Token edges (1, 16, 17, 32, 33 and past a cache block), row edges (not a multiple of
+    /// 12), odd k, accumulate or not.
+    #[test]
+    fn matches_naive_on_every_edge() {
+        for &(m, n, k) in &[(1, 12, 3), (16, 13, 17), (17, 24, 64), (33, 25, 40), (300, 36, 9), (5, 7, 576)] {
+            let x: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 5.0).collect();
+            let w: Vec<f32> = (0..n * k).map(|i| ((i * 5 % 11) as f32 - 5.0) / 7.0).collect();
+            let want = crate::cpu::linear::naive_linear(&x, &w, m, n, k);
+            let mut dst = vec![1.0; m * n];
+            if !available() {
+                // Without AVX-512 the kernel declines and leaves dst alone.
+                assert!(!token_lanes_linear(&mut dst, &x, &w, m, n, k, true));
+                assert!(dst.iter().all(|&d| d == 1.0));
+                continue;
+            }
+            assert!(token_lanes_linear(&mut dst, &x, &w, m, n, k, true));
+            for (d, e) in dst.iter().zip(&want) {
+                assert!((d - 1.0 - e).abs() < 1e-3, "m={m} n={n} k={k}: {d} vs {e}");
+            }
+            assert!(token_lanes_linear(&mut dst, &x, &w, m, n, k, false));
+            for (d, e) in dst.iter().zip(&want) {
+                assert!((d - e).abs() < 1e-3, "m={m} n={n} k={k}: {d} vs {e}");
+            }
+        }
+    }
+}

@@ -1,0 +1,165 @@
+//! `x·Wᵀ` for a few tokens over a weight's quantized parts: decode is bound by reading the
+//! weights, so each row is dequantized group by group in registers and multiplied into every
+//! token (four at a time) before the next group is read; nothing is written back but the dot
+//! products.
+
+use rayon::prelude::*;
+
+use super::int16::{self, X16};
+#[cfg(target_arch = "x86_64")]
+use super::q4_1_wide;
+use super::{Activations, GgmlType, Out, PartRef};
+use crate::Isa;
+use crate::cpu::linear::dot;
+
+/// Rows per rayon task: about eight tasks per thread for work stealing to balance, at least
+/// ~16 KB of weights each so task overhead stays small, and then a task count that is a
+/// multiple of the threads with the rows split evenly: SmolLM2's 576-row o_proj made 13 tasks
+/// (one thread ran seven while the other waited); 14 made 576×576 Q4_1 decode 7–12 % faster
+/// on two threads.
+fn rows_per_task(rows: usize, row_bytes: usize) -> usize {
+    let threads = rayon::current_num_threads().max(1);
+    let by_balance = rows.div_ceil(threads * 8);
+    let by_size = (16 * 1024 / row_bytes.max(1)).max(1);
+    let tasks = rows.div_ceil(by_balance.max(by_size).max(1)).next_multiple_of(threads);
+    rows.div_ceil(tasks).max(1)
+}
+
+/// Tokens one pass over a row serves.
+const TOKENS_PER_PASS: usize = 4;
+
+/// See the module doc: `out[t, r] (+)= x[t] · row r` for `t < m`, every row of `part`.
+/// `xq`: the activations in int16 when the caller chose the integer kernels ([`int16`]),
+/// which formats it [`int16::supports`] take. (One part: the kernel tests' entry; weights
+/// call [`matmul_parts`].)
+#[cfg(test)]
+pub(super) fn matmul(
+    isa: Isa,
+    xq: Option<&X16>,
+    out: Out,
+    x: &[f32],
+    m: usize,
+    part: &PartRef<'_>,
+    accumulate: bool,
+) {
+    matmul_parts(isa, xq, x, m, &[(*part, out)], accumulate);
+}
+
+/// [`matmul`] over every part of a fused weight (each with its own output columns) in one
+/// parallel region: the activations are prepared once for all of them (group sums, the
+/// lane order of [`q4_1_wide`]), and the tasks of a small part (Q/K/V's K and V) share the
+/// threads with the others' instead of each part being a fork and join of its own.
+pub(super) fn matmul_parts(
+    isa: Isa,
+    xq: Option<&X16>,
+    x: &[f32],
+    m: usize,
+    parts: &[(PartRef<'_>, Out)],
+    accumulate: bool,
+) {
+    let Some(k) = parts.first().map(|(p, _)| p.cols) else { return };
+    assert!(x.len() >= m * k, "decode::matmul: short activations");
+    let simd = isa != Isa::Portable && k.is_multiple_of(32);
+    let kernels: Vec<Kernel> =
+        parts.iter().map(|(p, _)| Kernel::choose(isa, simd, xq.is_some(), p.ty)).collect();
+    let group_sums: Vec<f32> = if kernels.contains(&Kernel::Groups) {
+        x[..m * k].chunks_exact(32).map(|c| c.iter().sum()).collect()
+    } else {
+        Vec::new()
+    };
+    #[cfg(target_arch = "x86_64")]
+    let permuted = kernels.contains(&Kernel::Q4_1Wide).then(|| q4_1_wide::Permuted::new(x, m, k));
+    let acts = Activations { x, group_sums: &group_sums };
+    // (part, rows) of every task, part by part.
+    let tasks: Vec<(usize, std::ops::Range<usize>)> = parts
+        .iter()
+        .enumerate()
+        .flat_map(|(i, (p, _))| {
+            let per_task = rows_per_task(p.rows, p.row_bytes());
+            (0..p.rows.div_ceil(per_task)).map(move |t| (i, t * per_task..((t + 1) * per_task).min(p.rows)))
+        })
+        .collect();
+    tasks.into_par_iter().for_each(|(i, rows)| {
+        let (part, out) = (&parts[i].0, parts[i].1);
+        for t in (0..m).step_by(TOKENS_PER_PASS) {
+            let (rows, mr) = (rows.clone(), (m - t).min(TOKENS_PER_PASS));
+            match kernels[i] {
+                // SAFETY (every arm): the kernel's CPU features were detected for `isa` (and
+                // VNNI for the wide int16 kernel); the rows are this task's, tokens t..t+mr
+                // lie in x (asserted) and in xq / the permuted copy made from it; whole
+                // groups of 32 per row for every SIMD kernel (`simd`).
+                #[cfg(target_arch = "x86_64")]
+                Kernel::Int16 => unsafe {
+                    let xq = xq.expect("int16 kernels are chosen only with int16 activations");
+                    if isa == Isa::Avx512 && crate::isa::avx512_vnni() {
+                        int16::dot_rows_avx512(part, rows, xq, t, mr, out, accumulate)
+                    } else {
+                        int16::dot_rows_avx2(part, rows, xq, t, mr, out, accumulate)
+                    }
+                },
+                #[cfg(target_arch = "x86_64")]
+                Kernel::Q4_1Wide => unsafe {
+                    let xp = permuted.as_ref().expect("made when a part takes it");
+                    q4_1_wide::dot_rows_dyn(part, rows, xp, t, mr, out, accumulate)
+                },
+                #[cfg(target_arch = "x86_64")]
+                Kernel::Groups if isa == Isa::Avx2 => unsafe {
+                    super::avx2::dot_rows_dyn(part, rows, acts, t, mr, out, accumulate)
+                },
+                #[cfg(target_arch = "x86_64")]
+                Kernel::Groups => unsafe {
+                    super::avx512::dot_rows_dyn(part, rows, acts, t, mr, out, accumulate)
+                },
+                _ => portable_rows(part, rows, x, t, mr, out, accumulate),
+            }
+        }
+    });
+}
+
+/// Which decode kernel a part takes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kernel {
+    /// Q4_0/Q4_1/Q8_0 codes times int16 activations ([`int16`]).
+    Int16,
+    /// Q4_1 on AVX-512 with four groups across the lanes ([`q4_1_wide`]).
+    Q4_1Wide,
+    /// The ISA's per-group kernel (`avx2` / `avx512` `dot_rows`).
+    Groups,
+    /// Scalar dequantization, then f32 dot products.
+    Portable,
+}
+
+impl Kernel {
+    fn choose(isa: Isa, simd: bool, int16_acts: bool, ty: GgmlType) -> Kernel {
+        if !simd {
+            Kernel::Portable
+        } else if int16_acts && int16::supports(ty) {
+            Kernel::Int16
+        } else if isa == Isa::Avx512 && ty == GgmlType::Q4_1 {
+            Kernel::Q4_1Wide
+        } else {
+            Kernel::Groups
+        }
+    }
+}
+
+/// The portable path: each row dequantized by the scalar reference, then f32 dot products.
+fn portable_rows(
+    part: &PartRef<'_>,
+    rows: std::ops::Range<usize>,
+    x: &[f32],
+    t0: usize,
+    mr: usize,
+    out: Out,
+    accumulate: bool,
+) {
+    let k = part.cols;
+    let mut row = vec![0.0f32; k];
+    for r in rows {
+        Isa::Portable.dequantize_row(part.ty, part.row(r), &mut row);
+        for t in t0..t0 + mr {
+            // SAFETY: (t, r) is this task's entry (t < m, r in its rows).
+            unsafe { out.put(t, r, dot(&row, &x[t * k..(t + 1) * k]), accumulate) };
+        }
+    }
+}

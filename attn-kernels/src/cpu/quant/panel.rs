@@ -1,0 +1,186 @@
+//! `x·Wᵀ` for many tokens over a weight's parts: rows are dequantized into f32 and multiplied
+//! into all tokens, so the dequantization is paid once per weight per step, not once per
+//! token. On AVX-512 up to `TOKEN_LANES_MAX_M` tokens each block of 12 rows is dequantized
+//! into a per-thread buffer just before `linear::token_lanes` multiplies it (activations
+//! transposed once per call); past [`SLABS_MIN_M`] tokens (prefill) every part's rows go into
+//! one slab of a few MB for one parallel `gemm` call ([`slabs`]); otherwise cache-sized panels
+//! of rows feed `gemm` one by one.
+
+use std::cell::RefCell;
+
+use rayon::prelude::*;
+
+use super::{Out, PartRef};
+use crate::Isa;
+use crate::cpu::linear::{TOKEN_LANES_MAX_M, WeightRows, gemm_into, token_lanes_available, token_lanes_rows};
+
+/// Rows per panel for rows of `k` values: as many as fit in ~1 MiB (a panel stays in a core's
+/// L2 while `gemm` reads it), at most 256 and at least 16. Wide panels matter: `gemm` packs
+/// the activations again for every panel (at 64 rows, batch-64 decode spent as long packing
+/// as dequantizing; 128 to 256 rows measured ~15% faster end to end).
+fn panel_rows(k: usize) -> usize {
+    ((1 << 20) / (4 * k.max(1))).clamp(16, 256) / 16 * 16
+}
+
+thread_local! {
+    /// Each worker thread's panel buffer, grown to the largest panel seen and then reused.
+    static PANEL: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A part's rows dequantized on demand, for `token_lanes`.
+struct Dequantized<'p> {
+    isa: Isa,
+    part: &'p PartRef<'p>,
+}
+
+impl WeightRows for Dequantized<'_> {
+    fn rows<'a>(&'a self, j0: usize, j1: usize, scratch: &'a mut Vec<f32>) -> &'a [f32] {
+        let k = self.part.cols;
+        if scratch.len() < (j1 - j0) * k {
+            scratch.resize((j1 - j0) * k, 0.0);
+        }
+        let rows = &mut scratch[..(j1 - j0) * k];
+        for (r, dst) in (j0..j1).zip(rows.chunks_exact_mut(k)) {
+            self.isa.dequantize_row(self.part.ty, self.part.row(r), dst);
+        }
+        rows
+    }
+
+    fn prefetch(&self, j0: usize, j1: usize) {
+        let (j0, j1) = (j0.min(self.part.rows), j1.min(self.part.rows));
+        let rb = self.part.row_bytes();
+        let bytes = &self.part.bytes[j0 * rb..j1 * rb];
+        for line in bytes.chunks(64) {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: a prefetch of an address inside `bytes`; it never faults.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(line.as_ptr().cast())
+            };
+        }
+    }
+}
+
+/// See the module doc: `out[t, r] (+)= x[t] · row r` for `t < m`, every row of `part`. Up to
+/// `TOKEN_LANES_MAX_M` tokens on AVX-512 the dequantized rows feed `token_lanes` instead of
+/// `gemm` (the activations transposed once per call, not packed again per panel).
+pub(super) fn matmul(isa: Isa, out: Out, x: &[f32], m: usize, part: &PartRef<'_>, accumulate: bool) {
+    let k = part.cols;
+    assert!(x.len() >= m * k, "panel::matmul: short activations");
+    if !(m <= TOKEN_LANES_MAX_M && via_token_lanes(isa, out, x, m, part, accumulate)) {
+        via_gemm(isa, out, x, m, part, accumulate);
+    }
+}
+
+/// The rows dequantized per task into `token_lanes`; `false` (nothing done) without AVX-512.
+pub(super) fn via_token_lanes(
+    isa: Isa,
+    out: Out,
+    x: &[f32],
+    m: usize,
+    part: &PartRef<'_>,
+    accumulate: bool,
+) -> bool {
+    assert!(x.len() >= m * part.cols, "panel::via_token_lanes: short activations");
+    if !token_lanes_available() {
+        return false;
+    }
+    let rows = Dequantized { isa, part };
+    // SAFETY: `Weight::matmul` checked that the output holds m rows of ldd floats, of which
+    // this part owns its columns; x holds m·k floats (asserted).
+    unsafe { token_lanes_rows(out.ptr, out.ldd, x, &rows, m, part.rows, part.cols, accumulate) }
+}
+
+/// Tokens above which a call takes [`slabs`]: past `token_lanes`' range, where the
+/// activations are large enough that `gemm` runs near its best.
+pub(super) const SLABS_MIN_M: usize = TOKEN_LANES_MAX_M;
+
+/// Most bytes of f32 rows one [`slabs`] pass dequantizes before multiplying them: SmolLM2's
+/// largest weight but the embedding (gate + up, 7 MB) takes one pass.
+const SLAB_BYTES: usize = 16 << 20;
+
+thread_local! {
+    /// The calling thread's slab, grown to the largest used and then reused (a fresh 7 MB
+    /// allocation per call is fresh pages, each zeroed by the kernel on first touch).
+    static SLAB: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `out[t, c] (+)= x[t] · row c` over the rows of every part in turn (their output columns
+/// follow one another), for many tokens (prefill): the rows dequantized in parallel into an
+/// f32 slab of up to [`SLAB_BYTES`], then one `gemm` call over the whole slab with rayon
+/// inside it. `gemm` repacks the activations per call, and per 256-row panel ([`via_gemm`])
+/// that and the short calls cost ~8 % of a 2 040-token prefill.
+pub(super) fn slabs(isa: Isa, out: Out, x: &[f32], m: usize, parts: &[PartRef<'_>], accumulate: bool) {
+    slabs_of(SLAB_BYTES, isa, out, x, m, parts, accumulate);
+}
+
+/// [`slabs`] with slabs of at most `slab_bytes` (at least one row): tests split small weights.
+pub(super) fn slabs_of(
+    slab_bytes: usize,
+    isa: Isa,
+    out: Out,
+    x: &[f32],
+    m: usize,
+    parts: &[PartRef<'_>],
+    accumulate: bool,
+) {
+    let Some(k) = parts.first().map(|p| p.cols) else { return };
+    assert!(parts.iter().all(|p| p.cols == k) && x.len() >= m * k, "panel::slabs: short activations");
+    // (part, row) of every output column.
+    let columns: Vec<(usize, usize)> =
+        parts.iter().enumerate().flat_map(|(i, p)| (0..p.rows).map(move |r| (i, r))).collect();
+    let per_slab = (slab_bytes / (4 * k.max(1))).max(1);
+    // Taken, not borrowed: `gemm`'s rayon tasks may run another forward pass's call on this
+    // thread, which then allocates its own.
+    let mut slab = SLAB.take();
+    for (s, chunk) in columns.chunks(per_slab).enumerate() {
+        if slab.len() < chunk.len() * k {
+            slab.resize(chunk.len() * k, 0.0);
+        }
+        let w = &mut slab[..chunk.len() * k];
+        w.par_chunks_mut(16 * k).zip(chunk.par_chunks(16)).for_each(|(dst, rows)| {
+            for (&(i, r), d) in rows.iter().zip(dst.chunks_exact_mut(k)) {
+                isa.dequantize_row(parts[i].ty, parts[i].row(r), d);
+            }
+        });
+        let out = Out { ptr: out.ptr.offset(s * per_slab), ..out };
+        // SAFETY: x holds m·k floats (asserted), the slab chunk.len()·k; `Weight::matmul`
+        // checked that the output holds m rows of ldd floats, of which these columns are
+        // the parts'.
+        unsafe {
+            gemm_into(out.ptr, out.ldd, x, m, k, w, chunk.len(), accumulate, gemm::Parallelism::Rayon(0))
+        };
+    }
+    SLAB.set(slab);
+}
+
+/// Panels of rows dequantized into `gemm`.
+pub(super) fn via_gemm(isa: Isa, out: Out, x: &[f32], m: usize, part: &PartRef<'_>, accumulate: bool) {
+    let k = part.cols;
+    assert!(x.len() >= m * k, "panel::via_gemm: short activations");
+    let per_panel = panel_rows(k);
+    (0..part.rows.div_ceil(per_panel)).into_par_iter().for_each(|p| {
+        let (r0, r1) = (p * per_panel, ((p + 1) * per_panel).min(part.rows));
+        PANEL.with_borrow_mut(|buf| {
+            if buf.len() < (r1 - r0) * k {
+                buf.resize((r1 - r0) * k, 0.0);
+            }
+            let panel = &mut buf[..(r1 - r0) * k];
+            for (r, dst) in (r0..r1).zip(panel.chunks_exact_mut(k)) {
+                isa.dequantize_row(part.ty, part.row(r), dst);
+            }
+            let out = Out { ptr: out.ptr.offset(r0), ..out };
+            // SAFETY: x holds m·k floats (asserted), the panel (r1−r0)·k; this task owns
+            // columns r0..r1 of the part's region of m rows × ldd.
+            unsafe {
+                gemm_into(out.ptr, out.ldd, x, m, k, panel, r1 - r0, accumulate, gemm::Parallelism::None)
+            };
+        });
+    });
+}
+
+/// An f32 part of a multi-part weight: `gemm` straight into its columns of the wider output.
+pub(super) fn f32_strided(out: Out, x: &[f32], m: usize, k: usize, w: &[f32], rows: usize, accumulate: bool) {
+    assert!(x.len() >= m * k && w.len() >= rows * k, "f32_strided: short buffer");
+    // SAFETY: as asserted; `Weight::matmul` checked the output region.
+    unsafe { gemm_into(out.ptr, out.ldd, x, m, k, w, rows, accumulate, gemm::Parallelism::Rayon(0)) };
+}
