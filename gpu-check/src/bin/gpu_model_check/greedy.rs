@@ -10,7 +10,7 @@
 
 use std::path::{Path, PathBuf};
 
-use engine::{DType, Device, Engine, EngineConfig, KvCacheSize, Prompt, SamplingParams};
+use engine::{DType, Engine, EngineConfig, KvCacheSize, Prompt, SamplingParams};
 use gpu_check::figures::{Recorder, Res};
 use gpu_check::model_cases::{SMOLLM2_135M, write_folder};
 use kv_cache::{CacheConfig, KvCache};
@@ -127,15 +127,11 @@ pub fn check(work: &Path, rec: &mut Recorder) -> Res<()> {
 /// freeing the device for nothing else: the CPU check runs on the host).
 fn generate_on_gpu(dir: &Path) -> Res<(Vec<Tokens>, Vec<Tokens>)> {
     let config = EngineConfig {
-        device: Device::Cuda { ordinal: 0 },
-        kv_dtype: DType::BF16,
-        max_model_len: Some(1024),
         max_num_seqs: 16,
         // Smaller than the longer prompts: they prefill in chunks beside other sequences' decodes.
         max_num_batched_tokens: 256,
         kv_cache: KvCacheSize::Blocks(1024),
-        log_interval: std::time::Duration::ZERO,
-        ..EngineConfig::default()
+        ..crate::cuda_bf16_config()
     };
     let mut engine = Engine::new(dir, config)?;
     let vocab = engine.model_config().vocab_size;

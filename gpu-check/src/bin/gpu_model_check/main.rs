@@ -179,18 +179,25 @@ fn finite(v: f32) -> f64 {
     if v.is_finite() { f64::from(v) } else { 1e30 }
 }
 
-/// `cuda.e2e_output_tok_s`: 256 requests × (512 in, 128 out), all submitted at once.
-fn e2e(dir: &Path, rec: &mut Recorder) -> Res<()> {
-    let config = EngineConfig {
+/// The engine on GPU 0 with bf16 weights and cache, contexts up to 1 024 tokens, no periodic log.
+fn cuda_bf16_config() -> EngineConfig {
+    EngineConfig {
         device: Device::Cuda { ordinal: 0 },
         kv_dtype: DType::BF16,
         max_model_len: Some(1024),
+        log_interval: std::time::Duration::ZERO,
+        ..EngineConfig::default()
+    }
+}
+
+/// `cuda.e2e_output_tok_s`: 256 requests × (512 in, 128 out), all submitted at once.
+fn e2e(dir: &Path, rec: &mut Recorder) -> Res<()> {
+    let config = EngineConfig {
         max_num_seqs: 256,
         max_num_batched_tokens: 8192,
         kv_cache: KvCacheSize::Bytes(0),
         gpu_memory_utilization: 0.9,
-        log_interval: std::time::Duration::ZERO,
-        ..EngineConfig::default()
+        ..cuda_bf16_config()
     };
     let start = Instant::now();
     let mut engine = Engine::new(dir, config)?;
