@@ -264,7 +264,7 @@ impl WebDriverCompatibleCommand for BrowserLog {
 
 /// `POST /session/{id}/goog/cdp/execute`: a DevTools command (the phone-width emulation).
 #[derive(Debug)]
-pub(crate) struct Cdp(&'static str, pub(crate) Value);
+pub(crate) struct Cdp(pub(crate) &'static str, pub(crate) Value);
 
 impl WebDriverCompatibleCommand for Cdp {
     fn endpoint(&self, base: &url::Url, session: Option<&str>) -> Result<url::Url, url::ParseError> {
