@@ -15,11 +15,12 @@ use scheduler::{Scheduler, SchedulerConfig, SchedulerOutput, SeqId, StepResult};
 use crate::config::{EngineConfig, PreemptionMode};
 use crate::error::{EngineError, RequestError};
 use crate::metrics::{Gauges, LiveMetrics, MetricsCollector, MetricsSnapshot};
-use crate::output::{FinalOutput, FinishReason, RequestKey, RequestOutput};
+use crate::output::{FinishReason, RequestKey, RequestOutput};
 use crate::request::{Prompt, RequestOptions, RequestState};
 use crate::sampling::{SampleRow, SamplingParams, TokenChoice, sample_batch};
 
 mod admission;
+mod generate;
 mod greedy;
 
 pub(crate) use admission::{Intake, IntakeLimits, Prepared};
@@ -536,59 +537,6 @@ impl Engine {
             let longest = state.seqs.iter().map(|s| s.num_generated).max().unwrap_or(0);
             self.metrics.record_finished(ttft, now.duration_since(state.arrival), longest);
         }
-    }
-
-    /// Offline batch: submits every prompt with the same parameters (ids `"0"`, `"1"`, …) and
-    /// steps until all finish. One result per prompt, in order; a rejected prompt gives its error.
-    pub fn generate(
-        &mut self,
-        prompts: Vec<Prompt>,
-        params: &SamplingParams,
-    ) -> Result<Vec<Result<FinalOutput, RequestError>>, EngineError> {
-        let mut results: Vec<Result<FinalOutput, RequestError>> = Vec::with_capacity(prompts.len());
-        let mut slots: HashMap<String, usize> = HashMap::new();
-        for (i, prompt) in prompts.into_iter().enumerate() {
-            let id = format!("generate-{}-{i}", self.intake.peek_next_key());
-            loop {
-                match self.add_request(id.clone(), prompt.clone(), params.clone()) {
-                    Ok(_) => {
-                        slots.insert(id.clone(), i);
-                        results.push(Ok(FinalOutput::new(id, 0)));
-                    }
-                    // A full waiting queue (`max_waiting`) drains as the engine steps.
-                    Err(RequestError::QueueFull { .. }) if !slots.is_empty() => {
-                        self.collect_step(&mut slots, &mut results)?;
-                        continue;
-                    }
-                    Err(e) => results.push(Err(e)),
-                }
-                break;
-            }
-        }
-        while !slots.is_empty() {
-            self.collect_step(&mut slots, &mut results)?;
-        }
-        Ok(results)
-    }
-
-    /// One step of `generate`: folds each output into its prompt's result.
-    fn collect_step(
-        &mut self,
-        slots: &mut HashMap<String, usize>,
-        results: &mut [Result<FinalOutput, RequestError>],
-    ) -> Result<(), EngineError> {
-        for out in self.step()? {
-            if let Some(&i) = slots.get(&out.request_id)
-                && let Some(Ok(fin)) = results.get_mut(i)
-            {
-                fin.prompt_tokens = out.prompt_tokens;
-                fin.absorb(&out);
-                if out.finished {
-                    slots.remove(&out.request_id);
-                }
-            }
-        }
-        Ok(())
     }
 }
 

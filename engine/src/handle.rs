@@ -3,25 +3,32 @@
 //! thread and never waits for a step. Each request gets a blocking `RequestStream` or an async
 //! `OutputStream` (`futures::Stream`) of outputs; dropping either before it finished aborts
 //! its request; `shutdown` drains or aborts cleanly.
+//!
+//! Three concerns, one file each: this file is the caller's side (the handle and the commands
+//! it sends), `streams.rs` what a caller receives a request's outputs through, and
+//! `engine_loop.rs` the engine thread that executes the commands between steps.
 
-use std::collections::HashMap;
-use std::pin::Pin;
+mod engine_loop;
+mod streams;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::task::{Context, Poll};
 use std::thread::JoinHandle;
-use std::time::Duration;
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::Sender;
 use parking_lot::Mutex;
 
 use crate::engine::{Engine, Intake, Prepared};
 use crate::error::{EngineError, RequestError};
 use crate::kv_map::{KvMapPublisher, KvMapShared, KvSnapshot};
 use crate::metrics::{LiveMetrics, MetricsSnapshot};
-use crate::output::{FinalOutput, RequestKey, RequestOutput};
+use crate::output::RequestKey;
 use crate::request::{Prompt, RequestOptions};
 use crate::sampling::SamplingParams;
+
+use engine_loop::EngineLoop;
+pub use streams::{OutputStream, RequestStream, StreamError};
+use streams::{Sink, Ticket};
 
 /// What happens to unfinished requests at shutdown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,37 +39,7 @@ pub enum ShutdownMode {
     Abort,
 }
 
-/// Why a stream ended without its final output.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum StreamError {
-    #[error("engine step failed: {0}")]
-    EngineFailed(String),
-    #[error("the engine stopped before the request finished")]
-    EngineStopped,
-    /// The engine thread's half of admission refused the request (its first and last item).
-    #[error(transparent)]
-    Rejected(#[from] RequestError),
-}
-
-type StreamItem = Result<RequestOutput, StreamError>;
-
-/// Where the engine thread sends one request's outputs: a blocking or an async receiver.
-#[derive(Debug)]
-enum Sink {
-    Blocking(Sender<StreamItem>),
-    Async(tokio::sync::mpsc::UnboundedSender<StreamItem>),
-}
-
-impl Sink {
-    /// False once the receiver is gone.
-    fn send(&self, item: StreamItem) -> bool {
-        match self {
-            Self::Blocking(tx) => tx.send(item).is_ok(),
-            Self::Async(tx) => tx.send(item).is_ok(),
-        }
-    }
-}
-
+/// What a handle (or a stream) asks of the engine thread.
 enum Command {
     /// A prepared request (checked, tokenized, id and waiting place reserved) and its sink;
     /// boxed: it is by far the largest command, and the channel's slots are sized by it.
@@ -244,7 +221,7 @@ impl EngineHandle {
     ) -> Result<RequestStream, RequestError> {
         let (tx, rx) = crossbeam_channel::unbounded();
         let ticket = self.submit_to(id.into(), prompt.into(), params, options, Sink::Blocking(tx))?;
-        Ok(RequestStream { ticket, rx, done: false })
+        Ok(RequestStream::new(ticket, rx))
     }
 
     /// Submits many requests at once (they reach the engine before its next step, so they
@@ -271,7 +248,7 @@ impl EngineHandle {
     ) -> Result<OutputStream, RequestError> {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let ticket = self.submit_to(id.into(), prompt.into(), params, options, Sink::Async(tx))?;
-        Ok(OutputStream { ticket, rx, done: false })
+        Ok(OutputStream::new(ticket, rx))
     }
 
     /// Admission's caller-side half, then the hand-over to the engine thread.
@@ -375,264 +352,5 @@ impl EngineHandle {
     /// `EngineStopped`.
     pub fn shutdown(&self, mode: ShutdownMode) {
         self.inner.stop(mode);
-    }
-}
-
-/// The outputs of one request, in order; ends after the output marked `finished`.
-#[derive(Debug)]
-pub struct RequestStream {
-    ticket: Ticket,
-    rx: Receiver<StreamItem>,
-    done: bool,
-}
-
-impl RequestStream {
-    pub fn id(&self) -> &str {
-        &self.ticket.id
-    }
-
-    /// The engine's key of this admission (outputs carry it as `request_key`).
-    pub fn key(&self) -> RequestKey {
-        self.ticket.key
-    }
-
-    /// Blocks for the next output; `None` once the final one was returned.
-    pub fn recv(&mut self) -> Option<Result<RequestOutput, StreamError>> {
-        if self.done {
-            return None;
-        }
-        let item = self.rx.recv().unwrap_or(Err(StreamError::EngineStopped));
-        self.done = is_last(&item);
-        Some(item)
-    }
-
-    /// Like `recv`, giving up after `timeout` (`Ok(None)`: nothing yet).
-    pub fn recv_timeout(&mut self, timeout: Duration) -> Option<Result<Option<RequestOutput>, StreamError>> {
-        if self.done {
-            return None;
-        }
-        let item = match self.rx.recv_timeout(timeout) {
-            Ok(item) => item,
-            Err(RecvTimeoutError::Timeout) => return Some(Ok(None)),
-            Err(RecvTimeoutError::Disconnected) => Err(StreamError::EngineStopped),
-        };
-        self.done = is_last(&item);
-        Some(item.map(Some))
-    }
-
-    /// Waits for the end and folds every delta into the final result.
-    pub fn collect_final(mut self) -> Result<FinalOutput, StreamError> {
-        let mut fin = FinalOutput::new(self.ticket.id.clone(), 0);
-        while let Some(item) = self.recv() {
-            let out = item?;
-            fin.prompt_tokens = out.prompt_tokens;
-            fin.absorb(&out);
-        }
-        Ok(fin)
-    }
-}
-
-/// One submitted request as its stream knows it, and how to abort it.
-#[derive(Debug)]
-struct Ticket {
-    id: String,
-    key: RequestKey,
-    tx: Sender<Command>,
-    intake: Arc<Intake>,
-}
-
-impl Ticket {
-    /// Frees the id at once (so the client may reuse it right away) and has the engine abort
-    /// exactly this admission.
-    fn abort(&self) {
-        self.intake.forget(&self.id, self.key);
-        let _ = self.tx.send(Command::AbortKey(self.key));
-    }
-}
-
-/// Whether a stream item is its request's last (the final output, or an error).
-fn is_last(item: &StreamItem) -> bool {
-    item.as_ref().map_or(true, |o| o.finished)
-}
-
-impl Iterator for RequestStream {
-    type Item = Result<RequestOutput, StreamError>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        self.recv()
-    }
-}
-
-impl Drop for RequestStream {
-    fn drop(&mut self) {
-        if !self.done {
-            self.ticket.abort();
-        }
-    }
-}
-
-/// The async twin of [`RequestStream`]: a `futures::Stream` of one request's outputs, ending
-/// after the output marked `finished` (or an error). Dropping it before the end aborts the
-/// request; its blocks are freed at the engine's next step boundary.
-#[derive(Debug)]
-pub struct OutputStream {
-    ticket: Ticket,
-    rx: tokio::sync::mpsc::UnboundedReceiver<StreamItem>,
-    done: bool,
-}
-
-impl OutputStream {
-    pub fn id(&self) -> &str {
-        &self.ticket.id
-    }
-
-    pub fn key(&self) -> RequestKey {
-        self.ticket.key
-    }
-
-    /// The next output; `None` once the final one was returned.
-    pub async fn recv(&mut self) -> Option<Result<RequestOutput, StreamError>> {
-        std::future::poll_fn(|cx| self.poll_item(cx)).await
-    }
-
-    fn poll_item(&mut self, cx: &mut Context<'_>) -> Poll<Option<StreamItem>> {
-        if self.done {
-            return Poll::Ready(None);
-        }
-        let item = match self.rx.poll_recv(cx) {
-            Poll::Pending => return Poll::Pending,
-            Poll::Ready(item) => item.unwrap_or(Err(StreamError::EngineStopped)),
-        };
-        self.done = is_last(&item);
-        Poll::Ready(Some(item))
-    }
-}
-
-impl futures_core::Stream for OutputStream {
-    type Item = Result<RequestOutput, StreamError>;
-
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.get_mut().poll_item(cx)
-    }
-}
-
-impl Drop for OutputStream {
-    fn drop(&mut self) {
-        if !self.done {
-            self.ticket.abort();
-        }
-    }
-}
-
-/// The engine thread's state: the engine and the stream of each live request, by admission
-/// key (an id string can name two requests in a row: an aborted one whose final output is
-/// still to come, and its successor).
-struct EngineLoop {
-    engine: Engine,
-    streams: HashMap<RequestKey, Sink>,
-    draining: bool,
-    /// Where `live_metrics` reads from; written after every step.
-    published: Arc<Mutex<LiveMetrics>>,
-    /// Publishes a KV map between steps when a handle asked for one.
-    kv_map: KvMapPublisher,
-}
-
-impl EngineLoop {
-    fn new(engine: Engine, published: Arc<Mutex<LiveMetrics>>, kv_map: KvMapPublisher) -> Self {
-        Self { engine, streams: HashMap::new(), draining: false, published, kv_map }
-    }
-
-    fn run(mut self, rx: &Receiver<Command>) {
-        let mut stop = false;
-        while !stop {
-            // Idle: block for work. Busy: take whatever arrived, then step.
-            if !self.engine.has_unfinished() {
-                if self.draining {
-                    return;
-                }
-                match rx.recv() {
-                    Ok(cmd) => stop = self.handle(cmd),
-                    Err(_) => return, // every handle and stream is gone
-                }
-            }
-            while !stop && let Ok(cmd) = rx.try_recv() {
-                stop = self.handle(cmd);
-            }
-            // Only a step changes what is published: a pass without one handled commands that
-            // either start work (a step follows) or leave the books as they were.
-            if !stop && self.engine.has_unfinished() {
-                self.step();
-                *self.published.lock() = self.engine.live_metrics_of_last_step();
-            }
-            // Between steps: a KV map, only if one was asked for (else one atomic load).
-            self.kv_map.publish_if_asked(&self.engine);
-        }
-        // Abort shutdown: deliver the abort outputs.
-        self.step();
-    }
-
-    /// Applies one command; true means "stop now".
-    fn handle(&mut self, cmd: Command) -> bool {
-        match cmd {
-            Command::Add(sub) => {
-                let (prepared, sink) = *sub;
-                if self.draining {
-                    self.engine.intake().release(&prepared);
-                    sink.send(Err(StreamError::EngineStopped));
-                } else {
-                    match self.engine.insert(prepared) {
-                        Ok(key) => drop(self.streams.insert(key, sink)),
-                        Err(e) => drop(sink.send(Err(e.into()))),
-                    }
-                }
-            }
-            Command::AbortKey(key) => {
-                // Already finished is fine: the stream was dropped after the engine's last output.
-                let _ = self.engine.abort_key(key);
-            }
-            Command::Rejected => self.engine.record_rejected(),
-            Command::Metrics(reply) => reply.send(self.engine.metrics()),
-            Command::Idle(reply) => reply.send(self.engine.kv_is_idle()),
-            Command::KvMap => {} // served after the commands, by `publish_if_asked`
-            Command::Shutdown(ShutdownMode::Drain) => self.draining = true,
-            Command::Shutdown(ShutdownMode::Abort) => {
-                for id in self.engine.unfinished_ids() {
-                    let _ = self.engine.abort(&id);
-                }
-                return true;
-            }
-        }
-        false
-    }
-
-    fn step(&mut self) {
-        match self.engine.step() {
-            Ok(outputs) => {
-                for out in outputs {
-                    let finished = out.finished;
-                    let key = out.request_key;
-                    let delivered = self.streams.get(&key).is_some_and(|s| s.send(Ok(out)));
-                    if finished {
-                        self.streams.remove(&key);
-                    } else if !delivered {
-                        // Nobody listens any more: stop spending compute on it.
-                        let _ = self.engine.abort_key(key);
-                        self.streams.remove(&key);
-                    }
-                }
-            }
-            Err(e) => {
-                tracing::error!(target: "engine", "step failed: {e}; aborting every request");
-                let msg = e.to_string();
-                for (_, stream) in self.streams.drain() {
-                    stream.send(Err(StreamError::EngineFailed(msg.clone())));
-                }
-                for id in self.engine.unfinished_ids() {
-                    let _ = self.engine.abort(&id);
-                }
-                // Drop the abort outputs: their streams already got the error.
-                let _ = self.engine.step();
-            }
-        }
     }
 }

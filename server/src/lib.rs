@@ -8,7 +8,8 @@
 //!   engine steps only when asked; its JSON encoding is documented in `kv_map.rs`.
 //! - `GET /v1/plan`, `POST /v1/plan`: the KV cache / VRAM calculator (the `sim` crate, as
 //!   `cargo xtask plan` runs it, sizes bounded): `plan.rs`.
-//! - `GET /`, `/app.js`, `/style.css`: the web page (chat, live KV map, calculator), embedded in
+//! - `GET /`, `/style.css` and the page's ES modules (`/app.js`, `/chat.js`, `/kv_map.js`,
+//!   `/calculator.js`, `/shared.js`): the web page (chat, live KV map, calculator), embedded in
 //!   the binary, outside `/v1` (no API key): `web.rs`, files in `server/web/`.
 //! - Errors in OpenAI's JSON shape with their status (400, 401, 404, 429): `error.rs`.
 //!
@@ -128,11 +129,7 @@ pub fn router(state: Arc<AppState>, config: &ServerConfig) -> Router {
         .route("/v1/kv_map/stream", get(kv_map::kv_map_stream))
         .route("/v1/plan", get(plan::presets).post(plan::plan))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key));
-    Router::new()
-        .merge(v1)
-        .route(web::INDEX.path, get(web::index))
-        .route(web::APP_JS.path, get(web::app_js))
-        .route(web::STYLE_CSS.path, get(web::style_css))
+    web::routes(Router::new().merge(v1))
         .route("/health", get(info::health))
         .route("/tokenize", post(info::tokenize))
         .route("/detokenize", post(info::detokenize))

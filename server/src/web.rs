@@ -1,9 +1,10 @@
-//! The web page at `GET /`: chat, the live KV block map and the KV cache calculator, as three
-//! files (`server/web/`: `index.html`, `app.js`, `style.css`) embedded in the binary with
-//! `include_str!` — plain HTML/CSS/JS, no build step, nothing fetched from elsewhere.
+//! The web page at `GET /`: chat, the live KV block map and the KV cache calculator, as files
+//! (`server/web/`: `index.html`, `style.css`, and ES modules: `app.js` starts one module per
+//! app — `chat.js`, `kv_map.js`, `calculator.js` — over `shared.js`) embedded in the binary
+//! with `include_str!` — plain HTML/CSS/JS, no build step, nothing fetched from elsewhere.
 //!
 //! The page talks only to this server's API (`/v1/models`, `/v1/chat/completions` with
-//! `stream: true`, `/v1/kv_map/stream`, `/v1/plan`). Its own three files are served outside
+//! `stream: true`, `/v1/kv_map/stream`, `/v1/plan`). Its own files are served outside
 //! `/v1`, so loading the page needs no API key; its calls carry one from a field on the page as
 //! `Authorization: Bearer`.
 //! Every answer carries its content type, `Cache-Control: no-cache` (revalidate: a new binary
@@ -23,11 +24,18 @@ pub struct Asset {
 
 pub const INDEX: Asset =
     Asset { path: "/", content_type: "text/html; charset=utf-8", body: include_str!("../web/index.html") };
-pub const APP_JS: Asset = Asset {
-    path: "/app.js",
-    content_type: "text/javascript; charset=utf-8",
-    body: include_str!("../web/app.js"),
-};
+/// An ES module of the page, served as `text/javascript` (what a module script must be).
+macro_rules! js_module {
+    ($path:literal, $file:literal) => {
+        Asset { path: $path, content_type: "text/javascript; charset=utf-8", body: include_str!($file) }
+    };
+}
+
+pub const APP_JS: Asset = js_module!("/app.js", "../web/app.js");
+pub const SHARED_JS: Asset = js_module!("/shared.js", "../web/shared.js");
+pub const CHAT_JS: Asset = js_module!("/chat.js", "../web/chat.js");
+pub const KV_MAP_JS: Asset = js_module!("/kv_map.js", "../web/kv_map.js");
+pub const CALCULATOR_JS: Asset = js_module!("/calculator.js", "../web/calculator.js");
 pub const STYLE_CSS: Asset = Asset {
     path: "/style.css",
     content_type: "text/css; charset=utf-8",
@@ -35,7 +43,7 @@ pub const STYLE_CSS: Asset = Asset {
 };
 
 /// Every route of the page.
-pub const ASSETS: [Asset; 3] = [INDEX, APP_JS, STYLE_CSS];
+pub const ASSETS: [Asset; 7] = [INDEX, APP_JS, SHARED_JS, CHAT_JS, KV_MAP_JS, CALCULATOR_JS, STYLE_CSS];
 
 /// What the page may load: its own scripts, styles, fetches; inline styles only through the
 /// DOM (`element.style`), images only as data URLs (the empty favicon).
@@ -79,14 +87,11 @@ impl Asset {
     }
 }
 
-pub async fn index(headers: HeaderMap) -> Response {
-    INDEX.respond(&headers)
-}
-
-pub async fn app_js(headers: HeaderMap) -> Response {
-    APP_JS.respond(&headers)
-}
-
-pub async fn style_css(headers: HeaderMap) -> Response {
-    STYLE_CSS.respond(&headers)
+/// `router` with a `GET` route for every asset.
+pub fn routes<S: Clone + Send + Sync + 'static>(mut router: axum::Router<S>) -> axum::Router<S> {
+    for asset in ASSETS {
+        router = router
+            .route(asset.path, axum::routing::get(move |h: HeaderMap| async move { asset.respond(&h) }));
+    }
+    router
 }

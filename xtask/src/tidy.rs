@@ -1,6 +1,6 @@
 //! Tidy checks over the source tree: every `.rs` file opens with a `//!` doc line, no test
-//! is switched off with `#[ignore]`, and the crate graph is the one ARCHITECTURE.md draws
-//! (`layering.rs`).
+//! is switched off with `#[ignore]`, no `.rs` or `.js` file is longer than `MAX_LINES`, and
+//! the crate graph is the one ARCHITECTURE.md draws (`layering.rs`).
 
 use std::path::Path;
 
@@ -8,13 +8,27 @@ use anyhow::{Context, bail};
 
 use crate::cmd::files_under;
 
-/// Walks the workspace (skipping build output and hidden folders) and checks every `.rs` file.
+/// The longest a `.rs` or `.js` file may be. A file past it holds more than one concern and
+/// is split by concern; there is no allowlist, so the limit cannot quietly grow exceptions.
+const MAX_LINES: usize = 600;
+
+/// Walks the workspace (skipping build output, hidden folders and `node_modules`) and checks
+/// every `.rs` and `.js` file.
 pub fn check(root: &Path) -> anyhow::Result<()> {
-    let files = files_under(root, &|name| name.starts_with('.') || name.starts_with("target"))?;
+    let skip = |name: &str| name.starts_with('.') || name.starts_with("target") || name == "node_modules";
+    let files = files_under(root, &skip)?;
     let mut problems = Vec::new();
-    for file in files.iter().filter(|f| f.extension().is_some_and(|e| e == "rs")) {
+    for file in &files {
+        let Some(ext) = file.extension().and_then(|e| e.to_str()) else { continue };
+        if ext != "rs" && ext != "js" {
+            continue;
+        }
         let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
-        problems.extend(check_file(&text).into_iter().map(|p| format!("{}: {p}", file.display())));
+        let mut found: Vec<String> = check_length(&text).into_iter().collect();
+        if ext == "rs" {
+            found.extend(check_file(&text));
+        }
+        problems.extend(found.into_iter().map(|p| format!("{}: {p}", file.display())));
     }
     if !problems.is_empty() {
         bail!("tidy found {} problem(s):\n{}", problems.len(), problems.join("\n"));
@@ -22,7 +36,13 @@ pub fn check(root: &Path) -> anyhow::Result<()> {
     crate::layering::check(root)
 }
 
-/// The problems in one file's text (empty when it is tidy).
+/// A file over `MAX_LINES` lines, reported (empty when it is short enough).
+fn check_length(text: &str) -> Option<String> {
+    let lines = text.lines().count();
+    (lines > MAX_LINES).then(|| format!("{lines} lines, over the limit of {MAX_LINES}: split it by concern"))
+}
+
+/// The problems in one `.rs` file's text (empty when it is tidy).
 fn check_file(text: &str) -> Vec<String> {
     let mut problems = Vec::new();
     let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
@@ -49,6 +69,14 @@ mod tests {
     fn missing_doc_line_is_reported() {
         assert_eq!(check_file("fn main() {}\n").len(), 1);
         assert!(check_file("//! fine\nfn main() {}\n").is_empty());
+    }
+
+    #[test]
+    fn long_file_is_reported() {
+        let text = |lines: usize| "x\n".repeat(lines);
+        assert!(check_length(&text(MAX_LINES)).is_none());
+        let problem = check_length(&text(MAX_LINES + 1)).unwrap();
+        assert!(problem.contains("601 lines"), "{problem}");
     }
 
     #[test]

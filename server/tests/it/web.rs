@@ -1,4 +1,4 @@
-//! The web page's routes (`/`, `/app.js`, `/style.css`: content types, caching, no API key) and
+//! The web page's routes (`/`, its ES modules, `/style.css`: content types, caching, no API key) and
 //! the calculator's `/v1/plan`: its numbers equal a direct `sim` run's, and bad sizes are 400s
 //! naming the field.
 
@@ -17,7 +17,11 @@ fn the_page_and_its_assets_are_served_with_their_types_and_without_a_key() {
     runtime().block_on(async {
         for (path, ty, needle) in [
             ("/", "text/html; charset=utf-8", "<title>PagedAttention engine</title>"),
-            ("/app.js", "text/javascript; charset=utf-8", "/v1/kv_map/stream"),
+            ("/app.js", "text/javascript; charset=utf-8", "import { initKvMap } from \"/kv_map.js\""),
+            ("/shared.js", "text/javascript; charset=utf-8", "export async function readSse"),
+            ("/chat.js", "text/javascript; charset=utf-8", "/v1/chat/completions"),
+            ("/kv_map.js", "text/javascript; charset=utf-8", "/v1/kv_map/stream"),
+            ("/calculator.js", "text/javascript; charset=utf-8", "/v1/plan"),
             ("/style.css", "text/css; charset=utf-8", "--owned"),
         ] {
             let resp =

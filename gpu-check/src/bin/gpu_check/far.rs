@@ -6,10 +6,8 @@ use std::sync::Arc;
 use attn_kernels::cuda::DeviceAttnMetadata;
 use attn_kernels::cuda::kernels::AttentionVariant::{Tiled, V1, V2};
 use attn_kernels::cuda::ops::{self, DeviceSlotMapping};
-use gpu_check::attn_cases::{
-    AttnCase, FAR_GROUP, FAR_POOL_BLOCKS, FarPlacement, attention_tolerance, cache_images_equal, far_batch,
-    far_geometry, layer_bytes, nan_bytes,
-};
+use gpu_check::attn_cases::{AttnCase, attention_tolerance, cache_images_equal, layer_bytes, nan_bytes};
+use gpu_check::far_cases::{FAR_GROUP, FAR_POOL_BLOCKS, FarPlacement, far_batch, far_geometry};
 use gpu_check::figures::{Recorder, Res};
 use kv_cache::cuda::CudaKvCache;
 use kv_cache::{BlockShape, CacheConfig};
