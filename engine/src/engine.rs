@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use model::{Llama, ModelFolder, Runner, RunnerConfig, StepInput};
+use model::{Model, ModelFolder, Runner, RunnerConfig, StepInput};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use scheduler::{Scheduler, SchedulerConfig, SchedulerOutput, SeqId, StepResult};
@@ -78,7 +78,7 @@ impl Engine {
     /// Builds the engine from an opened folder and its loaded weights.
     pub fn from_parts(
         folder: ModelFolder,
-        mut model: Llama,
+        mut model: Model,
         config: EngineConfig,
     ) -> Result<Self, EngineError> {
         model.activations = config.decode_activations;
@@ -170,7 +170,7 @@ impl Engine {
         &self.intake.tokenizer
     }
 
-    pub fn model_config(&self) -> &model::LlamaConfig {
+    pub fn model_config(&self) -> &model::ModelConfig {
         self.runner.model_config()
     }
 

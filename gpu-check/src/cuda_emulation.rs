@@ -1,15 +1,18 @@
-//! A CPU model of the CUDA forward's arithmetic (tests only): the Llama forward in f32 with every
-//! value that `model::cuda` stores in bf16/f16 rounded exactly there, and nothing else (weights,
-//! norm weights and the embedding table; the normed GEMM inputs; the KV cache; the attention
-//! output; the gate/up GEMM output and SiLU·mul; the final normed rows). It measures the rounding
+//! A CPU model of the CUDA forward's arithmetic (tests only): the decoder forward, following the
+//! model's [`model::Architecture`] as `model::forward` does, in f32 with every value that
+//! `model::cuda` stores in bf16/f16 rounded exactly there, and nothing else (weights, norm
+//! weights, biases and the embedding table; the normed GEMM inputs; the KV cache; the attention
+//! output; the gate/up GEMM output and the gated activation; the final normed rows). It
+//! measures the rounding
 //! error of the CUDA logits without a GPU, which is what the model check's tolerance
 //! (`model::cuda::LogitTolerance`) is calibrated and tested against; [`Bug`]s are what that
 //! tolerance must still catch.
 
 use half::{bf16, f16};
 use kv_cache::DType;
-use model::Llama;
+use model::arch::{Activation, LayerMatrix, LayerNorm, RopeStyle};
 use model::rope::Rope;
+use model::{LayerWeight, LayerWeights, Model};
 use rayon::prelude::*;
 
 /// A deliberate bug of the emulated forward.
@@ -57,16 +60,36 @@ fn linear(x: &[f32], w: &[f32], in_dim: usize) -> Vec<f32> {
     x.par_chunks(in_dim).flat_map_iter(|row| w.chunks_exact(in_dim).map(move |wr| dot(row, wr))).collect()
 }
 
-/// The CUDA `rms_norm_f32in`: every row of `x` normalised in f32, times `weight`, stored in `half`.
-fn rms_norm(x: &[f32], weight: &[f32], eps: f32, half: Option<DType>) -> Vec<f32> {
+/// The CUDA `rms_norm_f32in`: every row of `x` normalised in f32, times `offset + weight`,
+/// stored in `half`.
+fn rms_norm(x: &[f32], weight: &[f32], offset: f32, eps: f32, half: Option<DType>) -> Vec<f32> {
     let h = weight.len();
     x.chunks_exact(h)
         .flat_map(|row| {
             let ss = row.iter().map(|v| v * v).sum::<f32>();
             let inv = 1.0 / (ss / h as f32 + eps).sqrt();
-            row.iter().zip(weight).map(move |(v, w)| round(v * inv * w, half))
+            row.iter().zip(weight).map(move |(v, w)| round(v * inv * (offset + w), half))
         })
         .collect()
+}
+
+/// `x[rows, in] · w[out, in]ᵀ + bias` (f32 out, the bias added after the GEMM as the CUDA
+/// forward adds it).
+fn biased(x: &[f32], w: &[f32], bias: Option<&Vec<f32>>, in_dim: usize) -> Vec<f32> {
+    let mut y = linear(x, w, in_dim);
+    if let Some(b) = bias {
+        y.chunks_exact_mut(b.len()).for_each(|row| row.iter_mut().zip(b).for_each(|(v, b)| *v += b));
+    }
+    y
+}
+
+/// The CUDA gated-activation kernels' formula (`g / (1 + e^(-z))`), in f32.
+fn gate(act: Activation, g: f32) -> f32 {
+    let z = match act {
+        Activation::Silu => g,
+        Activation::GeluTanh => 1.595_769 * (g + 0.044_715 * g * g * g),
+    };
+    g / (1.0 + (-z).exp())
 }
 
 /// Softmax-weighted sum of `values` (rows of `d`) under `scores`, the way v1 computes it (one
@@ -94,23 +117,37 @@ fn attend(scores: &[f32], values: &[&[f32]], d: usize, dropped_rescale: bool) ->
 
 /// Logits `[sampled, vocab]` of the last `sampled` positions of one sequence `tokens` (from
 /// position 0), computed as the CUDA forward computes them with `half` weights and activations
-/// (`None`: plain f32, what the CPU forward computes), with `bug` in it.
-pub fn logits(model: &Llama, tokens: &[u32], sampled: usize, half: Option<DType>, bug: Bug) -> Vec<f32> {
+/// (`None`: plain f32, what the CPU forward computes), with `bug` in it. The architecture's
+/// per-head and sandwich norms, which the CUDA forward refuses, are refused here too.
+pub fn logits(model: &Model, tokens: &[u32], sampled: usize, half: Option<DType>, bug: Bug) -> Vec<f32> {
     let c = &model.config;
+    let a = &c.arch;
+    assert!(
+        !a.qk_norm && !a.sandwich_norms,
+        "{}: the CUDA forward has no per-head or sandwich norms",
+        a.name
+    );
     let (h, d, nh, nkv, inter) =
         (c.hidden_size, c.head_dim, c.num_attention_heads, c.num_key_value_heads, c.intermediate_size);
-    let (t, group, eps) = (tokens.len(), nh / nkv, c.rms_norm_eps as f32);
+    let (t, group, eps, offset) = (tokens.len(), nh / nkv, c.rms_norm_eps as f32, a.norm_weight_offset);
     let first_sampled = t.saturating_sub(sampled);
     let embed = rounded(model.embed.to_f32(), half);
-    let mut x: Vec<f32> = tokens.iter().flat_map(|&tok| embed[tok as usize * h..][..h].to_vec()).collect();
+    let scale_embed = a.embedding_scale.unwrap_or(1.0);
+    let mut x: Vec<f32> = tokens
+        .iter()
+        .flat_map(|&tok| embed[tok as usize * h..][..h].iter().map(move |v| v * scale_embed))
+        .collect();
     let rope = Rope::new(c);
     let half_d = d / 2;
-    let scale = 1.0 / (d as f32).sqrt();
+    // Which rotary pairs: the model's, or (the bug) the other order.
+    let interleaved = (a.rope_style == RopeStyle::Interleaved) != (bug == Bug::RopeInterleaved);
     for layer in &model.layers {
-        let w = |m: &attn_kernels::cpu::quant::Weight| rounded(m.to_f32(), half);
-        let (qkv_w, o_w, gu_w, down_w) = (w(&layer.qkv), w(&layer.o_proj), w(&layer.gate_up), w(&layer.down));
-        let normed = rms_norm(&x, &w(&layer.input_norm), eps, half);
-        let qkv = linear(&normed, &qkv_w, h);
+        let w: LayerWeights<Vec<f32>> = layer
+            .try_map(|m, _: LayerWeight| Ok::<_, ()>(rounded(m.to_f32(), half)))
+            .expect("dequantizing cannot fail");
+        let norm = |n| w.norm(n).expect("the architecture's norms are loaded");
+        let normed = rms_norm(&x, norm(LayerNorm::Attn), offset, eps, half);
+        let qkv = biased(&normed, w.matrix(LayerMatrix::Qkv), w.bias(LayerMatrix::Qkv), h);
         let width = (nh + 2 * nkv) * d;
         let (mut q, mut k, mut v) = (Vec::new(), Vec::new(), Vec::new());
         for (i, row) in qkv.chunks_exact(width).enumerate() {
@@ -123,8 +160,7 @@ pub fn logits(model: &Llama, tokens: &[u32], sampled: usize, half: Option<DType>
             let mut rotated = row[..(nh + nkv) * d].to_vec();
             for head in rotated.chunks_exact_mut(d) {
                 for r in 0..half_d {
-                    let (a, b) =
-                        if bug == Bug::RopeInterleaved { (2 * r, 2 * r + 1) } else { (r, r + half_d) };
+                    let (a, b) = if interleaved { (2 * r, 2 * r + 1) } else { (r, r + half_d) };
                     let (x1, x2) = (head[a], head[b]);
                     head[a] = x1 * cos[r] - x2 * sin[r];
                     head[b] = x2 * cos[r] + x1 * sin[r];
@@ -134,6 +170,7 @@ pub fn logits(model: &Llama, tokens: &[u32], sampled: usize, half: Option<DType>
             k.extend(rotated[nh * d..].iter().map(|&e| round(e, half)));
             v.extend(row[(nh + nkv) * d..].iter().map(|&e| round(e, half)));
         }
+        let scale = a.attention_scale;
         let attn: Vec<f32> = (0..t)
             .into_par_iter()
             .flat_map_iter(|i| {
@@ -149,20 +186,26 @@ pub fn logits(model: &Llama, tokens: &[u32], sampled: usize, half: Option<DType>
                 })
             })
             .collect();
-        x.iter_mut().zip(linear(&attn, &o_w, nh * d)).for_each(|(a, b)| *a += b);
-        let normed = rms_norm(&x, &w(&layer.post_attn_norm), eps, half);
-        let gate_up = rounded(linear(&normed, &gu_w, h), half);
+        let o = biased(&attn, w.matrix(LayerMatrix::O), w.bias(LayerMatrix::O), nh * d);
+        x.iter_mut().zip(o).for_each(|(a, b)| *a += b);
+        let normed = rms_norm(&x, norm(LayerNorm::Ffn), offset, eps, half);
+        let gate_up = rounded(linear(&normed, w.matrix(LayerMatrix::GateUp), h), half);
         let act: Vec<f32> = gate_up
             .chunks_exact(2 * inter)
             .flat_map(|row| {
                 let (g, u) = row.split_at(inter);
-                g.iter().zip(u).map(|(&g, &u)| round(g / (1.0 + (-g).exp()) * u, half))
+                g.iter().zip(u).map(|(&g, &u)| round(gate(a.activation, g) * u, half))
             })
             .collect();
-        x.iter_mut().zip(linear(&act, &down_w, inter)).for_each(|(a, b)| *a += b);
+        x.iter_mut().zip(linear(&act, w.matrix(LayerMatrix::Down), inter)).for_each(|(a, b)| *a += b);
     }
-    let last = rms_norm(&x[first_sampled * h..], &rounded(model.final_norm.to_f32(), half), eps, half);
-    linear(&last, &rounded(model.lm_head().to_f32(), half), h)
+    let final_norm = rounded(model.final_norm.to_f32(), half);
+    let last = rms_norm(&x[first_sampled * h..], &final_norm, offset, eps, half);
+    let logits = linear(&last, &rounded(model.lm_head().to_f32(), half), h);
+    match a.final_logit_softcap {
+        Some(cap) => logits.into_iter().map(|l| cap * (l / cap).tanh()).collect(),
+        None => logits,
+    }
 }
 
 #[cfg(test)]
@@ -175,19 +218,19 @@ mod tests {
     use safetensors::tensor::Dtype;
 
     /// The model check's shapes, as it writes and loads them.
-    fn models() -> Vec<(&'static str, tempfile::TempDir, Llama)> {
+    fn models() -> Vec<(&'static str, tempfile::TempDir, Model)> {
         [("tiny", &TINY, 11), ("tiny_g4_h128", &TINY_G4_H128, 13)]
             .into_iter()
             .map(|(name, shape, seed): (&str, &Shape, u64)| {
                 let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
                 write_folder(dir.path(), shape, Dtype::F32, seed).unwrap_or_else(|e| panic!("{e}"));
-                let model = Llama::load(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+                let model = Model::load(dir.path()).unwrap_or_else(|e| panic!("{e}"));
                 (name, dir, model)
             })
             .collect()
     }
 
-    fn tokens(model: &Llama, n: usize) -> Vec<u32> {
+    fn tokens(model: &Model, n: usize) -> Vec<u32> {
         let mut rng = ChaCha8Rng::seed_from_u64(5);
         (0..n).map(|_| rng.random_range(0..model.config.vocab_size as u32)).collect()
     }
@@ -201,10 +244,10 @@ mod tests {
         })
     }
 
-    /// Without rounding the emulation is the Llama forward (the naive f64 reference's logits):
+    /// Without rounding the emulation is the model's forward (the naive f64 reference's logits):
     /// what the tolerance is calibrated on is the model the check runs.
     #[test]
-    fn the_emulation_without_rounding_is_the_llama_forward() {
+    fn the_emulation_without_rounding_is_the_models_forward() {
         for (name, _dir, model) in models() {
             let tokens = tokens(&model, 40);
             let vocab = model.config.vocab_size;

@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use harness::{Seq, build_batch, cache_of};
 use kv_cache::DType;
-use model::{ActivationPrecision, Llama, Workspace};
+use model::{ActivationPrecision, Model, Workspace};
 use rayon::prelude::*;
 
 const CONTEXT: usize = 512;
@@ -144,7 +144,7 @@ fn prompt(seed: u32, len: usize, vocab: usize) -> Vec<u32> {
 }
 
 /// Attention FLOPs of one decode token at `context`: QKᵀ and PV over every head and layer.
-fn attention_flops(model: &Llama, context: usize) -> f64 {
+fn attention_flops(model: &Model, context: usize) -> f64 {
     let c = &model.config;
     4.0 * (c.num_hidden_layers * c.num_attention_heads * c.head_dim * context) as f64
 }
@@ -161,7 +161,7 @@ fn main() {
     // (`BENCH_MODEL` points elsewhere, e.g. at the f32 HF folder, for comparisons).
     let path =
         std::env::var_os("BENCH_MODEL").map(PathBuf::from).unwrap_or_else(model::testing::smollm2_gguf);
-    let mut model = Llama::load(&path).unwrap_or_else(|e| {
+    let mut model = Model::load(&path).unwrap_or_else(|e| {
         panic!("cannot load SmolLM2 from {} ({e}); run `cargo xtask fetch-model`", path.display())
     });
     let formats = weight_formats(&model);
@@ -285,11 +285,11 @@ fn main() {
 }
 
 /// The storage formats of the model's matrices, e.g. "Q4_1 + Q8_0 weights".
-fn weight_formats(model: &Llama) -> String {
+fn weight_formats(model: &Model) -> String {
     let mut names: Vec<String> = model
         .layers
         .iter()
-        .flat_map(|l| [&l.qkv, &l.o_proj, &l.gate_up, &l.down])
+        .flat_map(|l| model::arch::LayerMatrix::ALL.map(|m| l.matrix(m)))
         .chain([model.lm_head()])
         .flat_map(|w| w.parts().iter().map(|p| format!("{:?}", p.format())))
         .collect();

@@ -1,11 +1,12 @@
-//! `config.json` of a Hugging Face Llama folder (`LlamaConfig`), parsed and validated once
-//! so the forward pass can trust every dimension it reads.
+//! `config.json` of a Hugging Face folder ([`ModelConfig`], with its [`Architecture`]), parsed
+//! and validated once so the forward pass can trust every dimension it reads.
 
 use std::path::Path;
 
 use kv_cache::{BlockShape, DType};
 use serde::{Deserialize, Serialize};
 
+use crate::arch::Architecture;
 use crate::error::{ModelError, Result};
 
 /// One token id or several (`eos_token_id` is a list in Llama 3 configs).
@@ -83,9 +84,11 @@ fn default_max_pos() -> usize {
     2048
 }
 
-/// A validated Llama configuration.
+/// A validated model configuration.
 #[derive(Debug, Clone, PartialEq)]
-pub struct LlamaConfig {
+pub struct ModelConfig {
+    /// What the forward does differently for this family.
+    pub arch: Architecture,
     pub hidden_size: usize,
     pub intermediate_size: usize,
     pub num_hidden_layers: usize,
@@ -102,7 +105,7 @@ pub struct LlamaConfig {
     pub eos_token_ids: Vec<u32>,
 }
 
-impl LlamaConfig {
+impl ModelConfig {
     /// Reads and validates `config.json`.
     pub fn from_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| ModelError::io(path, e))?;
@@ -126,8 +129,8 @@ impl LlamaConfig {
         {
             return bad(format!("hidden_act {act:?} is not supported (only silu)"));
         }
-        if raw.attention_bias || raw.mlp_bias {
-            return bad("attention_bias / mlp_bias are not supported".into());
+        if raw.mlp_bias {
+            return bad("mlp_bias is not supported".into());
         }
         for (name, v) in [
             ("hidden_size", raw.hidden_size),
@@ -177,6 +180,7 @@ impl LlamaConfig {
             return bad("max_position_embeddings must be positive".into());
         }
         let config = Self {
+            arch: Architecture::llama(head_dim, raw.attention_bias),
             hidden_size: raw.hidden_size,
             intermediate_size: raw.intermediate_size,
             num_hidden_layers: raw.num_hidden_layers,
@@ -319,8 +323,8 @@ mod tests {
         })
     }
 
-    fn parse(v: serde_json::Value) -> Result<LlamaConfig> {
-        LlamaConfig::from_json(&v.to_string(), Path::new("cfg/config.json"))
+    fn parse(v: serde_json::Value) -> Result<ModelConfig> {
+        ModelConfig::from_json(&v.to_string(), Path::new("cfg/config.json"))
     }
 
     #[test]

@@ -1,15 +1,15 @@
 //! An ordinary Hugging Face model folder, or a GGUF file standing for one: config, generation
 //! config, tokenizer and chat template (the weights are loaded separately by
-//! [`crate::Llama::load`]).
+//! [`crate::Model::load`]).
 
 use std::path::{Path, PathBuf};
 
 use crate::chat::ChatTemplate;
-use crate::config::LlamaConfig;
+use crate::config::ModelConfig;
+use crate::decoder::Model;
 use crate::error::{ModelError, Result};
 use crate::generation::GenerationConfig;
 use crate::gguf::{self, GgufFile, GgufVocab};
-use crate::llama::Llama;
 use crate::tokenizer::Tokenizer;
 use crate::weights::SafetensorsFiles;
 
@@ -18,7 +18,7 @@ use crate::weights::SafetensorsFiles;
 pub struct ModelFolder {
     /// The folder, or the GGUF file.
     pub dir: PathBuf,
-    pub config: LlamaConfig,
+    pub config: ModelConfig,
     pub generation: GenerationConfig,
     pub tokenizer: Tokenizer,
     pub chat_template: Option<ChatTemplate>,
@@ -33,7 +33,7 @@ impl ModelFolder {
         if dir.is_file() {
             return Self::from_gguf(&GgufFile::open(dir)?);
         }
-        let config = LlamaConfig::from_file(&dir.join("config.json"))?;
+        let config = ModelConfig::from_file(&dir.join("config.json"))?;
         let gen_path = dir.join("generation_config.json");
         let mut generation = if gen_path.exists() {
             GenerationConfig::from_file(&gen_path)?
@@ -53,18 +53,18 @@ impl ModelFolder {
         Ok(Self { dir: dir.to_path_buf(), config, generation, tokenizer, chat_template })
     }
 
-    /// [`Self::open`] and the weights ([`Llama::load`]), with each file read once: a GGUF is
+    /// [`Self::open`] and the weights ([`Model::load`]), with each file read once: a GGUF is
     /// opened ([`GgufFile::open_for_weights`]) and its metadata (vocabulary, config) parsed a
     /// single time.
-    pub fn open_with_weights(path: &Path) -> Result<(Self, Llama)> {
+    pub fn open_with_weights(path: &Path) -> Result<(Self, Model)> {
         if path.is_file() {
             let g = GgufFile::open_for_weights(path)?;
             let folder = Self::from_gguf(&g)?;
-            let model = Llama::from_gguf_with_config(&g, folder.config.clone())?;
+            let model = Model::from_gguf_with_config(&g, folder.config.clone())?;
             return Ok((folder, model));
         }
         let folder = Self::open(path)?;
-        let model = Llama::from_safetensors(folder.config.clone(), &SafetensorsFiles::open_dir(path)?)?;
+        let model = Model::from_safetensors(folder.config.clone(), &SafetensorsFiles::open_dir(path)?)?;
         Ok((folder, model))
     }
 
@@ -74,7 +74,7 @@ impl ModelFolder {
         let path = &g.path;
         let vocab = GgufVocab::from_gguf(g)?;
         let meta = gguf::GgufModelMeta::read(g, &vocab)?;
-        let config = LlamaConfig::from_json(&meta.config.to_string(), path)?;
+        let config = ModelConfig::from_json(&meta.config.to_string(), path)?;
         let generation = GenerationConfig {
             bos_token_id: config.bos_token_id,
             eos_token_ids: config.eos_token_ids.clone(),

@@ -1,17 +1,20 @@
-//! `model`: Llama from Hugging Face folders and GGUF files — config, safetensors weights,
-//! tokenizer, chat template, GGUF reading and conversion, the CPU (and, with `cuda`, GPU)
-//! forward pass over the paged KV cache, and the `runner` that puts model, cache and block
-//! table on a device for the engine. The compute kernels it calls (matmul over every weight
+//! `model`: decoder models from Hugging Face folders and GGUF files — config and its
+//! architecture description, safetensors weights, tokenizer, chat template, GGUF reading and
+//! conversion, the one forward pass over the paged KV cache (CPU and, with `cuda`, GPU ops
+//! behind it), and the `runner` that puts model, cache and block table on a device for the
+//! engine. The compute kernels it calls (matmul over every weight
 //! format, norms, activations, RoPE, attention) are `attn-kernels`'.
 
+pub mod arch;
 pub mod chat;
 pub mod config;
+pub mod decoder;
 pub mod error;
 pub mod folder;
+pub mod forward;
 pub mod generation;
 pub mod gguf;
 pub mod input;
-pub mod llama;
 #[cfg(feature = "testing")]
 pub mod reference;
 pub mod rope;
@@ -24,16 +27,18 @@ pub mod weights;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 
+pub use arch::{Activation, Architecture, RopeStyle};
 pub use chat::{ChatMessage, ChatTemplate};
-pub use config::{LlamaConfig, RopeScaling};
+pub use config::{ModelConfig, RopeScaling};
+pub use decoder::{LayerWeight, LayerWeights, Model, Quantization};
 pub use error::ModelError;
 pub use folder::ModelFolder;
+pub use forward::cpu::Workspace;
 pub use generation::GenerationConfig;
 pub use input::ModelInput;
-pub use llama::{Llama, Quantization, Workspace};
 pub use runner::{KvCacheSize, Runner, RunnerConfig, StepInput};
 pub use tokenizer::Tokenizer;
 pub use weights::SafetensorsFiles;
 
-/// How decode-shaped matmuls take their activations: [`Llama::activations`].
+/// How decode-shaped matmuls take their activations: [`Model::activations`].
 pub use attn_kernels::cpu::quant::ActivationPrecision;

@@ -2,7 +2,7 @@
 //! `transformers` computes them; cos/sin are produced per position on demand so a
 //! 128K-context model needs no giant table.
 
-use crate::config::{LlamaConfig, RopeScaling};
+use crate::config::{ModelConfig, RopeScaling};
 
 /// Inverse frequencies of one head (`head_dim / 2` of them).
 #[derive(Debug, Clone)]
@@ -11,7 +11,7 @@ pub struct Rope {
 }
 
 impl Rope {
-    pub fn new(cfg: &LlamaConfig) -> Self {
+    pub fn new(cfg: &ModelConfig) -> Self {
         let d = cfg.head_dim;
         let mut inv_freq: Vec<f64> =
             (0..d / 2).map(|i| 1.0 / cfg.rope_theta.powf((2 * i) as f64 / d as f64)).collect();
@@ -64,13 +64,13 @@ mod tests {
     use super::*;
     use std::path::Path;
 
-    fn cfg(scaling: &str) -> LlamaConfig {
+    fn cfg(scaling: &str) -> ModelConfig {
         let text = format!(
             r#"{{"architectures":["LlamaForCausalLM"],"hidden_size":512,"intermediate_size":8,"num_hidden_layers":1,
             "num_attention_heads":4,"vocab_size":8,"rope_theta":500000.0,"max_position_embeddings":131072,
             "rope_scaling":{scaling}}}"#
         );
-        LlamaConfig::from_json(&text, Path::new("config.json")).unwrap()
+        ModelConfig::from_json(&text, Path::new("config.json")).unwrap()
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! Gated activations over the rows of a batch: SwiGLU (`silu(gate) · up`), through a
-//! branch-free `exp` that vectorizes ([`exp_fast`]).
+//! Gated activations over the rows of a batch: SwiGLU (`silu(gate) · up`) and GeGLU with
+//! tanh-approximated GELU (`gelu_tanh(gate) · up`), through a branch-free `exp` that vectorizes
+//! ([`exp_fast`]).
 
 use rayon::prelude::*;
 
@@ -7,8 +8,17 @@ use super::TOKENS_PER_TASK;
 #[cfg(target_arch = "x86_64")]
 use crate::Isa;
 
-/// SwiGLU: `out[t, i] = silu(gate_up[t, i]) * gate_up[t, inter + i]`.
-pub fn silu_mul(out: &mut [f32], gate_up: &[f32], inter: usize) {
+/// The gate's activation of a gated MLP: `out = act(gate) · up`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// SwiGLU (Llama, Qwen, Mistral, Phi-3).
+    Silu,
+    /// GeGLU with the tanh approximation of GELU (Gemma).
+    GeluTanh,
+}
+
+/// `out[t, i] = act(gate_up[t, i]) * gate_up[t, inter + i]`.
+pub fn gated_act(out: &mut [f32], gate_up: &[f32], inter: usize, act: Activation) {
     #[cfg(target_arch = "x86_64")]
     let avx512 = Isa::detected() == Isa::Avx512;
     out.par_chunks_mut(inter * TOKENS_PER_TASK)
@@ -19,27 +29,41 @@ pub fn silu_mul(out: &mut [f32], gate_up: &[f32], inter: usize) {
                 #[cfg(target_arch = "x86_64")]
                 if avx512 {
                     // SAFETY: the AVX-512 tier (AVX-512F) was detected at run time.
-                    unsafe { silu_mul_row_avx512(orow, g, u) };
+                    unsafe { gated_row_avx512(orow, g, u, act) };
                     continue;
                 }
-                silu_mul_row(orow, g, u);
+                gated_row(orow, g, u, act);
             }
         });
 }
 
-/// One row of [`silu_mul`]; inlined into each ISA's copy so the loop vectorizes for it (the
+/// `sqrt(2 / π)`, GELU's tanh argument scale.
+const GELU_SCALE: f32 = 0.797_884_6;
+
+/// One row of [`gated_act`]; inlined into each ISA's copy so the loop vectorizes for it (the
 /// point of [`exp_fast`]: `f32::exp` is a scalar libm call per element).
 #[inline(always)]
-fn silu_mul_row(out: &mut [f32], g: &[f32], u: &[f32]) {
-    for ((ov, &gv), &uv) in out.iter_mut().zip(g).zip(u) {
-        *ov = gv / (1.0 + exp_fast(-gv)) * uv;
+fn gated_row(out: &mut [f32], g: &[f32], u: &[f32], act: Activation) {
+    match act {
+        Activation::Silu => {
+            for ((ov, &gv), &uv) in out.iter_mut().zip(g).zip(u) {
+                *ov = gv / (1.0 + exp_fast(-gv)) * uv;
+            }
+        }
+        Activation::GeluTanh => {
+            // 0.5·x·(1 + tanh(z)) = x / (1 + e^(-2z)).
+            for ((ov, &gv), &uv) in out.iter_mut().zip(g).zip(u) {
+                let z = GELU_SCALE * (gv + 0.044_715 * gv * gv * gv);
+                *ov = gv / (1.0 + exp_fast(-2.0 * z)) * uv;
+            }
+        }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn silu_mul_row_avx512(out: &mut [f32], g: &[f32], u: &[f32]) {
-    silu_mul_row(out, g, u);
+unsafe fn gated_row_avx512(out: &mut [f32], g: &[f32], u: &[f32], act: Activation) {
+    gated_row(out, g, u, act);
 }
 
 /// `e^x` to ~2 ulp in branch-free f32 arithmetic (Cephes' `expf`: `x = n·ln2 + r`, a degree-6
@@ -85,25 +109,29 @@ mod tests {
     }
 
     #[test]
-    fn silu_mul_matches_the_formula_at_every_width() {
-        for inter in [1, 15, 16, 17, 100] {
-            let tokens = 3;
-            let gate_up: Vec<f32> =
-                (0..tokens * 2 * inter).map(|i| ((i * 37 % 101) as f32 - 50.0) / 4.0).collect();
-            let mut out = vec![0.0; tokens * inter];
-            silu_mul(&mut out, &gate_up, inter);
-            for t in 0..tokens {
-                for i in 0..inter {
-                    let (g, u) = (
-                        f64::from(gate_up[t * 2 * inter + i]),
-                        f64::from(gate_up[t * 2 * inter + inter + i]),
-                    );
-                    let want = g / (1.0 + (-g).exp()) * u;
-                    let got = f64::from(out[t * inter + i]);
-                    assert!(
-                        (got - want).abs() <= 1e-6 * (1.0 + want.abs()),
-                        "inter {inter}: {got} vs {want}"
-                    );
+    fn gated_activations_match_their_formulas_at_every_width() {
+        let gelu = |g: f64| 0.5 * g * (1.0 + (0.797_884_560_802_865_4 * (g + 0.044_715 * g * g * g)).tanh());
+        let silu = |g: f64| g / (1.0 + (-g).exp());
+        for (act, f) in [(Activation::Silu, &silu as &dyn Fn(f64) -> f64), (Activation::GeluTanh, &gelu)] {
+            for inter in [1, 15, 16, 17, 100] {
+                let tokens = 3;
+                let gate_up: Vec<f32> =
+                    (0..tokens * 2 * inter).map(|i| ((i * 37 % 101) as f32 - 50.0) / 4.0).collect();
+                let mut out = vec![0.0; tokens * inter];
+                gated_act(&mut out, &gate_up, inter, act);
+                for t in 0..tokens {
+                    for i in 0..inter {
+                        let (g, u) = (
+                            f64::from(gate_up[t * 2 * inter + i]),
+                            f64::from(gate_up[t * 2 * inter + inter + i]),
+                        );
+                        let want = f(g) * u;
+                        let got = f64::from(out[t * inter + i]);
+                        assert!(
+                            (got - want).abs() <= 2e-6 * (1.0 + want.abs()),
+                            "{act:?} inter {inter}: {got} vs {want}"
+                        );
+                    }
                 }
             }
         }

@@ -2,7 +2,8 @@
 //! - [`quant`]: `Weight`, a matrix kept in its storage format (f32, f16, bf16, ggml blocks),
 //!   and `x·Wᵀ` over it: decode kernels per instruction set, batched-decode and prefill paths.
 //! - [`linear`]: `x·Wᵀ` over f32 weights (`gemm`, `small_m`, `token_lanes`).
-//! - [`norm`]: RMSNorm. [`act`]: SwiGLU. [`rope`]: rotary embedding of one token's heads.
+//! - [`norm`]: RMSNorm (plain and `1 + w`). [`act`]: gated activations (SwiGLU, GeGLU).
+//!   [`rope`]: rotary embedding of one token's heads.
 //! - [`ggml`]: ggml's block formats (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, F16, BF16, F32),
 //!   dequantization and reference quantizers.
 //!

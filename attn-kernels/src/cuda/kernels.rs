@@ -146,12 +146,23 @@ pub const COPY_BLOCKS_ENTRY: &str = "copy_blocks";
 pub const MODEL_DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
 /// The model kernels of every activation dtype.
-pub const MODEL_KERNEL_NAMES: [&str; 7] =
-    ["embedding", "rms_norm", "rotary", "silu_mul", "add", "rms_norm_f32in", "embedding_f32out"];
+pub const MODEL_KERNEL_NAMES: [&str; 9] = [
+    "embedding",
+    "rms_norm",
+    "rotary",
+    "silu_mul",
+    "gelu_tanh_mul",
+    "add",
+    "add_bias_f32out",
+    "rms_norm_f32in",
+    "embedding_f32out",
+];
 
 /// The device's greedy sampler (one instance: logits are f32), and its threads per block.
 pub const ARGMAX_ENTRY: &str = "argmax_rows_f32";
 pub const ARGMAX_THREADS: u32 = 256;
+/// Logit soft-capping (one instance: logits are f32).
+pub const SOFTCAP_ENTRY: &str = "softcap_f32";
 
 /// Name of a model kernel (one of [`MODEL_KERNEL_NAMES`]) for a dtype.
 pub fn model_entry(kernel: &str, dtype: DType) -> String {
@@ -180,6 +191,7 @@ pub fn model_program() -> Program {
         }
     }
     entries.push(Entry { name: ARGMAX_ENTRY.to_owned(), attention: false });
+    entries.push(Entry { name: SOFTCAP_ENTRY.to_owned(), attention: false });
     Program { name: "model".to_owned(), source, entries }
 }
 

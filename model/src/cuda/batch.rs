@@ -3,7 +3,7 @@
 //! the model, done before anything is uploaded.
 
 use super::error::CudaModelError;
-use crate::config::LlamaConfig;
+use crate::config::ModelConfig;
 use crate::input::ModelInput;
 
 /// The largest step the device buffers are sized for.
@@ -22,7 +22,7 @@ pub struct BatchLimits {
 pub fn check_batch(
     input: &ModelInput<'_>,
     limits: &BatchLimits,
-    config: &LlamaConfig,
+    config: &ModelConfig,
 ) -> Result<(), CudaModelError> {
     let (n, samples) = (input.num_tokens(), input.sample_indices.len());
     let bad = |m: String| Err(CudaModelError::InvalidInput(m));

@@ -1,40 +1,38 @@
-//! [`CudaLlama`]: the forward pass of one step on the GPU, from the same [`ModelInput`] the CPU
-//! forward takes (prefill chunks and decodes mixed in one flat batch), over a
+//! [`CudaModel`]: a decoder on one GPU (weights, kernels, cuBLAS handle, activation buffers),
+//! and one step of the one forward (`crate::forward::run`, its ops in `ops.rs`) from the same
+//! [`ModelInput`] the CPU takes (prefill chunks and decodes mixed in one flat batch), over a
 //! [`CudaKvCache`] (the profiling forward that vLLM-style KV sizing measures is `profile`'s).
-//!
-//! Per layer: RMSNorm (f32 residual → half) · Q, K, V GEMMs (f32 out) · rotary (f32) ·
-//! `reshape_and_cache` · paged attention (f32) · cast · O GEMM adding into the residual · RMSNorm ·
-//! gate/up GEMM · SiLU·mul · down GEMM adding into the residual. Then the final norm of the
-//! sampled rows only, the LM head for them only, and one copy of their f32 logits into
-//! page-locked host memory ([`CudaLlama::forward`]), or of their greedy tokens, picked on the
-//! device ([`CudaLlama::forward_greedy`]).
+//! After the step, one copy of the sampled rows' f32 logits into page-locked host memory
+//! ([`CudaModel::forward`]), or of their greedy tokens, picked on the device
+//! ([`CudaModel::forward_greedy`]).
 
 use std::sync::Arc;
 
-use attn_kernels::backend::KernelBackend;
 use attn_kernels::cuda::DeviceAttnMetadata;
-use attn_kernels::cuda::kernels::{ARGMAX_ENTRY, ARGMAX_THREADS, cast_entry, model_entry, model_program};
+use attn_kernels::cuda::kernels::{
+    ARGMAX_ENTRY, ARGMAX_THREADS, SOFTCAP_ENTRY, cast_entry, model_entry, model_program,
+};
 use attn_kernels::cuda::ops::{AttnWorkspace, DeviceSlotMapping};
 use attn_kernels::cuda::{CudaDevice, CudaKernels, Program};
 use cudarc::cublas::CudaBlas;
-use cudarc::driver::{
-    CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PinnedHostSlice, PushKernelArg,
-};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, LaunchConfig, PinnedHostSlice, PushKernelArg};
 use kv_cache::DType;
 use kv_cache::cuda::CudaKvCache;
 
 use super::batch::{BatchLimits, check_batch};
 use super::error::CudaModelError;
-use super::gemm::{LinearCall, linear};
+use super::ops::CudaStep;
 use super::rope_table::cos_sin_table;
 use super::weights::DeviceWeights;
-use crate::config::LlamaConfig;
+use crate::arch::{Activation, Architecture};
+use crate::config::ModelConfig;
+use crate::decoder::Model;
+use crate::forward::{self, StepShape};
 use crate::input::ModelInput;
-use crate::llama::Llama;
 use crate::rope::Rope;
 
 /// Threads per block of the row kernels (a multiple of 32, as `block_sum` needs).
-const ROW_THREADS: u32 = 256;
+pub(super) const ROW_THREADS: u32 = 256;
 
 /// Keeps cuBLAS from reducing split-K partial sums in the half output type: the GEMMs that
 /// write bf16/f16 must round once, at the end, as the tolerance model (`tolerance.rs`) assumes.
@@ -51,56 +49,65 @@ fn disallow_reduced_precision_reduction(blas: &CudaBlas) -> Result<(), CudaModel
 
 /// The model kernels one forward launches, loaded once.
 #[derive(Debug)]
-struct Functions {
-    embedding: CudaFunction,
-    rms_norm: CudaFunction,
-    rotary: CudaFunction,
-    silu_mul: CudaFunction,
-    cast_attn: CudaFunction,
-    argmax: CudaFunction,
+pub(super) struct Functions {
+    pub embedding: CudaFunction,
+    pub rms_norm: CudaFunction,
+    pub rotary: CudaFunction,
+    pub gated_act: CudaFunction,
+    pub add_bias: CudaFunction,
+    pub cast_attn: CudaFunction,
+    pub softcap: CudaFunction,
+    pub argmax: CudaFunction,
 }
 
 impl Functions {
-    fn load(kernels: &CudaKernels, dtype: DType) -> Result<Self, CudaModelError> {
+    fn load(kernels: &CudaKernels, dtype: DType, arch: &Architecture) -> Result<Self, CudaModelError> {
         let program: Program = model_program();
         let f = |name: String| kernels.function(&program, &name);
+        let gated = match arch.activation {
+            Activation::Silu => "silu_mul",
+            Activation::GeluTanh => "gelu_tanh_mul",
+        };
         Ok(Functions {
             embedding: f(model_entry("embedding_f32out", dtype))?,
             rms_norm: f(model_entry("rms_norm_f32in", dtype))?,
             rotary: f(model_entry("rotary", DType::F32))?,
-            silu_mul: f(model_entry("silu_mul", dtype))?,
+            gated_act: f(model_entry(gated, dtype))?,
+            add_bias: f(model_entry("add_bias_f32out", dtype))?,
             cast_attn: f(cast_entry(DType::F32, dtype))?,
+            softcap: f(SOFTCAP_ENTRY.to_owned())?,
             argmax: f(ARGMAX_ENTRY.to_owned())?,
         })
     }
 }
 
-/// Activation buffers for the largest step, allocated once.
+/// Activation buffers for the largest step, allocated once: the [`crate::forward::Buf`]s in the
+/// element types this device computes them in.
 #[derive(Debug)]
-struct Activations {
-    ids: CudaSlice<u32>,
-    positions: CudaSlice<i64>,
-    sample_rows: CudaSlice<i32>,
+pub(super) struct Activations {
+    pub ids: CudaSlice<u32>,
+    pub positions: CudaSlice<i64>,
+    pub sample_rows: CudaSlice<i32>,
     /// f32 residual stream `[tokens, hidden]`.
-    hidden: CudaSlice<f32>,
+    pub hidden: CudaSlice<f32>,
     /// Half `[tokens, hidden]` (normed input of a GEMM).
-    normed: CudaSlice<u16>,
-    q: CudaSlice<f32>,
-    k: CudaSlice<f32>,
-    v: CudaSlice<f32>,
-    attn: CudaSlice<f32>,
-    attn_half: CudaSlice<u16>,
-    gate_up: CudaSlice<u16>,
-    act: CudaSlice<u16>,
-    sampled: CudaSlice<u16>,
-    logits: CudaSlice<f32>,
+    pub normed: CudaSlice<u16>,
+    pub q: CudaSlice<f32>,
+    pub k: CudaSlice<f32>,
+    pub v: CudaSlice<f32>,
+    pub attn: CudaSlice<f32>,
+    pub attn_half: CudaSlice<u16>,
+    pub gate_up: CudaSlice<u16>,
+    pub act: CudaSlice<u16>,
+    pub sampled: CudaSlice<u16>,
+    pub logits: CudaSlice<f32>,
     /// The greedy token of each sampled row (`forward_greedy`).
-    greedy: CudaSlice<u32>,
-    attn_ws: AttnWorkspace,
+    pub greedy: CudaSlice<u32>,
+    pub attn_ws: AttnWorkspace,
 }
 
 impl Activations {
-    fn new(stream: &Arc<CudaStream>, c: &LlamaConfig, limits: &BatchLimits) -> Result<Self, CudaModelError> {
+    fn new(stream: &Arc<CudaStream>, c: &ModelConfig, limits: &BatchLimits) -> Result<Self, CudaModelError> {
         let t = limits.max_tokens.max(1);
         let s = limits.max_samples.max(1);
         let (h, q_w, kv_w, inter) = (
@@ -136,25 +143,17 @@ impl Activations {
     }
 }
 
-/// What a GEMM writes: f32 (overwriting, or adding into the residual stream) or the half type.
-#[derive(Debug, Clone, Copy)]
-enum Out {
-    F32,
-    AddF32,
-    Half,
-}
-
-/// A Llama on one GPU: weights, kernels, cuBLAS handle and activation buffers.
+/// A decoder on one GPU: weights, kernels, cuBLAS handle and activation buffers.
 #[derive(Debug)]
-pub struct CudaLlama {
-    config: LlamaConfig,
-    kernels: Arc<CudaKernels>,
-    blas: CudaBlas,
-    weights: DeviceWeights,
-    cos_sin: CudaSlice<f32>,
+pub struct CudaModel {
+    pub(super) config: ModelConfig,
+    pub(super) kernels: Arc<CudaKernels>,
+    pub(super) blas: CudaBlas,
+    pub(super) weights: DeviceWeights,
+    pub(super) cos_sin: CudaSlice<f32>,
     limits: BatchLimits,
-    functions: Functions,
-    act: Activations,
+    pub(super) functions: Functions,
+    pub(super) act: Activations,
     host_rows: Vec<i32>,
     host_positions: Vec<i64>,
     /// The sampled rows' logits on the host: page-locked (a copy at the bus's speed, no staging
@@ -169,24 +168,20 @@ pub struct CudaLlama {
     meta: Option<DeviceAttnMetadata>,
 }
 
-fn addr<T>(s: &CudaSlice<T>, stream: &Arc<CudaStream>) -> u64 {
-    s.device_ptr(stream).0
-}
-
-fn int(v: usize) -> Result<i32, CudaModelError> {
+pub(super) fn int(v: usize) -> Result<i32, CudaModelError> {
     i32::try_from(v).map_err(|_| CudaModelError::InvalidInput(format!("{v} exceeds i32")))
 }
 
-fn rows_launch(rows: usize, threads: u32) -> Result<LaunchConfig, CudaModelError> {
+pub(super) fn rows_launch(rows: usize, threads: u32) -> Result<LaunchConfig, CudaModelError> {
     let grid = u32::try_from(rows).map_err(|_| CudaModelError::InvalidInput(format!("{rows} rows")))?;
     Ok(LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 })
 }
 
-impl CudaLlama {
+impl CudaModel {
     /// Uploads `model` in `dtype` (bf16 or f16) to the device of `kernels` and allocates the
     /// activation buffers for `limits`. The host model can be dropped afterwards.
     pub fn new(
-        model: &Llama,
+        model: &Model,
         kernels: Arc<CudaKernels>,
         dtype: DType,
         limits: BatchLimits,
@@ -197,6 +192,13 @@ impl CudaLlama {
         let c = model.config.clone();
         if !c.head_dim.is_multiple_of(2) || c.num_key_value_heads == 0 {
             return Err(CudaModelError::Unsupported(format!("head_dim {} / kv heads", c.head_dim)));
+        }
+        // Per-head norms and sandwich norms need an f32-out norm kernel this device lacks yet.
+        for (has, what) in [(c.arch.qk_norm, "per-head Q/K norms"), (c.arch.sandwich_norms, "sandwich norms")]
+        {
+            if has {
+                return Err(CudaModelError::Unsupported(format!("{what} ({}) on CUDA", c.arch.name)));
+            }
         }
         // SAFETY: only tries to dlopen libcublas by its candidate names.
         if !unsafe { cudarc::cublas::sys::is_culib_present() } {
@@ -210,7 +212,7 @@ impl CudaLlama {
         let weights = DeviceWeights::upload(model, &stream, dtype)?;
         let positions = limits.max_model_len.max(1);
         let cos_sin = stream.clone_htod(&cos_sin_table(&Rope::new(&c), positions))?;
-        let functions = Functions::load(&kernels, dtype)?;
+        let functions = Functions::load(&kernels, dtype, &c.arch)?;
         let act = Activations::new(&stream, &c, &limits)?;
         let logits_len = limits.max_samples.max(1).checked_mul(c.vocab_size).ok_or_else(|| {
             CudaModelError::InvalidInput(format!(
@@ -224,7 +226,7 @@ impl CudaLlama {
         // SAFETY: as above; every token read is first written by a device copy.
         let host_tokens =
             unsafe { device.context().alloc_pinned_with_flags::<u32>(limits.max_samples.max(1), 0) }?;
-        Ok(CudaLlama {
+        Ok(CudaModel {
             config: c,
             kernels,
             blas,
@@ -242,7 +244,7 @@ impl CudaLlama {
         })
     }
 
-    pub fn config(&self) -> &LlamaConfig {
+    pub fn config(&self) -> &ModelConfig {
         &self.config
     }
     pub fn limits(&self) -> &BatchLimits {
@@ -256,7 +258,7 @@ impl CudaLlama {
         self.weights.bytes()
     }
 
-    fn stream(&self) -> Arc<CudaStream> {
+    pub(super) fn stream(&self) -> Arc<CudaStream> {
         self.kernels.device().stream().clone()
     }
 
@@ -294,7 +296,7 @@ impl CudaLlama {
         Ok(&self.host_logits.as_slice()?[..s * vocab])
     }
 
-    /// One step like [`CudaLlama::forward`], sampled greedily on the device: the greedy token of
+    /// One step like [`CudaModel::forward`], sampled greedily on the device: the greedy token of
     /// each sampled row (the first largest logit; `u32::MAX` for a row with nothing above -inf),
     /// so only `sample_indices.len()` ids cross the bus instead of their logits.
     pub fn forward_greedy(
@@ -347,7 +349,7 @@ impl CudaLlama {
         Ok(input.sample_indices.len())
     }
 
-    /// Uploads ids, positions and sampled rows, then embedding, every layer and the LM head.
+    /// Uploads ids, positions and sampled rows, then runs the one forward over this device's ops.
     fn run_layers(
         &mut self,
         input: &ModelInput<'_>,
@@ -369,159 +371,8 @@ impl CudaLlama {
         if s > 0 {
             stream.memcpy_htod(&self.host_rows[..], &mut self.act.sample_rows.slice_mut(..s))?;
         }
-
-        self.embed(t)?;
-        for l in 0..self.weights.layers.len() {
-            self.layer(l, t, slots, meta, cache)?;
-        }
-        if s > 0 {
-            self.lm_head(s)?;
-        }
-        Ok(())
-    }
-
-    fn embed(&mut self, t: usize) -> Result<(), CudaModelError> {
-        let stream = self.stream();
-        let h = int(self.config.hidden_size)?;
-        let mut b = stream.launch_builder(&self.functions.embedding);
-        b.arg(&mut self.act.hidden).arg(&self.weights.embed).arg(&self.act.ids).arg(&h);
-        // SAFETY: embedding_f32out(out f32[t,h], table[vocab,h], ids[t], hidden); ids were
-        // checked against the vocabulary, buffers hold max_tokens >= t rows.
-        unsafe { b.launch(rows_launch(t, ROW_THREADS)?) }?;
-        Ok(())
-    }
-
-    /// `out[rows] (half) = rms_norm(hidden[rows]) * weight`: a layer's input or post-attention
-    /// norm into `normed`, or (`layer` None) the final norm of the sampled rows into `sampled`.
-    fn rms_norm(&mut self, layer: Option<(usize, bool)>, rows: usize) -> Result<(), CudaModelError> {
-        let stream = self.stream();
-        let eps = self.config.rms_norm_eps as f32;
-        let h = int(self.config.hidden_size)?;
-        let weight = match layer {
-            Some((l, false)) => &self.weights.layers[l].input_norm,
-            Some((l, true)) => &self.weights.layers[l].post_attn_norm,
-            None => &self.weights.final_norm,
-        };
-        let gather = layer.is_none();
-        let null: u64 = 0;
-        let out = if gather { &mut self.act.sampled } else { &mut self.act.normed };
-        let mut b = stream.launch_builder(&self.functions.rms_norm);
-        b.arg(out).arg(&self.act.hidden).arg(weight);
-        if gather {
-            b.arg(&self.act.sample_rows);
-        } else {
-            b.arg(&null);
-        }
-        b.arg(&eps).arg(&h);
-        // SAFETY: rms_norm_f32in(out[rows,h], x f32[.,h], weight[h], rows|null, eps, hidden);
-        // gathered row indices were checked to be below the batch's token count.
-        unsafe { b.launch(rows_launch(rows, ROW_THREADS)?) }?;
-        Ok(())
-    }
-
-    /// `output[rows, out_dim] (+)= input[rows, in_dim] · weight[out_dim, in_dim]ᵀ` on device
-    /// addresses; weight and input are of the model's half type.
-    fn gemm(
-        &self,
-        weight: u64,
-        input: u64,
-        output: u64,
-        [rows, out_dim, in_dim]: [usize; 3],
-        out: Out,
-    ) -> Result<(), CudaModelError> {
-        let half = self.weights.dtype;
-        let (out_dtype, accumulate) = match out {
-            Out::F32 => (DType::F32, false),
-            Out::AddF32 => (DType::F32, true),
-            Out::Half => (half, false),
-        };
-        let call = LinearCall { weight, input, output, half, out_dtype, rows, out_dim, in_dim, accumulate };
-        // SAFETY: every caller passes buffers sized for the batch (allocated for max_tokens /
-        // max_samples rows) and weights of exactly out_dim x in_dim elements.
-        unsafe { linear(&self.blas, &call) }
-    }
-
-    fn layer(
-        &mut self,
-        l: usize,
-        t: usize,
-        slots: &DeviceSlotMapping,
-        meta: &DeviceAttnMetadata,
-        cache: &mut CudaKvCache,
-    ) -> Result<(), CudaModelError> {
-        let stream = self.stream();
-        let c = &self.config;
-        let (h, d, nh, nkv, inter) =
-            (c.hidden_size, c.head_dim, c.num_attention_heads, c.num_key_value_heads, c.intermediate_size);
-        let (q_w, kv_w) = (nh * d, nkv * d);
-        let w = &self.weights.layers[l];
-        let [qkv, o_proj, gate_up, down] = [&w.qkv, &w.o_proj, &w.gate_up, &w.down].map(|w| addr(w, &stream));
-        // The fused weight holds Q's rows, then K's, then V's (2 bytes a half element).
-        let (k_rows, v_rows) = (qkv + (q_w * h * 2) as u64, qkv + ((q_w + kv_w) * h * 2) as u64);
-
-        self.rms_norm(Some((l, false)), t)?;
-        let normed = addr(&self.act.normed, &stream);
-        self.gemm(qkv, normed, addr(&self.act.q, &stream), [t, q_w, h], Out::F32)?;
-        self.gemm(k_rows, normed, addr(&self.act.k, &stream), [t, kv_w, h], Out::F32)?;
-        self.gemm(v_rows, normed, addr(&self.act.v, &stream), [t, kv_w, h], Out::F32)?;
-
-        let (nh_i, nkv_i, d_i) = (int(nh)?, int(nkv)?, int(d)?);
-        let (q_stride, k_stride) = (q_w as i64, kv_w as i64);
-        let mut b = stream.launch_builder(&self.functions.rotary);
-        b.arg(&mut self.act.q)
-            .arg(&mut self.act.k)
-            .arg(&self.cos_sin)
-            .arg(&self.act.positions)
-            .arg(&nh_i)
-            .arg(&nkv_i)
-            .arg(&d_i)
-            .arg(&q_stride)
-            .arg(&k_stride);
-        // SAFETY: rotary_f32(q[t,nh,d], k[t,nkv,d], cos_sin[max_pos,d], positions[t], ...);
-        // positions were checked to be below the table's length.
-        unsafe { b.launch(rows_launch(t, 128)?) }?;
-
-        self.kernels.reshape_and_cache(&self.act.k, &self.act.v, slots, cache.layer_mut(l)?)?;
-        let scale = 1.0 / (d as f32).sqrt();
-        self.kernels.paged_attention(
-            &mut self.act.attn,
-            &self.act.q,
-            cache.layer(l)?,
-            meta,
-            nh,
-            scale,
-            &mut self.act.attn_ws,
-        )?;
-
-        let n = (t * q_w) as i64;
-        let mut b = stream.launch_builder(&self.functions.cast_attn);
-        b.arg(&mut self.act.attn_half).arg(&self.act.attn).arg(&n);
-        let blocks = (t * q_w).div_ceil(ROW_THREADS as usize).min(65_535);
-        // SAFETY: cast_f32_to_half(out[n], in[n], n), grid-stride over n elements of both.
-        unsafe { b.launch(rows_launch(blocks, ROW_THREADS)?) }?;
-
-        let hidden = addr(&self.act.hidden, &stream);
-        self.gemm(o_proj, addr(&self.act.attn_half, &stream), hidden, [t, h, q_w], Out::AddF32)?;
-
-        self.rms_norm(Some((l, true)), t)?;
-        self.gemm(gate_up, normed, addr(&self.act.gate_up, &stream), [t, 2 * inter, h], Out::Half)?;
-        let (inter_i, stride) = (int(inter)?, (2 * inter) as i64);
-        let gate = self.act.gate_up.slice(..);
-        let up = self.act.gate_up.slice(inter..);
-        let mut b = stream.launch_builder(&self.functions.silu_mul);
-        b.arg(&mut self.act.act).arg(&gate).arg(&up).arg(&inter_i).arg(&stride);
-        // SAFETY: silu_mul(out[t,inter], gate, up, inter, in_stride = 2·inter): row r reads
-        // gate_up[r, 0..inter] and gate_up[r, inter..2·inter], inside the t rows written above.
-        unsafe { b.launch(rows_launch(t, ROW_THREADS)?) }?;
-
-        self.gemm(down, addr(&self.act.act, &stream), hidden, [t, h, inter], Out::AddF32)
-    }
-
-    fn lm_head(&mut self, s: usize) -> Result<(), CudaModelError> {
-        self.rms_norm(None, s)?;
-        let stream = self.stream();
-        let (weight, input) = (addr(self.weights.lm_head(), &stream), addr(&self.act.sampled, &stream));
-        let dims = [s, self.config.vocab_size, self.config.hidden_size];
-        self.gemm(weight, input, addr(&self.act.logits, &stream), dims, Out::F32)
+        let arch = self.config.arch;
+        let shape = StepShape { arch: &arch, num_layers: self.weights.layers.len(), samples: s > 0 };
+        forward::run(&mut CudaStep { model: self, cache, slots, meta, tokens: t, samples: s }, shape)
     }
 }

@@ -1,4 +1,4 @@
-//! The profiling forward of vLLM-style KV sizing: [`CudaLlama::profile`] runs [`profile_batch`],
+//! The profiling forward of vLLM-style KV sizing: [`CudaModel::profile`] runs [`profile_batch`],
 //! a dummy batch of the largest step, on a scratch cache, so that what stays in use afterwards
 //! is the weights plus the activation peak.
 
@@ -7,13 +7,13 @@ use kv_cache::{CacheConfig, DType};
 
 use super::batch::BatchLimits;
 use super::error::CudaModelError;
-use super::forward::CudaLlama;
+use super::forward::CudaModel;
 use crate::input::InputBuffers;
 
 /// Token id of the profiling batch (any id in the vocabulary costs the same).
 pub const PROFILE_SEED_TOKEN: u32 = 0;
 
-impl CudaLlama {
+impl CudaModel {
     /// vLLM's profiling run: one forward of `limits.max_tokens` dummy tokens (sequences of at
     /// most `max_model_len`, `max_samples` sampled rows) on a scratch cache that is freed
     /// afterwards, so that the device memory still in use afterwards is the weights plus the

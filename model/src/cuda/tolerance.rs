@@ -59,7 +59,7 @@ use kv_cache::DType;
 
 use super::driver::argmax;
 use super::error::CudaModelError;
-use crate::llama::Llama;
+use crate::decoder::Model;
 
 /// Values the CUDA forward stores in its half type in every decoder layer.
 pub const HALF_ROUNDINGS_PER_LAYER: usize = 13;
@@ -110,7 +110,7 @@ impl RowCheck {
 
 impl LogitTolerance {
     /// The tolerances of `model` run in `dtype` (bf16 or f16).
-    pub fn new(model: &Llama, dtype: DType) -> Result<Self, CudaModelError> {
+    pub fn new(model: &Model, dtype: DType) -> Result<Self, CudaModelError> {
         Self::from_parts(&model.lm_head().to_f32(), &model.final_norm.to_f32(), model.layers.len(), dtype)
     }
 

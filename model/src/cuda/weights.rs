@@ -1,6 +1,7 @@
-//! The Llama weights on the device, uploaded once from the loaded model in bf16 or f16 (stored as
-//! raw 16-bit words: cuBLAS and the kernels read them by dtype, and one buffer type serves both).
-//! Norm weights travel in the same half type; a tied LM head reuses the embedding buffer.
+//! The model's weights on the device, uploaded once from the loaded model in bf16 or f16 (stored
+//! as raw 16-bit words: cuBLAS and the kernels read them by dtype, and one buffer type serves
+//! both). Norm weights and biases travel in the same half type; a tied LM head reuses the
+//! embedding buffer.
 
 use std::sync::Arc;
 
@@ -11,8 +12,9 @@ use kv_cache::DType;
 use rayon::prelude::*;
 
 use super::error::CudaModelError;
+use crate::arch::{LayerMatrix, RopeStyle};
+use crate::decoder::{LayerWeight, LayerWeights, Model};
 use crate::gguf::unpermute_qk;
-use crate::llama::{LayerWeights, Llama, RopeStyle};
 
 /// f32 values as the bits of `dtype` (bf16 or f16), round to nearest even; in parallel chunks
 /// (this runs once per weight over up to gigabytes).
@@ -43,23 +45,25 @@ pub struct DeviceWeights {
 
 impl DeviceWeights {
     /// Converts and uploads every weight of `model`.
-    pub fn upload(model: &Llama, stream: &Arc<CudaStream>, dtype: DType) -> Result<Self, CudaModelError> {
+    pub fn upload(model: &Model, stream: &Arc<CudaStream>, dtype: DType) -> Result<Self, CudaModelError> {
         // Quantized host weights are dequantized on the way (the GPU path computes in bf16/f16).
         let up_dense = |v: &[f32]| -> Result<CudaSlice<u16>, CudaModelError> {
             Ok(stream.clone_htod(&to_half_bits(v, dtype)?)?)
         };
         let up = |w: &Weight| up_dense(&w.to_f32());
+        let interleaved = model.config.arch.rope_style == RopeStyle::Interleaved;
         let layers = model
             .layers
             .iter()
             .map(|l| {
-                l.try_map(|w| {
-                    if model.rope_style == RopeStyle::Interleaved && std::ptr::eq(w, &l.qkv) {
-                        // The CUDA kernels rotate halves: Q/K go up in HF row order.
+                l.try_map(|w, which| match which {
+                    // The CUDA kernels rotate halves: Q/K rows (and their biases) go up in HF order.
+                    LayerWeight::Matrix(LayerMatrix::Qkv) | LayerWeight::Bias(LayerMatrix::Qkv)
+                        if interleaved =>
+                    {
                         up_dense(&qkv_rotate_half(model, w))
-                    } else {
-                        up(w)
                     }
+                    _ => up(w),
                 })
             })
             .collect::<Result<Vec<_>, CudaModelError>>()?;
@@ -84,11 +88,12 @@ impl DeviceWeights {
     }
 }
 
-/// A GGUF's fused Q/K/V, dequantized, with the Q and K rows of every head put back in HF
-/// (rotate-half) order.
-fn qkv_rotate_half(model: &Llama, qkv: &Weight) -> Vec<f32> {
+/// A GGUF's fused Q/K/V (a matrix or its bias row), dequantized, with the Q and K rows of every
+/// head put back in HF (rotate-half) order.
+fn qkv_rotate_half(model: &Model, qkv: &Weight) -> Vec<f32> {
     let c = &model.config;
-    let (h, q, kv) = (c.hidden_size, c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
+    let (q, kv) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
+    let h = qkv.len() / c.qkv_size().max(1);
     let dense = qkv.to_f32();
     let mut rows = unpermute_qk(&dense[..q * h], c.num_attention_heads, h);
     rows.extend(unpermute_qk(&dense[q * h..(q + kv) * h], c.num_key_value_heads, h));

@@ -1,5 +1,5 @@
 //! Llama-arch hyper-parameters from GGUF metadata, and the `config.json` they amount to (what
-//! both the HF conversion and the native GGUF loader build their [`crate::LlamaConfig`] from).
+//! both the HF conversion and the native GGUF loader build their [`crate::ModelConfig`] from).
 
 use serde_json::{Value, json};
 

@@ -8,20 +8,20 @@ use kv_cache::cuda::{CudaKvCache, blocks_for_memory};
 use kv_cache::{BlockShape, CacheConfig, DType};
 
 use super::{KvCacheSize, RunnerConfig};
-use crate::cuda::{BatchLimits, CudaLlama, CudaModelError};
+use crate::cuda::{BatchLimits, CudaModel, CudaModelError};
+use crate::decoder::Model;
 use crate::error::{ModelError, Result};
 use crate::input::ModelInput;
-use crate::llama::Llama;
 
 #[derive(Debug)]
 pub(super) struct CudaRunner {
-    pub model: CudaLlama,
+    pub model: CudaModel,
     pub cache: CudaKvCache,
 }
 
 impl CudaRunner {
     pub fn new(
-        host_model: Llama,
+        host_model: Model,
         shape: BlockShape,
         config: &RunnerConfig,
         ordinal: usize,
@@ -39,7 +39,7 @@ impl CudaRunner {
             max_samples: config.max_num_seqs,
             max_model_len: config.max_model_len,
         };
-        let mut model = CudaLlama::new(&host_model, kernels, config.kv_dtype, limits).map_err(cuda_err)?;
+        let mut model = CudaModel::new(&host_model, kernels, config.kv_dtype, limits).map_err(cuda_err)?;
         drop(host_model);
         let num_blocks = match config.kv_cache {
             KvCacheSize::Blocks(n) => n,

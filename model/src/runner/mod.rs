@@ -4,7 +4,7 @@
 //! `model`.
 //!
 //! - CPU: the f32 [`Llama`], a host [`KvCache`], a [`Workspace`].
-//! - CUDA (`cuda` feature): [`crate::cuda::CudaLlama`] and a [`kv_cache::cuda::CudaKvCache`],
+//! - CUDA (`cuda` feature): [`crate::cuda::CudaModel`] and a [`kv_cache::cuda::CudaKvCache`],
 //!   sized like vLLM: after the weights are uploaded, one profiling forward of
 //!   `max_num_batched_tokens` dummy tokens, then
 //!   `num_blocks = (total × gpu_memory_utilization − used) / bytes_per_block`
@@ -24,10 +24,11 @@ pub use kv_cache::{BlockShape, CacheConfig, DType, Device};
 
 pub use block_table::BlockTables;
 
-use crate::LlamaConfig;
+use crate::ModelConfig;
+use crate::decoder::Model;
 use crate::error::{ModelError, Result};
+use crate::forward::cpu::Workspace;
 use crate::input::ModelInput;
-use crate::llama::{Llama, Workspace};
 
 /// How big the device KV cache is.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -74,7 +75,7 @@ pub struct StepInput<'a> {
 /// The model and its cache on the CPU.
 #[derive(Debug)]
 struct CpuRunner {
-    model: Llama,
+    model: Model,
     cache: KvCache,
     workspace: Workspace,
 }
@@ -101,7 +102,7 @@ pub struct Runner {
 
 impl Runner {
     /// Puts `model` on `config.device` with a KV cache sized by `config`.
-    pub fn new(model: Llama, config: &RunnerConfig) -> Result<Self> {
+    pub fn new(model: Model, config: &RunnerConfig) -> Result<Self> {
         let shape = model.config.block_shape(config.block_size, config.kv_dtype);
         shape.validate()?;
         let (on, cache_config) = match config.device {
@@ -132,7 +133,7 @@ impl Runner {
         Ok(Self { on, tables, cache_config, greedy: Vec::new() })
     }
 
-    pub fn model_config(&self) -> &LlamaConfig {
+    pub fn model_config(&self) -> &ModelConfig {
         match &self.on {
             OnDevice::Cpu(c) => &c.model.config,
             #[cfg(feature = "cuda")]

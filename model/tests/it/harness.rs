@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use kv_cache::{CacheConfig, DType, KvCache};
-use model::LlamaConfig;
+use model::ModelConfig;
 use model::input::InputBuffers;
 
 /// One sequence: all its tokens (prompt + whatever was appended), how many are in the
@@ -51,12 +51,12 @@ pub fn build_batch(seqs: &[Seq], chunks: &[usize], block_size: usize, sample_all
 }
 
 /// An f32 cache with `num_blocks` blocks for `cfg`.
-pub fn cache_for(cfg: &LlamaConfig, block_size: usize, num_blocks: usize) -> KvCache {
+pub fn cache_for(cfg: &ModelConfig, block_size: usize, num_blocks: usize) -> KvCache {
     cache_of(cfg, block_size, num_blocks, DType::F32)
 }
 
 /// A cache of `dtype` with `num_blocks` blocks for `cfg`.
-pub fn cache_of(cfg: &LlamaConfig, block_size: usize, num_blocks: usize, dtype: DType) -> KvCache {
+pub fn cache_of(cfg: &ModelConfig, block_size: usize, num_blocks: usize, dtype: DType) -> KvCache {
     KvCache::new(CacheConfig::new(cfg.block_shape(block_size, dtype), num_blocks, 0))
         .expect("cache allocation")
 }

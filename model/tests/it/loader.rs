@@ -3,7 +3,8 @@
 
 use std::collections::HashMap;
 
-use model::{Llama, ModelError};
+use model::arch::LayerMatrix;
+use model::{Model, ModelError};
 use safetensors::Dtype;
 use safetensors::tensor::TensorView;
 
@@ -20,7 +21,7 @@ fn default_config() -> serde_json::Value {
 }
 
 fn load_err(dir: &tempfile::TempDir) -> String {
-    match Llama::load(dir.path()) {
+    match Model::load(dir.path()) {
         Ok(_) => panic!("loading should fail"),
         Err(e) => e.to_string(),
     }
@@ -30,9 +31,9 @@ fn load_err(dir: &tempfile::TempDir) -> String {
 /// their f32 values.
 #[test]
 fn half_precision_weights_load_as_their_f32_values() {
-    let f32_model = Llama::load(write(Dtype::F32, &tiny_tensors(true), &default_config()).path()).unwrap();
+    let f32_model = Model::load(write(Dtype::F32, &tiny_tensors(true), &default_config()).path()).unwrap();
     for dtype in [Dtype::BF16, Dtype::F16] {
-        let m = Llama::load(write(dtype, &tiny_tensors(true), &default_config()).path()).unwrap();
+        let m = Model::load(write(dtype, &tiny_tensors(true), &default_config()).path()).unwrap();
         for (a, b) in m.embed.to_f32().iter().zip(&f32_model.embed.to_f32()) {
             let rounded = match dtype {
                 Dtype::BF16 => half::bf16::from_f32(*b).to_f32(),
@@ -44,7 +45,7 @@ fn half_precision_weights_load_as_their_f32_values() {
             Dtype::BF16 => attn_kernels::cpu::ggml::GgmlType::BF16,
             _ => attn_kernels::cpu::ggml::GgmlType::F16,
         };
-        for w in [&m.embed, &m.layers[0].qkv, &m.layers[0].o_proj, &m.layers[0].gate_up, &m.layers[0].down] {
+        for w in std::iter::once(&m.embed).chain(LayerMatrix::ALL.map(|x| m.layers[0].matrix(x))) {
             assert!(w.parts().iter().all(|p| p.format() == want), "{dtype:?} kept as {want:?}");
             assert_eq!(w.storage_bytes(), 2 * w.len());
         }
@@ -89,7 +90,7 @@ fn shard_name(i: usize) -> String {
 }
 
 fn load_err_at(dir: &std::path::Path) -> String {
-    match Llama::load(dir) {
+    match Model::load(dir) {
         Ok(_) => panic!("loading {} should fail", dir.display()),
         Err(e) => e.to_string(),
     }
@@ -100,10 +101,13 @@ fn sharded_checkpoint_loads_like_a_single_file() {
     let single = write(Dtype::F32, &tiny_tensors(true), &default_config());
     let root = tempfile::tempdir().unwrap();
     let dir = sharded(root.path(), shard_name, |_| {});
-    let a = Llama::load(single.path()).unwrap();
-    let b = Llama::load(&dir).unwrap();
+    let a = Model::load(single.path()).unwrap();
+    let b = Model::load(&dir).unwrap();
     assert_eq!(a.embed.to_f32(), b.embed.to_f32());
-    assert_eq!(a.layers[1].gate_up.to_f32(), b.layers[1].gate_up.to_f32());
+    assert_eq!(
+        a.layers[1].matrix(LayerMatrix::GateUp).to_f32(),
+        b.layers[1].matrix(LayerMatrix::GateUp).to_f32()
+    );
     assert_eq!(a.final_norm.to_f32(), b.final_norm.to_f32());
 }
 
@@ -131,7 +135,7 @@ fn shard_names_may_not_leave_the_model_folder() {
     // Subfolders inside the model folder are fine.
     let root = tempfile::tempdir().unwrap();
     let dir = sharded(root.path(), |i| format!("shards/{}", shard_name(i)), |_| {});
-    assert!(Llama::load(&dir).is_ok());
+    assert!(Model::load(&dir).is_ok());
 }
 
 #[test]
@@ -174,7 +178,7 @@ fn absurd_config_sizes_are_errors_not_crashes() {
         let mut config = default_config();
         config[field] = value;
         std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
-        match Llama::load(dir.path()) {
+        match Model::load(dir.path()) {
             // A huge max_position_embeddings is legal by itself; it only caps max_model_len.
             Ok(_) => assert_eq!(field, "max_position_embeddings"),
             Err(e) => {
@@ -270,7 +274,7 @@ fn unsupported_dtype_is_reported() {
     safetensors::serialize_to_file(views, None, &out).unwrap();
     drop(st);
     std::fs::rename(&out, &path).unwrap();
-    let Err(err) = Llama::load(dir.path()) else { panic!("loading should fail") };
+    let Err(err) = Model::load(dir.path()) else { panic!("loading should fail") };
     assert!(matches!(err, ModelError::UnsupportedDtype { .. }), "{err}");
     assert!(err.to_string().contains("`model.norm.weight` has unsupported dtype I32"), "{err}");
 }
@@ -292,12 +296,12 @@ fn a_gguf_with_inconsistent_metadata_or_cut_short_is_refused() {
     patched[at + 4..at + 8].copy_from_slice(&1535u32.to_le_bytes());
     let path = dir.path().join("patched.gguf");
     std::fs::write(&path, &patched).unwrap();
-    let err = Llama::load(&path).err().map(|e| e.to_string()).unwrap_or_default();
+    let err = Model::load(&path).err().map(|e| e.to_string()).unwrap_or_default();
     assert!(err.contains("ffn_gate.weight") && err.contains("1535"), "{err}");
     // Cut inside the tensor data: the directory promises bytes the file does not have.
     let cut = dir.path().join("cut.gguf");
     std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
-    for result in [Llama::load(&cut).err(), model::ModelFolder::open(&cut).err()] {
+    for result in [Model::load(&cut).err(), model::ModelFolder::open(&cut).err()] {
         let err = result.map(|e| e.to_string()).unwrap_or_default();
         assert!(err.contains("truncated"), "{err}");
     }

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use model::{ActivationPrecision, ChatMessage, Llama, ModelFolder, Workspace};
+use model::{ActivationPrecision, ChatMessage, Model, ModelFolder, Workspace};
 use serde_json::Value;
 
 use crate::harness::{argmax, assign_blocks, build_batch, cache_for};
@@ -148,7 +148,7 @@ fn greedy_generations_and_logits_match_from(
     copies: usize,
 ) {
     let f = folder(source);
-    let mut model = Llama::load(&f.dir).expect("load weights");
+    let mut model = Model::load(&f.dir).expect("load weights");
     model.activations = precision;
     let all = goldens()["generations"].as_array().expect("generations");
     let gens: Vec<&Value> = all.iter().cycle().take(copies * all.len()).collect();

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use model::{Llama, Workspace};
+use model::{Model, Workspace};
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -97,10 +97,10 @@ pub fn write_tiny_model(
     std::fs::write(dir.join("config.json"), config.to_string()).expect("write config");
 }
 
-fn tiny_model(tied: bool, rope_scaling: serde_json::Value) -> (tempfile::TempDir, Llama) {
+fn tiny_model(tied: bool, rope_scaling: serde_json::Value) -> (tempfile::TempDir, Model) {
     let dir = tempfile::tempdir().expect("tempdir");
     write_tiny_model(dir.path(), &tiny_config(tied, rope_scaling), &tiny_tensors(tied), Dtype::F32, 7);
-    let model = Llama::load(dir.path()).expect("load tiny model");
+    let model = Model::load(dir.path()).expect("load tiny model");
     (dir, model)
 }
 
@@ -108,7 +108,7 @@ fn tiny_model(tied: bool, rope_scaling: serde_json::Value) -> (tempfile::TempDir
 /// sequence, how many tokens to advance), sampling every token, and compares each token's
 /// logits with the naive forward pass.
 fn check_paged_equals_naive(
-    model: &Llama,
+    model: &Model,
     prompts: Vec<Vec<u32>>,
     schedule: &[Vec<usize>],
     block_size: usize,
@@ -225,4 +225,58 @@ proptest! {
         }
         check_paged_equals_naive(&model, prompts, &schedule, block_size, &pool);
     }
+}
+
+/// Every difference an [`model::Architecture`] can describe, switched on at once (biases loaded
+/// from the checkpoint, the rest set on the description with random norms added): the paged
+/// forward still equals the naive one, which follows the same description.
+#[test]
+fn every_architecture_feature_equals_naive() {
+    use attn_kernels::cpu::quant::Weight;
+    use model::arch::{Activation, LayerMatrix, LayerNorm};
+
+    let mut config = tiny_config(false, serde_json::Value::Null);
+    config["attention_bias"] = serde_json::json!(true);
+    let mut tensors = tiny_tensors(false);
+    for l in 0..LAYERS {
+        let p = format!("model.layers.{l}.self_attn");
+        for (name, rows) in [("q", HEADS), ("k", KV_HEADS), ("v", KV_HEADS)] {
+            tensors.push((format!("{p}.{name}_proj.bias"), vec![rows * HEAD_DIM]));
+        }
+        tensors.push((format!("{p}.o_proj.bias"), vec![HIDDEN]));
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_tiny_model(dir.path(), &config, &tensors, Dtype::F32, 9);
+    let mut model = Model::load(dir.path()).expect("load tiny model with biases");
+    assert!(model.config.arch.qkv_bias && model.config.arch.o_bias);
+    assert!(
+        model.layers[0].bias(LayerMatrix::Qkv).is_some_and(|b| b.len() == (HEADS + 2 * KV_HEADS) * HEAD_DIM)
+    );
+
+    let arch = &mut model.config.arch;
+    arch.norm_weight_offset = 1.0;
+    arch.activation = Activation::GeluTanh;
+    arch.qk_norm = true;
+    arch.sandwich_norms = true;
+    arch.embedding_scale = Some((HIDDEN as f32).sqrt());
+    arch.final_logit_softcap = Some(3.0);
+    arch.attention_scale = 0.1;
+    let mut rng = ChaCha8Rng::seed_from_u64(4);
+    let mut norm =
+        |width: usize| Weight::from_f32(1, width, (0..width).map(|_| rng.random_range(-0.3..0.3)).collect());
+    model.layers = std::mem::take(&mut model.layers)
+        .into_iter()
+        .map(|l| {
+            l.with_norm(LayerNorm::Q, norm(HEAD_DIM))
+                .with_norm(LayerNorm::K, norm(HEAD_DIM))
+                .with_norm(LayerNorm::AttnOut, norm(HIDDEN))
+                .with_norm(LayerNorm::FfnOut, norm(HIDDEN))
+        })
+        .collect();
+
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    let prompts = vec![random_prompt(&mut rng, 21), random_prompt(&mut rng, 6)];
+    let schedule = vec![vec![13, 6], vec![8, 0]];
+    let pool: Vec<u32> = (0..6).collect();
+    check_paged_equals_naive(&model, prompts, &schedule, 8, &pool);
 }

@@ -1,6 +1,7 @@
-// Small element-wise and row kernels of the Llama forward on CUDA (the GEMMs are cuBLAS):
-// embedding gather, RMSNorm (also from the f32 residual stream), rotary embedding (HF
-// rotate-half), SiLU·mul, residual add, casts.
+// Small element-wise and row kernels of the decoder forward on CUDA (the GEMMs are cuBLAS):
+// embedding gather, RMSNorm (also from the f32 residual stream, plain or Gemma's 1 + w), rotary
+// embedding (HF rotate-half), gated activations (SiLU or tanh-GELU times up), bias and residual
+// adds, logit soft-capping, casts.
 // T is the activation type (float, __half or __nv_bfloat16); all arithmetic is f32.
 
 // out[n, hidden] = table[ids[n], :]. Grid: tokens; any block size.
@@ -59,18 +60,29 @@ __device__ __forceinline__ void rotary_body(T* __restrict__ q, T* __restrict__ k
   }
 }
 
-// out[n, inter] = silu(gate[n, :]) * up[n, :] (row strides given so a fused gate_up output
-// works). Grid: rows.
-template <typename T>
-__device__ __forceinline__ void silu_mul_body(T* __restrict__ out, const T* __restrict__ gate,
-                                              const T* __restrict__ up, int inter,
-                                              long long in_stride) {
+// out[n, inter] = act(gate[n, :]) * up[n, :] with act SiLU or (GELU) tanh-approximated GELU
+// (0.5·g·(1 + tanh(z)) = g / (1 + e^(-2z))); row strides given so a fused gate_up output works.
+// Grid: rows.
+template <typename T, bool GELU>
+__device__ __forceinline__ void gated_body(T* __restrict__ out, const T* __restrict__ gate,
+                                           const T* __restrict__ up, int inter,
+                                           long long in_stride) {
   const long long row = blockIdx.x;
   for (int i = threadIdx.x; i < inter; i += blockDim.x) {
     const float g = CacheTraits<T>::to_f32(gate[row * in_stride + i]);
     const float u = CacheTraits<T>::to_f32(up[row * in_stride + i]);
-    out[row * inter + i] = CacheTraits<T>::from_f32(g / (1.f + __expf(-g)) * u);
+    const float z = GELU ? 1.5957691216f * (g + 0.044715f * g * g * g) : g;
+    out[row * inter + i] = CacheTraits<T>::from_f32(g / (1.f + __expf(-z)) * u);
   }
+}
+
+// out[r, :] (f32) += bias (T), per row. Grid: rows.
+template <typename T>
+__device__ __forceinline__ void add_bias_body(float* __restrict__ out, const T* __restrict__ bias,
+                                              int width) {
+  const long long row = blockIdx.x;
+  for (int i = threadIdx.x; i < width; i += blockDim.x)
+    out[row * width + i] += CacheTraits<T>::to_f32(bias[i]);
 }
 
 // out[i] = a[i] + b[i]; out may alias a. Grid-stride loop.
@@ -89,13 +101,13 @@ __device__ __forceinline__ void cast_body(D* __restrict__ out, const S* __restri
 }
 
 // The forward keeps the residual stream in f32 and feeds the GEMMs T: out[r, :] (T) =
-// rmsnorm(x[src, :]) * weight with src = rows[r] (the sampled rows before the LM head) or r when
-// rows is null. Grid: output rows; block size a multiple of 32.
+// rmsnorm(x[src, :]) * (offset + weight) with src = rows[r] (the sampled rows before the LM
+// head) or r when rows is null. Grid: output rows; block size a multiple of 32.
 template <typename T>
 __device__ __forceinline__ void rms_norm_f32_body(T* __restrict__ out, const float* __restrict__ x,
                                                   const T* __restrict__ weight,
-                                                  const int* __restrict__ rows, float eps,
-                                                  int hidden) {
+                                                  const int* __restrict__ rows, float offset,
+                                                  float eps, int hidden) {
   __shared__ float scratch[32];
   const long long row = blockIdx.x;
   const long long src = rows == nullptr ? row : (long long)rows[row];
@@ -105,17 +117,26 @@ __device__ __forceinline__ void rms_norm_f32_body(T* __restrict__ out, const flo
   const float total = block_sum(ss, scratch);
   const float inv = rsqrtf(total / hidden + eps);
   for (int i = threadIdx.x; i < hidden; i += blockDim.x)
-    out[row * hidden + i] = CacheTraits<T>::from_f32(xr[i] * inv * CacheTraits<T>::to_f32(weight[i]));
+    out[row * hidden + i] =
+        CacheTraits<T>::from_f32(xr[i] * inv * (offset + CacheTraits<T>::to_f32(weight[i])));
 }
 
-// out[n, hidden] (f32 residual stream) = table[ids[n], :]. Grid: tokens.
+// out[n, hidden] (f32 residual stream) = table[ids[n], :] * scale. Grid: tokens.
 template <typename T>
 __device__ __forceinline__ void embedding_f32_body(float* __restrict__ out, const T* __restrict__ table,
-                                                   const unsigned int* __restrict__ ids, int hidden) {
+                                                   const unsigned int* __restrict__ ids, float scale,
+                                                   int hidden) {
   const long long row = blockIdx.x;
   const T* src = table + (long long)ids[row] * hidden;
   for (int i = threadIdx.x; i < hidden; i += blockDim.x)
-    out[row * hidden + i] = CacheTraits<T>::to_f32(src[i]);
+    out[row * hidden + i] = CacheTraits<T>::to_f32(src[i]) * scale;
+}
+
+// x[i] = cap * tanh(x[i] / cap) over f32 logits. Grid-stride loop.
+extern "C" __global__ void softcap_f32(float* __restrict__ x, float cap, long long n) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+       i += (long long)gridDim.x * blockDim.x)
+    x[i] = cap * tanhf(x[i] / cap);
 }
 
 // Greedy sampling on the device: out[r] = the first index of the largest value of row r of the
@@ -173,18 +194,27 @@ extern "C" __global__ void argmax_rows_f32(unsigned int* __restrict__ out,
   }                                                                                        \
   extern "C" __global__ void silu_mul_##TN(T* out, const T* gate, const T* up, int inter,  \
                                            long long in_stride) {                          \
-    silu_mul_body<T>(out, gate, up, inter, in_stride);                                     \
+    gated_body<T, false>(out, gate, up, inter, in_stride);                                 \
+  }                                                                                        \
+  extern "C" __global__ void gelu_tanh_mul_##TN(T* out, const T* gate, const T* up,        \
+                                                int inter, long long in_stride) {          \
+    gated_body<T, true>(out, gate, up, inter, in_stride);                                  \
+  }                                                                                        \
+  extern "C" __global__ void add_bias_f32out_##TN(float* out, const T* bias, int width) {  \
+    add_bias_body<T>(out, bias, width);                                                    \
   }                                                                                        \
   extern "C" __global__ void add_##TN(T* out, const T* a, const T* b, long long n) {       \
     add_body<T>(out, a, b, n);                                                             \
   }                                                                                        \
   extern "C" __global__ void rms_norm_f32in_##TN(T* out, const float* x, const T* weight,  \
-                                                 const int* rows, float eps, int hidden) { \
-    rms_norm_f32_body<T>(out, x, weight, rows, eps, hidden);                               \
+                                                 const int* rows, float offset, float eps, \
+                                                 int hidden) {                             \
+    rms_norm_f32_body<T>(out, x, weight, rows, offset, eps, hidden);                       \
   }                                                                                        \
   extern "C" __global__ void embedding_f32out_##TN(float* out, const T* table,             \
-                                                   const unsigned int* ids, int hidden) {  \
-    embedding_f32_body<T>(out, table, ids, hidden);                                        \
+                                                   const unsigned int* ids, float scale,   \
+                                                   int hidden) {                           \
+    embedding_f32_body<T>(out, table, ids, scale, hidden);                                 \
   }
 
 #define CAST_KERNEL(SN, S, DN, D)                                                          \

@@ -15,7 +15,7 @@ use gpu_check::figures::{Recorder, Res};
 use gpu_check::model_cases::{SMOLLM2_135M, write_folder};
 use kv_cache::{CacheConfig, KvCache};
 use model::cuda::{LogitTolerance, StepDriver, argmax};
-use model::{Llama, Workspace};
+use model::{Model, Workspace};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use safetensors::tensor::Dtype;
@@ -54,7 +54,7 @@ pub fn check(work: &Path, rec: &mut Recorder) -> Res<()> {
     };
     rec.figure("cuda.e2e_greedy_model", which);
     let (prompts, gpu) = generate_on_gpu(&dir)?;
-    let model = Llama::load(&dir)?;
+    let model = Model::load(&dir)?;
     let tolerance = LogitTolerance::new(&model, DType::BF16)?;
     let blocks: usize = prompts.iter().map(|p| (p.len() + OUT_TOKENS + 1).div_ceil(16)).sum();
     let shape = model.config.block_shape(16, DType::F32);

@@ -38,8 +38,8 @@ use gpu_check::model_cases::{LLAMA_32_1B, TINY, TINY_G4_H128, write_folder};
 use gpu_check::sections::{self, Program};
 use kv_cache::cuda::CudaKvCache;
 use kv_cache::{CacheConfig, KvCache};
-use model::cuda::{BatchLimits, CudaLlama, Greedy, LogitTolerance, StepDriver, argmax};
-use model::{Llama, Workspace};
+use model::cuda::{BatchLimits, CudaModel, Greedy, LogitTolerance, StepDriver, argmax};
+use model::{Model, Workspace};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use safetensors::tensor::Dtype;
@@ -109,11 +109,11 @@ fn forward_check(
     dtype: DType,
     rec: &mut Recorder,
 ) -> Res<()> {
-    let model = Llama::load(dir)?;
+    let model = Model::load(dir)?;
     let c = model.config.clone();
     let tolerance = LogitTolerance::new(&model, dtype)?;
     let limits = BatchLimits { max_tokens: 1024, max_samples: 8, max_model_len: 2048 };
-    let mut gpu = CudaLlama::new(&model, kernels.clone(), dtype, limits)?;
+    let mut gpu = CudaModel::new(&model, kernels.clone(), dtype, limits)?;
     let block_size = 16;
     let num_blocks = 256;
     let cache = |dtype| CacheConfig::new(c.block_shape(block_size, dtype), num_blocks, 0);

@@ -1,0 +1,110 @@
+//! The architecture description: what tells one decoder family from another, as data that the
+//! one forward (`forward.rs`), the f64 reference and the CUDA emulation read, so that a family
+//! is a description and a loader, never another copy of the layer loop.
+
+/// How the rows of each Q/K head are ordered, which decides the rotary pairs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// HF order ("neox"): dimension `i` pairs with `i + d/2` ("rotate half").
+    RotateHalf,
+    /// Adjacent pairs: `2i` pairs with `2i + 1`. llama.cpp's GGUF stores Llama's Q/K rows
+    /// permuted into this order; Q and K are permuted alike, so `q·k` and the attention are
+    /// those of the HF model, and keeping the file's order spares a re-ordered copy of the
+    /// quantized rows.
+    Interleaved,
+}
+
+/// The gate of the gated MLP: `act(gate) · up` (the kernels' own enum).
+pub use attn_kernels::cpu::act::Activation;
+
+/// One decoder family's differences from the plain pre-norm transformer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Architecture {
+    /// The family's `model_type`, for messages.
+    pub name: &'static str,
+    /// RMSNorm multiplies by `norm_weight_offset + w` (0 for most; 1 for Gemma's `1 + w`).
+    pub norm_weight_offset: f32,
+    pub activation: Activation,
+    /// Q, K and V projections have biases (Qwen2, Llama with `attention_bias`).
+    pub qkv_bias: bool,
+    /// The output projection has a bias (Llama with `attention_bias`).
+    pub o_bias: bool,
+    /// Each Q and K head is RMS-normed before the rotation (Qwen3, Gemma 3).
+    pub qk_norm: bool,
+    /// The attention and MLP outputs are RMS-normed before they join the residual stream
+    /// (Gemma 2/3's post-attention and post-feedforward norms).
+    pub sandwich_norms: bool,
+    pub rope_style: RopeStyle,
+    /// The embedding rows are multiplied by this (Gemma: `sqrt(hidden_size)`).
+    pub embedding_scale: Option<f32>,
+    /// Logits become `cap · tanh(logit / cap)` (Gemma 2).
+    pub final_logit_softcap: Option<f32>,
+    /// The attention scores' scale (`1 / sqrt(head_dim)` unless the family says otherwise).
+    pub attention_scale: f32,
+}
+
+impl Architecture {
+    /// Llama (and SmolLM2) as Hugging Face stores it.
+    pub fn llama(head_dim: usize, attention_bias: bool) -> Self {
+        Self {
+            name: "llama",
+            norm_weight_offset: 0.0,
+            activation: Activation::Silu,
+            qkv_bias: attention_bias,
+            o_bias: attention_bias,
+            qk_norm: false,
+            sandwich_norms: false,
+            rope_style: RopeStyle::RotateHalf,
+            embedding_scale: None,
+            final_logit_softcap: None,
+            attention_scale: 1.0 / (head_dim as f32).sqrt(),
+        }
+    }
+
+    /// The norms of one decoder layer this architecture has, in [`LayerNorm`] order.
+    pub fn layer_norms(&self) -> impl Iterator<Item = LayerNorm> + '_ {
+        LayerNorm::ALL.into_iter().filter(|n| match n {
+            LayerNorm::Attn | LayerNorm::Ffn => true,
+            LayerNorm::Q | LayerNorm::K => self.qk_norm,
+            LayerNorm::AttnOut | LayerNorm::FfnOut => self.sandwich_norms,
+        })
+    }
+}
+
+/// The RMSNorms a decoder layer can have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LayerNorm {
+    /// Before the attention (HF `input_layernorm`).
+    Attn,
+    /// Per head of Q, before the rotation.
+    Q,
+    /// Per head of K, before the rotation.
+    K,
+    /// On the attention output, before the residual add (Gemma's `post_attention_layernorm`).
+    AttnOut,
+    /// Before the MLP (Llama's `post_attention_layernorm`, Gemma's `pre_feedforward_layernorm`).
+    Ffn,
+    /// On the MLP output, before the residual add (Gemma's `post_feedforward_layernorm`).
+    FfnOut,
+}
+
+impl LayerNorm {
+    pub const ALL: [LayerNorm; 6] =
+        [LayerNorm::Attn, LayerNorm::Q, LayerNorm::K, LayerNorm::AttnOut, LayerNorm::Ffn, LayerNorm::FfnOut];
+}
+
+/// The matrices of a decoder layer, each `[out, in]` row-major.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LayerMatrix {
+    /// Rows: Q (`heads·d`), then K, then V (`kv_heads·d` each).
+    Qkv,
+    O,
+    /// Rows: gate (`intermediate`), then up (`intermediate`).
+    GateUp,
+    Down,
+}
+
+impl LayerMatrix {
+    pub const ALL: [LayerMatrix; 4] =
+        [LayerMatrix::Qkv, LayerMatrix::O, LayerMatrix::GateUp, LayerMatrix::Down];
+}

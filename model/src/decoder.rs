@@ -1,0 +1,248 @@
+//! The decoder's weights ([`Model`]: fused per layer for fewer, larger GEMMs, each kept in its
+//! storage format, see `attn_kernels::cpu::quant`), loaded from an HF folder or natively from a
+//! GGUF (`load.rs`), and the CPU entry of the one forward (`forward.rs`) over the paged KV cache.
+
+mod load;
+
+use std::path::Path;
+
+use attn_kernels::cpu::quant::{ActivationPrecision, GgmlType, QuantizeError, Weight};
+use kv_cache::KvCache;
+
+use crate::arch::{LayerMatrix, LayerNorm};
+use crate::config::ModelConfig;
+use crate::error::{ModelError, Result};
+use crate::forward::cpu::{CpuStep, Workspace};
+
+use crate::forward::{self, StepShape};
+use crate::gguf::GgufFile;
+use crate::input::ModelInput;
+use crate::rope::Rope;
+use crate::weights::SafetensorsFiles;
+
+/// Formats float weights can be quantized to at load (`--quantization`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Quantization {
+    /// 8-bit, one f16 scale per 32 values (8.5 bits per weight).
+    Q8_0,
+    /// 4-bit, one f16 scale per 32 values (4.5 bits per weight).
+    Q4_0,
+}
+
+impl Quantization {
+    pub fn ggml_type(self) -> GgmlType {
+        match self {
+            Self::Q8_0 => GgmlType::Q8_0,
+            Self::Q4_0 => GgmlType::Q4_0,
+        }
+    }
+}
+
+/// One decoder layer's weights: the four matrices (`[out, in]` row-major, see [`LayerMatrix`]),
+/// the norms its architecture has and the biases it has, each norm and bias one f32 row. `W` is
+/// [`Weight`] on the host and a device's buffer type wherever a device keeps them.
+#[derive(Debug)]
+pub struct LayerWeights<W = Weight> {
+    matrices: [W; 4],
+    norms: [Option<W>; 6],
+    biases: [Option<W>; 4],
+}
+
+impl<W> LayerWeights<W> {
+    /// A layer of these matrices, in [`LayerMatrix::ALL`] order, with no norms or biases yet.
+    pub fn new(matrices: [W; 4]) -> Self {
+        Self { matrices, norms: Default::default(), biases: Default::default() }
+    }
+
+    pub fn with_norm(mut self, norm: LayerNorm, weight: W) -> Self {
+        self.norms[norm as usize] = Some(weight);
+        self
+    }
+
+    pub fn with_bias(mut self, matrix: LayerMatrix, bias: W) -> Self {
+        self.biases[matrix as usize] = Some(bias);
+        self
+    }
+
+    pub fn matrix(&self, m: LayerMatrix) -> &W {
+        &self.matrices[m as usize]
+    }
+
+    /// A norm's weight; `None` when the layer has no such norm.
+    pub fn norm(&self, n: LayerNorm) -> Option<&W> {
+        self.norms[n as usize].as_ref()
+    }
+
+    pub fn bias(&self, m: LayerMatrix) -> Option<&W> {
+        self.biases[m as usize].as_ref()
+    }
+
+    /// Every weight the layer holds: matrices, norms, biases.
+    pub fn all(&self) -> impl Iterator<Item = &W> {
+        self.matrices.iter().chain(self.norms.iter().flatten()).chain(self.biases.iter().flatten())
+    }
+
+    /// The same weights converted one by one (e.g. uploaded to a device); `f` also learns
+    /// which weight it converts.
+    pub fn try_map<V, E>(
+        &self,
+        mut f: impl FnMut(&W, LayerWeight) -> Result<V, E>,
+    ) -> Result<LayerWeights<V>, E> {
+        let mut out = LayerWeights::new(self.convert_matrices(&mut f)?);
+        for n in LayerNorm::ALL {
+            if let Some(w) = self.norm(n) {
+                out = out.with_norm(n, f(w, LayerWeight::Norm(n))?);
+            }
+        }
+        for m in LayerMatrix::ALL {
+            if let Some(w) = self.bias(m) {
+                out = out.with_bias(m, f(w, LayerWeight::Bias(m))?);
+            }
+        }
+        Ok(out)
+    }
+
+    fn convert_matrices<V, E>(
+        &self,
+        f: &mut impl FnMut(&W, LayerWeight) -> Result<V, E>,
+    ) -> Result<[V; 4], E> {
+        let [qkv, o, gate_up, down] = LayerMatrix::ALL;
+        Ok([
+            f(self.matrix(qkv), LayerWeight::Matrix(qkv))?,
+            f(self.matrix(o), LayerWeight::Matrix(o))?,
+            f(self.matrix(gate_up), LayerWeight::Matrix(gate_up))?,
+            f(self.matrix(down), LayerWeight::Matrix(down))?,
+        ])
+    }
+
+    fn matrices_mut(&mut self) -> &mut [W; 4] {
+        &mut self.matrices
+    }
+}
+
+/// Which weight of a layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayerWeight {
+    Matrix(LayerMatrix),
+    Norm(LayerNorm),
+    Bias(LayerMatrix),
+}
+
+/// A loaded decoder: its config (with the architecture description) and weights.
+#[derive(Debug)]
+pub struct Model {
+    pub config: ModelConfig,
+    pub embed: Weight,
+    pub layers: Vec<LayerWeights>,
+    pub final_norm: Weight,
+    /// `None` when tied to `embed`.
+    pub lm_head: Option<Weight>,
+    /// How decode-shaped matmuls over Q4_0/Q4_1/Q8_0 weights take their activations
+    /// (f32 by default; int16 when a user opts in).
+    pub activations: ActivationPrecision,
+    pub(crate) rope: Rope,
+}
+
+impl Model {
+    /// The model from its loaded parts (the rotary frequencies computed, decode activations f32).
+    pub(crate) fn assemble(
+        config: ModelConfig,
+        embed: Weight,
+        layers: Vec<LayerWeights>,
+        final_norm: Weight,
+        lm_head: Option<Weight>,
+    ) -> Self {
+        let rope = Rope::new(&config);
+        Self { config, embed, layers, final_norm, lm_head, activations: ActivationPrecision::default(), rope }
+    }
+
+    /// Loads config and weights from an HF folder, or from a GGUF file ([`Self::from_gguf`]).
+    pub fn load(dir: &Path) -> Result<Self> {
+        if dir.is_file() {
+            return Self::from_gguf(&GgufFile::open_for_weights(dir)?);
+        }
+        let config = ModelConfig::from_file(&dir.join("config.json"))?;
+        let files = SafetensorsFiles::open_dir(dir)?;
+        Self::from_safetensors(config, &files)
+    }
+
+    /// Quantizes every float matrix (embedding, projections, LM head) to `ty` at load
+    /// (`--quantization`); matrices a GGUF already holds quantized stay as they are.
+    pub fn quantize_weights(&mut self, ty: GgmlType) -> Result<()> {
+        let bad = |e: QuantizeError| ModelError::InvalidInput(format!("quantizing to {ty:?}: {e}"));
+        self.embed = self.embed.quantized(ty).map_err(bad)?;
+        if let Some(head) = &self.lm_head {
+            self.lm_head = Some(head.quantized(ty).map_err(bad)?);
+        }
+        for l in &mut self.layers {
+            for w in l.matrices_mut() {
+                *w = w.quantized(ty).map_err(bad)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// RoPE inverse frequencies (for the reference implementation and tests).
+    pub fn rope_inv_freq(&self) -> Vec<f64> {
+        self.rope.inv_freq().to_vec()
+    }
+
+    /// The LM head matrix `[vocab, hidden]`.
+    pub fn lm_head(&self) -> &Weight {
+        self.lm_head.as_ref().unwrap_or(&self.embed)
+    }
+
+    /// Bytes of weights one decode step streams, in their stored formats (every matrix once,
+    /// embedding rows aside).
+    pub fn weight_bytes_per_step(&self) -> usize {
+        let layers: usize = self.layers.iter().flat_map(|l| l.all()).map(|w| w.storage_bytes()).sum();
+        layers + self.lm_head().storage_bytes() + self.final_norm.storage_bytes()
+    }
+
+    /// FLOPs of the matrix multiplies for `tokens` tokens of which `samples` reach the LM head.
+    pub fn matmul_flops(&self, tokens: usize, samples: usize) -> f64 {
+        let per_layer: usize =
+            self.layers.first().map_or(0, |l| LayerMatrix::ALL.into_iter().map(|m| l.matrix(m).len()).sum());
+        2.0 * (per_layer * self.layers.len()) as f64 * tokens as f64
+            + 2.0 * self.lm_head().len() as f64 * samples as f64
+    }
+
+    fn check_input(&self, input: &ModelInput<'_>, cache: &KvCache) -> Result<()> {
+        let bad = |msg: String| Err(ModelError::InvalidInput(msg));
+        input.check(self.config.vocab_size).map_err(ModelError::InvalidInput)?;
+        if cache.num_layers() != self.layers.len() {
+            return bad(format!("cache has {} layers, model {}", cache.num_layers(), self.layers.len()));
+        }
+        let g = cache.layer(0).geometry();
+        if g.num_kv_heads != self.config.num_key_value_heads || g.head_size != self.config.head_dim {
+            return bad(format!(
+                "cache has {} kv heads of size {}, model {} of size {}",
+                g.num_kv_heads, g.head_size, self.config.num_key_value_heads, self.config.head_dim
+            ));
+        }
+        Ok(())
+    }
+
+    /// One step on the CPU: writes this step's K/V into `cache`, and returns the logits
+    /// `[sample_indices.len(), vocab]` (borrowed from `ws`).
+    pub fn forward<'w>(
+        &self,
+        input: &ModelInput<'_>,
+        cache: &mut KvCache,
+        ws: &'w mut Workspace,
+    ) -> Result<&'w [f32]> {
+        self.check_input(input, cache)?;
+        // Every op fans out through rayon, ~10 times per layer. Issued from a thread outside
+        // the pool, each fan-out is a cross-thread injection, a wake-up and a blocking wait
+        // (tens of µs, a tenth of a batch-1 decode step); issued from a pool thread it is a
+        // push onto the local deque. So the whole pass runs on the pool, entered once.
+        let step = StepShape {
+            arch: &self.config.arch,
+            num_layers: self.layers.len(),
+            samples: !input.sample_indices.is_empty(),
+        };
+        let mut run = || forward::run(&mut CpuStep::new(self, input, cache, ws), step);
+        if rayon::current_thread_index().is_some() { run() } else { rayon::scope(|_| run()) }?;
+        Ok(ws.logits(input.sample_indices.len() * self.config.vocab_size))
+    }
+}

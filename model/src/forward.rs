@@ -1,0 +1,151 @@
+//! The one decoder forward: the layer loop, written once over [`DecoderOps`], the ops a decoder
+//! layer needs. The CPU (`cpu.rs`) and, with `cuda`, the GPU (`crate::cuda`) implement them
+//! over their own buffers and kernels; what differs between architectures is the
+//! [`Architecture`] this loop reads, never a copy of it.
+//!
+//! Ops name activation buffers ([`Buf`]) and weights ([`NormId`], [`MatrixId`]) rather than
+//! holding them, so each backend keeps its buffers in the element type it computes in (the GPU
+//! keeps the residual stream in f32 and GEMM inputs in bf16/f16) and its weights where they
+//! live. Every buffer has one row per token of the step, except [`Buf::Sampled`] and
+//! [`Buf::Logits`], which have one per sampled token.
+
+pub mod cpu;
+
+use crate::arch::{Activation, Architecture, LayerMatrix, LayerNorm};
+
+/// An activation buffer of one step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Buf {
+    /// The residual stream `[tokens, hidden]`.
+    Hidden,
+    /// A norm's output, the input of the next projection `[tokens, hidden]`.
+    Normed,
+    /// Queries, keys and values `[tokens, heads · head_dim]` (rotated in place).
+    Q,
+    K,
+    V,
+    /// The attention output `[tokens, heads · head_dim]`.
+    Attn,
+    /// Gate and up projections, side by side `[tokens, 2 · intermediate]`.
+    GateUp,
+    /// The gated activation `[tokens, intermediate]`.
+    Act,
+    /// A block's output before its norm joins it to the residual stream `[tokens, hidden]`.
+    Branch,
+    /// The final norm of the sampled rows `[samples, hidden]`.
+    Sampled,
+    /// The sampled rows' logits `[samples, vocab]`.
+    Logits,
+}
+
+impl Buf {
+    pub const COUNT: usize = 11;
+}
+
+/// A norm's weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NormId {
+    Layer(usize, LayerNorm),
+    Final,
+}
+
+/// A matrix (with its bias, when the architecture has one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MatrixId {
+    Layer(usize, LayerMatrix),
+    LmHead,
+}
+
+/// Where a linear layer's output goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinearOut {
+    /// Overwrites the buffer.
+    Write(Buf),
+    /// Adds into the buffer (the residual add, fused into the GEMM where a backend can).
+    Add(Buf),
+    /// A fused matrix's parts (Q, K, V) into one buffer each.
+    Split([Buf; 3]),
+}
+
+/// The ops of a decoder layer on one device, over one step's buffers, weights and KV cache.
+pub trait DecoderOps {
+    type Error;
+    /// `Hidden[t] = embedding[token t] · scale`.
+    fn embed(&mut self, scale: Option<f32>) -> Result<(), Self::Error>;
+    /// `out = rms_norm(input) · (offset + weight)` row by row; into [`Buf::Sampled`] it gathers
+    /// the sampled rows of `input`.
+    fn rms_norm(&mut self, out: Buf, input: Buf, norm: NormId) -> Result<(), Self::Error>;
+    /// RMSNorm of every head of `buf` (Q or K) in place, by the head-wide `norm`.
+    fn head_norm(&mut self, buf: Buf, norm: NormId) -> Result<(), Self::Error>;
+    /// `out (+)= input · matrixᵀ + bias`.
+    fn linear(&mut self, out: LinearOut, input: Buf, matrix: MatrixId) -> Result<(), Self::Error>;
+    /// Rotates Q and K at the step's positions.
+    fn rope(&mut self) -> Result<(), Self::Error>;
+    /// Writes K and V into layer `layer`'s cache slots, then attends Q over the paged cache
+    /// into [`Buf::Attn`].
+    fn attention(&mut self, layer: usize, scale: f32) -> Result<(), Self::Error>;
+    /// `Act = act(gate) · up` from [`Buf::GateUp`].
+    fn gated_act(&mut self, act: Activation) -> Result<(), Self::Error>;
+    /// `out += input`.
+    fn add(&mut self, out: Buf, input: Buf) -> Result<(), Self::Error>;
+    /// `buf = cap · tanh(buf / cap)`.
+    fn softcap(&mut self, buf: Buf, cap: f32) -> Result<(), Self::Error>;
+}
+
+/// What one step computes: the backend holds its tokens, positions, cache and sampled rows.
+#[derive(Debug, Clone, Copy)]
+pub struct StepShape<'a> {
+    pub arch: &'a Architecture,
+    pub num_layers: usize,
+    /// Whether any row is sampled (the final norm and LM head run only then).
+    pub samples: bool,
+}
+
+/// One forward step: embedding, every decoder layer, then the final norm and the LM head of the
+/// sampled rows only.
+pub fn run<B: DecoderOps>(b: &mut B, step: StepShape<'_>) -> Result<(), B::Error> {
+    let arch = step.arch;
+    b.embed(arch.embedding_scale)?;
+    for l in 0..step.num_layers {
+        let norm = |n| NormId::Layer(l, n);
+        let matrix = |m| MatrixId::Layer(l, m);
+        b.rms_norm(Buf::Normed, Buf::Hidden, norm(LayerNorm::Attn))?;
+        b.linear(LinearOut::Split([Buf::Q, Buf::K, Buf::V]), Buf::Normed, matrix(LayerMatrix::Qkv))?;
+        if arch.qk_norm {
+            b.head_norm(Buf::Q, norm(LayerNorm::Q))?;
+            b.head_norm(Buf::K, norm(LayerNorm::K))?;
+        }
+        b.rope()?;
+        b.attention(l, arch.attention_scale)?;
+        join_residual(b, arch, Buf::Attn, matrix(LayerMatrix::O), norm(LayerNorm::AttnOut))?;
+        b.rms_norm(Buf::Normed, Buf::Hidden, norm(LayerNorm::Ffn))?;
+        b.linear(LinearOut::Write(Buf::GateUp), Buf::Normed, matrix(LayerMatrix::GateUp))?;
+        b.gated_act(arch.activation)?;
+        join_residual(b, arch, Buf::Act, matrix(LayerMatrix::Down), norm(LayerNorm::FfnOut))?;
+    }
+    if step.samples {
+        b.rms_norm(Buf::Sampled, Buf::Hidden, NormId::Final)?;
+        b.linear(LinearOut::Write(Buf::Logits), Buf::Sampled, MatrixId::LmHead)?;
+        if let Some(cap) = arch.final_logit_softcap {
+            b.softcap(Buf::Logits, cap)?;
+        }
+    }
+    Ok(())
+}
+
+/// A block's output projection joined to the residual stream: added straight in by the GEMM,
+/// or, with sandwich norms, projected, normed, then added.
+fn join_residual<B: DecoderOps>(
+    b: &mut B,
+    arch: &Architecture,
+    input: Buf,
+    matrix: MatrixId,
+    out_norm: NormId,
+) -> Result<(), B::Error> {
+    if !arch.sandwich_norms {
+        return b.linear(LinearOut::Add(Buf::Hidden), input, matrix);
+    }
+    b.linear(LinearOut::Write(Buf::Branch), input, matrix)?;
+    b.rms_norm(Buf::Normed, Buf::Branch, out_norm)?;
+    b.add(Buf::Hidden, Buf::Normed)
+}
