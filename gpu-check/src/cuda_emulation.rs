@@ -117,16 +117,10 @@ fn attend(scores: &[f32], values: &[&[f32]], d: usize, dropped_rescale: bool) ->
 
 /// Logits `[sampled, vocab]` of the last `sampled` positions of one sequence `tokens` (from
 /// position 0), computed as the CUDA forward computes them with `half` weights and activations
-/// (`None`: plain f32, what the CPU forward computes), with `bug` in it. The architecture's
-/// per-head and sandwich norms, which the CUDA forward refuses, are refused here too.
+/// (`None`: plain f32, what the CPU forward computes), with `bug` in it.
 pub fn logits(model: &Model, tokens: &[u32], sampled: usize, half: Option<DType>, bug: Bug) -> Vec<f32> {
     let c = &model.config;
     let a = &c.arch;
-    assert!(
-        !a.qk_norm && !a.sandwich_norms,
-        "{}: the CUDA forward has no per-head or sandwich norms",
-        a.name
-    );
     let (h, d, nh, nkv, inter) =
         (c.hidden_size, c.head_dim, c.num_attention_heads, c.num_key_value_heads, c.intermediate_size);
     let (t, group, eps, offset) = (tokens.len(), nh / nkv, c.rms_norm_eps as f32, a.norm_weight_offset);
@@ -146,8 +140,24 @@ pub fn logits(model: &Model, tokens: &[u32], sampled: usize, half: Option<DType>
             .try_map(|m, _: LayerWeight| Ok::<_, ()>(rounded(m.to_f32(), half)))
             .expect("dequantizing cannot fail");
         let norm = |n| w.norm(n).expect("the architecture's norms are loaded");
+        // A block's f32 output joins the residual stream: added by the GEMM, or normed into the
+        // half type first (sandwich norms).
+        let join = |x: &mut Vec<f32>, out: Vec<f32>, n| {
+            let out = if a.sandwich_norms { rms_norm(&out, norm(n), offset, eps, half) } else { out };
+            x.iter_mut().zip(out).for_each(|(v, o)| *v += o);
+        };
         let normed = rms_norm(&x, norm(LayerNorm::Attn), offset, eps, half);
-        let qkv = biased(&normed, w.matrix(LayerMatrix::Qkv), w.bias(LayerMatrix::Qkv), h);
+        let mut qkv = biased(&normed, w.matrix(LayerMatrix::Qkv), w.bias(LayerMatrix::Qkv), h);
+        if a.qk_norm {
+            // Every Q and K head normed in f32, in place (the Q/K buffers are f32).
+            let (qn, kn) = (norm(LayerNorm::Q), norm(LayerNorm::K));
+            for row in qkv.chunks_exact_mut((nh + 2 * nkv) * d) {
+                for (i, head) in row[..(nh + nkv) * d].chunks_exact_mut(d).enumerate() {
+                    let normed = rms_norm(head, if i < nh { qn } else { kn }, offset, eps, None);
+                    head.copy_from_slice(&normed);
+                }
+            }
+        }
         let width = (nh + 2 * nkv) * d;
         let (mut q, mut k, mut v) = (Vec::new(), Vec::new(), Vec::new());
         for (i, row) in qkv.chunks_exact(width).enumerate() {
@@ -186,8 +196,11 @@ pub fn logits(model: &Model, tokens: &[u32], sampled: usize, half: Option<DType>
                 })
             })
             .collect();
-        let o = biased(&attn, w.matrix(LayerMatrix::O), w.bias(LayerMatrix::O), nh * d);
-        x.iter_mut().zip(o).for_each(|(a, b)| *a += b);
+        join(
+            &mut x,
+            biased(&attn, w.matrix(LayerMatrix::O), w.bias(LayerMatrix::O), nh * d),
+            LayerNorm::AttnOut,
+        );
         let normed = rms_norm(&x, norm(LayerNorm::Ffn), offset, eps, half);
         let gate_up = rounded(linear(&normed, w.matrix(LayerMatrix::GateUp), h), half);
         let act: Vec<f32> = gate_up
@@ -197,7 +210,7 @@ pub fn logits(model: &Model, tokens: &[u32], sampled: usize, half: Option<DType>
                 g.iter().zip(u).map(|(&g, &u)| round(gate(a.activation, g) * u, half))
             })
             .collect();
-        x.iter_mut().zip(linear(&act, w.matrix(LayerMatrix::Down), inter)).for_each(|(a, b)| *a += b);
+        join(&mut x, linear(&act, w.matrix(LayerMatrix::Down), inter), LayerNorm::FfnOut);
     }
     let final_norm = rounded(model.final_norm.to_f32(), half);
     let last = rms_norm(&x[first_sampled * h..], &final_norm, offset, eps, half);
@@ -287,6 +300,35 @@ mod tests {
                 eprintln!("{name} {bug:?}: off by {worst:.2} tolerances, {failed} of 64 rows fail");
                 assert!(worst > 3.0 && failed > 32, "{name} {bug:?}: {worst:.2} tolerances, {failed} rows");
             }
+        }
+        Ok(())
+    }
+
+    /// The same two checks on a model with every difference an architecture can describe
+    /// switched on (biases, per-head and sandwich norms, GeGLU, `1 + w` norms, embedding scale,
+    /// soft-cap, attention scale): the emulation follows the description as the f64 reference
+    /// does, and the tolerance, counting the extra roundings, still holds them with room.
+    #[test]
+    fn every_architecture_feature_is_emulated_and_within_the_tolerance()
+    -> Result<(), model::cuda::CudaModelError> {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        write_folder(dir.path(), &TINY, Dtype::F32, 17).unwrap_or_else(|e| panic!("{e}"));
+        let model = Model::load(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+        let model = model::testing::with_every_architecture_feature(model, 6);
+        let tokens = tokens(&model, 200);
+        let vocab = model.config.vocab_size;
+        let exact = logits(&model, &tokens, 32, None, Bug::None);
+        let want = model::reference::forward_full(&model, &tokens);
+        let want = &want[168 * vocab..];
+        let scale = want.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+        let err = exact.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max) / scale;
+        assert!(exact.len() == want.len() && err < 1e-4, "off the reference by {err:.2e} of the range");
+        for dtype in [DType::BF16, DType::F16] {
+            let tolerance = LogitTolerance::new(&model, dtype)?;
+            let (worst, failed) =
+                against(&tolerance, &logits(&model, &tokens, 32, Some(dtype), Bug::None), &exact);
+            eprintln!("every feature {dtype:?}: rounding error up to {worst:.3} of the tolerance");
+            assert!(worst < 0.5 && failed == 0 && worst > 0.05, "{dtype:?}: {worst:.3} of the tolerance");
         }
         Ok(())
     }

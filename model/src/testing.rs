@@ -153,6 +153,47 @@ pub fn tokenizer_json() -> String {
     .to_string()
 }
 
+/// `model` with every difference an [`crate::Architecture`] can describe switched on: Q/K/V and
+/// O biases (where the checkpoint has none, random), per-head Q/K norms and sandwich norms
+/// (random weights), GeGLU, Gemma's `1 + w` norms, an embedding scale, a logit soft-cap and an
+/// attention scale of its own, so that a test of the one forward covers every branch of it.
+pub fn with_every_architecture_feature(mut model: crate::Model, seed: u64) -> crate::Model {
+    use crate::arch::{Activation, LayerMatrix, LayerNorm};
+    use attn_kernels::cpu::quant::Weight;
+
+    let c = &model.config;
+    let (h, d) = (c.hidden_size, c.head_dim);
+    let (qkv_rows, attention_scale) = (c.qkv_size(), 0.5 / (d as f32).sqrt());
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut row =
+        |width: usize| Weight::from_f32(1, width, (0..width).map(|_| rng.random_range(-0.3..0.3)).collect());
+    model.layers = std::mem::take(&mut model.layers)
+        .into_iter()
+        .map(|mut l| {
+            for (m, width) in [(LayerMatrix::Qkv, qkv_rows), (LayerMatrix::O, h)] {
+                if l.bias(m).is_none() {
+                    l = l.with_bias(m, row(width));
+                }
+            }
+            l.with_norm(LayerNorm::Q, row(d))
+                .with_norm(LayerNorm::K, row(d))
+                .with_norm(LayerNorm::AttnOut, row(h))
+                .with_norm(LayerNorm::FfnOut, row(h))
+        })
+        .collect();
+    let arch = &mut model.config.arch;
+    arch.qkv_bias = true;
+    arch.o_bias = true;
+    arch.norm_weight_offset = 1.0;
+    arch.activation = Activation::GeluTanh;
+    arch.qk_norm = true;
+    arch.sandwich_norms = true;
+    arch.embedding_scale = Some((h as f32).sqrt());
+    arch.final_logit_softcap = Some(30.0);
+    arch.attention_scale = attention_scale;
+    model
+}
+
 /// The real default model's folder: `$SMOLLM2_DIR`, else `target/models/SmolLM2-135M-Instruct`
 /// under the workspace root (where `cargo xtask fetch-model` writes it).
 pub fn smollm2_dir() -> std::path::PathBuf {

@@ -146,7 +146,7 @@ pub const COPY_BLOCKS_ENTRY: &str = "copy_blocks";
 pub const MODEL_DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
 /// The model kernels of every activation dtype.
-pub const MODEL_KERNEL_NAMES: [&str; 9] = [
+pub const MODEL_KERNEL_NAMES: [&str; 11] = [
     "embedding",
     "rms_norm",
     "rotary",
@@ -154,6 +154,8 @@ pub const MODEL_KERNEL_NAMES: [&str; 9] = [
     "gelu_tanh_mul",
     "add",
     "add_bias_f32out",
+    "add_into_f32",
+    "rms_norm_heads_f32",
     "rms_norm_f32in",
     "embedding_f32out",
 ];

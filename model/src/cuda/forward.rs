@@ -24,7 +24,6 @@ use super::error::CudaModelError;
 use super::ops::CudaStep;
 use super::rope_table::cos_sin_table;
 use super::weights::DeviceWeights;
-use crate::arch::{Activation, Architecture};
 use crate::config::ModelConfig;
 use crate::decoder::Model;
 use crate::forward::{self, StepShape};
@@ -53,27 +52,29 @@ pub(super) struct Functions {
     pub embedding: CudaFunction,
     pub rms_norm: CudaFunction,
     pub rotary: CudaFunction,
-    pub gated_act: CudaFunction,
+    pub silu_mul: CudaFunction,
+    pub gelu_tanh_mul: CudaFunction,
     pub add_bias: CudaFunction,
+    pub add_into: CudaFunction,
+    pub head_norm: CudaFunction,
     pub cast_attn: CudaFunction,
     pub softcap: CudaFunction,
     pub argmax: CudaFunction,
 }
 
 impl Functions {
-    fn load(kernels: &CudaKernels, dtype: DType, arch: &Architecture) -> Result<Self, CudaModelError> {
+    fn load(kernels: &CudaKernels, dtype: DType) -> Result<Self, CudaModelError> {
         let program: Program = model_program();
         let f = |name: String| kernels.function(&program, &name);
-        let gated = match arch.activation {
-            Activation::Silu => "silu_mul",
-            Activation::GeluTanh => "gelu_tanh_mul",
-        };
         Ok(Functions {
             embedding: f(model_entry("embedding_f32out", dtype))?,
             rms_norm: f(model_entry("rms_norm_f32in", dtype))?,
             rotary: f(model_entry("rotary", DType::F32))?,
-            gated_act: f(model_entry(gated, dtype))?,
+            silu_mul: f(model_entry("silu_mul", dtype))?,
+            gelu_tanh_mul: f(model_entry("gelu_tanh_mul", dtype))?,
             add_bias: f(model_entry("add_bias_f32out", dtype))?,
+            add_into: f(model_entry("add_into_f32", dtype))?,
+            head_norm: f(model_entry("rms_norm_heads_f32", dtype))?,
             cast_attn: f(cast_entry(DType::F32, dtype))?,
             softcap: f(SOFTCAP_ENTRY.to_owned())?,
             argmax: f(ARGMAX_ENTRY.to_owned())?,
@@ -101,6 +102,9 @@ pub(super) struct Activations {
     pub act: CudaSlice<u16>,
     pub sampled: CudaSlice<u16>,
     pub logits: CudaSlice<f32>,
+    /// f32 `[tokens, hidden]`: a block's output before its sandwich norm (one element when the
+    /// architecture has none).
+    pub branch: CudaSlice<f32>,
     /// The greedy token of each sampled row (`forward_greedy`).
     pub greedy: CudaSlice<u32>,
     pub attn_ws: AttnWorkspace,
@@ -131,6 +135,7 @@ impl Activations {
             act: stream.alloc_zeros(t * inter)?,
             sampled: stream.alloc_zeros(s * h)?,
             logits: stream.alloc_zeros(s * c.vocab_size)?,
+            branch: stream.alloc_zeros(if c.arch.sandwich_norms { t * h } else { 1 })?,
             greedy: stream.alloc_zeros(s)?,
             attn_ws: AttnWorkspace::new(
                 stream,
@@ -212,7 +217,7 @@ impl CudaModel {
         let weights = DeviceWeights::upload(model, &stream, dtype)?;
         let positions = limits.max_model_len.max(1);
         let cos_sin = stream.clone_htod(&cos_sin_table(&Rope::new(&c), positions))?;
-        let functions = Functions::load(&kernels, dtype, &c.arch)?;
+        let functions = Functions::load(&kernels, dtype)?;
         let act = Activations::new(&stream, &c, &limits)?;
         let logits_len = limits.max_samples.max(1).checked_mul(c.vocab_size).ok_or_else(|| {
             CudaModelError::InvalidInput(format!(

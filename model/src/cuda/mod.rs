@@ -29,7 +29,7 @@ pub use error::CudaModelError;
 pub use forward::CudaModel;
 pub use tolerance::{
     Greedy, HALF_ROUNDINGS_OUTSIDE, HALF_ROUNDINGS_PER_LAYER, LogitTolerance, RowCheck, TOLERANCE_SIGMAS,
-    unit_roundoff,
+    half_roundings_per_layer, unit_roundoff,
 };
 
 /// The two-head toy config of the host-side tests.

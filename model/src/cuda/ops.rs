@@ -1,10 +1,11 @@
 //! [`DecoderOps`] on CUDA: the one forward's ops as launches of `attn-kernels`' model kernels,
 //! cuBLAS GEMMs with f32 accumulation, `reshape_and_cache` and paged attention.
 //!
-//! The residual stream ([`Buf::Hidden`]), Q, K, V, the attention output and the logits are f32;
-//! the GEMM inputs ([`Buf::Normed`], [`Buf::Act`], [`Buf::Sampled`] and a half copy of the
-//! attention output) are the model's half type, and so is the gate/up output. The GEMMs that
-//! join the residual stream add into it in f32 (`beta = 1`).
+//! The residual stream ([`Buf::Hidden`]), Q, K, V, the attention output, a block's output before
+//! its sandwich norm ([`Buf::Branch`]) and the logits are f32; the GEMM inputs ([`Buf::Normed`],
+//! [`Buf::Act`], [`Buf::Sampled`] and a half copy of the attention output) are the model's half
+//! type, and so is the gate/up output. The GEMMs that join the residual stream add into it in
+//! f32 (`beta = 1`); a sandwich-normed branch joins it through `add_into_f32`.
 
 use attn_kernels::backend::KernelBackend;
 use attn_kernels::cpu::act::Activation;
@@ -17,6 +18,7 @@ use kv_cache::cuda::CudaKvCache;
 use super::error::CudaModelError;
 use super::forward::{CudaModel, ROW_THREADS, int, rows_launch};
 use super::gemm::{LinearCall, linear};
+use super::weights::DeviceWeights;
 use crate::arch::LayerMatrix;
 use crate::forward::{Buf, DecoderOps, LinearOut, MatrixId, NormId};
 
@@ -28,6 +30,14 @@ pub(super) struct CudaStep<'a> {
     pub meta: &'a DeviceAttnMetadata,
     pub tokens: usize,
     pub samples: usize,
+}
+
+fn norm_weight(w: &DeviceWeights, norm: NormId) -> Result<&CudaSlice<u16>, CudaModelError> {
+    let weight = match norm {
+        NormId::Final => Some(&w.final_norm),
+        NormId::Layer(l, n) => w.layers.get(l).and_then(|layer| layer.norm(n)),
+    };
+    weight.ok_or_else(|| CudaModelError::InvalidInput(format!("the model has no norm {norm:?}")))
 }
 
 fn unsupported<T>(what: String) -> Result<T, CudaModelError> {
@@ -61,6 +71,7 @@ impl CudaStep<'_> {
             (Buf::V, false) => Ok((self.addr(&a.v), DType::F32)),
             (Buf::GateUp, false) => Ok((self.addr(&a.gate_up), half)),
             (Buf::Logits, false) => Ok((self.addr(&a.logits), DType::F32)),
+            (Buf::Branch, false) => Ok((self.addr(&a.branch), DType::F32)),
             (other, acc) => {
                 unsupported(format!("a GEMM {} {other:?}", if acc { "adding into" } else { "writing" }))
             }
@@ -139,27 +150,22 @@ impl DecoderOps for CudaStep<'_> {
     }
 
     fn rms_norm(&mut self, out: Buf, input: Buf, norm: NormId) -> Result<(), CudaModelError> {
-        if input != Buf::Hidden || !matches!(out, Buf::Normed | Buf::Sampled) {
+        if !matches!((input, out), (Buf::Hidden, Buf::Normed | Buf::Sampled) | (Buf::Branch, Buf::Normed)) {
             return unsupported(format!("an RMSNorm of {input:?} into {out:?}"));
         }
         let stream = self.model.stream();
         let c = &self.model.config;
         let (eps, offset, h) = (c.rms_norm_eps as f32, c.arch.norm_weight_offset, int(c.hidden_size)?);
-        let w = &self.model.weights;
-        let weight = match norm {
-            NormId::Final => Some(&w.final_norm),
-            NormId::Layer(l, n) => w.layers.get(l).and_then(|layer| layer.norm(n)),
-        };
-        let Some(weight) = weight else { return unsupported(format!("norm {norm:?}")) };
+        let weight = norm_weight(&self.model.weights, norm)?;
         let (gather, rows) = (out == Buf::Sampled, self.rows(out));
         let null: u64 = 0;
         let act = &mut self.model.act;
         let mut b = stream.launch_builder(&self.model.functions.rms_norm);
-        if gather {
-            b.arg(&mut act.sampled).arg(&act.hidden).arg(weight).arg(&act.sample_rows);
-        } else {
-            b.arg(&mut act.normed).arg(&act.hidden).arg(weight).arg(&null);
-        }
+        match (gather, input) {
+            (true, _) => b.arg(&mut act.sampled).arg(&act.hidden).arg(weight).arg(&act.sample_rows),
+            (false, Buf::Branch) => b.arg(&mut act.normed).arg(&act.branch).arg(weight).arg(&null),
+            (false, _) => b.arg(&mut act.normed).arg(&act.hidden).arg(weight).arg(&null),
+        };
         b.arg(&offset).arg(&eps).arg(&h);
         // SAFETY: rms_norm_f32in(out[rows,h], x f32[.,h], weight[h], rows|null, offset, eps,
         // hidden); gathered row indices were checked to be below the batch's token count.
@@ -167,9 +173,24 @@ impl DecoderOps for CudaStep<'_> {
         Ok(())
     }
 
-    fn head_norm(&mut self, buf: Buf, _norm: NormId) -> Result<(), CudaModelError> {
-        // `CudaModel::new` refuses architectures with per-head norms.
-        unsupported(format!("a per-head norm of {buf:?}"))
+    fn head_norm(&mut self, buf: Buf, norm: NormId) -> Result<(), CudaModelError> {
+        let stream = self.model.stream();
+        let c = &self.model.config;
+        let heads = match buf {
+            Buf::Q => c.num_attention_heads,
+            Buf::K => c.num_key_value_heads,
+            other => return unsupported(format!("a per-head norm of {other:?}")),
+        };
+        let (eps, offset, d) = (c.rms_norm_eps as f32, c.arch.norm_weight_offset, int(c.head_dim)?);
+        let weight = norm_weight(&self.model.weights, norm)?;
+        let act = &mut self.model.act;
+        let x = if buf == Buf::Q { &mut act.q } else { &mut act.k };
+        let mut b = stream.launch_builder(&self.model.functions.head_norm);
+        b.arg(x).arg(weight).arg(&offset).arg(&eps).arg(&d);
+        // SAFETY: rms_norm_heads_f32(x f32[t·heads, d], weight[d], offset, eps, d): Q and K hold
+        // max_tokens >= t rows of `heads` heads of d.
+        unsafe { b.launch(rows_launch(self.tokens * heads, ROW_THREADS)?) }?;
+        Ok(())
     }
 
     fn linear(&mut self, out: LinearOut, input: Buf, matrix: MatrixId) -> Result<(), CudaModelError> {
@@ -252,15 +273,18 @@ impl DecoderOps for CudaStep<'_> {
         Ok(())
     }
 
-    fn gated_act(&mut self, _act: Activation) -> Result<(), CudaModelError> {
-        // The kernel (SiLU or tanh-GELU) was picked for the architecture at load.
+    fn gated_act(&mut self, kind: Activation) -> Result<(), CudaModelError> {
         let stream = self.model.stream();
         let inter = self.model.config.intermediate_size;
         let (inter_i, stride) = (int(inter)?, (2 * inter) as i64);
         let act = &mut self.model.act;
         let gate = act.gate_up.slice(..);
         let up = act.gate_up.slice(inter..);
-        let mut b = stream.launch_builder(&self.model.functions.gated_act);
+        let f = &self.model.functions;
+        let mut b = stream.launch_builder(match kind {
+            Activation::Silu => &f.silu_mul,
+            Activation::GeluTanh => &f.gelu_tanh_mul,
+        });
         b.arg(&mut act.act).arg(&gate).arg(&up).arg(&inter_i).arg(&stride);
         // SAFETY: gated(out[t,inter], gate, up, inter, in_stride = 2·inter): row r reads
         // gate_up[r, 0..inter] and gate_up[r, inter..2·inter], inside the t rows written before.
@@ -269,8 +293,19 @@ impl DecoderOps for CudaStep<'_> {
     }
 
     fn add(&mut self, out: Buf, input: Buf) -> Result<(), CudaModelError> {
-        // Only sandwich norms add buffers outside a GEMM; `CudaModel::new` refuses them.
-        unsupported(format!("adding {input:?} into {out:?}"))
+        if (out, input) != (Buf::Hidden, Buf::Normed) {
+            return unsupported(format!("adding {input:?} into {out:?}"));
+        }
+        let stream = self.model.stream();
+        let n = self.tokens * self.model.config.hidden_size;
+        let len = n as i64;
+        let act = &mut self.model.act;
+        let mut b = stream.launch_builder(&self.model.functions.add_into);
+        b.arg(&mut act.hidden).arg(&act.normed).arg(&len);
+        let blocks = n.div_ceil(ROW_THREADS as usize).min(65_535);
+        // SAFETY: add_into_f32(out f32[n], x[n], n), grid-stride over the t rows of both.
+        unsafe { b.launch(rows_launch(blocks, ROW_THREADS)?) }?;
+        Ok(())
     }
 
     fn softcap(&mut self, buf: Buf, cap: f32) -> Result<(), CudaModelError> {

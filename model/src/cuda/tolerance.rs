@@ -7,10 +7,12 @@
 //! *stores* values in its half type, bf16 or f16 (unit roundoff `u` = 2⁻⁸ or 2⁻¹¹: 8 or 11
 //! significant bits, round to nearest errs by at most `u` relative, variance at most `u²/3`), at
 //! these sites:
-//! - in every decoder layer ([`HALF_ROUNDINGS_PER_LAYER`] = 13): the input and post-attention
-//!   norm weights and the two normed rows (GEMM inputs); the Q/K/V, O, gate/up and down weights;
-//!   the keys and the values written to the cache; the attention output (the O GEMM's input);
-//!   the gate/up output and the SiLU·mul output (the down GEMM's input);
+//! - in every decoder layer ([`HALF_ROUNDINGS_PER_LAYER`] = 13 for Llama): the input and
+//!   post-attention norm weights and the two normed rows (GEMM inputs); the Q/K/V, O, gate/up and
+//!   down weights; the keys and the values written to the cache; the attention output (the O
+//!   GEMM's input); the gate/up output and the gated activation (the down GEMM's input); and,
+//!   where the architecture has them ([`half_roundings_per_layer`]), each bias row, the Q and K
+//!   norm weights, and the sandwich norms' weights and normed rows;
 //! - outside them ([`HALF_ROUNDINGS_OUTSIDE`] = 4): the embedding table, the final norm weight,
 //!   the final normed rows and the LM head.
 //!
@@ -59,10 +61,20 @@ use kv_cache::DType;
 
 use super::driver::argmax;
 use super::error::CudaModelError;
+use crate::arch::Architecture;
 use crate::decoder::Model;
 
-/// Values the CUDA forward stores in its half type in every decoder layer.
+/// Values the CUDA forward stores in its half type in every decoder layer of a Llama.
 pub const HALF_ROUNDINGS_PER_LAYER: usize = 13;
+
+/// Values the CUDA forward stores in its half type in every decoder layer of `arch`.
+pub fn half_roundings_per_layer(arch: &Architecture) -> usize {
+    HALF_ROUNDINGS_PER_LAYER
+        + usize::from(arch.qkv_bias)
+        + usize::from(arch.o_bias)
+        + 2 * usize::from(arch.qk_norm)
+        + 4 * usize::from(arch.sandwich_norms)
+}
 /// Values it stores in its half type outside the decoder layers.
 pub const HALF_ROUNDINGS_OUTSIDE: usize = 4;
 /// How many predicted standard deviations `σ_v` a logit may be off.
@@ -111,15 +123,21 @@ impl RowCheck {
 impl LogitTolerance {
     /// The tolerances of `model` run in `dtype` (bf16 or f16).
     pub fn new(model: &Model, dtype: DType) -> Result<Self, CudaModelError> {
-        Self::from_parts(&model.lm_head().to_f32(), &model.final_norm.to_f32(), model.layers.len(), dtype)
+        let arch = &model.config.arch;
+        // What the final norm multiplies by (Gemma's `1 + w`).
+        let final_norm: Vec<f32> =
+            model.final_norm.to_f32().iter().map(|g| arch.norm_weight_offset + g).collect();
+        let sites = half_roundings_per_layer(arch) * model.layers.len();
+        Self::from_parts(&model.lm_head().to_f32(), &final_norm, sites, dtype)
     }
 
-    /// The tolerances of a model of `layers` layers with LM head `lm_head` (`[vocab, hidden]`,
+    /// The tolerances of a model whose decoder layers round `layer_roundings` values in all
+    /// (e.g. [`HALF_ROUNDINGS_PER_LAYER`] × layers), with LM head `lm_head` (`[vocab, hidden]`,
     /// row-major) and final norm weight `final_norm` (`[hidden]`), run in `dtype`.
     pub fn from_parts(
         lm_head: &[f32],
         final_norm: &[f32],
-        layers: usize,
+        layer_roundings: usize,
         dtype: DType,
     ) -> Result<Self, CudaModelError> {
         let u = unit_roundoff(dtype)?;
@@ -130,7 +148,7 @@ impl LogitTolerance {
                 lm_head.len()
             )));
         }
-        let sites = (HALF_ROUNDINGS_PER_LAYER * layers + HALF_ROUNDINGS_OUTSIDE) as f64;
+        let sites = (layer_roundings + HALF_ROUNDINGS_OUTSIDE) as f64;
         let sigma_per_magnitude = f64::from(u) * (sites / 3.0).sqrt();
         let per_token = lm_head
             .chunks_exact(hidden)
@@ -187,21 +205,21 @@ mod tests {
     fn the_tolerance_is_u_times_the_propagated_magnitude_of_each_logit() -> Result<(), CudaModelError> {
         // Hidden 2, vocabulary 2: s_0 = ‖(3, 4) ⊙ (1, 2)‖ = √73, s_1 = ‖(0, 1) ⊙ (1, 2)‖ = 2.
         let (lm, g) = ([3.0f32, 4.0, 0.0, 1.0], [1.0f32, 2.0]);
-        let t = LogitTolerance::from_parts(&lm, &g, 1, DType::BF16)?;
+        let t = LogitTolerance::from_parts(&lm, &g, HALF_ROUNDINGS_PER_LAYER, DType::BF16)?;
         let sigma = 2f64.powi(-8) * (17.0f64 / 3.0).sqrt();
         assert_eq!(t.len(), 2);
         assert!((f64::from(t.of(0)) - 5.0 * sigma * 73f64.sqrt()).abs() < 1e-6, "{}", t.of(0));
         assert!((f64::from(t.of(1)) - 5.0 * sigma * 2.0).abs() < 1e-6, "{}", t.of(1));
         assert_eq!(t.of(2), 0.0);
         // f16 keeps three more bits: 8x tighter. Variances add over layers: √(13·L + 4).
-        let f16 = LogitTolerance::from_parts(&lm, &g, 1, DType::F16)?;
+        let f16 = LogitTolerance::from_parts(&lm, &g, HALF_ROUNDINGS_PER_LAYER, DType::F16)?;
         assert!((t.of(0) / f16.of(0) - 8.0).abs() < 1e-5);
-        let deep = LogitTolerance::from_parts(&lm, &g, 4, DType::BF16)?;
+        let deep = LogitTolerance::from_parts(&lm, &g, 4 * HALF_ROUNDINGS_PER_LAYER, DType::BF16)?;
         assert!((deep.of(1) / t.of(1) - (56.0f32 / 17.0).sqrt()).abs() < 1e-5);
         // No f32 forward on CUDA; an LM head that is not rows of the hidden size.
-        assert!(LogitTolerance::from_parts(&lm, &g, 1, DType::F32).is_err());
-        assert!(LogitTolerance::from_parts(&lm[..3], &g, 1, DType::BF16).is_err());
-        assert!(LogitTolerance::from_parts(&lm, &[], 1, DType::BF16).is_err());
+        assert!(LogitTolerance::from_parts(&lm, &g, HALF_ROUNDINGS_PER_LAYER, DType::F32).is_err());
+        assert!(LogitTolerance::from_parts(&lm[..3], &g, HALF_ROUNDINGS_PER_LAYER, DType::BF16).is_err());
+        assert!(LogitTolerance::from_parts(&lm, &[], HALF_ROUNDINGS_PER_LAYER, DType::BF16).is_err());
         Ok(())
     }
 
@@ -210,7 +228,7 @@ mod tests {
         // Three tokens with tolerances 1, 2 and 1 (rows scaled to those magnitudes).
         let unit = 1.0 / (5.0 * 2f32.powi(-8) * (17.0f32 / 3.0).sqrt());
         let lm = [unit, 0.0, 2.0 * unit, 0.0, 0.0, unit];
-        let t = LogitTolerance::from_parts(&lm, &[1.0, 1.0], 1, DType::BF16)?;
+        let t = LogitTolerance::from_parts(&lm, &[1.0, 1.0], HALF_ROUNDINGS_PER_LAYER, DType::BF16)?;
         assert!((t.of(0) - 1.0).abs() < 1e-5 && (t.of(1) - 2.0).abs() < 1e-5);
         let want = [10.0, 8.0, 0.0];
         let ok = t.check_row(&[10.9, 6.2, -0.9], &want);

@@ -227,13 +227,12 @@ proptest! {
     }
 }
 
-/// Every difference an [`model::Architecture`] can describe, switched on at once (biases loaded
-/// from the checkpoint, the rest set on the description with random norms added): the paged
-/// forward still equals the naive one, which follows the same description.
+/// Every difference an [`model::Architecture`] can describe, switched on at once (the biases
+/// loaded from the checkpoint, the rest set on the description with random norms added): the
+/// paged forward still equals the naive one, which follows the same description.
 #[test]
 fn every_architecture_feature_equals_naive() {
-    use attn_kernels::cpu::quant::Weight;
-    use model::arch::{Activation, LayerMatrix, LayerNorm};
+    use model::arch::LayerMatrix;
 
     let mut config = tiny_config(false, serde_json::Value::Null);
     config["attention_bias"] = serde_json::json!(true);
@@ -247,32 +246,13 @@ fn every_architecture_feature_equals_naive() {
     }
     let dir = tempfile::tempdir().expect("tempdir");
     write_tiny_model(dir.path(), &config, &tensors, Dtype::F32, 9);
-    let mut model = Model::load(dir.path()).expect("load tiny model with biases");
+    let model = Model::load(dir.path()).expect("load tiny model with biases");
     assert!(model.config.arch.qkv_bias && model.config.arch.o_bias);
-    assert!(
-        model.layers[0].bias(LayerMatrix::Qkv).is_some_and(|b| b.len() == (HEADS + 2 * KV_HEADS) * HEAD_DIM)
-    );
-
-    let arch = &mut model.config.arch;
-    arch.norm_weight_offset = 1.0;
-    arch.activation = Activation::GeluTanh;
-    arch.qk_norm = true;
-    arch.sandwich_norms = true;
-    arch.embedding_scale = Some((HIDDEN as f32).sqrt());
-    arch.final_logit_softcap = Some(3.0);
-    arch.attention_scale = 0.1;
-    let mut rng = ChaCha8Rng::seed_from_u64(4);
-    let mut norm =
-        |width: usize| Weight::from_f32(1, width, (0..width).map(|_| rng.random_range(-0.3..0.3)).collect());
-    model.layers = std::mem::take(&mut model.layers)
-        .into_iter()
-        .map(|l| {
-            l.with_norm(LayerNorm::Q, norm(HEAD_DIM))
-                .with_norm(LayerNorm::K, norm(HEAD_DIM))
-                .with_norm(LayerNorm::AttnOut, norm(HIDDEN))
-                .with_norm(LayerNorm::FfnOut, norm(HIDDEN))
-        })
-        .collect();
+    let qkv_bias = model.layers[0].bias(LayerMatrix::Qkv).map(|b| b.to_f32());
+    assert!(qkv_bias.as_ref().is_some_and(|b| b.len() == (HEADS + 2 * KV_HEADS) * HEAD_DIM));
+    let model = model::testing::with_every_architecture_feature(model, 4);
+    // The checkpoint's biases were kept.
+    assert_eq!(model.layers[0].bias(LayerMatrix::Qkv).map(|b| b.to_f32()), qkv_bias);
 
     let mut rng = ChaCha8Rng::seed_from_u64(3);
     let prompts = vec![random_prompt(&mut rng, 21), random_prompt(&mut rng, 6)];

@@ -1,7 +1,7 @@
 // Small element-wise and row kernels of the decoder forward on CUDA (the GEMMs are cuBLAS):
 // embedding gather, RMSNorm (also from the f32 residual stream, plain or Gemma's 1 + w), rotary
-// embedding (HF rotate-half), gated activations (SiLU or tanh-GELU times up), bias and residual
-// adds, logit soft-capping, casts.
+// embedding (HF rotate-half), per-head RMSNorm of Q/K, gated activations (SiLU or tanh-GELU
+// times up), bias and residual adds, logit soft-capping, casts.
 // T is the activation type (float, __half or __nv_bfloat16); all arithmetic is f32.
 
 // out[n, hidden] = table[ids[n], :]. Grid: tokens; any block size.
@@ -74,6 +74,32 @@ __device__ __forceinline__ void gated_body(T* __restrict__ out, const T* __restr
     const float z = GELU ? 1.5957691216f * (g + 0.044715f * g * g * g) : g;
     out[row * inter + i] = CacheTraits<T>::from_f32(g / (1.f + __expf(-z)) * u);
   }
+}
+
+// out[i] (f32) += x[i] (T): a normed branch joining the f32 residual stream. Grid-stride loop.
+template <typename T>
+__device__ __forceinline__ void add_into_f32_body(float* __restrict__ out, const T* __restrict__ x,
+                                                  long long n) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+       i += (long long)gridDim.x * blockDim.x)
+    out[i] += CacheTraits<T>::to_f32(x[i]);
+}
+
+// RMSNorm of every head of f32 rows in place (Q or K before the rotation): x[r, :] =
+// rmsnorm(x[r, :]) * (offset + weight) over rows of head_size, weight in T. Each thread rewrites
+// only the elements it read before the block's sum, so in place is safe. Grid: tokens · heads;
+// block size a multiple of 32.
+template <typename T>
+__device__ __forceinline__ void rms_norm_heads_body(float* __restrict__ x, const T* __restrict__ weight,
+                                                    float offset, float eps, int head_size) {
+  __shared__ float scratch[32];
+  float* xr = x + (long long)blockIdx.x * head_size;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < head_size; i += blockDim.x) ss = fmaf(xr[i], xr[i], ss);
+  const float total = block_sum(ss, scratch);
+  const float inv = rsqrtf(total / head_size + eps);
+  for (int i = threadIdx.x; i < head_size; i += blockDim.x)
+    xr[i] = xr[i] * inv * (offset + CacheTraits<T>::to_f32(weight[i]));
 }
 
 // out[r, :] (f32) += bias (T), per row. Grid: rows.
@@ -202,6 +228,14 @@ extern "C" __global__ void argmax_rows_f32(unsigned int* __restrict__ out,
   }                                                                                        \
   extern "C" __global__ void add_bias_f32out_##TN(float* out, const T* bias, int width) {  \
     add_bias_body<T>(out, bias, width);                                                    \
+  }                                                                                        \
+  extern "C" __global__ void add_into_f32_##TN(float* out, const T* x, long long n) {      \
+    add_into_f32_body<T>(out, x, n);                                                       \
+  }                                                                                        \
+  extern "C" __global__ void rms_norm_heads_f32_##TN(float* x, const T* weight,            \
+                                                     float offset, float eps,              \
+                                                     int head_size) {                      \
+    rms_norm_heads_body<T>(x, weight, offset, eps, head_size);                             \
   }                                                                                        \
   extern "C" __global__ void add_##TN(T* out, const T* a, const T* b, long long n) {       \
     add_body<T>(out, a, b, n);                                                             \

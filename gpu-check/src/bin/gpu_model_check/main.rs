@@ -2,7 +2,8 @@
 //! per process (`gpu_model_check --only SECTION`, as `gpu_run` starts it):
 //! - `model_bf16`, `model_f16`: writes two tiny random Llamas (`gpu_check::model_cases`: GQA
 //!   group 2 with heads of 64; group 4 with heads of 128, tied embeddings and llama3 RoPE) as
-//!   ordinary HF folders, loads them through the normal loader, and runs the CPU forward (f32)
+//!   ordinary HF folders, loads them through the normal loader (the first a second time with
+//!   every architecture feature switched on), and runs the CPU forward (f32)
 //!   and the CUDA forward (bf16 or f16) through the same chunked-prefill and decode steps over
 //!   contexts past one v2 partition (up to 1 100 tokens), holding every CUDA logit to its
 //!   `model::cuda::LogitTolerance` (5 standard deviations of the error the CUDA forward's
@@ -80,13 +81,24 @@ fn run(name: &str, work: &Path, rec: &mut Recorder) -> Res<()> {
     }
 }
 
-/// Both tiny shapes in `dtype`: each a case that passes or fails (an error of one shape is
-/// recorded, and the other still runs).
+/// Both tiny Llama shapes, and the first with every difference an architecture can describe
+/// switched on (biases, per-head and sandwich norms, GeGLU, `1 + w` norms, embedding scale,
+/// soft-cap), in `dtype`: each a case that passes or fails (an error of one case is recorded,
+/// and the others still run).
 fn forward_checks(work: &Path, kernels: &Arc<CudaKernels>, dtype: DType, rec: &mut Recorder) -> Res<()> {
-    for (name, shape, seed) in [("tiny", &TINY, 11), ("tiny_g4_h128", &TINY_G4_H128, 13)] {
+    let cases = [
+        ("tiny", &TINY, 11, false),
+        ("tiny_g4_h128", &TINY_G4_H128, 13, false),
+        ("tiny_every_feature", &TINY, 17, true),
+    ];
+    for (name, shape, seed, every_feature) in cases {
         let dir = work.join(name);
-        let outcome = write_folder(&dir, shape, Dtype::F32, seed)
-            .and_then(|()| forward_check(&dir, name, kernels, dtype, rec));
+        let outcome = write_folder(&dir, shape, Dtype::F32, seed).and_then(|()| {
+            let model = Model::load(&dir)?;
+            let model =
+                if every_feature { model::testing::with_every_architecture_feature(model, 6) } else { model };
+            forward_check(model, name, kernels, dtype, rec)
+        });
         if let Err(e) = outcome {
             rec.error(format!("forward {name} {}: {e}", dtype.name()));
         }
@@ -103,13 +115,12 @@ fn forward_checks(work: &Path, kernels: &Arc<CudaKernels>, dtype: DType, rec: &m
 /// from the CPU's outside a near tie (the CPU's logits of the two tokens further apart than
 /// their tolerances together).
 fn forward_check(
-    dir: &Path,
+    model: Model,
     shape: &str,
     kernels: &Arc<CudaKernels>,
     dtype: DType,
     rec: &mut Recorder,
 ) -> Res<()> {
-    let model = Model::load(dir)?;
     let c = model.config.clone();
     let tolerance = LogitTolerance::new(&model, dtype)?;
     let limits = BatchLimits { max_tokens: 1024, max_samples: 8, max_model_len: 2048 };
