@@ -185,19 +185,29 @@ impl Scheduler {
             Where::Swapped => &mut self.swapped,
         };
         remove_slot(queue, slot);
-        let pool = match place {
-            Where::Swapped => self.host.as_mut().unwrap_or(&mut self.device),
-            Where::Waiting | Where::Running => &mut self.device,
-        };
-        if let Some(group) = self.groups.get_mut(slot).and_then(Option::as_mut) {
-            for seq in &mut group.seqs {
-                seq.table_mut().free(pool)?;
-            }
-        }
+        self.free_tables(slot, place)?;
         self.release(slot);
         self.aborted_since.push(id);
         self.stats.aborted += 1;
         Ok(())
+    }
+
+    /// Frees every table of the group in `slot` into the pool its blocks are in: the host pool
+    /// when the group is swapped out, else the device pool.
+    pub(crate) fn free_tables(&mut self, slot: usize, place: Where) -> Result<&mut Group, SchedulerError> {
+        let Self { groups, device, host, .. } = self;
+        let pool = match place {
+            Where::Swapped => {
+                host.as_mut().ok_or(SchedulerError::Internal("swapped group without a host pool"))?
+            }
+            Where::Waiting | Where::Running => device,
+        };
+        let group =
+            groups.get_mut(slot).and_then(Option::as_mut).ok_or(SchedulerError::Internal("missing group"))?;
+        for seq in &mut group.seqs {
+            seq.table_mut().free(pool)?;
+        }
+        Ok(group)
     }
 
     /// Drops a group from the slab (its tables must already be freed and it must be off every queue).
