@@ -10,13 +10,13 @@ use std::time::Instant;
 use model::{Model, ModelFolder, Runner, RunnerConfig, StepInput};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use scheduler::{Scheduler, SchedulerConfig, SchedulerOutput, SeqId, StepResult};
+use scheduler::{RequestKey, Scheduler, SchedulerConfig, SchedulerOutput, SeqId, StepResult};
 
 use crate::config::{EngineConfig, PreemptionMode};
 use crate::error::{EngineError, RequestError};
 use crate::metrics::{Gauges, LiveMetrics, MetricsCollector, MetricsSnapshot};
-use crate::output::{FinishReason, RequestKey, RequestOutput};
-use crate::request::{Prompt, RequestOptions, RequestState};
+use crate::output::{FinishReason, RequestOutput, StreamError};
+use crate::request::{Prompt, RequestOptions, RequestRecord};
 use crate::sampling::{SampleRow, SamplingParams, TokenChoice, sample_batch};
 
 mod admission;
@@ -28,7 +28,7 @@ pub(crate) use admission::{Intake, IntakeLimits, Prepared};
 /// Where one sampled row goes: request, sample index, and the scheduler's sequence id.
 #[derive(Debug, Clone, Copy)]
 struct RowTarget {
-    request: u64,
+    request: RequestKey,
     index: usize,
     seq_id: SeqId,
 }
@@ -42,9 +42,9 @@ pub struct Engine {
     scheduler: Scheduler,
     /// Admission's shared half (model text side, limits, live ids), also held by handles.
     intake: Arc<Intake>,
-    /// The admitted, unfinished requests, one record each, keyed by the scheduler's request id
-    /// (the `RequestKey`); client id strings only in `intake`, at the API edge.
-    live: HashMap<u64, RequestState>,
+    /// The admitted, unfinished requests, one record each (state, samplers, output sink), keyed
+    /// as the scheduler keys them; client id strings are looked up only in `intake`, at the API edge.
+    live: HashMap<RequestKey, RequestRecord>,
     seed_rng: ChaCha8Rng,
     metrics: MetricsCollector,
     bufs: StepBuffers,
@@ -141,8 +141,7 @@ impl Engine {
             model_name,
             max_model_len,
             vocab_size: runner.model_config().vocab_size,
-            block_size: config.block_size,
-            pool_blocks: cache_cfg.num_blocks,
+            fit: scheduler.request_fit(),
             max_waiting: config.max_waiting,
         };
         Ok(Self {
@@ -238,7 +237,7 @@ impl Engine {
         options: RequestOptions,
     ) -> Result<RequestKey, RequestError> {
         match self.intake.prepare(id.into(), prompt.into(), params, options) {
-            Ok(prepared) => self.insert(prepared),
+            Ok(prepared) => self.insert(prepared, None),
             Err(e) => {
                 self.metrics.record_rejected();
                 Err(e)
@@ -251,9 +250,9 @@ impl Engine {
         &self.scheduler
     }
 
-    /// The client id of the live request the scheduler knows as `sid` (its `RequestKey`).
-    pub(crate) fn request_id_of(&self, sid: u64) -> Option<&str> {
-        self.live.get(&sid).map(|s| s.id.as_str())
+    /// The client id of the live request `key`.
+    pub(crate) fn request_id_of(&self, key: RequestKey) -> Option<&str> {
+        self.live.get(&key).map(|r| r.id.as_str())
     }
 
     /// Admission's shared half, for handles.
@@ -275,25 +274,48 @@ impl Engine {
 
     /// [`Engine::abort`] by key: aborts exactly the admission `key` names, never a later
     /// request that reuses its id. A finished (or already aborted) key is a reported no-op.
+    /// A request with a stream gets its final output there at once; one without, with the
+    /// next `step`.
     pub fn abort_key(&mut self, key: RequestKey) -> Result<(), RequestError> {
-        let sid = key.0;
-        let Some(mut state) = self.live.remove(&sid) else {
-            return Err(RequestError::UnknownRequest(format!("#{sid}")));
+        let Some(mut record) = self.live.remove(&key) else {
+            return Err(RequestError::UnknownRequest(key.to_string()));
         };
-        self.retire(&state);
-        if let Err(e) = self.scheduler.abort(sid) {
-            tracing::warn!(target: "engine", "abort of {:?}: scheduler says {e}", state.id);
+        self.retire(&record);
+        if let Err(e) = self.scheduler.abort(key) {
+            tracing::warn!(target: "engine", "abort of {:?}: scheduler says {e}", record.id);
         }
-        state.finish_all(&FinishReason::Abort);
-        self.pending.extend(state.take_output(Instant::now(), &self.intake.tokenizer));
+        record.finish_all(&FinishReason::Abort);
+        if let Some(output) = record.take_output(Instant::now(), &self.intake.tokenizer) {
+            record.deliver(output, &mut self.pending);
+        }
         self.metrics.record_aborted();
         Ok(())
     }
 
+    /// Aborts every unfinished request.
+    pub(crate) fn abort_all(&mut self) {
+        let keys: Vec<RequestKey> = self.live.keys().copied().collect();
+        for key in keys {
+            let _ = self.abort_key(key);
+        }
+    }
+
+    /// After a failed step: every stream gets `error` as its last item, and every request is
+    /// aborted (their abort outputs are dropped: the streams already ended).
+    pub(crate) fn fail_all(&mut self, error: &StreamError) {
+        for record in self.live.values_mut() {
+            if let Some(sink) = record.sink.take() {
+                sink.send(Err(error.clone()));
+            }
+        }
+        self.abort_all();
+        self.pending.clear();
+    }
+
     /// Gives a request's id and (if it never ran) its waiting place back.
-    fn retire(&self, state: &RequestState) {
-        self.intake.forget(&state.id, state.key);
-        if !state.scheduled {
+    fn retire(&self, record: &RequestRecord) {
+        self.intake.forget(&record.id, record.key);
+        if !record.scheduled {
             self.intake.leave_waiting();
         }
     }
@@ -360,18 +382,18 @@ impl Engine {
         let now = Instant::now();
         // Sequences that outgrew the whole pool: finished by the scheduler, "length" to the client.
         for i in 0..self.bufs.plan.capacity_exceeded.len() {
-            let sid = self.bufs.plan.capacity_exceeded[i];
-            if let Some(state) = self.live.get_mut(&sid) {
-                state.finish_all(&FinishReason::Length);
+            let key = self.bufs.plan.capacity_exceeded[i];
+            if let Some(record) = self.live.get_mut(&key) {
+                record.finish_all(&FinishReason::Length);
             }
-            self.finalize(sid, now, &mut outputs);
+            self.finalize(key, now, &mut outputs);
         }
         // A request's first chunk takes it out of the waiting queue (decodes never are a first).
         for s in self.bufs.plan.seqs.iter().filter(|s| s.is_prefill()) {
-            if let Some(state) = self.live.get_mut(&s.seq_id.request)
-                && !state.scheduled
+            if let Some(record) = self.live.get_mut(&s.seq_id.request)
+                && !record.scheduled
             {
-                state.scheduled = true;
+                record.scheduled = true;
                 self.intake.leave_waiting();
             }
         }
@@ -382,12 +404,19 @@ impl Engine {
         }
         let generated = self.run_step()?;
         let now = Instant::now();
-        let mut touched: Vec<u64> = self.bufs.targets.iter().map(|t| t.request).collect();
+        let mut touched: Vec<RequestKey> = self.bufs.targets.iter().map(|t| t.request).collect();
         touched.extend(self.bufs.result.finished_requests.iter().copied());
         touched.sort_unstable();
         touched.dedup();
-        for sid in touched {
-            self.finalize(sid, now, &mut outputs);
+        let mut unheard = Vec::new();
+        for key in touched {
+            if !self.finalize(key, now, &mut outputs) {
+                unheard.push(key);
+            }
+        }
+        // Nobody listens any more: stop spending compute on them (after the step's books closed).
+        for key in unheard {
+            let _ = self.abort_key(key);
         }
         self.bufs.gauges = self.gauges();
         self.metrics.step_done(self.bufs.plan.num_prefill_tokens(), generated, &self.bufs.gauges);
@@ -525,18 +554,24 @@ impl Engine {
         Ok(())
     }
 
-    /// Emits the request's news; drops its state once every sample has finished.
-    fn finalize(&mut self, sid: u64, now: Instant, outputs: &mut Vec<RequestOutput>) {
-        let Some(state) = self.live.get_mut(&sid) else { return };
-        outputs.extend(state.take_output(now, &self.intake.tokenizer));
-        if state.all_finished()
-            && let Some(state) = self.live.remove(&sid)
-        {
-            self.retire(&state);
-            let ttft = state.first_token.map(|t| t.duration_since(state.arrival));
-            let longest = state.seqs.iter().map(|s| s.num_generated).max().unwrap_or(0);
-            self.metrics.record_finished(ttft, now.duration_since(state.arrival), longest);
+    /// Emits the request's news; drops its record once every sample has finished. False when
+    /// the request is unfinished and its stream's receiver is gone.
+    fn finalize(&mut self, key: RequestKey, now: Instant, outputs: &mut Vec<RequestOutput>) -> bool {
+        let Some(record) = self.live.get_mut(&key) else { return true };
+        let output = record.take_output(now, &self.intake.tokenizer);
+        if !record.all_finished() {
+            return output.is_none_or(|output| record.deliver(output, outputs));
         }
+        let Some(record) = self.live.remove(&key) else { return true };
+        // Retired before its last output is sent: a client that reads it may reuse the id at once.
+        self.retire(&record);
+        let ttft = record.first_token.map(|t| t.duration_since(record.arrival));
+        let longest = record.seqs.iter().map(|s| s.num_generated).max().unwrap_or(0);
+        self.metrics.record_finished(ttft, now.duration_since(record.arrival), longest);
+        if let Some(output) = output {
+            record.deliver(output, outputs);
+        }
+        true
     }
 }
 

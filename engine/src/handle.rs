@@ -12,7 +12,7 @@ mod engine_loop;
 mod streams;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 
 use crossbeam_channel::Sender;
@@ -22,13 +22,13 @@ use crate::engine::{Engine, Intake, Prepared};
 use crate::error::{EngineError, RequestError};
 use crate::kv_map::{KvMapPublisher, KvMapShared, KvSnapshot};
 use crate::metrics::{LiveMetrics, MetricsSnapshot};
-use crate::output::RequestKey;
+use crate::output::{RequestKey, Sink};
 use crate::request::{Prompt, RequestOptions};
 use crate::sampling::SamplingParams;
 
 use engine_loop::EngineLoop;
-pub use streams::{OutputStream, RequestStream, StreamError};
-use streams::{Sink, Ticket};
+use streams::Ticket;
+pub use streams::{OutputStream, RequestStream};
 
 /// What happens to unfinished requests at shutdown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,7 +97,6 @@ struct Inner {
     /// KV-map requests and the snapshots that answer them.
     kv_map: Arc<KvMapShared>,
     thread: Mutex<Option<JoinHandle<()>>>,
-    next_id: AtomicU64,
 }
 
 impl Inner {
@@ -148,7 +147,6 @@ impl EngineHandle {
                 live,
                 kv_map,
                 thread: Mutex::new(Some(thread)),
-                next_id: AtomicU64::new(0),
             }),
         })
     }
@@ -187,9 +185,9 @@ impl EngineHandle {
         self.inner.intake.num_waiting()
     }
 
-    /// A fresh request id (`req-N`).
+    /// A fresh request id (`req-N`, N from the engine's one key counter).
     pub fn next_request_id(&self) -> String {
-        format!("req-{}", self.inner.next_id.fetch_add(1, Ordering::Relaxed))
+        format!("req-{}", self.inner.intake.issue_key().0)
     }
 
     /// Submits a request under a generated id.

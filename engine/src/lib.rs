@@ -28,12 +28,13 @@ pub use config::{
 };
 pub use engine::Engine;
 pub use error::{EngineError, RequestError};
-pub use handle::{EngineHandle, OutputStream, RequestStream, ShutdownMode, StreamError};
+pub use handle::{EngineHandle, OutputStream, RequestStream, ShutdownMode};
 pub use kv_map::{BlockState, KvCounters, KvMap, KvSnapshot, KvTable};
 pub use metrics::{Gauges, LatencyStats, LiveMetrics, MetricsSnapshot};
 pub use model::ChatMessage;
 pub use output::{
     Completion, CompletionDelta, FinalOutput, FinishReason, RequestKey, RequestOutput, RequestTiming,
+    StreamError,
 };
 pub use request::{Prompt, RequestOptions};
 pub use sampling::{SamplingParams, SamplingParamsError};

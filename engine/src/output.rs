@@ -1,10 +1,14 @@
 //! What the engine hands back per step and per request: deltas of token ids and text
-//! since the previous output, why a sequence finished, token counts and optional logprobs.
+//! since the previous output, why a sequence finished, token counts and optional logprobs;
+//! and where a handle's request sends them (`Sink`), or why its stream ended early.
 
 use std::time::Duration;
 
 use serde::Serialize;
 
+use crossbeam_channel::Sender;
+
+use crate::error::RequestError;
 use crate::sampling::PositionLogprobs;
 
 /// Why a sequence stopped.
@@ -61,17 +65,22 @@ pub struct RequestTiming {
     pub latency: Option<Duration>,
 }
 
-/// The engine's own number for one admitted request: unique over the engine's lifetime, so
-/// outputs reach the request that produced them even when a finished or aborted request's
-/// id string is reused at once (an abort's final output comes a step later).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-pub struct RequestKey(pub u64);
+/// The engine's own number for one admitted request, the scheduler's key of it: unique over
+/// the engine's lifetime, so outputs reach the request that produced them even when a finished
+/// or aborted request's id string is reused at once (an abort's final output comes a step later).
+pub use scheduler::RequestKey;
+
+/// `RequestKey` as its number (the scheduler crate carries no serde).
+fn serialize_key<S: serde::Serializer>(key: &RequestKey, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_u64(key.0)
+}
 
 /// One request's news from one engine step.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RequestOutput {
     pub request_id: String,
     /// Which admission this output belongs to (see [`RequestKey`]).
+    #[serde(serialize_with = "serialize_key")]
     pub request_key: RequestKey,
     /// Only the samples with news this step.
     pub outputs: Vec<CompletionDelta>,
@@ -135,6 +144,38 @@ impl FinalOutput {
 
     pub fn completion_tokens(&self) -> usize {
         self.completions.iter().map(|c| c.token_ids.len()).sum()
+    }
+}
+
+/// Why a stream ended without its final output.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum StreamError {
+    #[error("engine step failed: {0}")]
+    EngineFailed(String),
+    #[error("the engine stopped before the request finished")]
+    EngineStopped,
+    /// The engine thread's half of admission refused the request (its first and last item).
+    #[error(transparent)]
+    Rejected(#[from] RequestError),
+}
+
+pub(crate) type StreamItem = Result<RequestOutput, StreamError>;
+
+/// Where the engine sends one request's outputs when a handle submitted it: a blocking or an
+/// async receiver. Kept in the request's record, so an output goes straight to its stream.
+#[derive(Debug)]
+pub(crate) enum Sink {
+    Blocking(Sender<StreamItem>),
+    Async(tokio::sync::mpsc::UnboundedSender<StreamItem>),
+}
+
+impl Sink {
+    /// False once the receiver is gone.
+    pub(crate) fn send(&self, item: StreamItem) -> bool {
+        match self {
+            Self::Blocking(tx) => tx.send(item).is_ok(),
+            Self::Async(tx) => tx.send(item).is_ok(),
+        }
     }
 }
 

@@ -1,6 +1,7 @@
-//! What a client submits (`Prompt` + `SamplingParams` + `RequestOptions`) and the engine's
-//! per-request state: one `SeqState` per parallel sample with its sampler, detokenizer and
-//! unsent deltas.
+//! What a client submits (`Prompt` + `SamplingParams` + `RequestOptions`) and the engine's one
+//! record of each admitted request (`RequestRecord`): its client id, its state, one `SeqState`
+//! per parallel sample with its sampler, detokenizer and unsent deltas, and where its outputs
+//! go (`Sink`, for requests a handle submitted).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -8,7 +9,7 @@ use std::time::Instant;
 use model::ChatMessage;
 
 use crate::detok::{IncrementalDetokenizer, TokenDecoder};
-use crate::output::{CompletionDelta, FinishReason, RequestKey, RequestOutput, RequestTiming};
+use crate::output::{CompletionDelta, FinishReason, RequestKey, RequestOutput, RequestTiming, Sink};
 use crate::sampling::{PositionLogprobs, SamplingParams, SequenceSampler};
 
 /// A prompt: plain text, token ids, or chat messages rendered with the model's template.
@@ -99,11 +100,14 @@ impl SeqState {
     }
 }
 
-/// An admitted request.
+/// An admitted request: the engine's only record of it, keyed by its `RequestKey`.
 #[derive(Debug)]
-pub(crate) struct RequestState {
+pub(crate) struct RequestRecord {
+    /// The client's id string (what `abort` by id and the outputs name).
     pub id: String,
     pub key: RequestKey,
+    /// A handle's stream: its outputs are sent there; `None` returns them from `Engine::step`.
+    pub sink: Option<Sink>,
     pub params: Arc<SamplingParams>,
     pub prompt_len: usize,
     pub arrival: Instant,
@@ -113,7 +117,7 @@ pub(crate) struct RequestState {
     pub seqs: Vec<SeqState>,
 }
 
-impl RequestState {
+impl RequestRecord {
     pub fn new(
         id: String,
         key: RequestKey,
@@ -121,6 +125,7 @@ impl RequestState {
         prompt: &[u32],
         arrival: Instant,
         samplers: Vec<SequenceSampler>,
+        sink: Option<Sink>,
     ) -> Self {
         let seqs = samplers
             .into_iter()
@@ -140,7 +145,17 @@ impl RequestState {
                 finish_sent: false,
             })
             .collect();
-        Self { id, key, params, prompt_len: prompt.len(), arrival, scheduled: false, first_token: None, seqs }
+        Self {
+            id,
+            key,
+            sink,
+            params,
+            prompt_len: prompt.len(),
+            arrival,
+            scheduled: false,
+            first_token: None,
+            seqs,
+        }
     }
 
     pub fn all_finished(&self) -> bool {
@@ -164,6 +179,18 @@ impl RequestState {
         RequestTiming {
             time_to_first_token: self.first_token.map(|t| t.duration_since(self.arrival)),
             latency: self.all_finished().then(|| now.duration_since(self.arrival)),
+        }
+    }
+
+    /// Hands `output` to the request's stream, or to `outputs` (returned by `Engine::step`) for
+    /// a request without one. False when its stream's receiver is gone.
+    pub fn deliver(&self, output: RequestOutput, outputs: &mut Vec<RequestOutput>) -> bool {
+        match &self.sink {
+            Some(sink) => sink.send(Ok(output)),
+            None => {
+                outputs.push(output);
+                true
+            }
         }
     }
 

@@ -4,7 +4,7 @@
 use block_alloc::{BlockId, BlockPool, BlockTable, CopyOnWrite};
 
 use crate::queue::QueueKey;
-use crate::request::{RequestId, SeqFinish, SeqId, TokenId};
+use crate::request::{RequestKey, SeqFinish, SeqId, TokenId};
 use crate::rows::{NO_ROW, RowState, Rows};
 
 /// Where a group is.
@@ -116,7 +116,7 @@ pub(crate) struct Appended<'a> {
 
 #[derive(Debug)]
 pub(crate) struct Group {
-    pub id: RequestId,
+    pub id: RequestKey,
     pub key: QueueKey,
     pub prompt_len: usize,
     pub max_new_tokens: usize,

@@ -5,7 +5,7 @@ use block_alloc::{BlockId, BlockPool, BlockState};
 
 use crate::group::Where;
 use crate::queue::Queue;
-use crate::request::RequestId;
+use crate::request::RequestKey;
 use crate::scheduler::Scheduler;
 
 /// One sequence's block table in a [`KvMap`]: its blocks are
@@ -13,7 +13,7 @@ use crate::scheduler::Scheduler;
 /// in the device pool when running, in the host pool when swapped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvTable {
-    pub request: RequestId,
+    pub request: RequestKey,
     /// Sample index in `0..n` (0 before the fork).
     pub seq: u32,
     /// The table holds host (swap) blocks.

@@ -16,6 +16,7 @@
 
 mod config;
 mod error;
+mod fit;
 mod group;
 mod kv_map;
 mod output;
@@ -30,7 +31,8 @@ mod update;
 pub use block_alloc::{BlockId, BlockPool, BlockState};
 pub use config::{Policy, PreemptionMode, SchedulerConfig};
 pub use error::SchedulerError;
+pub use fit::{ExceedsPool, RequestFit, blocks_for_request, max_new_tokens_within};
 pub use kv_map::{KvCounters, KvMap, KvTable};
 pub use output::{FinishedSeq, SampledToken, ScheduledSeq, SchedulerOutput, StepResult};
-pub use request::{Request, RequestId, SeqFinish, SeqId, TokenId};
-pub use scheduler::{Scheduler, SchedulerStats, blocks_for_request, max_new_tokens_within};
+pub use request::{Request, RequestKey, SeqFinish, SeqId, TokenId};
+pub use scheduler::{Scheduler, SchedulerStats};

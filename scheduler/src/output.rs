@@ -10,7 +10,7 @@ use std::ops::Range;
 
 use block_alloc::BlockId;
 
-use crate::request::{RequestId, SeqFinish, SeqId, TokenId};
+use crate::request::{RequestKey, SeqFinish, SeqId, TokenId};
 
 /// One sequence scheduled in this step.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,14 +69,14 @@ pub struct SchedulerOutput {
     /// `(host, device)` block pairs.
     pub blocks_to_swap_in: Vec<(BlockId, BlockId)>,
     /// Requests preempted in this step (recompute or swap).
-    pub preempted: Vec<RequestId>,
+    pub preempted: Vec<RequestKey>,
     /// Requests that finished since the previous step (their sequences hold no block any more).
-    pub finished: Vec<RequestId>,
+    pub finished: Vec<RequestKey>,
     /// Requests aborted since the previous step.
-    pub aborted: Vec<RequestId>,
+    pub aborted: Vec<RequestKey>,
     /// Requests the scheduler finished in this step with `SeqFinish::CapacityExceeded` (also
     /// listed in `finished`): a sequence outgrew the whole device pool.
-    pub capacity_exceeded: Vec<RequestId>,
+    pub capacity_exceeded: Vec<RequestKey>,
 }
 
 impl SchedulerOutput {
@@ -162,7 +162,7 @@ pub struct FinishedSeq {
 pub struct StepResult {
     pub finished_seqs: Vec<FinishedSeq>,
     /// Requests all of whose sequences have now finished.
-    pub finished_requests: Vec<RequestId>,
+    pub finished_requests: Vec<RequestKey>,
 }
 
 impl StepResult {

@@ -3,20 +3,35 @@
 /// A token id: `block-alloc`'s own (the one type it hashes for prefix caching), re-exported.
 pub use block_alloc::TokenId;
 
-/// Caller-chosen request id (the engine maps its own ids onto these).
-pub type RequestId = u64;
+/// The one number a request is known by, from the engine's admission to the scheduler and
+/// back to the request's output stream: issued once per admission by the caller's single
+/// counter, so it never names two requests, even when a client reuses an id string at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestKey(pub u64);
+
+impl From<u64> for RequestKey {
+    fn from(key: u64) -> Self {
+        Self(key)
+    }
+}
+
+impl std::fmt::Display for RequestKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "#{}", self.0)
+    }
+}
 
 /// One sequence of a request: `index` is the sample number in `0..n` (0 before the fork).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SeqId {
-    pub request: RequestId,
+    pub request: RequestKey,
     pub index: u32,
 }
 
 /// A generation request as the scheduler sees it: token ids and limits, no sampling parameters.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Request {
-    pub id: RequestId,
+    pub key: RequestKey,
     pub prompt: Vec<TokenId>,
     /// Most tokens each sequence generates (stop tokens are the engine's business: it reports
     /// them through `SampledToken::stop`).
@@ -30,8 +45,8 @@ pub struct Request {
 }
 
 impl Request {
-    pub fn new(id: RequestId, prompt: Vec<TokenId>, max_new_tokens: usize) -> Self {
-        Self { id, prompt, max_new_tokens, priority: 0, salt: None, n: 1 }
+    pub fn new(key: impl Into<RequestKey>, prompt: Vec<TokenId>, max_new_tokens: usize) -> Self {
+        Self { key: key.into(), prompt, max_new_tokens, priority: 0, salt: None, n: 1 }
     }
 
     pub fn with_priority(mut self, priority: i64) -> Self {

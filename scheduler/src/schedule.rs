@@ -458,13 +458,7 @@ impl Scheduler {
         slot: usize,
         out: &mut SchedulerOutput,
     ) -> Result<(), SchedulerError> {
-        let Self { groups, host, .. } = self;
-        let group =
-            groups.get_mut(slot).and_then(Option::as_mut).ok_or(SchedulerError::Internal("missing group"))?;
-        let host = host.as_mut().ok_or(SchedulerError::Internal("swapped group without a host pool"))?;
-        for seq in group.seqs.iter_mut() {
-            seq.table_mut().free(host)?;
-        }
+        self.free_tables(slot, Where::Swapped)?;
         self.finish_group(slot, SeqFinish::CapacityExceeded, out)
     }
 
@@ -475,11 +469,8 @@ impl Scheduler {
         reason: SeqFinish,
         out: &mut SchedulerOutput,
     ) -> Result<(), SchedulerError> {
-        let Self { groups, device, .. } = self;
-        let group =
-            groups.get_mut(slot).and_then(Option::as_mut).ok_or(SchedulerError::Internal("missing group"))?;
+        let group = self.free_tables(slot, Where::Running)?;
         for seq in group.seqs.iter_mut() {
-            seq.table_mut().free(device)?;
             seq.finished.get_or_insert(reason);
         }
         let id = group.id;

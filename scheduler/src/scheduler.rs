@@ -7,9 +7,10 @@ use block_alloc::{BlockPool, PoolConfig};
 
 use crate::config::{Policy, SchedulerConfig};
 use crate::error::SchedulerError;
+use crate::fit::{ExceedsPool, RequestFit};
 use crate::group::{Group, Seq, Where};
 use crate::queue::{Queue, QueueKey, insert_sorted, remove_slot};
-use crate::request::{Request, RequestId, SeqId};
+use crate::request::{Request, RequestKey, SeqId};
 use crate::rows::Rows;
 
 /// Counters over the scheduler's life.
@@ -59,15 +60,15 @@ pub struct Scheduler {
     /// of the running queue need not touch the groups themselves).
     pub(crate) scheduled_at: Vec<u64>,
     pub(crate) free_slots: Vec<usize>,
-    pub(crate) index: HashMap<RequestId, usize>,
+    pub(crate) index: HashMap<RequestKey, usize>,
     pub(crate) waiting: Queue,
     pub(crate) running: Queue,
     pub(crate) swapped: Queue,
     pub(crate) next_arrival: u64,
     pub(crate) in_flight: Vec<InFlight>,
     pub(crate) step_pending: bool,
-    pub(crate) finished_since: Vec<RequestId>,
-    pub(crate) aborted_since: Vec<RequestId>,
+    pub(crate) finished_since: Vec<RequestKey>,
+    pub(crate) aborted_since: Vec<RequestKey>,
     pub(crate) stats: SchedulerStats,
     /// The rows of the worker's block table held by running sequences (`rows.rs`).
     pub(crate) rows: Rows,
@@ -111,7 +112,7 @@ impl Scheduler {
     /// samples than `max_num_seqs`, an empty prompt, `max_new_tokens = 0`, a prompt longer than
     /// `max_model_len`, and a prompt that needs more blocks than the device pool could ever give.
     pub fn add_request(&mut self, req: Request) -> Result<(), SchedulerError> {
-        let id = req.id;
+        let id = req.key;
         if self.index.contains_key(&id) {
             return Err(SchedulerError::DuplicateRequest(id));
         }
@@ -134,13 +135,10 @@ impl Scheduler {
                 max_model_len: self.cfg.max_model_len,
             });
         }
-        let blocks_needed = req.prompt.len().div_ceil(self.cfg.block_size);
-        if self.device.can_allocate(blocks_needed) == block_alloc::AllocStatus::Never {
-            return Err(SchedulerError::ExceedsPool {
-                id,
-                blocks_needed,
-                pool_blocks: self.device.num_blocks(),
-            });
+        if let Err(ExceedsPool { blocks_needed, pool_blocks }) =
+            self.request_fit().check_prompt(req.prompt.len())
+        {
+            return Err(SchedulerError::ExceedsPool { id, blocks_needed, pool_blocks });
         }
         let priority = match self.cfg.policy {
             Policy::Fcfs => 0,
@@ -178,7 +176,7 @@ impl Scheduler {
     /// Aborts a request in any state (waiting, running, swapped, in the step being run): every
     /// block it holds is freed now; samples for it in the pending `update` are ignored. It is
     /// listed in the next step's `aborted`.
-    pub fn abort(&mut self, id: RequestId) -> Result<(), SchedulerError> {
+    pub fn abort(&mut self, id: RequestKey) -> Result<(), SchedulerError> {
         let slot = *self.index.get(&id).ok_or(SchedulerError::UnknownRequest(id))?;
         let place = self.group(slot)?.place;
         let queue = match place {
@@ -187,19 +185,29 @@ impl Scheduler {
             Where::Swapped => &mut self.swapped,
         };
         remove_slot(queue, slot);
-        let pool = match place {
-            Where::Swapped => self.host.as_mut().unwrap_or(&mut self.device),
-            Where::Waiting | Where::Running => &mut self.device,
-        };
-        if let Some(group) = self.groups.get_mut(slot).and_then(Option::as_mut) {
-            for seq in &mut group.seqs {
-                seq.table_mut().free(pool)?;
-            }
-        }
+        self.free_tables(slot, place)?;
         self.release(slot);
         self.aborted_since.push(id);
         self.stats.aborted += 1;
         Ok(())
+    }
+
+    /// Frees every table of the group in `slot` into the pool its blocks are in: the host pool
+    /// when the group is swapped out, else the device pool.
+    pub(crate) fn free_tables(&mut self, slot: usize, place: Where) -> Result<&mut Group, SchedulerError> {
+        let Self { groups, device, host, .. } = self;
+        let pool = match place {
+            Where::Swapped => {
+                host.as_mut().ok_or(SchedulerError::Internal("swapped group without a host pool"))?
+            }
+            Where::Waiting | Where::Running => device,
+        };
+        let group =
+            groups.get_mut(slot).and_then(Option::as_mut).ok_or(SchedulerError::Internal("missing group"))?;
+        for seq in &mut group.seqs {
+            seq.table_mut().free(pool)?;
+        }
+        Ok(group)
     }
 
     /// Drops a group from the slab (its tables must already be freed and it must be off every queue).
@@ -216,6 +224,15 @@ impl Scheduler {
             .get(slot)
             .and_then(Option::as_ref)
             .ok_or(SchedulerError::Internal("queue entry without a group"))
+    }
+
+    /// What one request may ask of this scheduler's device pool, alone (see [`RequestFit`]).
+    pub fn request_fit(&self) -> RequestFit {
+        RequestFit {
+            block_size: self.cfg.block_size,
+            pool_blocks: self.device.num_blocks(),
+            watermark_blocks: self.device.watermark_blocks(),
+        }
     }
 
     pub fn config(&self) -> &SchedulerConfig {
@@ -256,7 +273,7 @@ impl Scheduler {
         !self.index.is_empty()
     }
 
-    pub fn contains(&self, id: RequestId) -> bool {
+    pub fn contains(&self, id: RequestKey) -> bool {
         self.index.contains_key(&id)
     }
 
@@ -310,51 +327,5 @@ impl Scheduler {
             .map(|s| s.table())
             .collect();
         block_alloc::num_distinct_blocks(&tables)
-    }
-}
-
-/// Device blocks one request needs at its longest, alone on the device (a front end refuses
-/// requests above the pool size with this; the scheduler itself admits them and finishes them
-/// for capacity when they outgrow the pool): the prompt's full
-/// blocks are shared by its `n` samples, and each sample owns the rest of its table (its copy
-/// of a partial prompt block and the blocks of its generated tokens). The last generated
-/// token is never written to the cache. With `n > 1` and a partial last prompt block, the
-/// first decode after the fork asks room for every sample's copy while the original is still
-/// held: one block more than the samples end up holding. `None` when the count overflows.
-pub fn blocks_for_request(
-    block_size: usize,
-    prompt_len: usize,
-    max_new_tokens: usize,
-    n: usize,
-) -> Option<usize> {
-    if block_size == 0 || max_new_tokens == 0 {
-        return None;
-    }
-    let prompt_blocks = prompt_len.div_ceil(block_size);
-    if max_new_tokens == 1 {
-        return Some(prompt_blocks); // no sample writes past the prompt: nothing is copied
-    }
-    let stored = prompt_len.checked_add(max_new_tokens - 1)?;
-    let shared = prompt_len / block_size;
-    let own = stored.div_ceil(block_size) - shared;
-    let fork_copy = usize::from(n > 1 && !prompt_len.is_multiple_of(block_size));
-    shared.checked_add(fork_copy)?.checked_add(own.checked_mul(n)?)
-}
-
-/// The largest `max_new_tokens` for which [`blocks_for_request`] stays within `pool_blocks`
-/// (0 when not even the prompt fits).
-pub fn max_new_tokens_within(block_size: usize, prompt_len: usize, n: usize, pool_blocks: usize) -> usize {
-    if block_size == 0 || n == 0 || prompt_len.div_ceil(block_size) > pool_blocks {
-        return 0;
-    }
-    let shared = prompt_len / block_size;
-    let fork_copy = usize::from(n > 1 && !prompt_len.is_multiple_of(block_size));
-    let own = pool_blocks.saturating_sub(shared + fork_copy) / n;
-    // Stored tokens may reach (shared + own) blocks' worth: prompt + max_new - 1 ≤ that.
-    let stored_max = shared.saturating_add(own).saturating_mul(block_size);
-    match stored_max.checked_sub(prompt_len) {
-        // Fewer than one slot past the prompt: only the single token that is never stored.
-        Some(extra) => extra.saturating_add(1),
-        None => 1,
     }
 }

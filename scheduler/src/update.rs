@@ -8,7 +8,7 @@ use crate::error::SchedulerError;
 use crate::group::{Seq, Where};
 use crate::output::{FinishedSeq, SampledToken, StepResult};
 use crate::queue::remove_slot;
-use crate::request::{RequestId, SeqFinish, SeqId};
+use crate::request::{RequestKey, SeqFinish, SeqId};
 use crate::scheduler::{InFlight, Scheduler};
 
 impl Scheduler {
@@ -131,7 +131,7 @@ fn push_sample(
     seq: &mut Seq,
     sample: &SampledToken,
     length_cap: usize,
-    id: RequestId,
+    id: RequestKey,
     device: &mut BlockPool,
     result: &mut StepResult,
 ) -> Result<bool, SchedulerError> {

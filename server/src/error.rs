@@ -6,7 +6,7 @@ use axum::extract::rejection::JsonRejection;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use engine::RequestError;
-use serde_json::json;
+use serde::Serialize;
 
 /// A refused or failed API call.
 #[derive(Debug, Clone, PartialEq)]
@@ -76,21 +76,51 @@ impl From<JsonRejection> for ApiError {
     }
 }
 
+/// OpenAI's error body: `{"error": {"message", "type", "param", "code"}}`.
+#[derive(Debug, Serialize)]
+struct ErrorBody<'a> {
+    error: ErrorDetail<'a>,
+}
+
+#[derive(Debug, Serialize)]
+struct ErrorDetail<'a> {
+    message: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    param: Option<&'static str>,
+    code: u16,
+}
+
+impl ApiError {
+    fn body(&self) -> ErrorBody<'_> {
+        ErrorBody {
+            error: ErrorDetail {
+                message: &self.message,
+                kind: self.kind(),
+                param: self.param,
+                code: self.status.as_u16(),
+            },
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = json!({
-            "error": {
-                "message": self.message,
-                "type": self.kind(),
-                "param": self.param,
-                "code": self.status.as_u16(),
-            }
-        });
-        (self.status, Json(body)).into_response()
+        (self.status, Json(self.body())).into_response()
     }
 }
 
 /// An error as one SSE event's JSON (a stream that already sent its 200 reports this way).
 pub fn error_event_json(message: &str) -> String {
-    json!({"error": {"message": message, "type": "server_error", "param": null, "code": 500}}).to_string()
+    let error = ErrorDetail { message, kind: "server_error", param: None, code: 500 };
+    // Strings and numbers only: serializing cannot fail.
+    serde_json::to_string(&ErrorBody { error }).unwrap_or_default()
+}
+
+/// A handler's typed answer as a JSON 200, or its error in OpenAI's shape.
+pub fn json_or_error<T: Serialize>(result: Result<T, ApiError>) -> Response {
+    match result {
+        Ok(body) => Json(body).into_response(),
+        Err(e) => e.into_response(),
+    }
 }

@@ -234,8 +234,10 @@ impl<S> SseState<S> {
     }
 }
 
-fn json_event(v: &serde_json::Value) -> Event {
-    Event::default().data(sse_safe_json(v.to_string()))
+fn json_event(body: &impl serde::Serialize) -> Event {
+    // A body of plain structs, strings and numbers always serializes.
+    let json = serde_json::to_string(body).unwrap_or_default();
+    Event::default().data(sse_safe_json(json))
 }
 
 /// JSON with the three line breaks JSON leaves raw (U+0085, U+2028, U+2029) escaped: they can

@@ -8,25 +8,40 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use engine::Prompt;
-use serde::Deserialize;
-use serde_json::json;
+use serde::{Deserialize, Serialize};
 
+use crate::error::json_or_error;
 use crate::openai::ChatMessageInput;
 use crate::{ApiError, AppState, JsonBody};
 
-pub async fn models(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
+/// `GET /v1/models`: OpenAI's model list, with vLLM's `root` and `max_model_len`.
+#[derive(Debug, Serialize)]
+pub struct ModelList<'a> {
+    object: &'static str,
+    data: [ModelCard<'a>; 1],
+}
+
+#[derive(Debug, Serialize)]
+struct ModelCard<'a> {
+    id: &'a str,
+    object: &'static str,
+    created: u64,
+    owned_by: &'static str,
+    root: &'a str,
+    max_model_len: usize,
+}
+
+pub async fn models(State(state): State<Arc<AppState>>) -> Response {
     let h = &state.handle;
-    Json(json!({
-        "object": "list",
-        "data": [{
-            "id": h.model_name(),
-            "object": "model",
-            "created": crate::unix_now(),
-            "owned_by": "paged-engine",
-            "root": h.model_name(),
-            "max_model_len": h.max_model_len(),
-        }]
-    }))
+    let card = ModelCard {
+        id: h.model_name(),
+        object: "model",
+        created: crate::unix_now(),
+        owned_by: "paged-engine",
+        root: h.model_name(),
+        max_model_len: h.max_model_len(),
+    };
+    Json(ModelList { object: "list", data: [card] }).into_response()
 }
 
 pub async fn health() -> StatusCode {
@@ -48,9 +63,23 @@ fn yes() -> bool {
     true
 }
 
+/// vLLM's `/tokenize` answer.
+#[derive(Debug, Serialize)]
+pub struct TokenizeResponse {
+    count: usize,
+    max_model_len: usize,
+    tokens: Vec<u32>,
+}
+
+/// vLLM's `/detokenize` answer.
+#[derive(Debug, Serialize)]
+pub struct DetokenizeResponse {
+    prompt: String,
+}
+
 pub async fn tokenize(State(state): State<Arc<AppState>>, body: JsonBody<TokenizeRequest>) -> Response {
     let req = body.0;
-    let run = || -> Result<serde_json::Value, ApiError> {
+    let run = || -> Result<TokenizeResponse, ApiError> {
         state.check_model(req.model.as_deref())?;
         let h = &state.handle;
         let tokens = match (&req.prompt, &req.messages) {
@@ -64,12 +93,9 @@ pub async fn tokenize(State(state): State<Arc<AppState>>, body: JsonBody<Tokeniz
                 return Err(ApiError::bad_request("give exactly one of prompt and messages", Some("prompt")));
             }
         };
-        Ok(json!({"count": tokens.len(), "max_model_len": h.max_model_len(), "tokens": tokens}))
+        Ok(TokenizeResponse { count: tokens.len(), max_model_len: h.max_model_len(), tokens })
     };
-    match run() {
-        Ok(v) => Json(v).into_response(),
-        Err(e) => e.into_response(),
-    }
+    json_or_error(run())
 }
 
 #[derive(Debug, Deserialize)]
@@ -80,7 +106,7 @@ pub struct DetokenizeRequest {
 
 pub async fn detokenize(State(state): State<Arc<AppState>>, body: JsonBody<DetokenizeRequest>) -> Response {
     let req = body.0;
-    let run = || -> Result<serde_json::Value, ApiError> {
+    let run = || -> Result<DetokenizeResponse, ApiError> {
         state.check_model(req.model.as_deref())?;
         let tokenizer = state.handle.tokenizer();
         if let Some(&bad) = req.tokens.iter().find(|&&t| t as usize >= tokenizer.vocab_size()) {
@@ -91,12 +117,9 @@ pub async fn detokenize(State(state): State<Arc<AppState>>, body: JsonBody<Detok
         }
         let text =
             tokenizer.decode(&req.tokens, false).map_err(|e| ApiError::bad_request(e.to_string(), None))?;
-        Ok(json!({"prompt": text}))
+        Ok(DetokenizeResponse { prompt: text })
     };
-    match run() {
-        Ok(v) => Json(v).into_response(),
-        Err(e) => e.into_response(),
-    }
+    json_or_error(run())
 }
 
 pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {

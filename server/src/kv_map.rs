@@ -118,7 +118,7 @@ pub fn kv_map_json(snapshot: &KvSnapshot) -> String {
             .zip(&snapshot.request_ids)
             .map(|(t, id)| TableJson {
                 id,
-                key: t.request,
+                key: t.request.0,
                 seq: t.seq,
                 swapped: t.swapped,
                 tokens: t.num_tokens,

@@ -16,8 +16,7 @@ use axum::Json;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use engine::PreemptionMode;
-use serde::Deserialize;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
 use sim::{CostModel, Hardware, ModelShape, SimSetup, Trace, TraceShape};
 
 use crate::{ApiError, AppState, JsonBody};
@@ -297,9 +296,70 @@ impl PlanRequest {
     }
 }
 
+/// A model's shape as the calculator reports it (a preset, or the model of a plan).
+#[derive(Debug, Serialize)]
+pub struct ModelJson {
+    name: &'static str,
+    layers: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    params: f64,
+    dtype_bytes: usize,
+}
+
+impl From<&ModelShape> for ModelJson {
+    fn from(m: &ModelShape) -> Self {
+        Self {
+            name: m.name,
+            layers: m.num_layers,
+            kv_heads: m.num_kv_heads,
+            head_dim: m.head_dim,
+            params: m.num_params,
+            dtype_bytes: m.dtype_bytes,
+        }
+    }
+}
+
+/// `POST /v1/plan`'s answer: the setup, the static capacity and every system's simulation.
+/// JSON has no NaN or infinity: a figure that is not finite is `null`.
+#[derive(Debug, Serialize)]
+pub struct PlanJson {
+    model: ModelJson,
+    hardware: &'static str,
+    gpu_memory_gib: f64,
+    weights_gib: f64,
+    kv_bytes_per_token: usize,
+    kv_memory_gib: f64,
+    kv_tokens: usize,
+    num_blocks: usize,
+    block_size: usize,
+    max_model_len: usize,
+    trace: TraceJson,
+    fit: FitJson,
+    systems: [sim::SimReport; 4],
+    concurrency_paged_over_oracle: Option<f64>,
+    series: Vec<sim::StepSample>,
+}
+
+#[derive(Debug, Serialize)]
+struct TraceJson {
+    name: &'static str,
+    requests: usize,
+    mean_input: f64,
+    mean_output: f64,
+    rate: Option<f64>,
+}
+
+/// Sequences of each kind that fit the KV memory at once.
+#[derive(Debug, Serialize)]
+struct FitJson {
+    contiguous_max_len: usize,
+    paged_mean_len: usize,
+}
+
 impl Plan {
     /// Runs the comparison (`sim::compare`) and shapes the answer.
-    pub fn run(&self) -> Result<Value, PlanError> {
+    pub fn run(&self) -> Result<PlanJson, PlanError> {
         let cost = CostModel::new(self.model, self.hardware);
         let result =
             sim::compare(&self.trace, &self.setup, &cost).map_err(|e| PlanError::Sim(e.to_string()))?;
@@ -312,69 +372,79 @@ impl Plan {
         let paged_fit = (setup.num_blocks() as f64 / mean_blocks).floor() as usize;
         let contiguous_fit = usable / setup.max_model_len;
         let model = &self.model;
-        Ok(json!({
-            "model": {
-                "name": model.name,
-                "layers": model.num_layers,
-                "kv_heads": model.num_kv_heads,
-                "head_dim": model.head_dim,
-                "params": model.num_params,
-                "dtype_bytes": model.dtype_bytes,
+        Ok(PlanJson {
+            model: ModelJson::from(model),
+            hardware: self.hardware.name,
+            gpu_memory_gib: self.hardware.memory_bytes / GIB,
+            weights_gib: model.weight_bytes() / GIB,
+            kv_bytes_per_token: self.kv_bytes_per_token,
+            kv_memory_gib: usable as f64 * self.kv_bytes_per_token as f64 / GIB,
+            kv_tokens: usable,
+            num_blocks: setup.num_blocks(),
+            block_size: setup.block_size,
+            max_model_len: setup.max_model_len,
+            trace: TraceJson {
+                name: self.trace_name,
+                requests: self.trace.len(),
+                mean_input: self.trace.mean_input(),
+                mean_output: self.trace.mean_output(),
+                rate: finite(self.rate),
             },
-            "hardware": self.hardware.name,
-            "gpu_memory_gib": self.hardware.memory_bytes / GIB,
-            "weights_gib": model.weight_bytes() / GIB,
-            "kv_bytes_per_token": self.kv_bytes_per_token,
-            "kv_memory_gib": usable as f64 * self.kv_bytes_per_token as f64 / GIB,
-            "kv_tokens": usable,
-            "num_blocks": setup.num_blocks(),
-            "block_size": setup.block_size,
-            "max_model_len": setup.max_model_len,
-            "trace": {
-                "name": self.trace_name,
-                "requests": self.trace.len(),
-                "mean_input": self.trace.mean_input(),
-                "mean_output": self.trace.mean_output(),
-                "rate": if self.rate.is_finite() { json!(self.rate) } else { Value::Null },
-            },
-            "fit": {
-                "contiguous_max_len": contiguous_fit,
-                "paged_mean_len": paged_fit,
-            },
-            "systems": result.all(),
-            "concurrency_paged_over_oracle": finite(result.concurrency_paged_over_oracle()),
-            "series": result.paged.downsampled(self.points),
-        }))
+            fit: FitJson { contiguous_max_len: contiguous_fit, paged_mean_len: paged_fit },
+            concurrency_paged_over_oracle: finite(result.concurrency_paged_over_oracle()),
+            series: result.paged.downsampled(self.points),
+            systems: [result.paged, result.max, result.pow2, result.oracle],
+        })
     }
 }
 
-/// JSON has no NaN or infinity: those become null.
-fn finite(x: f64) -> Value {
-    if x.is_finite() { json!(x) } else { Value::Null }
+fn finite(x: f64) -> Option<f64> {
+    x.is_finite().then_some(x)
 }
 
 /// `GET /v1/plan`: presets and bounds for the calculator's form.
-pub async fn presets() -> Json<Value> {
-    let models: Vec<Value> = ModelShape::PRESETS
-        .iter()
-        .map(|m| {
-            json!({"name": m.name, "layers": m.num_layers, "kv_heads": m.num_kv_heads,
-                   "head_dim": m.head_dim, "params": m.num_params, "dtype_bytes": m.dtype_bytes})
-        })
-        .collect();
-    let hardware: Vec<Value> = Hardware::PRESETS
-        .iter()
-        .map(|h| json!({"name": h.name, "memory_gib": h.memory_bytes / GIB}))
-        .collect();
-    Json(json!({
-        "models": models,
-        "hardware": hardware,
-        "traces": trace_presets(),
-        "limits": {
-            "num_requests": MAX_REQUESTS, "max_model_len": MAX_MODEL_LEN, "blocks": MAX_BLOCKS,
-            "block_size": MAX_BLOCK_SIZE, "max_num_seqs": MAX_NUM_SEQS, "dim": MAX_DIM,
+#[derive(Debug, Serialize)]
+pub struct Presets {
+    models: Vec<ModelJson>,
+    hardware: Vec<HardwareJson>,
+    traces: Vec<&'static str>,
+    limits: Limits,
+}
+
+#[derive(Debug, Serialize)]
+struct HardwareJson {
+    name: &'static str,
+    memory_gib: f64,
+}
+
+/// The largest value the calculator takes for each bounded field.
+#[derive(Debug, Serialize)]
+struct Limits {
+    num_requests: usize,
+    max_model_len: usize,
+    blocks: usize,
+    block_size: usize,
+    max_num_seqs: usize,
+    dim: usize,
+}
+
+pub async fn presets() -> Json<Presets> {
+    Json(Presets {
+        models: ModelShape::PRESETS.iter().map(ModelJson::from).collect(),
+        hardware: Hardware::PRESETS
+            .iter()
+            .map(|h| HardwareJson { name: h.name, memory_gib: h.memory_bytes / GIB })
+            .collect(),
+        traces: trace_presets(),
+        limits: Limits {
+            num_requests: MAX_REQUESTS,
+            max_model_len: MAX_MODEL_LEN,
+            blocks: MAX_BLOCKS,
+            block_size: MAX_BLOCK_SIZE,
+            max_num_seqs: MAX_NUM_SEQS,
+            dim: MAX_DIM,
         },
-    }))
+    })
 }
 
 /// `POST /v1/plan`: validates, then simulates on a blocking thread, one call at a time.

@@ -3,8 +3,10 @@
 //! (`chat.completion.chunk`, `text_completion`) one per delta, with `usage` and logprobs in
 //! each endpoint's own shape.
 
+use std::collections::BTreeMap;
+
 use engine::{Completion, CompletionDelta, RequestOutput, sampling::PositionLogprobs};
-use serde_json::{Map, Value, json};
+use serde::Serialize;
 
 /// Which endpoint a response is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,6 +28,82 @@ pub struct Envelope {
     pub logprobs: bool,
 }
 
+/// A response body or a streamed chunk: `text_completion`, `chat.completion` or
+/// `chat.completion.chunk`, its choices in the endpoint's own shape.
+#[derive(Debug, Serialize)]
+pub struct Body<'a> {
+    id: &'a str,
+    object: &'static str,
+    created: u64,
+    model: &'a str,
+    choices: Vec<Choice<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<UsageBody>,
+}
+
+/// One choice: the completions endpoint's text, a chat chunk's delta or a chat response's message.
+#[derive(Debug, Serialize)]
+struct Choice<'a> {
+    index: usize,
+    #[serde(flatten)]
+    content: ChoiceContent<'a>,
+    logprobs: Option<Logprobs>,
+    finish_reason: Option<&'static str>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum ChoiceContent<'a> {
+    Text(&'a str),
+    Delta(ChatDelta<'a>),
+    Message(ChatDelta<'a>),
+}
+
+/// A chat message or delta: the role only where a choice opens, no content on a bare finish.
+#[derive(Debug, Serialize)]
+struct ChatDelta<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    content: Option<&'a str>,
+}
+
+const ASSISTANT: Option<&str> = Some("assistant");
+
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+enum Logprobs {
+    Completion(CompletionLogprobs),
+    Chat { content: Vec<ChatTokenLogprob> },
+}
+
+/// The legacy completions logprobs object: parallel arrays of tokens, their logprobs, the top
+/// alternatives per position and each token's character offset in the text.
+#[derive(Debug, Serialize)]
+struct CompletionLogprobs {
+    tokens: Vec<String>,
+    token_logprobs: Vec<f32>,
+    top_logprobs: Vec<BTreeMap<String, f32>>,
+    text_offset: Vec<usize>,
+}
+
+/// Chat's logprob of one token; a sampled token's entry lists its top alternatives.
+#[derive(Debug, Serialize)]
+struct ChatTokenLogprob {
+    token: String,
+    logprob: f32,
+    bytes: Vec<u8>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    top_logprobs: Option<Vec<ChatTokenLogprob>>,
+}
+
+#[derive(Debug, Serialize)]
+struct UsageBody {
+    prompt_tokens: usize,
+    completion_tokens: usize,
+    total_tokens: usize,
+}
+
 impl Envelope {
     fn object(&self, chunk: bool) -> &'static str {
         match (self.endpoint, chunk) {
@@ -35,135 +113,132 @@ impl Envelope {
         }
     }
 
-    fn wrap(&self, chunk: bool, choices: Vec<Value>, usage: Option<Value>) -> Value {
-        let mut v = json!({
-            "id": self.id,
-            "object": self.object(chunk),
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-        });
-        if let Some(usage) = usage {
-            v["usage"] = usage;
+    fn wrap<'a>(&'a self, chunk: bool, choices: Vec<Choice<'a>>, usage: Option<&Usage>) -> Body<'a> {
+        Body {
+            id: &self.id,
+            object: self.object(chunk),
+            created: self.created,
+            model: &self.model,
+            choices,
+            usage: usage.map(Usage::body),
         }
-        v
     }
 
     /// A streamed chunk for one delta of prompt `prompt`'s request; `offset` is the length (in
     /// characters) of the choice's text before this delta.
-    pub fn delta_chunk(
-        &self,
+    pub fn delta_chunk<'a>(
+        &'a self,
         prompt: usize,
-        delta: &CompletionDelta,
+        delta: &'a CompletionDelta,
         tokens: &TokenText<'_>,
         offset: usize,
-    ) -> Value {
-        let index = prompt * self.n + delta.index;
-        let finish = delta.finish_reason.as_ref().map(|f| f.as_str());
-        let choice = match self.endpoint {
-            Endpoint::Completions => json!({
-                "index": index,
-                "text": delta.text,
-                "logprobs": delta.logprobs.as_ref().map(|lp| completion_logprobs(lp, tokens, offset)),
-                "finish_reason": finish,
-            }),
-            Endpoint::Chat => {
-                let delta_body = if delta.text.is_empty() && finish.is_some() {
-                    json!({})
-                } else {
-                    json!({"content": delta.text})
-                };
-                json!({
-                    "index": index,
-                    "delta": delta_body,
-                    "logprobs": self.chat_logprobs(delta.logprobs.as_deref(), tokens),
-                    "finish_reason": finish,
-                })
-            }
+    ) -> Body<'a> {
+        let finish_reason = delta.finish_reason.as_ref().map(|f| f.as_str());
+        let text = (!delta.text.is_empty() || finish_reason.is_none()).then_some(delta.text.as_str());
+        let content = match self.endpoint {
+            Endpoint::Completions => ChoiceContent::Text(&delta.text),
+            Endpoint::Chat => ChoiceContent::Delta(ChatDelta { role: None, content: text }),
+        };
+        let choice = Choice {
+            index: prompt * self.n + delta.index,
+            content,
+            logprobs: self.logprobs_of(delta.logprobs.as_deref(), tokens, offset),
+            finish_reason,
         };
         self.wrap(true, vec![choice], None)
     }
 
     /// Chat streams open each choice with the assistant's role.
-    pub fn role_chunk(&self, index: usize) -> Value {
-        let choice = json!({
-            "index": index,
-            "delta": {"role": "assistant", "content": ""},
-            "logprobs": null,
-            "finish_reason": null,
-        });
+    pub fn role_chunk(&self, index: usize) -> Body<'_> {
+        let choice = Choice {
+            index,
+            content: ChoiceContent::Delta(ChatDelta { role: ASSISTANT, content: Some("") }),
+            logprobs: None,
+            finish_reason: None,
+        };
         self.wrap(true, vec![choice], None)
     }
 
     /// The last chunk of a stream with `stream_options.include_usage`: no choices, the usage.
-    pub fn usage_chunk(&self, usage: &Usage) -> Value {
-        self.wrap(true, Vec::new(), Some(usage.to_json()))
+    pub fn usage_chunk(&self, usage: &Usage) -> Body<'_> {
+        self.wrap(true, Vec::new(), Some(usage))
     }
 
     /// The whole (non-streaming) response.
-    pub fn response(&self, choices: &[&Completion], usage: &Usage, tokens: &TokenText<'_>) -> Value {
+    pub fn response<'a>(
+        &'a self,
+        choices: &[&'a Completion],
+        usage: &Usage,
+        tokens: &TokenText<'_>,
+    ) -> Body<'a> {
         let choices = choices
             .iter()
             .enumerate()
-            .map(|(index, c)| {
-                let finish = c.finish_reason.as_ref().map(|f| f.as_str());
-                match self.endpoint {
-                    Endpoint::Completions => json!({
-                        "index": index,
-                        "text": c.text,
-                        "logprobs": c.logprobs.as_ref().map(|lp| completion_logprobs(lp, tokens, 0)),
-                        "finish_reason": finish,
-                    }),
-                    Endpoint::Chat => json!({
-                        "index": index,
-                        "message": {"role": "assistant", "content": c.text},
-                        "logprobs": self.chat_logprobs(c.logprobs.as_deref(), tokens),
-                        "finish_reason": finish,
-                    }),
-                }
+            .map(|(index, c)| Choice {
+                index,
+                content: match self.endpoint {
+                    Endpoint::Completions => ChoiceContent::Text(&c.text),
+                    Endpoint::Chat => {
+                        ChoiceContent::Message(ChatDelta { role: ASSISTANT, content: Some(&c.text) })
+                    }
+                },
+                logprobs: self.logprobs_of(c.logprobs.as_deref(), tokens, 0),
+                finish_reason: c.finish_reason.as_ref().map(|f| f.as_str()),
             })
             .collect();
-        self.wrap(false, choices, Some(usage.to_json()))
+        self.wrap(false, choices, Some(usage))
     }
 
-    fn chat_logprobs(&self, lps: Option<&[PositionLogprobs]>, tokens: &TokenText<'_>) -> Value {
-        match lps {
-            Some(lps) if self.logprobs => {
-                let entry = |id: u32, logprob: f32| {
-                    let token = tokens.text(id);
-                    json!({"token": token, "logprob": logprob, "bytes": token.as_bytes()})
-                };
-                let content: Vec<Value> = lps
-                    .iter()
-                    .map(|p| {
-                        let mut e = entry(p.sampled.token, p.sampled.logprob);
-                        e["top_logprobs"] = p.top.iter().map(|t| entry(t.token, t.logprob)).collect();
-                        e
-                    })
-                    .collect();
-                json!({"content": content})
-            }
-            _ => Value::Null,
+    /// The endpoint's logprobs object, when the request asked for logprobs.
+    fn logprobs_of(
+        &self,
+        lps: Option<&[PositionLogprobs]>,
+        tokens: &TokenText<'_>,
+        offset: usize,
+    ) -> Option<Logprobs> {
+        let lps = lps?;
+        match self.endpoint {
+            Endpoint::Completions => Some(Logprobs::Completion(completion_logprobs(lps, tokens, offset))),
+            Endpoint::Chat if self.logprobs => Some(Logprobs::Chat { content: chat_logprobs(lps, tokens) }),
+            Endpoint::Chat => None,
         }
     }
 }
 
-/// The legacy completions logprobs object: parallel arrays of tokens, their logprobs, the top
-/// alternatives per position and each token's character offset in the text.
-fn completion_logprobs(lps: &[PositionLogprobs], tokens: &TokenText<'_>, start_offset: usize) -> Value {
+fn chat_logprobs(lps: &[PositionLogprobs], tokens: &TokenText<'_>) -> Vec<ChatTokenLogprob> {
+    let entry = |id: u32, logprob: f32| {
+        let token = tokens.text(id);
+        ChatTokenLogprob { bytes: token.as_bytes().to_vec(), token, logprob, top_logprobs: None }
+    };
+    lps.iter()
+        .map(|p| ChatTokenLogprob {
+            top_logprobs: Some(p.top.iter().map(|t| entry(t.token, t.logprob)).collect()),
+            ..entry(p.sampled.token, p.sampled.logprob)
+        })
+        .collect()
+}
+
+fn completion_logprobs(
+    lps: &[PositionLogprobs],
+    tokens: &TokenText<'_>,
+    start_offset: usize,
+) -> CompletionLogprobs {
     let mut offset = start_offset;
-    let (mut toks, mut lp, mut tops, mut offsets) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut out = CompletionLogprobs {
+        tokens: Vec::with_capacity(lps.len()),
+        token_logprobs: Vec::with_capacity(lps.len()),
+        top_logprobs: Vec::with_capacity(lps.len()),
+        text_offset: Vec::with_capacity(lps.len()),
+    };
     for p in lps {
         let text = tokens.text(p.sampled.token);
-        offsets.push(offset);
+        out.text_offset.push(offset);
         offset += text.chars().count();
-        toks.push(text);
-        lp.push(p.sampled.logprob);
-        let top: Map<String, Value> =
-            p.top.iter().map(|t| (tokens.text(t.token), json!(t.logprob))).collect();
-        tops.push(Value::Object(top));
+        out.tokens.push(text);
+        out.token_logprobs.push(p.sampled.logprob);
+        out.top_logprobs.push(p.top.iter().map(|t| (tokens.text(t.token), t.logprob)).collect());
     }
-    json!({"tokens": toks, "token_logprobs": lp, "top_logprobs": tops, "text_offset": offsets})
+    out
 }
 
 /// Token ids to their text, for logprobs.
@@ -186,12 +261,12 @@ pub struct Usage {
 }
 
 impl Usage {
-    fn to_json(self) -> Value {
-        json!({
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "total_tokens": self.prompt_tokens + self.completion_tokens,
-        })
+    fn body(&self) -> UsageBody {
+        UsageBody {
+            prompt_tokens: self.prompt_tokens,
+            completion_tokens: self.completion_tokens,
+            total_tokens: self.prompt_tokens + self.completion_tokens,
+        }
     }
 
     /// Counts a request's final output (its totals cover every sample).

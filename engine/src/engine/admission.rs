@@ -13,17 +13,17 @@ use std::time::Instant;
 use model::ChatTemplate;
 use parking_lot::Mutex;
 use rand::RngCore;
-use scheduler::{Request, SchedulerError};
+use scheduler::{Request, RequestFit};
 
 use super::Engine;
 use crate::error::RequestError;
-use crate::output::RequestKey;
-use crate::request::{Prompt, RequestOptions, RequestState};
+use crate::output::{RequestKey, Sink};
+use crate::request::{Prompt, RequestOptions, RequestRecord};
 use crate::sampling::{SamplingParams, SequenceSampler, seeded_rng};
 
 /// What admission needs to know, shared by the engine and every handle (`Send + Sync`): the
 /// model's text side and limits, and the three pieces of state a submission touches before it
-/// reaches the engine thread: the live id strings, the key counter and the waiting count.
+/// reaches the engine thread: the live id strings, the one key counter and the waiting count.
 #[derive(Debug)]
 pub(crate) struct Intake {
     pub model_name: String,
@@ -34,12 +34,13 @@ pub(crate) struct Intake {
     pub default_params: SamplingParams,
     pub max_model_len: usize,
     pub vocab_size: usize,
-    pub block_size: usize,
-    pub pool_blocks: usize,
+    /// What one request may ask of the KV cache alone (the fits-alone check).
+    pub fit: RequestFit,
     /// Most requests admitted but not yet scheduled for the first time.
     pub max_waiting: usize,
     /// Client id → key of every unfinished request (the only place id strings are looked up).
-    ids: Mutex<HashMap<String, u64>>,
+    ids: Mutex<HashMap<String, RequestKey>>,
+    /// The one source of `RequestKey`s (and of the handles' generated id strings).
     next_key: AtomicU64,
     /// Admitted requests not yet scheduled for the first time.
     waiting: AtomicUsize,
@@ -65,15 +66,13 @@ pub(crate) struct IntakeLimits {
     pub model_name: String,
     pub max_model_len: usize,
     pub vocab_size: usize,
-    pub block_size: usize,
-    pub pool_blocks: usize,
+    pub fit: RequestFit,
     pub max_waiting: usize,
 }
 
 impl Intake {
     pub fn new(folder: model::ModelFolder, limits: IntakeLimits) -> Self {
-        let IntakeLimits { model_name, max_model_len, vocab_size, block_size, pool_blocks, max_waiting } =
-            limits;
+        let IntakeLimits { model_name, max_model_len, vocab_size, fit, max_waiting } = limits;
         Self {
             model_name,
             default_params: SamplingParams::with_generation_defaults(&folder.generation),
@@ -82,8 +81,7 @@ impl Intake {
             chat_template: folder.chat_template,
             max_model_len,
             vocab_size,
-            block_size,
-            pool_blocks,
+            fit,
             max_waiting,
             ids: Mutex::new(HashMap::new()),
             next_key: AtomicU64::new(0),
@@ -131,7 +129,7 @@ impl Intake {
         let tokens = self.tokenize(&id, prompt)?;
         let max_tokens = self.check_lengths(&id, &tokens, &params)?;
         // The reservations come last, so a refused request holds neither.
-        let key = RequestKey(self.next_key.fetch_add(1, Ordering::Relaxed));
+        let key = self.issue_key();
         {
             let mut ids = self.ids.lock();
             if ids.contains_key(&id) {
@@ -142,7 +140,7 @@ impl Intake {
                 return Err(RequestError::QueueFull { id, waiting });
             }
             self.waiting.fetch_add(1, Ordering::Relaxed);
-            ids.insert(id.clone(), key.0);
+            ids.insert(id.clone(), key);
         }
         Ok(Prepared { id, key, tokens, max_tokens, params, options, arrival: Instant::now() })
     }
@@ -165,15 +163,13 @@ impl Intake {
         }
         // Every size here comes from the client: checked arithmetic only.
         let prompt_len = tokens.len();
-        let (block_size, pool_blocks) = (self.block_size, self.pool_blocks);
         let max_tokens = match params.max_tokens {
             Some(max_tokens) => max_tokens,
             // Unset: up to the model's max length, or as far as the KV cache could ever hold
             // this request alone, whichever is shorter.
             None => {
                 let room = self.max_model_len.saturating_sub(prompt_len);
-                room.min(scheduler::max_new_tokens_within(block_size, prompt_len, params.n, pool_blocks))
-                    .max(1)
+                room.min(self.fit.max_new_tokens(prompt_len, params.n)).max(1)
             }
         };
         if prompt_len.checked_add(max_tokens).is_none_or(|total| total > self.max_model_len) {
@@ -186,14 +182,13 @@ impl Intake {
         }
         // A request that could not finish even alone on the device would be cut short later
         // ("capacity exceeded"), which a client cannot tell from reaching max_tokens: refuse it.
-        match scheduler::blocks_for_request(block_size, prompt_len, max_tokens, params.n) {
-            Some(blocks_needed) if blocks_needed <= pool_blocks => Ok(max_tokens),
-            need => Err(RequestError::ExceedsKvCache {
-                id,
-                blocks_needed: need.unwrap_or(usize::MAX),
-                pool_blocks,
-            }),
-        }
+        // The one fits-alone check: the scheduler's own (its prompt part) cannot fail after it.
+        self.fit.check(prompt_len, max_tokens, params.n).map_err(|e| RequestError::ExceedsKvCache {
+            id,
+            blocks_needed: e.blocks_needed,
+            pool_blocks: e.pool_blocks,
+        })?;
+        Ok(max_tokens)
     }
 
     /// Gives back a prepared request's id and waiting place (it was refused after all, or the
@@ -206,7 +201,7 @@ impl Intake {
     /// Removes a finished or aborted request's id, if it still names that request.
     pub fn forget(&self, id: &str, key: RequestKey) {
         let mut ids = self.ids.lock();
-        if ids.get(id) == Some(&key.0) {
+        if ids.get(id) == Some(&key) {
             ids.remove(id);
         }
     }
@@ -218,7 +213,7 @@ impl Intake {
 
     /// The key of an unfinished request.
     pub fn key_of(&self, id: &str) -> Option<RequestKey> {
-        self.ids.lock().get(id).copied().map(RequestKey)
+        self.ids.lock().get(id).copied()
     }
 
     /// Ids of the unfinished requests.
@@ -235,35 +230,29 @@ impl Intake {
     pub fn peek_next_key(&self) -> u64 {
         self.next_key.load(Ordering::Relaxed)
     }
+
+    /// A key never issued before: an admission's, or the number in a handle's generated id
+    /// (keys are unique, not dense).
+    pub fn issue_key(&self) -> RequestKey {
+        RequestKey(self.next_key.fetch_add(1, Ordering::Relaxed))
+    }
 }
 
 impl Engine {
-    /// The engine-thread half of admission: the scheduler entry, samplers and state. A
-    /// refusal here (the scheduler's own checks) gives the reservations back.
-    pub(crate) fn insert(&mut self, req: Prepared) -> Result<RequestKey, RequestError> {
-        let result = self.try_insert(&req);
-        if result.is_err() {
+    /// The engine-thread half of admission: the scheduler entry, samplers and the request's
+    /// record, holding `sink` (a handle's stream) when there is one. A refusal here (the
+    /// scheduler's own checks) gives the reservations back and is also sent to `sink`.
+    pub(crate) fn insert(&mut self, req: Prepared, sink: Option<Sink>) -> Result<RequestKey, RequestError> {
+        if let Err(e) = self.enter_scheduler(&req) {
             self.intake.release(&req);
             self.metrics.record_rejected();
-        }
-        result
-    }
-
-    fn try_insert(&mut self, req: &Prepared) -> Result<RequestKey, RequestError> {
-        let Prepared { id, key, tokens, max_tokens, params, options, arrival } = req;
-        let mut request =
-            Request::new(key.0, tokens.clone(), *max_tokens).with_n(params.n).with_priority(options.priority);
-        if let Some(salt) = options.salt_hash() {
-            request = request.with_salt(salt);
-        }
-        self.scheduler.add_request(request).map_err(|e| match e {
-            SchedulerError::EmptyPrompt(_) => RequestError::EmptyPrompt(id.clone()),
-            SchedulerError::ExceedsPool { blocks_needed, pool_blocks, .. } => {
-                RequestError::ExceedsKvCache { id: id.clone(), blocks_needed, pool_blocks }
+            if let Some(sink) = sink {
+                sink.send(Err(e.clone().into()));
             }
-            other => RequestError::Rejected { id: id.clone(), reason: other.to_string() },
-        })?;
-        let prompt_set = SequenceSampler::prompt_set(params, tokens);
+            return Err(e);
+        }
+        let Prepared { id, key, tokens, params, arrival, .. } = req;
+        let prompt_set = SequenceSampler::prompt_set(&params, &tokens);
         let mut stop_ids = params.stop_token_ids.clone();
         if !params.ignore_eos {
             stop_ids.extend_from_slice(&self.intake.eos_ids);
@@ -273,8 +262,22 @@ impl Engine {
         let samplers = (0..params.n)
             .map(|i| SequenceSampler::new(seeded_rng(seed, i), prompt_set.clone(), stop_ids.clone()))
             .collect();
-        let state = RequestState::new(id.clone(), *key, Arc::new(params.clone()), tokens, *arrival, samplers);
-        self.live.insert(key.0, state);
-        Ok(*key)
+        let record = RequestRecord::new(id, key, Arc::new(params), &tokens, arrival, samplers, sink);
+        self.live.insert(key, record);
+        Ok(key)
+    }
+
+    /// The scheduler's entry; its own checks cannot refuse what `Intake::prepare` let through,
+    /// so a refusal here is reported as it comes.
+    fn enter_scheduler(&mut self, req: &Prepared) -> Result<(), RequestError> {
+        let mut request = Request::new(req.key, req.tokens.clone(), req.max_tokens)
+            .with_n(req.params.n)
+            .with_priority(req.options.priority);
+        if let Some(salt) = req.options.salt_hash() {
+            request = request.with_salt(salt);
+        }
+        self.scheduler
+            .add_request(request)
+            .map_err(|e| RequestError::Rejected { id: req.id.clone(), reason: e.to_string() })
     }
 }

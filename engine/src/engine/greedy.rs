@@ -5,15 +5,15 @@
 
 use std::collections::HashMap;
 
-use scheduler::SchedulerOutput;
+use scheduler::{RequestKey, SchedulerOutput};
 
 use super::RowTarget;
 use crate::error::EngineError;
-use crate::request::RequestState;
+use crate::request::RequestRecord;
 use crate::sampling::{SamplerError, TokenChoice};
 
 /// Whether every sequence sampled in `plan` takes one plain greedy token.
-pub(super) fn plain_greedy_step(plan: &SchedulerOutput, live: &HashMap<u64, RequestState>) -> bool {
+pub(super) fn plain_greedy_step(plan: &SchedulerOutput, live: &HashMap<RequestKey, RequestRecord>) -> bool {
     plan.seqs.iter().filter(|s| s.num_samples > 0).all(|s| {
         s.num_samples == 1 && live.get(&s.seq_id.request).is_some_and(|r| r.params.is_plain_greedy())
     })
@@ -36,7 +36,7 @@ pub(super) fn targets(plan: &SchedulerOutput, targets: &mut Vec<RowTarget>) {
 pub(super) fn record(
     tokens: &[u32],
     targets: &[RowTarget],
-    live: &mut HashMap<u64, RequestState>,
+    live: &mut HashMap<RequestKey, RequestRecord>,
 ) -> Result<Vec<TokenChoice>, EngineError> {
     if tokens.len() != targets.len() {
         return Err(EngineError::Internal("greedy tokens and sampled rows differ in number"));

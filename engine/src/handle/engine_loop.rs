@@ -1,25 +1,21 @@
 //! The engine thread: `EngineLoop` owns the `Engine`, applies the handles' commands between
-//! steps, steps while anything is unfinished, and routes each output to its request's stream.
+//! steps and steps while anything is unfinished. Each request's stream is in its record, so
+//! the engine's outputs reach their streams without passing through here.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use crossbeam_channel::Receiver;
 use parking_lot::Mutex;
 
-use super::streams::{Sink, StreamError};
 use super::{Command, ShutdownMode};
 use crate::engine::Engine;
 use crate::kv_map::KvMapPublisher;
 use crate::metrics::LiveMetrics;
-use crate::output::RequestKey;
+use crate::output::StreamError;
 
-/// The engine thread's state: the engine and the stream of each live request, by admission
-/// key (an id string can name two requests in a row: an aborted one whose final output is
-/// still to come, and its successor).
+/// The engine thread's state: the engine and what it publishes between steps.
 pub(super) struct EngineLoop {
     engine: Engine,
-    streams: HashMap<RequestKey, Sink>,
     draining: bool,
     /// Where `live_metrics` reads from; written after every step.
     published: Arc<Mutex<LiveMetrics>>,
@@ -29,7 +25,7 @@ pub(super) struct EngineLoop {
 
 impl EngineLoop {
     pub(super) fn new(engine: Engine, published: Arc<Mutex<LiveMetrics>>, kv_map: KvMapPublisher) -> Self {
-        Self { engine, streams: HashMap::new(), draining: false, published, kv_map }
+        Self { engine, draining: false, published, kv_map }
     }
 
     pub(super) fn run(mut self, rx: &Receiver<Command>) {
@@ -57,8 +53,6 @@ impl EngineLoop {
             // Between steps: a KV map, only if one was asked for (else one atomic load).
             self.kv_map.publish_if_asked(&self.engine);
         }
-        // Abort shutdown: deliver the abort outputs.
-        self.step();
     }
 
     /// Applies one command; true means "stop now".
@@ -70,10 +64,8 @@ impl EngineLoop {
                     self.engine.intake().release(&prepared);
                     sink.send(Err(StreamError::EngineStopped));
                 } else {
-                    match self.engine.insert(prepared) {
-                        Ok(key) => drop(self.streams.insert(key, sink)),
-                        Err(e) => drop(sink.send(Err(e.into()))),
-                    }
+                    // A refusal reaches the stream through its sink.
+                    let _ = self.engine.insert(prepared, Some(sink));
                 }
             }
             Command::AbortKey(key) => {
@@ -86,43 +78,19 @@ impl EngineLoop {
             Command::KvMap => {} // served after the commands, by `publish_if_asked`
             Command::Shutdown(ShutdownMode::Drain) => self.draining = true,
             Command::Shutdown(ShutdownMode::Abort) => {
-                for id in self.engine.unfinished_ids() {
-                    let _ = self.engine.abort(&id);
-                }
+                // Each stream gets its final `Abort` output at once.
+                self.engine.abort_all();
                 return true;
             }
         }
         false
     }
 
+    /// One step; every request here has a stream, so the outputs went there and none come back.
     fn step(&mut self) {
-        match self.engine.step() {
-            Ok(outputs) => {
-                for out in outputs {
-                    let finished = out.finished;
-                    let key = out.request_key;
-                    let delivered = self.streams.get(&key).is_some_and(|s| s.send(Ok(out)));
-                    if finished {
-                        self.streams.remove(&key);
-                    } else if !delivered {
-                        // Nobody listens any more: stop spending compute on it.
-                        let _ = self.engine.abort_key(key);
-                        self.streams.remove(&key);
-                    }
-                }
-            }
-            Err(e) => {
-                tracing::error!(target: "engine", "step failed: {e}; aborting every request");
-                let msg = e.to_string();
-                for (_, stream) in self.streams.drain() {
-                    stream.send(Err(StreamError::EngineFailed(msg.clone())));
-                }
-                for id in self.engine.unfinished_ids() {
-                    let _ = self.engine.abort(&id);
-                }
-                // Drop the abort outputs: their streams already got the error.
-                let _ = self.engine.step();
-            }
+        if let Err(e) = self.engine.step() {
+            tracing::error!(target: "engine", "step failed: {e}; aborting every request");
+            self.engine.fail_all(&StreamError::EngineFailed(e.to_string()));
         }
     }
 }

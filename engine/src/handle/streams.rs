@@ -1,6 +1,7 @@
-//! What a caller receives one request's outputs through: the blocking `RequestStream`, the
-//! async `OutputStream`, the engine thread's sending side of either (`Sink`), and the
-//! `Ticket` with which a stream dropped before its end aborts exactly its own admission.
+//! What a caller receives one request's outputs through: the blocking `RequestStream` and the
+//! async `OutputStream` (the engine's sending side of either is `output::Sink`, kept in the
+//! request's record), and the `Ticket` with which a stream dropped before its end aborts
+//! exactly its own admission.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -11,39 +12,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use super::Command;
 use crate::engine::Intake;
-use crate::error::RequestError;
-use crate::output::{FinalOutput, RequestKey, RequestOutput};
-
-/// Why a stream ended without its final output.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum StreamError {
-    #[error("engine step failed: {0}")]
-    EngineFailed(String),
-    #[error("the engine stopped before the request finished")]
-    EngineStopped,
-    /// The engine thread's half of admission refused the request (its first and last item).
-    #[error(transparent)]
-    Rejected(#[from] RequestError),
-}
-
-pub(super) type StreamItem = Result<RequestOutput, StreamError>;
-
-/// Where the engine thread sends one request's outputs: a blocking or an async receiver.
-#[derive(Debug)]
-pub(super) enum Sink {
-    Blocking(Sender<StreamItem>),
-    Async(tokio::sync::mpsc::UnboundedSender<StreamItem>),
-}
-
-impl Sink {
-    /// False once the receiver is gone.
-    pub(super) fn send(&self, item: StreamItem) -> bool {
-        match self {
-            Self::Blocking(tx) => tx.send(item).is_ok(),
-            Self::Async(tx) => tx.send(item).is_ok(),
-        }
-    }
-}
+use crate::output::{FinalOutput, RequestKey, RequestOutput, StreamError, StreamItem};
 
 /// The outputs of one request, in order; ends after the output marked `finished`.
 #[derive(Debug)]

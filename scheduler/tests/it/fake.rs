@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 
 use scheduler::{
-    Request, RequestId, SampledToken, Scheduler, SchedulerConfig, SchedulerOutput, SeqFinish, SeqId,
+    Request, RequestKey, SampledToken, Scheduler, SchedulerConfig, SchedulerOutput, SeqFinish, SeqId,
 };
 
 /// Entries of a row of the fake worker's table (more than any test's sequence needs); entries
@@ -63,14 +63,14 @@ pub struct FakeEngine {
     /// Generated tokens per sequence.
     pub outputs: HashMap<SeqId, Vec<u32>>,
     /// How often each request was reported finished (must be once).
-    pub finished: HashMap<RequestId, usize>,
+    pub finished: HashMap<RequestKey, usize>,
     pub reasons: HashMap<SeqId, SeqFinish>,
-    pub capacity_exceeded: Vec<RequestId>,
-    pub aborted: Vec<RequestId>,
-    pub added_at: HashMap<RequestId, u64>,
-    pub first_scheduled: HashMap<RequestId, u64>,
+    pub capacity_exceeded: Vec<RequestKey>,
+    pub aborted: Vec<RequestKey>,
+    pub added_at: HashMap<RequestKey, u64>,
+    pub first_scheduled: HashMap<RequestKey, u64>,
     /// Request ids in the order they were first given tokens.
-    pub admission_order: Vec<RequestId>,
+    pub admission_order: Vec<RequestKey>,
     pub preempted: usize,
     pub copies: usize,
     pub swaps_in: usize,
@@ -109,13 +109,13 @@ impl FakeEngine {
     }
 
     pub fn add(&mut self, req: Request) -> Result<(), scheduler::SchedulerError> {
-        let id = req.id;
+        let id = req.key;
         self.sched.add_request(req)?;
         self.added_at.insert(id, self.step);
         Ok(())
     }
 
-    pub fn abort(&mut self, id: RequestId) -> Result<(), scheduler::SchedulerError> {
+    pub fn abort(&mut self, id: RequestKey) -> Result<(), scheduler::SchedulerError> {
         self.sched.abort(id)?;
         self.aborted.push(id);
         self.check_blocks();
@@ -279,7 +279,7 @@ impl FakeEngine {
     }
 
     /// Generated tokens of each sample of request `id`, in sample order.
-    pub fn outputs_of(&self, id: RequestId, n: usize) -> Vec<Vec<u32>> {
+    pub fn outputs_of(&self, id: RequestKey, n: usize) -> Vec<Vec<u32>> {
         (0..n as u32)
             .map(|index| self.outputs.get(&SeqId { request: id, index }).cloned().unwrap_or_default())
             .collect()

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use scheduler::{BlockState, KvMap, PreemptionMode, Request, SchedulerConfig};
+use scheduler::{BlockState, KvMap, PreemptionMode, Request, RequestKey, SchedulerConfig};
 
 use crate::fake::FakeEngine;
 
@@ -105,7 +105,7 @@ fn forked_samples_share_their_prompt_blocks() {
     let map = e.sched.kv_map();
     assert_agrees_with_tables(&map);
     assert_eq!(map.tables.len(), 3);
-    assert!(map.tables.iter().all(|t| t.request == 7 && !t.swapped));
+    assert!(map.tables.iter().all(|t| t.request == RequestKey(7) && !t.swapped));
     let prompt_blocks = &map.table_blocks(&map.tables[0])[..2];
     for &b in prompt_blocks {
         assert_eq!(map.device[b as usize], BlockState::Shared.code());

@@ -4,7 +4,8 @@
 
 use proptest::prelude::*;
 use scheduler::{
-    Policy, PreemptionMode, Request, SampledToken, Scheduler, SchedulerConfig, SchedulerOutput, StepResult,
+    Policy, PreemptionMode, Request, RequestKey, SampledToken, Scheduler, SchedulerConfig, SchedulerOutput,
+    StepResult,
 };
 
 use crate::fake::{FakeEngine, expected_outputs};
@@ -109,7 +110,7 @@ impl Setup {
 
 impl Arrival {
     /// The request this arrival submits as `id`; a family's prompts share their prefix.
-    fn request(&self, id: u64) -> Request {
+    fn request(&self, id: RequestKey) -> Request {
         let prompt: Vec<u32> = (0..self.prompt_len as u32).map(|t| self.family * 100_000 + t).collect();
         Request::new(id, prompt, self.max_new).with_n(self.n).with_priority(self.priority)
     }
@@ -121,12 +122,12 @@ fn run(setup: &Setup, arrivals: &[Arrival]) -> (usize, usize) {
     let mut e = FakeEngine::new(cfg.clone());
     e.stop_mod = setup.stop_mod;
     let mut requests = Vec::new();
-    let mut aborts: Vec<(u64, u64)> = Vec::new();
+    let mut aborts: Vec<(u64, RequestKey)> = Vec::new();
     let last_arrival = arrivals.iter().map(|a| a.step).max().unwrap_or(0);
     let mut step = 0;
     loop {
         for (i, a) in arrivals.iter().enumerate().filter(|(_, a)| a.step == step) {
-            let id = i as u64;
+            let id = RequestKey(i as u64);
             let req = a.request(id);
             e.add(req.clone()).expect("valid request");
             requests.push(req);
@@ -149,21 +150,21 @@ fn run(setup: &Setup, arrivals: &[Arrival]) -> (usize, usize) {
     assert_eq!(e.sched.device_pool().num_used(), 0, "device blocks leaked");
     assert_eq!(e.sched.host_pool().map_or(0, |h| h.num_used()), 0, "host blocks leaked");
     for r in &requests {
-        let aborted = e.aborted.contains(&r.id);
-        let finished = e.finished.get(&r.id).copied().unwrap_or(0);
-        assert_eq!(finished + usize::from(aborted), 1, "request {} ends exactly once", r.id);
-        if e.capacity_exceeded.contains(&r.id) {
+        let aborted = e.aborted.contains(&r.key);
+        let finished = e.finished.get(&r.key).copied().unwrap_or(0);
+        assert_eq!(finished + usize::from(aborted), 1, "request {} ends exactly once", r.key);
+        if e.capacity_exceeded.contains(&r.key) {
             continue;
         }
         let want = expected_outputs(r, cfg.max_model_len, setup.stop_mod);
-        let got = e.outputs_of(r.id, r.n);
+        let got = e.outputs_of(r.key, r.n);
         if aborted {
             // A prefix of the right tokens.
             for (g, w) in got.iter().zip(&want) {
-                assert!(w.starts_with(g), "aborted request {} diverged", r.id);
+                assert!(w.starts_with(g), "aborted request {} diverged", r.key);
             }
         } else {
-            assert_eq!(got, want, "request {} tokens", r.id);
+            assert_eq!(got, want, "request {} tokens", r.key);
         }
     }
     (e.preempted, e.swaps_out)
@@ -180,7 +181,7 @@ fn reused_and_fresh_outputs_agree(setup: &Setup, arrivals: &[Arrival]) {
     let last_arrival = arrivals.iter().map(|a| a.step).max().unwrap_or(0);
     for step in 0..5_000u64 {
         for (i, a) in arrivals.iter().enumerate().filter(|(_, a)| a.step == step) {
-            let req = a.request(i as u64);
+            let req = a.request(RequestKey(i as u64));
             reusing.add_request(req.clone()).expect("valid request");
             fresh.add_request(req).expect("valid request");
         }
@@ -190,7 +191,7 @@ fn reused_and_fresh_outputs_agree(setup: &Setup, arrivals: &[Arrival]) {
         samples.clear();
         for s in &out.seqs {
             for k in 0..s.num_samples {
-                let token = (s.seq_id.request as u32) * 31 + s.tokens.end as u32 * 7 + k as u32;
+                let token = (s.seq_id.request.0 as u32) * 31 + s.tokens.end as u32 * 7 + k as u32;
                 samples.push(SampledToken { seq_id: s.seq_id, token, stop: token.is_multiple_of(23) });
             }
         }

@@ -3,8 +3,8 @@
 //! priorities.
 
 use scheduler::{
-    Policy, PreemptionMode, Request, SampledToken, Scheduler, SchedulerConfig, SchedulerError, SeqFinish,
-    SeqId,
+    Policy, PreemptionMode, Request, RequestKey, SampledToken, Scheduler, SchedulerConfig, SchedulerError,
+    SeqFinish, SeqId,
 };
 
 use crate::fake::{FakeEngine, expected_outputs};
@@ -27,9 +27,9 @@ fn prompt(seed: u32, len: usize) -> Vec<u32> {
 
 fn assert_all_expected(engine: &FakeEngine, reqs: &[Request]) {
     for r in reqs {
-        assert_eq!(engine.finished.get(&r.id), Some(&1), "request {} finished exactly once", r.id);
+        assert_eq!(engine.finished.get(&r.key), Some(&1), "request {} finished exactly once", r.key);
         let want = expected_outputs(r, engine.cfg.max_model_len, engine.stop_mod);
-        assert_eq!(engine.outputs_of(r.id, r.n), want, "request {} tokens", r.id);
+        assert_eq!(engine.outputs_of(r.key, r.n), want, "request {} tokens", r.key);
     }
 }
 
@@ -40,7 +40,7 @@ fn single_request_generates_exactly_its_length() {
     e.add(r.clone()).unwrap();
     e.run_to_end(100);
     assert_eq!(e.step, 5, "one prefill step and four decodes");
-    assert_eq!(e.reasons[&SeqId { request: 1, index: 0 }], SeqFinish::Length);
+    assert_eq!(e.reasons[&SeqId { request: RequestKey(1), index: 0 }], SeqFinish::Length);
     assert_all_expected(&e, &[r]);
 }
 
@@ -76,7 +76,7 @@ fn a_waiting_prompt_is_admitted_only_when_all_of_it_fits() {
     e.add(second.clone()).unwrap();
     e.step();
     assert!(
-        e.last.seqs.iter().all(|s| s.seq_id.request == 1),
+        e.last.seqs.iter().all(|s| s.seq_id.request == RequestKey(1)),
         "the second prompt waits instead of taking a first chunk it could not complete"
     );
     assert_eq!(e.sched.num_waiting(), 1);
@@ -96,15 +96,15 @@ fn decodes_go_first_then_partial_prefills_then_new_requests() {
     let b = Request::new(2, prompt(2, 40), 5);
     e.add(b).unwrap();
     e.step(); // a decodes (1 token), b gets 19
-    let ranges: Vec<_> = e.last.seqs.iter().map(|s| (s.seq_id.request, s.tokens.clone())).collect();
+    let ranges: Vec<_> = e.last.seqs.iter().map(|s| (s.seq_id.request.0, s.tokens.clone())).collect();
     assert_eq!(ranges, vec![(1, 4..5), (2, 0..19)]);
     let c3 = Request::new(3, prompt(3, 8), 5);
     e.add(c3).unwrap();
     e.step(); // a decode, b's partial prefill takes the rest: c waits
-    let ranges: Vec<_> = e.last.seqs.iter().map(|s| (s.seq_id.request, s.tokens.clone())).collect();
+    let ranges: Vec<_> = e.last.seqs.iter().map(|s| (s.seq_id.request.0, s.tokens.clone())).collect();
     assert_eq!(ranges, vec![(1, 5..6), (2, 19..38)]);
     e.step(); // b finishes its prompt (2 tokens), c is admitted with the remainder
-    let ranges: Vec<_> = e.last.seqs.iter().map(|s| (s.seq_id.request, s.tokens.clone())).collect();
+    let ranges: Vec<_> = e.last.seqs.iter().map(|s| (s.seq_id.request.0, s.tokens.clone())).collect();
     assert_eq!(ranges, vec![(1, 6..7), (2, 38..40), (3, 0..8)]);
     e.run_to_end(200);
 }
@@ -247,7 +247,7 @@ fn abort_in_every_state_frees_everything() {
     for _ in 0..40 {
         e.step();
         if e.sched.num_swapped() > 0 && !aborted_states.contains("swapped") {
-            let victim = *e.last.preempted.last().unwrap_or(&u64::MAX);
+            let victim = *e.last.preempted.last().unwrap_or(&RequestKey(u64::MAX));
             if e.sched.contains(victim) {
                 e.abort(victim).unwrap();
                 aborted_states.insert("swapped");
@@ -257,7 +257,7 @@ fn abort_in_every_state_frees_everything() {
     assert!(aborted_states.contains("swapped"), "a swapped request was aborted");
     // Waiting.
     e.add(Request::new(100, prompt(100, 9), 5)).unwrap();
-    e.abort(100).unwrap();
+    e.abort(RequestKey(100)).unwrap();
     // In flight: after schedule, before update.
     let out = e.sched.schedule().unwrap();
     let running = out.seqs[0].seq_id.request;
@@ -273,8 +273,11 @@ fn abort_in_every_state_frees_everything() {
     assert!(!e.sched.contains(running));
     e.check_blocks();
     assert!(matches!(e.sched.abort(running), Err(SchedulerError::UnknownRequest(_))));
-    assert!(matches!(e.sched.abort(12345), Err(SchedulerError::UnknownRequest(12345))));
-    let left: Vec<u64> = (0..6).filter(|&i| e.sched.contains(i)).collect();
+    assert!(matches!(
+        e.sched.abort(RequestKey(12345)),
+        Err(SchedulerError::UnknownRequest(RequestKey(12345)))
+    ));
+    let left: Vec<RequestKey> = (0..6).map(RequestKey).filter(|&i| e.sched.contains(i)).collect();
     for i in left {
         e.abort(i).unwrap();
     }
@@ -298,14 +301,20 @@ fn bad_requests_get_typed_errors_and_store_nothing() {
     .unwrap();
     assert!(matches!(
         s.add_request(Request::new(1, vec![1], 5).with_n(0)),
-        Err(SchedulerError::ZeroSamples(1))
+        Err(SchedulerError::ZeroSamples(RequestKey(1)))
     ));
     assert!(matches!(
         s.add_request(Request::new(1, vec![1], 5).with_n(5)),
         Err(SchedulerError::TooManySamples { .. })
     ));
-    assert!(matches!(s.add_request(Request::new(1, vec![], 5)), Err(SchedulerError::EmptyPrompt(1))));
-    assert!(matches!(s.add_request(Request::new(1, vec![1], 0)), Err(SchedulerError::ZeroMaxTokens(1))));
+    assert!(matches!(
+        s.add_request(Request::new(1, vec![], 5)),
+        Err(SchedulerError::EmptyPrompt(RequestKey(1)))
+    ));
+    assert!(matches!(
+        s.add_request(Request::new(1, vec![1], 0)),
+        Err(SchedulerError::ZeroMaxTokens(RequestKey(1)))
+    ));
     assert!(matches!(
         s.add_request(Request::new(1, vec![1; 65], 5)),
         Err(SchedulerError::PromptTooLong { len: 65, .. })
@@ -316,12 +325,15 @@ fn bad_requests_get_typed_errors_and_store_nothing() {
     ));
     assert!(!s.has_unfinished());
     s.add_request(Request::new(1, vec![1, 2], 5)).unwrap();
-    assert!(matches!(s.add_request(Request::new(1, vec![1], 5)), Err(SchedulerError::DuplicateRequest(1))));
+    assert!(matches!(
+        s.add_request(Request::new(1, vec![1], 5)),
+        Err(SchedulerError::DuplicateRequest(RequestKey(1)))
+    ));
     assert!(matches!(s.update(&[]), Err(SchedulerError::NoStepInFlight)));
     let out = s.schedule().unwrap();
     assert!(matches!(s.schedule(), Err(SchedulerError::StepInFlight)));
     let id = out.seqs[0].seq_id;
-    let wrong = SeqId { request: 9, index: 0 };
+    let wrong = SeqId { request: RequestKey(9), index: 0 };
     let bad = [SampledToken { seq_id: wrong, token: 3, stop: false }];
     assert!(matches!(s.update(&bad), Err(SchedulerError::SampleMismatch { position: 0, .. })));
     assert!(matches!(s.update(&[]), Err(SchedulerError::SampleMismatch { got: None, .. })));
@@ -354,11 +366,11 @@ fn a_sequence_outgrowing_the_pool_finishes_with_a_reason() {
     e.add(Request::new(1, prompt(1, 8), 100)).unwrap();
     e.add(Request::new(2, prompt(2, 3), 2)).unwrap();
     e.run_to_end(200);
-    assert_eq!(e.capacity_exceeded, vec![1]);
-    assert_eq!(e.reasons.get(&SeqId { request: 2, index: 0 }), Some(&SeqFinish::Length));
-    assert_eq!(e.finished[&1], 1);
+    assert_eq!(e.capacity_exceeded, vec![RequestKey(1)]);
+    assert_eq!(e.reasons.get(&SeqId { request: RequestKey(2), index: 0 }), Some(&SeqFinish::Length));
+    assert_eq!(e.finished[&RequestKey(1)], 1);
     // It generated until the pool (16 slots) was full: 8 prompt + 8 generated tokens computed.
-    assert_eq!(e.outputs_of(1, 1)[0].len(), 9);
+    assert_eq!(e.outputs_of(RequestKey(1), 1)[0].len(), 9);
 }
 
 #[test]
@@ -369,7 +381,7 @@ fn max_model_len_caps_generation() {
     let r = Request::new(1, prompt(1, 15), 100);
     e.add(r.clone()).unwrap();
     e.run_to_end(100);
-    assert_eq!(e.outputs_of(1, 1)[0].len(), 5);
+    assert_eq!(e.outputs_of(RequestKey(1), 1)[0].len(), 5);
     assert_all_expected(&e, &[r]);
 }
 
@@ -386,12 +398,12 @@ fn fcfs_admits_in_arrival_order_and_bounds_waiting() {
         e.add(r.clone()).unwrap();
     }
     e.run_to_end(10_000);
-    assert_eq!(e.admission_order, (0..30).collect::<Vec<_>>());
+    assert_eq!(e.admission_order, (0..30).map(RequestKey).collect::<Vec<_>>());
     // Without preemption each earlier request needs at most ceil(prompt / budget) + max_new steps.
     for (i, r) in reqs.iter().enumerate() {
         let bound: u64 =
             reqs[..i].iter().map(|p| (p.prompt.len().div_ceil(16) + p.max_new_tokens) as u64).sum();
-        let waited = e.first_scheduled[&r.id] - e.added_at[&r.id];
+        let waited = e.first_scheduled[&r.key] - e.added_at[&r.key];
         assert!(waited <= bound + 1, "request {i} waited {waited} > {bound}");
     }
     assert_all_expected(&e, &reqs);
@@ -413,12 +425,12 @@ fn priority_serves_urgent_requests_first_and_preempts_for_them() {
     let urgent = Request::new(9, prompt(9, 12), 4).with_priority(-1);
     e.add(urgent.clone()).unwrap();
     e.step();
-    assert!(e.last.seqs.iter().any(|s| s.seq_id.request == 9), "the urgent request runs at once");
+    assert!(e.last.seqs.iter().any(|s| s.seq_id.request == RequestKey(9)), "the urgent request runs at once");
     assert!(!e.last.preempted.is_empty(), "by preempting a low-priority one");
     e.run_to_end(1_000);
     assert_all_expected(&e, &low);
     assert_all_expected(&e, &[urgent]);
-    assert!(e.reasons[&SeqId { request: 9, index: 0 }] == SeqFinish::Length);
+    assert!(e.reasons[&SeqId { request: RequestKey(9), index: 0 }] == SeqFinish::Length);
 }
 
 #[test]
@@ -448,7 +460,7 @@ fn fit_alone_helpers_agree_and_a_fitting_request_never_exceeds_capacity() {
                     e.run_to_end(10_000);
                     assert!(e.capacity_exceeded.is_empty(), "bs {bs} p {prompt_len} n {n} pool {pool} m {m}");
                     for k in 0..n as u32 {
-                        assert_eq!(e.outputs_of(1, n)[k as usize].len(), m);
+                        assert_eq!(e.outputs_of(RequestKey(1), n)[k as usize].len(), m);
                     }
                 }
             }
