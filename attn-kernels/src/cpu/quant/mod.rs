@@ -111,6 +111,9 @@ macro_rules! dot_rows_dyn {
 
 // After the macros: macro_rules! names are in scope only below their definition.
 #[cfg(target_arch = "x86_64")]
+#[macro_use]
+mod x86_path;
+#[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
