@@ -59,14 +59,10 @@ fn nibbles_low_then_high(v: __m128i) -> [__m256; 4] {
     [a, b, c, d]
 }
 
-pub(super) struct Q8_0;
-impl Group for Q8_0 {
-    const BYTES: usize = 34;
-    const OFFSET: bool = false;
+groups! {
+    features: "avx2,fma,f16c", vectors: [__m256; 4];
 
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn codes(row: *const u8, g: usize) -> ([__m256; 4], f32, f32) {
+    Q8_0 { bytes: 34, offset: false } => |row, g| {
         // SAFETY: block g (34 bytes: f16 d, 32 i8) lies inside the row.
         unsafe {
             let b = row.add(g * 34);
@@ -76,32 +72,16 @@ impl Group for Q8_0 {
             ([f(lo), f(_mm_srli_si128::<8>(lo)), f(hi), f(_mm_srli_si128::<8>(hi))], f16_at(b), 0.0)
         }
     }
-}
 
-pub(super) struct F16;
-impl Group for F16 {
-    const BYTES: usize = 64;
-    const OFFSET: bool = false;
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn codes(row: *const u8, g: usize) -> ([__m256; 4], f32, f32) {
+    F16 { bytes: 64, offset: false } => |row, g| {
         // SAFETY: 32 halves (64 bytes) at 64·g lie inside the row.
         unsafe {
             let b = row.add(g * 64);
             ([0, 16, 32, 48].map(|o| _mm256_cvtph_ps(_mm_loadu_si128(b.add(o) as *const __m128i))), 1.0, 0.0)
         }
     }
-}
 
-pub(super) struct Bf16;
-impl Group for Bf16 {
-    const BYTES: usize = 64;
-    const OFFSET: bool = false;
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn codes(row: *const u8, g: usize) -> ([__m256; 4], f32, f32) {
+    Bf16 { bytes: 64, offset: false } => |row, g| {
         // SAFETY: 32 bf16 (64 bytes) at 64·g lie inside the row.
         unsafe {
             let b = row.add(g * 64);
@@ -111,6 +91,26 @@ impl Group for Bf16 {
                 _mm256_castsi256_ps(_mm256_slli_epi32::<16>(v))
             });
             (values, 1.0, 0.0)
+        }
+    }
+
+    /// Super-block of 256 (210 bytes: 128 bytes of low nibbles `ql`, 64 of high bit pairs
+    /// `qh`, 16 i8 scales, f16 d) in two halves of 128; group `s` is quarter `s%4` of half
+    /// `s/4`: value `l` of it is `(ql[l (+32)] nibble | qh[l] bits 2·quarter.. << 4) − 32`,
+    /// scaled by `d·scales[8·half + 2·quarter + l/16]`.
+    Q6K { bytes: 26, offset: false } => |row, g| {
+        // SAFETY: super-block g/8 (210 bytes) lies inside the row.
+        unsafe {
+            let b = row.add(g / 8 * 210);
+            let (half, quarter) = (g % 8 / 4, g % 4);
+            let q = u8x32_to_f32(q6k_codes(b, half, quarter));
+            let d = f16_at(b.add(208));
+            let scales = b.add(192 + 8 * half + 2 * quarter) as *const i8;
+            let (s0, s1) = (d * f32::from(*scales), d * f32::from(*scales.add(1)));
+            // Two scales per group: the values themselves.
+            let [a, b2] = affine([q[0], q[1]], s0, -32.0 * s0);
+            let [c, e] = affine([q[2], q[3]], s1, -32.0 * s1);
+            ([a, b2, c, e], 1.0, 0.0)
         }
     }
 }
@@ -133,34 +133,6 @@ fn u8x32_to_f32(v: __m256i) -> [__m256; 4] {
     let [a, b] = u8x16_to_f32(_mm256_castsi256_si128(v));
     let [c, d] = u8x16_to_f32(_mm256_extracti128_si256::<1>(v));
     [a, b, c, d]
-}
-
-pub(super) struct Q6K;
-impl Group for Q6K {
-    const BYTES: usize = 26;
-    const OFFSET: bool = false;
-
-    /// Super-block of 256 (210 bytes: 128 bytes of low nibbles `ql`, 64 of high bit pairs
-    /// `qh`, 16 i8 scales, f16 d) in two halves of 128; group `s` is quarter `s%4` of half
-    /// `s/4`: value `l` of it is `(ql[l (+32)] nibble | qh[l] bits 2·quarter.. << 4) − 32`,
-    /// scaled by `d·scales[8·half + 2·quarter + l/16]`.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn codes(row: *const u8, g: usize) -> ([__m256; 4], f32, f32) {
-        // SAFETY: super-block g/8 (210 bytes) lies inside the row.
-        unsafe {
-            let b = row.add(g / 8 * 210);
-            let (half, quarter) = (g % 8 / 4, g % 4);
-            let q = u8x32_to_f32(q6k_codes(b, half, quarter));
-            let d = f16_at(b.add(208));
-            let scales = b.add(192 + 8 * half + 2 * quarter) as *const i8;
-            let (s0, s1) = (d * f32::from(*scales), d * f32::from(*scales.add(1)));
-            // Two scales per group: the values themselves.
-            let [a, b2] = affine([q[0], q[1]], s0, -32.0 * s0);
-            let [c, e] = affine([q[2], q[3]], s1, -32.0 * s1);
-            ([a, b2, c, e], 1.0, 0.0)
-        }
-    }
 }
 
 /// The 32 six-bit codes (0..64, before the −32) of quarter `quarter` of half `half` of the

@@ -43,14 +43,10 @@ fn nibbles_low_then_high(v: __m128i) -> [__m512; 2] {
     [u8x16_to_f32(_mm_and_si128(v, mask)), u8x16_to_f32(_mm_and_si128(_mm_srli_epi16::<4>(v), mask))]
 }
 
-pub(super) struct Q8_0;
-impl Group for Q8_0 {
-    const BYTES: usize = 34;
-    const OFFSET: bool = false;
+groups! {
+    features: "avx512f,avx2,fma,f16c", vectors: [__m512; 2];
 
-    #[inline]
-    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    unsafe fn codes(row: *const u8, g: usize) -> ([__m512; 2], f32, f32) {
+    Q8_0 { bytes: 34, offset: false } => |row, g| {
         // SAFETY: block g (34 bytes: f16 d, 32 i8) lies inside the row.
         unsafe {
             let b = row.add(g * 34);
@@ -59,32 +55,16 @@ impl Group for Q8_0 {
             ([f(b.add(2)), f(b.add(18))], f16_at(b), 0.0)
         }
     }
-}
 
-pub(super) struct F16;
-impl Group for F16 {
-    const BYTES: usize = 64;
-    const OFFSET: bool = false;
-
-    #[inline]
-    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    unsafe fn codes(row: *const u8, g: usize) -> ([__m512; 2], f32, f32) {
+    F16 { bytes: 64, offset: false } => |row, g| {
         // SAFETY: 32 halves (64 bytes) at 64·g lie inside the row.
         unsafe {
             let b = row.add(g * 64);
             ([0, 32].map(|o| _mm512_cvtph_ps(_mm256_loadu_si256(b.add(o) as *const __m256i))), 1.0, 0.0)
         }
     }
-}
 
-pub(super) struct Bf16;
-impl Group for Bf16 {
-    const BYTES: usize = 64;
-    const OFFSET: bool = false;
-
-    #[inline]
-    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    unsafe fn codes(row: *const u8, g: usize) -> ([__m512; 2], f32, f32) {
+    Bf16 { bytes: 64, offset: false } => |row, g| {
         // SAFETY: 32 bf16 (64 bytes) at 64·g lie inside the row.
         unsafe {
             let b = row.add(g * 64);
@@ -96,24 +76,9 @@ impl Group for Bf16 {
             (values, 1.0, 0.0)
         }
     }
-}
-
-/// 32 bytes as two vectors of sixteen f32 (zero-extended).
-#[inline]
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
-fn u8x32_to_f32(v: __m256i) -> [__m512; 2] {
-    [u8x16_to_f32(_mm256_castsi256_si128(v)), u8x16_to_f32(_mm256_extracti128_si256::<1>(v))]
-}
-
-pub(super) struct Q6K;
-impl Group for Q6K {
-    const BYTES: usize = 26;
-    const OFFSET: bool = false;
 
     /// As [`super::avx2::Q6K`]: quarter `g % 4` of half `g % 8 / 4` of super-block `g / 8`.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    unsafe fn codes(row: *const u8, g: usize) -> ([__m512; 2], f32, f32) {
+    Q6K { bytes: 26, offset: false } => |row, g| {
         // SAFETY: super-block g/8 (210 bytes) lies inside the row.
         unsafe {
             let b = row.add(g / 8 * 210);
@@ -129,6 +94,13 @@ impl Group for Q6K {
             ([a, c], 1.0, 0.0)
         }
     }
+}
+
+/// 32 bytes as two vectors of sixteen f32 (zero-extended).
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+fn u8x32_to_f32(v: __m256i) -> [__m512; 2] {
+    [u8x16_to_f32(_mm256_castsi256_si128(v)), u8x16_to_f32(_mm256_extracti128_si256::<1>(v))]
 }
 
 x86_path! {

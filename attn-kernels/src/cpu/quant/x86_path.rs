@@ -1,13 +1,36 @@
 //! The part of the AVX2 and AVX-512 paths that is the same but for the vector width: the
 //! formats whose groups take one scale and offset from their header (Q4_0, Q4_1, Q4_K), the
 //! decode dot products and row dequantization, written once as [`x86_path!`] and expanded in
-//! [`super::avx2`] and [`super::avx512`], each copy compiled with its module's CPU features.
+//! [`super::avx2`] and [`super::avx512`], each copy compiled with its module's CPU features;
+//! and [`groups!`], which declares a path's formats.
+
+/// Declares each format `$name` of a path and its `Group` impl, whose `codes` returns `$V`
+/// and is compiled with the path's features `$feat`: stated once per path, so no format can
+/// miss one. `$body` is the text of `codes` over `row` and `g`.
+macro_rules! groups {
+    (features: $feat:literal, vectors: $V:ty; $(
+        $(#[$doc:meta])*
+        $name:ident { bytes: $bytes:literal, offset: $offset:literal } => |$row:ident, $g:ident| $body:block
+    )*) => {$(
+        pub(super) struct $name;
+        impl Group for $name {
+            const BYTES: usize = $bytes;
+            const OFFSET: bool = $offset;
+
+            $(#[$doc])*
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn codes($row: *const u8, $g: usize) -> ($V, f32, f32) $body
+        }
+    )*};
+}
 
 /// Expands, in the SIMD module `$isa`, the items both x86 paths share. The module provides
 /// its `Group` trait (with `$V` vectors of `$L` lanes), `nibbles_low_then_high`,
 /// `u8x32_to_f32`, `f16_at`, `scale_min_k4`, `PREFETCH_AHEAD` and the horizontal sum `$hsum`;
-/// `intrinsics` names its setzero, set1, mul, fmadd, loadu and storeu for `$V`. The macro writes the text of each function once,
-/// so each expansion is the same code as a hand-written copy with that module's features.
+/// `intrinsics` names its setzero, set1, mul, fmadd, loadu and storeu for `$V`. The macro
+/// writes the text of each function once, so each expansion is the same code as a
+/// hand-written copy with that module's features.
 macro_rules! x86_path {
     (
         isa: $isa:ident, features: $feat:literal, vector: $V:ty, lanes: $L:literal, hsum: $hsum:ident,
@@ -33,14 +56,10 @@ macro_rules! x86_path {
             q.map(|v| $fmadd(v, s, o))
         }
 
-        pub(super) struct Q4_0;
-        impl Group for Q4_0 {
-            const BYTES: usize = 18;
-            const OFFSET: bool = true;
+        groups! {
+            features: $feat, vectors: [$V; 32 / $L];
 
-            #[inline]
-            #[target_feature(enable = $feat)]
-            unsafe fn codes(row: *const u8, g: usize) -> ([$V; 32 / $L], f32, f32) {
+            Q4_0 { bytes: 18, offset: true } => |row, g| {
                 // SAFETY: block g (18 bytes: f16 d, 16 bytes of nibbles) lies inside the row.
                 unsafe {
                     let b = row.add(g * 18);
@@ -48,16 +67,8 @@ macro_rules! x86_path {
                     (nibbles_low_then_high(_mm_loadu_si128(b.add(2) as *const __m128i)), d, -8.0 * d)
                 }
             }
-        }
 
-        pub(super) struct Q4_1;
-        impl Group for Q4_1 {
-            const BYTES: usize = 20;
-            const OFFSET: bool = true;
-
-            #[inline]
-            #[target_feature(enable = $feat)]
-            unsafe fn codes(row: *const u8, g: usize) -> ([$V; 32 / $L], f32, f32) {
+            Q4_1 { bytes: 20, offset: true } => |row, g| {
                 // SAFETY: block g (20 bytes: f16 d, f16 m, 16 bytes of nibbles) lies inside the row.
                 unsafe {
                     let b = row.add(g * 20);
@@ -67,19 +78,11 @@ macro_rules! x86_path {
                     (nibbles_low_then_high(_mm_loadu_si128(b.add(4) as *const __m128i)), d, m)
                 }
             }
-        }
-
-        pub(super) struct Q4K;
-        impl Group for Q4K {
-            const BYTES: usize = 18;
-            const OFFSET: bool = true;
 
             /// Super-block of 256 (144 bytes: f16 d, f16 dmin, 12 bytes of scales and mins, 128
             /// bytes of nibbles); group `s` of it is sub-block `s`: the low nibbles of bytes
             /// `32·(s/2)..` for even `s`, the high nibbles for odd `s`; value = `d·sc·q − dmin·m`.
-            #[inline]
-            #[target_feature(enable = $feat)]
-            unsafe fn codes(row: *const u8, g: usize) -> ([$V; 32 / $L], f32, f32) {
+            Q4K { bytes: 18, offset: true } => |row, g| {
                 // SAFETY: super-block g/8 (144 bytes) lies inside the row.
                 unsafe {
                     let b = row.add(g / 8 * 144);
