@@ -182,5 +182,12 @@ pub(super) const PREFETCH_AHEAD: usize = 4096;
 
 x86_path! {
     isa: avx2, features: "avx2,fma,f16c", vector: __m256, lanes: 8, hsum: hsum,
-    intrinsics: _mm256_setzero_ps, _mm256_set1_ps, _mm256_mul_ps, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_storeu_ps,
+    intrinsics: _mm256_setzero_ps, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_storeu_ps,
+    dot: |q, xp| {
+        let mut dot = _mm256_mul_ps(q[0], _mm256_loadu_ps(xp));
+        for (j, &qj) in q.iter().enumerate().skip(1) {
+            dot = _mm256_fmadd_ps(qj, _mm256_loadu_ps(xp.add(8 * j)), dot);
+        }
+        dot
+    },
 }

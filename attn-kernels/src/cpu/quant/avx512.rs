@@ -105,5 +105,6 @@ fn u8x32_to_f32(v: __m256i) -> [__m512; 2] {
 
 x86_path! {
     isa: avx512, features: "avx512f,avx2,fma,f16c", vector: __m512, lanes: 16, hsum: _mm512_reduce_add_ps,
-    intrinsics: _mm512_setzero_ps, _mm512_set1_ps, _mm512_mul_ps, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_storeu_ps,
+    intrinsics: _mm512_setzero_ps, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_storeu_ps,
+    dot: |q, xp| _mm512_fmadd_ps(q[1], _mm512_loadu_ps(xp.add(16)), _mm512_mul_ps(q[0], _mm512_loadu_ps(xp))),
 }

@@ -28,13 +28,16 @@ macro_rules! groups {
 /// Expands, in the SIMD module `$isa`, the items both x86 paths share. The module provides
 /// its `Group` trait (with `$V` vectors of `$L` lanes), `nibbles_low_then_high`,
 /// `u8x32_to_f32`, `f16_at`, `scale_min_k4`, `PREFETCH_AHEAD` and the horizontal sum `$hsum`;
-/// `intrinsics` names its setzero, set1, mul, fmadd, loadu and storeu for `$V`. The macro
+/// `intrinsics` names its setzero, set1, fmadd and storeu for `$V`; `dot` is the group's dot
+/// product of the codes `$q` with the 32 activations at `$xp` (each path keeps its own text,
+/// so that its loads and multiplies stay in the order they were tuned in). The macro
 /// writes the text of each function once, so each expansion is the same code as a
 /// hand-written copy with that module's features.
 macro_rules! x86_path {
     (
         isa: $isa:ident, features: $feat:literal, vector: $V:ty, lanes: $L:literal, hsum: $hsum:ident,
-        intrinsics: $setzero:ident, $set1:ident, $mul:ident, $fmadd:ident, $loadu:ident, $storeu:ident $(,)?
+        intrinsics: $setzero:ident, $set1:ident, $fmadd:ident, $storeu:ident,
+        dot: |$q:ident, $xp:ident| $dot:expr $(,)?
     ) => {
         /// The dequantized values of group `g`.
         ///
@@ -130,10 +133,10 @@ macro_rules! x86_path {
                         let scale = $set1(scale);
                         for (t, a) in acc.iter_mut().enumerate() {
                             let xp = xs.add(t * k + 32 * g);
-                            let mut dot = $mul(q[0], $loadu(xp));
-                            for (j, &qj) in q.iter().enumerate().skip(1) {
-                                dot = $fmadd(qj, $loadu(xp.add($L * j)), dot);
-                            }
+                            let dot = {
+                                let ($q, $xp) = (q, xp);
+                                $dot
+                            };
                             *a = $fmadd(dot, scale, *a);
                             if F::OFFSET {
                                 offsets[t] = offset.mul_add(*group_sums.get_unchecked(t * groups + g), offsets[t]);
