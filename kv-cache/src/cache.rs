@@ -1,6 +1,6 @@
 //! The whole KV cache: every layer's device tensors plus the host-side swap cache.
 
-use crate::{CacheConfig, CacheError, CacheGeometry, LayerCache};
+use crate::{CacheConfig, CacheError, LayerCache};
 
 /// All layers' K/V tensors on the device, and a host swap cache with the same per-block layout.
 #[derive(Debug)]
@@ -17,21 +17,14 @@ impl KvCache {
         if !config.device.is_cpu() {
             return Err(CacheError::UnsupportedDevice(config.device));
         }
-        let geometry = |num_blocks| CacheGeometry {
-            num_blocks,
-            num_kv_heads: config.num_kv_heads,
-            head_size: config.head_size,
-            block_size: config.block_size,
-            dtype: config.dtype,
-        };
         let layers = (0..config.num_layers)
-            .map(|_| LayerCache::new(geometry(config.num_blocks)))
+            .map(|_| LayerCache::new(config.layer_geometry(config.num_blocks)))
             .collect::<Result<Vec<_>, _>>()?;
         let swap = if config.num_swap_blocks == 0 {
             Vec::new()
         } else {
             (0..config.num_layers)
-                .map(|_| LayerCache::new(geometry(config.num_swap_blocks)))
+                .map(|_| LayerCache::new(config.layer_geometry(config.num_swap_blocks)))
                 .collect::<Result<Vec<_>, _>>()?
         };
         Ok(KvCache { config, layers, swap })

@@ -1,6 +1,6 @@
 //! Cache configuration and sizing from a memory budget.
 
-use crate::{CacheError, DType, Device};
+use crate::{CacheError, CacheGeometry, DType, Device};
 
 /// What one block looks like across all layers; everything except how many blocks there are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,6 +81,18 @@ impl CacheConfig {
             num_layers: self.num_layers,
             num_kv_heads: self.num_kv_heads,
             head_size: self.head_size,
+            dtype: self.dtype,
+        }
+    }
+
+    /// One layer's geometry with `num_blocks` blocks: the device layers and the swap layers
+    /// differ only in that count.
+    pub fn layer_geometry(&self, num_blocks: usize) -> CacheGeometry {
+        CacheGeometry {
+            num_blocks,
+            num_kv_heads: self.num_kv_heads,
+            head_size: self.head_size,
+            block_size: self.block_size,
             dtype: self.dtype,
         }
     }

@@ -172,17 +172,10 @@ impl CudaKvCache {
     /// blocks per layer on `stream`'s device (`config.device` is ignored).
     pub fn new(config: CacheConfig, stream: Arc<CudaStream>) -> Result<Self, CudaCacheError> {
         config.shape().validate()?;
-        let geometry = |num_blocks| CacheGeometry {
-            num_blocks,
-            num_kv_heads: config.num_kv_heads,
-            head_size: config.head_size,
-            block_size: config.block_size,
-            dtype: config.dtype,
-        };
         let layers = (0..config.num_layers)
-            .map(|_| DeviceLayerCache::new(&stream, geometry(config.num_blocks)))
+            .map(|_| DeviceLayerCache::new(&stream, config.layer_geometry(config.num_blocks)))
             .collect::<Result<Vec<_>, _>>()?;
-        let swap_bytes = tensor_bytes(&geometry(config.num_swap_blocks))?;
+        let swap_bytes = tensor_bytes(&config.layer_geometry(config.num_swap_blocks))?;
         let mut swap = Vec::new();
         if swap_bytes > 0 {
             for _ in 0..config.num_layers {

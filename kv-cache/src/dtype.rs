@@ -58,29 +58,25 @@ impl CacheElem for f32 {
     }
 }
 
-impl CacheElem for f16 {
-    const DTYPE: DType = DType::F16;
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        f16::to_f32(self)
-    }
-    #[inline(always)]
-    fn from_f32(v: f32) -> Self {
-        f16::from_f32(v)
-    }
+/// [`CacheElem`] for a `half` type, whose own conversions are the cache's.
+macro_rules! half_cache_elem {
+    ($t:ident, $dtype:ident) => {
+        impl CacheElem for $t {
+            const DTYPE: DType = DType::$dtype;
+            #[inline(always)]
+            fn to_f32(self) -> f32 {
+                $t::to_f32(self)
+            }
+            #[inline(always)]
+            fn from_f32(v: f32) -> Self {
+                $t::from_f32(v)
+            }
+        }
+    };
 }
 
-impl CacheElem for bf16 {
-    const DTYPE: DType = DType::BF16;
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        bf16::to_f32(self)
-    }
-    #[inline(always)]
-    fn from_f32(v: f32) -> Self {
-        bf16::from_f32(v)
-    }
-}
+half_cache_elem!(f16, F16);
+half_cache_elem!(bf16, BF16);
 
 #[cfg(test)]
 mod tests {

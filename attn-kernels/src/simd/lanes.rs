@@ -125,47 +125,60 @@ mod x86 {
     #[derive(Clone, Copy)]
     pub(crate) struct Avx512(__m512);
 
+    /// The [`Lanes`] methods that are one intrinsic each, for the wrapper `$W` (same text for
+    /// both widths, with that width's intrinsics and `KernelElem` widening `$widen`).
+    macro_rules! one_intrinsic_methods {
+        ($W:ident, $widen:ident: $set1:ident, $loadu:ident, $storeu:ident, $fmadd:ident, $mul:ident,
+         $add:ident, $sub:ident, $max:ident) => {
+            #[inline(always)]
+            unsafe fn splat(v: f32) -> Self {
+                unsafe { $W($set1(v)) }
+            }
+            #[inline(always)]
+            unsafe fn load(p: *const f32) -> Self {
+                unsafe { $W($loadu(p)) }
+            }
+            #[inline(always)]
+            unsafe fn store(self, p: *mut f32) {
+                unsafe { $storeu(p, self.0) }
+            }
+            #[inline(always)]
+            unsafe fn widen<T: KernelElem>(p: *const T) -> Self {
+                unsafe { $W(T::$widen(p)) }
+            }
+            #[inline(always)]
+            unsafe fn fma(a: Self, b: Self, c: Self) -> Self {
+                unsafe { $W($fmadd(a.0, b.0, c.0)) }
+            }
+            #[inline(always)]
+            unsafe fn mul(self, o: Self) -> Self {
+                unsafe { $W($mul(self.0, o.0)) }
+            }
+            #[inline(always)]
+            unsafe fn add(self, o: Self) -> Self {
+                unsafe { $W($add(self.0, o.0)) }
+            }
+            #[inline(always)]
+            unsafe fn sub(self, o: Self) -> Self {
+                unsafe { $W($sub(self.0, o.0)) }
+            }
+            #[inline(always)]
+            unsafe fn max(self, o: Self) -> Self {
+                unsafe { $W($max(self.0, o.0)) }
+            }
+        };
+    }
+
     // SAFETY (all methods below): register arithmetic or loads/stores of `L` lanes the caller
     // vouches for, with the ISA enabled by the calling function.
     impl Lanes for Avx2 {
         const L: usize = 8;
 
-        #[inline(always)]
-        unsafe fn splat(v: f32) -> Self {
-            unsafe { Avx2(_mm256_set1_ps(v)) }
+        one_intrinsic_methods! {
+            Avx2, load8: _mm256_set1_ps, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_fmadd_ps, _mm256_mul_ps,
+            _mm256_add_ps, _mm256_sub_ps, _mm256_max_ps
         }
-        #[inline(always)]
-        unsafe fn load(p: *const f32) -> Self {
-            unsafe { Avx2(_mm256_loadu_ps(p)) }
-        }
-        #[inline(always)]
-        unsafe fn store(self, p: *mut f32) {
-            unsafe { _mm256_storeu_ps(p, self.0) }
-        }
-        #[inline(always)]
-        unsafe fn widen<T: KernelElem>(p: *const T) -> Self {
-            unsafe { Avx2(T::load8(p)) }
-        }
-        #[inline(always)]
-        unsafe fn fma(a: Self, b: Self, c: Self) -> Self {
-            unsafe { Avx2(_mm256_fmadd_ps(a.0, b.0, c.0)) }
-        }
-        #[inline(always)]
-        unsafe fn mul(self, o: Self) -> Self {
-            unsafe { Avx2(_mm256_mul_ps(self.0, o.0)) }
-        }
-        #[inline(always)]
-        unsafe fn add(self, o: Self) -> Self {
-            unsafe { Avx2(_mm256_add_ps(self.0, o.0)) }
-        }
-        #[inline(always)]
-        unsafe fn sub(self, o: Self) -> Self {
-            unsafe { Avx2(_mm256_sub_ps(self.0, o.0)) }
-        }
-        #[inline(always)]
-        unsafe fn max(self, o: Self) -> Self {
-            unsafe { Avx2(_mm256_max_ps(self.0, o.0)) }
-        }
+
         #[inline(always)]
         unsafe fn exp(self) -> Self {
             unsafe { Avx2(crate::simd::x86::exp8(self.0)) }
@@ -186,42 +199,11 @@ mod x86 {
     impl Lanes for Avx512 {
         const L: usize = 16;
 
-        #[inline(always)]
-        unsafe fn splat(v: f32) -> Self {
-            unsafe { Avx512(_mm512_set1_ps(v)) }
+        one_intrinsic_methods! {
+            Avx512, load16: _mm512_set1_ps, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_fmadd_ps, _mm512_mul_ps,
+            _mm512_add_ps, _mm512_sub_ps, _mm512_max_ps
         }
-        #[inline(always)]
-        unsafe fn load(p: *const f32) -> Self {
-            unsafe { Avx512(_mm512_loadu_ps(p)) }
-        }
-        #[inline(always)]
-        unsafe fn store(self, p: *mut f32) {
-            unsafe { _mm512_storeu_ps(p, self.0) }
-        }
-        #[inline(always)]
-        unsafe fn widen<T: KernelElem>(p: *const T) -> Self {
-            unsafe { Avx512(T::load16(p)) }
-        }
-        #[inline(always)]
-        unsafe fn fma(a: Self, b: Self, c: Self) -> Self {
-            unsafe { Avx512(_mm512_fmadd_ps(a.0, b.0, c.0)) }
-        }
-        #[inline(always)]
-        unsafe fn mul(self, o: Self) -> Self {
-            unsafe { Avx512(_mm512_mul_ps(self.0, o.0)) }
-        }
-        #[inline(always)]
-        unsafe fn add(self, o: Self) -> Self {
-            unsafe { Avx512(_mm512_add_ps(self.0, o.0)) }
-        }
-        #[inline(always)]
-        unsafe fn sub(self, o: Self) -> Self {
-            unsafe { Avx512(_mm512_sub_ps(self.0, o.0)) }
-        }
-        #[inline(always)]
-        unsafe fn max(self, o: Self) -> Self {
-            unsafe { Avx512(_mm512_max_ps(self.0, o.0)) }
-        }
+
         #[inline(always)]
         unsafe fn exp(self) -> Self {
             unsafe { Avx512(exp16(self.0)) }

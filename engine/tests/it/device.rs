@@ -10,6 +10,16 @@ fn cuda_config() -> EngineConfig {
     EngineConfig { device: Device::Cuda { ordinal: 0 }, kv_dtype: DType::BF16, ..small_config(64) }
 }
 
+/// Asserts that opening an engine with `config` fails with an error naming `needle`;
+/// `opened` says what must not have happened.
+fn assert_open_fails(config: EngineConfig, needle: &str, opened: &str) {
+    let fx = Fixture::new();
+    match Engine::new(fx.dir.path(), config) {
+        Ok(_) => panic!("{opened}"),
+        Err(e) => assert!(e.to_string().contains(needle), "{e}"),
+    }
+}
+
 #[test]
 fn cpu_is_the_default_device() {
     assert_eq!(EngineConfig::default().device, Device::Cpu);
@@ -20,17 +30,18 @@ fn cpu_is_the_default_device() {
 #[cfg(not(feature = "cuda"))]
 #[test]
 fn cuda_in_a_build_without_cuda_names_the_feature() {
-    let fx = Fixture::new();
-    match Engine::new(fx.dir.path(), cuda_config()) {
-        Ok(_) => panic!("a build without the cuda feature opened a CUDA engine"),
-        Err(e) => assert!(e.to_string().contains("`cuda` feature"), "{e}"),
-    }
+    assert_open_fails(
+        cuda_config(),
+        "`cuda` feature",
+        "a build without the cuda feature opened a CUDA engine",
+    );
 }
 
 #[cfg(feature = "cuda")]
 #[test]
 fn cuda_without_a_driver_is_one_clear_error() {
     let fx = Fixture::new();
+    // Opened whether or not a driver is present: with one, opening must not panic either.
     let result = Engine::new(fx.dir.path(), cuda_config());
     if !model::cuda::driver_present() {
         match result {
@@ -43,10 +54,6 @@ fn cuda_without_a_driver_is_one_clear_error() {
 #[cfg(feature = "cuda")]
 #[test]
 fn cuda_needs_a_half_precision_cache() {
-    let fx = Fixture::new();
     let config = EngineConfig { kv_dtype: DType::F32, ..cuda_config() };
-    match Engine::new(fx.dir.path(), config) {
-        Ok(_) => panic!("a CUDA engine with an f32 cache"),
-        Err(e) => assert!(e.to_string().contains("bf16 or f16"), "{e}"),
-    }
+    assert_open_fails(config, "bf16 or f16", "a CUDA engine with an f32 cache");
 }

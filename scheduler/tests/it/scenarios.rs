@@ -187,16 +187,23 @@ fn pressure_requests() -> Vec<Request> {
         .collect()
 }
 
-#[test]
-fn recompute_preemption_resumes_with_the_same_tokens() {
-    let mut c = cfg(24, 4);
-    c.preemption = PreemptionMode::Recompute;
+/// [`pressure_requests`] run to the end on a scheduler configured by `c` (a pool small enough
+/// to preempt): the preemption tests differ only in the mode and host pool they configure.
+fn run_pressure(c: SchedulerConfig) -> (FakeEngine, Vec<Request>) {
     let mut e = FakeEngine::new(c);
     let reqs = pressure_requests();
     for r in &reqs {
         e.add(r.clone()).unwrap();
     }
     e.run_to_end(5_000);
+    (e, reqs)
+}
+
+#[test]
+fn recompute_preemption_resumes_with_the_same_tokens() {
+    let mut c = cfg(24, 4);
+    c.preemption = PreemptionMode::Recompute;
+    let (e, reqs) = run_pressure(c);
     assert!(e.preempted > 0, "the pool is small enough to force preemption");
     assert_eq!(e.sched.stats().preemptions_swap, 0);
     assert_all_expected(&e, &reqs);
@@ -207,12 +214,7 @@ fn swap_preemption_resumes_with_the_same_tokens() {
     let mut c = cfg(24, 4);
     c.preemption = PreemptionMode::Swap;
     c.num_host_blocks = 64;
-    let mut e = FakeEngine::new(c);
-    let reqs = pressure_requests();
-    for r in &reqs {
-        e.add(r.clone()).unwrap();
-    }
-    e.run_to_end(5_000);
+    let (e, reqs) = run_pressure(c);
     assert!(e.sched.stats().preemptions_swap > 0);
     assert!(e.swaps_out > 0 && e.swaps_in == e.swaps_out);
     assert_all_expected(&e, &reqs);
@@ -223,12 +225,7 @@ fn swap_falls_back_to_recompute_when_the_host_is_full() {
     let mut c = cfg(24, 4);
     c.preemption = PreemptionMode::Swap;
     c.num_host_blocks = 4;
-    let mut e = FakeEngine::new(c);
-    let reqs = pressure_requests();
-    for r in &reqs {
-        e.add(r.clone()).unwrap();
-    }
-    e.run_to_end(5_000);
+    let (e, reqs) = run_pressure(c);
     let stats = e.sched.stats();
     assert!(stats.preemptions_recompute > 0);
     assert_all_expected(&e, &reqs);

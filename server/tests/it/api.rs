@@ -164,8 +164,9 @@ fn models_health_tokenize_detokenize_and_metrics() {
     runtime().block_on(async {
         let (status, models) = srv.get("/v1/models").await;
         assert_eq!(status, StatusCode::OK);
-        let models: Value = serde_json::from_str(&models).unwrap_or_default();
+        let models: Value = serde_json::from_str(&models).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(models["data"][0]["id"], "tiny");
+        // The web chat reads the served model's length from here.
         assert_eq!(models["data"][0]["max_model_len"], 512);
         assert_eq!(srv.get("/health").await.0, StatusCode::OK);
 

@@ -65,18 +65,6 @@ fn the_page_references_only_its_own_assets() {
     }
 }
 
-#[test]
-fn models_reports_the_max_model_len() {
-    let srv = TestServer::default();
-    runtime().block_on(async {
-        let (status, text) = srv.get("/v1/models").await;
-        assert_eq!(status, StatusCode::OK);
-        let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(v["data"][0]["id"], "tiny");
-        assert_eq!(v["data"][0]["max_model_len"], 512);
-    });
-}
-
 /// What `cargo xtask plan --model llama2-7b --hardware a100-40gb --num-requests 200 --rate inf`
 /// computes, called directly.
 fn direct_llama2_plan() -> (usize, sim::SimSetup, sim::Comparison) {

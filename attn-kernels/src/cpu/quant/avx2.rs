@@ -10,7 +10,8 @@ use std::arch::x86_64::*;
 use super::{Activations, GgmlType, Out, PartRef};
 
 /// One format's groups of 32 consecutive values of a row, factored as `codes·scale + offset`
-/// (see [`super::avx512::Group`], of which this is the eight-lane twin).
+/// (see [`super::avx512::Group`], of which this is the eight-lane twin). The formats and
+/// kernels both paths share are in [`super::x86_path`].
 pub(super) trait Group {
     /// Bytes of a row per group of 32 values (rounded down for Q6_K's 26.25): how far the
     /// prefetch moves per group.
@@ -26,18 +27,6 @@ pub(super) trait Group {
     /// AVX2, FMA and F16C are available; `row` points at a whole row of this format holding
     /// more than `32·g` values.
     unsafe fn codes(row: *const u8, g: usize) -> ([__m256; 4], f32, f32);
-}
-
-/// The dequantized values of group `g`.
-///
-/// # Safety
-/// As [`Group::codes`].
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn group<F: Group>(row: *const u8, g: usize) -> [__m256; 4] {
-    // SAFETY: forwarded contract.
-    let (q, scale, offset) = unsafe { F::codes(row, g) };
-    affine(q, scale, offset)
 }
 
 /// An f16 stored at `p` (unaligned), as f32 (the AVX-512 path uses it too).
@@ -70,22 +59,10 @@ fn nibbles_low_then_high(v: __m128i) -> [__m256; 4] {
     [a, b, c, d]
 }
 
-/// `q·scale + offset` for each of the four vectors.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn affine<const N: usize>(q: [__m256; N], scale: f32, offset: f32) -> [__m256; N] {
-    let (s, o) = (_mm256_set1_ps(scale), _mm256_set1_ps(offset));
-    q.map(|v| _mm256_fmadd_ps(v, s, o))
-}
+groups! {
+    features: "avx2,fma,f16c", vectors: [__m256; 4];
 
-pub(super) struct Q8_0;
-impl Group for Q8_0 {
-    const BYTES: usize = 34;
-    const OFFSET: bool = false;
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn codes(row: *const u8, g: usize) -> ([__m256; 4], f32, f32) {
+    Q8_0 { bytes: 34, offset: false } => |row, g| {
         // SAFETY: block g (34 bytes: f16 d, 32 i8) lies inside the row.
         unsafe {
             let b = row.add(g * 34);
@@ -95,68 +72,16 @@ impl Group for Q8_0 {
             ([f(lo), f(_mm_srli_si128::<8>(lo)), f(hi), f(_mm_srli_si128::<8>(hi))], f16_at(b), 0.0)
         }
     }
-}
 
-pub(super) struct Q4_0;
-impl Group for Q4_0 {
-    const BYTES: usize = 18;
-    const OFFSET: bool = true;
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn codes(row: *const u8, g: usize) -> ([__m256; 4], f32, f32) {
-        // SAFETY: block g (18 bytes: f16 d, 16 bytes of nibbles) lies inside the row.
-        unsafe {
-            let b = row.add(g * 18);
-            let d = f16_at(b);
-            (nibbles_low_then_high(_mm_loadu_si128(b.add(2) as *const __m128i)), d, -8.0 * d)
-        }
-    }
-}
-
-pub(super) struct Q4_1;
-impl Group for Q4_1 {
-    const BYTES: usize = 20;
-    const OFFSET: bool = true;
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn codes(row: *const u8, g: usize) -> ([__m256; 4], f32, f32) {
-        // SAFETY: block g (20 bytes: f16 d, f16 m, 16 bytes of nibbles) lies inside the row.
-        unsafe {
-            let b = row.add(g * 20);
-            // d and m side by side: one load and one conversion for both.
-            let dm = _mm_cvtph_ps(_mm_cvtsi32_si128((b as *const i32).read_unaligned()));
-            let (d, m) = (_mm_cvtss_f32(dm), _mm_cvtss_f32(_mm_movehdup_ps(dm)));
-            (nibbles_low_then_high(_mm_loadu_si128(b.add(4) as *const __m128i)), d, m)
-        }
-    }
-}
-
-pub(super) struct F16;
-impl Group for F16 {
-    const BYTES: usize = 64;
-    const OFFSET: bool = false;
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn codes(row: *const u8, g: usize) -> ([__m256; 4], f32, f32) {
+    F16 { bytes: 64, offset: false } => |row, g| {
         // SAFETY: 32 halves (64 bytes) at 64·g lie inside the row.
         unsafe {
             let b = row.add(g * 64);
             ([0, 16, 32, 48].map(|o| _mm256_cvtph_ps(_mm_loadu_si128(b.add(o) as *const __m128i))), 1.0, 0.0)
         }
     }
-}
 
-pub(super) struct Bf16;
-impl Group for Bf16 {
-    const BYTES: usize = 64;
-    const OFFSET: bool = false;
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn codes(row: *const u8, g: usize) -> ([__m256; 4], f32, f32) {
+    Bf16 { bytes: 64, offset: false } => |row, g| {
         // SAFETY: 32 bf16 (64 bytes) at 64·g lie inside the row.
         unsafe {
             let b = row.add(g * 64);
@@ -166,6 +91,26 @@ impl Group for Bf16 {
                 _mm256_castsi256_ps(_mm256_slli_epi32::<16>(v))
             });
             (values, 1.0, 0.0)
+        }
+    }
+
+    /// Super-block of 256 (210 bytes: 128 bytes of low nibbles `ql`, 64 of high bit pairs
+    /// `qh`, 16 i8 scales, f16 d) in two halves of 128; group `s` is quarter `s%4` of half
+    /// `s/4`: value `l` of it is `(ql[l (+32)] nibble | qh[l] bits 2·quarter.. << 4) − 32`,
+    /// scaled by `d·scales[8·half + 2·quarter + l/16]`.
+    Q6K { bytes: 26, offset: false } => |row, g| {
+        // SAFETY: super-block g/8 (210 bytes) lies inside the row.
+        unsafe {
+            let b = row.add(g / 8 * 210);
+            let (half, quarter) = (g % 8 / 4, g % 4);
+            let q = u8x32_to_f32(q6k_codes(b, half, quarter));
+            let d = f16_at(b.add(208));
+            let scales = b.add(192 + 8 * half + 2 * quarter) as *const i8;
+            let (s0, s1) = (d * f32::from(*scales), d * f32::from(*scales.add(1)));
+            // Two scales per group: the values themselves.
+            let [a, b2] = affine([q[0], q[1]], s0, -32.0 * s0);
+            let [c, e] = affine([q[2], q[3]], s1, -32.0 * s1);
+            ([a, b2, c, e], 1.0, 0.0)
         }
     }
 }
@@ -188,59 +133,6 @@ fn u8x32_to_f32(v: __m256i) -> [__m256; 4] {
     let [a, b] = u8x16_to_f32(_mm256_castsi256_si128(v));
     let [c, d] = u8x16_to_f32(_mm256_extracti128_si256::<1>(v));
     [a, b, c, d]
-}
-
-pub(super) struct Q4K;
-impl Group for Q4K {
-    const BYTES: usize = 18;
-    const OFFSET: bool = true;
-
-    /// Super-block of 256 (144 bytes: f16 d, f16 dmin, 12 bytes of scales and mins, 128 bytes
-    /// of nibbles); group `s` of it is sub-block `s`: the low nibbles of bytes `32·(s/2)..`
-    /// for even `s`, the high nibbles for odd `s`; value = `d·sc·q − dmin·m`.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn codes(row: *const u8, g: usize) -> ([__m256; 4], f32, f32) {
-        // SAFETY: super-block g/8 (144 bytes) lies inside the row.
-        unsafe {
-            let b = row.add(g / 8 * 144);
-            let s = g % 8;
-            let (d, dmin) = (f16_at(b), f16_at(b.add(2)));
-            let (sc, m) = scale_min_k4(s, &*(b.add(4) as *const [u8; 12]));
-            let bytes = _mm256_loadu_si256(b.add(16 + 32 * (s / 2)) as *const __m256i);
-            let nib = if s.is_multiple_of(2) { bytes } else { _mm256_srli_epi16::<4>(bytes) };
-            let q = _mm256_and_si256(nib, _mm256_set1_epi8(0x0f));
-            (u8x32_to_f32(q), d * f32::from(sc), -dmin * f32::from(m))
-        }
-    }
-}
-
-pub(super) struct Q6K;
-impl Group for Q6K {
-    const BYTES: usize = 26;
-    const OFFSET: bool = false;
-
-    /// Super-block of 256 (210 bytes: 128 bytes of low nibbles `ql`, 64 of high bit pairs
-    /// `qh`, 16 i8 scales, f16 d) in two halves of 128; group `s` is quarter `s%4` of half
-    /// `s/4`: value `l` of it is `(ql[l (+32)] nibble | qh[l] bits 2·quarter.. << 4) − 32`,
-    /// scaled by `d·scales[8·half + 2·quarter + l/16]`.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn codes(row: *const u8, g: usize) -> ([__m256; 4], f32, f32) {
-        // SAFETY: super-block g/8 (210 bytes) lies inside the row.
-        unsafe {
-            let b = row.add(g / 8 * 210);
-            let (half, quarter) = (g % 8 / 4, g % 4);
-            let q = u8x32_to_f32(q6k_codes(b, half, quarter));
-            let d = f16_at(b.add(208));
-            let scales = b.add(192 + 8 * half + 2 * quarter) as *const i8;
-            let (s0, s1) = (d * f32::from(*scales), d * f32::from(*scales.add(1)));
-            // Two scales per group: the values themselves.
-            let [a, b2] = affine([q[0], q[1]], s0, -32.0 * s0);
-            let [c, e] = affine([q[2], q[3]], s1, -32.0 * s1);
-            ([a, b2, c, e], 1.0, 0.0)
-        }
-    }
 }
 
 /// The 32 six-bit codes (0..64, before the −32) of quarter `quarter` of half `half` of the
@@ -288,77 +180,14 @@ pub(super) fn hsum(v: __m256) -> f32 {
 /// (`model` crate, AVX-512, 2-core Xeon).
 pub(super) const PREFETCH_AHEAD: usize = 4096;
 
-/// Rows `rows` of `part` times tokens `t0..t0+M` of `x`, into `out`, as
-/// [`super::avx512`]'s `dot_rows` with eight lanes: per group the codes times the activations,
-/// scaled once, plus the offset times the activations' group sum.
-///
-/// # Safety
-/// AVX2, FMA, F16C; the rows and tokens lie inside `part` and `x`; only this task writes
-/// columns `rows` of `out`.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_rows<F: Group, const M: usize>(
-    part: &PartRef<'_>,
-    rows: std::ops::Range<usize>,
-    acts: Activations<'_>,
-    t0: usize,
-    out: Out,
-    accumulate: bool,
-) {
-    let k = part.cols;
-    let groups = k / 32;
-    let xs = acts.x[t0 * k..(t0 + M) * k].as_ptr();
-    let group_sums = &acts.group_sums[t0 * groups..];
-    for r in rows {
-        let row = part.row(r).as_ptr();
-        let mut acc = [_mm256_setzero_ps(); M];
-        let mut offsets = [0.0f32; M];
-        for g in 0..groups {
-            // SAFETY: g < groups, so the group lies in the row; x holds M rows of k. The
-            // prefetch is a hint (it may point past the part and never faults).
-            unsafe {
-                _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(g * F::BYTES + PREFETCH_AHEAD) as *const i8);
-                let (q, scale, offset) = F::codes(row, g);
-                let scale = _mm256_set1_ps(scale);
-                for (t, a) in acc.iter_mut().enumerate() {
-                    let xp = xs.add(t * k + 32 * g);
-                    let mut dot = _mm256_mul_ps(q[0], _mm256_loadu_ps(xp));
-                    for (j, &qj) in q.iter().enumerate().skip(1) {
-                        dot = _mm256_fmadd_ps(qj, _mm256_loadu_ps(xp.add(8 * j)), dot);
-                    }
-                    *a = _mm256_fmadd_ps(dot, scale, *a);
-                    if F::OFFSET {
-                        offsets[t] = offset.mul_add(*group_sums.get_unchecked(t * groups + g), offsets[t]);
-                    }
-                }
-            }
+x86_path! {
+    isa: avx2, features: "avx2,fma,f16c", vector: __m256, lanes: 8, hsum: hsum,
+    intrinsics: _mm256_setzero_ps, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_storeu_ps,
+    dot: |q, xp| {
+        let mut dot = _mm256_mul_ps(q[0], _mm256_loadu_ps(xp));
+        for (j, &qj) in q.iter().enumerate().skip(1) {
+            dot = _mm256_fmadd_ps(qj, _mm256_loadu_ps(xp.add(8 * j)), dot);
         }
-        for (t, a) in acc.iter().enumerate() {
-            // SAFETY: (t0 + t, r) is this task's entry.
-            unsafe { out.put(t0 + t, r, hsum(*a) + offsets[t], accumulate) };
-        }
-    }
-}
-
-dot_rows_dyn!(avx2);
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dequantize_row_as<G: Group>(row: &[u8], out: &mut [f32]) {
-    for (g, chunk) in out.chunks_exact_mut(32).enumerate() {
-        // SAFETY: the row holds out.len() values, so group g exists; chunk has 32 floats.
-        unsafe {
-            let w = group::<G>(row.as_ptr(), g);
-            for (j, v) in w.iter().enumerate() {
-                _mm256_storeu_ps(chunk.as_mut_ptr().add(8 * j), *v);
-            }
-        }
-    }
-}
-
-/// One row of format `ty` (`out.len()` values, a multiple of 32) into `out`.
-///
-/// # Safety
-/// AVX2, FMA and F16C are available; `row` holds exactly one row of `out.len()` values.
-pub(super) unsafe fn dequantize_row(ty: GgmlType, row: &[u8], out: &mut [f32]) {
-    // SAFETY: forwarded contract.
-    unsafe { with_group!(avx2, ty, G => dequantize_row_as::<G>(row, out)) }
+        dot
+    },
 }

@@ -21,35 +21,16 @@
 #[cfg(target_arch = "x86_64")]
 macro_rules! with_group {
     ($isa:ident, $ty:expr, $G:ident => $body:expr) => {
+        with_group!(@arms $isa, $ty, $G, $body;
+            Q8_0 => Q8_0, Q4_0 => Q4_0, Q4_1 => Q4_1, Q4_K => Q4K, Q6_K => Q6K, F16 => F16, BF16 => Bf16)
+    };
+    // One arm per format: the `GgmlType` variant and the SIMD module's group type.
+    (@arms $isa:ident, $ty:expr, $G:ident, $body:expr; $($variant:ident => $group:ident),*) => {
         match $ty {
-            GgmlType::Q8_0 => {
-                type $G = super::$isa::Q8_0;
+            $(GgmlType::$variant => {
+                type $G = super::$isa::$group;
                 $body
-            }
-            GgmlType::Q4_0 => {
-                type $G = super::$isa::Q4_0;
-                $body
-            }
-            GgmlType::Q4_1 => {
-                type $G = super::$isa::Q4_1;
-                $body
-            }
-            GgmlType::Q4_K => {
-                type $G = super::$isa::Q4K;
-                $body
-            }
-            GgmlType::Q6_K => {
-                type $G = super::$isa::Q6K;
-                $body
-            }
-            GgmlType::F16 => {
-                type $G = super::$isa::F16;
-                $body
-            }
-            GgmlType::BF16 => {
-                type $G = super::$isa::Bf16;
-                $body
-            }
+            })*
             GgmlType::F32 => unreachable!("f32 parts take the f32 kernels"),
         }
     };
@@ -110,6 +91,9 @@ macro_rules! dot_rows_dyn {
 }
 
 // After the macros: macro_rules! names are in scope only below their definition.
+#[cfg(target_arch = "x86_64")]
+#[macro_use]
+mod x86_path;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
