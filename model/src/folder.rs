@@ -74,7 +74,7 @@ impl ModelFolder {
         let path = &g.path;
         let vocab = GgufVocab::from_gguf(g)?;
         let meta = gguf::GgufModelMeta::read(g, &vocab)?;
-        let config = ModelConfig::from_json(&meta.config.to_string(), path)?;
+        let config = meta.model_config(path)?;
         let generation = GenerationConfig {
             bos_token_id: config.bos_token_id,
             eos_token_ids: config.eos_token_ids.clone(),

@@ -19,7 +19,7 @@ use super::error::CudaModelError;
 use super::forward::{CudaModel, ROW_THREADS, int, rows_launch};
 use super::gemm::{LinearCall, linear};
 use super::weights::DeviceWeights;
-use crate::arch::LayerMatrix;
+use crate::arch::{LayerMatrix, RopeKind};
 use crate::forward::{Buf, DecoderOps, LinearOut, MatrixId, NormId};
 
 /// One CUDA step: the model's buffers and weights, the cache and this step's uploaded metadata.
@@ -225,7 +225,7 @@ impl DecoderOps for CudaStep<'_> {
         Ok(())
     }
 
-    fn rope(&mut self) -> Result<(), CudaModelError> {
+    fn rope(&mut self, kind: RopeKind) -> Result<(), CudaModelError> {
         let stream = self.model.stream();
         let c = &self.model.config;
         let (nh, nkv, d) = (int(c.num_attention_heads)?, int(c.num_key_value_heads)?, int(c.head_dim)?);
@@ -235,7 +235,7 @@ impl DecoderOps for CudaStep<'_> {
         let mut b = stream.launch_builder(&self.model.functions.rotary);
         b.arg(&mut act.q)
             .arg(&mut act.k)
-            .arg(&self.model.cos_sin)
+            .arg(&self.model.cos_sin[kind as usize])
             .arg(&act.positions)
             .arg(&nh)
             .arg(&nkv)
