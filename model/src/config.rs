@@ -249,10 +249,10 @@ impl ModelConfig {
         total.checked_mul(4).map(|_| total)
     }
 
-    /// The longest sequence this engine computes exactly: `max_position_embeddings`, or the
-    /// smallest sliding window when a layer has one (attention over a window is not
-    /// implemented; within the window it equals full attention).
-    pub fn max_context(&self) -> usize {
+    /// The longest sequence full (causal) attention computes exactly: `max_position_embeddings`,
+    /// or the smallest sliding window when a layer has one (within its window, windowed
+    /// attention is full attention). What a device without windowed attention serves.
+    pub fn max_full_attention_context(&self) -> usize {
         self.layer_attention
             .iter()
             .filter_map(|l| l.sliding_window)

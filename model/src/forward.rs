@@ -12,6 +12,7 @@
 pub mod cpu;
 
 use crate::arch::{Activation, Architecture, LayerAttention, LayerMatrix, LayerNorm, RopeKind};
+use attn_kernels::AttnScores;
 
 /// An activation buffer of one step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -83,7 +84,7 @@ pub trait DecoderOps {
     fn rope(&mut self, kind: RopeKind) -> Result<(), Self::Error>;
     /// Writes K and V into layer `layer`'s cache slots, then attends Q over the paged cache
     /// into [`Buf::Attn`].
-    fn attention(&mut self, layer: usize, scale: f32) -> Result<(), Self::Error>;
+    fn attention(&mut self, layer: usize, scores: AttnScores) -> Result<(), Self::Error>;
     /// `Act = act(gate) · up` from [`Buf::GateUp`].
     fn gated_act(&mut self, act: Activation) -> Result<(), Self::Error>;
     /// `out += input`.
@@ -117,7 +118,7 @@ pub fn run<B: DecoderOps>(b: &mut B, step: StepShape<'_>) -> Result<(), B::Error
             b.head_norm(Buf::K, norm(LayerNorm::K))?;
         }
         b.rope(attention.rope)?;
-        b.attention(l, arch.attention_scale)?;
+        b.attention(l, AttnScores { scale: arch.attention_scale, sliding_window: attention.sliding_window })?;
         join_residual(b, arch, Buf::Attn, matrix(LayerMatrix::O), norm(LayerNorm::AttnOut))?;
         b.rms_norm(Buf::Normed, Buf::Hidden, norm(LayerNorm::Ffn))?;
         b.linear(LinearOut::Write(Buf::GateUp), Buf::Normed, matrix(LayerMatrix::GateUp))?;

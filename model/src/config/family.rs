@@ -188,7 +188,7 @@ mod tests {
         assert_eq!(a.attention_scale, 1.0 / 16.0);
         let local = LayerAttention { rope: RopeKind::Local, sliding_window: Some(512) };
         assert_eq!(c.layer_attention, [vec![local; 5], vec![LayerAttention::FULL]].concat());
-        assert_eq!(c.max_context(), 512);
+        assert_eq!(c.max_full_attention_context(), 512);
     }
 
     #[test]

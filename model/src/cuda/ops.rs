@@ -7,6 +7,7 @@
 //! type, and so is the gate/up output. The GEMMs that join the residual stream add into it in
 //! f32 (`beta = 1`); a sandwich-normed branch joins it through `add_into_f32`.
 
+use attn_kernels::AttnScores;
 use attn_kernels::backend::KernelBackend;
 use attn_kernels::cpu::act::Activation;
 use attn_kernels::cuda::DeviceAttnMetadata;
@@ -248,7 +249,7 @@ impl DecoderOps for CudaStep<'_> {
         Ok(())
     }
 
-    fn attention(&mut self, layer: usize, scale: f32) -> Result<(), CudaModelError> {
+    fn attention(&mut self, layer: usize, scores: AttnScores) -> Result<(), CudaModelError> {
         let m = &mut *self.model;
         let heads = m.config.num_attention_heads;
         m.kernels.reshape_and_cache(&m.act.k, &m.act.v, self.slots, self.cache.layer_mut(layer)?)?;
@@ -258,7 +259,7 @@ impl DecoderOps for CudaStep<'_> {
             self.cache.layer(layer)?,
             self.meta,
             heads,
-            scale,
+            scores,
             &mut m.act.attn_ws,
         )?;
         // The O projection reads the attention output in the half type.

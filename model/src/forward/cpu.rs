@@ -2,12 +2,12 @@
 //! weights in their storage formats, the kernels of `attn_kernels::cpu` and the paged
 //! attention of [`attn_kernels::backend::Cpu`] over a host [`KvCache`].
 
-use attn_kernels::Isa;
 use attn_kernels::backend::{Cpu, KernelBackend};
 use attn_kernels::cpu::act::{Activation, gated_act};
 use attn_kernels::cpu::norm::rms_norm;
 use attn_kernels::cpu::quant::{ActivationPrecision, Weight};
 use attn_kernels::cpu::rope::{rope_interleaved, rope_rotate_half};
+use attn_kernels::{AttnScores, Isa};
 use kv_cache::KvCache;
 use rayon::prelude::*;
 
@@ -277,14 +277,14 @@ impl DecoderOps for CpuStep<'_, '_> {
         Ok(())
     }
 
-    fn attention(&mut self, layer: usize, scale: f32) -> Result<()> {
+    fn attention(&mut self, layer: usize, scores: AttnScores) -> Result<()> {
         let (input, heads) = (self.input, self.model.config.num_attention_heads);
         let which = [Buf::Attn, Buf::Q, Buf::K, Buf::V];
         let lens = which.map(|b| self.len(b));
         let cache = self.cache.layer_mut(layer);
         let [attn, q, k, v] = take(&mut self.ws.bufs, which, lens)?;
         Cpu.reshape_and_cache(k, v, input.slot_mapping, cache)?;
-        Cpu.paged_attention(attn, q, cache, &input.attn, heads, scale, &mut ())?;
+        Cpu.paged_attention(attn, q, cache, &input.attn, heads, scores, &mut ())?;
         Ok(())
     }
 
