@@ -246,3 +246,22 @@ pub fn default_model_fetched() -> Result<std::path::PathBuf, String> {
 pub fn smollm2_gguf() -> std::path::PathBuf {
     smollm2_dir().with_file_name("SmolLM2-135M-Instruct.Q4_1.gguf")
 }
+
+/// The Gemma 3 270M Q4_K_M GGUF: `$GEMMA3_GGUF`, else where `cargo xtask fetch-model --model
+/// gemma3-270m` writes it under the workspace's `target/models/`.
+pub fn gemma3_gguf() -> std::path::PathBuf {
+    std::env::var_os("GEMMA3_GGUF").map(std::path::PathBuf::from).unwrap_or_else(|| {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/models/gemma3-270m/gemma-3-270m-q4_k_m.gguf")
+    })
+}
+
+/// [`gemma3_gguf`] for tests: fails with what to run when the model is missing.
+pub fn gemma3_gguf_for_tests() -> std::path::PathBuf {
+    let path = gemma3_gguf();
+    assert!(
+        path.exists(),
+        "Gemma 3 270M not found at {}: run `cargo xtask fetch-model --model gemma3-270m` first (or set GEMMA3_GGUF)",
+        path.display()
+    );
+    path
+}

@@ -251,7 +251,8 @@ impl GgufFile {
         let mut tensors = Vec::with_capacity(raw.len());
         for (name, dims, ty, offset) in raw {
             let ggml_type = GgmlType::from_id(ty).ok_or_else(|| {
-                ModelError::gguf(path, format!("tensor `{name}`: unsupported ggml type {ty}"))
+                let kind = ggml_type_name(ty).unwrap_or("unknown");
+                ModelError::gguf(path, format!("tensor `{name}`: ggml type {kind} ({ty}) is not supported"))
             })?;
             let n_elements = dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
             let n_bytes = n_elements.and_then(|n| ggml_type.n_bytes(n as usize, dims.first().copied()));
@@ -343,6 +344,20 @@ impl GgufFile {
         self.get(key)
             .and_then(GgufValue::as_str)
             .ok_or_else(|| ModelError::gguf(&self.path, format!("missing or non-string metadata `{key}`")))
+    }
+}
+
+/// ggml's name of type id `id` (for errors about types this engine has no kernels for).
+fn ggml_type_name(id: u32) -> Option<&'static str> {
+    const NAMES: [&str; 31] = [
+        "F32", "F16", "Q4_0", "Q4_1", "Q4_2", "Q4_3", "Q5_0", "Q5_1", "Q8_0", "Q8_1", "Q2_K", "Q3_K", "Q4_K",
+        "Q5_K", "Q6_K", "Q8_K", "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS",
+        "I8", "I16", "I32", "I64", "F64", "IQ1_M", "BF16",
+    ];
+    match id {
+        34 => Some("TQ1_0"),
+        35 => Some("TQ2_0"),
+        _ => NAMES.get(id as usize).copied(),
     }
 }
 
