@@ -218,18 +218,22 @@ pub fn smollm2_dir_fetched() -> Result<std::path::PathBuf, String> {
     let dir = smollm2_dir();
     if !dir.join("model.safetensors").exists() {
         eprintln!("{} missing; running cargo xtask fetch-model", dir.display());
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let status = std::process::Command::new(cargo)
-            .current_dir(root)
-            .args(["xtask", "fetch-model"])
-            .status()
-            .map_err(|e| format!("cargo xtask fetch-model: {e}"))?;
-        if !status.success() {
-            return Err("cargo xtask fetch-model failed".into());
-        }
+        fetch_model(&[])?;
     }
     Ok(dir)
+}
+
+/// Runs `cargo xtask fetch-model` with `args` in the workspace.
+fn fetch_model(args: &[&str]) -> Result<(), String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let status = std::process::Command::new(cargo)
+        .current_dir(root)
+        .args(["xtask", "fetch-model"])
+        .args(args)
+        .status()
+        .map_err(|e| format!("cargo xtask fetch-model: {e}"))?;
+    if status.success() { Ok(()) } else { Err(format!("cargo xtask fetch-model {args:?} failed ({status})")) }
 }
 
 /// The default model as users run it (the Q4_1 GGUF, see [`smollm2_gguf`]), for benchmarks:
@@ -264,4 +268,21 @@ pub fn gemma3_gguf_for_tests() -> std::path::PathBuf {
         path.display()
     );
     path
+}
+
+/// [`gemma3_gguf`] for benchmarks: runs `cargo xtask fetch-model --model gemma3-270m` when it
+/// is missing.
+pub fn gemma3_gguf_fetched() -> Result<std::path::PathBuf, String> {
+    let path = gemma3_gguf();
+    if !path.exists() {
+        eprintln!("{} missing; running cargo xtask fetch-model --model gemma3-270m", path.display());
+        fetch_model(&["--model", "gemma3-270m"])?;
+        if !path.exists() {
+            return Err(format!(
+                "cargo xtask fetch-model --model gemma3-270m did not write {}",
+                path.display()
+            ));
+        }
+    }
+    Ok(path)
 }
