@@ -30,7 +30,7 @@ const MARKER: &str = ".fetch-model-complete";
 /// converter, and of `attn-kernels/src/cpu/ggml/`, the ggml block formats it dequantizes with),
 /// compiled in: their hash is the converter's version in the marker. A unit test checks the
 /// list covers both folders.
-const CONVERTER_SOURCES: [(&str, &str); 8] = [
+const CONVERTER_SOURCES: [(&str, &str); 9] = [
     ("attn-kernels/src/cpu/ggml/dequant.rs", include_str!("../../attn-kernels/src/cpu/ggml/dequant.rs")),
     ("attn-kernels/src/cpu/ggml/mod.rs", include_str!("../../attn-kernels/src/cpu/ggml/mod.rs")),
     ("attn-kernels/src/cpu/ggml/quantize.rs", include_str!("../../attn-kernels/src/cpu/ggml/quantize.rs")),
@@ -38,6 +38,7 @@ const CONVERTER_SOURCES: [(&str, &str); 8] = [
     ("model/src/gguf/meta.rs", include_str!("../../model/src/gguf/meta.rs")),
     ("model/src/gguf/mod.rs", include_str!("../../model/src/gguf/mod.rs")),
     ("model/src/gguf/reader.rs", include_str!("../../model/src/gguf/reader.rs")),
+    ("model/src/gguf/spm.rs", include_str!("../../model/src/gguf/spm.rs")),
     ("model/src/gguf/vocab.rs", include_str!("../../model/src/gguf/vocab.rs")),
 ];
 
