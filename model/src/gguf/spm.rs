@@ -56,19 +56,16 @@ pub(super) fn normalizer(add_space_prefix: bool) -> Value {
     json!({"type": "Sequence", "normalizers": steps})
 }
 
-/// The decoder: `▁` back to `' '`, `<0xNN>` byte tokens back to bytes (joined into UTF-8
-/// across tokens), and with `add_space_prefix` the first space dropped again, as llama.cpp's
-/// `detokenize` does with `remove_space`.
-pub(super) fn decoder(add_space_prefix: bool) -> Value {
-    let mut steps = vec![
-        json!({"type": "Replace", "pattern": {"String": SPACE}, "content": " "}),
-        json!({"type": "ByteFallback"}),
-        json!({"type": "Fuse"}),
-    ];
-    if add_space_prefix {
-        steps.push(json!({"type": "Strip", "content": " ", "start": 1, "stop": 0}));
-    }
-    json!({"type": "Sequence", "decoders": steps})
+/// The decoder: `▁` back to `' '` and `<0xNN>` byte tokens back to bytes (joined into UTF-8
+/// across tokens). No space is stripped, even with `add_space_prefix`: llama.cpp strips it only
+/// from a sequence that does not start with BOS (`detokenize`'s `remove_space`), and its
+/// per-token pieces, what a server streams, never.
+pub(super) fn decoder() -> Value {
+    json!({"type": "Sequence", "decoders": [
+        {"type": "Replace", "pattern": {"String": SPACE}, "content": " "},
+        {"type": "ByteFallback"},
+        {"type": "Fuse"},
+    ]})
 }
 
 /// The model: BPE over the whole fragment (llama.cpp does not pre-split SPM text), a character
@@ -88,6 +85,64 @@ pub(super) fn model(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gguf::{GgufVocab, VocabModel};
+
+    /// A small SPM vocabulary with every byte token, `<s>` as BOS and `<t>` user-defined.
+    fn vocab(add_space_prefix: bool) -> GgufVocab {
+        let mut tokens = strings(&["<unk>", "<s>", "</s>", "<t>"]);
+        let mut types = vec![2, 3, 3, 4];
+        tokens.extend((0..=255u8).map(|b| format!("<0x{b:02X}>")));
+        types.extend([6; 256]);
+        let pieces =
+            ["▁", "h", "e", "l", "o", "w", "r", "d", "ll", "▁h", "▁w", "llo", "▁he", "▁hello", "or", "▁wor"];
+        tokens.extend(strings(&pieces));
+        types.extend(vec![1; pieces.len()]);
+        let mut scores = vec![0.0; tokens.len()];
+        let n = scores.len();
+        for (i, s) in scores[n - pieces.len()..].iter_mut().enumerate() {
+            *s = -(i as f32);
+        }
+        GgufVocab {
+            model: VocabModel::Llama,
+            tokens,
+            token_types: types,
+            merges: Vec::new(),
+            scores,
+            pre: "default".into(),
+            add_space_prefix,
+            bos_token_id: Some(1),
+            eos_token_id: Some(2),
+            unk_token_id: Some(0),
+            pad_token_id: None,
+            add_bos_token: true,
+            add_eos_token: false,
+            chat_template: None,
+        }
+    }
+
+    #[test]
+    fn a_space_prefix_goes_before_the_text_and_after_each_special_token() {
+        let dir = std::path::Path::new("spm-test");
+        let t = vocab(true).tokenizer(dir).unwrap();
+        let id = |s: &str| t.token_to_id(s).unwrap();
+        let (hello, wor, l, d, bos, user) = (id("▁hello"), id("▁wor"), id("l"), id("d"), 1, 3);
+        assert_eq!(t.encode("hello world", true, true).unwrap(), [bos, hello, wor, l, d]);
+        // After a special or user-defined token, llama.cpp prefixes the next fragment again.
+        assert_eq!(
+            t.encode("hello<s>world<t>hello", true, false).unwrap(),
+            [hello, bos, wor, l, d, user, hello]
+        );
+        // Not parsing special tokens, `<s>` is text: "<" is no token, so its byte; "s" and ">" too.
+        let lt = id("<0x3C>");
+        assert_eq!(t.encode("<s>", false, false).unwrap(), [id("▁"), lt, id("<0x73>"), id("<0x3E>")]);
+        // The prefix's space stays in the text, as in llama.cpp's pieces after BOS.
+        assert_eq!(t.decode(&[bos, hello, wor, l, d], true).unwrap(), " hello world");
+        let plain = vocab(false).tokenizer(dir).unwrap();
+        assert_eq!(
+            plain.encode("hello world", true, true).unwrap(),
+            [bos, id("h"), id("e"), id("llo"), wor, l, d]
+        );
+    }
 
     fn strings(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| (*s).to_owned()).collect()

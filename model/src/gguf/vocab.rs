@@ -175,7 +175,7 @@ impl GgufVocab {
                 "normalizer": spm::normalizer(self.add_space_prefix),
                 "pre_tokenizer": null,
                 "post_processor": post_processor,
-                "decoder": spm::decoder(self.add_space_prefix),
+                "decoder": spm::decoder(),
                 "model": spm::model(vocab, merges, self.token(self.unk_token_id)),
             }));
         }
