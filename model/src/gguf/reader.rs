@@ -211,6 +211,16 @@ impl<'a> Cursor<'a> {
 
 impl GgufFile {
     pub fn open(path: &Path) -> Result<Self> {
+        Self::parse(path, true)
+    }
+
+    /// The header and metadata only (`tensors` left empty): a file's vocabulary and
+    /// hyperparameters, whatever ggml types its tensors use.
+    pub fn open_metadata(path: &Path) -> Result<Self> {
+        Self::parse(path, false)
+    }
+
+    fn parse(path: &Path, with_tensors: bool) -> Result<Self> {
         let file = File::open(path).map_err(|e| ModelError::io(path, e))?;
         // SAFETY: read-only map of a file we just opened; we only read it.
         let mmap = unsafe { Mmap::map(&file) }.map_err(|e| ModelError::io(path, e))?;
@@ -230,6 +240,15 @@ impl GgufFile {
             let ty = c.u32()?;
             let value = c.value(ty, 0)?;
             metadata.insert(key, value);
+        }
+        if !with_tensors {
+            return Ok(Self {
+                path: path.to_path_buf(),
+                version,
+                metadata,
+                tensors: Vec::new(),
+                mmap: Arc::new(mmap),
+            });
         }
         let mut raw = Vec::with_capacity(n_tensors);
         for _ in 0..n_tensors {
@@ -406,6 +425,8 @@ mod tests {
         std::fs::write(&path, tiny_gguf()).unwrap();
         let g = GgufFile::open(&path).unwrap();
         assert_eq!(g.require_str("general.architecture").unwrap(), "llama");
+        let header = GgufFile::open_metadata(&path).unwrap();
+        assert_eq!((header.metadata, header.tensors.len()), (g.metadata.clone(), 0));
         let merges = g.get("tokenizer.ggml.merges").and_then(GgufValue::as_array).unwrap();
         assert_eq!(merges[1].as_str(), Some("ab c"));
         let t = g.tensor("token_embd.weight").unwrap();
