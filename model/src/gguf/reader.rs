@@ -391,9 +391,20 @@ mod tests {
 
     /// A minimal GGUF v3: two metadata keys and one 2×32 Q8_0 tensor.
     fn tiny_gguf() -> Vec<u8> {
+        let mut data = Vec::new();
+        for row in 0..2i8 {
+            data.extend(half::f16::from_f32(0.5).to_le_bytes());
+            data.extend((0..32i8).map(|q| (q - 16 + row) as u8));
+        }
+        gguf_of(&[("token_embd.weight", &[32, 2], 8, data)])
+    }
+
+    /// A GGUF v3 with two metadata keys and `tensors` (name, dims, ggml type id, bytes), each
+    /// tensor's bytes at the next 32-byte boundary of the data section.
+    fn gguf_of(tensors: &[(&str, &[u64], u32, Vec<u8>)]) -> Vec<u8> {
         let mut b = b"GGUF".to_vec();
         b.extend(3u32.to_le_bytes());
-        b.extend(1u64.to_le_bytes());
+        b.extend((tensors.len() as u64).to_le_bytes());
         b.extend(2u64.to_le_bytes());
         string(&mut b, "general.architecture");
         b.extend(8u32.to_le_bytes());
@@ -404,18 +415,48 @@ mod tests {
         b.extend(2u64.to_le_bytes());
         string(&mut b, "a b");
         string(&mut b, "ab c");
-        string(&mut b, "token_embd.weight");
-        b.extend(2u32.to_le_bytes());
-        b.extend(32u64.to_le_bytes());
-        b.extend(2u64.to_le_bytes());
-        b.extend(8u32.to_le_bytes());
-        b.extend(0u64.to_le_bytes());
-        b.resize(b.len().div_ceil(32) * 32, 0);
-        for row in 0..2i8 {
-            b.extend(half::f16::from_f32(0.5).to_le_bytes());
-            b.extend((0..32i8).map(|q| (q - 16 + row) as u8));
+        let mut offset = 0u64;
+        for (name, dims, ty, data) in tensors {
+            string(&mut b, name);
+            b.extend((dims.len() as u32).to_le_bytes());
+            dims.iter().for_each(|d| b.extend(d.to_le_bytes()));
+            b.extend(ty.to_le_bytes());
+            b.extend(offset.to_le_bytes());
+            offset = (offset + data.len() as u64).div_ceil(32) * 32;
+        }
+        for (_, _, _, data) in tensors {
+            b.resize(b.len().div_ceil(32) * 32, 0);
+            b.extend(data);
         }
         b
+    }
+
+    /// GGUF type ids 6, 7 and 13 are Q5_0, Q5_1 and Q5_K: read with their block sizes (a
+    /// wrong size would misplace or refuse the tensors after the first) and dequantized.
+    #[test]
+    fn five_bit_tensors_are_read_with_their_types() {
+        // Q5_0: d = 1, fifth bits 0, nibbles 0 → every value −16; Q5_1: d = 1, m = 2, all
+        // fifth bits set, nibbles 0 → every value 18; Q5_K: a zero super-block.
+        let q5_0 = [half::f16::from_f32(1.0).to_le_bytes().as_slice(), &[0; 20]].concat().repeat(2);
+        let q5_1 = [
+            half::f16::from_f32(1.0).to_le_bytes().as_slice(),
+            &half::f16::from_f32(2.0).to_le_bytes(),
+            &[0xff; 4],
+            &[0; 16],
+        ]
+        .concat();
+        let tensors: [(&str, &[u64], u32, Vec<u8>); 3] =
+            [("a", &[32, 2], 6, q5_0), ("b", &[32], 7, q5_1), ("c", &[256], 13, vec![0; 176])];
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.gguf");
+        std::fs::write(&path, gguf_of(&tensors)).unwrap();
+        let g = GgufFile::open(&path).unwrap();
+        let want = [(GgmlType::Q5_0, 44, -16.0), (GgmlType::Q5_1, 24, 18.0), (GgmlType::Q5_K, 176, 0.0)];
+        for ((name, ..), (ty, n_bytes, value)) in tensors.iter().zip(want) {
+            let t = g.tensor(name).unwrap();
+            assert_eq!((t.ggml_type, t.n_bytes), (ty, n_bytes), "tensor {name}");
+            assert!(g.tensor_f32(t).iter().all(|&v| v == value), "tensor {name}");
+        }
     }
 
     #[test]

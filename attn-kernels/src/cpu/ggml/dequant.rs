@@ -1,6 +1,7 @@
 //! ggml tensor types and their dequantization to f32, exactly as ggml defines them
-//! (`d·q` for Q8_0 / Q4_0 with an offset of 8, `d·q + m` for Q4_1; `d`, `m` stored as f16;
-//! the K-quants Q4_K / Q6_K in 256-weight super-blocks with per-sub-block integer scales).
+//! (`d·q` for Q8_0 / Q4_0 / Q5_0 with an offset of 8 / 16, `d·q + m` for Q4_1 / Q5_1; `d`, `m`
+//! stored as f16; the K-quants Q4_K / Q5_K / Q6_K in 256-weight super-blocks with per-sub-block
+//! integer scales).
 
 use half::f16;
 use rayon::prelude::*;
@@ -15,12 +16,15 @@ pub enum GgmlType {
     BF16,
     Q4_0,
     Q4_1,
+    Q5_0,
+    Q5_1,
     Q8_0,
     Q4_K,
+    Q5_K,
     Q6_K,
 }
 
-/// Weights per block of the legacy quantizations (Q4_0, Q4_1, Q8_0).
+/// Weights per block of the legacy quantizations (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0).
 pub const QK: usize = 32;
 
 /// Weights per K-quant super-block (ggml's `QK_K`).
@@ -29,6 +33,10 @@ pub const QK_K: usize = 256;
 /// Bytes of ggml's `block_q4_K`: `d`, `dmin` (f16), 12 bytes of packed 6-bit scales and mins,
 /// 128 bytes of nibbles.
 const Q4_K_BYTES: usize = 2 + 2 + 12 + QK_K / 2;
+
+/// Bytes of ggml's `block_q5_K`: Q4_K's header and nibbles with 32 bytes of fifth bits `qh`
+/// between the scales and the nibbles (bit `s` of byte `l` is value `l` of sub-block `s`).
+const Q5_K_BYTES: usize = Q4_K_BYTES + QK_K / 8;
 
 /// Bytes of ggml's `block_q6_K`: 128 bytes of low nibbles, 64 of 2-bit highs, 16 i8 scales, `d`.
 const Q6_K_BYTES: usize = QK_K / 2 + QK_K / 4 + QK_K / 16 + 2;
@@ -40,8 +48,11 @@ impl GgmlType {
             1 => Self::F16,
             2 => Self::Q4_0,
             3 => Self::Q4_1,
+            6 => Self::Q5_0,
+            7 => Self::Q5_1,
             8 => Self::Q8_0,
             12 => Self::Q4_K,
+            13 => Self::Q5_K,
             14 => Self::Q6_K,
             30 => Self::BF16,
             _ => return None,
@@ -55,8 +66,12 @@ impl GgmlType {
             Self::F16 | Self::BF16 => (1, 2),
             Self::Q4_0 => (QK, 2 + QK / 2),
             Self::Q4_1 => (QK, 4 + QK / 2),
+            // The f16 header, 4 bytes of fifth bits, then the nibbles.
+            Self::Q5_0 => (QK, 2 + 4 + QK / 2),
+            Self::Q5_1 => (QK, 4 + 4 + QK / 2),
             Self::Q8_0 => (QK, 2 + QK),
             Self::Q4_K => (QK_K, Q4_K_BYTES),
+            Self::Q5_K => (QK_K, Q5_K_BYTES),
             Self::Q6_K => (QK_K, Q6_K_BYTES),
         }
     }
@@ -125,9 +140,31 @@ pub fn dequantize_block(ty: GgmlType, block: &[u8], out: &mut [f32]) {
                 out[j + QK / 2] = d * f32::from(byte >> 4) + m;
             }
         }
+        GgmlType::Q5_0 => {
+            let d = f16_at(b, 0);
+            for (o, q) in out.iter_mut().zip(five_bit_codes(&b[2..6], &b[6..6 + QK / 2])) {
+                *o = d * (f32::from(q) - 16.0);
+            }
+        }
+        GgmlType::Q5_1 => {
+            let (d, m) = (f16_at(b, 0), f16_at(b, 2));
+            for (o, q) in out.iter_mut().zip(five_bit_codes(&b[4..8], &b[8..8 + QK / 2])) {
+                *o = d * f32::from(q) + m;
+            }
+        }
         GgmlType::Q4_K => dequantize_q4_k(b, out),
+        GgmlType::Q5_K => dequantize_q5_k(b, out),
         GgmlType::Q6_K => dequantize_q6_k(b, out),
     }
+}
+
+/// The 32 codes (0..32) of a Q5_0 / Q5_1 block in value order: value `i` takes its low four bits
+/// from the low nibble of `qs[i]` (the first 16) or the high nibble of `qs[i − 16]` (the last
+/// 16), and its fifth bit from bit `i` of the little-endian `u32` `qh`.
+fn five_bit_codes(qh: &[u8], qs: &[u8]) -> impl Iterator<Item = u8> {
+    let qh = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
+    let low = qs.iter().map(|b| b & 0x0f).chain(qs.iter().map(|b| b >> 4));
+    low.enumerate().map(move |(i, q)| q | ((((qh >> i) & 1) as u8) << 4))
 }
 
 /// ggml's `get_scale_min_k4`: the 6-bit scale and min of sub-block `j` (0..8) from the 12 packed
@@ -160,6 +197,26 @@ fn dequantize_q4_k(b: &[u8], out: &mut [f32]) {
         for ((&byte, l), h) in q.iter().zip(lo).zip(hi) {
             *l = d1 * f32::from(byte & 0x0f) - m1;
             *h = d2 * f32::from(byte >> 4) - m2;
+        }
+    }
+}
+
+/// ggml's `dequantize_row_q5_K` for one super-block: Q4_K's sub-blocks and scales, each code
+/// given a fifth bit (worth 16) from bit `s` of `qh[l]` for value `l` of sub-block `s`.
+fn dequantize_q5_k(b: &[u8], out: &mut [f32]) {
+    let d = f16_at(b, 0);
+    let dmin = f16_at(b, 2);
+    let scales = &b[4..16];
+    let qh = &b[16..16 + QK_K / 8];
+    let qs = &b[16 + QK_K / 8..Q5_K_BYTES];
+    for (s, y) in out.chunks_exact_mut(32).enumerate() {
+        let (sc, m) = scale_min_k4(s, scales);
+        // As Q4_K (and ggml): the exact products d·sc and dmin·m, then one rounding per value.
+        let (d1, m1) = (d * f32::from(sc), dmin * f32::from(m));
+        let q = &qs[32 * (s / 2)..32 * (s / 2) + 32];
+        for ((o, &byte), &high) in y.iter_mut().zip(q).zip(qh) {
+            let low = if s % 2 == 0 { byte & 0x0f } else { byte >> 4 };
+            *o = d1 * f32::from(low | (((high >> s) & 1) << 4)) - m1;
         }
     }
 }
@@ -232,6 +289,13 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn five_bit_quants_match_gguf_py() {
+        assert_matches_reference(GgmlType::Q5_0, fixture!("q5_0.bin"), fixture!("q5_0.f32"));
+        assert_matches_reference(GgmlType::Q5_1, fixture!("q5_1.bin"), fixture!("q5_1.f32"));
+        assert_matches_reference(GgmlType::Q5_K, fixture!("q5_k.bin"), fixture!("q5_k.f32"));
+    }
+
+    #[test]
     fn legacy_quants_match_gguf_py() {
         assert_matches_reference(GgmlType::Q4_0, fixture!("q4_0.bin"), fixture!("q4_0.f32"));
         assert_matches_reference(GgmlType::Q4_1, fixture!("q4_1.bin"), fixture!("q4_1.f32"));
@@ -246,6 +310,77 @@ pub(crate) mod tests {
         assert_eq!(GgmlType::Q6_K.block(), (256, 210));
         assert_eq!(GgmlType::Q6_K.n_bytes(512, Some(256)), Some(420));
         assert_eq!(GgmlType::Q4_K.n_bytes(512, Some(128)), None);
+        assert_eq!(GgmlType::from_id(6), Some(GgmlType::Q5_0));
+        assert_eq!(GgmlType::from_id(7), Some(GgmlType::Q5_1));
+        assert_eq!(GgmlType::from_id(13), Some(GgmlType::Q5_K));
+        assert_eq!(GgmlType::Q5_0.block(), (32, 22));
+        assert_eq!(GgmlType::Q5_1.block(), (32, 24));
+        assert_eq!(GgmlType::Q5_K.block(), (256, 176));
+        assert_eq!(GgmlType::Q5_K.n_bytes(512, Some(256)), Some(352));
+        assert_eq!(GgmlType::Q5_0.n_bytes(64, Some(48)), None);
+    }
+
+    /// A Q5_0 / Q5_1 block whose value `i` has low bits `i % 16` and, for the odd `i` only,
+    /// the fifth bit: codes `i % 16 + 16·(i odd)`, so a fifth bit taken from the wrong value,
+    /// or nibbles in the wrong half, change the values.
+    fn five_bit_block(header: &[f32]) -> Vec<u8> {
+        let mut block: Vec<u8> = header.iter().flat_map(|&v| f16::from_f32(v).to_le_bytes()).collect();
+        block.extend_from_slice(&0xaaaa_aaaau32.to_le_bytes());
+        block.extend((0..16u8).map(|j| j | (j << 4)));
+        block
+    }
+
+    #[test]
+    fn q5_0_takes_bit_i_of_qh_as_value_i_s_fifth_bit() {
+        let mut out = [f32::NAN; QK];
+        dequantize(GgmlType::Q5_0, &five_bit_block(&[0.5]), &mut out);
+        for (i, v) in out.iter().enumerate() {
+            let code = (i % 16 + 16 * (i % 2)) as f32;
+            assert_eq!(*v, 0.5 * (code - 16.0), "value {i}");
+        }
+    }
+
+    #[test]
+    fn q5_1_adds_its_min() {
+        let mut out = [f32::NAN; QK];
+        dequantize(GgmlType::Q5_1, &five_bit_block(&[0.25, -3.0]), &mut out);
+        for (i, v) in out.iter().enumerate() {
+            let code = (i % 16 + 16 * (i % 2)) as f32;
+            assert_eq!(*v, 0.25 * code - 3.0, "value {i}");
+        }
+    }
+
+    #[test]
+    fn q5_k_sub_block_s_takes_bit_s_of_qh() {
+        // Sub-block s: scale s+1, min 2s (all below 16, so the bytes 0..8 hold them whole and
+        // bytes 8..12 are zero); qh[l] = l (bit s of it is value l's fifth bit in sub-block s);
+        // the nibbles of byte l of each pair: low = l % 16 (even sub-block), high = 15 − l % 16.
+        let mut block = Vec::new();
+        block.extend_from_slice(&f16::from_f32(0.5).to_le_bytes());
+        block.extend_from_slice(&f16::from_f32(0.25).to_le_bytes());
+        let mut scales = [0u8; 12];
+        for j in 0..4 {
+            scales[j] = j as u8 + 1;
+            scales[j + 4] = 2 * j as u8;
+        }
+        // Sub-blocks 4..8: low four bits in bytes 8..12 (scale | min << 4), top bits zero.
+        for j in 4..8 {
+            scales[j + 4] = (j as u8 + 1) | ((2 * j as u8) << 4);
+        }
+        block.extend_from_slice(&scales);
+        block.extend(0..32u8);
+        for _ in 0..4 {
+            block.extend((0..32u8).map(|l| (l % 16) | ((15 - l % 16) << 4)));
+        }
+        let mut out = [f32::NAN; QK_K];
+        dequantize(GgmlType::Q5_K, &block, &mut out);
+        for (i, v) in out.iter().enumerate() {
+            let (s, l) = (i / 32, i % 32);
+            let low = if s % 2 == 0 { l % 16 } else { 15 - l % 16 };
+            let code = low + 16 * ((l >> s) & 1);
+            let want = 0.5 * (s + 1) as f32 * code as f32 - 0.25 * (2 * s) as f32;
+            assert_eq!(*v, want, "sub-block {s} value {l}");
+        }
     }
 
     #[test]

@@ -9,8 +9,8 @@ use super::dequant::{GgmlType, QK};
 /// Why [`quantize`] refused its input.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum QuantizeError {
-    /// No reference quantizer here for this type (the K-quants' search-based quantizers are not
-    /// ported).
+    /// No reference quantizer here for this type (the K-quants' search-based quantizers and
+    /// Q5_0 / Q5_1's are not ported: those formats are only read from GGUF files).
     #[error("no reference quantizer for ggml type {0:?}")]
     Unsupported(GgmlType),
     /// The input does not split into whole blocks.
@@ -23,7 +23,7 @@ pub enum QuantizeError {
 /// on error `out` is left as it was.
 pub fn quantize(ty: GgmlType, src: &[f32], out: &mut Vec<u8>) -> Result<(), QuantizeError> {
     let (per_block, block_bytes) = ty.block();
-    if matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) {
+    if matches!(ty, GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K) {
         return Err(QuantizeError::Unsupported(ty));
     }
     if !src.len().is_multiple_of(per_block) {
@@ -40,7 +40,9 @@ pub fn quantize(ty: GgmlType, src: &[f32], out: &mut Vec<u8>) -> Result<(), Quan
             GgmlType::Q8_0 => quantize_q8_0(x, out),
             GgmlType::Q4_0 => quantize_q4_0(x, out),
             GgmlType::Q4_1 => quantize_q4_1(x, out),
-            GgmlType::Q4_K | GgmlType::Q6_K => unreachable!("refused above"),
+            GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
+                unreachable!("refused above")
+            }
         }
     }
     Ok(())

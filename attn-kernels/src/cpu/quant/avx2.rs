@@ -118,12 +118,90 @@ groups! {
 /// Q4_K's 6-bit scale and min of sub-block `j` (0..8) from the 12 packed bytes, as ggml's
 /// `get_scale_min_k4`.
 #[inline(always)]
-pub(super) fn scale_min_k4(j: usize, q: &[u8; 12]) -> (u8, u8) {
+fn scale_min_k4(j: usize, q: &[u8; 12]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {
         ((q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
     }
+}
+
+/// Two f16 side by side at `p` (Q4_1 / Q5_1's `d` and `m`) as f32: one load and one
+/// conversion for both.
+///
+/// # Safety
+/// F16C is available; four bytes at `p` are readable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn f16_pair_at(p: *const u8) -> (f32, f32) {
+    // SAFETY: the caller's block holds four bytes at p.
+    let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(unsafe { (p as *const i32).read_unaligned() }));
+    (_mm_cvtss_f32(dm), _mm_cvtss_f32(_mm_movehdup_ps(dm)))
+}
+
+/// `0x10` in each byte where `bytes` has every bit of `select`'s byte set, else 0: a code's
+/// fifth bit moved into place from a bit-per-byte mask (AVX2 shifts no single bytes, but it
+/// compares them).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn fifth_bits(bytes: __m256i, select: __m256i) -> __m256i {
+    let set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, select), select);
+    _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+}
+
+/// The 32 five-bit codes (0..32) of a Q5_0 / Q5_1 block in value order, one per byte: the low
+/// nibbles of the 16 bytes at `qs`, then their high nibbles, value `i` with bit `i` of the
+/// little-endian `u32` at `qh` as its fifth bit.
+///
+/// # Safety
+/// AVX2 is available; 4 bytes at `qh` and 16 at `qs` are readable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q5_codes(qh: *const u8, qs: *const u8) -> __m256i {
+    // SAFETY: per the contract.
+    let (bits, nib) = unsafe { ((qh as *const i32).read_unaligned(), _mm_loadu_si128(qs as *const __m128i)) };
+    let low = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(nib), nib), _mm256_set1_epi8(0x0f));
+    // Byte i gets byte i/8 of qh (the shuffle stays in each 128-bit half, and both hold all
+    // four bytes), then keeps bit i % 8 of it.
+    #[rustfmt::skip]
+    let spread = _mm256_setr_epi8(
+        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+        2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+    );
+    let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(bits), spread);
+    let one_bit_each = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
+    _mm256_or_si256(low, fifth_bits(bytes, one_bit_each))
+}
+
+/// The scale and offset of sub-block `s` of the Q4_K / Q5_K super-block at `b`:
+/// `d·sc` and `−dmin·m` from the f16 header and the packed 6-bit scales and mins.
+///
+/// # Safety
+/// F16C is available; `b` points at a whole super-block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn k_scale_offset(b: *const u8, s: usize) -> (f32, f32) {
+    // SAFETY: the header (16 bytes) lies at the start of the super-block.
+    unsafe {
+        let (d, dmin) = (f16_at(b), f16_at(b.add(2)));
+        let (sc, m) = scale_min_k4(s, &*(b.add(4) as *const [u8; 12]));
+        (d * f32::from(sc), -dmin * f32::from(m))
+    }
+}
+
+/// The low four bits of sub-block `s`'s 32 codes in a Q4_K / Q5_K super-block whose 128
+/// bytes of nibbles start at `qs`: the low nibbles of bytes `32·(s/2)..` for even `s`, the
+/// high nibbles for odd `s`.
+///
+/// # Safety
+/// AVX2 is available; `qs` points at the super-block's 128 bytes of nibbles.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn k_nibbles(qs: *const u8, s: usize) -> __m256i {
+    // SAFETY: s < 8, so the 32 bytes lie among the 128.
+    let bytes = unsafe { _mm256_loadu_si256(qs.add(32 * (s / 2)) as *const __m256i) };
+    let nib = if s.is_multiple_of(2) { bytes } else { _mm256_srli_epi16::<4>(bytes) };
+    _mm256_and_si256(nib, _mm256_set1_epi8(0x0f))
 }
 
 /// 32 bytes as four vectors of eight f32 (zero-extended).

@@ -1,5 +1,5 @@
-//! Weight matrices kept in their storage format (f32, f16, bf16 and ggml's Q4_0, Q4_1, Q8_0,
-//! Q4_K, Q6_K), memory-mapped when they come from a file, and `x·Wᵀ` over them with f32
+//! Weight matrices kept in their storage format (f32, f16, bf16 and ggml's Q4_0, Q4_1, Q5_0,
+//! Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), memory-mapped when they come from a file, and `x·Wᵀ` over them with f32
 //! activations: a quantized model computes what its f32 dequantization would, while each
 //! decode step reads the quantized bytes only.
 //!
@@ -22,7 +22,8 @@
 macro_rules! with_group {
     ($isa:ident, $ty:expr, $G:ident => $body:expr) => {
         with_group!(@arms $isa, $ty, $G, $body;
-            Q8_0 => Q8_0, Q4_0 => Q4_0, Q4_1 => Q4_1, Q4_K => Q4K, Q6_K => Q6K, F16 => F16, BF16 => Bf16)
+            Q8_0 => Q8_0, Q4_0 => Q4_0, Q4_1 => Q4_1, Q5_0 => Q5_0, Q5_1 => Q5_1, Q4_K => Q4K,
+            Q5_K => Q5K, Q6_K => Q6K, F16 => F16, BF16 => Bf16)
     };
     // One arm per format: the `GgmlType` variant and the SIMD module's group type.
     (@arms $isa:ident, $ty:expr, $G:ident, $body:expr; $($variant:ident => $group:ident),*) => {

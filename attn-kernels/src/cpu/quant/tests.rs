@@ -9,11 +9,14 @@ use rand_chacha::ChaCha8Rng;
 use super::*;
 use crate::cpu::ggml::dequantize;
 
-const FORMATS: [GgmlType; 7] = [
+const FORMATS: [GgmlType; 10] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
     GgmlType::Q8_0,
     GgmlType::Q4_K,
+    GgmlType::Q5_K,
     GgmlType::Q6_K,
     GgmlType::F16,
     GgmlType::BF16,
@@ -29,12 +32,12 @@ pub(super) fn random_part(ty: GgmlType, rows: usize, cols: usize, rng: &mut ChaC
     };
     for b in bytes.chunks_exact_mut(block_bytes) {
         match ty {
-            GgmlType::Q8_0 | GgmlType::Q4_0 => f16_at(b, 0, 0.001, 0.05, rng),
-            GgmlType::Q4_1 => {
+            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => f16_at(b, 0, 0.001, 0.05, rng),
+            GgmlType::Q4_1 | GgmlType::Q5_1 => {
                 f16_at(b, 0, 0.001, 0.05, rng);
                 f16_at(b, 2, -0.4, 0.0, rng);
             }
-            GgmlType::Q4_K => {
+            GgmlType::Q4_K | GgmlType::Q5_K => {
                 f16_at(b, 0, 0.0001, 0.005, rng);
                 f16_at(b, 2, 0.0001, 0.005, rng);
             }

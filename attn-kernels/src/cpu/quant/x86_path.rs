@@ -1,8 +1,8 @@
 //! The part of the AVX2 and AVX-512 paths that is the same but for the vector width: the
-//! formats whose groups take one scale and offset from their header (Q4_0, Q4_1, Q4_K), the
-//! decode dot products and row dequantization, written once as [`x86_path!`] and expanded in
-//! [`super::avx2`] and [`super::avx512`], each copy compiled with its module's CPU features;
-//! and [`groups!`], which declares a path's formats.
+//! formats whose groups take one scale and offset from their header (Q4_0, Q4_1, Q5_0, Q5_1,
+//! Q4_K, Q5_K), the decode dot products and row dequantization, written once as [`x86_path!`]
+//! and expanded in [`super::avx2`] and [`super::avx512`], each copy compiled with its module's
+//! CPU features; and [`groups!`], which declares a path's formats.
 
 /// Declares each format `$name` of a path and its `Group` impl, whose `codes` returns `$V`
 /// and is compiled with the path's features `$feat`: stated once per path, so no format can
@@ -27,7 +27,9 @@ macro_rules! groups {
 
 /// Expands, in the SIMD module `$isa`, the items both x86 paths share. The module provides
 /// its `Group` trait (with `$V` vectors of `$L` lanes), `nibbles_low_then_high`,
-/// `u8x32_to_f32`, `f16_at`, `scale_min_k4`, `PREFETCH_AHEAD` and the horizontal sum `$hsum`;
+/// `u8x32_to_f32`, the byte-level helpers of [`super::avx2`] (`f16_at`, `f16_pair_at`,
+/// `q5_codes`, `fifth_bits`, `k_scale_offset`, `k_nibbles`), `PREFETCH_AHEAD` and the
+/// horizontal sum `$hsum`;
 /// `intrinsics` names its setzero, set1, fmadd and storeu for `$V`; `dot` is the group's dot
 /// product of the codes `$q` with the 32 activations at `$xp` (each path keeps its own text,
 /// so that its loads and multiplies stay in the order they were tuned in). The macro
@@ -75,10 +77,28 @@ macro_rules! x86_path {
                 // SAFETY: block g (20 bytes: f16 d, f16 m, 16 bytes of nibbles) lies inside the row.
                 unsafe {
                     let b = row.add(g * 20);
-                    // d and m side by side: one load and one conversion for both.
-                    let dm = _mm_cvtph_ps(_mm_cvtsi32_si128((b as *const i32).read_unaligned()));
-                    let (d, m) = (_mm_cvtss_f32(dm), _mm_cvtss_f32(_mm_movehdup_ps(dm)));
+                    let (d, m) = f16_pair_at(b);
                     (nibbles_low_then_high(_mm_loadu_si128(b.add(4) as *const __m128i)), d, m)
+                }
+            }
+
+            Q5_0 { bytes: 22, offset: true } => |row, g| {
+                // SAFETY: block g (22 bytes: f16 d, 4 bytes of fifth bits, 16 bytes of nibbles)
+                // lies inside the row.
+                unsafe {
+                    let b = row.add(g * 22);
+                    let d = f16_at(b);
+                    (u8x32_to_f32(q5_codes(b.add(2), b.add(6))), d, -16.0 * d)
+                }
+            }
+
+            Q5_1 { bytes: 24, offset: true } => |row, g| {
+                // SAFETY: block g (24 bytes: f16 d, f16 m, 4 bytes of fifth bits, 16 bytes of
+                // nibbles) lies inside the row.
+                unsafe {
+                    let b = row.add(g * 24);
+                    let (d, m) = f16_pair_at(b);
+                    (u8x32_to_f32(q5_codes(b.add(4), b.add(8))), d, m)
                 }
             }
 
@@ -89,13 +109,23 @@ macro_rules! x86_path {
                 // SAFETY: super-block g/8 (144 bytes) lies inside the row.
                 unsafe {
                     let b = row.add(g / 8 * 144);
+                    let (scale, offset) = k_scale_offset(b, g % 8);
+                    (u8x32_to_f32(k_nibbles(b.add(16), g % 8)), scale, offset)
+                }
+            }
+
+            /// Super-block of 256 (176 bytes: Q4_K's 16-byte header, 32 bytes of fifth bits,
+            /// 128 bytes of nibbles): Q4_K's sub-block `s` with bit `s` of fifth-bit byte `l`
+            /// worth 16 in its value `l`.
+            Q5K { bytes: 22, offset: true } => |row, g| {
+                // SAFETY: super-block g/8 (176 bytes) lies inside the row.
+                unsafe {
+                    let b = row.add(g / 8 * 176);
                     let s = g % 8;
-                    let (d, dmin) = (f16_at(b), f16_at(b.add(2)));
-                    let (sc, m) = scale_min_k4(s, &*(b.add(4) as *const [u8; 12]));
-                    let bytes = _mm256_loadu_si256(b.add(16 + 32 * (s / 2)) as *const __m256i);
-                    let nib = if s.is_multiple_of(2) { bytes } else { _mm256_srli_epi16::<4>(bytes) };
-                    let q = _mm256_and_si256(nib, _mm256_set1_epi8(0x0f));
-                    (u8x32_to_f32(q), d * f32::from(sc), -dmin * f32::from(m))
+                    let (scale, offset) = k_scale_offset(b, s);
+                    let qh = _mm256_loadu_si256(b.add(16) as *const __m256i);
+                    let high = fifth_bits(qh, _mm256_set1_epi8((1u8 << s) as i8));
+                    (u8x32_to_f32(_mm256_or_si256(k_nibbles(b.add(48), s), high)), scale, offset)
                 }
             }
         }

@@ -16,6 +16,10 @@ Files (all little-endian, no headers):
                         gguf-py's quantization of src.f32
   q4_0.f32 / q4_1.f32 / q8_0.f32
                         gguf-py's dequantization of the quantized blocks above
+  q5_0.bin / q5_1.bin / q5_k.bin
+                        raw blocks of random bytes with sane f16 scales (64, 64 and 8 blocks)
+  q5_0.f32 / q5_1.f32 / q5_k.f32
+                        gguf-py's dequantization of those blocks
 """
 
 import os
@@ -87,3 +91,21 @@ for name, ty in [("q4_0", T.Q4_0), ("q4_1", T.Q4_1), ("q8_0", T.Q8_0)]:
     write(f"{name}.f32", quants.dequantize(q, ty).astype(np.float32))
 write("f16.bin", quants.quantize(src, T.F16))
 write("bf16.bin", quants.quantize(src, T.BF16))
+
+# --- Q5_0 / Q5_1 / Q5_K raw blocks, drawn last so that every fixture above keeps its draws -----
+# Q5_0: d f16, qh[4], qs[16] = 22 bytes; Q5_1: d f16, m f16, qh[4], qs[16] = 24 bytes;
+# Q5_K: d f16, dmin f16, scales[12], qh[32], qs[128] = 176 bytes.
+q50 = k_blocks(64, 22)
+q50[:, 0:2] = f16_bytes(scales(64))
+write("q5_0.bin", q50)
+write("q5_0.f32", quants.dequantize(q50.reshape(-1), T.Q5_0).astype(np.float32))
+q51 = k_blocks(64, 24)
+q51[:, 0:2] = f16_bytes(scales(64))
+q51[:, 2:4] = f16_bytes(scales(64))
+write("q5_1.bin", q51)
+write("q5_1.f32", quants.dequantize(q51.reshape(-1), T.Q5_1).astype(np.float32))
+q5k = k_blocks(8, 176)
+q5k[:, 0:2] = f16_bytes(scales(8))
+q5k[:, 2:4] = f16_bytes(np.abs(scales(8)))
+write("q5_k.bin", q5k)
+write("q5_k.f32", quants.dequantize(q5k.reshape(-1), T.Q5_K).astype(np.float32))
