@@ -186,6 +186,18 @@ impl ChatTemplate {
             strftime(now.unwrap_or_else(|| chrono::Local::now().naive_local()), &format)
         });
         env.add_filter("tojson", pyjson::tojson);
+        // Jinja2's tests, where minijinja's differ: there `none is iterable` (an empty loop) and
+        // only lists are sequences; Python iterates strings, lists, dicts and its `Undefined`,
+        // and anything with a length and indexing (strings, dicts too) is a sequence. Gemma 3
+        // tells string content from a list of parts and refuses `null` content this way.
+        env.add_test("iterable", |v: minijinja::Value| {
+            use minijinja::value::ValueKind as K;
+            !matches!(v.kind(), K::None | K::Bool | K::Number | K::Invalid) && (v.is_undefined() || v.try_iter().is_ok())
+        });
+        env.add_test("sequence", |v: minijinja::Value| {
+            use minijinja::value::ValueKind as K;
+            matches!(v.kind(), K::String | K::Seq | K::Map | K::Bytes)
+        });
         env.add_template_owned("chat", source.to_owned())
             .map_err(|e| ModelError::ChatTemplate(e.to_string()))?;
         let token = |t: &str| (!t.is_empty()).then(|| t.to_owned());
