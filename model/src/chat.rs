@@ -45,12 +45,24 @@ pub struct ChatMessage {
 impl ChatMessage {
     /// A plain text message.
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        Self { role: role.into(), content: Some(content.into()), tool_calls: None, tool_call_id: None, name: None }
+        Self {
+            role: role.into(),
+            content: Some(content.into()),
+            tool_calls: None,
+            tool_call_id: None,
+            name: None,
+        }
     }
 
     /// An assistant message that calls tools (content `null`).
     pub fn tool_calls(calls: Vec<ToolCall>) -> Self {
-        Self { role: "assistant".into(), content: None, tool_calls: Some(calls), tool_call_id: None, name: None }
+        Self {
+            role: "assistant".into(),
+            content: None,
+            tool_calls: Some(calls),
+            tool_call_id: None,
+            name: None,
+        }
     }
 
     /// A tool's result, answering the call `call_id`.
@@ -180,7 +192,8 @@ impl ChatTemplate {
         // HF templates are Jinja as Python runs it: `.strip()`, `.startswith()`, `.items()`, …
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
-            Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg.clone()).with_source(Raised(msg)))
+            Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg.clone())
+                .with_source(Raised(msg)))
         });
         env.add_function("strftime_now", move |format: String| {
             strftime(now.unwrap_or_else(|| chrono::Local::now().naive_local()), &format)
@@ -192,7 +205,8 @@ impl ChatTemplate {
         // tells string content from a list of parts and refuses `null` content this way.
         env.add_test("iterable", |v: minijinja::Value| {
             use minijinja::value::ValueKind as K;
-            !matches!(v.kind(), K::None | K::Bool | K::Number | K::Invalid) && (v.is_undefined() || v.try_iter().is_ok())
+            !matches!(v.kind(), K::None | K::Bool | K::Number | K::Invalid)
+                && (v.is_undefined() || v.try_iter().is_ok())
         });
         env.add_test("sequence", |v: minijinja::Value| {
             use minijinja::value::ValueKind as K;

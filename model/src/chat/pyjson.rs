@@ -58,7 +58,13 @@ pub(super) fn tojson(value: &Value, args: Rest<Value>, kwargs: Kwargs) -> Result
             _ => return Err(invalid("tojson: separators must be a pair of strings")),
         }
     }
-    let style = Style { ensure_ascii: ensure_ascii.is_true(), indent, item_sep, key_sep, sort_keys: sort_keys.is_true() };
+    let style = Style {
+        ensure_ascii: ensure_ascii.is_true(),
+        indent,
+        item_sep,
+        key_sep,
+        sort_keys: sort_keys.is_true(),
+    };
     let mut out = String::new();
     write_value(&mut out, value, &style, 0)?;
     Ok(Value::from_safe_string(out))
@@ -87,7 +93,7 @@ fn write_value(out: &mut String, v: &Value, style: &Style, depth: usize) -> Resu
         ValueKind::Map => {
             let mut keys: Vec<Value> = v.try_iter()?.collect();
             if style.sort_keys {
-                keys.sort_by_key(|k| key_string(k));
+                keys.sort_by_key(key_string);
             }
             if keys.is_empty() {
                 out.push_str("{}");

@@ -101,9 +101,12 @@ fn every_family_template_renders_as_transformers_does() {
             let what = format!("{name} × {}", case.name);
             match (&renders[&case.name], got) {
                 (Expected::Text { text }, Ok(got)) if *text == got => {}
-                (Expected::Text { text }, Ok(got)) => failures.push(format!("{what}:\n want {text:?}\n got  {got:?}")),
+                (Expected::Text { text }, Ok(got)) => {
+                    failures.push(format!("{what}:\n want {text:?}\n got  {got:?}"))
+                }
                 (Expected::Text { .. }, Err(e)) => failures.push(format!("{what}: want text, got error {e}")),
-                (Expected::Error { error, raised: true }, Err(ModelError::ChatTemplateRaised(msg))) if *error == msg => {}
+                (Expected::Error { error, raised: true }, Err(ModelError::ChatTemplateRaised(msg)))
+                    if *error == msg => {}
                 (Expected::Error { raised: false, .. }, Err(ModelError::ChatTemplate(_))) => {}
                 (Expected::Error { error, raised }, got) => {
                     failures.push(format!("{what}: want error {error:?} (raised: {raised}), got {got:?}"))
