@@ -31,7 +31,7 @@ pub use error::{EngineError, RequestError};
 pub use handle::{EngineHandle, OutputStream, RequestStream, ShutdownMode};
 pub use kv_map::{BlockState, KvCounters, KvMap, KvSnapshot, KvTable};
 pub use metrics::{Gauges, LatencyStats, LiveMetrics, MetricsSnapshot};
-pub use model::ChatMessage;
+pub use model::{ChatMessage, Conversation, FunctionCall, TemplateValue, ToolCall};
 pub use output::{
     Completion, CompletionDelta, FinalOutput, FinishReason, RequestKey, RequestOutput, RequestTiming,
     StreamError,

@@ -6,18 +6,20 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use model::ChatMessage;
+use model::{ChatMessage, Conversation};
 
 use crate::detok::{IncrementalDetokenizer, TokenDecoder};
 use crate::output::{CompletionDelta, FinishReason, RequestKey, RequestOutput, RequestTiming, Sink};
 use crate::sampling::{PositionLogprobs, SamplingParams, SequenceSampler};
 
-/// A prompt: plain text, token ids, or chat messages rendered with the model's template.
+/// A prompt: plain text, token ids, or chat messages rendered with the model's template (with
+/// tools, documents or extra template variables: a whole `Conversation`).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Prompt {
     Text(String),
     Tokens(Vec<u32>),
     Chat(Vec<ChatMessage>),
+    Conversation(Conversation),
 }
 
 impl From<&str> for Prompt {
@@ -35,6 +37,12 @@ impl From<String> for Prompt {
 impl From<Vec<u32>> for Prompt {
     fn from(ids: Vec<u32>) -> Self {
         Self::Tokens(ids)
+    }
+}
+
+impl From<Conversation> for Prompt {
+    fn from(c: Conversation) -> Self {
+        Self::Conversation(c)
     }
 }
 

@@ -32,6 +32,10 @@ pub enum ModelError {
     Tokenize(String),
     #[error("chat template error: {0}")]
     ChatTemplate(String),
+    /// The template's own `raise_exception(msg)`: it refuses this conversation (roles that do
+    /// not alternate, a second tool call where one is allowed, …).
+    #[error("chat template refused the conversation: {0}")]
+    ChatTemplateRaised(String),
     #[error("invalid model input: {0}")]
     InvalidInput(String),
     #[error("attention kernel failed: {0}")]

@@ -28,7 +28,7 @@ pub mod weights;
 pub mod cuda;
 
 pub use arch::{Activation, Architecture, RopeStyle};
-pub use chat::{ChatMessage, ChatTemplate};
+pub use chat::{ChatMessage, ChatTemplate, Conversation, FunctionCall, TemplateValue, ToolCall};
 pub use config::{ModelConfig, RopeScaling};
 pub use decoder::{LayerWeight, LayerWeights, Model, Quantization};
 pub use error::ModelError;

@@ -50,7 +50,7 @@ pub async fn chat(State(state): State<Arc<AppState>>, body: crate::JsonBody<Chat
         let max_tokens = req.max_completion_tokens.or(req.sampling.max_tokens);
         let top = if req.logprobs { Some(req.top_logprobs.unwrap_or(0)) } else { None };
         let params = req.sampling.to_params(state.handle.default_sampling_params(), max_tokens, top)?;
-        let prompts = vec![Prompt::Chat(req.chat_messages()?)];
+        let prompts = vec![req.prompt()?];
         Ok(Job::new(&state, Endpoint::Chat, prompts, params, &req.sampling, req.logprobs))
     };
     match run() {

@@ -88,12 +88,20 @@ pub struct CompletionRequest {
     pub sampling: SamplingFields,
 }
 
-/// One chat message; `content` is a string or a list of `{"type": "text", "text": …}` parts.
+/// One chat message; `content` is a string or a list of `{"type": "text", "text": …}` parts
+/// (or `null` beside `tool_calls`). An assistant's `tool_calls` and a tool result's
+/// `tool_call_id` and `name` go to the template as given.
 #[derive(Debug, Clone, Deserialize)]
 pub struct ChatMessageInput {
     pub role: String,
     #[serde(default)]
     pub content: Option<ChatContent>,
+    #[serde(default)]
+    pub tool_calls: Option<Vec<engine::ToolCall>>,
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+    #[serde(default)]
+    pub name: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -116,6 +124,10 @@ pub struct ContentPart {
 pub struct ChatRequest {
     pub model: Option<String>,
     pub messages: Vec<ChatMessageInput>,
+    /// Tool schemas (`{"type": "function", "function": {...}}`), handed to the chat template
+    /// with their keys in request order. (Parsing tool calls out of the output is not done here.)
+    #[serde(default)]
+    pub tools: Option<Vec<engine::TemplateValue>>,
     /// The newer name of `max_tokens`; wins when both are set.
     pub max_completion_tokens: Option<i64>,
     #[serde(default)]
@@ -130,6 +142,19 @@ impl ChatRequest {
     pub fn chat_messages(&self) -> Result<Vec<ChatMessage>, ApiError> {
         chat_messages(&self.messages)
     }
+
+    /// The engine prompt: the messages, plus the tools when the request has them.
+    pub fn prompt(&self) -> Result<Prompt, ApiError> {
+        let messages = self.chat_messages()?;
+        Ok(match &self.tools {
+            None => Prompt::Chat(messages),
+            Some(tools) => Prompt::Conversation(engine::Conversation {
+                messages,
+                tools: Some(tools.clone()),
+                ..Default::default()
+            }),
+        })
+    }
 }
 
 /// Chat messages as the template takes them (text parts joined); an empty list is a 400.
@@ -141,8 +166,11 @@ pub fn chat_messages(messages: &[ChatMessageInput]) -> Result<Vec<ChatMessage>, 
         .iter()
         .map(|m| {
             let content = match &m.content {
-                None => String::new(),
-                Some(ChatContent::Text(t)) => t.clone(),
+                // A tool-calling assistant turn has no text: the template sees `null`, as
+                // transformers' would.
+                None if m.tool_calls.is_some() => None,
+                None => Some(String::new()),
+                Some(ChatContent::Text(t)) => Some(t.clone()),
                 Some(ChatContent::Parts(parts)) => {
                     let mut text = String::new();
                     for p in parts {
@@ -156,10 +184,16 @@ pub fn chat_messages(messages: &[ChatMessageInput]) -> Result<Vec<ChatMessage>, 
                             }
                         }
                     }
-                    text
+                    Some(text)
                 }
             };
-            Ok(ChatMessage::new(m.role.clone(), content))
+            Ok(ChatMessage {
+                role: m.role.clone(),
+                content,
+                tool_calls: m.tool_calls.clone(),
+                tool_call_id: m.tool_call_id.clone(),
+                name: m.name.clone(),
+            })
         })
         .collect()
 }

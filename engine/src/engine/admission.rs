@@ -98,6 +98,16 @@ impl Intake {
             .map_err(|e| RequestError::Prompt { id: id.to_owned(), reason: e.to_string() })
     }
 
+    /// Renders a conversation (messages plus tools, documents, template variables) with the
+    /// model's template (generation prompt added).
+    pub fn render_conversation(&self, id: &str, chat: &model::Conversation) -> Result<String, RequestError> {
+        let template =
+            self.chat_template.as_ref().ok_or_else(|| RequestError::NoChatTemplate(id.to_owned()))?;
+        template
+            .render_conversation(chat, true)
+            .map_err(|e| RequestError::Prompt { id: id.to_owned(), reason: e.to_string() })
+    }
+
     /// Prompt to token ids: text with the tokenizer's special tokens (BOS) added, chat rendered
     /// by the template (which writes its own special tokens), ids as given.
     pub fn tokenize(&self, id: &str, prompt: Prompt) -> Result<Vec<u32>, RequestError> {
@@ -110,6 +120,7 @@ impl Intake {
             Prompt::Tokens(ids) => Ok(ids),
             Prompt::Text(text) => encode(&text, true),
             Prompt::Chat(messages) => encode(&self.render_chat(id, &messages)?, false),
+            Prompt::Conversation(chat) => encode(&self.render_conversation(id, &chat)?, false),
         }
     }
 

@@ -1,7 +1,8 @@
 //! Integration tests of the model crate: the tiny random Llama (paged vs naive forward,
-//! loader errors), the real SmolLM2 model against the reference goldens, and Gemma 3's
-//! SentencePiece vocabulary against llama.cpp.
+//! loader errors), the real SmolLM2 and Gemma 3 models against their goldens, Gemma 3's
+//! SentencePiece vocabulary against llama.cpp, and chat templates against transformers.
 
+mod chat_templates;
 mod gemma3;
 mod gemma3_vocab;
 mod harness;
