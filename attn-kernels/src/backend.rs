@@ -13,7 +13,7 @@
 
 use kv_cache::{KvCache, LayerCache};
 
-use crate::{AttnError, PagedAttnMetadata};
+use crate::{AttnError, AttnScores, PagedAttnMetadata};
 
 /// A device the kernels run on, and the types its kernels take.
 pub trait KernelBackend {
@@ -49,7 +49,7 @@ pub trait KernelBackend {
         layer: &Self::Layer,
         meta: &Self::Meta<'_>,
         num_heads: usize,
-        scale: f32,
+        scores: AttnScores,
         workspace: &mut Self::Workspace,
     ) -> Result<(), Self::Error>;
 
@@ -116,10 +116,10 @@ impl KernelBackend for Cpu {
         layer: &LayerCache,
         meta: &PagedAttnMetadata<'_>,
         num_heads: usize,
-        scale: f32,
+        scores: AttnScores,
         _workspace: &mut (),
     ) -> Result<(), AttnError> {
-        crate::paged_attention(out, query, layer, meta, num_heads, scale)
+        crate::paged_attention(out, query, layer, meta, num_heads, scores)
     }
 
     fn copy_blocks(&self, cache: &mut KvCache, pairs: &[(u32, u32)]) -> Result<(), AttnError> {
@@ -143,6 +143,7 @@ mod cuda_backend {
     use kv_cache::cuda::{CudaKvCache, DeviceLayerCache};
 
     use super::KernelBackend;
+    use crate::AttnScores;
     use crate::cuda::CudaError;
     use crate::cuda::DeviceAttnMetadata;
     use crate::cuda::ops::{self, AttnWorkspace, DeviceSlotMapping};
@@ -174,10 +175,20 @@ mod cuda_backend {
             layer: &DeviceLayerCache,
             meta: &DeviceAttnMetadata,
             num_heads: usize,
-            scale: f32,
+            scores: AttnScores,
             workspace: &mut AttnWorkspace,
         ) -> Result<(), CudaError> {
-            ops::paged_attention_with(self, out, query, layer, meta, num_heads, scale, workspace, None)
+            // The CUDA kernels attend causally: exact for a windowed layer only while every
+            // context fits in the window.
+            if let Some(w) = scores.sliding_window
+                && meta.host.max_context > w
+            {
+                return Err(CudaError::Unsupported(format!(
+                    "a sliding window of {w} over a context of {} tokens",
+                    meta.host.max_context
+                )));
+            }
+            ops::paged_attention_with(self, out, query, layer, meta, num_heads, scores.scale, workspace, None)
                 .map(|_variant| ())
         }
 
@@ -234,7 +245,7 @@ mod tests {
         };
         let query: Vec<f32> = (0..64).map(|i| i as f32 / 64.0).collect();
         let (mut a, mut b) = (vec![0.0f32; 64], vec![0.0f32; 64]);
-        Cpu.paged_attention(&mut a, &query, generic.layer(0), &meta, 1, 0.125, &mut ())?;
+        Cpu.paged_attention(&mut a, &query, generic.layer(0), &meta, 1, 0.125.into(), &mut ())?;
         crate::paged_attention(&mut b, &query, direct.layer(0), &meta, 1, 0.125)?;
         assert_eq!(a, b);
 

@@ -31,6 +31,8 @@ pub enum AttnError {
     LayoutMismatch { src: String, dst: String },
     #[error("scale {0} is not finite")]
     NonFiniteScale(f32),
+    #[error("a sliding window must hold at least one key")]
+    ZeroWindow,
     #[error("split partition of {0} tokens must be a positive multiple of the block size {1}")]
     InvalidPartition(usize, usize),
     #[error("this cache's storage has no CPU kernel")]

@@ -9,6 +9,28 @@ pub const SUPPORTED_HEAD_SIZES: [usize; 6] = [64, 80, 96, 112, 128, 256];
 /// Block sizes (tokens per block) the kernels implement.
 pub const SUPPORTED_BLOCK_SIZES: [usize; 3] = [8, 16, 32];
 
+/// How a query's scores are formed: `scale · q·k` over the keys it sees, every earlier position
+/// (causal) or the last `sliding_window` of them. An `f32` is a causal scale.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttnScores {
+    pub scale: f32,
+    /// A query at position `p` sees the keys in `(p − w, p]`; `None`: all of `0 ..= p`.
+    pub sliding_window: Option<usize>,
+}
+
+impl From<f32> for AttnScores {
+    fn from(scale: f32) -> Self {
+        AttnScores { scale, sliding_window: None }
+    }
+}
+
+impl AttnScores {
+    /// The first position a query at `pos` sees.
+    pub fn first_visible(&self, pos: usize) -> usize {
+        self.sliding_window.map_or(0, |w| (pos + 1).saturating_sub(w))
+    }
+}
+
 /// Where each sequence's query tokens are and which cached tokens they attend to.
 ///
 /// The block tables are one padded table of rows (`max_blocks_per_seq` entries each); sequence
@@ -111,10 +133,13 @@ pub(crate) fn validate(
     cache: &LayerCache,
     meta: &PagedAttnMetadata<'_>,
     num_heads: usize,
-    scale: f32,
+    scores: AttnScores,
 ) -> Result<(), AttnError> {
     check_kernel_shape(cache)?;
-    check_heads_and_scale(num_heads, cache.num_kv_heads(), scale)?;
+    check_heads_and_scale(num_heads, cache.num_kv_heads(), scores.scale)?;
+    if scores.sliding_window == Some(0) {
+        return Err(AttnError::ZeroWindow);
+    }
     check_query_start_loc(meta)?;
     let row = num_heads * cache.head_size();
     let rows = meta.num_tokens().checked_mul(row).ok_or(AttnError::ShapeMismatch {

@@ -4,7 +4,7 @@
 use kv_cache::LayerCache;
 
 use crate::meta::validate;
-use crate::{AttnError, PagedAttnMetadata};
+use crate::{AttnError, AttnScores, PagedAttnMetadata};
 
 /// Same contract as [`crate::paged_attention`], computed the slow, obvious way.
 pub fn paged_attention(
@@ -13,9 +13,10 @@ pub fn paged_attention(
     cache: &LayerCache,
     meta: &PagedAttnMetadata<'_>,
     num_heads: usize,
-    scale: f32,
+    scores: impl Into<AttnScores>,
 ) -> Result<(), AttnError> {
-    validate(out.len(), query.len(), cache, meta, num_heads, scale)?;
+    let scores = scores.into();
+    validate(out.len(), query.len(), cache, meta, num_heads, scores)?;
     let (d, bs, kv_heads) = (cache.head_size(), cache.block_size(), cache.num_kv_heads());
     let group = num_heads / kv_heads;
     for s in 0..meta.num_seqs() {
@@ -37,7 +38,8 @@ pub fn paged_attention(
                 for head in kv_head * group..(kv_head + 1) * group {
                     let row = (token * num_heads + head) * d;
                     let q = &query[row..row + d];
-                    let o = attend(q, &keys[..=pos], &values[..=pos], scale as f64);
+                    let seen = scores.first_visible(pos)..=pos;
+                    let o = attend(q, &keys[seen.clone()], &values[seen], scores.scale as f64);
                     for (dst, v) in out[row..row + d].iter_mut().zip(o) {
                         *dst = v as f32;
                     }

@@ -1,15 +1,16 @@
-//! Benchmark group `peer`: our engine against llama.cpp on the same model, prompts and machine,
+//! Benchmark group `peer`: our engine against llama.cpp on the same models, prompts and machine,
 //! in one run. llama.cpp is llama-cpp-python built from its sdist with `GGML_NATIVE=ON` in
-//! `target/venv-llamacpp` (installed here when missing, ~5 min on two cores) running the Q4_1
-//! GGUF that is the default model; ours loads the same GGUF natively (weights kept quantized,
-//! f32 activations), prefix caching off (the same prompt runs several times).
+//! `target/venv-llamacpp` (installed here when missing, ~5 min on two cores) running the GGUFs
+//! of the default model (Q4_1) and of Gemma 3 270M (Q4_K_M); ours loads the same GGUF natively
+//! (weights kept quantized, f32 activations), prefix caching off (the same prompt runs several
+//! times).
 //!
 //! Cases (token-id prompts, greedy, `ignore_eos`): `prefill_512` (one 512-token prompt),
 //! `prefill_6000` (one 6 000-token prompt, chunked by both sides' 2 048-token batch),
 //! `decode_b1` (128 tokens after a 40-token prompt), `e2e_64` (64 requests of ~40 tokens in,
 //! 128 out, all at once, prefill included). Figures `peer.<case>_over_llamacpp` (ours ÷
-//! theirs, tok/s) and both sides' raw tok/s, medians of 3; a table and a bar chart in the
-//! report. Not part of `cargo xtask test`.
+//! theirs, tok/s; `peer.gemma3.<case>_…` for Gemma) and both sides' raw tok/s, medians of 3; a
+//! table and a bar chart per model in the report. Not part of `cargo xtask test`.
 
 use std::error::Error;
 use std::fmt::Write as _;
@@ -156,8 +157,61 @@ fn ours(engine: &mut Engine, w: &Value) -> Result<Value, Box<dyn Error>> {
     }))
 }
 
+/// One model the group compares on.
+struct PeerModel {
+    /// How the report names it.
+    label: &'static str,
+    /// Prefix of its figures' names (`peer.` for the default model).
+    prefix: &'static str,
+    /// What the GGUF holds, for the report.
+    weights: &'static str,
+    gguf: PathBuf,
+}
+
 fn main() -> Result<(), Box<dyn Error>> {
-    let gguf = model::testing::default_model_fetched()?;
+    let models = [
+        PeerModel {
+            label: "SmolLM2-135M-Instruct",
+            prefix: "peer.",
+            weights: "Q4_1",
+            gguf: model::testing::default_model_fetched()?,
+        },
+        PeerModel {
+            label: "Gemma 3 270M",
+            prefix: "peer.gemma3.",
+            weights: "Q4_K_M (Q4_K, Q5_0, Q6_K, Q8_0)",
+            gguf: model::testing::gemma3_gguf_fetched()?,
+        },
+    ];
+    let figures_dir = std::env::var_os("BENCH_FIGURES_DIR")
+        .map_or_else(|| root().join("target/bench-report/figures-run"), PathBuf::from);
+    std::fs::create_dir_all(&figures_dir)?;
+    // Beside the figures folder, whose every .json is read as figures.
+    let report_dir = figures_dir.parent().unwrap_or(&figures_dir).to_path_buf();
+    let python = llamacpp_python()?;
+    let mut figures = serde_json::Map::new();
+    let mut md = "## Against llama.cpp (`peer`)\n".to_owned();
+    for (i, m) in models.iter().enumerate() {
+        let svg = format!("peer{}.svg", if i == 0 { String::new() } else { format!("-{i}") });
+        md += &compare(m, &python, &report_dir, &svg, &mut figures)?;
+    }
+    let figures = Value::Object(figures);
+    std::fs::write(figures_dir.join("peer.json"), serde_json::to_string_pretty(&figures)? + "\n")?;
+    std::fs::write(figures_dir.join("peer.md"), md)?;
+    println!("{}", serde_json::to_string_pretty(&figures)?);
+    Ok(())
+}
+
+/// Both sides on `m`: its figures into `figures`, a bar chart into `report_dir/svg`; returns
+/// its section of the report.
+fn compare(
+    m: &PeerModel,
+    python: &Path,
+    report_dir: &Path,
+    svg: &str,
+    figures: &mut serde_json::Map<String, Value>,
+) -> Result<String, Box<dyn Error>> {
+    let gguf = &m.gguf;
     let config = EngineConfig {
         max_model_len: Some(8192),
         // 64 × 168 tokens, or one 6 000-token prompt, in blocks of 16.
@@ -166,22 +220,16 @@ fn main() -> Result<(), Box<dyn Error>> {
         log_interval: std::time::Duration::ZERO,
         ..EngineConfig::default()
     };
-    let mut engine = Engine::new(&gguf, config)?;
+    let mut engine = Engine::new(gguf, config)?;
     let w = workload(&engine);
-    let figures_dir = std::env::var_os("BENCH_FIGURES_DIR")
-        .map_or_else(|| root().join("target/bench-report/figures-run"), PathBuf::from);
-    std::fs::create_dir_all(&figures_dir)?;
-    // Beside the figures folder, whose every .json is read as figures.
-    let report_dir = figures_dir.parent().unwrap_or(&figures_dir).to_path_buf();
-    let workload_path = report_dir.join("peer-workload.json");
+    let workload_path = report_dir.join(format!("{}workload.json", m.prefix.replace('.', "-")));
     std::fs::write(&workload_path, w.to_string())?;
 
-    let python = llamacpp_python()?;
     let threads = rayon::current_num_threads().to_string();
     let script = root().join("engine/benches/peer_llamacpp.py");
     // llama.cpp's extra CPU buffer types (AMX, repacked layouts) crash on some machines that
     // advertise AMX; a probe decides whether the measured run may use them.
-    let probe = Command::new(&python).arg(&script).arg(&gguf).arg("--probe").arg(&threads).output()?;
+    let probe = Command::new(python).arg(&script).arg(gguf).arg("--probe").arg(&threads).output()?;
     let no_extra_bufts = !probe.status.success();
     if no_extra_bufts {
         eprintln!(
@@ -189,9 +237,9 @@ fn main() -> Result<(), Box<dyn Error>> {
             probe.status
         );
     }
-    let out = Command::new(&python)
+    let out = Command::new(python)
         .arg(&script)
-        .arg(&gguf)
+        .arg(gguf)
         .arg(&workload_path)
         .arg(&threads)
         .env("PEER_NO_EXTRA_BUFTS", if no_extra_bufts { "1" } else { "0" })
@@ -202,21 +250,23 @@ fn main() -> Result<(), Box<dyn Error>> {
     let theirs: Value = serde_json::from_slice(&out.stdout)?;
     let ours = ours(&mut engine, &w)?;
 
-    let mut figures = serde_json::Map::new();
     let mut md = format!(
-        "## Against llama.cpp (`peer`)\n\nSmolLM2-135M-Instruct on this machine, same token ids, {threads} threads, \
-         medians of {REPS}: both on the same Q4_1 GGUF, ours loading it natively (weights kept \
-         quantized, f32 activations), llama.cpp (llama-cpp-python {}, `GGML_NATIVE=ON`). Command: `cargo xtask bench --only peer`.\n\n\
+        "\n### {}\n\nSame token ids, {threads} threads, medians of {REPS}: both on the same {} GGUF, ours \
+         loading it natively (weights kept quantized, f32 activations), llama.cpp (llama-cpp-python {}, \
+         `GGML_NATIVE=ON`). Command: `cargo xtask bench --only peer`.\n\n\
          | case | ours tok/s | llama.cpp tok/s | ours ÷ llama.cpp |\n|---|---:|---:|---:|\n",
+        m.label,
+        m.weights,
         theirs["llama_cpp_python"].as_str().unwrap_or("?")
     );
+    let prefix = m.prefix;
     let mut bars = Vec::new();
     for (case, what) in CASES {
         let key = format!("{case}_tok_s");
         let (o, t) = (ours[&key].as_f64().unwrap_or(f64::NAN), theirs[&key].as_f64().unwrap_or(f64::NAN));
-        figures.insert(format!("peer.{case}_over_llamacpp"), json!(o / t));
-        figures.insert(format!("peer.{case}_ours_tok_s"), json!(o));
-        figures.insert(format!("peer.{case}_llamacpp_tok_s"), json!(t));
+        figures.insert(format!("{prefix}{case}_over_llamacpp"), json!(o / t));
+        figures.insert(format!("{prefix}{case}_ours_tok_s"), json!(o));
+        figures.insert(format!("{prefix}{case}_llamacpp_tok_s"), json!(t));
         writeln!(md, "| {what} | {o:.1} | {t:.1} | {:.2} |", o / t)?;
         bars.push((case, o, t));
     }
@@ -229,13 +279,9 @@ fn main() -> Result<(), Box<dyn Error>> {
             probe.status
         )?;
     }
-    let figures = Value::Object(figures);
-    std::fs::write(figures_dir.join("peer.json"), serde_json::to_string_pretty(&figures)? + "\n")?;
-    draw_bars(&report_dir.join("peer.svg"), &bars)?;
-    md.push_str("\n![ours and llama.cpp, tokens per second per case](peer.svg)\n");
-    std::fs::write(figures_dir.join("peer.md"), md)?;
-    println!("{}", serde_json::to_string_pretty(&figures)?);
-    Ok(())
+    draw_bars(&report_dir.join(svg), &bars)?;
+    writeln!(md, "\n![ours and llama.cpp on {}, tokens per second per case]({svg})", m.label)?;
+    Ok(md)
 }
 
 /// Two bars per case: ours (blue) and llama.cpp (grey), tokens per second.

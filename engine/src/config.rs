@@ -3,6 +3,10 @@
 
 use std::time::Duration;
 
+use model::ModelConfig;
+
+use crate::EngineError;
+
 pub use model::runner::{DType, Device, KvCacheSize};
 pub use model::{ActivationPrecision, Quantization};
 pub use scheduler::{Policy, PreemptionMode};
@@ -77,5 +81,30 @@ impl Default for EngineConfig {
             quantization: None,
             decode_activations: ActivationPrecision::default(),
         }
+    }
+}
+
+impl EngineConfig {
+    /// The longest sequence served: `max_model_len`, by default the most `model` computes
+    /// exactly on the device (the CPU kernels attend over sliding windows; the CUDA kernels
+    /// do not yet, so there the smallest window bounds it); more is a configuration error.
+    pub fn served_context(&self, model: &ModelConfig) -> Result<usize, EngineError> {
+        let limit = match self.device {
+            Device::Cpu => model.max_position_embeddings,
+            _ => model.max_full_attention_context(),
+        };
+        let max_model_len = self.max_model_len.unwrap_or(limit);
+        if max_model_len == 0 || max_model_len > limit {
+            let why = if limit < model.max_position_embeddings {
+                "the model's smallest sliding window: the CUDA kernels do not attend over a window \
+                 yet, and a longer sequence would need it"
+            } else {
+                "the model's max_position_embeddings"
+            };
+            return Err(EngineError::Config(format!(
+                "max_model_len {max_model_len} must be in 1..={limit} ({why})"
+            )));
+        }
+        Ok(max_model_len)
     }
 }

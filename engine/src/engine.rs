@@ -82,14 +82,9 @@ impl Engine {
         config: EngineConfig,
     ) -> Result<Self, EngineError> {
         model.activations = config.decode_activations;
-        let mc = &model.config;
-        let max_model_len = config.max_model_len.unwrap_or(mc.max_position_embeddings);
-        if max_model_len == 0 || max_model_len > mc.max_position_embeddings {
-            return Err(EngineError::Config(format!(
-                "max_model_len {max_model_len} must be in 1..={} (the model's max_position_embeddings)",
-                mc.max_position_embeddings
-            )));
-        }
+        let max_model_len = config.served_context(&model.config)?;
+        // Rotations that depend on the served context (LongRoPE) are chosen for it.
+        model.set_context(max_model_len);
         if config.max_waiting == 0 {
             return Err(EngineError::Config("max_waiting must be at least 1".into()));
         }

@@ -11,7 +11,6 @@
 use half::{bf16, f16};
 use kv_cache::DType;
 use model::arch::{Activation, LayerMatrix, LayerNorm, RopeStyle};
-use model::rope::Rope;
 use model::{LayerWeight, LayerWeights, Model};
 use rayon::prelude::*;
 
@@ -131,11 +130,11 @@ pub fn logits(model: &Model, tokens: &[u32], sampled: usize, half: Option<DType>
         .iter()
         .flat_map(|&tok| embed[tok as usize * h..][..h].iter().map(move |v| v * scale_embed))
         .collect();
-    let rope = Rope::new(c);
     let half_d = d / 2;
     // Which rotary pairs: the model's, or (the bug) the other order.
     let interleaved = (a.rope_style == RopeStyle::Interleaved) != (bug == Bug::RopeInterleaved);
-    for layer in &model.layers {
+    for (layer, attention) in model.layers.iter().zip(&c.layer_attention) {
+        let rope = model.rope(attention.rope);
         let w: LayerWeights<Vec<f32>> = layer
             .try_map(|m, _: LayerWeight| Ok::<_, ()>(rounded(m.to_f32(), half)))
             .expect("dequantizing cannot fail");
@@ -188,9 +187,11 @@ pub fn logits(model: &Model, tokens: &[u32], sampled: usize, half: Option<DType>
                 (0..nh).flat_map(move |head| {
                     let kvh = head / group;
                     let qh = &q[(i * nh + head) * d..][..d];
+                    // A windowed layer sees the last `window` positions, itself included.
+                    let first = attention.sliding_window.map_or(0, |w| (i + 1).saturating_sub(w));
                     let scores: Vec<f32> =
-                        (0..=i).map(|j| dot(qh, &k[(j * nkv + kvh) * d..][..d]) * scale).collect();
-                    let values: Vec<&[f32]> = (0..=i).map(|j| &v[(j * nkv + kvh) * d..][..d]).collect();
+                        (first..=i).map(|j| dot(qh, &k[(j * nkv + kvh) * d..][..d]) * scale).collect();
+                    let values: Vec<&[f32]> = (first..=i).map(|j| &v[(j * nkv + kvh) * d..][..d]).collect();
                     let drop = bug == Bug::DroppedRescale && i >= first_sampled;
                     attend(&scores, &values, d, drop).into_iter().map(move |o| round(o, half))
                 })

@@ -17,11 +17,104 @@ pub enum RopeStyle {
 /// The gate of the gated MLP: `act(gate) · up` (the kernels' own enum).
 pub use attn_kernels::cpu::act::Activation;
 
+/// The decoder families this engine loads (Hugging Face `architectures` / GGUF
+/// `general.architecture`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Family {
+    Llama,
+    Mistral,
+    Qwen2,
+    Qwen3,
+    Gemma3,
+    Phi3,
+}
+
+impl Family {
+    pub const ALL: [Family; 6] =
+        [Family::Llama, Family::Mistral, Family::Qwen2, Family::Qwen3, Family::Gemma3, Family::Phi3];
+
+    /// The Hugging Face class name (`architectures[0]` of its config.json).
+    pub fn hf_class(self) -> &'static str {
+        match self {
+            Family::Llama => "LlamaForCausalLM",
+            Family::Mistral => "MistralForCausalLM",
+            Family::Qwen2 => "Qwen2ForCausalLM",
+            Family::Qwen3 => "Qwen3ForCausalLM",
+            Family::Gemma3 => "Gemma3ForCausalLM",
+            Family::Phi3 => "Phi3ForCausalLM",
+        }
+    }
+
+    /// The `model_type` values of its config.json.
+    pub fn model_types(self) -> &'static [&'static str] {
+        match self {
+            Family::Llama => &["llama"],
+            Family::Mistral => &["mistral"],
+            Family::Qwen2 => &["qwen2"],
+            Family::Qwen3 => &["qwen3"],
+            Family::Gemma3 => &["gemma3_text", "gemma3"],
+            Family::Phi3 => &["phi3"],
+        }
+    }
+
+    /// llama.cpp's `general.architecture` (Mistral's GGUFs say `llama`).
+    pub fn gguf_arch(self) -> &'static str {
+        match self {
+            Family::Llama | Family::Mistral => "llama",
+            Family::Qwen2 => "qwen2",
+            Family::Qwen3 => "qwen3",
+            Family::Gemma3 => "gemma3",
+            Family::Phi3 => "phi3",
+        }
+    }
+
+    pub fn from_hf_class(name: &str) -> Option<Family> {
+        Family::ALL.into_iter().find(|f| f.hf_class() == name)
+    }
+
+    pub fn from_model_type(name: &str) -> Option<Family> {
+        Family::ALL.into_iter().find(|f| f.model_types().contains(&name))
+    }
+
+    pub fn from_gguf_arch(name: &str) -> Option<Family> {
+        Family::ALL.into_iter().find(|f| f.gguf_arch() == name)
+    }
+
+    /// Q/K/V are one `qkv_proj` tensor and gate/up one `gate_up_proj` in its HF checkpoints.
+    pub fn fused_hf_projections(self) -> bool {
+        self == Family::Phi3
+    }
+}
+
+/// Which rotary table a layer rotates Q and K with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RopeKind {
+    /// `rope_theta` with the config's `rope_scaling`.
+    Global,
+    /// Gemma 3's local (sliding-window) layers: `rope_local_base_freq`, unscaled.
+    Local,
+}
+
+impl RopeKind {
+    pub const COUNT: usize = 2;
+}
+
+/// How one layer attends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LayerAttention {
+    pub rope: RopeKind,
+    /// A query at position `p` sees the keys in `(p − window, p]`; `None`: every earlier key.
+    pub sliding_window: Option<usize>,
+}
+
+impl LayerAttention {
+    pub const FULL: LayerAttention = LayerAttention { rope: RopeKind::Global, sliding_window: None };
+}
+
 /// One decoder family's differences from the plain pre-norm transformer.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Architecture {
-    /// The family's `model_type`, for messages.
-    pub name: &'static str,
+    pub family: Family,
     /// RMSNorm multiplies by `norm_weight_offset + w` (0 for most; 1 for Gemma's `1 + w`).
     pub norm_weight_offset: f32,
     pub activation: Activation,
@@ -47,7 +140,7 @@ impl Architecture {
     /// Llama (and SmolLM2) as Hugging Face stores it.
     pub fn llama(head_dim: usize, attention_bias: bool) -> Self {
         Self {
-            name: "llama",
+            family: Family::Llama,
             norm_weight_offset: 0.0,
             activation: Activation::Silu,
             qkv_bias: attention_bias,
@@ -59,6 +152,11 @@ impl Architecture {
             final_logit_softcap: None,
             attention_scale: 1.0 / (head_dim as f32).sqrt(),
         }
+    }
+
+    /// The family's name, for messages.
+    pub fn name(&self) -> &'static str {
+        self.family.hf_class()
     }
 
     /// The norms of one decoder layer this architecture has, in [`LayerNorm`] order.

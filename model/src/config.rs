@@ -1,13 +1,19 @@
-//! `config.json` of a Hugging Face folder ([`ModelConfig`], with its [`Architecture`]), parsed
-//! and validated once so the forward pass can trust every dimension it reads.
+//! `config.json` of a Hugging Face folder ([`ModelConfig`], with its [`Architecture`] and
+//! per-layer attention), parsed and validated once so the forward pass can trust every
+//! dimension it reads.
+
+mod family;
+mod rope_scaling;
 
 use std::path::Path;
 
 use kv_cache::{BlockShape, DType};
 use serde::{Deserialize, Serialize};
 
-use crate::arch::Architecture;
+use crate::arch::{Architecture, LayerAttention};
 use crate::error::{ModelError, Result};
+pub use rope_scaling::RopeScaling;
+use rope_scaling::{RawRopeScaling, RopeContext};
 
 /// One token id or several (`eos_token_id` is a list in Llama 3 configs).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -24,27 +30,6 @@ impl TokenIds {
             Self::Many(ids) => ids.clone(),
         }
     }
-}
-
-/// The RoPE frequency scalings this engine implements.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum RopeScaling {
-    /// Positions divided by `factor` (all frequencies divided by `factor`).
-    Linear { factor: f64 },
-    /// Llama 3.1: long wavelengths divided by `factor`, short ones kept, a smooth blend between.
-    Llama3 { factor: f64, low_freq_factor: f64, high_freq_factor: f64, original_max_position_embeddings: f64 },
-}
-
-/// The raw `rope_scaling` object (`type` in old configs, `rope_type` in new ones).
-#[derive(Debug, Clone, Deserialize)]
-struct RawRopeScaling {
-    rope_type: Option<String>,
-    #[serde(rename = "type")]
-    legacy_type: Option<String>,
-    factor: Option<f64>,
-    low_freq_factor: Option<f64>,
-    high_freq_factor: Option<f64>,
-    original_max_position_embeddings: Option<f64>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -72,6 +57,21 @@ struct RawConfig {
     attention_bias: bool,
     #[serde(default)]
     mlp_bias: bool,
+    /// Gemma's name for `hidden_act`.
+    hidden_activation: Option<String>,
+    query_pre_attn_scalar: Option<f64>,
+    sliding_window: Option<usize>,
+    #[serde(default)]
+    use_sliding_window: bool,
+    max_window_layers: Option<usize>,
+    layer_types: Option<Vec<String>>,
+    sliding_window_pattern: Option<usize>,
+    rope_local_base_freq: Option<f64>,
+    final_logit_softcapping: Option<f64>,
+    attn_logit_softcapping: Option<f64>,
+    /// Phi-3 keeps LongRoPE's original context here rather than in `rope_scaling`.
+    original_max_position_embeddings: Option<usize>,
+    partial_rotary_factor: Option<f64>,
 }
 
 fn default_rms_eps() -> f64 {
@@ -97,13 +97,21 @@ pub struct ModelConfig {
     pub head_dim: usize,
     pub vocab_size: usize,
     pub rms_norm_eps: f64,
+    /// The base of [`crate::arch::RopeKind::Global`] layers' rotations (scaled by `rope_scaling`).
     pub rope_theta: f64,
     pub rope_scaling: Option<RopeScaling>,
+    /// The base of [`crate::arch::RopeKind::Local`] layers' rotations (Gemma 3), never scaled.
+    pub local_rope_theta: f64,
+    /// How each layer attends (one entry a layer).
+    pub layer_attention: Vec<LayerAttention>,
     pub tie_word_embeddings: bool,
     pub max_position_embeddings: usize,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
 }
+
+/// The most layers a config may declare.
+const MAX_LAYERS: usize = 1 << 16;
 
 impl ModelConfig {
     /// Reads and validates `config.json`.
@@ -116,22 +124,14 @@ impl ModelConfig {
     pub fn from_json(text: &str, path: &Path) -> Result<Self> {
         let value: serde_json::Value =
             serde_json::from_str(text).map_err(|e| ModelError::config(path, e.to_string()))?;
-        check_architecture(&value, path)?;
+        let family = family::detect(&value, path)?;
         let raw: RawConfig =
             serde_json::from_value(value).map_err(|e| ModelError::config(path, e.to_string()))?;
-        Self::validate(raw, path)
+        Self::validate(family, raw, path)
     }
 
-    fn validate(raw: RawConfig, path: &Path) -> Result<Self> {
+    fn validate(family: crate::arch::Family, raw: RawConfig, path: &Path) -> Result<Self> {
         let bad = |reason: String| Err(ModelError::config(path, reason));
-        if let Some(act) = &raw.hidden_act
-            && act != "silu"
-        {
-            return bad(format!("hidden_act {act:?} is not supported (only silu)"));
-        }
-        if raw.mlp_bias {
-            return bad("mlp_bias is not supported".into());
-        }
         for (name, v) in [
             ("hidden_size", raw.hidden_size),
             ("intermediate_size", raw.intermediate_size),
@@ -142,6 +142,11 @@ impl ModelConfig {
             if v == 0 {
                 return bad(format!("{name} must be positive"));
             }
+        }
+        // Layers are listed one by one (their attention kinds), so their count is bounded by
+        // more than overflow; the deepest open models have a few hundred.
+        if raw.num_hidden_layers > MAX_LAYERS {
+            return bad(format!("num_hidden_layers ({}) is more than {MAX_LAYERS}", raw.num_hidden_layers));
         }
         let kv_heads = raw.num_key_value_heads.unwrap_or(raw.num_attention_heads);
         if kv_heads == 0 || !raw.num_attention_heads.is_multiple_of(kv_heads) {
@@ -165,22 +170,28 @@ impl ModelConfig {
         if head_dim == 0 || !head_dim.is_multiple_of(2) {
             return bad(format!("head_dim ({head_dim}) must be even and positive"));
         }
-        if raw.rms_norm_eps.is_nan()
-            || raw.rms_norm_eps <= 0.0
-            || raw.rope_theta.is_nan()
-            || raw.rope_theta <= 0.0
-        {
-            return bad("rms_norm_eps and rope_theta must be positive".into());
+        let local_rope_theta = raw.rope_local_base_freq.unwrap_or(10_000.0);
+        if [raw.rms_norm_eps, raw.rope_theta, local_rope_theta].iter().any(|v| v.is_nan() || *v <= 0.0) {
+            return bad("rms_norm_eps, rope_theta and rope_local_base_freq must be positive".into());
         }
-        let rope_scaling = match raw.rope_scaling {
-            None => None,
-            Some(rs) => parse_rope_scaling(rs, raw.max_position_embeddings, path)?,
-        };
         if raw.max_position_embeddings == 0 {
             return bad("max_position_embeddings must be positive".into());
         }
-        let config = Self {
-            arch: Architecture::llama(head_dim, raw.attention_bias),
+        let rope_context = RopeContext {
+            max_position_embeddings: raw.max_position_embeddings,
+            original_max_position_embeddings: raw.original_max_position_embeddings,
+            head_dim,
+        };
+        let rope_scaling = match raw.rope_scaling.clone() {
+            None => None,
+            Some(rs) => rope_scaling::parse(rs, &rope_context, path)?,
+        };
+        let arch: Architecture = family::architecture(family, &raw, head_dim, path)?;
+        let mut config = Self {
+            arch,
+            local_rope_theta,
+            // Filled once the sizes are known not to overflow (it holds one entry per layer).
+            layer_attention: Vec::new(),
             hidden_size: raw.hidden_size,
             intermediate_size: raw.intermediate_size,
             num_hidden_layers: raw.num_hidden_layers,
@@ -193,8 +204,8 @@ impl ModelConfig {
             rope_scaling,
             tie_word_embeddings: raw.tie_word_embeddings,
             max_position_embeddings: raw.max_position_embeddings,
-            bos_token_id: raw.bos_token_id.and_then(|ids| ids.to_vec().first().copied()),
-            eos_token_ids: raw.eos_token_id.map(|ids| ids.to_vec()).unwrap_or_default(),
+            bos_token_id: raw.bos_token_id.as_ref().and_then(|ids| ids.to_vec().first().copied()),
+            eos_token_ids: raw.eos_token_id.as_ref().map(|ids| ids.to_vec()).unwrap_or_default(),
         };
         if config.checked_num_parameters().is_none() {
             return bad(format!(
@@ -208,6 +219,7 @@ impl ModelConfig {
                 config.num_hidden_layers
             ));
         }
+        config.layer_attention = family::layer_attention(family, &raw, path)?;
         Ok(config)
     }
 
@@ -237,6 +249,16 @@ impl ModelConfig {
         total.checked_mul(4).map(|_| total)
     }
 
+    /// The longest sequence full (causal) attention computes exactly: `max_position_embeddings`,
+    /// or the smallest sliding window when a layer has one (within its window, windowed
+    /// attention is full attention). What a device without windowed attention serves.
+    pub fn max_full_attention_context(&self) -> usize {
+        self.layer_attention
+            .iter()
+            .filter_map(|l| l.sliding_window)
+            .fold(self.max_position_embeddings, usize::min)
+    }
+
     /// The KV cache block of this model: `block_size` tokens of every layer's K and V in `dtype`.
     pub fn block_shape(&self, block_size: usize, dtype: DType) -> BlockShape {
         BlockShape {
@@ -257,56 +279,6 @@ impl ModelConfig {
     pub fn num_parameters(&self) -> usize {
         // `validate` refused every config for which this overflows.
         self.checked_num_parameters().unwrap_or(usize::MAX)
-    }
-}
-
-fn check_architecture(value: &serde_json::Value, path: &Path) -> Result<()> {
-    let archs: Vec<String> = value
-        .get("architectures")
-        .and_then(|a| a.as_array())
-        .map(|a| a.iter().filter_map(|s| s.as_str().map(str::to_owned)).collect())
-        .unwrap_or_default();
-    let model_type = value.get("model_type").and_then(|m| m.as_str()).map(str::to_owned);
-    let arch_ok = archs.is_empty() || archs.iter().any(|a| a == "LlamaForCausalLM");
-    let type_ok = model_type.as_deref().is_none_or(|t| t == "llama");
-    if archs.is_empty() && model_type.is_none() {
-        return Err(ModelError::config(path, "neither `architectures` nor `model_type` is set"));
-    }
-    if !arch_ok || !type_ok {
-        let found = archs.first().cloned().or(model_type).unwrap_or_default();
-        return Err(ModelError::UnsupportedArchitecture { path: path.to_path_buf(), found });
-    }
-    Ok(())
-}
-
-fn parse_rope_scaling(rs: RawRopeScaling, max_pos: usize, path: &Path) -> Result<Option<RopeScaling>> {
-    let kind = rs.rope_type.or(rs.legacy_type).unwrap_or_default();
-    let factor = |rs_factor: Option<f64>| match rs_factor {
-        Some(f) if f > 0.0 => Ok(f),
-        _ => Err(ModelError::config(path, format!("rope_scaling {kind:?} needs a positive `factor`"))),
-    };
-    match kind.as_str() {
-        "default" => Ok(None),
-        "linear" => Ok(Some(RopeScaling::Linear { factor: factor(rs.factor)? })),
-        "llama3" => {
-            let low = rs.low_freq_factor.unwrap_or(1.0);
-            let high = rs.high_freq_factor.unwrap_or(4.0);
-            if high.is_nan() || low.is_nan() || high <= low {
-                return Err(ModelError::config(
-                    path,
-                    "rope_scaling llama3 needs high_freq_factor > low_freq_factor",
-                ));
-            }
-            Ok(Some(RopeScaling::Llama3 {
-                factor: factor(rs.factor)?,
-                low_freq_factor: low,
-                high_freq_factor: high,
-                original_max_position_embeddings: rs
-                    .original_max_position_embeddings
-                    .unwrap_or(max_pos as f64),
-            }))
-        }
-        other => Err(ModelError::config(path, format!("rope_scaling type {other:?} is not supported"))),
     }
 }
 
@@ -347,9 +319,9 @@ mod tests {
         v["rope_scaling"] = serde_json::json!({"type": "linear", "factor": 2.0});
         assert_eq!(parse(v).unwrap().rope_scaling, Some(RopeScaling::Linear { factor: 2.0 }));
         let mut v = base();
-        v["rope_scaling"] = serde_json::json!({"type": "yarn", "factor": 2.0});
+        v["rope_scaling"] = serde_json::json!({"type": "dynamic", "factor": 2.0});
         let err = parse(v).unwrap_err().to_string();
-        assert!(err.contains("cfg/config.json") && err.contains("yarn"), "{err}");
+        assert!(err.contains("cfg/config.json") && err.contains("dynamic"), "{err}");
     }
 
     #[test]
@@ -359,7 +331,6 @@ mod tests {
             ("vocab_size", serde_json::json!(1u64 << 62)),
             ("hidden_size", serde_json::json!(u64::MAX)),
             ("intermediate_size", serde_json::json!(1u64 << 62)),
-            ("num_hidden_layers", serde_json::json!(1u64 << 62)),
         ] {
             let mut v = base();
             v[field] = value;
@@ -369,6 +340,10 @@ mod tests {
             let err = parse(v).unwrap_err().to_string();
             assert!(err.contains("cfg/config.json") && err.contains("overflow"), "{field}: {err}");
         }
+        let mut v = base();
+        v["num_hidden_layers"] = serde_json::json!(1u64 << 62);
+        let err = parse(v).unwrap_err().to_string();
+        assert!(err.contains("num_hidden_layers") && err.contains("more than"), "{err}");
         let mut v = base();
         v["max_position_embeddings"] = serde_json::json!(0);
         assert!(parse(v).is_err());

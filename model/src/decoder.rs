@@ -9,7 +9,7 @@ use std::path::Path;
 use attn_kernels::cpu::quant::{ActivationPrecision, GgmlType, QuantizeError, Weight};
 use kv_cache::KvCache;
 
-use crate::arch::{LayerMatrix, LayerNorm};
+use crate::arch::{LayerMatrix, LayerNorm, RopeKind};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::forward::cpu::{CpuStep, Workspace};
@@ -140,7 +140,8 @@ pub struct Model {
     /// How decode-shaped matmuls over Q4_0/Q4_1/Q8_0 weights take their activations
     /// (f32 by default; int16 when a user opts in).
     pub activations: ActivationPrecision,
-    pub(crate) rope: Rope,
+    /// One rotation per [`RopeKind`], for the context the model is served at.
+    ropes: [Rope; RopeKind::COUNT],
 }
 
 impl Model {
@@ -152,8 +153,16 @@ impl Model {
         final_norm: Weight,
         lm_head: Option<Weight>,
     ) -> Self {
-        let rope = Rope::new(&config);
-        Self { config, embed, layers, final_norm, lm_head, activations: ActivationPrecision::default(), rope }
+        let ropes = Rope::every_kind(&config, config.max_position_embeddings);
+        Self {
+            config,
+            embed,
+            layers,
+            final_norm,
+            lm_head,
+            activations: ActivationPrecision::default(),
+            ropes,
+        }
     }
 
     /// Loads config and weights from an HF folder, or from a GGUF file ([`Self::from_gguf`]).
@@ -182,9 +191,15 @@ impl Model {
         Ok(())
     }
 
-    /// RoPE inverse frequencies (for the reference implementation and tests).
-    pub fn rope_inv_freq(&self) -> Vec<f64> {
-        self.rope.inv_freq().to_vec()
+    /// The rotation of `kind` layers.
+    pub fn rope(&self, kind: RopeKind) -> &Rope {
+        &self.ropes[kind as usize]
+    }
+
+    /// Serves sequences of up to `context` tokens: rotations that depend on the context served
+    /// (LongRoPE's short or long factors) are chosen for it.
+    pub fn set_context(&mut self, context: usize) {
+        self.ropes = Rope::every_kind(&self.config, context);
     }
 
     /// The LM head matrix `[vocab, hidden]`.
@@ -238,7 +253,7 @@ impl Model {
         // push onto the local deque. So the whole pass runs on the pool, entered once.
         let step = StepShape {
             arch: &self.config.arch,
-            num_layers: self.layers.len(),
+            layers: &self.config.layer_attention,
             samples: !input.sample_indices.is_empty(),
         };
         let mut run = || forward::run(&mut CpuStep::new(self, input, cache, ws), step);

@@ -14,7 +14,7 @@ pub enum ModelError {
     },
     #[error("{}: malformed config: {reason}", path.display())]
     MalformedConfig { path: PathBuf, reason: String },
-    #[error("{}: unsupported architecture {found:?} (only Llama models are supported)", path.display())]
+    #[error("{}: unsupported architecture {found:?} (supported: Llama, Mistral, Qwen2, Qwen3, Gemma 3 and Phi-3 decoders)", path.display())]
     UnsupportedArchitecture { path: PathBuf, found: String },
     #[error("{}: missing tensor `{tensor}`", path.display())]
     MissingTensor { path: PathBuf, tensor: String },

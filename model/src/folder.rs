@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use crate::chat::ChatTemplate;
 use crate::config::ModelConfig;
 use crate::decoder::Model;
-use crate::error::{ModelError, Result};
+use crate::error::Result;
 use crate::generation::GenerationConfig;
 use crate::gguf::{self, GgufFile, GgufVocab};
 use crate::tokenizer::Tokenizer;
@@ -68,21 +68,19 @@ impl ModelFolder {
         Ok((folder, model))
     }
 
-    /// The config, tokenizer (byte-level BPE rebuilt from `tokenizer.ggml.*`) and chat template
+    /// The config, tokenizer (rebuilt from `tokenizer.ggml.*`: `gguf/vocab.rs`) and chat template
     /// (`tokenizer.chat_template`) of a GGUF, as its HF conversion would have them.
     pub fn from_gguf(g: &GgufFile) -> Result<Self> {
         let path = &g.path;
         let vocab = GgufVocab::from_gguf(g)?;
         let meta = gguf::GgufModelMeta::read(g, &vocab)?;
-        let config = ModelConfig::from_json(&meta.config.to_string(), path)?;
+        let config = meta.model_config(path)?;
         let generation = GenerationConfig {
             bos_token_id: config.bos_token_id,
             eos_token_ids: config.eos_token_ids.clone(),
             ..GenerationConfig::default()
         };
-        let bad_tokenizer = |reason: String| ModelError::Tokenizer { path: path.clone(), reason };
-        let tokenizer_json = vocab.tokenizer_json().map_err(|e| bad_tokenizer(e.to_string()))?;
-        let tokenizer = Tokenizer::from_bytes(tokenizer_json.to_string().as_bytes(), path)?;
+        let tokenizer = vocab.tokenizer(path)?;
         let chat_template =
             ChatTemplate::from_tokenizer_config_value(&vocab.tokenizer_config_json(meta.n_ctx), path)?;
         Ok(Self { dir: path.clone(), config, generation, tokenizer, chat_template })

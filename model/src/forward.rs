@@ -11,7 +11,8 @@
 
 pub mod cpu;
 
-use crate::arch::{Activation, Architecture, LayerMatrix, LayerNorm};
+use crate::arch::{Activation, Architecture, LayerAttention, LayerMatrix, LayerNorm, RopeKind};
+use attn_kernels::AttnScores;
 
 /// An activation buffer of one step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -79,11 +80,11 @@ pub trait DecoderOps {
     fn head_norm(&mut self, buf: Buf, norm: NormId) -> Result<(), Self::Error>;
     /// `out (+)= input · matrixᵀ + bias`.
     fn linear(&mut self, out: LinearOut, input: Buf, matrix: MatrixId) -> Result<(), Self::Error>;
-    /// Rotates Q and K at the step's positions.
-    fn rope(&mut self) -> Result<(), Self::Error>;
+    /// Rotates Q and K at the step's positions by the rotation of `kind` layers.
+    fn rope(&mut self, kind: RopeKind) -> Result<(), Self::Error>;
     /// Writes K and V into layer `layer`'s cache slots, then attends Q over the paged cache
     /// into [`Buf::Attn`].
-    fn attention(&mut self, layer: usize, scale: f32) -> Result<(), Self::Error>;
+    fn attention(&mut self, layer: usize, scores: AttnScores) -> Result<(), Self::Error>;
     /// `Act = act(gate) · up` from [`Buf::GateUp`].
     fn gated_act(&mut self, act: Activation) -> Result<(), Self::Error>;
     /// `out += input`.
@@ -96,7 +97,8 @@ pub trait DecoderOps {
 #[derive(Debug, Clone, Copy)]
 pub struct StepShape<'a> {
     pub arch: &'a Architecture,
-    pub num_layers: usize,
+    /// How each layer attends (one entry a layer).
+    pub layers: &'a [LayerAttention],
     /// Whether any row is sampled (the final norm and LM head run only then).
     pub samples: bool,
 }
@@ -106,7 +108,7 @@ pub struct StepShape<'a> {
 pub fn run<B: DecoderOps>(b: &mut B, step: StepShape<'_>) -> Result<(), B::Error> {
     let arch = step.arch;
     b.embed(arch.embedding_scale)?;
-    for l in 0..step.num_layers {
+    for (l, attention) in step.layers.iter().enumerate() {
         let norm = |n| NormId::Layer(l, n);
         let matrix = |m| MatrixId::Layer(l, m);
         b.rms_norm(Buf::Normed, Buf::Hidden, norm(LayerNorm::Attn))?;
@@ -115,8 +117,8 @@ pub fn run<B: DecoderOps>(b: &mut B, step: StepShape<'_>) -> Result<(), B::Error
             b.head_norm(Buf::Q, norm(LayerNorm::Q))?;
             b.head_norm(Buf::K, norm(LayerNorm::K))?;
         }
-        b.rope()?;
-        b.attention(l, arch.attention_scale)?;
+        b.rope(attention.rope)?;
+        b.attention(l, AttnScores { scale: arch.attention_scale, sliding_window: attention.sliding_window })?;
         join_residual(b, arch, Buf::Attn, matrix(LayerMatrix::O), norm(LayerNorm::AttnOut))?;
         b.rms_norm(Buf::Normed, Buf::Hidden, norm(LayerNorm::Ffn))?;
         b.linear(LinearOut::Write(Buf::GateUp), Buf::Normed, matrix(LayerMatrix::GateUp))?;

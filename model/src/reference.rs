@@ -1,9 +1,10 @@
 //! A naive full-sequence forward pass with no KV cache: plain loops, f64 sums and a causal
-//! softmax in f64, following the same [`crate::Architecture`] as the paged forward. Written for
+//! (sliding-window where a layer has one) softmax in f64, following the same [`crate::Architecture`] as the paged forward. Written for
 //! clarity, not speed; tests compare the paged forward pass against it.
 
 use crate::arch::{Activation, LayerMatrix, LayerNorm, RopeStyle};
 use crate::decoder::{LayerWeights, Model};
+use crate::rope::Rope;
 
 fn matvec_t(x: &[f32], w: &[f32], bias: Option<&Vec<f32>>, n: usize) -> Vec<f32> {
     let k = x.len();
@@ -23,10 +24,11 @@ fn rms(x: &[f32], w: &[f32], offset: f32, eps: f64) -> Vec<f32> {
 }
 
 /// RoPE on one head in the model's pair order, angles computed from scratch per call.
-fn rope(head: &mut [f32], pos: usize, inv_freq: &[f64], style: RopeStyle) {
+fn rope(head: &mut [f32], pos: usize, r: &Rope, style: RopeStyle) {
     let half = head.len() / 2;
-    for (i, &freq) in inv_freq.iter().enumerate().take(half) {
+    for (i, &freq) in r.inv_freq().iter().enumerate().take(half) {
         let (s, c) = (pos as f64 * freq).sin_cos();
+        let (s, c) = (s * r.attention_factor(), c * r.attention_factor());
         let (ia, ib) = match style {
             RopeStyle::RotateHalf => (i, i + half),
             RopeStyle::Interleaved => (2 * i, 2 * i + 1),
@@ -52,7 +54,6 @@ pub fn forward_full(model: &Model, tokens: &[u32]) -> Vec<f32> {
     let a = &c.arch;
     let (h, d, nh, nkv) = (c.hidden_size, c.head_dim, c.num_attention_heads, c.num_key_value_heads);
     let (inter, eps, offset) = (c.intermediate_size, c.rms_norm_eps, a.norm_weight_offset);
-    let inv_freq = model.rope_inv_freq();
     let group = nh / nkv;
     // Every weight dequantized up front: the oracle computes in plain f32/f64 loops.
     let layers: Vec<LayerWeights<Vec<f32>>> = model
@@ -73,7 +74,8 @@ pub fn forward_full(model: &Model, tokens: &[u32]) -> Vec<f32> {
         let out = if a.sandwich_norms { rms(&out, &norm_of(lw, n), offset, eps) } else { out };
         x.iter_mut().zip(&out).for_each(|(v, o)| *v += o);
     };
-    for lw in &layers {
+    for (lw, attention) in layers.iter().zip(&c.layer_attention) {
+        let r = model.rope(attention.rope);
         let (mut qs, mut ks, mut vs) = (Vec::new(), Vec::new(), Vec::new());
         for (pos, x) in xs.iter().enumerate() {
             let n = rms(x, &norm_of(lw, LayerNorm::Attn), offset, eps);
@@ -85,19 +87,21 @@ pub fn forward_full(model: &Model, tokens: &[u32]) -> Vec<f32> {
                 q = q.chunks(d).flat_map(|hd| rms(hd, &qn, offset, eps)).collect();
                 k = k.chunks(d).flat_map(|hd| rms(hd, &kn, offset, eps)).collect();
             }
-            q.chunks_mut(d).for_each(|hd| rope(hd, pos, &inv_freq, a.rope_style));
-            k.chunks_mut(d).for_each(|hd| rope(hd, pos, &inv_freq, a.rope_style));
+            q.chunks_mut(d).for_each(|hd| rope(hd, pos, r, a.rope_style));
+            k.chunks_mut(d).for_each(|hd| rope(hd, pos, r, a.rope_style));
             qs.push(q);
             ks.push(k);
             vs.push(qkv[(nh + nkv) * d..].to_vec());
         }
         let scale = f64::from(a.attention_scale);
         for (i, x) in xs.iter_mut().enumerate() {
+            // The keys in `(i − window, i]`.
+            let first = attention.sliding_window.map_or(0, |w| (i + 1).saturating_sub(w));
             let mut attn = vec![0.0f32; nh * d];
             for head in 0..nh {
                 let kvh = head / group;
                 let q = &qs[i][head * d..(head + 1) * d];
-                let scores: Vec<f64> = (0..=i)
+                let scores: Vec<f64> = (first..=i)
                     .map(|j| {
                         let k = &ks[j][kvh * d..(kvh + 1) * d];
                         q.iter().zip(k).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum::<f64>() * scale
@@ -107,7 +111,8 @@ pub fn forward_full(model: &Model, tokens: &[u32]) -> Vec<f32> {
                 let exps: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
                 let total: f64 = exps.iter().sum();
                 for dd in 0..d {
-                    let v: f64 = (0..=i).map(|j| exps[j] * f64::from(vs[j][kvh * d + dd])).sum();
+                    let v: f64 =
+                        (first..=i).zip(&exps).map(|(j, e)| e * f64::from(vs[j][kvh * d + dd])).sum();
                     attn[head * d + dd] = (v / total) as f32;
                 }
             }

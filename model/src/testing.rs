@@ -218,18 +218,22 @@ pub fn smollm2_dir_fetched() -> Result<std::path::PathBuf, String> {
     let dir = smollm2_dir();
     if !dir.join("model.safetensors").exists() {
         eprintln!("{} missing; running cargo xtask fetch-model", dir.display());
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let status = std::process::Command::new(cargo)
-            .current_dir(root)
-            .args(["xtask", "fetch-model"])
-            .status()
-            .map_err(|e| format!("cargo xtask fetch-model: {e}"))?;
-        if !status.success() {
-            return Err("cargo xtask fetch-model failed".into());
-        }
+        fetch_model(&[])?;
     }
     Ok(dir)
+}
+
+/// Runs `cargo xtask fetch-model` with `args` in the workspace.
+fn fetch_model(args: &[&str]) -> Result<(), String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let status = std::process::Command::new(cargo)
+        .current_dir(root)
+        .args(["xtask", "fetch-model"])
+        .args(args)
+        .status()
+        .map_err(|e| format!("cargo xtask fetch-model: {e}"))?;
+    if status.success() { Ok(()) } else { Err(format!("cargo xtask fetch-model {args:?} failed ({status})")) }
 }
 
 /// The default model as users run it (the Q4_1 GGUF, see [`smollm2_gguf`]), for benchmarks:
@@ -245,4 +249,75 @@ pub fn default_model_fetched() -> Result<std::path::PathBuf, String> {
 /// runs in the `peer` benchmarks.
 pub fn smollm2_gguf() -> std::path::PathBuf {
     smollm2_dir().with_file_name("SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
+/// Gemma 3 270M's Q4_K_M GGUF (a SentencePiece-style vocabulary of 262 144 tokens):
+/// `$GEMMA3_GGUF`, else where `cargo xtask fetch-model --model gemma3-270m` writes it.
+pub fn gemma3_gguf() -> std::path::PathBuf {
+    std::env::var_os("GEMMA3_GGUF").map(std::path::PathBuf::from).unwrap_or_else(|| {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/models/gemma3-270m/gemma-3-270m-q4_k_m.gguf")
+    })
+}
+
+/// [`gemma3_gguf`] for tests: fails with what to run when the file is missing.
+pub fn gemma3_gguf_for_tests() -> std::path::PathBuf {
+    let path = gemma3_gguf();
+    assert!(
+        path.exists(),
+        "{} not found: run `cargo xtask fetch-model --model gemma3-270m` first (or set GEMMA3_GGUF)",
+        path.display()
+    );
+    path
+}
+
+/// [`gemma3_gguf`] for benchmarks: runs `cargo xtask fetch-model --model gemma3-270m` when it
+/// is missing.
+pub fn gemma3_gguf_fetched() -> Result<std::path::PathBuf, String> {
+    let path = gemma3_gguf();
+    if !path.exists() {
+        eprintln!("{} missing; running cargo xtask fetch-model --model gemma3-270m", path.display());
+        fetch_model(&["--model", "gemma3-270m"])?;
+        if !path.exists() {
+            return Err(format!(
+                "cargo xtask fetch-model --model gemma3-270m did not write {}",
+                path.display()
+            ));
+        }
+    }
+    Ok(path)
+}
+
+/// llama.cpp's SPM tokenizer (`llm_tokenizer_spm_session`) as plainly as it can be written,
+/// the oracle for the BPE `gguf::vocab` builds from an SPM vocabulary: starting from the
+/// characters of `text` (spaces already written as `▁`), join the adjacent pair whose
+/// concatenation is a token of the highest score, the leftmost among equal scores, until no
+/// pair is a token; then each piece is its token, or its UTF-8 bytes' `<0xNN>` tokens.
+/// Special tokens are not split out: `text` is one fragment between them.
+pub fn spm_reference_encode(tokens: &[String], scores: &[f32], text: &str) -> Vec<u32> {
+    let ids: std::collections::HashMap<&str, u32> =
+        tokens.iter().enumerate().map(|(i, t)| (t.as_str(), i as u32)).collect();
+    let mut pieces: Vec<String> = text.chars().map(String::from).collect();
+    loop {
+        let mut best: Option<(f32, usize)> = None;
+        for i in 0..pieces.len().saturating_sub(1) {
+            let joined = format!("{}{}", pieces[i], pieces[i + 1]);
+            if let Some(&id) = ids.get(joined.as_str()) {
+                let score = scores[id as usize];
+                if best.is_none_or(|(s, _)| score > s) {
+                    best = Some((score, i));
+                }
+            }
+        }
+        let Some((_, i)) = best else { break };
+        let right = pieces.remove(i + 1);
+        pieces[i].push_str(&right);
+    }
+    let mut out = Vec::new();
+    for p in &pieces {
+        match ids.get(p.as_str()) {
+            Some(&id) => out.push(id),
+            None => out.extend(p.bytes().map(|b| ids[format!("<0x{b:02X}>").as_str()])),
+        }
+    }
+    out
 }

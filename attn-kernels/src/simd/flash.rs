@@ -46,6 +46,10 @@ pub(crate) struct FlashTile<'a> {
     pub row_pos: &'a [f32],
     /// The smallest row position: keys past it need the causal mask.
     pub min_pos: usize,
+    /// The largest row position: with a window, keys `w` or more before it need the window mask.
+    pub max_pos: usize,
+    /// A row at position `p` sees keys `(p − w, p]`; `None`: all of `0 ..= p`.
+    pub sliding_window: Option<usize>,
     /// Running max and running sum of each row.
     pub max: &'a mut [f32],
     pub sum: &'a mut [f32],
@@ -282,23 +286,30 @@ unsafe fn score_block<V: Lanes, const MT: usize, const NB: usize, const BS: usiz
     }
 }
 
-/// Online softmax over the run's scores, lane by lane: mask keys past each row's position,
-/// raise the running max, rescale the running sum and `acc` by `e^(old − new)`, and turn the
+/// Online softmax over the run's scores, lane by lane: mask keys past each row's position (and
+/// those before its window), raise the running max, rescale the running sum and `acc` by `e^(old − new)`, and turn the
 /// scores into probabilities `e^(s − max)` in place.
 #[inline(always)]
 unsafe fn softmax<V: Lanes>(t: &mut FlashTile<'_>, first_key: usize, keys: usize) {
     let (d, rows, stride) = (t.head_size, t.rows, t.stride);
     let needs_mask = first_key + keys > t.min_pos + 1;
+    // Keys at or before `p − w` for some row `p`: the oldest key against the newest row.
+    let window = t.sliding_window.filter(|&w| first_key + w <= t.max_pos);
     let s = t.scores.as_mut_ptr();
     // SAFETY: `scores` holds `keys · rows` floats, `acc` `d · rows`, the row arrays `rows`.
     unsafe {
         for j in (0..rows).step_by(V::L) {
             let mut top = V::splat(f32::NEG_INFINITY);
-            if needs_mask {
+            if needs_mask || window.is_some() {
                 let pos = V::load(t.row_pos.as_ptr().add(j));
                 for k in 0..keys {
                     let p = s.add(k * stride + j);
-                    let v = V::load(p).mask_later(V::splat((first_key + k) as f32), pos);
+                    let key = first_key + k;
+                    let mut v = V::load(p).mask_later(V::splat(key as f32), pos);
+                    if let Some(w) = window {
+                        // Out of the window where `p > key + w − 1`.
+                        v = v.mask_later(pos, V::splat((key + w - 1) as f32));
+                    }
                     v.store(p);
                     top = top.max(v);
                 }
@@ -307,7 +318,8 @@ unsafe fn softmax<V: Lanes>(t: &mut FlashTile<'_>, first_key: usize, keys: usize
                     top = top.max(V::load(s.add(k * stride + j)));
                 }
             }
-            // Every row sees key 0 in its first step, so the new max is finite from then on.
+            // The running max starts finite (`f32::MIN`), so a row that sees no key in this step
+            // (before its window or past its position) rescales by 1 and adds e^−inf = 0.
             let old = V::load(t.max.as_ptr().add(j));
             let new = old.max(top);
             let rescale = old.sub(new).exp();

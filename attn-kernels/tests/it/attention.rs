@@ -7,7 +7,8 @@
 //! (values in [-1, 1]; bf16 keeps 8 mantissa bits, f16 11).
 
 use attn_kernels::{
-    AttnOptions, Isa, PagedAttnMetadata, SplitPolicy, paged_attention_with, reference, reshape_and_cache,
+    AttnOptions, AttnScores, Isa, PagedAttnMetadata, SplitPolicy, paged_attention_with, reference,
+    reshape_and_cache,
 };
 use kv_cache::{CacheGeometry, DType, LayerCache};
 use proptest::prelude::*;
@@ -104,14 +105,29 @@ fn prefill_batch() -> impl Strategy<Value = Batch> {
 }
 
 fn run_both(batch: &Batch, dtype: DType, opts: &AttnOptions) -> (Vec<f32>, Vec<f32>) {
+    run_windowed(batch, dtype, opts, None)
+}
+
+/// Sliding windows: one key, around a block or a partition, or longer than most contexts.
+fn windows() -> impl Strategy<Value = usize> {
+    prop_oneof![prop::sample::select(vec![1usize, 7, 16, 31, 32, 33, 100, 257]), 1usize..400]
+}
+
+fn run_windowed(
+    batch: &Batch,
+    dtype: DType,
+    opts: &AttnOptions,
+    window: Option<usize>,
+) -> (Vec<f32>, Vec<f32>) {
+    let scores = AttnScores { scale: batch.scale(), sliding_window: window };
     let built = batch.build();
     let cache = batch.cache(&built, dtype);
     let meta = built.meta();
     let mut got = vec![f32::NAN; built.query.len()];
     let mut want = vec![f32::NAN; built.query.len()];
-    paged_attention_with(opts, &mut got, &built.query, &cache, &meta, batch.num_heads(), batch.scale())
+    paged_attention_with(opts, &mut got, &built.query, &cache, &meta, batch.num_heads(), scores)
         .expect("kernel");
-    reference::paged_attention(&mut want, &built.query, &cache, &meta, batch.num_heads(), batch.scale())
+    reference::paged_attention(&mut want, &built.query, &cache, &meta, batch.num_heads(), scores)
         .expect("reference");
     (got, want)
 }
@@ -133,6 +149,19 @@ proptest! {
             let (got, want) = run_both(&batch, dtype, &AttnOptions { isa, split: SplitPolicy::Auto });
             assert_close(&got, &want, ABS, REL, &format!("{dtype} {isa:?}"));
         }
+    }
+
+    /// Decodes (split or not) and chunks over a cached prefix with a sliding window: blocks
+    /// before a window are skipped, keys before it inside a block masked, on every ISA.
+    #[test]
+    fn windowed_batches_match_reference(
+        batch in prop_oneof![mixed_batch(), prefill_batch()],
+        window in windows(),
+        dtype in dtypes(),
+        opts in options(),
+    ) {
+        let (got, want) = run_windowed(&batch, dtype, &opts, Some(window));
+        assert_close(&got, &want, ABS, REL, &format!("{dtype} {opts:?} window {window}"));
     }
 
     #[test]

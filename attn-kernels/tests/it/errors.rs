@@ -1,7 +1,7 @@
 //! Bad input: a typed error, and the output and cache untouched.
 
 use attn_kernels::{
-    AttnError, AttnOptions, PagedAttnMetadata, SplitPolicy, paged_attention, paged_attention_with,
+    AttnError, AttnOptions, AttnScores, PagedAttnMetadata, SplitPolicy, paged_attention, paged_attention_with,
 };
 use kv_cache::{CacheGeometry, DType, LayerCache};
 
@@ -94,6 +94,11 @@ fn bad_scale_and_partition() {
     let mut out = vec![SENTINEL; 2 * 64];
     let err = paged_attention(&mut out, &query, &c, &meta, 2, f32::NAN).unwrap_err();
     assert!(matches!(err, AttnError::NonFiniteScale(v) if v.is_nan()));
+    let empty_window = AttnScores { scale: 0.1, sliding_window: Some(0) };
+    assert_eq!(
+        paged_attention(&mut out, &query, &c, &meta, 2, empty_window).unwrap_err(),
+        AttnError::ZeroWindow
+    );
     let opts = AttnOptions { split: SplitPolicy::Always { partition_tokens: 24 }, ..AttnOptions::default() };
     assert_eq!(
         paged_attention_with(&opts, &mut out, &query, &c, &meta, 2, 0.1).unwrap_err(),

@@ -24,11 +24,11 @@ use super::error::CudaModelError;
 use super::ops::CudaStep;
 use super::rope_table::cos_sin_table;
 use super::weights::DeviceWeights;
+use crate::arch::{LayerAttention, RopeKind};
 use crate::config::ModelConfig;
 use crate::decoder::Model;
 use crate::forward::{self, StepShape};
 use crate::input::ModelInput;
-use crate::rope::Rope;
 
 /// Threads per block of the row kernels (a multiple of 32, as `block_sum` needs).
 pub(super) const ROW_THREADS: u32 = 256;
@@ -152,10 +152,12 @@ impl Activations {
 #[derive(Debug)]
 pub struct CudaModel {
     pub(super) config: ModelConfig,
+    layer_attention: Arc<[LayerAttention]>,
     pub(super) kernels: Arc<CudaKernels>,
     pub(super) blas: CudaBlas,
     pub(super) weights: DeviceWeights,
-    pub(super) cos_sin: CudaSlice<f32>,
+    /// `[positions, head_dim]` cos then sin per position, one table per [`RopeKind`].
+    pub(super) cos_sin: [CudaSlice<f32>; RopeKind::COUNT],
     limits: BatchLimits,
     pub(super) functions: Functions,
     pub(super) act: Activations,
@@ -198,13 +200,6 @@ impl CudaModel {
         if !c.head_dim.is_multiple_of(2) || c.num_key_value_heads == 0 {
             return Err(CudaModelError::Unsupported(format!("head_dim {} / kv heads", c.head_dim)));
         }
-        // Per-head norms and sandwich norms need an f32-out norm kernel this device lacks yet.
-        for (has, what) in [(c.arch.qk_norm, "per-head Q/K norms"), (c.arch.sandwich_norms, "sandwich norms")]
-        {
-            if has {
-                return Err(CudaModelError::Unsupported(format!("{what} ({}) on CUDA", c.arch.name)));
-            }
-        }
         // SAFETY: only tries to dlopen libcublas by its candidate names.
         if !unsafe { cudarc::cublas::sys::is_culib_present() } {
             return Err(CudaModelError::CublasMissing);
@@ -216,7 +211,8 @@ impl CudaModel {
         disallow_reduced_precision_reduction(&blas)?;
         let weights = DeviceWeights::upload(model, &stream, dtype)?;
         let positions = limits.max_model_len.max(1);
-        let cos_sin = stream.clone_htod(&cos_sin_table(&Rope::new(&c), positions))?;
+        let table = |kind| stream.clone_htod(&cos_sin_table(model.rope(kind), positions));
+        let cos_sin = [table(RopeKind::Global)?, table(RopeKind::Local)?];
         let functions = Functions::load(&kernels, dtype)?;
         let act = Activations::new(&stream, &c, &limits)?;
         let logits_len = limits.max_samples.max(1).checked_mul(c.vocab_size).ok_or_else(|| {
@@ -232,6 +228,7 @@ impl CudaModel {
         let host_tokens =
             unsafe { device.context().alloc_pinned_with_flags::<u32>(limits.max_samples.max(1), 0) }?;
         Ok(CudaModel {
+            layer_attention: c.layer_attention.clone().into(),
             config: c,
             kernels,
             blas,
@@ -377,7 +374,9 @@ impl CudaModel {
             stream.memcpy_htod(&self.host_rows[..], &mut self.act.sample_rows.slice_mut(..s))?;
         }
         let arch = self.config.arch;
-        let shape = StepShape { arch: &arch, num_layers: self.weights.layers.len(), samples: s > 0 };
+        // Shared, not borrowed: the step borrows the model mutably.
+        let layers = Arc::clone(&self.layer_attention);
+        let shape = StepShape { arch: &arch, layers: &layers, samples: s > 0 };
         forward::run(&mut CudaStep { model: self, cache, slots, meta, tokens: t, samples: s }, shape)
     }
 }

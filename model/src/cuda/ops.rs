@@ -7,6 +7,7 @@
 //! type, and so is the gate/up output. The GEMMs that join the residual stream add into it in
 //! f32 (`beta = 1`); a sandwich-normed branch joins it through `add_into_f32`.
 
+use attn_kernels::AttnScores;
 use attn_kernels::backend::KernelBackend;
 use attn_kernels::cpu::act::Activation;
 use attn_kernels::cuda::DeviceAttnMetadata;
@@ -19,7 +20,7 @@ use super::error::CudaModelError;
 use super::forward::{CudaModel, ROW_THREADS, int, rows_launch};
 use super::gemm::{LinearCall, linear};
 use super::weights::DeviceWeights;
-use crate::arch::LayerMatrix;
+use crate::arch::{LayerMatrix, RopeKind};
 use crate::forward::{Buf, DecoderOps, LinearOut, MatrixId, NormId};
 
 /// One CUDA step: the model's buffers and weights, the cache and this step's uploaded metadata.
@@ -225,7 +226,7 @@ impl DecoderOps for CudaStep<'_> {
         Ok(())
     }
 
-    fn rope(&mut self) -> Result<(), CudaModelError> {
+    fn rope(&mut self, kind: RopeKind) -> Result<(), CudaModelError> {
         let stream = self.model.stream();
         let c = &self.model.config;
         let (nh, nkv, d) = (int(c.num_attention_heads)?, int(c.num_key_value_heads)?, int(c.head_dim)?);
@@ -235,7 +236,7 @@ impl DecoderOps for CudaStep<'_> {
         let mut b = stream.launch_builder(&self.model.functions.rotary);
         b.arg(&mut act.q)
             .arg(&mut act.k)
-            .arg(&self.model.cos_sin)
+            .arg(&self.model.cos_sin[kind as usize])
             .arg(&act.positions)
             .arg(&nh)
             .arg(&nkv)
@@ -248,7 +249,7 @@ impl DecoderOps for CudaStep<'_> {
         Ok(())
     }
 
-    fn attention(&mut self, layer: usize, scale: f32) -> Result<(), CudaModelError> {
+    fn attention(&mut self, layer: usize, scores: AttnScores) -> Result<(), CudaModelError> {
         let m = &mut *self.model;
         let heads = m.config.num_attention_heads;
         m.kernels.reshape_and_cache(&m.act.k, &m.act.v, self.slots, self.cache.layer_mut(layer)?)?;
@@ -258,7 +259,7 @@ impl DecoderOps for CudaStep<'_> {
             self.cache.layer(layer)?,
             self.meta,
             heads,
-            scale,
+            scores,
             &mut m.act.attn_ws,
         )?;
         // The O projection reads the attention output in the half type.

@@ -22,7 +22,7 @@ mod tests {
 
     #[test]
     fn rows_match_the_cpu_cos_sin() {
-        let rope = Rope::new(&test_config());
+        let rope = Rope::new(&test_config(), crate::arch::RopeKind::Global, 4096);
         let table = cos_sin_table(&rope, 40);
         let half = rope.half_dim();
         assert_eq!(table.len(), 40 * 2 * half);

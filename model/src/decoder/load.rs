@@ -5,7 +5,7 @@
 use attn_kernels::cpu::quant::{GgmlType, Part, Storage, Weight};
 
 use super::{LayerWeights, Model};
-use crate::arch::{LayerMatrix, LayerNorm, RopeStyle};
+use crate::arch::{Family, LayerMatrix, LayerNorm};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::gguf::{GgufFile, GgufTensorInfo};
@@ -57,18 +57,29 @@ impl Names {
         }
     }
 
-    /// The tensors (under the layer's prefix, without `.weight`) a fused matrix is made of.
-    fn matrix_parts(self, m: LayerMatrix) -> &'static [&'static str] {
+    /// The tensors (under the layer's prefix, without `.weight`) a fused matrix is made of, each
+    /// with its rows: separate in most checkpoints, already fused in Phi-3's.
+    fn matrix_parts(self, c: &ModelConfig, m: LayerMatrix) -> Vec<(&'static str, usize)> {
         use LayerMatrix::*;
+        let (q, kv, inter) =
+            (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim, c.intermediate_size);
+        let fused = c.arch.family == Family::Phi3;
         match (self, m) {
-            (Names::Hf, Qkv) => &["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
-            (Names::Hf, O) => &["self_attn.o_proj"],
-            (Names::Hf, GateUp) => &["mlp.gate_proj", "mlp.up_proj"],
-            (Names::Hf, Down) => &["mlp.down_proj"],
-            (Names::Gguf, Qkv) => &["attn_q", "attn_k", "attn_v"],
-            (Names::Gguf, O) => &["attn_output"],
-            (Names::Gguf, GateUp) => &["ffn_gate", "ffn_up"],
-            (Names::Gguf, Down) => &["ffn_down"],
+            (Names::Hf, Qkv) if fused => vec![("self_attn.qkv_proj", q + 2 * kv)],
+            (Names::Hf, GateUp) if fused => vec![("mlp.gate_up_proj", 2 * inter)],
+            (Names::Gguf, Qkv) if fused => vec![("attn_qkv", q + 2 * kv)],
+            // llama.cpp keeps Phi-3's fused gate and up as `ffn_up`, gate rows first.
+            (Names::Gguf, GateUp) if fused => vec![("ffn_up", 2 * inter)],
+            (Names::Hf, Qkv) => {
+                vec![("self_attn.q_proj", q), ("self_attn.k_proj", kv), ("self_attn.v_proj", kv)]
+            }
+            (Names::Hf, O) => vec![("self_attn.o_proj", c.hidden_size)],
+            (Names::Hf, GateUp) => vec![("mlp.gate_proj", inter), ("mlp.up_proj", inter)],
+            (Names::Hf, Down) => vec![("mlp.down_proj", c.hidden_size)],
+            (Names::Gguf, Qkv) => vec![("attn_q", q), ("attn_k", kv), ("attn_v", kv)],
+            (Names::Gguf, O) => vec![("attn_output", c.hidden_size)],
+            (Names::Gguf, GateUp) => vec![("ffn_gate", inter), ("ffn_up", inter)],
+            (Names::Gguf, Down) => vec![("ffn_down", c.hidden_size)],
         }
     }
 
@@ -155,17 +166,6 @@ impl Checkpoint for GgufFile {
     }
 }
 
-/// The rows of each part of a fused matrix (`0` past its last part).
-fn part_rows(c: &ModelConfig, m: LayerMatrix) -> [usize; 3] {
-    let (q, kv, inter) =
-        (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim, c.intermediate_size);
-    match m {
-        LayerMatrix::Qkv => [q, kv, kv],
-        LayerMatrix::O | LayerMatrix::Down => [c.hidden_size, 0, 0],
-        LayerMatrix::GateUp => [inter, inter, 0],
-    }
-}
-
 /// Every weight of `config`'s model from `src`, each shape checked against the config before it
 /// is used; each buffer is allocated only after the shapes of the tensors it holds matched the
 /// file's headers, and layers are pushed as they load.
@@ -177,9 +177,8 @@ fn load<C: Checkpoint>(config: ModelConfig, src: &C) -> Result<Model> {
     // `(tensor name, rows)` of each part of matrix `m` in layer `prefix`, with `suffix`.
     let parts = |prefix: &str, m: LayerMatrix, suffix: &str| -> Vec<(String, usize)> {
         C::NAMES
-            .matrix_parts(m)
-            .iter()
-            .zip(part_rows(c, m))
+            .matrix_parts(c, m)
+            .into_iter()
             .map(|(name, rows)| (format!("{prefix}.{name}.{suffix}"), rows))
             .collect()
     };
@@ -226,19 +225,17 @@ impl Model {
     }
 
     /// Builds the model from a GGUF with every matrix left in its GGUF type and memory-mapped,
-    /// and Llama's Q/K in the file's row order ([`RopeStyle::Interleaved`]). Shapes are checked
+    /// and Llama's Q/K in the file's row order ([`crate::arch::RopeStyle::Interleaved`]). Shapes are checked
     /// against the metadata before anything is used.
     pub fn from_gguf(g: &GgufFile) -> Result<Self> {
         let vocab = crate::gguf::GgufVocab::from_gguf(g)?;
         let meta = crate::gguf::GgufModelMeta::read(g, &vocab)?;
-        Self::from_gguf_with_config(g, ModelConfig::from_json(&meta.config.to_string(), &g.path)?)
+        Self::from_gguf_with_config(g, meta.model_config(&g.path)?)
     }
 
     /// [`Self::from_gguf`] with the config already read from `g`'s metadata (by
     /// [`crate::ModelFolder::from_gguf`]), so the vocabulary is not parsed twice.
-    pub(crate) fn from_gguf_with_config(g: &GgufFile, mut config: ModelConfig) -> Result<Self> {
-        // llama.cpp's converter permutes Llama's Q/K rows into adjacent rotary pairs.
-        config.arch.rope_style = RopeStyle::Interleaved;
+    pub(crate) fn from_gguf_with_config(g: &GgufFile, config: ModelConfig) -> Result<Self> {
         load(config, g)
     }
 }

@@ -2,17 +2,17 @@
 //! weights in their storage formats, the kernels of `attn_kernels::cpu` and the paged
 //! attention of [`attn_kernels::backend::Cpu`] over a host [`KvCache`].
 
-use attn_kernels::Isa;
 use attn_kernels::backend::{Cpu, KernelBackend};
 use attn_kernels::cpu::act::{Activation, gated_act};
 use attn_kernels::cpu::norm::rms_norm;
 use attn_kernels::cpu::quant::{ActivationPrecision, Weight};
 use attn_kernels::cpu::rope::{rope_interleaved, rope_rotate_half};
+use attn_kernels::{AttnScores, Isa};
 use kv_cache::KvCache;
 use rayon::prelude::*;
 
 use super::{Buf, DecoderOps, LinearOut, MatrixId, NormId};
-use crate::arch::RopeStyle;
+use crate::arch::{RopeKind, RopeStyle};
 use crate::decoder::Model;
 use crate::error::{ModelError, Result};
 use crate::input::ModelInput;
@@ -26,9 +26,9 @@ pub struct Workspace {
     qkv: Vec<f32>,
     /// Gathered sampled rows, and head norms' outputs.
     scratch: Vec<f32>,
-    /// cos/sin of every token's position, shared by all layers.
-    cos: Vec<f32>,
-    sin: Vec<f32>,
+    /// cos/sin of every token's position per [`RopeKind`], shared by the layers of that kind.
+    cos: [Vec<f32>; RopeKind::COUNT],
+    sin: [Vec<f32>; RopeKind::COUNT],
 }
 
 impl Workspace {
@@ -53,8 +53,8 @@ pub(crate) struct CpuStep<'a, 'i> {
     ws: &'a mut Workspace,
     isa: Isa,
     precision: ActivationPrecision,
-    /// Whether this step's cos/sin are in the workspace yet.
-    rope_ready: bool,
+    /// Whether this step's cos/sin of each kind are in the workspace yet.
+    rope_ready: [bool; RopeKind::COUNT],
 }
 
 impl<'a, 'i> CpuStep<'a, 'i> {
@@ -71,7 +71,7 @@ impl<'a, 'i> CpuStep<'a, 'i> {
             ws,
             isa: Isa::detected(),
             precision: model.activations,
-            rope_ready: false,
+            rope_ready: [false; RopeKind::COUNT],
         }
     }
 
@@ -157,18 +157,18 @@ impl<'a, 'i> CpuStep<'a, 'i> {
         Ok(())
     }
 
-    /// This step's cos/sin, once per step.
-    fn rope_tables(&mut self) {
+    /// This step's cos/sin of `kind`, once per step.
+    fn rope_tables(&mut self, kind: RopeKind) {
         let t = self.input.num_tokens();
         let half = self.model.config.head_dim / 2;
-        let cos = ensure(&mut self.ws.cos, t * half);
-        let sin = ensure(&mut self.ws.sin, t * half);
-        let rope = &self.model.rope;
+        let cos = ensure(&mut self.ws.cos[kind as usize], t * half);
+        let sin = ensure(&mut self.ws.sin[kind as usize], t * half);
+        let rope = self.model.rope(kind);
         cos.par_chunks_mut(half)
             .zip(sin.par_chunks_mut(half))
             .zip(self.input.positions.par_iter())
             .for_each(|((cr, sr), &p)| rope.fill(p, cr, sr));
-        self.rope_ready = true;
+        self.rope_ready[kind as usize] = true;
     }
 }
 
@@ -253,9 +253,9 @@ impl DecoderOps for CpuStep<'_, '_> {
         Ok(())
     }
 
-    fn rope(&mut self) -> Result<()> {
-        if !self.rope_ready {
-            self.rope_tables();
+    fn rope(&mut self, kind: RopeKind) -> Result<()> {
+        if !self.rope_ready[kind as usize] {
+            self.rope_tables(kind);
         }
         let d = self.model.config.head_dim;
         let half = d / 2;
@@ -266,7 +266,7 @@ impl DecoderOps for CpuStep<'_, '_> {
         let (q_w, k_w) = (self.width(Buf::Q), self.width(Buf::K));
         let lens = [self.len(Buf::Q), self.len(Buf::K)];
         let [q, k] = take(&mut self.ws.bufs, [Buf::Q, Buf::K], lens)?;
-        let (cos, sin) = (&self.ws.cos, &self.ws.sin);
+        let (cos, sin) = (&self.ws.cos[kind as usize], &self.ws.sin[kind as usize]);
         q.par_chunks_mut(q_w).zip(k.par_chunks_mut(k_w)).enumerate().with_min_len(8).for_each(
             |(i, (qr, kr))| {
                 let (cr, sr) = (&cos[i * half..(i + 1) * half], &sin[i * half..(i + 1) * half]);
@@ -277,14 +277,14 @@ impl DecoderOps for CpuStep<'_, '_> {
         Ok(())
     }
 
-    fn attention(&mut self, layer: usize, scale: f32) -> Result<()> {
+    fn attention(&mut self, layer: usize, scores: AttnScores) -> Result<()> {
         let (input, heads) = (self.input, self.model.config.num_attention_heads);
         let which = [Buf::Attn, Buf::Q, Buf::K, Buf::V];
         let lens = which.map(|b| self.len(b));
         let cache = self.cache.layer_mut(layer);
         let [attn, q, k, v] = take(&mut self.ws.bufs, which, lens)?;
         Cpu.reshape_and_cache(k, v, input.slot_mapping, cache)?;
-        Cpu.paged_attention(attn, q, cache, &input.attn, heads, scale, &mut ())?;
+        Cpu.paged_attention(attn, q, cache, &input.attn, heads, scores, &mut ())?;
         Ok(())
     }
 

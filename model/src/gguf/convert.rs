@@ -146,6 +146,16 @@ pub fn convert_gguf_to_hf(
     let g = GgufFile::open(gguf_path)?;
     let vocab = GgufVocab::from_gguf(&g)?;
     let hp = Hparams::read(&g, vocab.tokens.len())?;
+    // Only Llama's tensors are rewritten (Q/K rows un-permuted); other families load natively.
+    if hp.family != crate::arch::Family::Llama {
+        return Err(ModelError::gguf(
+            gguf_path,
+            format!(
+                "converting {} to an HF folder is not supported; load the GGUF directly",
+                hp.family.hf_class()
+            ),
+        ));
+    }
     std::fs::create_dir_all(out_dir).map_err(|e| ModelError::io(out_dir, e))?;
 
     let tied = g.tensor("output.weight").is_none();

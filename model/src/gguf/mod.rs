@@ -6,8 +6,9 @@ pub mod convert;
 mod meta;
 pub use meta::GgufModelMeta;
 pub mod reader;
+mod spm;
 pub mod vocab;
 
 pub use convert::{ConvertSummary, OutputDtype, convert_gguf_to_hf, unpermute_qk};
 pub use reader::{GgufFile, GgufTensorInfo, GgufValue};
-pub use vocab::GgufVocab;
+pub use vocab::{GgufVocab, VocabModel};

@@ -211,6 +211,16 @@ impl<'a> Cursor<'a> {
 
 impl GgufFile {
     pub fn open(path: &Path) -> Result<Self> {
+        Self::parse(path, true)
+    }
+
+    /// The header and metadata only (`tensors` left empty): a file's vocabulary and
+    /// hyperparameters, whatever ggml types its tensors use.
+    pub fn open_metadata(path: &Path) -> Result<Self> {
+        Self::parse(path, false)
+    }
+
+    fn parse(path: &Path, with_tensors: bool) -> Result<Self> {
         let file = File::open(path).map_err(|e| ModelError::io(path, e))?;
         // SAFETY: read-only map of a file we just opened; we only read it.
         let mmap = unsafe { Mmap::map(&file) }.map_err(|e| ModelError::io(path, e))?;
@@ -230,6 +240,15 @@ impl GgufFile {
             let ty = c.u32()?;
             let value = c.value(ty, 0)?;
             metadata.insert(key, value);
+        }
+        if !with_tensors {
+            return Ok(Self {
+                path: path.to_path_buf(),
+                version,
+                metadata,
+                tensors: Vec::new(),
+                mmap: Arc::new(mmap),
+            });
         }
         let mut raw = Vec::with_capacity(n_tensors);
         for _ in 0..n_tensors {
@@ -251,7 +270,8 @@ impl GgufFile {
         let mut tensors = Vec::with_capacity(raw.len());
         for (name, dims, ty, offset) in raw {
             let ggml_type = GgmlType::from_id(ty).ok_or_else(|| {
-                ModelError::gguf(path, format!("tensor `{name}`: unsupported ggml type {ty}"))
+                let kind = ggml_type_name(ty).unwrap_or("unknown");
+                ModelError::gguf(path, format!("tensor `{name}`: ggml type {kind} ({ty}) is not supported"))
             })?;
             let n_elements = dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
             let n_bytes = n_elements.and_then(|n| ggml_type.n_bytes(n as usize, dims.first().copied()));
@@ -346,6 +366,20 @@ impl GgufFile {
     }
 }
 
+/// ggml's name of type id `id` (for errors about types this engine has no kernels for).
+fn ggml_type_name(id: u32) -> Option<&'static str> {
+    const NAMES: [&str; 31] = [
+        "F32", "F16", "Q4_0", "Q4_1", "Q4_2", "Q4_3", "Q5_0", "Q5_1", "Q8_0", "Q8_1", "Q2_K", "Q3_K", "Q4_K",
+        "Q5_K", "Q6_K", "Q8_K", "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S",
+        "IQ4_XS", "I8", "I16", "I32", "I64", "F64", "IQ1_M", "BF16",
+    ];
+    match id {
+        34 => Some("TQ1_0"),
+        35 => Some("TQ2_0"),
+        _ => NAMES.get(id as usize).copied(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -391,6 +425,8 @@ mod tests {
         std::fs::write(&path, tiny_gguf()).unwrap();
         let g = GgufFile::open(&path).unwrap();
         assert_eq!(g.require_str("general.architecture").unwrap(), "llama");
+        let header = GgufFile::open_metadata(&path).unwrap();
+        assert_eq!((header.metadata, header.tensors.len()), (g.metadata.clone(), 0));
         let merges = g.get("tokenizer.ggml.merges").and_then(GgufValue::as_array).unwrap();
         assert_eq!(merges[1].as_str(), Some("ab c"));
         let t = g.tensor("token_embd.weight").unwrap();

@@ -1,23 +1,42 @@
 //! Rebuilds a Hugging Face `tokenizer.json` from a GGUF's vocabulary: byte-level BPE
-//! (`tokenizer.ggml.model = gpt2`) with its merges, the pre-tokenizer llama.cpp names in
-//! `tokenizer.ggml.pre`, and control / user-defined tokens as added tokens.
+//! (`tokenizer.ggml.model = gpt2`) with its merges and the pre-tokenizer llama.cpp names in
+//! `tokenizer.ggml.pre`, or SentencePiece-style (`llama`: tokens with scores, byte tokens,
+//! `spm.rs`); control / unknown / user-defined tokens become added tokens either way.
 
 use serde_json::{Value, json};
 
 use super::reader::{GgufFile, GgufValue};
+use super::spm;
 use crate::error::{ModelError, Result};
+use crate::tokenizer::Tokenizer;
 
 /// `tokenizer.ggml.token_type` values (llama.cpp's `llama_token_type`).
+const TOKEN_TYPE_UNKNOWN: i64 = 2;
 const TOKEN_TYPE_CONTROL: i64 = 3;
 const TOKEN_TYPE_USER_DEFINED: i64 = 4;
+
+/// `tokenizer.ggml.model`: which tokenizer llama.cpp runs over the vocabulary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VocabModel {
+    /// `gpt2`: byte-level BPE with merges.
+    Gpt2,
+    /// `llama`: SentencePiece-style, tokens with scores and `<0xNN>` byte tokens.
+    Llama,
+}
 
 /// The GGUF vocabulary and the special ids the other files need.
 #[derive(Debug, Clone)]
 pub struct GgufVocab {
+    pub model: VocabModel,
     pub tokens: Vec<String>,
     pub token_types: Vec<i64>,
+    /// `gpt2` only (empty for `llama`).
     pub merges: Vec<String>,
+    /// `llama` only (empty for `gpt2`): a token's priority when merging.
+    pub scores: Vec<f32>,
     pub pre: String,
+    /// `llama` only: a `▁` goes before the text and after every special token.
+    pub add_space_prefix: bool,
     pub bos_token_id: Option<u32>,
     pub eos_token_id: Option<u32>,
     pub unk_token_id: Option<u32>,
@@ -40,13 +59,16 @@ fn string_array(g: &GgufFile, key: &str) -> Result<Vec<String>> {
 
 impl GgufVocab {
     pub fn from_gguf(g: &GgufFile) -> Result<Self> {
-        let model = g.require_str("tokenizer.ggml.model")?;
-        if model != "gpt2" {
-            return Err(ModelError::gguf(
-                &g.path,
-                format!("tokenizer model {model:?} is not supported (only byte-level BPE, `gpt2`)"),
-            ));
-        }
+        let model = match g.require_str("tokenizer.ggml.model")? {
+            "gpt2" => VocabModel::Gpt2,
+            "llama" => VocabModel::Llama,
+            other => {
+                return Err(ModelError::gguf(
+                    &g.path,
+                    format!("tokenizer model {other:?} is not supported (supported: gpt2, llama)"),
+                ));
+            }
+        };
         let tokens = string_array(g, "tokenizer.ggml.tokens")?;
         let token_types = match g.get("tokenizer.ggml.token_type").and_then(GgufValue::as_array) {
             Some(arr) => arr.iter().map(|v| v.as_f64().map(|f| f as i64).unwrap_or(1)).collect(),
@@ -55,19 +77,38 @@ impl GgufVocab {
         if token_types.len() != tokens.len() {
             return Err(ModelError::gguf(&g.path, "token_type and tokens have different lengths"));
         }
-        let merges = string_array(g, "tokenizer.ggml.merges")?;
+        let spm = model == VocabModel::Llama;
+        let (merges, scores) = if spm {
+            // Scores are optional in llama.cpp too: all 0 then, merges in id order.
+            let scores = match g.get("tokenizer.ggml.scores").and_then(GgufValue::as_array) {
+                Some(arr) => arr.iter().map(|v| v.as_f64().map(|f| f as f32).unwrap_or(0.0)).collect(),
+                None => vec![0.0; tokens.len()],
+            };
+            if scores.len() != tokens.len() {
+                return Err(ModelError::gguf(&g.path, "scores and tokens have different lengths"));
+            }
+            (Vec::new(), scores)
+        } else {
+            (string_array(g, "tokenizer.ggml.merges")?, Vec::new())
+        };
         let id = |key: &str| g.get(key).and_then(GgufValue::as_u64).map(|v| v as u32);
         let flag = |key: &str, default: bool| g.get(key).and_then(GgufValue::as_bool).unwrap_or(default);
+        // llama.cpp's defaults for an SPM vocabulary that does not name them: <unk> 0, <s> 1,
+        // </s> 2, BOS added, space prefix added.
+        let spm_default = |v: u32| spm.then_some(v);
         Ok(Self {
+            model,
             pre: g.get("tokenizer.ggml.pre").and_then(GgufValue::as_str).unwrap_or("default").to_owned(),
             tokens,
             token_types,
             merges,
-            bos_token_id: id("tokenizer.ggml.bos_token_id"),
-            eos_token_id: id("tokenizer.ggml.eos_token_id"),
-            unk_token_id: id("tokenizer.ggml.unknown_token_id"),
+            scores,
+            add_space_prefix: spm && flag("tokenizer.ggml.add_space_prefix", true),
+            bos_token_id: id("tokenizer.ggml.bos_token_id").or(spm_default(1)),
+            eos_token_id: id("tokenizer.ggml.eos_token_id").or(spm_default(2)),
+            unk_token_id: id("tokenizer.ggml.unknown_token_id").or(spm_default(0)),
             pad_token_id: id("tokenizer.ggml.padding_token_id"),
-            add_bos_token: flag("tokenizer.ggml.add_bos_token", false),
+            add_bos_token: flag("tokenizer.ggml.add_bos_token", spm),
             add_eos_token: flag("tokenizer.ggml.add_eos_token", false),
             chat_template: g.get("tokenizer.chat_template").and_then(GgufValue::as_str).map(str::to_owned),
         })
@@ -95,22 +136,49 @@ impl GgufVocab {
         }
     }
 
+    /// The tokenizer, built from [`Self::tokenizer_json`]; `path` names the GGUF in errors.
+    pub fn tokenizer(&self, path: &std::path::Path) -> Result<Tokenizer> {
+        let bad = |reason: String| ModelError::Tokenizer { path: path.to_path_buf(), reason };
+        let json = self.tokenizer_json().map_err(|e| bad(e.to_string()))?;
+        let bytes = serde_json::to_vec(&json).map_err(|e| bad(e.to_string()))?;
+        Tokenizer::from_bytes(&bytes, path)
+    }
+
     /// The `tokenizer.json` document.
     pub fn tokenizer_json(&self) -> Result<Value> {
         let vocab: serde_json::Map<String, Value> =
             self.tokens.iter().enumerate().map(|(i, t)| (t.clone(), json!(i))).collect();
+        // llama.cpp splits these out of the text before its tokenizer runs: user-defined ones
+        // always, control and unknown ones when it parses special tokens (`tokenizers`' special
+        // added tokens, which `Tokenizer::encode` leaves in the text when not parsing).
         let added: Vec<Value> = self
             .tokens
             .iter()
             .zip(&self.token_types)
             .enumerate()
-            .filter(|(_, (_, ty))| matches!(**ty, TOKEN_TYPE_CONTROL | TOKEN_TYPE_USER_DEFINED))
+            .filter(|(_, (_, ty))| {
+                matches!(**ty, TOKEN_TYPE_CONTROL | TOKEN_TYPE_UNKNOWN | TOKEN_TYPE_USER_DEFINED)
+            })
             .map(|(id, (content, ty))| {
                 json!({"id": id, "content": content, "single_word": false, "lstrip": false, "rstrip": false,
-                       "normalized": false, "special": *ty == TOKEN_TYPE_CONTROL})
+                       "normalized": false, "special": *ty != TOKEN_TYPE_USER_DEFINED})
             })
             .collect();
         let post_processor = self.post_processor();
+        if self.model == VocabModel::Llama {
+            let merges = spm::merges_from_scores(&self.tokens, &self.scores);
+            return Ok(json!({
+                "version": "1.0",
+                "truncation": null,
+                "padding": null,
+                "added_tokens": added,
+                "normalizer": spm::normalizer(self.add_space_prefix),
+                "pre_tokenizer": null,
+                "post_processor": post_processor,
+                "decoder": spm::decoder(),
+                "model": spm::model(vocab, merges, self.token(self.unk_token_id)),
+            }));
+        }
         Ok(json!({
             "version": "1.0",
             "truncation": null,
@@ -133,6 +201,9 @@ impl GgufVocab {
         let bos = self.token(self.bos_token_id).filter(|_| self.add_bos_token);
         let eos = self.token(self.eos_token_id).filter(|_| self.add_eos_token);
         if bos.is_none() && eos.is_none() {
+            if self.model == VocabModel::Llama {
+                return Value::Null;
+            }
             return json!({"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false, "use_regex": true});
         }
         let mut special = serde_json::Map::new();
@@ -171,7 +242,12 @@ impl GgufVocab {
             "chat_template": self.chat_template,
             "clean_up_tokenization_spaces": false,
             "model_max_length": model_max_length,
-            "tokenizer_class": "GPT2Tokenizer",
+            // The generic class: it takes `tokenizer.json` as it is (a named SentencePiece class
+            // would apply its own prefix-space settings on top).
+            "tokenizer_class": match self.model {
+                VocabModel::Gpt2 => "GPT2Tokenizer",
+                VocabModel::Llama => "PreTrainedTokenizerFast",
+            },
         })
     }
 }
