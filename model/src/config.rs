@@ -46,8 +46,9 @@ struct RawConfig {
     #[serde(default = "default_rope_theta")]
     rope_theta: f64,
     rope_scaling: Option<RawRopeScaling>,
-    #[serde(default)]
-    tie_word_embeddings: bool,
+    /// Absent when it equals the family's default: `save_pretrained` leaves out values equal to
+    /// `PretrainedConfig`'s own default (true), so a Gemma 3 config.json has none.
+    tie_word_embeddings: Option<bool>,
     #[serde(default = "default_max_pos")]
     max_position_embeddings: usize,
     bos_token_id: Option<TokenIds>,
@@ -202,7 +203,8 @@ impl ModelConfig {
             rms_norm_eps: raw.rms_norm_eps,
             rope_theta: raw.rope_theta,
             rope_scaling,
-            tie_word_embeddings: raw.tie_word_embeddings,
+            // transformers' defaults: tied for Gemma 3, untied for the other families.
+            tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(family == crate::arch::Family::Gemma3),
             max_position_embeddings: raw.max_position_embeddings,
             bos_token_id: raw.bos_token_id.as_ref().and_then(|ids| ids.to_vec().first().copied()),
             eos_token_ids: raw.eos_token_id.as_ref().map(|ids| ids.to_vec()).unwrap_or_default(),

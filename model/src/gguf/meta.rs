@@ -77,7 +77,10 @@ impl Hparams {
         let n_ctx = g.require_u64(&key("context_length"))?;
         let rope_scaling = Self::rope_scaling(g, arch, head_dim / 2, n_ctx)?;
         let mut extra = serde_json::Map::new();
-        if let Ok(w) = u("attention.sliding_window") {
+        // 0 is the converter's "no window" (Phi-3 with `sliding_window: null`).
+        if let Ok(w) = u("attention.sliding_window")
+            && w > 0
+        {
             extra.insert("sliding_window".into(), json!(w));
         }
         match family {

@@ -1,0 +1,172 @@
+//! Every family against Hugging Face transformers: the tiny random checkpoints of
+//! `tests/data/families/` (made by its `make.py`: Llama twice, Mistral, Qwen2, Qwen3, Gemma 3,
+//! Phi-3), loaded from the HF folder and from llama.cpp's F32 GGUF of the same weights, give
+//! transformers' float32 logits within [`TOL`] at every step of 8 greedy steps, and its greedy
+//! tokens.
+
+use std::path::{Path, PathBuf};
+
+use model::arch::{Family, RopeKind};
+use model::{Model, Workspace};
+use serde_json::Value;
+
+use crate::harness::{argmax, assign_blocks, build_batch, cache_for};
+
+/// Largest allowed |logit − transformers' logit|: the same f32 math in a different order, over
+/// 2–4 layers (transformers' logits are stored to 7 significant digits).
+const TOL: f32 = 1e-3;
+
+fn data_dir(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/families").join(name)
+}
+
+fn expected(name: &str) -> Value {
+    let path = data_dir(name).join("expected.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    serde_json::from_str(&text).expect("parse expected.json")
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array().expect("id array").iter().map(|x| x.as_u64().expect("id") as u32).collect()
+}
+
+fn floats(v: &Value) -> Vec<f32> {
+    v.as_array().expect("logit array").iter().map(|x| x.as_f64().expect("logit") as f32).collect()
+}
+
+/// Runs each expected generation: the prompt in one prefill step, then one decode step per
+/// transformers greedy token (fed whatever this model chose, so every step compares the same
+/// context). Every step's logits must be within [`TOL`] of transformers' and their argmax its
+/// greedy token. Only generations of at most `longest` tokens in all are run. Returns the largest
+/// difference seen.
+fn check_generations(model: &mut Model, name: &str, source: &str, longest: usize) -> f32 {
+    let exp = expected(name);
+    let vocab = model.config.vocab_size;
+    let block_size = 16;
+    let mut worst = 0.0f32;
+    for (g, generation) in exp["generations"].as_array().expect("generations").iter().enumerate() {
+        let prompt = ids(&generation["prompt_ids"]);
+        let greedy = ids(&generation["greedy_ids"]);
+        let steps: Vec<Vec<f32>> =
+            generation["logits"].as_array().expect("logits").iter().map(floats).collect();
+        // transformers picks LongRoPE's factors from the longest sequence it has run (prompt +
+        // greedy tokens but the last): serve exactly that context.
+        let context = prompt.len() + greedy.len() - 1;
+        if context > longest {
+            continue;
+        }
+        model.set_context(context);
+        let pool: Vec<u32> = (0..context.div_ceil(block_size) as u32).rev().collect();
+        let mut seqs = assign_blocks(vec![prompt.clone()], context, block_size, &pool);
+        let mut cache = cache_for(&model.config, block_size, pool.len());
+        let mut ws = Workspace::default();
+        for (step, want) in steps.iter().enumerate() {
+            assert_eq!(want.len(), vocab, "{name}: expected logits have the vocab's size");
+            let chunk = seqs[0].tokens.len() - seqs[0].cached;
+            let batch = build_batch(&seqs, &[chunk], block_size, false);
+            let logits = model.forward(&batch.input(), &mut cache, &mut ws).expect("forward");
+            let row = &logits[..vocab];
+            for (id, (got, w)) in row.iter().zip(want).enumerate() {
+                let diff = (got - w).abs();
+                worst = worst.max(diff);
+                assert!(
+                    diff <= TOL,
+                    "{name} ({source}), prompt {g} ({} tokens), step {step}: logit of {id} is {got}, \
+                     transformers' {w}",
+                    prompt.len()
+                );
+            }
+            assert_eq!(argmax(row), greedy[step], "{name} ({source}), prompt {g}: greedy token {step}");
+            let s = &mut seqs[0];
+            s.cached = s.tokens.len();
+            s.tokens.push(greedy[step]);
+        }
+    }
+    eprintln!("{name} ({source}): largest logit difference from transformers {worst:.2e}");
+    worst
+}
+
+/// The HF folder, then its GGUF, against transformers.
+fn check_family(name: &str, family: Family) {
+    let mut model = Model::load(&data_dir(name)).unwrap_or_else(|e| panic!("load {name}: {e}"));
+    assert_eq!(model.config.arch.family, family, "{name}: family");
+    check_generations(&mut model, name, "safetensors", usize::MAX);
+    let gguf = data_dir(name).join("model.gguf");
+    let mut model = Model::load(&gguf).unwrap_or_else(|e| panic!("load {}: {e}", gguf.display()));
+    assert_eq!(model.config.arch.family, family, "{name} GGUF: family");
+    check_generations(&mut model, name, "gguf", usize::MAX);
+}
+
+#[test]
+fn llama_gqa_llama3_rope_untied_head_matches_transformers() {
+    check_family("llama", Family::Llama);
+}
+
+#[test]
+fn llama_tied_embeddings_matches_transformers() {
+    check_family("llama-tied", Family::Llama);
+}
+
+/// The folder with its window of 32. llama.cpp's converter writes Mistral as a plain `llama`
+/// GGUF without the window, so the GGUF matches transformers only while sequences fit in it.
+#[test]
+fn mistral_sliding_window_matches_transformers() {
+    let mut model = Model::load(&data_dir("mistral")).expect("load");
+    assert_eq!(model.config.arch.family, Family::Mistral);
+    assert!(model.config.layer_attention.iter().all(|l| l.sliding_window == Some(32)));
+    check_generations(&mut model, "mistral", "safetensors", usize::MAX);
+    let mut gguf = Model::load(&data_dir("mistral").join("model.gguf")).expect("load gguf");
+    assert_eq!(gguf.config.arch.family, Family::Llama, "the converter's arch for Mistral");
+    assert!(gguf.config.layer_attention.iter().all(|l| l.sliding_window.is_none()), "no window in the GGUF");
+    check_generations(&mut gguf, "mistral", "gguf", 32);
+}
+
+#[test]
+fn qwen2_biases_yarn_tied_matches_transformers() {
+    // config.json has sliding_window 32 with use_sliding_window false: no layer is windowed.
+    let model = Model::load(&data_dir("qwen2")).expect("load");
+    assert!(model.config.layer_attention.iter().all(|l| l.sliding_window.is_none()));
+    check_family("qwen2", Family::Qwen2);
+}
+
+#[test]
+fn qwen3_qk_norms_matches_transformers() {
+    check_family("qwen3", Family::Qwen3);
+}
+
+#[test]
+fn phi3_fused_projections_longrope_matches_transformers() {
+    check_family("phi3", Family::Phi3);
+}
+
+/// Gemma 3 from its HF folder: layers 0 and 2 local (window 16, local rotary base), 1 and 3
+/// global (linear scaling 8), query_pre_attn_scalar 48.
+#[test]
+fn gemma3_folder_matches_transformers() {
+    let mut model = Model::load(&data_dir("gemma3")).expect("load");
+    assert_eq!(model.config.arch.family, Family::Gemma3);
+    for (l, layer) in model.config.layer_attention.iter().enumerate() {
+        let global = l % 2 == 1;
+        assert_eq!(layer.sliding_window, (!global).then_some(16), "layer {l}");
+        assert_eq!(layer.rope, if global { RopeKind::Global } else { RopeKind::Local }, "layer {l}");
+    }
+    check_generations(&mut model, "gemma3", "safetensors", usize::MAX);
+}
+
+/// llama.cpp's converter writes neither Gemma 3's `query_pre_attn_scalar` nor its sliding-window
+/// pattern into the GGUF: llama.cpp (and this loader, following it) takes 1/sqrt(head_dim) and
+/// every 6th layer global. This GGUF (pattern 2, scalar 48) therefore cannot reproduce
+/// transformers; it loads as llama.cpp reads it, with the same weights as the folder.
+#[test]
+fn gemma3_gguf_loads_as_llama_cpp_reads_it() {
+    let folder = Model::load(&data_dir("gemma3")).expect("load folder");
+    let gguf = Model::load(&data_dir("gemma3").join("model.gguf")).expect("load gguf");
+    assert_eq!(gguf.config.arch.family, Family::Gemma3);
+    assert!(
+        gguf.config.layer_attention.iter().all(|l| l.sliding_window == Some(16)),
+        "pattern 6: 4 local layers"
+    );
+    assert_eq!(gguf.config.arch.attention_scale, 1.0 / 8.0, "1/sqrt(head_dim)");
+    assert_eq!(folder.config.arch.attention_scale, 1.0 / 48f32.sqrt());
+    assert_eq!(gguf.embed.to_f32(), folder.embed.to_f32(), "same embedding");
+}
