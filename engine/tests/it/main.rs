@@ -1,9 +1,11 @@
 //! Engine integration tests over a tiny random Llama: request lifecycle and bad input,
-//! batch invariance, seeded sampling, parallel samples, the threaded handle, and hostile input.
+//! batch invariance, seeded sampling, parallel samples, the threaded handle, and hostile input;
+//! and over every family's tiny checkpoint against transformers' greedy tokens.
 
 mod async_api;
 mod basics;
 mod device;
+mod families;
 mod handle;
 mod hostile;
 mod invariance;
