@@ -16,10 +16,11 @@
 //! | `far_offsets` | gpu_check | every cache kernel past element 2³² of a 17 GB pool | 3 s | 30 s |
 //! | `model_bf16` | gpu_model_check | three tiny random models, CUDA bf16 forward against the CPU's | 9 s | 30 s |
 //! | `model_f16` | gpu_model_check | the same in f16 | 9 s | 30 s |
+//! | `model_families` | gpu_model_check | every family's tiny checkpoint, bf16, contexts inside its windows | 3 s | 20 s |
 //! | `e2e_greedy` | gpu_model_check | the engine's greedy tokens on the GPU, each checked against the CPU forward | 20 s | 60 s |
 //! | `e2e` | gpu_model_check | `cuda.e2e_output_tok_s`: 256 × (512 in, 128 out) on a Llama-3.2-1B shape | 30 s | 60 s |
 //!
-//! About 116 s expected. The caps sum past the run's budget on purpose: `gpu_run` gives each
+//! About 119 s expected. The caps sum past the run's budget on purpose: `gpu_run` gives each
 //! section the smaller of its cap and what is left of [`RUN_BUDGET_S`], so a hang costs one
 //! section, and the summary is printed inside [`RUN_TIMEOUT_S`] whatever happens.
 
@@ -61,7 +62,7 @@ const fn section(name: &'static str, program: Program, estimate_s: u64, cap_s: u
 }
 
 /// Every section, in running order.
-pub const SECTIONS: [Section; 12] = [
+pub const SECTIONS: [Section; 13] = [
     Section { sanitize: true, ..section("reshape", Program::Kernels, 2, 20) },
     section("copy_swap", Program::Kernels, 2, 20),
     section("attention_v1", Program::Kernels, 8, 40),
@@ -72,6 +73,7 @@ pub const SECTIONS: [Section; 12] = [
     section("far_offsets", Program::Kernels, 3, 30),
     section("model_bf16", Program::Model, 9, 30),
     section("model_f16", Program::Model, 9, 30),
+    section("model_families", Program::Model, 3, 20),
     section("e2e_greedy", Program::Model, 20, 60),
     Section { check: false, ..section("e2e", Program::Model, 30, 60) },
 ];

@@ -17,7 +17,7 @@
 //! the binaries link no CUDA library (cudarc loads libcuda and libcublas at run time). The
 //! bundle is refused when a binary needs a GLIBC newer than the device image's (Debian 12).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, bail};
@@ -61,6 +61,29 @@ pub const SANITIZE_TIMEOUT_S: u64 = 480;
 // Two runs and a machine start fit in the 15 minutes a session may hold the device.
 const _: () = assert!(2 * RUN_TIMEOUT_S + 120 <= 15 * 60);
 
+/// The tiny family checkpoints of `model/tests/data/families` (HF folders; their GGUFs and
+/// transformers' logits stay behind), which `gpu_model_check` runs through the CUDA forward.
+fn copy_family_checkpoints(dest: &Path) -> anyhow::Result<()> {
+    let source = workspace_root().join("model/tests/data/families");
+    for family in std::fs::read_dir(&source).with_context(|| format!("reading {}", source.display()))? {
+        let family = family?.path();
+        if !family.is_dir() {
+            continue;
+        }
+        let to = dest.join(family.file_name().context("a family folder's name")?);
+        std::fs::create_dir_all(&to)?;
+        for file in std::fs::read_dir(&family)? {
+            let file = file?.path();
+            let name = file.file_name().context("a file name")?.to_string_lossy().into_owned();
+            if name.ends_with(".json") && name != "expected.json" || name.ends_with(".safetensors") {
+                std::fs::copy(&file, to.join(&name))
+                    .with_context(|| format!("copying {}", file.display()))?;
+            }
+        }
+    }
+    Ok(())
+}
+
 pub fn run(args: &GpuCheckArgs) -> anyhow::Result<()> {
     if !args.bundle {
         bail!("the GPU check runs on the device machine; use `cargo xtask gpu-check --bundle` to prepare it");
@@ -89,6 +112,7 @@ pub fn run(args: &GpuCheckArgs) -> anyhow::Result<()> {
             std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))?;
         }
     }
+    copy_family_checkpoints(&bundle.join("families"))?;
     let binaries: Vec<PathBuf> = BINARIES.iter().map(|b| bundle.join(b)).collect();
     glibc::check_at_most(&binaries.iter().map(PathBuf::as_path).collect::<Vec<_>>(), DEVICE_GLIBC)?;
     let exe = bundle.join("gpu_check");

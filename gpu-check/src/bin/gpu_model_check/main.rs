@@ -11,6 +11,9 @@
 //!   `model/src/cuda/tolerance.rs`) and requiring the CUDA greedy token to be the CPU's on
 //!   every row that is not a near tie (two tokens whose CPU logits lie within their
 //!   tolerances' sum); each shape is a case;
+//! - `model_families`: the same check (bf16) on the tiny checkpoint of every family (Llama,
+//!   Mistral, Qwen2, Qwen3, Gemma 3, Phi-3: biases, q/k norms, sandwich norms, YaRN, LongRoPE,
+//!   local and global rotary tables, fused projections) over contexts inside its windows;
 //! - `e2e_greedy` (`greedy.rs`): the engine on CUDA (bf16 weights and cache) generates greedy
 //!   tokens for a batch of prompts; the CPU forward, fed the GPU's own tokens, checks each one
 //!   is its argmax or a near tie;
@@ -69,6 +72,7 @@ fn run(name: &str, work: &Path, rec: &mut Recorder) -> Res<()> {
     match name {
         "model_bf16" => forward_checks(work, &kernels, DType::BF16, rec),
         "model_f16" => forward_checks(work, &kernels, DType::F16, rec),
+        "model_families" => family_checks(&kernels, DType::BF16, rec),
         "e2e_greedy" => greedy::check(work, rec),
         "e2e" => {
             let start = Instant::now();
@@ -97,7 +101,7 @@ fn forward_checks(work: &Path, kernels: &Arc<CudaKernels>, dtype: DType, rec: &m
             let model = Model::load(&dir)?;
             let model =
                 if every_feature { model::testing::with_every_architecture_feature(model, 6) } else { model };
-            forward_check(model, name, kernels, dtype, rec)
+            forward_check(model, name, &LONG_CONTEXTS, kernels, dtype, rec)
         });
         if let Err(e) = outcome {
             rec.error(format!("forward {name} {}: {e}", dtype.name()));
@@ -106,9 +110,54 @@ fn forward_checks(work: &Path, kernels: &Arc<CudaKernels>, dtype: DType, rec: &m
     Ok(())
 }
 
-/// CPU (f32 cache) against CUDA (`dtype` weights and cache) on the same steps: four prompts (up
-/// to 1 100 tokens, so decode attention runs v2 over several partitions) prefilled in chunks
-/// of different sizes, mixed with decodes, then decode-only steps; the next token of every
+/// The tiny checkpoint of every family (`model/tests/data/families`, carried in the bundle's
+/// `families/`) in `dtype`, each a case, over contexts that stay inside its smallest sliding
+/// window (the CUDA kernels attend causally).
+fn family_checks(kernels: &Arc<CudaKernels>, dtype: DType, rec: &mut Recorder) -> Res<()> {
+    let bundled = std::env::current_exe()?.with_file_name("families");
+    let dir = if bundled.is_dir() {
+        bundled
+    } else {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../model/tests/data/families")
+    };
+    let mut names: Vec<_> = std::fs::read_dir(&dir)?.filter_map(|e| e.ok().map(|e| e.path())).collect();
+    names.retain(|p| p.join("config.json").exists());
+    names.sort();
+    for path in names {
+        let name = path.file_name().map_or_else(String::new, |n| n.to_string_lossy().replace('-', "_"));
+        let outcome = Model::load(&path).map_err(Into::into).and_then(|model| {
+            let limit = model.config.max_full_attention_context();
+            let workload = Workload {
+                prompts: [limit - 8, limit / 2, 5, limit - 9],
+                chunks: [16, 8, 7, 16],
+                decodes: 8,
+                max_model_len: limit,
+            };
+            forward_check(model, &format!("family_{name}"), &workload, kernels, dtype, rec)
+        });
+        if let Err(e) = outcome {
+            rec.error(format!("forward family {name} {}: {e}", dtype.name()));
+        }
+    }
+    Ok(())
+}
+
+/// What [`forward_check`] runs: four prompts, prefilled `chunks` tokens a step, then `decodes`
+/// decode steps, contexts up to `max_model_len`.
+struct Workload {
+    prompts: [usize; 4],
+    chunks: [usize; 4],
+    decodes: usize,
+    max_model_len: usize,
+}
+
+/// Prompts up to 1 100 tokens, so decode attention runs v2 over several partitions.
+const LONG_CONTEXTS: Workload =
+    Workload { prompts: [700, 61, 7, 1100], chunks: [256, 48, 7, 256], decodes: 8, max_model_len: 2048 };
+
+/// CPU (f32 cache) against CUDA (`dtype` weights and cache) on the same steps: the workload's
+/// four prompts prefilled in chunks of different sizes, mixed with decodes, then decode-only
+/// steps; the next token of every
 /// sampled sequence is the CPU's greedy choice, so both stay in step. A row fails when one of
 /// its logits is further from the CPU's than that token's [`LogitTolerance`] (derived from the
 /// CUDA forward's bf16/f16 roundings and the logit's magnitude), or when the CUDA argmax differs
@@ -117,13 +166,14 @@ fn forward_checks(work: &Path, kernels: &Arc<CudaKernels>, dtype: DType, rec: &m
 fn forward_check(
     model: Model,
     shape: &str,
+    work: &Workload,
     kernels: &Arc<CudaKernels>,
     dtype: DType,
     rec: &mut Recorder,
 ) -> Res<()> {
     let c = model.config.clone();
     let tolerance = LogitTolerance::new(&model, dtype)?;
-    let limits = BatchLimits { max_tokens: 1024, max_samples: 8, max_model_len: 2048 };
+    let limits = BatchLimits { max_tokens: 1024, max_samples: 8, max_model_len: work.max_model_len };
     let mut gpu = CudaModel::new(&model, kernels.clone(), dtype, limits)?;
     let block_size = 16;
     let num_blocks = 256;
@@ -132,14 +182,16 @@ fn forward_check(
     let mut gpu_cache = CudaKvCache::new(cache(dtype), kernels.device().stream().clone())?;
     let mut ws = Workspace::default();
     let mut rng = ChaCha8Rng::seed_from_u64(5);
-    let prompts: Vec<Vec<u32>> = [700usize, 61, 7, 1100]
+    let prompts: Vec<Vec<u32>> = work
+        .prompts
         .iter()
         .map(|&n| (0..n).map(|_| rng.random_range(0..c.vocab_size as u32)).collect())
         .collect();
     let mut driver = StepDriver::new(prompts, block_size);
-    // Prefill chunks (256/48/7/256 tokens a step) until every prompt is in, then 8 decode steps.
-    let mut schedule: Vec<[usize; 4]> = vec![[256, 48, 7, 256]; 5];
-    schedule.extend(std::iter::repeat_n([1usize; 4], 8));
+    // Prefill chunks until every prompt is in, then the decode steps.
+    let longest = work.prompts.iter().zip(work.chunks).map(|(p, c)| p.div_ceil(c)).max().unwrap_or(0);
+    let mut schedule: Vec<[usize; 4]> = vec![work.chunks; longest];
+    schedule.extend(std::iter::repeat_n([1usize; 4], work.decodes));
     let (mut worst, mut rows, mut failed_rows) = (0.0f32, 0usize, 0usize);
     let (mut agree, mut ties, mut wrong) = (0usize, 0usize, 0usize);
     for chunks in &schedule {
