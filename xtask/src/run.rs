@@ -168,13 +168,28 @@ fn builtin_prompts() -> Vec<(Prompt, SamplingParams)> {
     ]
 }
 
+/// A conversation as a completion prompt: its messages' texts, one paragraph each.
+fn as_plain_text((prompt, params): (Prompt, SamplingParams)) -> (Prompt, SamplingParams) {
+    match prompt {
+        Prompt::Chat(messages) => {
+            let texts: Vec<&str> = messages.iter().filter_map(|m| m.content.as_deref()).collect();
+            (Prompt::Text(texts.join("\n\n") + "\n\n"), params)
+        }
+        other => (other, params),
+    }
+}
+
 pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     let engine = args.knobs.start_engine(false)?;
+    let handle = EngineHandle::spawn(engine)?;
     let prompts = match &args.prompts {
-        Some(path) => load_prompts(path, engine.default_sampling_params())?,
+        Some(path) => load_prompts(path, handle.default_sampling_params())?,
+        // A base model (no chat template) gets the built-in conversations as plain text.
+        None if handle.chat_template().is_none() => {
+            builtin_prompts().into_iter().map(as_plain_text).collect()
+        }
         None => builtin_prompts(),
     };
-    let handle = EngineHandle::spawn(engine)?;
     let started = Instant::now();
     let mut clients = Vec::new();
     let batch = prompts
