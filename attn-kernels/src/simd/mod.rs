@@ -50,6 +50,26 @@ macro_rules! for_head_groups {
     }};
 }
 
+/// Calls the micro-kernel `$f` of `$isa`'s module with `$args` and the prefetches `$ahead`, or,
+/// without AVX2, the portable `$f` with `$args` alone, after issuing the prefetches at once.
+macro_rules! by_isa {
+    ($isa:expr, $ahead:ident, $f:ident($($arg:ident),*)) => {
+        match $isa {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Isa::Avx2` is only used after `is_available` said yes; the caller checked
+            // the lengths.
+            Isa::Avx2 => unsafe { x86::$f($($arg,)* $ahead) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above, for `Isa::Avx512`.
+            Isa::Avx512 => unsafe { avx512::$f($($arg,)* $ahead) },
+            _ => {
+                $ahead.all();
+                portable::$f($($arg),*)
+            }
+        }
+    };
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod flash;
@@ -175,18 +195,7 @@ pub(crate) fn qk_rows<T: KernelElem>(
     let ql = qrep_len(head_size, T::DTYPE.x());
     assert!(nh > 0 && tile.len() >= head_size * bs && qrep.len() >= nh * ql);
     assert!(stride >= bs && scores.len() >= (nh - 1) * stride + bs);
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx2` is only used after `is_available` said yes; lengths checked above.
-        Isa::Avx2 => unsafe { x86::qk_rows(tile, qrep, nh, head_size, bs, scores, stride, ahead) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above, for `Isa::Avx512`.
-        Isa::Avx512 => unsafe { avx512::qk_rows(tile, qrep, nh, head_size, bs, scores, stride, ahead) },
-        _ => {
-            ahead.all();
-            portable::qk_rows(tile, qrep, nh, head_size, bs, scores, stride)
-        }
-    }
+    by_isa!(isa, ahead, qk_rows(tile, qrep, nh, head_size, bs, scores, stride))
 }
 
 /// Lane-wise `p · V` over several value tiles for `nh` query heads at once:
@@ -210,18 +219,7 @@ pub(crate) fn pv_blocks<T: KernelElem>(
     assert!(nh > 0 && stride >= tiles.len() * bs && acc8.len() >= nh * head_size * 8);
     assert!(probs.len() >= (nh - 1) * stride + tiles.len() * bs);
     assert!(tiles.iter().all(|t| t.len() >= head_size * bs));
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx2` is only used after `is_available` said yes; lengths checked above.
-        Isa::Avx2 => unsafe { x86::pv_blocks(tiles, probs, stride, nh, head_size, bs, acc8, ahead) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above, for `Isa::Avx512`.
-        Isa::Avx512 => unsafe { avx512::pv_blocks(tiles, probs, stride, nh, head_size, bs, acc8, ahead) },
-        _ => {
-            ahead.all();
-            portable::pv_blocks(tiles, probs, stride, nh, head_size, bs, acc8)
-        }
-    }
+    by_isa!(isa, ahead, pv_blocks(tiles, probs, stride, nh, head_size, bs, acc8))
 }
 
 /// `out[d] = scale · Σ_lane acc8[d][lane]`: the final reduction of [`pv_blocks`] accumulators.

@@ -3,15 +3,13 @@
 
 use block_alloc::{AllocError, BlockPool, BlockTable, PoolConfig, swap_out};
 
-use crate::support::{pool, snapshot, tokens};
+use crate::support::{cached_table, pool, snapshot, tokens};
 
 /// A pool with some cached, some shared, some free blocks, and the tables holding them.
 fn busy_pool() -> (BlockPool, BlockTable, BlockTable) {
     let mut p = pool(8, 4);
     let prompt = tokens(0, 10);
-    let mut a = p.new_table();
-    a.append_tokens(&mut p, 10).unwrap(); // [0, 1, 2]
-    p.cache_full_blocks(&mut a, &prompt, 0).unwrap();
+    let a = cached_table(&mut p, &prompt, 0); // [0, 1, 2]
     let b = a.fork(&mut p).unwrap();
     let mut c = p.new_table();
     c.append_tokens(&mut p, 4).unwrap(); // [3]

@@ -4,7 +4,7 @@
 
 use block_alloc::{AllocStatus, BlockId, BlockTable, CopyOnWrite, PoolConfig, PrefixProbe, TokenId};
 
-use crate::support::{pool, tokens};
+use crate::support::{cached_table, free_all, pool, tokens};
 
 fn free_order(pool: &block_alloc::BlockPool) -> Vec<BlockId> {
     pool.free_blocks().collect()
@@ -104,9 +104,7 @@ fn prefill_hits_shared_prefix_and_eviction_follows_lru_order() {
 fn hit_pulls_a_free_block_out_of_the_middle_of_the_queue() {
     let mut p = pool(8, 2);
     let prompt = tokens(0, 6);
-    let mut t = p.new_table();
-    t.append_tokens(&mut p, 6).unwrap();
-    p.cache_full_blocks(&mut t, &prompt, 0).unwrap();
+    let mut t = cached_table(&mut p, &prompt, 0);
     t.free(&mut p).unwrap();
     assert_eq!(free_order(&p), [3, 4, 5, 6, 7, 2, 1, 0]);
 
@@ -126,12 +124,8 @@ fn hit_pulls_a_free_block_out_of_the_middle_of_the_queue() {
 fn least_recently_freed_sequence_is_evicted_first() {
     let mut p = pool(4, 2);
     let (a, b) = (tokens(10, 4), tokens(20, 4));
-    let mut ta = p.new_table();
-    let mut tb = p.new_table();
-    ta.append_tokens(&mut p, 4).unwrap();
-    tb.append_tokens(&mut p, 4).unwrap();
-    p.cache_full_blocks(&mut ta, &a, 0).unwrap();
-    p.cache_full_blocks(&mut tb, &b, 0).unwrap();
+    let mut ta = cached_table(&mut p, &a, 0);
+    let mut tb = cached_table(&mut p, &b, 0);
     tb.free(&mut p).unwrap(); // b freed first: its blocks are older
     ta.free(&mut p).unwrap();
     assert_eq!(free_order(&p), [3, 2, 1, 0]);
@@ -151,9 +145,7 @@ fn least_recently_freed_sequence_is_evicted_first() {
 fn salt_keeps_tenants_apart_and_hits_need_equal_tokens_and_parents() {
     let mut p = pool(16, 2);
     let prompt = [1, 2, 3, 4, 5, 6];
-    let mut t = p.new_table();
-    t.append_tokens(&mut p, 6).unwrap();
-    p.cache_full_blocks(&mut t, &prompt, 7).unwrap();
+    let mut t = cached_table(&mut p, &prompt, 7);
     let mut q = p.new_table();
     assert_eq!(p.lookup_prefix(&prompt, 8, &mut q), Ok(0), "other salt");
     assert_eq!(p.lookup_prefix(&[1, 2, 3, 9, 5, 6], 7, &mut q), Ok(2), "stops at the first differing block");
@@ -168,12 +160,8 @@ fn salt_keeps_tenants_apart_and_hits_need_equal_tokens_and_parents() {
 fn first_registration_wins_for_duplicate_content() {
     let mut p = pool(8, 2);
     let prompt = [5, 5, 6, 6];
-    let mut a = p.new_table();
-    let mut b = p.new_table();
-    a.append_tokens(&mut p, 4).unwrap();
-    b.append_tokens(&mut p, 4).unwrap();
-    p.cache_full_blocks(&mut a, &prompt, 0).unwrap();
-    p.cache_full_blocks(&mut b, &prompt, 0).unwrap();
+    let mut a = cached_table(&mut p, &prompt, 0);
+    let mut b = cached_table(&mut p, &prompt, 0);
     assert_eq!((a.blocks(), b.blocks()), (&[0, 1][..], &[2, 3][..]));
     assert!(p.is_cached(0) && p.is_cached(1) && !p.is_cached(2) && !p.is_cached(3));
     assert_eq!(b.block_hashes(), a.block_hashes());
@@ -225,10 +213,7 @@ fn copy_on_write_only_for_a_shared_partly_filled_last_block() {
     let mut grandchild = parent.fork(&mut p).unwrap();
     assert_eq!(grandchild.append_tokens(&mut p, 1), Ok(None));
     assert_eq!(grandchild.blocks(), [0, 1, 3]);
-    for mut t in [parent, child, grandchild] {
-        t.free(&mut p).unwrap();
-    }
-    assert_eq!(p.num_free(), 8);
+    free_all(&mut p, [parent, child, grandchild]);
 }
 
 #[test]
@@ -271,9 +256,7 @@ fn can_allocate_honours_the_watermark() {
 #[test]
 fn reset_prefix_cache_only_when_nothing_is_used() {
     let mut p = pool(4, 2);
-    let mut t = p.new_table();
-    t.append_tokens(&mut p, 4).unwrap();
-    p.cache_full_blocks(&mut t, &[1, 2, 3, 4], 0).unwrap();
+    let mut t = cached_table(&mut p, &[1, 2, 3, 4], 0);
     assert!(!p.reset_prefix_cache());
     assert_eq!(p.num_cached_blocks(), 2);
     t.free(&mut p).unwrap();

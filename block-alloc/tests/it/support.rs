@@ -1,7 +1,7 @@
-//! Shared helpers: pool constructors and a full observable snapshot of a pool, used to check
-//! that failed operations leave the pool exactly as it was.
+//! Shared helpers: pool constructors, cached tables, and a full observable snapshot of a pool,
+//! used to check that failed operations leave the pool exactly as it was.
 
-use block_alloc::{BlockId, BlockPool, PoolConfig, PrefixStats, TokenId};
+use block_alloc::{BlockId, BlockPool, BlockTable, PoolConfig, PrefixStats, TokenId};
 
 /// A device pool with no watermark (so exact counts are easy to reason about).
 pub fn pool(num_blocks: usize, block_size: usize) -> BlockPool {
@@ -42,4 +42,20 @@ pub fn snapshot(pool: &BlockPool) -> Snapshot {
 /// `n` tokens `start, start + 1, ...`.
 pub fn tokens(start: TokenId, n: usize) -> Vec<TokenId> {
     (start..start + n as TokenId).collect()
+}
+
+/// A new table holding `prompt`, its full blocks registered in the prefix cache under `salt`.
+pub fn cached_table(pool: &mut BlockPool, prompt: &[TokenId], salt: u64) -> BlockTable {
+    let mut t = pool.new_table();
+    t.append_tokens(pool, prompt.len()).unwrap();
+    pool.cache_full_blocks(&mut t, prompt, salt).unwrap();
+    t
+}
+
+/// Frees every table; then no block of the pool may be held any more.
+pub fn free_all(pool: &mut BlockPool, tables: impl IntoIterator<Item = BlockTable>) {
+    for mut t in tables {
+        t.free(pool).unwrap();
+    }
+    assert_eq!(pool.num_free(), pool.num_blocks());
 }

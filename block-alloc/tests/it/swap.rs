@@ -3,16 +3,14 @@
 
 use block_alloc::{AllocStatus, BlockPool, PoolConfig, can_swap_in, can_swap_out, swap_in, swap_out};
 
-use crate::support::{pool, tokens};
+use crate::support::{cached_table, free_all, pool, tokens};
 
 #[test]
 fn group_swap_out_and_in_keeps_sharing_and_ref_counts() {
     let mut dev = pool(8, 4);
     let mut host = BlockPool::new(PoolConfig::host(6, 4)).unwrap();
     let prompt = tokens(0, 9);
-    let mut a = dev.new_table();
-    a.append_tokens(&mut dev, 9).unwrap(); // [0, 1, 2]
-    dev.cache_full_blocks(&mut a, &prompt, 0).unwrap();
+    let mut a = cached_table(&mut dev, &prompt, 0); // [0, 1, 2]
     let mut b = a.fork(&mut dev).unwrap();
     b.append_tokens(&mut dev, 1).unwrap(); // CoW: b = [0, 1, 3]
     // Another request shares the cached prefix block 0 (outside the group).
@@ -53,10 +51,7 @@ fn group_swap_out_and_in_keeps_sharing_and_ref_counts() {
     dev.cache_full_blocks(&mut a, &prompt, 0).unwrap();
     assert!(dev.is_cached(0) && !dev.is_cached(dev_blocks[0]));
     assert!(dev.is_cached(dev_blocks[1]));
-    for mut t in [a, b, other] {
-        t.free(&mut dev).unwrap();
-    }
-    assert_eq!(dev.num_free(), 8);
+    free_all(&mut dev, [a, b, other]);
 }
 
 #[test]

@@ -23,17 +23,18 @@ struct Arrival {
     abort_after: Option<u64>,
 }
 
-fn arrival() -> impl Strategy<Value = Arrival> {
-    (0u64..30, 1usize..40, 0u32..3, 1usize..30, 1usize..4, -2i64..3, prop::option::weighted(0.25, 0u64..40))
-        .prop_map(|(step, prompt_len, family, max_new, n, priority, abort_after)| Arrival {
-            step,
-            prompt_len,
-            family,
-            max_new,
-            n,
-            priority,
-            abort_after,
-        })
+prop_compose! {
+    fn arrival()(
+        step in 0u64..30,
+        prompt_len in 1usize..40,
+        family in 0u32..3,
+        max_new in 1usize..30,
+        n in 1usize..4,
+        priority in -2i64..3,
+        abort_after in prop::option::weighted(0.25, 0u64..40),
+    ) -> Arrival {
+        Arrival { step, prompt_len, family, max_new, n, priority, abort_after }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -50,45 +51,23 @@ struct Setup {
     stop_mod: Option<u32>,
 }
 
-fn setup() -> impl Strategy<Value = Setup> {
-    (
-        prop::sample::select(vec![1usize, 2, 4, 8]),
-        10usize..40,
-        0usize..40,
-        8usize..64,
-        4usize..12,
-        any::<bool>(),
-        any::<bool>(),
-        any::<bool>(),
-        prop::sample::select(vec![0.0, 0.05]),
-        prop::option::of(5u32..40),
-    )
-        .prop_map(
-            |(
-                block_size,
-                blocks,
-                host_blocks,
-                budget,
-                max_seqs,
-                swap,
-                priority,
-                caching,
-                watermark,
-                stop_mod,
-            )| Setup {
-                block_size,
-                // Room for at least one 40-token prompt, not much more.
-                blocks: blocks.max(48usize.div_ceil(block_size) + 2),
-                host_blocks,
-                budget,
-                max_seqs,
-                swap,
-                priority,
-                caching,
-                watermark,
-                stop_mod,
-            },
-        )
+prop_compose! {
+    fn setup()(
+        block_size in prop::sample::select(vec![1usize, 2, 4, 8]),
+        blocks in 10usize..40,
+        host_blocks in 0usize..40,
+        budget in 8usize..64,
+        max_seqs in 4usize..12,
+        swap in any::<bool>(),
+        priority in any::<bool>(),
+        caching in any::<bool>(),
+        watermark in prop::sample::select(vec![0.0, 0.05]),
+        stop_mod in prop::option::of(5u32..40),
+    ) -> Setup {
+        // Room for at least one 40-token prompt, not much more.
+        let blocks = blocks.max(48usize.div_ceil(block_size) + 2);
+        Setup { block_size, blocks, host_blocks, budget, max_seqs, swap, priority, caching, watermark, stop_mod }
+    }
 }
 
 impl Setup {

@@ -36,7 +36,7 @@ pub(crate) async fn enter_sends_and_the_reply_streams(c: &Ctx) {
     c.set_value("prompt", "").await;
     c.type_into("prompt", "Write three sentences about the ocean.").await;
     c.type_into("prompt", "\u{E007}").await; // Enter
-    c.until("streaming to start", 30, "const m = document.querySelector('.msg.assistant'); return m && +m.dataset.deltas >= 4 && m.dataset.state === 'streaming'").await;
+    c.until_reply("streaming to start", 30, "+m.dataset.deltas >= 4 && state === 'streaming'").await;
     assert_eq!(c.js("return document.getElementById('prompt').value").await, "", "Enter sent the message");
     assert_eq!(c.js("return document.querySelectorAll('.msg.user').length").await, 1);
     c.until(
@@ -46,12 +46,7 @@ pub(crate) async fn enter_sends_and_the_reply_streams(c: &Ctx) {
     )
     .await;
     c.shot("02-streaming").await;
-    c.until(
-        "the reply to finish",
-        60,
-        "return document.querySelector('.msg.assistant').dataset.state !== 'streaming'",
-    )
-    .await;
+    c.until_reply("the reply to finish", 60, "state !== 'streaming'").await;
     let v = c.js("const m = document.querySelector('.msg.assistant'); return {state: m.dataset.state, deltas: +m.dataset.deltas, updates: +m.dataset.updates, text: m.querySelector('.body').textContent, meta: m.querySelector('.meta').textContent, lengths: window.__lengths};").await;
     assert_eq!(v["state"], "done", "{v:#}");
     let deltas = v["deltas"].as_u64().unwrap_or(0);
@@ -80,7 +75,12 @@ async fn start_long_generation(c: &Ctx) {
         .unwrap_or_else(|e| panic!("{e}"));
     c.type_into("prompt", "Tell me a very long story about a lighthouse keeper.").await;
     c.click("send").await;
-    c.until("streaming with blocks held", 30, "const m = document.querySelector('.msg.assistant'); return m && +m.dataset.deltas >= 3 && +document.getElementById('kv-canvas').dataset.owned > 0").await;
+    c.until_reply(
+        "streaming with blocks held",
+        30,
+        "+m.dataset.deltas >= 3 && +document.getElementById('kv-canvas').dataset.owned > 0",
+    )
+    .await;
     let server = c.server_json("/v1/kv_map").await;
     assert_eq!(server["tables"].as_array().map(Vec::len), Some(1), "{server}");
 }
@@ -88,12 +88,7 @@ async fn start_long_generation(c: &Ctx) {
 /// After a stop: the page says so, the server aborted the request (it never finished, no token
 /// is generated any more) and holds no block, and the page's map agrees.
 async fn assert_stopped_and_freed(c: &Ctx, finished_before: f64, name: &str) {
-    c.until(
-        "the message to show it stopped",
-        10,
-        "return document.querySelector('.msg.assistant').dataset.state === 'stopped'",
-    )
-    .await;
+    c.until_reply("the message to show it stopped", 10, "state === 'stopped'").await;
     let v = c.js("const m = document.querySelector('.msg.assistant'); return {deltas: +m.dataset.deltas, meta: m.querySelector('.meta').textContent, send: document.getElementById('send').disabled, stop: document.getElementById('stop').disabled};").await;
     assert!(v["deltas"].as_u64().unwrap_or(0) < 1500, "{v}");
     assert!(v["meta"].as_str().is_some_and(|m| m.contains("stopped")), "{v}");

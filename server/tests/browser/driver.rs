@@ -144,6 +144,15 @@ impl Ctx {
         self.client.execute(script, vec![]).await.unwrap_or_else(|e| panic!("script failed: {e}\n{script}"))
     }
 
+    /// Polls until the assistant message exists and passes `test`, a JS expression over `m` (the
+    /// message) and `state` (its `data-state`): `state === 'done'`.
+    pub(crate) async fn until_reply(&self, what: &str, secs: u64, test: &str) -> Value {
+        let script = format!(
+            "const m = document.querySelector('.msg.assistant'); const state = m && m.dataset.state; return m && ({test})"
+        );
+        self.until(what, secs, &script).await
+    }
+
     /// Polls `script` (a function body returning a value) until it is truthy; returns it.
     pub(crate) async fn until(&self, what: &str, secs: u64, script: &str) -> Value {
         let deadline = Instant::now() + Duration::from_secs(secs);

@@ -43,12 +43,7 @@ pub(crate) async fn phone_width(c: &Ctx) {
     // Some content in every panel: a message, the calculator's chart.
     c.set_value("max-tokens", "12").await;
     c.type_into("prompt", "Hi!\u{E007}").await;
-    c.until(
-        "the reply",
-        60,
-        "const m = document.querySelector('.msg.assistant'); return m && m.dataset.state === 'done'",
-    )
-    .await;
+    c.until_reply("the reply", 60, "state === 'done'").await;
     c.until("the calculator's chart", 30, "return document.querySelectorAll('#calc-chart svg rect').length")
         .await;
     let v = c.js("return {scroll: document.documentElement.scrollWidth, inner: window.innerWidth, body: document.body.scrollWidth};").await;
