@@ -4,11 +4,11 @@
 
 use std::path::PathBuf;
 
+use model::Model;
 use model::arch::{Family, RopeKind};
-use model::{Model, Workspace};
 use serde_json::Value;
 
-use crate::harness::{argmax, assign_blocks, build_batch, cache_for};
+use crate::harness::{argmax, greedy_batch};
 
 /// Largest allowed |logit − llama.cpp's| on the first step's top 5: both compute the same f32
 /// math of the same dequantized weights, in different orders, over 18 layers and a
@@ -48,36 +48,20 @@ fn greedy_generations_and_first_logits_match_llama_cpp() {
     let prompts: Vec<Vec<u32>> = gens.iter().map(|g| ids(&g["prompt_ids"])).collect();
     let expected: Vec<Vec<u32>> = gens.iter().map(|g| ids(&g["output_ids"])).collect();
     let steps = expected.iter().map(Vec::len).max().expect("a generation");
-    let block_size = 16;
-    let capacity = prompts.iter().map(Vec::len).max().expect("a prompt") + steps;
-    let pool: Vec<u32> = (0..(capacity.div_ceil(block_size) * prompts.len()) as u32).rev().collect();
-    let mut seqs = assign_blocks(prompts, capacity, block_size, &pool);
-    let mut cache = cache_for(&model.config, block_size, pool.len());
-    let mut ws = Workspace::default();
-    let vocab = model.config.vocab_size;
     let mut worst = 0.0f32;
-    for step in 0..steps {
-        let chunks: Vec<usize> = seqs.iter().map(|s| s.tokens.len() - s.cached).collect();
-        let batch = build_batch(&seqs, &chunks, block_size, false);
-        let logits = model.forward(&batch.input(), &mut cache, &mut ws).expect("forward");
-        for (i, seq) in seqs.iter_mut().enumerate() {
-            let row = &logits[i * vocab..(i + 1) * vocab];
-            let tok = argmax(row);
-            if step == 0 {
-                for pair in gens[i]["first_step_top5"].as_array().expect("top 5") {
-                    let id = pair[0].as_u64().expect("id") as usize;
-                    let want = pair[1].as_f64().expect("logit") as f32;
-                    let diff = (row[id] - want).abs();
-                    worst = worst.max(diff);
-                    assert!(diff <= TOP5_TOL, "prompt {i}: logit of {id}: {} vs llama.cpp's {want}", row[id]);
-                }
+    greedy_batch(&model, prompts, steps, |step, i, row| {
+        if step == 0 {
+            for pair in gens[i]["first_step_top5"].as_array().expect("top 5") {
+                let id = pair[0].as_u64().expect("id") as usize;
+                let want = pair[1].as_f64().expect("logit") as f32;
+                let diff = (row[id] - want).abs();
+                worst = worst.max(diff);
+                assert!(diff <= TOP5_TOL, "prompt {i}: logit of {id}: {} vs llama.cpp's {want}", row[id]);
             }
-            if let Some(&want) = expected[i].get(step) {
-                assert_eq!(tok, want, "prompt {i}: token {step} differs from llama.cpp's");
-            }
-            seq.cached = seq.tokens.len();
-            seq.tokens.push(tok);
         }
-    }
+        if let Some(&want) = expected[i].get(step) {
+            assert_eq!(argmax(row), want, "prompt {i}: token {step} differs from llama.cpp's");
+        }
+    });
     eprintln!("gemma3-270m: largest first-step top-5 logit difference from llama.cpp: {worst:.2e}");
 }

@@ -82,3 +82,33 @@ pub fn argmax(logits: &[f32]) -> u32 {
     }
     best as u32
 }
+
+/// Greedy decoding of `prompts` side by side for `steps` steps (the first prefills every prompt),
+/// over an f32 cache of 16-token blocks handed out in reverse order (no sequence's blocks are
+/// contiguous in memory): `check(step, seq, logits)` sees each sequence's logits row, and each
+/// sequence goes on with that row's argmax.
+pub fn greedy_batch(
+    model: &model::Model,
+    prompts: Vec<Vec<u32>>,
+    steps: usize,
+    mut check: impl FnMut(usize, usize, &[f32]),
+) {
+    let block_size = 16;
+    let capacity = prompts.iter().map(Vec::len).max().unwrap_or(0) + steps;
+    let pool: Vec<u32> = (0..(capacity.div_ceil(block_size) * prompts.len()) as u32).rev().collect();
+    let mut seqs = assign_blocks(prompts, capacity, block_size, &pool);
+    let mut cache = cache_for(&model.config, block_size, pool.len());
+    let mut ws = model::Workspace::default();
+    let vocab = model.config.vocab_size;
+    for step in 0..steps {
+        let chunks: Vec<usize> = seqs.iter().map(|s| s.tokens.len() - s.cached).collect();
+        let batch = build_batch(&seqs, &chunks, block_size, false);
+        let logits = model.forward(&batch.input(), &mut cache, &mut ws).expect("forward");
+        for (i, seq) in seqs.iter_mut().enumerate() {
+            let row = &logits[i * vocab..(i + 1) * vocab];
+            check(step, i, row);
+            seq.cached = seq.tokens.len();
+            seq.tokens.push(argmax(row));
+        }
+    }
+}

@@ -6,10 +6,10 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use model::{ActivationPrecision, ChatMessage, Model, ModelFolder, Workspace};
+use model::{ActivationPrecision, ChatMessage, Model, ModelFolder};
 use serde_json::Value;
 
-use crate::harness::{argmax, assign_blocks, build_batch, cache_for};
+use crate::harness::{argmax, greedy_batch};
 
 /// Largest allowed |logit − reference| (the reference's two implementations agreed to 4.5e-5;
 /// our f32 sums run in a different order, over 30 layers).
@@ -155,39 +155,21 @@ fn greedy_generations_and_logits_match_from(
     let prompts: Vec<Vec<u32>> = gens.iter().map(|g| ids(&g["prompt_ids"])).collect();
     let expected: Vec<Vec<u32>> = gens.iter().map(|g| ids(&g["output_ids"])).collect();
     let steps = expected[0].len();
-    let block_size = 16;
-    let capacity = prompts.iter().map(Vec::len).max().unwrap() + steps;
-    let per_seq = capacity.div_ceil(block_size);
-    // Physical blocks in reverse order so no sequence's blocks are contiguous in memory order.
-    let pool: Vec<u32> = (0..(per_seq * prompts.len()) as u32).rev().collect();
-    let mut seqs = assign_blocks(prompts.clone(), capacity, block_size, &pool);
-    let mut cache = cache_for(&model.config, block_size, pool.len());
-    let mut ws = Workspace::default();
-    let vocab = model.config.vocab_size;
     let mut worst = 0.0f32;
-    for step in 0..steps {
-        let chunks: Vec<usize> = seqs.iter().map(|s| s.tokens.len() - s.cached).collect();
-        let batch = build_batch(&seqs, &chunks, block_size, false);
-        let logits = model.forward(&batch.input(), &mut cache, &mut ws).expect("forward");
-        for (i, seq) in seqs.iter_mut().enumerate() {
-            let row = &logits[i * vocab..(i + 1) * vocab];
-            let tok = argmax(row);
-            assert_eq!(tok, expected[i][step], "{source:?} {}: token {step} differs", gens[i]["name"]);
-            for pair in gens[i]["top5_per_step"][step].as_array().unwrap() {
-                let id = pair[0].as_u64().unwrap() as usize;
-                let want = pair[1].as_f64().unwrap() as f32;
-                let diff = (row[id] - want).abs();
-                worst = worst.max(diff);
-                assert!(
-                    diff <= tol,
-                    "{source:?} {}: step {step} logit of {id}: {} vs {want}",
-                    gens[i]["name"],
-                    row[id]
-                );
-            }
-            seq.cached = seq.tokens.len();
-            seq.tokens.push(tok);
+    greedy_batch(&model, prompts, steps, |step, i, row| {
+        assert_eq!(argmax(row), expected[i][step], "{source:?} {}: token {step} differs", gens[i]["name"]);
+        for pair in gens[i]["top5_per_step"][step].as_array().unwrap() {
+            let id = pair[0].as_u64().unwrap() as usize;
+            let want = pair[1].as_f64().unwrap() as f32;
+            let diff = (row[id] - want).abs();
+            worst = worst.max(diff);
+            assert!(
+                diff <= tol,
+                "{source:?} {}: step {step} logit of {id}: {} vs {want}",
+                gens[i]["name"],
+                row[id]
+            );
         }
-    }
+    });
     eprintln!("{source:?} {precision:?}: largest top-5 logit difference: {worst:.2e}");
 }
