@@ -46,7 +46,7 @@ pub(super) fn run_item<T: KernelElem>(
             if r < real_rows {
                 let (token, head) = token_head(r);
                 for (dim, &q) in pb.query_row(token, head).iter().enumerate() {
-                    queries[dim * stride + r] = q * pb.scale;
+                    queries[dim * stride + r] = q * pb.scores.scale;
                 }
             } else {
                 (0..d).for_each(|dim| queries[dim * stride + r] = 0.0);
@@ -70,7 +70,7 @@ pub(super) fn run_item<T: KernelElem>(
             row_pos,
             min_pos: pos_of(0),
             max_pos: pos_of(real_rows - 1),
-            sliding_window: pb.sliding_window,
+            sliding_window: pb.scores.sliding_window,
             max,
             sum,
             acc,

@@ -143,8 +143,7 @@ struct Problem<'a, T> {
     num_heads: usize,
     /// Query heads per kv head.
     group: usize,
-    scale: f32,
-    sliding_window: Option<usize>,
+    scores: AttnScores,
 }
 
 impl<'a, T> Problem<'a, T> {
@@ -171,12 +170,12 @@ impl<'a, T> Problem<'a, T> {
     fn prepare_queries(&self, rows: impl Iterator<Item = (usize, usize)>, qrep: &mut [f32]) {
         let x = self.g.x();
         for ((token, head), dst) in rows.zip(qrep.chunks_exact_mut(qrep_len(self.g.head_size, x))) {
-            prepare_query(self.query_row(token, head), self.scale, x, dst);
+            prepare_query(self.query_row(token, head), self.scores.scale, x, dst);
         }
     }
     /// The first key a query at `pos` sees.
     fn first_visible(&self, pos: usize) -> usize {
-        self.sliding_window.map_or(0, |w| (pos + 1).saturating_sub(w))
+        self.scores.first_visible(pos)
     }
     /// Offset of (token, query head) in `out` (and in `query`: same layout).
     fn out_offset(&self, token: usize, head: usize) -> usize {
@@ -243,8 +242,7 @@ fn run<T: KernelElem>(
     scores: AttnScores,
 ) {
     let group = num_heads / g.num_kv_heads;
-    let (scale, sliding_window) = (scores.scale, scores.sliding_window);
-    let pb = Problem { isa, key, value, g: *g, meta, query, num_heads, group, scale, sliding_window };
+    let pb = Problem { isa, key, value, g: *g, meta, query, num_heads, group, scores };
     let decode_seqs: Vec<usize> = (0..meta.num_seqs()).filter(|&s| meta.query_len(s) == 1).collect();
     // A decode reads its context from the block holding its first visible key.
     let decode_start = |s: usize| pb.first_visible(meta.seq_lens[s] - 1) / g.block_size * g.block_size;
