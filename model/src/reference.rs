@@ -1,6 +1,7 @@
 //! A naive full-sequence forward pass with no KV cache: plain loops, f64 sums and a causal
-//! (sliding-window where a layer has one) softmax in f64, following the same [`crate::Architecture`] as the paged forward. Written for
-//! clarity, not speed; tests compare the paged forward pass against it.
+//! (sliding-window where a layer has one) softmax in f64, following the same
+//! [`crate::Architecture`] as the paged forward. Written for clarity, not speed; tests compare
+//! the paged forward pass against it.
 
 use crate::arch::{Activation, LayerMatrix, LayerNorm, RopeStyle};
 use crate::decoder::{LayerWeights, Model};
