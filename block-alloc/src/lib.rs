@@ -23,6 +23,10 @@
 //! - Swap ([`swap_out`], [`swap_in`], [`can_swap_in`], [`can_swap_out`]): a host swap pool is
 //!   just another [`BlockPool`] (see [`PoolConfig::host`]); a swap moves a whole group of tables
 //!   and returns the `(from, to)` block copies to perform.
+//! - Sliding windows and KV cache groups (`window.rs`): a table made by
+//!   [`BlockPool::new_table_for`] a window releases the leading blocks no later query sees
+//!   ([`BlockTable::release_outside_window`]); [`BlockPool::lookup_prefix_groups`] finds the
+//!   longest prefix a set of tables (one per group of layers) can all serve.
 //! - Live view ([`BlockPool::block_states_into`]): one [`BlockState`] byte per block (free,
 //!   cached, owned, shared), O(blocks), into a reusable buffer.
 //!
@@ -50,8 +54,9 @@
 //!
 //! # Invariants (checked by the model-based tests in `tests/it`)
 //! - `num_free() + num_used() == num_blocks()` at all times.
-//! - A block's ref count is the number of table entries (plus raw [`BlockPool::allocate`]
-//!   results not yet [`BlockPool::free`]d) holding it; no table holds a block of ref count 0.
+//! - A block's ref count is the number of live table entries holding it (entries before a
+//!   table's `first_live` were released out of its window), plus raw [`BlockPool::allocate`]
+//!   results not yet [`BlockPool::free`]d; no table holds a block of ref count 0.
 //! - A block is in the free queue if and only if its ref count is 0; the free queue holds each
 //!   block at most once, ordered from least to most recently freed (new pools: ascending ids).
 //! - A block is registered in the prefix cache under at most one hash, and a hash names at
@@ -76,6 +81,7 @@ mod prefix;
 mod snapshot;
 mod swap;
 mod table;
+mod window;
 
 pub use config::{AllocStatus, PoolConfig};
 pub use error::AllocError;
@@ -86,6 +92,7 @@ pub use prefix::{PrefixProbe, PrefixStats};
 pub use snapshot::BlockState;
 pub use swap::{can_swap_in, can_swap_out, num_distinct_blocks, swap_in, swap_out};
 pub use table::{BlockTable, CopyOnWrite};
+pub use window::{NULL_BLOCK, blocks_outside_window};
 
 /// Index of a physical block in its pool (`0..num_blocks`).
 pub type BlockId = u32;

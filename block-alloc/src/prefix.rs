@@ -79,13 +79,13 @@ impl PrefixCache {
 
     /// The block registered under `hash`'s index key, if any (not yet verified).
     #[inline]
-    fn candidate(&self, hash: BlockHash) -> Option<BlockId> {
+    pub(crate) fn candidate(&self, hash: BlockHash) -> Option<BlockId> {
         self.index.get(&index_key(hash)).copied()
     }
 
     /// Whether cached block `b` holds exactly `tokens` under `salt`, with chain hash `hash`.
     #[inline]
-    fn holds(&self, b: BlockId, hash: BlockHash, salt: u64, tokens: &[TokenId]) -> bool {
+    pub(crate) fn holds(&self, b: BlockId, hash: BlockHash, salt: u64, tokens: &[TokenId]) -> bool {
         let i = b as usize;
         self.cached[i] && self.hashes[i] == hash && self.salts[i] == salt && self.tokens_of(b) == tokens
     }
@@ -284,7 +284,10 @@ impl BlockPool {
                     h
                 }
             };
-            cache.register(table.blocks[i], hash, salt, chunk);
+            // A block released out of a sliding window is no longer the table's to offer.
+            if i >= table.first_live {
+                cache.register(table.blocks[i], hash, salt, chunk);
+            }
         }
         table.num_registered = table.num_registered.max(full);
         Ok(())

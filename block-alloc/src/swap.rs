@@ -40,7 +40,7 @@ pub fn swap_in(
 pub fn num_distinct_blocks(tables: &[&BlockTable]) -> usize {
     let mut seen = HashMap::new();
     for t in tables {
-        for &b in &t.blocks {
+        for &b in t.live_blocks() {
             seen.insert(b, ());
         }
     }
@@ -78,7 +78,7 @@ fn transfer(
     let mut order: Vec<BlockId> = Vec::new();
     for t in tables.iter() {
         t.check_pool(src)?;
-        for &b in &t.blocks {
+        for &b in t.live_blocks() {
             let count = holders.entry(b).or_insert_with(|| {
                 order.push(b);
                 0
@@ -108,10 +108,11 @@ fn transfer(
     }
     for t in tables.iter_mut() {
         // Release tail-first, as a free would, so chain ends are evicted first.
-        for &b in t.blocks.iter().rev() {
+        let first_live = t.first_live;
+        for &b in t.blocks[first_live..].iter().rev() {
             src.release(b);
         }
-        for b in &mut t.blocks {
+        for b in &mut t.blocks[first_live..] {
             *b = mapping[b];
         }
         t.pool_id = if t.blocks.is_empty() { 0 } else { dst.id };

@@ -35,6 +35,12 @@ pub struct BlockTable {
     pub(crate) hashes: Vec<BlockHash>,
     /// Leading full blocks already offered to the current pool's prefix cache.
     pub(crate) num_registered: usize,
+    /// Sliding-window attention: a query at position `p` sees keys in `(p - window, p]`; `None`
+    /// for full attention.
+    pub(crate) window: Option<usize>,
+    /// Leading entries released because no query still to come can see them (`window.rs`):
+    /// they hold no reference and their ids are stale (the kernels never read them).
+    pub(crate) first_live: usize,
 }
 
 impl BlockTable {
@@ -58,12 +64,31 @@ impl BlockTable {
             num_tokens: 0,
             hashes: Vec::new(),
             num_registered: 0,
+            window: None,
+            first_live: 0,
         }
     }
 
-    /// Physical blocks, logical order.
+    /// Physical blocks, logical order. With a sliding window the first
+    /// [`first_live`](Self::first_live) entries are released and stale (see
+    /// [`live_blocks`](Self::live_blocks)).
     pub fn blocks(&self) -> &[BlockId] {
         &self.blocks
+    }
+
+    /// The blocks the table holds a reference on: all but the released leading entries.
+    pub fn live_blocks(&self) -> &[BlockId] {
+        &self.blocks[self.first_live..]
+    }
+
+    /// Leading entries released out of the sliding window (0 for full attention).
+    pub fn first_live(&self) -> usize {
+        self.first_live
+    }
+
+    /// The sliding window the table was made for (`None`: full attention).
+    pub fn window(&self) -> Option<usize> {
+        self.window
     }
 
     /// Token slots in use.
@@ -212,7 +237,8 @@ impl BlockTable {
     /// [`AllocError::BlockSizeMismatch`], [`AllocError::WrongPool`].
     pub fn fork(&self, pool: &mut BlockPool) -> Result<BlockTable, AllocError> {
         self.check_pool(pool)?;
-        for (i, &b) in self.blocks.iter().enumerate() {
+        let live = self.live_blocks();
+        for (i, &b) in live.iter().enumerate() {
             let err = match pool.ref_counts.get_mut(b as usize) {
                 None => AllocError::UnknownBlock(b),
                 Some(0) => AllocError::NotAllocated(b),
@@ -222,7 +248,7 @@ impl BlockTable {
                     continue;
                 }
             };
-            for &taken in &self.blocks[..i] {
+            for &taken in &live[..i] {
                 pool.ref_counts[taken as usize] -= 1;
             }
             return Err(err);
@@ -234,10 +260,12 @@ impl BlockTable {
             num_tokens: self.num_tokens,
             hashes: self.hashes.clone(),
             num_registered: self.num_registered,
+            window: self.window,
+            first_live: self.first_live,
         })
     }
 
-    /// Drops the table's reference on every block, last block first, so that a sequence's
+    /// Drops the table's reference on every (live) block, last block first, so that a sequence's
     /// chain ends reach the free queue (and get evicted) before its shared beginnings. Cached
     /// blocks stay findable until evicted. The table is left empty and reusable.
     ///
@@ -245,7 +273,8 @@ impl BlockTable {
     /// [`AllocError::UnknownBlock`], [`AllocError::BlockSizeMismatch`], [`AllocError::WrongPool`].
     pub fn free(&mut self, pool: &mut BlockPool) -> Result<(), AllocError> {
         self.check_pool(pool)?;
-        for (i, &b) in self.blocks.iter().enumerate().rev() {
+        let live = &self.blocks[self.first_live..];
+        for (i, &b) in live.iter().enumerate().rev() {
             let err = match pool.ref_counts.get(b as usize) {
                 None => AllocError::UnknownBlock(b),
                 Some(0) => AllocError::DoubleFree(b),
@@ -255,7 +284,7 @@ impl BlockTable {
                 }
             };
             // Undo in reverse order of the releases so the free queue is restored exactly.
-            for &done in &self.blocks[i + 1..] {
+            for &done in &live[i + 1..] {
                 pool.unrelease(done);
             }
             return Err(err);
@@ -294,6 +323,7 @@ impl BlockTable {
         self.hashes.clear();
         self.num_registered = 0;
         self.pool_id = 0;
+        self.first_live = 0;
     }
 
     pub(crate) fn check_block_size(&self, pool: &BlockPool) -> Result<(), AllocError> {

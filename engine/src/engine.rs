@@ -118,6 +118,7 @@ impl Engine {
             num_host_blocks: cache_cfg.num_swap_blocks,
             watermark: config.watermark,
             enable_prefix_caching: config.enable_prefix_caching,
+            kv_groups: vec![None],
         })?;
         // A folder's name, or a GGUF file's without the extension.
         let model_name = config.served_model_name.clone().unwrap_or_else(|| {

@@ -25,6 +25,9 @@ pub enum PreemptionMode {
     Swap,
 }
 
+/// Most KV cache groups a scheduler keeps tables for.
+pub const MAX_KV_GROUPS: usize = 64;
+
 /// Everything `Scheduler::new` needs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SchedulerConfig {
@@ -45,6 +48,11 @@ pub struct SchedulerConfig {
     /// Fraction of device blocks kept free at admission so running sequences can grow.
     pub watermark: f64,
     pub enable_prefix_caching: bool,
+    /// The KV cache groups (vLLM's hybrid KV cache): per group of layers, its sliding window
+    /// (`None`: full attention). Every sequence holds one block table per group, all from the
+    /// device pool; a sliding group frees the blocks that fall out of its window. One full
+    /// group (the default) is a model without windows.
+    pub kv_groups: Vec<Option<usize>>,
 }
 
 impl Default for SchedulerConfig {
@@ -60,6 +68,7 @@ impl Default for SchedulerConfig {
             num_host_blocks: 0,
             watermark: 0.01,
             enable_prefix_caching: false,
+            kv_groups: vec![None],
         }
     }
 }
@@ -85,6 +94,12 @@ impl SchedulerConfig {
         }
         if !(0.0..1.0).contains(&self.watermark) {
             return bad("watermark must lie in [0, 1)");
+        }
+        if self.kv_groups.is_empty() || self.kv_groups.len() > MAX_KV_GROUPS {
+            return bad("kv_groups must list 1 to 64 groups");
+        }
+        if self.kv_groups.contains(&Some(0)) {
+            return bad("a sliding window must be at least 1 token");
         }
         Ok(())
     }

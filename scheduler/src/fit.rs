@@ -12,6 +12,39 @@ pub struct RequestFit {
     /// Blocks admission keeps free (`BlockPool::watermark_blocks`): a prompt needing more than
     /// the pool less these is never admitted, not even on an idle device.
     pub watermark_blocks: usize,
+    /// How many tables a sequence holds and how big a sliding one can get.
+    pub groups: GroupFit,
+}
+
+/// The KV cache groups as the fit sees them: full-attention groups hold every block of a
+/// sequence; a sliding group at most its window and a chunk (the largest window of the
+/// model's, if they differ).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupFit {
+    pub full: usize,
+    pub sliding: usize,
+    pub window: usize,
+    /// The largest prefill chunk (the step's token budget).
+    pub chunk: usize,
+}
+
+impl GroupFit {
+    /// One full-attention group: a model without windows.
+    pub const ONE_FULL: GroupFit = GroupFit { full: 1, sliding: 0, window: 0, chunk: 0 };
+
+    /// The fit of `kv_groups` (per group, its window) with prefill chunks of up to `chunk`.
+    pub fn of(kv_groups: &[Option<usize>], chunk: usize) -> Self {
+        let sliding = kv_groups.iter().flatten().count();
+        let window = kv_groups.iter().flatten().copied().max().unwrap_or(0);
+        GroupFit { full: kv_groups.len() - sliding, sliding, window, chunk }
+    }
+
+    /// Blocks all groups hold when one group would hold `per_group` (`samples` sequences).
+    fn total(&self, block_size: usize, per_group: usize, samples: usize) -> Option<usize> {
+        let bound = self.window.saturating_add(self.chunk).div_ceil(block_size.max(1)).saturating_add(2);
+        let sliding = per_group.min(bound.saturating_mul(samples));
+        self.full.checked_mul(per_group)?.checked_add(self.sliding.checked_mul(sliding)?)
+    }
 }
 
 /// A request that needs more blocks than the pool could ever give it.
@@ -26,7 +59,10 @@ impl RequestFit {
     /// The prompt alone: its blocks within the pool less the watermark (what the scheduler's
     /// admission can ever grant).
     pub fn check_prompt(&self, prompt_len: usize) -> Result<(), ExceedsPool> {
-        let blocks_needed = prompt_len.div_ceil(self.block_size.max(1));
+        let blocks_needed = self
+            .groups
+            .total(self.block_size, prompt_len.div_ceil(self.block_size.max(1)), 1)
+            .unwrap_or(usize::MAX);
         if blocks_needed > self.pool_blocks.saturating_sub(self.watermark_blocks) {
             return Err(ExceedsPool { blocks_needed, pool_blocks: self.pool_blocks });
         }
@@ -37,7 +73,9 @@ impl RequestFit {
     /// the pool: `Ok` means the request finishes alone without running out of blocks.
     pub fn check(&self, prompt_len: usize, max_new_tokens: usize, n: usize) -> Result<(), ExceedsPool> {
         self.check_prompt(prompt_len)?;
-        match blocks_for_request(self.block_size, prompt_len, max_new_tokens, n) {
+        let need = blocks_for_request(self.block_size, prompt_len, max_new_tokens, n)
+            .and_then(|per_group| self.groups.total(self.block_size, per_group, n));
+        match need {
             Some(blocks_needed) if blocks_needed <= self.pool_blocks => Ok(()),
             need => {
                 Err(ExceedsPool { blocks_needed: need.unwrap_or(usize::MAX), pool_blocks: self.pool_blocks })
@@ -48,7 +86,20 @@ impl RequestFit {
     /// The largest `max_new_tokens` that [`RequestFit::check`]'s output part allows (0 when not
     /// even the prompt fits): [`max_new_tokens_within`] this pool.
     pub fn max_new_tokens(&self, prompt_len: usize, n: usize) -> usize {
-        max_new_tokens_within(self.block_size, prompt_len, n, self.pool_blocks)
+        if self.groups == GroupFit::ONE_FULL {
+            return max_new_tokens_within(self.block_size, prompt_len, n, self.pool_blocks);
+        }
+        // The check is monotone in `max_new_tokens`: bisect for the largest that passes.
+        let fits = |m: usize| self.check(prompt_len, m, n).is_ok();
+        if !fits(1) {
+            return 0;
+        }
+        let (mut lo, mut hi) = (1usize, usize::MAX / 4);
+        while lo < hi {
+            let mid = lo + (hi - lo).div_ceil(2);
+            if fits(mid) { lo = mid } else { hi = mid - 1 }
+        }
+        lo
     }
 }
 

@@ -1,11 +1,12 @@
 //! The scheduler's internal state of one request: its sequences (one before the fork, `n`
 //! after), their tokens, computed counts and block tables.
 
-use block_alloc::{BlockId, BlockPool, BlockTable, CopyOnWrite};
+use block_alloc::{BlockId, BlockPool};
 
 use crate::queue::QueueKey;
 use crate::request::{RequestKey, SeqFinish, SeqId, TokenId};
 use crate::rows::{NO_ROW, RowState, Rows};
+use crate::tables::SeqTables;
 
 /// Where a group is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,9 +24,10 @@ pub(crate) struct Seq {
     pub tokens: Vec<TokenId>,
     /// Tokens whose KV is in the cache; between steps equals `table.num_tokens()`.
     pub num_computed: usize,
-    /// Private so that every change other than an append goes through `table_mut`, which makes
-    /// the worker's copy of it stale (`row.sent = 0`).
-    table: BlockTable,
+    /// One table per KV cache group. Private so that every change other than an append (or a
+    /// release out of a window, which the worker need not see) goes through `table_mut`, which
+    /// makes the worker's copy of it stale (`row.sent = 0`).
+    table: SeqTables,
     /// This table's row in the worker's block table, and how much of it the row holds.
     pub row: RowState,
     pub finished: Option<SeqFinish>,
@@ -36,7 +38,7 @@ pub(crate) struct Seq {
 }
 
 impl Seq {
-    pub fn new(index: u32, tokens: Vec<TokenId>, num_computed: usize, table: BlockTable) -> Self {
+    pub fn new(index: u32, tokens: Vec<TokenId>, num_computed: usize, table: SeqTables) -> Self {
         Self { index, tokens, num_computed, table, row: RowState::default(), finished: None, parked: false }
     }
 
@@ -44,17 +46,26 @@ impl Seq {
         self.tokens.len() - self.num_computed
     }
 
-    pub fn table(&self) -> &BlockTable {
+    pub fn table(&self) -> &SeqTables {
         &self.table
     }
 
-    /// The table, for a change other than an append: its row must be written afresh.
-    pub fn table_mut(&mut self) -> &mut BlockTable {
+    /// The tables, for a change other than an append: the row must be written afresh.
+    pub fn table_mut(&mut self) -> &mut SeqTables {
         self.row.sent = 0;
         &mut self.table
     }
 
-    pub fn set_table(&mut self, table: BlockTable) {
+    /// Releases the blocks of sliding-window groups that no query still to come can see.
+    #[inline(always)]
+    pub fn release_outside_window(
+        &mut self,
+        device: &mut BlockPool,
+    ) -> Result<usize, block_alloc::AllocError> {
+        self.table.release_outside_window(device)
+    }
+
+    pub fn set_table(&mut self, table: SeqTables) {
         self.row.sent = 0;
         self.table = table;
     }
@@ -67,7 +78,7 @@ impl Seq {
         end: usize,
         salt: u64,
     ) -> Result<(), block_alloc::AllocError> {
-        device.cache_full_blocks(&mut self.table, &self.tokens[..end], salt)
+        self.table.cache_full_blocks(device, &self.tokens[..end], salt)
     }
 
     /// Fills the empty table with the longest cached prefix of all but the last token; returns
@@ -79,39 +90,39 @@ impl Seq {
     ) -> Result<usize, block_alloc::AllocError> {
         self.row.sent = 0;
         let query = &self.tokens[..self.tokens.len().saturating_sub(1)];
-        device.lookup_prefix(query, salt, &mut self.table)
+        self.table.lookup_prefix(device, query, salt)
     }
 
-    /// Appends `n` slots: the copy-on-write it needed, the sequence's row (taken from `rows` if
-    /// it had none) and the block-table delta of that row.
+    /// Appends `n` slots to every group's table: the copies-on-write it needed go to `copies`;
+    /// returns the sequence's row (taken from `rows` if it had none) and the first entry of
+    /// that row the worker lacks.
     #[inline(always)]
     pub fn append(
         &mut self,
         device: &mut BlockPool,
         n: usize,
         rows: &mut Rows,
-    ) -> Result<Appended<'_>, block_alloc::AllocError> {
-        let cow = self.table.append_tokens(device, n)?;
-        if cow.is_some() {
-            self.row.sent = 0; // the last block was replaced
+        copies: &mut Vec<(BlockId, BlockId)>,
+    ) -> Result<Appended, block_alloc::AllocError> {
+        let before = copies.len();
+        self.table.append_tokens(device, n, &mut |cow| copies.push((cow.src, cow.dst)))?;
+        if copies.len() != before {
+            self.row.sent = 0; // a last block was replaced
         }
         if self.row.row == NO_ROW {
             self.row = RowState { row: rows.take(), sent: 0 };
         }
         let from = self.row.sent;
-        let blocks = self.table.blocks();
-        self.row.sent = blocks.len();
-        Ok(Appended { cow, row: self.row.row, table_from: from, new_blocks: &blocks[from..] })
+        self.row.sent = self.table.blocks().len();
+        Ok(Appended { row: self.row.row, table_from: from })
     }
 }
 
 /// What one append did, for the step's plan.
-pub(crate) struct Appended<'a> {
-    pub cow: Option<CopyOnWrite>,
+pub(crate) struct Appended {
     pub row: u32,
-    /// The row's entries from this index on are `new_blocks` (0: the whole table).
+    /// The row's entries from this index on are new (0: the whole table), in every group.
     pub table_from: usize,
-    pub new_blocks: &'a [BlockId],
 }
 
 #[derive(Debug)]

@@ -26,13 +26,15 @@ mod request;
 mod rows;
 mod schedule;
 mod scheduler;
+mod tables;
 mod update;
 
 pub use block_alloc::{BlockId, BlockPool, BlockState};
-pub use config::{Policy, PreemptionMode, SchedulerConfig};
+pub use config::{MAX_KV_GROUPS, Policy, PreemptionMode, SchedulerConfig};
 pub use error::SchedulerError;
-pub use fit::{ExceedsPool, RequestFit, blocks_for_request, max_new_tokens_within};
+pub use fit::{ExceedsPool, GroupFit, RequestFit, blocks_for_request, max_new_tokens_within};
 pub use kv_map::{KvCounters, KvMap, KvTable};
 pub use output::{FinishedSeq, SampledToken, ScheduledSeq, SchedulerOutput, StepResult};
 pub use request::{Request, RequestKey, SeqFinish, SeqId, TokenId};
 pub use scheduler::{Scheduler, SchedulerStats};
+pub use tables::{GroupWindows, SeqTables, group_salt};

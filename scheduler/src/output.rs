@@ -24,7 +24,9 @@ pub struct ScheduledSeq {
     pub row: u32,
     /// The block-table update of the row: entries `table_from ..` of the row become
     /// `SchedulerOutput::new_block_ids[new_blocks]` (read with `SchedulerOutput::new_blocks`);
-    /// 0 rewrites the whole row. Entries past the sequence's blocks are never read.
+    /// 0 rewrites the whole row. Entries past the sequence's blocks are never read. With
+    /// several KV cache groups the range holds each group's entries in turn (equal lengths),
+    /// and each group has its own table with the same row.
     pub table_from: usize,
     pub new_blocks: Range<usize>,
     /// Tokens the sampler must draw from the logits of the last position: 0 for a prefill chunk
@@ -50,7 +52,11 @@ pub struct SchedulerOutput {
     pub seqs: Vec<ScheduledSeq>,
     pub token_ids: Vec<TokenId>,
     pub positions: Vec<u32>,
+    /// Each token's slot in the KV cache group 0's layers write.
     pub slot_mapping: Vec<i64>,
+    /// With several KV cache groups (`SchedulerConfig::kv_groups`): the slots of group `g` in
+    /// entry `g - 1`, token for token as `slot_mapping`.
+    pub group_slot_mapping: Vec<Vec<i64>>,
     /// The attention metadata of the batch, in the kernels' form
     /// (`attn_kernels::PagedAttnMetadata`): `[num_seqs + 1]` prefix sums of the query tokens,
     /// `[num_seqs]` context lengths (this step's tokens included) and block-table rows.
@@ -124,6 +130,7 @@ impl SchedulerOutput {
         self.token_ids.clear();
         self.positions.clear();
         self.slot_mapping.clear();
+        self.group_slot_mapping.iter_mut().for_each(Vec::clear);
         self.query_start_loc.clear();
         self.query_start_loc.push(0);
         self.seq_lens.clear();

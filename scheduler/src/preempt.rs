@@ -24,8 +24,12 @@ impl Scheduler {
         if cfg.preemption == PreemptionMode::Swap
             && let Some(host) = host.as_mut()
         {
-            let mut tables: Vec<&mut BlockTable> =
-                group.seqs.iter_mut().filter(|s| !s.table().is_empty()).map(|s| s.table_mut()).collect();
+            let mut tables: Vec<&mut BlockTable> = group
+                .seqs
+                .iter_mut()
+                .filter(|s| !s.table().is_empty())
+                .flat_map(|s| s.table_mut().iter_mut())
+                .collect();
             // All or nothing: on a full host pool the tables are untouched and we recompute.
             if let Ok(pairs) = block_alloc::swap_out(device, host, &mut tables) {
                 out.blocks_to_swap_out.extend(pairs);

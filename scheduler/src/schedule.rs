@@ -12,6 +12,7 @@ use crate::queue::{QueueKey, insert_sorted};
 use crate::request::SeqFinish;
 use crate::rows::Rows;
 use crate::scheduler::{InFlight, Scheduler};
+use crate::tables::SeqTables;
 
 /// What is left of this step's limits.
 #[derive(Debug, Clone, Copy)]
@@ -50,6 +51,7 @@ impl Scheduler {
             return Err(SchedulerError::StepInFlight);
         }
         out.clear();
+        out.group_slot_mapping.resize_with(self.cfg.kv_groups.len() - 1, Vec::new);
         out.finished.append(&mut self.finished_since);
         out.aborted.append(&mut self.aborted_since);
         self.stats.steps += 1;
@@ -165,9 +167,15 @@ impl Scheduler {
         budget: &mut Budget,
     ) -> Result<Fit, SchedulerError> {
         let step = self.stats.steps;
+        let sliding = self.sliding;
         let Self { groups, device, in_flight, scheduled_at, rows, .. } = self;
         let group =
             groups.get_mut(slot).and_then(Option::as_mut).ok_or(SchedulerError::Internal("missing group"))?;
+        if sliding {
+            for seq in group.seqs.iter_mut().filter(|s| s.finished.is_none()) {
+                seq.release_outside_window(device)?;
+            }
+        }
         if group.seqs.len() == 1 {
             // One (live) sequence, the common case: the append itself is the all-or-nothing
             // memory check.
@@ -219,9 +227,15 @@ impl Scheduler {
         reserve: Option<usize>,
     ) -> Result<Fit, SchedulerError> {
         let step = self.stats.steps;
+        let sliding = self.sliding;
         let Self { groups, device, in_flight, scheduled_at, rows, .. } = self;
         let group =
             groups.get_mut(slot).and_then(Option::as_mut).ok_or(SchedulerError::Internal("missing group"))?;
+        if sliding {
+            for seq in group.seqs.iter_mut().filter(|s| s.finished.is_none()) {
+                seq.release_outside_window(device)?;
+            }
+        }
         let reserve = reserve.unwrap_or(0);
         let (mut any, mut short) = (false, false);
         // While samples are parked, the leader recomputes the prompt first and stops there.
@@ -325,8 +339,12 @@ impl Scheduler {
             else {
                 return Err(SchedulerError::Internal("swapped group without a host pool"));
             };
-            let mut tables: Vec<&mut BlockTable> =
-                group.seqs.iter_mut().filter(|s| !s.table().is_empty()).map(|s| s.table_mut()).collect();
+            let mut tables: Vec<&mut BlockTable> = group
+                .seqs
+                .iter_mut()
+                .filter(|s| !s.table().is_empty())
+                .flat_map(|s| s.table_mut().iter_mut())
+                .collect();
             let pairs = block_alloc::swap_in(host, device, &mut tables)?;
             out.blocks_to_swap_in.extend(pairs);
             group.place = Where::Running;
@@ -364,8 +382,9 @@ impl Scheduler {
             // prefix hits: if hits and new blocks together exceed what the pool can ever give,
             // the group can never run.
             let seq = group.seqs.iter().find(|s| s.finished.is_none());
+            let chunk = self.cfg.max_num_batched_tokens;
             let (hits, full_need) = seq.map_or((0, 0), |s| {
-                (s.table().blocks().len(), s.table().blocks_to_append(&self.device, s.remaining()))
+                (s.table().num_live_blocks(), s.table().blocks_to_finish(&self.device, s.remaining(), chunk))
             });
             if self.device.can_allocate(hits + full_need) == AllocStatus::Never {
                 self.waiting.pop_front();
@@ -503,21 +522,19 @@ fn emit(
     let seq = &mut group.seqs[si];
     let start = seq.num_computed;
     let end = start + n;
-    let crate::group::Appended { cow, row, table_from, new_blocks } = seq.append(device, n, rows)?;
-    if let Some(cow) = cow {
-        out.blocks_to_copy.push((cow.src, cow.dst));
-    }
+    let crate::group::Appended { row, table_from } = seq.append(device, n, rows, &mut out.blocks_to_copy)?;
     let new_start = out.new_block_ids.len();
-    if !new_blocks.is_empty() {
+    let tables = seq.table();
+    if table_from < tables.blocks().len() {
         // Most decodes stay in their last block and send nothing.
-        out.new_block_ids.extend_from_slice(new_blocks);
+        tables.push_blocks_from(table_from, &mut out.new_block_ids);
     }
     let new_blocks = new_start..out.new_block_ids.len();
     let flat_start = out.token_ids.len();
-    if n == 1 {
-        // The decode case: the token sits in the table's last block (just read by the append:
-        // no division needed).
-        let table = seq.table();
+    if n == 1 && tables.num_groups() == 1 {
+        // The decode case of one group: the token sits in the table's last block (just read by
+        // the append: no division needed).
+        let table = tables.first();
         let blocks = table.blocks();
         let last = blocks.len() - 1;
         let bs = table.block_size();
@@ -529,7 +546,7 @@ fn emit(
     } else {
         out.token_ids.extend_from_slice(&seq.tokens[start..end]);
         out.positions.extend(start as u32..end as u32);
-        seq.table().slot_mapping(start..end, &mut out.slot_mapping);
+        tables.slot_mapping(start..end, &mut out.slot_mapping, &mut out.group_slot_mapping);
     }
     let num_samples = if end == seq.tokens.len() { samples_at_end } else { 0 };
     out.seqs.push(crate::output::ScheduledSeq {
@@ -546,7 +563,7 @@ fn emit(
 }
 
 /// The most tokens (≤ `want`) that can be appended to `table` with `free` blocks of `pool`.
-fn largest_fitting_append(table: &BlockTable, pool: &BlockPool, want: usize, free: usize) -> usize {
+fn largest_fitting_append(table: &SeqTables, pool: &BlockPool, want: usize, free: usize) -> usize {
     if table.blocks_to_append(pool, want) <= free {
         return want;
     }
@@ -566,6 +583,6 @@ fn largest_fitting_append(table: &BlockTable, pool: &BlockPool, want: usize, fre
 /// Distinct blocks held by a group's live tables (forked samples share blocks).
 fn distinct_blocks(group: &Group) -> usize {
     let tables: Vec<&BlockTable> =
-        group.seqs.iter().filter(|s| !s.table().is_empty()).map(|s| s.table()).collect();
+        group.seqs.iter().filter(|s| !s.table().is_empty()).flat_map(|s| s.table().iter()).collect();
     block_alloc::num_distinct_blocks(&tables)
 }

@@ -7,11 +7,12 @@ use block_alloc::{BlockPool, PoolConfig};
 
 use crate::config::{Policy, SchedulerConfig};
 use crate::error::SchedulerError;
-use crate::fit::{ExceedsPool, RequestFit};
+use crate::fit::{ExceedsPool, GroupFit, RequestFit};
 use crate::group::{Group, Seq, Where};
 use crate::queue::{Queue, QueueKey, insert_sorted, remove_slot};
 use crate::request::{Request, RequestKey, SeqId};
 use crate::rows::Rows;
+use crate::tables::SeqTables;
 
 /// Counters over the scheduler's life.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -72,6 +73,8 @@ pub struct Scheduler {
     pub(crate) stats: SchedulerStats,
     /// The rows of the worker's block table held by running sequences (`rows.rs`).
     pub(crate) rows: Rows,
+    /// Some KV cache group has a sliding window: sequences release blocks before they grow.
+    pub(crate) sliding: bool,
 }
 
 impl Scheduler {
@@ -87,6 +90,7 @@ impl Scheduler {
             0 => None,
             n => Some(BlockPool::new(PoolConfig::host(n, cfg.block_size))?),
         };
+        let sliding = cfg.kv_groups.iter().any(Option::is_some);
         Ok(Self {
             cfg,
             device,
@@ -105,6 +109,7 @@ impl Scheduler {
             aborted_since: Vec::new(),
             stats: SchedulerStats::default(),
             rows: Rows::default(),
+            sliding,
         })
     }
 
@@ -153,7 +158,7 @@ impl Scheduler {
             max_new_tokens: req.max_new_tokens,
             salt: req.salt.unwrap_or(0),
             n: req.n,
-            seqs: vec![Seq::new(0, req.prompt, 0, self.device.new_table())],
+            seqs: vec![Seq::new(0, req.prompt, 0, SeqTables::new(&self.device, &self.cfg.kv_groups))],
             place: Where::Waiting,
         };
         let slot = match self.free_slots.pop() {
@@ -232,6 +237,7 @@ impl Scheduler {
             block_size: self.cfg.block_size,
             pool_blocks: self.device.num_blocks(),
             watermark_blocks: self.device.watermark_blocks(),
+            groups: GroupFit::of(&self.cfg.kv_groups, self.cfg.max_num_batched_tokens),
         }
     }
 
@@ -303,6 +309,13 @@ impl Scheduler {
         group.seqs.get(seq.index as usize).map(|s| s.table().blocks())
     }
 
+    /// Every KV cache group's block table of a live sequence, if it exists.
+    pub fn seq_tables(&self, seq: SeqId) -> Option<&crate::tables::SeqTables> {
+        let slot = *self.index.get(&seq.request)?;
+        let group = self.groups.get(slot)?.as_ref()?;
+        group.seqs.get(seq.index as usize).map(|s| s.table())
+    }
+
     /// Rows of the worker's block table held by sequences (0 whenever nothing runs).
     pub fn num_table_rows_held(&self) -> usize {
         self.rows.live()
@@ -324,7 +337,7 @@ impl Scheduler {
             .iter()
             .filter_map(|&(_, slot)| self.groups.get(slot).and_then(Option::as_ref))
             .flat_map(|g| g.seqs.iter())
-            .map(|s| s.table())
+            .flat_map(|s| s.table().iter())
             .collect();
         block_alloc::num_distinct_blocks(&tables)
     }

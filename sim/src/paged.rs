@@ -80,6 +80,7 @@ impl SimSetup {
             num_host_blocks: self.swap_tokens / self.block_size.max(1),
             watermark: self.watermark,
             enable_prefix_caching: false,
+            kv_groups: vec![None],
         }
     }
 }

@@ -54,8 +54,9 @@ pub struct FakeEngine {
     pub cfg: SchedulerConfig,
     kv_device: Vec<Option<u32>>,
     kv_host: Vec<Option<u32>>,
-    /// The worker's persistent block table: rows of `ROW_LEN`, written only through the deltas.
-    rows: Vec<Vec<scheduler::BlockId>>,
+    /// The worker's persistent block tables, one per KV cache group: rows of `ROW_LEN`,
+    /// written only through the deltas.
+    rows: Vec<Vec<Vec<scheduler::BlockId>>>,
     pub stop_mod: Option<u32>,
     /// The last step's plan.
     pub last: SchedulerOutput,
@@ -85,7 +86,7 @@ impl FakeEngine {
         Self {
             kv_device: vec![None; cfg.num_device_blocks * cfg.block_size],
             kv_host: vec![None; cfg.num_host_blocks * cfg.block_size],
-            rows: Vec::new(),
+            rows: vec![Vec::new(); cfg.kv_groups.len()],
             sched,
             cfg,
             stop_mod: None,
@@ -160,11 +161,15 @@ impl FakeEngine {
             assert_eq!(&out.token_ids[s.flat.clone()], &tokens[s.tokens.clone()]);
             let positions: Vec<u32> = (s.tokens.start as u32..s.tokens.end as u32).collect();
             assert_eq!(&out.positions[s.flat.clone()], positions.as_slice());
-            let table = self.table(s).to_vec();
-            for (i, &slot) in out.slots(s).iter().enumerate() {
-                let p = s.tokens.start + i;
-                assert_eq!(slot, i64::from(table[p / bs]) * bs as i64 + (p % bs) as i64);
-                self.kv_device[slot as usize] = Some(tokens[p]);
+            for g in 0..self.cfg.kv_groups.len() {
+                let table = self.table(g, s).to_vec();
+                let slots =
+                    if g == 0 { out.slots(s) } else { &out.group_slot_mapping[g - 1][s.flat.clone()] };
+                for (i, &slot) in slots.iter().enumerate() {
+                    let p = s.tokens.start + i;
+                    assert_eq!(slot, i64::from(table[p / bs]) * bs as i64 + (p % bs) as i64);
+                    self.kv_device[slot as usize] = Some(tokens[p]);
+                }
             }
             self.first_scheduled.entry(s.seq_id.request).or_insert_with(|| {
                 self.admission_order.push(s.seq_id.request);
@@ -177,24 +182,13 @@ impl FakeEngine {
             if s.num_samples == 0 {
                 continue;
             }
-            let table = self.table(s);
-            let context: Vec<u32> = (0..s.tokens.end)
-                .map(|p| {
-                    let slot = table[p / bs] as usize * bs + p % bs;
-                    self.kv_device[slot].unwrap_or_else(|| {
-                        panic!("{:?}: slot {slot} of position {p} never written", s.seq_id)
-                    })
-                })
-                .collect();
-            let tokens = self.sched.seq_tokens(s.seq_id).expect("exists");
-            assert_eq!(
-                context.as_slice(),
-                &tokens[..s.tokens.end],
-                "{:?} read a corrupted KV context",
-                s.seq_id
-            );
+            let tokens = self.sched.seq_tokens(s.seq_id).expect("exists").to_vec();
+            let context = &tokens[..s.tokens.end];
+            for (g, &window) in self.cfg.kv_groups.iter().enumerate() {
+                self.check_visible_context(g, window, s, context);
+            }
             for k in 0..s.num_samples as u32 {
-                let token = next_token(&context, k);
+                let token = next_token(context, k);
                 let target =
                     if s.num_samples > 1 { SeqId { request: s.seq_id.request, index: k } } else { s.seq_id };
                 self.outputs.entry(target).or_default().push(token);
@@ -236,23 +230,58 @@ impl FakeEngine {
                 (s.flat.end, s.tokens.end, s.row)
             );
             let row = s.row as usize;
-            if self.rows.len() <= row {
-                self.rows.resize(row + 1, vec![UNWRITTEN; ROW_LEN]);
-            }
+            let tables = self.sched.seq_tables(s.seq_id).expect("scheduled sequence exists");
             let new = out.new_blocks(s);
-            self.rows[row][s.table_from..s.table_from + new.len()].copy_from_slice(new);
-            let table = self.sched.seq_block_table(s.seq_id).expect("scheduled sequence exists");
-            assert_eq!(table.len(), s.tokens.end.div_ceil(bs), "table covers exactly the context");
-            assert_eq!(&self.rows[row][..table.len()], table, "{:?}: worker row behind its table", s.seq_id);
+            let groups = self.cfg.kv_groups.len();
+            assert_eq!((tables.num_groups(), new.len() % groups), (groups, 0), "a delta per group");
+            let per_group = new.len() / groups;
+            for (g, table) in tables.iter().enumerate() {
+                let rows = &mut self.rows[g];
+                if rows.len() <= row {
+                    rows.resize(row + 1, vec![UNWRITTEN; ROW_LEN]);
+                }
+                let new = &new[g * per_group..(g + 1) * per_group];
+                rows[row][s.table_from..s.table_from + new.len()].copy_from_slice(new);
+                let table = table.blocks();
+                assert_eq!(table.len(), s.tokens.end.div_ceil(bs), "table covers exactly the context");
+                assert_eq!(&rows[row][..table.len()], table, "{:?}: worker row behind its table", s.seq_id);
+            }
             if s.table_from > 0 {
-                assert!(new.len() <= s.tokens.len().div_ceil(bs) + 1, "an append resent old blocks");
+                assert!(per_group <= s.tokens.len().div_ceil(bs) + 1, "an append resent old blocks");
             }
         }
     }
 
-    /// A scheduled sequence's table as the worker holds it (its row, cut at its context).
-    pub fn table(&self, s: &scheduler::ScheduledSeq) -> &[scheduler::BlockId] {
-        &self.rows[s.row as usize][..s.tokens.end.div_ceil(self.cfg.block_size)]
+    /// Reads back, through group `g`'s row, every position a query of this chunk sees (its
+    /// window, or the whole context) and checks that each block read is still held.
+    fn check_visible_context(
+        &self,
+        g: usize,
+        window: Option<usize>,
+        s: &scheduler::ScheduledSeq,
+        context: &[u32],
+    ) {
+        let bs = self.cfg.block_size;
+        let table = self.table(g, s);
+        let from = window.map_or(0, |w| (s.tokens.start + 1).saturating_sub(w));
+        for (p, &want) in context.iter().enumerate().skip(from) {
+            let block = table[p / bs];
+            assert!(
+                self.sched.device_pool().ref_count(block).is_ok_and(|rc| rc > 0),
+                "{:?}: group {g} reads block {block} (position {p}) that was freed",
+                s.seq_id
+            );
+            let slot = block as usize * bs + p % bs;
+            let got = self.kv_device[slot]
+                .unwrap_or_else(|| panic!("{:?}: slot {slot} of position {p} never written", s.seq_id));
+            assert_eq!(got, want, "{:?} read a corrupted KV context (group {g}, position {p})", s.seq_id);
+        }
+    }
+
+    /// A scheduled sequence's table of group `g` as the worker holds it (its row, cut at its
+    /// context).
+    pub fn table(&self, g: usize, s: &scheduler::ScheduledSeq) -> &[scheduler::BlockId] {
+        &self.rows[g][s.row as usize][..s.tokens.end.div_ceil(self.cfg.block_size)]
     }
 
     pub fn check_blocks(&self) {

@@ -49,6 +49,8 @@ struct Setup {
     caching: bool,
     watermark: f64,
     stop_mod: Option<u32>,
+    /// Per KV cache group, its sliding window.
+    kv_groups: Vec<Option<usize>>,
 }
 
 prop_compose! {
@@ -63,11 +65,25 @@ prop_compose! {
         caching in any::<bool>(),
         watermark in prop::sample::select(vec![0.0, 0.05]),
         stop_mod in prop::option::of(5u32..40),
+        kv_groups in kv_groups(),
     ) -> Setup {
         // Room for at least one 40-token prompt, not much more.
         let blocks = blocks.max(48usize.div_ceil(block_size) + 2);
-        Setup { block_size, blocks, host_blocks, budget, max_seqs, swap, priority, caching, watermark, stop_mod }
+        // Hybrid layouts hold a table per group: room for a prompt in each.
+        let blocks = blocks * kv_groups.len();
+        Setup { block_size, blocks, host_blocks, budget, max_seqs, swap, priority, caching, watermark, stop_mod, kv_groups }
     }
+}
+
+/// One full group (most models), one sliding group (Mistral), or a hybrid of both (Gemma).
+fn kv_groups() -> impl Strategy<Value = Vec<Option<usize>>> {
+    prop_oneof![
+        2 => Just(vec![None]),
+        1 => (1usize..24).prop_map(|w| vec![Some(w)]),
+        2 => (1usize..24, 1usize..3).prop_map(|(w, sliding)| {
+            std::iter::once(None).chain(std::iter::repeat_n(Some(w), sliding)).collect()
+        }),
+    ]
 }
 
 impl Setup {
@@ -83,6 +99,7 @@ impl Setup {
             num_host_blocks: self.host_blocks,
             watermark: self.watermark,
             enable_prefix_caching: self.caching,
+            kv_groups: self.kv_groups.clone(),
         }
     }
 }
@@ -217,6 +234,7 @@ fn tiny_pools_do_force_preemption_in_both_modes() {
             caching: false,
             watermark: 0.0,
             stop_mod: None,
+            kv_groups: vec![None],
         };
         let arrivals: Vec<Arrival> = (0..10)
             .map(|i| Arrival {

@@ -155,7 +155,7 @@ fn parallel_samples_share_the_prompt_and_copy_on_write() {
     assert_eq!(e.last.seqs.len(), 3);
     // Two of the three samples copy the shared last block; the last one keeps it.
     assert_eq!(e.last.blocks_to_copy.len(), 2);
-    let tables: Vec<_> = e.last.seqs.iter().map(|s| e.table(s).to_vec()).collect();
+    let tables: Vec<_> = e.last.seqs.iter().map(|s| e.table(0, s).to_vec()).collect();
     assert_eq!(tables[0][..2], tables[1][..2], "full prompt blocks stay shared");
     assert_ne!(tables[0][2], tables[1][2]);
     e.run_to_end(100);
