@@ -118,7 +118,7 @@ impl Engine {
             num_host_blocks: cache_cfg.num_swap_blocks,
             watermark: config.watermark,
             enable_prefix_caching: config.enable_prefix_caching,
-            kv_groups: vec![None],
+            kv_groups: runner.kv_group_windows().to_vec(),
         })?;
         // A folder's name, or a GGUF file's without the extension.
         let model_name = config.served_model_name.clone().unwrap_or_else(|| {
@@ -433,6 +433,7 @@ impl Engine {
             token_ids: &plan.token_ids,
             positions: &plan.positions,
             slot_mapping: &plan.slot_mapping,
+            group_slot_mapping: &plan.group_slot_mapping,
             query_start_loc: &plan.query_start_loc,
             seq_lens: &plan.seq_lens,
             seq_rows: &plan.seq_rows,

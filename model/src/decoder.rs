@@ -17,6 +17,7 @@ use crate::forward::cpu::{CpuStep, Workspace};
 use crate::forward::{self, StepShape};
 use crate::gguf::GgufFile;
 use crate::input::ModelInput;
+use crate::kv_layout::KvLayout;
 use crate::rope::Rope;
 use crate::weights::SafetensorsFiles;
 
@@ -142,6 +143,8 @@ pub struct Model {
     pub activations: ActivationPrecision,
     /// One rotation per [`RopeKind`], for the context the model is served at.
     ropes: [Rope; RopeKind::COUNT],
+    /// Which KV cache group and slot each layer uses (one group of every layer by default).
+    kv_layout: KvLayout,
 }
 
 impl Model {
@@ -154,7 +157,9 @@ impl Model {
         lm_head: Option<Weight>,
     ) -> Self {
         let ropes = Rope::every_kind(&config, config.max_position_embeddings);
+        let kv_layout = KvLayout::one_group(layers.len());
         Self {
+            kv_layout,
             config,
             embed,
             layers,
@@ -202,6 +207,18 @@ impl Model {
         self.ropes = Rope::every_kind(&self.config, context);
     }
 
+    /// Which KV cache group and slot each layer uses.
+    pub fn kv_layout(&self) -> &KvLayout {
+        &self.kv_layout
+    }
+
+    /// Serves with the hybrid layout of its attention kinds (`KvLayout::hybrid`): the cache
+    /// then holds `kv_layout().num_slots()` layer tensors and a step carries one block table
+    /// per group.
+    pub fn use_hybrid_kv_layout(&mut self) {
+        self.kv_layout = KvLayout::hybrid(&self.config.layer_attention);
+    }
+
     /// The LM head matrix `[vocab, hidden]`.
     pub fn lm_head(&self) -> &Weight {
         self.lm_head.as_ref().unwrap_or(&self.embed)
@@ -225,8 +242,19 @@ impl Model {
     fn check_input(&self, input: &ModelInput<'_>, cache: &KvCache) -> Result<()> {
         let bad = |msg: String| Err(ModelError::InvalidInput(msg));
         input.check(self.config.vocab_size).map_err(ModelError::InvalidInput)?;
-        if cache.num_layers() != self.layers.len() {
-            return bad(format!("cache has {} layers, model {}", cache.num_layers(), self.layers.len()));
+        if cache.num_layers() != self.kv_layout.num_slots() {
+            return bad(format!(
+                "cache has {} layer tensors, the model's KV layout {}",
+                cache.num_layers(),
+                self.kv_layout.num_slots()
+            ));
+        }
+        if input.other_groups.len() + 1 != self.kv_layout.num_groups() {
+            return bad(format!(
+                "the step has {} KV cache groups, the model's KV layout {}",
+                input.other_groups.len() + 1,
+                self.kv_layout.num_groups()
+            ));
         }
         let g = cache.layer(0).geometry();
         if g.num_kv_heads != self.config.num_key_value_heads || g.head_size != self.config.head_dim {

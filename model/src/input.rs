@@ -25,11 +25,33 @@ pub struct ModelInput<'a> {
     /// Flat token indices whose logits are wanted (usually the last token of each sequence
     /// that samples this step), in output order.
     pub sample_indices: &'a [usize],
+    /// KV cache groups 1.. (`crate::KvLayout`; group 0's are `slot_mapping` and `attn`): the
+    /// same sequences and rows, each group with its own slots and block table.
+    pub other_groups: &'a [GroupInput<'a>],
 }
 
-impl ModelInput<'_> {
+/// One more KV cache group's view of a step.
+#[derive(Debug, Clone, Copy)]
+pub struct GroupInput<'a> {
+    /// `[num_tokens]`, as `ModelInput::slot_mapping`.
+    pub slot_mapping: &'a [i64],
+    /// Rows of `attn.max_blocks_per_seq` entries, read through `attn.seq_rows`.
+    pub block_tables: &'a [u32],
+}
+
+impl<'a> ModelInput<'a> {
     pub fn num_tokens(&self) -> usize {
         self.token_ids.len()
+    }
+
+    /// KV cache group `g`'s slots and attention metadata (`None` past the last group).
+    #[inline]
+    pub fn group(&self, g: usize) -> Option<(&'a [i64], PagedAttnMetadata<'a>)> {
+        if g == 0 {
+            return Some((self.slot_mapping, self.attn));
+        }
+        let other = self.other_groups.get(g - 1)?;
+        Some((other.slot_mapping, PagedAttnMetadata { block_tables: other.block_tables, ..self.attn }))
     }
 
     /// The checks every device runs before using a batch: lengths agree, token ids are in the
@@ -38,6 +60,13 @@ impl ModelInput<'_> {
     /// the attention metadata against the cache. The message is the device error's text.
     pub fn check(&self, vocab_size: usize) -> Result<(), String> {
         let n = self.num_tokens();
+        if let Some(g) = self.other_groups.iter().position(|g| g.slot_mapping.len() != n) {
+            return Err(format!(
+                "{n} tokens but {} slots in KV cache group {}",
+                self.other_groups[g].slot_mapping.len(),
+                g + 1
+            ));
+        }
         if self.positions.len() != n || self.slot_mapping.len() != n {
             return Err(format!(
                 "{n} tokens but {} positions and {} slots",
@@ -90,6 +119,7 @@ impl InputBuffers {
             },
             changed_rows: 0..self.seq_lens.len(),
             sample_indices: &self.sample_indices,
+            other_groups: &[],
         }
     }
 }

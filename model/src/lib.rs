@@ -15,6 +15,7 @@ pub mod forward;
 pub mod generation;
 pub mod gguf;
 pub mod input;
+pub mod kv_layout;
 #[cfg(feature = "testing")]
 pub mod reference;
 pub mod rope;
@@ -35,7 +36,8 @@ pub use error::ModelError;
 pub use folder::ModelFolder;
 pub use forward::cpu::Workspace;
 pub use generation::GenerationConfig;
-pub use input::ModelInput;
+pub use input::{GroupInput, ModelInput};
+pub use kv_layout::{KvLayout, LayerPlace};
 pub use runner::{KvCacheSize, Runner, RunnerConfig, StepInput};
 pub use tokenizer::Tokenizer;
 pub use weights::SafetensorsFiles;

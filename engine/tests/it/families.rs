@@ -110,3 +110,61 @@ fn phi3_gives_transformers_greedy_tokens_at_either_longrope_context() {
         assert_eq!(got.get(&0), Some(&want), "phi3: prompt of {} tokens", prompt.len());
     }
 }
+
+/// The windowed families with blocks of 8, prefix caching on and a pool too small for every
+/// prompt at once: each prompt served twice in one batch (the second copy hits the first's
+/// cached blocks: a sliding group's hit needs only its window's), chunks of 24 that straddle the
+/// windows, preemption and recompute; every copy gives transformers' greedy tokens. Alone, the
+/// 64-token prompt holds fewer blocks than a full cache would: its sliding group released the
+/// blocks that left the window.
+#[test]
+fn sliding_groups_release_blocks_and_survive_prefix_hits_and_preemption() {
+    for (name, pool) in [("mistral", 14), ("gemma3", 22)] {
+        let config = |blocks: usize, chunk: usize| EngineConfig {
+            kv_dtype: DType::F32,
+            kv_cache: KvCacheSize::Blocks(blocks),
+            block_size: 8,
+            max_model_len: Some(128),
+            max_num_batched_tokens: chunk,
+            enable_prefix_caching: true,
+            watermark: 0.0,
+            log_interval: std::time::Duration::ZERO,
+            ..EngineConfig::default()
+        };
+        let gens = generations(name);
+        let steps = gens[0].1.len();
+        let prompts: Vec<Vec<u32>> = gens.iter().chain(&gens).map(|(p, _)| p.clone()).collect();
+        let mut engine =
+            Engine::new(&family_dir(name), config(pool, 24)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let got = run(&mut engine, &prompts, steps);
+        for (i, (prompt, want)) in gens.iter().chain(&gens).enumerate() {
+            assert_eq!(
+                got.get(&i),
+                Some(want),
+                "{name}: prompt of {} tokens, copy {}",
+                prompt.len(),
+                i / gens.len()
+            );
+        }
+        let gauges = engine.metrics().gauges;
+        assert!(gauges.num_preemptions > 0, "{name}: the pool of {pool} blocks forced no preemption");
+        assert!(gauges.prefix_hits > 0, "{name}: no prefix hit");
+
+        let (prompt, want) = gens.iter().max_by_key(|(p, _)| p.len()).expect("a generation");
+        let mut engine =
+            Engine::new(&family_dir(name), config(64, 7)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(want.len()) };
+        engine.add_request("0".to_owned(), prompt.clone(), params).unwrap_or_else(|e| panic!("add: {e}"));
+        let (mut tokens, mut peak) = (Vec::new(), 0);
+        while engine.has_unfinished() {
+            for o in engine.step().unwrap_or_else(|e| panic!("step: {e}")) {
+                tokens.extend(o.outputs.iter().flat_map(|c| c.token_ids.iter().copied()));
+            }
+            peak = peak.max(engine.num_kv_blocks_used());
+        }
+        assert_eq!(&tokens, want, "{name}: alone with 7-token chunks");
+        let full_groups = if name == "gemma3" { 2 } else { 1 };
+        let full_cache = full_groups * (prompt.len() + want.len()).div_ceil(8);
+        assert!(peak < full_cache, "{name}: peak of {peak} blocks, a full cache holds {full_cache}");
+    }
+}

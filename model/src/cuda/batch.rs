@@ -27,6 +27,10 @@ pub fn check_batch(
     let (n, samples) = (input.num_tokens(), input.sample_indices.len());
     let bad = |m: String| Err(CudaModelError::InvalidInput(m));
     input.check(config.vocab_size).map_err(CudaModelError::InvalidInput)?;
+    if !input.other_groups.is_empty() {
+        // The CUDA runner keeps every layer in one group (it serves no context past a window).
+        return bad(format!("{} KV cache groups, CUDA serves one", input.other_groups.len() + 1));
+    }
     if n > limits.max_tokens {
         return bad(format!("{n} tokens in one step, the device buffers hold {}", limits.max_tokens));
     }
@@ -65,6 +69,7 @@ mod tests {
             attn,
             changed_rows: 0..1,
             sample_indices: &[2],
+            other_groups: &[],
         };
         assert!(check_batch(&ok, &limits, &c).is_ok());
         let cases = [

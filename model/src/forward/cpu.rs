@@ -281,10 +281,14 @@ impl DecoderOps for CpuStep<'_, '_> {
         let (input, heads) = (self.input, self.model.config.num_attention_heads);
         let which = [Buf::Attn, Buf::Q, Buf::K, Buf::V];
         let lens = which.map(|b| self.len(b));
-        let cache = self.cache.layer_mut(layer);
+        let place = self.model.kv_layout().place(layer);
+        let (slots, meta) = input
+            .group(place.group)
+            .ok_or_else(|| ModelError::InvalidInput(format!("no KV cache group {}", place.group)))?;
+        let cache = self.cache.layer_mut(place.slot);
         let [attn, q, k, v] = take(&mut self.ws.bufs, which, lens)?;
-        Cpu.reshape_and_cache(k, v, input.slot_mapping, cache)?;
-        Cpu.paged_attention(attn, q, cache, &input.attn, heads, scores, &mut ())?;
+        Cpu.reshape_and_cache(k, v, slots, cache)?;
+        Cpu.paged_attention(attn, q, cache, &meta, heads, scores, &mut ())?;
         Ok(())
     }
 

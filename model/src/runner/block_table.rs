@@ -63,6 +63,11 @@ impl BlockTables {
         Ok(())
     }
 
+    /// Every row's entries, row after row.
+    pub fn entries(&self) -> &[u32] {
+        &self.entries
+    }
+
     /// The rows written since the last call (a device keeping its own copy uploads those).
     pub fn take_changed(&mut self) -> Range<usize> {
         std::mem::replace(&mut self.changed, 0..0)

@@ -28,7 +28,7 @@ use crate::ModelConfig;
 use crate::decoder::Model;
 use crate::error::{ModelError, Result};
 use crate::forward::cpu::Workspace;
-use crate::input::ModelInput;
+use crate::input::{GroupInput, ModelInput};
 
 /// How big the device KV cache is.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -65,6 +65,8 @@ pub struct StepInput<'a> {
     pub token_ids: &'a [u32],
     pub positions: &'a [u32],
     pub slot_mapping: &'a [i64],
+    /// The slots of KV cache groups 1.. (`Runner::kv_group_windows`), as `slot_mapping`.
+    pub group_slot_mapping: &'a [Vec<i64>],
     pub query_start_loc: &'a [usize],
     pub seq_lens: &'a [usize],
     /// Each sequence's row of the block table.
@@ -90,11 +92,14 @@ enum OnDevice {
     Cuda(Box<cuda::CudaRunner>),
 }
 
-/// The model, its KV cache and the block table on one device.
+/// The model, its KV cache and the block tables (one per KV cache group) on one device.
 #[derive(Debug)]
 pub struct Runner {
     on: OnDevice,
-    tables: BlockTables,
+    /// One per KV cache group, group 0 first.
+    tables: Vec<BlockTables>,
+    /// Per KV cache group, its sliding window.
+    group_windows: Vec<Option<usize>>,
     cache_config: CacheConfig,
     /// The greedy tokens of the last `forward_greedy` on the CPU.
     greedy: Vec<u32>,
@@ -102,9 +107,16 @@ pub struct Runner {
 
 impl Runner {
     /// Puts `model` on `config.device` with a KV cache sized by `config`.
-    pub fn new(model: Model, config: &RunnerConfig) -> Result<Self> {
-        let shape = model.config.block_shape(config.block_size, config.kv_dtype);
+    pub fn new(mut model: Model, config: &RunnerConfig) -> Result<Self> {
+        let mut shape = model.config.block_shape(config.block_size, config.kv_dtype);
         shape.validate()?;
+        // The CPU keeps one block table per attention kind and frees what leaves a window;
+        // CUDA serves no context past a window, so one group of every layer serves it.
+        if config.device.is_cpu() {
+            model.use_hybrid_kv_layout();
+            shape.num_layers = model.kv_layout().num_slots();
+        }
+        let group_windows = model.kv_layout().group_windows().to_vec();
         let (on, cache_config) = match config.device {
             Device::Cpu => {
                 let cache_config = match config.kv_cache {
@@ -129,8 +141,9 @@ impl Runner {
                 )));
             }
         };
-        let tables = BlockTables::new(config.max_model_len.div_ceil(config.block_size));
-        Ok(Self { on, tables, cache_config, greedy: Vec::new() })
+        let stride = config.max_model_len.div_ceil(config.block_size);
+        let tables = group_windows.iter().map(|_| BlockTables::new(stride)).collect();
+        Ok(Self { on, tables, group_windows, cache_config, greedy: Vec::new() })
     }
 
     pub fn model_config(&self) -> &ModelConfig {
@@ -146,9 +159,29 @@ impl Runner {
         &self.cache_config
     }
 
-    /// Applies one sequence's block-table delta: entries `from ..` of row `row` become `ids`.
+    /// The KV cache groups the scheduler must keep tables for: per group, its sliding window.
+    pub fn kv_group_windows(&self) -> &[Option<usize>] {
+        &self.group_windows
+    }
+
+    /// Applies one sequence's block-table delta: entries `from ..` of row `row` become `ids`,
+    /// which hold each group's entries in turn (equal lengths).
     pub fn write_table_row(&mut self, row: u32, from: usize, ids: &[u32]) -> Result<()> {
-        self.tables.write(row, from, ids)
+        if let [table] = self.tables.as_mut_slice() {
+            return table.write(row, from, ids);
+        }
+        let groups = self.tables.len();
+        if !ids.len().is_multiple_of(groups) {
+            return Err(ModelError::InvalidInput(format!(
+                "a block-table delta of {} ids for {groups} KV cache groups",
+                ids.len()
+            )));
+        }
+        let per_group = ids.len() / groups;
+        for (table, ids) in self.tables.iter_mut().zip(ids.chunks_exact(per_group.max(1))) {
+            table.write(row, from, ids)?;
+        }
+        Ok(())
     }
 
     /// A step's swap-outs, swap-ins and copy-on-write copies, in that order.
@@ -171,7 +204,9 @@ impl Runner {
     /// One forward step over the runner's block table; logits `[sample_indices.len(), vocab]`
     /// (f32, host memory).
     pub fn forward(&mut self, step: &StepInput<'_>) -> Result<&[f32]> {
-        let input = model_input(&mut self.tables, step);
+        let changed_rows = take_changed(&mut self.tables);
+        let others = other_groups(&self.tables, step)?;
+        let input = model_input(&self.tables[0], step, changed_rows, &others);
         match &mut self.on {
             OnDevice::Cpu(c) => c.model.forward(&input, &mut c.cache, &mut c.workspace),
             #[cfg(feature = "cuda")]
@@ -189,7 +224,9 @@ impl Runner {
         step: &StepInput<'_>,
         argmax: fn(&[f32]) -> Option<u32>,
     ) -> Result<&[u32]> {
-        let input = model_input(&mut self.tables, step);
+        let changed_rows = take_changed(&mut self.tables);
+        let others = other_groups(&self.tables, step)?;
+        let input = model_input(&self.tables[0], step, changed_rows, &others);
         match &mut self.on {
             OnDevice::Cpu(c) => {
                 let logits = c.model.forward(&input, &mut c.cache, &mut c.workspace)?;
@@ -204,11 +241,40 @@ impl Runner {
     }
 }
 
-/// A step's model input over the runner's table: the rows written since the last step go with
-/// it (a device uploads only those).
-fn model_input<'a>(tables: &'a mut BlockTables, step: &StepInput<'a>) -> ModelInput<'a> {
-    let changed_rows = tables.take_changed();
-    let tables: &'a BlockTables = tables;
+/// The rows of group 0 written since the last step (a device uploads only those); the other
+/// groups' tables are read on the host.
+fn take_changed(tables: &mut [BlockTables]) -> std::ops::Range<usize> {
+    let changed = tables.first_mut().map_or(0..0, BlockTables::take_changed);
+    for t in tables.iter_mut().skip(1) {
+        t.take_changed();
+    }
+    changed
+}
+
+/// KV cache groups 1..'s slots and tables for a step (none for a model of one group).
+fn other_groups<'a>(tables: &'a [BlockTables], step: &StepInput<'a>) -> Result<Vec<GroupInput<'a>>> {
+    let rest = tables.get(1..).unwrap_or(&[]);
+    if rest.len() != step.group_slot_mapping.len() {
+        return Err(ModelError::InvalidInput(format!(
+            "the step has slots for {} KV cache groups, the runner {}",
+            step.group_slot_mapping.len() + 1,
+            rest.len() + 1
+        )));
+    }
+    Ok(rest
+        .iter()
+        .zip(step.group_slot_mapping)
+        .map(|(t, slots)| GroupInput { slot_mapping: slots, block_tables: t.entries() })
+        .collect())
+}
+
+/// A step's model input over the runner's tables.
+fn model_input<'a>(
+    tables: &'a BlockTables,
+    step: &StepInput<'a>,
+    changed_rows: std::ops::Range<usize>,
+    others: &'a [GroupInput<'a>],
+) -> ModelInput<'a> {
     ModelInput {
         token_ids: step.token_ids,
         positions: step.positions,
@@ -216,5 +282,6 @@ fn model_input<'a>(tables: &'a mut BlockTables, step: &StepInput<'a>) -> ModelIn
         attn: tables.metadata(step.query_start_loc, step.seq_lens, step.seq_rows),
         changed_rows,
         sample_indices: step.sample_indices,
+        other_groups: others,
     }
 }
