@@ -29,7 +29,7 @@ mod scheduler;
 mod tables;
 mod update;
 
-pub use block_alloc::{BlockId, BlockPool, BlockState};
+pub use block_alloc::{BlockId, BlockPool, BlockState, PoolConfig};
 pub use config::{MAX_KV_GROUPS, Policy, PreemptionMode, SchedulerConfig};
 pub use error::SchedulerError;
 pub use fit::{ExceedsPool, GroupFit, RequestFit, blocks_for_request, max_new_tokens_within};

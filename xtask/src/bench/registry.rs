@@ -27,6 +27,7 @@ pub const TARGETS: &[BenchTarget] = &[
     BenchTarget { group: "e2e", package: "engine", bench: "e2e", criterion: false },
     BenchTarget { group: "server", package: "server", bench: "server", criterion: false },
     BenchTarget { group: "peer", package: "engine", bench: "peer", criterion: false },
+    BenchTarget { group: "kv", package: "engine", bench: "kv", criterion: false },
     BenchTarget { group: "web", package: "scheduler", bench: "web", criterion: false },
     BenchTarget { group: "web", package: "server", bench: "web_overhead", criterion: false },
 ];
@@ -69,6 +70,9 @@ pub const GOALS: &[(&str, &str)] = &[
     ("peer.gemma3.decode_b1_over_llamacpp", "≥ 1.3"),
     ("peer.gemma3.e2e_64_over_llamacpp", "≥ 2.5"),
     ("peer.gemma3.prefill_6000_over_llamacpp", "≥ 2.0"),
+    ("peer.gemma3.decode_6000_over_llamacpp", "≥ 2.0"),
+    ("kv.gemma3_bytes_per_token_32k_over_full", "≤ 0.25"),
+    ("kv.gemma3_max_seqs_32k_over_full", "≥ 4"),
     ("e2e.kv_util_mean", "≥ 0.9"),
     ("cuda.decode_bw_fraction", "≥ 0.80"),
     ("cuda.paged_over_contiguous", "≤ 1.10"),
