@@ -64,6 +64,9 @@ pub struct PlanRequest {
     pub params: Option<f64>,
     /// Bytes per weight and KV element: 1, 2 or 4.
     pub dtype_bytes: Option<usize>,
+    /// Layers that attend over a sliding window, and its tokens (0 layers: none).
+    pub sliding_layers: Option<usize>,
+    pub sliding_window: Option<usize>,
     /// Accelerator preset for the cost model (`a100-40gb`, `h200`).
     pub hardware: Option<String>,
     /// The accelerator's memory in GiB (overrides the preset's).
@@ -198,7 +201,16 @@ impl PlanRequest {
             }
             model.dtype_bytes = v;
         }
+        if let Some(v) = self.sliding_layers {
+            model.sliding_layers = int_in("sliding_layers", v, 0, model.num_layers)?;
+        }
+        if let Some(v) = self.sliding_window {
+            model.sliding_window = int_in("sliding_window", v, 1, MAX_MODEL_LEN)?;
+        }
+        model.sliding_layers = model.sliding_layers.min(model.num_layers);
         if self.layers.is_some()
+            || self.sliding_layers.is_some()
+            || self.sliding_window.is_some()
             || self.kv_heads.is_some()
             || self.head_dim.is_some()
             || self.params.is_some()
@@ -280,6 +292,7 @@ impl PlanRequest {
             preemption,
             swap_tokens,
             baseline_placement: sim::Placement::Buddy,
+            kv_groups: sim::KvGroups::of(&model),
         };
 
         let trace_name = self.trace.as_deref().unwrap_or("sharegpt");
@@ -305,6 +318,8 @@ pub struct ModelJson {
     head_dim: usize,
     params: f64,
     dtype_bytes: usize,
+    sliding_layers: usize,
+    sliding_window: usize,
 }
 
 impl From<&ModelShape> for ModelJson {
@@ -316,6 +331,8 @@ impl From<&ModelShape> for ModelJson {
             head_dim: m.head_dim,
             params: m.num_params,
             dtype_bytes: m.dtype_bytes,
+            sliding_layers: m.sliding_layers,
+            sliding_window: m.sliding_window,
         }
     }
 }
@@ -350,11 +367,13 @@ struct TraceJson {
     rate: Option<f64>,
 }
 
-/// Sequences of each kind that fit the KV memory at once.
+/// Sequences of each kind that fit the KV memory at once (paged ones as the engine lays out
+/// the model's KV groups: a sliding-window group holds only its window).
 #[derive(Debug, Serialize)]
 struct FitJson {
     contiguous_max_len: usize,
     paged_mean_len: usize,
+    paged_max_len: usize,
 }
 
 impl Plan {
@@ -367,9 +386,10 @@ impl Plan {
         let usable = setup.usable_tokens();
         // Static capacity: contiguous systems reserve max_model_len per sequence; paged ones
         // take whole blocks of what a sequence of the trace's mean length holds.
-        let mean_len = self.trace.mean_input() + self.trace.mean_output();
-        let mean_blocks = (mean_len / setup.block_size as f64).ceil().max(1.0);
-        let paged_fit = (setup.num_blocks() as f64 / mean_blocks).floor() as usize;
+        let mean_len = (self.trace.mean_input() + self.trace.mean_output()).ceil() as usize;
+        let groups = setup.kv_groups;
+        let fit = |len: usize| setup.num_blocks() / groups.blocks_per_sequence(len, setup.block_size).max(1);
+        let (paged_fit, paged_max_fit) = (fit(mean_len), fit(setup.max_model_len));
         let contiguous_fit = usable / setup.max_model_len;
         let model = &self.model;
         Ok(PlanJson {
@@ -390,7 +410,11 @@ impl Plan {
                 mean_output: self.trace.mean_output(),
                 rate: finite(self.rate),
             },
-            fit: FitJson { contiguous_max_len: contiguous_fit, paged_mean_len: paged_fit },
+            fit: FitJson {
+                contiguous_max_len: contiguous_fit,
+                paged_mean_len: paged_fit,
+                paged_max_len: paged_max_fit,
+            },
             concurrency_paged_over_oracle: finite(result.concurrency_paged_over_oracle()),
             series: result.paged.downsampled(self.points),
             systems: [result.paged, result.max, result.pow2, result.oracle],

@@ -126,7 +126,11 @@ function showPlan(r) {
     ["Blocks", r.num_blocks.toLocaleString() + " × " + r.block_size + " tokens"],
     ["Fit, contiguous (" + r.max_model_len + " reserved each)", r.fit.contiguous_max_len.toLocaleString() + " sequences"],
     ["Fit, paged (mean " + Math.round(r.trace.mean_input + r.trace.mean_output) + " tokens)", r.fit.paged_mean_len.toLocaleString() + " sequences"],
+    ["Fit, paged (" + r.max_model_len + " tokens each)", r.fit.paged_max_len.toLocaleString() + " sequences"],
   ];
+  if (r.model.sliding_layers > 0) {
+    figures.push(["KV groups", r.model.sliding_layers + " of " + r.model.layers + " layers over a " + r.model.sliding_window + "-token window: their blocks leave with it"]);
+  }
   if (paged && max) {
     figures.push(["Simulated running, paged", paged.mean_running.toFixed(1) + " mean · " + paged.max_running + " max"]);
     figures.push(["Simulated running, Orca (max)", max.mean_running.toFixed(1) + " mean · " + max.max_running + " max"]);

@@ -15,6 +15,9 @@ pub struct ModelShape {
     pub num_params: f64,
     /// Bytes per weight and per KV element.
     pub dtype_bytes: usize,
+    /// Layers that attend over a sliding window of `sliding_window` tokens (0: none).
+    pub sliding_layers: usize,
+    pub sliding_window: usize,
 }
 
 impl ModelShape {
@@ -26,6 +29,8 @@ impl ModelShape {
         head_dim: 128,
         num_params: 13e9,
         dtype_bytes: 2,
+        sliding_layers: 0,
+        sliding_window: 0,
     };
     /// Llama-2-7B in fp16 (32 layers, 32 KV heads of 128).
     pub const LLAMA2_7B: ModelShape = ModelShape {
@@ -35,6 +40,8 @@ impl ModelShape {
         head_dim: 128,
         num_params: 6.74e9,
         dtype_bytes: 2,
+        sliding_layers: 0,
+        sliding_window: 0,
     };
     /// SmolLM2-135M in fp16 (30 layers, 3 KV heads of 64), the project's real model.
     pub const SMOLLM2_135M: ModelShape = ModelShape {
@@ -44,10 +51,38 @@ impl ModelShape {
         head_dim: 64,
         num_params: 1.35e8,
         dtype_bytes: 2,
+        sliding_layers: 0,
+        sliding_window: 0,
+    };
+
+    /// Gemma 3 270M in bf16 (18 layers, 1 KV head of 256; five of every six layers attend over
+    /// a 512-token window).
+    pub const GEMMA3_270M: ModelShape = ModelShape {
+        name: "gemma3-270m",
+        num_layers: 18,
+        num_kv_heads: 1,
+        head_dim: 256,
+        num_params: 2.68e8,
+        dtype_bytes: 2,
+        sliding_layers: 15,
+        sliding_window: 512,
+    };
+    /// Mistral 7B v0.1 in bf16 (32 layers, 8 KV heads of 128, every layer over a 4 096-token
+    /// window).
+    pub const MISTRAL_7B: ModelShape = ModelShape {
+        name: "mistral-7b-v0.1",
+        num_layers: 32,
+        num_kv_heads: 8,
+        head_dim: 128,
+        num_params: 7.24e9,
+        dtype_bytes: 2,
+        sliding_layers: 32,
+        sliding_window: 4096,
     };
 
     /// Every named shape (`by_name`'s, `cargo xtask plan --model`'s and the web calculator's).
-    pub const PRESETS: [ModelShape; 3] = [Self::OPT_13B, Self::LLAMA2_7B, Self::SMOLLM2_135M];
+    pub const PRESETS: [ModelShape; 5] =
+        [Self::OPT_13B, Self::LLAMA2_7B, Self::SMOLLM2_135M, Self::GEMMA3_270M, Self::MISTRAL_7B];
 
     pub fn by_name(name: &str) -> Option<ModelShape> {
         Self::PRESETS.into_iter().find(|m| m.name == name)

@@ -9,6 +9,9 @@
 //! - Paged (`paged`): the real `Scheduler` and `block-alloc` pool. Like vLLM's block manager it
 //!   admits a waiting request only when its whole remaining prompt fits above the watermark,
 //!   and on memory pressure preempts the latest arrival (recompute).
+//! - KV cache groups (`groups`): a model with sliding-window layers runs the engine's hybrid
+//!   layout (a table per group, blocks freed as they leave a window), its memory counted in
+//!   the smaller blocks of that layout.
 //! - Baselines (`contiguous`): Orca with iteration-level batching, each request reserving for
 //!   its whole lifetime — Max: `max_model_len`; Pow2: the prompt plus the next power of two of
 //!   the output; Oracle: the true length — placed by a buddy allocator as the paper assumes,
@@ -19,6 +22,7 @@ pub mod buddy;
 pub mod compare;
 pub mod contiguous;
 pub mod cost;
+pub mod groups;
 pub mod metrics;
 pub mod paged;
 pub mod trace;
@@ -27,6 +31,7 @@ pub use buddy::Buddy;
 pub use compare::{Comparison, compare};
 pub use contiguous::{ContiguousConfig, FirstFit, Placement, Reservation, simulate_contiguous};
 pub use cost::{CostModel, Hardware, ModelShape};
+pub use groups::KvGroups;
 pub use metrics::{Recorder, SimReport, StepSample};
 pub use paged::{SimSetup, simulate_paged};
 pub use trace::{Trace, TraceError, TraceRequest, TraceShape};

@@ -9,6 +9,7 @@ use scheduler::{
 
 use crate::contiguous::{ContiguousConfig, Placement, Reservation};
 use crate::cost::CostModel;
+use crate::groups::KvGroups;
 use crate::metrics::{Recorder, SimReport, StepSample};
 use crate::trace::Trace;
 
@@ -27,6 +28,8 @@ pub struct SimSetup {
     pub swap_tokens: usize,
     /// How the contiguous baselines place their reservations (the paper: buddy allocation).
     pub baseline_placement: Placement,
+    /// The model's KV cache groups (`KvGroups::of` its shape; `ONE_FULL` for a plain cache).
+    pub kv_groups: KvGroups,
 }
 
 impl SimSetup {
@@ -43,16 +46,20 @@ impl SimSetup {
             preemption: PreemptionMode::Recompute,
             swap_tokens: 0,
             baseline_placement: Placement::Buddy,
+            kv_groups: KvGroups::ONE_FULL,
         }
     }
 
+    /// Blocks of the paged pool: the memory of `capacity_tokens` tokens of every layer, in the
+    /// blocks of the KV groups' layout.
     pub fn num_blocks(&self) -> usize {
-        self.capacity_tokens / self.block_size.max(1)
+        self.kv_groups.blocks_in(self.capacity_tokens, self.block_size)
     }
 
-    /// Token slots the paged pool really has (whole blocks); the baselines get the same.
+    /// Token slots (of every layer) the paged pool really has (whole blocks); the baselines get
+    /// the same.
     pub fn usable_tokens(&self) -> usize {
-        self.num_blocks() * self.block_size
+        self.kv_groups.tokens_in(self.num_blocks(), self.block_size)
     }
 
     /// A contiguous baseline on the same memory and limits: `reservation` per request, placed
@@ -77,10 +84,10 @@ impl SimSetup {
             preemption: self.preemption,
             block_size: self.block_size,
             num_device_blocks: self.num_blocks(),
-            num_host_blocks: self.swap_tokens / self.block_size.max(1),
+            num_host_blocks: self.kv_groups.blocks_in(self.swap_tokens, self.block_size),
             watermark: self.watermark,
             enable_prefix_caching: false,
-            kv_groups: vec![None],
+            kv_groups: self.kv_groups.windows(),
         }
     }
 }
@@ -141,7 +148,7 @@ pub fn simulate_paged(
             running: sched.num_running(),
             waiting,
             held_tokens: sched.kv_tokens_held(),
-            reserved_tokens: sched.device_pool().num_used() * setup.block_size,
+            reserved_tokens: setup.kv_groups.tokens_in(sched.device_pool().num_used(), setup.block_size),
             saturated: waiting > 0,
         });
         samples.clear();

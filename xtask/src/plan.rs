@@ -28,6 +28,12 @@ pub struct PlanArgs {
     /// Bytes per weight and KV element (2 for f16/bf16).
     #[arg(long)]
     dtype_bytes: Option<usize>,
+    /// Layers that attend over a sliding window (0: none; the preset's by default).
+    #[arg(long)]
+    sliding_layers: Option<usize>,
+    /// Tokens of that window.
+    #[arg(long)]
+    sliding_window: Option<usize>,
     /// Accelerator for the cost model: a100-40gb, h200.
     #[arg(long, default_value = "a100-40gb")]
     hardware: String,
@@ -115,6 +121,7 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
             0
         },
         baseline_placement: sim::Placement::Buddy,
+        kv_groups: sim::KvGroups::of(&model),
     };
     let trace = match TraceShape::by_name(&args.trace) {
         Some(shape) => Trace::synthetic(shape, args.num_requests, args.rate, args.max_model_len, args.seed),
@@ -134,6 +141,8 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
             "kv_bytes_per_token": model.kv_bytes_per_token(),
             "kv_tokens": setup.usable_tokens(),
             "num_blocks": setup.num_blocks(),
+            "kv_groups": setup.kv_groups.windows(),
+            "paged_fit_max_len": paged_fit_max_len(&setup),
             "systems": result.all(),
             "concurrency_paged_over_oracle": result.concurrency_paged_over_oracle(),
         });
@@ -142,6 +151,12 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
     }
     print_tables(args, &model, &setup, &trace, &result);
     Ok(())
+}
+
+/// Sequences of `max_model_len` tokens the paged pool holds at once (each group's blocks of
+/// one such sequence: every block in a full group, the window's in a sliding one).
+fn paged_fit_max_len(setup: &SimSetup) -> usize {
+    setup.num_blocks() / setup.kv_groups.blocks_per_sequence(setup.max_model_len, setup.block_size).max(1)
 }
 
 /// Preset names for an error message.
@@ -158,6 +173,11 @@ fn model_shape(args: &PlanArgs) -> anyhow::Result<ModelShape> {
     m.head_dim = args.head_dim.unwrap_or(m.head_dim);
     m.num_params = args.params.unwrap_or(m.num_params);
     m.dtype_bytes = args.dtype_bytes.unwrap_or(m.dtype_bytes);
+    m.sliding_layers = args.sliding_layers.unwrap_or(m.sliding_layers).min(m.num_layers);
+    m.sliding_window = args.sliding_window.unwrap_or(m.sliding_window);
+    if m.sliding_layers > 0 && m.sliding_window == 0 {
+        bail!("--sliding-layers {} needs a --sliding-window", m.sliding_layers);
+    }
     if m.kv_bytes_per_token() == 0 {
         bail!("model shape has zero KV bytes per token");
     }
@@ -183,6 +203,20 @@ fn print_tables(args: &PlanArgs, model: &ModelShape, setup: &SimSetup, trace: &T
         setup.block_size,
         args.hardware
     );
+    let g = setup.kv_groups;
+    if g.sliding_groups > 0 {
+        println!(
+            "KV groups: {} sliding (window {}) and {} full, {} layers a block: sequences of {} tokens that fit: {}",
+            g.sliding_groups,
+            g.window,
+            g.full_groups,
+            g.layers_per_block,
+            setup.max_model_len,
+            paged_fit_max_len(setup)
+        );
+    } else {
+        println!("sequences of {} tokens that fit: {}", setup.max_model_len, paged_fit_max_len(setup));
+    }
     println!(
         "trace {}: {} requests, mean input {:.1}, mean output {:.1}, {} req/s; max_model_len {}, {} preemption\n",
         args.trace,

@@ -81,6 +81,7 @@ fn direct_llama2_plan() -> (usize, sim::SimSetup, sim::Comparison) {
         preemption: engine::PreemptionMode::Recompute,
         swap_tokens: 0,
         baseline_placement: sim::Placement::Buddy,
+        kv_groups: sim::KvGroups::of(&model),
     };
     let trace = sim::Trace::synthetic(sim::TraceShape::SHAREGPT, 200, f64::INFINITY, 2048, 0);
     let result =

@@ -1,6 +1,8 @@
 //! Integration tests of the capacity simulator: the paged run on the paper's ShareGPT setting, against the contiguous
 //! baselines, and the accounting every run must satisfy.
 
+mod hybrid;
+
 use sim::{
     CostModel, Hardware, ModelShape, Placement, Reservation, SimSetup, Trace, TraceShape, compare,
     simulate_contiguous, simulate_paged,
