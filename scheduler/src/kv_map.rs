@@ -8,14 +8,18 @@ use crate::queue::Queue;
 use crate::request::RequestKey;
 use crate::scheduler::Scheduler;
 
-/// One sequence's block table in a [`KvMap`]: its blocks are
-/// `KvMap::blocks[start..start + len]` (logical block `i` → physical block `blocks[start + i]`),
-/// in the device pool when running, in the host pool when swapped.
+/// One sequence's block table of one KV cache group in a [`KvMap`]: its blocks are
+/// `KvMap::blocks[start..start + len]` (logical block `first_block + i` → physical block
+/// `blocks[start + i]`), in the device pool when running, in the host pool when swapped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvTable {
     pub request: RequestKey,
     /// Sample index in `0..n` (0 before the fork).
     pub seq: u32,
+    /// Its KV cache group (`KvMap::group_windows`).
+    pub group: u32,
+    /// Logical blocks before this one left the group's sliding window and were released.
+    pub first_block: usize,
     /// The table holds host (swap) blocks.
     pub swapped: bool,
     /// Token slots in use.
@@ -61,6 +65,8 @@ pub struct KvMap {
     pub tables: Vec<KvTable>,
     /// Every table's blocks, concatenated.
     pub blocks: Vec<BlockId>,
+    /// Per KV cache group, its sliding window (`None`: full attention).
+    pub group_windows: Vec<Option<usize>>,
     pub counters: KvCounters,
 }
 
@@ -95,6 +101,7 @@ impl Scheduler {
         }
         out.tables.clear();
         out.blocks.clear();
+        out.group_windows.clone_from(&self.cfg.kv_groups);
         self.push_tables(&self.running, Where::Running, out);
         self.push_tables(&self.swapped, Where::Swapped, out);
         let prefix = self.device.prefix_stats();
@@ -125,19 +132,23 @@ impl Scheduler {
         for &(_, slot) in queue {
             let Some(group) = self.groups.get(slot).and_then(Option::as_ref) else { continue };
             for seq in &group.seqs {
-                let blocks = seq.table().blocks();
-                if blocks.is_empty() {
-                    continue;
+                for (g, table) in seq.table().iter().enumerate() {
+                    if table.is_empty() {
+                        continue;
+                    }
+                    let blocks = table.live_blocks();
+                    out.tables.push(KvTable {
+                        request: group.id,
+                        seq: seq.index,
+                        group: g as u32,
+                        first_block: table.first_live(),
+                        swapped: place == Where::Swapped,
+                        num_tokens: table.num_tokens(),
+                        start: out.blocks.len(),
+                        len: blocks.len(),
+                    });
+                    out.blocks.extend_from_slice(blocks);
                 }
-                out.tables.push(KvTable {
-                    request: group.id,
-                    seq: seq.index,
-                    swapped: place == Where::Swapped,
-                    num_tokens: seq.table().num_tokens(),
-                    start: out.blocks.len(),
-                    len: blocks.len(),
-                });
-                out.blocks.extend_from_slice(blocks);
             }
         }
     }

@@ -63,6 +63,11 @@ struct TableJson<'a> {
     id: &'a str,
     key: u64,
     seq: u32,
+    /// KV cache group, and its sliding window (`null`: full attention).
+    group: u32,
+    window: Option<usize>,
+    /// Logical index of `blocks[0]`: the blocks before it left the window.
+    first_block: usize,
     swapped: bool,
     tokens: usize,
     blocks: &'a [u32],
@@ -120,6 +125,9 @@ pub fn kv_map_json(snapshot: &KvSnapshot) -> String {
                 id,
                 key: t.request.0,
                 seq: t.seq,
+                group: t.group,
+                window: map.group_windows.get(t.group as usize).copied().flatten(),
+                first_block: t.first_block,
                 swapped: t.swapped,
                 tokens: t.num_tokens,
                 blocks: map.table_blocks(t),

@@ -14,7 +14,13 @@ const MAX_CELLS = 4096;
 
 export const kv = { snap: null, selected: null, layout: null, hostLayout: null, items: new Map() };
 
-function tableKey(t) { return t.key + ":" + t.seq; }
+function tableKey(t) { return t.key + ":" + t.seq + ":" + t.group; }
+
+/// "#2", "window 512", … : which sample and which KV cache group a table is (empty for the one
+/// full group of a model without windows).
+function tableSuffix(t) {
+  return (t.seq ? " #" + t.seq : "") + (t.window ? " · window " + t.window + " (group " + t.group + ")" : t.group ? " (group " + t.group + ")" : "");
+}
 
 // Grid geometry for `n` blocks on a canvas of CSS width `width`.
 export function gridLayout(n, width) {
@@ -141,8 +147,9 @@ function renderTables(tables) {
       li.addEventListener("blur", () => { if (kv.selected === k) { kv.selected = null; markSelected(); render(); } });
       kv.items.set(k, li);
     }
-    li.firstChild.textContent = t.id + (t.seq ? " #" + t.seq : "");
-    li.lastChild.textContent = t.tokens + " tokens · " + t.blocks.length + " blocks" + (t.swapped ? " · swapped" : "");
+    li.firstChild.textContent = t.id + tableSuffix(t);
+    li.lastChild.textContent = t.tokens + " tokens · " + t.blocks.length + " blocks" +
+      (t.first_block ? " (" + t.first_block + " released)" : "") + (t.swapped ? " · swapped" : "");
     li.setAttribute("aria-label", "Sequence " + t.id + (t.seq ? " sample " + t.seq : "") + ": " + t.tokens +
       " tokens in " + t.blocks.length + " blocks" + (t.swapped ? ", swapped out" : ""));
     // The server's order; an item already in place is not moved (moving one would blur it).
@@ -167,7 +174,7 @@ function renderBlockTable(t) {
   if (!t) return;
   const title = document.createElement("div");
   title.className = "bt-title";
-  title.textContent = "Block table of " + t.id + (t.seq ? " #" + t.seq : "") + " (logical → physical" +
+  title.textContent = "Block table of " + t.id + tableSuffix(t) + " (logical → physical" +
     (t.swapped ? ", host pool" : "") + "):";
   const grid = document.createElement("div");
   grid.className = "bt-grid";
@@ -175,7 +182,7 @@ function renderBlockTable(t) {
   t.blocks.forEach((p, i) => {
     const cell = document.createElement("span");
     cell.className = "bt-cell" + (states[p] === "s" ? " shared" : "");
-    cell.append(String(i) + " → ");
+    cell.append(String(i + (t.first_block || 0)) + " → ");
     const b = document.createElement("b");
     b.textContent = String(p);
     cell.appendChild(b);

@@ -31,7 +31,14 @@ fn prompt(seed: u32, len: usize) -> Vec<u32> {
 fn assert_agrees_with_tables(map: &KvMap) {
     let mut refs: [HashMap<u32, u32>; 2] = [HashMap::new(), HashMap::new()];
     for t in &map.tables {
-        assert_eq!(t.len, t.num_tokens.div_ceil(map.block_size), "table of {}:{}", t.request, t.seq);
+        assert_eq!(
+            t.first_block + t.len,
+            t.num_tokens.div_ceil(map.block_size),
+            "table of {}:{} (group {})",
+            t.request,
+            t.seq,
+            t.group
+        );
         for &b in map.table_blocks(t) {
             *refs[usize::from(t.swapped)].entry(b).or_default() += 1;
         }
@@ -141,4 +148,24 @@ fn under_swap_pressure_every_step_agrees_and_swapped_tables_are_in_the_host_pool
     e.sched.kv_map_into(&mut map);
     assert!(map.tables.is_empty() && map.counters.host_blocks_used == 0);
     assert!(map.host.iter().all(|&c| c == BlockState::Free.code()));
+}
+
+/// A hybrid layout lists a table per group; the sliding group's starts past the blocks it
+/// released, and the pool's states agree with the live entries only.
+#[test]
+fn a_sliding_group_lists_only_the_blocks_in_its_window() {
+    let mut e = FakeEngine::new(SchedulerConfig { kv_groups: vec![Some(6), None], ..cfg(64, 0) });
+    let mut map = KvMap::default();
+    e.add(Request::new(1, prompt(1, 30), 4)).unwrap();
+    e.step();
+    e.step();
+    e.sched.kv_map_into(&mut map);
+    assert_eq!(map.group_windows, [Some(6), None]);
+    let [sliding, full] = map.tables.as_slice() else { panic!("two tables: {:?}", map.tables) };
+    assert_eq!((sliding.group, full.group, full.first_block), (0, 1, 0));
+    // 31 tokens; the next query (at 31) sees 26..=31: blocks 0..6 of 4 tokens are out.
+    assert_eq!((sliding.num_tokens, sliding.first_block, sliding.len), (31, 6, 2));
+    assert_eq!(full.len, 8);
+    assert_agrees_with_tables(&map);
+    e.run_to_end(20);
 }
