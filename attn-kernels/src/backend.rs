@@ -178,17 +178,7 @@ mod cuda_backend {
             scores: AttnScores,
             workspace: &mut AttnWorkspace,
         ) -> Result<(), CudaError> {
-            // The CUDA kernels attend causally: exact for a windowed layer only while every
-            // context fits in the window.
-            if let Some(w) = scores.sliding_window
-                && meta.host.max_context > w
-            {
-                return Err(CudaError::Unsupported(format!(
-                    "a sliding window of {w} over a context of {} tokens",
-                    meta.host.max_context
-                )));
-            }
-            ops::paged_attention_with(self, out, query, layer, meta, num_heads, scores.scale, workspace, None)
+            ops::paged_attention_with(self, out, query, layer, meta, num_heads, scores, workspace, None)
                 .map(|_variant| ())
         }
 

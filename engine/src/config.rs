@@ -86,8 +86,9 @@ impl Default for EngineConfig {
 
 impl EngineConfig {
     /// The longest sequence served: `max_model_len`, by default the most `model` computes
-    /// exactly on the device (the CPU kernels attend over sliding windows; the CUDA kernels
-    /// do not yet, so there the smallest window bounds it); more is a configuration error.
+    /// exactly on the device (the CPU kernels attend over sliding windows; the CUDA kernels'
+    /// windows have not been checked on a GPU yet, so there the smallest window bounds it);
+    /// more is a configuration error.
     pub fn served_context(&self, model: &ModelConfig) -> Result<usize, EngineError> {
         let limit = match self.device {
             Device::Cpu => model.max_position_embeddings,
@@ -96,8 +97,8 @@ impl EngineConfig {
         let max_model_len = self.max_model_len.unwrap_or(limit);
         if max_model_len == 0 || max_model_len > limit {
             let why = if limit < model.max_position_embeddings {
-                "the model's smallest sliding window: the CUDA kernels do not attend over a window \
-                 yet, and a longer sequence would need it"
+                "the model's smallest sliding window: the CUDA kernels' windowed attention has not \
+                 been checked on a GPU yet, and a longer sequence would need it"
             } else {
                 "the model's max_position_embeddings"
             };

@@ -37,7 +37,7 @@ pub const ATTENTION_WARPS: usize = 4;
 /// Query heads per thread block the kernels come in (largest first).
 const QPK_CHOICES: [usize; 4] = [8, 4, 2, 1];
 /// Per-thread P·V accumulators allowed (`V_ITERS * QPK`), so that no instantiation spills.
-const MAX_VALUE_ACCUMULATORS: usize = 24;
+const MAX_VALUE_ACCUMULATORS: usize = 20;
 
 /// CUDA type and short name of a cache/activation dtype.
 pub const fn cuda_type(dtype: DType) -> (&'static str, &'static str) {

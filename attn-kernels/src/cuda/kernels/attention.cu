@@ -68,7 +68,7 @@ __device__ __forceinline__ void paged_attention_body(
     const int* __restrict__ block_tables, int max_blocks_per_seq, const int* __restrict__ seq_rows,
     const int* __restrict__ seq_lens, const int* __restrict__ query_start_loc, int num_seqs,
     int num_heads, int num_kv_heads, float scale, int max_parts, int partition_size,
-    int token_offset, int skip_prefill) {
+    int token_offset, int skip_prefill, int window) {
   constexpr int X = CacheTraits<cache_t>::X;
   static_assert(BS <= WARP_SIZE && WARP_SIZE % BS == 0, "block size must divide the warp");
   static_assert(BS % X == 0, "a value row of a block must be whole 16-byte chunks");
@@ -102,8 +102,8 @@ __device__ __forceinline__ void paged_attention_body(
   // token, this launch only the decode tokens (uniform per block: before any barrier).
   if (skip_prefill && is_prefill_seq(seq, query_start_loc)) return;
   const bool split = partition_size > 0;  // v2: this block is one partition of the context
-  const int start = split ? part * partition_size : 0;
-  if (ctx <= start) {
+  const int part_start = split ? part * partition_size : 0;
+  if (ctx <= part_start) {
     // v2: the reduce kernel never reads partitions past the context.
     if (!split) {
       for (int i = threadIdx.x; i < QPK * HEAD; i += PA_NUM_THREADS)
@@ -111,7 +111,21 @@ __device__ __forceinline__ void paged_attention_body(
     }
     return;
   }
-  const int end = split ? min(start + partition_size, ctx) : ctx;
+  const int end = split ? min(part_start + partition_size, ctx) : ctx;
+  // A sliding window: the query (at ctx - 1) sees keys ctx - window ..; blocks wholly before
+  // are not read. A v2 partition wholly before the window weighs nothing in the merge.
+  const int lo = window > 0 ? max(0, ctx - window) : 0;
+  if (end <= lo) {
+    for (int i = threadIdx.x; i < QPK * HEAD; i += PA_NUM_THREADS)
+      out[(((long long)slot * num_heads + head0 + i / HEAD) * max_parts + part) * HEAD + i % HEAD] = 0.f;
+    if (threadIdx.x < QPK) {
+      const long long idx = ((long long)slot * num_heads + head0 + threadIdx.x) * max_parts + part;
+      max_logits[idx] = NEG_INF;
+      exp_sums[idx] = 0.f;
+    }
+    return;
+  }
+  const int start = max(part_start, lo);
   const int start_blk = start / BS;
   const int end_blk = (end + BS - 1) / BS;
   const int len = (end_blk - start_blk) * BS;
@@ -122,6 +136,10 @@ __device__ __forceinline__ void paged_attention_body(
   float* q_s = smem + 2 * PA_NUM_WARPS * QPK;
   float* logits = q_s + QPK * HEAD;
 
+  // The first key in the window, read back after the key loop: kept in a register across it,
+  // it would spill the widest instantiations.
+  __shared__ int window_start;
+  if (threadIdx.x == 0) window_start = start;
   for (int i = threadIdx.x; i < QPK * HEAD; i += PA_NUM_THREADS)
     q_s[i] = q[((long long)token * num_heads + head0 + i / HEAD) * HEAD + i % HEAD] * scale;
   __syncthreads();
@@ -134,6 +152,9 @@ __device__ __forceinline__ void paged_attention_body(
   // ---- Q·K ----
   const int t_in_blk = lane % BS;
   const int c0 = lane / BS;
+  // Keys of the first block before the window (0 without one): a predicate per lane, so the
+  // window costs the key loop no register.
+  const bool lane_in_window = t_in_blk >= start - start_blk * BS;
   float qk_max[QPK];
 #pragma unroll
   for (int g = 0; g < QPK; ++g) qk_max[g] = NEG_INF;
@@ -178,7 +199,7 @@ __device__ __forceinline__ void paged_attention_body(
     if (c0 == 0) {
 #pragma unroll
       for (int g = 0; g < QPK; ++g) {
-        const float v = t < end ? acc[g] : NEG_INF;
+        const float v = t < end && (b != start_blk || lane_in_window) ? acc[g] : NEG_INF;
         logits[g * len + (t - start_blk * BS)] = v;
         qk_max[g] = fmaxf(qk_max[g], v);
       }
@@ -204,7 +225,7 @@ __device__ __forceinline__ void paged_attention_body(
 #pragma unroll
   for (int g = 0; g < QPK; ++g) row_sum[g] = 0.f;
   for (int i = threadIdx.x; i < len; i += PA_NUM_THREADS) {
-    const bool valid = start_blk * BS + i < end;
+    const bool valid = start_blk * BS + i < end && start_blk * BS + i >= window_start;
 #pragma unroll
     for (int g = 0; g < QPK; ++g) {
       const float e = valid ? __expf(logits[g * len + i] - row_max[g]) : 0.f;
@@ -242,6 +263,7 @@ __device__ __forceinline__ void paged_attention_body(
     const long long phys = table[b];
     const uint4* vb =
         reinterpret_cast<const uint4*>(v_cache + phys * block_stride + kv_head * tile) + warp * WCH;
+    // Keys before `start` in its block are written tokens: their weights are 0, no mask needed.
     const bool partial = (b + 1) * BS > end;
     const float* p = logits + (b - start_blk) * BS;
 #pragma unroll
@@ -303,11 +325,11 @@ __device__ __forceinline__ void paged_attention_body(
       const int *__restrict__ seq_lens,                                                    \
       const int *__restrict__ query_start_loc, int num_seqs, int num_heads,                \
       int num_kv_heads, float scale, int max_parts, int partition_size, int token_offset,   \
-      int skip_prefill
+      int skip_prefill, int window
 #define PA_ARGS                                                                            \
   out, exp_sums, max_logits, q, k_cache, v_cache, block_tables, max_blocks_per_seq,        \
       seq_rows, seq_lens, query_start_loc, num_seqs, num_heads, num_kv_heads, scale, max_parts, \
-      partition_size, token_offset, skip_prefill
+      partition_size, token_offset, skip_prefill, window
 
 // One kernel for both decode variants: v1 (partition_size == 0: the whole context in one block,
 // grid.z == 1) and v2 (partition_size > 0: grid.z partitions, merged by
@@ -417,7 +439,7 @@ __device__ __forceinline__ void paged_prefill_body(
     const int* __restrict__ block_tables, int max_blocks_per_seq, const int* __restrict__ seq_rows,
     const int* __restrict__ seq_lens, const int* __restrict__ query_start_loc,
     const int* __restrict__ tiles, int num_heads, int num_kv_heads, float scale, int tile_heads,
-    int tile_tokens) {
+    int tile_tokens, int window) {
   using S = PrefillShape<HEAD>;
   constexpr int X = CacheTraits<cache_t>::X;
   constexpr int NB = PF_KEYS / BS;    // cache blocks per key tile
@@ -474,7 +496,10 @@ __device__ __forceinline__ void paged_prefill_body(
   for (int i = 0; i < S::DPT; ++i) acc[i] = 0.f;
   float m_run = NEG_INF, l_run = 0.f;
 
-  for (int kt0 = 0; kt0 < kend; kt0 += PF_KEYS) {
+  // A sliding window: the tile's first row sees keys from its position - window + 1 on, every
+  // later row from later keys; key tiles wholly before that are never visited.
+  const int klo = window > 0 ? max(0, first_pos + tok0 - window + 1) : 0;
+  for (int kt0 = klo / PF_KEYS * PF_KEYS; kt0 < kend; kt0 += PF_KEYS) {
     __syncthreads();  // the previous key tile is consumed (and the queries are in place)
     // K tile: chunk j of block b is dim-chunk j / BS of token j % BS.
     for (int j = tid; j < NB * BS * KCH; j += PF_NUM_THREADS) {
@@ -523,7 +548,7 @@ __device__ __forceinline__ void paged_prefill_body(
 #pragma unroll
     for (int j = 0; j < S::KPT; ++j) {
       const int key = kt0 + sub + S::TPR * j;
-      const bool valid = row_ok && key <= pos && key < seq_len;
+      const bool valid = row_ok && key <= pos && key < seq_len && (window <= 0 || key > pos - window);
       s[j] = valid ? s[j] : NEG_INF;
       m_tile = fmaxf(m_tile, s[j]);
     }
@@ -572,10 +597,10 @@ __device__ __forceinline__ void paged_prefill_body(
       int max_blocks_per_seq, const int *__restrict__ seq_rows,                            \
       const int *__restrict__ seq_lens, const int *__restrict__ query_start_loc,           \
       const int *__restrict__ tiles, int num_heads, int num_kv_heads, float scale,         \
-      int tile_heads, int tile_tokens
+      int tile_heads, int tile_tokens, int window
 #define PF_ARGS                                                                            \
   out, q, k_cache, v_cache, block_tables, max_blocks_per_seq, seq_rows, seq_lens,          \
-      query_start_loc, tiles, num_heads, num_kv_heads, scale, tile_heads, tile_tokens
+      query_start_loc, tiles, num_heads, num_kv_heads, scale, tile_heads, tile_tokens, window
 
 // One instantiation per (dtype, HEAD, BS): the GQA group is a runtime tiling parameter.
 #define PAGED_PREFILL(TN, T, HEAD, BS)                                                     \

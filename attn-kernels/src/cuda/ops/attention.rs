@@ -8,6 +8,7 @@ use kv_cache::cuda::DeviceLayerCache;
 use super::tiling::{DecodeSplit, PrefillPlan};
 use super::workspace::AttnWorkspace;
 use super::{MAX_GRID_X, MAX_GRID_YZ, MAX_SHARED_BYTES, kernel_config, launch_dim};
+use crate::AttnScores;
 use crate::cuda::error::CudaError;
 use crate::cuda::kernels::{
     ATTENTION_THREADS, ATTENTION_WARPS, AttentionConfig, AttentionVariant, PARTITION_SIZE, PREFILL_THREADS,
@@ -51,10 +52,16 @@ pub fn paged_attention_with(
     cache: &DeviceLayerCache,
     meta: &DeviceAttnMetadata,
     num_heads: usize,
-    scale: f32,
+    scores: AttnScores,
     workspace: &mut AttnWorkspace,
     variant: Option<AttentionVariant>,
 ) -> Result<AttentionVariant, CudaError> {
+    let scale = scores.scale;
+    // 0: no window (the kernels' convention).
+    let window = match scores.sliding_window {
+        None => 0i32,
+        Some(w) => i32::try_from(w.max(1)).unwrap_or(i32::MAX),
+    };
     let g = *cache.geometry();
     let cfg = kernel_config(g.dtype, g.head_size, g.block_size)?;
     crate::meta::check_heads_and_scale(num_heads, g.num_kv_heads, scale)
@@ -85,14 +92,14 @@ pub fn paged_attention_with(
             query,
             cache,
             meta,
-            (&cfg, num_heads, scale),
+            (&cfg, num_heads, scale, window),
             workspace,
             (requested, max_context, meta.host.num_tokens, false),
         );
     }
     if split.decode_tokens > 0 {
         let choice = (None, split.decode_max_context, split.decode_tokens, true);
-        launch_decode(kernels, out, query, cache, meta, (&cfg, num_heads, scale), workspace, choice)?;
+        launch_decode(kernels, out, query, cache, meta, (&cfg, num_heads, scale, window), workspace, choice)?;
     }
     workspace.upload_tiles(kernels.device().stream(), &plan, &meta.host)?;
     let func = kernels.function_lazy(&cfg.program_name(), &cfg.prefill_entry(), || cfg.program())?;
@@ -116,7 +123,8 @@ pub fn paged_attention_with(
         .arg(&nkv)
         .arg(&scale)
         .arg(&tile_heads)
-        .arg(&tile_tokens);
+        .arg(&tile_tokens)
+        .arg(&window);
     let launch = LaunchConfig {
         grid_dim: (grid_x, grid_y, 1),
         block_dim: (PREFILL_THREADS, 1, 1),
@@ -140,7 +148,7 @@ fn launch_decode(
     query: &CudaSlice<f32>,
     cache: &DeviceLayerCache,
     meta: &DeviceAttnMetadata,
-    (cfg, num_heads, scale): (&AttentionConfig, usize, f32),
+    (cfg, num_heads, scale, window): (&AttentionConfig, usize, f32, i32),
     workspace: &mut AttnWorkspace,
     (requested, max_context, tokens, skip_prefill): (Option<AttentionVariant>, usize, usize, bool),
 ) -> Result<AttentionVariant, CudaError> {
@@ -214,7 +222,8 @@ fn launch_decode(
             .arg(&max_parts)
             .arg(&partition_size)
             .arg(&token_offset)
-            .arg(&skip);
+            .arg(&skip)
+            .arg(&window);
         // SAFETY: argument list matches PA_PARAMS in attention.cu; every buffer was size-checked
         // above (a v2 launch holds at most the workspace's tokens) and every block index the
         // kernel reads was range-checked by DeviceAttnMetadata. With `skip_prefill` the blocks of

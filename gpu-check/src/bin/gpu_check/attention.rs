@@ -146,7 +146,7 @@ pub fn run_path(
         dev_cache,
         meta,
         num_heads,
-        case.scale,
+        case.scale.into(),
         &mut ws,
         Some(variant),
     )?;

@@ -79,7 +79,15 @@ pub fn bench(ctx: &Ctx, rec: &mut Recorder) -> Res<()> {
             let mut ran = AttentionVariant::V1;
             let t = time_it(device, 20, || {
                 ran = ops::paged_attention_with(
-                    kernels, &mut out, &query, &cache, &dmeta, heads, scale, &mut ws, variant,
+                    kernels,
+                    &mut out,
+                    &query,
+                    &cache,
+                    &dmeta,
+                    heads,
+                    scale.into(),
+                    &mut ws,
+                    variant,
                 )?;
                 Ok(())
             })?;
