@@ -1,6 +1,7 @@
 //! Every family's tiny checkpoint (`model/tests/data/families/`) through the engine: the greedy
 //! tokens transformers chose, with prompts prefilled in small chunks that straddle the sliding
-//! windows, and the same tokens whether a request runs alone or beside the other prompts and
+//! windows (and, for the windowed families' prompts of up to 200 tokens, chunks longer than the
+//! window), and the same tokens whether a request runs alone or beside the other prompts and
 //! their neighbours (batch invariance).
 
 use std::collections::BTreeMap;
@@ -60,6 +61,21 @@ fn run(engine: &mut Engine, prompts: &[Vec<u32>], max_tokens: usize) -> BTreeMap
     out
 }
 
+/// Each of `gens` alone on an engine over `name` prefilling `chunk` tokens a step: transformers'
+/// greedy tokens.
+fn alone(name: &str, gens: &[(Vec<u32>, Vec<u32>)], chunk: usize, max_model_len: usize) {
+    let mut engine = engine(name, chunk, max_model_len);
+    for (prompt, want) in gens {
+        let got = run(&mut engine, std::slice::from_ref(prompt), want.len());
+        assert_eq!(
+            got.get(&0),
+            Some(want),
+            "{name}: prompt of {} tokens, alone, chunks of {chunk}",
+            prompt.len()
+        );
+    }
+}
+
 /// Family `name`'s generations of at most `longest` tokens in all, served at `max_model_len`:
 /// each alone with 7-token prefill chunks, then all together beside two unrelated prompts with
 /// 24-token chunks; every one must give transformers' greedy tokens both times.
@@ -67,11 +83,7 @@ fn check(name: &str, max_model_len: usize, longest: usize) {
     let gens: Vec<_> = generations(name).into_iter().filter(|(p, g)| p.len() + g.len() <= longest).collect();
     assert!(!gens.is_empty(), "{name}: no generation of at most {longest} tokens");
     let steps = gens[0].1.len();
-    let mut alone = engine(name, 7, max_model_len);
-    for (prompt, want) in &gens {
-        let got = run(&mut alone, std::slice::from_ref(prompt), steps);
-        assert_eq!(got.get(&0), Some(want), "{name}: prompt of {} tokens, alone", prompt.len());
-    }
+    alone(name, &gens, 7, max_model_len);
     let room = 40.min(max_model_len - steps) as u32;
     let neighbours = [(1..=room).map(|i| (i * 7) % 300).collect(), vec![3u32; 9]];
     let prompts: Vec<Vec<u32>> = gens.iter().map(|(p, _)| p.clone()).chain(neighbours).collect();
@@ -88,12 +100,19 @@ fn llama_families_give_transformers_greedy_tokens_chunked_and_batched() {
     }
 }
 
-/// Windows of 32 (Mistral) and 16 (Gemma 3's local layers) that the 64-token prompt and the
-/// 7- and 24-token chunks cross.
+/// Windows of 32 (Mistral) and 16 (Gemma 3's local layers) that the 64-, 120- and 200-token
+/// prompts cross many times, and the 7- and 24-token chunks straddle; then the long prompts alone
+/// in chunks of 40, each longer than the window (a chunk's queries see different windows, and
+/// blocks leave the window within one chunk).
 #[test]
 fn sliding_window_families_give_transformers_greedy_tokens_chunked_and_batched() {
-    check("mistral", 128, usize::MAX);
-    check("gemma3", 128, usize::MAX);
+    for name in ["mistral", "gemma3"] {
+        let gens = generations(name);
+        assert!(gens.iter().any(|(p, _)| p.len() >= 200), "{name}: no prompt of 200 tokens");
+        check(name, 256, usize::MAX);
+        let long: Vec<_> = gens.into_iter().filter(|(p, _)| p.len() > 64).collect();
+        alone(name, &long, 40, 256);
+    }
 }
 
 /// LongRoPE's factors follow the served context: transformers took the short ones for the short
@@ -112,19 +131,24 @@ fn phi3_gives_transformers_greedy_tokens_at_either_longrope_context() {
 }
 
 /// The windowed families with blocks of 8, prefix caching on and a pool too small for every
-/// prompt at once: each prompt served twice in one batch (the second copy hits the first's
-/// cached blocks: a sliding group's hit needs only its window's), chunks of 24 that straddle the
-/// windows, preemption and recompute; every copy gives transformers' greedy tokens. Alone, the
-/// 64-token prompt holds fewer blocks than a full cache would: its sliding group released the
-/// blocks that left the window.
+/// prompt at once: each prompt served three times in a row in one batch (the later copies hit the
+/// first's cached blocks: a sliding group's hit needs only its window's), chunks of 24 that
+/// straddle the windows, preemption and recompute; every copy gives transformers' greedy tokens.
+/// The pools hold the 200-token prompt alone (the engine refuses one that cannot fit: Mistral's
+/// single sliding group needs a window and a chunk of blocks, Gemma 3's full group the whole
+/// sequence) but not every copy at once. Alone, the 200-token prompt holds fewer blocks than a full cache
+/// would: its sliding group released the blocks that left the window.
 #[test]
 fn sliding_groups_release_blocks_and_survive_prefix_hits_and_preemption() {
-    for (name, pool) in [("mistral", 14), ("gemma3", 22)] {
+    // With these prompts, every pool of 11 to 20 blocks but 13 and 14 preempted for Mistral, and
+    // every one of 33 (the least that admits the 200-token prompt) to 45 for Gemma 3: these two
+    // are inside those ranges.
+    for (name, pool) in [("mistral", 16), ("gemma3", 36)] {
         let config = |blocks: usize, chunk: usize| EngineConfig {
             kv_dtype: DType::F32,
             kv_cache: KvCacheSize::Blocks(blocks),
             block_size: 8,
-            max_model_len: Some(128),
+            max_model_len: Some(256),
             max_num_batched_tokens: chunk,
             enable_prefix_caching: true,
             watermark: 0.0,
@@ -133,24 +157,20 @@ fn sliding_groups_release_blocks_and_survive_prefix_hits_and_preemption() {
         };
         let gens = generations(name);
         let steps = gens[0].1.len();
-        let prompts: Vec<Vec<u32>> = gens.iter().chain(&gens).map(|(p, _)| p.clone()).collect();
+        let copies: Vec<&(Vec<u32>, Vec<u32>)> = gens.iter().flat_map(|g| [g, g, g]).collect();
+        let prompts: Vec<Vec<u32>> = copies.iter().map(|(p, _)| p.clone()).collect();
         let mut engine =
             Engine::new(&family_dir(name), config(pool, 24)).unwrap_or_else(|e| panic!("{name}: {e}"));
         let got = run(&mut engine, &prompts, steps);
-        for (i, (prompt, want)) in gens.iter().chain(&gens).enumerate() {
-            assert_eq!(
-                got.get(&i),
-                Some(want),
-                "{name}: prompt of {} tokens, copy {}",
-                prompt.len(),
-                i / gens.len()
-            );
+        for (i, (prompt, want)) in copies.iter().enumerate() {
+            assert_eq!(got.get(&i), Some(want), "{name}: prompt of {} tokens, copy {}", prompt.len(), i % 3);
         }
         let gauges = engine.metrics().gauges;
         assert!(gauges.num_preemptions > 0, "{name}: the pool of {pool} blocks forced no preemption");
         assert!(gauges.prefix_hits > 0, "{name}: no prefix hit");
 
         let (prompt, want) = gens.iter().max_by_key(|(p, _)| p.len()).expect("a generation");
+        assert!(prompt.len() >= 200, "{name}: the longest prompt has {} tokens", prompt.len());
         let mut engine =
             Engine::new(&family_dir(name), config(64, 7)).unwrap_or_else(|e| panic!("{name}: {e}"));
         let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(want.len()) };

@@ -34,16 +34,23 @@ fn floats(v: &Value) -> Vec<f32> {
     v.as_array().expect("logit array").iter().map(|x| x.as_f64().expect("logit") as f32).collect()
 }
 
-/// Runs each expected generation: the prompt in one prefill step, then one decode step per
-/// transformers greedy token (fed whatever this model chose, so every step compares the same
-/// context). Every step's logits must be within [`TOL`] of transformers' and their argmax its
-/// greedy token. Only generations of at most `longest` tokens in all are run. Returns the largest
-/// difference seen.
-fn check_generations(model: &mut Model, name: &str, source: &str, longest: usize) -> f32 {
+/// Runs each expected generation: the prompt in prefill steps of at most `chunk` tokens, then
+/// one decode step per transformers greedy token (fed whatever this model chose, so every step
+/// compares the same context). Every step's logits must be within [`TOL`] of transformers' and
+/// their argmax its greedy token. Only generations of at most `longest` tokens in all are run.
+/// Returns the largest difference seen and the longest prompt run.
+fn check_generations(
+    model: &mut Model,
+    name: &str,
+    source: &str,
+    longest: usize,
+    chunk: usize,
+) -> (f32, usize) {
     let exp = expected(name);
     let vocab = model.config.vocab_size;
     let block_size = 16;
-    let mut worst = 0.0f32;
+    let prefill = if chunk == usize::MAX { "prompt whole".to_owned() } else { format!("chunks of {chunk}") };
+    let (mut worst, mut longest_run) = (0.0f32, 0);
     for (g, generation) in exp["generations"].as_array().expect("generations").iter().enumerate() {
         let prompt = ids(&generation["prompt_ids"]);
         let greedy = ids(&generation["greedy_ids"]);
@@ -60,6 +67,12 @@ fn check_generations(model: &mut Model, name: &str, source: &str, longest: usize
         let mut seqs = assign_blocks(vec![prompt.clone()], context, block_size, &pool);
         let mut cache = cache_for(&model.config, block_size, pool.len());
         let mut ws = Workspace::default();
+        while seqs[0].tokens.len() - seqs[0].cached > chunk {
+            let batch = build_batch(&seqs, &[chunk], block_size, false);
+            model.forward(&batch.input(), &mut cache, &mut ws).expect("forward");
+            seqs[0].cached += chunk;
+        }
+        longest_run = longest_run.max(prompt.len());
         for (step, want) in steps.iter().enumerate() {
             assert_eq!(want.len(), vocab, "{name}: expected logits have the vocab's size");
             let chunk = seqs[0].tokens.len() - seqs[0].cached;
@@ -71,30 +84,43 @@ fn check_generations(model: &mut Model, name: &str, source: &str, longest: usize
                 worst = worst.max(diff);
                 assert!(
                     diff <= TOL,
-                    "{name} ({source}), prompt {g} ({} tokens), step {step}: logit of {id} is {got}, \
-                     transformers' {w}",
+                    "{name} ({source}, {prefill}), prompt {g} ({} tokens), step {step}: logit \
+                     of {id} is {got}, transformers' {w}",
                     prompt.len()
                 );
             }
-            assert_eq!(argmax(row), greedy[step], "{name} ({source}), prompt {g}: greedy token {step}");
+            assert_eq!(
+                argmax(row),
+                greedy[step],
+                "{name} ({source}, {prefill}), prompt {g}: greedy token {step}"
+            );
             let s = &mut seqs[0];
             s.cached = s.tokens.len();
             s.tokens.push(greedy[step]);
         }
     }
-    eprintln!("{name} ({source}): largest logit difference from transformers {worst:.2e}");
-    worst
+    eprintln!("{name} ({source}, {prefill}): largest logit difference from transformers {worst:.2e}");
+    (worst, longest_run)
+}
+
+/// The windowed families' checks: every generation, the longest (200 tokens) included, with the
+/// prompt in one step and in chunks of 7 and 24 that straddle the window's edges.
+fn check_windowed(model: &mut Model, name: &str) {
+    for chunk in [usize::MAX, 7, 24] {
+        let (_, longest_run) = check_generations(model, name, "safetensors", usize::MAX, chunk);
+        assert!(longest_run >= 200, "{name}: the longest prompt run has {longest_run} tokens");
+    }
 }
 
 /// The HF folder, then its GGUF, against transformers.
 fn check_family(name: &str, family: Family) {
     let mut model = Model::load(&data_dir(name)).unwrap_or_else(|e| panic!("load {name}: {e}"));
     assert_eq!(model.config.arch.family, family, "{name}: family");
-    check_generations(&mut model, name, "safetensors", usize::MAX);
+    check_generations(&mut model, name, "safetensors", usize::MAX, usize::MAX);
     let gguf = data_dir(name).join("model.gguf");
     let mut model = Model::load(&gguf).unwrap_or_else(|e| panic!("load {}: {e}", gguf.display()));
     assert_eq!(model.config.arch.family, family, "{name} GGUF: family");
-    check_generations(&mut model, name, "gguf", usize::MAX);
+    check_generations(&mut model, name, "gguf", usize::MAX, usize::MAX);
 }
 
 #[test]
@@ -107,18 +133,19 @@ fn llama_tied_embeddings_matches_transformers() {
     check_family("llama-tied", Family::Llama);
 }
 
-/// The folder with its window of 32. llama.cpp's converter writes Mistral as a plain `llama`
+/// The folder with its window of 32, which the 64-, 120- and 200-token prompts cross, prefilled
+/// whole and in chunks that straddle it. llama.cpp's converter writes Mistral as a plain `llama`
 /// GGUF without the window, so the GGUF matches transformers only while sequences fit in it.
 #[test]
 fn mistral_sliding_window_matches_transformers() {
     let mut model = Model::load(&data_dir("mistral")).expect("load");
     assert_eq!(model.config.arch.family, Family::Mistral);
     assert!(model.config.layer_attention.iter().all(|l| l.sliding_window == Some(32)));
-    check_generations(&mut model, "mistral", "safetensors", usize::MAX);
+    check_windowed(&mut model, "mistral");
     let mut gguf = Model::load(&data_dir("mistral").join("model.gguf")).expect("load gguf");
     assert_eq!(gguf.config.arch.family, Family::Llama, "the converter's arch for Mistral");
     assert!(gguf.config.layer_attention.iter().all(|l| l.sliding_window.is_none()), "no window in the GGUF");
-    check_generations(&mut gguf, "mistral", "gguf", 32);
+    check_generations(&mut gguf, "mistral", "gguf", 32, usize::MAX);
 }
 
 #[test]
@@ -140,7 +167,8 @@ fn phi3_fused_projections_longrope_matches_transformers() {
 }
 
 /// Gemma 3 from its HF folder: layers 0 and 2 local (window 16, local rotary base), 1 and 3
-/// global (linear scaling 8), query_pre_attn_scalar 48.
+/// global (linear scaling 8), query_pre_attn_scalar 48; prompts up to 200 tokens, prefilled whole
+/// and in chunks that straddle the window.
 #[test]
 fn gemma3_folder_matches_transformers() {
     let mut model = Model::load(&data_dir("gemma3")).expect("load");
@@ -150,7 +178,7 @@ fn gemma3_folder_matches_transformers() {
         assert_eq!(layer.sliding_window, (!global).then_some(16), "layer {l}");
         assert_eq!(layer.rope, if global { RopeKind::Global } else { RopeKind::Local }, "layer {l}");
     }
-    check_generations(&mut model, "gemma3", "safetensors", usize::MAX);
+    check_windowed(&mut model, "gemma3");
 }
 
 /// llama.cpp's converter writes neither Gemma 3's `query_pre_attn_scalar` nor its sliding-window

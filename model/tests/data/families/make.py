@@ -52,6 +52,10 @@ BOS, EOS = 1, 2
 STEPS = 8
 PROMPT_LENS = (5, 12, 64)
 MIN_GAP = 0.01
+# The windowed families also get prompts that cross their windows many times (spec "long_prompts"),
+# with room for them and their greedy steps (spec "max_pos").
+LONG_PROMPT_LENS = (120, 200)
+LONG_MAX_POS = 256
 
 # Hidden size below heads × head_dim (64 < 4 × 64) keeps the files small while the attention
 # stays at head_dim 64; Phi-3 (head_dim = hidden / heads in transformers and llama.cpp) is the
@@ -67,7 +71,9 @@ COMMON = dict(
 
 def families() -> dict[str, dict]:
     """name -> {"config": transformers config, "norm_identity": value of an identity norm weight,
-    "exercises": what the family checks, "config_patch": keys changed in config.json after saving}."""
+    "exercises": what the family checks, "config_patch": keys changed in config.json after saving,
+    "long_prompts": prompt lengths beyond PROMPT_LENS (their own prompt seed), "max_pos":
+    max_position_embeddings when not MAX_POS}."""
     from transformers import (Gemma3TextConfig, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config,
                               Qwen3Config)
 
@@ -88,8 +94,11 @@ def families() -> dict[str, dict]:
             exercises="GQA 2/1, tied embeddings, plain RoPE",
         ),
         "mistral": dict(
-            config=MistralConfig(**COMMON, rope_theta=10000.0, sliding_window=32, tie_word_embeddings=False),
-            exercises="sliding_window 32 on every layer (the 64-token prompt crosses it)",
+            config=MistralConfig(**{**COMMON, "max_position_embeddings": LONG_MAX_POS}, rope_theta=10000.0,
+                                 sliding_window=32, tie_word_embeddings=False),
+            long_prompts=LONG_PROMPT_LENS,
+            max_pos=LONG_MAX_POS,
+            exercises="sliding_window 32 on every layer (the 64-, 120- and 200-token prompts cross it)",
         ),
         "qwen2": dict(
             config=Qwen2Config(**{**COMMON, **SMALL}, rope_theta=10000.0, tie_word_embeddings=True, use_sliding_window=False,
@@ -108,7 +117,8 @@ def families() -> dict[str, dict]:
             exercises="q_norm/k_norm, no biases, head_dim 64 set explicitly (hidden 64)",
         ),
         "gemma3": dict(
-            config=Gemma3TextConfig(**{**COMMON, **SMALL, "num_hidden_layers": 4}, rope_theta=1000000.0,
+            config=Gemma3TextConfig(**{**COMMON, **SMALL, "num_hidden_layers": 4,
+                                       "max_position_embeddings": LONG_MAX_POS}, rope_theta=1000000.0,
                                     rope_local_base_freq=10000.0, sliding_window=16, sliding_window_pattern=2,
                                     query_pre_attn_scalar=48, rope_scaling={"rope_type": "linear", "factor": 8.0},
                                     final_logit_softcapping=None, attn_logit_softcapping=None,
@@ -120,6 +130,8 @@ def families() -> dict[str, dict]:
             # and branch norms of ~4 (and a final norm of ~2) let the layers decide.
             embed_std=0.1,
             norm_centers={"post_attention_layernorm": 3.0, "post_feedforward_layernorm": 3.0, "model.norm": 1.0},
+            long_prompts=LONG_PROMPT_LENS,
+            max_pos=LONG_MAX_POS,
             exercises="Gemma's 1+w norms (4 per layer + q/k norms), embedding × sqrt(hidden), tanh GELU, "
                       "sliding/full layers (window 16, pattern 2), query_pre_attn_scalar 48, linear rope "
                       "factor 8 on full layers only, local rope base 10000, tied embeddings",
@@ -212,9 +224,9 @@ def randomize(model: torch.nn.Module, seed: int, norm_identity: float, embed_std
             p.copy_(v.to(torch.float32))
 
 
-def prompts(seed: int) -> list[list[int]]:
+def prompts(seed: int, lens: tuple[int, ...] = PROMPT_LENS) -> list[list[int]]:
     rng = random.Random(seed)
-    return [[BOS] + [rng.randrange(3, VOCAB) for _ in range(n - 1)] for n in PROMPT_LENS]
+    return [[BOS] + [rng.randrange(3, VOCAB) for _ in range(n - 1)] for n in lens]
 
 
 def r7(x: float) -> float:
@@ -241,6 +253,16 @@ def expected(model, prompt_list: list[list[int]]) -> list[dict]:
         out.append({"prompt_ids": ids, "greedy_ids": seq[len(ids):], "min_top2_gap": r7(min(gaps)),
                     "logits_std": r7(float(torch.tensor(steps[0]).std())), "logits": steps})
     return out
+
+
+def clear_prompts(name: str, model, first_seed: int, lens: tuple[int, ...]) -> list[dict]:
+    """`expected()` of the prompts of `lens` from the first seed from `first_seed` on whose greedy
+    steps all have a top-1 − top-2 margin of at least MIN_GAP."""
+    for prompt_seed in range(first_seed, first_seed + 49):
+        gens = expected(model, prompts(prompt_seed, lens))
+        if min(g["min_top2_gap"] for g in gens) >= MIN_GAP:
+            return gens
+    raise RuntimeError(f"{name}: no prompt seed without a near-tie for lengths {lens}")
 
 
 def patch_config(folder: Path, patch: dict) -> None:
@@ -282,14 +304,14 @@ def make_family(name: str, spec: dict, spm_model: Path, seed: int, llama_cpp: Pa
     model = AutoModelForCausalLM.from_pretrained(str(folder), attn_implementation="eager", torch_dtype=torch.float32)
     model.eval()
     # Prompts whose greedy steps are all clear of near-ties (top-1 − top-2 ≥ MIN_GAP), so that an
-    # engine within the logits tolerance makes the same choices: the first such prompt seed.
-    for prompt_seed in range(seed + 1, seed + 50):
-        gens = expected(model, prompts(prompt_seed))
-        if min(g["min_top2_gap"] for g in gens) >= MIN_GAP:
-            break
-    else:
-        raise RuntimeError(f"{name}: no prompt seed without a near-tie")
+    # engine within the logits tolerance makes the same choices: the first such prompt seed. The
+    # long prompts have a seed of their own (from seed + 1001), so the short ones stay as they were.
+    gens = clear_prompts(name, model, seed + 1, PROMPT_LENS)
+    if spec.get("long_prompts"):
+        gens += clear_prompts(name, model, seed + 1001, spec["long_prompts"])
     cfg = model.config
+    assert cfg.max_position_embeddings == spec.get("max_pos", MAX_POS), name
+    assert all(len(g["prompt_ids"]) + STEPS <= cfg.max_position_embeddings for g in gens), name
     meta = {
         "family": name, "architecture": cfg.architectures[0], "model_type": cfg.model_type,
         "exercises": spec["exercises"],
