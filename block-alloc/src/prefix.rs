@@ -285,7 +285,7 @@ impl BlockPool {
                 }
             };
             // A block released out of a sliding window is no longer the table's to offer.
-            if i >= table.first_live {
+            if i >= table.first_live() {
                 cache.register(table.blocks[i], hash, salt, chunk);
             }
         }

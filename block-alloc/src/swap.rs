@@ -108,7 +108,7 @@ fn transfer(
     }
     for t in tables.iter_mut() {
         // Release tail-first, as a free would, so chain ends are evicted first.
-        let first_live = t.first_live;
+        let first_live = t.first_live();
         for &b in t.blocks[first_live..].iter().rev() {
             src.release(b);
         }

@@ -35,12 +35,13 @@ pub struct BlockTable {
     pub(crate) hashes: Vec<BlockHash>,
     /// Leading full blocks already offered to the current pool's prefix cache.
     pub(crate) num_registered: usize,
-    /// Sliding-window attention: a query at position `p` sees keys in `(p - window, p]`; `None`
-    /// for full attention.
-    pub(crate) window: Option<usize>,
+    /// Sliding-window attention: a query at position `p` sees keys in `(p - window, p]`; 0 for
+    /// full attention. (32 bits, like `first_live`: the scheduler's per-step walk over tables
+    /// is memory-bound.)
+    pub(crate) window: u32,
     /// Leading entries released because no query still to come can see them (`window.rs`):
     /// they hold no reference and their ids are stale (the kernels never read them).
-    pub(crate) first_live: usize,
+    pub(crate) first_live: u32,
 }
 
 impl BlockTable {
@@ -64,7 +65,7 @@ impl BlockTable {
             num_tokens: 0,
             hashes: Vec::new(),
             num_registered: 0,
-            window: None,
+            window: 0,
             first_live: 0,
         }
     }
@@ -78,17 +79,17 @@ impl BlockTable {
 
     /// The blocks the table holds a reference on: all but the released leading entries.
     pub fn live_blocks(&self) -> &[BlockId] {
-        &self.blocks[self.first_live..]
+        &self.blocks[self.first_live as usize..]
     }
 
     /// Leading entries released out of the sliding window (0 for full attention).
     pub fn first_live(&self) -> usize {
-        self.first_live
+        self.first_live as usize
     }
 
     /// The sliding window the table was made for (`None`: full attention).
     pub fn window(&self) -> Option<usize> {
-        self.window
+        (self.window > 0).then_some(self.window as usize)
     }
 
     /// Token slots in use.
@@ -273,7 +274,7 @@ impl BlockTable {
     /// [`AllocError::UnknownBlock`], [`AllocError::BlockSizeMismatch`], [`AllocError::WrongPool`].
     pub fn free(&mut self, pool: &mut BlockPool) -> Result<(), AllocError> {
         self.check_pool(pool)?;
-        let live = &self.blocks[self.first_live..];
+        let live = &self.blocks[self.first_live as usize..];
         for (i, &b) in live.iter().enumerate().rev() {
             let err = match pool.ref_counts.get(b as usize) {
                 None => AllocError::UnknownBlock(b),

@@ -24,7 +24,7 @@ impl BlockPool {
     /// An empty table for a sliding window of `window` tokens (`None`: full attention).
     pub fn new_table_for(&self, window: Option<usize>) -> BlockTable {
         let mut table = self.new_table();
-        table.window = window.map(|w| w.max(1));
+        table.window = window.map_or(0, |w| u32::try_from(w.max(1)).unwrap_or(u32::MAX));
         table
     }
 }
@@ -39,16 +39,17 @@ impl BlockTable {
     /// table's back).
     #[inline]
     pub fn release_outside_window(&mut self, pool: &mut BlockPool) -> Result<usize, AllocError> {
-        let Some(window) = self.window else { return Ok(0) };
+        let Some(window) = self.window() else { return Ok(0) };
         // Only full blocks can fall out of a window (`window ≥ 1`), and never the last one
         // still being written.
         let end = blocks_outside_window(Some(window), self.block_size, self.num_tokens)
             .min(self.num_tokens / self.block_size);
-        if end <= self.first_live {
+        let first_live = self.first_live();
+        if end <= first_live {
             return Ok(0);
         }
         self.check_pool(pool)?;
-        let released = &self.blocks[self.first_live..end];
+        let released = &self.blocks[first_live..end];
         for &b in released {
             match pool.ref_counts.get(b as usize) {
                 None => return Err(AllocError::UnknownBlock(b)),
@@ -60,9 +61,8 @@ impl BlockTable {
         for &b in released.iter().rev() {
             pool.release(b);
         }
-        let n = end - self.first_live;
-        self.first_live = end;
-        Ok(n)
+        self.first_live = end as u32; // a table holds fewer than 2^32 blocks
+        Ok(end - first_live)
     }
 }
 
@@ -84,7 +84,7 @@ impl BlockPool {
         tables: &mut [&mut BlockTable],
     ) -> Result<usize, AllocError> {
         if let [table] = tables
-            && table.window.is_none()
+            && table.window == 0
         {
             return self.lookup_prefix(tokens, salts.first().copied().unwrap_or(0), table);
         }
@@ -119,20 +119,20 @@ impl BlockPool {
         }
         let servable = |k: usize| {
             tables.iter().zip(&hits).all(|(t, row)| {
-                let from = blocks_outside_window(t.window, bs, k * bs).min(k);
+                let from = blocks_outside_window(t.window(), bs, k * bs).min(k);
                 row[from..k].iter().all(Option::is_some)
             })
         };
         let full_prefix = tables
             .iter()
             .zip(&hits)
-            .filter(|(t, _)| t.window.is_none())
+            .filter(|(t, _)| t.window == 0)
             .map(|(_, row)| row.iter().take_while(|h| h.is_some()).count())
             .min()
             .unwrap_or(n);
         let k = (1..=full_prefix).rev().find(|&k| servable(k)).unwrap_or(0);
         for (t, row) in tables.iter_mut().zip(&hits) {
-            let from = blocks_outside_window(t.window, bs, k * bs).min(k);
+            let from = blocks_outside_window(t.window(), bs, k * bs).min(k);
             t.blocks.extend(std::iter::repeat_n(NULL_BLOCK, from));
             for &b in row[from..k].iter().flatten() {
                 let rc = &mut self.ref_counts[b as usize];
@@ -142,7 +142,7 @@ impl BlockPool {
                 *rc += 1;
                 t.blocks.push(b);
             }
-            t.first_live = from;
+            t.first_live = from as u32;
             t.num_tokens = k * bs;
             t.num_registered = k;
             if k > 0 {

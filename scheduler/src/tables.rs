@@ -105,25 +105,37 @@ impl SeqTables {
         Ok(n)
     }
 
-    /// Appends `n` slots to every group; the copies-on-write go to `cows`.
-    #[inline]
+    /// Appends `n` slots to every group; the copies-on-write go to `cows`. One group (the decode
+    /// hot path of most models) is `BlockTable::append_tokens` inlined.
+    #[inline(always)]
     pub fn append_tokens(
         &mut self,
         pool: &mut BlockPool,
         n: usize,
         cows: &mut impl FnMut(CopyOnWrite),
     ) -> Result<(), AllocError> {
-        if !self.rest.is_empty() {
-            // All or nothing across the groups.
-            let need = self.blocks_to_append(pool, n);
-            if need > pool.num_free() {
-                return Err(AllocError::OutOfBlocks { needed: need, free: pool.num_free() });
+        if self.rest.is_empty() {
+            if let Some(cow) = self.first.append_tokens(pool, n)? {
+                cows(cow);
             }
+            return Ok(());
         }
-        if let Some(cow) = self.first.append_tokens(pool, n)? {
-            cows(cow);
+        self.append_to_every_group(pool, n, cows)
+    }
+
+    #[inline(never)]
+    fn append_to_every_group(
+        &mut self,
+        pool: &mut BlockPool,
+        n: usize,
+        cows: &mut impl FnMut(CopyOnWrite),
+    ) -> Result<(), AllocError> {
+        // All or nothing across the groups.
+        let need = self.blocks_to_append(pool, n);
+        if need > pool.num_free() {
+            return Err(AllocError::OutOfBlocks { needed: need, free: pool.num_free() });
         }
-        for t in &mut self.rest {
+        for t in self.iter_mut() {
             if let Some(cow) = t.append_tokens(pool, n)? {
                 cows(cow);
             }
@@ -197,7 +209,12 @@ impl SeqTables {
     }
 
     /// Every group's new entries from `from` on, group after group (equal lengths), into `out`.
+    #[inline]
     pub fn push_blocks_from(&self, from: usize, out: &mut Vec<block_alloc::BlockId>) {
+        if self.rest.is_empty() {
+            out.extend_from_slice(&self.first.blocks()[from..]);
+            return;
+        }
         for t in self.iter() {
             out.extend_from_slice(&t.blocks()[from..]);
         }
