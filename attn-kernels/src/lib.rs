@@ -17,7 +17,8 @@
 //! - [`backend`]: the same kernels generic over the device ([`backend::Cpu`], and with `cuda` the
 //!   CUDA twins): what a forward pass calls so that it never branches on the device.
 //! - `reference` (feature `testing`): naive gather-through-the-block-table versions with an
-//!   `f64` softmax, the oracles of tests, benches and the GPU check.
+//!   `f64` softmax, the oracles of tests, benches and the GPU check; `testing` (the same
+//!   feature): the owned batch metadata they build their batches into.
 //! - [`cpu`]: `Weight` (a matrix in its storage format) and `x·Wᵀ` over it, the f32 `linear`,
 //!   `norm`, `act`, `rope`, and `ggml`'s formats.
 //!
@@ -50,6 +51,8 @@ mod meta;
 #[cfg(feature = "testing")]
 pub mod reference;
 mod simd;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use attention::{AttnOptions, SplitPolicy, paged_attention, paged_attention_with};
 pub use block_ops::{copy_blocks, swap_blocks, swap_in, swap_out};
