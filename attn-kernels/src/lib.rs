@@ -22,6 +22,8 @@
 //! - [`cpu`]: `Weight` (a matrix in its storage format) and `x·Wᵀ` over it, the f32 `linear`,
 //!   `norm`, `act`, `rope`, and `ggml`'s formats.
 //!
+//! [`file::write_atomically`] writes a file whole (the cubin cache, the GPU run's records).
+//!
 //! The CPU code uses every rayon thread, AVX-512 or AVX2/FMA/F16C inner loops chosen once at
 //! run time ([`Isa`], the one detection for every CPU kernel; portable fallback otherwise), and
 //! per-thread scratch so the hot loop never allocates.
@@ -46,6 +48,7 @@ mod block_ops;
 mod cache_write;
 pub mod cpu;
 mod error;
+pub mod file;
 mod isa;
 mod meta;
 #[cfg(feature = "testing")]
