@@ -7,7 +7,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{Activations, GgmlType, Out, PartRef};
+use super::{Activations, GgmlType, RowTask};
 
 /// One format's groups of 32 consecutive values of a row, factored as `codes·scale + offset`
 /// (see [`super::avx512::Group`], of which this is the eight-lane twin). The formats and
