@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use attn_kernels::backend::KernelBackend;
 use attn_kernels::cuda::DeviceAttnMetadata;
 use attn_kernels::cuda::kernels::AttentionVariant::{Tiled, V1, V2};
 use attn_kernels::cuda::ops::{self, DeviceSlotMapping};
@@ -83,8 +84,8 @@ pub fn check_far_offsets(ctx: &Ctx, rec: &mut Recorder) -> Res<()> {
     // Move: copy-on-write copies into gaps, a swap round trip into the spares.
     let moves = place.moves(&case.metadata.block_tables);
     ops::copy_blocks(kernels, &mut dev, &moves.copies)?;
-    attn_kernels::cuda::swap::swap_out(kernels, &mut dev, &moves.swap_out)?;
-    attn_kernels::cuda::swap::swap_in(kernels, &mut dev, &moves.swap_in)?;
+    kernels.swap_out(&mut dev, &moves.swap_out)?;
+    kernels.swap_in(&mut dev, &moves.swap_in)?;
     device.synchronize()?;
     place.apply_moves(&mut want_k, &moves);
     place.apply_moves(&mut want_v, &moves);
