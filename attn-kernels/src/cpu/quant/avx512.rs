@@ -81,13 +81,8 @@ groups! {
     Q6K { bytes: 26, offset: false } => |row, g| {
         // SAFETY: super-block g/8 (210 bytes) lies inside the row.
         unsafe {
-            let b = row.add(g / 8 * 210);
-            let (half, quarter) = (g % 8 / 4, g % 4);
-            let q = super::avx2::q6k_codes(b, half, quarter);
-            let d = f16_at(b.add(208));
-            let scales = b.add(192 + 8 * half + 2 * quarter) as *const i8;
-            let (s0, s1) = (d * f32::from(*scales), d * f32::from(*scales.add(1)));
-            let [lo, hi] = u8x32_to_f32(q);
+            let (codes, s0, s1) = super::avx2::q6k_group(row, g);
+            let [lo, hi] = u8x32_to_f32(codes);
             // Two scales per group: the values themselves.
             let [a] = affine([lo], s0, -32.0 * s0);
             let [c] = affine([hi], s1, -32.0 * s1);
