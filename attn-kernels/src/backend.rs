@@ -187,11 +187,11 @@ mod cuda_backend {
         }
 
         fn swap_out(&self, cache: &mut CudaKvCache, mapping: &[(u32, u32)]) -> Result<(), CudaError> {
-            crate::cuda::swap::swap_out(self, cache, mapping)
+            crate::cuda::swap::swap(self, cache, mapping, true)
         }
 
         fn swap_in(&self, cache: &mut CudaKvCache, mapping: &[(u32, u32)]) -> Result<(), CudaError> {
-            crate::cuda::swap::swap_in(self, cache, mapping)
+            crate::cuda::swap::swap(self, cache, mapping, false)
         }
     }
 }

@@ -17,9 +17,12 @@
 //! - [`backend`]: the same kernels generic over the device ([`backend::Cpu`], and with `cuda` the
 //!   CUDA twins): what a forward pass calls so that it never branches on the device.
 //! - `reference` (feature `testing`): naive gather-through-the-block-table versions with an
-//!   `f64` softmax, the oracles of tests, benches and the GPU check.
+//!   `f64` softmax, the oracles of tests, benches and the GPU check; `testing` (the same
+//!   feature): the owned batch metadata they build their batches into.
 //! - [`cpu`]: `Weight` (a matrix in its storage format) and `x·Wᵀ` over it, the f32 `linear`,
 //!   `norm`, `act`, `rope`, and `ggml`'s formats.
+//!
+//! [`file::write_atomically`] writes a file whole (the cubin cache, the GPU run's records).
 //!
 //! The CPU code uses every rayon thread, AVX-512 or AVX2/FMA/F16C inner loops chosen once at
 //! run time ([`Isa`], the one detection for every CPU kernel; portable fallback otherwise), and
@@ -45,11 +48,14 @@ mod block_ops;
 mod cache_write;
 pub mod cpu;
 mod error;
+pub mod file;
 mod isa;
 mod meta;
 #[cfg(feature = "testing")]
 pub mod reference;
 mod simd;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use attention::{AttnOptions, SplitPolicy, paged_attention, paged_attention_with};
 pub use block_ops::{copy_blocks, swap_blocks, swap_in, swap_out};

@@ -10,6 +10,7 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use attn_kernels::testing::{OwnedMetadata, query_start_loc};
 use attn_kernels::{AttnError, PagedAttnMetadata};
 
 /// One attention batch on one layer: a NaN-poisoned cache whose used slots hold random K/V,
@@ -18,13 +19,9 @@ use attn_kernels::{AttnError, PagedAttnMetadata};
 pub struct AttnCase {
     pub cache: LayerCache,
     pub query: Vec<f32>,
-    pub query_start_loc: Vec<usize>,
-    pub seq_lens: Vec<usize>,
     /// A persistent table as the engine keeps it: sequence `s` reads row `seq_rows[s]` (rows in
     /// reverse order, behind two rows of out-of-range ids nobody reads).
-    pub block_tables: Vec<u32>,
-    pub max_blocks_per_seq: usize,
-    pub seq_rows: Vec<u32>,
+    pub metadata: OwnedMetadata,
     pub num_heads: usize,
     pub scale: f32,
 }
@@ -72,51 +69,41 @@ impl AttnCase {
         let seq_rows: Vec<u32> = (0..n).map(|s| (n + 1 - s) as u32).collect();
         let mut block_tables = vec![u32::MAX; (n + 2) * max_blocks_per_seq];
         let mut next = physical.into_iter();
-        let mut slots = Vec::new();
         for (&(_, len), &r) in chunks.iter().zip(&seq_rows) {
             let row = &mut block_tables[r as usize * max_blocks_per_seq..][..max_blocks_per_seq];
             for b in row.iter_mut().take(len.div_ceil(bs)) {
                 *b = next.next().unwrap_or(0);
             }
-            slots.extend((0..len).map(|i| (row[i / bs] as usize * bs + i % bs) as i64));
         }
+        let metadata = OwnedMetadata {
+            query_start_loc: query_start_loc(chunks.iter().map(|&(q, _)| q)),
+            seq_lens: chunks.iter().map(|&(_, l)| l).collect(),
+            block_tables,
+            max_blocks_per_seq,
+            seq_rows: Some(seq_rows),
+        };
+        let slots: Vec<i64> = (0..n)
+            .flat_map(|s| (0..chunks[s].1).map(move |i| (s, i)))
+            .map(|(s, i)| metadata.slot(s, i, bs) as i64)
+            .collect();
         let row = geometry.num_kv_heads * geometry.head_size;
         let kv: Vec<f32> = (0..slots.len() * row).map(|_| rng.random_range(-1.0f32..1.0)).collect();
         let vv: Vec<f32> = (0..slots.len() * row).map(|_| rng.random_range(-1.0f32..1.0)).collect();
         attn_kernels::reshape_and_cache(&kv, &vv, &slots, &mut cache)?;
-        let mut query_start_loc = vec![0];
-        for &(q, _) in chunks {
-            query_start_loc.push(query_start_loc.last().copied().unwrap_or(0) + q);
-        }
-        let num_tokens = query_start_loc.last().copied().unwrap_or(0);
+        let num_tokens = metadata.as_meta().num_tokens();
         // Queries of U(-1, 1) give logits of std 1/3 after the 1/sqrt(d) scale: a nearly flat
         // softmax that forgives a missing max-logit rescale. QUERY_GAIN makes the logits' std
         // ~8, so a few keys dominate and every partition of v2 has its own maximum.
         let query = (0..num_tokens * num_heads * geometry.head_size)
             .map(|_| QUERY_GAIN * rng.random_range(-1.0f32..1.0))
             .collect();
-        let case = AttnCase {
-            cache,
-            query,
-            query_start_loc,
-            seq_lens: chunks.iter().map(|&(_, l)| l).collect(),
-            block_tables,
-            max_blocks_per_seq,
-            seq_rows,
-            num_heads,
-            scale: 1.0 / (geometry.head_size as f32).sqrt(),
-        };
+        let case =
+            AttnCase { cache, query, metadata, num_heads, scale: 1.0 / (geometry.head_size as f32).sqrt() };
         Ok((case, CacheInputs { key: kv, value: vv, slots }))
     }
 
     pub fn meta(&self) -> PagedAttnMetadata<'_> {
-        PagedAttnMetadata {
-            query_start_loc: &self.query_start_loc,
-            seq_lens: &self.seq_lens,
-            block_tables: &self.block_tables,
-            max_blocks_per_seq: self.max_blocks_per_seq,
-            seq_rows: Some(&self.seq_rows),
-        }
+        self.metadata.as_meta()
     }
 
     /// The f64-softmax reference output.
@@ -267,7 +254,7 @@ mod tests {
             // The cache still holds NaN in unused slots (the poison is really there).
             let (k, _) = layer_bytes(&case.cache);
             assert!(!cache_images_equal(&k, &vec![0u8; k.len()], DType::BF16));
-            assert_eq!(case.query.len(), case.query_start_loc.last().copied().unwrap_or(0) * 8 * 64);
+            assert_eq!(case.query.len(), case.meta().num_tokens() * 8 * 64);
         }
         Ok(())
     }
@@ -332,7 +319,7 @@ mod tests {
     #[test]
     fn block_tables_are_shuffled_and_distinct() -> Result<(), AttnError> {
         let case = AttnCase::random(geometry(DType::F16, 8), 2, &[(1, 100), (1, 64)], 3)?;
-        let used: Vec<u32> = case.block_tables.iter().copied().filter(|&b| b != u32::MAX).collect();
+        let used: Vec<u32> = case.metadata.block_tables.iter().copied().filter(|&b| b != u32::MAX).collect();
         let mut sorted = used.clone();
         sorted.sort_unstable();
         sorted.dedup();

@@ -219,7 +219,7 @@ mod tests {
         assert!(place.tail_bytes().len() < 16 << 20);
 
         let (case, inputs) = AttnCase::with_inputs(place.small(), 8 * FAR_GROUP, &far_batch(), 1)?;
-        let table = place.table(&case.block_tables);
+        let table = place.table(&case.metadata.block_tables);
         let used: Vec<u32> = table.iter().copied().filter(|&b| b != u32::MAX).collect();
         assert_eq!(used.len(), needed);
         for &b in &used {
@@ -229,7 +229,7 @@ mod tests {
             assert!(s >= 0 && (s as usize) < pool.num_slots());
             assert!(pool.key_index(s as usize, 0, 0) as u64 >= past);
         }
-        let moves = place.moves(&case.block_tables);
+        let moves = place.moves(&case.metadata.block_tables);
         assert_eq!((moves.copies.len(), moves.swap_out.len(), moves.swap_in.len()), (2, 2, 2));
         let pool_blocks = moves.copies.iter().flat_map(|&(a, b)| [a, b]);
         let swapped = moves.swap_out.iter().map(|p| p.0).chain(moves.swap_in.iter().map(|p| p.1));
@@ -278,13 +278,13 @@ mod tests {
         // The image is not trivially NaN: the placed blocks hold the small cache's values.
         assert!(!cache_images_equal(&want_k, &nan_bytes(want_k.len(), DType::F16), DType::F16));
 
-        let table = place.table(&case.block_tables);
+        let table = place.table(&case.metadata.block_tables);
         let meta = PagedAttnMetadata { block_tables: &table, ..case.meta() };
         let mut out = vec![0.0; case.query.len()];
         attn_kernels::reference::paged_attention(&mut out, &case.query, pool.layer(0), &meta, 4, case.scale)?;
         assert_eq!(out, case.reference()?);
 
-        let moves = place.moves(&case.block_tables);
+        let moves = place.moves(&case.metadata.block_tables);
         attn_kernels::copy_blocks(&mut pool, &moves.copies)?;
         attn_kernels::swap_out(&mut pool, &moves.swap_out)?;
         attn_kernels::swap_in(&mut pool, &moves.swap_in)?;

@@ -210,12 +210,7 @@ pub fn run_with(mut rec: Recorder, body: impl FnOnce(&mut Recorder) -> Res<()>) 
 /// (or a kill) never sees half a file.
 pub fn write_json_atomically(path: &Path, value: &impl Serialize) -> std::io::Result<()> {
     let text = serde_json::to_string_pretty(value).map_err(std::io::Error::other)?;
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent)?;
-    }
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, text)?;
-    std::fs::rename(&tmp, path)
+    attn_kernels::file::write_atomically(path, text.as_bytes())
 }
 
 #[cfg(test)]

@@ -16,13 +16,10 @@ pub fn tiled_prefill(case: &AttnCase, plan: &PrefillPlan) -> Vec<f32> {
     let g = *case.cache.geometry();
     let (d, bs, kvh) = (g.head_size, g.block_size, g.num_kv_heads);
     let group = case.num_heads / kvh;
-    let qsl: Vec<i32> = case.query_start_loc.iter().map(|&v| v as i32).collect();
-    let lens: Vec<i32> = case.seq_lens.iter().map(|&v| v as i32).collect();
+    let qsl: Vec<i32> = case.metadata.query_start_loc.iter().map(|&v| v as i32).collect();
+    let lens: Vec<i32> = case.metadata.seq_lens.iter().map(|&v| v as i32).collect();
     let mut out = vec![f32::NAN; case.query.len()];
-    let slot = |s: usize, key: usize| {
-        let row = case.seq_rows[s] as usize * case.max_blocks_per_seq;
-        case.block_tables[row + key / bs] as usize * bs + key % bs
-    };
+    let slot = |s: usize, key: usize| case.metadata.slot(s, key, bs);
     for tile in plan.tiles(&qsl, &lens).chunks_exact(2) {
         let (s, tok0) = (tile[0] as usize, tile[1] as usize);
         let (q_begin, qlen, seq_len) = (qsl[s] as usize, (qsl[s + 1] - qsl[s]) as usize, lens[s] as usize);
@@ -128,7 +125,8 @@ mod tests {
                     let row = case.num_heads * head;
                     let (mut g, mut w) = (Vec::new(), Vec::new());
                     for (s, &(q, _)) in chunks.iter().enumerate() {
-                        let rows = case.query_start_loc[s] * row..case.query_start_loc[s + 1] * row;
+                        let rows = case.metadata.query_start_loc[s] * row
+                            ..case.metadata.query_start_loc[s + 1] * row;
                         if q > 1 {
                             g.extend_from_slice(&got[rows.clone()]);
                             w.extend_from_slice(&want[rows]);

@@ -2,7 +2,7 @@
 //! tokenizer with ChatML specials, chat template): the fixture of the engine's and the
 //! server's tests (feature `testing`).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -194,33 +194,55 @@ pub fn with_every_architecture_feature(mut model: crate::Model, seed: u64) -> cr
     model
 }
 
+/// `$var`, else `name` under the workspace's `target/models/` (where `cargo xtask fetch-model`
+/// writes).
+fn model_path(var: &str, name: &str) -> PathBuf {
+    std::env::var_os(var)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/models").join(name))
+}
+
+/// `path` for tests when `present`; otherwise fails with what to run (`cargo xtask fetch-model`
+/// with `args`) or which variable to set.
+fn for_tests(path: PathBuf, present: bool, args: &[&str], var: &str) -> PathBuf {
+    assert!(present, "{} not found: run `{}` first (or set {var})", path.display(), fetch_command(args));
+    path
+}
+
+/// `path` for benchmarks: runs `cargo xtask fetch-model` with `args` when `present` says it is
+/// missing.
+fn fetched(path: PathBuf, present: impl Fn(&Path) -> bool, args: &[&str]) -> Result<PathBuf, String> {
+    if !present(&path) {
+        eprintln!("{} missing; running {}", path.display(), fetch_command(args));
+        fetch_model(args)?;
+        if !present(&path) {
+            return Err(format!("{} did not write {}", fetch_command(args), path.display()));
+        }
+    }
+    Ok(path)
+}
+
 /// The real default model's folder: `$SMOLLM2_DIR`, else `target/models/SmolLM2-135M-Instruct`
 /// under the workspace root (where `cargo xtask fetch-model` writes it).
-pub fn smollm2_dir() -> std::path::PathBuf {
-    std::env::var_os("SMOLLM2_DIR").map(std::path::PathBuf::from).unwrap_or_else(|| {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/models/SmolLM2-135M-Instruct")
-    })
+pub fn smollm2_dir() -> PathBuf {
+    model_path("SMOLLM2_DIR", "SmolLM2-135M-Instruct")
 }
 
 /// [`smollm2_dir`] for tests: fails with what to run when the model is missing.
-pub fn smollm2_dir_for_tests() -> std::path::PathBuf {
+pub fn smollm2_dir_for_tests() -> PathBuf {
     let dir = smollm2_dir();
-    assert!(
-        dir.join("config.json").exists() && dir.join("model.safetensors").exists(),
-        "SmolLM2-135M-Instruct not found at {}: run `cargo xtask fetch-model` first (or set SMOLLM2_DIR)",
-        dir.display()
-    );
-    dir
+    let present = dir.join("config.json").exists() && dir.join("model.safetensors").exists();
+    for_tests(dir, present, &[], "SMOLLM2_DIR")
 }
 
 /// [`smollm2_dir`] for benchmarks: runs `cargo xtask fetch-model` when the model is missing.
-pub fn smollm2_dir_fetched() -> Result<std::path::PathBuf, String> {
-    let dir = smollm2_dir();
-    if !dir.join("model.safetensors").exists() {
-        eprintln!("{} missing; running cargo xtask fetch-model", dir.display());
-        fetch_model(&[])?;
-    }
-    Ok(dir)
+pub fn smollm2_dir_fetched() -> Result<PathBuf, String> {
+    fetched(smollm2_dir(), |dir| dir.join("model.safetensors").exists(), &[])
+}
+
+/// `cargo xtask fetch-model` with `args`, as a user types it.
+fn fetch_command(args: &[&str]) -> String {
+    ["cargo xtask fetch-model"].iter().chain(args).copied().collect::<Vec<_>>().join(" ")
 }
 
 /// Runs `cargo xtask fetch-model` with `args` in the workspace.
@@ -238,7 +260,7 @@ fn fetch_model(args: &[&str]) -> Result<(), String> {
 
 /// The default model as users run it (the Q4_1 GGUF, see [`smollm2_gguf`]), for benchmarks:
 /// runs `cargo xtask fetch-model` when it is missing.
-pub fn default_model_fetched() -> Result<std::path::PathBuf, String> {
+pub fn default_model_fetched() -> Result<PathBuf, String> {
     smollm2_dir_fetched()?;
     let gguf = smollm2_gguf();
     if gguf.exists() { Ok(gguf) } else { Err(format!("{} missing after fetch-model", gguf.display())) }
@@ -247,44 +269,29 @@ pub fn default_model_fetched() -> Result<std::path::PathBuf, String> {
 /// The Q4_1 GGUF the default model's folder is converted from, which `cargo xtask fetch-model`
 /// keeps beside that folder: the default model itself (loaded natively), and what llama.cpp
 /// runs in the `peer` benchmarks.
-pub fn smollm2_gguf() -> std::path::PathBuf {
+pub fn smollm2_gguf() -> PathBuf {
     smollm2_dir().with_file_name("SmolLM2-135M-Instruct.Q4_1.gguf")
 }
 
 /// Gemma 3 270M's Q4_K_M GGUF (a SentencePiece-style vocabulary of 262 144 tokens):
 /// `$GEMMA3_GGUF`, else where `cargo xtask fetch-model --model gemma3-270m` writes it.
-pub fn gemma3_gguf() -> std::path::PathBuf {
-    std::env::var_os("GEMMA3_GGUF").map(std::path::PathBuf::from).unwrap_or_else(|| {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/models/gemma3-270m/gemma-3-270m-q4_k_m.gguf")
-    })
+pub fn gemma3_gguf() -> PathBuf {
+    model_path("GEMMA3_GGUF", "gemma3-270m/gemma-3-270m-q4_k_m.gguf")
 }
 
+const GEMMA3_FETCH: [&str; 2] = ["--model", "gemma3-270m"];
+
 /// [`gemma3_gguf`] for tests: fails with what to run when the file is missing.
-pub fn gemma3_gguf_for_tests() -> std::path::PathBuf {
+pub fn gemma3_gguf_for_tests() -> PathBuf {
     let path = gemma3_gguf();
-    assert!(
-        path.exists(),
-        "{} not found: run `cargo xtask fetch-model --model gemma3-270m` first (or set GEMMA3_GGUF)",
-        path.display()
-    );
-    path
+    let present = path.exists();
+    for_tests(path, present, &GEMMA3_FETCH, "GEMMA3_GGUF")
 }
 
 /// [`gemma3_gguf`] for benchmarks: runs `cargo xtask fetch-model --model gemma3-270m` when it
 /// is missing.
-pub fn gemma3_gguf_fetched() -> Result<std::path::PathBuf, String> {
-    let path = gemma3_gguf();
-    if !path.exists() {
-        eprintln!("{} missing; running cargo xtask fetch-model --model gemma3-270m", path.display());
-        fetch_model(&["--model", "gemma3-270m"])?;
-        if !path.exists() {
-            return Err(format!(
-                "cargo xtask fetch-model --model gemma3-270m did not write {}",
-                path.display()
-            ));
-        }
-    }
-    Ok(path)
+pub fn gemma3_gguf_fetched() -> Result<PathBuf, String> {
+    fetched(gemma3_gguf(), |path| path.exists(), &GEMMA3_FETCH)
 }
 
 /// llama.cpp's SPM tokenizer (`llm_tokenizer_spm_session`) as plainly as it can be written,

@@ -52,15 +52,19 @@ impl StartEngine for EngineKnobs {
 }
 
 /// The non-blank lines of a JSONL file, each parsed as a `T` (`what` names a line that does
-/// not parse) and paired with its `path:line` for later messages.
-pub fn read_jsonl<T: DeserializeOwned>(path: &Path, what: &str) -> anyhow::Result<Vec<(String, T)>> {
+/// not parse) and turned into a `U` by `each`, which is given its `path:line` for messages.
+pub fn read_jsonl<T: DeserializeOwned, U>(
+    path: &Path,
+    what: &str,
+    mut each: impl FnMut(&str, T) -> anyhow::Result<U>,
+) -> anyhow::Result<Vec<U>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let lines = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty());
     lines
         .map(|(i, line)| {
             let at = format!("{}:{}", path.display(), i + 1);
             let value = serde_json::from_str(line).with_context(|| format!("{at}: {what}"))?;
-            Ok((at, value))
+            each(&at, value)
         })
         .collect()
 }
@@ -88,23 +92,19 @@ struct PromptLine {
 /// defaults), with `max_tokens` 128 where the line does not set it.
 fn load_prompts(path: &Path, defaults: &SamplingParams) -> anyhow::Result<Vec<(Prompt, SamplingParams)>> {
     let defaults = SamplingParams { max_tokens: Some(128), ..defaults.clone() };
-    let lines = read_jsonl::<PromptLine>(path, "not a prompt object")?;
-    lines
-        .into_iter()
-        .map(|(at, p)| {
-            let prompt = match (p.prompt, p.messages) {
-                (Some(text), None) => Prompt::Text(text),
-                (None, Some(messages)) => Prompt::Chat(messages),
-                _ => bail!("{at}: give exactly one of \"prompt\" and \"messages\""),
-            };
-            let params = match p.params {
-                Some(fields) => SamplingParams::from_json_over(&defaults, &fields)
-                    .with_context(|| format!("{at}: bad \"params\""))?,
-                None => defaults.clone(),
-            };
-            Ok((prompt, params))
-        })
-        .collect()
+    read_jsonl(path, "not a prompt object", |at, p: PromptLine| {
+        let prompt = match (p.prompt, p.messages) {
+            (Some(text), None) => Prompt::Text(text),
+            (None, Some(messages)) => Prompt::Chat(messages),
+            _ => bail!("{at}: give exactly one of \"prompt\" and \"messages\""),
+        };
+        let params = match p.params {
+            Some(fields) => SamplingParams::from_json_over(&defaults, &fields)
+                .with_context(|| format!("{at}: bad \"params\""))?,
+            None => defaults.clone(),
+        };
+        Ok((prompt, params))
+    })
 }
 
 /// The built-in batch: chat and plain prompts of different lengths and sampling settings.

@@ -46,18 +46,14 @@ fn load_dataset(
     random: &mut impl FnMut(usize) -> Prompt,
     default_output: usize,
 ) -> anyhow::Result<Vec<(Prompt, usize)>> {
-    let lines = read_jsonl::<DatasetLine>(path, "bad dataset line")?;
-    lines
-        .into_iter()
-        .map(|(at, d)| {
-            let prompt = match (d.prompt, d.input_len) {
-                (Some(p), _) => Prompt::Text(p),
-                (None, Some(len)) => random(len),
-                (None, None) => bail!("{at}: needs \"prompt\" or \"input_len\""),
-            };
-            Ok((prompt, d.output_len.unwrap_or(default_output)))
-        })
-        .collect()
+    read_jsonl(path, "bad dataset line", |at, d: DatasetLine| {
+        let prompt = match (d.prompt, d.input_len) {
+            (Some(p), _) => Prompt::Text(p),
+            (None, Some(len)) => random(len),
+            (None, None) => bail!("{at}: needs \"prompt\" or \"input_len\""),
+        };
+        Ok((prompt, d.output_len.unwrap_or(default_output)))
+    })
 }
 
 pub fn run(args: &ThroughputArgs) -> anyhow::Result<()> {

@@ -5,7 +5,8 @@
 use super::scratch::{at_least, with_scratch};
 use super::{Problem, SharedOut, SplitSeq};
 use crate::simd::{
-    Ahead, KernelElem, exp_sub_sum, finish_rows, max_of, prefetch, pv_blocks, qk_rows, qrep_len, widen_masked,
+    Ahead, Heads, KernelElem, PvBlocks, QkRows, exp_sub_sum, finish_rows, max_of, prefetch, pv_blocks,
+    qk_rows, qrep_len, widen_masked,
 };
 
 /// Value tiles per `pv_blocks` call: accumulators go back to memory once per run of this many.
@@ -44,6 +45,7 @@ pub(super) fn run_item<T: KernelElem>(
     let token = pb.meta.query_start_loc[seq];
     let table = &pb.meta.block_table(seq)[t0 / bs..t0 / bs + num_blocks];
     let ql = qrep_len(d, x);
+    let heads = Heads { nh: group, d, bs, stride: padded };
     let kd = KEY_PREFETCH_TILES;
     // The item reads its key tiles, then its value tiles; `tile_at(i)` is the i-th of that walk.
     let tile_at = |i: usize| match table.get(i) {
@@ -66,17 +68,8 @@ pub(super) fn run_item<T: KernelElem>(
         for (b, &block) in table.iter().enumerate() {
             let next = tile_at(b + kd);
             let ahead = Ahead::new(next.as_slice());
-            qk_rows(
-                pb.isa,
-                pb.key_tile(block, kv_head),
-                qrep,
-                group,
-                d,
-                bs,
-                &mut logits[b * bs..],
-                padded,
-                ahead,
-            );
+            let op = QkRows { heads, tile: pb.key_tile(block, kv_head), qrep, scores: &mut logits[b * bs..] };
+            qk_rows(pb.isa, op, ahead);
         }
         // Keys of the first block that precede the window: probability 0.
         let hidden = pb.first_visible(pb.meta.seq_lens[seq] - 1).saturating_sub(t0).min(n);
@@ -113,13 +106,7 @@ pub(super) fn run_item<T: KernelElem>(
             let probs = &logits[r * PV_RUN * bs..];
             pv_blocks(
                 pb.isa,
-                &tiles[..len],
-                probs,
-                padded,
-                group,
-                d,
-                bs,
-                acc8,
+                PvBlocks { heads, tiles: &tiles[..len], probs, acc8 },
                 Ahead::new(&next[..next_len]),
             );
             (tiles, len) = (next, next_len);
@@ -128,7 +115,7 @@ pub(super) fn run_item<T: KernelElem>(
             // Zero the slots past the context: p = 0 there, but 0 · NaN would still be NaN.
             widen_masked(pb.isa, pb.value_tile(table[full], kv_head), d, bs, n - full * bs, vtile);
             let probs = &logits[full * bs..];
-            pv_blocks::<f32>(pb.isa, &[&vtile[..]], probs, padded, group, d, bs, acc8, Ahead::none());
+            pv_blocks::<f32>(pb.isa, PvBlocks { heads, tiles: &[&vtile[..]], probs, acc8 }, Ahead::none());
         }
 
         for i in 0..group {

@@ -3,7 +3,7 @@
 //! compiles it once across processes (and a prepared bundle can ship the files).
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use sha2::{Digest, Sha256};
@@ -11,6 +11,7 @@ use sha2::{Digest, Sha256};
 use super::error::CudaError;
 use super::kernels::Program;
 use super::lock;
+use crate::file::write_atomically;
 
 /// Bump when the NVRTC options change, so old cubins are not reused.
 pub const OPTIONS_VERSION: &str = "nvrtc-opts-1";
@@ -136,15 +137,6 @@ impl CubinCache {
             .map_err(|source| CudaError::CacheIo { path: path.display().to_string(), source })?;
         Ok(path)
     }
-}
-
-fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent)?;
-    }
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, path)
 }
 
 #[cfg(test)]

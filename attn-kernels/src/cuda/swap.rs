@@ -1,5 +1,5 @@
-//! Swapping KV blocks between the GPU and the cache's pinned host swap space (the CUDA twin of
-//! `block_ops`' `swap_out` / `swap_in`): asynchronous driver copies on the device's stream, one
+//! Swapping KV blocks between the GPU and the cache's pinned host swap space (the CUDA
+//! backend's `swap_out` / `swap_in`, twins of `block_ops`'): asynchronous driver copies on the device's stream, one
 //! per run of blocks consecutive on both sides, every index checked before the first copy is
 //! queued.
 
@@ -9,26 +9,10 @@ use kv_cache::cuda::CudaKvCache;
 use super::error::CudaError;
 use super::runtime::CudaKernels;
 
-/// Queues device → host copies of `(device_block, swap_block)` pairs, every layer, key and value.
-pub fn swap_out(
-    kernels: &CudaKernels,
-    cache: &mut CudaKvCache,
-    mapping: &[(u32, u32)],
-) -> Result<(), CudaError> {
-    swap(kernels, cache, mapping, true)
-}
-
-/// Queues host → device copies of `(swap_block, device_block)` pairs, every layer.
-pub fn swap_in(
-    kernels: &CudaKernels,
-    cache: &mut CudaKvCache,
-    mapping: &[(u32, u32)],
-) -> Result<(), CudaError> {
-    swap(kernels, cache, mapping, false)
-}
-
-/// The copies of [`swap_out`] (`to_host`) or [`swap_in`], after checking every pair.
-fn swap(
+/// Queues the copies of the CUDA `KernelBackend::swap_out` (`to_host`: device → host,
+/// `(device_block, swap_block)` pairs) or `swap_in` (host → device, `(swap_block,
+/// device_block)` pairs), every layer, key and value, after checking every pair.
+pub(crate) fn swap(
     kernels: &CudaKernels,
     cache: &mut CudaKvCache,
     mapping: &[(u32, u32)],

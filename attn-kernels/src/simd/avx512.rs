@@ -8,7 +8,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{Ahead, KernelElem};
+use super::{Ahead, Heads, KernelElem, PvBlocks, QkRows};
 
 /// Lanes per vector.
 const L: usize = 16;
@@ -143,18 +143,9 @@ unsafe fn qk_heads<T: KernelElem, const H: usize, const V: usize>(
 /// # Safety
 /// AVX-512F, AVX2, FMA and F16C available; `tile.len() >= d * bs`, `qrep.len() >= nh * d / x * 8`,
 /// `scores.len() >= (nh - 1) * stride + bs`; `bs` in {8, 16, 32}, `d` a multiple of `x`.
-#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-pub(super) unsafe fn qk_rows<T: KernelElem>(
-    tile: &[T],
-    qrep: &[f32],
-    nh: usize,
-    d: usize,
-    bs: usize,
-    scores: &mut [f32],
-    stride: usize,
-    ahead: Ahead<'_, T>,
-) {
+pub(super) unsafe fn qk_rows<T: KernelElem>(op: QkRows<'_, T>, ahead: Ahead<'_, T>) {
+    let QkRows { heads: Heads { nh, d, bs, stride }, tile, qrep, scores } = op;
     let x = T::DTYPE.x();
     let (rows, row_len) = (d / x, bs * x);
     let ql = rows * 8;
@@ -242,18 +233,9 @@ unsafe fn pv_heads<T: KernelElem, const H: usize, const BS: usize>(
 /// # Safety
 /// AVX-512F, AVX2, FMA and F16C available; every tile `>= d * bs` elements, `probs.len() >= (nh - 1) * stride +
 /// tiles.len() * bs`, `acc8.len() >= nh * d * 8`; `bs` in {8, 16, 32}, `d` a multiple of 8.
-#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-pub(super) unsafe fn pv_blocks<T: KernelElem>(
-    tiles: &[&[T]],
-    probs: &[f32],
-    stride: usize,
-    nh: usize,
-    d: usize,
-    bs: usize,
-    acc8: &mut [f32],
-    ahead: Ahead<'_, T>,
-) {
+pub(super) unsafe fn pv_blocks<T: KernelElem>(op: PvBlocks<'_, T>, ahead: Ahead<'_, T>) {
+    let PvBlocks { heads: Heads { nh, d, bs, stride }, tiles, probs, acc8 } = op;
     let (p, a) = (probs.as_ptr(), acc8.as_mut_ptr());
     // SAFETY: per the contract above (d · bs is a multiple of 64); each call covers heads
     // h0 .. h0 + H.

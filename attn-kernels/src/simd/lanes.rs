@@ -1,5 +1,6 @@
 //! `Lanes`: one `f32` vector type per instruction set (8 plain floats, AVX2 `__m256`, AVX-512
-//! `__m512`), so a micro-kernel is written once, generic over it, and compiled per ISA.
+//! `__m512`), so a micro-kernel is written once, generic over it, and compiled per ISA; and the
+//! vector `exp` of both x86 widths (`exp8` also serves decode's softmax).
 //!
 //! Every method is `#[inline(always)]` and `unsafe`: it is only sound inside a function compiled
 //! with the ISA's target features (the kernel entry points), where it inlines to one or a few
@@ -107,7 +108,7 @@ impl Lanes for Plain {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) use x86::{Avx2, Avx512};
+pub(crate) use x86::{Avx2, Avx512, exp8};
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
@@ -115,7 +116,6 @@ mod x86 {
 
     use super::Lanes;
     use crate::simd::KernelElem;
-    use crate::simd::x86::EXP_POLY;
 
     /// AVX2 + FMA (+ F16C for widening f16): 8 lanes.
     #[derive(Clone, Copy)]
@@ -181,7 +181,7 @@ mod x86 {
 
         #[inline(always)]
         unsafe fn exp(self) -> Self {
-            unsafe { Avx2(crate::simd::x86::exp8(self.0)) }
+            unsafe { Avx2(exp8(self.0)) }
         }
         #[inline(always)]
         unsafe fn mask_later(self, key: Self, row: Self) -> Self {
@@ -226,8 +226,52 @@ mod x86 {
         }
     }
 
-    /// `exp` of 16 lanes: the same range reduction and polynomial as the AVX2 `exp8`, and the
-    /// same exact 0 below -87.3.
+    /// Coefficients of `exp`'s polynomial on the reduced range (Cephes `expf`), highest degree
+    /// first, down to the ½ of `r²/2`.
+    const EXP_POLY: [f32; 6] =
+        [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5];
+
+    /// `e^r` for `r = x − n·ln2`, `fx` holding `n` (`|r| <= ln2/2`): ln2 split in two for
+    /// precision, then the degree-5 polynomial `1 + r + r²·P(r)`. What [`exp8`] and `exp16`
+    /// share but the vector width.
+    #[inline(always)]
+    unsafe fn exp_reduced<V: Lanes>(x: V, fx: V) -> V {
+        // SAFETY: register arithmetic; the callers run with the vector's ISA enabled.
+        unsafe {
+            let r = V::fma(fx, V::splat(-0.693_359_4), x);
+            let r = V::fma(fx, V::splat(2.121_944_4e-4), r);
+            let mut y = V::splat(EXP_POLY[0]);
+            for c in &EXP_POLY[1..] {
+                y = V::fma(y, r, V::splat(*c));
+            }
+            V::fma(y, r.mul(r), r.add(V::splat(1.0)))
+        }
+    }
+
+    /// `exp` of 8 lanes: Cephes-style range reduction to `2^n · e^r`, `|r| <= ln2/2`, degree-5
+    /// polynomial; relative error ~1e-7 over the clamped range [-87.3, 88.0], and exactly 0 below
+    /// it: the clamped ~1e-38 times a value is subnormal, a ~100-cycle microcode assist per FMA.
+    #[inline(always)]
+    pub(crate) unsafe fn exp8(x: __m256) -> __m256 {
+        // SAFETY: pure register arithmetic; AVX2/FMA enabled by the calling function.
+        unsafe {
+            let tiny = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(-87.336_55));
+            let x = _mm256_min_ps(x, _mm256_set1_ps(88.0));
+            let x = _mm256_max_ps(x, _mm256_set1_ps(-87.336_55));
+            let fx = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
+                x,
+                _mm256_set1_ps(std::f32::consts::LOG2_E),
+            ));
+            let y = exp_reduced(Avx2(x), Avx2(fx)).0;
+            let n = _mm256_cvtps_epi32(fx);
+            let pow2 =
+                _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(n, _mm256_set1_epi32(127))));
+            _mm256_andnot_ps(tiny, _mm256_mul_ps(y, pow2))
+        }
+    }
+
+    /// `exp` of 16 lanes: the same range reduction and polynomial as [`exp8`], and the same
+    /// exact 0 below -87.3.
     #[inline(always)]
     unsafe fn exp16(x: __m512) -> __m512 {
         // SAFETY: pure register arithmetic; AVX-512F enabled by the calling function.
@@ -238,13 +282,7 @@ mod x86 {
             let fx = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
                 _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
             );
-            let r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693_359_4), x);
-            let r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.121_944_4e-4), r);
-            let mut y = _mm512_set1_ps(EXP_POLY[0]);
-            for c in &EXP_POLY[1..] {
-                y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(*c));
-            }
-            y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0)));
+            let y = exp_reduced(Avx512(x), Avx512(fx)).0;
             let n = _mm512_cvtps_epi32(fx);
             let pow2 =
                 _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(n, _mm512_set1_epi32(127))));

@@ -176,50 +176,57 @@ pub(crate) fn prepare_query(q: &[f32], scale: f32, x: usize, qrep: &mut [f32]) {
     }
 }
 
-/// Scores of `nh` prepared query rows (consecutive in `qrep`, [`qrep_len`] apart) against the
-/// `block_size` keys of one key tile `[head_size/x, block_size, x]`: row `i`'s scores go to
-/// `scores[i * stride .. i * stride + bs]`. Query heads of one kv head share every key load.
-#[inline]
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn qk_rows<T: KernelElem>(
-    isa: Isa,
-    tile: &[T],
-    qrep: &[f32],
-    nh: usize,
-    head_size: usize,
-    bs: usize,
-    scores: &mut [f32],
-    stride: usize,
-    ahead: Ahead<'_, T>,
-) {
-    let ql = qrep_len(head_size, T::DTYPE.x());
-    assert!(nh > 0 && tile.len() >= head_size * bs && qrep.len() >= nh * ql);
-    assert!(stride >= bs && scores.len() >= (nh - 1) * stride + bs);
-    by_isa!(isa, ahead, qk_rows(tile, qrep, nh, head_size, bs, scores, stride))
+/// The query heads of one kv head that the decode micro-kernels run together: `nh` heads of
+/// `d` dimensions over tiles of `bs` tokens, each head's row of scores (or probabilities)
+/// `stride` floats after the previous head's.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Heads {
+    pub nh: usize,
+    pub d: usize,
+    pub bs: usize,
+    pub stride: usize,
 }
 
-/// Lane-wise `p · V` over several value tiles for `nh` query heads at once:
-/// `acc8[i][d][lane] += Σ_j Σ_k p_i[j][8k + lane] · tile_j[d][8k + lane]`, where head `i`'s
-/// probabilities for tile `j` are `probs[i * stride + j * bs ..][..bs]` and its accumulator is
-/// `acc8[i * head_size * 8 ..][..head_size * 8]`. The 8 lanes are summed once, by
-/// [`finish_rows`], so no horizontal reduction runs per block; every value load serves all heads.
+/// What [`qk_rows`] scores: the heads' prepared query rows (consecutive in `qrep`,
+/// [`qrep_len`] apart) against the `bs` keys of one key tile `[d/x, bs, x]`; head `i`'s scores
+/// go to `scores[i * stride .. i * stride + bs]`.
+pub(crate) struct QkRows<'a, T> {
+    pub heads: Heads,
+    pub tile: &'a [T],
+    pub qrep: &'a [f32],
+    pub scores: &'a mut [f32],
+}
+
+/// What [`pv_blocks`] accumulates: head `i`'s probabilities for tile `j` are
+/// `probs[i * stride + j * bs ..][..bs]` and its accumulator is `acc8[i * d * 8 ..][..d * 8]`.
+pub(crate) struct PvBlocks<'a, T> {
+    pub heads: Heads,
+    pub tiles: &'a [&'a [T]],
+    pub probs: &'a [f32],
+    pub acc8: &'a mut [f32],
+}
+
+/// The scores of [`QkRows`]. Query heads of one kv head share every key load.
 #[inline]
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn pv_blocks<T: KernelElem>(
-    isa: Isa,
-    tiles: &[&[T]],
-    probs: &[f32],
-    stride: usize,
-    nh: usize,
-    head_size: usize,
-    bs: usize,
-    acc8: &mut [f32],
-    ahead: Ahead<'_, T>,
-) {
-    assert!(nh > 0 && stride >= tiles.len() * bs && acc8.len() >= nh * head_size * 8);
-    assert!(probs.len() >= (nh - 1) * stride + tiles.len() * bs);
-    assert!(tiles.iter().all(|t| t.len() >= head_size * bs));
-    by_isa!(isa, ahead, pv_blocks(tiles, probs, stride, nh, head_size, bs, acc8))
+pub(crate) fn qk_rows<T: KernelElem>(isa: Isa, op: QkRows<'_, T>, ahead: Ahead<'_, T>) {
+    let Heads { nh, d, bs, stride } = op.heads;
+    let ql = qrep_len(d, T::DTYPE.x());
+    assert!(nh > 0 && op.tile.len() >= d * bs && op.qrep.len() >= nh * ql);
+    assert!(stride >= bs && op.scores.len() >= (nh - 1) * stride + bs);
+    by_isa!(isa, ahead, qk_rows(op))
+}
+
+/// Lane-wise `p · V` over several value tiles for all heads of [`PvBlocks`] at once:
+/// `acc8[i][d][lane] += Σ_j Σ_k p_i[j][8k + lane] · tile_j[d][8k + lane]`. The 8 lanes are
+/// summed once, by [`finish_rows`], so no horizontal reduction runs per block; every value load
+/// serves all heads.
+#[inline]
+pub(crate) fn pv_blocks<T: KernelElem>(isa: Isa, op: PvBlocks<'_, T>, ahead: Ahead<'_, T>) {
+    let Heads { nh, d, bs, stride } = op.heads;
+    assert!(nh > 0 && stride >= op.tiles.len() * bs && op.acc8.len() >= nh * d * 8);
+    assert!(op.probs.len() >= (nh - 1) * stride + op.tiles.len() * bs);
+    assert!(op.tiles.iter().all(|t| t.len() >= d * bs));
+    by_isa!(isa, ahead, pv_blocks(op))
 }
 
 /// `out[d] = scale · Σ_lane acc8[d][lane]`: the final reduction of [`pv_blocks`] accumulators.
@@ -379,7 +386,9 @@ mod tests {
                     }
                     let stride = bs + 3;
                     let mut scores = vec![f32::NAN; nh * stride];
-                    qk_rows(isa, &tile, &qrep, nh, d, bs, &mut scores, stride, Ahead::new(&[&tile[..]]));
+                    let heads = Heads { nh, d, bs, stride };
+                    let op = QkRows { heads, tile: &tile, qrep: &qrep, scores: &mut scores };
+                    qk_rows(isa, op, Ahead::new(&[&tile[..]]));
                     for (i, q) in qs.iter().enumerate() {
                         for (a, b) in
                             scores[i * stride..i * stride + bs].iter().zip(naive_qk(&wide, q, d, bs, x))
@@ -394,17 +403,10 @@ mod tests {
                     // p · V over two tiles (the same tile twice) for every head.
                     let probs: Vec<f32> = (0..nh * 2 * bs).map(|_| lcg(&mut seed).abs()).collect();
                     let mut acc8 = vec![0.0; nh * d * 8];
-                    pv_blocks(
-                        isa,
-                        &[&tile[..], &tile[..]],
-                        &probs,
-                        2 * bs,
-                        nh,
-                        d,
-                        bs,
-                        &mut acc8,
-                        Ahead::new(&[&tile[..]]),
-                    );
+                    let heads = Heads { nh, d, bs, stride: 2 * bs };
+                    let op =
+                        PvBlocks { heads, tiles: &[&tile[..], &tile[..]], probs: &probs, acc8: &mut acc8 };
+                    pv_blocks(isa, op, Ahead::new(&[&tile[..]]));
                     for i in 0..nh {
                         let mut out = vec![0.0; d];
                         finish_rows(isa, &acc8[i * d * 8..(i + 1) * d * 8], 0.5, &mut out);

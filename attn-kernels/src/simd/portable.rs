@@ -1,16 +1,9 @@
 //! Portable micro-kernels: plain loops over `f32`, for CPUs without AVX2/FMA/F16C.
 
-use super::KernelElem;
+use super::{Heads, KernelElem, PvBlocks, QkRows};
 
-pub(super) fn qk_rows<T: KernelElem>(
-    tile: &[T],
-    qrep: &[f32],
-    nh: usize,
-    d: usize,
-    bs: usize,
-    scores: &mut [f32],
-    stride: usize,
-) {
+pub(super) fn qk_rows<T: KernelElem>(op: QkRows<'_, T>) {
+    let QkRows { heads: Heads { nh, d, bs, stride }, tile, qrep, scores } = op;
     let x = T::DTYPE.x();
     let ql = super::qrep_len(d, x);
     for i in 0..nh {
@@ -26,15 +19,8 @@ pub(super) fn qk_rows<T: KernelElem>(
     }
 }
 
-pub(super) fn pv_blocks<T: KernelElem>(
-    tiles: &[&[T]],
-    probs: &[f32],
-    stride: usize,
-    nh: usize,
-    d: usize,
-    bs: usize,
-    acc8: &mut [f32],
-) {
+pub(super) fn pv_blocks<T: KernelElem>(op: PvBlocks<'_, T>) {
+    let PvBlocks { heads: Heads { nh, d, bs, stride }, tiles, probs, acc8 } = op;
     for i in 0..nh {
         let acc = &mut acc8[i * d * 8..(i + 1) * d * 8];
         for (j, tile) in tiles.iter().enumerate() {

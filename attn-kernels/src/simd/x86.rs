@@ -2,7 +2,8 @@
 
 use std::arch::x86_64::*;
 
-use super::{Ahead, KernelElem};
+use super::lanes::exp8;
+use super::{Ahead, Heads, KernelElem, PvBlocks, QkRows};
 
 /// Sums each of 8 vectors horizontally: lane `i` of the result is the sum of `v[i]`'s lanes.
 #[inline(always)]
@@ -102,18 +103,9 @@ unsafe fn qk_heads<T: KernelElem, const H: usize>(
 /// # Safety
 /// AVX2/FMA/F16C available; `tile.len() >= d * bs`, `qrep.len() >= nh * d / x * 8`,
 /// `scores.len() >= (nh - 1) * stride + bs`; `bs` in {8, 16, 32}, `d` a multiple of `x`.
-#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn qk_rows<T: KernelElem>(
-    tile: &[T],
-    qrep: &[f32],
-    nh: usize,
-    d: usize,
-    bs: usize,
-    scores: &mut [f32],
-    stride: usize,
-    ahead: Ahead<'_, T>,
-) {
+pub(super) unsafe fn qk_rows<T: KernelElem>(op: QkRows<'_, T>, ahead: Ahead<'_, T>) {
+    let QkRows { heads: Heads { nh, d, bs, stride }, tile, qrep, scores } = op;
     let x = T::DTYPE.x();
     let (rows, row_len) = (d / x, bs * x);
     let vecs = row_len / 8;
@@ -177,18 +169,9 @@ unsafe fn pv_heads<T: KernelElem, const H: usize, const NK: usize>(
 /// # Safety
 /// AVX2/FMA/F16C available; every tile `>= d * bs` elements, `probs.len() >= (nh - 1) * stride +
 /// tiles.len() * bs`, `acc8.len() >= nh * d * 8`; `bs` in {8, 16, 32}, `d` even.
-#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn pv_blocks<T: KernelElem>(
-    tiles: &[&[T]],
-    probs: &[f32],
-    stride: usize,
-    nh: usize,
-    d: usize,
-    bs: usize,
-    acc8: &mut [f32],
-    ahead: Ahead<'_, T>,
-) {
+pub(super) unsafe fn pv_blocks<T: KernelElem>(op: PvBlocks<'_, T>, ahead: Ahead<'_, T>) {
+    let PvBlocks { heads: Heads { nh, d, bs, stride }, tiles, probs, acc8 } = op;
     let (p, a) = (probs.as_ptr(), acc8.as_mut_ptr());
     // SAFETY: per the contract above; each call covers heads h0 .. h0 + H.
     unsafe {
@@ -214,39 +197,6 @@ pub(super) unsafe fn finish_rows(acc8: &[f32], scale: f32, out: &mut [f32]) {
             }
             _mm256_storeu_ps(o.add(r), _mm256_mul_ps(hsum8x8(&v), s));
         }
-    }
-}
-
-/// Coefficients of `exp`'s polynomial on the reduced range (Cephes `expf`), highest degree
-/// first, down to the ½ of `r²/2`; shared by the AVX2 and AVX-512 versions.
-pub(super) const EXP_POLY: [f32; 6] =
-    [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5];
-
-/// `exp` of 8 lanes: Cephes-style range reduction to `2^n · e^r`, `|r| <= ln2/2`, degree-5
-/// polynomial; relative error ~1e-7 over the clamped range [-87.3, 88.0], and exactly 0 below
-/// it: the clamped ~1e-38 times a value is subnormal, a ~100-cycle microcode assist per FMA.
-#[inline(always)]
-pub(super) unsafe fn exp8(x: __m256) -> __m256 {
-    // SAFETY: pure register arithmetic; AVX2/FMA enabled by the calling function.
-    unsafe {
-        let tiny = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(-87.336_55));
-        let x = _mm256_min_ps(x, _mm256_set1_ps(88.0));
-        let x = _mm256_max_ps(x, _mm256_set1_ps(-87.336_55));
-        let fx = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
-            x,
-            _mm256_set1_ps(std::f32::consts::LOG2_E),
-        ));
-        // r = x - n·ln2, with ln2 split in two for precision.
-        let r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693_359_4), x);
-        let r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.121_944_4e-4), r);
-        let mut y = _mm256_set1_ps(EXP_POLY[0]);
-        for c in &EXP_POLY[1..] {
-            y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(*c));
-        }
-        y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0)));
-        let n = _mm256_cvtps_epi32(fx);
-        let pow2 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(n, _mm256_set1_epi32(127))));
-        _mm256_andnot_ps(tiny, _mm256_mul_ps(y, pow2))
     }
 }
 

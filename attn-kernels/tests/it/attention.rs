@@ -198,7 +198,7 @@ proptest! {
         let cache = batch.cache(&built, DType::F32);
         let dense = built.meta();
         let (persistent, rows) =
-            persistent_rows(&built.block_tables, built.max_blocks_per_seq, batch.seqs.len(), batch.seed);
+            persistent_rows(&built.metadata.block_tables, built.metadata.max_blocks_per_seq, batch.seqs.len(), batch.seed);
         let by_row = PagedAttnMetadata { block_tables: &persistent, seq_rows: Some(&rows), ..dense };
         let mut a = vec![f32::NAN; built.query.len()];
         let mut b = vec![f32::NAN; built.query.len()];
@@ -260,7 +260,7 @@ proptest! {
             reshape_and_cache(&built.keys[0][a * row..b * row], &built.values[0][a * row..b * row], &slots, &mut cache).expect("write");
             let qsl = [0, b - a];
             let lens = [b];
-            let meta = PagedAttnMetadata { query_start_loc: &qsl, seq_lens: &lens, block_tables: &built.block_tables, max_blocks_per_seq: built.max_blocks_per_seq, seq_rows: None };
+            let meta = PagedAttnMetadata { query_start_loc: &qsl, seq_lens: &lens, ..built.meta() };
             let q = &built.query[a * num_heads * d..b * num_heads * d];
             paged_attention_with(&AttnOptions::default(), &mut chunked[a * num_heads * d..b * num_heads * d], q, &cache, &meta, num_heads, batch.scale()).expect("kernel");
         }

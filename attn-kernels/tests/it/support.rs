@@ -1,5 +1,6 @@
 //! Builds paged test batches: shuffled physical blocks, NaN-poisoned unused slots, random K/V.
 
+use attn_kernels::testing::{OwnedMetadata, query_start_loc};
 use attn_kernels::{PagedAttnMetadata, reshape_and_cache};
 use kv_cache::{CacheGeometry, DType, LayerCache};
 use rand::seq::SliceRandom;
@@ -20,10 +21,8 @@ pub struct Batch {
 /// Owned metadata plus the data that went into the cache.
 #[derive(Debug)]
 pub struct Built {
-    pub query_start_loc: Vec<usize>,
-    pub seq_lens: Vec<usize>,
-    pub block_tables: Vec<u32>,
-    pub max_blocks_per_seq: usize,
+    /// Sequence `s` reads row `s` of the table.
+    pub metadata: OwnedMetadata,
     pub query: Vec<f32>,
     /// Per sequence: `[ctx, kv_heads, head_size]` keys and values (f32, before narrowing).
     pub keys: Vec<Vec<f32>>,
@@ -33,13 +32,7 @@ pub struct Built {
 
 impl Built {
     pub fn meta(&self) -> PagedAttnMetadata<'_> {
-        PagedAttnMetadata {
-            query_start_loc: &self.query_start_loc,
-            seq_lens: &self.seq_lens,
-            block_tables: &self.block_tables,
-            max_blocks_per_seq: self.max_blocks_per_seq,
-            seq_rows: None,
-        }
+        self.metadata.as_meta()
     }
 }
 
@@ -77,20 +70,20 @@ impl Batch {
             keys.push((0..ctx * row).map(|_| rng.random_range(-1.0f32..1.0)).collect());
             values.push((0..ctx * row).map(|_| rng.random_range(-1.0f32..1.0)).collect());
         }
-        let mut query_start_loc = vec![0];
-        for &(_, q) in &self.seqs {
-            query_start_loc.push(query_start_loc.last().copied().unwrap_or(0) + q);
-        }
+        let query_start_loc = query_start_loc(self.seqs.iter().map(|&(_, q)| q));
         let num_tokens = query_start_loc.last().copied().unwrap_or(0);
         // Queries larger than keys make the softmax peaky, so it is really exercised.
         let query = (0..num_tokens * self.num_heads() * self.head_size)
             .map(|_| rng.random_range(-3.0f32..3.0))
             .collect();
         Built {
-            query_start_loc,
-            seq_lens: self.seqs.iter().map(|&(ctx, _)| ctx).collect(),
-            block_tables,
-            max_blocks_per_seq,
+            metadata: OwnedMetadata {
+                query_start_loc,
+                seq_lens: self.seqs.iter().map(|&(ctx, _)| ctx).collect(),
+                block_tables,
+                max_blocks_per_seq,
+                seq_rows: None,
+            },
             query,
             keys,
             values,
@@ -119,8 +112,7 @@ impl Batch {
 
 /// Slots of tokens `range` of sequence `s` through its block table.
 pub fn slots_of(built: &Built, s: usize, bs: usize, range: std::ops::Range<usize>) -> Vec<i64> {
-    let table = &built.block_tables[s * built.max_blocks_per_seq..(s + 1) * built.max_blocks_per_seq];
-    range.map(|i| (table[i / bs] as usize * bs + i % bs) as i64).collect()
+    range.map(|i| built.metadata.slot(s, i, bs) as i64).collect()
 }
 
 /// Largest `|a - b| - rel·|b|`; fails on any non-finite output.

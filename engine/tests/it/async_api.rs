@@ -11,15 +11,7 @@ use engine::{
 };
 use futures_util::StreamExt;
 
-use crate::support::{Fixture, prompt_tokens, small_config};
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap_or_else(|e| panic!("{e}"))
-}
-
-fn spawn(fx: &Fixture, config: EngineConfig) -> EngineHandle {
-    EngineHandle::spawn(fx.engine(config)).unwrap_or_else(|e| panic!("{e}"))
-}
+use crate::support::{Fixture, forced, prompt_tokens, runtime, small_config};
 
 fn submit(handle: &EngineHandle, id: &str, prompt: Vec<u32>, params: SamplingParams) -> OutputStream {
     handle.submit(id, prompt, params, RequestOptions::default()).unwrap_or_else(|e| panic!("{e}"))
@@ -43,7 +35,7 @@ async fn wait_idle(handle: &EngineHandle) {
 #[test]
 fn async_streams_match_the_in_process_engine() {
     let fx = Fixture::new();
-    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(12) };
+    let params = forced(12);
     let prompts: Vec<Vec<u32>> = (0..4).map(|i| prompt_tokens(70 + i, 9 + i as usize)).collect();
     let want: Vec<Vec<u32>> = fx
         .engine(small_config(64))
@@ -53,7 +45,7 @@ fn async_streams_match_the_in_process_engine() {
         .map(|r| r.unwrap_or_else(|e| panic!("{e}")).completions[0].token_ids.clone())
         .collect();
 
-    let handle = spawn(&fx, small_config(64));
+    let handle = fx.spawn(small_config(64));
     runtime().block_on(async {
         let streams: Vec<OutputStream> = prompts
             .iter()
@@ -79,9 +71,9 @@ fn async_streams_match_the_in_process_engine() {
 #[test]
 fn dropping_an_async_stream_aborts_and_frees_its_blocks() {
     let fx = Fixture::new();
-    let handle = spawn(&fx, small_config(64));
+    let handle = fx.spawn(small_config(64));
     runtime().block_on(async {
-        let long = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(300) };
+        let long = forced(300);
         let mut stream = submit(&handle, "dropped", prompt_tokens(5, 40), long);
         let first = stream.next().await.unwrap_or_else(|| panic!("no output"));
         assert!(first.is_ok_and(|o| !o.finished));
@@ -106,9 +98,9 @@ fn a_full_waiting_queue_refuses_at_once_and_recovers() {
     let fx = Fixture::new();
     // One sequence at a time, so later requests stay waiting while the first one runs.
     let config = EngineConfig { max_num_seqs: 1, max_waiting: 2, ..small_config(64) };
-    let handle = spawn(&fx, config);
+    let handle = fx.spawn(config);
     runtime().block_on(async {
-        let long = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(400) };
+        let long = forced(400);
         let mut running = submit(&handle, "running", prompt_tokens(1, 10), long.clone());
         assert!(running.recv().await.is_some_and(|o| o.is_ok()), "the first request runs");
         let queued: Vec<OutputStream> = (0..2)
@@ -132,9 +124,9 @@ fn a_full_waiting_queue_refuses_at_once_and_recovers() {
 
 #[test]
 fn generate_waits_for_room_in_a_bounded_queue() {
-    let fx = Fixture::new();
-    let mut engine = fx.engine(EngineConfig { max_num_seqs: 1, max_waiting: 2, ..small_config(64) });
-    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(3) };
+    let (_fx, mut engine) =
+        Fixture::with_engine(EngineConfig { max_num_seqs: 1, max_waiting: 2, ..small_config(64) });
+    let params = forced(3);
     let prompts: Vec<Prompt> = (0..5).map(|i| Prompt::from(prompt_tokens(20 + i, 6))).collect();
     let results = engine.generate(prompts, &params).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(results.len(), 5);

@@ -3,7 +3,7 @@
 
 use engine::{ChatMessage, FinalOutput, FinishReason, Prompt, RequestError, SamplingParams};
 
-use crate::support::{Fixture, IM_END, VOCAB, prompt_tokens, small_config};
+use crate::support::{Fixture, IM_END, VOCAB, forced, prompt_tokens, small_config};
 
 fn run_to_end(engine: &mut engine::Engine) -> Vec<engine::RequestOutput> {
     let mut all = Vec::new();
@@ -31,9 +31,8 @@ fn finals(outputs: &[engine::RequestOutput]) -> std::collections::BTreeMap<Strin
 
 #[test]
 fn generates_max_tokens_with_streamed_deltas() {
-    let fx = Fixture::new();
-    let mut engine = fx.engine(small_config(64));
-    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(20) };
+    let (_fx, mut engine) = Fixture::with_engine(small_config(64));
+    let params = forced(20);
     engine.add_request("a", "hello world", params).unwrap_or_else(|e| panic!("{e}"));
     let outs = run_to_end(&mut engine);
     // One output per generated token; the last one finishes.
@@ -58,9 +57,8 @@ type BadCase = (&'static str, Prompt, SamplingParams, fn(&RequestError) -> bool)
 
 #[test]
 fn bad_input_is_rejected_per_request_and_the_engine_keeps_serving() {
-    let fx = Fixture::new();
-    let mut engine = fx.engine(small_config(64));
-    let ok = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(8) };
+    let (_fx, mut engine) = Fixture::with_engine(small_config(64));
+    let ok = forced(8);
     engine.add_request("good", prompt_tokens(1, 10), ok.clone()).unwrap_or_else(|e| panic!("{e}"));
     let cases: Vec<BadCase> = vec![
         ("empty-text", Prompt::Text(String::new()), ok.clone(), |e| {
@@ -124,8 +122,7 @@ fn bad_input_is_rejected_per_request_and_the_engine_keeps_serving() {
 
 #[test]
 fn prompt_larger_than_the_pool_is_rejected() {
-    let fx = Fixture::new();
-    let mut engine = fx.engine(small_config(4));
+    let (_fx, mut engine) = Fixture::with_engine(small_config(4));
     let e = engine.add_request("big", prompt_tokens(3, 100), SamplingParams::greedy(4));
     assert!(matches!(e, Err(RequestError::ExceedsKvCache { pool_blocks: 4, .. })), "{e:?}");
     assert!(engine.kv_is_idle());
@@ -133,9 +130,8 @@ fn prompt_larger_than_the_pool_is_rejected() {
 
 #[test]
 fn abort_frees_blocks_and_reports_once() {
-    let fx = Fixture::new();
-    let mut engine = fx.engine(small_config(64));
-    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(100) };
+    let (_fx, mut engine) = Fixture::with_engine(small_config(64));
+    let params = forced(100);
     for i in 0..4 {
         engine
             .add_request(format!("r{i}"), prompt_tokens(i, 40), params.clone())
@@ -168,17 +164,16 @@ fn abort_frees_blocks_and_reports_once() {
 
 #[test]
 fn stop_token_ids_and_eos_end_a_sequence() {
-    let fx = Fixture::new();
-    let mut engine = fx.engine(small_config(64));
+    let (_fx, mut engine) = Fixture::with_engine(small_config(64));
     // Learn what greedy produces, then stop on its third token.
-    let probe = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(6) };
+    let probe = forced(6);
     let res =
         engine.generate(vec![Prompt::Tokens(prompt_tokens(9, 12))], &probe).unwrap_or_else(|e| panic!("{e}"));
     let tokens = res[0].as_ref().map(|r| r.completions[0].token_ids.clone()).unwrap_or_default();
     assert_eq!(tokens.len(), 6);
     let first_at = |t: u32| tokens.iter().position(|&x| x == t).unwrap_or(usize::MAX);
     let stop = tokens[2];
-    let params = SamplingParams { stop_token_ids: vec![stop], ignore_eos: true, ..SamplingParams::greedy(6) };
+    let params = SamplingParams { stop_token_ids: vec![stop], ..forced(6) };
     let res = engine
         .generate(vec![Prompt::Tokens(prompt_tokens(9, 12))], &params)
         .unwrap_or_else(|e| panic!("{e}"));
@@ -202,9 +197,8 @@ fn stop_token_ids_and_eos_end_a_sequence() {
 
 #[test]
 fn stop_strings_cut_the_text_and_stream_consistently() {
-    let fx = Fixture::new();
-    let mut engine = fx.engine(small_config(64));
-    let probe = SamplingParams { ignore_eos: true, skip_special_tokens: false, ..SamplingParams::greedy(24) };
+    let (_fx, mut engine) = Fixture::with_engine(small_config(64));
+    let probe = SamplingParams { skip_special_tokens: false, ..forced(24) };
     let res =
         engine.generate(vec![Prompt::Tokens(prompt_tokens(5, 12))], &probe).unwrap_or_else(|e| panic!("{e}"));
     let text = res[0].as_ref().map(|r| r.completions[0].text.clone()).unwrap_or_default();
@@ -225,8 +219,7 @@ fn stop_strings_cut_the_text_and_stream_consistently() {
 
 #[test]
 fn chat_prompts_use_the_template() {
-    let fx = Fixture::new();
-    let mut engine = fx.engine(small_config(64));
+    let (_fx, mut engine) = Fixture::with_engine(small_config(64));
     let messages = vec![ChatMessage::new("user", "hi")];
     let ids = engine.tokenize("c", Prompt::Chat(messages.clone())).unwrap_or_default();
     assert_eq!(ids.first(), Some(&crate::support::IM_START));
@@ -240,9 +233,8 @@ fn chat_prompts_use_the_template() {
 
 #[test]
 fn logprobs_are_reported_per_token() {
-    let fx = Fixture::new();
-    let mut engine = fx.engine(small_config(64));
-    let params = SamplingParams { logprobs: Some(3), ignore_eos: true, ..SamplingParams::greedy(5) };
+    let (_fx, mut engine) = Fixture::with_engine(small_config(64));
+    let params = SamplingParams { logprobs: Some(3), ..forced(5) };
     let res = engine.generate(vec![Prompt::Text("abc".into())], &params).unwrap_or_else(|e| panic!("{e}"));
     let c = res[0].as_ref().map(|r| r.completions[0].clone()).unwrap_or_default();
     let lps = c.logprobs.unwrap_or_default();

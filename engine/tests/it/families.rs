@@ -7,8 +7,10 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use engine::{DType, Engine, EngineConfig, KvCacheSize, SamplingParams};
+use engine::{DType, Engine, EngineConfig, KvCacheSize};
 use serde_json::Value;
+
+use crate::support::forced;
 
 fn family_dir(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../model/tests/data/families").join(name)
@@ -46,7 +48,7 @@ fn engine(name: &str, chunk: usize, max_model_len: usize) -> Engine {
 
 /// Runs `prompts` at once (greedy, `max_tokens` each, EOS ignored); each request's tokens.
 fn run(engine: &mut Engine, prompts: &[Vec<u32>], max_tokens: usize) -> BTreeMap<usize, Vec<u32>> {
-    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(max_tokens) };
+    let params = forced(max_tokens);
     for (i, p) in prompts.iter().enumerate() {
         engine.add_request(i.to_string(), p.clone(), params.clone()).unwrap_or_else(|e| panic!("add: {e}"));
     }
@@ -173,7 +175,7 @@ fn sliding_groups_release_blocks_and_survive_prefix_hits_and_preemption() {
         assert!(prompt.len() >= 200, "{name}: the longest prompt has {} tokens", prompt.len());
         let mut engine =
             Engine::new(&family_dir(name), config(64, 7)).unwrap_or_else(|e| panic!("{name}: {e}"));
-        let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(want.len()) };
+        let params = forced(want.len());
         engine.add_request("0".to_owned(), prompt.clone(), params).unwrap_or_else(|e| panic!("add: {e}"));
         let (mut tokens, mut peak) = (Vec::new(), 0);
         while engine.has_unfinished() {

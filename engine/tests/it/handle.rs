@@ -4,20 +4,16 @@
 
 use std::sync::Arc;
 
-use engine::{EngineHandle, FinishReason, RequestError, SamplingParams, ShutdownMode, StreamError};
+use engine::{FinishReason, RequestError, SamplingParams, ShutdownMode, StreamError};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::support::{Fixture, prompt_tokens, small_config};
-
-fn spawn(fx: &Fixture, blocks: usize) -> EngineHandle {
-    EngineHandle::spawn(fx.engine(small_config(blocks))).unwrap_or_else(|e| panic!("{e}"))
-}
+use crate::support::{Fixture, forced, prompt_tokens, small_config};
 
 #[test]
 fn concurrent_clients_with_random_aborts() {
     let fx = Fixture::new();
-    let handle = spawn(&fx, 128);
+    let handle = fx.spawn(small_config(128));
     let tokenizer = Arc::new(fx.engine(small_config(8)).tokenizer().clone());
     let threads: Vec<_> = (0..8u64)
         .map(|t| {
@@ -111,9 +107,9 @@ fn concurrent_clients_with_random_aborts() {
 #[test]
 fn shutdown_drain_finishes_and_abort_cancels() {
     let fx = Fixture::new();
-    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(30) };
+    let params = forced(30);
 
-    let handle = spawn(&fx, 64);
+    let handle = fx.spawn(small_config(64));
     let batch = (0..4).map(|i| (format!("d{i}"), prompt_tokens(i, 10).into(), params.clone())).collect();
     let streams: Vec<_> =
         handle.add_requests(batch).into_iter().map(|s| s.unwrap_or_else(|e| panic!("{e}"))).collect();
@@ -128,7 +124,7 @@ fn shutdown_drain_finishes_and_abort_cancels() {
     let _ = stopper.join();
     assert!(matches!(handle.add_request("late", params.clone()), Err(RequestError::EngineStopped)));
 
-    let handle = spawn(&fx, 64);
+    let handle = fx.spawn(small_config(64));
     let long = SamplingParams { max_tokens: Some(400), ..params };
     let mut stream = handle.add_request(prompt_tokens(9, 10), long).unwrap_or_else(|e| panic!("{e}"));
     assert!(stream.recv().is_some_and(|o| o.is_ok()));
@@ -144,13 +140,13 @@ fn shutdown_drain_finishes_and_abort_cancels() {
 #[test]
 fn handle_reports_admission_errors_and_unknown_aborts() {
     let fx = Fixture::new();
-    let handle = spawn(&fx, 64);
+    let handle = fx.spawn(small_config(64));
     let bad = SamplingParams { top_p: 2.0, ..SamplingParams::default() };
     assert!(matches!(handle.add_request("x", bad), Err(RequestError::InvalidParams { .. })));
     assert!(matches!(handle.abort("ghost"), Err(RequestError::UnknownRequest(_))));
     // The first "same" must still be in flight when the second arrives (a finished id may be
     // reused, as in vLLM): 400 forced tokens are hundreds of engine steps, and it is aborted below.
-    let long = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(400) };
+    let long = forced(400);
     let s = handle.add_request_with_id("same", "hi", long).unwrap_or_else(|e| panic!("{e}"));
     assert!(matches!(
         handle.add_request_with_id("same", "hi", SamplingParams::greedy(3)),

@@ -5,12 +5,10 @@
 
 use std::collections::HashMap;
 
-use engine::{
-    Engine, EngineHandle, FinishReason, Prompt, RequestError, RequestKey, RequestOutput, SamplingParams,
-};
+use engine::{Engine, FinishReason, Prompt, RequestError, RequestKey, RequestOutput, SamplingParams};
 use proptest::prelude::*;
 
-use crate::support::{Fixture, VOCAB, prompt_tokens, small_config};
+use crate::support::{Fixture, VOCAB, forced, prompt_tokens, small_config};
 
 /// Steps until idle; every output, in order.
 fn drain(engine: &mut Engine) -> Vec<RequestOutput> {
@@ -22,10 +20,6 @@ fn drain(engine: &mut Engine) -> Vec<RequestOutput> {
         all.extend(engine.step().unwrap_or_else(|e| panic!("step failed: {e}")));
     }
     panic!("engine does not make progress");
-}
-
-fn forced(max_tokens: usize) -> SamplingParams {
-    SamplingParams { ignore_eos: true, ..SamplingParams::greedy(max_tokens) }
 }
 
 /// Tokens generated per request key, and the finish reason of its final output.
@@ -44,8 +38,7 @@ fn summarize(outputs: &[RequestOutput]) -> HashMap<RequestKey, (usize, Option<Fi
 
 #[test]
 fn max_tokens_at_usize_extremes_is_refused_and_the_batch_finishes() {
-    let fx = Fixture::new();
-    let mut engine = fx.engine(small_config(64));
+    let (_fx, mut engine) = Fixture::with_engine(small_config(64));
     let a = engine.add_request("a", prompt_tokens(1, 20), forced(30)).unwrap_or_else(|e| panic!("{e}"));
     let b = engine.add_request("b", prompt_tokens(2, 7), forced(25)).unwrap_or_else(|e| panic!("{e}"));
     let mut outputs = Vec::new();
@@ -78,7 +71,7 @@ fn max_tokens_at_usize_extremes_is_refused_and_the_batch_finishes() {
 #[test]
 fn the_handle_survives_usize_max_tokens() {
     let fx = Fixture::new();
-    let handle = EngineHandle::spawn(fx.engine(small_config(64))).unwrap_or_else(|e| panic!("{e}"));
+    let handle = fx.spawn(small_config(64));
     let streams: Vec<_> = (0..3)
         .map(|i| handle.add_request(prompt_tokens(i, 12), forced(40)).unwrap_or_else(|e| panic!("{e}")))
         .collect();
@@ -95,7 +88,7 @@ fn the_handle_survives_usize_max_tokens() {
 #[test]
 fn an_id_reused_after_dropping_its_stream_gets_its_own_output() {
     let fx = Fixture::new();
-    let handle = EngineHandle::spawn(fx.engine(small_config(64))).unwrap_or_else(|e| panic!("{e}"));
+    let handle = fx.spawn(small_config(64));
     for round in 0..5 {
         let mut old = handle
             .add_request_with_id("x", prompt_tokens(round, 16), forced(400))
@@ -117,8 +110,7 @@ fn an_id_reused_after_dropping_its_stream_gets_its_own_output() {
 
 #[test]
 fn an_engine_abort_output_carries_the_old_key() {
-    let fx = Fixture::new();
-    let mut engine = fx.engine(small_config(64));
+    let (_fx, mut engine) = Fixture::with_engine(small_config(64));
     let old = engine.add_request("x", prompt_tokens(1, 16), forced(50)).unwrap_or_else(|e| panic!("{e}"));
     let mut outputs = engine.step().unwrap_or_else(|e| panic!("{e}"));
     assert!(engine.abort("x").is_ok());
@@ -134,8 +126,7 @@ fn an_engine_abort_output_carries_the_old_key() {
 
 #[test]
 fn requests_that_could_never_fit_are_refused_at_admission() {
-    let fx = Fixture::new();
-    let mut engine = fx.engine(small_config(64));
+    let (fx, mut engine) = Fixture::with_engine(small_config(64));
     let many = SamplingParams { n: 256, temperature: 0.8, ..forced(4) };
     let e = engine.add_request("n256", prompt_tokens(1, 10), many);
     assert!(matches!(e, Err(RequestError::ExceedsKvCache { pool_blocks: 64, .. })), "{e:?}");

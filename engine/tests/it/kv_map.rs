@@ -5,13 +5,9 @@
 
 use std::time::Duration;
 
-use engine::{BlockState, EngineHandle, KvSnapshot, OutputStream, RequestOptions, SamplingParams};
+use engine::{BlockState, EngineHandle, KvSnapshot, OutputStream, RequestOptions};
 
-use crate::support::{Fixture, prompt_tokens, small_config};
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap_or_else(|e| panic!("{e}"))
-}
+use crate::support::{Fixture, forced, prompt_tokens, runtime, small_config};
 
 fn count(snapshot: &KvSnapshot, state: BlockState) -> usize {
     snapshot.map.count_device(state)
@@ -31,7 +27,7 @@ async fn kv_map(handle: &EngineHandle) -> std::sync::Arc<KvSnapshot> {
 #[test]
 fn a_snapshot_shows_running_requests_blocks_and_none_after_they_finish() {
     let fx = Fixture::new();
-    let handle = EngineHandle::spawn(fx.engine(small_config(64))).unwrap_or_else(|e| panic!("{e}"));
+    let handle = fx.spawn(small_config(64));
     assert!(handle.latest_kv_map().is_none(), "nothing is taken before someone asks");
     runtime().block_on(async {
         let idle = kv_map(&handle).await;
@@ -39,7 +35,7 @@ fn a_snapshot_shows_running_requests_blocks_and_none_after_they_finish() {
         assert_eq!((held(&idle), idle.map.tables.len()), (0, 0), "an idle engine answers too");
 
         // Two requests with the same 40-token prompt (two full 16-token blocks to share).
-        let long = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(200) };
+        let long = forced(200);
         let prompt = prompt_tokens(11, 40);
         let mut a: OutputStream = handle
             .submit("kv-a", prompt.clone(), long.clone(), RequestOptions::default())
@@ -93,15 +89,8 @@ fn a_snapshot_shows_running_requests_blocks_and_none_after_they_finish() {
 
 #[test]
 fn an_engine_snapshot_between_steps_lists_the_request() {
-    let fx = Fixture::new();
-    let mut engine = fx.engine(small_config(64));
-    engine
-        .add_request(
-            "direct",
-            prompt_tokens(3, 20),
-            SamplingParams { ignore_eos: true, ..SamplingParams::greedy(4) },
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+    let (_fx, mut engine) = Fixture::with_engine(small_config(64));
+    engine.add_request("direct", prompt_tokens(3, 20), forced(4)).unwrap_or_else(|e| panic!("{e}"));
     engine.step().unwrap_or_else(|e| panic!("{e}"));
     let snap = engine.kv_snapshot();
     assert_eq!(snap.request_ids, ["direct"]);

@@ -3,7 +3,7 @@
 
 use engine::{EngineConfig, FinalOutput, Policy, RequestOptions, SamplingParams};
 
-use crate::support::{Fixture, prompt_tokens, small_config};
+use crate::support::{Fixture, forced, prompt_tokens, small_config};
 
 /// Steps to the end; returns request ids in the order they finished, and their final outputs
 /// (`earlier`: outputs of steps the caller already took).
@@ -54,7 +54,7 @@ fn tight_pool(policy: Policy) -> EngineConfig {
 #[test]
 fn urgent_request_preempts_under_priority_and_waits_under_fcfs() {
     let fx = Fixture::new();
-    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(12) };
+    let params = forced(12);
     let alone = |id: &str, seed: u64| {
         let mut e = fx.engine(small_config(64));
         e.add_request(id, prompt_tokens(seed, 40), params.clone()).unwrap_or_else(|e| panic!("{e}"));
@@ -91,9 +91,8 @@ fn urgent_request_preempts_under_priority_and_waits_under_fcfs() {
 
 #[test]
 fn cache_salt_isolates_prefix_cache_entries() {
-    let fx = Fixture::new();
-    let mut engine = fx.engine(small_config(64));
-    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(4) };
+    let (_fx, mut engine) = Fixture::with_engine(small_config(64));
+    let params = forced(4);
     let prompt = prompt_tokens(7, 80);
     let mut hits_after = |id: &str, options: RequestOptions| {
         engine

@@ -2,8 +2,10 @@
 //! (weights kept quantized) reproduces the goldens' greedy tokens; the f32 folder quantized at
 //! load (`quantization`) stays close to them.
 
-use engine::{Engine, EngineConfig, KvCacheSize, Prompt, Quantization, SamplingParams};
+use engine::{Engine, EngineConfig, KvCacheSize, Prompt, Quantization};
 use serde_json::Value;
+
+use crate::support::forced;
 
 /// Golden prompts and greedy continuations (kept in the model crate's test data).
 fn goldens() -> Vec<(Vec<u32>, Vec<u32>)> {
@@ -33,7 +35,7 @@ fn config(quantization: Option<Quantization>) -> EngineConfig {
 
 /// Greedy outputs of every golden prompt, batched.
 fn generate(engine: &mut Engine, cases: &[(Vec<u32>, Vec<u32>)]) -> Vec<Vec<u32>> {
-    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(cases[0].1.len()) };
+    let params = forced(cases[0].1.len());
     let prompts = cases.iter().map(|(p, _)| Prompt::Tokens(p.clone())).collect();
     let outs = engine.generate(prompts, &params).unwrap_or_else(|e| panic!("{e}"));
     outs.into_iter().map(|o| o.unwrap_or_else(|e| panic!("{e}")).completions[0].token_ids.clone()).collect()
@@ -85,7 +87,7 @@ fn a_long_prompt_in_chunks_generates_what_one_chunk_generates() {
     let text: Vec<u32> = goldens().into_iter().flat_map(|(p, o)| p.into_iter().chain(o)).collect();
     let prompt: Vec<u32> = text.iter().copied().cycle().take(1100).collect();
     assert!(prompt.len() > 4 * 256, "prompt of {} tokens", prompt.len());
-    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(24) };
+    let params = forced(24);
     let run = |budget: usize| {
         let cfg = EngineConfig {
             max_num_batched_tokens: budget,

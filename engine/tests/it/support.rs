@@ -1,7 +1,8 @@
 //! Test fixtures: the tiny random Llama of `model::testing` in a temporary folder, an engine
-//! over it, small configs and prompts, so engine tests run fast.
+//! over it (in process or on its own thread), small configs, prompts and forced-length greedy
+//! sampling, so engine tests run fast.
 
-use engine::{Engine, EngineConfig};
+use engine::{Engine, EngineConfig, EngineHandle, SamplingParams};
 pub use model::testing::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -21,12 +22,34 @@ impl Fixture {
         Self { dir }
     }
 
+    /// A fixture and an engine over it.
+    pub fn with_engine(config: EngineConfig) -> (Self, Engine) {
+        let fx = Self::new();
+        let engine = fx.engine(config);
+        (fx, engine)
+    }
+
     pub fn engine(&self, config: EngineConfig) -> Engine {
         match Engine::new(self.dir.path(), config) {
             Ok(e) => e,
             Err(e) => panic!("engine: {e}"),
         }
     }
+
+    /// An engine over the fixture, on its own thread.
+    pub fn spawn(&self, config: EngineConfig) -> EngineHandle {
+        EngineHandle::spawn(self.engine(config)).unwrap_or_else(|e| panic!("{e}"))
+    }
+}
+
+/// Greedy sampling of exactly `max_tokens` tokens: the end-of-sequence token does not stop it.
+pub fn forced(max_tokens: usize) -> SamplingParams {
+    SamplingParams { ignore_eos: true, ..SamplingParams::greedy(max_tokens) }
+}
+
+/// A single-threaded tokio runtime with timers (a blocking call in an async test stalls it).
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// A small-engine config: 16-token blocks, explicit block count, no logging.

@@ -95,43 +95,48 @@ fn write_value(out: &mut String, v: &Value, style: &Style, depth: usize) -> Resu
             if style.sort_keys {
                 keys.sort_by_key(key_string);
             }
-            if keys.is_empty() {
-                out.push_str("{}");
-                return Ok(());
-            }
-            out.push('{');
-            for (i, k) in keys.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(&style.item_sep);
-                }
-                newline(out, style, depth + 1);
+            write_items(out, style, depth, ['{', '}'], &keys, |out, k| {
                 write_str(out, &key_string(k), style.ensure_ascii);
                 out.push_str(&style.key_sep);
-                write_value(out, &v.get_item(k)?, style, depth + 1)?;
-            }
-            newline(out, style, depth);
-            out.push('}');
+                write_value(out, &v.get_item(k)?, style, depth + 1)
+            })?;
         }
         ValueKind::Seq | ValueKind::Iterable => {
             let items: Vec<Value> = v.try_iter()?.collect();
-            if items.is_empty() {
-                out.push_str("[]");
-                return Ok(());
-            }
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(&style.item_sep);
-                }
-                newline(out, style, depth + 1);
-                write_value(out, item, style, depth + 1)?;
-            }
-            newline(out, style, depth);
-            out.push(']');
+            write_items(out, style, depth, ['[', ']'], &items, |out, item| {
+                write_value(out, item, style, depth + 1)
+            })?;
         }
         // Python fails on these too (`Undefined`, bytes, objects are not JSON serializable).
         kind => return Err(invalid(format!("tojson: a value of kind {kind} is not JSON serializable"))),
     }
+    Ok(())
+}
+
+/// A list or a dict at `depth` between `brackets`: `[]` / `{}` when empty, otherwise each item
+/// written by `item` after its separator and newline, the closing bracket on a line of its own.
+fn write_items(
+    out: &mut String,
+    style: &Style,
+    depth: usize,
+    [open, close]: [char; 2],
+    items: &[Value],
+    mut item: impl FnMut(&mut String, &Value) -> Result<(), Error>,
+) -> Result<(), Error> {
+    out.push(open);
+    if items.is_empty() {
+        out.push(close);
+        return Ok(());
+    }
+    for (i, v) in items.iter().enumerate() {
+        if i > 0 {
+            out.push_str(&style.item_sep);
+        }
+        newline(out, style, depth + 1);
+        item(out, v)?;
+    }
+    newline(out, style, depth);
+    out.push(close);
     Ok(())
 }
 

@@ -123,14 +123,23 @@ fn check_family(name: &str, family: Family) {
     check_generations(&mut model, name, "gguf", usize::MAX, usize::MAX);
 }
 
-#[test]
-fn llama_gqa_llama3_rope_untied_head_matches_transformers() {
-    check_family("llama", Family::Llama);
+/// One test per checkpoint that needs nothing but [`check_family`]: `test: folder, family`.
+macro_rules! family_tests {
+    ($($test:ident: $name:literal, $family:ident;)*) => {
+        $(
+            #[test]
+            fn $test() {
+                check_family($name, Family::$family);
+            }
+        )*
+    };
 }
 
-#[test]
-fn llama_tied_embeddings_matches_transformers() {
-    check_family("llama-tied", Family::Llama);
+family_tests! {
+    llama_gqa_llama3_rope_untied_head_matches_transformers: "llama", Llama;
+    llama_tied_embeddings_matches_transformers: "llama-tied", Llama;
+    qwen3_qk_norms_matches_transformers: "qwen3", Qwen3;
+    phi3_fused_projections_longrope_matches_transformers: "phi3", Phi3;
 }
 
 /// The folder with its window of 32, which the 64-, 120- and 200-token prompts cross, prefilled
@@ -154,16 +163,6 @@ fn qwen2_biases_yarn_tied_matches_transformers() {
     let model = Model::load(&data_dir("qwen2")).expect("load");
     assert!(model.config.layer_attention.iter().all(|l| l.sliding_window.is_none()));
     check_family("qwen2", Family::Qwen2);
-}
-
-#[test]
-fn qwen3_qk_norms_matches_transformers() {
-    check_family("qwen3", Family::Qwen3);
-}
-
-#[test]
-fn phi3_fused_projections_longrope_matches_transformers() {
-    check_family("phi3", Family::Phi3);
 }
 
 /// Gemma 3 from its HF folder: layers 0 and 2 local (window 16, local rotary base), 1 and 3

@@ -132,24 +132,16 @@ mod tests {
     }
 
     #[test]
-    fn q8_0_matches_gguf_py() {
-        assert_bytes_match(GgmlType::Q8_0, &quantized(GgmlType::Q8_0, &src()), fixture!("q8_0.bin"));
-    }
-
-    #[test]
-    fn q4_0_matches_gguf_py() {
-        assert_bytes_match(GgmlType::Q4_0, &quantized(GgmlType::Q4_0, &src()), fixture!("q4_0.bin"));
-    }
-
-    #[test]
-    fn q4_1_matches_gguf_py() {
-        assert_bytes_match(GgmlType::Q4_1, &quantized(GgmlType::Q4_1, &src()), fixture!("q4_1.bin"));
-    }
-
-    #[test]
-    fn f16_and_bf16_match_gguf_py() {
-        assert_bytes_match(GgmlType::F16, &quantized(GgmlType::F16, &src()), fixture!("f16.bin"));
-        assert_bytes_match(GgmlType::BF16, &quantized(GgmlType::BF16, &src()), fixture!("bf16.bin"));
+    fn every_format_matches_gguf_py() {
+        for (ty, want) in [
+            (GgmlType::Q8_0, fixture!("q8_0.bin")),
+            (GgmlType::Q4_0, fixture!("q4_0.bin")),
+            (GgmlType::Q4_1, fixture!("q4_1.bin")),
+            (GgmlType::F16, fixture!("f16.bin")),
+            (GgmlType::BF16, fixture!("bf16.bin")),
+        ] {
+            assert_bytes_match(ty, &quantized(ty, &src()), want);
+        }
         assert_eq!(quantized(GgmlType::F32, &src()), fixture!("src.f32"));
     }
 

@@ -43,8 +43,7 @@ pub fn small_m_linear(dst: &mut [f32], x: &[f32], w: &[f32], m: usize, n: usize,
             while t < m {
                 let mr = (m - t).min(MR);
                 let mut acc = [[0.0f32; NR]; MR];
-                // SAFETY: rows t..t+mr of x and j..j+nr of w lie inside the checked buffers.
-                unsafe { tile(isa, x.as_ptr().add(t * k), w.as_ptr().add(j * k), k, mr, nr, &mut acc) };
+                tile(isa, &x[t * k..], &w[j * k..], k, mr, nr, &mut acc);
                 for (i, row) in acc.iter().enumerate().take(mr) {
                     for (c, &v) in row.iter().enumerate().take(nr) {
                         // SAFETY: (t+i, j+c) < (m, n) and only this task writes column j+c.
@@ -61,32 +60,21 @@ pub fn small_m_linear(dst: &mut [f32], x: &[f32], w: &[f32], m: usize, n: usize,
     });
 }
 
-/// `acc[i][c] = Σ_kk x[i·k + kk] · w[c·k + kk]` for `i < mr`, `c < nr`: the AVX-512 kernel
-/// on [`Isa::Avx512`], a portable loop on the others (AVX2 has no tile kernel of its own).
-///
-/// # Safety
-/// `x` must point at `mr·k` readable floats and `w` at `nr·k`; `mr, nr` in `1..=4`; `isa` is
-/// available on this CPU.
-unsafe fn tile(
-    isa: Isa,
-    x: *const f32,
-    w: *const f32,
-    k: usize,
-    mr: usize,
-    nr: usize,
-    acc: &mut [[f32; NR]; MR],
-) {
+/// `acc[i][c] = Σ_kk x[i·k + kk] · w[c·k + kk]` for `i < mr`, `c < nr` (each in `1..=4`): the
+/// AVX-512 kernel on [`Isa::Avx512`], a portable loop otherwise (AVX2 has no tile kernel of its
+/// own; an `isa` this CPU lacks takes the loop too).
+fn tile(isa: Isa, x: &[f32], w: &[f32], k: usize, mr: usize, nr: usize, acc: &mut [[f32; NR]; MR]) {
+    assert!((1..=MR).contains(&mr) && (1..=NR).contains(&nr), "small_m tile: {mr} × {nr}");
+    assert!(x.len() >= mr * k && w.len() >= nr * k, "small_m tile: short rows");
     match isa {
-        // SAFETY: the AVX-512 tier (AVX-512F) is available; bounds per the contract.
+        // SAFETY: AVX-512F is available (checked); x and w hold mr and nr rows of k (asserted).
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { avx512::tile(x, w, k, mr, nr, acc) },
+        Isa::Avx512 if isa.is_available() => unsafe { avx512::tile(x.as_ptr(), w.as_ptr(), k, mr, nr, acc) },
         _ => {
             for (i, row) in acc.iter_mut().enumerate().take(mr) {
-                // SAFETY: in bounds per the contract.
-                let xs = unsafe { std::slice::from_raw_parts(x.add(i * k), k) };
+                let xs = &x[i * k..(i + 1) * k];
                 for (c, v) in row.iter_mut().enumerate().take(nr) {
-                    let ws = unsafe { std::slice::from_raw_parts(w.add(c * k), k) };
-                    *v = super::dot(xs, ws);
+                    *v = super::dot(xs, &w[c * k..(c + 1) * k]);
                 }
             }
         }
@@ -102,10 +90,12 @@ mod avx512 {
     /// Floats ahead of the current position that each weight stream prefetches.
     const PREFETCH_AHEAD: usize = 256;
 
-    /// Dispatches to the tile shape; see [`super::tile`].
+    /// `acc[i][c] = Σ_kk x[i·k + kk] · w[c·k + kk]` for `i < mr`, `c < nr`, dispatched to the
+    /// tile shape.
     ///
     /// # Safety
-    /// As `super::tile`, and the CPU supports AVX-512F.
+    /// `x` points at `mr·k` readable floats and `w` at `nr·k`; `mr, nr` in `1..=4`; the CPU
+    /// supports AVX-512F.
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn tile(
         x: *const f32,
@@ -218,10 +208,7 @@ mod tests {
                     for j in 0..n.div_ceil(NR) {
                         let (mr, nr) = ((m - t * MR).min(MR), (n - j * NR).min(NR));
                         let mut acc = [[f32::NAN; NR]; MR];
-                        // SAFETY: the tile lies inside x and w.
-                        unsafe {
-                            tile(isa, x[t * MR * k..].as_ptr(), w[j * NR * k..].as_ptr(), k, mr, nr, &mut acc)
-                        };
+                        tile(isa, &x[t * MR * k..], &w[j * NR * k..], k, mr, nr, &mut acc);
                         for (i, row) in acc.iter().enumerate().take(mr) {
                             for (c, v) in row.iter().enumerate().take(nr) {
                                 let e = want[(t * MR + i) * n + j * NR + c];

@@ -7,7 +7,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{Activations, GgmlType, Out, PartRef};
+use super::{Activations, GgmlType, RowTask};
 
 /// One format's groups of 32 consecutive values of a row, factored as `codes·scale + offset`
 /// (see [`super::avx512::Group`], of which this is the eight-lane twin). The formats and
@@ -101,12 +101,8 @@ groups! {
     Q6K { bytes: 26, offset: false } => |row, g| {
         // SAFETY: super-block g/8 (210 bytes) lies inside the row.
         unsafe {
-            let b = row.add(g / 8 * 210);
-            let (half, quarter) = (g % 8 / 4, g % 4);
-            let q = u8x32_to_f32(q6k_codes(b, half, quarter));
-            let d = f16_at(b.add(208));
-            let scales = b.add(192 + 8 * half + 2 * quarter) as *const i8;
-            let (s0, s1) = (d * f32::from(*scales), d * f32::from(*scales.add(1)));
+            let (codes, s0, s1) = q6k_group(row, g);
+            let q = u8x32_to_f32(codes);
             // Two scales per group: the values themselves.
             let [a, b2] = affine([q[0], q[1]], s0, -32.0 * s0);
             let [c, e] = affine([q[2], q[3]], s1, -32.0 * s1);
@@ -213,15 +209,24 @@ fn u8x32_to_f32(v: __m256i) -> [__m256; 4] {
     [a, b, c, d]
 }
 
-/// The 32 six-bit codes (0..64, before the −32) of quarter `quarter` of half `half` of the
-/// Q6_K super-block at `b`, one per byte.
+/// Q6_K group `g` of the row at `row` (see [`Q6K`]): its 32 six-bit codes (0..64, before the
+/// −32), one per byte, and the scales `d·scale` of its first and second 16.
 ///
 /// # Safety
-/// AVX2 is available; `b` points at a whole 210-byte super-block.
+/// AVX2 is available; super-block `g / 8` (210 bytes) lies inside the row.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q6k_codes(b: *const u8, half: usize, quarter: usize) -> __m256i {
-    // SAFETY: ql (128 bytes) and qh (64 bytes) lie at the start of the super-block.
+pub(super) unsafe fn q6k_group(row: *const u8, g: usize) -> (__m256i, f32, f32) {
+    let (half, quarter) = (g % 8 / 4, g % 4);
+    // SAFETY: per the contract: ql (128 bytes), qh (64), the 16 scales and d lie in the
+    // super-block at b.
+    let (b, scales) = unsafe {
+        let b = row.add(g / 8 * 210);
+        let d = f16_at(b.add(208));
+        let s = b.add(192 + 8 * half + 2 * quarter) as *const i8;
+        (b, (d * f32::from(*s), d * f32::from(*s.add(1))))
+    };
+    // SAFETY: as above.
     let (ql, qh) = unsafe {
         (
             _mm256_loadu_si256(b.add(64 * half + 32 * (quarter % 2)) as *const __m256i),
@@ -237,7 +242,7 @@ pub(super) unsafe fn q6k_codes(b: *const u8, half: usize, quarter: usize) -> __m
     };
     // Masking each byte before the left shift keeps bits inside their byte.
     let high = _mm256_slli_epi16::<4>(_mm256_and_si256(high2, _mm256_set1_epi8(3)));
-    _mm256_or_si256(_mm256_and_si256(nib, _mm256_set1_epi8(0x0f)), high)
+    (_mm256_or_si256(_mm256_and_si256(nib, _mm256_set1_epi8(0x0f)), high), scales.0, scales.1)
 }
 
 /// Horizontal sum of eight lanes (the int16 path uses it too).

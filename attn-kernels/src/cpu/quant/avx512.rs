@@ -6,7 +6,7 @@
 use std::arch::x86_64::*;
 
 use super::avx2::{PREFETCH_AHEAD, f16_at, f16_pair_at, fifth_bits, k_nibbles, k_scale_offset, q5_codes};
-use super::{Activations, GgmlType, Out, PartRef};
+use super::{Activations, GgmlType, RowTask};
 
 /// One format's groups of 32 consecutive values of a row, factored as `codes·scale + offset`
 /// with one scale and offset per group: the decode loop multiplies the codes into the
@@ -81,13 +81,8 @@ groups! {
     Q6K { bytes: 26, offset: false } => |row, g| {
         // SAFETY: super-block g/8 (210 bytes) lies inside the row.
         unsafe {
-            let b = row.add(g / 8 * 210);
-            let (half, quarter) = (g % 8 / 4, g % 4);
-            let q = super::avx2::q6k_codes(b, half, quarter);
-            let d = f16_at(b.add(208));
-            let scales = b.add(192 + 8 * half + 2 * quarter) as *const i8;
-            let (s0, s1) = (d * f32::from(*scales), d * f32::from(*scales.add(1)));
-            let [lo, hi] = u8x32_to_f32(q);
+            let (codes, s0, s1) = super::avx2::q6k_group(row, g);
+            let [lo, hi] = u8x32_to_f32(codes);
             // Two scales per group: the values themselves.
             let [a] = affine([lo], s0, -32.0 * s0);
             let [c] = affine([hi], s1, -32.0 * s1);

@@ -8,7 +8,7 @@ use rayon::prelude::*;
 use super::int16::{self, X16};
 #[cfg(target_arch = "x86_64")]
 use super::q4_1_wide;
-use super::{Activations, GgmlType, Out, PartRef};
+use super::{Activations, GgmlType, Out, PartRef, RowTask};
 use crate::Isa;
 use crate::cpu::linear::dot;
 
@@ -81,36 +81,33 @@ pub(super) fn matmul_parts(
         .collect();
     tasks.into_par_iter().for_each(|(i, rows)| {
         let (part, out) = (&parts[i].0, parts[i].1);
-        for t in (0..m).step_by(TOKENS_PER_PASS) {
-            let (rows, mr) = (rows.clone(), (m - t).min(TOKENS_PER_PASS));
+        for t0 in (0..m).step_by(TOKENS_PER_PASS) {
+            let mr = (m - t0).min(TOKENS_PER_PASS);
+            let task = RowTask { part, rows: rows.clone(), t0, mr, out, accumulate };
             match kernels[i] {
                 // SAFETY (every arm): the kernel's CPU features were detected for `isa` (and
-                // VNNI for the wide int16 kernel); the rows are this task's, tokens t..t+mr
+                // VNNI for the wide int16 kernel); the rows are this task's, tokens t0..t0+mr
                 // lie in x (asserted) and in xq / the permuted copy made from it; whole
                 // groups of 32 per row for every SIMD kernel (`simd`).
                 #[cfg(target_arch = "x86_64")]
                 Kernel::Int16 => unsafe {
                     let xq = xq.expect("int16 kernels are chosen only with int16 activations");
                     if isa == Isa::Avx512 && crate::isa::avx512_vnni() {
-                        int16::dot_rows_avx512(part, rows, xq, t, mr, out, accumulate)
+                        int16::dot_rows_avx512(task, xq)
                     } else {
-                        int16::dot_rows_avx2(part, rows, xq, t, mr, out, accumulate)
+                        int16::dot_rows_avx2(task, xq)
                     }
                 },
                 #[cfg(target_arch = "x86_64")]
                 Kernel::Q4_1Wide => unsafe {
                     let xp = permuted.as_ref().expect("made when a part takes it");
-                    q4_1_wide::dot_rows_dyn(part, rows, xp, t, mr, out, accumulate)
+                    q4_1_wide::dot_rows_dyn(task, xp)
                 },
                 #[cfg(target_arch = "x86_64")]
-                Kernel::Groups if isa == Isa::Avx2 => unsafe {
-                    super::avx2::dot_rows_dyn(part, rows, acts, t, mr, out, accumulate)
-                },
+                Kernel::Groups if isa == Isa::Avx2 => unsafe { super::avx2::dot_rows_dyn(task, acts) },
                 #[cfg(target_arch = "x86_64")]
-                Kernel::Groups => unsafe {
-                    super::avx512::dot_rows_dyn(part, rows, acts, t, mr, out, accumulate)
-                },
-                _ => portable_rows(part, rows, x, t, mr, out, accumulate),
+                Kernel::Groups => unsafe { super::avx512::dot_rows_dyn(task, acts) },
+                _ => portable_rows(task, x),
             }
         }
     });
@@ -144,15 +141,8 @@ impl Kernel {
 }
 
 /// The portable path: each row dequantized by the scalar reference, then f32 dot products.
-fn portable_rows(
-    part: &PartRef<'_>,
-    rows: std::ops::Range<usize>,
-    x: &[f32],
-    t0: usize,
-    mr: usize,
-    out: Out,
-    accumulate: bool,
-) {
+fn portable_rows(task: RowTask<'_>, x: &[f32]) {
+    let RowTask { part, rows, t0, mr, out, accumulate } = task;
     let k = part.cols;
     let mut row = vec![0.0f32; k];
     for r in rows {

@@ -93,7 +93,7 @@ mod x86 {
 
     use super::X16;
     use crate::cpu::quant::avx2::{PREFETCH_AHEAD, f16_at, hsum};
-    use crate::cpu::quant::{GgmlType, Out, PartRef};
+    use crate::cpu::quant::{GgmlType, RowTask};
 
     /// One group of 32 activations at `x` into int16 words: values 0..16 at `words`, 16..32 at
     /// `words + 32`; returns the group's f32 sum and scale (see [`X16::quantize`]).
@@ -146,12 +146,21 @@ mod x86 {
         const BYTES: usize;
         /// Whether `m` can be non-zero.
         const OFFSET: bool;
+        /// Where a group's codes start, after its scales.
+        const CODES_AT: usize;
         /// The 32 codes of group `g` as sixteen words of its first half and sixteen of its
-        /// second (zero- or sign-extended), in a 128-bit pair each.
+        /// second (zero- or sign-extended), in a 128-bit pair each. Here: the sixteen nibble
+        /// bytes twice, the low nibbles being the first half and the high the second (the
+        /// kernels split them after widening).
         ///
         /// # Safety
         /// AVX2 is available; group `g` lies inside the row at `row`.
-        unsafe fn halves(row: *const u8, g: usize) -> [__m128i; 2];
+        #[inline(always)]
+        unsafe fn halves(row: *const u8, g: usize) -> [__m128i; 2] {
+            // SAFETY: block g (its scales, then 16 bytes of nibbles) is in the row.
+            let v = unsafe { _mm_loadu_si128(row.add(g * Self::BYTES + Self::CODES_AT) as *const __m128i) };
+            [v, v]
+        }
         /// Group `g`'s `(d, m)`.
         ///
         /// # Safety
@@ -160,8 +169,7 @@ mod x86 {
     }
 
     /// Q4_1 (f16 d, f16 m, sixteen bytes of nibbles) and Q4_0 (f16 d, nibbles, offset -8d):
-    /// `halves` returns the nibble bytes twice, the low nibbles being the group's first half
-    /// and the high its second (the kernels split them after widening).
+    /// nibbles, as [`Codes::halves`] reads them.
     pub(super) struct Q4_1;
     pub(super) struct Q4_0;
     /// Q8_0 (f16 d, 32 signed bytes): `halves` returns bytes 0..16 and 16..32.
@@ -170,15 +178,10 @@ mod x86 {
     impl Codes for Q4_1 {
         const BYTES: usize = 20;
         const OFFSET: bool = true;
-        #[inline(always)]
-        unsafe fn halves(row: *const u8, g: usize) -> [__m128i; 2] {
-            // SAFETY: block g (20 bytes: f16 d, f16 m, 16 bytes of nibbles) is in the row.
-            let v = unsafe { _mm_loadu_si128(row.add(g * 20 + 4) as *const __m128i) };
-            [v, v]
-        }
+        const CODES_AT: usize = 4;
         #[inline(always)]
         unsafe fn scale(row: *const u8, g: usize) -> (f32, f32) {
-            // SAFETY: as above.
+            // SAFETY: block g (20 bytes: f16 d, f16 m, 16 bytes of nibbles) is in the row.
             unsafe { (f16_at(row.add(g * 20)), f16_at(row.add(g * 20 + 2))) }
         }
     }
@@ -186,15 +189,11 @@ mod x86 {
     impl Codes for Q4_0 {
         const BYTES: usize = 18;
         const OFFSET: bool = true;
-        #[inline(always)]
-        unsafe fn halves(row: *const u8, g: usize) -> [__m128i; 2] {
-            // SAFETY: block g (18 bytes: f16 d, 16 bytes of nibbles) is in the row.
-            let v = unsafe { _mm_loadu_si128(row.add(g * 18 + 2) as *const __m128i) };
-            [v, v]
-        }
+        const CODES_AT: usize = 2;
         #[inline(always)]
         unsafe fn scale(row: *const u8, g: usize) -> (f32, f32) {
-            // SAFETY: as above. Codes are 0..16 with value (q - 8)·d.
+            // SAFETY: block g (18 bytes: f16 d, 16 bytes of nibbles) is in the row. Codes are
+            // 0..16 with value (q - 8)·d.
             let d = unsafe { f16_at(row.add(g * 18)) };
             (d, -8.0 * d)
         }
@@ -203,11 +202,12 @@ mod x86 {
     impl Codes for Q8_0 {
         const BYTES: usize = 34;
         const OFFSET: bool = false;
+        const CODES_AT: usize = 2;
         #[inline(always)]
         unsafe fn halves(row: *const u8, g: usize) -> [__m128i; 2] {
             // SAFETY: block g (34 bytes: f16 d, 32 i8) is in the row.
             unsafe {
-                let b = row.add(g * 34 + 2);
+                let b = row.add(g * 34 + Self::CODES_AT);
                 [_mm_loadu_si128(b as *const __m128i), _mm_loadu_si128(b.add(16) as *const __m128i)]
             }
         }
@@ -242,14 +242,8 @@ mod x86 {
     /// AVX-512F/BW/VNNI, AVX2, FMA, F16C; the rows and tokens lie inside `part` and `xq`; only
     /// this task writes columns `rows` of `out`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-    unsafe fn rows512<F: Codes, const M: usize>(
-        part: &PartRef<'_>,
-        rows: std::ops::Range<usize>,
-        xq: &X16,
-        t0: usize,
-        out: Out,
-        accumulate: bool,
-    ) {
+    unsafe fn rows512<F: Codes, const M: usize>(task: RowTask<'_>, xq: &X16) {
+        let RowTask { part, rows, t0, out, accumulate, .. } = task;
         let groups = xq.groups;
         let pairs = xq.pairs();
         let full = groups / 2;
@@ -315,14 +309,8 @@ mod x86 {
     /// # Safety
     /// AVX2, FMA, F16C; otherwise as [`rows512`].
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn rows256<F: Codes, const M: usize>(
-        part: &PartRef<'_>,
-        rows: std::ops::Range<usize>,
-        xq: &X16,
-        t0: usize,
-        out: Out,
-        accumulate: bool,
-    ) {
+    unsafe fn rows256<F: Codes, const M: usize>(task: RowTask<'_>, xq: &X16) {
+        let RowTask { part, rows, t0, out, accumulate, .. } = task;
         let groups = xq.groups;
         let pairs = xq.pairs();
         let low4 = _mm256_set1_epi16(0x0f);
@@ -367,27 +355,19 @@ mod x86 {
     /// One dispatch over format and token count for a row kernel.
     macro_rules! dispatch {
         ($name:ident, $kernel:ident) => {
-            /// [`$kernel`] for `mr` (1..=4) tokens from `t0` of a part in a format
+            /// [`$kernel`] for the task's `mr` (1..=4) tokens of a part in a format
             /// [`super::supports`] takes.
             ///
             /// # Safety
             /// As the kernel's.
-            pub(in crate::cpu::quant) unsafe fn $name(
-                part: &PartRef<'_>,
-                rows: std::ops::Range<usize>,
-                xq: &X16,
-                t0: usize,
-                mr: usize,
-                out: Out,
-                accumulate: bool,
-            ) {
+            pub(in crate::cpu::quant) unsafe fn $name(task: RowTask<'_>, xq: &X16) {
                 macro_rules! by_m {
                     ($F:ty) => {
                         // SAFETY: forwarded contract.
-                        unsafe { with_tokens!(mr, |M| $kernel::<$F, M>(part, rows, xq, t0, out, accumulate)) }
+                        unsafe { with_tokens!(task.mr, |M| $kernel::<$F, M>(task, xq)) }
                     };
                 }
-                match part.ty {
+                match task.part.ty {
                     GgmlType::Q4_1 => by_m!(Q4_1),
                     GgmlType::Q4_0 => by_m!(Q4_0),
                     GgmlType::Q8_0 => by_m!(Q8_0),

@@ -68,25 +68,13 @@ macro_rules! with_tokens {
 #[cfg(target_arch = "x86_64")]
 macro_rules! dot_rows_dyn {
     ($isa:ident) => {
-        /// [`dot_rows`] for `mr` (1..=4) tokens from `t0`.
+        /// [`dot_rows`] for the task's `mr` (1..=4) tokens.
         ///
         /// # Safety
         /// As [`dot_rows`]; `part.cols` is a multiple of 32.
-        pub(super) unsafe fn dot_rows_dyn(
-            part: &PartRef<'_>,
-            rows: std::ops::Range<usize>,
-            acts: Activations<'_>,
-            t0: usize,
-            mr: usize,
-            out: Out,
-            accumulate: bool,
-        ) {
+        pub(super) unsafe fn dot_rows_dyn(task: RowTask<'_>, acts: Activations<'_>) {
             // SAFETY: forwarded contract.
-            unsafe {
-                with_group!($isa, part.ty, G => with_tokens!(mr, |M| {
-                    dot_rows::<G, M>(part, rows, acts, t0, out, accumulate)
-                }))
-            }
+            unsafe { with_group!($isa, task.part.ty, G => with_tokens!(task.mr, |M| dot_rows::<G, M>(task, acts))) }
         }
     };
 }
@@ -407,6 +395,19 @@ impl PartRef<'_> {
 struct Out {
     ptr: OutPtr,
     ldd: usize,
+}
+
+/// One decode task's share of a part: rows `rows` of `part` times tokens `t0 .. t0 + mr`,
+/// written into `out` (added to what is there with `accumulate`). Only this task writes those
+/// entries.
+#[derive(Clone)]
+struct RowTask<'a> {
+    part: &'a PartRef<'a>,
+    rows: std::ops::Range<usize>,
+    t0: usize,
+    mr: usize,
+    out: Out,
+    accumulate: bool,
 }
 
 impl Out {

@@ -23,8 +23,8 @@
 
 use std::arch::x86_64::*;
 
+use super::RowTask;
 use super::avx2::PREFETCH_AHEAD;
-use super::{Out, PartRef};
 
 /// Groups of 32 values per block (one zmm of sixteen dwords of nibbles).
 const GROUPS: usize = 4;
@@ -169,7 +169,7 @@ unsafe fn block<const M: usize>(nib: __m512i, d: __m512, xs: [*const f32; M], ac
     }
 }
 
-/// Rows `rows` of the Q4_1 `part` times tokens `t0..t0+M` of `x` (as [`Permuted`]) into `out`.
+/// The task's rows of its Q4_1 part times its `M` tokens of `x` (as [`Permuted`]).
 /// Whole pairs of blocks share one header conversion; an odd whole block and a short last
 /// block (masked loads: nothing read past the row) take one each.
 ///
@@ -178,14 +178,8 @@ unsafe fn block<const M: usize>(nib: __m512i, d: __m512, xs: [*const f32; M], ac
 /// permuted from activations of that width holding tokens `t0..t0+M`; only this task writes
 /// columns `rows` of `out`.
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn dot_rows<const M: usize>(
-    part: &PartRef<'_>,
-    rows: std::ops::Range<usize>,
-    x: &Permuted,
-    t0: usize,
-    out: Out,
-    accumulate: bool,
-) {
+unsafe fn dot_rows<const M: usize>(task: RowTask<'_>, x: &Permuted) {
+    let RowTask { part, rows, t0, out, accumulate, .. } = task;
     let groups = part.cols / 32;
     let whole = groups / GROUPS;
     // Each token's blocks lie one after another in x (checked once here, not per block).
@@ -268,19 +262,11 @@ unsafe fn dot_rows<const M: usize>(
     }
 }
 
-/// [`dot_rows`] for `mr` (1..=4) tokens from `t0`.
+/// [`dot_rows`] for the task's `mr` (1..=4) tokens.
 ///
 /// # Safety
 /// As [`dot_rows`].
-pub(super) unsafe fn dot_rows_dyn(
-    part: &PartRef<'_>,
-    rows: std::ops::Range<usize>,
-    x: &Permuted,
-    t0: usize,
-    mr: usize,
-    out: Out,
-    accumulate: bool,
-) {
+pub(super) unsafe fn dot_rows_dyn(task: RowTask<'_>, x: &Permuted) {
     // SAFETY: forwarded contract.
-    unsafe { with_tokens!(mr, |M| dot_rows::<M>(part, rows, x, t0, out, accumulate)) }
+    unsafe { with_tokens!(task.mr, |M| dot_rows::<M>(task, x)) }
 }

@@ -130,7 +130,7 @@ macro_rules! x86_path {
             }
         }
 
-        /// Rows `rows` of `part` times tokens `t0..t0+M` of `x`, into `out`: per group, the codes
+        /// The task's rows times its `M` tokens of `x`: per group, the codes
         /// are multiplied into each token's 32 activations, the sum scaled once, and the offset
         /// added through the activations' group sum (computed once per call, [`Activations`]).
         ///
@@ -138,14 +138,8 @@ macro_rules! x86_path {
         /// The module's CPU features are available; the rows and tokens lie inside `part` and
         /// `x`; only this task writes columns `rows` of `out`.
         #[target_feature(enable = $feat)]
-        unsafe fn dot_rows<F: Group, const M: usize>(
-            part: &PartRef<'_>,
-            rows: std::ops::Range<usize>,
-            acts: Activations<'_>,
-            t0: usize,
-            out: Out,
-            accumulate: bool,
-        ) {
+        unsafe fn dot_rows<F: Group, const M: usize>(task: RowTask<'_>, acts: Activations<'_>) {
+            let RowTask { part, rows, t0, out, accumulate, .. } = task;
             let k = part.cols;
             let groups = k / 32;
             let xs = acts.x[t0 * k..(t0 + M) * k].as_ptr();

@@ -2,7 +2,7 @@
 //! vLLM does, v2 in launches of at most the workspace's tokens) and the tiled prefill kernel for
 //! a varlen batch's sequences of more than one query token.
 
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchArgs, LaunchConfig, PushKernelArg};
 use kv_cache::cuda::DeviceLayerCache;
 
 use super::tiling::{DecodeSplit, PrefillPlan};
@@ -178,25 +178,34 @@ fn launch_decode(
     let head_groups = launch_dim(g.num_kv_heads * group / qpk, MAX_GRID_YZ, "head groups")?;
     let null: u64 = 0;
     let max_blocks = meta.max_blocks_per_seq as i32;
-    let num_seqs = meta.host.seq_lens.len() as i32;
-    let (nh, nkv) = (num_heads as i32, g.num_kv_heads as i32);
-    let max_parts = workspace.shape.max_parts as i32;
-    let skip = i32::from(skip_prefill);
+    let nkv = g.num_kv_heads as i32;
+    // v1 writes `out` directly; v2 writes per-partition results for the reduce kernel.
+    let (grid_z, shared, partition_size) = match chosen {
+        AttentionVariant::V2 => (
+            launch_dim(parts, MAX_GRID_YZ, "context partitions")?,
+            shared_bytes(cfg, qpk, PARTITION_SIZE),
+            PARTITION_SIZE as i32,
+        ),
+        _ => (1, v1_shared, 0i32),
+    };
     for t0 in (0..meta.host.num_tokens).step_by(per_launch.max(1)) {
         let tokens = launch_dim((meta.host.num_tokens - t0).min(per_launch), MAX_GRID_X, "tokens")?;
-        let token_offset = launch_dim(t0, i32::MAX as usize, "token offset")? as i32;
+        let args = DecodeArgs {
+            meta,
+            null,
+            num_seqs: meta.host.seq_lens.len() as i32,
+            num_heads: num_heads as i32,
+            max_parts: workspace.shape.max_parts as i32,
+            partition_size,
+            token_offset: launch_dim(t0, i32::MAX as usize, "token offset")? as i32,
+            skip_prefill: i32::from(skip_prefill),
+        };
         let mut b = stream.launch_builder(&func);
-        // v1 writes `out` directly; v2 writes per-partition results for the reduce kernel.
-        let (grid_z, shared, partition_size) = match chosen {
+        match chosen {
             AttentionVariant::V2 => {
-                b.arg(&mut workspace.tmp_out).arg(&mut workspace.exp_sums).arg(&mut workspace.max_logits);
-                let grid_z = launch_dim(parts, MAX_GRID_YZ, "context partitions")?;
-                (grid_z, shared_bytes(cfg, qpk, PARTITION_SIZE), PARTITION_SIZE as i32)
+                b.arg(&mut workspace.tmp_out).arg(&mut workspace.exp_sums).arg(&mut workspace.max_logits)
             }
-            _ => {
-                b.arg(&mut *out).arg(&null).arg(&null);
-                (1, v1_shared, 0i32)
-            }
+            _ => b.arg(&mut *out).arg(&args.null).arg(&args.null),
         };
         let cfg_launch = LaunchConfig {
             grid_dim: (tokens, head_groups, grid_z),
@@ -208,22 +217,11 @@ fn launch_decode(
             .arg(cache.value())
             .arg(&meta.block_tables)
             .arg(&max_blocks)
-            .arg(&meta.seq_rows)
-            .arg(&meta.seq_lens);
-        if meta.host.is_decode {
-            b.arg(&null);
-        } else {
-            b.arg(&meta.query_start_loc);
-        }
-        b.arg(&num_seqs)
-            .arg(&nh)
-            .arg(&nkv)
-            .arg(&scale)
-            .arg(&max_parts)
-            .arg(&partition_size)
-            .arg(&token_offset)
-            .arg(&skip)
-            .arg(&window);
+            .arg(&meta.seq_rows);
+        args.push_seqs(&mut b);
+        b.arg(&nkv).arg(&scale);
+        args.push_partitions(&mut b);
+        b.arg(&window);
         // SAFETY: argument list matches PA_PARAMS in attention.cu; every buffer was size-checked
         // above (a v2 launch holds at most the workspace's tokens) and every block index the
         // kernel reads was range-checked by DeviceAttnMetadata. With `skip_prefill` the blocks of
@@ -234,23 +232,10 @@ fn launch_decode(
             let reduce = kernels.function_lazy(&cfg.program_name(), REDUCE_ENTRY, || cfg.program())?;
             let head_size = g.head_size as i32;
             let mut r = stream.launch_builder(&reduce);
-            r.arg(&mut *out)
-                .arg(&workspace.exp_sums)
-                .arg(&workspace.max_logits)
-                .arg(&workspace.tmp_out)
-                .arg(&meta.seq_lens);
-            if meta.host.is_decode {
-                r.arg(&null);
-            } else {
-                r.arg(&meta.query_start_loc);
-            }
-            r.arg(&num_seqs)
-                .arg(&nh)
-                .arg(&head_size)
-                .arg(&max_parts)
-                .arg(&partition_size)
-                .arg(&token_offset)
-                .arg(&skip);
+            r.arg(&mut *out).arg(&workspace.exp_sums).arg(&workspace.max_logits).arg(&workspace.tmp_out);
+            args.push_seqs(&mut r);
+            r.arg(&head_size);
+            args.push_partitions(&mut r);
             let rc = LaunchConfig {
                 grid_dim: (tokens, launch_dim(num_heads, MAX_GRID_YZ, "heads")?, 1),
                 block_dim: (ATTENTION_THREADS, 1, 1),
@@ -265,4 +250,37 @@ fn launch_decode(
         }
     }
     Ok(chosen)
+}
+
+/// The arguments a decode launch shares with its v2 reduce: both kernels take `seq_lens,
+/// query_start_loc, num_seqs, num_heads`, then one or two of their own, then `max_parts,
+/// partition_size, token_offset, skip_prefill` (the decode kernel then its `window`).
+struct DecodeArgs<'m> {
+    meta: &'m DeviceAttnMetadata,
+    /// A null pointer: the `query_start_loc` of a decode batch, v1's missing v2 scratch.
+    null: u64,
+    num_seqs: i32,
+    num_heads: i32,
+    max_parts: i32,
+    partition_size: i32,
+    token_offset: i32,
+    skip_prefill: i32,
+}
+
+impl DecodeArgs<'_> {
+    /// `seq_lens, query_start_loc (null for a decode batch), num_seqs, num_heads`.
+    fn push_seqs<'a>(&'a self, b: &mut LaunchArgs<'a>) {
+        b.arg(&self.meta.seq_lens);
+        if self.meta.host.is_decode {
+            b.arg(&self.null);
+        } else {
+            b.arg(&self.meta.query_start_loc);
+        }
+        b.arg(&self.num_seqs).arg(&self.num_heads);
+    }
+
+    /// `max_parts, partition_size, token_offset, skip_prefill`.
+    fn push_partitions<'a>(&'a self, b: &mut LaunchArgs<'a>) {
+        b.arg(&self.max_parts).arg(&self.partition_size).arg(&self.token_offset).arg(&self.skip_prefill);
+    }
 }

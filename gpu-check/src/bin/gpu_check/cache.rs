@@ -2,6 +2,7 @@
 //! slots, a NaN-poisoned cache) and copy-on-write copies with swap out / swap in, each against
 //! the CPU kernels' bytes.
 
+use attn_kernels::backend::KernelBackend;
 use attn_kernels::cuda::kernels::{AttentionConfig, attention_configs};
 use attn_kernels::cuda::ops::{self, DeviceSlotMapping};
 use gpu_check::attn_cases::{cache_images_equal, layer_bytes};
@@ -76,8 +77,8 @@ pub fn check_copy_and_swap(ctx: &Ctx, rec: &mut Recorder) -> Res<()> {
     attn_kernels::copy_blocks(&mut host, &pairs)?;
     ops::copy_blocks(kernels, &mut dev, &pairs)?;
     // Swap blocks 7 and 31 out to swap slots 0 and 5, then back in to device blocks 20 and 21.
-    attn_kernels::cuda::swap::swap_out(kernels, &mut dev, &[(7, 0), (31, 5)])?;
-    attn_kernels::cuda::swap::swap_in(kernels, &mut dev, &[(0, 20), (5, 21)])?;
+    kernels.swap_out(&mut dev, &[(7, 0), (31, 5)])?;
+    kernels.swap_in(&mut dev, &[(0, 20), (5, 21)])?;
     device.synchronize()?;
     attn_kernels::copy_blocks(&mut host, &[(7, 20), (31, 21)])?;
     for l in 0..config.num_layers {

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use attn_kernels::backend::KernelBackend;
 use attn_kernels::cuda::DeviceAttnMetadata;
 use attn_kernels::cuda::kernels::AttentionVariant::{Tiled, V1, V2};
 use attn_kernels::cuda::ops::{self, DeviceSlotMapping};
@@ -70,7 +71,7 @@ pub fn check_far_offsets(ctx: &Ctx, rec: &mut Recorder) -> Res<()> {
     check(rec, tail_matches(&stream, &dev, &place, &want_k, &want_v)?, "reshape_and_cache");
 
     // Read: every variant through the remapped table.
-    let table = place.table(&case.block_tables);
+    let table = place.table(&case.metadata.block_tables);
     let meta = attn_kernels::PagedAttnMetadata { block_tables: &table, ..case.meta() };
     let dmeta = DeviceAttnMetadata::upload(&stream, &meta, pool.block_size, pool.num_blocks)?;
     for path in [("V1", V1, false), ("V2", V2, false), ("V2_split", V2, true), ("Tiled", Tiled, true)] {
@@ -81,10 +82,10 @@ pub fn check_far_offsets(ctx: &Ctx, rec: &mut Recorder) -> Res<()> {
     }
 
     // Move: copy-on-write copies into gaps, a swap round trip into the spares.
-    let moves = place.moves(&case.block_tables);
+    let moves = place.moves(&case.metadata.block_tables);
     ops::copy_blocks(kernels, &mut dev, &moves.copies)?;
-    attn_kernels::cuda::swap::swap_out(kernels, &mut dev, &moves.swap_out)?;
-    attn_kernels::cuda::swap::swap_in(kernels, &mut dev, &moves.swap_in)?;
+    kernels.swap_out(&mut dev, &moves.swap_out)?;
+    kernels.swap_in(&mut dev, &moves.swap_in)?;
     device.synchronize()?;
     place.apply_moves(&mut want_k, &moves);
     place.apply_moves(&mut want_v, &moves);
