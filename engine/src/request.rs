@@ -11,6 +11,7 @@ use model::{ChatMessage, Conversation};
 use crate::detok::{IncrementalDetokenizer, TokenDecoder};
 use crate::output::{CompletionDelta, FinishReason, RequestKey, RequestOutput, RequestTiming, Sink};
 use crate::sampling::{PositionLogprobs, SamplingParams, SequenceSampler};
+use crate::structured::Guide;
 
 /// A prompt: plain text, token ids, or chat messages rendered with the model's template (with
 /// tools, documents or extra template variables: a whole `Conversation`).
@@ -92,6 +93,9 @@ impl RequestOptions {
 pub(crate) struct SeqState {
     /// Taken out while a batch is being sampled.
     pub sampler: Option<SequenceSampler>,
+    /// The constraint's state for this sample (a constrained request only); taken out with the
+    /// sampler.
+    pub guide: Option<Guide>,
     pub detok: IncrementalDetokenizer,
     pub new_tokens: Vec<u32>,
     pub new_logprobs: Vec<PositionLogprobs>,
@@ -133,12 +137,18 @@ impl RequestRecord {
         prompt: &[u32],
         arrival: Instant,
         samplers: Vec<SequenceSampler>,
+        guide: Option<Guide>,
         sink: Option<Sink>,
     ) -> Self {
+        let n = samplers.len();
+        // Every sample starts from the compiled state: the last takes it, the others a fork.
+        let mut guide = guide;
         let seqs = samplers
             .into_iter()
-            .map(|s| SeqState {
+            .enumerate()
+            .map(|(i, s)| SeqState {
                 sampler: Some(s),
+                guide: if i + 1 == n { guide.take() } else { guide.as_ref().map(Guide::fork) },
                 detok: IncrementalDetokenizer::new(
                     prompt,
                     params.skip_special_tokens,
