@@ -7,6 +7,7 @@ use engine::{ChatMessage, Prompt, SamplingParams};
 use serde::Deserialize;
 
 use crate::error::ApiError;
+use crate::structured::ConstraintFields;
 
 /// `prompt`: a string, a list of strings, a list of token ids, or a list of such lists.
 #[derive(Debug, Clone, Deserialize)]
@@ -75,6 +76,9 @@ pub struct SamplingFields {
     /// An end-user id for abuse monitoring in OpenAI's API: typed (a number is a 400), unused.
     #[allow(dead_code)]
     pub user: Option<String>,
+    /// `response_format`, `guided_*`, `structured_outputs`, `grammar`, `logit_bias`.
+    #[serde(flatten)]
+    pub constraints: ConstraintFields,
 }
 
 /// `POST /v1/completions`.
@@ -125,9 +129,16 @@ pub struct ChatRequest {
     pub model: Option<String>,
     pub messages: Vec<ChatMessageInput>,
     /// Tool schemas (`{"type": "function", "function": {...}}`), handed to the chat template
-    /// with their keys in request order. (Parsing tool calls out of the output is not done here.)
+    /// with their keys in request order; the output is read for calls (`tools.rs`).
     #[serde(default)]
     pub tools: Option<Vec<engine::TemplateValue>>,
+    /// `none`, `auto` (the default with tools), `required`, or `{"type": "function", "function":
+    /// {"name": …}}`.
+    #[serde(default)]
+    pub tool_choice: Option<crate::tools::ToolChoiceInput>,
+    /// More than one call per answer under `required` (the default).
+    #[serde(default)]
+    pub parallel_tool_calls: Option<bool>,
     /// The newer name of `max_tokens`; wins when both are set.
     pub max_completion_tokens: Option<i64>,
     #[serde(default)]
@@ -269,6 +280,8 @@ impl SamplingFields {
         p.include_stop_str_in_output = self.include_stop_str_in_output.unwrap_or(false);
         p.skip_special_tokens = self.skip_special_tokens.unwrap_or(true);
         p.logprobs = logprobs.map(|l| count(l, "logprobs", 0)).transpose()?;
+        p.constraint = self.constraints.constraint()?.map(|(c, _)| c);
+        p.logit_bias = self.constraints.logit_bias()?;
         p.validate().map_err(|e| ApiError::bad_request(e.to_string(), Some(param_of(&e))))?;
         Ok(p)
     }
@@ -293,6 +306,7 @@ fn param_of(e: &engine::SamplingParamsError) -> &'static str {
         E::MinTokensOverMax { .. } => "min_tokens",
         E::Logprobs(_) => "logprobs",
         E::EmptyStopString => "stop",
+        E::LogitBias { .. } | E::LogitBiasCount(_) => "logit_bias",
     }
 }
 
