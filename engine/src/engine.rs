@@ -442,7 +442,6 @@ impl Engine {
             greedy::targets(&self.bufs.plan, &mut self.bufs.targets);
             greedy::record(tokens, &self.bufs.targets, &mut self.live)?
         } else {
-            // Constrained samples' masks are computed while the forward pass runs.
             let guides = crate::structured::sampled_guides(&self.bufs.plan, &mut self.live);
             let logits = crate::structured::while_running(guides, || self.runner.forward(&step))?;
             gather_sample_rows(
@@ -527,11 +526,8 @@ impl Engine {
             if finish.is_some() {
                 seq.finish = finish;
             }
-            if let Some(ended) = seq.guide.as_mut().and_then(|g| crate::structured::advance(g, tok.token))
-                && seq.finish.is_none()
-            {
-                seq.finish = Some(ended);
-            }
+            let guide = seq.guide.as_mut();
+            seq.finish = seq.finish.take().or_else(|| crate::structured::advance(guide, tok.token));
             updates.push(scheduler::SampledToken {
                 seq_id: t.seq_id,
                 token: tok.token,

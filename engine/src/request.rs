@@ -137,18 +137,13 @@ impl RequestRecord {
         prompt: &[u32],
         arrival: Instant,
         samplers: Vec<SequenceSampler>,
-        guide: Option<Guide>,
         sink: Option<Sink>,
     ) -> Self {
-        let n = samplers.len();
-        // Every sample starts from the compiled state: the last takes it, the others a fork.
-        let mut guide = guide;
         let seqs = samplers
             .into_iter()
-            .enumerate()
-            .map(|(i, s)| SeqState {
+            .map(|s| SeqState {
                 sampler: Some(s),
-                guide: if i + 1 == n { guide.take() } else { guide.as_ref().map(Guide::fork) },
+                guide: None,
                 detok: IncrementalDetokenizer::new(
                     prompt,
                     params.skip_special_tokens,
@@ -174,6 +169,16 @@ impl RequestRecord {
             first_token: None,
             seqs,
         }
+    }
+
+    /// Gives every sample the compiled constraint's state: the last takes it, the others a fork.
+    pub fn with_guide(mut self, guide: Option<Guide>) -> Self {
+        let mut guide = guide;
+        let n = self.seqs.len();
+        for (i, seq) in self.seqs.iter_mut().enumerate() {
+            seq.guide = if i + 1 == n { guide.take() } else { guide.as_ref().map(Guide::fork) };
+        }
+        self
     }
 
     pub fn all_finished(&self) -> bool {

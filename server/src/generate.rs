@@ -129,7 +129,12 @@ impl Job {
             for (i, prompt) in prompts.into_iter().enumerate() {
                 let id = format!("{base}-{i}");
                 // On an error, dropping `streams` aborts the requests already submitted.
-                streams.push(submitting.handle.submit(id, prompt, params.clone(), RequestOptions::default())?);
+                streams.push(submitting.handle.submit(
+                    id,
+                    prompt,
+                    params.clone(),
+                    RequestOptions::default(),
+                )?);
             }
             Ok::<_, engine::RequestError>(streams)
         })

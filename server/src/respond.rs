@@ -144,9 +144,11 @@ impl Envelope {
         let text = (!delta.text.is_empty() || finish_reason.is_none()).then_some(delta.text.as_str());
         let content = match self.endpoint {
             Endpoint::Completions => ChoiceContent::Text(&delta.text),
-            Endpoint::Chat => {
-                ChoiceContent::Delta(ChatDelta { role: None, content: text.map(Cow::Borrowed), tool_calls: None })
-            }
+            Endpoint::Chat => ChoiceContent::Delta(ChatDelta {
+                role: None,
+                content: text.map(Cow::Borrowed),
+                tool_calls: None,
+            }),
         };
         let choice = Choice {
             index: prompt * self.n + delta.index,
@@ -161,7 +163,11 @@ impl Envelope {
     pub fn role_chunk(&self, index: usize) -> Body<'_> {
         let choice = Choice {
             index,
-            content: ChoiceContent::Delta(ChatDelta { role: ASSISTANT, content: Some("".into()), tool_calls: None }),
+            content: ChoiceContent::Delta(ChatDelta {
+                role: ASSISTANT,
+                content: Some("".into()),
+                tool_calls: None,
+            }),
             logprobs: None,
             finish_reason: None,
         };
@@ -188,10 +194,16 @@ impl Envelope {
                 content: match self.endpoint {
                     Endpoint::Completions => ChoiceContent::Text(&c.text),
                     Endpoint::Chat => ChoiceContent::Message(match self.tool_calls(index, &c.text) {
-                        Some((content, calls)) => {
-                            ChatDelta { role: ASSISTANT, content: content.map(Cow::Owned), tool_calls: Some(calls) }
-                        }
-                        None => ChatDelta { role: ASSISTANT, content: Some(Cow::Borrowed(&c.text)), tool_calls: None },
+                        Some((content, calls)) => ChatDelta {
+                            role: ASSISTANT,
+                            content: content.map(Cow::Owned),
+                            tool_calls: Some(calls),
+                        },
+                        None => ChatDelta {
+                            role: ASSISTANT,
+                            content: Some(Cow::Borrowed(&c.text)),
+                            tool_calls: None,
+                        },
                     }),
                 },
                 logprobs: self.logprobs_of(c.logprobs.as_deref(), tokens, 0),
@@ -233,7 +245,8 @@ impl Envelope {
             }
             None => ChatDelta { role: None, content: Some(Cow::Borrowed(text)), tool_calls: None },
         };
-        let choice = Choice { index, content: ChoiceContent::Delta(delta), logprobs: None, finish_reason: finish };
+        let choice =
+            Choice { index, content: ChoiceContent::Delta(delta), logprobs: None, finish_reason: finish };
         self.wrap(true, vec![Self::tool_finish(choice)], None)
     }
 

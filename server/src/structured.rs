@@ -91,7 +91,9 @@ impl ConstraintFields {
                 }
                 other => {
                     return Err(ApiError::bad_request(
-                        format!("response_format type {other:?} is not one of text, json_object, json_schema"),
+                        format!(
+                            "response_format type {other:?} is not one of text, json_object, json_schema"
+                        ),
                         Some("response_format"),
                     ));
                 }
@@ -165,10 +167,16 @@ impl ConstraintFields {
         bias.iter()
             .map(|(k, &v)| {
                 let token = k.trim().parse::<u32>().map_err(|_| {
-                    ApiError::bad_request(format!("logit_bias key {k:?} is not a token id"), Some("logit_bias"))
+                    ApiError::bad_request(
+                        format!("logit_bias key {k:?} is not a token id"),
+                        Some("logit_bias"),
+                    )
                 })?;
                 if !v.is_finite() {
-                    return Err(ApiError::bad_request("logit_bias values must be finite", Some("logit_bias")));
+                    return Err(ApiError::bad_request(
+                        "logit_bias values must be finite",
+                        Some("logit_bias"),
+                    ));
                 }
                 Ok((token, v as f32))
             })
@@ -188,20 +196,52 @@ mod tests {
     fn every_spelling_maps_onto_one_constraint() {
         let schema = serde_json::json!({"type": "object"});
         for (body, want, field) in [
-            (serde_json::json!({"response_format": {"type": "json_object"}}), Constraint::JsonObject, "response_format"),
+            (
+                serde_json::json!({"response_format": {"type": "json_object"}}),
+                Constraint::JsonObject,
+                "response_format",
+            ),
             (
                 serde_json::json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}),
                 Constraint::JsonSchema(schema.clone()),
                 "response_format",
             ),
-            (serde_json::json!({"guided_json": schema.to_string()}), Constraint::JsonSchema(schema.clone()), "guided_json"),
-            (serde_json::json!({"json_schema": schema}), Constraint::JsonSchema(schema.clone()), "json_schema"),
+            (
+                serde_json::json!({"guided_json": schema.to_string()}),
+                Constraint::JsonSchema(schema.clone()),
+                "guided_json",
+            ),
+            (
+                serde_json::json!({"json_schema": schema}),
+                Constraint::JsonSchema(schema.clone()),
+                "json_schema",
+            ),
             (serde_json::json!({"guided_regex": "a+"}), Constraint::Regex("a+".into()), "guided_regex"),
-            (serde_json::json!({"guided_choice": ["a", "b"]}), Constraint::Choice(vec!["a".into(), "b".into()]), "guided_choice"),
-            (serde_json::json!({"guided_grammar": "start: \"a\""}), Constraint::Lark("start: \"a\"".into()), "guided_grammar"),
-            (serde_json::json!({"grammar": "start: \"a\""}), Constraint::Lark("start: \"a\"".into()), "grammar"),
-            (serde_json::json!({"structured_outputs": {"choice": ["x"]}}), Constraint::Choice(vec!["x".into()]), "structured_outputs"),
-            (serde_json::json!({"structured_outputs": {"json_object": true}}), Constraint::JsonObject, "structured_outputs"),
+            (
+                serde_json::json!({"guided_choice": ["a", "b"]}),
+                Constraint::Choice(vec!["a".into(), "b".into()]),
+                "guided_choice",
+            ),
+            (
+                serde_json::json!({"guided_grammar": "start: \"a\""}),
+                Constraint::Lark("start: \"a\"".into()),
+                "guided_grammar",
+            ),
+            (
+                serde_json::json!({"grammar": "start: \"a\""}),
+                Constraint::Lark("start: \"a\"".into()),
+                "grammar",
+            ),
+            (
+                serde_json::json!({"structured_outputs": {"choice": ["x"]}}),
+                Constraint::Choice(vec!["x".into()]),
+                "structured_outputs",
+            ),
+            (
+                serde_json::json!({"structured_outputs": {"json_object": true}}),
+                Constraint::JsonObject,
+                "structured_outputs",
+            ),
         ] {
             let got = fields(body.clone()).constraint().unwrap_or_else(|e| panic!("{body}: {e:?}"));
             assert_eq!(got, Some((want, field)), "{body}");

@@ -123,14 +123,21 @@ pub fn plan(
             }
         },
         Some(ToolChoiceInput::Named { function }) => {
-            let params = funcs.iter().find(|(n, _)| *n == function.name).map(|(_, p)| p.clone()).ok_or_else(
-                || ApiError::bad_request(format!("tool_choice names {:?}, which is not a tool", function.name), param),
-            )?;
+            let params =
+                funcs.iter().find(|(n, _)| *n == function.name).map(|(_, p)| p.clone()).ok_or_else(|| {
+                    ApiError::bad_request(
+                        format!("tool_choice names {:?}, which is not a tool", function.name),
+                        param,
+                    )
+                })?;
             (ToolChoice::Named(function.name.clone()), Some(Constraint::JsonSchema(params)))
         }
     };
     Ok(Some((ToolPlan { choice, names }, constraint)))
 }
+
+/// The text beside the calls, and each call's name and arguments.
+type Calls = (Option<String>, Vec<(String, String)>);
 
 /// A call from a JSON object with `name` and `arguments` (or `parameters`), when the name is a tool's.
 fn call_of(v: &Value, names: &[String]) -> Option<(String, String)> {
@@ -166,7 +173,7 @@ impl ToolPlan {
         Some((content.filter(|c| !c.trim().is_empty()), calls))
     }
 
-    fn parse_calls(&self, text: &str) -> Option<(Option<String>, Vec<(String, String)>)> {
+    fn parse_calls(&self, text: &str) -> Option<Calls> {
         match &self.choice {
             ToolChoice::Named(name) => {
                 let args: Value = serde_json::from_str(text).ok()?;
@@ -182,7 +189,7 @@ impl ToolPlan {
     }
 
     /// The model families' own call formats.
-    fn parse_native(&self, text: &str) -> Option<(Option<String>, Vec<(String, String)>)> {
+    fn parse_native(&self, text: &str) -> Option<Calls> {
         if text.contains("<tool_call>") {
             let mut calls = Vec::new();
             let mut content = String::new();
@@ -240,7 +247,10 @@ mod tests {
         let (p, c) = plan(Some(&t), Some(&named), true).ok().flatten().unwrap_or_else(|| panic!("named"));
         assert_eq!(p.choice, ToolChoice::Named("get_weather".into()));
         assert!(matches!(c, Some(Constraint::JsonSchema(s)) if s["required"] == json!(["city"])));
-        let (_, c) = plan(Some(&t), Some(&choice(json!("required"))), false).ok().flatten().unwrap_or_else(|| panic!());
+        let (_, c) = plan(Some(&t), Some(&choice(json!("required"))), false)
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| panic!());
         assert!(matches!(c, Some(Constraint::JsonSchema(s)) if s["maxItems"] == json!(1)));
         for (tools, ch) in [
             (Some(t.as_slice()), choice(json!("sometimes"))),
@@ -265,7 +275,10 @@ mod tests {
         let mistral = r#"[TOOL_CALLS][{"name": "now", "arguments": {}}, {"name": "get_weather", "arguments": {"city": "Lima"}}]"#;
         assert_eq!(auto.parse(mistral, "y").map(|(_, c)| c.len()), Some(2));
         let llama = r#"<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo"}}"#;
-        assert_eq!(auto.parse(llama, "z").map(|(_, c)| c[0].function.arguments.clone()), Some(r#"{"city":"Oslo"}"#.into()));
+        assert_eq!(
+            auto.parse(llama, "z").map(|(_, c)| c[0].function.arguments.clone()),
+            Some(r#"{"city":"Oslo"}"#.into())
+        );
         assert_eq!(auto.parse("Just text.", "t"), None);
         assert_eq!(auto.parse(r#"{"name": "unknown_tool", "parameters": {}}"#, "t"), None);
         let required = ToolPlan { choice: ToolChoice::Required, names: names.clone() };

@@ -6,8 +6,8 @@
 //! state. Nothing is kept for a refused request.
 
 use std::collections::HashMap;
-use std::sync::{Arc, OnceLock};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use model::ChatTemplate;
@@ -303,7 +303,8 @@ impl Engine {
         let samplers = (0..params.n)
             .map(|i| SequenceSampler::new(seeded_rng(seed, i), prompt_set.clone(), stop_ids.clone()))
             .collect();
-        let record = RequestRecord::new(id, key, Arc::new(params), &tokens, arrival, samplers, guide, sink);
+        let record =
+            RequestRecord::new(id, key, Arc::new(params), &tokens, arrival, samplers, sink).with_guide(guide);
         self.live.insert(key, record);
         Ok(key)
     }

@@ -343,13 +343,23 @@ mod tests {
             check(SamplingParams { stop: vec![String::new()], ..d() }),
             Err(SamplingParamsError::EmptyStopString)
         );
-        let bias = |pairs: &[(u32, f32)]| SamplingParams { logit_bias: pairs.iter().copied().collect(), ..d() };
+        let bias =
+            |pairs: &[(u32, f32)]| SamplingParams { logit_bias: pairs.iter().copied().collect(), ..d() };
         assert_eq!(check(bias(&[(3, 100.0), (4, -100.0)])), Ok(()));
-        assert_eq!(check(bias(&[(3, 100.5)])), Err(SamplingParamsError::LogitBias { token: 3, value: 100.5 }));
-        assert!(matches!(check(bias(&[(9, f32::NAN)])), Err(SamplingParamsError::LogitBias { token: 9, .. })));
+        assert_eq!(
+            check(bias(&[(3, 100.5)])),
+            Err(SamplingParamsError::LogitBias { token: 3, value: 100.5 })
+        );
+        assert!(matches!(
+            check(bias(&[(9, f32::NAN)])),
+            Err(SamplingParamsError::LogitBias { token: 9, .. })
+        ));
         let many: Vec<(u32, f32)> = (0..=MAX_LOGIT_BIAS as u32).map(|t| (t, 1.0)).collect();
         assert_eq!(check(bias(&many)), Err(SamplingParamsError::LogitBiasCount(MAX_LOGIT_BIAS + 1)));
-        assert!(SamplingParams::greedy(1).is_plain_greedy() && !SamplingParams { temperature: 0.0, ..bias(&[(1, 1.0)]) }.is_plain_greedy());
+        assert!(
+            SamplingParams::greedy(1).is_plain_greedy()
+                && !SamplingParams { temperature: 0.0, ..bias(&[(1, 1.0)]) }.is_plain_greedy()
+        );
     }
 
     #[test]

@@ -54,14 +54,20 @@ pub struct Grammars {
 
 impl std::fmt::Debug for Grammars {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Grammars").field("vocab_size", &self.factory.tok_env().tok_trie().vocab_size()).finish()
+        f.debug_struct("Grammars")
+            .field("vocab_size", &self.factory.tok_env().tok_trie().vocab_size())
+            .finish()
     }
 }
 
 impl Grammars {
     /// The factory over `tokenizer`'s vocabulary padded to `model_vocab` ids, ending sequences
     /// with `eos_ids`.
-    pub fn new(tokenizer: &model::Tokenizer, model_vocab: usize, eos_ids: &[u32]) -> Result<Self, ConstraintError> {
+    pub fn new(
+        tokenizer: &model::Tokenizer,
+        model_vocab: usize,
+        eos_ids: &[u32],
+    ) -> Result<Self, ConstraintError> {
         let env = token_env(tokenizer, model_vocab, eos_ids)?;
         let mut factory = ParserFactory::new_simple(&env)
             .map_err(|e| ConstraintError::Unavailable(format!("grammar engine: {e}")))?;
@@ -95,7 +101,8 @@ impl Grammars {
 /// The llguidance grammar of a constraint, or why there is none.
 fn grammar_of(constraint: &Constraint) -> Result<TopLevelGrammar, String> {
     let too_big = |n: usize| format!("{n} bytes is more than the {MAX_CONSTRAINT_BYTES} accepted");
-    let bounded = |text: &str| if text.len() > MAX_CONSTRAINT_BYTES { Err(too_big(text.len())) } else { Ok(()) };
+    let bounded =
+        |text: &str| if text.len() > MAX_CONSTRAINT_BYTES { Err(too_big(text.len())) } else { Ok(()) };
     Ok(match constraint {
         Constraint::JsonObject => {
             let mut schema = serde_json::json!({"type": "object"});

@@ -95,9 +95,10 @@ impl Guide {
     }
 }
 
-/// Feeds `token` to a sample's guide; the finish it calls for when its grammar can go no further.
-pub(crate) fn advance(guide: &mut Guide, token: u32) -> Option<crate::output::FinishReason> {
-    match guide.advance(token) {
+/// Feeds `token` to a sample's guide (if it has one); the finish it calls for when its grammar
+/// can go no further.
+pub(crate) fn advance(guide: Option<&mut Guide>, token: u32) -> Option<crate::output::FinishReason> {
+    match guide?.advance(token) {
         Advance::Continue => None,
         Advance::Ended => Some(crate::output::FinishReason::GrammarEnd),
         Advance::Broken(e) => {

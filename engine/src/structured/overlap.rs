@@ -17,7 +17,7 @@ pub(crate) fn sampled_guides<'a>(
     let mut sampled: HashSet<(RequestKey, usize)> = HashSet::new();
     for s in plan.seqs.iter().filter(|s| s.num_samples > 0) {
         let request = s.seq_id.request;
-        if !live.get(&request).is_some_and(|r| r.params.constraint.is_some()) {
+        if live.get(&request).is_none_or(|r| r.params.constraint.is_none()) {
             continue;
         }
         if s.num_samples > 1 {

@@ -23,7 +23,9 @@ impl TokenizerEnv for Vocab {
     fn tokenize_bytes(&self, s: &[u8]) -> Vec<TokenId> {
         // Special-token strings stay text; a tokenizer error falls back to the trie's greedy split.
         self.trie.tokenize_with_greedy_fallback(s, |text| {
-            self.tokenizer.encode(text, false, false).unwrap_or_else(|_| self.trie.greedy_tokenize(text.as_bytes()))
+            self.tokenizer
+                .encode(text, false, false)
+                .unwrap_or_else(|_| self.trie.greedy_tokenize(text.as_bytes()))
         })
     }
 }
@@ -48,8 +50,8 @@ pub(crate) fn token_env(
         name[0] = TokTrie::SPECIAL_TOKEN_MARKER;
         words.push(name);
     }
-    let vocab_size =
-        u32::try_from(width).map_err(|_| unavailable(format!("vocabulary of {width} tokens is too large")))?;
+    let vocab_size = u32::try_from(width)
+        .map_err(|_| unavailable(format!("vocabulary of {width} tokens is too large")))?;
     let eos: Vec<u32> = eos_ids.iter().copied().filter(|&t| t < vocab_size).collect();
     let Some(&first) = eos.first() else {
         return Err(unavailable("the model has no end-of-sequence token".into()));

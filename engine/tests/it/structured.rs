@@ -176,7 +176,10 @@ fn logit_bias_bans_and_forces_tokens() {
     ));
     let mut params = plain;
     params.logit_bias.insert(5, 101.0);
-    assert!(matches!(engine.add_request("range", chat("x"), params), Err(RequestError::InvalidParams { .. })));
+    assert!(matches!(
+        engine.add_request("range", chat("x"), params),
+        Err(RequestError::InvalidParams { .. })
+    ));
     assert!(engine.kv_is_idle());
 }
 

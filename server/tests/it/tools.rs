@@ -49,8 +49,10 @@ fn forced_tool_calls_of_the_real_model_validate() {
         log_interval: std::time::Duration::ZERO,
         ..EngineConfig::default()
     };
-    let server =
-        TestServer::over(Engine::new(&gguf, config).unwrap_or_else(|e| panic!("{e}")), &ServerConfig::default());
+    let server = TestServer::over(
+        Engine::new(&gguf, config).unwrap_or_else(|e| panic!("{e}")),
+        &ServerConfig::default(),
+    );
     let rt = runtime();
     rt.block_on(async {
         let messages = json!([{"role": "user", "content": "What is the weather in Paris?"}]);
