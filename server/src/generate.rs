@@ -31,6 +31,7 @@ pub async fn completions(
     let req = body.0;
     let run = || -> Result<Job, ApiError> {
         state.check_model(req.model.as_deref())?;
+        req.check_unsupported()?;
         let max_tokens = req.sampling.max_tokens.or(Some(COMPLETIONS_DEFAULT_MAX_TOKENS));
         let params =
             req.sampling.to_params(state.handle.default_sampling_params(), max_tokens, req.logprobs)?;

@@ -88,8 +88,35 @@ pub struct CompletionRequest {
     pub prompt: PromptInput,
     /// Top logprobs per position (0 gives the sampled token's only).
     pub logprobs: Option<i64>,
+    /// Not implemented: a 400 unless it asks for nothing (`false`).
+    pub echo: Option<bool>,
+    /// Not implemented: a 400 unless it equals `n` (one candidate per choice).
+    pub best_of: Option<i64>,
+    /// No fill-in-the-middle template: a 400 unless empty.
+    pub suffix: Option<String>,
     #[serde(flatten)]
     pub sampling: SamplingFields,
+}
+
+impl CompletionRequest {
+    /// Refuses the fields this server does not implement instead of ignoring them.
+    pub fn check_unsupported(&self) -> Result<(), ApiError> {
+        if self.echo == Some(true) {
+            return Err(ApiError::bad_request("echo is not supported", Some("echo")));
+        }
+        if let Some(b) = self.best_of
+            && b != self.sampling.n.unwrap_or(1)
+        {
+            return Err(ApiError::bad_request("best_of other than n is not supported", Some("best_of")));
+        }
+        if self.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+            return Err(ApiError::bad_request(
+                "suffix is not supported (the model has no fill-in-the-middle template)",
+                Some("suffix"),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// One chat message; `content` is a string or a list of `{"type": "text", "text": …}` parts
@@ -351,6 +378,20 @@ mod tests {
             let e = params(body.clone()).err().unwrap_or_else(|| panic!("{body} was accepted"));
             assert_eq!(e.status, 400);
             assert_eq!(e.param, Some(param), "{body}: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn unimplemented_fields_are_refused_not_ignored() {
+        for (body, param) in [
+            (serde_json::json!({"prompt": "x", "echo": true}), Some("echo")),
+            (serde_json::json!({"prompt": "x", "best_of": 3}), Some("best_of")),
+            (serde_json::json!({"prompt": "x", "suffix": "end"}), Some("suffix")),
+            (serde_json::json!({"prompt": "x", "echo": false, "best_of": 2, "n": 2, "suffix": ""}), None),
+        ] {
+            let req: CompletionRequest =
+                serde_json::from_value(body.clone()).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(req.check_unsupported().err().and_then(|e| e.param), param, "{body}");
         }
     }
 
