@@ -444,7 +444,8 @@ impl Engine {
             greedy::targets(&self.bufs.plan, &mut self.bufs.targets);
             greedy::record(tokens, &self.bufs.targets, &mut self.live)?
         } else {
-            let logits = self.runner.forward(&step)?;
+            let guides = crate::structured::sampled_guides(&self.bufs.plan, &mut self.live);
+            let logits = crate::structured::while_running(guides, || self.runner.forward(&step))?;
             gather_sample_rows(
                 &self.bufs.plan,
                 logits,
@@ -469,15 +470,18 @@ impl Engine {
             let seq =
                 state.seqs.get_mut(t.index).ok_or(EngineError::Internal("sample index out of range"))?;
             let sampler = seq.sampler.take().ok_or(EngineError::Internal("sampler taken twice"))?;
-            taken.push((state.params.clone(), sampler));
+            taken.push((state.params.clone(), sampler, seq.guide.take()));
         }
-        let mut rows: Vec<SampleRow<'_>> =
-            taken.iter_mut().map(|(params, state)| SampleRow { params, state }).collect();
+        let mut rows: Vec<SampleRow<'_>> = taken
+            .iter_mut()
+            .map(|(params, state, guide)| SampleRow { params, state, guide: guide.as_mut() })
+            .collect();
         let sampled = sample_batch(&mut self.bufs.logits, vocab, &mut rows);
         drop(rows);
-        for (t, (_, sampler)) in self.bufs.targets.iter().zip(taken) {
+        for (t, (_, sampler, guide)) in self.bufs.targets.iter().zip(taken) {
             if let Some(seq) = self.live.get_mut(&t.request).and_then(|s| s.seqs.get_mut(t.index)) {
                 seq.sampler = Some(sampler);
+                seq.guide = guide;
             }
         }
         Ok(sampled?)
@@ -524,6 +528,8 @@ impl Engine {
             if finish.is_some() {
                 seq.finish = finish;
             }
+            let guide = seq.guide.as_mut();
+            seq.finish = seq.finish.take().or_else(|| crate::structured::advance(guide, tok.token));
             updates.push(scheduler::SampledToken {
                 seq_id: t.seq_id,
                 token: tok.token,

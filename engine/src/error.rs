@@ -3,6 +3,7 @@
 
 use crate::detok::DetokenizeError;
 use crate::sampling::{SamplerError, SamplingParamsError};
+use crate::structured::ConstraintError;
 
 /// Why one request was refused (or could not be aborted).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -27,6 +28,10 @@ pub enum RequestError {
     UnknownRequest(String),
     #[error("request {id:?}: {source}")]
     InvalidParams { id: String, source: SamplingParamsError },
+    #[error("request {id:?}: logit_bias names token {token}, outside the vocabulary of {vocab_size}")]
+    LogitBiasOutOfVocab { id: String, token: u32, vocab_size: usize },
+    #[error("request {id:?}: {source}")]
+    Constraint { id: String, source: ConstraintError },
     #[error("request {0:?}: the model has no chat template")]
     NoChatTemplate(String),
     #[error("request {id:?}: {reason}")]

@@ -8,6 +8,8 @@
 //! - [`kv_map`]: [`KvSnapshot`], the live map of the KV blocks, taken between steps only when a
 //!   handle asked for one ([`EngineHandle::kv_map`]).
 //! - [`sampling`]: vLLM `SamplingParams` semantics, vectorized over the batch.
+//! - [`structured`]: structured outputs: a request's [`Constraint`] compiled by llguidance into
+//!   a token mask per sample.
 //! - [`detok`]: incremental detokenization and stop strings.
 //! - [`workload`]: synthetic benchmark prompts.
 
@@ -21,6 +23,7 @@ pub mod metrics;
 pub mod output;
 mod request;
 pub mod sampling;
+pub mod structured;
 pub mod workload;
 
 pub use config::{
@@ -38,3 +41,4 @@ pub use output::{
 };
 pub use request::{Prompt, RequestOptions};
 pub use sampling::{SamplingParams, SamplingParamsError};
+pub use structured::{Constraint, ConstraintError};

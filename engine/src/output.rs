@@ -20,6 +20,8 @@ pub enum FinishReason {
     StopToken(u32),
     /// One of the request's stop strings (not included in the text by default).
     StopString(String),
+    /// The request's constraint (grammar, schema, choices) was complete and could take no more.
+    GrammarEnd,
     /// `max_tokens` or the model's max length was reached.
     Length,
     /// The client aborted the request (or dropped its stream).
@@ -30,7 +32,7 @@ impl FinishReason {
     /// vLLM / OpenAI spelling: `stop`, `length` or `abort`.
     pub fn as_str(&self) -> &'static str {
         match self {
-            Self::Eos(_) | Self::StopToken(_) | Self::StopString(_) => "stop",
+            Self::Eos(_) | Self::StopToken(_) | Self::StopString(_) | Self::GrammarEnd => "stop",
             Self::Length => "length",
             Self::Abort => "abort",
         }
@@ -222,6 +224,7 @@ mod tests {
         assert_eq!(FinishReason::Eos(2).as_str(), "stop");
         assert_eq!(FinishReason::StopToken(7).as_str(), "stop");
         assert_eq!(FinishReason::Length.as_str(), "length");
+        assert_eq!(FinishReason::GrammarEnd.as_str(), "stop");
         assert_eq!(FinishReason::Abort.as_str(), "abort");
     }
 }

@@ -11,6 +11,7 @@ use model::{ChatMessage, Conversation};
 use crate::detok::{IncrementalDetokenizer, TokenDecoder};
 use crate::output::{CompletionDelta, FinishReason, RequestKey, RequestOutput, RequestTiming, Sink};
 use crate::sampling::{PositionLogprobs, SamplingParams, SequenceSampler};
+use crate::structured::Guide;
 
 /// A prompt: plain text, token ids, or chat messages rendered with the model's template (with
 /// tools, documents or extra template variables: a whole `Conversation`).
@@ -92,6 +93,9 @@ impl RequestOptions {
 pub(crate) struct SeqState {
     /// Taken out while a batch is being sampled.
     pub sampler: Option<SequenceSampler>,
+    /// The constraint's state for this sample (a constrained request only); taken out with the
+    /// sampler.
+    pub guide: Option<Guide>,
     pub detok: IncrementalDetokenizer,
     pub new_tokens: Vec<u32>,
     pub new_logprobs: Vec<PositionLogprobs>,
@@ -139,6 +143,7 @@ impl RequestRecord {
             .into_iter()
             .map(|s| SeqState {
                 sampler: Some(s),
+                guide: None,
                 detok: IncrementalDetokenizer::new(
                     prompt,
                     params.skip_special_tokens,
@@ -164,6 +169,16 @@ impl RequestRecord {
             first_token: None,
             seqs,
         }
+    }
+
+    /// Gives every sample the compiled constraint's state: the last takes it, the others a fork.
+    pub fn with_guide(mut self, guide: Option<Guide>) -> Self {
+        let mut guide = guide;
+        let n = self.seqs.len();
+        for (i, seq) in self.seqs.iter_mut().enumerate() {
+            seq.guide = if i + 1 == n { guide.take() } else { guide.as_ref().map(Guide::fork) };
+        }
+        self
     }
 
     pub fn all_finished(&self) -> bool {

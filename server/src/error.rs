@@ -23,6 +23,11 @@ impl ApiError {
         Self { status: StatusCode::BAD_REQUEST, message: message.into(), param }
     }
 
+    /// 500: the server failed, not the request.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self { status: StatusCode::INTERNAL_SERVER_ERROR, message: message.into(), param: None }
+    }
+
     pub fn model_not_found(asked: &str, served: &str) -> Self {
         Self {
             status: StatusCode::NOT_FOUND,
@@ -62,6 +67,8 @@ impl From<RequestError> for ApiError {
             | RequestError::TokenOutOfVocab { .. }
             | RequestError::Prompt { .. } => (StatusCode::BAD_REQUEST, Some("prompt")),
             RequestError::NoChatTemplate(_) => (StatusCode::BAD_REQUEST, Some("messages")),
+            RequestError::LogitBiasOutOfVocab { .. } => (StatusCode::BAD_REQUEST, Some("logit_bias")),
+            RequestError::Constraint { .. } => (StatusCode::BAD_REQUEST, Some("response_format")),
             _ => (StatusCode::BAD_REQUEST, None),
         };
         Self { status, message: e.to_string(), param }

@@ -31,6 +31,7 @@ pub async fn completions(
     let req = body.0;
     let run = || -> Result<Job, ApiError> {
         state.check_model(req.model.as_deref())?;
+        req.check_unsupported()?;
         let max_tokens = req.sampling.max_tokens.or(Some(COMPLETIONS_DEFAULT_MAX_TOKENS));
         let params =
             req.sampling.to_params(state.handle.default_sampling_params(), max_tokens, req.logprobs)?;
@@ -49,9 +50,29 @@ pub async fn chat(State(state): State<Arc<AppState>>, body: crate::JsonBody<Chat
         state.check_model(req.model.as_deref())?;
         let max_tokens = req.max_completion_tokens.or(req.sampling.max_tokens);
         let top = if req.logprobs { Some(req.top_logprobs.unwrap_or(0)) } else { None };
-        let params = req.sampling.to_params(state.handle.default_sampling_params(), max_tokens, top)?;
+        let mut params = req.sampling.to_params(state.handle.default_sampling_params(), max_tokens, top)?;
         let prompts = vec![req.prompt()?];
-        Ok(Job::new(&state, Endpoint::Chat, prompts, params, &req.sampling, req.logprobs))
+        let tools = crate::tools::plan(
+            req.tools.as_deref(),
+            req.tool_choice.as_ref(),
+            req.parallel_tool_calls.unwrap_or(true),
+        )?;
+        let (tools, tool_constraint) = tools.map_or((None, None), |(p, c)| (Some(p), c));
+        let mut constraint_field = req.sampling.constraints.constraint_field();
+        if let Some(c) = tool_constraint {
+            if params.constraint.is_some() {
+                return Err(ApiError::bad_request(
+                    "tool_choice required or named cannot be combined with another output constraint",
+                    Some("tool_choice"),
+                ));
+            }
+            params.constraint = Some(c);
+            constraint_field = Some("tools");
+        }
+        let mut job = Job::new(&state, Endpoint::Chat, prompts, params, &req.sampling, req.logprobs);
+        job.envelope.tools = tools;
+        job.constraint_field = constraint_field;
+        Ok(job)
     };
     match run() {
         Ok(job) => job.respond(state).await,
@@ -66,6 +87,8 @@ struct Job {
     params: SamplingParams,
     stream: bool,
     include_usage: bool,
+    /// The request field that set its output constraint (what a compile error names).
+    constraint_field: Option<&'static str>,
 }
 
 impl Job {
@@ -86,25 +109,49 @@ impl Job {
                 endpoint,
                 n: params.n,
                 logprobs,
+                tools: None,
             },
             prompts,
             params,
             stream: fields.stream,
             include_usage: fields.include_usage(),
+            constraint_field: fields.constraints.constraint_field(),
         }
     }
 
     /// Submits every prompt (all or none: an error aborts the ones already in) and answers.
+    /// Submission (template rendering, tokenization, compiling the constraint) runs on a
+    /// blocking thread, never on a tokio worker.
     async fn respond(self, state: Arc<AppState>) -> Response {
-        let mut streams = Vec::with_capacity(self.prompts.len());
-        for (i, prompt) in self.prompts.iter().enumerate() {
-            let id = format!("{}-{i}", self.envelope.id);
-            match state.handle.submit(id, prompt.clone(), self.params.clone(), RequestOptions::default()) {
-                Ok(s) => streams.push(s),
-                // Dropping `streams` aborts the requests already submitted.
-                Err(e) => return ApiError::from(e).into_response(),
+        let submitting = Arc::clone(&state);
+        let (base, prompts, params) = (self.envelope.id.clone(), self.prompts, self.params);
+        let submitted = tokio::task::spawn_blocking(move || {
+            let mut streams = Vec::with_capacity(prompts.len());
+            for (i, prompt) in prompts.into_iter().enumerate() {
+                let id = format!("{base}-{i}");
+                // On an error, dropping `streams` aborts the requests already submitted.
+                streams.push(submitting.handle.submit(
+                    id,
+                    prompt,
+                    params.clone(),
+                    RequestOptions::default(),
+                )?);
             }
-        }
+            Ok::<_, engine::RequestError>(streams)
+        })
+        .await;
+        let streams = match submitted {
+            Ok(Ok(streams)) => streams,
+            Ok(Err(e)) => {
+                let constraint = matches!(e, engine::RequestError::Constraint { .. });
+                let mut error = ApiError::from(e);
+                if constraint && self.constraint_field.is_some() {
+                    error.param = self.constraint_field;
+                }
+                return error.into_response();
+            }
+            Err(e) => return ApiError::internal(format!("submission failed: {e}")).into_response(),
+        };
         if self.stream {
             let events = sse_events(state, self.envelope, streams, self.include_usage);
             Sse::new(events).keep_alive(KeepAlive::default()).into_response()
@@ -176,6 +223,7 @@ fn sse_events(
         all: merged(streams),
         usage: Usage::default(),
         offsets: vec![0; choices],
+        held: Vec::new(),
         state,
         envelope,
     };
@@ -205,6 +253,8 @@ struct SseState<S> {
     usage: Usage,
     /// Characters of text each choice has sent (completions logprobs' `text_offset`).
     offsets: Vec<usize>,
+    /// A tools stream's text of each choice, held until it finishes.
+    held: Vec<String>,
     state: Arc<AppState>,
     envelope: Envelope,
 }
@@ -214,6 +264,9 @@ impl<S> SseState<S> {
     /// its usage and latencies.
     fn chunks(&mut self, prompt: usize, out: &engine::RequestOutput) -> Vec<Event> {
         let tokens = TokenText { tokenizer: self.state.handle.tokenizer() };
+        if self.envelope.tools.is_some() {
+            return self.tool_chunks(prompt, out);
+        }
         let events = out
             .outputs
             .iter()
@@ -226,6 +279,30 @@ impl<S> SseState<S> {
                 json_event(&self.envelope.delta_chunk(prompt, d, &tokens, offset))
             })
             .collect();
+        if out.finished {
+            self.usage.add_final(out);
+            self.state.metrics.observe_final(out);
+        }
+        events
+    }
+}
+
+impl<S> SseState<S> {
+    /// A tools stream: each choice's text is held back until it finishes, then sent as its
+    /// `tool_calls` (or as the text, when it holds no call).
+    fn tool_chunks(&mut self, prompt: usize, out: &engine::RequestOutput) -> Vec<Event> {
+        let mut events = Vec::new();
+        for d in &out.outputs {
+            let index = prompt * self.envelope.n + d.index;
+            if self.held.len() <= index {
+                self.held.resize(index + 1, String::new());
+            }
+            self.held[index].push_str(&d.text);
+            if let Some(finish) = &d.finish_reason {
+                let text = std::mem::take(&mut self.held[index]);
+                events.push(json_event(&self.envelope.tool_chunk(index, &text, Some(finish.as_str()))));
+            }
+        }
         if out.finished {
             self.usage.add_final(out);
             self.state.metrics.observe_final(out);

@@ -1,7 +1,9 @@
 //! `server`: an OpenAI-compatible HTTP server over the engine (axum on tokio).
 //!
 //! - `POST /v1/completions`, `POST /v1/chat/completions` (JSON or SSE streams): `generate.rs`,
-//!   request bodies and their checks in `openai.rs`, response shapes in `respond.rs`.
+//!   request bodies and their checks in `openai.rs`, the output constraints' fields
+//!   (`response_format`, `guided_*`, `logit_bias`…) in `structured.rs`, response shapes in
+//!   `respond.rs`, tool calling (`tool_choice`, the calls parsed out of the text) in `tools.rs`.
 //! - `GET /v1/models`, `GET /health`, `POST /tokenize`, `POST /detokenize`: `info.rs`.
 //! - `GET /metrics` (Prometheus text, vLLM's names): `metrics.rs`.
 //! - `GET /v1/kv_map`, `GET /v1/kv_map/stream` (SSE): the live KV block map, taken between
@@ -27,6 +29,8 @@ mod metrics;
 mod openai;
 pub mod plan;
 mod respond;
+mod structured;
+mod tools;
 pub mod web;
 
 use std::future::Future;

@@ -7,6 +7,7 @@ use engine::{ChatMessage, Prompt, SamplingParams};
 use serde::Deserialize;
 
 use crate::error::ApiError;
+use crate::structured::ConstraintFields;
 
 /// `prompt`: a string, a list of strings, a list of token ids, or a list of such lists.
 #[derive(Debug, Clone, Deserialize)]
@@ -75,6 +76,9 @@ pub struct SamplingFields {
     /// An end-user id for abuse monitoring in OpenAI's API: typed (a number is a 400), unused.
     #[allow(dead_code)]
     pub user: Option<String>,
+    /// `response_format`, `guided_*`, `structured_outputs`, `grammar`, `logit_bias`.
+    #[serde(flatten)]
+    pub constraints: ConstraintFields,
 }
 
 /// `POST /v1/completions`.
@@ -84,8 +88,35 @@ pub struct CompletionRequest {
     pub prompt: PromptInput,
     /// Top logprobs per position (0 gives the sampled token's only).
     pub logprobs: Option<i64>,
+    /// Not implemented: a 400 unless it asks for nothing (`false`).
+    pub echo: Option<bool>,
+    /// Not implemented: a 400 unless it equals `n` (one candidate per choice).
+    pub best_of: Option<i64>,
+    /// No fill-in-the-middle template: a 400 unless empty.
+    pub suffix: Option<String>,
     #[serde(flatten)]
     pub sampling: SamplingFields,
+}
+
+impl CompletionRequest {
+    /// Refuses the fields this server does not implement instead of ignoring them.
+    pub fn check_unsupported(&self) -> Result<(), ApiError> {
+        if self.echo == Some(true) {
+            return Err(ApiError::bad_request("echo is not supported", Some("echo")));
+        }
+        if let Some(b) = self.best_of
+            && b != self.sampling.n.unwrap_or(1)
+        {
+            return Err(ApiError::bad_request("best_of other than n is not supported", Some("best_of")));
+        }
+        if self.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+            return Err(ApiError::bad_request(
+                "suffix is not supported (the model has no fill-in-the-middle template)",
+                Some("suffix"),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// One chat message; `content` is a string or a list of `{"type": "text", "text": …}` parts
@@ -125,9 +156,16 @@ pub struct ChatRequest {
     pub model: Option<String>,
     pub messages: Vec<ChatMessageInput>,
     /// Tool schemas (`{"type": "function", "function": {...}}`), handed to the chat template
-    /// with their keys in request order. (Parsing tool calls out of the output is not done here.)
+    /// with their keys in request order; the output is read for calls (`tools.rs`).
     #[serde(default)]
     pub tools: Option<Vec<engine::TemplateValue>>,
+    /// `none`, `auto` (the default with tools), `required`, or `{"type": "function", "function":
+    /// {"name": …}}`.
+    #[serde(default)]
+    pub tool_choice: Option<crate::tools::ToolChoiceInput>,
+    /// More than one call per answer under `required` (the default).
+    #[serde(default)]
+    pub parallel_tool_calls: Option<bool>,
     /// The newer name of `max_tokens`; wins when both are set.
     pub max_completion_tokens: Option<i64>,
     #[serde(default)]
@@ -269,6 +307,8 @@ impl SamplingFields {
         p.include_stop_str_in_output = self.include_stop_str_in_output.unwrap_or(false);
         p.skip_special_tokens = self.skip_special_tokens.unwrap_or(true);
         p.logprobs = logprobs.map(|l| count(l, "logprobs", 0)).transpose()?;
+        p.constraint = self.constraints.constraint()?.map(|(c, _)| c);
+        p.logit_bias = self.constraints.logit_bias()?;
         p.validate().map_err(|e| ApiError::bad_request(e.to_string(), Some(param_of(&e))))?;
         Ok(p)
     }
@@ -293,6 +333,7 @@ fn param_of(e: &engine::SamplingParamsError) -> &'static str {
         E::MinTokensOverMax { .. } => "min_tokens",
         E::Logprobs(_) => "logprobs",
         E::EmptyStopString => "stop",
+        E::LogitBias { .. } | E::LogitBiasCount(_) => "logit_bias",
     }
 }
 
@@ -337,6 +378,20 @@ mod tests {
             let e = params(body.clone()).err().unwrap_or_else(|| panic!("{body} was accepted"));
             assert_eq!(e.status, 400);
             assert_eq!(e.param, Some(param), "{body}: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn unimplemented_fields_are_refused_not_ignored() {
+        for (body, param) in [
+            (serde_json::json!({"prompt": "x", "echo": true}), Some("echo")),
+            (serde_json::json!({"prompt": "x", "best_of": 3}), Some("best_of")),
+            (serde_json::json!({"prompt": "x", "suffix": "end"}), Some("suffix")),
+            (serde_json::json!({"prompt": "x", "echo": false, "best_of": 2, "n": 2, "suffix": ""}), None),
+        ] {
+            let req: CompletionRequest =
+                serde_json::from_value(body.clone()).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(req.check_unsupported().err().and_then(|e| e.param), param, "{body}");
         }
     }
 

@@ -3,10 +3,13 @@
 //! (`chat.completion.chunk`, `text_completion`) one per delta, with `usage` and logprobs in
 //! each endpoint's own shape.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use engine::{Completion, CompletionDelta, RequestOutput, sampling::PositionLogprobs};
 use serde::Serialize;
+
+use crate::tools::{ToolCallOut, ToolPlan};
 
 /// Which endpoint a response is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,6 +29,8 @@ pub struct Envelope {
     pub n: usize,
     /// Chat: the client asked for logprobs (`logprobs: true`).
     pub logprobs: bool,
+    /// Chat with tools: how finished texts are read for tool calls.
+    pub tools: Option<ToolPlan>,
 }
 
 /// A response body or a streamed chunk: `text_completion`, `chat.completion` or
@@ -65,7 +70,9 @@ struct ChatDelta<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    content: Option<&'a str>,
+    content: Option<Cow<'a, str>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_calls: Option<Vec<ToolCallOut>>,
 }
 
 const ASSISTANT: Option<&str> = Some("assistant");
@@ -137,7 +144,11 @@ impl Envelope {
         let text = (!delta.text.is_empty() || finish_reason.is_none()).then_some(delta.text.as_str());
         let content = match self.endpoint {
             Endpoint::Completions => ChoiceContent::Text(&delta.text),
-            Endpoint::Chat => ChoiceContent::Delta(ChatDelta { role: None, content: text }),
+            Endpoint::Chat => ChoiceContent::Delta(ChatDelta {
+                role: None,
+                content: text.map(Cow::Borrowed),
+                tool_calls: None,
+            }),
         };
         let choice = Choice {
             index: prompt * self.n + delta.index,
@@ -152,7 +163,11 @@ impl Envelope {
     pub fn role_chunk(&self, index: usize) -> Body<'_> {
         let choice = Choice {
             index,
-            content: ChoiceContent::Delta(ChatDelta { role: ASSISTANT, content: Some("") }),
+            content: ChoiceContent::Delta(ChatDelta {
+                role: ASSISTANT,
+                content: Some("".into()),
+                tool_calls: None,
+            }),
             logprobs: None,
             finish_reason: None,
         };
@@ -178,15 +193,61 @@ impl Envelope {
                 index,
                 content: match self.endpoint {
                     Endpoint::Completions => ChoiceContent::Text(&c.text),
-                    Endpoint::Chat => {
-                        ChoiceContent::Message(ChatDelta { role: ASSISTANT, content: Some(&c.text) })
-                    }
+                    Endpoint::Chat => ChoiceContent::Message(match self.tool_calls(index, &c.text) {
+                        Some((content, calls)) => ChatDelta {
+                            role: ASSISTANT,
+                            content: content.map(Cow::Owned),
+                            tool_calls: Some(calls),
+                        },
+                        None => ChatDelta {
+                            role: ASSISTANT,
+                            content: Some(Cow::Borrowed(&c.text)),
+                            tool_calls: None,
+                        },
+                    }),
                 },
                 logprobs: self.logprobs_of(c.logprobs.as_deref(), tokens, 0),
                 finish_reason: c.finish_reason.as_ref().map(|f| f.as_str()),
             })
+            .map(Self::tool_finish)
             .collect();
         self.wrap(false, choices, Some(usage))
+    }
+
+    /// The tool calls in choice `index`'s finished text (and the text beside them), when the
+    /// request has tools and the text holds calls.
+    fn tool_calls(&self, index: usize, text: &str) -> Option<(Option<String>, Vec<ToolCallOut>)> {
+        let id = format!("{}_{index}", self.id);
+        self.tools.as_ref()?.parse(text, id.rsplit('-').next().unwrap_or(&id))
+    }
+
+    /// A choice that made tool calls finishes with `tool_calls` (unless cut short).
+    fn tool_finish(mut choice: Choice<'_>) -> Choice<'_> {
+        let called = match &choice.content {
+            ChoiceContent::Message(d) | ChoiceContent::Delta(d) => d.tool_calls.is_some(),
+            ChoiceContent::Text(_) => false,
+        };
+        if called && choice.finish_reason == Some("stop") {
+            choice.finish_reason = Some("tool_calls");
+        }
+        choice
+    }
+
+    /// A tools stream's last chunk of a choice: its calls as `tool_calls` deltas (each with its
+    /// index) or, without any, the whole text it held back.
+    pub fn tool_chunk<'a>(&'a self, index: usize, text: &'a str, finish: Option<&'static str>) -> Body<'a> {
+        let delta = match self.tool_calls(index, text) {
+            Some((content, mut calls)) => {
+                for (i, c) in calls.iter_mut().enumerate() {
+                    c.index = Some(i);
+                }
+                ChatDelta { role: None, content: content.map(Cow::Owned), tool_calls: Some(calls) }
+            }
+            None => ChatDelta { role: None, content: Some(Cow::Borrowed(text)), tool_calls: None },
+        };
+        let choice =
+            Choice { index, content: ChoiceContent::Delta(delta), logprobs: None, finish_reason: finish };
+        self.wrap(true, vec![Self::tool_finish(choice)], None)
     }
 
     /// The endpoint's logprobs object, when the request asked for logprobs.

@@ -6,8 +6,8 @@
 //! state. Nothing is kept for a refused request.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use model::ChatTemplate;
@@ -20,6 +20,7 @@ use crate::error::RequestError;
 use crate::output::{RequestKey, Sink};
 use crate::request::{Prompt, RequestOptions, RequestRecord};
 use crate::sampling::{SamplingParams, SequenceSampler, seeded_rng};
+use crate::structured::{ConstraintError, Grammars, Guide};
 
 /// What admission needs to know, shared by the engine and every handle (`Send + Sync`): the
 /// model's text side and limits, and the three pieces of state a submission touches before it
@@ -44,6 +45,8 @@ pub(crate) struct Intake {
     next_key: AtomicU64,
     /// Admitted requests not yet scheduled for the first time.
     waiting: AtomicUsize,
+    /// The constraint compiler, built for the first constrained request.
+    grammars: OnceLock<Result<Grammars, ConstraintError>>,
 }
 
 /// A request that passed every check, reserved its id and its place in the waiting queue, on
@@ -56,6 +59,8 @@ pub(crate) struct Prepared {
     pub max_tokens: usize,
     pub params: SamplingParams,
     pub options: RequestOptions,
+    /// The compiled constraint of a constrained request (its first sample's state).
+    pub guide: Option<Guide>,
     /// When the client submitted it (TTFT and latency count from here).
     pub arrival: Instant,
 }
@@ -86,7 +91,31 @@ impl Intake {
             ids: Mutex::new(HashMap::new()),
             next_key: AtomicU64::new(0),
             waiting: AtomicUsize::new(0),
+            grammars: OnceLock::new(),
         }
+    }
+
+    /// The constraint compiler over this model's vocabulary (built once, on first use).
+    pub fn grammars(&self) -> Result<&Grammars, ConstraintError> {
+        self.grammars
+            .get_or_init(|| Grammars::new(&self.tokenizer, self.vocab_size, &self.eos_ids))
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    /// The request's constraint compiled, and its logit bias checked against the vocabulary.
+    fn guide(&self, id: &str, params: &SamplingParams) -> Result<Option<Guide>, RequestError> {
+        if let Some(&token) = params.logit_bias.keys().find(|&&t| t as usize >= self.vocab_size) {
+            return Err(RequestError::LogitBiasOutOfVocab {
+                id: id.to_owned(),
+                token,
+                vocab_size: self.vocab_size,
+            });
+        }
+        let Some(constraint) = &params.constraint else { return Ok(None) };
+        let constraint_error = |source| RequestError::Constraint { id: id.to_owned(), source };
+        let grammars = self.grammars().map_err(constraint_error)?;
+        grammars.compile(constraint).map(Some).map_err(constraint_error)
     }
 
     /// Renders chat messages with the model's template (generation prompt added).
@@ -139,6 +168,7 @@ impl Intake {
         params.validate().map_err(|source| RequestError::InvalidParams { id: id.clone(), source })?;
         let tokens = self.tokenize(&id, prompt)?;
         let max_tokens = self.check_lengths(&id, &tokens, &params)?;
+        let guide = self.guide(&id, &params)?;
         // The reservations come last, so a refused request holds neither.
         let key = self.issue_key();
         {
@@ -153,7 +183,7 @@ impl Intake {
             self.waiting.fetch_add(1, Ordering::Relaxed);
             ids.insert(id.clone(), key);
         }
-        Ok(Prepared { id, key, tokens, max_tokens, params, options, arrival: Instant::now() })
+        Ok(Prepared { id, key, tokens, max_tokens, params, options, guide, arrival: Instant::now() })
     }
 
     /// The prompt's tokens against the vocabulary, and prompt + output against the model's
@@ -262,7 +292,7 @@ impl Engine {
             }
             return Err(e);
         }
-        let Prepared { id, key, tokens, params, arrival, .. } = req;
+        let Prepared { id, key, tokens, params, arrival, guide, .. } = req;
         let prompt_set = SequenceSampler::prompt_set(&params, &tokens);
         let mut stop_ids = params.stop_token_ids.clone();
         if !params.ignore_eos {
@@ -273,7 +303,8 @@ impl Engine {
         let samplers = (0..params.n)
             .map(|i| SequenceSampler::new(seeded_rng(seed, i), prompt_set.clone(), stop_ids.clone()))
             .collect();
-        let record = RequestRecord::new(id, key, Arc::new(params), &tokens, arrival, samplers, sink);
+        let record =
+            RequestRecord::new(id, key, Arc::new(params), &tokens, arrival, samplers, sink).with_guide(guide);
         self.live.insert(key, record);
         Ok(key)
     }

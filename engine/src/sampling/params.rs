@@ -1,7 +1,11 @@
 //! `SamplingParams`: how one request picks its tokens (vLLM's knobs and defaults), and
 //! their validation into typed errors before a request ever reaches the scheduler.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
+
+use crate::structured::Constraint;
 
 /// Upper bound on `n` (parallel samples of one prompt); more is almost surely a client bug.
 pub const MAX_N: usize = 256;
@@ -9,6 +13,10 @@ pub const MAX_N: usize = 256;
 pub const MAX_LOGPROBS: usize = 20;
 /// Below this temperature a request is greedy (vLLM's `_SAMPLING_EPS`).
 pub const GREEDY_EPS: f32 = 1e-5;
+/// Most tokens one request may bias.
+pub const MAX_LOGIT_BIAS: usize = 4096;
+/// A logit bias lies in `-LOGIT_BIAS_RANGE..=LOGIT_BIAS_RANGE` (OpenAI's -100..100).
+pub const LOGIT_BIAS_RANGE: f32 = 100.0;
 
 /// How one request samples (vLLM `SamplingParams` semantics).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -48,6 +56,12 @@ pub struct SamplingParams {
     pub logprobs: Option<usize>,
     /// Leave special tokens out of the detokenized text.
     pub skip_special_tokens: bool,
+    /// What the output must match (a JSON schema, a regex, choices, a grammar): tokens the
+    /// constraint does not allow are masked out before every sampling rule.
+    pub constraint: Option<Constraint>,
+    /// Added to the logit of each token id before sampling (OpenAI's `logit_bias`, -100..=100):
+    /// -100 in effect bans a token, +100 forces it wherever it is allowed.
+    pub logit_bias: BTreeMap<u32, f32>,
 }
 
 impl Default for SamplingParams {
@@ -70,6 +84,8 @@ impl Default for SamplingParams {
             min_tokens: 0,
             logprobs: None,
             skip_special_tokens: true,
+            constraint: None,
+            logit_bias: BTreeMap::new(),
         }
     }
 }
@@ -99,6 +115,10 @@ pub enum SamplingParamsError {
     Logprobs(usize),
     #[error("stop strings must not be empty")]
     EmptyStopString,
+    #[error("logit_bias of token {token} must be a number in [-100, 100], got {value}")]
+    LogitBias { token: u32, value: f32 },
+    #[error("logit_bias may bias at most {MAX_LOGIT_BIAS} tokens, got {0}")]
+    LogitBiasCount(usize),
 }
 
 impl SamplingParams {
@@ -145,9 +165,15 @@ impl SamplingParams {
     }
 
     /// Whether the token is the bare argmax of the logits: greedy, no penalty, no logprobs, no
-    /// banned tokens (`min_tokens`). Such rows can be sampled where the logits are (the GPU).
+    /// banned tokens (`min_tokens`), no constraint or bias. Such rows can be sampled where the
+    /// logits are (the GPU).
     pub fn is_plain_greedy(&self) -> bool {
-        self.is_greedy() && !self.has_penalties() && self.logprobs.is_none() && self.min_tokens == 0
+        self.is_greedy()
+            && !self.has_penalties()
+            && self.logprobs.is_none()
+            && self.min_tokens == 0
+            && self.constraint.is_none()
+            && self.logit_bias.is_empty()
     }
 
     /// Whether any of the three penalties changes the logits.
@@ -208,6 +234,14 @@ impl SamplingParams {
         }
         if self.stop.iter().any(String::is_empty) {
             return Err(E::EmptyStopString);
+        }
+        if self.logit_bias.len() > MAX_LOGIT_BIAS {
+            return Err(E::LogitBiasCount(self.logit_bias.len()));
+        }
+        if let Some((&token, &value)) =
+            self.logit_bias.iter().find(|&(_, v)| !(-LOGIT_BIAS_RANGE..=LOGIT_BIAS_RANGE).contains(v))
+        {
+            return Err(E::LogitBias { token, value });
         }
         Ok(())
     }
@@ -308,6 +342,23 @@ mod tests {
         assert_eq!(
             check(SamplingParams { stop: vec![String::new()], ..d() }),
             Err(SamplingParamsError::EmptyStopString)
+        );
+        let bias =
+            |pairs: &[(u32, f32)]| SamplingParams { logit_bias: pairs.iter().copied().collect(), ..d() };
+        assert_eq!(check(bias(&[(3, 100.0), (4, -100.0)])), Ok(()));
+        assert_eq!(
+            check(bias(&[(3, 100.5)])),
+            Err(SamplingParamsError::LogitBias { token: 3, value: 100.5 })
+        );
+        assert!(matches!(
+            check(bias(&[(9, f32::NAN)])),
+            Err(SamplingParamsError::LogitBias { token: 9, .. })
+        ));
+        let many: Vec<(u32, f32)> = (0..=MAX_LOGIT_BIAS as u32).map(|t| (t, 1.0)).collect();
+        assert_eq!(check(bias(&many)), Err(SamplingParamsError::LogitBiasCount(MAX_LOGIT_BIAS + 1)));
+        assert!(
+            SamplingParams::greedy(1).is_plain_greedy()
+                && !SamplingParams { temperature: 0.0, ..bias(&[(1, 1.0)]) }.is_plain_greedy()
         );
     }
 

@@ -11,6 +11,7 @@ use rayon::prelude::*;
 
 use super::filter::{self, Truncation};
 use super::params::SamplingParams;
+use crate::structured::Guide;
 
 /// A token's log-probability under the model's raw (unprocessed) distribution.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
@@ -93,6 +94,21 @@ impl SequenceSampler {
         self.num_generated += 1;
     }
 
+    /// Masks the stop ids (`min_tokens` not reached yet), unless they are all the row allows
+    /// (a grammar that can only end): a row is never left without a candidate.
+    fn ban_stop_ids(&self, row: &mut [f32]) {
+        let banned = |t: usize| self.min_tokens_ban.iter().any(|&b| b as usize == t);
+        let other = row.iter().enumerate().any(|(t, v)| *v > f32::NEG_INFINITY && !banned(t));
+        if !other {
+            return;
+        }
+        for &t in self.min_tokens_ban.iter() {
+            if let Some(v) = row.get_mut(t as usize) {
+                *v = f32::NEG_INFINITY;
+            }
+        }
+    }
+
     /// vLLM's order: repetition penalty on prompt ∪ output, then frequency and presence on output.
     fn apply_penalties(&self, params: &SamplingParams, row: &mut [f32]) {
         let rp = params.repetition_penalty;
@@ -120,20 +136,27 @@ impl SequenceSampler {
         }
     }
 
-    /// Picks this row's token; `row` is clobbered (it ends up holding probabilities).
+    /// Picks this row's token; `row` is clobbered (it ends up holding probabilities). The
+    /// guide's mask comes first (logprobs are those of the masked distribution, as vLLM's), then
+    /// the logit bias, the `min_tokens` ban, penalties, temperature and truncation.
     fn sample_row(
         &mut self,
         params: &SamplingParams,
+        guide: Option<&mut Guide>,
         row: &mut [f32],
         scratch: &mut Vec<u32>,
     ) -> Option<TokenChoice> {
+        if let Some(guide) = guide {
+            guide.mask(row);
+        }
         let raw = params.logprobs.map(|n| (row.to_vec(), filter::log_sum_exp(row), n));
-        if self.num_generated < params.min_tokens {
-            for &t in self.min_tokens_ban.iter() {
-                if let Some(v) = row.get_mut(t as usize) {
-                    *v = f32::NEG_INFINITY;
-                }
+        for (&t, &bias) in &params.logit_bias {
+            if let Some(v) = row.get_mut(t as usize) {
+                *v += bias;
             }
+        }
+        if self.num_generated < params.min_tokens {
+            self.ban_stop_ids(row);
         }
         if params.has_penalties() {
             self.apply_penalties(params, row);
@@ -162,11 +185,13 @@ impl SequenceSampler {
     }
 }
 
-/// One row of a batch: the request's parameters and the sequence's state.
+/// One row of a batch: the request's parameters and the sequence's state (and its grammar's,
+/// for a constrained request).
 #[derive(Debug)]
 pub struct SampleRow<'a> {
     pub params: &'a SamplingParams,
     pub state: &'a mut SequenceSampler,
+    pub guide: Option<&'a mut Guide>,
 }
 
 /// Samples one token per row of `logits` (`rows.len() x vocab`, row-major), in parallel.
@@ -184,7 +209,8 @@ pub fn sample_batch(
         .zip(rows.par_iter_mut())
         .enumerate()
         .map_init(Vec::new, |scratch, (i, (row, r))| {
-            r.state.sample_row(r.params, row, scratch).ok_or(SamplerError::NoCandidate { row: i })
+            let guide = r.guide.as_deref_mut();
+            r.state.sample_row(r.params, guide, row, scratch).ok_or(SamplerError::NoCandidate { row: i })
         })
         .collect()
 }
@@ -199,7 +225,7 @@ mod tests {
 
     fn sample_one(params: &SamplingParams, st: &mut SequenceSampler, logits: &[f32]) -> TokenChoice {
         let mut buf = logits.to_vec();
-        let mut rows = [SampleRow { params, state: st }];
+        let mut rows = [SampleRow { params, state: st, guide: None }];
         let mut out = sample_batch(&mut buf, logits.len(), &mut rows).unwrap_or_default();
         out.pop().unwrap_or(TokenChoice { token: u32::MAX, logprobs: None })
     }
@@ -218,7 +244,7 @@ mod tests {
     fn shape_mismatch_is_an_error() {
         let p = SamplingParams::greedy(1);
         let mut st = state(&p, 0, &[], &[]);
-        let mut rows = [SampleRow { params: &p, state: &mut st }];
+        let mut rows = [SampleRow { params: &p, state: &mut st, guide: None }];
         assert!(matches!(sample_batch(&mut [0.0; 5], 3, &mut rows), Err(SamplerError::Shape { .. })));
         let mut masked = [f32::NEG_INFINITY; 3];
         assert_eq!(sample_batch(&mut masked, 3, &mut rows), Err(SamplerError::NoCandidate { row: 0 }));
@@ -232,6 +258,19 @@ mod tests {
         assert_eq!(sample_one(&p, &mut st, &logits).token, 1);
         assert_eq!(sample_one(&p, &mut st, &logits).token, 1);
         assert_eq!(sample_one(&p, &mut st, &logits).token, 0);
+    }
+
+    #[test]
+    fn min_tokens_never_bans_the_only_candidates_and_bias_moves_the_argmax() {
+        let p = SamplingParams { min_tokens: 5, ..SamplingParams::greedy(8) };
+        let mut st = state(&p, 0, &[], &[0]);
+        // Only the stop id is left (a grammar that can only end): it is taken, not banned.
+        assert_eq!(sample_one(&p, &mut st, &[1.0, f32::NEG_INFINITY, f32::NEG_INFINITY]).token, 0);
+        let mut p = SamplingParams::greedy(8);
+        p.logit_bias.insert(2, 100.0);
+        p.logit_bias.insert(0, -100.0);
+        let mut st = state(&p, 0, &[], &[]);
+        assert_eq!(sample_one(&p, &mut st, &[50.0, 1.0, -20.0]).token, 2);
     }
 
     #[test]
@@ -299,8 +338,8 @@ mod tests {
             // The target row sits at a different place in the batch every step.
             let pos = step % 6;
             let mut rows: Vec<SampleRow<'_>> =
-                others.iter_mut().map(|s| SampleRow { params: &other, state: s }).collect();
-            rows.insert(pos, SampleRow { params: &p, state: &mut mine });
+                others.iter_mut().map(|s| SampleRow { params: &other, state: s, guide: None }).collect();
+            rows.insert(pos, SampleRow { params: &p, state: &mut mine, guide: None });
             let mut buf: Vec<f32> = (0..rows.len()).flat_map(|_| logits.iter().copied()).collect();
             let out = sample_batch(&mut buf, vocab, &mut rows).unwrap_or_default();
             batched.push(out.get(pos).map_or(u32::MAX, |s| s.token));

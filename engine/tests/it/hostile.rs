@@ -148,6 +148,7 @@ fn requests_that_could_never_fit_are_refused_at_admission() {
 
 /// One client action on the engine.
 #[derive(Debug, Clone)]
+#[allow(clippy::large_enum_variant)] // a proptest's ops: a few hundred, built once each
 enum Op {
     Add { id: u8, prompt_len: usize, bad_token: bool, params: SamplingParams },
     Abort { id: u8 },

@@ -12,4 +12,5 @@ mod invariance;
 mod kv_map;
 mod options;
 mod real_model;
+mod structured;
 mod support;

@@ -8,5 +8,7 @@ mod bad_input;
 mod kv_map;
 mod real_client;
 mod shutdown;
+mod structured;
 mod support;
+mod tools;
 mod web;

@@ -38,6 +38,14 @@ impl TestServer {
         Self { app: server::router(state, config), _dir: dir }
     }
 
+    /// The server over an engine built elsewhere (the real model, say).
+    pub fn over(engine: Engine, config: &ServerConfig) -> Self {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let handle = EngineHandle::spawn(engine).unwrap_or_else(|e| panic!("{e}"));
+        let state = Arc::new(AppState::new(handle, config).unwrap_or_else(|e| panic!("{e}")));
+        Self { app: server::router(state, config), _dir: dir }
+    }
+
     pub fn default() -> Self {
         Self::new(small_config(), &ServerConfig::default())
     }

@@ -1,0 +1,70 @@
+//! Structured outputs: a request's [`Constraint`] (a JSON schema, any JSON object, a regular
+//! expression, a list of choices or a Lark grammar) compiled by `llguidance` into a per-sample
+//! [`Guide`], whose token mask is laid over the logits before any sampling rule.
+//!
+//! - `vocab.rs` — the model's vocabulary as llguidance's token trie.
+//! - `compile.rs` — [`Grammars`]: the parser factory with its limits set explicitly, and the
+//!   compilation of a constraint (bounded in size, fuel and lexer states; a failure is a
+//!   [`ConstraintError`] naming the problem). It runs on the submitting thread, never the
+//!   engine's.
+//! - `guide.rs` — [`Guide`]: one sample's matcher: the mask for its next token, advanced by
+//!   each sampled token, forked for each of a request's `n` samples.
+//! - `overlap.rs` — the step's masks prepared on a worker thread while the forward pass runs;
+//!   sampling applies them (and computes any that is missing).
+//!
+//! Invariants: a guided sample only ever samples a token its grammar allows; the end-of-sequence
+//! ids are allowed only where the grammar may end; when the grammar can take nothing more, the
+//! sample finishes (`FinishReason::GrammarEnd`).
+
+mod compile;
+mod guide;
+mod overlap;
+mod vocab;
+
+use serde::{Deserialize, Serialize};
+
+pub use compile::{Grammars, MAX_CONSTRAINT_BYTES};
+pub use guide::Guide;
+pub(crate) use guide::advance;
+pub(crate) use overlap::{sampled_guides, while_running};
+
+/// What a request's output must match (OpenAI's `response_format`, vLLM's `guided_*`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "type", content = "value")]
+pub enum Constraint {
+    /// Any JSON object (`response_format: {"type": "json_object"}`).
+    JsonObject,
+    /// A JSON document valid under this JSON Schema.
+    JsonSchema(serde_json::Value),
+    /// Text matching this regular expression in full.
+    Regex(String),
+    /// Exactly one of these strings.
+    Choice(Vec<String>),
+    /// A context-free grammar in llguidance's Lark syntax.
+    Lark(String),
+}
+
+impl Constraint {
+    /// The constraint's kind, as a request names it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::JsonObject => "json_object",
+            Self::JsonSchema(_) => "json_schema",
+            Self::Regex(_) => "regex",
+            Self::Choice(_) => "choice",
+            Self::Lark(_) => "grammar",
+        }
+    }
+}
+
+/// Why a constraint cannot guide a request.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConstraintError {
+    /// The constraint itself: it does not compile, or it exceeds a limit.
+    #[error("invalid {kind}: {reason}")]
+    Invalid { kind: &'static str, reason: String },
+    /// This model's vocabulary cannot be constrained (no end-of-sequence id, unreadable
+    /// tokenizer).
+    #[error("structured outputs are unavailable for this model: {0}")]
+    Unavailable(String),
+}
