@@ -174,8 +174,7 @@ impl Engine {
         &self.intake.model_name
     }
 
-    /// What a request gets for every sampling field it leaves unset: vLLM's defaults with the
-    /// model's `generation_config.json` on top (see [`SamplingParams::with_generation_defaults`]).
+    /// Unset sampling fields' values: [`SamplingParams::with_generation_defaults`].
     pub fn default_sampling_params(&self) -> &SamplingParams {
         &self.intake.default_params
     }
@@ -195,8 +194,7 @@ impl Engine {
         self.scheduler.device_pool().num_used()
     }
 
-    /// True when no device or host block is held (every request finished or aborted and
-    /// nothing leaked): `used == 0` and `free + used == total` in both pools.
+    /// No device or host block held (all finished or aborted, nothing leaked), in both pools.
     pub fn kv_is_idle(&self) -> bool {
         let idle = |p: &scheduler::BlockPool| p.num_used() == 0 && p.num_free() == p.num_blocks();
         idle(self.scheduler.device_pool()) && self.scheduler.host_pool().is_none_or(idle)

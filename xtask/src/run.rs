@@ -271,6 +271,7 @@ fn print_stream(i: usize, stream: engine::RequestStream) -> anyhow::Result<()> {
                     FinishReason::Eos(_) => "eos".into(),
                     FinishReason::Length => "length".into(),
                     FinishReason::Abort => "abort".into(),
+                    FinishReason::GrammarEnd => "grammar end".into(),
                 };
                 let ttft = o.timing.time_to_first_token.map_or(0.0, |d| d.as_secs_f64() * 1e3);
                 let _ = writeln!(
