@@ -13,15 +13,16 @@ use crate::harness::{argmax, greedy_batch};
 /// Largest allowed |logit − llama.cpp's| on the first step's top 5: both compute the same f32
 /// math of the same dequantized weights, in different orders, over 18 layers and a
 /// 262 144-token head.
-const TOP5_TOL: f32 = 1e-2;
+pub(crate) const TOP5_TOL: f32 = 1e-2;
 
-fn goldens() -> Value {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/gemma3-270m-public.json");
+/// This crate's `tests/data/<name>`, parsed.
+pub(crate) fn golden_file(name: &str) -> Value {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(name);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
     serde_json::from_str(&text).expect("parse goldens")
 }
 
-fn ids(v: &Value) -> Vec<u32> {
+pub(crate) fn ids(v: &Value) -> Vec<u32> {
     v.as_array().expect("id array").iter().map(|x| x.as_u64().expect("id") as u32).collect()
 }
 
@@ -43,7 +44,7 @@ fn the_gguf_is_gemma3_with_five_local_layers_to_each_global_one() {
 #[test]
 fn greedy_generations_and_first_logits_match_llama_cpp() {
     let model = Model::load(&model::testing::gemma3_gguf_for_tests()).expect("load");
-    let goldens = goldens();
+    let goldens = golden_file("gemma3-270m-public.json");
     let gens = goldens["generations"].as_array().expect("generations");
     let prompts: Vec<Vec<u32>> = gens.iter().map(|g| ids(&g["prompt_ids"])).collect();
     let expected: Vec<Vec<u32>> = gens.iter().map(|g| ids(&g["output_ids"])).collect();

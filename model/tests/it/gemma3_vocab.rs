@@ -95,13 +95,15 @@ fn matches_llama_cpp_token_for_token_and_back() {
     );
 }
 
+/// The public goldens' prompts and the long one past the sliding window.
 #[test]
-fn public_goldens_prompt_ids_and_outputs() {
+fn goldens_prompt_ids_and_outputs() {
     let t = &gemma().tokenizer;
     let goldens = data("gemma3-270m-public.json");
     let generations = goldens["generations"].as_array().expect("generations");
     assert!(!generations.is_empty());
-    for g in generations {
+    let long = data("gemma3-270m-long.json");
+    for g in generations.iter().chain([&long]) {
         let prompt = g["prompt_text"].as_str().expect("prompt_text");
         assert_eq!(t.encode(prompt, true, true).unwrap(), ids(&g["prompt_ids"]), "{prompt:?}");
         let output = ids(&g["output_ids"]);
