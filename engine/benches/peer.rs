@@ -7,10 +7,13 @@
 //!
 //! Cases (token-id prompts, greedy, `ignore_eos`): `prefill_512` (one 512-token prompt),
 //! `prefill_6000` (one 6 000-token prompt, chunked by both sides' 2 048-token batch),
-//! `decode_b1` (128 tokens after a 40-token prompt), `e2e_64` (64 requests of ~40 tokens in,
-//! 128 out, all at once, prefill included). Figures `peer.<case>_over_llamacpp` (ours ÷
-//! theirs, tok/s; `peer.gemma3.<case>_…` for Gemma) and both sides' raw tok/s, medians of 3; a
-//! table and a bar chart per model in the report. Not part of `cargo xtask test`.
+//! `decode_6000` (the 128 tokens that same run decodes after it; llama.cpp keeps only the window
+//! of a sliding-window layer, `swa_full` off), `decode_b1` (128 tokens after a 40-token prompt),
+//! `e2e_64` (64 requests of ~40 tokens in, 128 out, all at once, prefill included). Figures
+//! `peer.<case>_over_llamacpp` (ours ÷ theirs, tok/s; `peer.gemma3.<case>_…` for Gemma) and both
+//! sides' raw tok/s, medians of 3; a table and a bar chart per model in the report. Not part of
+//! `cargo xtask test`. With `PEER_ONLY=<text>` only the models whose figure prefix contains it
+//! run (`PEER_ONLY=gemma3`).
 
 use std::error::Error;
 use std::fmt::Write as _;
@@ -25,9 +28,10 @@ use rand_chacha::ChaCha8Rng;
 use serde_json::{Value, json};
 
 const REPS: usize = 3;
-const CASES: [(&str, &str); 4] = [
+const CASES: [(&str, &str); 5] = [
     ("prefill_512", "prefill of one 512-token prompt"),
     ("prefill_6000", "prefill of one 6 000-token prompt (chunks of 2 048)"),
+    ("decode_6000", "batch-1 decode, 128 tokens after 6 000"),
     ("decode_b1", "batch-1 decode, 128 tokens after 40"),
     ("e2e_64", "64 requests × 40 in / 128 out"),
 ];
@@ -88,7 +92,7 @@ fn workload(engine: &Engine) -> Value {
     json!({
         "reps": REPS,
         "prefill_512": prefill,
-        "prefill_6000": long,
+        "long_6000": {"prompt": long, "max_tokens": 128},
         "decode_b1": {"prompt": b1, "max_tokens": 128},
         "e2e_64": {"prompts": e2e, "max_tokens": 128},
     })
@@ -133,27 +137,30 @@ fn ours(engine: &mut Engine, w: &Value) -> Result<Value, Box<dyn Error>> {
         v.as_array().into_iter().flatten().filter_map(|x| x.as_u64()).map(|x| x as u32).collect()
     };
     let prefill = ids(&w["prefill_512"]);
-    let long = ids(&w["prefill_6000"]);
+    let long = ids(&w["long_6000"]["prompt"]);
+    let after = w["long_6000"]["max_tokens"].as_u64().unwrap_or(128) as usize;
     let b1 = ids(&w["decode_b1"]["prompt"]);
     let e2e: Vec<Vec<u32>> = w["e2e_64"]["prompts"].as_array().into_iter().flatten().map(ids).collect();
     run(engine, &[prefill[..8].to_vec()], 2)?; // warm-up
-    let mut rates = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
+    let mut rates = [Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new()];
     for _ in 0..REPS {
         let r = run(engine, std::slice::from_ref(&prefill), 1)?;
         rates[0].push(prefill.len() as f64 / r.times[0].0);
-        let r = run(engine, std::slice::from_ref(&long), 1)?;
+        let r = run(engine, std::slice::from_ref(&long), after)?;
         rates[3].push(long.len() as f64 / r.times[0].0);
+        rates[4].push((r.output_tokens - 1) as f64 / (r.times[0].1 - r.times[0].0));
         let r = run(engine, std::slice::from_ref(&b1), 128)?;
         rates[1].push((r.output_tokens - 1) as f64 / (r.times[0].1 - r.times[0].0));
         let r = run(engine, &e2e, 128)?;
         rates[2].push(r.output_tokens as f64 / r.wall_s);
     }
-    let [a, b, c, d] = rates;
+    let [a, b, c, d, e] = rates;
     Ok(json!({
         "prefill_512_tok_s": median(a),
         "decode_b1_tok_s": median(b),
         "e2e_64_tok_s": median(c),
         "prefill_6000_tok_s": median(d),
+        "decode_6000_tok_s": median(e),
     }))
 }
 
@@ -165,7 +172,8 @@ struct PeerModel {
     prefix: &'static str,
     /// What the GGUF holds, for the report.
     weights: &'static str,
-    gguf: PathBuf,
+    /// Its GGUF, fetched when missing.
+    gguf: fn() -> Result<PathBuf, String>,
 }
 
 fn main() -> Result<(), Box<dyn Error>> {
@@ -174,13 +182,13 @@ fn main() -> Result<(), Box<dyn Error>> {
             label: "SmolLM2-135M-Instruct",
             prefix: "peer.",
             weights: "Q4_1",
-            gguf: model::testing::default_model_fetched()?,
+            gguf: model::testing::default_model_fetched,
         },
         PeerModel {
             label: "Gemma 3 270M",
             prefix: "peer.gemma3.",
             weights: "Q4_K_M (Q4_K, Q5_0, Q6_K, Q8_0)",
-            gguf: model::testing::gemma3_gguf_fetched()?,
+            gguf: model::testing::gemma3_gguf_fetched,
         },
     ];
     let figures_dir = std::env::var_os("BENCH_FIGURES_DIR")
@@ -188,10 +196,11 @@ fn main() -> Result<(), Box<dyn Error>> {
     std::fs::create_dir_all(&figures_dir)?;
     // Beside the figures folder, whose every .json is read as figures.
     let report_dir = figures_dir.parent().unwrap_or(&figures_dir).to_path_buf();
+    let only = std::env::var("PEER_ONLY").unwrap_or_default();
     let python = llamacpp_python()?;
     let mut figures = serde_json::Map::new();
     let mut md = "## Against llama.cpp (`peer`)\n".to_owned();
-    for (i, m) in models.iter().enumerate() {
+    for (i, m) in models.iter().enumerate().filter(|(_, m)| m.prefix.contains(only.as_str())) {
         let svg = format!("peer{}.svg", if i == 0 { String::new() } else { format!("-{i}") });
         md += &compare(m, &python, &report_dir, &svg, &mut figures)?;
     }
@@ -211,7 +220,7 @@ fn compare(
     svg: &str,
     figures: &mut serde_json::Map<String, Value>,
 ) -> Result<String, Box<dyn Error>> {
-    let gguf = &m.gguf;
+    let gguf = &(m.gguf)()?;
     let config = EngineConfig {
         max_model_len: Some(8192),
         // 64 × 168 tokens, or one 6 000-token prompt, in blocks of 16.
