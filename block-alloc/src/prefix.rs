@@ -24,6 +24,15 @@ pub struct PrefixStats {
 }
 
 impl PrefixStats {
+    /// Counts one lookup of `queried` tokens (blocks of `block_size`) that hit `hit_blocks`.
+    pub(crate) fn record_lookup(&mut self, queried: usize, block_size: usize, hit_blocks: usize) {
+        self.lookups += 1;
+        self.queried_tokens += queried as u64;
+        self.queried_blocks += (queried / block_size) as u64;
+        self.hit_blocks += hit_blocks as u64;
+        self.hit_tokens += (hit_blocks * block_size) as u64;
+    }
+
     /// `hit_tokens / queried_tokens` (0 before any query).
     pub fn hit_rate(&self) -> f64 {
         if self.queried_tokens == 0 { 0.0 } else { self.hit_tokens as f64 / self.queried_tokens as f64 }
@@ -245,12 +254,7 @@ impl BlockPool {
         if hit_blocks > 0 {
             table.pool_id = self.id;
         }
-        let s = &mut self.stats;
-        s.lookups += 1;
-        s.queried_tokens += tokens.len() as u64;
-        s.queried_blocks += (tokens.len() / bs) as u64;
-        s.hit_blocks += hit_blocks as u64;
-        s.hit_tokens += table.num_tokens as u64;
+        self.stats.record_lookup(tokens.len(), bs, hit_blocks);
         Ok(table.num_tokens)
     }
 

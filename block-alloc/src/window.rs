@@ -149,12 +149,7 @@ impl BlockPool {
                 t.pool_id = self.id;
             }
         }
-        let s = &mut self.stats;
-        s.lookups += 1;
-        s.queried_tokens += tokens.len() as u64;
-        s.queried_blocks += n as u64;
-        s.hit_blocks += k as u64;
-        s.hit_tokens += (k * bs) as u64;
+        self.stats.record_lookup(tokens.len(), bs, k);
         Ok(k * bs)
     }
 }

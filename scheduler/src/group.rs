@@ -160,6 +160,16 @@ impl Group {
         self.seqs.iter().all(|s| s.finished.is_some())
     }
 
+    /// Every group's table of every sequence holding blocks, for a swap of the whole group
+    /// (the worker's rows must be written afresh).
+    pub fn tables_to_move(&mut self) -> Vec<&mut block_alloc::BlockTable> {
+        self.seqs
+            .iter_mut()
+            .filter(|s| !s.table().is_empty())
+            .flat_map(|s| s.table_mut().iter_mut())
+            .collect()
+    }
+
     /// Gives the rows of the worker's table back: the group stops running (preempted or gone).
     pub fn give_back_rows(&mut self, rows: &mut Rows) {
         for seq in &mut self.seqs {

@@ -1,8 +1,6 @@
 //! Preemption of a running group: swap its blocks to the host pool (swap mode, when the host
 //! has room) or free them and queue it for recomputation.
 
-use block_alloc::BlockTable;
-
 use crate::config::PreemptionMode;
 use crate::error::SchedulerError;
 use crate::group::Where;
@@ -24,12 +22,7 @@ impl Scheduler {
         if cfg.preemption == PreemptionMode::Swap
             && let Some(host) = host.as_mut()
         {
-            let mut tables: Vec<&mut BlockTable> = group
-                .seqs
-                .iter_mut()
-                .filter(|s| !s.table().is_empty())
-                .flat_map(|s| s.table_mut().iter_mut())
-                .collect();
+            let mut tables = group.tables_to_move();
             // All or nothing: on a full host pool the tables are untouched and we recompute.
             if let Ok(pairs) = block_alloc::swap_out(device, host, &mut tables) {
                 out.blocks_to_swap_out.extend(pairs);

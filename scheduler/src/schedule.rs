@@ -339,12 +339,7 @@ impl Scheduler {
             else {
                 return Err(SchedulerError::Internal("swapped group without a host pool"));
             };
-            let mut tables: Vec<&mut BlockTable> = group
-                .seqs
-                .iter_mut()
-                .filter(|s| !s.table().is_empty())
-                .flat_map(|s| s.table_mut().iter_mut())
-                .collect();
+            let mut tables = group.tables_to_move();
             let pairs = block_alloc::swap_in(host, device, &mut tables)?;
             out.blocks_to_swap_in.extend(pairs);
             group.place = Where::Running;

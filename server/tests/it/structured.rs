@@ -4,22 +4,9 @@
 //! every bad constraint or bias is a 400 naming its field, and the engine stays idle.
 
 use axum::http::StatusCode;
-use engine::{Engine, EngineConfig};
 use serde_json::{Value, json};
-use server::ServerConfig;
 
-use crate::support::{TestServer, runtime, sse_events};
-
-fn smollm2() -> TestServer {
-    let gguf = model::testing::smollm2_gguf();
-    assert!(gguf.exists(), "{} missing: run `cargo xtask fetch-model`", gguf.display());
-    let config = EngineConfig {
-        kv_cache: engine::KvCacheSize::Blocks(256),
-        log_interval: std::time::Duration::ZERO,
-        ..EngineConfig::default()
-    };
-    TestServer::over(Engine::new(&gguf, config).unwrap_or_else(|e| panic!("{e}")), &ServerConfig::default())
-}
+use crate::support::{TestServer, runtime, smollm2_server as smollm2, sse_events};
 
 fn schema() -> Value {
     json!({

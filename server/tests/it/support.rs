@@ -17,6 +17,21 @@ pub struct TestServer {
     _dir: tempfile::TempDir,
 }
 
+/// A server over the real SmolLM2 (fetched by `cargo xtask fetch-model`), 256 KV blocks.
+pub fn smollm2_server() -> TestServer {
+    let gguf = model::testing::smollm2_gguf();
+    assert!(gguf.exists(), "{} missing: run `cargo xtask fetch-model`", gguf.display());
+    let config = EngineConfig {
+        kv_cache: engine::KvCacheSize::Blocks(256),
+        log_interval: std::time::Duration::ZERO,
+        ..EngineConfig::default()
+    };
+    TestServer::over(
+        engine::Engine::new(&gguf, config).unwrap_or_else(|e| panic!("{e}")),
+        &ServerConfig::default(),
+    )
+}
+
 pub fn small_config() -> EngineConfig {
     EngineConfig {
         kv_cache: engine::KvCacheSize::Blocks(64),

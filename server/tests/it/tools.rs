@@ -4,11 +4,9 @@
 //! accepted and answered, and `tool_choice` naming no tool is a 400.
 
 use axum::http::StatusCode;
-use engine::{Engine, EngineConfig};
 use serde_json::{Value, json};
-use server::ServerConfig;
 
-use crate::support::{TestServer, runtime, sse_events};
+use crate::support::{runtime, smollm2_server, sse_events};
 
 fn tools() -> Value {
     json!([
@@ -42,17 +40,7 @@ fn check_call(call: &Value) {
 
 #[test]
 fn forced_tool_calls_of_the_real_model_validate() {
-    let gguf = model::testing::smollm2_gguf();
-    assert!(gguf.exists(), "{} missing: run `cargo xtask fetch-model`", gguf.display());
-    let config = EngineConfig {
-        kv_cache: engine::KvCacheSize::Blocks(256),
-        log_interval: std::time::Duration::ZERO,
-        ..EngineConfig::default()
-    };
-    let server = TestServer::over(
-        Engine::new(&gguf, config).unwrap_or_else(|e| panic!("{e}")),
-        &ServerConfig::default(),
-    );
+    let server = smollm2_server();
     let rt = runtime();
     rt.block_on(async {
         let messages = json!([{"role": "user", "content": "What is the weather in Paris?"}]);
