@@ -14,7 +14,7 @@ const MAX_CELLS = 4096;
 
 export const kv = { snap: null, selected: null, layout: null, hostLayout: null, items: new Map() };
 
-function tableKey(t) { return t.key + ":" + t.seq + ":" + t.group; }
+function tableKey(t) { return t.key + ":" + t.seq + (t.group ? ":" + t.group : ""); }
 
 /// "#2", "window 512", … : which sample and which KV cache group a table is (empty for the one
 /// full group of a model without windows).
