@@ -41,7 +41,7 @@ impl GroupFit {
 
     /// Blocks all groups hold when one group would hold `per_group` (`samples` sequences).
     fn total(&self, block_size: usize, per_group: usize, samples: usize) -> Option<usize> {
-        let bound = self.window.saturating_add(self.chunk).div_ceil(block_size.max(1)).saturating_add(2);
+        let bound = crate::tables::sliding_group_bound(self.window, self.chunk, block_size);
         let sliding = per_group.min(bound.saturating_mul(samples));
         self.full.checked_mul(per_group)?.checked_add(self.sliding.checked_mul(sliding)?)
     }

@@ -19,6 +19,12 @@ pub fn group_salt(salt: u64, group: usize) -> u64 {
     if group == 0 { salt } else { salt ^ (group as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(17) }
 }
 
+/// The most blocks a sliding group of `window` tokens holds for one sequence prefilled in chunks
+/// of at most `chunk`: the window and a chunk, plus a partial block at each end.
+pub fn sliding_group_bound(window: usize, chunk: usize, block_size: usize) -> usize {
+    window.saturating_add(chunk).div_ceil(block_size.max(1)).saturating_add(2)
+}
+
 /// One table per KV cache group; `first` is group 0.
 #[derive(Debug)]
 pub struct SeqTables {
@@ -88,7 +94,7 @@ impl SeqTables {
                 let all = t.blocks_to_append(pool, remaining);
                 match t.window() {
                     None => all,
-                    Some(w) => all.min(w.saturating_add(chunk).div_ceil(t.block_size()).saturating_add(2)),
+                    Some(w) => all.min(sliding_group_bound(w, chunk, t.block_size())),
                 }
             })
             .sum()
