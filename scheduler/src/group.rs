@@ -147,6 +147,15 @@ impl Group {
         self.seqs.len() < self.n
     }
 
+    /// Releases, in every live sequence, the sliding groups' blocks no query still to come
+    /// can see (before a step plans its appends, so the freed blocks serve this step).
+    pub fn release_outside_windows(&mut self, device: &mut BlockPool) -> Result<(), block_alloc::AllocError> {
+        for seq in self.seqs.iter_mut().filter(|s| s.finished.is_none()) {
+            seq.release_outside_window(device)?;
+        }
+        Ok(())
+    }
+
     pub fn live_seqs(&self) -> usize {
         self.seqs.iter().filter(|s| s.finished.is_none()).count()
     }

@@ -169,13 +169,7 @@ impl Scheduler {
         let step = self.stats.steps;
         let sliding = self.sliding;
         let Self { groups, device, in_flight, scheduled_at, rows, .. } = self;
-        let group =
-            groups.get_mut(slot).and_then(Option::as_mut).ok_or(SchedulerError::Internal("missing group"))?;
-        if sliding {
-            for seq in group.seqs.iter_mut().filter(|s| s.finished.is_none()) {
-                seq.release_outside_window(device)?;
-            }
-        }
+        let group = group_to_plan(groups, slot, sliding, device)?;
         if group.seqs.len() == 1 {
             // One (live) sequence, the common case: the append itself is the all-or-nothing
             // memory check.
@@ -229,13 +223,7 @@ impl Scheduler {
         let step = self.stats.steps;
         let sliding = self.sliding;
         let Self { groups, device, in_flight, scheduled_at, rows, .. } = self;
-        let group =
-            groups.get_mut(slot).and_then(Option::as_mut).ok_or(SchedulerError::Internal("missing group"))?;
-        if sliding {
-            for seq in group.seqs.iter_mut().filter(|s| s.finished.is_none()) {
-                seq.release_outside_window(device)?;
-            }
-        }
+        let group = group_to_plan(groups, slot, sliding, device)?;
         let reserve = reserve.unwrap_or(0);
         let (mut any, mut short) = (false, false);
         // While samples are parked, the leader recomputes the prompt first and stops there.
@@ -494,6 +482,23 @@ impl Scheduler {
         self.release(slot);
         Ok(())
     }
+}
+
+/// The group in `slot`, about to have its step planned: with sliding-window groups in the
+/// layout, the blocks its live sequences no longer need are released first.
+#[inline(always)]
+fn group_to_plan<'a>(
+    groups: &'a mut [Option<Group>],
+    slot: usize,
+    sliding: bool,
+    device: &mut BlockPool,
+) -> Result<&'a mut Group, SchedulerError> {
+    let group =
+        groups.get_mut(slot).and_then(Option::as_mut).ok_or(SchedulerError::Internal("missing group"))?;
+    if sliding {
+        group.release_outside_windows(device)?;
+    }
+    Ok(group)
 }
 
 /// Appends `n` slots to sequence `si` of `group` and writes its entry of the step. Decodes

@@ -21,6 +21,16 @@ fn cfg(blocks: usize, block_size: usize) -> SchedulerConfig {
     }
 }
 
+/// [`cfg`] with a token budget of `tokens` per step.
+fn budgeted(blocks: usize, block_size: usize, tokens: usize) -> SchedulerConfig {
+    SchedulerConfig { max_num_batched_tokens: tokens, ..cfg(blocks, block_size) }
+}
+
+/// The last step's (request, token range) entries, in order.
+fn last_ranges(e: &FakeEngine) -> Vec<(u64, std::ops::Range<usize>)> {
+    e.last.seqs.iter().map(|s| (s.seq_id.request.0, s.tokens.clone())).collect()
+}
+
 fn prompt(seed: u32, len: usize) -> Vec<u32> {
     (0..len as u32).map(|i| seed * 1000 + i).collect()
 }
@@ -46,9 +56,7 @@ fn single_request_generates_exactly_its_length() {
 
 #[test]
 fn long_prompts_are_chunked_to_the_budget() {
-    let mut c = cfg(64, 4);
-    c.max_num_batched_tokens = 32;
-    let mut e = FakeEngine::new(c);
+    let mut e = FakeEngine::new(budgeted(64, 4, 32));
     let r = Request::new(1, prompt(1, 100), 3);
     e.add(r.clone()).unwrap();
     let mut chunks = Vec::new();
@@ -66,9 +74,7 @@ fn long_prompts_are_chunked_to_the_budget() {
 fn a_waiting_prompt_is_admitted_only_when_all_of_it_fits() {
     // 16 blocks of 4. Request 1 holds 10 blocks; request 2's prompt needs 8 with 6 free: a
     // chunk of 24 of its tokens would fit, the whole prompt does not.
-    let mut c = cfg(16, 4);
-    c.max_num_batched_tokens = 40;
-    let mut e = FakeEngine::new(c);
+    let mut e = FakeEngine::new(budgeted(16, 4, 40));
     let first = Request::new(1, prompt(1, 39), 2);
     let second = Request::new(2, prompt(2, 32), 2);
     e.add(first.clone()).unwrap();
@@ -87,25 +93,20 @@ fn a_waiting_prompt_is_admitted_only_when_all_of_it_fits() {
 
 #[test]
 fn decodes_go_first_then_partial_prefills_then_new_requests() {
-    let mut c = cfg(256, 4);
-    c.max_num_batched_tokens = 20;
-    let mut e = FakeEngine::new(c);
+    let mut e = FakeEngine::new(budgeted(256, 4, 20));
     let a = Request::new(1, prompt(1, 4), 50);
     e.add(a).unwrap();
     e.step(); // a prefilled
     let b = Request::new(2, prompt(2, 40), 5);
     e.add(b).unwrap();
     e.step(); // a decodes (1 token), b gets 19
-    let ranges: Vec<_> = e.last.seqs.iter().map(|s| (s.seq_id.request.0, s.tokens.clone())).collect();
-    assert_eq!(ranges, vec![(1, 4..5), (2, 0..19)]);
+    assert_eq!(last_ranges(&e), vec![(1, 4..5), (2, 0..19)]);
     let c3 = Request::new(3, prompt(3, 8), 5);
     e.add(c3).unwrap();
     e.step(); // a decode, b's partial prefill takes the rest: c waits
-    let ranges: Vec<_> = e.last.seqs.iter().map(|s| (s.seq_id.request.0, s.tokens.clone())).collect();
-    assert_eq!(ranges, vec![(1, 5..6), (2, 19..38)]);
+    assert_eq!(last_ranges(&e), vec![(1, 5..6), (2, 19..38)]);
     e.step(); // b finishes its prompt (2 tokens), c is admitted with the remainder
-    let ranges: Vec<_> = e.last.seqs.iter().map(|s| (s.seq_id.request.0, s.tokens.clone())).collect();
-    assert_eq!(ranges, vec![(1, 6..7), (2, 38..40), (3, 0..8)]);
+    assert_eq!(last_ranges(&e), vec![(1, 6..7), (2, 38..40), (3, 0..8)]);
     e.run_to_end(200);
 }
 
