@@ -2,7 +2,7 @@
 //! layers for every full one), counted by the block allocator itself, not by a formula.
 //!
 //! The real model's geometry comes from its GGUF (layers, window, KV heads, head size); the
-//! engine's layout of it (`model::KvLayout::hybrid`) gives the groups and the layer tensors a
+//! engine's layout of it (`kv_cache::KvLayout::hybrid`, through `ModelConfig::hybrid_kv_layout`) gives the groups and the layer tensors a
 //! block spans, and `scheduler::SeqTables` over a `block_alloc::BlockPool` appends a sequence
 //! the way a step does: release what left each window, then append the next prefill chunk.
 //!
@@ -16,7 +16,6 @@
 use std::error::Error;
 use std::path::PathBuf;
 
-use model::KvLayout;
 use scheduler::SeqTables;
 use scheduler::{BlockPool, PoolConfig};
 
@@ -68,7 +67,7 @@ impl Layout {
 fn main() -> Result<(), Box<dyn Error>> {
     let gguf = model::testing::gemma3_gguf_fetched()?;
     let config = model::ModelFolder::open(&gguf)?.config;
-    let hybrid = KvLayout::hybrid(&config.layer_attention);
+    let hybrid = config.hybrid_kv_layout();
     let layers = config.num_hidden_layers;
     let full = Layout { windows: vec![None], slots: layers };
     let mixed = Layout { windows: hybrid.group_windows().to_vec(), slots: hybrid.num_slots() };

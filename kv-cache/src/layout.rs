@@ -6,9 +6,10 @@
 //! page in each slot holds that group's layer. A sliding group then frees the blocks that fall
 //! out of its window for any other group to use.
 //!
-//! A model without windows is one group of every layer: slot `l` is layer `l`, as before.
-
-use crate::arch::LayerAttention;
+//! A model without windows is one group of every layer: slot `l` is layer `l`.
+//!
+//! The model's runner serves with this layout and the capacity simulator counts memory in it,
+//! so both follow the one grouping rule.
 
 /// Where one layer's KV lives: its group's block table and its slot (layer tensor).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,18 +36,18 @@ impl KvLayout {
         }
     }
 
-    /// Groups of equal size by attention kind; one group when every layer attends alike.
-    /// Group 0 is the first layer's kind.
-    pub fn hybrid(layers: &[LayerAttention]) -> Self {
+    /// Groups of equal size by attention kind, given each layer's sliding window (`None`: full
+    /// attention); one group when every layer attends alike. Group 0 is the first layer's kind.
+    pub fn hybrid(layer_windows: &[Option<usize>]) -> Self {
         let mut kinds: Vec<(Option<usize>, usize)> = Vec::new();
-        for l in layers {
-            match kinds.iter_mut().find(|(w, _)| *w == l.sliding_window) {
+        for &window in layer_windows {
+            match kinds.iter_mut().find(|(w, _)| *w == window) {
                 Some((_, n)) => *n += 1,
-                None => kinds.push((l.sliding_window, 1)),
+                None => kinds.push((window, 1)),
             }
         }
         if kinds.len() <= 1 {
-            let mut layout = Self::one_group(layers.len());
+            let mut layout = Self::one_group(layer_windows.len());
             layout.windows = vec![kinds.first().and_then(|k| k.0)];
             return layout;
         }
@@ -59,10 +60,10 @@ impl KvLayout {
             windows.extend(std::iter::repeat_n(w, n / size));
         }
         let mut seen = vec![0usize; kinds.len()];
-        let places = layers
+        let places = layer_windows
             .iter()
-            .map(|l| {
-                let k = kinds.iter().position(|(w, _)| *w == l.sliding_window).unwrap_or(0);
+            .map(|window| {
+                let k = kinds.iter().position(|(w, _)| w == window).unwrap_or(0);
                 let i = seen[k];
                 seen[k] += 1;
                 LayerPlace { group: first_group[k] + i / size, slot: i % size }
@@ -104,16 +105,9 @@ fn gcd(a: usize, b: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::arch::RopeKind;
 
-    fn layers(pattern: &str, window: usize) -> Vec<LayerAttention> {
-        pattern
-            .chars()
-            .map(|c| match c {
-                's' => LayerAttention { rope: RopeKind::Local, sliding_window: Some(window) },
-                _ => LayerAttention::FULL,
-            })
-            .collect()
+    fn layers(pattern: &str, window: usize) -> Vec<Option<usize>> {
+        pattern.chars().map(|c| (c == 's').then_some(window)).collect()
     }
 
     #[test]
@@ -127,7 +121,7 @@ mod tests {
         for (i, a) in l.iter().enumerate() {
             let p = layout.place(i);
             assert!(seen.insert((p.group, p.slot)), "layer {i} shares a page");
-            assert_eq!(layout.group_windows()[p.group], a.sliding_window);
+            assert_eq!(layout.group_windows()[p.group], *a);
         }
         assert_eq!(seen.len(), 18);
     }

@@ -21,6 +21,7 @@ mod dtype;
 mod error;
 mod huge_pages;
 mod layer;
+mod layout;
 
 pub use cache::KvCache;
 pub use config::{BlockShape, CacheConfig};
@@ -28,6 +29,7 @@ pub use device::Device;
 pub use dtype::{CacheElem, DType};
 pub use error::CacheError;
 pub use layer::{CacheGeometry, CacheSlices, CacheSlicesMut, LayerCache};
+pub use layout::{KvLayout, LayerPlace};
 
 #[cfg(feature = "cuda")]
 pub mod cuda;

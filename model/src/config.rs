@@ -7,7 +7,7 @@ mod rope_scaling;
 
 use std::path::Path;
 
-use kv_cache::{BlockShape, DType};
+use kv_cache::{BlockShape, DType, KvLayout};
 use serde::{Deserialize, Serialize};
 
 use crate::arch::{Architecture, LayerAttention};
@@ -115,6 +115,12 @@ pub struct ModelConfig {
 const MAX_LAYERS: usize = 1 << 16;
 
 impl ModelConfig {
+    /// The hybrid KV layout of the layers' attention kinds (one group without windows).
+    pub fn hybrid_kv_layout(&self) -> KvLayout {
+        let windows: Vec<Option<usize>> = self.layer_attention.iter().map(|l| l.sliding_window).collect();
+        KvLayout::hybrid(&windows)
+    }
+
     /// Reads and validates `config.json`.
     pub fn from_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| ModelError::io(path, e))?;

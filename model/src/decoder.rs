@@ -7,7 +7,7 @@ mod load;
 use std::path::Path;
 
 use attn_kernels::cpu::quant::{ActivationPrecision, GgmlType, QuantizeError, Weight};
-use kv_cache::KvCache;
+use kv_cache::{KvCache, KvLayout};
 
 use crate::arch::{LayerMatrix, LayerNorm, RopeKind};
 use crate::config::ModelConfig;
@@ -17,7 +17,6 @@ use crate::forward::cpu::{CpuStep, Workspace};
 use crate::forward::{self, StepShape};
 use crate::gguf::GgufFile;
 use crate::input::ModelInput;
-use crate::kv_layout::KvLayout;
 use crate::rope::Rope;
 use crate::weights::SafetensorsFiles;
 
@@ -216,7 +215,7 @@ impl Model {
     /// then holds `kv_layout().num_slots()` layer tensors and a step carries one block table
     /// per group.
     pub fn use_hybrid_kv_layout(&mut self) {
-        self.kv_layout = KvLayout::hybrid(&self.config.layer_attention);
+        self.kv_layout = self.config.hybrid_kv_layout();
     }
 
     /// The LM head matrix `[vocab, hidden]`.

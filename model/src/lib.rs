@@ -15,7 +15,6 @@ pub mod forward;
 pub mod generation;
 pub mod gguf;
 pub mod input;
-pub mod kv_layout;
 #[cfg(feature = "testing")]
 pub mod reference;
 pub mod rope;
@@ -37,7 +36,7 @@ pub use folder::ModelFolder;
 pub use forward::cpu::Workspace;
 pub use generation::GenerationConfig;
 pub use input::{GroupInput, ModelInput};
-pub use kv_layout::{KvLayout, LayerPlace};
+pub use kv_cache::{KvLayout, LayerPlace};
 pub use runner::{KvCacheSize, Runner, RunnerConfig, StepInput};
 pub use tokenizer::Tokenizer;
 pub use weights::SafetensorsFiles;

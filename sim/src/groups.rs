@@ -4,6 +4,8 @@
 //! The capacity of KV memory is then counted in those blocks, and the scheduler keeps a table
 //! per group, freeing what leaves a window.
 
+use kv_cache::KvLayout;
+
 use crate::cost::ModelShape;
 
 /// Groups and the layer tensors one block spans.
@@ -28,13 +30,17 @@ impl KvGroups {
     pub fn of(shape: &ModelShape) -> Self {
         let layers = shape.num_layers.max(1);
         let sliding = if shape.sliding_window == 0 { 0 } else { shape.sliding_layers.min(layers) };
-        let full = layers - sliding;
-        let size = gcd(full, sliding).max(1);
+        // The engine's own grouping rule, on the layers listed sliding first.
+        let windows: Vec<Option<usize>> = std::iter::repeat_n(Some(shape.sliding_window), sliding)
+            .chain(std::iter::repeat_n(None, layers - sliding))
+            .collect();
+        let layout = KvLayout::hybrid(&windows);
+        let groups = layout.group_windows();
         KvGroups {
-            full_groups: full / size,
-            sliding_groups: sliding / size,
+            full_groups: groups.iter().filter(|w| w.is_none()).count(),
+            sliding_groups: groups.iter().filter(|w| w.is_some()).count(),
             window: if sliding == 0 { 0 } else { shape.sliding_window },
-            layers_per_block: size,
+            layers_per_block: layout.num_slots(),
             num_layers: layers,
         }
     }
@@ -64,10 +70,6 @@ impl KvGroups {
         let pages = blocks as u128 * block_size as u128 * self.layers_per_block as u128;
         (pages / self.num_layers.max(1) as u128).min(usize::MAX as u128) as usize
     }
-}
-
-fn gcd(a: usize, b: usize) -> usize {
-    if b == 0 { a } else { gcd(b, a % b) }
 }
 
 #[cfg(test)]
