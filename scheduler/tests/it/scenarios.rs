@@ -188,10 +188,10 @@ fn pressure_requests() -> Vec<Request> {
         .collect()
 }
 
-/// [`pressure_requests`] run to the end on a scheduler configured by `c` (a pool small enough
-/// to preempt): the preemption tests differ only in the mode and host pool they configure.
-fn run_pressure(c: SchedulerConfig) -> (FakeEngine, Vec<Request>) {
-    let mut e = FakeEngine::new(c);
+/// [`pressure_requests`] run to the end on 24 blocks of 4 (a pool small enough to preempt),
+/// preempting by `mode` with `host` host blocks: the preemption tests differ only in those.
+fn run_pressure(mode: PreemptionMode, host: usize) -> (FakeEngine, Vec<Request>) {
+    let mut e = FakeEngine::new(SchedulerConfig { preemption: mode, num_host_blocks: host, ..cfg(24, 4) });
     let reqs = pressure_requests();
     for r in &reqs {
         e.add(r.clone()).unwrap();
@@ -202,9 +202,7 @@ fn run_pressure(c: SchedulerConfig) -> (FakeEngine, Vec<Request>) {
 
 #[test]
 fn recompute_preemption_resumes_with_the_same_tokens() {
-    let mut c = cfg(24, 4);
-    c.preemption = PreemptionMode::Recompute;
-    let (e, reqs) = run_pressure(c);
+    let (e, reqs) = run_pressure(PreemptionMode::Recompute, cfg(0, 4).num_host_blocks);
     assert!(e.preempted > 0, "the pool is small enough to force preemption");
     assert_eq!(e.sched.stats().preemptions_swap, 0);
     assert_all_expected(&e, &reqs);
@@ -212,10 +210,7 @@ fn recompute_preemption_resumes_with_the_same_tokens() {
 
 #[test]
 fn swap_preemption_resumes_with_the_same_tokens() {
-    let mut c = cfg(24, 4);
-    c.preemption = PreemptionMode::Swap;
-    c.num_host_blocks = 64;
-    let (e, reqs) = run_pressure(c);
+    let (e, reqs) = run_pressure(PreemptionMode::Swap, 64);
     assert!(e.sched.stats().preemptions_swap > 0);
     assert!(e.swaps_out > 0 && e.swaps_in == e.swaps_out);
     assert_all_expected(&e, &reqs);
@@ -223,10 +218,7 @@ fn swap_preemption_resumes_with_the_same_tokens() {
 
 #[test]
 fn swap_falls_back_to_recompute_when_the_host_is_full() {
-    let mut c = cfg(24, 4);
-    c.preemption = PreemptionMode::Swap;
-    c.num_host_blocks = 4;
-    let (e, reqs) = run_pressure(c);
+    let (e, reqs) = run_pressure(PreemptionMode::Swap, 4);
     let stats = e.sched.stats();
     assert!(stats.preemptions_recompute > 0);
     assert_all_expected(&e, &reqs);
