@@ -11,7 +11,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use attn_kernels::testing::{OwnedMetadata, query_start_loc};
-use attn_kernels::{AttnError, PagedAttnMetadata};
+use attn_kernels::{AttnError, AttnScores, PagedAttnMetadata};
 
 /// One attention batch on one layer: a NaN-poisoned cache whose used slots hold random K/V,
 /// shuffled physical blocks, and random queries.
@@ -23,7 +23,8 @@ pub struct AttnCase {
     /// reverse order, behind two rows of out-of-range ids nobody reads).
     pub metadata: OwnedMetadata,
     pub num_heads: usize,
-    pub scale: f32,
+    /// `1/√head_size`, and the sliding window of the windowed cases.
+    pub scores: AttnScores,
 }
 
 /// What a case's cache was written from: f32 keys and values `[tokens, kv_heads, head_size]`
@@ -97,8 +98,8 @@ impl AttnCase {
         let query = (0..num_tokens * num_heads * geometry.head_size)
             .map(|_| QUERY_GAIN * rng.random_range(-1.0f32..1.0))
             .collect();
-        let case =
-            AttnCase { cache, query, metadata, num_heads, scale: 1.0 / (geometry.head_size as f32).sqrt() };
+        let scores = AttnScores { scale: 1.0 / (geometry.head_size as f32).sqrt(), sliding_window: None };
+        let case = AttnCase { cache, query, metadata, num_heads, scores };
         Ok((case, CacheInputs { key: kv, value: vv, slots }))
     }
 
@@ -115,7 +116,7 @@ impl AttnCase {
             &self.cache,
             &self.meta(),
             self.num_heads,
-            self.scale,
+            self.scores,
         )?;
         Ok(out)
     }
@@ -202,6 +203,21 @@ pub fn long_prompt_cases() -> Vec<(&'static str, (DType, usize, usize, usize, us
     ]
 }
 
+/// Sliding-window cases `(name, config, chunks, window)`: decodes whose context puts whole
+/// 512-token partitions (v2) and whole blocks before the window, prefill chunks that straddle
+/// the window's edge inside a block and past the first tile, and a window of one token.
+#[allow(clippy::type_complexity)]
+pub fn window_cases() -> Vec<(&'static str, (DType, usize, usize, usize, usize), Vec<(usize, usize)>, usize)>
+{
+    vec![
+        ("window_decode", (DType::BF16, 128, 16, 2, 4), vec![(1, 3_000), (1, 700), (1, 40)], 512),
+        ("window_decode", (DType::F16, 256, 16, 1, 4), vec![(1, 1_900), (1, 513)], 512),
+        ("window_prefill", (DType::F16, 64, 32, 2, 3), vec![(300, 900), (1, 333), (45, 45)], 37),
+        ("window_prefill", (DType::BF16, 256, 16, 1, 4), vec![(700, 1_500)], 512),
+        ("window_one", (DType::F32, 64, 8, 2, 2), vec![(20, 120), (1, 50)], 1),
+    ]
+}
+
 /// `bytes` bytes of NaN elements of `dtype` (the poison of unused cache memory).
 pub fn nan_bytes(bytes: usize, dtype: DType) -> Vec<u8> {
     let one: Vec<u8> = match dtype {
@@ -280,15 +296,49 @@ mod tests {
                     )?;
                     Ok(out)
                 };
-                let err = max_rel_error(&cpu(case.scale)?, &want);
+                let err = max_rel_error(&cpu(case.scores.scale)?, &want);
                 assert!(err <= attention_tolerance(dtype), "{dtype:?} {name}: CPU kernel off by {err:.2e}");
                 // The same case with the softmax flattened (logits scaled down 8x) is far off.
-                let off = max_rel_error(&cpu(case.scale / 8.0)?, &want);
+                let off = max_rel_error(&cpu(case.scores.scale / 8.0)?, &want);
                 assert!(
                     off > 100.0 * attention_tolerance(dtype),
                     "{dtype:?} {name}: a flat softmax is only {off:.2e} off"
                 );
             }
+        }
+        Ok(())
+    }
+
+    /// The CPU kernels meet the tolerance on the windowed cases, and every case is one the
+    /// window changes: the output without it is far off.
+    #[test]
+    fn window_cases_are_met_by_the_cpu_kernels_and_need_the_window() -> Result<(), AttnError> {
+        for (name, (dtype, head_size, block_size, kv_heads, group), chunks, window) in window_cases() {
+            let needed: usize = chunks.iter().map(|&(_, l)| l.div_ceil(block_size)).sum();
+            let geometry = CacheGeometry {
+                num_blocks: 2 * needed + 3,
+                num_kv_heads: kv_heads,
+                head_size,
+                block_size,
+                dtype,
+            };
+            let mut case = AttnCase::random(geometry, kv_heads * group, &chunks, 5)?;
+            let full = case.reference()?;
+            case.scores.sliding_window = Some(window);
+            let want = case.reference()?;
+            let mut out = vec![0.0f32; case.query.len()];
+            attn_kernels::paged_attention(
+                &mut out,
+                &case.query,
+                &case.cache,
+                &case.meta(),
+                case.num_heads,
+                case.scores,
+            )?;
+            let err = max_rel_error(&out, &want);
+            assert!(err <= attention_tolerance(dtype), "{name} {dtype:?}: CPU kernel off by {err:.2e}");
+            let off = max_rel_error(&full, &want);
+            assert!(off > 100.0 * attention_tolerance(dtype), "{name}: the window changes only {off:.2e}");
         }
         Ok(())
     }

@@ -281,7 +281,14 @@ mod tests {
         let table = place.table(&case.metadata.block_tables);
         let meta = PagedAttnMetadata { block_tables: &table, ..case.meta() };
         let mut out = vec![0.0; case.query.len()];
-        attn_kernels::reference::paged_attention(&mut out, &case.query, pool.layer(0), &meta, 4, case.scale)?;
+        attn_kernels::reference::paged_attention(
+            &mut out,
+            &case.query,
+            pool.layer(0),
+            &meta,
+            4,
+            case.scores,
+        )?;
         assert_eq!(out, case.reference()?);
 
         let moves = place.moves(&case.metadata.block_tables);

@@ -61,7 +61,7 @@ pub fn tiled_prefill(case: &AttnCase, plan: &PrefillPlan) -> Vec<f32> {
                             .map(|c| {
                                 let key = kt0 + c;
                                 if key <= pos && key < seq_len {
-                                    q.iter().zip(&k_tile[c]).map(|(a, b)| a * case.scale * b).sum()
+                                    q.iter().zip(&k_tile[c]).map(|(a, b)| a * case.scores.scale * b).sum()
                                 } else {
                                     f32::NEG_INFINITY
                                 }

@@ -8,7 +8,9 @@ use attn_kernels::cuda::kernels::{AttentionConfig, AttentionVariant, attention_c
 use attn_kernels::cuda::ops::{self, AttnWorkspace, WorkspaceShape};
 use attn_kernels::cuda::{CudaError, CudaKernels};
 use cudarc::driver::CudaStream;
-use gpu_check::attn_cases::{AttnCase, attention_tolerance, batches, long_prompt_cases, max_rel_error};
+use gpu_check::attn_cases::{
+    AttnCase, attention_tolerance, batches, long_prompt_cases, max_rel_error, window_cases,
+};
 use gpu_check::figures::{Recorder, Res};
 use kv_cache::cuda::DeviceLayerCache;
 use kv_cache::{CacheGeometry, DType};
@@ -37,7 +39,7 @@ pub fn check(ctx: &Ctx, rec: &mut Recorder, path: Path) -> Res<()> {
             }
             let seed = i as u64 * 31 + name.len() as u64;
             let config = (dtype, head_size, block_size, num_kv_heads, group);
-            run_case(&ctx.kernels, &stream, rec, path, name, config, &chunks, seed);
+            run_case(&ctx.kernels, &stream, rec, path, name, config, &chunks, seed, None);
         }
     }
     if ctx.smallest {
@@ -50,12 +52,16 @@ pub fn check(ctx: &Ctx, rec: &mut Recorder, path: Path) -> Res<()> {
         for (j, head_size) in [64, 128].into_iter().enumerate() {
             let config = (dtype, head_size, 16, 8, [4, 8][(i + j) % 2]);
             let seed = 7 + i as u64 * 2 + j as u64;
-            run_case(&ctx.kernels, &stream, rec, path, "long", config, &long_batch(), seed);
+            run_case(&ctx.kernels, &stream, rec, path, "long", config, &long_batch(), seed, None);
         }
     }
     // Long prompts through the tiled prefill kernel (and the decode kernels, forced).
     for (i, (name, config, chunks)) in long_prompt_cases().into_iter().enumerate() {
-        run_case(&ctx.kernels, &stream, rec, path, name, config, &chunks, 41 + i as u64);
+        run_case(&ctx.kernels, &stream, rec, path, name, config, &chunks, 41 + i as u64, None);
+    }
+    // Sliding windows: blocks and partitions before the window unread, edges inside blocks.
+    for (i, (name, config, chunks, window)) in window_cases().into_iter().enumerate() {
+        run_case(&ctx.kernels, &stream, rec, path, name, config, &chunks, 61 + i as u64, Some(window));
     }
     Ok(())
 }
@@ -86,14 +92,19 @@ fn run_case(
     config: Config,
     chunks: &[(usize, usize)],
     seed: u64,
+    window: Option<usize>,
 ) {
     let (dtype, head_size, block_size, num_kv_heads, group) = config;
     let context = chunks.iter().map(|&(_, l)| l).max().unwrap_or(0);
-    let what = describe(name, config, context);
+    let mut what = describe(name, config, context);
+    if let Some(w) = window {
+        what += &format!(" window {w}");
+    }
     let needed: usize = chunks.iter().map(|&(_, l)| l.div_ceil(block_size)).sum();
     let geometry = CacheGeometry { num_blocks: 2 * needed + 3, num_kv_heads, head_size, block_size, dtype };
     let outcome = (|| -> Res<f64> {
-        let case = AttnCase::random(geometry, num_kv_heads * group, chunks, seed)?;
+        let mut case = AttnCase::random(geometry, num_kv_heads * group, chunks, seed)?;
+        case.scores.sliding_window = window;
         let want = case.reference()?;
         let mut dev_cache = DeviceLayerCache::new(stream, geometry)?;
         dev_cache.upload(stream, &case.cache)?;
@@ -146,7 +157,7 @@ pub fn run_path(
         dev_cache,
         meta,
         num_heads,
-        case.scale.into(),
+        case.scores,
         &mut ws,
         Some(variant),
     )?;
