@@ -320,6 +320,12 @@ fn a_step_in_several_logit_passes_equals_one_pass() {
     let (whole, decode) = run(None);
     assert_eq!(whole.len(), prompt.len() * VOCAB);
     for limit in [1, 4, 20] {
-        assert_eq!(run(Some(limit)), (whole.clone(), decode.clone()), "{limit} rows a pass");
+        let (passes, after) = run(Some(limit));
+        // The LM head of fewer rows may take another matmul kernel: the same logits up to
+        // rounding; the cache is the same to the bit (so is the next step).
+        assert_eq!(passes.len(), whole.len());
+        let worst = passes.iter().zip(&whole).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+        assert!(worst < 1e-5, "{limit} rows a pass: logits differ by {worst}");
+        assert_eq!(after, decode, "{limit} rows a pass: the next step differs");
     }
 }
