@@ -22,6 +22,7 @@ use crate::sampling::{SampleRow, SamplingParams, TokenChoice, sample_batch};
 mod admission;
 mod generate;
 mod greedy;
+mod rows;
 
 pub(crate) use admission::{Intake, IntakeLimits, Prepared};
 
@@ -60,6 +61,7 @@ struct StepBuffers {
     /// The sampled rows' logits, one row per sample.
     logits: Vec<f32>,
     targets: Vec<RowTarget>,
+    prompt_rows: rows::PromptRows,
     /// The gauges the last step computed (what a handle publishes after it).
     gauges: Gauges,
 }
@@ -427,6 +429,7 @@ impl Engine {
             self.runner.write_table_row(s.row, s.table_from, plan.new_blocks(s))?;
         }
         let vocab = self.runner.model_config().vocab_size;
+        self.bufs.prompt_rows.plan(plan, &self.live);
         let step = StepInput {
             token_ids: &plan.token_ids,
             positions: &plan.positions,
@@ -435,16 +438,20 @@ impl Engine {
             query_start_loc: &plan.query_start_loc,
             seq_lens: &plan.seq_lens,
             seq_rows: &plan.seq_rows,
-            sample_indices: &plan.sample_indices,
+            sample_indices: self.bufs.prompt_rows.indices(plan),
         };
-        let sampled = if greedy::plain_greedy_step(plan, &self.live) {
+        let sampled = if !self.bufs.prompt_rows.any() && greedy::plain_greedy_step(plan, &self.live) {
             let tokens = self.runner.forward_greedy(&step, crate::sampling::filter::argmax)?;
             greedy::targets(&self.bufs.plan, &mut self.bufs.targets);
             greedy::record(tokens, &self.bufs.targets, &mut self.live)?
         } else {
             let guides = crate::structured::sampled_guides(&self.bufs.plan, &mut self.live);
             let logits = crate::structured::while_running(guides, || self.runner.forward(&step))?;
-            gather_sample_rows(
+            let (logits, prompt_logits) = logits
+                .split_at_checked(plan.sample_indices.len() * vocab)
+                .ok_or(EngineError::Internal("fewer logits than sampled rows"))?;
+            self.bufs.prompt_rows.record(prompt_logits, vocab, &mut self.live)?;
+            rows::gather_sample_rows(
                 &self.bufs.plan,
                 logits,
                 vocab,
@@ -574,27 +581,4 @@ impl Engine {
         }
         true
     }
-}
-
-/// One sampling row per sample: the logits of every planned sequence that samples, repeated
-/// for each of its samples (a prompt end of a group of `n` gives `n` rows of the same logits).
-fn gather_sample_rows(
-    plan: &SchedulerOutput,
-    logits: &[f32],
-    vocab: usize,
-    targets: &mut Vec<RowTarget>,
-    rows: &mut Vec<f32>,
-) -> Result<(), EngineError> {
-    targets.clear();
-    rows.clear();
-    for (row, s) in plan.seqs.iter().filter(|s| s.num_samples > 0).enumerate() {
-        let src =
-            logits.get(row * vocab..(row + 1) * vocab).ok_or(EngineError::Internal("missing logits row"))?;
-        for j in 0..s.num_samples {
-            let index = if s.num_samples > 1 { j } else { s.seq_id.index as usize };
-            targets.push(RowTarget { request: s.seq_id.request, index, seq_id: s.seq_id });
-            rows.extend_from_slice(src);
-        }
-    }
-    Ok(())
 }

@@ -36,8 +36,8 @@ pub use kv_map::{BlockState, KvCounters, KvMap, KvSnapshot, KvTable};
 pub use metrics::{Gauges, LatencyStats, LiveMetrics, MetricsSnapshot};
 pub use model::{ChatMessage, Conversation, FunctionCall, TemplateValue, ToolCall};
 pub use output::{
-    Completion, CompletionDelta, FinalOutput, FinishReason, RequestKey, RequestOutput, RequestTiming,
-    StreamError,
+    Completion, CompletionDelta, FinalOutput, FinishReason, PromptLogprobs, RequestKey, RequestOutput,
+    RequestTiming, StreamError,
 };
 pub use request::{Prompt, RequestOptions};
 pub use sampling::{SamplingParams, SamplingParamsError};

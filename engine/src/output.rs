@@ -77,6 +77,17 @@ fn serialize_key<S: serde::Serializer>(key: &RequestKey, serializer: S) -> Resul
     serializer.serialize_u64(key.0)
 }
 
+/// The logprob of every prompt token given the tokens before it (vLLM's `prompt_logprobs`),
+/// in the request's first output.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PromptLogprobs {
+    /// The prompt as the model saw it.
+    pub token_ids: Vec<u32>,
+    /// One entry per prompt token: `None` for the first (nothing comes before it), then the
+    /// token's logprob and rank and the top alternatives at its position.
+    pub positions: Vec<Option<PositionLogprobs>>,
+}
+
 /// One request's news from one engine step.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RequestOutput {
@@ -86,6 +97,8 @@ pub struct RequestOutput {
     pub request_key: RequestKey,
     /// Only the samples with news this step.
     pub outputs: Vec<CompletionDelta>,
+    /// Set on the first output of a request with `SamplingParams::prompt_logprobs`.
+    pub prompt_logprobs: Option<PromptLogprobs>,
     /// True on the request's last output (all samples finished or aborted).
     pub finished: bool,
     pub prompt_tokens: usize,
@@ -108,6 +121,8 @@ pub struct FinalOutput {
     pub prompt_tokens: usize,
     /// One per sample, in index order.
     pub completions: Vec<Completion>,
+    /// With `SamplingParams::prompt_logprobs`.
+    pub prompt_logprobs: Option<PromptLogprobs>,
     pub timing: RequestTiming,
 }
 
@@ -117,17 +132,28 @@ pub struct Completion {
     pub token_ids: Vec<u32>,
     pub text: String,
     pub logprobs: Option<Vec<PositionLogprobs>>,
+    /// Sum of the sampled tokens' logprobs (with `logprobs` only).
+    pub cumulative_logprob: Option<f64>,
     pub finish_reason: Option<FinishReason>,
 }
 
 impl FinalOutput {
     pub fn new(request_id: String, prompt_tokens: usize) -> Self {
-        Self { request_id, prompt_tokens, completions: Vec::new(), timing: RequestTiming::default() }
+        Self {
+            request_id,
+            prompt_tokens,
+            completions: Vec::new(),
+            prompt_logprobs: None,
+            timing: RequestTiming::default(),
+        }
     }
 
     /// Folds one streamed output into the accumulated result.
     pub fn absorb(&mut self, out: &RequestOutput) {
         self.timing = out.timing;
+        if out.prompt_logprobs.is_some() {
+            self.prompt_logprobs.clone_from(&out.prompt_logprobs);
+        }
         for delta in &out.outputs {
             if self.completions.len() <= delta.index {
                 self.completions.resize_with(delta.index + 1, Completion::default);
@@ -137,6 +163,9 @@ impl FinalOutput {
             c.text.push_str(&delta.text);
             if let Some(lp) = &delta.logprobs {
                 c.logprobs.get_or_insert_with(Vec::new).extend(lp.iter().cloned());
+            }
+            if delta.cumulative_logprob.is_some() {
+                c.cumulative_logprob = delta.cumulative_logprob;
             }
             if delta.finish_reason.is_some() {
                 c.finish_reason.clone_from(&delta.finish_reason);
@@ -203,6 +232,7 @@ mod tests {
         let mk = |outputs, finished| RequestOutput {
             request_id: "r".into(),
             request_key: RequestKey(0),
+            prompt_logprobs: None,
             outputs,
             finished,
             prompt_tokens: 3,

@@ -9,7 +9,9 @@ use std::time::Instant;
 use model::{ChatMessage, Conversation};
 
 use crate::detok::{IncrementalDetokenizer, TokenDecoder};
-use crate::output::{CompletionDelta, FinishReason, RequestKey, RequestOutput, RequestTiming, Sink};
+use crate::output::{
+    CompletionDelta, FinishReason, PromptLogprobs, RequestKey, RequestOutput, RequestTiming, Sink,
+};
 use crate::sampling::{PositionLogprobs, SamplingParams, SequenceSampler};
 use crate::structured::Guide;
 
@@ -112,6 +114,37 @@ impl SeqState {
     }
 }
 
+/// The prompt logprobs of a request that asked for them, filled chunk by chunk as its prompt
+/// positions are computed and sent once, with its first output after the last one.
+#[derive(Debug)]
+pub(crate) struct PromptLogprobsState {
+    /// Top alternatives per position.
+    pub top: usize,
+    pub prompt: Arc<[u32]>,
+    /// Position `i`'s entry (`None` for position 0), until they are sent.
+    pub positions: Vec<Option<PositionLogprobs>>,
+    /// The next prompt position without an entry: a recomputed position (preemption by
+    /// recompute, or a later sample's prompt) is never added twice.
+    next: usize,
+    pub sent: bool,
+}
+
+impl PromptLogprobsState {
+    pub fn next(&self) -> usize {
+        self.next
+    }
+
+    /// Enters the entries of the next positions.
+    pub fn extend(&mut self, entries: Vec<Option<PositionLogprobs>>) {
+        self.next += entries.len();
+        self.positions.extend(entries);
+    }
+
+    fn complete(&self) -> bool {
+        self.next >= self.prompt.len()
+    }
+}
+
 /// An admitted request: the engine's only record of it, keyed by its `RequestKey`.
 #[derive(Debug)]
 pub(crate) struct RequestRecord {
@@ -127,6 +160,8 @@ pub(crate) struct RequestRecord {
     pub scheduled: bool,
     pub first_token: Option<Instant>,
     pub seqs: Vec<SeqState>,
+    /// With `SamplingParams::prompt_logprobs` only.
+    pub prompt_logprobs: Option<PromptLogprobsState>,
 }
 
 impl RequestRecord {
@@ -158,11 +193,19 @@ impl RequestRecord {
                 finish_sent: false,
             })
             .collect();
+        let prompt_logprobs = params.prompt_logprobs.map(|top| PromptLogprobsState {
+            top,
+            prompt: prompt.into(),
+            positions: vec![None],
+            next: 1,
+            sent: false,
+        });
         Self {
             id,
             key,
             sink,
             params,
+            prompt_logprobs,
             prompt_len: prompt.len(),
             arrival,
             scheduled: false,
@@ -217,6 +260,16 @@ impl RequestRecord {
         }
     }
 
+    /// The prompt logprobs, once: when every prompt position has its entry.
+    fn take_prompt_logprobs(&mut self) -> Option<PromptLogprobs> {
+        let state = self.prompt_logprobs.as_mut().filter(|s| !s.sent && s.complete())?;
+        state.sent = true;
+        Some(PromptLogprobs {
+            token_ids: state.prompt.to_vec(),
+            positions: std::mem::take(&mut state.positions),
+        })
+    }
+
     /// Drains the unsent deltas into an output; `None` when there is nothing new. A sample
     /// that finished other than by a stop string flushes its held-back partial character.
     pub fn take_output(&mut self, now: Instant, decoder: &impl TokenDecoder) -> Option<RequestOutput> {
@@ -248,6 +301,7 @@ impl RequestRecord {
         Some(RequestOutput {
             request_id: self.id.clone(),
             request_key: self.key,
+            prompt_logprobs: self.take_prompt_logprobs(),
             outputs,
             finished: self.all_finished(),
             prompt_tokens: self.prompt_len,

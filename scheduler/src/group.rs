@@ -132,6 +132,8 @@ pub(crate) struct Group {
     pub prompt_len: usize,
     pub max_new_tokens: usize,
     pub salt: u64,
+    /// Never reads the prefix cache (`Request::skip_prefix_hits`).
+    pub skip_prefix_hits: bool,
     pub n: usize,
     pub seqs: Vec<Seq>,
     pub place: Where,

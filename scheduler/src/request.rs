@@ -42,11 +42,23 @@ pub struct Request {
     pub salt: Option<u64>,
     /// Parallel samples; the prompt is prefilled once and its blocks are shared by all `n`.
     pub n: usize,
+    /// Computes every prompt position even when the prefix cache holds some of them (a request
+    /// that wants each prompt position's logits: cached positions have none). Its full blocks
+    /// are still offered to the cache for others.
+    pub skip_prefix_hits: bool,
 }
 
 impl Request {
     pub fn new(key: impl Into<RequestKey>, prompt: Vec<TokenId>, max_new_tokens: usize) -> Self {
-        Self { key: key.into(), prompt, max_new_tokens, priority: 0, salt: None, n: 1 }
+        Self {
+            key: key.into(),
+            prompt,
+            max_new_tokens,
+            priority: 0,
+            salt: None,
+            n: 1,
+            skip_prefix_hits: false,
+        }
     }
 
     pub fn with_priority(mut self, priority: i64) -> Self {
@@ -61,6 +73,12 @@ impl Request {
 
     pub fn with_n(mut self, n: usize) -> Self {
         self.n = n;
+        self
+    }
+
+    /// See [`Request::skip_prefix_hits`].
+    pub fn with_skip_prefix_hits(mut self, skip: bool) -> Self {
+        self.skip_prefix_hits = skip;
         self
     }
 }

@@ -425,6 +425,9 @@ impl Scheduler {
         let Self { groups, device, .. } = self;
         let group =
             groups.get_mut(slot).and_then(Option::as_mut).ok_or(SchedulerError::Internal("missing group"))?;
+        if group.skip_prefix_hits {
+            return Ok(());
+        }
         let salt = group.salt;
         for seq in group.seqs.iter_mut().filter(|s| s.finished.is_none() && s.num_computed == 0) {
             if seq.table().num_tokens() == 0 && seq.tokens.len() > 1 {

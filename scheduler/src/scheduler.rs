@@ -157,6 +157,7 @@ impl Scheduler {
             prompt_len: req.prompt.len(),
             max_new_tokens: req.max_new_tokens,
             salt: req.salt.unwrap_or(0),
+            skip_prefix_hits: req.skip_prefix_hits,
             n: req.n,
             seqs: vec![Seq::new(0, req.prompt, 0, SeqTables::new(&self.device, &self.cfg.kv_groups))],
             place: Where::Waiting,

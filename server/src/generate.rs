@@ -13,16 +13,13 @@ use axum::Json;
 use axum::extract::State;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use engine::{Completion, FinalOutput, OutputStream, Prompt, RequestOptions, SamplingParams};
+use engine::{Completion, FinalOutput, OutputStream, Prompt, PromptLogprobs, RequestOptions, SamplingParams};
 use futures_util::stream::{self, SelectAll, Stream, StreamExt};
 
 use crate::AppState;
 use crate::error::{ApiError, error_event_json};
-use crate::openai::{ChatRequest, CompletionRequest, SamplingFields};
-use crate::respond::{Endpoint, Envelope, TokenText, Usage};
-
-/// OpenAI's default `max_tokens` of the legacy completions endpoint.
-const COMPLETIONS_DEFAULT_MAX_TOKENS: i64 = 16;
+use crate::openai::{ChatRequest, CompletionPlan, CompletionRequest, SamplingFields};
+use crate::respond::{Endpoint, Envelope, PromptParts, TokenText, Usage};
 
 pub async fn completions(
     State(state): State<Arc<AppState>>,
@@ -31,12 +28,20 @@ pub async fn completions(
     let req = body.0;
     let run = || -> Result<Job, ApiError> {
         state.check_model(req.model.as_deref())?;
-        req.check_unsupported()?;
-        let max_tokens = req.sampling.max_tokens.or(Some(COMPLETIONS_DEFAULT_MAX_TOKENS));
-        let params =
-            req.sampling.to_params(state.handle.default_sampling_params(), max_tokens, req.logprobs)?;
+        let plan = req.plan()?;
+        let params = req.to_params(state.handle.default_sampling_params(), &plan)?;
         let prompts = req.prompt.clone().into_prompts()?;
-        Ok(Job::new(&state, Endpoint::Completions, prompts, params, &req.sampling, false))
+        let mut job =
+            Job::new(&state, Endpoint::Completions, prompts, params, &req.sampling, req.logprobs.is_some());
+        job.envelope.n = plan.n;
+        // Both were checked to be counts by `to_params`.
+        let top = |k: Option<i64>| k.and_then(|k| usize::try_from(k).ok());
+        job.completion = Some(CompletionJob {
+            plan,
+            echo_top: top(req.logprobs).filter(|_| plan.echo),
+            prompt_top: top(req.sampling.prompt_logprobs),
+        });
+        Ok(job)
     };
     match run() {
         Ok(job) => job.respond(state).await,
@@ -48,6 +53,12 @@ pub async fn chat(State(state): State<Arc<AppState>>, body: crate::JsonBody<Chat
     let req = body.0;
     let run = || -> Result<Job, ApiError> {
         state.check_model(req.model.as_deref())?;
+        if req.echo == Some(true) {
+            return Err(ApiError::bad_request(
+                "echo is not supported on chat completions (no template continues the last message)",
+                Some("echo"),
+            ));
+        }
         let max_tokens = req.max_completion_tokens.or(req.sampling.max_tokens);
         let top = if req.logprobs { Some(req.top_logprobs.unwrap_or(0)) } else { None };
         let mut params = req.sampling.to_params(state.handle.default_sampling_params(), max_tokens, top)?;
@@ -70,6 +81,7 @@ pub async fn chat(State(state): State<Arc<AppState>>, body: crate::JsonBody<Chat
             constraint_field = Some("tools");
         }
         let mut job = Job::new(&state, Endpoint::Chat, prompts, params, &req.sampling, req.logprobs);
+        job.prompt_top = job.params.prompt_logprobs;
         job.envelope.tools = tools;
         job.constraint_field = constraint_field;
         Ok(job)
@@ -89,6 +101,33 @@ struct Job {
     include_usage: bool,
     /// The request field that set its output constraint (what a compile error names).
     constraint_field: Option<&'static str>,
+    /// `/v1/completions`: echo and best_of.
+    completion: Option<CompletionJob>,
+    /// Chat with vLLM's `prompt_logprobs`.
+    prompt_top: Option<usize>,
+}
+
+/// What a completions call shows beside its samples.
+#[derive(Debug, Clone, Copy)]
+struct CompletionJob {
+    plan: CompletionPlan,
+    /// `echo` with `logprobs: k`: the prompt's tokens lead each choice's logprobs.
+    echo_top: Option<usize>,
+    /// vLLM's `prompt_logprobs: k`.
+    prompt_top: Option<usize>,
+}
+
+impl CompletionJob {
+    /// What choices of a prompt whose text is `echo_text` show of it.
+    fn parts<'a>(&self, echo_text: Option<&'a str>, logprobs: Option<&'a PromptLogprobs>) -> PromptParts<'a> {
+        PromptParts {
+            echo_text: echo_text.filter(|_| self.plan.echo),
+            logprobs,
+            echo_top: self.echo_top,
+            prompt_top: self.prompt_top,
+            prompt_only: self.plan.prompt_only,
+        }
+    }
 }
 
 impl Job {
@@ -116,6 +155,8 @@ impl Job {
             stream: fields.stream,
             include_usage: fields.include_usage(),
             constraint_field: fields.constraints.constraint_field(),
+            completion: None,
+            prompt_top: None,
         }
     }
 
@@ -125,8 +166,11 @@ impl Job {
     async fn respond(self, state: Arc<AppState>) -> Response {
         let submitting = Arc::clone(&state);
         let (base, prompts, params) = (self.envelope.id.clone(), self.prompts, self.params);
+        let echo = self.completion.is_some_and(|c| c.plan.echo);
         let submitted = tokio::task::spawn_blocking(move || {
             let mut streams = Vec::with_capacity(prompts.len());
+            let echo_texts: Vec<String> =
+                if echo { prompts.iter().map(|p| prompt_text(&submitting, p)).collect() } else { Vec::new() };
             for (i, prompt) in prompts.into_iter().enumerate() {
                 let id = format!("{base}-{i}");
                 // On an error, dropping `streams` aborts the requests already submitted.
@@ -137,11 +181,11 @@ impl Job {
                     RequestOptions::default(),
                 )?);
             }
-            Ok::<_, engine::RequestError>(streams)
+            Ok::<_, engine::RequestError>((streams, echo_texts))
         })
         .await;
-        let streams = match submitted {
-            Ok(Ok(streams)) => streams,
+        let (streams, echo_texts) = match submitted {
+            Ok(Ok(submitted)) => submitted,
             Ok(Err(e)) => {
                 let constraint = matches!(e, engine::RequestError::Constraint { .. });
                 let mut error = ApiError::from(e);
@@ -152,12 +196,59 @@ impl Job {
             }
             Err(e) => return ApiError::internal(format!("submission failed: {e}")).into_response(),
         };
+        let shown = Shown { completion: self.completion, echo_texts, prompt_top: self.prompt_top };
         if self.stream {
-            let events = sse_events(state, self.envelope, streams, self.include_usage);
+            let events = sse_events(state, self.envelope, streams, self.include_usage, shown);
             Sse::new(events).keep_alive(KeepAlive::default()).into_response()
         } else {
-            whole_response(&state, &self.envelope, streams).await
+            whole_response(&state, &self.envelope, streams, &shown).await
         }
+    }
+}
+
+/// What a call's choices show beside their samples: the completions' echo and best_of, the
+/// prompts' texts (echoed), chat's `prompt_logprobs`.
+struct Shown {
+    completion: Option<CompletionJob>,
+    echo_texts: Vec<String>,
+    prompt_top: Option<usize>,
+}
+
+impl Shown {
+    fn parts<'a>(&'a self, prompt: usize, logprobs: Option<&'a PromptLogprobs>) -> PromptParts<'a> {
+        match &self.completion {
+            Some(c) => c.parts(self.echo_texts.get(prompt).map(String::as_str), logprobs),
+            None => PromptParts { logprobs, prompt_top: self.prompt_top, ..PromptParts::default() },
+        }
+    }
+
+    /// Which of a prompt's samples become its choices: all of them, or with `best_of` the `n`
+    /// of highest cumulative logprob (best first).
+    fn chosen<'a>(&self, completions: &'a [Completion]) -> Vec<&'a Completion> {
+        let Some(plan) = self.completion.map(|c| c.plan).filter(|p| p.best_of > p.n) else {
+            return completions.iter().collect();
+        };
+        let mut ranked: Vec<&Completion> = completions.iter().collect();
+        let score =
+            |c: &Completion| c.cumulative_logprob.filter(|v| !v.is_nan()).unwrap_or(f64::NEG_INFINITY);
+        ranked.sort_by(|a, b| score(b).total_cmp(&score(a)));
+        ranked.truncate(plan.n);
+        ranked
+    }
+
+    /// `echo` with `max_tokens: 0` counts no completion token (the one generated is not shown).
+    fn counts_completion(&self) -> bool {
+        !self.completion.is_some_and(|c| c.plan.prompt_only)
+    }
+}
+
+/// The text a prompt echoes: as the client sent it, or its token ids decoded.
+fn prompt_text(state: &AppState, prompt: &Prompt) -> String {
+    match prompt {
+        Prompt::Text(t) => t.clone(),
+        Prompt::Tokens(ids) => state.handle.tokenizer().decode(ids, false).unwrap_or_default(),
+        // The completions endpoint sends no chat prompt.
+        Prompt::Chat(_) | Prompt::Conversation(_) => String::new(),
     }
 }
 
@@ -168,7 +259,12 @@ fn merged(
     stream::select_all(streams.into_iter().enumerate().map(|(i, s)| s.map(move |item| (i, item))))
 }
 
-async fn whole_response(state: &AppState, envelope: &Envelope, streams: Vec<OutputStream>) -> Response {
+async fn whole_response(
+    state: &AppState,
+    envelope: &Envelope,
+    streams: Vec<OutputStream>,
+    shown: &Shown,
+) -> Response {
     // One folded result per prompt; its completions are the prompt's `n` choices.
     let mut finals: Vec<FinalOutput> =
         streams.iter().map(|s| FinalOutput::new(s.id().to_owned(), 0)).collect();
@@ -183,11 +279,18 @@ async fn whole_response(state: &AppState, envelope: &Envelope, streams: Vec<Outp
             fin.absorb(&out);
         }
         if out.finished {
-            usage.add_final(&out);
+            usage.add_final(&out, shown.counts_completion());
             state.metrics.observe_final(&out);
         }
     }
-    let choices: Vec<&Completion> = finals.iter().flat_map(|f| &f.completions).collect();
+    let choices: Vec<(&Completion, PromptParts<'_>)> = finals
+        .iter()
+        .enumerate()
+        .flat_map(|(i, f)| {
+            let parts = shown.parts(i, f.prompt_logprobs.as_ref());
+            shown.chosen(&f.completions).into_iter().map(move |c| (c, parts))
+        })
+        .collect();
     let tokens = TokenText { tokenizer: state.handle.tokenizer() };
     Json(envelope.response(&choices, &usage, &tokens)).into_response()
 }
@@ -211,8 +314,10 @@ fn sse_events(
     envelope: Envelope,
     streams: Vec<OutputStream>,
     include_usage: bool,
+    shown: Shown,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
     let choices = streams.len() * envelope.n;
+    let streams_len = streams.len();
     let opening: Vec<Event> = if envelope.endpoint == Endpoint::Chat {
         (0..choices).map(|i| json_event(&envelope.role_chunk(i))).collect()
     } else {
@@ -223,9 +328,12 @@ fn sse_events(
         all: merged(streams),
         usage: Usage::default(),
         offsets: vec![0; choices],
+        opened: vec![false; choices],
+        prompt_logprobs: vec![None; streams_len],
         held: Vec::new(),
         state,
         envelope,
+        shown,
     };
     let body = stream::unfold(Some(start), move |st| async move {
         let mut st = st?;
@@ -253,10 +361,15 @@ struct SseState<S> {
     usage: Usage,
     /// Characters of text each choice has sent (completions logprobs' `text_offset`).
     offsets: Vec<usize>,
+    /// Each choice has sent its first chunk (the one that echoes the prompt).
+    opened: Vec<bool>,
+    /// Each prompt's logprobs, from its request's first output.
+    prompt_logprobs: Vec<Option<PromptLogprobs>>,
     /// A tools stream's text of each choice, held until it finishes.
     held: Vec<String>,
     state: Arc<AppState>,
     envelope: Envelope,
+    shown: Shown,
 }
 
 impl<S> SseState<S> {
@@ -267,20 +380,33 @@ impl<S> SseState<S> {
         if self.envelope.tools.is_some() {
             return self.tool_chunks(prompt, out);
         }
+        if let Some(lps) = &out.prompt_logprobs
+            && let Some(slot) = self.prompt_logprobs.get_mut(prompt)
+        {
+            *slot = Some(lps.clone());
+        }
         let events = out
             .outputs
             .iter()
             .map(|d| {
                 let index = prompt * self.envelope.n + d.index;
-                let offset = self.offsets.get(index).copied().unwrap_or(0);
-                if let Some(o) = self.offsets.get_mut(index) {
-                    *o += d.text.chars().count();
+                let opening = self.opened.get_mut(index).is_some_and(|o| !std::mem::replace(o, true));
+                let mut parts =
+                    self.shown.parts(prompt, self.prompt_logprobs.get(prompt).and_then(Option::as_ref));
+                if !opening {
+                    // Only a choice's first chunk echoes its prompt.
+                    parts = PromptParts { prompt_only: parts.prompt_only, ..PromptParts::default() };
                 }
-                json_event(&self.envelope.delta_chunk(prompt, d, &tokens, offset))
+                let offset = self.offsets.get(index).copied().unwrap_or(0);
+                let chunk = self.envelope.delta_chunk(prompt, d, &tokens, offset, parts);
+                if let Some(o) = self.offsets.get_mut(index) {
+                    *o += chunk.text_chars();
+                }
+                json_event(&chunk)
             })
             .collect();
         if out.finished {
-            self.usage.add_final(out);
+            self.usage.add_final(out, self.shown.counts_completion());
             self.state.metrics.observe_final(out);
         }
         events
@@ -304,7 +430,7 @@ impl<S> SseState<S> {
             }
         }
         if out.finished {
-            self.usage.add_final(out);
+            self.usage.add_final(out, true);
             self.state.metrics.observe_final(out);
         }
         events

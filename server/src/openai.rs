@@ -70,6 +70,9 @@ pub struct SamplingFields {
     pub min_tokens: Option<i64>,
     pub include_stop_str_in_output: Option<bool>,
     pub skip_special_tokens: Option<bool>,
+    /// vLLM's: the logprob of every prompt token given those before it, with this many top
+    /// alternatives (not with `stream`, as vLLM).
+    pub prompt_logprobs: Option<i64>,
     #[serde(default)]
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
@@ -88,9 +91,10 @@ pub struct CompletionRequest {
     pub prompt: PromptInput,
     /// Top logprobs per position (0 gives the sampled token's only).
     pub logprobs: Option<i64>,
-    /// Not implemented: a 400 unless it asks for nothing (`false`).
+    /// Each choice starts with the prompt: its text, and with `logprobs` its tokens and their
+    /// logprobs (the first `null`). With `max_tokens: 0` a choice is the prompt alone.
     pub echo: Option<bool>,
-    /// Not implemented: a 400 unless it equals `n` (one candidate per choice).
+    /// Candidates per prompt (at least `n`): the `n` of highest cumulative logprob are returned.
     pub best_of: Option<i64>,
     /// No fill-in-the-middle template: a 400 unless empty.
     pub suffix: Option<String>,
@@ -98,26 +102,81 @@ pub struct CompletionRequest {
     pub sampling: SamplingFields,
 }
 
+/// What `/v1/completions` does beyond sampling each choice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CompletionPlan {
+    /// Choices per prompt.
+    pub n: usize,
+    /// Candidates generated per prompt (`best_of`, at least `n`).
+    pub best_of: usize,
+    pub echo: bool,
+    /// `echo` with `max_tokens: 0`: one token is generated (the engine computes the prompt's
+    /// logprobs on the way to it) and left out.
+    pub prompt_only: bool,
+}
+
 impl CompletionRequest {
-    /// Refuses the fields this server does not implement instead of ignoring them.
-    pub fn check_unsupported(&self) -> Result<(), ApiError> {
-        if self.echo == Some(true) {
-            return Err(ApiError::bad_request("echo is not supported", Some("echo")));
-        }
-        if let Some(b) = self.best_of
-            && b != self.sampling.n.unwrap_or(1)
-        {
-            return Err(ApiError::bad_request("best_of other than n is not supported", Some("best_of")));
-        }
+    /// `echo`, `best_of` and `suffix` checked: a 400 names what cannot be done.
+    pub fn plan(&self) -> Result<CompletionPlan, ApiError> {
         if self.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
             return Err(ApiError::bad_request(
                 "suffix is not supported (the model has no fill-in-the-middle template)",
                 Some("suffix"),
             ));
         }
-        Ok(())
+        let n = self.sampling.n.map(|n| count(n, "n", 1)).transpose()?.unwrap_or(1);
+        let best_of = self.best_of.map(|b| count(b, "best_of", 1)).transpose()?.unwrap_or(n);
+        if best_of < n {
+            return Err(ApiError::bad_request(
+                format!("best_of must be at least n ({n}), got {best_of}"),
+                Some("best_of"),
+            ));
+        }
+        if best_of > engine::sampling::MAX_N {
+            return Err(ApiError::bad_request(
+                format!("best_of must be at most {}, got {best_of}", engine::sampling::MAX_N),
+                Some("best_of"),
+            ));
+        }
+        if best_of > n && self.sampling.stream {
+            return Err(ApiError::bad_request(
+                "best_of greater than n cannot be streamed (the best are known only at the end)",
+                Some("best_of"),
+            ));
+        }
+        let echo = self.echo.unwrap_or(false);
+        Ok(CompletionPlan { n, best_of, echo, prompt_only: echo && self.sampling.max_tokens == Some(0) })
+    }
+
+    /// The engine's parameters for the plan: `best_of` samples, ranked by their cumulative
+    /// logprob (computed even when the client asked for no logprobs), and the prompt's logprobs
+    /// when they are echoed.
+    pub fn to_params(
+        &self,
+        defaults: &SamplingParams,
+        plan: &CompletionPlan,
+    ) -> Result<SamplingParams, ApiError> {
+        let max_tokens = if plan.prompt_only {
+            Some(1)
+        } else {
+            Some(self.sampling.max_tokens.unwrap_or(COMPLETIONS_DEFAULT_MAX_TOKENS))
+        };
+        let mut p = self.sampling.to_params(defaults, max_tokens, self.logprobs)?;
+        p.n = plan.best_of;
+        if plan.best_of > plan.n {
+            p.logprobs.get_or_insert(0);
+        }
+        if plan.echo
+            && let Some(k) = p.logprobs.filter(|_| self.logprobs.is_some())
+        {
+            p.prompt_logprobs = Some(p.prompt_logprobs.map_or(k, |j| j.max(k)));
+        }
+        Ok(p)
     }
 }
+
+/// OpenAI's default `max_tokens` of the legacy completions endpoint.
+const COMPLETIONS_DEFAULT_MAX_TOKENS: i64 = 16;
 
 /// One chat message; `content` is a string or a list of `{"type": "text", "text": …}` parts
 /// (or `null` beside `tool_calls`). An assistant's `tool_calls` and a tool result's
@@ -171,6 +230,8 @@ pub struct ChatRequest {
     #[serde(default)]
     pub logprobs: bool,
     pub top_logprobs: Option<i64>,
+    /// vLLM's chat `echo` (the last message continued): a 400, no template here continues one.
+    pub echo: Option<bool>,
     #[serde(flatten)]
     pub sampling: SamplingFields,
 }
@@ -307,6 +368,13 @@ impl SamplingFields {
         p.include_stop_str_in_output = self.include_stop_str_in_output.unwrap_or(false);
         p.skip_special_tokens = self.skip_special_tokens.unwrap_or(true);
         p.logprobs = logprobs.map(|l| count(l, "logprobs", 0)).transpose()?;
+        p.prompt_logprobs = self.prompt_logprobs.map(|l| count(l, "prompt_logprobs", 0)).transpose()?;
+        if self.stream && p.prompt_logprobs.is_some() {
+            return Err(ApiError::bad_request(
+                "prompt_logprobs are not available when stream is true",
+                Some("prompt_logprobs"),
+            ));
+        }
         p.constraint = self.constraints.constraint()?.map(|(c, _)| c);
         p.logit_bias = self.constraints.logit_bias()?;
         p.validate().map_err(|e| ApiError::bad_request(e.to_string(), Some(param_of(&e))))?;
@@ -332,6 +400,7 @@ fn param_of(e: &engine::SamplingParamsError) -> &'static str {
         E::MaxTokensZero => "max_tokens",
         E::MinTokensOverMax { .. } => "min_tokens",
         E::Logprobs(_) => "logprobs",
+        E::PromptLogprobs(_) => "prompt_logprobs",
         E::EmptyStopString => "stop",
         E::LogitBias { .. } | E::LogitBiasCount(_) => "logit_bias",
     }
@@ -343,7 +412,7 @@ mod tests {
 
     fn params(body: serde_json::Value) -> Result<SamplingParams, ApiError> {
         let req: CompletionRequest = serde_json::from_value(body).unwrap_or_else(|e| panic!("{e}"));
-        req.sampling.to_params(&SamplingParams::default(), req.sampling.max_tokens, req.logprobs)
+        req.to_params(&SamplingParams::default(), &req.plan()?)
     }
 
     #[test]
@@ -373,6 +442,15 @@ mod tests {
             (serde_json::json!({"prompt": "x", "n": 0}), "n"),
             (serde_json::json!({"prompt": "x", "presence_penalty": 3}), "presence_penalty"),
             (serde_json::json!({"prompt": "x", "logprobs": 99}), "logprobs"),
+            (serde_json::json!({"prompt": "x", "prompt_logprobs": 21}), "prompt_logprobs"),
+            (serde_json::json!({"prompt": "x", "prompt_logprobs": -1}), "prompt_logprobs"),
+            (serde_json::json!({"prompt": "x", "prompt_logprobs": 1, "stream": true}), "prompt_logprobs"),
+            (serde_json::json!({"prompt": "x", "max_tokens": 0, "echo": false}), "max_tokens"),
+            (serde_json::json!({"prompt": "x", "best_of": 1, "n": 2}), "best_of"),
+            (serde_json::json!({"prompt": "x", "best_of": 0}), "best_of"),
+            (serde_json::json!({"prompt": "x", "best_of": 257}), "best_of"),
+            (serde_json::json!({"prompt": "x", "best_of": 3, "stream": true}), "best_of"),
+            (serde_json::json!({"prompt": "x", "suffix": "end"}), "suffix"),
             (serde_json::json!({"prompt": "x", "stop": [""]}), "stop"),
         ] {
             let e = params(body.clone()).err().unwrap_or_else(|| panic!("{body} was accepted"));
@@ -382,17 +460,28 @@ mod tests {
     }
 
     #[test]
-    fn unimplemented_fields_are_refused_not_ignored() {
-        for (body, param) in [
-            (serde_json::json!({"prompt": "x", "echo": true}), Some("echo")),
-            (serde_json::json!({"prompt": "x", "best_of": 3}), Some("best_of")),
-            (serde_json::json!({"prompt": "x", "suffix": "end"}), Some("suffix")),
-            (serde_json::json!({"prompt": "x", "echo": false, "best_of": 2, "n": 2, "suffix": ""}), None),
-        ] {
-            let req: CompletionRequest =
-                serde_json::from_value(body.clone()).unwrap_or_else(|e| panic!("{e}"));
-            assert_eq!(req.check_unsupported().err().and_then(|e| e.param), param, "{body}");
-        }
+    fn echo_and_best_of_become_engine_samples_and_prompt_logprobs() {
+        let p = params(serde_json::json!({"prompt": "x", "best_of": 3, "n": 2}))
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        // Three candidates, ranked by the logprobs the client did not ask for.
+        assert_eq!((p.n, p.logprobs, p.prompt_logprobs), (3, Some(0), None));
+        let p = params(serde_json::json!({"prompt": "x", "best_of": 2, "n": 2, "stream": true}))
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!((p.n, p.logprobs), (2, None));
+        let p = params(serde_json::json!({"prompt": "x", "echo": true, "logprobs": 1, "max_tokens": 0}))
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!((p.max_tokens, p.logprobs, p.prompt_logprobs), (Some(1), Some(1), Some(1)));
+        let p = params(serde_json::json!({"prompt": "x", "echo": true, "logprobs": 2, "prompt_logprobs": 5}))
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!((p.max_tokens, p.prompt_logprobs), (Some(16), Some(5)));
+        let p = params(serde_json::json!({"prompt": "x", "echo": true})).unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!((p.logprobs, p.prompt_logprobs), (None, None));
+        let req: CompletionRequest =
+            serde_json::from_value(serde_json::json!({"prompt": "x", "echo": true, "max_tokens": 0}))
+                .unwrap_or_else(|e| panic!("{e}"));
+        let plan = req.plan().unwrap_or_else(|e| panic!("{e:?}"));
+        assert!(plan.echo && plan.prompt_only);
+        assert_eq!((plan.n, plan.best_of), (1, 1));
     }
 
     #[test]

@@ -6,7 +6,7 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-use engine::{Completion, CompletionDelta, RequestOutput, sampling::PositionLogprobs};
+use engine::{Completion, CompletionDelta, PromptLogprobs, RequestOutput, sampling::PositionLogprobs};
 use serde::Serialize;
 
 use crate::tools::{ToolCallOut, ToolPlan};
@@ -27,7 +27,8 @@ pub struct Envelope {
     pub endpoint: Endpoint,
     /// Parallel samples per prompt: choice index = prompt index × n + sample index.
     pub n: usize,
-    /// Chat: the client asked for logprobs (`logprobs: true`).
+    /// The client asked for logprobs (chat's `logprobs: true`, the completions' `logprobs: k`):
+    /// without it a choice shows none, even when the engine computed them (`best_of` ranks by them).
     pub logprobs: bool,
     /// Chat with tools: how finished texts are read for tool calls.
     pub tools: Option<ToolPlan>,
@@ -44,6 +45,35 @@ pub struct Body<'a> {
     choices: Vec<Choice<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     usage: Option<UsageBody>,
+    /// Chat with vLLM's `prompt_logprobs`: the prompt's (one prompt per chat call).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_logprobs: Option<Vec<Option<VllmPosition>>>,
+}
+
+/// What a completions choice shows of its prompt (`echo`, vLLM's `prompt_logprobs`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PromptParts<'a> {
+    /// `echo`: the prompt's text, before the choice's own.
+    pub echo_text: Option<&'a str>,
+    /// The prompt's tokens and logprobs, when the engine computed them.
+    pub logprobs: Option<&'a PromptLogprobs>,
+    /// `echo` with `logprobs: k`: the prompt's tokens lead the choice's logprobs, `k` top
+    /// alternatives each.
+    pub echo_top: Option<usize>,
+    /// vLLM's `prompt_logprobs: k`.
+    pub prompt_top: Option<usize>,
+    /// `echo` with `max_tokens: 0`: the prompt alone, the token generated for it left out.
+    pub prompt_only: bool,
+}
+
+/// vLLM's logprobs of one prompt position: the prompt token's and the top alternatives', by id.
+type VllmPosition = BTreeMap<u32, VllmLogprob>;
+
+#[derive(Debug, Serialize)]
+struct VllmLogprob {
+    logprob: f32,
+    rank: usize,
+    decoded_token: String,
 }
 
 /// One choice: the completions endpoint's text, a chat chunk's delta or a chat response's message.
@@ -54,12 +84,15 @@ struct Choice<'a> {
     content: ChoiceContent<'a>,
     logprobs: Option<Logprobs>,
     finish_reason: Option<&'static str>,
+    /// Completions with vLLM's `prompt_logprobs`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_logprobs: Option<Vec<Option<VllmPosition>>>,
 }
 
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "lowercase")]
 enum ChoiceContent<'a> {
-    Text(&'a str),
+    Text(Cow<'a, str>),
     Delta(ChatDelta<'a>),
     Message(ChatDelta<'a>),
 }
@@ -89,8 +122,9 @@ enum Logprobs {
 #[derive(Debug, Serialize)]
 struct CompletionLogprobs {
     tokens: Vec<String>,
-    token_logprobs: Vec<f32>,
-    top_logprobs: Vec<BTreeMap<String, f32>>,
+    /// `null` for an echoed prompt's first token (nothing comes before it).
+    token_logprobs: Vec<Option<f32>>,
+    top_logprobs: Vec<Option<BTreeMap<String, f32>>>,
     text_offset: Vec<usize>,
 }
 
@@ -111,6 +145,19 @@ struct UsageBody {
     total_tokens: usize,
 }
 
+impl Body<'_> {
+    /// Characters of text in the (one) choice of a completions chunk.
+    pub fn text_chars(&self) -> usize {
+        self.choices
+            .iter()
+            .map(|c| match &c.content {
+                ChoiceContent::Text(t) => t.chars().count(),
+                ChoiceContent::Delta(_) | ChoiceContent::Message(_) => 0,
+            })
+            .sum()
+    }
+}
+
 impl Envelope {
     fn object(&self, chunk: bool) -> &'static str {
         match (self.endpoint, chunk) {
@@ -128,22 +175,26 @@ impl Envelope {
             model: &self.model,
             choices,
             usage: usage.map(Usage::body),
+            prompt_logprobs: None,
         }
     }
 
     /// A streamed chunk for one delta of prompt `prompt`'s request; `offset` is the length (in
-    /// characters) of the choice's text before this delta.
+    /// characters) of the choice's text before this delta; `parts` what the choice's first chunk
+    /// echoes of its prompt.
     pub fn delta_chunk<'a>(
         &'a self,
         prompt: usize,
         delta: &'a CompletionDelta,
         tokens: &TokenText<'_>,
         offset: usize,
+        parts: PromptParts<'_>,
     ) -> Body<'a> {
         let finish_reason = delta.finish_reason.as_ref().map(|f| f.as_str());
         let text = (!delta.text.is_empty() || finish_reason.is_none()).then_some(delta.text.as_str());
         let content = match self.endpoint {
-            Endpoint::Completions => ChoiceContent::Text(&delta.text),
+            Endpoint::Completions if parts.prompt_only => ChoiceContent::Text(echoed(parts, "")),
+            Endpoint::Completions => ChoiceContent::Text(echoed(parts, &delta.text)),
             Endpoint::Chat => ChoiceContent::Delta(ChatDelta {
                 role: None,
                 content: text.map(Cow::Borrowed),
@@ -153,8 +204,14 @@ impl Envelope {
         let choice = Choice {
             index: prompt * self.n + delta.index,
             content,
-            logprobs: self.logprobs_of(delta.logprobs.as_deref(), tokens, offset),
+            logprobs: self.logprobs_of(
+                if parts.prompt_only { Some(&[]) } else { delta.logprobs.as_deref() },
+                parts,
+                tokens,
+                offset,
+            ),
             finish_reason,
+            prompt_logprobs: None,
         };
         self.wrap(true, vec![choice], None)
     }
@@ -170,6 +227,7 @@ impl Envelope {
             }),
             logprobs: None,
             finish_reason: None,
+            prompt_logprobs: None,
         };
         self.wrap(true, vec![choice], None)
     }
@@ -179,20 +237,30 @@ impl Envelope {
         self.wrap(true, Vec::new(), Some(usage))
     }
 
-    /// The whole (non-streaming) response.
+    /// The whole (non-streaming) response: each choice with what it shows of its prompt.
     pub fn response<'a>(
         &'a self,
-        choices: &[&'a Completion],
+        choices: &[(&'a Completion, PromptParts<'a>)],
         usage: &Usage,
         tokens: &TokenText<'_>,
     ) -> Body<'a> {
+        let vllm_prompt_logprobs =
+            |parts: &PromptParts<'_>| Some(vllm_prompt_logprobs(parts.logprobs?, parts.prompt_top?, tokens));
+        let chat_prompt_logprobs = match (self.endpoint, choices.first()) {
+            (Endpoint::Chat, Some((_, parts))) => vllm_prompt_logprobs(parts),
+            _ => None,
+        };
         let choices = choices
             .iter()
             .enumerate()
-            .map(|(index, c)| Choice {
+            .map(|(index, &(c, parts))| Choice {
                 index,
                 content: match self.endpoint {
-                    Endpoint::Completions => ChoiceContent::Text(&c.text),
+                    Endpoint::Completions => ChoiceContent::Text(if parts.prompt_only {
+                        Cow::Borrowed(parts.echo_text.unwrap_or_default())
+                    } else {
+                        echoed(parts, &c.text)
+                    }),
                     Endpoint::Chat => ChoiceContent::Message(match self.tool_calls(index, &c.text) {
                         Some((content, calls)) => ChatDelta {
                             role: ASSISTANT,
@@ -206,12 +274,21 @@ impl Envelope {
                         },
                     }),
                 },
-                logprobs: self.logprobs_of(c.logprobs.as_deref(), tokens, 0),
+                logprobs: self.logprobs_of(
+                    if parts.prompt_only { Some(&[]) } else { c.logprobs.as_deref() },
+                    parts,
+                    tokens,
+                    0,
+                ),
                 finish_reason: c.finish_reason.as_ref().map(|f| f.as_str()),
+                prompt_logprobs: match self.endpoint {
+                    Endpoint::Completions => vllm_prompt_logprobs(&parts),
+                    Endpoint::Chat => None,
+                },
             })
             .map(Self::tool_finish)
             .collect();
-        self.wrap(false, choices, Some(usage))
+        Body { prompt_logprobs: chat_prompt_logprobs, ..self.wrap(false, choices, Some(usage)) }
     }
 
     /// The tool calls in choice `index`'s finished text (and the text beside them), when the
@@ -245,23 +322,32 @@ impl Envelope {
             }
             None => ChatDelta { role: None, content: Some(Cow::Borrowed(text)), tool_calls: None },
         };
-        let choice =
-            Choice { index, content: ChoiceContent::Delta(delta), logprobs: None, finish_reason: finish };
+        let choice = Choice {
+            index,
+            content: ChoiceContent::Delta(delta),
+            logprobs: None,
+            finish_reason: finish,
+            prompt_logprobs: None,
+        };
         self.wrap(true, vec![Self::tool_finish(choice)], None)
     }
 
-    /// The endpoint's logprobs object, when the request asked for logprobs.
+    /// The endpoint's logprobs object, when the request asked for logprobs (with `echo`, the
+    /// prompt's tokens first).
     fn logprobs_of(
         &self,
         lps: Option<&[PositionLogprobs]>,
+        parts: PromptParts<'_>,
         tokens: &TokenText<'_>,
         offset: usize,
     ) -> Option<Logprobs> {
-        let lps = lps?;
+        let lps = lps.filter(|_| self.logprobs)?;
         match self.endpoint {
-            Endpoint::Completions => Some(Logprobs::Completion(completion_logprobs(lps, tokens, offset))),
-            Endpoint::Chat if self.logprobs => Some(Logprobs::Chat { content: chat_logprobs(lps, tokens) }),
-            Endpoint::Chat => None,
+            Endpoint::Completions => {
+                let echo = parts.logprobs.zip(parts.echo_top);
+                Some(Logprobs::Completion(completion_logprobs(echo, lps, tokens, offset)))
+            }
+            Endpoint::Chat => Some(Logprobs::Chat { content: chat_logprobs(lps, tokens) }),
         }
     }
 }
@@ -279,27 +365,78 @@ fn chat_logprobs(lps: &[PositionLogprobs], tokens: &TokenText<'_>) -> Vec<ChatTo
         .collect()
 }
 
+/// The legacy logprobs of `lps`, after the echoed prompt's (its first token's `null`, then
+/// `top` alternatives a position) when `echo` has them.
 fn completion_logprobs(
+    echo: Option<(&PromptLogprobs, usize)>,
     lps: &[PositionLogprobs],
     tokens: &TokenText<'_>,
     start_offset: usize,
 ) -> CompletionLogprobs {
     let mut offset = start_offset;
+    let len = lps.len() + echo.map_or(0, |(p, _)| p.token_ids.len());
     let mut out = CompletionLogprobs {
-        tokens: Vec::with_capacity(lps.len()),
-        token_logprobs: Vec::with_capacity(lps.len()),
-        top_logprobs: Vec::with_capacity(lps.len()),
-        text_offset: Vec::with_capacity(lps.len()),
+        tokens: Vec::with_capacity(len),
+        token_logprobs: Vec::with_capacity(len),
+        top_logprobs: Vec::with_capacity(len),
+        text_offset: Vec::with_capacity(len),
     };
-    for p in lps {
-        let text = tokens.text(p.sampled.token);
+    let mut push = |token: u32, entry: Option<&PositionLogprobs>, top: usize| {
+        let text = tokens.text(token);
         out.text_offset.push(offset);
         offset += text.chars().count();
         out.tokens.push(text);
-        out.token_logprobs.push(p.sampled.logprob);
-        out.top_logprobs.push(p.top.iter().map(|t| (tokens.text(t.token), t.logprob)).collect());
+        out.token_logprobs.push(entry.map(|p| p.sampled.logprob));
+        out.top_logprobs
+            .push(entry.map(|p| p.top.iter().take(top).map(|t| (tokens.text(t.token), t.logprob)).collect()));
+    };
+    if let Some((prompt, top)) = echo {
+        for (i, &token) in prompt.token_ids.iter().enumerate() {
+            push(token, prompt.positions.get(i).and_then(Option::as_ref), top);
+        }
+    }
+    for p in lps {
+        push(p.sampled.token, Some(p), usize::MAX);
     }
     out
+}
+
+/// A completions choice's text after its echoed prompt.
+fn echoed<'a>(parts: PromptParts<'_>, text: &'a str) -> Cow<'a, str> {
+    match parts.echo_text {
+        Some(prompt) => Cow::Owned(format!("{prompt}{text}")),
+        None => Cow::Borrowed(text),
+    }
+}
+
+/// vLLM's `prompt_logprobs`: `null` for the first token, then per position the prompt token's
+/// logprob and rank and the `top` most likely tokens', keyed by token id.
+fn vllm_prompt_logprobs(
+    prompt: &PromptLogprobs,
+    top: usize,
+    tokens: &TokenText<'_>,
+) -> Vec<Option<VllmPosition>> {
+    let entry = |logprob: f32, rank: usize, token: u32| VllmLogprob {
+        logprob,
+        rank,
+        decoded_token: tokens.text(token),
+    };
+    prompt
+        .positions
+        .iter()
+        .map(|p| {
+            let p = p.as_ref()?;
+            let mut map: VllmPosition = p
+                .top
+                .iter()
+                .take(top)
+                .enumerate()
+                .map(|(k, t)| (t.token, entry(t.logprob, k + 1, t.token)))
+                .collect();
+            map.insert(p.sampled.token, entry(p.sampled.logprob, p.rank, p.sampled.token));
+            Some(map)
+        })
+        .collect()
 }
 
 /// Token ids to their text, for logprobs.
@@ -330,9 +467,12 @@ impl Usage {
         }
     }
 
-    /// Counts a request's final output (its totals cover every sample).
-    pub fn add_final(&mut self, out: &RequestOutput) {
+    /// Counts a request's final output (its totals cover every sample, `best_of`'s candidates
+    /// included; none with `completion: false`, an echo of the prompt alone).
+    pub fn add_final(&mut self, out: &RequestOutput, completion: bool) {
         self.prompt_tokens += out.prompt_tokens;
-        self.completion_tokens += out.completion_tokens;
+        if completion {
+            self.completion_tokens += out.completion_tokens;
+        }
     }
 }

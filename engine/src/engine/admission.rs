@@ -314,7 +314,9 @@ impl Engine {
     fn enter_scheduler(&mut self, req: &Prepared) -> Result<(), RequestError> {
         let mut request = Request::new(req.key, req.tokens.clone(), req.max_tokens)
             .with_n(req.params.n)
-            .with_priority(req.options.priority);
+            .with_priority(req.options.priority)
+            // Positions served from the prefix cache have no logits to take logprobs from.
+            .with_skip_prefix_hits(req.params.prompt_logprobs.is_some());
         if let Some(salt) = req.options.salt_hash() {
             request = request.with_salt(salt);
         }

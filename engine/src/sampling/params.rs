@@ -54,6 +54,10 @@ pub struct SamplingParams {
     pub min_tokens: usize,
     /// Return this many top logprobs per generated position (plus the sampled token's).
     pub logprobs: Option<usize>,
+    /// Return the logprob of every prompt token given the tokens before it (the first has none),
+    /// with this many top alternatives per position (vLLM's `prompt_logprobs`; 0 = the prompt
+    /// token's own only). Such a request computes every prompt position: it reads no prefix-cache hit.
+    pub prompt_logprobs: Option<usize>,
     /// Leave special tokens out of the detokenized text.
     pub skip_special_tokens: bool,
     /// What the output must match (a JSON schema, a regex, choices, a grammar): tokens the
@@ -83,6 +87,7 @@ impl Default for SamplingParams {
             max_tokens: Some(16),
             min_tokens: 0,
             logprobs: None,
+            prompt_logprobs: None,
             skip_special_tokens: true,
             constraint: None,
             logit_bias: BTreeMap::new(),
@@ -113,6 +118,8 @@ pub enum SamplingParamsError {
     MinTokensOverMax { min: usize, max: usize },
     #[error("logprobs must be at most {MAX_LOGPROBS}, got {0}")]
     Logprobs(usize),
+    #[error("prompt_logprobs must be at most {MAX_LOGPROBS}, got {0}")]
+    PromptLogprobs(usize),
     #[error("stop strings must not be empty")]
     EmptyStopString,
     #[error("logit_bias of token {token} must be a number in [-100, 100], got {value}")]
@@ -232,6 +239,11 @@ impl SamplingParams {
         {
             return Err(E::Logprobs(k));
         }
+        if let Some(k) = self.prompt_logprobs
+            && k > MAX_LOGPROBS
+        {
+            return Err(E::PromptLogprobs(k));
+        }
         if self.stop.iter().any(String::is_empty) {
             return Err(E::EmptyStopString);
         }
@@ -340,6 +352,10 @@ mod tests {
             Err(SamplingParamsError::Logprobs(21))
         );
         assert_eq!(
+            check(SamplingParams { prompt_logprobs: Some(21), ..d() }),
+            Err(SamplingParamsError::PromptLogprobs(21))
+        );
+        assert_eq!(
             check(SamplingParams { stop: vec![String::new()], ..d() }),
             Err(SamplingParamsError::EmptyStopString)
         );
@@ -376,6 +392,8 @@ mod tests {
             SamplingParams { presence_penalty: -2.0, frequency_penalty: 2.0, ..d() },
             SamplingParams { max_tokens: None, min_tokens: 1000, ..d() },
             SamplingParams { logprobs: Some(MAX_LOGPROBS), ..d() },
+            SamplingParams { prompt_logprobs: Some(0), ..d() },
+            SamplingParams { prompt_logprobs: Some(MAX_LOGPROBS), ..d() },
         ] {
             assert_eq!(p.validate(), Ok(()), "{p:?}");
         }

@@ -20,12 +20,29 @@ pub struct Logprob {
     pub logprob: f32,
 }
 
-/// Logprobs of one generated position: the sampled token and the top-N alternatives.
+/// Logprobs of one position: the sampled (or, for a prompt position, the prompt's) token and
+/// the top-N alternatives.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct PositionLogprobs {
     pub sampled: Logprob,
+    /// The sampled token's rank in the raw distribution: 1 + the number of tokens more likely.
+    pub rank: usize,
     /// Most likely tokens first.
     pub top: Vec<Logprob>,
+}
+
+impl PositionLogprobs {
+    /// `token`'s logprob and rank and the `n` most likely tokens of one row of raw logits whose
+    /// log-sum-exp is `lse`.
+    pub(crate) fn of_row(raw: &[f32], lse: f32, token: u32, n: usize) -> Self {
+        let lp = |t: u32, v: f32| Logprob { token: t, logprob: v - lse };
+        let value = raw.get(token as usize).copied().unwrap_or(f32::NEG_INFINITY);
+        Self {
+            sampled: lp(token, value),
+            rank: 1 + raw.iter().filter(|&&v| v > value).count(),
+            top: filter::top_n(raw, n).into_iter().map(|(t, v)| lp(t, v)).collect(),
+        }
+    }
 }
 
 /// What the sampler picked for one row.
@@ -174,13 +191,7 @@ impl SequenceSampler {
             filter::sample_truncated(row, trunc, u, scratch)?
         };
         self.record(token);
-        let logprobs = raw.map(|(raw, lse, n)| {
-            let lp = |t: u32, v: f32| Logprob { token: t, logprob: v - lse };
-            PositionLogprobs {
-                sampled: lp(token, raw.get(token as usize).copied().unwrap_or(f32::NEG_INFINITY)),
-                top: filter::top_n(&raw, n).into_iter().map(|(t, v)| lp(t, v)).collect(),
-            }
-        });
+        let logprobs = raw.map(|(raw, lse, n)| PositionLogprobs::of_row(&raw, lse, token, n));
         Some(TokenChoice { token, logprobs })
     }
 }
@@ -314,10 +325,13 @@ mod tests {
         // Repetition penalty moves greedy off token 2, but logprobs stay the model's.
         assert_eq!(out.token, 1);
         let lse = (1f64.exp() + 2f64.exp() + 3f64.exp()).ln() as f32;
-        let lp = out
-            .logprobs
-            .unwrap_or(PositionLogprobs { sampled: Logprob { token: 9, logprob: 0.0 }, top: vec![] });
+        let lp = out.logprobs.unwrap_or(PositionLogprobs {
+            sampled: Logprob { token: 9, logprob: 0.0 },
+            rank: 0,
+            top: vec![],
+        });
         assert_eq!(lp.sampled.token, 1);
+        assert_eq!(lp.rank, 2);
         assert!((lp.sampled.logprob - (2.0 - lse)).abs() < 1e-5);
         assert_eq!(lp.top.iter().map(|l| l.token).collect::<Vec<_>>(), vec![2, 1]);
     }

@@ -11,6 +11,7 @@ mod hostile;
 mod invariance;
 mod kv_map;
 mod options;
+mod prompt_logprobs;
 mod real_model;
 mod structured;
 mod support;

@@ -103,6 +103,10 @@ pub struct Runner {
     cache_config: CacheConfig,
     /// The greedy tokens of the last `forward_greedy` on the CPU.
     greedy: Vec<u32>,
+    /// The logits of a step computed in several passes (`forward`).
+    passes: Vec<f32>,
+    /// Most logit rows one pass computes, below what the device holds (`limit_logit_rows`).
+    row_limit: Option<usize>,
 }
 
 impl Runner {
@@ -143,7 +147,15 @@ impl Runner {
         };
         let stride = config.max_model_len.div_ceil(config.block_size);
         let tables = group_windows.iter().map(|_| BlockTables::new(stride)).collect();
-        Ok(Self { on, tables, group_windows, cache_config, greedy: Vec::new() })
+        Ok(Self {
+            on,
+            tables,
+            group_windows,
+            cache_config,
+            greedy: Vec::new(),
+            passes: Vec::new(),
+            row_limit: None,
+        })
     }
 
     pub fn model_config(&self) -> &ModelConfig {
@@ -201,9 +213,53 @@ impl Runner {
         }
     }
 
+    /// Most rows of logits one forward pass computes: the CPU any number; a CUDA model's buffers
+    /// hold `max_num_seqs` rows.
+    pub fn max_logit_rows(&self) -> Option<usize> {
+        let device: Option<usize> = match &self.on {
+            OnDevice::Cpu(_) => None,
+            #[cfg(feature = "cuda")]
+            OnDevice::Cuda(c) => Some(c.model.limits().max_samples.max(1)),
+        };
+        match (device, self.row_limit) {
+            (Some(d), Some(l)) => Some(d.min(l)),
+            (d, l) => d.or(l),
+        }
+    }
+
+    /// Caps the rows of logits one pass computes below the device's own limit (at least 1), so
+    /// that a machine without that limit can run the passes `forward` then takes.
+    pub fn limit_logit_rows(&mut self, rows: usize) {
+        self.row_limit = Some(rows.max(1));
+    }
+
     /// One forward step over the runner's block table; logits `[sample_indices.len(), vocab]`
-    /// (f32, host memory).
+    /// (f32, host memory). More rows than one pass computes (a request's prompt logprobs) take
+    /// several passes over the same step, each with the next rows: a pass writes the same keys
+    /// and values into the same slots, so the cache and every row's logits are as one pass's.
     pub fn forward(&mut self, step: &StepInput<'_>) -> Result<&[f32]> {
+        match self.max_logit_rows() {
+            Some(limit) if step.sample_indices.len() > limit => {
+                let mut all = std::mem::take(&mut self.passes);
+                all.clear();
+                for rows in step.sample_indices.chunks(limit) {
+                    match self.forward_pass(&StepInput { sample_indices: rows, ..*step }) {
+                        Ok(logits) => all.extend_from_slice(logits),
+                        Err(e) => {
+                            self.passes = all;
+                            return Err(e);
+                        }
+                    }
+                }
+                self.passes = all;
+                Ok(&self.passes)
+            }
+            _ => self.forward_pass(step),
+        }
+    }
+
+    /// One pass of the forward over the step, logits of its sampled rows.
+    fn forward_pass(&mut self, step: &StepInput<'_>) -> Result<&[f32]> {
         let changed_rows = take_changed(&mut self.tables);
         let others = other_groups(&self.tables, step)?;
         let input = model_input(&self.tables[0], step, changed_rows, &others);

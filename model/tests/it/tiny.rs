@@ -260,3 +260,72 @@ fn every_architecture_feature_equals_naive() {
     let pool: Vec<u32> = (0..6).collect();
     check_paged_equals_naive(&model, prompts, &schedule, 8, &pool);
 }
+
+/// A runner that computes fewer logit rows per pass than a step asks for (a CUDA model's buffers
+/// hold `max_num_seqs` rows; a request's prompt logprobs ask for a row per prompt position) runs
+/// the step in passes: the logits are those of one pass, and so is the cache the next step reads.
+#[test]
+fn a_step_in_several_logit_passes_equals_one_pass() {
+    use model::{KvCacheSize, Runner, RunnerConfig, StepInput};
+    let prompt = random_prompt(&mut ChaCha8Rng::seed_from_u64(3), 21);
+    let run = |limit: Option<usize>| {
+        let (_dir, model) = tiny_model(true, serde_json::Value::Null);
+        let config = RunnerConfig {
+            device: model::runner::Device::Cpu,
+            kv_cache: KvCacheSize::Blocks(4),
+            kv_dtype: model::runner::DType::F32,
+            block_size: 16,
+            max_model_len: 64,
+            swap_bytes: 0,
+            max_num_batched_tokens: 64,
+            max_num_seqs: 1,
+            gpu_memory_utilization: 0.9,
+        };
+        let mut runner = Runner::new(model, &config).expect("runner");
+        if let Some(rows) = limit {
+            runner.limit_logit_rows(rows);
+        }
+        assert_eq!(runner.max_logit_rows(), limit);
+        runner.write_table_row(0, 0, &[2, 0]).expect("row");
+        let positions: Vec<u32> = (0..prompt.len() as u32).collect();
+        let slots: Vec<i64> =
+            positions.iter().map(|&p| if p < 16 { 32 + i64::from(p) } else { i64::from(p) - 16 }).collect();
+        let rows: Vec<usize> = (0..prompt.len()).rev().collect();
+        let mut step = StepInput {
+            token_ids: &prompt,
+            positions: &positions,
+            slot_mapping: &slots,
+            group_slot_mapping: &[],
+            query_start_loc: &[0, prompt.len()],
+            seq_lens: &[prompt.len()],
+            seq_rows: &[0],
+            sample_indices: &rows,
+        };
+        let prefill = runner.forward(&step).expect("forward").to_vec();
+        // One decode after it reads the cache the passes wrote.
+        let (token, position, slot) = ([7u32], [prompt.len() as u32], [prompt.len() as i64 - 16]);
+        let len = [prompt.len() + 1];
+        step = StepInput {
+            token_ids: &token,
+            positions: &position,
+            slot_mapping: &slot,
+            query_start_loc: &[0, 1],
+            seq_lens: &len,
+            sample_indices: &[0],
+            ..step
+        };
+        let decode = runner.forward(&step).expect("decode").to_vec();
+        (prefill, decode)
+    };
+    let (whole, decode) = run(None);
+    assert_eq!(whole.len(), prompt.len() * VOCAB);
+    for limit in [1, 4, 20] {
+        let (passes, after) = run(Some(limit));
+        // The LM head of fewer rows may take another matmul kernel: the same logits up to
+        // rounding; the cache is the same to the bit (so is the next step).
+        assert_eq!(passes.len(), whole.len());
+        let worst = passes.iter().zip(&whole).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+        assert!(worst < 1e-5, "{limit} rows a pass: logits differ by {worst}");
+        assert_eq!(after, decode, "{limit} rows a pass: the next step differs");
+    }
+}

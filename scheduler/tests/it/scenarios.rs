@@ -137,7 +137,13 @@ fn prefix_hits_count_as_computed_but_the_last_prompt_token_is_always_computed() 
     e.step();
     assert_eq!(e.last.seqs[0].tokens, 0..40);
     e.run_to_end(50);
-    assert_all_expected(&e, &[first, second, third, salted]);
+    // A request that wants every prompt position's logits reads no hit, though the cache has them.
+    let unhit = Request::new(5, shared.clone(), 2).with_skip_prefix_hits(true);
+    e.add(unhit.clone()).unwrap();
+    e.step();
+    assert_eq!(e.last.seqs[0].tokens, 0..40);
+    e.run_to_end(50);
+    assert_all_expected(&e, &[first, second, third, salted, unhit]);
     let stats = e.sched.device_pool().prefix_stats();
     assert_eq!(stats.hit_blocks, 3);
 }

@@ -5,6 +5,7 @@
 
 mod api;
 mod bad_input;
+mod echo;
 mod kv_map;
 mod real_client;
 mod shutdown;

@@ -1,0 +1,125 @@
+//! Which rows of logits a step asks the forward for and where each goes: the sampled rows (one
+//! per sequence that samples, repeated for each of its samples), then the prompt-logprob rows of
+//! the requests that want `prompt_logprobs` (every position of their prompt chunks whose next
+//! token is a prompt token not yet given an entry). Only those requests pay for the extra rows.
+
+use std::collections::HashMap;
+
+use rayon::prelude::*;
+use scheduler::{RequestKey, SchedulerOutput};
+
+use super::RowTarget;
+use crate::error::EngineError;
+use crate::request::RequestRecord;
+use crate::sampling::PositionLogprobs;
+use crate::sampling::filter::log_sum_exp;
+
+/// One sequence's run of prompt-logprob rows in a step.
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    request: RequestKey,
+    /// The prompt position the span's first row predicts (its row is the position before).
+    first: usize,
+    rows: usize,
+}
+
+/// A step's rows beyond the sampled ones (reused from step to step).
+#[derive(Debug, Default)]
+pub(super) struct PromptRows {
+    /// The forward's rows: the plan's sampled rows, then every span's.
+    indices: Vec<usize>,
+    spans: Vec<Span>,
+}
+
+impl PromptRows {
+    /// Plans the prompt-logprob rows of `plan`.
+    pub fn plan(&mut self, plan: &SchedulerOutput, live: &HashMap<RequestKey, RequestRecord>) {
+        self.spans.clear();
+        self.indices.clear();
+        // A decode (one token that samples) predicts no prompt token; any other chunk may.
+        for s in plan.seqs.iter().filter(|s| s.num_samples == 0 || s.tokens.len() > 1) {
+            let Some(state) = live.get(&s.seq_id.request).and_then(|r| r.prompt_logprobs.as_ref()) else {
+                continue;
+            };
+            // Two sequences of one request recomputing their prompt in one step: the first claims it.
+            let claimed = self.spans.iter().rev().find(|p| p.request == s.seq_id.request);
+            let next = claimed.map_or(state.next(), |p| p.first + p.rows);
+            // Row `p` predicts token `p + 1`: rows from the one before the next missing position,
+            // up to the one before the prompt's last token.
+            let from = s.tokens.start.max(next - 1);
+            let to = s.tokens.end.min(state.prompt.len().saturating_sub(1));
+            if from >= to || s.tokens.start > next - 1 {
+                continue;
+            }
+            self.spans.push(Span { request: s.seq_id.request, first: from + 1, rows: to - from });
+            let flat = s.flat.start + (from - s.tokens.start);
+            self.indices.extend(flat..flat + (to - from));
+        }
+        if !self.spans.is_empty() {
+            self.indices.splice(0..0, plan.sample_indices.iter().copied());
+        }
+    }
+
+    /// The flat token indices whose logits the forward computes: the plan's own sample rows
+    /// when no request wants prompt logprobs in this step.
+    pub fn indices<'a>(&'a self, plan: &'a SchedulerOutput) -> &'a [usize] {
+        if self.spans.is_empty() { &plan.sample_indices } else { &self.indices }
+    }
+
+    /// Whether the last planned step has prompt-logprob rows.
+    pub fn any(&self) -> bool {
+        !self.spans.is_empty()
+    }
+
+    /// Turns the prompt-logprob rows' logits (what follows the sampled rows) into each
+    /// request's entries, rows in parallel.
+    pub fn record(
+        &self,
+        logits: &[f32],
+        vocab: usize,
+        live: &mut HashMap<RequestKey, RequestRecord>,
+    ) -> Result<(), EngineError> {
+        let mut rows = logits.chunks_exact(vocab.max(1));
+        for span in &self.spans {
+            let state = live
+                .get_mut(&span.request)
+                .and_then(|r| r.prompt_logprobs.as_mut())
+                .ok_or(EngineError::Internal("prompt logprobs of an unknown request"))?;
+            let rows: Vec<&[f32]> = rows.by_ref().take(span.rows).collect();
+            if rows.len() != span.rows || state.next() != span.first {
+                return Err(EngineError::Internal("prompt logprob rows out of step"));
+            }
+            let (top, prompt) = (state.top, &state.prompt[span.first..span.first + span.rows]);
+            let entries: Vec<Option<PositionLogprobs>> = rows
+                .par_iter()
+                .zip(prompt.par_iter())
+                .map(|(row, &token)| Some(PositionLogprobs::of_row(row, log_sum_exp(row), token, top)))
+                .collect();
+            state.extend(entries);
+        }
+        Ok(())
+    }
+}
+
+/// One sampling row per sample: the logits of every planned sequence that samples, repeated
+/// for each of its samples (a prompt end of a group of `n` gives `n` rows of the same logits).
+pub(super) fn gather_sample_rows(
+    plan: &SchedulerOutput,
+    logits: &[f32],
+    vocab: usize,
+    targets: &mut Vec<RowTarget>,
+    rows: &mut Vec<f32>,
+) -> Result<(), EngineError> {
+    targets.clear();
+    rows.clear();
+    for (row, s) in plan.seqs.iter().filter(|s| s.num_samples > 0).enumerate() {
+        let src =
+            logits.get(row * vocab..(row + 1) * vocab).ok_or(EngineError::Internal("missing logits row"))?;
+        for j in 0..s.num_samples {
+            let index = if s.num_samples > 1 { j } else { s.seq_id.index as usize };
+            targets.push(RowTarget { request: s.seq_id.request, index, seq_id: s.seq_id });
+            rows.extend_from_slice(src);
+        }
+    }
+    Ok(())
+}
