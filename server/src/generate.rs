@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use engine::{Completion, FinalOutput, OutputStream, Prompt, RequestOptions, SamplingParams};
@@ -26,36 +27,56 @@ const COMPLETIONS_DEFAULT_MAX_TOKENS: i64 = 16;
 
 pub async fn completions(
     State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
     body: crate::JsonBody<CompletionRequest>,
 ) -> Response {
     let req = body.0;
+    let base = match request_id(&headers, req.sampling.request_id.as_deref()) {
+        Ok(base) => base,
+        Err(e) => return e.into_response(),
+    };
     let run = || -> Result<Job, ApiError> {
         state.check_model(req.model.as_deref())?;
         req.check_unsupported()?;
+        crate::fields::check_extra(&req.sampling.extra, Endpoint::Completions)?;
         let max_tokens = req.sampling.max_tokens.or(Some(COMPLETIONS_DEFAULT_MAX_TOKENS));
         let params =
             req.sampling.to_params(state.handle.default_sampling_params(), max_tokens, req.logprobs)?;
         let prompts = req.prompt.clone().into_prompts()?;
-        Ok(Job::new(&state, Endpoint::Completions, prompts, params, &req.sampling, false))
+        let options = req.sampling.options(state.handle.policy())?;
+        let envelope = Envelope::new(&state, Endpoint::Completions, &base, params.n, false);
+        Ok(Job::new(envelope, prompts, params, options, &req.sampling))
     };
-    match run() {
+    let response = match run() {
         Ok(job) => job.respond(state).await,
         Err(e) => e.into_response(),
-    }
+    };
+    with_request_id(response, &base)
 }
 
-pub async fn chat(State(state): State<Arc<AppState>>, body: crate::JsonBody<ChatRequest>) -> Response {
+pub async fn chat(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: crate::JsonBody<ChatRequest>,
+) -> Response {
     let req = body.0;
+    let base = match request_id(&headers, req.sampling.request_id.as_deref()) {
+        Ok(base) => base,
+        Err(e) => return e.into_response(),
+    };
     let run = || -> Result<Job, ApiError> {
         state.check_model(req.model.as_deref())?;
+        crate::fields::check_extra(&req.sampling.extra, Endpoint::Chat)?;
         let max_tokens = req.max_completion_tokens.or(req.sampling.max_tokens);
         let top = if req.logprobs { Some(req.top_logprobs.unwrap_or(0)) } else { None };
         let mut params = req.sampling.to_params(state.handle.default_sampling_params(), max_tokens, top)?;
         let prompts = vec![req.prompt()?];
+        let options = req.sampling.options(state.handle.policy())?;
         let tools = crate::tools::plan(
             req.tools.as_deref(),
             req.tool_choice.as_ref(),
             req.parallel_tool_calls.unwrap_or(true),
+            state.tool_call_parser,
         )?;
         let (tools, tool_constraint) = tools.map_or((None, None), |(p, c)| (Some(p), c));
         let mut constraint_field = req.sampling.constraints.constraint_field();
@@ -69,15 +90,55 @@ pub async fn chat(State(state): State<Arc<AppState>>, body: crate::JsonBody<Chat
             params.constraint = Some(c);
             constraint_field = Some("tools");
         }
-        let mut job = Job::new(&state, Endpoint::Chat, prompts, params, &req.sampling, req.logprobs);
-        job.envelope.tools = tools;
+        let mut envelope = Envelope::new(&state, Endpoint::Chat, &base, params.n, req.logprobs);
+        envelope.tools = tools;
+        let mut job = Job::new(envelope, prompts, params, options, &req.sampling);
         job.constraint_field = constraint_field;
         Ok(job)
     };
-    match run() {
+    let response = match run() {
         Ok(job) => job.respond(state).await,
         Err(e) => e.into_response(),
+    };
+    with_request_id(response, &base)
+}
+
+/// Longest `X-Request-Id` (or body `request_id`) taken.
+const MAX_REQUEST_ID_LEN: usize = 128;
+
+/// The call's base id: the `X-Request-Id` header, else the body's `request_id`, else 32 random
+/// hex digits (unique across restarts, unlike a counter). A given id must be visible ASCII of at
+/// most 128 characters, as it is echoed in a header.
+fn request_id(headers: &HeaderMap, body: Option<&str>) -> Result<String, ApiError> {
+    let bad = |what: &str, param| {
+        ApiError::bad_request(
+            format!("{what} must be 1 to {MAX_REQUEST_ID_LEN} visible ASCII characters"),
+            Some(param),
+        )
+    };
+    let given = match headers.get(X_REQUEST_ID) {
+        Some(v) => Some((v.to_str().map_err(|_| bad("X-Request-Id", "X-Request-Id"))?, "X-Request-Id")),
+        None => body.map(|b| (b, "request_id")),
+    };
+    match given {
+        Some((id, param)) => {
+            if id.is_empty() || id.len() > MAX_REQUEST_ID_LEN || !id.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(bad(param, param));
+            }
+            Ok(id.to_owned())
+        }
+        None => Ok(format!("{:032x}", rand::random::<u128>())),
     }
+}
+
+const X_REQUEST_ID: &str = "x-request-id";
+
+/// The response with the call's base id in its `X-Request-Id` header.
+fn with_request_id(mut response: Response, base: &str) -> Response {
+    if let Ok(v) = axum::http::HeaderValue::from_str(base) {
+        response.headers_mut().insert(X_REQUEST_ID, v);
+    }
+    response
 }
 
 /// One API call, checked and ready to submit.
@@ -85,34 +146,42 @@ struct Job {
     envelope: Envelope,
     prompts: Vec<Prompt>,
     params: SamplingParams,
+    options: RequestOptions,
     stream: bool,
     include_usage: bool,
     /// The request field that set its output constraint (what a compile error names).
     constraint_field: Option<&'static str>,
 }
 
-impl Job {
-    fn new(
-        state: &AppState,
-        endpoint: Endpoint,
-        prompts: Vec<Prompt>,
-        params: SamplingParams,
-        fields: &SamplingFields,
-        logprobs: bool,
-    ) -> Self {
+impl Envelope {
+    /// The envelope of a call whose base id is `base`.
+    fn new(state: &AppState, endpoint: Endpoint, base: &str, n: usize, logprobs: bool) -> Self {
         let prefix = if endpoint == Endpoint::Chat { "chatcmpl" } else { "cmpl" };
         Self {
-            envelope: Envelope {
-                id: format!("{prefix}-{}", state.handle.next_request_id()),
-                created: crate::unix_now(),
-                model: state.handle.model_name().to_owned(),
-                endpoint,
-                n: params.n,
-                logprobs,
-                tools: None,
-            },
+            id: format!("{prefix}-{base}"),
+            created: crate::unix_now(),
+            model: state.handle.model_name().to_owned(),
+            endpoint,
+            n,
+            logprobs,
+            tools: None,
+        }
+    }
+}
+
+impl Job {
+    fn new(
+        envelope: Envelope,
+        prompts: Vec<Prompt>,
+        params: SamplingParams,
+        options: RequestOptions,
+        fields: &SamplingFields,
+    ) -> Self {
+        Self {
+            envelope,
             prompts,
             params,
+            options,
             stream: fields.stream,
             include_usage: fields.include_usage(),
             constraint_field: fields.constraints.constraint_field(),
@@ -124,18 +193,17 @@ impl Job {
     /// blocking thread, never on a tokio worker.
     async fn respond(self, state: Arc<AppState>) -> Response {
         let submitting = Arc::clone(&state);
-        let (base, prompts, params) = (self.envelope.id.clone(), self.prompts, self.params);
+        let (base, prompts, params, options) =
+            (self.envelope.id.clone(), self.prompts, self.params, self.options);
         let submitted = tokio::task::spawn_blocking(move || {
             let mut streams = Vec::with_capacity(prompts.len());
+            // The engine's ids are unique among live requests even when two clients send the
+            // same `X-Request-Id`: each call adds a fresh number.
+            let call = submitting.handle.next_request_id();
             for (i, prompt) in prompts.into_iter().enumerate() {
-                let id = format!("{base}-{i}");
+                let id = format!("{base}-{call}-{i}");
                 // On an error, dropping `streams` aborts the requests already submitted.
-                streams.push(submitting.handle.submit(
-                    id,
-                    prompt,
-                    params.clone(),
-                    RequestOptions::default(),
-                )?);
+                streams.push(submitting.handle.submit(id, prompt, params.clone(), options.clone())?);
             }
             Ok::<_, engine::RequestError>(streams)
         })
@@ -153,8 +221,12 @@ impl Job {
             Err(e) => return ApiError::internal(format!("submission failed: {e}")).into_response(),
         };
         if self.stream {
-            let events = sse_events(state, self.envelope, streams, self.include_usage);
-            Sse::new(events).keep_alive(KeepAlive::default()).into_response()
+            let keep_alive = state.sse_keep_alive;
+            let sse = Sse::new(sse_events(state, self.envelope, streams, self.include_usage));
+            match keep_alive {
+                Some(every) => sse.keep_alive(KeepAlive::new().interval(every)).into_response(),
+                None => sse.into_response(),
+            }
         } else {
             whole_response(&state, &self.envelope, streams).await
         }
@@ -182,9 +254,9 @@ async fn whole_response(state: &AppState, envelope: &Envelope, streams: Vec<Outp
         if let Some(fin) = finals.get_mut(prompt) {
             fin.absorb(&out);
         }
+        state.metrics.observe(&out);
         if out.finished {
             usage.add_final(&out);
-            state.metrics.observe_final(&out);
         }
     }
     let choices: Vec<&Completion> = finals.iter().flat_map(|f| &f.completions).collect();
@@ -204,8 +276,9 @@ fn stream_error(e: engine::StreamError) -> ApiError {
     }
 }
 
-/// The SSE events of a streamed call: chat's role chunks, one chunk per delta, the usage chunk
-/// when asked for, then `[DONE]`.
+/// The SSE events of a streamed call: one chunk per delta (a chat choice opens with the
+/// assistant's role, sent with its request's first output: a client timing the first chunk
+/// measures the time to the first token), the usage chunk when asked for, then `[DONE]`.
 fn sse_events(
     state: Arc<AppState>,
     envelope: Envelope,
@@ -213,13 +286,9 @@ fn sse_events(
     include_usage: bool,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
     let choices = streams.len() * envelope.n;
-    let opening: Vec<Event> = if envelope.endpoint == Endpoint::Chat {
-        (0..choices).map(|i| json_event(&envelope.role_chunk(i))).collect()
-    } else {
-        Vec::new()
-    };
     // The unfold's state owns everything a chunk needs: no per-chunk clones.
     let start = SseState {
+        opened: vec![envelope.endpoint != Endpoint::Chat; streams.len()],
         all: merged(streams),
         usage: Usage::default(),
         offsets: vec![0; choices],
@@ -239,16 +308,22 @@ fn sse_events(
             return Some((tail, None));
         };
         let events = match item {
-            Ok(out) => st.chunks(prompt, &out),
+            Ok(out) => {
+                let mut events = st.role_chunks(prompt);
+                events.extend(st.chunks(prompt, &out));
+                events
+            }
             Err(e) => vec![Event::default().data(sse_safe_json(error_event_json(&stream_error(e).message)))],
         };
         Some((events, Some(st)))
     });
-    stream::iter(opening).chain(body.flat_map(stream::iter)).map(Ok::<Event, Infallible>)
+    body.flat_map(stream::iter).map(Ok::<Event, Infallible>)
 }
 
 /// A streamed call in flight: its requests' merged outputs and what its chunks accumulate.
 struct SseState<S> {
+    /// Each prompt's choices have been opened (chat's role chunks sent; always for completions).
+    opened: Vec<bool>,
     all: SelectAll<S>,
     usage: Usage,
     /// Characters of text each choice has sent (completions logprobs' `text_offset`).
@@ -260,6 +335,18 @@ struct SseState<S> {
 }
 
 impl<S> SseState<S> {
+    /// The role chunks of prompt `prompt`'s choices, the first time it has output.
+    fn role_chunks(&mut self, prompt: usize) -> Vec<Event> {
+        match self.opened.get_mut(prompt) {
+            Some(opened) if !*opened => {
+                *opened = true;
+                let first = prompt * self.envelope.n;
+                (first..first + self.envelope.n).map(|i| json_event(&self.envelope.role_chunk(i))).collect()
+            }
+            _ => Vec::new(),
+        }
+    }
+
     /// One chunk per delta of `out` (prompt `prompt`'s request); a final output also counts
     /// its usage and latencies.
     fn chunks(&mut self, prompt: usize, out: &engine::RequestOutput) -> Vec<Event> {
@@ -279,9 +366,9 @@ impl<S> SseState<S> {
                 json_event(&self.envelope.delta_chunk(prompt, d, &tokens, offset))
             })
             .collect();
+        self.state.metrics.observe(out);
         if out.finished {
             self.usage.add_final(out);
-            self.state.metrics.observe_final(out);
         }
         events
     }
@@ -303,9 +390,9 @@ impl<S> SseState<S> {
                 events.push(json_event(&self.envelope.tool_chunk(index, &text, Some(finish.as_str()))));
             }
         }
+        self.state.metrics.observe(out);
         if out.finished {
             self.usage.add_final(out);
-            self.state.metrics.observe_final(out);
         }
         events
     }

@@ -109,6 +109,13 @@ struct UsageBody {
     prompt_tokens: usize,
     completion_tokens: usize,
     total_tokens: usize,
+    prompt_tokens_details: PromptTokensDetails,
+}
+
+/// The prompt tokens whose KV the prefix cache already held.
+#[derive(Debug, Serialize)]
+struct PromptTokensDetails {
+    cached_tokens: usize,
 }
 
 impl Envelope {
@@ -319,6 +326,8 @@ impl TokenText<'_> {
 pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
+    /// Prompt tokens served from the prefix cache.
+    pub cached_tokens: usize,
 }
 
 impl Usage {
@@ -327,6 +336,7 @@ impl Usage {
             prompt_tokens: self.prompt_tokens,
             completion_tokens: self.completion_tokens,
             total_tokens: self.prompt_tokens + self.completion_tokens,
+            prompt_tokens_details: PromptTokensDetails { cached_tokens: self.cached_tokens },
         }
     }
 
@@ -334,5 +344,6 @@ impl Usage {
     pub fn add_final(&mut self, out: &RequestOutput) {
         self.prompt_tokens += out.prompt_tokens;
         self.completion_tokens += out.completion_tokens;
+        self.cached_tokens += out.num_cached_tokens;
     }
 }
