@@ -56,6 +56,8 @@ pub struct EngineConfig {
     /// (the default: what the f32 dequantization computes), or `Int16` on integer kernels (a
     /// measured ~1e-2 of logit error; faster only where the float kernels are compute-bound).
     pub decode_activations: ActivationPrecision,
+    /// A Jinja chat template file that replaces the model's own (vLLM's `--chat-template`).
+    pub chat_template: Option<std::path::PathBuf>,
 }
 
 impl Default for EngineConfig {
@@ -80,6 +82,7 @@ impl Default for EngineConfig {
             served_model_name: None,
             quantization: None,
             decode_activations: ActivationPrecision::default(),
+            chat_template: None,
         }
     }
 }

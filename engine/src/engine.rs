@@ -79,10 +79,13 @@ impl Engine {
 
     /// Builds the engine from an opened folder and its loaded weights.
     pub fn from_parts(
-        folder: ModelFolder,
+        mut folder: ModelFolder,
         mut model: Model,
         config: EngineConfig,
     ) -> Result<Self, EngineError> {
+        if let Some(path) = &config.chat_template {
+            folder.override_chat_template(path)?;
+        }
         model.activations = config.decode_activations;
         let max_model_len = config.served_context(&model.config)?;
         // Rotations that depend on the served context (LongRoPE) are chosen for it.
@@ -141,6 +144,7 @@ impl Engine {
             vocab_size: runner.model_config().vocab_size,
             fit: scheduler.request_fit(),
             max_waiting: config.max_waiting,
+            policy: config.policy,
         };
         Ok(Self {
             metrics: MetricsCollector::new(config.log_interval),
@@ -384,15 +388,7 @@ impl Engine {
             }
             self.finalize(key, now, &mut outputs);
         }
-        // A request's first chunk takes it out of the waiting queue (decodes never are a first).
-        for s in self.bufs.plan.seqs.iter().filter(|s| s.is_prefill()) {
-            if let Some(record) = self.live.get_mut(&s.seq_id.request)
-                && !record.scheduled
-            {
-                record.scheduled = true;
-                self.intake.leave_waiting();
-            }
-        }
+        self.mark_first_scheduled(now);
         if self.bufs.plan.is_empty() {
             self.bufs.gauges = self.gauges();
             self.metrics.step_done(0, 0, &self.bufs.gauges);

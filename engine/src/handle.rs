@@ -167,6 +167,11 @@ impl EngineHandle {
         self.inner.intake.max_model_len
     }
 
+    /// The scheduling policy: under FCFS a request's priority means nothing.
+    pub fn policy(&self) -> crate::Policy {
+        self.inner.intake.policy
+    }
+
     pub fn tokenizer(&self) -> &model::Tokenizer {
         &self.inner.intake.tokenizer
     }

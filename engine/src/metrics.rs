@@ -99,6 +99,33 @@ pub struct Gauges {
     pub prefix_hits: u64,
 }
 
+/// Tokens per engine step (prefill plus generated), counted into vLLM's
+/// `iteration_tokens_total` buckets: fixed size, `Copy`, published with the gauges.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Default)]
+pub struct StepTokens {
+    /// Steps with at most `STEP_TOKEN_BUCKETS[i]` tokens (not cumulative); the last entry counts
+    /// the steps past every edge.
+    pub counts: [u64; STEP_TOKEN_BUCKETS.len() + 1],
+    pub sum: u64,
+}
+
+/// vLLM's bucket edges of `iteration_tokens_total`.
+pub const STEP_TOKEN_BUCKETS: [u64; 13] = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384];
+
+impl StepTokens {
+    pub fn record(&mut self, tokens: u64) {
+        let i =
+            STEP_TOKEN_BUCKETS.iter().position(|&edge| tokens <= edge).unwrap_or(STEP_TOKEN_BUCKETS.len());
+        self.counts[i] += 1;
+        self.sum = self.sum.saturating_add(tokens);
+    }
+
+    /// Steps recorded.
+    pub fn count(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+}
+
 /// The gauges and token counters, published by the engine thread after every step so that a
 /// reader (a Prometheus scrape) never waits for a step: [`crate::EngineHandle::live_metrics`].
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Default)]
@@ -108,6 +135,8 @@ pub struct LiveMetrics {
     pub steps: u64,
     pub prompt_tokens: u64,
     pub generation_tokens: u64,
+    /// Tokens of each step that ran a batch.
+    pub step_tokens: StepTokens,
 }
 
 /// Everything an operator wants to see about the engine at one moment.
@@ -149,6 +178,7 @@ pub struct MetricsCollector {
     requests_aborted: u64,
     requests_rejected: u64,
     peak_kv_usage: f64,
+    step_tokens: StepTokens,
     ttft: LatencyHistogram,
     tpot: LatencyHistogram,
     e2e: LatencyHistogram,
@@ -170,6 +200,7 @@ impl MetricsCollector {
             requests_aborted: 0,
             requests_rejected: 0,
             peak_kv_usage: 0.0,
+            step_tokens: StepTokens::default(),
             ttft: LatencyHistogram::new(),
             tpot: LatencyHistogram::new(),
             e2e: LatencyHistogram::new(),
@@ -209,6 +240,9 @@ impl MetricsCollector {
         self.prompt_tokens += prompt_tokens as u64;
         self.generation_tokens += generated as u64;
         self.peak_kv_usage = self.peak_kv_usage.max(gauges.kv_usage);
+        if prompt_tokens + generated > 0 {
+            self.step_tokens.record((prompt_tokens + generated) as u64);
+        }
         let now = Instant::now();
         let since = now.duration_since(self.last_log);
         if self.interval.is_zero() || since < self.interval {
@@ -240,6 +274,7 @@ impl MetricsCollector {
             steps: self.steps,
             prompt_tokens: self.prompt_tokens,
             generation_tokens: self.generation_tokens,
+            step_tokens: self.step_tokens,
         }
     }
 
@@ -324,6 +359,8 @@ mod tests {
         assert_eq!(s.tpot.count, 1);
         assert!(close(s.tpot.p50_ms, 10.0), "{:?}", s.tpot);
         assert_eq!(s.e2e_latency.count, 2);
+        let steps = m.live(g).step_tokens;
+        assert_eq!((steps.count(), steps.sum, steps.counts[5], steps.counts[1]), (2, 108, 1, 1));
         m.reset();
         assert_eq!(m.snapshot(Gauges::default()).steps, 0);
     }

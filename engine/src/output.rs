@@ -65,6 +65,11 @@ pub struct RequestTiming {
     pub time_to_first_token: Option<Duration>,
     /// Arrival to finish (set once finished).
     pub latency: Option<Duration>,
+    /// Arrival to the request's first scheduled step (vLLM's queue time).
+    pub queue_time: Option<Duration>,
+    /// Since the request's previous output with tokens, on an output with tokens that is not
+    /// its first (vLLM's inter-token latency).
+    pub inter_token_latency: Option<Duration>,
 }
 
 /// The engine's own number for one admitted request, the scheduler's key of it: unique over
@@ -102,6 +107,9 @@ pub struct RequestOutput {
     /// True on the request's last output (all samples finished or aborted).
     pub finished: bool,
     pub prompt_tokens: usize,
+    /// Prompt tokens whose KV came from the prefix cache when the request was first scheduled
+    /// (OpenAI's `prompt_tokens_details.cached_tokens`).
+    pub num_cached_tokens: usize,
     /// Tokens generated so far over all samples.
     pub completion_tokens: usize,
     pub timing: RequestTiming,
@@ -236,6 +244,7 @@ mod tests {
             outputs,
             finished,
             prompt_tokens: 3,
+            num_cached_tokens: 0,
             completion_tokens: 0,
             timing: RequestTiming::default(),
         };

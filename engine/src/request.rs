@@ -158,7 +158,13 @@ pub(crate) struct RequestRecord {
     pub arrival: Instant,
     /// Scheduled at least once (it no longer counts against `max_waiting`).
     pub scheduled: bool,
+    /// When it was first scheduled (the end of its queue time).
+    pub first_scheduled: Option<Instant>,
+    /// Prompt tokens the prefix cache held when it was first scheduled.
+    pub num_cached_tokens: usize,
     pub first_token: Option<Instant>,
+    /// When its last output with tokens was taken.
+    pub last_token_output: Option<Instant>,
     pub seqs: Vec<SeqState>,
     /// With `SamplingParams::prompt_logprobs` only.
     pub prompt_logprobs: Option<PromptLogprobsState>,
@@ -209,7 +215,10 @@ impl RequestRecord {
             prompt_len: prompt.len(),
             arrival,
             scheduled: false,
+            first_scheduled: None,
+            num_cached_tokens: 0,
             first_token: None,
+            last_token_output: None,
             seqs,
         }
     }
@@ -245,6 +254,8 @@ impl RequestRecord {
         RequestTiming {
             time_to_first_token: self.first_token.map(|t| t.duration_since(self.arrival)),
             latency: self.all_finished().then(|| now.duration_since(self.arrival)),
+            queue_time: self.first_scheduled.map(|t| t.duration_since(self.arrival)),
+            inter_token_latency: None,
         }
     }
 
@@ -276,6 +287,11 @@ impl RequestRecord {
         if !self.seqs.iter().any(SeqState::has_news) {
             return None;
         }
+        let mut timing = self.timing(now);
+        if self.seqs.iter().any(|s| !s.new_tokens.is_empty()) {
+            timing.inter_token_latency = self.last_token_output.map(|t| now.duration_since(t));
+            self.last_token_output = Some(now);
+        }
         let want_logprobs = self.params.logprobs.is_some();
         let mut outputs = Vec::new();
         for (index, s) in self.seqs.iter_mut().enumerate() {
@@ -305,8 +321,9 @@ impl RequestRecord {
             outputs,
             finished: self.all_finished(),
             prompt_tokens: self.prompt_len,
+            num_cached_tokens: self.num_cached_tokens,
             completion_tokens: self.completion_tokens(),
-            timing: self.timing(now),
+            timing,
         })
     }
 }

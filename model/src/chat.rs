@@ -218,6 +218,12 @@ impl ChatTemplate {
         Ok(Self { env, bos_token: token(bos_token), eos_token: token(eos_token) })
     }
 
+    /// Another template over the same special tokens (a template given in place of the model's).
+    pub fn with_source(&self, source: &str) -> Result<Self> {
+        let token = |t: &Option<String>| t.clone().unwrap_or_default();
+        Self::new(source, &token(&self.bos_token), &token(&self.eos_token))
+    }
+
     /// Reads `chat_template` (plus bos/eos) from `tokenizer_config.json`; `Ok(None)` if absent.
     pub fn from_tokenizer_config(path: &Path) -> Result<Option<Self>> {
         let text = std::fs::read_to_string(path).map_err(|e| ModelError::io(path, e))?;

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use crate::chat::ChatTemplate;
 use crate::config::ModelConfig;
 use crate::decoder::Model;
-use crate::error::Result;
+use crate::error::{ModelError, Result};
 use crate::generation::GenerationConfig;
 use crate::gguf::{self, GgufFile, GgufVocab};
 use crate::tokenizer::Tokenizer;
@@ -51,6 +51,23 @@ impl ModelFolder {
         let chat_template =
             if tc_path.exists() { ChatTemplate::from_tokenizer_config(&tc_path)? } else { None };
         Ok(Self { dir: dir.to_path_buf(), config, generation, tokenizer, chat_template })
+    }
+
+    /// Replaces the chat template with the Jinja file at `path` (vLLM's `--chat-template`), over
+    /// the model's special tokens; a file that cannot be read or compiled is an error naming it.
+    pub fn override_chat_template(&mut self, path: &Path) -> Result<()> {
+        let source = std::fs::read_to_string(path).map_err(|e| ModelError::io(path, e))?;
+        let template = match &self.chat_template {
+            Some(t) => t.with_source(&source),
+            None => {
+                let token =
+                    |id: Option<u32>| id.and_then(|id| self.tokenizer.id_to_token(id)).unwrap_or_default();
+                let eos = token(self.generation.eos_token_ids.first().copied());
+                ChatTemplate::new(&source, &token(self.generation.bos_token_id), &eos)
+            }
+        };
+        self.chat_template = Some(template.map_err(|e| ModelError::config(path, e.to_string()))?);
+        Ok(())
     }
 
     /// [`Self::open`] and the weights ([`Model::load`]), with each file read once: a GGUF is

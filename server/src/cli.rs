@@ -5,7 +5,8 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 use engine::{
-    ActivationPrecision, DType, Device, EngineConfig, KvCacheSize, PreemptionMode, Quantization, ShutdownMode,
+    ActivationPrecision, DType, Device, EngineConfig, KvCacheSize, Policy, PreemptionMode, Quantization,
+    ShutdownMode,
 };
 
 /// Engine knobs shared by `run`, `throughput` and `serve` (vLLM's names).
@@ -157,16 +158,57 @@ pub struct ServeArgs {
     /// Default period of `GET /v1/kv_map/stream` in milliseconds (clamped to 50..=10000).
     #[arg(long, default_value_t = 250)]
     pub kv_map_interval_ms: u64,
+    /// Origins a browser may call the API from (CORS): a comma-separated list of origins
+    /// (`https://app.example`), or `*` for any. Without it no CORS headers are sent.
+    #[arg(long, value_delimiter = ',', value_parser = parse_origin)]
+    pub allowed_origins: Option<Vec<String>>,
+    /// Seconds between the keep-alive comments of an SSE stream that has nothing to send
+    /// (0: none).
+    #[arg(long, default_value_t = 15)]
+    pub sse_keep_alive_secs: u64,
+    /// A Jinja chat template file to use instead of the model's own.
+    #[arg(long, value_name = "FILE")]
+    pub chat_template: Option<PathBuf>,
+    /// How chat output is read for tool calls: auto (whichever format the model's template
+    /// makes it write), hermes (`<tool_call>`), llama3_json or mistral (`[TOOL_CALLS]`).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub tool_call_parser: crate::ToolCallParser,
+    /// Which waiting request runs first: fcfs, or priority (a request's `priority`, lower
+    /// first; a request with a priority is refused under fcfs).
+    #[arg(long, value_enum, default_value = "fcfs")]
+    pub scheduling_policy: SchedulingPolicy,
     #[command(flatten)]
     pub knobs: EngineKnobs,
 }
 
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum SchedulingPolicy {
+    Fcfs,
+    Priority,
+}
+
+/// One `--allowed-origins` entry: `*` or a value a header can carry.
+fn parse_origin(s: &str) -> Result<String, String> {
+    let s = s.trim();
+    if s == "*" || (!s.is_empty() && axum::http::HeaderValue::from_str(s).is_ok()) {
+        Ok(s.to_owned())
+    } else {
+        Err(format!("{s:?} is not an origin (like https://app.example) or *"))
+    }
+}
+
 impl ServeArgs {
-    /// The engine's settings: the knobs plus the server's queue bound and model name.
+    /// The engine's settings: the knobs plus the server's queue bound, model name, chat
+    /// template and scheduling policy.
     pub fn engine_config(&self) -> EngineConfig {
         EngineConfig {
             max_waiting: self.max_waiting,
             served_model_name: self.served_model_name.clone(),
+            chat_template: self.chat_template.clone(),
+            policy: match self.scheduling_policy {
+                SchedulingPolicy::Fcfs => Policy::Fcfs,
+                SchedulingPolicy::Priority => Policy::Priority,
+            },
             ..self.knobs.config()
         }
     }
@@ -177,6 +219,10 @@ impl ServeArgs {
             max_body_bytes: self.max_body_mib.saturating_mul(1 << 20),
             shutdown: if self.abort_on_shutdown { ShutdownMode::Abort } else { ShutdownMode::Drain },
             kv_map_interval: std::time::Duration::from_millis(self.kv_map_interval_ms),
+            allowed_origins: self.allowed_origins.clone(),
+            sse_keep_alive: (self.sse_keep_alive_secs > 0)
+                .then(|| std::time::Duration::from_secs(self.sse_keep_alive_secs)),
+            tool_call_parser: self.tool_call_parser,
         }
     }
 }
@@ -208,5 +254,50 @@ mod tests {
         assert_eq!((f16.device, f16.kv_dtype), (Device::Cuda { ordinal: 1 }, DType::F16));
         let cli = <Cli as clap::Parser>::try_parse_from(["run", "--device", "tpu"]);
         assert!(cli.is_err());
+    }
+
+    #[test]
+    fn server_flags_reach_both_configs() {
+        use clap::Parser;
+        #[derive(Debug, clap::Parser)]
+        struct Serve {
+            #[command(flatten)]
+            serve: ServeArgs,
+        }
+        let parse =
+            |args: &[&str]| Serve::try_parse_from(std::iter::once("serve").chain(args.iter().copied()));
+        let s = parse(&[
+            "--allowed-origins",
+            "http://a.test,http://b.test",
+            "--sse-keep-alive-secs",
+            "0",
+            "--chat-template",
+            "t.jinja",
+            "--tool-call-parser",
+            "llama3_json",
+            "--scheduling-policy",
+            "priority",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"))
+        .serve;
+        let server = s.server_config();
+        assert_eq!(
+            server.allowed_origins,
+            Some(vec!["http://a.test".to_owned(), "http://b.test".to_owned()])
+        );
+        assert_eq!(server.sse_keep_alive, None);
+        assert_eq!(server.tool_call_parser, crate::ToolCallParser::Llama3Json);
+        let engine = s.engine_config();
+        assert_eq!(engine.chat_template, Some(PathBuf::from("t.jinja")));
+        assert_eq!(engine.policy, Policy::Priority);
+        let defaults = parse(&[]).unwrap_or_else(|e| panic!("{e}")).serve;
+        let server = defaults.server_config();
+        assert_eq!(
+            (server.allowed_origins, server.sse_keep_alive),
+            (None, Some(std::time::Duration::from_secs(15)))
+        );
+        assert_eq!(defaults.engine_config().policy, Policy::Fcfs);
+        assert!(parse(&["--tool-call-parser", "pythonic"]).is_err());
+        assert!(parse(&["--allowed-origins", "bad\norigin"]).is_err());
     }
 }

@@ -3,7 +3,7 @@
 
 use axum::Json;
 use axum::extract::rejection::JsonRejection;
-use axum::http::StatusCode;
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use engine::RequestError;
 use serde::Serialize;
@@ -55,8 +55,28 @@ impl ApiError {
     }
 }
 
+/// Seconds a client told 429 (the waiting queue is full) should wait before retrying.
+pub const RETRY_AFTER_SECS: u64 = 1;
+
+/// vLLM's words for a request longer than the model (what LiteLLM and other clients map to a
+/// context-window error). The sum is taken wide: both sizes come from the client.
+fn context_overflow(prompt_len: usize, max_tokens: usize, max_model_len: usize) -> String {
+    let total = prompt_len as u128 + max_tokens as u128;
+    format!(
+        "This model's maximum context length is {max_model_len} tokens. However, you requested \
+         {total} tokens ({prompt_len} in the messages, {max_tokens} in the completion). Please \
+         reduce the length of the messages or completion."
+    )
+}
+
 impl From<RequestError> for ApiError {
     fn from(e: RequestError) -> Self {
+        if let RequestError::TooLong { prompt_len, max_tokens, max_model_len, .. } = e {
+            return Self::bad_request(
+                context_overflow(prompt_len, max_tokens, max_model_len),
+                Some("max_tokens"),
+            );
+        }
         let (status, param) = match &e {
             RequestError::QueueFull { .. } => (StatusCode::TOO_MANY_REQUESTS, None),
             RequestError::EngineStopped => (StatusCode::SERVICE_UNAVAILABLE, None),
@@ -113,7 +133,11 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(self.body())).into_response()
+        let mut response = (self.status, Json(self.body())).into_response();
+        if self.status == StatusCode::TOO_MANY_REQUESTS {
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+        }
+        response
     }
 }
 
@@ -129,5 +153,31 @@ pub fn json_or_error<T: Serialize>(result: Result<T, ApiError>) -> Response {
     match result {
         Ok(body) => Json(body).into_response(),
         Err(e) => e.into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_context_overflow_reads_as_vllm_words_it() {
+        let e = ApiError::from(RequestError::TooLong {
+            id: "x".into(),
+            prompt_len: 500,
+            max_tokens: usize::MAX,
+            max_model_len: 512,
+        });
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        let total = 500u128 + usize::MAX as u128;
+        assert_eq!(
+            e.message,
+            format!(
+                "This model's maximum context length is 512 tokens. However, you requested {total} tokens \
+                 (500 in the messages, {} in the completion). Please reduce the length of the messages or \
+                 completion.",
+                usize::MAX
+            )
+        );
     }
 }

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use engine::{Completion, FinalOutput, OutputStream, Prompt, PromptLogprobs, RequestOptions, SamplingParams};
@@ -23,17 +24,23 @@ use crate::respond::{Endpoint, Envelope, PromptParts, TokenText, Usage};
 
 pub async fn completions(
     State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
     body: crate::JsonBody<CompletionRequest>,
 ) -> Response {
     let req = body.0;
+    let base = match request_id(&headers, req.sampling.request_id.as_deref()) {
+        Ok(base) => base,
+        Err(e) => return e.into_response(),
+    };
     let run = || -> Result<Job, ApiError> {
         state.check_model(req.model.as_deref())?;
+        crate::fields::check_extra(&req.sampling.extra, Endpoint::Completions)?;
         let plan = req.plan()?;
         let params = req.to_params(state.handle.default_sampling_params(), &plan)?;
         let prompts = req.prompt.clone().into_prompts()?;
-        let mut job =
-            Job::new(&state, Endpoint::Completions, prompts, params, &req.sampling, req.logprobs.is_some());
-        job.envelope.n = plan.n;
+        let options = req.sampling.options(state.handle.policy())?;
+        let envelope = Envelope::new(&state, Endpoint::Completions, &base, plan.n, req.logprobs.is_some());
+        let mut job = Job::new(envelope, prompts, params, options, &req.sampling);
         // Both were checked to be counts by `to_params`.
         let top = |k: Option<i64>| k.and_then(|k| usize::try_from(k).ok());
         job.completion = Some(CompletionJob {
@@ -43,16 +50,26 @@ pub async fn completions(
         });
         Ok(job)
     };
-    match run() {
+    let response = match run() {
         Ok(job) => job.respond(state).await,
         Err(e) => e.into_response(),
-    }
+    };
+    with_request_id(response, &base)
 }
 
-pub async fn chat(State(state): State<Arc<AppState>>, body: crate::JsonBody<ChatRequest>) -> Response {
+pub async fn chat(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: crate::JsonBody<ChatRequest>,
+) -> Response {
     let req = body.0;
+    let base = match request_id(&headers, req.sampling.request_id.as_deref()) {
+        Ok(base) => base,
+        Err(e) => return e.into_response(),
+    };
     let run = || -> Result<Job, ApiError> {
         state.check_model(req.model.as_deref())?;
+        crate::fields::check_extra(&req.sampling.extra, Endpoint::Chat)?;
         if req.echo == Some(true) {
             return Err(ApiError::bad_request(
                 "echo is not supported on chat completions (no template continues the last message)",
@@ -63,10 +80,12 @@ pub async fn chat(State(state): State<Arc<AppState>>, body: crate::JsonBody<Chat
         let top = if req.logprobs { Some(req.top_logprobs.unwrap_or(0)) } else { None };
         let mut params = req.sampling.to_params(state.handle.default_sampling_params(), max_tokens, top)?;
         let prompts = vec![req.prompt()?];
+        let options = req.sampling.options(state.handle.policy())?;
         let tools = crate::tools::plan(
             req.tools.as_deref(),
             req.tool_choice.as_ref(),
             req.parallel_tool_calls.unwrap_or(true),
+            state.tool_call_parser,
         )?;
         let (tools, tool_constraint) = tools.map_or((None, None), |(p, c)| (Some(p), c));
         let mut constraint_field = req.sampling.constraints.constraint_field();
@@ -80,16 +99,56 @@ pub async fn chat(State(state): State<Arc<AppState>>, body: crate::JsonBody<Chat
             params.constraint = Some(c);
             constraint_field = Some("tools");
         }
-        let mut job = Job::new(&state, Endpoint::Chat, prompts, params, &req.sampling, req.logprobs);
+        let mut envelope = Envelope::new(&state, Endpoint::Chat, &base, params.n, req.logprobs);
+        envelope.tools = tools;
+        let mut job = Job::new(envelope, prompts, params, options, &req.sampling);
         job.prompt_top = job.params.prompt_logprobs;
-        job.envelope.tools = tools;
         job.constraint_field = constraint_field;
         Ok(job)
     };
-    match run() {
+    let response = match run() {
         Ok(job) => job.respond(state).await,
         Err(e) => e.into_response(),
+    };
+    with_request_id(response, &base)
+}
+
+/// Longest `X-Request-Id` (or body `request_id`) taken.
+const MAX_REQUEST_ID_LEN: usize = 128;
+
+/// The call's base id: the `X-Request-Id` header, else the body's `request_id`, else 32 random
+/// hex digits (unique across restarts, unlike a counter). A given id must be visible ASCII of at
+/// most 128 characters, as it is echoed in a header.
+fn request_id(headers: &HeaderMap, body: Option<&str>) -> Result<String, ApiError> {
+    let bad = |what: &str, param| {
+        ApiError::bad_request(
+            format!("{what} must be 1 to {MAX_REQUEST_ID_LEN} visible ASCII characters"),
+            Some(param),
+        )
+    };
+    let given = match headers.get(X_REQUEST_ID) {
+        Some(v) => Some((v.to_str().map_err(|_| bad("X-Request-Id", "X-Request-Id"))?, "X-Request-Id")),
+        None => body.map(|b| (b, "request_id")),
+    };
+    match given {
+        Some((id, param)) => {
+            if id.is_empty() || id.len() > MAX_REQUEST_ID_LEN || !id.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(bad(param, param));
+            }
+            Ok(id.to_owned())
+        }
+        None => Ok(format!("{:032x}", rand::random::<u128>())),
     }
+}
+
+const X_REQUEST_ID: &str = "x-request-id";
+
+/// The response with the call's base id in its `X-Request-Id` header.
+fn with_request_id(mut response: Response, base: &str) -> Response {
+    if let Ok(v) = axum::http::HeaderValue::from_str(base) {
+        response.headers_mut().insert(X_REQUEST_ID, v);
+    }
+    response
 }
 
 /// One API call, checked and ready to submit.
@@ -97,6 +156,7 @@ struct Job {
     envelope: Envelope,
     prompts: Vec<Prompt>,
     params: SamplingParams,
+    options: RequestOptions,
     stream: bool,
     include_usage: bool,
     /// The request field that set its output constraint (what a compile error names).
@@ -130,28 +190,35 @@ impl CompletionJob {
     }
 }
 
-impl Job {
-    fn new(
-        state: &AppState,
-        endpoint: Endpoint,
-        prompts: Vec<Prompt>,
-        params: SamplingParams,
-        fields: &SamplingFields,
-        logprobs: bool,
-    ) -> Self {
+impl Envelope {
+    /// The envelope of a call whose base id is `base`.
+    fn new(state: &AppState, endpoint: Endpoint, base: &str, n: usize, logprobs: bool) -> Self {
         let prefix = if endpoint == Endpoint::Chat { "chatcmpl" } else { "cmpl" };
         Self {
-            envelope: Envelope {
-                id: format!("{prefix}-{}", state.handle.next_request_id()),
-                created: crate::unix_now(),
-                model: state.handle.model_name().to_owned(),
-                endpoint,
-                n: params.n,
-                logprobs,
-                tools: None,
-            },
+            id: format!("{prefix}-{base}"),
+            created: crate::unix_now(),
+            model: state.handle.model_name().to_owned(),
+            endpoint,
+            n,
+            logprobs,
+            tools: None,
+        }
+    }
+}
+
+impl Job {
+    fn new(
+        envelope: Envelope,
+        prompts: Vec<Prompt>,
+        params: SamplingParams,
+        options: RequestOptions,
+        fields: &SamplingFields,
+    ) -> Self {
+        Self {
+            envelope,
             prompts,
             params,
+            options,
             stream: fields.stream,
             include_usage: fields.include_usage(),
             constraint_field: fields.constraints.constraint_field(),
@@ -165,21 +232,20 @@ impl Job {
     /// blocking thread, never on a tokio worker.
     async fn respond(self, state: Arc<AppState>) -> Response {
         let submitting = Arc::clone(&state);
-        let (base, prompts, params) = (self.envelope.id.clone(), self.prompts, self.params);
+        let (base, prompts, params, options) =
+            (self.envelope.id.clone(), self.prompts, self.params, self.options);
         let echo = self.completion.is_some_and(|c| c.plan.echo);
         let submitted = tokio::task::spawn_blocking(move || {
             let mut streams = Vec::with_capacity(prompts.len());
             let echo_texts: Vec<String> =
                 if echo { prompts.iter().map(|p| prompt_text(&submitting, p)).collect() } else { Vec::new() };
+            // The engine's ids are unique among live requests even when two clients send the
+            // same `X-Request-Id`: each call adds a fresh number.
+            let call = submitting.handle.next_request_id();
             for (i, prompt) in prompts.into_iter().enumerate() {
-                let id = format!("{base}-{i}");
+                let id = format!("{base}-{call}-{i}");
                 // On an error, dropping `streams` aborts the requests already submitted.
-                streams.push(submitting.handle.submit(
-                    id,
-                    prompt,
-                    params.clone(),
-                    RequestOptions::default(),
-                )?);
+                streams.push(submitting.handle.submit(id, prompt, params.clone(), options.clone())?);
             }
             Ok::<_, engine::RequestError>((streams, echo_texts))
         })
@@ -198,8 +264,12 @@ impl Job {
         };
         let shown = Shown { completion: self.completion, echo_texts, prompt_top: self.prompt_top };
         if self.stream {
-            let events = sse_events(state, self.envelope, streams, self.include_usage, shown);
-            Sse::new(events).keep_alive(KeepAlive::default()).into_response()
+            let keep_alive = state.sse_keep_alive;
+            let sse = Sse::new(sse_events(state, self.envelope, streams, self.include_usage, shown));
+            match keep_alive {
+                Some(every) => sse.keep_alive(KeepAlive::new().interval(every)).into_response(),
+                None => sse.into_response(),
+            }
         } else {
             whole_response(&state, &self.envelope, streams, &shown).await
         }
@@ -278,9 +348,9 @@ async fn whole_response(
         if let Some(fin) = finals.get_mut(prompt) {
             fin.absorb(&out);
         }
+        state.metrics.observe(&out);
         if out.finished {
             usage.add_final(&out, shown.counts_completion());
-            state.metrics.observe_final(&out);
         }
     }
     let choices: Vec<(&Completion, PromptParts<'_>)> = finals
@@ -307,8 +377,9 @@ fn stream_error(e: engine::StreamError) -> ApiError {
     }
 }
 
-/// The SSE events of a streamed call: chat's role chunks, one chunk per delta, the usage chunk
-/// when asked for, then `[DONE]`.
+/// The SSE events of a streamed call: one chunk per delta (a chat choice opens with the
+/// assistant's role, sent with its request's first output: a client timing the first chunk
+/// measures the time to the first token), the usage chunk when asked for, then `[DONE]`.
 fn sse_events(
     state: Arc<AppState>,
     envelope: Envelope,
@@ -318,13 +389,9 @@ fn sse_events(
 ) -> impl Stream<Item = Result<Event, Infallible>> {
     let choices = streams.len() * envelope.n;
     let streams_len = streams.len();
-    let opening: Vec<Event> = if envelope.endpoint == Endpoint::Chat {
-        (0..choices).map(|i| json_event(&envelope.role_chunk(i))).collect()
-    } else {
-        Vec::new()
-    };
     // The unfold's state owns everything a chunk needs: no per-chunk clones.
     let start = SseState {
+        roles_sent: vec![envelope.endpoint != Endpoint::Chat; streams.len()],
         all: merged(streams),
         usage: Usage::default(),
         offsets: vec![0; choices],
@@ -347,16 +414,22 @@ fn sse_events(
             return Some((tail, None));
         };
         let events = match item {
-            Ok(out) => st.chunks(prompt, &out),
+            Ok(out) => {
+                let mut events = st.role_chunks(prompt);
+                events.extend(st.chunks(prompt, &out));
+                events
+            }
             Err(e) => vec![Event::default().data(sse_safe_json(error_event_json(&stream_error(e).message)))],
         };
         Some((events, Some(st)))
     });
-    stream::iter(opening).chain(body.flat_map(stream::iter)).map(Ok::<Event, Infallible>)
+    body.flat_map(stream::iter).map(Ok::<Event, Infallible>)
 }
 
 /// A streamed call in flight: its requests' merged outputs and what its chunks accumulate.
 struct SseState<S> {
+    /// Each prompt's choices have had their role chunks (chat; always true for completions).
+    roles_sent: Vec<bool>,
     all: SelectAll<S>,
     usage: Usage,
     /// Characters of text each choice has sent (completions logprobs' `text_offset`).
@@ -373,6 +446,18 @@ struct SseState<S> {
 }
 
 impl<S> SseState<S> {
+    /// The role chunks of prompt `prompt`'s choices, the first time it has output.
+    fn role_chunks(&mut self, prompt: usize) -> Vec<Event> {
+        match self.roles_sent.get_mut(prompt) {
+            Some(sent) if !*sent => {
+                *sent = true;
+                let first = prompt * self.envelope.n;
+                (first..first + self.envelope.n).map(|i| json_event(&self.envelope.role_chunk(i))).collect()
+            }
+            _ => Vec::new(),
+        }
+    }
+
     /// One chunk per delta of `out` (prompt `prompt`'s request); a final output also counts
     /// its usage and latencies.
     fn chunks(&mut self, prompt: usize, out: &engine::RequestOutput) -> Vec<Event> {
@@ -405,9 +490,9 @@ impl<S> SseState<S> {
                 json_event(&chunk)
             })
             .collect();
+        self.state.metrics.observe(out);
         if out.finished {
             self.usage.add_final(out, self.shown.counts_completion());
-            self.state.metrics.observe_final(out);
         }
         events
     }
@@ -429,9 +514,9 @@ impl<S> SseState<S> {
                 events.push(json_event(&self.envelope.tool_chunk(index, &text, Some(finish.as_str()))));
             }
         }
+        self.state.metrics.observe(out);
         if out.finished {
             self.usage.add_final(out, true);
-            self.state.metrics.observe_final(out);
         }
         events
     }

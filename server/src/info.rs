@@ -49,18 +49,14 @@ pub async fn health() -> StatusCode {
 }
 
 /// `POST /tokenize`: a prompt (`add_special_tokens`, default true) or chat messages
-/// (rendered with the model's template).
+/// (rendered with the model's template, with `chat_template_kwargs` as its extra variables).
 #[derive(Debug, Deserialize)]
 pub struct TokenizeRequest {
     model: Option<String>,
     prompt: Option<String>,
     messages: Option<Vec<ChatMessageInput>>,
-    #[serde(default = "yes")]
-    add_special_tokens: bool,
-}
-
-fn yes() -> bool {
-    true
+    add_special_tokens: Option<bool>,
+    chat_template_kwargs: Option<std::collections::BTreeMap<String, engine::TemplateValue>>,
 }
 
 /// vLLM's `/tokenize` answer.
@@ -79,23 +75,39 @@ pub struct DetokenizeResponse {
 
 pub async fn tokenize(State(state): State<Arc<AppState>>, body: JsonBody<TokenizeRequest>) -> Response {
     let req = body.0;
-    let run = || -> Result<TokenizeResponse, ApiError> {
-        state.check_model(req.model.as_deref())?;
+    if let Err(e) = state.check_model(req.model.as_deref()) {
+        return e.into_response();
+    }
+    // Rendering and tokenizing a large body takes a while: off the async workers.
+    let run = move || -> Result<TokenizeResponse, ApiError> {
         let h = &state.handle;
         let tokens = match (&req.prompt, &req.messages) {
-            (Some(text), None) if req.add_special_tokens => h.tokenize(Prompt::Text(text.clone()))?,
+            (Some(text), None) if req.add_special_tokens.unwrap_or(true) => {
+                h.tokenize(Prompt::Text(text.clone()))?
+            }
             (Some(text), None) => h
                 .tokenizer()
                 .encode(text, true, false)
                 .map_err(|e| ApiError::bad_request(e.to_string(), Some("prompt")))?,
-            (None, Some(messages)) => h.tokenize(Prompt::Chat(crate::openai::chat_messages(messages)?))?,
+            (None, Some(messages)) => {
+                let messages = crate::openai::chat_messages(messages)?;
+                h.tokenize(match req.chat_template_kwargs {
+                    None => Prompt::Chat(messages),
+                    Some(kwargs) => {
+                        Prompt::Conversation(engine::Conversation { messages, kwargs, ..Default::default() })
+                    }
+                })?
+            }
             _ => {
                 return Err(ApiError::bad_request("give exactly one of prompt and messages", Some("prompt")));
             }
         };
         Ok(TokenizeResponse { count: tokens.len(), max_model_len: h.max_model_len(), tokens })
     };
-    json_or_error(run())
+    match tokio::task::spawn_blocking(run).await {
+        Ok(result) => json_or_error(result),
+        Err(e) => ApiError::internal(format!("tokenize failed: {e}")).into_response(),
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -106,8 +118,10 @@ pub struct DetokenizeRequest {
 
 pub async fn detokenize(State(state): State<Arc<AppState>>, body: JsonBody<DetokenizeRequest>) -> Response {
     let req = body.0;
-    let run = || -> Result<DetokenizeResponse, ApiError> {
-        state.check_model(req.model.as_deref())?;
+    if let Err(e) = state.check_model(req.model.as_deref()) {
+        return e.into_response();
+    }
+    let run = move || -> Result<DetokenizeResponse, ApiError> {
         let tokenizer = state.handle.tokenizer();
         if let Some(&bad) = req.tokens.iter().find(|&&t| t as usize >= tokenizer.vocab_size()) {
             return Err(ApiError::bad_request(
@@ -119,7 +133,10 @@ pub async fn detokenize(State(state): State<Arc<AppState>>, body: JsonBody<Detok
             tokenizer.decode(&req.tokens, false).map_err(|e| ApiError::bad_request(e.to_string(), None))?;
         Ok(DetokenizeResponse { prompt: text })
     };
-    json_or_error(run())
+    match tokio::task::spawn_blocking(run).await {
+        Ok(result) => json_or_error(result),
+        Err(e) => ApiError::internal(format!("detokenize failed: {e}")).into_response(),
+    }
 }
 
 pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {

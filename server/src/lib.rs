@@ -5,7 +5,9 @@
 //!   (`response_format`, `guided_*`, `logit_bias`…) in `structured.rs`, response shapes in
 //!   `respond.rs`, tool calling (`tool_choice`, the calls parsed out of the text) in `tools.rs`.
 //! - `GET /v1/models`, `GET /health`, `POST /tokenize`, `POST /detokenize`: `info.rs`.
-//! - `GET /metrics` (Prometheus text, vLLM's names): `metrics.rs`.
+//! - `GET /metrics` (Prometheus text, vLLM V1's names): `metrics.rs`.
+//! - Fields beyond the typed ones (unknown: logged once and ignored; known but unimplemented:
+//!   a 400): `fields.rs`.
 //! - `GET /v1/kv_map`, `GET /v1/kv_map/stream` (SSE): the live KV block map, taken between
 //!   engine steps only when asked; its JSON encoding is documented in `kv_map.rs`.
 //! - `GET /v1/plan`, `POST /v1/plan`: the KV cache / VRAM calculator (the `sim` crate, as
@@ -13,7 +15,10 @@
 //! - `GET /`, `/style.css` and the page's ES modules (`/app.js`, `/chat.js`, `/kv_map.js`,
 //!   `/calculator.js`, `/shared.js`): the web page (chat, live KV map, calculator), embedded in
 //!   the binary, outside `/v1` (no API key): `web.rs`, files in `server/web/`.
-//! - Errors in OpenAI's JSON shape with their status (400, 401, 404, 429): `error.rs`.
+//! - Errors in OpenAI's JSON shape with their status (400, 401, 404, 429 with `Retry-After`):
+//!   `error.rs`.
+//! - Optional CORS (`--allowed-origins`), `X-Request-Id` honoured and echoed, SSE keep-alive
+//!   comments at a configurable period.
 //!
 //! Invariants: no handler blocks a tokio worker — the engine runs on its own thread
 //! ([`engine::EngineHandle`]), submissions never wait for a step and outputs arrive through
@@ -22,6 +27,7 @@
 
 pub mod cli;
 mod error;
+mod fields;
 mod generate;
 mod info;
 pub mod kv_map;
@@ -46,6 +52,7 @@ use engine::{EngineHandle, ShutdownMode};
 
 pub use error::ApiError;
 pub use metrics::Metrics;
+pub use tools::ToolCallParser;
 
 /// How the server behaves, beside the engine's own settings.
 #[derive(Debug, Clone)]
@@ -59,6 +66,13 @@ pub struct ServerConfig {
     /// Default period of `GET /v1/kv_map/stream` (a client's `?interval_ms=` overrides it;
     /// either is clamped to 50 ms..10 s).
     pub kv_map_interval: std::time::Duration,
+    /// Origins a browser may call the API from (CORS); `None` sends no CORS headers, `["*"]`
+    /// allows any.
+    pub allowed_origins: Option<Vec<String>>,
+    /// Period of the SSE keep-alive comment on a quiet stream; `None` sends none.
+    pub sse_keep_alive: Option<std::time::Duration>,
+    /// How chat output is read for tool calls when the request has tools.
+    pub tool_call_parser: ToolCallParser,
 }
 
 impl Default for ServerConfig {
@@ -68,6 +82,9 @@ impl Default for ServerConfig {
             max_body_bytes: 4 << 20,
             shutdown: ShutdownMode::Drain,
             kv_map_interval: std::time::Duration::from_millis(250),
+            allowed_origins: None,
+            sse_keep_alive: Some(std::time::Duration::from_secs(15)),
+            tool_call_parser: ToolCallParser::Auto,
         }
     }
 }
@@ -79,18 +96,22 @@ pub struct AppState {
     pub metrics: Metrics,
     api_key: Option<String>,
     kv_map_interval: std::time::Duration,
+    sse_keep_alive: Option<std::time::Duration>,
+    tool_call_parser: ToolCallParser,
     /// One calculator simulation at a time (`plan.rs`).
     plan_slot: Arc<tokio::sync::Semaphore>,
 }
 
 impl AppState {
     pub fn new(handle: EngineHandle, config: &ServerConfig) -> Result<Self, prometheus::Error> {
-        let metrics = Metrics::new(handle.model_name())?;
+        let metrics = Metrics::new(handle.model_name(), handle.max_model_len())?;
         Ok(Self {
             handle,
             metrics,
             api_key: config.api_key.clone(),
             kv_map_interval: config.kv_map_interval,
+            sse_keep_alive: config.sse_keep_alive,
+            tool_call_parser: config.tool_call_parser,
             plan_slot: Arc::new(tokio::sync::Semaphore::new(1)),
         })
     }
@@ -123,7 +144,7 @@ where
     }
 }
 
-/// Every route, with the body limit and (when configured) the API-key check on `/v1`.
+/// Every route, with the body limit, (when configured) the API-key check on `/v1` and CORS.
 pub fn router(state: Arc<AppState>, config: &ServerConfig) -> Router {
     let v1 = Router::new()
         .route("/v1/completions", post(generate::completions))
@@ -133,13 +154,30 @@ pub fn router(state: Arc<AppState>, config: &ServerConfig) -> Router {
         .route("/v1/kv_map/stream", get(kv_map::kv_map_stream))
         .route("/v1/plan", get(plan::presets).post(plan::plan))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key));
-    web::routes(Router::new().merge(v1))
+    let app = web::routes(Router::new().merge(v1))
         .route("/health", get(info::health))
         .route("/tokenize", post(info::tokenize))
         .route("/detokenize", post(info::detokenize))
         .route("/metrics", get(info::metrics))
-        .layer(DefaultBodyLimit::max(config.max_body_bytes))
-        .with_state(state)
+        .layer(DefaultBodyLimit::max(config.max_body_bytes));
+    let app = match cors(config.allowed_origins.as_deref()) {
+        Some(layer) => app.layer(layer),
+        None => app,
+    };
+    app.with_state(state)
+}
+
+/// The CORS layer for `origins` (`*` allows any origin); none without the flag. A browser's
+/// preflight is answered before the API-key check, as a preflight carries no credentials.
+fn cors(origins: Option<&[String]>) -> Option<tower_http::cors::CorsLayer> {
+    use tower_http::cors::{AllowOrigin, Any, CorsLayer};
+    let origins = origins?;
+    let allow = if origins.iter().any(|o| o == "*") {
+        AllowOrigin::any()
+    } else {
+        AllowOrigin::list(origins.iter().filter_map(|o| axum::http::HeaderValue::from_str(o).ok()))
+    };
+    Some(CorsLayer::new().allow_origin(allow).allow_methods(Any).allow_headers(Any).expose_headers(Any))
 }
 
 async fn require_api_key(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {

@@ -1,46 +1,82 @@
-//! `GET /metrics`: Prometheus text through the `prometheus` crate, under vLLM's metric names
-//! and meanings (so its dashboards read this server too). Gauges and token counters come from
-//! what the engine published after its last step (a scrape never waits for a step); the
-//! latency histograms are fed by the handlers as requests finish.
+//! `GET /metrics`: Prometheus text through the `prometheus` crate, under the names and meanings
+//! of vLLM's V1 engine (`vllm/v1/metrics/loggers.py`), so its dashboards read this server too;
+//! names V1 dropped (`num_requests_swapped`, the prefix hit-rate gauge,
+//! `time_per_output_token_seconds`) are not exported. Gauges and token counters come from what
+//! the engine published after its last step (a scrape never waits for a step), and so does the
+//! histogram of tokens per step; the per-request histograms are fed by the handlers as outputs
+//! arrive.
 
-use engine::{LiveMetrics, RequestOutput};
+use engine::{FinishReason, LiveMetrics, RequestOutput, STEP_TOKEN_BUCKETS};
+use prometheus::proto::{Bucket, LabelPair, Metric, MetricFamily, MetricType};
 use prometheus::{
-    Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntGauge, Opts, Registry, TextEncoder,
+    Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
 };
 
 /// Every metric this server exports.
 #[derive(Debug, Clone)]
 pub struct Metrics {
     registry: Registry,
+    model_name: String,
     running: IntGauge,
     waiting: IntGauge,
-    swapped: IntGauge,
     kv_usage: Gauge,
-    prefix_hit_rate: Gauge,
     prefix_queries: IntCounter,
     prefix_hits: IntCounter,
     preemptions: IntCounter,
     prompt_tokens: IntCounter,
     generation_tokens: IntCounter,
-    requests_finished: IntCounter,
+    /// Finished samples by `finished_reason` (`stop`, `length`; a client's abort is not a success).
+    success: IntCounterVec,
+    request_prompt_tokens: Histogram,
+    request_generation_tokens: Histogram,
     ttft: Histogram,
-    tpot: Histogram,
+    inter_token: Histogram,
+    request_tpot: Histogram,
     e2e: Histogram,
+    queue: Histogram,
+    inference: Histogram,
+    prefill: Histogram,
+    decode: Histogram,
 }
 
 /// vLLM's bucket edges (seconds).
 const TTFT_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
-    80.0,
+    80.0, 160.0, 640.0, 2560.0,
 ];
-const TPOT_BUCKETS: &[f64] = &[
+const TOKEN_LATENCY_BUCKETS: &[f64] = &[
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
 ];
-const E2E_BUCKETS: &[f64] =
-    &[0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0];
+const REQUEST_LATENCY_BUCKETS: &[f64] = &[
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
+    960.0, 1920.0, 7680.0,
+];
+
+/// The `finished_reason` values vLLM labels successes with (the label sets exist from the start).
+const FINISHED_REASONS: [&str; 3] = ["stop", "length", "abort"];
+
+/// vLLM's `build_1_2_5_buckets`: 1, 2, 5, 10, 20, 50, … up to `max`.
+fn one_two_five_buckets(max: usize) -> Vec<f64> {
+    let mut edges = Vec::new();
+    let mut scale = 1usize;
+    'outer: loop {
+        for m in [1usize, 2, 5] {
+            match m.checked_mul(scale) {
+                Some(v) if v <= max => edges.push(v as f64),
+                _ => break 'outer,
+            }
+        }
+        match scale.checked_mul(10) {
+            Some(s) => scale = s,
+            None => break,
+        }
+    }
+    edges
+}
 
 impl Metrics {
-    pub fn new(model_name: &str) -> Result<Self, prometheus::Error> {
+    pub fn new(model_name: &str, max_model_len: usize) -> Result<Self, prometheus::Error> {
         type Res<T> = Result<T, prometheus::Error>;
         let registry = Registry::new();
         let opts = |name: &str, help: &str| Opts::new(name, help).const_label("model_name", model_name);
@@ -59,56 +95,130 @@ impl Metrics {
                 .buckets(buckets.to_vec());
             registered(&registry, Histogram::with_opts(o)?)
         };
-        Ok(Self {
-            running: int_gauge("vllm:num_requests_running", "Requests in the running batch.")?,
-            waiting: int_gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.")?,
-            swapped: int_gauge("vllm:num_requests_swapped", "Requests swapped out to the host.")?,
-            kv_usage: gauge("vllm:kv_cache_usage_perc", "KV-cache usage (1 = every block in use).")?,
-            prefix_hit_rate: gauge(
-                "vllm:prefix_cache_hit_rate",
-                "Prefix-cache hits / queried prompt tokens since start.",
+        let success = registered(
+            &registry,
+            IntCounterVec::new(
+                opts("vllm:request_success_total", "Count of successfully processed requests."),
+                &["finished_reason"],
             )?,
+        )?;
+        for reason in FINISHED_REASONS {
+            success.with_label_values(&[reason]);
+        }
+        let token_counts = one_two_five_buckets(max_model_len.max(1));
+        let request_latency = |name: &str, help: &str| histogram(name, help, REQUEST_LATENCY_BUCKETS);
+        Ok(Self {
+            running: int_gauge(
+                "vllm:num_requests_running",
+                "Number of requests in model execution batches.",
+            )?,
+            waiting: int_gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")?,
+            kv_usage: gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")?,
             prefix_queries: counter(
                 "vllm:prefix_cache_queries_total",
-                "Prompt tokens looked up in the prefix cache.",
+                "Prefix cache queries, in terms of number of queried tokens.",
             )?,
-            prefix_hits: counter("vllm:prefix_cache_hits_total", "Prompt tokens found in the prefix cache.")?,
-            preemptions: counter("vllm:num_preemptions_total", "Preemptions (recompute or swap).")?,
-            prompt_tokens: counter("vllm:prompt_tokens_total", "Prefill tokens processed.")?,
-            generation_tokens: counter("vllm:generation_tokens_total", "Generation tokens processed.")?,
-            requests_finished: counter(
-                "vllm:request_success_total",
-                "Requests that finished (stop or length).",
+            prefix_hits: counter(
+                "vllm:prefix_cache_hits_total",
+                "Prefix cache hits, in terms of number of cached tokens.",
             )?,
-            ttft: histogram("vllm:time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS)?,
-            tpot: histogram(
-                "vllm:time_per_output_token_seconds",
-                "Time per output token after the first.",
-                TPOT_BUCKETS,
+            preemptions: counter(
+                "vllm:num_preemptions_total",
+                "Cumulative number of preemption from the engine.",
             )?,
-            e2e: histogram(
+            prompt_tokens: counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.")?,
+            generation_tokens: counter(
+                "vllm:generation_tokens_total",
+                "Number of generation tokens processed.",
+            )?,
+            success,
+            request_prompt_tokens: histogram(
+                "vllm:request_prompt_tokens",
+                "Number of prefill tokens processed.",
+                &token_counts,
+            )?,
+            request_generation_tokens: histogram(
+                "vllm:request_generation_tokens",
+                "Number of generation tokens processed.",
+                &token_counts,
+            )?,
+            ttft: histogram(
+                "vllm:time_to_first_token_seconds",
+                "Histogram of time to first token in seconds.",
+                TTFT_BUCKETS,
+            )?,
+            inter_token: histogram(
+                "vllm:inter_token_latency_seconds",
+                "Histogram of inter-token latency in seconds.",
+                TOKEN_LATENCY_BUCKETS,
+            )?,
+            request_tpot: histogram(
+                "vllm:request_time_per_output_token_seconds",
+                "Histogram of time_per_output_token_seconds per request.",
+                TOKEN_LATENCY_BUCKETS,
+            )?,
+            e2e: request_latency(
                 "vllm:e2e_request_latency_seconds",
-                "Arrival to finish of a request.",
-                E2E_BUCKETS,
+                "Histogram of e2e request latency in seconds.",
             )?,
+            queue: request_latency(
+                "vllm:request_queue_time_seconds",
+                "Histogram of time spent in WAITING phase for request.",
+            )?,
+            inference: request_latency(
+                "vllm:request_inference_time_seconds",
+                "Histogram of time spent in RUNNING phase for request.",
+            )?,
+            prefill: request_latency(
+                "vllm:request_prefill_time_seconds",
+                "Histogram of time spent in PREFILL phase for request.",
+            )?,
+            decode: request_latency(
+                "vllm:request_decode_time_seconds",
+                "Histogram of time spent in DECODE phase for request.",
+            )?,
+            model_name: model_name.to_owned(),
             registry: registry.clone(),
         })
     }
 
-    /// Records a request's final output in the latency histograms (normal finishes only).
-    pub fn observe_final(&self, out: &RequestOutput) {
-        if out.outputs.iter().any(|c| c.finish_reason == Some(engine::FinishReason::Abort)) {
+    /// Records one output of a request: its inter-token latency, its samples that finished,
+    /// and on its final output the per-request histograms. A request a client aborted is no
+    /// success and adds no latency.
+    pub fn observe(&self, out: &RequestOutput) {
+        let aborted = out.outputs.iter().any(|c| c.finish_reason == Some(FinishReason::Abort));
+        if aborted {
             return;
         }
-        self.requests_finished.inc();
-        let (Some(ttft), Some(latency)) = (out.timing.time_to_first_token, out.timing.latency) else {
+        if let Some(gap) = out.timing.inter_token_latency {
+            self.inter_token.observe(gap.as_secs_f64());
+        }
+        for reason in out.outputs.iter().filter_map(|c| c.finish_reason.as_ref()) {
+            self.success.with_label_values(&[reason.as_str()]).inc();
+        }
+        if out.finished {
+            self.observe_final(out);
+        }
+    }
+
+    fn observe_final(&self, out: &RequestOutput) {
+        self.request_prompt_tokens.observe(out.prompt_tokens as f64);
+        self.request_generation_tokens.observe(out.completion_tokens as f64);
+        let t = &out.timing;
+        let (Some(ttft), Some(latency)) = (t.time_to_first_token, t.latency) else {
             return;
         };
         self.ttft.observe(ttft.as_secs_f64());
         self.e2e.observe(latency.as_secs_f64());
+        if let Some(queued) = t.queue_time {
+            self.queue.observe(queued.as_secs_f64());
+            self.inference.observe(latency.saturating_sub(queued).as_secs_f64());
+            self.prefill.observe(ttft.saturating_sub(queued).as_secs_f64());
+        }
+        self.decode.observe(latency.saturating_sub(ttft).as_secs_f64());
         let longest = out.outputs.iter().map(|c| c.num_generated).max().unwrap_or(0);
         if longest > 1 {
-            self.tpot.observe(latency.saturating_sub(ttft).as_secs_f64() / (longest - 1) as f64);
+            self.request_tpot.observe(latency.saturating_sub(ttft).as_secs_f64() / (longest - 1) as f64);
         }
     }
 
@@ -117,9 +227,7 @@ impl Metrics {
         let g = &snap.gauges;
         self.running.set(g.num_running as i64);
         self.waiting.set(g.num_waiting as i64);
-        self.swapped.set(g.num_swapped as i64);
         self.kv_usage.set(g.kv_usage);
-        self.prefix_hit_rate.set(snap.prefix_cache_hit_rate);
         // Counters only go up: add what the engine counted since the last scrape.
         let catch_up = |c: &IntCounter, total: u64| c.inc_by(total.saturating_sub(c.get()));
         catch_up(&self.prefix_queries, g.prefix_queries);
@@ -127,10 +235,47 @@ impl Metrics {
         catch_up(&self.preemptions, g.num_preemptions);
         catch_up(&self.prompt_tokens, snap.prompt_tokens);
         catch_up(&self.generation_tokens, snap.generation_tokens);
+        let mut families = self.registry.gather();
+        families.push(self.step_tokens_family(snap));
+        families.sort_by(|a, b| a.name().cmp(b.name()));
         let mut buf = Vec::new();
         // Encoding into a Vec cannot fail for these metric types.
-        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        let _ = TextEncoder::new().encode(&families, &mut buf);
         String::from_utf8(buf).unwrap_or_default()
+    }
+
+    /// `vllm:iteration_tokens_total`: the engine's own counts of tokens per step, as a histogram
+    /// (the engine counts every step; a handler sees none of them).
+    fn step_tokens_family(&self, snap: &LiveMetrics) -> MetricFamily {
+        let steps = &snap.step_tokens;
+        let mut cumulative = 0;
+        let buckets = STEP_TOKEN_BUCKETS
+            .iter()
+            .zip(steps.counts)
+            .map(|(&edge, count)| {
+                cumulative += count;
+                let mut b = Bucket::default();
+                b.set_upper_bound(edge as f64);
+                b.set_cumulative_count(cumulative);
+                b
+            })
+            .collect();
+        let mut h = prometheus::proto::Histogram::default();
+        h.set_sample_count(steps.count());
+        h.set_sample_sum(steps.sum as f64);
+        h.set_bucket(buckets);
+        let mut label = LabelPair::default();
+        label.set_name("model_name".into());
+        label.set_value(self.model_name.clone());
+        let mut metric = Metric::default();
+        metric.set_label(vec![label]);
+        metric.set_histogram(h);
+        let mut family = MetricFamily::default();
+        family.set_name("vllm:iteration_tokens_total".into());
+        family.set_help("Histogram of number of tokens per engine_step.".into());
+        family.set_field_type(MetricType::HISTOGRAM);
+        family.set_metric(vec![metric]);
+        family
     }
 }
 
@@ -141,4 +286,16 @@ fn registered<M: prometheus::core::Collector + Clone + 'static>(
 ) -> Result<M, prometheus::Error> {
     registry.register(Box::new(metric.clone()))?;
     Ok(metric)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_count_buckets_are_vllms() {
+        assert_eq!(one_two_five_buckets(100), vec![1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0]);
+        assert_eq!(one_two_five_buckets(1), vec![1.0]);
+        assert_eq!(one_two_five_buckets(usize::MAX).len(), 3 * 19 + 1);
+    }
 }

@@ -1,12 +1,15 @@
 //! OpenAI's request bodies for `/v1/completions` and `/v1/chat/completions` (plus vLLM's
 //! extra sampling fields), and their translation into engine `SamplingParams` with a 400 that
-//! names the field for every value outside its domain. Unknown fields are ignored, as OpenAI
-//! does; a field of the wrong type fails the body's parse (a 400 as well).
+//! names the field for every value outside its domain. `null` is "not set" for every optional
+//! field; fields no struct here takes land in `SamplingFields::extra`, where `fields.rs` refuses
+//! the known but unimplemented ones and logs the unknown ones; a field of the wrong type fails
+//! the body's parse (a 400 as well).
 
 use engine::{ChatMessage, Prompt, SamplingParams};
 use serde::Deserialize;
 
 use crate::error::ApiError;
+use crate::fields::null_default;
 use crate::structured::ConstraintFields;
 
 /// `prompt`: a string, a list of strings, a list of token ids, or a list of such lists.
@@ -45,7 +48,7 @@ pub enum StopInput {
 
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct StreamOptions {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_default")]
     pub include_usage: bool,
 }
 
@@ -73,15 +76,25 @@ pub struct SamplingFields {
     /// vLLM's: the logprob of every prompt token given those before it, with this many top
     /// alternatives (not with `stream`, as vLLM).
     pub prompt_logprobs: Option<i64>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_default")]
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
     /// An end-user id for abuse monitoring in OpenAI's API: typed (a number is a 400), unused.
     #[allow(dead_code)]
     pub user: Option<String>,
+    /// vLLM's scheduling priority (lower runs first); only under `--scheduling-policy priority`.
+    pub priority: Option<i64>,
+    /// Isolates the request's prefix-cache entries (vLLM's `cache_salt`).
+    pub cache_salt: Option<String>,
+    /// vLLM's request id field (an `X-Request-Id` header wins over it).
+    pub request_id: Option<String>,
     /// `response_format`, `guided_*`, `structured_outputs`, `grammar`, `logit_bias`.
     #[serde(flatten)]
     pub constraints: ConstraintFields,
+    /// Every field no struct of the body took (last: a flattened map gets what the flattened
+    /// structs before it left).
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, serde_json::Value>,
 }
 
 /// `POST /v1/completions`.
@@ -227,11 +240,17 @@ pub struct ChatRequest {
     pub parallel_tool_calls: Option<bool>,
     /// The newer name of `max_tokens`; wins when both are set.
     pub max_completion_tokens: Option<i64>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_default")]
     pub logprobs: bool,
     pub top_logprobs: Option<i64>,
     /// vLLM's chat `echo` (the last message continued): a 400, no template here continues one.
     pub echo: Option<bool>,
+    /// Extra variables for the chat template (`enable_thinking`, …), as transformers' kwargs.
+    #[serde(default)]
+    pub chat_template_kwargs: Option<std::collections::BTreeMap<String, engine::TemplateValue>>,
+    /// Retrieval documents for templates that take them.
+    #[serde(default)]
+    pub documents: Option<Vec<engine::TemplateValue>>,
     #[serde(flatten)]
     pub sampling: SamplingFields,
 }
@@ -242,17 +261,19 @@ impl ChatRequest {
         chat_messages(&self.messages)
     }
 
-    /// The engine prompt: the messages, plus the tools when the request has them.
+    /// The engine prompt: the messages, plus the tools, documents and template variables when
+    /// the request has them.
     pub fn prompt(&self) -> Result<Prompt, ApiError> {
         let messages = self.chat_messages()?;
-        Ok(match &self.tools {
-            None => Prompt::Chat(messages),
-            Some(tools) => Prompt::Conversation(engine::Conversation {
-                messages,
-                tools: Some(tools.clone()),
-                ..Default::default()
-            }),
-        })
+        if self.tools.is_none() && self.documents.is_none() && self.chat_template_kwargs.is_none() {
+            return Ok(Prompt::Chat(messages));
+        }
+        Ok(Prompt::Conversation(engine::Conversation {
+            messages,
+            tools: self.tools.clone(),
+            documents: self.documents.clone(),
+            kwargs: self.chat_template_kwargs.clone().unwrap_or_default(),
+        }))
     }
 }
 
@@ -379,6 +400,33 @@ impl SamplingFields {
         p.logit_bias = self.constraints.logit_bias()?;
         p.validate().map_err(|e| ApiError::bad_request(e.to_string(), Some(param_of(&e))))?;
         Ok(p)
+    }
+
+    /// The engine's scheduling options: `priority` (refused unless the engine schedules by
+    /// priority: under FCFS it would mean nothing) and `cache_salt` (not empty).
+    pub fn options(&self, policy: engine::Policy) -> Result<engine::RequestOptions, ApiError> {
+        let mut options = engine::RequestOptions::default();
+        if let Some(p) = self.priority.filter(|&p| p != 0) {
+            if policy != engine::Policy::Priority {
+                return Err(ApiError::bad_request(
+                    format!(
+                        "priority {p} needs priority scheduling (start the server with --scheduling-policy priority)"
+                    ),
+                    Some("priority"),
+                ));
+            }
+            options.priority = p;
+        }
+        if let Some(salt) = &self.cache_salt {
+            if salt.is_empty() {
+                return Err(ApiError::bad_request(
+                    "cache_salt must be a non-empty string",
+                    Some("cache_salt"),
+                ));
+            }
+            options.cache_salt = Some(salt.clone());
+        }
+        Ok(options)
     }
 
     pub fn include_usage(&self) -> bool {

@@ -143,6 +143,13 @@ struct UsageBody {
     prompt_tokens: usize,
     completion_tokens: usize,
     total_tokens: usize,
+    prompt_tokens_details: PromptTokensDetails,
+}
+
+/// The prompt tokens whose KV the prefix cache already held.
+#[derive(Debug, Serialize)]
+struct PromptTokensDetails {
+    cached_tokens: usize,
 }
 
 impl Body<'_> {
@@ -456,6 +463,8 @@ impl TokenText<'_> {
 pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
+    /// Prompt tokens served from the prefix cache.
+    pub cached_tokens: usize,
 }
 
 impl Usage {
@@ -464,6 +473,7 @@ impl Usage {
             prompt_tokens: self.prompt_tokens,
             completion_tokens: self.completion_tokens,
             total_tokens: self.prompt_tokens + self.completion_tokens,
+            prompt_tokens_details: PromptTokensDetails { cached_tokens: self.cached_tokens },
         }
     }
 
@@ -474,5 +484,6 @@ impl Usage {
         if completion {
             self.completion_tokens += out.completion_tokens;
         }
+        self.cached_tokens += out.num_cached_tokens;
     }
 }

@@ -4,7 +4,8 @@
 //! a call whose arguments validate, whatever the model), and the finished text is parsed into
 //! OpenAI `tool_calls`: the constrained shapes, or under `auto` the families' own formats
 //! (Hermes/Qwen `<tool_call>…</tool_call>`, Mistral `[TOOL_CALLS][…]`, Llama 3.x JSON with
-//! `name` and `parameters`, after an optional `<|python_tag|>`).
+//! `name` and `parameters`, after an optional `<|python_tag|>`): whichever the text holds, or
+//! only the one `--tool-call-parser` names ([`ToolCallParser`], vLLM's flag).
 
 use engine::{Constraint, TemplateValue};
 use serde::{Deserialize, Serialize};
@@ -25,6 +26,23 @@ pub struct NamedFunction {
     pub name: String,
 }
 
+/// Which of the families' call formats an `auto` choice's text is read for (vLLM's
+/// `--tool-call-parser`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum ToolCallParser {
+    /// Whichever format the text holds (the model's template decides what it writes).
+    #[default]
+    Auto,
+    /// `<tool_call>{…}</tool_call>` (Hermes, Qwen).
+    Hermes,
+    /// A JSON object or list with `name` and `parameters`, after an optional `<|python_tag|>`
+    /// (Llama 3.x).
+    #[value(name = "llama3_json")]
+    Llama3Json,
+    /// `[TOOL_CALLS][{…}]` (Mistral).
+    Mistral,
+}
+
 /// How the request's output is read for tool calls.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ToolChoice {
@@ -41,6 +59,7 @@ pub enum ToolChoice {
 pub struct ToolPlan {
     pub choice: ToolChoice,
     pub names: Vec<String>,
+    pub parser: ToolCallParser,
 }
 
 /// One parsed call: OpenAI's `{"id", "type": "function", "function": {"name", "arguments"}}`.
@@ -85,6 +104,7 @@ pub fn plan(
     tools: Option<&[TemplateValue]>,
     choice: Option<&ToolChoiceInput>,
     parallel: bool,
+    parser: ToolCallParser,
 ) -> Result<Option<(ToolPlan, Option<Constraint>)>, ApiError> {
     let param = Some("tool_choice");
     let Some(tools) = tools.filter(|t| !t.is_empty()) else {
@@ -133,7 +153,7 @@ pub fn plan(
             (ToolChoice::Named(function.name.clone()), Some(Constraint::JsonSchema(params)))
         }
     };
-    Ok(Some((ToolPlan { choice, names }, constraint)))
+    Ok(Some((ToolPlan { choice, names, parser }, constraint)))
 }
 
 /// The text beside the calls, and each call's name and arguments.
@@ -188,34 +208,45 @@ impl ToolPlan {
         }
     }
 
-    /// The model families' own call formats.
+    /// The model families' own call formats (the one the parser names, or any under `Auto`).
     fn parse_native(&self, text: &str) -> Option<Calls> {
-        if text.contains("<tool_call>") {
-            let mut calls = Vec::new();
-            let mut content = String::new();
-            let mut rest = text;
-            while let Some(start) = rest.find("<tool_call>") {
-                content.push_str(&rest[..start]);
-                let after = &rest[start + "<tool_call>".len()..];
-                let end = after.find("</tool_call>").unwrap_or(after.len());
-                let v: Value = serde_json::from_str(after[..end].trim()).ok()?;
-                calls.push(call_of(&v, &self.names)?);
-                rest = after.get(end + "</tool_call>".len()..).unwrap_or("");
-            }
-            content.push_str(rest);
-            return Some((Some(content), calls));
+        let any = self.parser == ToolCallParser::Auto;
+        if (any || self.parser == ToolCallParser::Hermes) && text.contains("<tool_call>") {
+            return self.parse_hermes(text);
         }
-        if let Some(i) = text.find("[TOOL_CALLS]") {
+        if (any || self.parser == ToolCallParser::Mistral)
+            && let Some(i) = text.find("[TOOL_CALLS]")
+        {
             let v: Value = serde_json::from_str(text[i + "[TOOL_CALLS]".len()..].trim()).ok()?;
             let list = v.as_array().cloned().unwrap_or_else(|| vec![v]);
             let calls = list.iter().map(|c| call_of(c, &self.names)).collect::<Option<Vec<_>>>()?;
             return Some((Some(text[..i].to_owned()), calls));
+        }
+        if !(any || self.parser == ToolCallParser::Llama3Json) {
+            return None;
         }
         let body = text.strip_prefix("<|python_tag|>").unwrap_or(text).trim();
         let v: Value = serde_json::from_str(body).ok()?;
         let list = v.as_array().cloned().unwrap_or_else(|| vec![v]);
         let calls = list.iter().map(|c| call_of(c, &self.names)).collect::<Option<Vec<_>>>()?;
         Some((None, calls))
+    }
+
+    /// Hermes/Qwen: every `<tool_call>{…}</tool_call>`, the text around them kept.
+    fn parse_hermes(&self, text: &str) -> Option<Calls> {
+        let mut calls = Vec::new();
+        let mut content = String::new();
+        let mut rest = text;
+        while let Some(start) = rest.find("<tool_call>") {
+            content.push_str(&rest[..start]);
+            let after = &rest[start + "<tool_call>".len()..];
+            let end = after.find("</tool_call>").unwrap_or(after.len());
+            let v: Value = serde_json::from_str(after[..end].trim()).ok()?;
+            calls.push(call_of(&v, &self.names)?);
+            rest = after.get(end + "</tool_call>".len()..).unwrap_or("");
+        }
+        content.push_str(rest);
+        Some((Some(content), calls))
     }
 }
 
@@ -239,15 +270,19 @@ mod tests {
     #[test]
     fn choices_become_plans_and_constraints() {
         let t = tools();
-        assert_eq!(plan(Some(&t), Some(&choice(json!("none"))), true).ok(), Some(None));
-        assert_eq!(plan(None, None, true).ok(), Some(None));
-        let (p, c) = plan(Some(&t), None, true).ok().flatten().unwrap_or_else(|| panic!("auto"));
+        assert_eq!(plan(Some(&t), Some(&choice(json!("none"))), true, ToolCallParser::Auto).ok(), Some(None));
+        assert_eq!(plan(None, None, true, ToolCallParser::Auto).ok(), Some(None));
+        let (p, c) =
+            plan(Some(&t), None, true, ToolCallParser::Auto).ok().flatten().unwrap_or_else(|| panic!("auto"));
         assert_eq!((p.choice, c), (ToolChoice::Auto, None));
         let named = choice(json!({"type": "function", "function": {"name": "get_weather"}}));
-        let (p, c) = plan(Some(&t), Some(&named), true).ok().flatten().unwrap_or_else(|| panic!("named"));
+        let (p, c) = plan(Some(&t), Some(&named), true, ToolCallParser::Auto)
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| panic!("named"));
         assert_eq!(p.choice, ToolChoice::Named("get_weather".into()));
         assert!(matches!(c, Some(Constraint::JsonSchema(s)) if s["required"] == json!(["city"])));
-        let (_, c) = plan(Some(&t), Some(&choice(json!("required"))), false)
+        let (_, c) = plan(Some(&t), Some(&choice(json!("required"))), false, ToolCallParser::Auto)
             .ok()
             .flatten()
             .unwrap_or_else(|| panic!());
@@ -257,7 +292,9 @@ mod tests {
             (Some(t.as_slice()), choice(json!({"type": "function", "function": {"name": "nope"}}))),
             (None, choice(json!("required"))),
         ] {
-            let e = plan(tools, Some(&ch), true).err().unwrap_or_else(|| panic!("{ch:?} accepted"));
+            let e = plan(tools, Some(&ch), true, ToolCallParser::Auto)
+                .err()
+                .unwrap_or_else(|| panic!("{ch:?} accepted"));
             assert_eq!(e.param, Some("tool_choice"));
         }
     }
@@ -265,7 +302,7 @@ mod tests {
     #[test]
     fn every_format_parses_into_calls() {
         let names = vec!["get_weather".to_owned(), "now".to_owned()];
-        let auto = ToolPlan { choice: ToolChoice::Auto, names: names.clone() };
+        let auto = ToolPlan { choice: ToolChoice::Auto, names: names.clone(), parser: ToolCallParser::Auto };
         let hermes = "Sure.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
         let (content, calls) = auto.parse(hermes, "x").unwrap_or_else(|| panic!("hermes"));
         assert_eq!(content.as_deref().map(str::trim), Some("Sure."));
@@ -281,11 +318,31 @@ mod tests {
         );
         assert_eq!(auto.parse("Just text.", "t"), None);
         assert_eq!(auto.parse(r#"{"name": "unknown_tool", "parameters": {}}"#, "t"), None);
-        let required = ToolPlan { choice: ToolChoice::Required, names: names.clone() };
+        let required =
+            ToolPlan { choice: ToolChoice::Required, names: names.clone(), parser: ToolCallParser::Auto };
         let out = required.parse(r#"[{"name": "now", "parameters": {}}]"#, "r");
         assert_eq!(out.map(|(c, calls)| (c, calls[0].function.name.clone())), Some((None, "now".into())));
-        let named = ToolPlan { choice: ToolChoice::Named("get_weather".into()), names };
+        let named =
+            ToolPlan { choice: ToolChoice::Named("get_weather".into()), names, parser: ToolCallParser::Auto };
         let out = named.parse(r#"{"city": "Rome"}"#, "n").unwrap_or_else(|| panic!("named"));
         assert_eq!(out.1[0].function.arguments, r#"{"city":"Rome"}"#);
+    }
+
+    #[test]
+    fn a_forced_parser_reads_only_its_own_format() {
+        let names = vec!["get_weather".to_owned(), "now".to_owned()];
+        let with = |parser| ToolPlan { choice: ToolChoice::Auto, names: names.clone(), parser };
+        let hermes = "<tool_call>{\"name\": \"now\", \"arguments\": {}}</tool_call>";
+        let mistral = r#"[TOOL_CALLS][{"name": "now", "arguments": {}}]"#;
+        let llama = r#"{"name": "now", "parameters": {}}"#;
+        for (parser, reads) in [
+            (ToolCallParser::Auto, [true, true, true]),
+            (ToolCallParser::Hermes, [true, false, false]),
+            (ToolCallParser::Mistral, [false, true, false]),
+            (ToolCallParser::Llama3Json, [false, false, true]),
+        ] {
+            let got = [hermes, mistral, llama].map(|text| with(parser).parse(text, "c").is_some());
+            assert_eq!(got, reads, "{parser:?}");
+        }
     }
 }

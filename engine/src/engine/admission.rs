@@ -39,6 +39,8 @@ pub(crate) struct Intake {
     pub fit: RequestFit,
     /// Most requests admitted but not yet scheduled for the first time.
     pub max_waiting: usize,
+    /// The scheduling policy (whether a request's priority means anything).
+    pub policy: scheduler::Policy,
     /// Client id → key of every unfinished request (the only place id strings are looked up).
     ids: Mutex<HashMap<String, RequestKey>>,
     /// The one source of `RequestKey`s (and of the handles' generated id strings).
@@ -73,11 +75,12 @@ pub(crate) struct IntakeLimits {
     pub vocab_size: usize,
     pub fit: RequestFit,
     pub max_waiting: usize,
+    pub policy: scheduler::Policy,
 }
 
 impl Intake {
     pub fn new(folder: model::ModelFolder, limits: IntakeLimits) -> Self {
-        let IntakeLimits { model_name, max_model_len, vocab_size, fit, max_waiting } = limits;
+        let IntakeLimits { model_name, max_model_len, vocab_size, fit, max_waiting, policy } = limits;
         Self {
             model_name,
             default_params: SamplingParams::with_generation_defaults(&folder.generation),
@@ -88,6 +91,7 @@ impl Intake {
             vocab_size,
             fit,
             max_waiting,
+            policy,
             ids: Mutex::new(HashMap::new()),
             next_key: AtomicU64::new(0),
             waiting: AtomicUsize::new(0),
@@ -307,6 +311,22 @@ impl Engine {
             RequestRecord::new(id, key, Arc::new(params), &tokens, arrival, samplers, sink).with_guide(guide);
         self.live.insert(key, record);
         Ok(key)
+    }
+
+    /// Takes the requests whose first chunk this step's plan holds out of the waiting queue
+    /// (a request appears in a plan first with its first chunk, which starts past the prompt
+    /// prefix the cache already held: a full hit leaves a one-token chunk that is no prefill).
+    pub(super) fn mark_first_scheduled(&mut self, now: Instant) {
+        for s in &self.bufs.plan.seqs {
+            if let Some(record) = self.live.get_mut(&s.seq_id.request)
+                && !record.scheduled
+            {
+                record.scheduled = true;
+                record.first_scheduled = Some(now);
+                record.num_cached_tokens = s.tokens.start;
+                self.intake.leave_waiting();
+            }
+        }
     }
 
     /// The scheduler's entry; its own checks cannot refuse what `Intake::prepare` let through,

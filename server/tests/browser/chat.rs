@@ -135,7 +135,7 @@ pub(crate) async fn server_errors_show_as_errors(c: &Ctx) {
         )
         .await;
     let text = err.as_str().unwrap_or_default();
-    assert!(text.contains("HTTP 400") && text.contains("exceeds max_model_len 2048"), "{text}");
+    assert!(text.contains("HTTP 400") && text.contains("maximum context length is 2048 tokens"), "{text}");
     assert_eq!(c.js("return document.getElementById('send').disabled").await, false);
     // The one console entry is the browser's own report of the 400.
     let severe: Vec<Value> = c.console().await.into_iter().filter(|e| e["level"] == "SEVERE").collect();

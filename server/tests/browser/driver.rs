@@ -195,15 +195,19 @@ impl Ctx {
         resp.json().await.unwrap_or_else(|e| panic!("{path}: {e}"))
     }
 
+    /// A metric's value, summed over its label sets (`request_success_total` has one per
+    /// finish reason).
     pub(crate) async fn metric(&self, name: &str) -> f64 {
         let text =
             self.http.get(format!("{}/metrics", self.base)).send().await.unwrap_or_else(|e| panic!("{e}"));
         let text = text.text().await.unwrap_or_default();
-        text.lines()
-            .find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("no {name} in /metrics"))
+        let values: Vec<f64> = text
+            .lines()
+            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+            .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+            .collect();
+        assert!(!values.is_empty(), "no {name} in /metrics");
+        values.iter().sum()
     }
 
     /// Waits until the engine holds no block (`GET /v1/kv_map`: no table, nothing owned or

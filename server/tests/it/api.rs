@@ -151,7 +151,11 @@ fn a_client_that_disconnects_mid_stream_frees_its_blocks() {
         let got = sse_events(resp, 2).await;
         assert_eq!(got.len(), 2);
         let metrics = srv.wait_idle().await;
-        assert!(metrics.contains("vllm:request_success_total{model_name=\"tiny\"} 0"), "{metrics}");
+        for reason in ["stop", "length", "abort"] {
+            let line =
+                format!("vllm:request_success_total{{finished_reason=\"{reason}\",model_name=\"tiny\"}} 0");
+            assert!(metrics.contains(&line), "{line} missing from\n{metrics}");
+        }
         // The engine keeps serving.
         let (status, _) = srv.post_json("/v1/completions", &json!({"prompt": "x", "max_tokens": 2})).await;
         assert_eq!(status, StatusCode::OK);
@@ -189,18 +193,38 @@ fn models_health_tokenize_detokenize_and_metrics() {
         for name in [
             "vllm:num_requests_running",
             "vllm:num_requests_waiting",
-            "vllm:num_requests_swapped",
             "vllm:kv_cache_usage_perc",
-            "vllm:prefix_cache_hit_rate",
+            "vllm:prefix_cache_queries_total",
+            "vllm:prefix_cache_hits_total",
             "vllm:num_preemptions_total",
             "vllm:prompt_tokens_total",
             "vllm:generation_tokens_total",
             "vllm:time_to_first_token_seconds_bucket",
-            "vllm:time_per_output_token_seconds_bucket",
+            "vllm:inter_token_latency_seconds_bucket",
+            "vllm:request_time_per_output_token_seconds_bucket",
             "vllm:e2e_request_latency_seconds_count",
+            "vllm:request_queue_time_seconds_count",
+            "vllm:request_prefill_time_seconds_count",
+            "vllm:request_decode_time_seconds_count",
+            "vllm:request_inference_time_seconds_count",
+            "vllm:request_prompt_tokens_bucket",
+            "vllm:request_generation_tokens_bucket",
+            "vllm:iteration_tokens_total_bucket",
         ] {
             assert!(metrics.contains(name), "{name} missing from\n{metrics}");
         }
+        // Names vLLM's V1 engine no longer exports.
+        for gone in
+            ["vllm:num_requests_swapped", "vllm:prefix_cache_hit_rate", "vllm:time_per_output_token_seconds"]
+        {
+            assert!(!metrics.contains(gone), "{gone} still in\n{metrics}");
+        }
         assert!(metrics.contains("vllm:generation_tokens_total{model_name=\"tiny\"} 3"), "{metrics}");
+        // One request, two generated tokens after the first: two inter-token gaps.
+        assert!(
+            metrics.contains("vllm:inter_token_latency_seconds_count{model_name=\"tiny\"} 2"),
+            "{metrics}"
+        );
+        assert!(metrics.contains("vllm:request_generation_tokens_sum{model_name=\"tiny\"} 3"), "{metrics}");
     });
 }

@@ -19,17 +19,23 @@ pub struct TestServer {
 
 /// A server over the real SmolLM2 (fetched by `cargo xtask fetch-model`), 256 KV blocks.
 pub fn smollm2_server() -> TestServer {
-    let gguf = model::testing::smollm2_gguf();
-    assert!(gguf.exists(), "{} missing: run `cargo xtask fetch-model`", gguf.display());
-    let config = EngineConfig {
+    smollm2_server_with(smollm2_config(), &ServerConfig::default())
+}
+
+/// [`smollm2_server`]'s engine settings, for tests that change some.
+pub fn smollm2_config() -> EngineConfig {
+    EngineConfig {
         kv_cache: engine::KvCacheSize::Blocks(256),
         log_interval: std::time::Duration::ZERO,
         ..EngineConfig::default()
-    };
-    TestServer::over(
-        engine::Engine::new(&gguf, config).unwrap_or_else(|e| panic!("{e}")),
-        &ServerConfig::default(),
-    )
+    }
+}
+
+/// The real SmolLM2 under other engine or server settings.
+pub fn smollm2_server_with(engine_config: EngineConfig, config: &ServerConfig) -> TestServer {
+    let gguf = model::testing::smollm2_gguf();
+    assert!(gguf.exists(), "{} missing: run `cargo xtask fetch-model`", gguf.display());
+    TestServer::over(engine::Engine::new(&gguf, engine_config).unwrap_or_else(|e| panic!("{e}")), config)
 }
 
 pub fn small_config() -> EngineConfig {
