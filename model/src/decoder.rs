@@ -137,7 +137,7 @@ pub struct Model {
     pub final_norm: Weight,
     /// `None` when tied to `embed`.
     pub lm_head: Option<Weight>,
-    /// How decode-shaped matmuls over Q4_0/Q4_1/Q8_0 weights take their activations
+    /// How decode-shaped matmuls over Q4_0/Q4_1/Q5_0/Q8_0 weights take their activations
     /// (f32 by default; int16 when a user opts in).
     pub activations: ActivationPrecision,
     /// One rotation per [`RopeKind`], for the context the model is served at.

@@ -20,7 +20,7 @@ pub struct EngineKnobs {
     /// Quantize float weights at load (a GGUF's own quantized tensors are kept as they are).
     #[arg(long, value_enum)]
     pub quantization: Option<QuantizationArg>,
-    /// Activations of the CPU's decode matmuls over Q4_0/Q4_1/Q8_0 weights: f32 (what the f32
+    /// Activations of the CPU's decode matmuls over Q4_0/Q4_1/Q5_0/Q8_0 weights: f32 (what the f32
     /// dequantization computes) or int16 (integer kernels, ~1e-2 of logit error measured).
     #[arg(long, value_enum, default_value = "f32")]
     pub decode_activations: DecodeActivations,

@@ -4,8 +4,8 @@
 
 use std::path::PathBuf;
 
-use model::Model;
 use model::arch::{Family, RopeKind};
+use model::{ActivationPrecision, Model};
 use serde_json::Value;
 
 use crate::harness::{argmax, greedy_batch};
@@ -14,6 +14,11 @@ use crate::harness::{argmax, greedy_batch};
 /// math of the same dequantized weights, in different orders, over 18 layers and a
 /// 262 144-token head.
 pub(crate) const TOP5_TOL: f32 = 1e-2;
+
+/// Largest allowed |logit − the f32 activations' logit| on a decode step's top 5 with the opt-in
+/// int16 activations (2⁻¹⁶ of each group's largest activation, in the Q5_0 and Q8_0 matmuls,
+/// the 262 144-row LM head included): about three times what the test measures on AVX2.
+const INT16_TOL: f32 = 1.5e-2;
 
 /// This crate's `tests/data/<name>`, parsed.
 pub(crate) fn golden_file(name: &str) -> Value {
@@ -65,4 +70,41 @@ fn greedy_generations_and_first_logits_match_llama_cpp() {
         }
     });
     eprintln!("gemma3-270m: largest first-step top-5 logit difference from llama.cpp: {worst:.2e}");
+}
+
+/// The opt-in int16 activations (`ActivationPrecision::Int16`) on the goldens: every golden
+/// token kept, and each decode step's top-5 logits within [`INT16_TOL`] of the default f32
+/// activations' (the same tokens in, so the same rows compare).
+#[test]
+fn int16_activations_keep_the_golden_tokens_within_their_tolerance() {
+    let mut model = Model::load(&model::testing::gemma3_gguf_for_tests()).expect("load");
+    let goldens = golden_file("gemma3-270m-public.json");
+    let gens = goldens["generations"].as_array().expect("generations");
+    let prompts: Vec<Vec<u32>> = gens.iter().map(|g| ids(&g["prompt_ids"])).collect();
+    let expected: Vec<Vec<u32>> = gens.iter().map(|g| ids(&g["output_ids"])).collect();
+    let steps = expected.iter().map(Vec::len).max().expect("a generation");
+    let check_token = |step: usize, i: usize, row: &[f32]| {
+        if let Some(&want) = expected[i].get(step) {
+            assert_eq!(argmax(row), want, "prompt {i}: token {step} differs from llama.cpp's");
+        }
+    };
+    // Each (step, prompt)'s five largest logits with the f32 activations.
+    let mut top5 = std::collections::HashMap::new();
+    greedy_batch(&model, prompts.clone(), steps, |step, i, row| {
+        check_token(step, i, row);
+        let mut order: Vec<usize> = (0..row.len()).collect();
+        order.select_nth_unstable_by(5, |&a, &b| row[b].total_cmp(&row[a]));
+        top5.insert((step, i), order[..5].iter().map(|&id| (id, row[id])).collect::<Vec<_>>());
+    });
+    model.activations = ActivationPrecision::Int16;
+    let mut worst = 0.0f32;
+    greedy_batch(&model, prompts, steps, |step, i, row| {
+        check_token(step, i, row);
+        for &(id, want) in &top5[&(step, i)] {
+            let diff = (row[id] - want).abs();
+            worst = worst.max(diff);
+            assert!(diff <= INT16_TOL, "prompt {i}, step {step}: logit of {id}: {} vs {want} (f32)", row[id]);
+        }
+    });
+    eprintln!("gemma3-270m: largest top-5 logit difference of int16 activations from f32: {worst:.2e}");
 }

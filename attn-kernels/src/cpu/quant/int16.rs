@@ -1,5 +1,5 @@
 //! The optional int16-activation decode path ([`super::ActivationPrecision::Int16`]) for the
-//! formats whose codes are small integers (Q4_0, Q4_1, Q8_0): each token's activations are
+//! formats whose codes are small integers (Q4_0, Q4_1, Q5_0, Q8_0): each token's activations are
 //! rounded once per call to int16 with one scale per group of 32 (`dx = max|x| / 32767`), so a
 //! group's dot product is an exact integer sum (`vpdpwssd` on AVX-512 VNNI, `vpmaddwd` on
 //! AVX2) scaled once by `d·dx`; the offsets of Q4_0/Q4_1 still go through the exact f32 group
@@ -16,7 +16,7 @@
 /// Whether this path runs format `ty`.
 pub(super) fn supports(ty: super::GgmlType) -> bool {
     use super::GgmlType::*;
-    matches!(ty, Q4_0 | Q4_1 | Q8_0)
+    matches!(ty, Q4_0 | Q4_1 | Q5_0 | Q8_0)
 }
 
 /// The activations of one decode call in int16: per token and pair of groups, 64 words in the
@@ -92,7 +92,7 @@ mod x86 {
     use std::arch::x86_64::*;
 
     use super::X16;
-    use crate::cpu::quant::avx2::{PREFETCH_AHEAD, f16_at, hsum};
+    use crate::cpu::quant::avx2::{PREFETCH_AHEAD, f16_at, hsum, q5_codes};
     use crate::cpu::quant::{GgmlType, RowTask};
 
     /// One group of 32 activations at `x` into int16 words: values 0..16 at `words`, 16..32 at
@@ -140,10 +140,23 @@ mod x86 {
         _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)))
     }
 
+    /// How a format's [`Codes::halves`] hold its codes.
+    #[derive(PartialEq, Eq)]
+    pub(super) enum Layout {
+        /// Sixteen bytes of nibbles, twice: the low nibbles are the first half.
+        Nibbles,
+        /// Sixteen signed bytes per half.
+        Signed,
+        /// Sixteen unsigned bytes per half.
+        Unsigned,
+    }
+
     /// One format's groups as integer codes for this path: `value = code·d + m`.
     pub(super) trait Codes {
         /// Bytes per group.
         const BYTES: usize;
+        /// How [`Codes::halves`] holds the codes.
+        const LAYOUT: Layout = Layout::Nibbles;
         /// Whether `m` can be non-zero.
         const OFFSET: bool;
         /// Where a group's codes start, after its scales.
@@ -174,6 +187,9 @@ mod x86 {
     pub(super) struct Q4_0;
     /// Q8_0 (f16 d, 32 signed bytes): `halves` returns bytes 0..16 and 16..32.
     pub(super) struct Q8_0;
+    /// Q5_0 (f16 d, four bytes of fifth bits, sixteen bytes of nibbles; offset -16d): `halves`
+    /// returns the five-bit codes of values 0..16 and 16..32, one per byte.
+    pub(super) struct Q5_0;
 
     impl Codes for Q4_1 {
         const BYTES: usize = 20;
@@ -201,6 +217,7 @@ mod x86 {
 
     impl Codes for Q8_0 {
         const BYTES: usize = 34;
+        const LAYOUT: Layout = Layout::Signed;
         const OFFSET: bool = false;
         const CODES_AT: usize = 2;
         #[inline(always)]
@@ -218,19 +235,42 @@ mod x86 {
         }
     }
 
+    impl Codes for Q5_0 {
+        const BYTES: usize = 22;
+        const LAYOUT: Layout = Layout::Unsigned;
+        const OFFSET: bool = true;
+        const CODES_AT: usize = 2;
+        #[inline(always)]
+        unsafe fn halves(row: *const u8, g: usize) -> [__m128i; 2] {
+            // SAFETY: block g (22 bytes: f16 d, 4 bytes of fifth bits, 16 bytes of nibbles)
+            // is in the row; the callers are AVX2 functions.
+            unsafe {
+                let b = row.add(g * 22);
+                let codes = q5_codes(b.add(2), b.add(6));
+                [_mm256_castsi256_si128(codes), _mm256_extracti128_si256::<1>(codes)]
+            }
+        }
+        #[inline(always)]
+        unsafe fn scale(row: *const u8, g: usize) -> (f32, f32) {
+            // SAFETY: as above. Codes are 0..32 with value (q - 16)·d.
+            let d = unsafe { f16_at(row.add(g * 22)) };
+            (d, -16.0 * d)
+        }
+    }
+
     /// Whether the format's codes are nibbles (split after widening) rather than bytes.
     const fn nibbles<F: Codes>() -> bool {
-        F::BYTES != 34
+        matches!(F::LAYOUT, Layout::Nibbles)
     }
 
     /// Sixteen-bit words of group halves `a` (low 128 bits) and `b` (high): zero-extended
-    /// nibble bytes, or sign-extended Q8_0 codes.
+    /// nibble and unsigned bytes, or sign-extended Q8_0 codes.
     #[inline(always)]
     unsafe fn widen512<F: Codes>(a: __m128i, b: __m128i) -> __m512i {
         // SAFETY: the callers are AVX-512BW functions.
         unsafe {
             let v = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(a), b);
-            if nibbles::<F>() { _mm512_cvtepu8_epi16(v) } else { _mm512_cvtepi8_epi16(v) }
+            if F::LAYOUT == Layout::Signed { _mm512_cvtepi8_epi16(v) } else { _mm512_cvtepu8_epi16(v) }
         }
     }
 
@@ -327,8 +367,10 @@ mod x86 {
                     let (first, second) = if nibbles::<F>() {
                         let w = _mm256_cvtepu8_epi16(a0);
                         (_mm256_and_si256(w, low4), _mm256_srli_epi16::<4>(w))
-                    } else {
+                    } else if F::LAYOUT == Layout::Signed {
                         (_mm256_cvtepi8_epi16(a0), _mm256_cvtepi8_epi16(a1))
+                    } else {
+                        (_mm256_cvtepu8_epi16(a0), _mm256_cvtepu8_epi16(a1))
                     };
                     let (p, half) = (g / 2, g % 2);
                     for (t, a) in acc.iter_mut().enumerate() {
@@ -371,6 +413,7 @@ mod x86 {
                     GgmlType::Q4_1 => by_m!(Q4_1),
                     GgmlType::Q4_0 => by_m!(Q4_0),
                     GgmlType::Q8_0 => by_m!(Q8_0),
+                    GgmlType::Q5_0 => by_m!(Q5_0),
                     other => unreachable!("no int16 kernel for {other:?}"),
                 }
             }

@@ -5,7 +5,7 @@
 //!
 //! Where the work goes: a few tokens (decode, [`DECODE_MAX_M`] or fewer) run [`decode`], which
 //! dequantizes each weight group in registers and streams every byte once for all tokens (or,
-//! opted into with [`ActivationPrecision::Int16`], multiplies Q4_0/Q4_1/Q8_0 codes into int16
+//! opted into with [`ActivationPrecision::Int16`], multiplies Q4_0/Q4_1/Q5_0/Q8_0 codes into int16
 //! activations, [`int16`]);
 //! more tokens run [`panel`], which dequantizes rows into f32 once per call and multiplies
 //! them into every token: up to `linear::TOKEN_LANES_MAX_M` tokens (batched decode) 12 rows at
@@ -108,7 +108,7 @@ use crate::cpu::linear::{OutPtr, linear};
 /// above it, rows are dequantized into `token_lanes` or panels into `gemm` ([`panel`]).
 pub const DECODE_MAX_M: usize = 8;
 
-/// How decode-shaped matmuls over Q4_0, Q4_1 and Q8_0 take their activations (the other
+/// How decode-shaped matmuls over Q4_0, Q4_1, Q5_0 and Q8_0 take their activations (the other
 /// formats, and prefill-shaped matmuls, always run the f32 kernels).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ActivationPrecision {

@@ -201,6 +201,7 @@ fn int16_expectation(
                 let f16_at = |at: usize| f64::from(f16::from_le_bytes([block[at], block[at + 1]]).to_f32());
                 let offset = match ty {
                     GgmlType::Q4_0 => -8.0 * f16_at(0),
+                    GgmlType::Q5_0 => -16.0 * f16_at(0),
                     GgmlType::Q4_1 => f16_at(2),
                     _ => 0.0,
                 };
