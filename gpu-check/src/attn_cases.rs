@@ -107,6 +107,20 @@ impl AttnCase {
         self.metadata.as_meta()
     }
 
+    /// The CPU kernels' output with `scores` (f32 accumulation, like the CUDA kernels).
+    pub fn cpu_output(&self, scores: AttnScores) -> Result<Vec<f32>, AttnError> {
+        let mut out = vec![0.0; self.query.len()];
+        attn_kernels::paged_attention(
+            &mut out,
+            &self.query,
+            &self.cache,
+            &self.meta(),
+            self.num_heads,
+            scores,
+        )?;
+        Ok(out)
+    }
+
     /// The f64-softmax reference output.
     pub fn reference(&self) -> Result<Vec<f32>, AttnError> {
         let mut out = vec![0.0; self.query.len()];
@@ -284,18 +298,7 @@ mod tests {
             for (name, chunks) in batches() {
                 let case = AttnCase::random(geometry(dtype, 16), 4, &chunks, 11)?;
                 let want = case.reference()?;
-                let cpu = |scale: f32| -> Result<Vec<f32>, AttnError> {
-                    let mut out = vec![0.0f32; case.query.len()];
-                    attn_kernels::paged_attention(
-                        &mut out,
-                        &case.query,
-                        &case.cache,
-                        &case.meta(),
-                        4,
-                        scale,
-                    )?;
-                    Ok(out)
-                };
+                let cpu = |scale: f32| case.cpu_output(AttnScores { scale, ..case.scores });
                 let err = max_rel_error(&cpu(case.scores.scale)?, &want);
                 assert!(err <= attention_tolerance(dtype), "{dtype:?} {name}: CPU kernel off by {err:.2e}");
                 // The same case with the softmax flattened (logits scaled down 8x) is far off.
@@ -326,15 +329,7 @@ mod tests {
             let full = case.reference()?;
             case.scores.sliding_window = Some(window);
             let want = case.reference()?;
-            let mut out = vec![0.0f32; case.query.len()];
-            attn_kernels::paged_attention(
-                &mut out,
-                &case.query,
-                &case.cache,
-                &case.meta(),
-                case.num_heads,
-                case.scores,
-            )?;
+            let out = case.cpu_output(case.scores)?;
             let err = max_rel_error(&out, &want);
             assert!(err <= attention_tolerance(dtype), "{name} {dtype:?}: CPU kernel off by {err:.2e}");
             let off = max_rel_error(&full, &want);

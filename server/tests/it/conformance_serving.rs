@@ -25,20 +25,7 @@ fn post(path: &str, body: &Value) -> Request<Body> {
 
 /// Every event of an SSE body as sent (`:` keep-alive comments included), until `[DONE]`.
 async fn raw_events(resp: axum::response::Response) -> Vec<String> {
-    let mut body = resp.into_body().into_data_stream();
-    let (mut events, mut buf) = (Vec::new(), String::new());
-    while let Some(chunk) = body.next().await {
-        buf.push_str(&String::from_utf8_lossy(&chunk.unwrap_or_else(|e| panic!("{e}"))));
-        while let Some(end) = buf.find("\n\n") {
-            let event: String = buf.drain(..end + 2).collect();
-            let done = event.contains("data: [DONE]");
-            events.push(event.trim_end().to_owned());
-            if done {
-                return events;
-            }
-        }
-    }
-    events
+    crate::support::raw_sse_events(resp, |seen| seen.last().is_some_and(|e| e.contains("data: [DONE]"))).await
 }
 
 /// A chat stream queued behind a running request (one sequence at a time): its events.

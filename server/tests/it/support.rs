@@ -128,18 +128,28 @@ pub async fn json_of(resp: axum::response::Response) -> serde_json::Value {
 /// The `data:` payloads of an SSE body, in order, as they arrive; stops after `limit` events
 /// (dropping the body there, as a client that goes away would).
 pub async fn sse_events(resp: axum::response::Response, limit: usize) -> Vec<String> {
+    let data = |event: &String| {
+        event.lines().filter_map(|l| l.strip_prefix("data: ")).map(str::to_owned).collect::<Vec<_>>()
+    };
+    let mut events = Vec::new();
+    for event in raw_sse_events(resp, |seen| seen.iter().map(|e| data(e).len()).sum::<usize>() >= limit).await
+    {
+        events.extend(data(&event));
+    }
+    events
+}
+
+/// Every event of an SSE body as sent (`:` keep-alive comments included), until `done` says
+/// the events so far are enough or the body ends.
+pub async fn raw_sse_events(resp: axum::response::Response, done: impl Fn(&[String]) -> bool) -> Vec<String> {
     let mut body = resp.into_body().into_data_stream();
     let (mut events, mut buf) = (Vec::new(), String::new());
     while let Some(chunk) = body.next().await {
         buf.push_str(&String::from_utf8_lossy(&chunk.unwrap_or_else(|e| panic!("{e}"))));
         while let Some(end) = buf.find("\n\n") {
             let event: String = buf.drain(..end + 2).collect();
-            for line in event.lines() {
-                if let Some(data) = line.strip_prefix("data: ") {
-                    events.push(data.to_owned());
-                }
-            }
-            if events.len() >= limit {
+            events.push(event.trim_end().to_owned());
+            if done(&events) {
                 return events;
             }
         }
