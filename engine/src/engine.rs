@@ -442,15 +442,10 @@ impl Engine {
             greedy::targets(&self.bufs.plan, &mut self.bufs.targets);
             greedy::record(tokens, &self.bufs.targets, &mut self.live)?
         } else {
-            let guides = crate::structured::sampled_guides(&self.bufs.plan, &mut self.live);
-            let logits = crate::structured::while_running(guides, || self.runner.forward(&step))?;
-            gather_sample_rows(
-                &self.bufs.plan,
-                logits,
-                vocab,
-                &mut self.bufs.targets,
-                &mut self.bufs.logits,
-            )?;
+            let guides = crate::structured::sampled_guides(plan, &mut self.live);
+            let times = self.metrics.mask_times();
+            let logits = crate::structured::while_running(guides, times, || self.runner.forward(&step))?;
+            gather_sample_rows(plan, logits, vocab, &mut self.bufs.targets, &mut self.bufs.logits)?;
             self.sample(vocab)?
         };
         let updates = self.apply_samples(sampled)?;
