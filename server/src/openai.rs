@@ -120,7 +120,7 @@ impl CompletionRequest {
 }
 
 /// One chat message; `content` is a string or a list of `{"type": "text", "text": …}` parts
-/// (or `null` beside `tool_calls`). An assistant's `tool_calls` and a tool result's
+/// (or `null` beside `tool_calls`, rendered as ""). An assistant's `tool_calls` and a tool result's
 /// `tool_call_id` and `name` go to the template as given.
 #[derive(Debug, Clone, Deserialize)]
 pub struct ChatMessageInput {
@@ -204,9 +204,9 @@ pub fn chat_messages(messages: &[ChatMessageInput]) -> Result<Vec<ChatMessage>, 
         .iter()
         .map(|m| {
             let content = match &m.content {
-                // A tool-calling assistant turn has no text: the template sees `null`, as
-                // transformers' would.
-                None if m.tool_calls.is_some() => None,
+                // A tool-calling assistant turn has no text: the template sees "", as vLLM
+                // renders it; ChatML-style templates (SmolLM2's) add `content` to a string, which
+                // `null` fails, and templates that test the content's truth read "" as `null`.
                 None => Some(String::new()),
                 Some(ChatContent::Text(t)) => Some(t.clone()),
                 Some(ChatContent::Parts(parts)) => {
