@@ -410,4 +410,19 @@ mod tests {
             serde_json::from_value(serde_json::json!([])).unwrap_or_else(|e| panic!("{e}"));
         assert!(empty.into_prompts().is_err());
     }
+
+    #[test]
+    fn a_tool_calling_turn_without_content_reaches_the_template_as_empty_text() {
+        let messages: Vec<ChatMessageInput> = serde_json::from_value(serde_json::json!([
+            {"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+                "function": {"name": "get_weather", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"}
+        ]))
+        .unwrap_or_else(|e| panic!("{e}"));
+        let out = chat_messages(&messages).unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(out[1].content.as_deref(), Some(""));
+        assert_eq!(out[1].tool_calls.as_ref().map(|c| c[0].function.name.as_str()), Some("get_weather"));
+        assert_eq!(out[2].tool_call_id.as_deref(), Some("c1"));
+    }
 }
