@@ -201,11 +201,7 @@ async def main():
         jobs += [parse_person(chat, model, t) for t in (0, 1)]
         jobs += [tool_round_trip(aclient, chat, model, choice, streamed)
                  for choice in (NAMED, "required") for streamed in (False, True)]
-        results = [r for rs in await asyncio.gather(*jobs) for r in rs]
-        counters = [line for line in (await aclient._client.get(BASE + "/metrics")).text.splitlines()
-                    if line.startswith(("vllm:prompt_tokens_total", "vllm:generation_tokens_total"))]
-        print("server: " + ", ".join(counters), flush=True)
-        return results
+        return [r for rs in await asyncio.gather(*jobs) for r in rs]
 
 
 valid = [s for _, s in SCHEMAS if jsonschema.Draft202012Validator.check_schema(s) is None]
