@@ -442,7 +442,8 @@ impl Engine {
             greedy::record(tokens, &self.bufs.targets, &mut self.live)?
         } else {
             let guides = crate::structured::sampled_guides(&self.bufs.plan, &mut self.live);
-            let logits = crate::structured::while_running(guides, || self.runner.forward(&step))?;
+            let times = self.metrics.mask_times();
+            let logits = crate::structured::while_running(guides, times, || self.runner.forward(&step))?;
             let (logits, prompt_logits) = logits
                 .split_at_checked(plan.sample_indices.len() * vocab)
                 .ok_or(EngineError::Internal("fewer logits than sampled rows"))?;

@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
+use crate::structured::MaskTimes;
+
 /// Percentiles of a latency sample, in milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Default)]
 pub struct LatencyStats {
@@ -162,6 +164,8 @@ pub struct MetricsSnapshot {
     pub tpot: LatencyStats,
     /// Arrival to finish of the requests that finished normally.
     pub e2e_latency: LatencyStats,
+    /// The guided samples' token masks prepared beside the forward passes.
+    pub guided_masks: MaskTimes,
 }
 
 /// Accumulates metrics; the engine feeds it each step.
@@ -182,6 +186,7 @@ pub struct MetricsCollector {
     ttft: LatencyHistogram,
     tpot: LatencyHistogram,
     e2e: LatencyHistogram,
+    guided_masks: MaskTimes,
 }
 
 impl MetricsCollector {
@@ -204,12 +209,18 @@ impl MetricsCollector {
             ttft: LatencyHistogram::new(),
             tpot: LatencyHistogram::new(),
             e2e: LatencyHistogram::new(),
+            guided_masks: MaskTimes::default(),
         }
     }
 
     /// Clears counters and samples (gauges come from elsewhere); starts the clock again.
     pub fn reset(&mut self) {
         *self = Self::new(self.interval);
+    }
+
+    /// Where the step's mask worker adds its times.
+    pub(crate) fn mask_times(&mut self) -> &mut MaskTimes {
+        &mut self.guided_masks
     }
 
     pub fn record_rejected(&mut self) {
@@ -297,6 +308,7 @@ impl MetricsCollector {
             ttft: self.ttft.stats(),
             tpot: self.tpot.stats(),
             e2e_latency: self.e2e.stats(),
+            guided_masks: self.guided_masks,
         }
     }
 }

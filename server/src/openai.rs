@@ -192,7 +192,7 @@ impl CompletionRequest {
 const COMPLETIONS_DEFAULT_MAX_TOKENS: i64 = 16;
 
 /// One chat message; `content` is a string or a list of `{"type": "text", "text": …}` parts
-/// (or `null` beside `tool_calls`). An assistant's `tool_calls` and a tool result's
+/// (or `null` beside `tool_calls`, rendered as ""). An assistant's `tool_calls` and a tool result's
 /// `tool_call_id` and `name` go to the template as given.
 #[derive(Debug, Clone, Deserialize)]
 pub struct ChatMessageInput {
@@ -286,9 +286,9 @@ pub fn chat_messages(messages: &[ChatMessageInput]) -> Result<Vec<ChatMessage>, 
         .iter()
         .map(|m| {
             let content = match &m.content {
-                // A tool-calling assistant turn has no text: the template sees `null`, as
-                // transformers' would.
-                None if m.tool_calls.is_some() => None,
+                // A tool-calling assistant turn has no text: the template sees "", as vLLM
+                // renders it; ChatML-style templates (SmolLM2's) add `content` to a string, which
+                // `null` fails, and templates that test the content's truth read "" as `null`.
                 None => Some(String::new()),
                 Some(ChatContent::Text(t)) => Some(t.clone()),
                 Some(ChatContent::Parts(parts)) => {
@@ -546,5 +546,20 @@ mod tests {
         let empty: PromptInput =
             serde_json::from_value(serde_json::json!([])).unwrap_or_else(|e| panic!("{e}"));
         assert!(empty.into_prompts().is_err());
+    }
+
+    #[test]
+    fn a_tool_calling_turn_without_content_reaches_the_template_as_empty_text() {
+        let messages: Vec<ChatMessageInput> = serde_json::from_value(serde_json::json!([
+            {"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+                "function": {"name": "get_weather", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"}
+        ]))
+        .unwrap_or_else(|e| panic!("{e}"));
+        let out = chat_messages(&messages).unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(out[1].content.as_deref(), Some(""));
+        assert_eq!(out[1].tool_calls.as_ref().map(|c| c[0].function.name.as_str()), Some("get_weather"));
+        assert_eq!(out[2].tool_call_id.as_deref(), Some("c1"));
     }
 }

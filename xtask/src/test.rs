@@ -42,7 +42,7 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
     for model in [fetch_model::ModelChoice::Smollm2, fetch_model::ModelChoice::Gemma3_270m] {
         fetch_model::run(&fetch_model::FetchModelArgs { model, dir: None, dtype: fetch_model::Dtype::F32 })?;
     }
-    // The server's client test drives it with the official `openai` Python package.
+    // The server's client tests drive it with the official `openai` Python package.
     ensure_openai_venv()?;
     // The server's browser test drives the web page in headless Chromium.
     ensure_chromium()?;
@@ -52,7 +52,8 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
     run_workspace_tests()
 }
 
-/// `target/venv-openai` with the `openai` package (idempotent: only what is missing is made).
+/// `target/venv-openai` with the `openai` package (pydantic comes with it) and `jsonschema`, which
+/// the structured-outputs checks validate with (idempotent: only what is missing is made).
 fn ensure_openai_venv() -> anyhow::Result<()> {
     let venv = workspace_root().join("target/venv-openai");
     let python = venv.join("bin/python");
@@ -60,7 +61,7 @@ fn ensure_openai_venv() -> anyhow::Result<()> {
         run_cmd(std::process::Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
     }
     let has_openai = std::process::Command::new(&python)
-        .args(["-c", "import openai, httpx"])
+        .args(["-c", "import openai, httpx, pydantic, jsonschema"])
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
@@ -70,7 +71,8 @@ fn ensure_openai_venv() -> anyhow::Result<()> {
             "pip",
             "install",
             "--quiet",
-            "openai>=1.30,<3",
+            "openai>=1.40,<3",
+            "jsonschema>=4.18,<5",
         ]))?;
     }
     Ok(())

@@ -1,7 +1,8 @@
 //! Structured outputs on the real SmolLM2 (the Q4_1 GGUF): a JSON schema's output parses and
-//! validates, a choice is one of the choices, a regex matches, a bad schema is refused at
-//! admission, `logit_bias` bans and forces tokens, `max_tokens` mid-grammar is `length`, parallel
-//! samples each follow the grammar, and greedy constrained outputs survive preemption unchanged.
+//! validates (each token's mask prepared beside the forward pass), a choice is one of the
+//! choices, a regex matches, a bad schema is refused at admission, `logit_bias` bans and forces
+//! tokens, `max_tokens` mid-grammar is `length`, parallel samples each follow the grammar, and
+//! greedy constrained outputs survive preemption unchanged.
 
 use engine::{
     ChatMessage, Completion, Constraint, Engine, EngineConfig, FinishReason, KvCacheSize, PreemptionMode,
@@ -71,6 +72,10 @@ fn a_json_schema_output_parses_and_validates() {
     assert_eq!(c.finish_reason.as_ref().map(FinishReason::as_str), Some("stop"), "{c:?}");
     let v: Value = serde_json::from_str(&c.text).unwrap_or_else(|e| panic!("{e}: {:?}", c.text));
     check_person(&v);
+    // Each token's mask was prepared beside the forward pass that computed its logits.
+    let masks = engine.metrics().guided_masks;
+    assert_eq!((masks.masks, masks.steps), (c.token_ids.len() as u64, c.token_ids.len() as u64), "{masks:?}");
+    assert!(masks.compute_s > 0.0 && masks.wait_s >= 0.0, "{masks:?}");
     // Any JSON object, sampled hot, three samples each following the grammar on its own.
     let params = SamplingParams {
         n: 3,

@@ -1,11 +1,13 @@
 //! The server on the real SmolLM2 model over a real socket (127.0.0.1), driven by the official
 //! `openai` Python package (`tests/openai_client.py`: chat and completions, streaming and
 //! not, `n=2`, logprobs, stop, seeds, greedy text equal to the in-process engine's, errors,
-//! a 64-stream load test with disconnects, a burst past `max_waiting`) and by `curl
+//! a 64-stream load test with disconnects, a burst past `max_waiting`; `tests/openai_structured.py`:
+//! `parse` with a pydantic model, 80 concurrent `json_schema` requests validated with
+//! `jsonschema`, a tool round trip whole and through the client's stream helper) and by `curl
 //! --no-buffer`, which must see SSE chunks before the request ends.
 //!
-//! Needs the model (`cargo xtask fetch-model`) and the `openai` package in
-//! `target/venv-openai` (`cargo xtask test` installs both).
+//! Needs the model (`cargo xtask fetch-model`) and the `openai` and `jsonschema` packages in
+//! `target/venv-openai` (`cargo xtask test` installs them).
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -25,7 +27,7 @@ fn python() -> PathBuf {
     assert!(
         py.exists(),
         "{} not found: `cargo xtask test` creates it (python3 -m venv target/venv-openai && \
-         target/venv-openai/bin/pip install openai)",
+         target/venv-openai/bin/pip install openai jsonschema)",
         py.display()
     );
     py
@@ -62,41 +64,99 @@ fn expected(dir: &std::path::Path) -> serde_json::Value {
     })
 }
 
+/// A server on 127.0.0.1 (an ephemeral port) over `engine`, running on `runtime` until dropped.
+struct Loopback {
+    base: String,
+    handle: EngineHandle,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    served: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl Loopback {
+    fn serve(engine: Engine) -> Self {
+        let handle = EngineHandle::spawn(engine).unwrap_or_else(|e| panic!("{e}"));
+        let server_config = ServerConfig::default();
+        let state = Arc::new(AppState::new(handle.clone(), &server_config).unwrap_or_else(|e| panic!("{e}")));
+        let runtime = crate::support::runtime();
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap_or_else(|e| panic!("bind: {e}"));
+        let base = format!("http://{}", listener.local_addr().unwrap_or_else(|e| panic!("{e}")));
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let served = runtime.spawn(async move {
+            let stop = async {
+                let _ = stop_rx.await;
+            };
+            server::serve(listener, state, &server_config, stop).await
+        });
+        Self { base, handle, stop: Some(stop_tx), served: Some(served), runtime }
+    }
+
+    /// Runs `script` (under `server/tests/`) with the venv's Python, the base URL and `args`;
+    /// passes when it exits 0 having printed `all ok`.
+    fn run_python(&self, script: &str, args: &[String]) {
+        let python = python();
+        let out = Command::new(&python)
+            .arg(workspace_root().join("server/tests").join(script))
+            .arg(&self.base)
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("running {}: {e}", python.display()));
+        let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        println!("{log}");
+        assert!(out.status.success() && log.contains("all ok"), "{script} failed:\n{log}");
+    }
+
+    /// Stops the server and waits for it: a serving error fails the test.
+    fn shut_down(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(served) = self.served.take() {
+            self.runtime.block_on(served).unwrap_or_else(|e| panic!("{e}")).unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+}
+
 #[test]
 fn the_openai_client_and_curl_against_the_real_model() {
     let dir = model::testing::smollm2_dir_for_tests();
-    let python = python();
     let want = expected(&dir);
-    let handle = EngineHandle::spawn(Engine::new(&dir, config()).unwrap_or_else(|e| panic!("{e}")))
-        .unwrap_or_else(|e| panic!("{e}"));
-    let server_config = ServerConfig::default();
-    let state = Arc::new(AppState::new(handle, &server_config).unwrap_or_else(|e| panic!("{e}")));
-    let runtime = crate::support::runtime();
-    let listener = runtime
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap_or_else(|e| panic!("bind: {e}"));
-    let base = format!("http://{}", listener.local_addr().unwrap_or_else(|e| panic!("{e}")));
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let served = runtime.spawn(async move {
-        let stop = async {
-            let _ = stop_rx.await;
-        };
-        server::serve(listener, state, &server_config, stop).await
-    });
+    let server = Loopback::serve(Engine::new(&dir, config()).unwrap_or_else(|e| panic!("{e}")));
+    curl_sees_chunks_before_the_end(&server.base);
+    server.run_python("openai_client.py", &[want.to_string()]);
+    server.shut_down();
+}
 
-    curl_sees_chunks_before_the_end(&base);
-    let out = Command::new(&python)
-        .arg(workspace_root().join("server/tests/openai_client.py"))
-        .arg(&base)
-        .arg(want.to_string())
-        .output()
-        .unwrap_or_else(|e| panic!("running {}: {e}", python.display()));
-    let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    println!("{log}");
-    assert!(out.status.success() && log.contains("all ok"), "the openai client checks failed:\n{log}");
-
-    let _ = stop_tx.send(());
-    runtime.block_on(served).unwrap_or_else(|e| panic!("{e}")).unwrap_or_else(|e| panic!("{e}"));
+/// Structured outputs and tools through the `openai` package, on the default model as users run
+/// it (the Q4_1 GGUF), with room for the 80 requests it sends at once.
+#[test]
+fn structured_outputs_and_tools_through_the_openai_client() {
+    let gguf = model::testing::smollm2_gguf();
+    assert!(gguf.exists(), "{} missing: run `cargo xtask fetch-model`", gguf.display());
+    let config = EngineConfig { max_waiting: 256, ..config() };
+    let server = Loopback::serve(Engine::new(&gguf, config).unwrap_or_else(|e| panic!("{e}")));
+    let started = Instant::now();
+    server.run_python("openai_structured.py", &[]);
+    let m = server.handle.metrics().unwrap_or_else(|e| panic!("{e}"));
+    let masks = m.guided_masks;
+    println!(
+        "openai_structured.py took {:?}: {} engine steps, {} prompt and {} generated tokens; {} masks in \
+         {:.2} s beside the forward passes, {:.3} s waited for",
+        started.elapsed(),
+        m.steps,
+        m.prompt_tokens,
+        m.generation_tokens,
+        masks.masks,
+        masks.compute_s,
+        masks.wait_s
+    );
+    assert!(
+        masks.masks >= m.generation_tokens / 2,
+        "the masks were not prepared beside the forward: {masks:?}"
+    );
+    server.shut_down();
 }
 
 /// `curl --no-buffer` on a 96-token chat stream: its first chunk arrives well before its last.

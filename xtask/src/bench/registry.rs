@@ -28,6 +28,7 @@ pub const TARGETS: &[BenchTarget] = &[
     BenchTarget { group: "server", package: "server", bench: "server", criterion: false },
     BenchTarget { group: "peer", package: "engine", bench: "peer", criterion: false },
     BenchTarget { group: "kv", package: "engine", bench: "kv", criterion: false },
+    BenchTarget { group: "guided", package: "engine", bench: "guided", criterion: false },
     BenchTarget { group: "web", package: "scheduler", bench: "web", criterion: false },
     BenchTarget { group: "web", package: "server", bench: "web_overhead", criterion: false },
 ];
@@ -77,6 +78,7 @@ pub const GOALS: &[(&str, &str)] = &[
     ("cuda.decode_bw_fraction", "≥ 0.80"),
     ("cuda.paged_over_contiguous", "≤ 1.10"),
     ("web.kv_map_snapshot_us", "≤ 200"),
+    ("guided.step_overhead_b64", "≤ 1.05"),
     ("web.dashboard_overhead", "≥ 0.98"),
 ];
 
