@@ -174,6 +174,9 @@ struct PeerModel {
     weights: &'static str,
     /// Its GGUF, fetched when missing.
     gguf: fn() -> Result<PathBuf, String>,
+    /// KV blocks of 16 tokens: 64 × 168 tokens, or one 6 000-token prompt, in its layout (a
+    /// hybrid layout's block holds a group of layers, so the same memory is more blocks).
+    kv_blocks: usize,
 }
 
 fn main() -> Result<(), Box<dyn Error>> {
@@ -183,12 +186,15 @@ fn main() -> Result<(), Box<dyn Error>> {
             prefix: "peer.",
             weights: "Q4_1",
             gguf: model::testing::default_model_fetched,
+            kv_blocks: 64 * 12 + 64,
         },
         PeerModel {
             label: "Gemma 3 270M",
             prefix: "peer.gemma3.",
             weights: "Q4_K_M (Q4_K, Q5_0, Q6_K, Q8_0)",
             gguf: model::testing::gemma3_gguf_fetched,
+            // Six groups of three layers (five sliding, one full): six blocks per 16 tokens.
+            kv_blocks: (64 * 12 + 64) * 6,
         },
     ];
     let figures_dir = std::env::var_os("BENCH_FIGURES_DIR")
@@ -223,8 +229,7 @@ fn compare(
     let gguf = &(m.gguf)()?;
     let config = EngineConfig {
         max_model_len: Some(8192),
-        // 64 × 168 tokens, or one 6 000-token prompt, in blocks of 16.
-        kv_cache: KvCacheSize::Blocks(64 * 12 + 64),
+        kv_cache: KvCacheSize::Blocks(m.kv_blocks),
         enable_prefix_caching: false,
         log_interval: std::time::Duration::ZERO,
         ..EngineConfig::default()
