@@ -31,29 +31,18 @@ impl From<&str> for Prompt {
     }
 }
 
-impl From<String> for Prompt {
-    fn from(s: String) -> Self {
-        Self::Text(s)
-    }
+/// `From` each variant's payload.
+macro_rules! prompt_from {
+    ($($payload:ty => $variant:ident),* $(,)?) => {$(
+        impl From<$payload> for Prompt {
+            fn from(payload: $payload) -> Self {
+                Self::$variant(payload)
+            }
+        }
+    )*};
 }
 
-impl From<Vec<u32>> for Prompt {
-    fn from(ids: Vec<u32>) -> Self {
-        Self::Tokens(ids)
-    }
-}
-
-impl From<Conversation> for Prompt {
-    fn from(c: Conversation) -> Self {
-        Self::Conversation(c)
-    }
-}
-
-impl From<Vec<ChatMessage>> for Prompt {
-    fn from(m: Vec<ChatMessage>) -> Self {
-        Self::Chat(m)
-    }
-}
+prompt_from!(String => Text, Vec<u32> => Tokens, Vec<ChatMessage> => Chat, Conversation => Conversation);
 
 /// Scheduling options of one request, beside its sampling parameters (vLLM's `priority`
 /// argument and the prompt's `cache_salt`).

@@ -22,73 +22,67 @@ use crate::error::{ApiError, error_event_json};
 use crate::openai::{ChatRequest, CompletionPlan, CompletionRequest, SamplingFields};
 use crate::respond::{Endpoint, Envelope, PromptParts, TokenText, Usage};
 
-pub async fn completions(
-    State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
-    body: crate::JsonBody<CompletionRequest>,
-) -> Response {
-    let req = body.0;
-    let base = match request_id(&headers, req.sampling.request_id.as_deref()) {
-        Ok(base) => base,
-        Err(e) => return e.into_response(),
-    };
-    let run = || -> Result<Job, ApiError> {
-        state.check_model(req.model.as_deref())?;
-        crate::fields::check_extra(&req.sampling.extra, Endpoint::Completions)?;
-        let plan = req.plan()?;
-        let params = req.to_params(state.handle.default_sampling_params(), &plan)?;
-        let prompts = req.prompt.clone().into_prompts()?;
-        let options = req.sampling.options(state.handle.policy())?;
-        let envelope = Envelope::new(&state, Endpoint::Completions, &base, plan.n, req.logprobs.is_some());
-        let mut job = Job::new(envelope, prompts, params, options, &req.sampling);
+/// A request body that becomes one [`Job`]: what the completions and chat endpoints differ in.
+pub(crate) trait JobRequest: serde::de::DeserializeOwned + Send + 'static {
+    const ENDPOINT: Endpoint;
+    /// The requested model and the fields both endpoints share.
+    fn common(&self) -> (Option<&str>, &SamplingFields);
+    /// The job the body asks for, `base` being the call's id.
+    fn job(&self, state: &AppState, base: &str) -> Result<Job, ApiError>;
+}
+
+impl JobRequest for CompletionRequest {
+    const ENDPOINT: Endpoint = Endpoint::Completions;
+
+    fn common(&self) -> (Option<&str>, &SamplingFields) {
+        (self.model.as_deref(), &self.sampling)
+    }
+
+    fn job(&self, state: &AppState, base: &str) -> Result<Job, ApiError> {
+        let plan = self.plan()?;
+        let params = self.to_params(state.handle.default_sampling_params(), &plan)?;
+        let prompts = self.prompt.clone().into_prompts()?;
+        let options = self.sampling.options(state.handle.policy())?;
+        let envelope = Envelope::new(state, Endpoint::Completions, base, plan.n, self.logprobs.is_some());
+        let mut job = Job::new(envelope, prompts, params, options, &self.sampling);
         // Both were checked to be counts by `to_params`.
         let top = |k: Option<i64>| k.and_then(|k| usize::try_from(k).ok());
         job.completion = Some(CompletionJob {
             plan,
-            echo_top: top(req.logprobs).filter(|_| plan.echo),
-            prompt_top: top(req.sampling.prompt_logprobs),
+            echo_top: top(self.logprobs).filter(|_| plan.echo),
+            prompt_top: top(self.sampling.prompt_logprobs),
         });
         Ok(job)
-    };
-    let response = match run() {
-        Ok(job) => job.respond(state).await,
-        Err(e) => e.into_response(),
-    };
-    with_request_id(response, &base)
+    }
 }
 
-pub async fn chat(
-    State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
-    body: crate::JsonBody<ChatRequest>,
-) -> Response {
-    let req = body.0;
-    let base = match request_id(&headers, req.sampling.request_id.as_deref()) {
-        Ok(base) => base,
-        Err(e) => return e.into_response(),
-    };
-    let run = || -> Result<Job, ApiError> {
-        state.check_model(req.model.as_deref())?;
-        crate::fields::check_extra(&req.sampling.extra, Endpoint::Chat)?;
-        if req.echo == Some(true) {
+impl JobRequest for ChatRequest {
+    const ENDPOINT: Endpoint = Endpoint::Chat;
+
+    fn common(&self) -> (Option<&str>, &SamplingFields) {
+        (self.model.as_deref(), &self.sampling)
+    }
+
+    fn job(&self, state: &AppState, base: &str) -> Result<Job, ApiError> {
+        if self.echo == Some(true) {
             return Err(ApiError::bad_request(
                 "echo is not supported on chat completions (no template continues the last message)",
                 Some("echo"),
             ));
         }
-        let max_tokens = req.max_completion_tokens.or(req.sampling.max_tokens);
-        let top = if req.logprobs { Some(req.top_logprobs.unwrap_or(0)) } else { None };
-        let mut params = req.sampling.to_params(state.handle.default_sampling_params(), max_tokens, top)?;
-        let prompts = vec![req.prompt()?];
-        let options = req.sampling.options(state.handle.policy())?;
+        let max_tokens = self.max_completion_tokens.or(self.sampling.max_tokens);
+        let top = if self.logprobs { Some(self.top_logprobs.unwrap_or(0)) } else { None };
+        let mut params = self.sampling.to_params(state.handle.default_sampling_params(), max_tokens, top)?;
+        let prompts = vec![self.prompt()?];
+        let options = self.sampling.options(state.handle.policy())?;
         let tools = crate::tools::plan(
-            req.tools.as_deref(),
-            req.tool_choice.as_ref(),
-            req.parallel_tool_calls.unwrap_or(true),
+            self.tools.as_deref(),
+            self.tool_choice.as_ref(),
+            self.parallel_tool_calls.unwrap_or(true),
             state.tool_call_parser,
         )?;
         let (tools, tool_constraint) = tools.map_or((None, None), |(p, c)| (Some(p), c));
-        let mut constraint_field = req.sampling.constraints.constraint_field();
+        let mut constraint_field = self.sampling.constraints.constraint_field();
         if let Some(c) = tool_constraint {
             if params.constraint.is_some() {
                 return Err(ApiError::bad_request(
@@ -99,14 +93,33 @@ pub async fn chat(
             params.constraint = Some(c);
             constraint_field = Some("tools");
         }
-        let mut envelope = Envelope::new(&state, Endpoint::Chat, &base, params.n, req.logprobs);
+        let mut envelope = Envelope::new(state, Endpoint::Chat, base, params.n, self.logprobs);
         envelope.tools = tools;
-        let mut job = Job::new(envelope, prompts, params, options, &req.sampling);
+        let mut job = Job::new(envelope, prompts, params, options, &self.sampling);
         job.prompt_top = job.params.prompt_logprobs;
         job.constraint_field = constraint_field;
         Ok(job)
+    }
+}
+
+/// `POST /v1/completions` and `POST /v1/chat/completions`: the call's id, the model and
+/// extra-field checks, the body's job answered (or its error), the id echoed in `X-Request-Id`.
+pub(crate) async fn generate<R: JobRequest>(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: crate::JsonBody<R>,
+) -> Response {
+    let req = body.0;
+    let (model, sampling) = req.common();
+    let base = match request_id(&headers, sampling.request_id.as_deref()) {
+        Ok(base) => base,
+        Err(e) => return e.into_response(),
     };
-    let response = match run() {
+    let job = state
+        .check_model(model)
+        .and_then(|()| crate::fields::check_extra(&sampling.extra, R::ENDPOINT))
+        .and_then(|()| req.job(&state, &base));
+    let response = match job {
         Ok(job) => job.respond(state).await,
         Err(e) => e.into_response(),
     };

@@ -147,8 +147,8 @@ where
 /// Every route, with the body limit, (when configured) the API-key check on `/v1` and CORS.
 pub fn router(state: Arc<AppState>, config: &ServerConfig) -> Router {
     let v1 = Router::new()
-        .route("/v1/completions", post(generate::completions))
-        .route("/v1/chat/completions", post(generate::chat))
+        .route("/v1/completions", post(generate::generate::<openai::CompletionRequest>))
+        .route("/v1/chat/completions", post(generate::generate::<openai::ChatRequest>))
         .route("/v1/models", get(info::models))
         .route("/v1/kv_map", get(kv_map::kv_map))
         .route("/v1/kv_map/stream", get(kv_map::kv_map_stream))

@@ -27,8 +27,7 @@ fn greedy_chat_equals_the_in_process_engine() {
             "model": "tiny", "messages": [{"role": "user", "content": "hello world"}],
             "max_tokens": 10, "temperature": 0, "ignore_eos": true
         });
-        let (status, v) = srv.post_json("/v1/chat/completions", &body).await;
-        assert_eq!(status, StatusCode::OK, "{v}");
+        let v = srv.post_ok("/v1/chat/completions", &body).await;
         assert_eq!(v["object"], "chat.completion");
         assert_eq!(v["model"], "tiny");
         assert_eq!(v["choices"][0]["message"]["role"], "assistant");
@@ -49,8 +48,7 @@ fn completions_take_prompt_lists_n_and_logprobs() {
             "prompt": ["hello", "hi there"], "max_tokens": 5, "n": 2, "temperature": 1.0,
             "seed": 7, "logprobs": 2, "ignore_eos": true
         });
-        let (status, v) = srv.post_json("/v1/completions", &body).await;
-        assert_eq!(status, StatusCode::OK, "{v}");
+        let v = srv.post_ok("/v1/completions", &body).await;
         assert_eq!(v["object"], "text_completion");
         let choices = v["choices"].as_array().cloned().unwrap_or_default();
         assert_eq!(choices.len(), 4, "2 prompts x n=2");
@@ -85,8 +83,7 @@ fn a_stop_string_ends_the_text_before_it() {
         let Some(stop) = text.chars().nth(2).map(String::from) else { panic!("short text {text:?}") };
         let mut body = base.clone();
         body["stop"] = json!([stop.clone()]);
-        let (status, v) = srv.post_json("/v1/completions", &body).await;
-        assert_eq!(status, StatusCode::OK, "{v}");
+        let v = srv.post_ok("/v1/completions", &body).await;
         let cut = v["choices"][0]["text"].as_str().unwrap_or_default();
         assert_eq!(cut, &text[..text.find(&stop).unwrap_or(0)]);
         assert_eq!(v["choices"][0]["finish_reason"], "stop");
@@ -102,10 +99,7 @@ fn chat_streams_sse_chunks_then_usage_then_done() {
             "max_completion_tokens": 6, "temperature": 0, "ignore_eos": true, "stream": true,
             "stream_options": {"include_usage": true}, "logprobs": true, "top_logprobs": 1
         });
-        let req = Request::post("/v1/chat/completions")
-            .header("content-type", "application/json")
-            .body(Body::from(body.to_string()))
-            .unwrap_or_else(|e| panic!("{e}"));
+        let req = crate::support::post_request("/v1/chat/completions", body.to_string());
         let resp = srv.send(req).await;
         assert_eq!(resp.status(), StatusCode::OK);
         assert!(resp.headers()["content-type"].to_str().is_ok_and(|c| c.starts_with("text/event-stream")));
@@ -142,10 +136,7 @@ fn a_client_that_disconnects_mid_stream_frees_its_blocks() {
     let srv = TestServer::default();
     runtime().block_on(async {
         let body = json!({"prompt": "hello", "max_tokens": 400, "ignore_eos": true, "stream": true});
-        let req = Request::post("/v1/completions")
-            .header("content-type", "application/json")
-            .body(Body::from(body.to_string()))
-            .unwrap_or_else(|e| panic!("{e}"));
+        let req = crate::support::post_request("/v1/completions", body.to_string());
         let resp = srv.send(req).await;
         // Read two chunks, then go away (the body is dropped).
         let got = sse_events(resp, 2).await;
@@ -174,18 +165,14 @@ fn models_health_tokenize_detokenize_and_metrics() {
         assert_eq!(models["data"][0]["max_model_len"], 512);
         assert_eq!(srv.get("/health").await.0, StatusCode::OK);
 
-        let (status, t) = srv.post_json("/tokenize", &json!({"prompt": "hello"})).await;
-        assert_eq!(status, StatusCode::OK, "{t}");
+        let t = srv.post_ok("/tokenize", &json!({"prompt": "hello"})).await;
         let ids: Vec<u64> = t["tokens"].as_array().into_iter().flatten().filter_map(Value::as_u64).collect();
         assert_eq!(t["count"], ids.len());
         let (_, raw) =
             srv.post_json("/tokenize", &json!({"prompt": "hello", "add_special_tokens": false})).await;
-        let (status, d) = srv.post_json("/detokenize", &json!({"tokens": raw["tokens"]})).await;
-        assert_eq!(status, StatusCode::OK, "{d}");
+        let d = srv.post_ok("/detokenize", &json!({"tokens": raw["tokens"]})).await;
         assert_eq!(d["prompt"], "hello");
-        let (status, chat) =
-            srv.post_json("/tokenize", &json!({"messages": [{"role": "user", "content": "hi"}]})).await;
-        assert_eq!(status, StatusCode::OK, "{chat}");
+        let chat = srv.post_ok("/tokenize", &json!({"messages": [{"role": "user", "content": "hi"}]})).await;
         assert!(chat["count"].as_u64().is_some_and(|n| n > 2));
 
         let (_, _) = srv.post_json("/v1/completions", &json!({"prompt": "hello", "max_tokens": 3})).await;

@@ -18,10 +18,7 @@ use tower::ServiceExt;
 use crate::support::{TestServer, json_of, runtime, smollm2_config, smollm2_server, smollm2_server_with};
 
 fn post(path: &str, body: &Value) -> Request<Body> {
-    Request::post(path)
-        .header("content-type", "application/json")
-        .body(Body::from(body.to_string()))
-        .unwrap_or_else(|e| panic!("{e}"))
+    crate::support::post_request(path, body.to_string())
 }
 
 fn with_header(mut req: Request<Body>, name: &'static str, value: &str) -> Request<Body> {
@@ -111,8 +108,7 @@ fn every_optional_field_takes_null() {
         for field in CHAT_NULLS {
             body[*field] = Value::Null;
         }
-        let (status, v) = srv.post_json("/v1/chat/completions", &body).await;
-        assert_eq!(status, StatusCode::OK, "{v}");
+        let v = srv.post_ok("/v1/chat/completions", &body).await;
         assert_eq!(v["usage"]["completion_tokens"], 3, "{v}");
         let streamed = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
             "stream": true, "stream_options": {"include_usage": null}});
@@ -121,8 +117,7 @@ fn every_optional_field_takes_null() {
         for field in COMPLETION_NULLS {
             completion[*field] = Value::Null;
         }
-        let (status, v) = srv.post_json("/v1/completions", &completion).await;
-        assert_eq!(status, StatusCode::OK, "{v}");
+        let v = srv.post_ok("/v1/completions", &completion).await;
         srv.wait_idle().await;
     });
 }
@@ -285,8 +280,7 @@ fn unknown_fields_are_logged_once_and_unimplemented_ones_refused() {
         for _ in 0..2 {
             let mut body = chat("Hi", 1);
             body["x_conformance_field"] = json!({"any": "thing"});
-            let (status, v) = srv.post_json("/v1/chat/completions", &body).await;
-            assert_eq!(status, StatusCode::OK, "{v}");
+            let v = srv.post_ok("/v1/chat/completions", &body).await;
         }
         for (field, value) in [
             ("use_beam_search", json!(true)),

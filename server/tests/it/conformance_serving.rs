@@ -17,10 +17,7 @@ use server::{ServerConfig, ToolCallParser};
 use crate::support::{TestServer, runtime, smollm2_config, smollm2_server, smollm2_server_with};
 
 fn post(path: &str, body: &Value) -> Request<Body> {
-    Request::post(path)
-        .header("content-type", "application/json")
-        .body(Body::from(body.to_string()))
-        .unwrap_or_else(|e| panic!("{e}"))
+    crate::support::post_request(path, body.to_string())
 }
 
 /// Every event of an SSE body as sent (`:` keep-alive comments included), until `[DONE]`.
@@ -134,8 +131,7 @@ fn priority_orders_waiting_requests_and_needs_the_priority_policy() {
             finished.push(tokio::spawn(async move {
                 let body =
                     json!({"prompt": "Hello", "max_tokens": 4, "ignore_eos": true, "priority": priority});
-                let (status, v) = srv.post_json("/v1/completions", &body).await;
-                assert_eq!(status, StatusCode::OK, "{v}");
+                let v = srv.post_ok("/v1/completions", &body).await;
                 (Instant::now(), name)
             }));
             tokio::time::sleep(Duration::from_millis(30)).await;
@@ -169,8 +165,7 @@ fn chat_template_kwargs_and_the_chat_template_file_reach_the_template() {
             let (_, d) = srv.post_json("/detokenize", &json!({"tokens": t["tokens"]})).await;
             texts.push(d["prompt"].as_str().unwrap_or_default().to_owned());
             let body = json!({"messages": messages, "chat_template_kwargs": kwargs, "max_tokens": 1});
-            let (status, v) = srv.post_json("/v1/chat/completions", &body).await;
-            assert_eq!(status, StatusCode::OK, "{v}");
+            let v = srv.post_ok("/v1/chat/completions", &body).await;
             assert_eq!(v["usage"]["prompt_tokens"], t["count"], "{v}");
         }
         assert_eq!(texts, ["<think>user: Hi\nassistant:", "user: Hi\nassistant:"]);
@@ -229,8 +224,7 @@ fn the_tool_call_parser_flag_picks_the_format_read() {
         let config = ServerConfig { tool_call_parser: parser, ..ServerConfig::default() };
         let srv = smollm2_server_with(smollm2_config(), &config);
         runtime().block_on(async {
-            let (status, v) = srv.post_json("/v1/chat/completions", &body).await;
-            assert_eq!(status, StatusCode::OK, "{v}");
+            let v = srv.post_ok("/v1/chat/completions", &body).await;
             let choice = &v["choices"][0];
             if calls {
                 assert_eq!(choice["message"]["tool_calls"][0]["function"]["name"], "now", "{parser:?}: {v}");

@@ -6,7 +6,7 @@
 use axum::http::StatusCode;
 use serde_json::{Value, json};
 
-use crate::support::{TestServer, runtime, smollm2_server, sse_events};
+use crate::support::{TestServer, runtime, smollm2_server};
 
 /// The legacy logprobs object of a choice: tokens, their logprobs, and offsets agreeing with the
 /// tokens' texts; the prompt's first token (when echoed) has `null` logprob and alternatives.
@@ -41,8 +41,7 @@ fn smollm2_echo_with_logprobs_returns_the_prompt_tokens_and_their_logprobs() {
     runtime().block_on(async {
         // What lm-evaluation-harness sends for a loglikelihood: the prompt and one token more.
         let body = json!({"prompt": prompt, "echo": true, "logprobs": 1, "max_tokens": 1, "temperature": 0});
-        let (status, v) = srv.post_json("/v1/completions", &body).await;
-        assert_eq!(status, StatusCode::OK, "{v}");
+        let v = srv.post_ok("/v1/completions", &body).await;
         let choice = &v["choices"][0];
         let text = choice["text"].as_str().expect("text");
         assert!(text.starts_with(prompt) && text.len() > prompt.len(), "{text:?}");
@@ -62,8 +61,7 @@ fn smollm2_echo_with_logprobs_returns_the_prompt_tokens_and_their_logprobs() {
         // `max_tokens: 0`: the prompt alone, the same logprobs; and vLLM's `prompt_logprobs`.
         let body =
             json!({"prompt": prompt, "echo": true, "logprobs": 1, "max_tokens": 0, "prompt_logprobs": 2});
-        let (status, v) = srv.post_json("/v1/completions", &body).await;
-        assert_eq!(status, StatusCode::OK, "{v}");
+        let v = srv.post_ok("/v1/completions", &body).await;
         let only = &v["choices"][0];
         assert_eq!(only["text"], prompt);
         assert_eq!(check_legacy_logprobs(only, prompt_tokens), logprobs[..prompt_tokens]);
@@ -89,8 +87,7 @@ fn echo_streams_the_prompt_first_and_without_logprobs_returns_its_text() {
     runtime().block_on(async {
         let base = json!({"prompt": "hello there", "echo": true, "logprobs": 2, "max_tokens": 4,
                           "temperature": 0, "ignore_eos": true});
-        let (status, whole) = srv.post_json("/v1/completions", &base).await;
-        assert_eq!(status, StatusCode::OK, "{whole}");
+        let whole = srv.post_ok("/v1/completions", &base).await;
         let choice = &whole["choices"][0];
         let prompt_tokens = whole["usage"]["prompt_tokens"].as_u64().expect("usage") as usize;
         assert_eq!(check_legacy_logprobs(choice, prompt_tokens).len(), prompt_tokens + 4);
@@ -98,16 +95,7 @@ fn echo_streams_the_prompt_first_and_without_logprobs_returns_its_text() {
 
         let mut body = base.clone();
         body["stream"] = json!(true);
-        let req = axum::http::Request::post("/v1/completions")
-            .header("content-type", "application/json")
-            .body(axum::body::Body::from(body.to_string()))
-            .unwrap_or_else(|e| panic!("{e}"));
-        let events = sse_events(srv.send(req).await, usize::MAX).await;
-        let chunks: Vec<Value> = events
-            .iter()
-            .filter(|e| *e != "[DONE]")
-            .map(|e| serde_json::from_str(e).unwrap_or_else(|err| panic!("{err}: {e}")))
-            .collect();
+        let chunks = srv.stream_chunks("/v1/completions", &body).await;
         let text: String = chunks.iter().filter_map(|c| c["choices"][0]["text"].as_str()).collect();
         assert_eq!(text, choice["text"].as_str().unwrap_or_default());
         assert!(chunks[0]["choices"][0]["text"].as_str().is_some_and(|t| t.starts_with("hello there")));
@@ -121,14 +109,9 @@ fn echo_streams_the_prompt_first_and_without_logprobs_returns_its_text() {
             .collect();
         assert_eq!(streamed, choice["logprobs"]["token_logprobs"].as_array().cloned().unwrap_or_default());
 
-        let (status, plain) = srv
-            .post_json(
-                "/v1/completions",
-                &json!({"prompt": [5, 6, 7], "echo": true,
-            "max_tokens": 0}),
-            )
+        let plain = srv
+            .post_ok("/v1/completions", &json!({"prompt": [5, 6, 7], "echo": true, "max_tokens": 0}))
             .await;
-        assert_eq!(status, StatusCode::OK, "{plain}");
         let decoded = srv.engine(crate::support::small_config()).tokenizer().decode(&[5, 6, 7], false);
         assert_eq!(plain["choices"][0]["text"], decoded.unwrap_or_default());
         assert!(plain["choices"][0]["logprobs"].is_null());
@@ -146,8 +129,7 @@ fn best_of_returns_the_candidates_of_highest_cumulative_logprob() {
         // The same seed gives the same candidates: all four with n = 4, the best two with best_of.
         let base = json!({"prompt": "abc", "max_tokens": 6, "temperature": 1.5, "seed": 11, "ignore_eos": true,
                           "logprobs": 0, "n": 4});
-        let (status, all) = srv.post_json("/v1/completions", &base).await;
-        assert_eq!(status, StatusCode::OK, "{all}");
+        let all = srv.post_ok("/v1/completions", &base).await;
         let mut candidates: Vec<(f64, String)> = all["choices"]
             .as_array()
             .expect("choices")
@@ -158,8 +140,7 @@ fn best_of_returns_the_candidates_of_highest_cumulative_logprob() {
         let mut body = base.clone();
         body["n"] = json!(2);
         body["best_of"] = json!(4);
-        let (status, best) = srv.post_json("/v1/completions", &body).await;
-        assert_eq!(status, StatusCode::OK, "{best}");
+        let best = srv.post_ok("/v1/completions", &body).await;
         let choices = best["choices"].as_array().expect("choices");
         assert_eq!(choices.len(), 2);
         for (i, c) in choices.iter().enumerate() {
@@ -171,8 +152,7 @@ fn best_of_returns_the_candidates_of_highest_cumulative_logprob() {
         assert_eq!(best["usage"]["completion_tokens"], 4 * 6);
         // Without `logprobs` the candidates are ranked all the same, and no logprobs are shown.
         body.as_object_mut().map(|o| o.remove("logprobs"));
-        let (status, hidden) = srv.post_json("/v1/completions", &body).await;
-        assert_eq!(status, StatusCode::OK, "{hidden}");
+        let hidden = srv.post_ok("/v1/completions", &body).await;
         assert_eq!(hidden["choices"][0]["text"], candidates[0].1.as_str());
         assert!(hidden["choices"][0]["logprobs"].is_null());
         srv.wait_idle().await;
@@ -206,8 +186,7 @@ fn what_cannot_be_done_is_a_400_naming_its_field() {
         // Chat takes vLLM's `prompt_logprobs` too: the prompt's, beside the choices.
         let body =
             json!({"messages": [{"role": "user", "content": "hi"}], "prompt_logprobs": 0, "max_tokens": 2});
-        let (status, v) = srv.post_json("/v1/chat/completions", &body).await;
-        assert_eq!(status, StatusCode::OK, "{v}");
+        let v = srv.post_ok("/v1/chat/completions", &body).await;
         let lps = v["prompt_logprobs"].as_array().expect("prompt_logprobs");
         assert_eq!(lps.len() as u64, v["usage"]["prompt_tokens"].as_u64().unwrap_or(0));
         assert!(lps[0].is_null() && lps[1].as_object().is_some_and(|o| o.len() == 1), "{v}");

@@ -38,10 +38,7 @@ fn the_map_shows_a_running_requests_blocks_and_none_after_it_finishes() {
 
         // A long completion in the background; watch the map while it runs.
         let body = json!({"prompt": "hello there, this prompt is long enough", "max_tokens": 300, "ignore_eos": true});
-        let req = Request::post("/v1/completions")
-            .header("content-type", "application/json")
-            .body(Body::from(body.to_string()))
-            .unwrap_or_else(|e| panic!("{e}"));
+        let req = crate::support::post_request("/v1/completions", body.to_string());
         let running = tokio::spawn(srv.app.clone().oneshot(req));
         let mut seen = None;
         for _ in 0..400 {

@@ -6,7 +6,7 @@
 use axum::http::StatusCode;
 use serde_json::{Value, json};
 
-use crate::support::{TestServer, runtime, smollm2_server as smollm2, sse_events};
+use crate::support::{TestServer, runtime, smollm2_server as smollm2};
 
 fn schema() -> Value {
     json!({
@@ -42,8 +42,7 @@ fn guided_answers_of_the_real_model_follow_their_constraints() {
     rt.block_on(async {
         let format = json!({"type": "json_schema", "json_schema": {"name": "city", "schema": schema(), "strict": true}});
         let body = json!({"messages": user("Describe Paris as JSON."), "max_tokens": 100, "temperature": 0, "response_format": format});
-        let (status, v) = server.post_json("/v1/chat/completions", &body).await;
-        assert_eq!(status, StatusCode::OK, "{v}");
+        let v = server.post_ok("/v1/chat/completions", &body).await;
         assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
         check_city(v["choices"][0]["message"]["content"].as_str().unwrap_or(""));
 
@@ -52,15 +51,9 @@ fn guided_answers_of_the_real_model_follow_their_constraints() {
         streamed["stream"] = json!(true);
         streamed["temperature"] = json!(0.7);
         streamed["seed"] = json!(3);
-        let req = axum::http::Request::post("/v1/chat/completions")
-            .header("content-type", "application/json")
-            .body(axum::body::Body::from(streamed.to_string()))
-            .unwrap_or_else(|e| panic!("{e}"));
-        let events = sse_events(server.send(req).await, usize::MAX).await;
         let mut text = String::new();
         let mut finish = Value::Null;
-        for e in events.iter().filter(|e| *e != "[DONE]") {
-            let chunk: Value = serde_json::from_str(e).unwrap_or_else(|err| panic!("{err}: {e}"));
+        for chunk in server.stream_chunks("/v1/chat/completions", &streamed).await {
             text.push_str(chunk["choices"][0]["delta"]["content"].as_str().unwrap_or(""));
             if !chunk["choices"][0]["finish_reason"].is_null() {
                 finish = chunk["choices"][0]["finish_reason"].clone();
@@ -74,14 +67,12 @@ fn guided_answers_of_the_real_model_follow_their_constraints() {
 
         let choices = ["yes", "no", "maybe"];
         let body = json!({"prompt": "Is water wet? Answer:", "max_tokens": 5, "guided_choice": choices});
-        let (status, v) = server.post_json("/v1/completions", &body).await;
-        assert_eq!(status, StatusCode::OK, "{v}");
+        let v = server.post_ok("/v1/completions", &body).await;
         assert!(choices.contains(&v["choices"][0]["text"].as_str().unwrap_or("")), "{v}");
 
         let body = json!({"messages": user("A date please."), "max_tokens": 20, "temperature": 0,
             "guided_regex": "20[0-9]{2}-(0[1-9]|1[0-2])-[0-2][0-9]"});
-        let (status, v) = server.post_json("/v1/chat/completions", &body).await;
-        assert_eq!(status, StatusCode::OK, "{v}");
+        let v = server.post_ok("/v1/chat/completions", &body).await;
         let date = v["choices"][0]["message"]["content"].as_str().unwrap_or("").as_bytes().to_vec();
         assert!(date.len() == 10 && &date[..2] == b"20" && date[4] == b'-' && date[7] == b'-', "{v}");
 
@@ -99,8 +90,7 @@ fn guided_answers_of_the_real_model_follow_their_constraints() {
         let id = tok["tokens"][0].as_u64().unwrap_or_else(|| panic!("{tok}"));
         let body = json!({"prompt": "Fruit:", "max_tokens": 3, "temperature": 1.0, "ignore_eos": true,
             "logit_bias": {id.to_string(): 100}});
-        let (status, v) = server.post_json("/v1/completions", &body).await;
-        assert_eq!(status, StatusCode::OK, "{v}");
+        let v = server.post_ok("/v1/completions", &body).await;
         let (_, one) = server.post_json("/detokenize", &json!({"tokens": [id, id, id]})).await;
         assert_eq!(v["choices"][0]["text"], one["prompt"], "{v}");
         server.wait_idle().await;
@@ -143,9 +133,7 @@ fn bad_constraints_and_biases_are_400s_naming_their_field() {
             assert!(message.contains(words), "{extra}: {message}");
         }
         // The tiny model guided: still valid output, whatever its weights.
-        let (status, v) =
-            server.post_json("/v1/completions", &json!({"prompt": "x", "max_tokens": 8, "guided_choice": ["ab", "cd"]})).await;
-        assert_eq!(status, StatusCode::OK, "{v}");
+        let v = server.post_ok("/v1/completions", &json!({"prompt": "x", "max_tokens": 8, "guided_choice": ["ab", "cd"]})).await;
         assert!(["ab", "cd"].contains(&v["choices"][0]["text"].as_str().unwrap_or("")), "{v}");
         server.wait_idle().await;
     });

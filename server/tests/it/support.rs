@@ -85,11 +85,27 @@ impl TestServer {
         self.post_raw(path, body.to_string()).await
     }
 
+    /// POSTs a JSON body that must succeed; returns the parsed answer.
+    pub async fn post_ok(&self, path: &str, body: &serde_json::Value) -> serde_json::Value {
+        let (status, answer) = self.post_json(path, body).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        answer
+    }
+
     pub async fn post_raw(&self, path: &str, body: impl Into<Body>) -> (StatusCode, serde_json::Value) {
-        let req = Request::post(path).header("content-type", "application/json").body(body.into());
-        let resp = self.send(req.unwrap_or_else(|e| panic!("{e}"))).await;
+        let resp = self.send(post_request(path, body)).await;
         let status = resp.status();
         (status, json_of(resp).await)
+    }
+
+    /// POSTs a streaming JSON body; returns its SSE chunks before `[DONE]`, parsed.
+    pub async fn stream_chunks(&self, path: &str, body: &serde_json::Value) -> Vec<serde_json::Value> {
+        let events = sse_events(self.send(post_request(path, body.to_string())).await, usize::MAX).await;
+        events
+            .iter()
+            .filter(|e| *e != "[DONE]")
+            .map(|e| serde_json::from_str(e).unwrap_or_else(|err| panic!("{err}: {e}")))
+            .collect()
     }
 
     pub async fn get(&self, path: &str) -> (StatusCode, String) {
@@ -113,6 +129,14 @@ impl TestServer {
         }
         panic!("the engine never became idle");
     }
+}
+
+/// A POST of `body` to `path` as `application/json`.
+pub fn post_request(path: &str, body: impl Into<Body>) -> Request<Body> {
+    Request::post(path)
+        .header("content-type", "application/json")
+        .body(body.into())
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 pub async fn text_of(resp: axum::response::Response) -> String {

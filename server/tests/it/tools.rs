@@ -6,7 +6,7 @@
 use axum::http::StatusCode;
 use serde_json::{Value, json};
 
-use crate::support::{runtime, smollm2_server, sse_events};
+use crate::support::{runtime, smollm2_server};
 
 fn tools() -> Value {
     json!([
@@ -46,8 +46,7 @@ fn forced_tool_calls_of_the_real_model_validate() {
         let messages = json!([{"role": "user", "content": "What is the weather in Paris?"}]);
         let named = json!({"type": "function", "function": {"name": "get_weather"}});
         let body = json!({"messages": messages, "tools": tools(), "tool_choice": named, "max_tokens": 60, "temperature": 0});
-        let (status, v) = server.post_json("/v1/chat/completions", &body).await;
-        assert_eq!(status, StatusCode::OK, "{v}");
+        let v = server.post_ok("/v1/chat/completions", &body).await;
         let choice = &v["choices"][0];
         assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
         let call = &choice["message"]["tool_calls"][0];
@@ -56,8 +55,7 @@ fn forced_tool_calls_of_the_real_model_validate() {
 
         let body = json!({"messages": [{"role": "user", "content": "Add 2 and 3."}], "tools": tools(),
             "tool_choice": "required", "parallel_tool_calls": false, "max_tokens": 80, "temperature": 0});
-        let (status, v) = server.post_json("/v1/chat/completions", &body).await;
-        assert_eq!(status, StatusCode::OK, "{v}");
+        let v = server.post_ok("/v1/chat/completions", &body).await;
         let calls = v["choices"][0]["message"]["tool_calls"].as_array().cloned().unwrap_or_default();
         assert_eq!(calls.len(), 1, "{v}");
         check_call(&calls[0]);
@@ -65,13 +63,7 @@ fn forced_tool_calls_of_the_real_model_validate() {
         // Streamed: one tool_calls delta per call, with its index, then the finish.
         let mut streamed = body.clone();
         streamed["stream"] = json!(true);
-        let req = axum::http::Request::post("/v1/chat/completions")
-            .header("content-type", "application/json")
-            .body(axum::body::Body::from(streamed.to_string()))
-            .unwrap_or_else(|e| panic!("{e}"));
-        let events = sse_events(server.send(req).await, usize::MAX).await;
-        let chunks: Vec<Value> =
-            events.iter().filter(|e| *e != "[DONE]").filter_map(|e| serde_json::from_str(e).ok()).collect();
+        let chunks = server.stream_chunks("/v1/chat/completions", &streamed).await;
         let deltas: Vec<&Value> = chunks.iter().filter(|c| c["choices"][0]["delta"]["tool_calls"].is_array()).collect();
         assert_eq!(deltas.len(), 1, "{events:?}");
         let call = &deltas[0]["choices"][0]["delta"]["tool_calls"][0];
@@ -87,8 +79,7 @@ fn forced_tool_calls_of_the_real_model_validate() {
             {"role": "assistant", "content": "", "tool_calls": [call]},
             {"role": "tool", "tool_call_id": call["id"], "content": "5"}
         ], "tools": tools(), "tool_choice": "none", "max_tokens": 20, "temperature": 0});
-        let (status, v) = server.post_json("/v1/chat/completions", &round).await;
-        assert_eq!(status, StatusCode::OK, "{v}");
+        let v = server.post_ok("/v1/chat/completions", &round).await;
         assert!(v["choices"][0]["message"]["content"].is_string(), "{v}");
         assert!(v["choices"][0]["message"]["tool_calls"].is_null(), "{v}");
 

@@ -103,8 +103,7 @@ fn plan_matches_a_direct_simulation() {
         assert_eq!(presets["hardware"].as_array().map(Vec::len), Some(2));
 
         let body = json!({"model": "llama2-7b", "hardware": "a100-40gb", "num_requests": 200});
-        let (status, got) = srv.post_json("/v1/plan", &body).await;
-        assert_eq!(status, StatusCode::OK, "{got}");
+        let got = srv.post_ok("/v1/plan", &body).await;
         assert_eq!(got["kv_bytes_per_token"], kv_bytes);
         assert_eq!(got["kv_bytes_per_token"], 2 * 32 * 32 * 128 * 2);
         assert_eq!(got["kv_tokens"], setup.usable_tokens());
@@ -139,8 +138,7 @@ fn plan_custom_shapes_and_memory() {
         let body = json!({"model": "llama2-7b", "layers": 16, "kv_heads": 8, "head_dim": 64, "dtype_bytes": 1,
                           "params": 1e9, "gpu_memory_gib": 8, "gpu_memory_utilization": 0.5,
                           "trace": "alpaca", "num_requests": 50, "block_size": 32});
-        let (status, got) = srv.post_json("/v1/plan", &body).await;
-        assert_eq!(status, StatusCode::OK, "{got}");
+        let got = srv.post_ok("/v1/plan", &body).await;
         assert_eq!(got["model"]["name"], "custom");
         let per_token = 2 * 16 * 8 * 64;
         assert_eq!(got["kv_bytes_per_token"], per_token);
