@@ -252,6 +252,7 @@ pub fn simulate_contiguous(trace: &Trace, cfg: &ContiguousConfig, cost: &CostMod
             if r.generated >= r.req.output_len {
                 alloc.free(r.start, r.len);
                 finished += 1;
+                recorder.request_finished(r.req.arrival_s, t, r.req.output_len);
                 false
             } else {
                 true

@@ -12,6 +12,9 @@
 //! - KV cache groups (`groups`): a model with sliding-window layers runs the engine's hybrid
 //!   layout (a table per group, blocks freed as they leave a window), its memory counted in
 //!   the smaller blocks of that layout.
+//! - Cluster sizing (`cluster`): a replica's capacity is the highest Poisson rate at which its
+//!   normalized latency (seconds per output token, the paper's metric) stays under a bound;
+//!   a target rate needs its ceiling in replicas, checked by simulating one replica's share.
 //! - Baselines (`contiguous`): Orca with iteration-level batching, each request reserving for
 //!   its whole lifetime — Max: `max_model_len`; Pow2: the prompt plus the next power of two of
 //!   the output; Oracle: the true length — placed by a buddy allocator as the paper assumes,
@@ -19,6 +22,7 @@
 //!   (`Placement::FirstFit`) is a stronger baseline than the paper's and is reported beside it.
 
 pub mod buddy;
+pub mod cluster;
 pub mod compare;
 pub mod contiguous;
 pub mod cost;
@@ -28,6 +32,7 @@ pub mod paged;
 pub mod trace;
 
 pub use buddy::Buddy;
+pub use cluster::{ClusterError, ClusterPlan, ReplicaCapacity, plan_cluster, replica_capacity};
 pub use compare::{Comparison, compare};
 pub use contiguous::{ContiguousConfig, FirstFit, Placement, Reservation, simulate_contiguous};
 pub use cost::{CostModel, Hardware, ModelShape};

@@ -44,6 +44,9 @@ pub struct SimReport {
     pub max_running: usize,
     /// Generated tokens per simulated second over the whole run.
     pub output_tokens_per_s: f64,
+    /// Mean over finished requests of (finish − arrival) ÷ output tokens: the paper's
+    /// normalized latency, seconds per output token (0 when none finished).
+    pub mean_normalized_latency_s: f64,
     #[serde(skip)]
     pub series: Vec<StepSample>,
 }
@@ -61,6 +64,9 @@ impl SimReport {
 pub struct Recorder {
     series: Vec<StepSample>,
     output_tokens: usize,
+    /// Sum of the finished requests' normalized latencies, and their count.
+    normalized_latency_sum: f64,
+    latencies: usize,
 }
 
 impl Recorder {
@@ -70,6 +76,12 @@ impl Recorder {
 
     pub fn add_output_tokens(&mut self, n: usize) {
         self.output_tokens += n;
+    }
+
+    /// A request that arrived at `arrival_s` finished at `finish_s` after `output_len` tokens.
+    pub fn request_finished(&mut self, arrival_s: f64, finish_s: f64, output_len: usize) {
+        self.normalized_latency_sum += (finish_s - arrival_s) / output_len.max(1) as f64;
+        self.latencies += 1;
     }
 
     pub fn finish(
@@ -110,6 +122,11 @@ impl Recorder {
             mean_running: if time > 0.0 { running / time } else { 0.0 },
             max_running: self.series.iter().map(|s| s.running).max().unwrap_or(0),
             output_tokens_per_s: if sim_time_s > 0.0 { self.output_tokens as f64 / sim_time_s } else { 0.0 },
+            mean_normalized_latency_s: if self.latencies > 0 {
+                self.normalized_latency_sum / self.latencies as f64
+            } else {
+                0.0
+            },
             series: self.series,
         }
     }

@@ -163,6 +163,11 @@ pub fn simulate_paged(
         sched.update_into(&samples, &mut result)?;
         finished += result.finished_requests.len();
         t += dt;
+        for key in &result.finished_requests {
+            // Keys are trace indices (see `add_request` above).
+            let r = &trace.requests[key.0 as usize];
+            recorder.request_finished(r.arrival_s, t, r.output_len);
+        }
     }
     let preemptions = sched.stats().preemptions() as usize;
     Ok(recorder.finish("paged", setup.usable_tokens(), trace.len(), finished, preemptions))

@@ -177,6 +177,16 @@ impl Trace {
     pub fn mean_output(&self) -> f64 {
         mean(self.requests.iter().map(|r| r.output_len))
     }
+
+    /// The same requests (lengths, order) arriving as a Poisson process of `rate` instead: a
+    /// workload replayed at another load, arrivals drawn from `seed`.
+    pub fn at_rate(&self, rate: f64, seed: u64) -> Trace {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let arrivals = poisson_arrivals(&mut rng, self.requests.len(), rate);
+        let requests =
+            self.requests.iter().zip(arrivals).map(|(r, arrival_s)| TraceRequest { arrival_s, ..*r }).collect();
+        Trace { requests }
+    }
 }
 
 fn mean(it: impl ExactSizeIterator<Item = usize>) -> f64 {
@@ -231,6 +241,17 @@ fn calibrated_lengths(z: &[f64], sigma: f64, target_mean: f64, max: usize) -> Ve
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_trace_replayed_at_another_rate_keeps_its_requests() {
+        let t = Trace::synthetic(TraceShape::ALPACA, 2000, f64::INFINITY, 2048, 3);
+        let slow = t.at_rate(4.0, 9);
+        let lengths = |t: &Trace| t.requests.iter().map(|r| (r.input_len, r.output_len)).collect::<Vec<_>>();
+        assert_eq!(lengths(&t), lengths(&slow));
+        assert!(slow.requests.windows(2).all(|w| w[0].arrival_s <= w[1].arrival_s));
+        let span = slow.requests.last().map_or(0.0, |r| r.arrival_s);
+        assert!((span / 2000.0 - 0.25).abs() < 0.02, "mean gap {}", span / 2000.0);
+    }
 
     #[test]
     fn sharegpt_means_match_the_dataset() {

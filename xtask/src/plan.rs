@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use clap::Args;
 use scheduler::PreemptionMode;
-use sim::{Comparison, CostModel, Hardware, ModelShape, SimSetup, Trace, TraceShape, compare};
+use sim::{ClusterPlan, Comparison, CostModel, Hardware, ModelShape, SimSetup, Trace, TraceShape, compare};
 
 #[derive(Debug, Args)]
 pub struct PlanArgs {
@@ -81,6 +81,15 @@ pub struct PlanArgs {
     /// Print the summary as JSON instead of tables.
     #[arg(long)]
     json: bool,
+    /// Cluster mode: the request rate (requests/s) a deployment of replicas must serve; prints
+    /// how many replicas of this setup sustain it (each replica's capacity from the simulator,
+    /// the trace's requests replayed as Poisson arrivals at each rate tried).
+    #[arg(long)]
+    target_rate: Option<f64>,
+    /// Cluster mode's latency bound: mean normalized latency (end-to-end seconds per output
+    /// token) a replica may reach at its share of the target rate.
+    #[arg(long, default_value_t = 0.1)]
+    max_normalized_latency: f64,
 }
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -132,6 +141,14 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
     };
     let cost = CostModel::new(model, hardware);
     let result = compare(&trace, &setup, &cost)?;
+    let cluster = match args.target_rate {
+        Some(target) => {
+            // The trace's requests replayed at each rate the search tries.
+            let at = |rate| trace.at_rate(rate, args.seed);
+            Some(sim::plan_cluster(&at, &setup, &cost, target, args.max_normalized_latency)?)
+        }
+        None => None,
+    };
     if let Some(path) = &args.series_out {
         std::fs::write(path, series_csv(&result)).with_context(|| format!("writing {}", path.display()))?;
     }
@@ -145,12 +162,48 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
             "paged_fit_max_len": paged_fit_max_len(&setup),
             "systems": result.all(),
             "concurrency_paged_over_oracle": result.concurrency_paged_over_oracle(),
+            "cluster": cluster.as_ref().map(cluster_json),
         });
         println!("{}", serde_json::to_string_pretty(&summary)?);
         return Ok(());
     }
     print_tables(args, &model, &setup, &trace, &result);
+    if let Some(plan) = &cluster {
+        print_cluster(plan);
+    }
     Ok(())
+}
+
+fn cluster_json(plan: &ClusterPlan) -> serde_json::Value {
+    serde_json::json!({
+        "target_rate": plan.target_rate,
+        "max_normalized_latency_s": plan.max_normalized_latency_s,
+        "replicas": plan.replicas,
+        "replica_capacity_rate": plan.capacity.rate,
+        "idle_normalized_latency_s": plan.capacity.idle_normalized_latency_s,
+        "per_replica_rate": plan.target_rate / plan.replicas as f64,
+        "per_replica_normalized_latency_s": plan.per_replica.mean_normalized_latency_s,
+        "cluster_output_tokens_per_s": plan.per_replica.output_tokens_per_s * plan.replicas as f64,
+    })
+}
+
+fn print_cluster(plan: &ClusterPlan) {
+    let cap = &plan.capacity;
+    println!(
+        "\ncluster: one replica sustains {:.2} req/s within {:.3} s/token (normalized latency {:.4} s/token \
+         there, {:.4} when idle)",
+        cap.rate, plan.max_normalized_latency_s, cap.report.mean_normalized_latency_s, cap.idle_normalized_latency_s
+    );
+    println!(
+        "{:.2} req/s needs {} replicas: each at {:.2} req/s has normalized latency {:.4} s/token, \
+         {:.0} output tok/s for the cluster",
+        plan.target_rate,
+        plan.replicas,
+        plan.target_rate / plan.replicas as f64,
+        plan.per_replica.mean_normalized_latency_s,
+        plan.per_replica.output_tokens_per_s * plan.replicas as f64
+    );
+    println!("(Poisson arrivals split evenly over the replicas; prefix-cache hits across requests not counted)");
 }
 
 /// Sequences of `max_model_len` tokens the paged pool holds at once (each group's blocks of
@@ -228,7 +281,7 @@ fn print_tables(args: &PlanArgs, model: &ModelShape, setup: &SimSetup, trace: &T
         args.preemption
     );
     println!(
-        "{:<12} {:>8} {:>8} {:>9} {:>8} {:>11} {:>9} {:>10} {:>10}",
+        "{:<12} {:>8} {:>8} {:>9} {:>8} {:>11} {:>9} {:>10} {:>10} {:>12}",
         "system",
         "KV util",
         "KV used",
@@ -237,11 +290,12 @@ fn print_tables(args: &PlanArgs, model: &ModelShape, setup: &SimSetup, trace: &T
         "preemptions",
         "finished",
         "out tok/s",
-        "makespan s"
+        "makespan s",
+        "norm lat s/t"
     );
     for r in c.all() {
         println!(
-            "{:<12} {:>8.3} {:>8.3} {:>9.1} {:>8} {:>11} {:>9} {:>10.0} {:>10.1}",
+            "{:<12} {:>8.3} {:>8.3} {:>9.1} {:>8} {:>11} {:>9} {:>10.0} {:>10.1} {:>12.4}",
             r.system,
             r.kv_util,
             r.kv_usage,
@@ -250,7 +304,8 @@ fn print_tables(args: &PlanArgs, model: &ModelShape, setup: &SimSetup, trace: &T
             r.preemptions,
             r.finished,
             r.output_tokens_per_s,
-            r.sim_time_s
+            r.sim_time_s,
+            r.mean_normalized_latency_s
         );
     }
     println!(
