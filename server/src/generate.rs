@@ -165,7 +165,7 @@ fn with_request_id(mut response: Response, base: &str) -> Response {
 }
 
 /// One API call, checked and ready to submit.
-struct Job {
+pub(crate) struct Job {
     envelope: Envelope,
     prompts: Vec<Prompt>,
     params: SamplingParams,

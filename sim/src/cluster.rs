@@ -18,6 +18,8 @@ use crate::trace::Trace;
 
 /// Bisection steps on the request rate: the capacity to within 2⁻¹⁴ of the bracket.
 const BISECTION_STEPS: usize = 14;
+/// Doublings of the burst throughput tried for a rate that fails the bound.
+const BRACKET_DOUBLINGS: usize = 20;
 /// Most replicas a plan proposes (a bound on the search, not a limit of the model).
 pub const MAX_REPLICAS: usize = 100_000;
 
@@ -29,6 +31,9 @@ pub struct ReplicaCapacity {
     pub report: SimReport,
     /// Normalized latency of a lone request stream far below capacity: the floor no rate beats.
     pub idle_normalized_latency_s: f64,
+    /// Requests per second with every request queued at once (the capacity is near it: a
+    /// little above when batching absorbs the arrivals, below when the bound is tight).
+    pub throughput_rate: f64,
 }
 
 /// Replicas for a target rate, with each replica's simulated share of it.
@@ -53,6 +58,10 @@ pub enum ClusterError {
         "a replica's normalized latency is {idle:.4} s/token even when idle: above the bound of {bound:.4} s/token"
     )]
     BoundBelowIdle { idle: f64, bound: f64 },
+    #[error(
+        "the bound never binds on this trace: all its requests at once stay at {burst:.4} s/token; use a tighter bound or more requests"
+    )]
+    BoundNeverBinds { burst: f64 },
     #[error("the trace's requests never all finish on one replica (the KV cache cannot hold them)")]
     Unservable,
     #[error("more than {MAX_REPLICAS} replicas would be needed")]
@@ -90,8 +99,20 @@ pub fn replica_capacity(
     if !sustains(&idle, bound) {
         return Err(ClusterError::BoundBelowIdle { idle: idle_normalized_latency_s, bound });
     }
-    // Invariant: `lo` sustains the bound (with `best`), `hi` does not or is past throughput.
-    let (mut lo, mut hi, mut best) = (throughput / 1000.0, throughput * 1.5, idle);
+    if sustains(&saturated, bound) {
+        return Err(ClusterError::BoundNeverBinds { burst: saturated.mean_normalized_latency_s });
+    }
+    // A failing rate above: the trace at a high enough rate is the burst, which fails.
+    let (mut lo, mut hi, mut best) = (throughput / 1000.0, throughput, idle);
+    for _ in 0..BRACKET_DOUBLINGS {
+        let report = simulate_paged(&trace_at(hi), setup, cost)?;
+        if !sustains(&report, bound) {
+            break;
+        }
+        (lo, best) = (hi, report);
+        hi *= 2.0;
+    }
+    // Invariant: `lo` sustains the bound (with `best`), `hi` does not.
     for _ in 0..BISECTION_STEPS {
         let mid = 0.5 * (lo + hi);
         let report = simulate_paged(&trace_at(mid), setup, cost)?;
@@ -101,7 +122,7 @@ pub fn replica_capacity(
             hi = mid;
         }
     }
-    Ok(ReplicaCapacity { rate: lo, report: best, idle_normalized_latency_s })
+    Ok(ReplicaCapacity { rate: lo, report: best, idle_normalized_latency_s, throughput_rate: throughput })
 }
 
 /// Replicas needed for `target_rate` requests per second within `bound` seconds per output
@@ -126,7 +147,13 @@ pub fn plan_cluster(
     loop {
         let per_replica = simulate_paged(&trace_at(target_rate / replicas as f64), setup, cost)?;
         if sustains(&per_replica, bound) {
-            return Ok(ClusterPlan { target_rate, max_normalized_latency_s: bound, capacity, replicas, per_replica });
+            return Ok(ClusterPlan {
+                target_rate,
+                max_normalized_latency_s: bound,
+                capacity,
+                replicas,
+                per_replica,
+            });
         }
         replicas += 1;
         if replicas > MAX_REPLICAS {
@@ -144,30 +171,45 @@ mod tests {
     fn fixture() -> (SimSetup, CostModel, impl Fn(f64) -> Trace) {
         let model = ModelShape::by_name("opt-13b").expect("preset");
         let cost = CostModel::new(model, Hardware::by_name("a100-40gb").expect("preset"));
-        let trace_at = |rate| Trace::synthetic(TraceShape::ALPACA, 200, rate, 2048, 7);
+        let trace_at = |rate| Trace::synthetic(TraceShape::SHAREGPT, 400, rate, 2048, 7);
         (SimSetup::paper_sharegpt(), cost, trace_at)
+    }
+
+    /// A bound that binds: twice the idle normalized latency.
+    fn binding_bound(setup: &SimSetup, cost: &CostModel, trace_at: &dyn Fn(f64) -> Trace) -> f64 {
+        let idle = simulate_paged(&trace_at(1e-3), setup, cost).expect("sim");
+        2.0 * idle.mean_normalized_latency_s
     }
 
     #[test]
     fn latency_grows_with_rate_and_the_capacity_sits_where_it_crosses_the_bound() {
         let (setup, cost, trace_at) = fixture();
-        let cap = replica_capacity(&trace_at, &setup, &cost, 0.05).expect("capacity");
-        assert!(cap.rate > 0.0);
-        assert!(cap.report.mean_normalized_latency_s <= 0.05);
+        let bound = binding_bound(&setup, &cost, &trace_at);
+        let cap = replica_capacity(&trace_at, &setup, &cost, bound).expect("capacity");
+        assert!(cap.rate > 0.5 * cap.throughput_rate && cap.rate < 2.0 * cap.throughput_rate, "{cap:?}");
+        assert!(cap.report.mean_normalized_latency_s <= bound);
         assert!(cap.idle_normalized_latency_s <= cap.report.mean_normalized_latency_s);
-        // Well past the capacity the bound fails.
-        let over = simulate_paged(&trace_at(cap.rate * 1.5), &setup, &cost).expect("sim");
-        assert!(over.mean_normalized_latency_s > 0.05, "{} at 1.5x capacity", over.mean_normalized_latency_s);
+        // A little past the capacity the bound fails.
+        let over = simulate_paged(&trace_at(cap.rate * 1.1), &setup, &cost).expect("sim");
+        assert!(
+            over.mean_normalized_latency_s > bound,
+            "{} at 1.1x capacity",
+            over.mean_normalized_latency_s
+        );
+        // A bound even the whole trace at once meets says so.
+        let loose = replica_capacity(&trace_at, &setup, &cost, 100.0).expect_err("never binds");
+        assert!(matches!(loose, ClusterError::BoundNeverBinds { .. }), "{loose}");
     }
 
     #[test]
     fn replicas_scale_with_the_target_and_each_share_meets_the_bound() {
         let (setup, cost, trace_at) = fixture();
-        let one = plan_cluster(&trace_at, &setup, &cost, 1.0, 0.05).expect("plan");
-        let many = plan_cluster(&trace_at, &setup, &cost, one.capacity.rate * 7.5, 0.05).expect("plan");
+        let bound = binding_bound(&setup, &cost, &trace_at);
+        let one = plan_cluster(&trace_at, &setup, &cost, 0.5, bound).expect("plan");
         assert_eq!(one.replicas, 1);
+        let many = plan_cluster(&trace_at, &setup, &cost, one.capacity.rate * 7.5, bound).expect("plan");
         assert!((8..=9).contains(&many.replicas), "{} replicas for 7.5x capacity", many.replicas);
-        assert!(many.per_replica.mean_normalized_latency_s <= 0.05);
+        assert!(many.per_replica.mean_normalized_latency_s <= bound);
     }
 
     #[test]

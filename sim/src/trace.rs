@@ -183,8 +183,12 @@ impl Trace {
     pub fn at_rate(&self, rate: f64, seed: u64) -> Trace {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let arrivals = poisson_arrivals(&mut rng, self.requests.len(), rate);
-        let requests =
-            self.requests.iter().zip(arrivals).map(|(r, arrival_s)| TraceRequest { arrival_s, ..*r }).collect();
+        let requests = self
+            .requests
+            .iter()
+            .zip(arrivals)
+            .map(|(r, arrival_s)| TraceRequest { arrival_s, ..*r })
+            .collect();
         Trace { requests }
     }
 }

@@ -192,7 +192,10 @@ fn print_cluster(plan: &ClusterPlan) {
     println!(
         "\ncluster: one replica sustains {:.2} req/s within {:.3} s/token (normalized latency {:.4} s/token \
          there, {:.4} when idle)",
-        cap.rate, plan.max_normalized_latency_s, cap.report.mean_normalized_latency_s, cap.idle_normalized_latency_s
+        cap.rate,
+        plan.max_normalized_latency_s,
+        cap.report.mean_normalized_latency_s,
+        cap.idle_normalized_latency_s
     );
     println!(
         "{:.2} req/s needs {} replicas: each at {:.2} req/s has normalized latency {:.4} s/token, \
@@ -203,7 +206,9 @@ fn print_cluster(plan: &ClusterPlan) {
         plan.per_replica.mean_normalized_latency_s,
         plan.per_replica.output_tokens_per_s * plan.replicas as f64
     );
-    println!("(Poisson arrivals split evenly over the replicas; prefix-cache hits across requests not counted)");
+    println!(
+        "(Poisson arrivals split evenly over the replicas; prefix-cache hits across requests not counted)"
+    );
 }
 
 /// Sequences of `max_model_len` tokens the paged pool holds at once (each group's blocks of

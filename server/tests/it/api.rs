@@ -2,8 +2,7 @@
 //! stop strings and seeds; the answers equal the in-process engine's; a stream dropped
 //! mid-way frees its request's blocks; the small routes and `/metrics`.
 
-use axum::body::Body;
-use axum::http::{Request, StatusCode};
+use axum::http::StatusCode;
 use engine::{ChatMessage, Prompt, SamplingParams};
 use serde_json::{Value, json};
 

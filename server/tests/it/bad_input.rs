@@ -62,7 +62,7 @@ fn each_invalid_field_is_a_400_naming_it() {
         let (status, v) = srv.post_json("/v1/completions", &json!({"model": "gpt-9", "prompt": "x"})).await;
         assert_error(status, &v, StatusCode::NOT_FOUND, Some("model"));
         // Still serving, with nothing leaked.
-        let v = srv.post_ok("/v1/completions", &json!({"prompt": "hello", "max_tokens": 3})).await;
+        srv.post_ok("/v1/completions", &json!({"prompt": "hello", "max_tokens": 3})).await;
         srv.wait_idle().await;
     });
 }

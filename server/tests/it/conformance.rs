@@ -117,7 +117,7 @@ fn every_optional_field_takes_null() {
         for field in COMPLETION_NULLS {
             completion[*field] = Value::Null;
         }
-        let v = srv.post_ok("/v1/completions", &completion).await;
+        srv.post_ok("/v1/completions", &completion).await;
         srv.wait_idle().await;
     });
 }
@@ -280,7 +280,7 @@ fn unknown_fields_are_logged_once_and_unimplemented_ones_refused() {
         for _ in 0..2 {
             let mut body = chat("Hi", 1);
             body["x_conformance_field"] = json!({"any": "thing"});
-            let v = srv.post_ok("/v1/chat/completions", &body).await;
+            srv.post_ok("/v1/chat/completions", &body).await;
         }
         for (field, value) in [
             ("use_beam_search", json!(true)),

@@ -131,7 +131,7 @@ fn priority_orders_waiting_requests_and_needs_the_priority_policy() {
             finished.push(tokio::spawn(async move {
                 let body =
                     json!({"prompt": "Hello", "max_tokens": 4, "ignore_eos": true, "priority": priority});
-                let v = srv.post_ok("/v1/completions", &body).await;
+                srv.post_ok("/v1/completions", &body).await;
                 (Instant::now(), name)
             }));
             tokio::time::sleep(Duration::from_millis(30)).await;

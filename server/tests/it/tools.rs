@@ -65,7 +65,7 @@ fn forced_tool_calls_of_the_real_model_validate() {
         streamed["stream"] = json!(true);
         let chunks = server.stream_chunks("/v1/chat/completions", &streamed).await;
         let deltas: Vec<&Value> = chunks.iter().filter(|c| c["choices"][0]["delta"]["tool_calls"].is_array()).collect();
-        assert_eq!(deltas.len(), 1, "{events:?}");
+        assert_eq!(deltas.len(), 1, "{chunks:?}");
         let call = &deltas[0]["choices"][0]["delta"]["tool_calls"][0];
         assert_eq!(call["index"], 0, "{call}");
         check_call(call);
