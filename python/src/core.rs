@@ -3,11 +3,14 @@
 //! snapshot, shutdown) releases the GIL; a blocking batch wakes every 100 ms to let Ctrl-C
 //! through, and a Python exception there aborts the batch's requests (dropping their streams).
 
+use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use engine::{Engine, EngineHandle, Prompt, RequestOptions, RequestStream, SamplingParams, ShutdownMode};
+use engine::{
+    Engine, EngineHandle, Prompt, RequestError, RequestOptions, RequestStream, SamplingParams, ShutdownMode,
+};
 use pyo3::prelude::*;
 
 use crate::args::{self, PromptArg};
@@ -53,21 +56,21 @@ impl PyEngine {
         let tokenizer = TokenText(self.handle.clone());
         Accumulator::new(kind, id.to_owned(), request.prompt.clone(), request.token_ids.clone(), tokenizer)
     }
+}
 
-    /// Waits for a stream's end (the GIL released, signals checked between waits) and returns
-    /// the final output's JSON.
-    fn finish(&self, py: Python<'_>, mut stream: RequestStream, acc: &mut Accumulator) -> PyResult<String> {
-        loop {
-            match py.detach(|| stream.recv_timeout(SIGNAL_CHECK)) {
-                Some(Ok(Some(out))) => {
-                    if let Some(json) = acc.absorb(&out).filter(|_| out.finished) {
-                        return Ok(json);
-                    }
+/// Waits for a stream's end (the GIL released, signals checked between waits) and returns the
+/// final output's JSON.
+fn finish(py: Python<'_>, mut stream: RequestStream, acc: &mut Accumulator) -> PyResult<String> {
+    loop {
+        match py.detach(|| stream.recv_timeout(SIGNAL_CHECK)) {
+            Some(Ok(Some(out))) => {
+                if let Some(json) = acc.absorb(&out) {
+                    return Ok(json);
                 }
-                Some(Ok(None)) => py.check_signals()?,
-                Some(Err(e)) => return Err(errors::stream(e)),
-                None => return Err(errors::EngineError::new_err("the request ended without a final output")),
             }
+            Some(Ok(None)) => py.check_signals()?,
+            Some(Err(e)) => return Err(errors::stream(e)),
+            None => return Err(errors::EngineError::new_err("the request ended without a final output")),
         }
     }
 }
@@ -117,24 +120,42 @@ impl PyEngine {
         self.handle.tokenizer().decode(&token_ids, skip_special_tokens).map_err(|e| errors::engine(e.into()))
     }
 
-    /// The offline batch: every (prompt, params) pair submitted at once, then each request's
-    /// final output (JSON), in order. A refused request raises before anything is awaited
-    /// (the ones submitted before it are aborted).
+    /// The offline batch: every (prompt, params) pair submitted at once (past `max_waiting`,
+    /// as room frees up), then each request's final output (JSON), in order. A refused request
+    /// raises, and the batch's other requests are aborted.
     fn generate(&self, py: Python<'_>, requests: Vec<(String, Option<String>)>) -> PyResult<Vec<String>> {
         let requests: Vec<Request> = requests
             .iter()
             .map(|(prompt, params)| self.request(prompt, params.as_deref()))
             .collect::<PyResult<_>>()?;
-        let mut submitted = Vec::with_capacity(requests.len());
-        for request in &requests {
+        let mut results: Vec<Option<String>> = vec![None; requests.len()];
+        let mut pending = VecDeque::with_capacity(requests.len());
+        for (i, request) in requests.iter().enumerate() {
             let id = self.handle.next_request_id();
-            let tokens = Prompt::Tokens(request.token_ids.to_vec());
-            let stream = py
-                .detach(|| self.handle.add_request_with_id(id.clone(), tokens, request.params.clone()))
-                .map_err(errors::request)?;
-            submitted.push((stream, self.accumulator(OutputKind::FinalOnly, &id, request)));
+            loop {
+                let tokens = Prompt::Tokens(request.token_ids.to_vec());
+                match py
+                    .detach(|| self.handle.add_request_with_id(id.clone(), tokens, request.params.clone()))
+                {
+                    Ok(stream) => {
+                        pending.push_back((i, stream, self.accumulator(OutputKind::FinalOnly, &id, request)));
+                        break;
+                    }
+                    // A full waiting queue drains as the engine steps: the oldest request's end
+                    // makes room.
+                    Err(RequestError::QueueFull { .. }) if !pending.is_empty() => {
+                        if let Some((j, stream, mut acc)) = pending.pop_front() {
+                            results[j] = Some(finish(py, stream, &mut acc)?);
+                        }
+                    }
+                    Err(e) => return Err(errors::request(e)),
+                }
+            }
         }
-        submitted.into_iter().map(|(stream, mut acc)| self.finish(py, stream, &mut acc)).collect()
+        for (j, stream, mut acc) in pending {
+            results[j] = Some(finish(py, stream, &mut acc)?);
+        }
+        Ok(results.into_iter().flatten().collect())
     }
 
     /// Submits one request for asyncio; outputs come through the returned stream as

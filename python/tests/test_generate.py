@@ -66,6 +66,13 @@ def test_batch_order_per_prompt_params_and_prompt_fields(llm):
         llm.generate(prompts, [greedy(1), greedy(1)])
 
 
+def test_a_batch_past_the_waiting_queue_waits_for_room(model_path):
+    with paged_llm.LLM(model_path, max_num_seqs=1, max_waiting=2, num_kv_blocks=64) as llm:
+        outs = llm.generate([f"Count to {i}:" for i in range(5)], greedy(3, ignore_eos=True))
+        assert [len(o.outputs[0].token_ids) for o in outs] == [3] * 5
+        assert [o.prompt for o in outs] == [f"Count to {i}:" for i in range(5)]
+
+
 def test_chat_reports_the_rendered_prompt(llm):
     out = llm.chat([{"role": "user", "content": "Hello!"}], greedy(4))[0]
     assert out.prompt.endswith("<|im_start|>assistant\n")
