@@ -28,7 +28,7 @@ use crate::sampling::SamplingParams;
 
 use engine_loop::EngineLoop;
 use streams::Ticket;
-pub use streams::{OutputStream, RequestStream};
+pub use streams::{AbortHandle, OutputStream, RequestStream};
 
 /// What happens to unfinished requests at shutdown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -31,7 +31,7 @@ pub use config::{
 };
 pub use engine::Engine;
 pub use error::{EngineError, RequestError};
-pub use handle::{EngineHandle, OutputStream, RequestStream, ShutdownMode};
+pub use handle::{AbortHandle, EngineHandle, OutputStream, RequestStream, ShutdownMode};
 pub use kv_map::{BlockState, KvCounters, KvMap, KvSnapshot, KvTable};
 pub use metrics::{Gauges, LatencyStats, LiveMetrics, MetricsSnapshot, STEP_TOKEN_BUCKETS, StepTokens};
 pub use model::{ChatMessage, Conversation, FunctionCall, TemplateValue, ToolCall};

@@ -2,7 +2,7 @@
 //! and write.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 use anyhow::{Context, bail};
 
@@ -29,6 +29,25 @@ pub fn run(cmd: &mut Command) -> anyhow::Result<()> {
         bail!("command failed ({status}): {line}");
     }
     Ok(())
+}
+
+/// `target/<name>`, a Python venv in which `import <imports>` works (idempotent: the venv is
+/// made when missing, and `packages` are pip-installed when the import fails); returns it.
+pub fn ensure_venv(name: &str, imports: &str, packages: &[&str]) -> anyhow::Result<PathBuf> {
+    let venv = workspace_root().join("target").join(name);
+    let python = venv.join("bin/python");
+    if !python.exists() {
+        run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
+    }
+    let ready = Command::new(&python)
+        .args(["-c", &format!("import {imports}")])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ready {
+        run(Command::new(&python).args(["-m", "pip", "install", "--quiet"]).args(packages))?;
+    }
+    Ok(venv)
 }
 
 /// Empties `dir`, creating it when missing.

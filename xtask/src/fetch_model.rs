@@ -87,6 +87,11 @@ pub struct FetchModelArgs {
     pub dtype: Dtype,
 }
 
+/// The PyPI wheel the default model comes in, as `fetch-model` keeps it.
+pub fn smollm2_wheel() -> PathBuf {
+    workspace_root().join("target/models/.cache").join(WHEEL)
+}
+
 /// The GGUF `fetch-model` keeps beside the HF folder `out_dir`.
 pub fn gguf_beside(out_dir: &Path) -> PathBuf {
     out_dir.with_file_name(format!("{MODEL_NAME}.Q4_1.gguf"))

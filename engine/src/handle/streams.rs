@@ -1,7 +1,7 @@
 //! What a caller receives one request's outputs through: the blocking `RequestStream` and the
 //! async `OutputStream` (the engine's sending side of either is `output::Sink`, kept in the
-//! request's record), and the `Ticket` with which a stream dropped before its end aborts
-//! exactly its own admission.
+//! request's record), the `Ticket` with which a stream dropped before its end aborts exactly
+//! its own admission, and the `AbortHandle` that does the same from anywhere else.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -73,7 +73,7 @@ impl RequestStream {
 }
 
 /// One submitted request as its stream knows it, and how to abort it.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(super) struct Ticket {
     pub(super) id: String,
     pub(super) key: RequestKey,
@@ -134,6 +134,13 @@ impl OutputStream {
         self.ticket.key
     }
 
+    /// Aborts this admission from elsewhere: another task or thread, even while this stream
+    /// is being awaited (a binding whose caller cancelled a pending read cannot reach the
+    /// stream to drop it).
+    pub fn abort_handle(&self) -> AbortHandle {
+        AbortHandle { ticket: self.ticket.clone() }
+    }
+
     /// The next output; `None` once the final one was returned.
     pub async fn recv(&mut self) -> Option<Result<RequestOutput, StreamError>> {
         std::future::poll_fn(|cx| self.poll_item(cx)).await
@@ -149,6 +156,19 @@ impl OutputStream {
         };
         self.done = is_last(&item);
         Poll::Ready(Some(item))
+    }
+}
+
+/// Aborts exactly one admission (never a later request that took over its id); once the
+/// request has finished it does nothing. Its stream then ends with an `Abort` output.
+#[derive(Debug, Clone)]
+pub struct AbortHandle {
+    ticket: Ticket,
+}
+
+impl AbortHandle {
+    pub fn abort(&self) {
+        self.ticket.abort();
     }
 }
 

@@ -1,6 +1,7 @@
 //! The async half of `EngineHandle` on a single-threaded tokio runtime (so any blocking call
 //! would stall the test): `submit` + `OutputStream` give what the in-process engine gives,
-//! dropping a stream aborts its request and frees its blocks, and a full waiting queue refuses
+//! dropping a stream aborts its request and frees its blocks, so does its `AbortHandle` while
+//! the stream is being awaited elsewhere, and a full waiting queue refuses
 //! at once with `QueueFull` while the engine keeps serving (and `generate` waits for room).
 
 use std::time::Duration;
@@ -90,6 +91,42 @@ fn dropping_an_async_stream_aborts_and_frees_its_blocks() {
         let last = last.unwrap_or_else(|| panic!("no output"));
         assert!(last.finished);
         assert_eq!(last.outputs[0].finish_reason, Some(FinishReason::Length));
+    });
+}
+
+#[test]
+fn an_abort_handle_ends_a_stream_being_awaited_and_spares_a_later_request() {
+    let fx = Fixture::new();
+    let handle = fx.spawn(small_config(64));
+    runtime().block_on(async {
+        let mut stream = submit(&handle, "held", prompt_tokens(5, 40), forced(300));
+        let aborter = stream.abort_handle();
+        // The reader holds the stream throughout: the abort can only come from beside it.
+        let reader = async move {
+            let mut last = None;
+            while let Some(item) = stream.recv().await {
+                last = Some(item.unwrap_or_else(|e| panic!("{e}")));
+            }
+            last
+        };
+        let abort = async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            aborter.abort();
+        };
+        let (last, ()) = tokio::join!(reader, abort);
+        let last = last.unwrap_or_else(|| panic!("no output"));
+        assert!(last.finished);
+        assert_eq!(last.outputs[0].finish_reason, Some(FinishReason::Abort));
+        wait_idle(&handle).await;
+        // The id is reused at once; the old handle names the finished admission only.
+        let mut again = submit(&handle, "held", prompt_tokens(6, 8), SamplingParams::greedy(3));
+        aborter.abort();
+        let mut reason = None;
+        while let Some(item) = again.recv().await {
+            let out = item.unwrap_or_else(|e| panic!("{e}"));
+            reason = out.outputs.first().and_then(|c| c.finish_reason.clone()).or(reason);
+        }
+        assert_eq!(reason, Some(FinishReason::Length));
     });
 }
 

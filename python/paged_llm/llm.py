@@ -1,0 +1,83 @@
+"""``LLM``: offline batches, as vLLM's ``LLM`` runs them. Every prompt of a call is submitted at
+once (they share the engine's batches) and the call returns when all have finished, the GIL
+released meanwhile; Ctrl-C aborts the batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+from ._client import (
+    PromptType,
+    _Client,
+    _conversation_json,
+    _flat_metrics,
+    _params_json,
+    _prompt_json,
+)
+from .outputs import RequestOutput
+from .sampling import SamplingParams
+
+ParamsArg = Union[SamplingParams, Sequence[SamplingParams], None]
+
+
+class LLM(_Client):
+    """A model loaded for offline inference: ``LLM("smollm2", max_num_seqs=64)``.
+
+    One engine per object (a Ray actor holds one per process); ``shutdown()`` or leaving a
+    ``with`` block stops it.
+    """
+
+    def generate(
+        self,
+        prompts: Union[PromptType, Sequence[PromptType]],
+        sampling_params: ParamsArg = None,
+    ) -> List[RequestOutput]:
+        """One finished ``RequestOutput`` per prompt, in order. ``sampling_params``: one for
+        every prompt, or one per prompt; ``None`` takes the model's defaults."""
+        prompts = _prompt_list(prompts)
+        return self._run([_prompt_json(p) for p in prompts], sampling_params)
+
+    def chat(
+        self,
+        messages: Union[Sequence[Dict[str, Any]], Sequence[Sequence[Dict[str, Any]]]],
+        sampling_params: ParamsArg = None,
+        *,
+        tools: Optional[List[Dict[str, Any]]] = None,
+        documents: Optional[List[Dict[str, Any]]] = None,
+        chat_template_kwargs: Optional[Dict[str, Any]] = None,
+    ) -> List[RequestOutput]:
+        """Generates replies to one conversation (a list of ``{"role", "content"}`` messages) or
+        to a list of them, each rendered with the model's chat template."""
+        batch = len(messages) > 0 and not isinstance(messages[0], dict)
+        conversations = list(messages) if batch else [messages]
+        prompts = [_conversation_json(c, tools, documents, chat_template_kwargs) for c in conversations]
+        return self._run(prompts, sampling_params)
+
+    def metrics(self) -> Dict[str, Any]:
+        """The engine's metrics between two steps: ``num_running``, ``num_waiting``,
+        ``kv_usage``, ``prefix_hits`` / ``prefix_queries``, token counts, latencies."""
+        return _flat_metrics(self._engine.metrics())
+
+    def _run(self, prompts: List[str], sampling_params: ParamsArg) -> List[RequestOutput]:
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params = [_params_json(sampling_params)] * len(prompts)
+        elif isinstance(sampling_params, (list, tuple)):
+            params = [_params_json(p) for p in sampling_params]
+            if len(params) != len(prompts):
+                raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts")
+        else:
+            kind = type(sampling_params).__name__
+            raise TypeError(f"sampling_params must be a SamplingParams or a list of them, not {kind}")
+        raw = self._engine.generate(list(zip(prompts, params)))
+        return [RequestOutput._from_json(r) for r in raw]
+
+
+def _prompt_list(prompts: Union[PromptType, Sequence[PromptType]]) -> List[PromptType]:
+    """One prompt as a list of one; a list of ints is one prompt of token ids."""
+    if isinstance(prompts, (str, dict)):
+        return [prompts]
+    prompts = list(prompts)
+    if prompts and all(isinstance(t, int) for t in prompts):
+        return [prompts]
+    return prompts

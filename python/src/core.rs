@@ -1,0 +1,213 @@
+//! `_core.Engine`: one loaded model and its engine thread (`engine::EngineHandle`), what
+//! `paged_llm.LLM` and `AsyncLLM` wrap. Every wait on the engine (loading, a batch, a metrics
+//! snapshot, shutdown) releases the GIL; a blocking batch wakes every 100 ms to let Ctrl-C
+//! through, and a Python exception there aborts the batch's requests (dropping their streams).
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use engine::{
+    Engine, EngineHandle, Prompt, RequestError, RequestOptions, RequestStream, SamplingParams, ShutdownMode,
+};
+use pyo3::prelude::*;
+
+use crate::args::{self, PromptArg};
+use crate::errors;
+use crate::outputs::{Accumulator, OutputKind, TokenText};
+use crate::stream::AsyncStream;
+
+/// How long a blocking wait holds off Python's signal handlers (Ctrl-C) at most.
+const SIGNAL_CHECK: Duration = Duration::from_millis(100);
+
+#[derive(Debug)]
+#[pyclass(frozen, module = "paged_llm._core", name = "Engine")]
+pub struct PyEngine {
+    handle: EngineHandle,
+}
+
+/// A request ready to submit: its prompt tokenized on the caller's thread, as the engine
+/// would, so that its outputs can report the prompt's token ids.
+struct Request {
+    prompt: Option<String>,
+    token_ids: Arc<[u32]>,
+    params: SamplingParams,
+}
+
+impl PyEngine {
+    /// Checks and tokenizes one prompt with its parameters (JSON, `None`: the model's defaults).
+    fn request(&self, prompt: &str, params: Option<&str>) -> PyResult<Request> {
+        let prompt = PromptArg::parse(prompt)?;
+        let params = args::sampling_params(params, self.handle.default_sampling_params())?;
+        let text = prompt.text().map(str::to_owned);
+        let is_chat = matches!(prompt, PromptArg::Conversation(_));
+        let ids = self.handle.tokenize(prompt.into_prompt()).map_err(errors::request)?;
+        // A conversation's prompt is the text its template rendered, as vLLM reports it.
+        let text = if is_chat {
+            Some(self.handle.tokenizer().decode(&ids, false).map_err(|e| errors::engine(e.into()))?)
+        } else {
+            text
+        };
+        Ok(Request { prompt: text, token_ids: ids.into(), params })
+    }
+
+    fn accumulator(&self, kind: OutputKind, id: &str, request: &Request) -> Accumulator {
+        let tokenizer = TokenText(self.handle.clone());
+        Accumulator::new(kind, id.to_owned(), request.prompt.clone(), request.token_ids.clone(), tokenizer)
+    }
+}
+
+/// Waits for a stream's end (the GIL released, signals checked between waits) and returns the
+/// final output's JSON.
+fn finish(py: Python<'_>, mut stream: RequestStream, acc: &mut Accumulator) -> PyResult<String> {
+    loop {
+        match py.detach(|| stream.recv_timeout(SIGNAL_CHECK)) {
+            Some(Ok(Some(out))) => {
+                if let Some(json) = acc.absorb(&out) {
+                    return Ok(json);
+                }
+            }
+            Some(Ok(None)) => py.check_signals()?,
+            Some(Err(e)) => return Err(errors::stream(e)),
+            None => return Err(errors::EngineError::new_err("the request ended without a final output")),
+        }
+    }
+}
+
+#[pymethods]
+impl PyEngine {
+    /// Loads `model` (a Hugging Face folder or a GGUF file) with `engine_args` (a JSON object)
+    /// and starts the engine thread.
+    #[new]
+    fn new(py: Python<'_>, model: PathBuf, engine_args: &str) -> PyResult<Self> {
+        let config = args::engine_config(engine_args)?;
+        let engine = py.detach(|| Engine::new(&model, config)).map_err(errors::engine)?;
+        let handle = EngineHandle::spawn(engine).map_err(errors::engine)?;
+        Ok(Self { handle })
+    }
+
+    #[getter]
+    fn model_name(&self) -> &str {
+        self.handle.model_name()
+    }
+
+    #[getter]
+    fn max_model_len(&self) -> usize {
+        self.handle.max_model_len()
+    }
+
+    #[getter]
+    fn has_chat_template(&self) -> bool {
+        self.handle.chat_template().is_some()
+    }
+
+    /// The sampling parameters a request without any gets (JSON): vLLM's defaults with the
+    /// model's generation config on top.
+    fn default_sampling_params(&self) -> String {
+        // A struct of numbers, strings and maps: serializing it cannot fail.
+        serde_json::to_string(self.handle.default_sampling_params()).unwrap_or_default()
+    }
+
+    /// A prompt (JSON) as token ids, exactly as a submission would tokenize it.
+    fn tokenize(&self, py: Python<'_>, prompt: &str) -> PyResult<Vec<u32>> {
+        let prompt = PromptArg::parse(prompt)?.into_prompt();
+        py.detach(|| self.handle.tokenize(prompt)).map_err(errors::request)
+    }
+
+    #[pyo3(signature = (token_ids, skip_special_tokens = true))]
+    fn decode(&self, token_ids: Vec<u32>, skip_special_tokens: bool) -> PyResult<String> {
+        self.handle.tokenizer().decode(&token_ids, skip_special_tokens).map_err(|e| errors::engine(e.into()))
+    }
+
+    /// The offline batch: every (prompt, params) pair submitted at once (past `max_waiting`,
+    /// as room frees up), then each request's final output (JSON), in order. A refused request
+    /// raises, and the batch's other requests are aborted.
+    fn generate(&self, py: Python<'_>, requests: Vec<(String, Option<String>)>) -> PyResult<Vec<String>> {
+        let requests: Vec<Request> = requests
+            .iter()
+            .map(|(prompt, params)| self.request(prompt, params.as_deref()))
+            .collect::<PyResult<_>>()?;
+        let mut results: Vec<Option<String>> = vec![None; requests.len()];
+        let mut pending = VecDeque::with_capacity(requests.len());
+        for (i, request) in requests.iter().enumerate() {
+            let id = self.handle.next_request_id();
+            loop {
+                let tokens = Prompt::Tokens(request.token_ids.to_vec());
+                match py
+                    .detach(|| self.handle.add_request_with_id(id.clone(), tokens, request.params.clone()))
+                {
+                    Ok(stream) => {
+                        pending.push_back((i, stream, self.accumulator(OutputKind::FinalOnly, &id, request)));
+                        break;
+                    }
+                    // A full waiting queue drains as the engine steps: the oldest request's end
+                    // makes room.
+                    Err(RequestError::QueueFull { .. }) if !pending.is_empty() => {
+                        if let Some((j, stream, mut acc)) = pending.pop_front() {
+                            results[j] = Some(finish(py, stream, &mut acc)?);
+                        }
+                    }
+                    Err(e) => return Err(errors::request(e)),
+                }
+            }
+        }
+        for (j, stream, mut acc) in pending {
+            results[j] = Some(finish(py, stream, &mut acc)?);
+        }
+        Ok(results.into_iter().flatten().collect())
+    }
+
+    /// Submits one request for asyncio; outputs come through the returned stream as
+    /// `options.output_kind` says (`cumulative`, `delta` or `final_only`).
+    fn submit(
+        &self,
+        py: Python<'_>,
+        prompt: &str,
+        params: Option<&str>,
+        options: &str,
+    ) -> PyResult<AsyncStream> {
+        let options = args::SubmitOptions::parse(options)?;
+        let kind = OutputKind::parse(&options.output_kind)?;
+        let request = self.request(prompt, params)?;
+        let id = options.request_id.unwrap_or_else(|| self.handle.next_request_id());
+        let engine_options = RequestOptions { priority: options.priority, cache_salt: options.cache_salt };
+        let tokens = Prompt::Tokens(request.token_ids.to_vec());
+        let stream = py
+            .detach(|| self.handle.submit(id.clone(), tokens, request.params.clone(), engine_options))
+            .map_err(errors::request)?;
+        Ok(AsyncStream::new(stream, self.accumulator(kind, &id, &request)))
+    }
+
+    /// Aborts an unfinished request by id; false when there is none.
+    fn abort(&self, request_id: &str) -> bool {
+        self.handle.abort(request_id).is_ok()
+    }
+
+    /// A metrics snapshot (JSON), taken between two engine steps.
+    fn metrics(&self, py: Python<'_>) -> PyResult<String> {
+        let snapshot = py.detach(|| self.handle.metrics()).map_err(errors::engine)?;
+        Ok(serde_json::to_string(&snapshot).unwrap_or_default())
+    }
+
+    /// Awaitable [`PyEngine::metrics`], for asyncio.
+    fn metrics_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let handle = self.handle.clone();
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            let snapshot = handle.metrics_async().await.map_err(errors::engine)?;
+            Ok(serde_json::to_string(&snapshot).unwrap_or_default())
+        })
+    }
+
+    /// Whether the engine holds no KV block (nothing running, nothing leaked).
+    fn kv_is_idle(&self, py: Python<'_>) -> PyResult<bool> {
+        py.detach(|| self.handle.kv_is_idle()).map_err(errors::engine)
+    }
+
+    /// Stops the engine thread: unfinished requests are aborted, or with `drain` finished first.
+    #[pyo3(signature = (drain = false))]
+    fn shutdown(&self, py: Python<'_>, drain: bool) {
+        let mode = if drain { ShutdownMode::Drain } else { ShutdownMode::Abort };
+        py.detach(|| self.handle.shutdown(mode));
+    }
+}

@@ -1,0 +1,50 @@
+//! `paged_llm._core`: the engine as a CPython extension module (PyO3, stable ABI 3.9+), the
+//! Rust half of the `paged_llm` package; `paged_llm/` beside this crate is the Python half
+//! (`LLM`, `AsyncLLM`, `SamplingParams`, the output dataclasses).
+//!
+//! - `core.rs` — `Engine`: a loaded model on its engine thread; the offline batch, asyncio
+//!   submission, abort, metrics, tokenization.
+//! - `stream.rs` — `AsyncStream`: one request's outputs as awaitables, and its abort.
+//! - `args.rs` — engine arguments, sampling parameters and prompts, as JSON from Python.
+//! - `outputs.rs` — outputs as JSON shaped like vLLM's `RequestOutput`.
+//! - `errors.rs` — the exceptions and the engine errors they stand for.
+//!
+//! Invariants: nothing here waits on the engine while holding the GIL; a request whose
+//! Python side goes away (an exception in a batch, a dropped or aborted stream) is aborted.
+
+mod args;
+mod core;
+mod errors;
+mod outputs;
+mod stream;
+
+use pyo3::prelude::*;
+
+/// The Rust half of `paged_llm`; import `paged_llm`, not this.
+#[pymodule(name = "_core")]
+fn paged_llm_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // One worker runs every awaited read and metrics call: they only wait on channels.
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    runtime.worker_threads(1).thread_name("paged-llm-asyncio");
+    pyo3_async_runtimes::tokio::init(runtime);
+    errors::register(m)?;
+    m.add_class::<core::PyEngine>()?;
+    m.add_class::<stream::AsyncStream>()?;
+    m.add_function(wrap_pyfunction!(check_sampling_params, m)?)?;
+    m.add_function(wrap_pyfunction!(sampling_defaults, m)?)?;
+    Ok(())
+}
+
+/// Raises what submitting `fields` (a JSON object of sampling parameters over vLLM's
+/// defaults) would: `InvalidRequestError` for a value out of range, `TypeError` for a wrong type.
+#[pyfunction]
+fn check_sampling_params(fields: &str) -> PyResult<()> {
+    args::sampling_params(Some(fields), &engine::SamplingParams::default()).map(drop)
+}
+
+/// vLLM's `SamplingParams` defaults as the engine has them (JSON): every field's name and value.
+#[pyfunction]
+fn sampling_defaults() -> String {
+    // A struct of numbers, strings and maps: serializing it cannot fail.
+    serde_json::to_string(&engine::SamplingParams::default()).unwrap_or_default()
+}

