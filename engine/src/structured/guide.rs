@@ -69,13 +69,17 @@ impl Guide {
         };
         let words = allowed.as_slice();
         for (w, chunk) in row.chunks_mut(32).enumerate() {
-            let bits = words.get(w).copied().unwrap_or(0);
-            if bits == u32::MAX {
-                continue;
-            }
-            for (b, v) in chunk.iter_mut().enumerate() {
-                if bits & (1 << b) == 0 {
-                    *v = f32::NEG_INFINITY;
+            // Most words of a constrained step allow nothing or everything: those take no
+            // per-token test.
+            match words.get(w).copied().unwrap_or(0) {
+                u32::MAX => {}
+                0 => chunk.fill(f32::NEG_INFINITY),
+                bits => {
+                    for (b, v) in chunk.iter_mut().enumerate() {
+                        if bits & (1 << b) == 0 {
+                            *v = f32::NEG_INFINITY;
+                        }
+                    }
                 }
             }
         }
