@@ -6,11 +6,12 @@
 //!   parameters: the model's defaults, what a server request that sets none gets), measured in
 //!   the same round; the median over an odd number of rounds, the order of the two runs
 //!   alternating between rounds. `guided.cpu_overhead_b64` is the same ratio of the process's CPU
-//!   time over those steps: the work the masks add, which the wall-time ratio understates on a
-//!   machine other processes load (there the mask worker gets a share of its own).
-//! - `guided.mask_us_p50`: the median over the constrained decode steps of the time the mask
-//!   worker spent per sequence (`MaskTimes` in the engine's metrics); `guided.mask_wait_us_p50`
-//!   is how long those steps waited for it after their forward pass.
+//!   time over those steps: the work the masks add, whatever share of the machine other
+//!   processes take.
+//! - `guided.mask_us_p50`: the median over the constrained decode steps of the time spent
+//!   computing one sequence's mask (`MaskTimes` in the engine's metrics);
+//!   `guided.mask_wait_us_p50` is the time those steps spent on their guides outside the forward
+//!   pass (feeding them their tokens, computing masks not ready when the forward ended).
 //! - `guided.schema_compile_ms_p50`: the median time to compile one of the structured-outputs
 //!   acceptance set's schemas (`engine/tests/data/json_schemas.json`) into a guide, its first
 //!   mask included: what admission does for a request.
@@ -93,7 +94,7 @@ fn median(v: &[f64]) -> f64 {
 }
 
 /// One run's decode steps with all 64 sequences running: each step's time, and for a guided run
-/// the mask worker's time per sequence and the step's wait for it (microseconds); the process's
+/// the mask time per sequence and the step's time on guides outside its forward (microseconds); the process's
 /// CPU time over them (clock ticks), where the system reports it.
 #[derive(Debug, Default)]
 struct Run {

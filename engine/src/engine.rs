@@ -20,6 +20,7 @@ use crate::request::{Prompt, RequestOptions, RequestRecord};
 use crate::sampling::{SampleRow, SamplingParams, TokenChoice, sample_batch};
 
 mod admission;
+mod apply;
 mod generate;
 mod greedy;
 mod rows;
@@ -436,6 +437,7 @@ impl Engine {
             seq_rows: &plan.seq_rows,
             sample_indices: self.bufs.prompt_rows.indices(plan),
         };
+        let masks_before = self.metrics.mask_times().masks;
         let sampled = if !self.bufs.prompt_rows.any() && greedy::plain_greedy_step(plan, &self.live) {
             let tokens = self.runner.forward_greedy(&step, crate::sampling::filter::argmax)?;
             greedy::targets(&self.bufs.plan, &mut self.bufs.targets);
@@ -458,6 +460,7 @@ impl Engine {
             self.sample(vocab)?
         };
         let updates = self.apply_samples(sampled)?;
+        self.metrics.mask_times().count_step(masks_before);
         self.update_scheduler(&updates)?;
         Ok(updates.len())
     }
@@ -487,76 +490,6 @@ impl Engine {
             }
         }
         Ok(sampled?)
-    }
-
-    /// Records each sampled token in its sequence, detects EOS / stop ids / stop strings and
-    /// detokenizes; returns what the scheduler must append.
-    fn apply_samples(
-        &mut self,
-        sampled: Vec<TokenChoice>,
-    ) -> Result<Vec<scheduler::SampledToken>, EngineError> {
-        let now = Instant::now();
-        let mut updates = Vec::with_capacity(sampled.len());
-        for (t, tok) in self.bufs.targets.iter().zip(sampled) {
-            let state =
-                self.live.get_mut(&t.request).ok_or(EngineError::Internal("sampled unknown request"))?;
-            state.first_token.get_or_insert(now);
-            let params = state.params.clone();
-            let seq =
-                state.seqs.get_mut(t.index).ok_or(EngineError::Internal("sample index out of range"))?;
-            seq.num_generated += 1;
-            seq.new_tokens.push(tok.token);
-            if let Some(lp) = tok.logprobs {
-                seq.cumulative_logprob += f64::from(lp.sampled.logprob);
-                seq.new_logprobs.push(lp);
-            }
-            let check_stop = seq.num_generated >= params.min_tokens;
-            let is_eos = !params.ignore_eos && self.intake.eos_ids.contains(&tok.token);
-            let is_stop_id = params.stop_token_ids.contains(&tok.token);
-            let finish = if check_stop && is_eos {
-                Some(FinishReason::Eos(tok.token))
-            } else if check_stop && is_stop_id {
-                Some(FinishReason::StopToken(tok.token))
-            } else {
-                None
-            };
-            // A stop token's text is left out unless stop strings are to be kept.
-            if (finish.is_none() || params.include_stop_str_in_output)
-                && let Some(m) = seq.detok.push(tok.token, &self.intake.tokenizer, check_stop)?
-                && finish.is_none()
-            {
-                seq.finish = params.stop.get(m.index).cloned().map(FinishReason::StopString);
-            }
-            if finish.is_some() {
-                seq.finish = finish;
-            }
-            let guide = seq.guide.as_mut();
-            seq.finish = seq.finish.take().or_else(|| crate::structured::advance(guide, tok.token));
-            updates.push(scheduler::SampledToken {
-                seq_id: t.seq_id,
-                token: tok.token,
-                stop: seq.finish.is_some(),
-            });
-        }
-        Ok(updates)
-    }
-
-    /// Hands the tokens to the scheduler; sequences it finished (length, abort) get their
-    /// client-facing reason.
-    fn update_scheduler(&mut self, updates: &[scheduler::SampledToken]) -> Result<(), EngineError> {
-        self.scheduler.update_into(updates, &mut self.bufs.result)?;
-        for fs in &self.bufs.result.finished_seqs {
-            if let Some(seq) =
-                self.live.get_mut(&fs.seq_id.request).and_then(|s| s.seqs.get_mut(fs.seq_id.index as usize))
-                && seq.finish.is_none()
-            {
-                seq.finish = Some(match fs.reason {
-                    scheduler::SeqFinish::Aborted => FinishReason::Abort,
-                    _ => FinishReason::Length,
-                });
-            }
-        }
-        Ok(())
     }
 
     /// Emits the request's news; drops its record once every sample has finished. False when

@@ -164,7 +164,7 @@ pub struct MetricsSnapshot {
     pub tpot: LatencyStats,
     /// Arrival to finish of the requests that finished normally.
     pub e2e_latency: LatencyStats,
-    /// The guided samples' token masks prepared beside the forward passes.
+    /// The guided samples' token masks computed ahead of sampling.
     pub guided_masks: MaskTimes,
 }
 
@@ -218,7 +218,7 @@ impl MetricsCollector {
         *self = Self::new(self.interval);
     }
 
-    /// Where the step's mask worker adds its times.
+    /// Where a step adds the times of the masks it computes.
     pub(crate) fn mask_times(&mut self) -> &mut MaskTimes {
         &mut self.guided_masks
     }

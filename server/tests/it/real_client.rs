@@ -143,7 +143,7 @@ fn structured_outputs_and_tools_through_the_openai_client() {
     let masks = m.guided_masks;
     println!(
         "openai_structured.py took {:?}: {} engine steps, {} prompt and {} generated tokens; {} masks in \
-         {:.2} s beside the forward passes, {:.3} s waited for",
+         {:.2} s ahead of sampling, {:.3} s outside the forward passes",
         started.elapsed(),
         m.steps,
         m.prompt_tokens,
@@ -154,7 +154,7 @@ fn structured_outputs_and_tools_through_the_openai_client() {
     );
     assert!(
         masks.masks >= m.generation_tokens / 2,
-        "the masks were not prepared beside the forward: {masks:?}"
+        "the masks were not computed ahead of sampling: {masks:?}"
     );
     server.shut_down();
 }
