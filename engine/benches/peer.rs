@@ -1,7 +1,8 @@
 //! Benchmark group `peer`: our engine against llama.cpp on the same models, prompts and machine,
 //! in one run. llama.cpp is llama-cpp-python built from its sdist with `GGML_NATIVE=ON` in
-//! `target/venv-llamacpp` (installed here when missing, ~5 min on two cores) running the GGUFs
-//! of the default model (Q4_1) and of Gemma 3 270M (Q4_K_M); ours loads the same GGUF natively
+//! `target/venv-llamacpp` (built here when missing or made for another CPU, ~11 min on two
+//! cores) running the GGUFs of the default model (Q4_1) and of Gemma 3 270M (Q4_K_M); ours
+//! loads the same GGUF natively
 //! (weights kept quantized, f32 activations), prefix caching off (the same prompt runs several
 //! times).
 //!
@@ -46,16 +47,37 @@ fn root() -> PathBuf {
 /// 0.3.36, whose AMX path crashes on these VMs; see the probe in `main`).
 const LLAMA_CPP_PYTHON: &str = "0.3.36";
 
-/// `target/venv-llamacpp`'s python, with llama-cpp-python built for this CPU.
+/// What llama.cpp's native build depends on: the CPU's model and feature flags (Linux's
+/// `/proc/cpuinfo`; empty elsewhere).
+fn cpu_signature() -> String {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let field = |name: &str| {
+        info.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_once(':'))
+            .map_or("", |(_, v)| v.trim())
+    };
+    format!("{}\n{}\n", field("model name"), field("flags"))
+}
+
+/// `target/venv-llamacpp`'s python, with llama-cpp-python built for this CPU. `GGML_NATIVE`
+/// compiles for the building machine's features, and the target folder can outlive the machine
+/// (a VM moved to another CPU), so the build records the CPU it was made for and is redone,
+/// bypassing pip's wheel cache, on any other.
 fn llamacpp_python() -> Result<PathBuf, Box<dyn Error>> {
     let venv = root().join("target/venv-llamacpp");
     let python = venv.join("bin/python");
+    let stamp = venv.join("built-for-cpu.txt");
     let check = format!("import llama_cpp, numpy; assert llama_cpp.__version__ == '{LLAMA_CPP_PYTHON}'");
     let ready = |py: &Path| Command::new(py).args(["-c", &check]).status().is_ok_and(|s| s.success());
-    if python.exists() && ready(&python) {
+    let same_cpu = std::fs::read_to_string(&stamp).is_ok_and(|s| s == cpu_signature());
+    if python.exists() && same_cpu && ready(&python) {
         return Ok(python);
     }
-    eprintln!("peer: building llama-cpp-python (GGML_NATIVE=ON) into {}; minutes", venv.display());
+    eprintln!(
+        "peer: building llama-cpp-python (GGML_NATIVE=ON) for this CPU into {}; minutes",
+        venv.display()
+    );
     if !python.exists() && !Command::new("python3").args(["-m", "venv"]).arg(&venv).status()?.success() {
         return Err("python3 -m venv failed".into());
     }
@@ -65,6 +87,8 @@ fn llamacpp_python() -> Result<PathBuf, Box<dyn Error>> {
             "pip",
             "install",
             "--quiet",
+            "--no-cache-dir",
+            "--force-reinstall",
             "--no-binary",
             "llama-cpp-python",
             &format!("llama-cpp-python=={LLAMA_CPP_PYTHON}"),
@@ -76,6 +100,7 @@ fn llamacpp_python() -> Result<PathBuf, Box<dyn Error>> {
     if !ok || !ready(&python) {
         return Err("installing llama-cpp-python failed".into());
     }
+    std::fs::write(&stamp, cpu_signature())?;
     Ok(python)
 }
 
