@@ -2,9 +2,8 @@
 //! in one run. llama.cpp is llama-cpp-python built from its sdist with `GGML_NATIVE=ON` in
 //! `target/venv-llamacpp` (built here when missing or made for another CPU, ~11 min on two
 //! cores) running the GGUFs of the default model (Q4_1) and of Gemma 3 270M (Q4_K_M); ours
-//! loads the same GGUF natively
-//! (weights kept quantized, f32 activations), prefix caching off (the same prompt runs several
-//! times).
+//! loads the same GGUF natively (weights kept quantized, f32 activations), prefix caching off
+//! (the same prompt runs several times).
 //!
 //! Cases (token-id prompts, greedy, `ignore_eos`): `prefill_512` (one 512-token prompt),
 //! `prefill_6000` (one 6 000-token prompt, chunked by both sides' 2 048-token batch),
