@@ -20,8 +20,6 @@ impl Engine {
         let now = Instant::now();
         let mut updates = Vec::with_capacity(sampled.len());
         let mut guided = HashMap::new();
-        // On a CPU a guide's next mask is computed as it takes its token (see `structured`).
-        let prepare_masks = self.config.device == crate::config::Device::Cpu;
         for (t, tok) in self.bufs.targets.iter().zip(sampled) {
             let state =
                 self.live.get_mut(&t.request).ok_or(EngineError::Internal("sampled unknown request"))?;
@@ -56,13 +54,7 @@ impl Engine {
                 seq.finish = finish;
             }
             if seq.finish.is_none() && seq.guide.is_some() {
-                let may_sample_again = params.max_tokens.is_none_or(|m| seq.num_generated < m);
-                let token = crate::structured::GuidedToken {
-                    token: tok.token,
-                    output: updates.len(),
-                    prepare_next: prepare_masks && may_sample_again,
-                };
-                guided.insert((t.request, t.index), token);
+                guided.insert((t.request, t.index), (tok.token, updates.len()));
             }
             updates.push(scheduler::SampledToken {
                 seq_id: t.seq_id,

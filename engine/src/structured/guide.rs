@@ -47,11 +47,6 @@ impl Guide {
         self.prepared = Some(self.allowed());
     }
 
-    /// Whether the mask for the next token is already computed.
-    pub(crate) fn is_prepared(&self) -> bool {
-        self.prepared.is_some()
-    }
-
     /// The tokens allowed next: the grammar's, or the end-of-sequence ids when it is complete
     /// or its matcher failed (the step exceeded its limits).
     fn allowed(&mut self) -> SimpleVob {

@@ -1,12 +1,9 @@
-//! When a step's token masks are computed. On a CPU the forward pass already keeps every core
-//! busy, so a guide's next mask is computed right after it takes its sampled token, all guides
-//! in parallel on the forward's own thread pool ([`advance_sampled`]): a thread of its own
-//! beside the forward would only take cores from it, and stall its parallel loops. On a GPU
-//! (and for a guide's first mask) the mask is computed while the forward pass runs, as vLLM
-//! overlaps its grammar bitmask: the guides the plan samples that have no mask yet are handed
-//! to a scoped worker thread ([`while_running`]). Sampling then only applies the masks.
-//! [`MaskTimes`] counts what the worker did and how long a step waited for it after its forward
-//! pass (the part of the masks' time left on the critical path).
+//! The guides' work placed around a step's forward pass. Each guide's mask for the step is
+//! computed while the forward runs (as vLLM overlaps its grammar bitmask), as jobs of the rayon
+//! pool the forward's own loops run on ([`while_running`]); sampling then only applies it. After
+//! sampling, the guides take their tokens in one parallel pass ([`advance_sampled`]).
+//! [`MaskTimes`] counts the masks' time and how long the steps spent on guides outside their
+//! forward pass (the part of the guides' time left on the critical path).
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -50,8 +47,7 @@ impl MaskTimes {
     }
 }
 
-/// The guides of every sample `plan` samples (a prompt end of a group of `n` samples all `n`)
-/// whose next mask is not computed yet.
+/// The guides of every sample `plan` samples (a prompt end of a group of `n` samples all `n`).
 pub(crate) fn sampled_guides<'a>(
     plan: &SchedulerOutput,
     live: &'a mut HashMap<RequestKey, RequestRecord>,
@@ -75,7 +71,6 @@ pub(crate) fn sampled_guides<'a>(
     for (key, record) in live.iter_mut() {
         for (index, seq) in record.seqs.iter_mut().enumerate() {
             if let Some(guide) = seq.guide.as_mut()
-                && !guide.is_prepared()
                 && sampled.contains(&(*key, index))
             {
                 guides.push(guide);
@@ -85,8 +80,12 @@ pub(crate) fn sampled_guides<'a>(
     guides
 }
 
-/// Runs `forward` on this thread while another prepares the masks of `guides`, adding to
-/// `times`; a mask the worker did not prepare (it failed) is computed when its row is sampled.
+/// Runs `forward` on this thread while the rayon pool prepares the masks of `guides`, adding to
+/// `times`. The masks are pool jobs, not a thread of their own: on a CPU the forward's parallel
+/// loops run on the same pool, so the two share its threads instead of the system preempting
+/// a loop's worker for the mask thread (which stalls the whole loop); on a GPU the pool is idle
+/// while the device computes. A mask whose computation failed (panicked) is left unprepared and
+/// computed when its row is sampled.
 pub(crate) fn while_running<T>(
     guides: Vec<&mut Guide>,
     times: &mut MaskTimes,
@@ -96,41 +95,36 @@ pub(crate) fn while_running<T>(
         return forward();
     }
     let masks = guides.len();
-    std::thread::scope(|scope| {
-        let worker = scope.spawn(move || {
-            let start = Instant::now();
-            for guide in guides {
-                guide.prepare();
-            }
-            start.elapsed()
+    let mut compute = Duration::ZERO;
+    let compute_total = &mut compute;
+    let (out, forward_done) = rayon::in_place_scope(|scope| {
+        scope.spawn(move |_| {
+            *compute_total = guides
+                .into_par_iter()
+                .map(|guide| {
+                    let start = Instant::now();
+                    let prepared = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| guide.prepare()));
+                    if prepared.is_err() {
+                        tracing::warn!(target: "engine", "a mask failed; it is computed at sampling");
+                    }
+                    start.elapsed()
+                })
+                .sum();
         });
         let out = forward();
-        let forward_done = Instant::now();
-        match worker.join() {
-            Ok(compute) => times.add(masks, compute, forward_done.elapsed()),
-            Err(_) => {
-                tracing::warn!(target: "engine", "the mask worker failed; masks are computed at sampling")
-            }
-        }
-        out
-    })
+        (out, Instant::now())
+    });
+    times.add(masks, compute, forward_done.elapsed());
+    out
 }
 
-/// A constrained sample's token for [`advance_sampled`]: where its step output is, and whether
-/// its next mask is worth computing now (it may sample again).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct GuidedToken {
-    pub token: u32,
-    pub output: usize,
-    pub prepare_next: bool,
-}
-
-/// Feeds each sample in `sampled` (by request and sample index) its token, the guides in
-/// parallel, each computing its next mask in the same task where asked; returns the samples
-/// whose grammar ended, with their output's position and finish.
+/// Feeds each sample in `sampled` (by request and sample index: its token, and where its step
+/// output is) its token, the guides in parallel; returns the samples whose grammar ended, with
+/// their output's position and finish. The pass is counted in `times`' wait: it is the part of
+/// the guides' work on the step's critical path.
 pub(crate) fn advance_sampled(
     live: &mut HashMap<RequestKey, RequestRecord>,
-    sampled: &HashMap<(RequestKey, usize), GuidedToken>,
+    sampled: &HashMap<(RequestKey, usize), (u32, usize)>,
     times: &mut MaskTimes,
 ) -> Vec<(usize, (RequestKey, usize), FinishReason)> {
     let start = Instant::now();
@@ -138,25 +132,16 @@ pub(crate) fn advance_sampled(
     for (key, record) in live.iter_mut() {
         for (index, seq) in record.seqs.iter_mut().enumerate() {
             if let Some(guide) = seq.guide.as_mut()
-                && let Some(&token) = sampled.get(&(*key, index))
+                && let Some(&(token, output)) = sampled.get(&(*key, index))
             {
-                work.push(((*key, index), token, guide));
+                work.push(((*key, index), token, output, guide));
             }
         }
     }
-    let fed: Vec<_> = work
+    let ended = work
         .into_par_iter()
-        .map(|(at, t, guide)| {
-            let finish = super::advance(Some(&mut *guide), t.token);
-            let prepared = (finish.is_none() && t.prepare_next).then(|| {
-                let t0 = Instant::now();
-                guide.prepare();
-                t0.elapsed()
-            });
-            (t.output, at, finish, prepared)
-        })
+        .filter_map(|(at, token, output, guide)| super::advance(Some(guide), token).map(|f| (output, at, f)))
         .collect();
-    let prepared: Vec<Duration> = fed.iter().filter_map(|f| f.3).collect();
-    times.add(prepared.len(), prepared.iter().sum(), start.elapsed());
-    fed.into_iter().filter_map(|(output, at, finish, _)| finish.map(|f| (output, at, f))).collect()
+    times.add(0, Duration::ZERO, start.elapsed());
+    ended
 }

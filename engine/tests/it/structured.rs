@@ -72,11 +72,10 @@ fn a_json_schema_output_parses_and_validates() {
     assert_eq!(c.finish_reason.as_ref().map(FinishReason::as_str), Some("stop"), "{c:?}");
     let v: Value = serde_json::from_str(&c.text).unwrap_or_else(|e| panic!("{e}: {:?}", c.text));
     check_person(&v);
-    // Each token's mask was computed once, ahead of its sampling: the first beside the forward
-    // pass, each next one as the guide took the token before (none after the grammar ended).
+    // Each token's mask was prepared beside the forward pass that computed its logits.
     let masks = engine.metrics().guided_masks;
     let tokens = c.token_ids.len() as u64;
-    assert_eq!((masks.masks, masks.steps), (tokens, tokens - 1), "{masks:?}");
+    assert_eq!((masks.masks, masks.steps), (tokens, tokens), "{masks:?}");
     assert!(masks.compute_s > 0.0 && masks.wait_s >= 0.0, "{masks:?}");
     // Any JSON object, sampled hot, three samples each following the grammar on its own.
     let params = SamplingParams {
