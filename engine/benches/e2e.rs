@@ -8,13 +8,15 @@
 
 use std::error::Error;
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 use engine::{Engine, EngineConfig, KvCacheSize, SamplingParams};
 use plotters::prelude::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+
+mod support;
 
 const NUM_REQUESTS: usize = 64;
 const SEED: u64 = 2024;
@@ -40,11 +42,6 @@ struct RunResult {
     tpot_ms: Vec<f64>,
     timeline: Vec<Sample>,
     preemptions: u64,
-}
-
-fn root() -> PathBuf {
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    manifest.parent().unwrap_or(manifest).to_path_buf()
 }
 
 fn config() -> EngineConfig {
@@ -158,9 +155,7 @@ fn time_breakdown(timeline: &[Sample]) -> Vec<(String, usize, f64, f64)> {
 }
 
 fn main() -> Result<(), Box<dyn Error>> {
-    let figures_dir = std::env::var_os("BENCH_FIGURES_DIR")
-        .map_or_else(|| root().join("target/bench-report/figures-run"), PathBuf::from);
-    std::fs::create_dir_all(&figures_dir)?;
+    let figures_dir = support::figures_dir()?;
     // The default model as users run it: the Q4_1 GGUF, weights kept quantized.
     let dir = model::testing::default_model_fetched()?;
     let mut engine = Engine::new(&dir, config())?;
@@ -235,12 +230,7 @@ fn main() -> Result<(), Box<dyn Error>> {
          U[80, 240] tokens and outputs of U[128, 384] tokens (seed {SEED}), greedy with `ignore_eos`, all \
          submitted at once; block size 16, prefix caching on. Command: `cargo xtask bench --only e2e`.\n"
     )?;
-    md.push_str("| figure | value |\n|---|---:|\n");
-    if let Some(map) = figures.as_object() {
-        for (k, v) in map {
-            writeln!(md, "| `{k}` | {:.3} |", v.as_f64().unwrap_or(f64::NAN))?;
-        }
-    }
+    support::figures_table(&mut md, &figures);
     md.push_str("\nWhere the main run's wall time goes (`running` is the batch after the step):\n\n");
     md.push_str("| steps | count | seconds | prompt tokens |\n|---|---:|---:|---:|\n");
     for (name, steps, secs, prompt) in &breakdown {

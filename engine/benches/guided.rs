@@ -20,11 +20,12 @@
 
 use std::error::Error;
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use engine::structured::Grammars;
 use engine::{ChatMessage, Constraint, Engine, EngineConfig, KvCacheSize, Prompt, SamplingParams};
+
+mod support;
 
 const BATCH: usize = 64;
 /// Rounds of the two runs (odd, for a median).
@@ -192,10 +193,7 @@ fn compile_times(engine: &Engine) -> Result<Vec<f64>, Box<dyn Error>> {
 }
 
 fn main() -> Result<(), Box<dyn Error>> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let figures_dir = std::env::var_os("BENCH_FIGURES_DIR")
-        .map_or_else(|| root.join("target/bench-report/figures-run"), PathBuf::from);
-    std::fs::create_dir_all(&figures_dir)?;
+    let figures_dir = support::figures_dir()?;
     let model = model::testing::default_model_fetched()?;
     let mut engine = Engine::new(&model, config())?;
 
@@ -261,12 +259,7 @@ fn main() -> Result<(), Box<dyn Error>> {
          ({COMPILE_REPEATS} each), first mask included. Command: `cargo xtask bench --only guided`.\n",
         compile_ms.len()
     )?;
-    md.push_str("| figure | value |\n|---|---:|\n");
-    if let Some(map) = figures.as_object() {
-        for (k, v) in map {
-            writeln!(md, "| `{k}` | {:.3} |", v.as_f64().unwrap_or(f64::NAN))?;
-        }
-    }
+    support::figures_table(&mut md, &figures);
     md.push_str("\n| round | plain step (ms) | guided step (ms) | ratio | CPU time ratio |\n|---:|---:|---:|---:|---:|\n");
     for (i, r) in rounds.iter().enumerate() {
         let cpu = r.cpu_ratio.map_or_else(|| "-".to_owned(), |c| format!("{c:.3}"));

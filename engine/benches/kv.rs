@@ -14,10 +14,11 @@
 //! Writes `$BENCH_FIGURES_DIR/kv.json` and the fragment `kv.md`.
 
 use std::error::Error;
-use std::path::PathBuf;
 
 use scheduler::SeqTables;
 use scheduler::{BlockPool, PoolConfig};
+
+mod support;
 
 const TOKENS: usize = 32_768;
 const BLOCK_SIZE: usize = 16;
@@ -85,11 +86,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         "kv.gemma3_max_seqs_32k_hybrid": mixed_seqs,
         "kv.gemma3_max_seqs_32k_full": full_seqs,
     });
-    let dir = std::env::var_os("BENCH_FIGURES_DIR").map_or_else(
-        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/bench-report/figures-run"),
-        PathBuf::from,
-    );
-    std::fs::create_dir_all(&dir)?;
+    let dir = support::figures_dir()?;
     std::fs::write(dir.join("kv.json"), serde_json::to_string_pretty(&figures)? + "\n")?;
     let windows: Vec<String> = mixed
         .windows

@@ -27,6 +27,8 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::{Value, json};
 
+mod support;
+
 const REPS: usize = 3;
 const CASES: [(&str, &str); 5] = [
     ("prefill_512", "prefill of one 512-token prompt"),
@@ -35,11 +37,6 @@ const CASES: [(&str, &str); 5] = [
     ("decode_b1", "batch-1 decode, 128 tokens after 40"),
     ("e2e_64", "64 requests × 40 in / 128 out"),
 ];
-
-fn root() -> PathBuf {
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    manifest.parent().unwrap_or(manifest).to_path_buf()
-}
 
 /// The llama-cpp-python release the peer figures are measured against: pinned, so that runs
 /// of different sessions compare with the same llama.cpp (an unpinned install picked up
@@ -64,7 +61,7 @@ fn cpu_signature() -> String {
 /// (a VM moved to another CPU), so the build records the CPU it was made for and is redone,
 /// bypassing pip's wheel cache, on any other.
 fn llamacpp_python() -> Result<PathBuf, Box<dyn Error>> {
-    let venv = root().join("target/venv-llamacpp");
+    let venv = support::root().join("target/venv-llamacpp");
     let python = venv.join("bin/python");
     let stamp = venv.join("built-for-cpu.txt");
     let check = format!("import llama_cpp, numpy; assert llama_cpp.__version__ == '{LLAMA_CPP_PYTHON}'");
@@ -221,9 +218,7 @@ fn main() -> Result<(), Box<dyn Error>> {
             kv_blocks: (64 * 12 + 64) * 6,
         },
     ];
-    let figures_dir = std::env::var_os("BENCH_FIGURES_DIR")
-        .map_or_else(|| root().join("target/bench-report/figures-run"), PathBuf::from);
-    std::fs::create_dir_all(&figures_dir)?;
+    let figures_dir = support::figures_dir()?;
     // Beside the figures folder, whose every .json is read as figures.
     let report_dir = figures_dir.parent().unwrap_or(&figures_dir).to_path_buf();
     let only = std::env::var("PEER_ONLY").unwrap_or_default();
@@ -264,7 +259,7 @@ fn compare(
     std::fs::write(&workload_path, w.to_string())?;
 
     let threads = rayon::current_num_threads().to_string();
-    let script = root().join("engine/benches/peer_llamacpp.py");
+    let script = support::root().join("engine/benches/peer_llamacpp.py");
     // llama.cpp's extra CPU buffer types (AMX, repacked layouts) crash on some machines that
     // advertise AMX; a probe decides whether the measured run may use them.
     let probe = Command::new(python).arg(&script).arg(gguf).arg("--probe").arg(&threads).output()?;

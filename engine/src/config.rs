@@ -11,6 +11,46 @@ pub use model::runner::{DType, Device, KvCacheSize};
 pub use model::{ActivationPrecision, Quantization};
 pub use scheduler::{Policy, PreemptionMode};
 
+/// An engine argument that takes one name of a fixed set: the argument's name (Python's keyword,
+/// the flag with `-` for `_`) and what each of its names means. Every front end (the command
+/// line, the Python package) parses through the same table, so a name means one thing everywhere.
+#[derive(Debug)]
+pub struct Choices<T: 'static> {
+    pub arg: &'static str,
+    pub values: &'static [(&'static str, T)],
+}
+
+impl<T: Copy> Choices<T> {
+    /// The value `name` stands for, if it is one of the names.
+    pub fn parse(&self, name: &str) -> Option<T> {
+        self.values.iter().find(|(n, _)| *n == name).map(|&(_, v)| v)
+    }
+
+    /// The names, in the table's order (how help and errors list them).
+    pub fn names(&self) -> impl Iterator<Item = &'static str> + Clone + 'static {
+        self.values.iter().map(|&(n, _)| n)
+    }
+}
+
+pub static PREEMPTION_MODE: Choices<PreemptionMode> = Choices {
+    arg: "preemption_mode",
+    values: &[("recompute", PreemptionMode::Recompute), ("swap", PreemptionMode::Swap)],
+};
+
+pub static SCHEDULING_POLICY: Choices<Policy> =
+    Choices { arg: "scheduling_policy", values: &[("fcfs", Policy::Fcfs), ("priority", Policy::Priority)] };
+
+pub static KV_DTYPE: Choices<DType> =
+    Choices { arg: "kv_dtype", values: &[("bf16", DType::BF16), ("f16", DType::F16), ("f32", DType::F32)] };
+
+pub static QUANTIZATION: Choices<Quantization> =
+    Choices { arg: "quantization", values: &[("q8_0", Quantization::Q8_0), ("q4_0", Quantization::Q4_0)] };
+
+pub static DECODE_ACTIVATIONS: Choices<ActivationPrecision> = Choices {
+    arg: "decode_activations",
+    values: &[("f32", ActivationPrecision::F32), ("int16", ActivationPrecision::Int16)],
+};
+
 /// Engine settings; `Default` gives vLLM-like values for a small CPU deployment.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EngineConfig {

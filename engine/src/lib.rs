@@ -27,7 +27,8 @@ pub mod structured;
 pub mod workload;
 
 pub use config::{
-    ActivationPrecision, DType, Device, EngineConfig, KvCacheSize, Policy, PreemptionMode, Quantization,
+    ActivationPrecision, Choices, DType, Device, EngineConfig, KvCacheSize, Policy, PreemptionMode,
+    Quantization,
 };
 pub use engine::Engine;
 pub use error::{EngineError, RequestError};

@@ -17,22 +17,36 @@ pub enum RopeStyle {
 /// The gate of the gated MLP: `act(gate) · up` (the kernels' own enum).
 pub use attn_kernels::cpu::act::Activation;
 
-/// The decoder families this engine loads (Hugging Face `architectures` / GGUF
-/// `general.architecture`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Family {
-    Llama,
-    Mistral,
-    Qwen2,
-    Qwen3,
-    Gemma3,
-    Phi3,
+/// A fieldless enum and `ALL`, its variants in declaration order, so that each variant is named
+/// once (a variant added to the enum is in `ALL` too).
+macro_rules! enum_with_all {
+    ($(#[$meta:meta])* pub enum $name:ident { $($(#[$vmeta:meta])* $variant:ident,)* }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum $name {
+            $($(#[$vmeta])* $variant,)*
+        }
+
+        impl $name {
+            pub const ALL: [$name; [$($name::$variant),*].len()] = [$($name::$variant),*];
+        }
+    };
+}
+
+enum_with_all! {
+    /// The decoder families this engine loads (Hugging Face `architectures` / GGUF
+    /// `general.architecture`).
+    pub enum Family {
+        Llama,
+        Mistral,
+        Qwen2,
+        Qwen3,
+        Gemma3,
+        Phi3,
+    }
 }
 
 impl Family {
-    pub const ALL: [Family; 6] =
-        [Family::Llama, Family::Mistral, Family::Qwen2, Family::Qwen3, Family::Gemma3, Family::Phi3];
-
     /// The Hugging Face class name (`architectures[0]` of its config.json).
     pub fn hf_class(self) -> &'static str {
         match self {
@@ -169,40 +183,32 @@ impl Architecture {
     }
 }
 
-/// The RMSNorms a decoder layer can have.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum LayerNorm {
-    /// Before the attention (HF `input_layernorm`).
-    Attn,
-    /// Per head of Q, before the rotation.
-    Q,
-    /// Per head of K, before the rotation.
-    K,
-    /// On the attention output, before the residual add (Gemma's `post_attention_layernorm`).
-    AttnOut,
-    /// Before the MLP (Llama's `post_attention_layernorm`, Gemma's `pre_feedforward_layernorm`).
-    Ffn,
-    /// On the MLP output, before the residual add (Gemma's `post_feedforward_layernorm`).
-    FfnOut,
+enum_with_all! {
+    /// The RMSNorms a decoder layer can have.
+    pub enum LayerNorm {
+        /// Before the attention (HF `input_layernorm`).
+        Attn,
+        /// Per head of Q, before the rotation.
+        Q,
+        /// Per head of K, before the rotation.
+        K,
+        /// On the attention output, before the residual add (Gemma's `post_attention_layernorm`).
+        AttnOut,
+        /// Before the MLP (Llama's `post_attention_layernorm`, Gemma's `pre_feedforward_layernorm`).
+        Ffn,
+        /// On the MLP output, before the residual add (Gemma's `post_feedforward_layernorm`).
+        FfnOut,
+    }
 }
 
-impl LayerNorm {
-    pub const ALL: [LayerNorm; 6] =
-        [LayerNorm::Attn, LayerNorm::Q, LayerNorm::K, LayerNorm::AttnOut, LayerNorm::Ffn, LayerNorm::FfnOut];
-}
-
-/// The matrices of a decoder layer, each `[out, in]` row-major.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum LayerMatrix {
-    /// Rows: Q (`heads·d`), then K, then V (`kv_heads·d` each).
-    Qkv,
-    O,
-    /// Rows: gate (`intermediate`), then up (`intermediate`).
-    GateUp,
-    Down,
-}
-
-impl LayerMatrix {
-    pub const ALL: [LayerMatrix; 4] =
-        [LayerMatrix::Qkv, LayerMatrix::O, LayerMatrix::GateUp, LayerMatrix::Down];
+enum_with_all! {
+    /// The matrices of a decoder layer, each `[out, in]` row-major.
+    pub enum LayerMatrix {
+        /// Rows: Q (`heads·d`), then K, then V (`kv_heads·d` each).
+        Qkv,
+        O,
+        /// Rows: gate (`intermediate`), then up (`intermediate`).
+        GateUp,
+        Down,
+    }
 }

@@ -196,6 +196,28 @@ pub fn with_every_architecture_feature(mut model: crate::Model, seed: u64) -> cr
 
 /// `$var`, else `name` under the workspace's `target/models/` (where `cargo xtask fetch-model`
 /// writes).
+/// The logits of one forward over `tokens` as the only sequence, at table row 0: positions
+/// `0..`, K/V written to `slots`, the logits of rows `sample` (in that order).
+pub fn forward_one_sequence(
+    runner: &mut crate::Runner,
+    tokens: &[u32],
+    slots: &[i64],
+    sample: &[usize],
+) -> Result<Vec<f32>, crate::ModelError> {
+    let positions: Vec<u32> = (0..tokens.len() as u32).collect();
+    let step = crate::StepInput {
+        token_ids: tokens,
+        positions: &positions,
+        slot_mapping: slots,
+        group_slot_mapping: &[],
+        query_start_loc: &[0, tokens.len()],
+        seq_lens: &[tokens.len()],
+        seq_rows: &[0],
+        sample_indices: sample,
+    };
+    Ok(runner.forward(&step)?.to_vec())
+}
+
 fn model_path(var: &str, name: &str) -> PathBuf {
     std::env::var_os(var)
         .map(PathBuf::from)

@@ -6,10 +6,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use engine::{
-    ActivationPrecision, Conversation, DType, Device, EngineConfig, KvCacheSize, Policy, PreemptionMode,
-    Prompt, Quantization, SamplingParams,
-};
+use engine::config::{DECODE_ACTIVATIONS, KV_DTYPE, PREEMPTION_MODE, QUANTIZATION, SCHEDULING_POLICY};
+use engine::{Choices, Conversation, Device, EngineConfig, KvCacheSize, Prompt, SamplingParams};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use serde::Deserialize;
@@ -67,11 +65,11 @@ fn failing_field(
     found.map_or_else(|| kind.to_owned(), |(name, _)| format!("{kind} {name:?}"))
 }
 
-/// The variant `choices` pairs with `value`, or `default` when no value was given.
-fn pick<T: Copy>(what: &str, value: Option<String>, default: T, choices: &[(&str, T)]) -> PyResult<T> {
-    let Some(value) = value else { return Ok(default) };
-    let found = choices.iter().find(|(name, _)| *name == value).map(|&(_, v)| v);
-    found.ok_or_else(|| errors::choice(what, &value, &choices.iter().map(|(n, _)| *n).collect::<Vec<_>>()))
+/// What `value` names among `choices` (`None` when no value was given).
+fn pick<T: Copy>(choices: &Choices<T>, value: Option<String>) -> PyResult<Option<T>> {
+    let Some(value) = value else { return Ok(None) };
+    let names = || choices.names().collect::<Vec<_>>();
+    choices.parse(&value).map(Some).ok_or_else(|| errors::choice(choices.arg, &value, &names()))
 }
 
 /// A non-negative, finite number of seconds or GiB.
@@ -107,46 +105,22 @@ pub fn engine_config(json: &str) -> PyResult<EngineConfig> {
         max_num_seqs: args.max_num_seqs.unwrap_or(d.max_num_seqs),
         max_num_batched_tokens: args.max_num_batched_tokens.unwrap_or(d.max_num_batched_tokens),
         enable_prefix_caching: args.enable_prefix_caching.unwrap_or(d.enable_prefix_caching),
-        preemption_mode: pick(
-            "preemption_mode",
-            args.preemption_mode,
-            d.preemption_mode,
-            &[("recompute", PreemptionMode::Recompute), ("swap", PreemptionMode::Swap)],
-        )?,
-        policy: pick(
-            "scheduling_policy",
-            args.scheduling_policy,
-            d.policy,
-            &[("fcfs", Policy::Fcfs), ("priority", Policy::Priority)],
-        )?,
+        preemption_mode: pick(&PREEMPTION_MODE, args.preemption_mode)?.unwrap_or(d.preemption_mode),
+        policy: pick(&SCHEDULING_POLICY, args.scheduling_policy)?.unwrap_or(d.policy),
         swap_space_bytes: match args.swap_space {
             Some(gib) => (amount("swap_space", gib)? * GIB) as usize,
             None => d.swap_space_bytes,
         },
         kv_cache,
-        kv_dtype: pick(
-            "kv_dtype",
-            args.kv_dtype,
-            d.kv_dtype,
-            &[("bf16", DType::BF16), ("f16", DType::F16), ("f32", DType::F32)],
-        )?,
+        kv_dtype: pick(&KV_DTYPE, args.kv_dtype)?.unwrap_or(d.kv_dtype),
         device,
         gpu_memory_utilization: args.gpu_memory_utilization.unwrap_or(d.gpu_memory_utilization),
         seed: args.seed.unwrap_or(d.seed),
         max_waiting: args.max_waiting.unwrap_or(d.max_waiting),
         served_model_name: args.served_model_name,
-        quantization: pick(
-            "quantization",
-            args.quantization,
-            d.quantization,
-            &[("q8_0", Some(Quantization::Q8_0)), ("q4_0", Some(Quantization::Q4_0))],
-        )?,
-        decode_activations: pick(
-            "decode_activations",
-            args.decode_activations,
-            d.decode_activations,
-            &[("f32", ActivationPrecision::F32), ("int16", ActivationPrecision::Int16)],
-        )?,
+        quantization: pick(&QUANTIZATION, args.quantization)?.or(d.quantization),
+        decode_activations: pick(&DECODE_ACTIVATIONS, args.decode_activations)?
+            .unwrap_or(d.decode_activations),
         chat_template: args.chat_template,
         log_interval: match args.log_stats_interval {
             Some(s) => Duration::from_secs_f64(amount("log_stats_interval", s)?),

@@ -3,10 +3,12 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, ValueEnum};
+use clap::Args;
+use clap::builder::{PossibleValuesParser, TypedValueParser};
+use engine::config::{DECODE_ACTIVATIONS, KV_DTYPE, PREEMPTION_MODE, QUANTIZATION, SCHEDULING_POLICY};
 use engine::{
-    ActivationPrecision, DType, Device, EngineConfig, KvCacheSize, Policy, PreemptionMode, Quantization,
-    ShutdownMode,
+    ActivationPrecision, Choices, DType, Device, EngineConfig, KvCacheSize, Policy, PreemptionMode,
+    Quantization, ShutdownMode,
 };
 
 /// Engine knobs shared by `run`, `throughput` and `serve` (vLLM's names).
@@ -18,12 +20,12 @@ pub struct EngineKnobs {
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// Quantize float weights at load (a GGUF's own quantized tensors are kept as they are).
-    #[arg(long, value_enum)]
-    pub quantization: Option<QuantizationArg>,
+    #[arg(long, value_parser = choice(&QUANTIZATION))]
+    pub quantization: Option<Quantization>,
     /// Activations of the CPU's decode matmuls over Q4_0/Q4_1/Q5_0/Q8_0 weights: f32 (what the f32
     /// dequantization computes) or int16 (integer kernels, ~1e-2 of logit error measured).
-    #[arg(long, value_enum, default_value = "f32")]
-    pub decode_activations: DecodeActivations,
+    #[arg(long, value_parser = choice(&DECODE_ACTIVATIONS), default_value = "f32")]
+    pub decode_activations: ActivationPrecision,
     /// Tokens per KV block (8, 16 or 32).
     #[arg(long, default_value_t = 16)]
     pub block_size: usize,
@@ -37,8 +39,8 @@ pub struct EngineKnobs {
     /// Turn automatic prefix caching off.
     #[arg(long)]
     pub no_prefix_caching: bool,
-    #[arg(long, value_enum, default_value = "recompute")]
-    pub preemption_mode: Preemption,
+    #[arg(long, value_parser = choice(&PREEMPTION_MODE), default_value = "recompute")]
+    pub preemption_mode: PreemptionMode,
     /// Host swap space in GiB (used with --preemption-mode swap).
     #[arg(long, default_value_t = 1.0)]
     pub swap_space: f64,
@@ -50,8 +52,8 @@ pub struct EngineKnobs {
     pub num_kv_blocks: Option<usize>,
     /// KV cache element type (default: bf16, on CUDA also the weights' and activations' type;
     /// f32 on the CPU for results bit-comparable with an f32 reference).
-    #[arg(long, value_enum)]
-    pub kv_dtype: Option<KvDtype>,
+    #[arg(long, value_parser = choice(&KV_DTYPE))]
+    pub kv_dtype: Option<DType>,
     /// Where the model runs: cpu, cuda (GPU 0) or cuda:N. CUDA needs the NVIDIA driver; xtask
     /// re-launches itself built with `--features cuda` when it was built without.
     #[arg(long, default_value = "cpu")]
@@ -64,31 +66,11 @@ pub struct EngineKnobs {
     pub seed: u64,
 }
 
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum DecodeActivations {
-    F32,
-    Int16,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum QuantizationArg {
-    #[value(name = "q8_0")]
-    Q8_0,
-    #[value(name = "q4_0")]
-    Q4_0,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum Preemption {
-    Recompute,
-    Swap,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum KvDtype {
-    F32,
-    F16,
-    Bf16,
+/// A flag whose value is one of the engine's names for an argument's choices (the table the
+/// Python package parses with too).
+fn choice<T: Copy + Send + Sync + 'static>(choices: &'static Choices<T>) -> impl TypedValueParser<Value = T> {
+    // The names parser has already refused anything else, so the lookup finds every name.
+    PossibleValuesParser::new(choices.names()).try_map(|name| choices.parse(&name).ok_or("not a choice"))
 }
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -101,32 +83,18 @@ impl EngineKnobs {
             max_num_seqs: self.max_num_seqs,
             max_num_batched_tokens: self.max_num_batched_tokens,
             enable_prefix_caching: !self.no_prefix_caching,
-            preemption_mode: match self.preemption_mode {
-                Preemption::Recompute => PreemptionMode::Recompute,
-                Preemption::Swap => PreemptionMode::Swap,
-            },
+            preemption_mode: self.preemption_mode,
             swap_space_bytes: (self.swap_space * GIB) as usize,
             kv_cache: match self.num_kv_blocks {
                 Some(n) => KvCacheSize::Blocks(n),
                 None => KvCacheSize::Bytes((self.kv_cache_gib * GIB) as usize),
             },
-            kv_dtype: match (self.kv_dtype, self.device) {
-                (Some(KvDtype::F32), _) => DType::F32,
-                (Some(KvDtype::F16), _) => DType::F16,
-                (Some(KvDtype::Bf16), _) => DType::BF16,
-                (None, _) => DType::BF16,
-            },
+            kv_dtype: self.kv_dtype.unwrap_or(DType::BF16),
             device: self.device,
             gpu_memory_utilization: self.gpu_memory_utilization,
             seed: self.seed,
-            quantization: self.quantization.map(|q| match q {
-                QuantizationArg::Q8_0 => Quantization::Q8_0,
-                QuantizationArg::Q4_0 => Quantization::Q4_0,
-            }),
-            decode_activations: match self.decode_activations {
-                DecodeActivations::Int16 => ActivationPrecision::Int16,
-                DecodeActivations::F32 => ActivationPrecision::F32,
-            },
+            quantization: self.quantization,
+            decode_activations: self.decode_activations,
             ..EngineConfig::default()
         }
     }
@@ -175,16 +143,10 @@ pub struct ServeArgs {
     pub tool_call_parser: crate::ToolCallParser,
     /// Which waiting request runs first: fcfs, or priority (a request's `priority`, lower
     /// first; a request with a priority is refused under fcfs).
-    #[arg(long, value_enum, default_value = "fcfs")]
-    pub scheduling_policy: SchedulingPolicy,
+    #[arg(long, value_parser = choice(&SCHEDULING_POLICY), default_value = "fcfs")]
+    pub scheduling_policy: Policy,
     #[command(flatten)]
     pub knobs: EngineKnobs,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum SchedulingPolicy {
-    Fcfs,
-    Priority,
 }
 
 /// One `--allowed-origins` entry: `*` or a value a header can carry.
@@ -205,10 +167,7 @@ impl ServeArgs {
             max_waiting: self.max_waiting,
             served_model_name: self.served_model_name.clone(),
             chat_template: self.chat_template.clone(),
-            policy: match self.scheduling_policy {
-                SchedulingPolicy::Fcfs => Policy::Fcfs,
-                SchedulingPolicy::Priority => Policy::Priority,
-            },
+            policy: self.scheduling_policy,
             ..self.knobs.config()
         }
     }
@@ -254,6 +213,22 @@ mod tests {
         assert_eq!((f16.device, f16.kv_dtype), (Device::Cuda { ordinal: 1 }, DType::F16));
         let cli = <Cli as clap::Parser>::try_parse_from(["run", "--device", "tpu"]);
         assert!(cli.is_err());
+    }
+
+    #[test]
+    fn choice_flags_take_the_engine_names() {
+        let c =
+            knobs(&["--quantization", "q4_0", "--decode-activations", "int16", "--preemption-mode", "swap"])
+                .config();
+        assert_eq!(c.quantization, Some(Quantization::Q4_0));
+        assert_eq!(c.decode_activations, ActivationPrecision::Int16);
+        assert_eq!(c.preemption_mode, PreemptionMode::Swap);
+        let d = knobs(&[]).config();
+        assert_eq!(d.quantization, None);
+        assert_eq!(d.decode_activations, ActivationPrecision::F32);
+        assert_eq!(d.preemption_mode, PreemptionMode::Recompute);
+        let cli = <Cli as clap::Parser>::try_parse_from(["run", "--kv-dtype", "BF16"]);
+        assert!(cli.is_err(), "names are matched exactly");
     }
 
     #[test]

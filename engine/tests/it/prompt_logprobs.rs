@@ -12,7 +12,7 @@ use engine::{
     DType, Engine, EngineConfig, FinalOutput, KvCacheSize, PreemptionMode, Prompt, PromptLogprobs,
     SamplingParams,
 };
-use model::{ModelFolder, Runner, RunnerConfig, StepInput};
+use model::{ModelFolder, Runner, RunnerConfig};
 
 use crate::support::{Fixture, forced, prompt_tokens, small_config};
 
@@ -66,20 +66,10 @@ fn reference_log_softmax(model_path: &Path, prompt: &[u32]) -> Vec<Vec<f64>> {
     .unwrap_or_else(|e| panic!("{e}"));
     let ids: Vec<u32> = (0..blocks as u32).collect();
     runner.write_table_row(0, 0, &ids).unwrap_or_else(|e| panic!("{e}"));
-    let positions: Vec<u32> = (0..prompt.len() as u32).collect();
     let slots: Vec<i64> = (0..prompt.len() as i64).collect();
     let rows: Vec<usize> = (0..prompt.len()).collect();
-    let step = StepInput {
-        token_ids: prompt,
-        positions: &positions,
-        slot_mapping: &slots,
-        group_slot_mapping: &[],
-        query_start_loc: &[0, prompt.len()],
-        seq_lens: &[prompt.len()],
-        seq_rows: &[0],
-        sample_indices: &rows,
-    };
-    let logits = runner.forward(&step).unwrap_or_else(|e| panic!("{e}"));
+    let logits = model::testing::forward_one_sequence(&mut runner, prompt, &slots, &rows)
+        .unwrap_or_else(|e| panic!("{e}"));
     logits
         .chunks_exact(vocab)
         .map(|row| {

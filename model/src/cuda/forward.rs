@@ -82,6 +82,21 @@ impl Functions {
     }
 }
 
+/// The first `n` elements of `device` in `host`, once the stream has run all the step's work
+/// (the step's one synchronization): what a forward returns to the host.
+fn read_back<'h, T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+    stream: &Arc<CudaStream>,
+    device: &CudaSlice<T>,
+    host: &'h mut PinnedHostSlice<T>,
+    n: usize,
+) -> Result<&'h [T], CudaModelError> {
+    if n > 0 {
+        stream.memcpy_dtoh(&device.slice(..n), host)?;
+    }
+    stream.synchronize()?;
+    Ok(&host.as_slice()?[..n])
+}
+
 /// Activation buffers for the largest step, allocated once: the [`crate::forward::Buf`]s in the
 /// element types this device computes them in.
 #[derive(Debug)]
@@ -288,14 +303,8 @@ impl CudaModel {
         cache: &mut CudaKvCache,
     ) -> Result<&[f32], CudaModelError> {
         let s = self.step(input, cache)?;
-        let vocab = self.config.vocab_size;
-        let stream = self.stream();
-        if s > 0 {
-            stream.memcpy_dtoh(&self.act.logits.slice(..s * vocab), &mut self.host_logits)?;
-        }
-        stream.synchronize()?;
         // `check_batch` keeps `s` within `max_samples`, so the rows fit the buffer.
-        Ok(&self.host_logits.as_slice()?[..s * vocab])
+        read_back(&self.stream(), &self.act.logits, &mut self.host_logits, s * self.config.vocab_size)
     }
 
     /// One step like [`CudaModel::forward`], sampled greedily on the device: the greedy token of
@@ -316,10 +325,8 @@ impl CudaModel {
             // SAFETY: argmax_rows_f32(out[s], logits[s, vocab], vocab): both buffers hold
             // max_samples >= s rows; ARGMAX_THREADS is the kernel's shared-array size.
             unsafe { b.launch(rows_launch(s, ARGMAX_THREADS)?) }?;
-            stream.memcpy_dtoh(&self.act.greedy.slice(..s), &mut self.host_tokens)?;
         }
-        stream.synchronize()?;
-        Ok(&self.host_tokens.as_slice()?[..s])
+        read_back(&stream, &self.act.greedy, &mut self.host_tokens, s)
     }
 
     /// The step up to the sampled rows' logits on the device; returns their number.

@@ -287,32 +287,23 @@ fn a_step_in_several_logit_passes_equals_one_pass() {
         }
         assert_eq!(runner.max_logit_rows(), limit);
         runner.write_table_row(0, 0, &[2, 0]).expect("row");
-        let positions: Vec<u32> = (0..prompt.len() as u32).collect();
+        // Row 0's blocks are 2 then 0: positions 0..16 in slots 32.., the rest from slot 0.
         let slots: Vec<i64> =
-            positions.iter().map(|&p| if p < 16 { 32 + i64::from(p) } else { i64::from(p) - 16 }).collect();
+            (0..prompt.len() as i64).map(|p| if p < 16 { 32 + p } else { p - 16 }).collect();
         let rows: Vec<usize> = (0..prompt.len()).rev().collect();
-        let mut step = StepInput {
-            token_ids: &prompt,
-            positions: &positions,
-            slot_mapping: &slots,
-            group_slot_mapping: &[],
-            query_start_loc: &[0, prompt.len()],
-            seq_lens: &[prompt.len()],
-            seq_rows: &[0],
-            sample_indices: &rows,
-        };
-        let prefill = runner.forward(&step).expect("forward").to_vec();
+        let prefill =
+            model::testing::forward_one_sequence(&mut runner, &prompt, &slots, &rows).expect("forward");
         // One decode after it reads the cache the passes wrote.
         let (token, position, slot) = ([7u32], [prompt.len() as u32], [prompt.len() as i64 - 16]);
-        let len = [prompt.len() + 1];
-        step = StepInput {
+        let step = StepInput {
             token_ids: &token,
             positions: &position,
             slot_mapping: &slot,
+            group_slot_mapping: &[],
             query_start_loc: &[0, 1],
-            seq_lens: &len,
+            seq_lens: &[prompt.len() + 1],
+            seq_rows: &[0],
             sample_indices: &[0],
-            ..step
         };
         let decode = runner.forward(&step).expect("decode").to_vec();
         (prefill, decode)
