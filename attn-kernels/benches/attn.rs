@@ -27,9 +27,7 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use attn_kernels::{
-    AttnOptions, Isa, PagedAttnMetadata, paged_attention, paged_attention_with, reshape_and_cache,
-};
+use attn_kernels::{AttnOptions, Isa, PagedAttnMetadata, paged_attention, reshape_and_cache};
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, SamplingMode, Throughput};
 use half::bf16;
@@ -117,8 +115,16 @@ impl DecodeCase {
             max_blocks_per_seq: self.max_blocks,
             seq_rows: None,
         };
-        paged_attention(out, &self.query, &self.cache, &meta, NUM_HEADS, 1.0 / (HEAD_SIZE as f32).sqrt())
-            .expect("decode");
+        paged_attention(
+            &AttnOptions::default(),
+            out,
+            &self.query,
+            &self.cache,
+            &meta,
+            NUM_HEADS,
+            1.0 / (HEAD_SIZE as f32).sqrt(),
+        )
+        .expect("decode");
     }
 }
 
@@ -287,8 +293,7 @@ fn bench_prefill(c: &mut Criterion, samples: &Samples, case: PrefillCase) {
         b.iter_custom(|iters| {
             timed(samples, name, iters, || {
                 let scale = 1.0 / (HEAD_SIZE as f32).sqrt();
-                paged_attention_with(&opts, &mut out, &query, &cache, &meta, NUM_HEADS, scale)
-                    .expect("prefill")
+                paged_attention(&opts, &mut out, &query, &cache, &meta, NUM_HEADS, scale).expect("prefill")
             })
         })
     });

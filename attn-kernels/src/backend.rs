@@ -119,7 +119,7 @@ impl KernelBackend for Cpu {
         scores: AttnScores,
         _workspace: &mut (),
     ) -> Result<(), AttnError> {
-        crate::paged_attention(out, query, layer, meta, num_heads, scores)
+        crate::paged_attention(&crate::AttnOptions::default(), out, query, layer, meta, num_heads, scores)
     }
 
     fn copy_blocks(&self, cache: &mut KvCache, pairs: &[(u32, u32)]) -> Result<(), AttnError> {
@@ -236,7 +236,15 @@ mod tests {
         let query: Vec<f32> = (0..64).map(|i| i as f32 / 64.0).collect();
         let (mut a, mut b) = (vec![0.0f32; 64], vec![0.0f32; 64]);
         Cpu.paged_attention(&mut a, &query, generic.layer(0), &meta, 1, 0.125.into(), &mut ())?;
-        crate::paged_attention(&mut b, &query, direct.layer(0), &meta, 1, 0.125)?;
+        crate::paged_attention(
+            &crate::AttnOptions::default(),
+            &mut b,
+            &query,
+            direct.layer(0),
+            &meta,
+            1,
+            0.125,
+        )?;
         assert_eq!(a, b);
 
         Cpu.copy_blocks(&mut generic, &[(1, 2)])?;

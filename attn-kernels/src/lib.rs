@@ -57,7 +57,7 @@ mod simd;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use attention::{AttnOptions, SplitPolicy, paged_attention, paged_attention_with};
+pub use attention::{AttnOptions, SplitPolicy, paged_attention};
 pub use block_ops::{copy_blocks, swap_blocks, swap_in, swap_out};
 pub use cache_write::reshape_and_cache;
 pub use error::AttnError;

@@ -111,6 +111,7 @@ impl AttnCase {
     pub fn cpu_output(&self, scores: AttnScores) -> Result<Vec<f32>, AttnError> {
         let mut out = vec![0.0; self.query.len()];
         attn_kernels::paged_attention(
+            &attn_kernels::AttnOptions::default(),
             &mut out,
             &self.query,
             &self.cache,

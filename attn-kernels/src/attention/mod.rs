@@ -76,7 +76,7 @@ pub enum SplitPolicy {
     Always { partition_tokens: usize },
 }
 
-/// Knobs of [`paged_attention_with`]; [`paged_attention`] uses the default.
+/// Knobs of [`paged_attention`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AttnOptions {
     /// Instruction set; one the CPU lacks falls back to [`Isa::Portable`].
@@ -90,25 +90,14 @@ impl Default for AttnOptions {
     }
 }
 
-/// Attention of every query token over its sequence's paged context.
+/// Attention of every query token over its sequence's paged context, with the instruction set
+/// and split policy of `opts` (`AttnOptions::default()`: the detected one, split as needed).
 ///
 /// `query` and `out` are `[num_tokens, num_heads, head_size]` (f32); query head `h` reads kv head
 /// `h / (num_heads / num_kv_heads)` (GQA/MQA). Scores are `scale · q·k` over the keys a query
 /// sees ([`AttnScores`]: causal, or a sliding window), softmax is the numerically safe one (max
 /// subtracted), accumulation is f32. Errors come before any write.
 pub fn paged_attention(
-    out: &mut [f32],
-    query: &[f32],
-    cache: &LayerCache,
-    meta: &PagedAttnMetadata<'_>,
-    num_heads: usize,
-    scores: impl Into<AttnScores>,
-) -> Result<(), AttnError> {
-    paged_attention_with(&AttnOptions::default(), out, query, cache, meta, num_heads, scores)
-}
-
-/// [`paged_attention`] with an explicit instruction set and split policy (tests, benches).
-pub fn paged_attention_with(
     opts: &AttnOptions,
     out: &mut [f32],
     query: &[f32],

@@ -7,7 +7,7 @@
 //! (values in [-1, 1]; bf16 keeps 8 mantissa bits, f16 11).
 
 use attn_kernels::{
-    AttnOptions, AttnScores, Isa, PagedAttnMetadata, SplitPolicy, paged_attention_with, reference,
+    AttnOptions, AttnScores, Isa, PagedAttnMetadata, SplitPolicy, paged_attention, reference,
     reshape_and_cache,
 };
 use kv_cache::{CacheGeometry, DType, LayerCache};
@@ -125,8 +125,7 @@ fn run_windowed(
     let meta = built.meta();
     let mut got = vec![f32::NAN; built.query.len()];
     let mut want = vec![f32::NAN; built.query.len()];
-    paged_attention_with(opts, &mut got, &built.query, &cache, &meta, batch.num_heads(), scores)
-        .expect("kernel");
+    paged_attention(opts, &mut got, &built.query, &cache, &meta, batch.num_heads(), scores).expect("kernel");
     reference::paged_attention(&mut want, &built.query, &cache, &meta, batch.num_heads(), scores)
         .expect("reference");
     (got, want)
@@ -202,9 +201,9 @@ proptest! {
         let by_row = PagedAttnMetadata { block_tables: &persistent, seq_rows: Some(&rows), ..dense };
         let mut a = vec![f32::NAN; built.query.len()];
         let mut b = vec![f32::NAN; built.query.len()];
-        paged_attention_with(&opts, &mut a, &built.query, &cache, &dense, batch.num_heads(), batch.scale())
+        paged_attention(&opts, &mut a, &built.query, &cache, &dense, batch.num_heads(), batch.scale())
             .expect("dense");
-        paged_attention_with(&opts, &mut b, &built.query, &cache, &by_row, batch.num_heads(), batch.scale())
+        paged_attention(&opts, &mut b, &built.query, &cache, &by_row, batch.num_heads(), batch.scale())
             .expect("rows");
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         prop_assert_eq!(bits(&a), bits(&b));
@@ -222,7 +221,7 @@ proptest! {
             let built = batch.build();
             let cache = batch.cache(&built, dtype);
             let mut got = vec![0.0; built.query.len()];
-            paged_attention_with(&opts, &mut got, &built.query, &cache, &built.meta(), batch.num_heads(), batch.scale()).expect("kernel");
+            paged_attention(&opts, &mut got, &built.query, &cache, &built.meta(), batch.num_heads(), batch.scale()).expect("kernel");
             assert_close(&got, &f32_out, tol, 0.0, &format!("{dtype} vs f32"));
         }
     }
@@ -262,7 +261,7 @@ proptest! {
             let lens = [b];
             let meta = PagedAttnMetadata { query_start_loc: &qsl, seq_lens: &lens, ..built.meta() };
             let q = &built.query[a * num_heads * d..b * num_heads * d];
-            paged_attention_with(&AttnOptions::default(), &mut chunked[a * num_heads * d..b * num_heads * d], q, &cache, &meta, num_heads, batch.scale()).expect("kernel");
+            paged_attention(&AttnOptions::default(), &mut chunked[a * num_heads * d..b * num_heads * d], q, &cache, &meta, num_heads, batch.scale()).expect("kernel");
         }
         assert_close(&chunked, &whole, ABS, REL, "chunked vs whole");
     }
@@ -279,8 +278,7 @@ fn softmax_is_safe_for_huge_logits() {
             let opts = AttnOptions { isa: Isa::detected(), split };
             let mut got = vec![0.0; built.query.len()];
             let mut want = vec![0.0; built.query.len()];
-            paged_attention_with(&opts, &mut got, &built.query, &cache, &built.meta(), 2, 1e3)
-                .expect("kernel");
+            paged_attention(&opts, &mut got, &built.query, &cache, &built.meta(), 2, 1e3).expect("kernel");
             reference::paged_attention(&mut want, &built.query, &cache, &built.meta(), 2, 1e3)
                 .expect("reference");
             assert_close(&got, &want, 1e-3, 0.0, "huge logits");
@@ -301,7 +299,7 @@ fn long_context_paths_agree() {
     for isa in Isa::available() {
         for split in [SplitPolicy::Auto, SplitPolicy::Never, SplitPolicy::Always { partition_tokens: 512 }] {
             let mut got = vec![0.0; built.query.len()];
-            paged_attention_with(
+            paged_attention(
                 &AttnOptions { isa, split },
                 &mut got,
                 &built.query,

@@ -1,8 +1,6 @@
 //! Bad input: a typed error, and the output and cache untouched.
 
-use attn_kernels::{
-    AttnError, AttnOptions, AttnScores, PagedAttnMetadata, SplitPolicy, paged_attention, paged_attention_with,
-};
+use attn_kernels::{AttnError, AttnOptions, AttnScores, PagedAttnMetadata, SplitPolicy, paged_attention};
 use kv_cache::{CacheGeometry, DType, LayerCache};
 
 const SENTINEL: f32 = 12345.0;
@@ -32,7 +30,8 @@ fn fails(
         max_blocks_per_seq: mbps,
         seq_rows: None,
     };
-    let err = paged_attention(&mut out, &query, cache, &meta, num_heads, 0.1).unwrap_err();
+    let err =
+        paged_attention(&AttnOptions::default(), &mut out, &query, cache, &meta, num_heads, 0.1).unwrap_err();
     assert!(out.iter().all(|&v| v == SENTINEL), "output written before the error {err}");
     err
 }
@@ -92,16 +91,16 @@ fn bad_scale_and_partition() {
     let meta = one_token_batch();
     let query = vec![0.5; 2 * 64];
     let mut out = vec![SENTINEL; 2 * 64];
-    let err = paged_attention(&mut out, &query, &c, &meta, 2, f32::NAN).unwrap_err();
+    let err = paged_attention(&AttnOptions::default(), &mut out, &query, &c, &meta, 2, f32::NAN).unwrap_err();
     assert!(matches!(err, AttnError::NonFiniteScale(v) if v.is_nan()));
     let empty_window = AttnScores { scale: 0.1, sliding_window: Some(0) };
     assert_eq!(
-        paged_attention(&mut out, &query, &c, &meta, 2, empty_window).unwrap_err(),
+        paged_attention(&AttnOptions::default(), &mut out, &query, &c, &meta, 2, empty_window).unwrap_err(),
         AttnError::ZeroWindow
     );
     let opts = AttnOptions { split: SplitPolicy::Always { partition_tokens: 24 }, ..AttnOptions::default() };
     assert_eq!(
-        paged_attention_with(&opts, &mut out, &query, &c, &meta, 2, 0.1).unwrap_err(),
+        paged_attention(&opts, &mut out, &query, &c, &meta, 2, 0.1).unwrap_err(),
         AttnError::InvalidPartition(24, 16)
     );
     assert!(out.iter().all(|&v| v == SENTINEL));
@@ -119,19 +118,19 @@ fn rows_outside_a_persistent_table_are_refused() {
     };
     let query = vec![0.5; 2 * 64];
     let mut out = vec![SENTINEL; 2 * 64];
-    let err = paged_attention(&mut out, &query, &c, &base, 2, 0.1).unwrap_err();
+    let err = paged_attention(&AttnOptions::default(), &mut out, &query, &c, &base, 2, 0.1).unwrap_err();
     assert_eq!(err, AttnError::RowOutOfRange { seq: 0, row: 2, num_rows: 2 });
     let ragged = PagedAttnMetadata { block_tables: &[0, 0, 1], seq_rows: Some(&[0]), ..base };
     assert!(matches!(
-        paged_attention(&mut out, &query, &c, &ragged, 2, 0.1),
+        paged_attention(&AttnOptions::default(), &mut out, &query, &c, &ragged, 2, 0.1),
         Err(AttnError::ShapeMismatch { .. })
     ));
     let short = PagedAttnMetadata { seq_rows: Some(&[]), ..base };
     assert!(matches!(
-        paged_attention(&mut out, &query, &c, &short, 2, 0.1),
+        paged_attention(&AttnOptions::default(), &mut out, &query, &c, &short, 2, 0.1),
         Err(AttnError::ShapeMismatch { .. })
     ));
     assert!(out.iter().all(|&v| v == SENTINEL));
     let good = PagedAttnMetadata { seq_rows: Some(&[1]), ..base };
-    assert!(paged_attention(&mut out, &query, &c, &good, 2, 0.1).is_ok());
+    assert!(paged_attention(&AttnOptions::default(), &mut out, &query, &c, &good, 2, 0.1).is_ok());
 }
