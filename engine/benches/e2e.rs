@@ -255,13 +255,12 @@ fn draw_timeline(path: &Path, timeline: &[Sample]) -> Result<(), Box<dyn Error>>
     let blue = RGBColor(31, 119, 180);
     let orange = RGBColor(255, 127, 14);
     let green = RGBColor(44, 160, 44);
-    let mut chart = ChartBuilder::on(&upper)
-        .caption("KV cache over the run (64 requests)", ("sans-serif", 18))
-        .margin(12)
-        .x_label_area_size(32)
-        .y_label_area_size(48)
-        .build_cartesian_2d(0.0..end, 0.0..1.05)?;
-    chart.configure_mesh().x_desc("time (s)").y_desc("fraction").draw()?;
+    let mut chart = support::chart(
+        &upper,
+        "KV cache over the run (64 requests)",
+        (0.0..end, 0.0..1.05),
+        ("time (s)", "fraction"),
+    )?;
     chart
         .draw_series(LineSeries::new(timeline.iter().map(|s| (s.t_s, s.kv_usage)), blue.stroke_width(2)))?
         .label("KV blocks in use / pool")
@@ -275,13 +274,8 @@ fn draw_timeline(path: &Path, timeline: &[Sample]) -> Result<(), Box<dyn Error>>
         .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], orange.stroke_width(2)));
     chart.configure_series_labels().background_style(WHITE.mix(0.85)).border_style(BLACK).draw()?;
     let max_running = timeline.iter().map(|s| s.running).max().unwrap_or(1).max(1);
-    let mut chart = ChartBuilder::on(&lower)
-        .caption("running requests", ("sans-serif", 16))
-        .margin(12)
-        .x_label_area_size(32)
-        .y_label_area_size(48)
-        .build_cartesian_2d(0.0..end, 0..max_running + 2)?;
-    chart.configure_mesh().x_desc("time (s)").y_desc("requests").draw()?;
+    let mut chart =
+        support::chart(&lower, "running requests", (0.0..end, 0..max_running + 2), ("time (s)", "requests"))?;
     chart.draw_series(LineSeries::new(timeline.iter().map(|s| (s.t_s, s.running)), green.stroke_width(2)))?;
     root.present()?;
     Ok(())
@@ -293,16 +287,12 @@ fn draw_sweep(path: &Path, sweep: &[(usize, f64)]) -> Result<(), Box<dyn Error>>
     let max_t = sweep.iter().map(|s| s.1).fold(1.0, f64::max) * 1.1;
     let max_b = sweep.iter().map(|s| s.0).max().unwrap_or(1) as f64;
     let blue = RGBColor(31, 119, 180);
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            "Output throughput against batch size (64-token prompts, 32 output tokens)",
-            ("sans-serif", 16),
-        )
-        .margin(12)
-        .x_label_area_size(36)
-        .y_label_area_size(56)
-        .build_cartesian_2d((1.0..max_b * 1.2).log_scale(), 0.0..max_t)?;
-    chart.configure_mesh().x_desc("concurrent requests").y_desc("output tokens / s").draw()?;
+    let mut chart = support::chart(
+        &root,
+        "Output throughput against batch size (64-token prompts, 32 output tokens)",
+        ((1.0..max_b * 1.2).log_scale(), 0.0..max_t),
+        ("concurrent requests", "output tokens / s"),
+    )?;
     let points: Vec<(f64, f64)> = sweep.iter().map(|&(b, t)| (b as f64, t)).collect();
     chart.draw_series(LineSeries::new(points.clone(), blue.stroke_width(2)))?;
     chart.draw_series(points.iter().map(|&p| Circle::new(p, 4, blue.filled())))?;
