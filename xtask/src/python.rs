@@ -15,8 +15,11 @@ use serde::{Deserialize, Serialize};
 use crate::cmd::{fresh_dir, run as run_cmd, workspace_root};
 use crate::fetch_model;
 
-/// What the venv needs beside the package: its build tool and its test runner.
-const VENV_PACKAGES: [&str; 2] = ["maturin>=1.9.4,<2", "pytest>=7"];
+/// What the venv needs beside the package: its build tool, its test runner, and what the Ray
+/// tests run on (Ray Data and Ray Serve, and openai-python as Serve's client). Ray is pinned:
+/// the Serve deployment builds on its request-router API, which is young.
+const VENV_PACKAGES: [&str; 4] =
+    ["maturin>=1.9.4,<2", "pytest>=7", "ray[data,serve]==2.60.0", "openai==3.60.0"];
 
 #[derive(Debug, Args)]
 pub struct WheelArgs {
@@ -35,9 +38,9 @@ pub fn wheel(args: &WheelArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `target/venv-python` with maturin and pytest.
+/// `target/venv-python` with maturin, pytest, Ray and openai-python.
 fn ensure_venv() -> anyhow::Result<PathBuf> {
-    crate::cmd::ensure_venv("venv-python", "maturin, pytest", &VENV_PACKAGES)
+    crate::cmd::ensure_venv("venv-python", "maturin, pytest, ray.data, ray.serve, openai", &VENV_PACKAGES)
 }
 
 /// Builds the wheel into `out` with the venv's maturin (`profile`: its cargo profile flags)
