@@ -22,6 +22,8 @@ from typing import Any, Dict, List, Optional
 # Ray turns a loopback address given to `ray.init` into the machine's outward IP (and binds a
 # local node there) unless told the cluster is local only: set before Ray is first imported.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+# No usage reports: nothing here reaches past the machine.
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 #: Each node offers one of these; an engine actor asks for one, so that the two actors of a
 #: two-node cluster land one on each node (Ray Data's actor pool alone may pack them on one).

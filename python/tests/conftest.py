@@ -25,6 +25,8 @@ MAX_MODEL_LEN = ENGINE_ARGS["max_model_len"]
 sys.path.insert(0, str(REPO / "python/examples"))
 # Ray clusters of the tests stay on loopback (see the Ray Data example): set before Ray loads.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+# No usage reports: nothing here reaches past the machine.
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 
 def _env_path(name: str) -> Path:
