@@ -77,7 +77,11 @@ class _PinningRouter(RequestRouter):
     def update_replicas(self, replicas: List[RunningReplica]) -> None:
         super().update_replicas(replicas)
         ids = sorted(r.replica_id.to_full_id_str() for r in replicas)
-        _KNOWN_REPLICAS[self._deployment_id.name] = ids
+        # Through the module as imported, not this class's globals: Serve may ship a router
+        # class by value, and its copy's globals are not the module the ingress reads.
+        from paged_llm import _routing
+
+        _routing._KNOWN_REPLICAS[self._deployment_id.name] = ids
 
     def _queue_len(self, replica: RunningReplica) -> int:
         known = self.replica_queue_len_cache.get(replica.replica_id)

@@ -6,14 +6,16 @@ spreads conversations; a replica killed mid-load loses no request and is replace
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import socket
 import time
+import urllib.request
 
 import openai
 import pytest
 from conftest import ENGINE_ARGS
 
-from paged_llm.serve import REPLICA_HEADER, build_app
+from paged_llm.serve import ATTEMPTS_HEADER, REPLICA_HEADER, build_app
 
 APP = "llm"
 #: The greedy oracle's engine with its prefix cache on: a prompt's first run computes it
@@ -94,7 +96,7 @@ def test_streams_of_chat_and_completions(client):
     assert text and chunks[-1].choices[0].finish_reason in ("stop", "length")
 
 
-def test_prefix_routing_keeps_each_conversation_on_one_replica(client):
+def test_prefix_routing_keeps_each_conversation_on_one_replica(client, base_url):
     by_user = {}
     for turn in range(3):
         for user in range(4):
@@ -107,24 +109,46 @@ def test_prefix_routing_keeps_each_conversation_on_one_replica(client):
             by_user.setdefault(user, set()).add(raw.headers[REPLICA_HEADER])
     assert all(len(r) == 1 for r in by_user.values()), by_user
     assert len(set.union(*by_user.values())) == 2, "conversations spread over both replicas"
+    # Each replica's own Prometheus text: later turns found their conversation's prefix.
+    with urllib.request.urlopen(f"{base_url}/replicas/metrics", timeout=60) as r:
+        texts = json.load(r)
+    assert set(texts) == set.union(*by_user.values())
+    hits = [line for t in texts.values() for line in t.splitlines() if line.startswith("vllm:prefix_cache_hits")]
+    assert hits and all(float(line.rsplit(" ", 1)[1]) > 0 for line in hits), hits
 
 
-def test_a_killed_replica_loses_no_request(client):
+def _running(base_url) -> dict:
+    """Requests running on each replica, from its own metrics."""
+    with urllib.request.urlopen(f"{base_url}/replicas/metrics", timeout=60) as r:
+        texts = json.load(r)
+    running = {}
+    for rid, text in texts.items():
+        lines = [line for line in text.splitlines() if line.startswith("vllm:num_requests_running")]
+        running[rid] = sum(float(line.rsplit(" ", 1)[1]) for line in lines)
+    return running
+
+
+def test_a_killed_replica_loses_no_request(client, base_url):
     import ray
     from ray import serve
 
     prompts = [f"Story {i}: once upon a time" for i in range(12)]
     with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
-        futures = [pool.submit(_completion, client, p, 32) for p in prompts]
-        time.sleep(1.0)
-        _, headers = _completion(client, "Which replica?", 1)
-        victim = headers[REPLICA_HEADER]
+        futures = [pool.submit(_completion, client, p, 48, extra_body={"ignore_eos": True}) for p in prompts]
+        # The victim: a replica with requests running (read from its metrics), killed mid-load.
+        deadline = time.monotonic() + 30
+        victim = None
+        while victim is None and time.monotonic() < deadline:
+            busy = [rid for rid, n in _running(base_url).items() if n > 0]
+            victim = busy[0] if busy else None
+        assert victim is not None, "no replica was running requests"
         ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
         results = [f.result() for f in futures]
     ids = [out.id for out, _ in results]
     assert len(set(ids)) == len(prompts), "each request answered once"
-    assert all(out.choices[0].text and out.usage.completion_tokens > 0 for out, _ in results)
-    assert any(int(h.get("x-paged-llm-attempts", "1")) > 1 for _, h in results), "some were retried"
+    assert all(out.choices[0].text and out.usage.completion_tokens == 48 for out, _ in results)
+    assert all(h[REPLICA_HEADER] != victim for _, h in results), "answered by a live replica"
+    assert any(int(h[ATTEMPTS_HEADER]) > 1 for _, h in results), "some were retried"
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         states = serve.status().applications[APP].deployments["LLMServer"].replica_states
