@@ -12,7 +12,8 @@ markdown fragment) into ``$BENCH_FIGURES_DIR``.
   over round robin, on 8 users each sending 6 turns behind a long system prompt of their own.
 
 Throughput requests are not streamed: a stream's events cross three Python processes each,
-which is the proxy's cost per token, not the deployment's. Medians of an odd number of rounds.
+which is the proxy's cost per token, not the deployment's. Ray's workers run at the driver's
+priority here (``RAY_worker_niceness=0``). Medians of an odd number of rounds.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ from typing import Any, Dict, List, Tuple
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 # No usage reports: nothing here reaches past the machine.
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# Ray runs its workers (the replicas, the proxy) at niceness 15 by default: on a machine with
+# other work that measures their priority, not the deployment. Same priority as in process.
+os.environ.setdefault("RAY_worker_niceness", "0")
 
 import paged_llm  # noqa: E402
 from paged_llm.serve import build_app  # noqa: E402
