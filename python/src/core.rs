@@ -24,7 +24,7 @@ const SIGNAL_CHECK: Duration = Duration::from_millis(100);
 #[derive(Debug)]
 #[pyclass(frozen, module = "paged_llm._core", name = "Engine")]
 pub struct PyEngine {
-    handle: EngineHandle,
+    pub(crate) handle: EngineHandle,
 }
 
 /// A request ready to submit: its prompt tokenized on the caller's thread, as the engine

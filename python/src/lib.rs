@@ -5,6 +5,8 @@
 //! - `core.rs` — `Engine`: a loaded model on its engine thread; the offline batch, asyncio
 //!   submission, abort, metrics, tokenization.
 //! - `stream.rs` — `AsyncStream`: one request's outputs as awaitables, and its abort.
+//! - `http.rs` — `HttpApp`: the `server` crate's OpenAI-compatible router in process (what a
+//!   Ray Serve replica answers with), its response bodies as awaitable chunks.
 //! - `args.rs` — engine arguments, sampling parameters and prompts, as JSON from Python.
 //! - `outputs.rs` — outputs as JSON shaped like vLLM's `RequestOutput`.
 //! - `errors.rs` — the exceptions and the engine errors they stand for.
@@ -15,6 +17,7 @@
 mod args;
 mod core;
 mod errors;
+mod http;
 mod outputs;
 mod stream;
 
@@ -23,13 +26,16 @@ use pyo3::prelude::*;
 /// The Rust half of `paged_llm`; import `paged_llm`, not this.
 #[pymodule(name = "_core")]
 fn paged_llm_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    // One worker runs every awaited read and metrics call: they only wait on channels.
+    // One worker runs every awaited read and metrics call (they only wait on channels) and the
+    // in-process HTTP router's handlers; its timers pace SSE keep-alives.
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
-    runtime.worker_threads(1).thread_name("paged-llm-asyncio");
+    runtime.worker_threads(1).thread_name("paged-llm-asyncio").enable_all();
     pyo3_async_runtimes::tokio::init(runtime);
     errors::register(m)?;
     m.add_class::<core::PyEngine>()?;
     m.add_class::<stream::AsyncStream>()?;
+    m.add_class::<http::HttpApp>()?;
+    m.add_class::<http::HttpBody>()?;
     m.add_function(wrap_pyfunction!(check_sampling_params, m)?)?;
     m.add_function(wrap_pyfunction!(sampling_defaults, m)?)?;
     Ok(())

@@ -7,7 +7,8 @@
 //! - derived figures (ratios of two criterion throughputs) declared in
 //!   `registry::DERIVED`, so "measured in the same run" comparisons stay in one place;
 //! - programs (`harness = false` benches, simulations) that write flat JSON maps, and optional
-//!   markdown fragments for the report, into `$BENCH_FIGURES_DIR`.
+//!   markdown fragments for the report, into `$BENCH_FIGURES_DIR`; the `scale` group is such a
+//!   program in Python (`python/bench/scale.py`, the package on Ray Serve, `python.rs`).
 //!
 //! A run updates the figures it measured and keeps the others.
 
@@ -29,7 +30,7 @@ pub struct BenchArgs {
     #[arg(long)]
     pub quick: bool,
     /// Only run the benchmark groups with this figure-name prefix (repeatable),
-    /// e.g. `block_alloc`, `attn`, `sched`, `sim`, `model`, `e2e`, `cuda`.
+    /// e.g. `block_alloc`, `attn`, `sched`, `sim`, `model`, `e2e`, `cuda`, `scale`.
     #[arg(long)]
     pub only: Vec<String>,
 }
@@ -49,7 +50,8 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         .iter()
         .filter(|t| args.only.is_empty() || args.only.iter().any(|g| g == t.group))
         .collect();
-    if selected.is_empty() {
+    let python_scale = args.only.is_empty() || args.only.iter().any(|g| g == registry::PYTHON_GROUP);
+    if selected.is_empty() && !python_scale {
         bail!("no benchmark target matches --only {:?}; groups: {}", args.only, registry::group_names());
     }
     for target in &selected {
@@ -65,6 +67,9 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             }
         }
         run_cmd(&mut cmd)?;
+    }
+    if python_scale {
+        crate::python::bench_scale(&figures_dir, args.quick)?;
     }
 
     let measured = criterion_results::load(&criterion_home)?;

