@@ -371,6 +371,13 @@ impl Engine {
         self.metrics.live(self.bufs.gauges)
     }
 
+    /// The live metrics with the gauges read now: what to publish when commands changed the
+    /// books without a step (aborts that finished every request leave no step to run).
+    pub(crate) fn live_metrics_now(&mut self) -> LiveMetrics {
+        self.bufs.gauges = self.gauges();
+        self.metrics.live(self.bufs.gauges)
+    }
+
     /// Clears throughput counters and latency samples (e.g. after a warm-up).
     pub fn reset_metrics(&mut self) {
         self.metrics.reset();

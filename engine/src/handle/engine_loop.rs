@@ -32,23 +32,26 @@ impl EngineLoop {
         let mut stop = false;
         while !stop {
             // Idle: block for work. Busy: take whatever arrived, then step.
+            let mut handled = false;
             if !self.engine.has_unfinished() {
                 if self.draining {
                     return;
                 }
                 match rx.recv() {
-                    Ok(cmd) => stop = self.handle(cmd),
+                    Ok(cmd) => (stop, handled) = (self.handle(cmd), true),
                     Err(_) => return, // every handle and stream is gone
                 }
             }
             while !stop && let Ok(cmd) = rx.try_recv() {
-                stop = self.handle(cmd);
+                (stop, handled) = (self.handle(cmd), true);
             }
-            // Only a step changes what is published: a pass without one handled commands that
-            // either start work (a step follows) or leave the books as they were.
             if !stop && self.engine.has_unfinished() {
                 self.step();
                 *self.published.lock() = self.engine.live_metrics_of_last_step();
+            } else if !stop && handled {
+                // Commands finished work without a step (aborts of every request, refusals):
+                // the published gauges must not stay those of the last step.
+                *self.published.lock() = self.engine.live_metrics_now();
             }
             // Between steps: a KV map, only if one was asked for (else one atomic load).
             self.kv_map.publish_if_asked(&self.engine);
