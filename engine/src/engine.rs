@@ -444,7 +444,6 @@ impl Engine {
             seq_rows: &plan.seq_rows,
             sample_indices: self.bufs.prompt_rows.indices(plan),
         };
-        let masks_before = self.metrics.mask_times().masks;
         let sampled = if !self.bufs.prompt_rows.any() && greedy::plain_greedy_step(plan, &self.live) {
             let tokens = self.runner.forward_greedy(&step, crate::sampling::filter::argmax)?;
             greedy::targets(&self.bufs.plan, &mut self.bufs.targets);
@@ -467,7 +466,6 @@ impl Engine {
             self.sample(vocab)?
         };
         let updates = self.apply_samples(sampled)?;
-        self.metrics.mask_times().count_step(masks_before);
         self.update_scheduler(&updates)?;
         Ok(updates.len())
     }

@@ -20,7 +20,7 @@ use crate::request::RequestRecord;
 /// The masks computed ahead of sampling, summed over steps.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Default)]
 pub struct MaskTimes {
-    /// Steps that computed masks.
+    /// Steps that computed masks beside their forward pass.
     pub steps: u64,
     /// Masks computed ahead of sampling (each guided sample's next token's).
     pub masks: u64,
@@ -37,13 +37,6 @@ impl MaskTimes {
         self.masks += masks as u64;
         self.compute_s += compute.as_secs_f64();
         self.wait_s += wait.as_secs_f64();
-    }
-
-    /// Counts a step that computed masks, given the mask count before it.
-    pub(crate) fn count_step(&mut self, masks_before: u64) {
-        if self.masks > masks_before {
-            self.steps += 1;
-        }
     }
 }
 
@@ -114,6 +107,7 @@ pub(crate) fn while_running<T>(
         let out = forward();
         (out, Instant::now())
     });
+    times.steps += 1;
     times.add(masks, compute, forward_done.elapsed());
     out
 }
