@@ -62,7 +62,9 @@ pub use block_ops::{copy_blocks, swap_blocks, swap_in, swap_out};
 pub use cache_write::reshape_and_cache;
 pub use error::AttnError;
 pub use isa::Isa;
-pub use meta::{AttnScores, PagedAttnMetadata, SUPPORTED_BLOCK_SIZES, SUPPORTED_HEAD_SIZES};
+pub use meta::{
+    AttnScores, CUDA_CACHE_DTYPES, PagedAttnMetadata, SUPPORTED_BLOCK_SIZES, SUPPORTED_HEAD_SIZES,
+};
 
 #[cfg(feature = "cuda")]
 pub mod cuda;

@@ -8,6 +8,9 @@ use crate::AttnError;
 pub const SUPPORTED_HEAD_SIZES: [usize; 6] = [64, 80, 96, 112, 128, 256];
 /// Block sizes (tokens per block) the kernels implement.
 pub const SUPPORTED_BLOCK_SIZES: [usize; 3] = [8, 16, 32];
+/// Cache dtypes the CUDA attention kernels are instantiated for. An f32 cache stays CPU-only: it
+/// would add a third of the compile time of every check for a layout no GPU deployment uses.
+pub const CUDA_CACHE_DTYPES: [kv_cache::DType; 2] = [kv_cache::DType::F16, kv_cache::DType::BF16];
 
 /// How a query's scores are formed: `scale · q·k` over the keys it sees, every earlier position
 /// (causal) or the last `sliding_window` of them. An `f32` is a causal scale.

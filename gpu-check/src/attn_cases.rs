@@ -229,7 +229,7 @@ pub fn window_cases() -> Vec<(&'static str, (DType, usize, usize, usize, usize),
         ("window_decode", (DType::F16, 256, 16, 1, 4), vec![(1, 1_900), (1, 513)], 512),
         ("window_prefill", (DType::F16, 64, 32, 2, 3), vec![(300, 900), (1, 333), (45, 45)], 37),
         ("window_prefill", (DType::BF16, 256, 16, 1, 4), vec![(700, 1_500)], 512),
-        ("window_one", (DType::F32, 64, 8, 2, 2), vec![(20, 120), (1, 50)], 1),
+        ("window_one", (DType::F16, 64, 8, 2, 2), vec![(20, 120), (1, 50)], 1),
     ]
 }
 
@@ -359,6 +359,20 @@ mod tests {
             // Query-key pairs times heads times dims: the f64 reference's work, < 1.5e10 each.
             let pairs: usize = b.iter().map(|&(q, l)| (0..q).map(|t| l - q + t + 1).sum::<usize>()).sum();
             assert!(pairs * kv * group * head * 2 < 15_000_000_000, "{pairs}");
+        }
+    }
+
+    /// Every named case asks for a configuration the CUDA kernels are instantiated for (else the
+    /// GPU run reports an error instead of a comparison).
+    #[test]
+    fn every_case_is_a_configuration_the_cuda_kernels_have() {
+        use attn_kernels::{CUDA_CACHE_DTYPES, SUPPORTED_BLOCK_SIZES, SUPPORTED_HEAD_SIZES};
+        let long = long_prompt_cases().into_iter().map(|(name, config, _)| (name, config));
+        let window = window_cases().into_iter().map(|(name, config, _, _)| (name, config));
+        for (name, (dtype, head_size, block_size, _, _)) in long.chain(window) {
+            assert!(CUDA_CACHE_DTYPES.contains(&dtype), "{name}: {dtype:?}");
+            assert!(SUPPORTED_HEAD_SIZES.contains(&head_size), "{name}: head size {head_size}");
+            assert!(SUPPORTED_BLOCK_SIZES.contains(&block_size), "{name}: block size {block_size}");
         }
     }
 

@@ -12,7 +12,7 @@
 //! | `attention_v2` | gpu_check | the same through v2 | 8 s | 40 s |
 //! | `attention_split` | gpu_check | the same through v2 with a two-token workspace (several launches) | 8 s | 40 s |
 //! | `prefill_tiles` | gpu_check | the same through the tiled prefill path (what the engine runs) | 8 s | 40 s |
-//! | `bandwidth` | gpu_check | 1 GiB copies, decode over 64 × 4 096 tokens × 6 variants | 3 s | 30 s |
+//! | `bandwidth` | gpu_check | 1 GiB copies, decode over 64 × 4 096 tokens × 6 variants, the v1/v2 sweep (92 shapes) | 3 s | 30 s |
 //! | `far_offsets` | gpu_check | every cache kernel past element 2³² of a 17 GB pool | 3 s | 30 s |
 //! | `model_bf16` | gpu_model_check | three tiny random models, CUDA bf16 forward against the CPU's | 9 s | 30 s |
 //! | `model_f16` | gpu_model_check | the same in f16 | 9 s | 30 s |

@@ -33,6 +33,10 @@ pub struct BenchArgs {
     /// e.g. `block_alloc`, `attn`, `sched`, `sim`, `model`, `e2e`, `cuda`, `scale`.
     #[arg(long)]
     pub only: Vec<String>,
+    /// Instead of running benchmarks, merge the numeric `cuda.*` figures of a GPU run's
+    /// `figures.json` (from `sh target/gpu-bundle/run.sh`) into the report.
+    #[arg(long, value_name = "FIGURES_JSON", conflicts_with_all = ["quick", "only"])]
+    pub import_gpu: Option<std::path::PathBuf>,
 }
 
 /// Flat figure map, ordered by name so the JSON diff stays readable.
@@ -41,6 +45,9 @@ pub type Figures = BTreeMap<String, f64>;
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let root = workspace_root();
     let report_dir = root.join("target/bench-report");
+    if let Some(file) = &args.import_gpu {
+        return import_gpu_figures(&report_dir, file);
+    }
     let criterion_home = report_dir.join("criterion-run");
     let figures_dir = report_dir.join("figures-run");
     fresh_dir(&criterion_home)?;
@@ -79,18 +86,42 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let ratios = registry::same_run_ratios(&fresh);
     fresh.extend(ratios);
 
+    let summary = merge_into_summary(&report_dir, &fresh)?;
+    report::write(&report_dir, &summary, &fresh, &measured, &fragments)?;
+    Ok(())
+}
+
+/// `summary.json` with `fresh` merged in (written back); prints what was added.
+fn merge_into_summary(report_dir: &Path, fresh: &Figures) -> anyhow::Result<Figures> {
+    std::fs::create_dir_all(report_dir)?;
     let summary_path = report_dir.join("summary.json");
     let previous = std::fs::read_to_string(&summary_path).unwrap_or_else(|_| "{}".to_owned());
     let mut summary: Figures =
         serde_json::from_str(&previous).with_context(|| format!("parsing {}", summary_path.display()))?;
     summary.extend(fresh.clone());
     std::fs::write(&summary_path, serde_json::to_string_pretty(&summary)? + "\n")?;
-    report::write(&report_dir, &summary, &fresh, &measured, &fragments)?;
     eprintln!("bench: {} figure(s) measured; wrote {}", fresh.len(), summary_path.display());
-    for (name, value) in &fresh {
+    for (name, value) in fresh {
         eprintln!("  {name} = {value:.4}");
     }
-    Ok(())
+    Ok(summary)
+}
+
+/// The numeric `cuda.*` figures of a GPU run's `figures.json` (its other entries are section
+/// records and per-case checks), merged into `summary.json`.
+fn import_gpu_figures(report_dir: &Path, file: &Path) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let all: BTreeMap<String, serde_json::Value> =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", file.display()))?;
+    let fresh: Figures = all
+        .into_iter()
+        .filter(|(name, _)| name.starts_with("cuda."))
+        .filter_map(|(name, value)| value.as_f64().map(|v| (name, v)))
+        .collect();
+    if fresh.is_empty() {
+        bail!("{} holds no numeric cuda.* figure", file.display());
+    }
+    merge_into_summary(report_dir, &fresh).map(drop)
 }
 
 /// Merges every `*.json` figure map a bench program wrote into `figures`; returns every `*.md`

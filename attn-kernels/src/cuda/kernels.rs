@@ -21,9 +21,7 @@ pub const KERNEL_SOURCES: &[(&str, &str)] = &[
     ("model.cu", include_str!("kernels/model.cu")),
 ];
 
-/// Cache dtypes the attention kernels are instantiated for. An f32 cache stays CPU-only: it
-/// would add a third of the compile time of every check for a layout no GPU deployment uses.
-pub const CACHE_DTYPES: [DType; 2] = [DType::F16, DType::BF16];
+pub use crate::meta::CUDA_CACHE_DTYPES as CACHE_DTYPES;
 /// Tokens per partition of the v2 (split-context) decode kernel; must match `attention.cu`.
 pub const PARTITION_SIZE: usize = 512;
 /// Threads per tiled prefill thread block; must match `PF_NUM_THREADS` in `attention.cu`.

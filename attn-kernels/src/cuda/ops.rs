@@ -69,16 +69,21 @@ mod tests {
         assert!(e.contains("65536 layers"), "{e}");
     }
 
+    /// Choices on an H200 (132 multiprocessors) where the sweep of gpu-check's bandwidth
+    /// section measured one variant clearly faster.
     #[test]
-    fn variant_choice_follows_vllm() {
+    fn variant_choice_follows_the_measured_sweep() {
+        let sms = 132;
         // One partition: always v1.
-        assert_eq!(choose_variant(512, 1, 32), AttentionVariant::V1);
-        // Long context, few sequences: split.
-        assert_eq!(choose_variant(4096, 4, 32), AttentionVariant::V2);
-        // Long context, many (token, head) pairs: v1 fills the GPU already.
-        assert_eq!(choose_variant(4096, 64, 32), AttentionVariant::V1);
-        // Beyond 8192 tokens: always split.
-        assert_eq!(choose_variant(8193, 256, 32), AttentionVariant::V2);
+        assert_eq!(choose_variant(512, 1, sms), AttentionVariant::V1);
+        // Two partitions and a grid of 64 tokens x 8 head groups: v1.
+        assert_eq!(choose_variant(1024, 64 * 8, sms), AttentionVariant::V1);
+        // The same context with half the grid: v2.
+        assert_eq!(choose_variant(1024, 32 * 8, sms), AttentionVariant::V2);
+        // Four partitions or more: v2, however full the grid (v1's shared logits cost occupancy).
+        assert_eq!(choose_variant(4096, 64 * 8, sms), AttentionVariant::V2);
+        assert_eq!(choose_variant(8192, 256 * 32, sms), AttentionVariant::V2);
+        assert_eq!(choose_variant(8193, 256 * 32, sms), AttentionVariant::V2);
     }
 
     #[test]

@@ -33,6 +33,7 @@ pub struct CudaKernels {
     cubins: CubinCache,
     header_dir: PathBuf,
     max_shared_optin: usize,
+    multiprocessors: usize,
     modules: Mutex<HashMap<String, Arc<CudaModule>>>,
     functions: Mutex<HashMap<String, CudaFunction>>,
 }
@@ -49,6 +50,8 @@ impl CudaKernels {
         let max_shared_optin = device
             .context()
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?;
+        let multiprocessors =
+            device.context().attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
         let header_dir = dir.clone().unwrap_or_else(std::env::temp_dir).join("nvrtc-headers");
         Ok(CudaKernels {
             device,
@@ -56,6 +59,7 @@ impl CudaKernels {
             cubins: CubinCache::new(dir),
             header_dir,
             max_shared_optin: usize::try_from(max_shared_optin).unwrap_or(48 * 1024),
+            multiprocessors: usize::try_from(multiprocessors).unwrap_or(1).max(1),
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
         })
@@ -67,6 +71,11 @@ impl CudaKernels {
     /// The most dynamic shared memory one thread block may use on this device.
     pub fn max_shared_bytes(&self) -> usize {
         self.max_shared_optin
+    }
+
+    /// Streaming multiprocessors of the device (what a launch's grid has to fill).
+    pub fn multiprocessors(&self) -> usize {
+        self.multiprocessors
     }
 
     /// Kernel `entry` of `program`, compiling and loading the program on first use. Functions

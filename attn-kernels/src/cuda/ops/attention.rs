@@ -17,17 +17,22 @@ use crate::cuda::kernels::{
 use crate::cuda::metadata::DeviceAttnMetadata;
 use crate::cuda::runtime::CudaKernels;
 
-/// vLLM's choice between the single-pass (v1) and the partitioned (v2) decode kernel: v1 when the
-/// longest context is at most 8192 tokens and either it fits one partition or there are enough
-/// (query token, head) pairs (> 512) to fill the GPU without splitting the context.
-pub fn choose_variant(max_context: usize, num_tokens: usize, num_heads: usize) -> AttentionVariant {
+/// The choice between the single-pass (v1) and the partitioned (v2) decode kernel. v1 keeps a
+/// whole context's logits in one thread block's shared memory and walks the context serially,
+/// so it wins only where the context is short (at most two partitions) and its grid of
+/// `v1_blocks` thread blocks (query tokens × head groups) fills every multiprocessor several
+/// times over; else v2's partitions win. One partition always runs v1 (v2 would add a reduce).
+/// The rule is fit to the decode sweep of gpu-check's bandwidth section (`cuda.sweep.*`), which
+/// re-measures it on every GPU run; vLLM's rule (count (token, head) pairs, v1 up to 8 192
+/// tokens) does not fit kernels that run several query heads per thread block.
+pub fn choose_variant(max_context: usize, v1_blocks: usize, multiprocessors: usize) -> AttentionVariant {
     let partitions = max_context.div_ceil(PARTITION_SIZE);
-    if max_context <= 8192 && (partitions <= 1 || num_tokens * num_heads > 512) {
-        AttentionVariant::V1
-    } else {
-        AttentionVariant::V2
-    }
+    let fills = v1_blocks >= V1_BLOCKS_PER_MULTIPROCESSOR * multiprocessors;
+    if partitions <= 1 || (partitions <= 2 && fills) { AttentionVariant::V1 } else { AttentionVariant::V2 }
 }
+
+/// Thread blocks per multiprocessor from which v1's grid fills the device.
+const V1_BLOCKS_PER_MULTIPROCESSOR: usize = 3;
 
 /// Dynamic shared memory of an attention launch: reduction scratch, the queries, and the logits
 /// of `tokens` context tokens (rounded up to whole blocks) for `qpk` heads. Mirrors
@@ -156,7 +161,9 @@ fn launch_decode(
     let group = num_heads / g.num_kv_heads;
     let qpk = cfg.qpk_for_group(group);
     let v1_shared = shared_bytes(cfg, qpk, max_context);
-    let mut chosen = requested.unwrap_or_else(|| choose_variant(max_context, tokens, num_heads));
+    let v1_blocks = tokens.saturating_mul(num_heads / qpk);
+    let mut chosen =
+        requested.unwrap_or_else(|| choose_variant(max_context, v1_blocks, kernels.multiprocessors()));
     if chosen != AttentionVariant::V2 && v1_shared > kernels.max_shared_bytes() {
         chosen = AttentionVariant::V2;
     }

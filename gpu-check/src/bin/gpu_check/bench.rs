@@ -16,7 +16,7 @@ use rand_chacha::ChaCha8Rng;
 use crate::Ctx;
 
 /// Mean seconds per call of `f` over `iters` calls, timed with CUDA events after 3 warm-ups.
-fn time_it(device: &CudaDevice, iters: usize, mut f: impl FnMut() -> Result<(), CudaError>) -> Res<f64> {
+pub fn time_it(device: &CudaDevice, iters: usize, mut f: impl FnMut() -> Result<(), CudaError>) -> Res<f64> {
     for _ in 0..3 {
         f()?;
     }
@@ -31,8 +31,8 @@ fn time_it(device: &CudaDevice, iters: usize, mut f: impl FnMut() -> Result<(), 
     Ok(f64::from(a.elapsed_ms(&b)?) / 1e3 / iters as f64)
 }
 
-pub fn bench(ctx: &Ctx, rec: &mut Recorder) -> Res<()> {
-    let (kernels, device) = (&ctx.kernels, &ctx.device);
+pub fn bench(run: &Ctx, rec: &mut Recorder) -> Res<()> {
+    let (kernels, device) = (&run.kernels, &run.device);
     let stream = device.stream().clone();
     // Device-to-device copy of 1 GiB: the bandwidth ceiling (bytes read + written).
     let n = 1usize << 30;
@@ -111,6 +111,7 @@ pub fn bench(ctx: &Ctx, rec: &mut Recorder) -> Res<()> {
         let f = decode_figures(kv_bytes, get("paged", l), get("contiguous", l), copy_bps);
         rec.figure(format!("cuda.decode_{l}_bw_fraction"), f.bw_fraction);
     }
+    crate::sweep::sweep(run, rec)?;
     // The benchmark ran to its end (its figures are the result).
     rec.pass(1);
     Ok(())

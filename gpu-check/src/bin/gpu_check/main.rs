@@ -20,6 +20,7 @@ mod attention;
 mod bench;
 mod cache;
 mod far;
+mod sweep;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
