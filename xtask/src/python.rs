@@ -90,7 +90,9 @@ pub fn install() -> anyhow::Result<Installed> {
     let venv = ensure_venv()?;
     let python = venv.join("bin/python");
     let dir = root.join("target/python-tests");
-    let wheel = build_wheel(&venv, &["--profile", "dev"], &dir.join("wheel"))?;
+    // The features the workspace's test build has, so that maturin reuses its artifacts.
+    let flags = ["--profile", "dev", "--features", "workspace-features"];
+    let wheel = build_wheel(&venv, &flags, &dir.join("wheel"))?;
     let pip = |args: &[&str], path: &Path| {
         run_cmd(
             Command::new(&python).args(["-m", "pip", "install", "--quiet", "--no-deps"]).args(args).arg(path),
@@ -191,4 +193,49 @@ fn write_expected(model: &Path, prompts_file: &Path, out: &Path) -> anyhow::Resu
     let json = serde_json::json!({ "max_tokens": spec.max_tokens, "cases": cases });
     std::fs::write(out, serde_json::to_string_pretty(&json)?)
         .with_context(|| format!("writing {}", out.display()))
+}
+
+#[cfg(test)]
+mod feature_tests {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use crate::cmd::{cargo, workspace_root};
+
+    /// Each package of `cargo tree ARGS` (normal and build edges, plus `extra_edges`) with its
+    /// features.
+    fn feature_sets(args: &[&str], edges: &str) -> BTreeMap<String, BTreeSet<String>> {
+        let out = cargo()
+            .current_dir(workspace_root())
+            .args(["tree", "--quiet", "--prefix", "none", "-e", edges, "-f", "{p}|{f}"])
+            .args(args)
+            .output()
+            .expect("cargo tree runs");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let mut sets: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let Some((package, features)) = line.trim_end_matches(" (*)").split_once('|') else { continue };
+            let name = package.split(" (").next().unwrap_or(package).to_owned();
+            let set = sets.entry(name).or_default();
+            set.extend(features.split(',').filter(|f| !f.is_empty()).map(str::to_owned));
+        }
+        sets
+    }
+
+    /// The package built with `workspace-features` has, in every dependency it shares with
+    /// `cargo test --workspace`, exactly that build's features (else maturin rebuilds them).
+    #[test]
+    fn workspace_features_match_the_test_build() {
+        let workspace = feature_sets(&["--workspace"], "normal,build,dev");
+        let package = feature_sets(
+            &["-p", "paged-llm-python", "--features", "paged-llm-python/workspace-features"],
+            "normal,build",
+        );
+        let differing: Vec<String> = package
+            .iter()
+            .filter(|(name, _)| !name.starts_with("paged-llm-python "))
+            .filter(|(name, features)| workspace.get(*name) != Some(*features))
+            .map(|(name, features)| format!("{name}: {features:?} vs {:?}", workspace.get(name)))
+            .collect();
+        assert!(differing.is_empty(), "update python/Cargo.toml's workspace-features: {differing:#?}");
+    }
 }
