@@ -61,16 +61,31 @@ fn real_graph() -> anyhow::Result<Graph> {
     graph_from_metadata(&meta)
 }
 
+/// The feature `python/Cargo.toml` turns its test build's dependency features on with.
+const BUILD_SHARING_FEATURE: &str = "workspace-features";
+
 fn graph_from_metadata(meta: &serde_json::Value) -> anyhow::Result<Graph> {
     let packages = meta["packages"].as_array().context("metadata has no packages")?;
     let names: BTreeSet<&str> = packages.iter().filter_map(|p| p["name"].as_str()).collect();
     let mut graph = Graph::new();
     for p in packages {
         let name = p["name"].as_str().context("package without a name")?;
+        // Dependencies only a build-sharing feature turns on (to match another build's
+        // features, not to be used) are no arrow.
+        let sharing: BTreeSet<String> = p["features"][BUILD_SHARING_FEATURE]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|f| f.as_str()?.strip_prefix("dep:").map(str::to_owned))
+            .collect();
         let deps = p["dependencies"]
             .as_array()
             .into_iter()
             .flatten()
+            .filter(|d| {
+                !(d["optional"].as_bool() == Some(true)
+                    && d["name"].as_str().is_some_and(|n| sharing.contains(n)))
+            })
             .filter_map(|d| d["name"].as_str())
             // A self dev-dependency (tests turning on the crate's own `testing` feature) is no arrow.
             .filter(|d| names.contains(d) && *d != name)
@@ -136,6 +151,18 @@ mod tests {
         assert!(p.iter().any(|l| l.contains("`c` is missing")));
         assert!(p.iter().any(|l| l.contains("`ghost`")));
         assert!(differences(&real, &real).is_empty());
+    }
+
+    #[test]
+    fn dependencies_only_the_build_sharing_feature_turns_on_are_ignored() {
+        let meta = serde_json::json!({"packages": [
+            {"name": "a", "features": {"workspace-features": ["dep:b", "c/x"]},
+             "dependencies": [{"name": "b", "optional": true}, {"name": "c", "optional": false}]},
+            {"name": "b", "dependencies": []},
+            {"name": "c", "dependencies": []},
+        ]});
+        let g = graph_from_metadata(&meta).expect("graph");
+        assert_eq!(g["a"], BTreeSet::from(["c".to_owned()]));
     }
 
     #[test]
