@@ -5,6 +5,7 @@ use attn_kernels::cuda::DeviceAttnMetadata;
 use attn_kernels::cuda::kernels::AttentionVariant;
 use attn_kernels::cuda::ops::{self, AttnWorkspace};
 use attn_kernels::cuda::{CudaDevice, CudaError};
+use cudarc::driver::CudaSlice;
 use gpu_check::attn_cases::decode_figures;
 use gpu_check::figures::{Recorder, Res};
 use kv_cache::cuda::DeviceLayerCache;
@@ -16,7 +17,7 @@ use rand_chacha::ChaCha8Rng;
 use crate::Ctx;
 
 /// Mean seconds per call of `f` over `iters` calls, timed with CUDA events after 3 warm-ups.
-pub fn time_it(device: &CudaDevice, iters: usize, mut f: impl FnMut() -> Result<(), CudaError>) -> Res<f64> {
+fn time_it(device: &CudaDevice, iters: usize, mut f: impl FnMut() -> Result<(), CudaError>) -> Res<f64> {
     for _ in 0..3 {
         f()?;
     }
@@ -31,8 +32,47 @@ pub fn time_it(device: &CudaDevice, iters: usize, mut f: impl FnMut() -> Result<
     Ok(f64::from(a.elapsed_ms(&b)?) / 1e3 / iters as f64)
 }
 
+/// One decode launch's operands, timed by [`DecodeOperands::time`].
+pub struct DecodeOperands<'a> {
+    pub out: &'a mut CudaSlice<f32>,
+    pub query: &'a CudaSlice<f32>,
+    pub cache: &'a DeviceLayerCache,
+    pub meta: &'a DeviceAttnMetadata,
+    pub heads: usize,
+    pub scale: f32,
+    pub workspace: &'a mut AttnWorkspace,
+}
+
+impl DecodeOperands<'_> {
+    /// Mean seconds per call of `variant` (the automatic choice for `None`) over `iters` calls,
+    /// and the variant that ran.
+    pub fn time(
+        &mut self,
+        run: &Ctx,
+        variant: Option<AttentionVariant>,
+        iters: usize,
+    ) -> Res<(f64, AttentionVariant)> {
+        let mut ran = AttentionVariant::V1;
+        let t = time_it(&run.device, iters, || {
+            ran = ops::paged_attention_with(
+                &run.kernels,
+                &mut *self.out,
+                self.query,
+                self.cache,
+                self.meta,
+                self.heads,
+                self.scale.into(),
+                &mut *self.workspace,
+                variant,
+            )?;
+            Ok(())
+        })?;
+        Ok((t, ran))
+    }
+}
+
 pub fn bench(run: &Ctx, rec: &mut Recorder) -> Res<()> {
-    let (kernels, device) = (&run.kernels, &run.device);
+    let device = &run.device;
     let stream = device.stream().clone();
     // Device-to-device copy of 1 GiB: the bandwidth ceiling (bytes read + written).
     let n = 1usize << 30;
@@ -75,22 +115,17 @@ pub fn bench(run: &Ctx, rec: &mut Recorder) -> Res<()> {
             seq_rows: None,
         };
         let dmeta = DeviceAttnMetadata::upload(&stream, &meta, bs, geometry.num_blocks)?;
+        let mut operands = DecodeOperands {
+            out: &mut out,
+            query: &query,
+            cache: &cache,
+            meta: &dmeta,
+            heads,
+            scale,
+            workspace: &mut ws,
+        };
         for variant in [None, Some(AttentionVariant::V1), Some(AttentionVariant::V2)] {
-            let mut ran = AttentionVariant::V1;
-            let t = time_it(device, 20, || {
-                ran = ops::paged_attention_with(
-                    kernels,
-                    &mut out,
-                    &query,
-                    &cache,
-                    &dmeta,
-                    heads,
-                    scale.into(),
-                    &mut ws,
-                    variant,
-                )?;
-                Ok(())
-            })?;
+            let (t, ran) = operands.time(run, variant, 20)?;
             let label = variant.map_or("auto".to_owned(), |v| format!("{v:?}").to_lowercase());
             rec.figure(format!("cuda.decode_{table_name}_{label}_us"), t * 1e6);
             if variant.is_none() {

@@ -3,14 +3,14 @@
 
 use attn_kernels::cuda::DeviceAttnMetadata;
 use attn_kernels::cuda::kernels::{AttentionConfig, AttentionVariant};
-use attn_kernels::cuda::ops::{self, AttnWorkspace};
+use attn_kernels::cuda::ops::AttnWorkspace;
 use cudarc::driver::sys::CUdevice_attribute;
 use gpu_check::figures::{Recorder, Res};
 use kv_cache::cuda::DeviceLayerCache;
 use kv_cache::{CacheGeometry, DType};
 
 use crate::Ctx;
-use crate::bench::time_it;
+use crate::bench::DecodeOperands;
 
 /// Head layouts `(name, query heads, KV heads, head size)`: Llama-3-8B's, SmolLM2-135M's,
 /// Gemma 3 270M's and a multi-head (no GQA) one.
@@ -30,8 +30,8 @@ const MAX_CACHE_BYTES: usize = 24 << 30;
 /// `cuda.sweep.<layout>.s<seqs>.c<ctx>.v1_over_v2` (time ratio) and how often the automatic
 /// choice picked the faster variant (`cuda.sweep.auto_picked_faster`, a fraction) and what
 /// the wrong picks cost (`cuda.sweep.auto_worst_over_best`).
-pub fn sweep(ctx: &Ctx, rec: &mut Recorder) -> Res<()> {
-    let (kernels, device) = (&ctx.kernels, &ctx.device);
+pub fn sweep(run: &Ctx, rec: &mut Recorder) -> Res<()> {
+    let device = &run.device;
     let stream = device.stream().clone();
     let bs = 16usize;
     let sms = device.context().attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
@@ -73,27 +73,18 @@ pub fn sweep(ctx: &Ctx, rec: &mut Recorder) -> Res<()> {
                     seq_rows: None,
                 };
                 let dmeta = DeviceAttnMetadata::upload(&stream, &meta, bs, num_blocks)?;
-                let mut time = |variant: Option<AttentionVariant>| {
-                    let mut ran = AttentionVariant::V1;
-                    let t = time_it(device, 9, || {
-                        ran = ops::paged_attention_with(
-                            kernels,
-                            &mut out,
-                            &query,
-                            &cache,
-                            &dmeta,
-                            heads,
-                            scale.into(),
-                            &mut ws,
-                            variant,
-                        )?;
-                        Ok(())
-                    })?;
-                    Res::Ok((t, ran))
+                let mut operands = DecodeOperands {
+                    out: &mut out,
+                    query: &query,
+                    cache: &cache,
+                    meta: &dmeta,
+                    heads,
+                    scale,
+                    workspace: &mut ws,
                 };
-                let (v1, _) = time(Some(AttentionVariant::V1))?;
-                let (v2, _) = time(Some(AttentionVariant::V2))?;
-                let (_, auto) = time(None)?;
+                let (v1, _) = operands.time(run, Some(AttentionVariant::V1), 9)?;
+                let (v2, _) = operands.time(run, Some(AttentionVariant::V2), 9)?;
+                let (_, auto) = operands.time(run, None, 9)?;
                 rec.figure(format!("cuda.sweep.{name}.s{seqs}.c{context}.v1_over_v2"), v1 / v2);
                 let faster = if v1 <= v2 { AttentionVariant::V1 } else { AttentionVariant::V2 };
                 total += 1;
