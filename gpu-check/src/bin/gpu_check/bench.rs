@@ -43,7 +43,19 @@ pub struct DecodeOperands<'a> {
     pub workspace: &'a mut AttnWorkspace,
 }
 
-impl DecodeOperands<'_> {
+impl<'a> DecodeOperands<'a> {
+    /// The operands of one launch over `meta`'s batch, `heads` query heads scaled by `scale`.
+    pub fn new(
+        out: &'a mut CudaSlice<f32>,
+        query: &'a CudaSlice<f32>,
+        cache: &'a DeviceLayerCache,
+        meta: &'a DeviceAttnMetadata,
+        (heads, scale): (usize, f32),
+        workspace: &'a mut AttnWorkspace,
+    ) -> Self {
+        DecodeOperands { out, query, cache, meta, heads, scale, workspace }
+    }
+
     /// Mean seconds per call of `variant` (the automatic choice for `None`) over `iters` calls,
     /// and the variant that ran.
     pub fn time(
@@ -115,15 +127,7 @@ pub fn bench(run: &Ctx, rec: &mut Recorder) -> Res<()> {
             seq_rows: None,
         };
         let dmeta = DeviceAttnMetadata::upload(&stream, &meta, bs, geometry.num_blocks)?;
-        let mut operands = DecodeOperands {
-            out: &mut out,
-            query: &query,
-            cache: &cache,
-            meta: &dmeta,
-            heads,
-            scale,
-            workspace: &mut ws,
-        };
+        let mut operands = DecodeOperands::new(&mut out, &query, &cache, &dmeta, (heads, scale), &mut ws);
         for variant in [None, Some(AttentionVariant::V1), Some(AttentionVariant::V2)] {
             let (t, ran) = operands.time(run, variant, 20)?;
             let label = variant.map_or("auto".to_owned(), |v| format!("{v:?}").to_lowercase());

@@ -73,15 +73,8 @@ pub fn sweep(run: &Ctx, rec: &mut Recorder) -> Res<()> {
                     seq_rows: None,
                 };
                 let dmeta = DeviceAttnMetadata::upload(&stream, &meta, bs, num_blocks)?;
-                let mut operands = DecodeOperands {
-                    out: &mut out,
-                    query: &query,
-                    cache: &cache,
-                    meta: &dmeta,
-                    heads,
-                    scale,
-                    workspace: &mut ws,
-                };
+                let mut operands =
+                    DecodeOperands::new(&mut out, &query, &cache, &dmeta, (heads, scale), &mut ws);
                 let (v1, _) = operands.time(run, Some(AttentionVariant::V1), 9)?;
                 let (v2, _) = operands.time(run, Some(AttentionVariant::V2), 9)?;
                 let (_, auto) = operands.time(run, None, 9)?;
