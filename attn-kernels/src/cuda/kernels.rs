@@ -10,7 +10,9 @@ use std::fmt::Write as _;
 
 use kv_cache::DType;
 
-use crate::meta::{SUPPORTED_BLOCK_SIZES as BLOCK_SIZES, SUPPORTED_HEAD_SIZES as HEAD_SIZES};
+use crate::meta::{
+    CUDA_CACHE_DTYPES, SUPPORTED_BLOCK_SIZES as BLOCK_SIZES, SUPPORTED_HEAD_SIZES as HEAD_SIZES,
+};
 
 /// Every kernel source file (`.cu` or header) as `(file, code)`, in the order programs
 /// concatenate them.
@@ -21,7 +23,6 @@ pub const KERNEL_SOURCES: &[(&str, &str)] = &[
     ("model.cu", include_str!("kernels/model.cu")),
 ];
 
-pub use crate::meta::CUDA_CACHE_DTYPES as CACHE_DTYPES;
 /// Tokens per partition of the v2 (split-context) decode kernel; must match `attention.cu`.
 pub const PARTITION_SIZE: usize = 512;
 /// Threads per tiled prefill thread block; must match `PF_NUM_THREADS` in `attention.cu`.
@@ -69,7 +70,7 @@ pub struct AttentionConfig {
 impl AttentionConfig {
     /// Whether kernels exist for this configuration.
     pub fn is_supported(&self) -> bool {
-        CACHE_DTYPES.contains(&self.dtype)
+        CUDA_CACHE_DTYPES.contains(&self.dtype)
             && HEAD_SIZES.contains(&self.head_size)
             && BLOCK_SIZES.contains(&self.block_size)
     }
@@ -198,7 +199,7 @@ pub fn model_program() -> Program {
 /// Every configuration the attention kernels are instantiated for (every head and block size
 /// the CPU kernels implement), by dtype, then head size, then block size.
 pub fn attention_configs() -> impl Iterator<Item = AttentionConfig> {
-    CACHE_DTYPES.into_iter().flat_map(|dtype| {
+    CUDA_CACHE_DTYPES.into_iter().flat_map(|dtype| {
         HEAD_SIZES.into_iter().flat_map(move |head_size| {
             BLOCK_SIZES.into_iter().map(move |block_size| AttentionConfig { dtype, head_size, block_size })
         })
