@@ -1,13 +1,15 @@
 //! Benchmark group `guided`: what structured outputs cost on the default model as users run it
 //! (SmolLM2-135M-Instruct, the Q4_1 GGUF, CPU).
 //!
-//! - `guided.step_overhead_b64`: the median decode-step time of 64 sequences each constrained by
-//!   a JSON schema over that of the same 64 requests unconstrained (same prompts, same sampling
-//!   parameters: the model's defaults, what a server request that sets none gets), measured in
-//!   the same round; the median over an odd number of rounds, the order of the two runs
-//!   alternating between rounds. `guided.cpu_overhead_b64` is the same ratio of the process's CPU
-//!   time over those steps: the work the masks add, whatever share of the machine other
-//!   processes take.
+//! - `guided.step_overhead_b64`: decode-step time of 64 sequences each constrained by a JSON
+//!   schema over that of the same 64 requests unconstrained (same prompts, same sampling
+//!   parameters: the model's defaults, what a server request that sets none gets). Two engines of
+//!   the same model hold the two batches and step in turns, the one that goes first alternating;
+//!   each pair of back-to-back steps gives a ratio, and the figure is the median over every pair
+//!   of an odd number of rounds. Pairing cancels the drift of a shared machine's speed, which
+//!   moves a whole run's step time by tens of percent. `guided.cpu_overhead_b64` is the median
+//!   over rounds of the ratio of the process's CPU time over those steps: the work the masks add,
+//!   whatever share of the machine other processes take.
 //! - `guided.mask_us_p50`: the median over the constrained decode steps of the time spent
 //!   computing one sequence's mask (`MaskTimes` in the engine's metrics);
 //!   `guided.mask_wait_us_p50` is the time those steps spent on their guides outside the forward
@@ -74,9 +76,11 @@ fn config() -> EngineConfig {
     }
 }
 
-/// One round: the median step of each run, and their CPU times' ratio.
+/// One round: per pair of steps (one of each engine, back to back) the guided step's time over
+/// the plain one's; each engine's median step; the CPU times' ratio over the round's steps.
 #[derive(Debug)]
 struct Round {
+    pair_ratios: Vec<f64>,
     plain_ms: f64,
     guided_ms: f64,
     cpu_ratio: Option<f64>,
@@ -84,7 +88,7 @@ struct Round {
 
 impl Round {
     fn ratio(&self) -> f64 {
-        self.guided_ms / self.plain_ms
+        median(&self.pair_ratios)
     }
 }
 
@@ -94,20 +98,9 @@ fn median(v: &[f64]) -> f64 {
     if s.is_empty() { f64::NAN } else { s[s.len() / 2] }
 }
 
-/// One run's decode steps with all 64 sequences running: each step's time, and for a guided run
-/// the mask time per sequence and the step's time on guides outside its forward (microseconds); the process's
-/// CPU time over them (clock ticks), where the system reports it.
-#[derive(Debug, Default)]
-struct Run {
-    step_ms: Vec<f64>,
-    mask_us: Vec<f64>,
-    wait_us: Vec<f64>,
-    cpu_ticks: Option<u64>,
-}
-
 /// User + system CPU time of this process so far, in clock ticks (Linux's `/proc/self/stat`).
-/// On a machine other processes load, a step's wall time counts their share too, and the mask
-/// worker, one more thread, gets a share of its own; the CPU time is the work the step did.
+/// On a machine other processes load, a step's wall time counts their share too; the CPU time
+/// is the work the step did.
 fn cpu_ticks() -> Option<u64> {
     let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
     // Fields after the command name (which may hold spaces): state is field 3, utime 14, stime 15.
@@ -115,9 +108,24 @@ fn cpu_ticks() -> Option<u64> {
     Some(rest.next()?.parse::<u64>().ok()? + rest.next()?.parse::<u64>().ok()?)
 }
 
-/// Submits the 64 requests (constrained by `schema` if given), steps until they all decode,
-/// measures [`MEASURED_STEPS`] decode steps, then aborts them all.
-fn run(engine: &mut Engine, schema: Option<&serde_json::Value>, round: usize) -> Result<Run, Box<dyn Error>> {
+/// One engine's side of a round: its request ids, its step times (ms), its CPU ticks, and for
+/// the guided engine the mask time per sequence and the step's time on guides outside its
+/// forward (µs).
+#[derive(Debug, Default)]
+struct Side {
+    ids: Vec<String>,
+    step_ms: Vec<f64>,
+    cpu_ticks: Option<u64>,
+    mask_us: Vec<f64>,
+    wait_us: Vec<f64>,
+}
+
+/// Submits the 64 requests (constrained by `schema` if given).
+fn submit(
+    engine: &mut Engine,
+    schema: Option<&serde_json::Value>,
+    round: usize,
+) -> Result<Side, Box<dyn Error>> {
     let mut params = SamplingParams {
         max_tokens: Some(400),
         ignore_eos: true,
@@ -130,48 +138,91 @@ fn run(engine: &mut Engine, schema: Option<&serde_json::Value>, round: usize) ->
         let prompt = Prompt::Chat(vec![ChatMessage::new("user", ask)]);
         engine.add_request(id.clone(), prompt, SamplingParams { seed: Some(i as u64), ..params.clone() })?;
     }
-    let mut out = Run::default();
-    let (mut decoding, mut cpu_start) = (0, None);
-    while out.step_ms.len() < MEASURED_STEPS {
+    Ok(Side { ids, cpu_ticks: Some(0), ..Side::default() })
+}
+
+/// Steps until every sequence decodes, then [`SKIP_STEPS`] decode steps more.
+fn until_decoding(engine: &mut Engine) -> Result<(), Box<dyn Error>> {
+    let mut decoding = 0;
+    while decoding < SKIP_STEPS {
         let before = engine.metrics();
-        let t0 = Instant::now();
-        let outputs = engine.step()?;
-        let step_ms = t0.elapsed().as_secs_f64() * 1e3;
+        engine.step()?;
         let after = engine.metrics();
-        if outputs.iter().any(|o| o.finished) {
-            return Err(format!(
-                "a sequence finished within the measured steps: {:?}",
-                outputs.iter().find(|o| o.finished)
-            )
-            .into());
-        }
         let prefill = after.prompt_tokens > before.prompt_tokens;
-        if prefill || after.gauges.num_running != BATCH {
-            continue;
-        }
-        decoding += 1;
-        if decoding <= SKIP_STEPS {
-            cpu_start = cpu_ticks();
-            continue;
-        }
-        out.step_ms.push(step_ms);
-        let (b, a) = (before.guided_masks, after.guided_masks);
-        if a.masks > b.masks {
-            out.mask_us.push((a.compute_s - b.compute_s) * 1e6 / (a.masks - b.masks) as f64);
-            out.wait_us.push((a.wait_s - b.wait_s) * 1e6);
-        }
+        decoding = if prefill || after.gauges.num_running != BATCH { 0 } else { decoding + 1 };
     }
-    out.cpu_ticks = cpu_ticks().zip(cpu_start).map(|(end, start)| end - start);
-    for id in &ids {
+    Ok(())
+}
+
+/// One measured decode step of `side`'s engine, all its sequences running.
+fn measured_step(engine: &mut Engine, side: &mut Side) -> Result<(), Box<dyn Error>> {
+    let before = engine.metrics();
+    let cpu0 = cpu_ticks();
+    let t0 = Instant::now();
+    let outputs = engine.step()?;
+    let step_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let cpu = cpu_ticks().zip(cpu0).map(|(end, start)| end - start);
+    let after = engine.metrics();
+    if let Some(done) = outputs.iter().find(|o| o.finished) {
+        return Err(format!("a sequence finished within the measured steps: {done:?}").into());
+    }
+    if after.prompt_tokens > before.prompt_tokens || after.gauges.num_running != BATCH {
+        return Err("a measured step was not a decode step of the whole batch".into());
+    }
+    side.step_ms.push(step_ms);
+    side.cpu_ticks = side.cpu_ticks.zip(cpu).map(|(a, b)| a + b);
+    let (b, a) = (before.guided_masks, after.guided_masks);
+    if a.masks > b.masks {
+        side.mask_us.push((a.compute_s - b.compute_s) * 1e6 / (a.masks - b.masks) as f64);
+        side.wait_us.push((a.wait_s - b.wait_s) * 1e6);
+    }
+    Ok(())
+}
+
+/// Aborts `side`'s requests and steps its engine until idle.
+fn finish(engine: &mut Engine, side: &Side) -> Result<(), Box<dyn Error>> {
+    for id in &side.ids {
         engine.abort(id)?;
     }
     while engine.has_unfinished() {
         engine.step()?;
     }
-    if schema.is_some() && out.mask_us.len() != out.step_ms.len() {
+    Ok(())
+}
+
+/// One round: 64 plain requests on one engine and 64 constrained ones on the other, then
+/// [`MEASURED_STEPS`] pairs of decode steps, the engine that steps first alternating.
+fn round(
+    plain: &mut Engine,
+    guided: &mut Engine,
+    schema: &serde_json::Value,
+    round: usize,
+) -> Result<(Round, Side), Box<dyn Error>> {
+    let mut p = submit(plain, None, round)?;
+    let mut g = submit(guided, Some(schema), round)?;
+    until_decoding(plain)?;
+    until_decoding(guided)?;
+    for k in 0..MEASURED_STEPS {
+        if k % 2 == 0 {
+            measured_step(plain, &mut p)?;
+            measured_step(guided, &mut g)?;
+        } else {
+            measured_step(guided, &mut g)?;
+            measured_step(plain, &mut p)?;
+        }
+    }
+    finish(plain, &p)?;
+    finish(guided, &g)?;
+    if g.mask_us.len() != g.step_ms.len() {
         return Err("a guided step prepared no mask beside its forward pass".into());
     }
-    Ok(out)
+    let r = Round {
+        pair_ratios: g.step_ms.iter().zip(&p.step_ms).map(|(g, p)| g / p).collect(),
+        plain_ms: median(&p.step_ms),
+        guided_ms: median(&g.step_ms),
+        cpu_ratio: g.cpu_ticks.zip(p.cpu_ticks).map(|(g, p)| g as f64 / p.max(1) as f64),
+    };
+    Ok((r, g))
 }
 
 /// Compile times of the acceptance set's schemas, milliseconds, every repeat of every schema.
@@ -195,49 +246,38 @@ fn compile_times(engine: &Engine) -> Result<Vec<f64>, Box<dyn Error>> {
 fn main() -> Result<(), Box<dyn Error>> {
     let figures_dir = support::figures_dir()?;
     let model = model::testing::default_model_fetched()?;
-    let mut engine = Engine::new(&model, config())?;
+    let mut plain = Engine::new(&model, config())?;
+    let mut guided = Engine::new(&model, config())?;
 
-    let compile_ms = compile_times(&engine)?;
+    let compile_ms = compile_times(&guided)?;
     let compile_p50 = median(&compile_ms);
     eprintln!("guided: schema compile p50 {compile_p50:.2} ms over {} compilations", compile_ms.len());
 
     let schema = catalogue_schema();
     // Warm-up: buffers, page faults, the grammar factory.
-    run(&mut engine, None, 0)?;
-    run(&mut engine, Some(&schema), 0)?;
+    round(&mut plain, &mut guided, &schema, 0)?;
     let mut rounds = Vec::new();
     let (mut mask_us, mut wait_us) = (vec![], vec![]);
-    for round in 1..=ROUNDS {
-        let (plain, guided) = if round % 2 == 1 {
-            let p = run(&mut engine, None, round)?;
-            (p, run(&mut engine, Some(&schema), round)?)
-        } else {
-            let g = run(&mut engine, Some(&schema), round)?;
-            (run(&mut engine, None, round)?, g)
-        };
-        let r = Round {
-            plain_ms: median(&plain.step_ms),
-            guided_ms: median(&guided.step_ms),
-            cpu_ratio: guided.cpu_ticks.zip(plain.cpu_ticks).map(|(g, p)| g as f64 / p.max(1) as f64),
-        };
+    for n in 1..=ROUNDS {
+        let (r, g) = round(&mut plain, &mut guided, &schema, n)?;
         eprintln!(
-            "guided: round {round}: step {:.1} ms plain, {:.1} ms guided ({:.3}; CPU time {:.3}); mask {:.1} \
-             µs/seq, wait {:.0} µs",
+            "guided: round {n}: step {:.1} ms plain, {:.1} ms guided (pairs' median {:.3}; CPU time {:.3}); \
+             mask {:.1} µs/seq, wait {:.0} µs",
             r.plain_ms,
             r.guided_ms,
             r.ratio(),
             r.cpu_ratio.unwrap_or(f64::NAN),
-            median(&guided.mask_us),
-            median(&guided.wait_us)
+            median(&g.mask_us),
+            median(&g.wait_us)
         );
         rounds.push(r);
-        mask_us.extend(guided.mask_us);
-        wait_us.extend(guided.wait_us);
+        mask_us.extend(g.mask_us);
+        wait_us.extend(g.wait_us);
     }
 
     let of = |f: fn(&Round) -> f64| median(&rounds.iter().map(f).collect::<Vec<_>>());
     let mut figures = serde_json::json!({
-        "guided.step_overhead_b64": of(Round::ratio),
+        "guided.step_overhead_b64": median(&rounds.iter().flat_map(|r| r.pair_ratios.clone()).collect::<Vec<_>>()),
         "guided.mask_us_p50": median(&mask_us),
         "guided.mask_wait_us_p50": median(&wait_us),
         "guided.schema_compile_ms_p50": compile_p50,
@@ -253,7 +293,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         md,
         "SmolLM2-135M-Instruct (Q4_1 GGUF, CPU), {BATCH} chat requests decoding together with the model's \
          default sampling parameters, each constrained by a product-catalogue JSON schema or not; \
-         {MEASURED_STEPS} decode steps per run after {SKIP_STEPS}, {ROUNDS} rounds (median). \
+         two engines stepping in turns, {MEASURED_STEPS} pairs of decode steps per round after {SKIP_STEPS}, {ROUNDS} rounds; the overhead is the median of every pair's ratio, a round's ratio the median of its pairs. \
          `cpu_overhead` is the same ratio of the process's CPU time (the work done, whatever else runs \
          on the machine). Schema compile: the {} compilations of the acceptance set's schemas \
          ({COMPILE_REPEATS} each), first mask included. Command: `cargo xtask bench --only guided`.\n",
