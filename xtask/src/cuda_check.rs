@@ -4,7 +4,8 @@
 //! unit tests of the `cuda` modules, which only build with the feature.
 //!
 //! NVRTC comes from its PyPI wheel (installed once into `target/nvrtc` with pip). The compile
-//! itself runs in the `cuda_check` binary of `attn-kernels` (built with `--features cuda`),
+//! itself runs in gpu-check's `cuda_check` binary (built with the `cuda` feature in the same
+//! whole-workspace build as the host tests, whose dependencies `cargo test --workspace` reuses),
 //! started with `LD_LIBRARY_PATH` pointing at the wheel's libraries: the dynamic loader reads
 //! that variable only at process start, so it must be set for a child process. This also keeps
 //! xtask itself free of cudarc.
@@ -66,9 +67,9 @@ pub fn library_path_with(lib: &Path) -> std::ffi::OsString {
 
 pub fn run(args: &CudaCheckArgs) -> anyhow::Result<()> {
     let lib = ensure_nvrtc()?;
-    let mut cmd = cargo();
-    cmd.args(["run", "--quiet", "-p", "gpu-check", "--features", "cuda", "--bin", "cuda_check", "--"])
-        .args(["--arch", &args.arch])
+    let built = build_cuda_targets()?;
+    let mut cmd = Command::new(built.executable("gpu-check", "bin", "cuda_check")?);
+    cmd.args(["--arch", &args.arch])
         .arg("--headers")
         .arg(nvrtc_dir().join("headers"))
         .env("LD_LIBRARY_PATH", library_path_with(&lib));
@@ -80,23 +81,104 @@ pub fn run(args: &CudaCheckArgs) -> anyhow::Result<()> {
         // The host-side pieces of the CUDA backend (sizing, shapes, batch checks, GEMM index
         // math, the rotary table, the check drivers' cases and tolerances) only build with the
         // feature: test them here (no GPU needed).
-        run_cmd(cargo().args([
-            "test",
-            "-p",
-            "kv-cache",
-            "-p",
-            "attn-kernels",
-            "-p",
-            "model",
-            "--features",
-            "model/cuda",
-            "--lib",
-            "--",
-            "cuda::",
-        ]))
-        .context("host-side tests of the CUDA modules failed")?;
-        run_cmd(cargo().args(["test", "-p", "gpu-check", "--features", "cuda", "--lib"]))
-            .context("host-side tests of the GPU check failed")?;
+        for (package, filter) in HOST_TESTS {
+            let mut test = Command::new(built.executable(package, "lib", &package.replace('-', "_"))?);
+            test.current_dir(workspace_root().join(package)).args(filter);
+            run_cmd(&mut test)
+                .with_context(|| format!("host-side tests of {package}'s CUDA modules failed"))?;
+        }
     }
     Ok(())
+}
+
+/// The library test programs built with the `cuda` feature that run on a machine without a GPU,
+/// and the test-name filter each runs with.
+const HOST_TESTS: [(&str, &[&str]); 4] =
+    [("kv-cache", &["cuda::"]), ("attn-kernels", &["cuda::"]), ("model", &["cuda::"]), ("gpu-check", &[])];
+
+/// Builds, with every crate's `cuda` feature, the library test programs and the GPU check's
+/// binaries, in one `cargo test --no-run` over the whole workspace: selecting the whole workspace
+/// makes cargo resolve the other crates' features exactly as for `cargo test --workspace`, so the
+/// two builds share every dependency's artifacts (a `-p` selection leaves out the other
+/// members' dev-dependencies, changes the features of dozens of crates and rebuilds them).
+/// Selecting gpu-check's integration test `runner` is what makes cargo build its binaries.
+fn build_cuda_targets() -> anyhow::Result<BuiltTargets> {
+    let mut cmd = cargo();
+    cmd.args([
+        "test",
+        "--workspace",
+        "--features",
+        "gpu-check/cuda",
+        "--lib",
+        "--test",
+        "runner",
+        "--no-run",
+    ])
+    .args(["--message-format", "json-render-diagnostics"])
+    .stdout(std::process::Stdio::piped());
+    eprintln!("$ {cmd:?}");
+    let out = cmd.spawn().context("could not start cargo")?.wait_with_output()?;
+    if !out.status.success() {
+        bail!("building the CUDA-featured targets failed ({})", out.status);
+    }
+    BuiltTargets::from_messages(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// The executables a cargo build reported: (package name, target kind, target name, path).
+#[derive(Debug, Default)]
+struct BuiltTargets(Vec<(String, String, String, PathBuf)>);
+
+impl BuiltTargets {
+    /// Reads cargo's JSON messages (one per line): every `compiler-artifact` with an executable.
+    fn from_messages(messages: &str) -> anyhow::Result<Self> {
+        let mut built = Self::default();
+        for line in messages.lines().filter(|l| l.starts_with('{')) {
+            let m: serde_json::Value = serde_json::from_str(line).context("cargo's JSON message")?;
+            let (Some("compiler-artifact"), Some(exe)) = (m["reason"].as_str(), m["executable"].as_str())
+            else {
+                continue;
+            };
+            let package = m["manifest_path"]
+                .as_str()
+                .and_then(|p| Path::new(p).parent()?.file_name()?.to_str())
+                .unwrap_or_default();
+            let kind = m["target"]["kind"][0].as_str().unwrap_or_default();
+            let name = m["target"]["name"].as_str().unwrap_or_default();
+            built.0.push((package.to_owned(), kind.to_owned(), name.to_owned(), PathBuf::from(exe)));
+        }
+        Ok(built)
+    }
+
+    /// The executable of `package`'s target `name` of `kind` (`lib` for a library's tests).
+    fn executable(&self, package: &str, kind: &str, name: &str) -> anyhow::Result<PathBuf> {
+        self.0
+            .iter()
+            .find(|(p, k, n, _)| p == package && k == kind && n == name)
+            .map(|t| t.3.clone())
+            .with_context(|| format!("cargo built no {kind} target {name} of {package}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn executables_are_found_by_package_kind_and_name() {
+        let messages = r#"{"reason":"compiler-artifact","manifest_path":"/w/gpu-check/Cargo.toml","target":{"kind":["bin"],"name":"cuda_check"},"executable":"/w/target/debug/cuda_check"}
+{"reason":"compiler-artifact","manifest_path":"/w/model/Cargo.toml","target":{"kind":["lib"],"name":"model"},"executable":null}
+{"reason":"compiler-artifact","manifest_path":"/w/model/Cargo.toml","target":{"kind":["lib"],"name":"model"},"executable":"/w/target/debug/deps/model-0123"}
+{"reason":"build-finished","success":true}"#;
+        let built = BuiltTargets::from_messages(messages).unwrap();
+        assert_eq!(
+            built.executable("gpu-check", "bin", "cuda_check").unwrap(),
+            Path::new("/w/target/debug/cuda_check")
+        );
+        assert_eq!(
+            built.executable("model", "lib", "model").unwrap(),
+            Path::new("/w/target/debug/deps/model-0123")
+        );
+        let missing = built.executable("kv-cache", "lib", "kv_cache").unwrap_err().to_string();
+        assert!(missing.contains("kv_cache of kv-cache"), "{missing}");
+    }
 }

@@ -86,32 +86,84 @@ fn ensure_chromium() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `cargo test --workspace`, streaming its output, then one closing line with the totals
-/// (`tests: N passed, M failed`): cargo's own last line is a crate's doc tests, often zero.
+/// Every test of the workspace. With cargo-nextest installed (as on the project's machines):
+/// `cargo nextest run` (each test its own process, both cores busy across test programs; the
+/// slowest tests first, `.config/nextest.toml`), then with `cargo test` what nextest cannot run:
+/// the browser test's own harness and the doc tests. Without it, `cargo test` runs everything.
+/// Every command selects the whole workspace, so all of them share one build. Ends with one line
+/// of totals (`tests: N passed, M failed`): cargo's own last line is a crate's doc tests.
 fn run_workspace_tests() -> anyhow::Result<()> {
-    let mut cmd = cargo();
-    cmd.args(["test", "--workspace"]).stdout(Stdio::piped());
-    eprintln!("$ {cmd:?}");
-    let mut child = cmd.spawn().context("could not start cargo test")?;
-    let stdout = child.stdout.take().context("cargo test stdout")?;
     let mut totals = TestTotals::default();
-    for line in BufReader::new(stdout).lines() {
-        let line = line?;
-        println!("{line}");
-        totals.add_line(&line);
-    }
-    let status = child.wait()?;
+    let nextest = cargo().args(["nextest", "--version"]).output().is_ok_and(|o| o.status.success());
+    // Every command runs even when one before it failed (as `--no-fail-fast`); the first failure
+    // is the run's.
+    let outcomes = if nextest {
+        vec![
+            stream_tests(
+                cargo().args(["nextest", "run", "--workspace", "--no-fail-fast"]),
+                Stream::Stderr,
+                &mut totals,
+            ),
+            stream_tests(
+                cargo().args(["test", "--workspace", "--test", "browser"]),
+                Stream::Stdout,
+                &mut totals,
+            ),
+            stream_tests(cargo().args(["test", "--workspace", "--doc"]), Stream::Stdout, &mut totals),
+        ]
+    } else {
+        eprintln!("cargo-nextest is not installed: running the tests with cargo test");
+        vec![stream_tests(cargo().args(["test", "--workspace"]), Stream::Stdout, &mut totals)]
+    };
     println!("tests: {} passed, {} failed", totals.passed, totals.failed);
-    if !status.success() {
-        bail!("cargo test failed ({status})");
-    }
+    outcomes.into_iter().collect::<anyhow::Result<Vec<()>>>()?;
     if totals.passed == 0 {
-        bail!("cargo test ran no test");
+        bail!("the test run ran no test");
     }
     Ok(())
 }
 
-/// Sums libtest's `test result: ok. N passed; M failed; …` lines.
+/// Which of a test command's outputs carries its results.
+#[derive(Clone, Copy)]
+enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// Runs a test command, echoing the output that carries its results line by line and adding its
+/// result lines to `totals`.
+fn stream_tests(
+    cmd: &mut std::process::Command,
+    stream: Stream,
+    totals: &mut TestTotals,
+) -> anyhow::Result<()> {
+    eprintln!("$ {cmd:?}");
+    match stream {
+        Stream::Stdout => cmd.stdout(Stdio::piped()),
+        Stream::Stderr => cmd.stderr(Stdio::piped()),
+    };
+    let mut child = cmd.spawn().with_context(|| format!("could not start {cmd:?}"))?;
+    let lines: Box<dyn std::io::Read> = match stream {
+        Stream::Stdout => Box::new(child.stdout.take().context("the test command's stdout")?),
+        Stream::Stderr => Box::new(child.stderr.take().context("the test command's stderr")?),
+    };
+    for line in BufReader::new(lines).lines() {
+        let line = line?;
+        match stream {
+            Stream::Stdout => println!("{line}"),
+            Stream::Stderr => eprintln!("{line}"),
+        }
+        totals.add_line(&line);
+    }
+    let status = child.wait()?;
+    if !status.success() {
+        bail!("tests failed ({status}): {cmd:?}");
+    }
+    Ok(())
+}
+
+/// Sums libtest's `test result: ok. N passed; M failed; …` lines and nextest's
+/// `Summary [ 570.9s] 408 tests run: 405 passed (5 slow), 3 failed, 0 skipped`.
 #[derive(Debug, Default, PartialEq)]
 struct TestTotals {
     passed: u64,
@@ -120,8 +172,12 @@ struct TestTotals {
 
 impl TestTotals {
     fn add_line(&mut self, line: &str) {
-        let Some(rest) = line.strip_prefix("test result: ") else { return };
-        for part in rest.split(['.', ';']) {
+        let rest = match (line.strip_prefix("test result: "), line.split_once(" tests run: ")) {
+            (Some(rest), _) => rest,
+            (None, Some((head, rest))) if head.trim_start().starts_with("Summary [") => rest,
+            _ => return,
+        };
+        for part in rest.split(['.', ';', ',', '(']) {
             match part.split_whitespace().collect::<Vec<_>>()[..] {
                 [n, "passed"] => self.passed += n.parse::<u64>().unwrap_or(0),
                 [n, "failed"] => self.failed += n.parse::<u64>().unwrap_or(0),
@@ -136,13 +192,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn totals_add_up_libtest_result_lines() {
+    fn totals_add_up_libtest_and_nextest_result_lines() {
         let mut t = TestTotals::default();
         t.add_line(
             "test result: ok. 14 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 1.03s",
         );
         t.add_line("test result: FAILED. 3 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out");
         t.add_line("running 5 tests");
-        assert_eq!(t, TestTotals { passed: 17, failed: 2 });
+        t.add_line("     Summary [ 570.858s] 408 tests run: 408 passed (5 slow), 0 skipped");
+        t.add_line("     Summary [  12.000s] 10 tests run: 7 passed, 3 failed, 1 skipped");
+        t.add_line("        PASS [   0.013s] (  1/408) xtask tests run: 99 passed");
+        assert_eq!(t, TestTotals { passed: 432, failed: 5 });
     }
 }
