@@ -12,8 +12,8 @@
 //! `e2e_64` (64 requests of ~40 tokens in, 128 out, all at once, prefill included). Figures
 //! `peer.<case>_over_llamacpp` (ours ÷ theirs, tok/s; `peer.gemma3.<case>_…` for Gemma) and both
 //! sides' raw tok/s, medians of 3; a table and a bar chart per model in the report. Not part of
-//! `cargo xtask test`. With `PEER_ONLY=<text>` only the models whose figure prefix contains it
-//! run (`PEER_ONLY=gemma3`).
+//! `cargo xtask test`. With `PEER_ONLY=<text>` only the models whose figure prefix or name contains
+//! it run (`PEER_ONLY=gemma3`, `PEER_ONLY=smollm2`).
 
 use std::error::Error;
 use std::fmt::Write as _;
@@ -225,7 +225,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     let python = llamacpp_python()?;
     let mut figures = serde_json::Map::new();
     let mut md = "## Against llama.cpp (`peer`)\n".to_owned();
-    for (i, m) in models.iter().enumerate().filter(|(_, m)| m.prefix.contains(only.as_str())) {
+    for (i, m) in models.iter().enumerate().filter(|(_, m)| runs(m, &only)) {
         let svg = format!("peer{}.svg", if i == 0 { String::new() } else { format!("-{i}") });
         md += &compare(m, &python, &report_dir, &svg, &mut figures)?;
     }
@@ -234,6 +234,13 @@ fn main() -> Result<(), Box<dyn Error>> {
     std::fs::write(figures_dir.join("peer.md"), md)?;
     println!("{}", serde_json::to_string_pretty(&figures)?);
     Ok(())
+}
+
+/// Whether `PEER_ONLY` (empty: every model) picks `m`: a part of its figures' prefix or, case
+/// aside, of its label (`PEER_ONLY=smollm2` runs the default model alone, whose prefix `peer.`
+/// every prefix contains).
+fn runs(m: &PeerModel, only: &str) -> bool {
+    m.prefix.contains(only) || m.label.to_lowercase().contains(&only.to_lowercase())
 }
 
 /// Both sides on `m`: its figures into `figures`, a bar chart into `report_dir/svg`; returns
