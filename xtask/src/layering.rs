@@ -61,7 +61,8 @@ fn real_graph() -> anyhow::Result<Graph> {
     graph_from_metadata(&meta)
 }
 
-/// The feature `python/Cargo.toml` turns its test build's dependency features on with.
+/// The feature with which a crate built alone (xtask, the Python package) turns on the test build's
+/// dependency features.
 const BUILD_SHARING_FEATURE: &str = "workspace-features";
 
 fn graph_from_metadata(meta: &serde_json::Value) -> anyhow::Result<Graph> {

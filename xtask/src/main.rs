@@ -5,6 +5,7 @@
 //! stay two lines long. Each subcommand lives in its own module.
 
 mod bench;
+mod build_sharing;
 mod cmd;
 mod cuda_check;
 mod fetch_model;

@@ -27,6 +27,7 @@ pub struct TestArgs {
 }
 
 pub fn run(args: &TestArgs) -> anyhow::Result<()> {
+    let mut phases = PhaseClock::default();
     if !args.no_lint {
         run_cmd(cargo().args(["fmt", "--all", "--", "--check"]))?;
         for features in [&[][..], &["--features", CUDA_FEATURES]] {
@@ -34,6 +35,7 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
             clippy.args(["clippy", "--workspace", "--all-targets"]).args(features);
             run_cmd(clippy.args(["--", "-D", "warnings"]))?;
         }
+        phases.lap("fmt and clippy");
     }
     tidy::check(&workspace_root())?;
     eprintln!("tidy: ok");
@@ -46,12 +48,52 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
     ensure_openai_venv()?;
     // The server's browser test drives the web page in headless Chromium.
     ensure_chromium()?;
+    phases.lap("tidy, models, venv, chromium");
     if !args.no_cuda_check {
         cuda_check::run(&cuda_check::CudaCheckArgs { arch: "sm_80,sm_90".to_owned(), filter: None })?;
+        phases.lap("cuda-check");
     }
-    run_workspace_tests()?;
+    let workspace = run_workspace_tests();
+    phases.lap("workspace tests");
+    workspace?;
     // The Python package, built and installed into its venv, against the real model.
-    python::test()
+    let python = python::test();
+    phases.lap("python");
+    phases.report();
+    python
+}
+
+/// Wall-clock time of each phase of the run, printed as it ends and again as a table at the end,
+/// so a CI log shows where its time went.
+#[derive(Debug)]
+struct PhaseClock {
+    start: std::time::Instant,
+    last: std::time::Instant,
+    laps: Vec<(&'static str, f64)>,
+}
+
+impl Default for PhaseClock {
+    fn default() -> Self {
+        let now = std::time::Instant::now();
+        Self { start: now, last: now, laps: Vec::new() }
+    }
+}
+
+impl PhaseClock {
+    fn lap(&mut self, phase: &'static str) {
+        let now = std::time::Instant::now();
+        let seconds = (now - self.last).as_secs_f64();
+        self.last = now;
+        eprintln!("phase {phase}: {seconds:.0} s");
+        self.laps.push((phase, seconds));
+    }
+
+    fn report(&self) {
+        for (phase, seconds) in &self.laps {
+            eprintln!("  {phase:<32} {seconds:>7.0} s");
+        }
+        eprintln!("  {:<32} {:>7.0} s", "total", self.start.elapsed().as_secs_f64());
+    }
 }
 
 /// `target/venv-openai` with the `openai` package (pydantic comes with it) and `jsonschema`, which
