@@ -1,5 +1,5 @@
 //! `x·Wᵀ` over f32 weights: through `gemm`, a bandwidth-bound tiled kernel for a handful of
-//! tokens (`small_m`), or on AVX-512 the tokens-in-lanes kernel for batched decode
+//! tokens (`small_m`), or with AVX2/AVX-512 the tokens-in-lanes kernel for batched decode
 //! (`token_lanes`); and the pieces the quantized kernels share with it (the output pointer,
 //! `gemm_into`, `dot`). All work on caller-provided buffers.
 
@@ -8,7 +8,7 @@ mod token_lanes;
 
 pub use small_m::small_m_linear;
 pub use token_lanes::token_lanes_linear;
-pub(crate) use token_lanes::{WeightRows, available as token_lanes_available, token_lanes_rows};
+pub(crate) use token_lanes::{WeightRows, token_lanes_rows};
 
 /// Raw output pointer shared by the column-range tasks of the `x·Wᵀ` kernels; each task
 /// writes only its own columns.
@@ -35,7 +35,7 @@ impl OutPtr {
 /// bound by weight bandwidth, and packing would only add traffic).
 pub const SMALL_M: usize = 8;
 
-/// Up to this many tokens (on AVX-512 CPUs) a projection goes through [`token_lanes_linear`],
+/// Up to this many tokens (on AVX2 and AVX-512 CPUs) a projection goes through [`token_lanes_linear`],
 /// which never repacks the weights; above it `gemm`'s cache blocking wins.
 pub const TOKEN_LANES_MAX_M: usize = 128;
 

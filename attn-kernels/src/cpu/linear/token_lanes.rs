@@ -1,12 +1,13 @@
 //! `dst[m, n] (+)= x[m, k] · w[n, k]ᵀ` for batches of tokens with the tokens in the vector
-//! lanes (AVX-512 only; callers fall back to `gemm` elsewhere). The activations are
-//! transposed per call into panels `[k][32 tokens]` — cheap, since a batch of activations is
-//! small next to the weights — and each weight element is broadcast straight from the
+//! lanes (AVX-512 and AVX2; callers fall back to `gemm` on the portable path). The activations
+//! are transposed per call into panels `[k][32 tokens]` — cheap, since a batch of activations
+//! is small next to the weights — and each weight element is broadcast straight from the
 //! row-major weights. So the constant weights are neither repacked every call (what `gemm`
-//! does with its right-hand side) nor stored twice. Micro-tile: 32 tokens × 12 weight rows,
-//! 24 zmm accumulators, one weight broadcast feeding two FMAs. The weight rows come from a
-//! [`WeightRows`]: f32 rows in place, or (for `quant`) each micro-tile's 12 rows dequantized
-//! into a small per-thread buffer just before the tiles that use them.
+//! does with its right-hand side) nor stored twice. Micro-tiles: on AVX-512 32 tokens × 12
+//! weight rows (24 zmm accumulators, one weight broadcast feeding two FMAs); on AVX2 16 tokens
+//! × 6 rows (12 of the 16 ymm registers). The weight rows come from a [`WeightRows`]: f32 rows
+//! in place, or (for `quant`) each block of 12 rows dequantized into a small per-thread buffer
+//! just before the tiles that use them.
 
 use std::cell::RefCell;
 
@@ -23,10 +24,10 @@ const TN: usize = 12;
 /// of a rayon task runs over them.
 const MC: usize = 128;
 
-/// Whether this CPU runs [`token_lanes_linear`] (the AVX-512 tier of [`Isa`]).
+/// Whether `isa` has a tokens-in-lanes kernel (AVX2 and AVX-512) and this CPU runs it.
 #[inline]
-pub fn available() -> bool {
-    Isa::detected() == Isa::Avx512
+pub(crate) fn runs_on(isa: Isa) -> bool {
+    cfg!(target_arch = "x86_64") && isa != Isa::Portable && isa.is_available()
 }
 
 thread_local! {
@@ -62,7 +63,7 @@ impl WeightRows for F32Rows<'_> {
     }
 }
 
-/// See the module doc. Returns `false` (and does nothing) when the CPU lacks AVX-512.
+/// See the module doc. Returns `false` (and does nothing) when the CPU lacks AVX2.
 pub fn token_lanes_linear(
     dst: &mut [f32],
     x: &[f32],
@@ -74,17 +75,30 @@ pub fn token_lanes_linear(
 ) -> bool {
     assert!(dst.len() >= m * n && x.len() >= m * k && w.len() >= n * k, "token_lanes_linear: short buffer");
     // SAFETY: dst holds m rows of n floats (asserted).
-    unsafe { token_lanes_rows(OutPtr(dst.as_mut_ptr()), n, x, &F32Rows { w, k }, m, n, k, accumulate) }
+    unsafe {
+        token_lanes_rows(
+            Isa::detected(),
+            OutPtr(dst.as_mut_ptr()),
+            n,
+            x,
+            &F32Rows { w, k },
+            m,
+            n,
+            k,
+            accumulate,
+        )
+    }
 }
 
 /// [`token_lanes_linear`] with the output's rows `ldo` floats apart and the weight rows from
-/// `w`. Returns `false` (and does nothing) when the CPU lacks AVX-512.
+/// `w`, on `isa`'s kernel. Returns `false` (and does nothing) unless [`runs_on`]`(isa)`.
 ///
 /// # Safety
 /// `out` addresses `m` rows (`ldo` apart) of `n` writable floats that nothing else touches
 /// during the call; `x` holds `m·k` floats.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn token_lanes_rows(
+    isa: Isa,
     out: OutPtr,
     ldo: usize,
     x: &[f32],
@@ -95,7 +109,7 @@ pub(crate) unsafe fn token_lanes_rows(
     accumulate: bool,
 ) -> bool {
     assert!(x.len() >= m * k, "token_lanes_rows: short activations");
-    if !available() {
+    if !runs_on(isa) {
         return false;
     }
     if m == 0 || n == 0 {
@@ -114,7 +128,7 @@ pub(crate) unsafe fn token_lanes_rows(
                 panels.resize(blocks * k * TM, 0.0);
             }
             let panels = &mut panels[..blocks * k * TM];
-            pack(panels, &x[t0 * k..(t0 + mc) * k], mc, k);
+            pack(isa, panels, &x[t0 * k..(t0 + mc) * k], mc, k);
             let panels = &*panels;
             let row_blocks = n.div_ceil(TN);
             let per_task = row_blocks.div_ceil(rayon::current_num_threads().max(1) * 8).max(1);
@@ -130,21 +144,17 @@ pub(crate) unsafe fn token_lanes_rows(
                     for b in 0..blocks {
                         let tb = (mc - b * TM).min(TM);
                         let panel = &panels[b * k * TM..(b + 1) * k * TM];
+                        let tile_out = out.get().wrapping_add((t0 + b * TM) * ldo + j);
                         #[cfg(target_arch = "x86_64")]
-                        // SAFETY: AVX-512F was detected; rows j..j+nb, the panel and the
-                        // output tile (t0+b·TM+tb ≤ m, j+nb ≤ n) are in bounds, and only this
-                        // task writes columns j..j+nb.
+                        // SAFETY: `isa` runs here (checked above); rows j..j+nb, the panel and
+                        // the output tile (t0+b·TM+tb ≤ m, j+nb ≤ n) are in bounds, and only
+                        // this task writes columns j..j+nb.
                         unsafe {
-                            avx512::tile(
-                                panel,
-                                rows.as_ptr(),
-                                k,
-                                nb,
-                                out.get().add((t0 + b * TM) * ldo + j),
-                                ldo,
-                                tb,
-                                accumulate,
-                            );
+                            if isa == Isa::Avx512 {
+                                avx512::tile(panel, rows.as_ptr(), k, nb, tile_out, ldo, tb, accumulate);
+                            } else {
+                                avx2::tile(panel, rows.as_ptr(), k, nb, tile_out, ldo, tb, accumulate);
+                            }
                         }
                     }
                 }
@@ -157,7 +167,7 @@ pub(crate) unsafe fn token_lanes_rows(
 }
 
 /// `panels[b][kk][i] = x[b·TM + i][kk]`, zero past the last token.
-fn pack(panels: &mut [f32], x: &[f32], mc: usize, k: usize) {
+fn pack(isa: Isa, panels: &mut [f32], x: &[f32], mc: usize, k: usize) {
     panels.par_chunks_mut(k * TM).enumerate().for_each(|(b, panel)| {
         let rows = (mc - b * TM).min(TM);
         if rows < TM {
@@ -167,13 +177,13 @@ fn pack(panels: &mut [f32], x: &[f32], mc: usize, k: usize) {
         // Whole 16 × 16 squares through registers (a scalar copy per value was ~1.6 % of a
         // batch-64 decode step), the last k % 16 columns one value at a time.
         #[cfg(target_arch = "x86_64")]
-        let squares = if available() { k / 16 * 16 } else { 0 };
+        let squares = if isa == Isa::Avx512 { k / 16 * 16 } else { 0 };
         #[cfg(not(target_arch = "x86_64"))]
         let squares = 0;
         #[cfg(target_arch = "x86_64")]
         for g in (0..rows).step_by(16) {
             for kk in (0..squares).step_by(16) {
-                // SAFETY: AVX-512F was detected (else there are no squares); rows g..g+n of
+                // SAFETY: `isa` is AVX-512, which runs here (else there are no squares); rows g..g+n of
                 // x have columns kk..kk+16 (kk + 16 ≤ k); the panel has TM floats per
                 // column, so lanes g..g+16 of columns kk..kk+16 lie inside it (g + 16 ≤ TM).
                 unsafe {
@@ -355,33 +365,169 @@ mod avx512 {
     }
 }
 
+/// The AVX2 kernels: each 32-token panel as two halves of 16 tokens (two ymm registers).
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::TM;
+
+    /// Weight rows per micro-tile: 6 rows × 16 tokens are 12 ymm accumulators, which with the
+    /// two panel loads and one broadcast use 15 of the 16 registers.
+    const NB: usize = 6;
+    /// Floats ahead of the current step that each weight row prefetches.
+    const PREFETCH_AHEAD: usize = 128;
+
+    /// One `tokens × nb` output tile (`tokens ≤ TM`) from a transposed panel: per half of 16
+    /// tokens, the rows six at a time and the last `nb % 6` one at a time.
+    ///
+    /// # Safety
+    /// CPU has AVX2 and FMA; `panel` holds `k·TM` floats; `w` points at `nb` rows of `k`;
+    /// `out` at a row-major tile with row stride `ldo` of `tokens` rows and `nb` columns.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn tile(
+        panel: &[f32],
+        w: *const f32,
+        k: usize,
+        nb: usize,
+        out: *mut f32,
+        ldo: usize,
+        tokens: usize,
+        accumulate: bool,
+    ) {
+        debug_assert!(panel.len() >= k * TM && tokens <= TM);
+        // SAFETY: forwarded contract; half·16 < tokens keeps the lanes and output rows inside.
+        unsafe {
+            for half in 0..tokens.div_ceil(16) {
+                let (p, out) = (panel.as_ptr().add(half * 16), out.add(half * 16 * ldo));
+                let t = (tokens - half * 16).min(16);
+                let mut c = 0;
+                while c + NB <= nb {
+                    micro::<NB>(p, w.add(c * k), k, out.add(c), ldo, t, accumulate);
+                    c += NB;
+                }
+                for c in c..nb {
+                    micro::<1>(p, w.add(c * k), k, out.add(c), ldo, t, accumulate);
+                }
+            }
+        }
+    }
+
+    /// `R` weight rows × 16 tokens (lanes `p[kk·TM .. kk·TM + 16]`): per `kk`, two panel loads
+    /// and `R` broadcasts feeding `2R` FMAs; unrolled by four as the AVX-512 kernel is.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn micro<const R: usize>(
+        p: *const f32,
+        w: *const f32,
+        k: usize,
+        out: *mut f32,
+        ldo: usize,
+        tokens: usize,
+        accumulate: bool,
+    ) {
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        // SAFETY (whole body): kk < k keeps panel reads below k·TM and weight reads inside
+        // the R rows; output writes stay inside the tile (tokens ≤ 16 rows, R columns).
+        unsafe {
+            let step = |acc: &mut [[__m256; 2]; R], kk: usize| {
+                let x0 = _mm256_loadu_ps(p.add(kk * TM));
+                let x1 = _mm256_loadu_ps(p.add(kk * TM + 8));
+                for (c, a) in acc.iter_mut().enumerate() {
+                    let b = _mm256_broadcast_ss(&*w.add(c * k + kk));
+                    a[0] = _mm256_fmadd_ps(x0, b, a[0]);
+                    a[1] = _mm256_fmadd_ps(x1, b, a[1]);
+                }
+            };
+            let mut kk = 0;
+            while kk + 4 <= k {
+                if kk % 16 == 0 {
+                    for c in 0..R {
+                        _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(c * k + kk + PREFETCH_AHEAD) as *const i8);
+                    }
+                }
+                step(&mut acc, kk);
+                step(&mut acc, kk + 1);
+                step(&mut acc, kk + 2);
+                step(&mut acc, kk + 3);
+                kk += 4;
+            }
+            for kk in kk..k {
+                step(&mut acc, kk);
+            }
+            let mut lanes = [[0.0f32; 16]; R];
+            for (l, a) in lanes.iter_mut().zip(&acc) {
+                _mm256_storeu_ps(l.as_mut_ptr(), a[0]);
+                _mm256_storeu_ps(l.as_mut_ptr().add(8), a[1]);
+            }
+            for t in 0..tokens.min(16) {
+                let row = out.add(t * ldo);
+                for (c, l) in lanes.iter().enumerate() {
+                    let d = row.add(c);
+                    *d = if accumulate { *d + l[t] } else { l[t] };
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Token edges (1, 16, 17, 32, 33 and past a cache block), row edges (not a multiple of
-    /// 12), odd k, accumulate or not.
+    /// `token_lanes_rows` on `isa` over f32 rows.
+    fn run(
+        isa: Isa,
+        dst: &mut [f32],
+        x: &[f32],
+        w: &[f32],
+        (m, n, k): (usize, usize, usize),
+        acc: bool,
+    ) -> bool {
+        // SAFETY: dst holds m rows of n floats, x m·k floats.
+        unsafe { token_lanes_rows(isa, OutPtr(dst.as_mut_ptr()), n, x, &F32Rows { w, k }, m, n, k, acc) }
+    }
+
+    /// On every ISA this CPU runs: token edges (1, 16, 17, 32, 33 and past a cache block), row
+    /// edges (not a multiple of 12 or 6), odd k, accumulate or not; the portable path declines
+    /// and leaves dst alone.
     #[test]
-    fn matches_naive_on_every_edge() {
-        for &(m, n, k) in &[(1, 12, 3), (16, 13, 17), (17, 24, 64), (33, 25, 40), (300, 36, 9), (5, 7, 576)] {
-            let x: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 5.0).collect();
-            let w: Vec<f32> = (0..n * k).map(|i| ((i * 5 % 11) as f32 - 5.0) / 7.0).collect();
-            let want = crate::cpu::linear::naive_linear(&x, &w, m, n, k);
-            let mut dst = vec![1.0; m * n];
-            if !available() {
-                // Without AVX-512 the kernel declines and leaves dst alone.
-                assert!(!token_lanes_linear(&mut dst, &x, &w, m, n, k, true));
-                assert!(dst.iter().all(|&d| d == 1.0));
-                continue;
+    fn matches_naive_on_every_edge_and_isa() {
+        let shapes =
+            [(1, 12, 3), (16, 13, 17), (17, 24, 64), (33, 25, 40), (300, 36, 9), (5, 7, 576), (64, 30, 640)];
+        for isa in Isa::available() {
+            for &(m, n, k) in &shapes {
+                let x: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 5.0).collect();
+                let w: Vec<f32> = (0..n * k).map(|i| ((i * 5 % 11) as f32 - 5.0) / 7.0).collect();
+                let want = crate::cpu::linear::naive_linear(&x, &w, m, n, k);
+                let mut dst = vec![1.0; m * n];
+                if !runs_on(isa) {
+                    assert_eq!(isa, Isa::Portable);
+                    assert!(!run(isa, &mut dst, &x, &w, (m, n, k), true));
+                    assert!(dst.iter().all(|&d| d == 1.0));
+                    continue;
+                }
+                let tol = 1e-3 * (k as f32).sqrt();
+                assert!(run(isa, &mut dst, &x, &w, (m, n, k), true));
+                for (d, e) in dst.iter().zip(&want) {
+                    assert!((d - 1.0 - e).abs() < tol, "{isa:?} m={m} n={n} k={k}: {d} vs {e}");
+                }
+                assert!(run(isa, &mut dst, &x, &w, (m, n, k), false));
+                for (d, e) in dst.iter().zip(&want) {
+                    assert!((d - e).abs() < tol, "{isa:?} m={m} n={n} k={k}: {d} vs {e}");
+                }
             }
-            assert!(token_lanes_linear(&mut dst, &x, &w, m, n, k, true));
-            for (d, e) in dst.iter().zip(&want) {
-                assert!((d - 1.0 - e).abs() < 1e-3, "m={m} n={n} k={k}: {d} vs {e}");
-            }
-            assert!(token_lanes_linear(&mut dst, &x, &w, m, n, k, false));
-            for (d, e) in dst.iter().zip(&want) {
-                assert!((d - e).abs() < 1e-3, "m={m} n={n} k={k}: {d} vs {e}");
-            }
+        }
+        // The public entry takes the detected ISA.
+        let (m, n, k) = (20, 14, 33);
+        let x = vec![0.5f32; m * k];
+        let w = vec![0.25f32; n * k];
+        let mut dst = vec![0.0; m * n];
+        let detected = runs_on(Isa::detected());
+        assert_eq!(token_lanes_linear(&mut dst, &x, &w, m, n, k, false), detected);
+        if detected {
+            assert!(dst.iter().all(|&d| (d - 0.125 * k as f32).abs() < 1e-4));
         }
     }
 }

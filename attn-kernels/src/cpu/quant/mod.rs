@@ -9,7 +9,8 @@
 //! activations, [`int16`]);
 //! more tokens run [`panel`], which dequantizes rows into f32 once per call and multiplies
 //! them into every token: up to `linear::TOKEN_LANES_MAX_M` tokens (batched decode) 12 rows at
-//! a time into `linear::token_lanes` on AVX-512, or panels of rows into `gemm` without it; past
+//! a time into `linear::token_lanes` on AVX2 and AVX-512, or panels of rows into `gemm` on the
+//! portable path; past
 //! that (prefill) whole weights in slabs of a few MB into one `gemm` call each. The
 //! instruction set is the crate's one run-time choice ([`Isa::detected`]): AVX-512F (sixteen
 //! lanes, [`avx512`]) where the CPU has it, else AVX2 + FMA + F16C ([`avx2`]), else a portable loop

@@ -1,6 +1,6 @@
 //! `x·Wᵀ` for many tokens over a weight's parts: rows are dequantized into f32 and multiplied
 //! into all tokens, so the dequantization is paid once per weight per step, not once per
-//! token. On AVX-512 up to `TOKEN_LANES_MAX_M` tokens each block of 12 rows is dequantized
+//! token. With AVX2 or AVX-512, up to `TOKEN_LANES_MAX_M` tokens each block of 12 rows is dequantized
 //! into a per-thread buffer just before `linear::token_lanes` multiplies it (activations
 //! transposed once per call); past [`SLABS_MIN_M`] tokens (prefill) every part's rows go into
 //! one slab of a few MB for one parallel `gemm` call ([`slabs`]); otherwise cache-sized panels
@@ -12,7 +12,7 @@ use rayon::prelude::*;
 
 use super::{Out, PartRef};
 use crate::Isa;
-use crate::cpu::linear::{TOKEN_LANES_MAX_M, WeightRows, gemm_into, token_lanes_available, token_lanes_rows};
+use crate::cpu::linear::{TOKEN_LANES_MAX_M, WeightRows, gemm_into, token_lanes_rows};
 
 /// Rows per panel for rows of `k` values: as many as fit in ~1 MiB (a panel stays in a core's
 /// L2 while `gemm` reads it), at most 256 and at least 16. Wide panels matter: `gemm` packs
@@ -61,7 +61,7 @@ impl WeightRows for Dequantized<'_> {
 }
 
 /// See the module doc: `out[t, r] (+)= x[t] · row r` for `t < m`, every row of `part`. Up to
-/// `TOKEN_LANES_MAX_M` tokens on AVX-512 the dequantized rows feed `token_lanes` instead of
+/// `TOKEN_LANES_MAX_M` tokens on AVX2 or AVX-512 the dequantized rows feed `token_lanes` instead of
 /// `gemm` (the activations transposed once per call, not packed again per panel).
 pub(super) fn matmul(isa: Isa, out: Out, x: &[f32], m: usize, part: &PartRef<'_>, accumulate: bool) {
     let k = part.cols;
@@ -71,7 +71,7 @@ pub(super) fn matmul(isa: Isa, out: Out, x: &[f32], m: usize, part: &PartRef<'_>
     }
 }
 
-/// The rows dequantized per task into `token_lanes`; `false` (nothing done) without AVX-512.
+/// The rows dequantized per task into `token_lanes`; `false` (nothing done) on the portable path.
 pub(super) fn via_token_lanes(
     isa: Isa,
     out: Out,
@@ -81,13 +81,10 @@ pub(super) fn via_token_lanes(
     accumulate: bool,
 ) -> bool {
     assert!(x.len() >= m * part.cols, "panel::via_token_lanes: short activations");
-    if !token_lanes_available() {
-        return false;
-    }
     let rows = Dequantized { isa, part };
     // SAFETY: `Weight::matmul` checked that the output holds m rows of ldd floats, of which
     // this part owns its columns; x holds m·k floats (asserted).
-    unsafe { token_lanes_rows(out.ptr, out.ldd, x, &rows, m, part.rows, part.cols, accumulate) }
+    unsafe { token_lanes_rows(isa, out.ptr, out.ldd, x, &rows, m, part.rows, part.cols, accumulate) }
 }
 
 /// Tokens above which a call takes [`slabs`]: past `token_lanes`' range, where the
