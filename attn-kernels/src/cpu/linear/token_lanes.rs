@@ -144,16 +144,21 @@ pub(crate) unsafe fn token_lanes_rows(
                     for b in 0..blocks {
                         let tb = (mc - b * TM).min(TM);
                         let panel = &panels[b * k * TM..(b + 1) * k * TM];
-                        let tile_out = out.get().wrapping_add((t0 + b * TM) * ldo + j);
+                        let tile_out = TileOut {
+                            ptr: out.get().wrapping_add((t0 + b * TM) * ldo + j),
+                            ldo,
+                            tokens: tb,
+                            accumulate,
+                        };
                         #[cfg(target_arch = "x86_64")]
                         // SAFETY: `isa` runs here (checked above); rows j..j+nb, the panel and
                         // the output tile (t0+b·TM+tb ≤ m, j+nb ≤ n) are in bounds, and only
                         // this task writes columns j..j+nb.
                         unsafe {
                             if isa == Isa::Avx512 {
-                                avx512::tile(panel, rows.as_ptr(), k, nb, tile_out, ldo, tb, accumulate);
+                                avx512::tile(panel, rows.as_ptr(), k, nb, tile_out);
                             } else {
-                                avx2::tile(panel, rows.as_ptr(), k, nb, tile_out, ldo, tb, accumulate);
+                                avx2::tile(panel, rows.as_ptr(), k, nb, tile_out);
                             }
                         }
                     }
@@ -205,11 +210,51 @@ fn pack(isa: Isa, panels: &mut [f32], x: &[f32], mc: usize, k: usize) {
     });
 }
 
+/// Where a micro-tile's sums go: `tokens` rows of the output from `ptr`, `ldo` floats apart,
+/// written or (with `accumulate`) added to.
+#[derive(Clone, Copy)]
+struct TileOut {
+    ptr: *mut f32,
+    ldo: usize,
+    tokens: usize,
+    accumulate: bool,
+}
+
+impl TileOut {
+    /// The same rows from column `c` on (no access happens here).
+    fn column(self, c: usize) -> Self {
+        Self { ptr: self.ptr.wrapping_add(c), ..self }
+    }
+
+    /// Rows `t..` of the tile, at most `n` of them (`t < tokens`; no access happens here).
+    fn rows_from(self, t: usize, n: usize) -> Self {
+        Self { ptr: self.ptr.wrapping_add(t * self.ldo), tokens: (self.tokens - t).min(n), ..self }
+    }
+
+    /// Writes `lanes[c][t]` (weight row `c`, token `t`) into row `t`, column `c`, for
+    /// `t < min(tokens, L)`.
+    ///
+    /// # Safety
+    /// `ptr` addresses `tokens` rows, `ldo` floats apart, of `R` writable floats.
+    #[inline(always)]
+    unsafe fn write<const R: usize, const L: usize>(self, lanes: &[[f32; L]; R]) {
+        for t in 0..self.tokens.min(L) {
+            // SAFETY: row t < tokens and column c < R lie in the tile (the contract).
+            let row = unsafe { self.ptr.add(t * self.ldo) };
+            for (c, l) in lanes.iter().enumerate() {
+                // SAFETY: as above.
+                let d = unsafe { &mut *row.add(c) };
+                *d = if self.accumulate { *d + l[t] } else { l[t] };
+            }
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{TM, TN};
+    use super::{TM, TN, TileOut};
 
     /// Rows `0..n` (`n ≤ 16`) of 16 floats, `ld` apart from `src`, transposed: column `j`
     /// goes to the 16 floats at `dst + j·dld`, rows past `n` as zeros. Two rounds of
@@ -263,31 +308,21 @@ mod avx512 {
     /// kernel, an edge tile goes one weight row at a time.
     ///
     /// # Safety
-    /// CPU has AVX-512F; `panel` holds `k·TM` floats; `w` points at `nb` rows of `k`;
-    /// `out` at a row-major tile with row stride `ldo` of `tokens` rows and `nb` columns.
-    #[allow(clippy::too_many_arguments)]
+    /// CPU has AVX-512F; `panel` holds `k·TM` floats; `w` points at `nb` rows of `k`; `out`
+    /// addresses its tokens' rows of `nb` columns.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn tile(
-        panel: &[f32],
-        w: *const f32,
-        k: usize,
-        nb: usize,
-        out: *mut f32,
-        ldo: usize,
-        tokens: usize,
-        accumulate: bool,
-    ) {
+    pub(super) unsafe fn tile(panel: &[f32], w: *const f32, k: usize, nb: usize, out: TileOut) {
         // SAFETY: forwarded contract.
         unsafe {
             if nb == TN {
-                if tokens > 16 {
-                    micro::<TN, 2>(panel, w, k, out, ldo, tokens, accumulate);
+                if out.tokens > 16 {
+                    micro::<TN, 2>(panel, w, k, out);
                 } else {
-                    micro::<TN, 1>(panel, w, k, out, ldo, tokens, accumulate);
+                    micro::<TN, 1>(panel, w, k, out);
                 }
             } else {
                 for c in 0..nb {
-                    micro::<1, 2>(panel, w.add(c * k), k, out.add(c), ldo, tokens, accumulate);
+                    micro::<1, 2>(panel, w.add(c * k), k, out.column(c));
                 }
             }
         }
@@ -304,15 +339,7 @@ mod avx512 {
     /// feeding `NB·V` FMAs.
     #[target_feature(enable = "avx512f")]
     #[inline]
-    unsafe fn micro<const NB: usize, const V: usize>(
-        panel: &[f32],
-        w: *const f32,
-        k: usize,
-        out: *mut f32,
-        ldo: usize,
-        tokens: usize,
-        accumulate: bool,
-    ) {
+    unsafe fn micro<const NB: usize, const V: usize>(panel: &[f32], w: *const f32, k: usize, out: TileOut) {
         let mut acc = [[_mm512_setzero_ps(); V]; NB];
         let p = panel.as_ptr();
         // SAFETY (whole body): kk < k keeps panel reads below k·TM and weight reads inside
@@ -354,13 +381,7 @@ mod avx512 {
                     _mm512_storeu_ps(l.as_mut_ptr().add(v * 16), s);
                 }
             }
-            for t in 0..tokens.min(V * 16) {
-                let row = out.add(t * ldo);
-                for (c, l) in lanes.iter().enumerate() {
-                    let d = row.add(c);
-                    *d = if accumulate { *d + l[t] } else { l[t] };
-                }
-            }
+            out.write(&lanes);
         }
     }
 }
@@ -370,7 +391,7 @@ mod avx512 {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::TM;
+    use super::{TM, TileOut};
 
     /// Weight rows per micro-tile: 6 rows × 16 tokens are 12 ymm accumulators, which with the
     /// two panel loads and one broadcast use 15 of the 16 registers.
@@ -382,33 +403,22 @@ mod avx2 {
     /// tokens, the rows six at a time and the last `nb % 6` one at a time.
     ///
     /// # Safety
-    /// CPU has AVX2 and FMA; `panel` holds `k·TM` floats; `w` points at `nb` rows of `k`;
-    /// `out` at a row-major tile with row stride `ldo` of `tokens` rows and `nb` columns.
-    #[allow(clippy::too_many_arguments)]
+    /// CPU has AVX2 and FMA; `panel` holds `k·TM` floats; `w` points at `nb` rows of `k`; `out`
+    /// addresses its tokens' rows (at most `TM`) of `nb` columns.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn tile(
-        panel: &[f32],
-        w: *const f32,
-        k: usize,
-        nb: usize,
-        out: *mut f32,
-        ldo: usize,
-        tokens: usize,
-        accumulate: bool,
-    ) {
-        debug_assert!(panel.len() >= k * TM && tokens <= TM);
+    pub(super) unsafe fn tile(panel: &[f32], w: *const f32, k: usize, nb: usize, out: TileOut) {
+        debug_assert!(panel.len() >= k * TM && out.tokens <= TM);
         // SAFETY: forwarded contract; half·16 < tokens keeps the lanes and output rows inside.
         unsafe {
-            for half in 0..tokens.div_ceil(16) {
-                let (p, out) = (panel.as_ptr().add(half * 16), out.add(half * 16 * ldo));
-                let t = (tokens - half * 16).min(16);
+            for half in 0..out.tokens.div_ceil(16) {
+                let (p, out) = (panel.as_ptr().add(half * 16), out.rows_from(half * 16, 16));
                 let mut c = 0;
                 while c + NB <= nb {
-                    micro::<NB>(p, w.add(c * k), k, out.add(c), ldo, t, accumulate);
+                    micro::<NB>(p, w.add(c * k), k, out.column(c));
                     c += NB;
                 }
                 for c in c..nb {
-                    micro::<1>(p, w.add(c * k), k, out.add(c), ldo, t, accumulate);
+                    micro::<1>(p, w.add(c * k), k, out.column(c));
                 }
             }
         }
@@ -418,15 +428,7 @@ mod avx2 {
     /// and `R` broadcasts feeding `2R` FMAs; unrolled by four as the AVX-512 kernel is.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
-    unsafe fn micro<const R: usize>(
-        p: *const f32,
-        w: *const f32,
-        k: usize,
-        out: *mut f32,
-        ldo: usize,
-        tokens: usize,
-        accumulate: bool,
-    ) {
+    unsafe fn micro<const R: usize>(p: *const f32, w: *const f32, k: usize, out: TileOut) {
         let mut acc = [[_mm256_setzero_ps(); 2]; R];
         // SAFETY (whole body): kk < k keeps panel reads below k·TM and weight reads inside
         // the R rows; output writes stay inside the tile (tokens ≤ 16 rows, R columns).
@@ -461,13 +463,7 @@ mod avx2 {
                 _mm256_storeu_ps(l.as_mut_ptr(), a[0]);
                 _mm256_storeu_ps(l.as_mut_ptr().add(8), a[1]);
             }
-            for t in 0..tokens.min(16) {
-                let row = out.add(t * ldo);
-                for (c, l) in lanes.iter().enumerate() {
-                    let d = row.add(c);
-                    *d = if accumulate { *d + l[t] } else { l[t] };
-                }
-            }
+            out.write(&lanes);
         }
     }
 }
