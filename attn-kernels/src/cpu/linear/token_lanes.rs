@@ -250,6 +250,43 @@ impl TileOut {
     }
 }
 
+/// Floats ahead of the current step that each weight row prefetches.
+#[cfg(target_arch = "x86_64")]
+const PREFETCH_AHEAD: usize = 128;
+
+/// The `kk` loop of both micro-kernels: `$step(&mut $acc, kk)` for every `kk < $k`, and every
+/// 16 steps a prefetch of each of the `$rows` weight rows from `$w` (rows `$k` floats apart)
+/// [`PREFETCH_AHEAD`] floats on: each row is read one float per step, and a dozen slow streams
+/// are more than the hardware prefetcher tracks well. Four steps a turn amortize the address
+/// arithmetic of the strided broadcasts (a few integer µops per row per step, which compete
+/// with the FMAs for ports): ~5 % faster batch-64 decode than one. Written out as four calls:
+/// as a `for` loop over the four, LLVM hoisted the broadcasts out of it and spilled 24 of the
+/// 32 zmm registers (35 % slower than not unrolling at all). Expands inside the caller's
+/// `unsafe` block and target features.
+#[cfg(target_arch = "x86_64")]
+macro_rules! k_loop {
+    ($acc:ident, $step:ident, $w:expr, $k:expr, $rows:expr) => {{
+        let mut kk = 0;
+        while kk + 4 <= $k {
+            if kk % 16 == 0 {
+                for c in 0..$rows {
+                    _mm_prefetch::<_MM_HINT_T0>(
+                        $w.wrapping_add(c * $k + kk + super::PREFETCH_AHEAD) as *const i8
+                    );
+                }
+            }
+            $step(&mut $acc, kk);
+            $step(&mut $acc, kk + 1);
+            $step(&mut $acc, kk + 2);
+            $step(&mut $acc, kk + 3);
+            kk += 4;
+        }
+        for kk in kk..$k {
+            $step(&mut $acc, kk);
+        }
+    }};
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use std::arch::x86_64::*;
@@ -301,9 +338,6 @@ mod avx512 {
         }
     }
 
-    /// Floats ahead of the current step that each weight row prefetches.
-    const PREFETCH_AHEAD: usize = 128;
-
     /// One `tokens × nb` output tile from a transposed panel; `nb` of 12 takes the wide
     /// kernel, an edge tile goes one weight row at a time.
     ///
@@ -328,13 +362,6 @@ mod avx512 {
         }
     }
 
-    /// Steps of `kk` per turn of the main loop. Four amortize the address arithmetic of the
-    /// `NB` strided broadcasts (a few integer µops per row per step, which compete with the
-    /// FMAs for ports): ~5 % faster batch-64 decode than one. Written out as four calls: as a
-    /// `for` loop over the four, LLVM hoisted the broadcasts out of it and spilled 24 of the
-    /// 32 zmm registers (35 % slower than not unrolling at all).
-    const UNROLL: usize = 4;
-
     /// `NB` weight rows × `V·16` tokens: per `kk`, `V` panel loads and `NB` broadcasts
     /// feeding `NB·V` FMAs.
     #[target_feature(enable = "avx512f")]
@@ -357,24 +384,7 @@ mod avx512 {
                     }
                 }
             };
-            let mut kk = 0;
-            while kk + UNROLL <= k {
-                if kk % 16 == 0 {
-                    // Each weight row is read one float per step: fetch its lines well ahead
-                    // (twelve slow streams are more than the hardware prefetcher tracks well).
-                    for c in 0..NB {
-                        _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(c * k + kk + PREFETCH_AHEAD) as *const i8);
-                    }
-                }
-                step(&mut acc, kk);
-                step(&mut acc, kk + 1);
-                step(&mut acc, kk + 2);
-                step(&mut acc, kk + 3);
-                kk += UNROLL;
-            }
-            for kk in kk..k {
-                step(&mut acc, kk);
-            }
+            k_loop!(acc, step, w, k, NB);
             let mut lanes = [[0.0f32; TM]; NB];
             for (l, a) in lanes.iter_mut().zip(&acc) {
                 for (v, &s) in a.iter().enumerate() {
@@ -396,8 +406,6 @@ mod avx2 {
     /// Weight rows per micro-tile: 6 rows × 16 tokens are 12 ymm accumulators, which with the
     /// two panel loads and one broadcast use 15 of the 16 registers.
     const NB: usize = 6;
-    /// Floats ahead of the current step that each weight row prefetches.
-    const PREFETCH_AHEAD: usize = 128;
 
     /// One `tokens × nb` output tile (`tokens ≤ TM`) from a transposed panel: per half of 16
     /// tokens, the rows six at a time and the last `nb % 6` one at a time.
@@ -442,22 +450,7 @@ mod avx2 {
                     a[1] = _mm256_fmadd_ps(x1, b, a[1]);
                 }
             };
-            let mut kk = 0;
-            while kk + 4 <= k {
-                if kk % 16 == 0 {
-                    for c in 0..R {
-                        _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(c * k + kk + PREFETCH_AHEAD) as *const i8);
-                    }
-                }
-                step(&mut acc, kk);
-                step(&mut acc, kk + 1);
-                step(&mut acc, kk + 2);
-                step(&mut acc, kk + 3);
-                kk += 4;
-            }
-            for kk in kk..k {
-                step(&mut acc, kk);
-            }
+            k_loop!(acc, step, w, k, R);
             let mut lanes = [[0.0f32; 16]; R];
             for (l, a) in lanes.iter_mut().zip(&acc) {
                 _mm256_storeu_ps(l.as_mut_ptr(), a[0]);
