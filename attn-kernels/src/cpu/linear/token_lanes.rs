@@ -188,8 +188,8 @@ fn pack(isa: Isa, panels: &mut [f32], x: &[f32], mc: usize, k: usize) {
         #[cfg(target_arch = "x86_64")]
         for g in (0..rows).step_by(16) {
             for kk in (0..squares).step_by(16) {
-                // SAFETY: `isa` is AVX-512, which runs here (else there are no squares); rows g..g+n of
-                // x have columns kk..kk+16 (kk + 16 ≤ k); the panel has TM floats per
+                // SAFETY: `isa` is AVX-512, which runs here (else there are no squares); rows
+                // g..g+n of x have columns kk..kk+16 (kk + 16 ≤ k); the panel has TM floats per
                 // column, so lanes g..g+16 of columns kk..kk+16 lie inside it (g + 16 ≤ TM).
                 unsafe {
                     avx512::transpose16(
