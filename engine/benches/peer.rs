@@ -11,7 +11,8 @@
 //! of a sliding-window layer, `swa_full` off), `decode_b1` (128 tokens after a 40-token prompt),
 //! `e2e_64` (64 requests of ~40 tokens in, 128 out, all at once, prefill included). Figures
 //! `peer.<case>_over_llamacpp` (ours ÷ theirs, tok/s; `peer.gemma3.<case>_…` for Gemma) and both
-//! sides' raw tok/s, medians of 3; a table and a bar chart per model in the report. Not part of
+//! sides' raw tok/s, medians of 3; the same for ours with the opt-in int16 activations
+//! (`peer.int16.<case>_…`, `peer.gemma3.int16.<case>_…`); a table and a bar chart per model in the report. Not part of
 //! `cargo xtask test`. With `PEER_ONLY=<text>` only the models whose figure prefix or name contains
 //! it run (`PEER_ONLY=gemma3`, `PEER_ONLY=smollm2`).
 
@@ -21,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-use engine::{Engine, EngineConfig, KvCacheSize, SamplingParams};
+use engine::{ActivationPrecision, Engine, EngineConfig, KvCacheSize, SamplingParams};
 use plotters::prelude::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -153,7 +154,7 @@ fn run(engine: &mut Engine, prompts: &[Vec<u32>], max_tokens: usize) -> Result<R
     Ok(RunResult { wall_s: start.elapsed().as_secs_f64(), output_tokens, times })
 }
 
-fn ours(engine: &mut Engine, w: &Value) -> Result<Value, Box<dyn Error>> {
+fn measure_ours(engine: &mut Engine, w: &Value) -> Result<Value, Box<dyn Error>> {
     let ids = |v: &Value| -> Vec<u32> {
         v.as_array().into_iter().flatten().filter_map(|x| x.as_u64()).map(|x| x as u32).collect()
     };
@@ -260,7 +261,7 @@ fn compare(
         log_interval: std::time::Duration::ZERO,
         ..EngineConfig::default()
     };
-    let mut engine = Engine::new(gguf, config)?;
+    let mut engine = Engine::new(gguf, config.clone())?;
     let w = workload(&engine);
     let workload_path = report_dir.join(format!("{}workload.json", m.prefix.replace('.', "-")));
     std::fs::write(&workload_path, w.to_string())?;
@@ -288,13 +289,21 @@ fn compare(
         return Err(format!("llama.cpp side failed:\n{}", String::from_utf8_lossy(&out.stderr)).into());
     }
     let theirs: Value = serde_json::from_slice(&out.stdout)?;
-    let ours = ours(&mut engine, &w)?;
+    let ours = measure_ours(&mut engine, &w)?;
+    drop(engine);
+    // The same with the opt-in int16 activations (its integer kernels; llama.cpp's own CPU
+    // matmuls round activations to 8 bits).
+    let int16_config = EngineConfig { decode_activations: ActivationPrecision::Int16, ..config };
+    let ours16 = measure_ours(&mut Engine::new(gguf, int16_config)?, &w)?;
 
     let mut md = format!(
         "\n### {}\n\nSame token ids, {threads} threads, medians of {REPS}: both on the same {} GGUF, ours \
          loading it natively (weights kept quantized, f32 activations), llama.cpp (llama-cpp-python {}, \
          `GGML_NATIVE=ON`). Command: `cargo xtask bench --only peer`.\n\n\
-         | case | ours tok/s | llama.cpp tok/s | ours ÷ llama.cpp |\n|---|---:|---:|---:|\n",
+         `int16` is ours with `--decode-activations int16` (integer kernels; on AVX-512 VNNI also \
+         for batches).\n\n\
+         | case | ours tok/s | llama.cpp tok/s | ours ÷ llama.cpp | int16 tok/s | int16 ÷ llama.cpp |\n\
+         |---|---:|---:|---:|---:|---:|\n",
         m.label,
         m.weights,
         theirs["llama_cpp_python"].as_str().unwrap_or("?")
@@ -303,11 +312,14 @@ fn compare(
     let mut bars = Vec::new();
     for (case, what) in CASES {
         let key = format!("{case}_tok_s");
-        let (o, t) = (ours[&key].as_f64().unwrap_or(f64::NAN), theirs[&key].as_f64().unwrap_or(f64::NAN));
+        let rate = |v: &Value| v[&key].as_f64().unwrap_or(f64::NAN);
+        let (o, t, o16) = (rate(&ours), rate(&theirs), rate(&ours16));
         figures.insert(format!("{prefix}{case}_over_llamacpp"), json!(o / t));
         figures.insert(format!("{prefix}{case}_ours_tok_s"), json!(o));
         figures.insert(format!("{prefix}{case}_llamacpp_tok_s"), json!(t));
-        writeln!(md, "| {what} | {o:.1} | {t:.1} | {:.2} |", o / t)?;
+        figures.insert(format!("{prefix}int16.{case}_over_llamacpp"), json!(o16 / t));
+        figures.insert(format!("{prefix}int16.{case}_ours_tok_s"), json!(o16));
+        writeln!(md, "| {what} | {o:.1} | {t:.1} | {:.2} | {o16:.1} | {:.2} |", o / t, o16 / t)?;
         bars.push((case, o, t));
     }
     if no_extra_bufts {

@@ -22,8 +22,9 @@ pub struct EngineKnobs {
     /// Quantize float weights at load (a GGUF's own quantized tensors are kept as they are).
     #[arg(long, value_parser = choice(&QUANTIZATION))]
     pub quantization: Option<Quantization>,
-    /// Activations of the CPU's decode matmuls over Q4_0/Q4_1/Q5_0/Q8_0 weights: f32 (what the f32
-    /// dequantization computes) or int16 (integer kernels, ~1e-2 of logit error measured).
+    /// Activations of the CPU's matmuls over quantized weights: f32 (what the f32 dequantization
+    /// computes) or int16 (integer kernels for decode over Q4_0/Q4_1/Q5_0/Q8_0 and, with AVX-512
+    /// VNNI, for batches over every integer-code format; ~1e-2 of logit error measured).
     #[arg(long, value_parser = choice(&DECODE_ACTIVATIONS), default_value = "f32")]
     pub decode_activations: ActivationPrecision,
     /// Tokens per KV block (8, 16 or 32).

@@ -6,5 +6,6 @@
 mod dequant;
 mod quantize;
 
+pub(crate) use dequant::scale_min_k4;
 pub use dequant::{GgmlType, QK, QK_K, dequantize, dequantize_block};
 pub use quantize::{QuantizeError, quantize};

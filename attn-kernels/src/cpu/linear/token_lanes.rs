@@ -213,16 +213,16 @@ fn pack(isa: Isa, panels: &mut [f32], x: &[f32], mc: usize, k: usize) {
 /// Where a micro-tile's sums go: `tokens` rows of the output from `ptr`, `ldo` floats apart,
 /// written or (with `accumulate`) added to.
 #[derive(Clone, Copy)]
-struct TileOut {
-    ptr: *mut f32,
-    ldo: usize,
-    tokens: usize,
-    accumulate: bool,
+pub(crate) struct TileOut {
+    pub(crate) ptr: *mut f32,
+    pub(crate) ldo: usize,
+    pub(crate) tokens: usize,
+    pub(crate) accumulate: bool,
 }
 
 impl TileOut {
     /// The same rows from column `c` on (no access happens here).
-    fn column(self, c: usize) -> Self {
+    pub(crate) fn column(self, c: usize) -> Self {
         Self { ptr: self.ptr.wrapping_add(c), ..self }
     }
 
@@ -237,7 +237,7 @@ impl TileOut {
     /// # Safety
     /// `ptr` addresses `tokens` rows, `ldo` floats apart, of `R` writable floats.
     #[inline(always)]
-    unsafe fn write<const R: usize, const L: usize>(self, lanes: &[[f32; L]; R]) {
+    pub(crate) unsafe fn write<const R: usize, const L: usize>(self, lanes: &[[f32; L]; R]) {
         for t in 0..self.tokens.min(L) {
             // SAFETY: row t < tokens and column c < R lie in the tile (the contract).
             let row = unsafe { self.ptr.add(t * self.ldo) };

@@ -6,7 +6,9 @@
 //! Where the work goes: a few tokens (decode, [`DECODE_MAX_M`] or fewer) run [`decode`], which
 //! dequantizes each weight group in registers and streams every byte once for all tokens (or,
 //! opted into with [`ActivationPrecision::Int16`], multiplies Q4_0/Q4_1/Q5_0/Q8_0 codes into int16
-//! activations, [`int16`]);
+//! activations, [`int16`]); with that option on an AVX-512 VNNI CPU, batches of
+//! [`LANES16_MIN_M`] tokens or more over the integer-code formats run [`lanes16`] (int16
+//! activations in the lanes of `vpdpwssd`, the compute-bound shapes' integer path);
 //! more tokens run [`panel`], which dequantizes rows into f32 once per call and multiplies
 //! them into every token: up to `linear::TOKEN_LANES_MAX_M` tokens (batched decode) 12 rows at
 //! a time into `linear::token_lanes` on AVX2 and AVX-512, or panels of rows into `gemm` on the
@@ -90,6 +92,7 @@ mod avx2;
 mod avx512;
 mod decode;
 mod int16;
+mod lanes16;
 mod panel;
 #[cfg(target_arch = "x86_64")]
 mod q4_1_wide;
@@ -109,8 +112,14 @@ use crate::cpu::linear::{OutPtr, linear};
 /// above it, rows are dequantized into `token_lanes` or panels into `gemm` ([`panel`]).
 pub const DECODE_MAX_M: usize = 8;
 
-/// How decode-shaped matmuls over Q4_0, Q4_1, Q5_0 and Q8_0 take their activations (the other
-/// formats, and prefill-shaped matmuls, always run the f32 kernels).
+/// From this many tokens on, [`ActivationPrecision::Int16`] batches run [`lanes16`] (where the
+/// CPU has AVX-512 VNNI): below it decoding each block of weight rows into codes costs more
+/// than the integer products save over `token_lanes`.
+pub const LANES16_MIN_M: usize = 24;
+
+/// How the matmuls over quantized weights take their activations: decode-shaped ones over
+/// Q4_0, Q4_1, Q5_0 and Q8_0 ([`int16`]), and on AVX-512 VNNI batches of [`LANES16_MIN_M`] or
+/// more over every integer-code format ([`lanes16`]); the others always run the f32 kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ActivationPrecision {
     /// As f32: each group's codes converted to f32 and multiplied into the activations, so a
@@ -118,8 +127,8 @@ pub enum ActivationPrecision {
     #[default]
     F32,
     /// Rounded once per call to int16 with one scale per 32 values, for integer kernels
-    /// (`int16`): 2⁻¹⁶ of each group's largest value, a measured tolerance (the model crate's
-    /// golden test), an option for CPUs where the float kernels are compute-bound.
+    /// (`int16`, `lanes16`): 2⁻¹⁶ of each group's largest value, a measured tolerance (the model
+    /// crate's golden tests), an option for CPUs where the float kernels are compute-bound.
     Int16,
 }
 
@@ -338,6 +347,20 @@ impl Weight {
             }
             _ => None,
         };
+        // Batches over integer-code formats with int16 activations, where the CPU has VNNI.
+        if m >= LANES16_MIN_M && precision == ActivationPrecision::Int16 {
+            let mut col = 0;
+            let parts: Vec<(PartRef<'_>, Out)> = self
+                .part_refs()
+                .map(|p| {
+                    col += p.rows;
+                    (p, Out { ptr: out.ptr.offset(col - p.rows), ..out })
+                })
+                .collect();
+            if lanes16::matmul_parts(isa, x, m, &parts, accumulate) {
+                return;
+            }
+        }
         // Prefill-sized calls over quantized weights: every part's rows dequantized into slabs
         // for one `gemm` call each (a weight with an f32 part takes the per-part path below).
         if m > panel::SLABS_MIN_M && !self.parts.iter().any(|p| matches!(p.data, Storage::F32(_))) {

@@ -1,0 +1,203 @@
+//! The AVX-512 VNNI kernels of `lanes16`: a row's f32 values back to its integer codes, and the
+//! micro-tiles (6 weight rows × 32 tokens, `vpdpwssd` into int32 lanes, scaled into f32 lanes
+//! once per group).
+
+use std::arch::x86_64::*;
+
+use super::{NB, RowCodes, TM, group_len, has_offset};
+use crate::cpu::linear::TileOut;
+use crate::cpu::quant::GgmlType;
+
+/// `codes[i] = round((values[i] − m) / d)` per group (`gl` values a scale `d`, 32 an offset `m`):
+/// the exact codes of values dequantized as `d·code + m` (one f32 rounding away from an
+/// integer). A zero or non-finite scale gives zero codes (its products come out through `d`).
+///
+/// # Safety
+/// AVX-512F and BW; `values` and `codes` hold `k` entries, `d` `k / gl`, `m` `k / 32`.
+#[target_feature(enable = "avx512f,avx512bw")]
+pub(super) unsafe fn codes_of(values: &[f32], d: &[f32], m: &[f32], gl: usize, codes: &mut [i16]) {
+    debug_assert!(
+        values.len() == codes.len() && d.len() * gl == values.len() && m.len() * 32 == values.len()
+    );
+    for (g, &dg) in d.iter().enumerate() {
+        let inv = if dg != 0.0 && dg.is_finite() { 1.0 / dg } else { 0.0 };
+        let (inv, off) = (_mm512_set1_ps(inv), _mm512_set1_ps(m[g * gl / 32]));
+        for h in (0..gl).step_by(16) {
+            let at = g * gl + h;
+            // SAFETY: at + 16 ≤ k (gl is 16 or 32 and divides k).
+            unsafe {
+                let v = _mm512_loadu_ps(values.as_ptr().add(at));
+                let q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_sub_ps(v, off), inv));
+                _mm256_storeu_si256(codes.as_mut_ptr().add(at).cast(), _mm512_cvtsepi32_epi16(q));
+            }
+        }
+    }
+}
+
+/// `acc + Σ pairs a·b` (`vpdpwssd`), as one instruction: LLVM splits the intrinsic into
+/// `vpmaddwd` + `vpaddd` (two µops, the f32 FMA's rate) when it sits on a dependency chain.
+#[target_feature(enable = "avx512f,avx512vnni")]
+#[inline]
+fn dpwssd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+    let mut acc = acc;
+    // SAFETY: register operands only, on a CPU with AVX-512 VNNI (this function's features).
+    unsafe {
+        std::arch::asm!(
+            "vpdpwssd {acc}, {a}, {b}",
+            acc = inout(zmm_reg) acc,
+            a = in(zmm_reg) a,
+            b = in(zmm_reg) b,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+    }
+    acc
+}
+
+/// Token `i` of a panel (`k` activations at `x`) rounded as [`super::quantize_group`] rounds
+/// each group (the sums added in another order): its words into lane `i` of `words`
+/// (`[k/2][TM]` pairs), its scales and sums into lane `i` of `dx` and `sums` (`[k/32][TM]`).
+///
+/// # Safety
+/// AVX-512F/BW; `x` holds `k` floats (`k % 32 == 0`); `words` `k·TM` words; `dx`, `sums`
+/// `k/32·TM` floats; `i < TM`.
+#[target_feature(enable = "avx512f,avx512bw")]
+pub(super) unsafe fn quantize_token(
+    x: &[f32],
+    i: usize,
+    words: &mut [i16],
+    dx: &mut [f32],
+    sums: &mut [f32],
+) {
+    let abs = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fff_ffff));
+    // Pair j of the group goes to word pair (16g + j)·TM + i.
+    let lanes = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32(TM as i32),
+    );
+    for g in 0..x.len() / 32 {
+        // SAFETY: group g's 32 values are in x; its 16 pairs, lane i, are in words (16g + 15 <
+        // k/2 pairs of TM); (g, i) is in dx and sums.
+        unsafe {
+            let v = [_mm512_loadu_ps(x.as_ptr().add(32 * g)), _mm512_loadu_ps(x.as_ptr().add(32 * g + 16))];
+            let amax =
+                _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(v[0], abs), _mm512_and_ps(v[1], abs)));
+            let sum = _mm512_reduce_add_ps(_mm512_add_ps(v[0], v[1]));
+            let (d, codes) = if !sum.is_finite() || amax < 1e-30 {
+                (if sum.is_finite() { 0.0 } else { f32::NAN }, _mm512_setzero_si512())
+            } else {
+                let inv = _mm512_set1_ps(32767.0 / amax);
+                let [lo, hi] = v.map(|h| _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(h, inv))));
+                (amax / 32767.0, _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi))
+            };
+            *dx.get_unchecked_mut(g * TM + i) = d;
+            *sums.get_unchecked_mut(g * TM + i) = sum;
+            let base = words.as_mut_ptr().add((16 * g * TM + i) * 2).cast::<i32>();
+            _mm512_i32scatter_epi32::<4>(base.cast(), lanes, codes);
+        }
+    }
+}
+
+/// One output tile: a token panel of the activations times decoded rows.
+pub(super) struct Tile<'a> {
+    /// The panel's words `[k/2][TM][2]`, scales and sums `[k/32][TM]`.
+    pub acts: (&'a [i16], &'a [f32], &'a [f32]),
+    pub rows: &'a RowCodes,
+    pub k: usize,
+    pub ty: GgmlType,
+    /// The tile's tokens' output rows from the first decoded row's column.
+    pub out: TileOut,
+}
+
+impl Tile<'_> {
+    /// The first `nb` decoded rows: micro-tiles of [`NB`] rows, the rest one at a time.
+    ///
+    /// # Safety
+    /// AVX-512F/BW/VNNI; `nb` rows are decoded; `out` addresses the tile's tokens' rows of `nb`
+    /// columns, which nothing else writes.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub(super) unsafe fn run(&self, nb: usize) {
+        macro_rules! by_format {
+            ($R:expr, $V:expr, $row0:expr) => {
+                // SAFETY: forwarded contract.
+                unsafe {
+                    match (group_len(self.ty), has_offset(self.ty)) {
+                        (16, _) => self.micro::<$R, $V, 16, false>($row0),
+                        (_, false) => self.micro::<$R, $V, 32, false>($row0),
+                        (_, true) => self.micro::<$R, $V, 32, true>($row0),
+                    }
+                }
+            };
+        }
+        let wide = self.out.tokens > 16;
+        let mut c = 0;
+        while c + NB <= nb {
+            if wide {
+                by_format!(NB, 2, c)
+            } else {
+                by_format!(NB, 1, c)
+            }
+            c += NB;
+        }
+        for c in c..nb {
+            if wide { by_format!(1, 2, c) } else { by_format!(1, 1, c) }
+        }
+    }
+
+    /// Rows `row0..row0 + R` × `V·16` tokens: per pair of codes, `V` panel loads and `R`
+    /// broadcasts feeding `R·V` `vpdpwssd`; per group of `G`, the int32 sums converted and
+    /// multiply-added by `d·dx` (and, with `OFF`, the offsets by the activation sums).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    #[inline]
+    unsafe fn micro<const R: usize, const V: usize, const G: usize, const OFF: bool>(&self, row0: usize) {
+        let k = self.k;
+        let (words, dx, sums) = self.acts;
+        let xw = words.as_ptr().cast::<i32>();
+        let rows = self.rows;
+        let mut accf = [[_mm512_setzero_ps(); V]; R];
+        // SAFETY (whole body): pairs p < k/2 keep panel reads inside its k·TM words and code
+        // reads inside the R rows of k codes; groups g < k/G index the scales, g·G/32 < k/32
+        // the offsets, activation scales and sums; output writes stay in the tile.
+        unsafe {
+            let codes = rows.codes.as_ptr().add(row0 * k);
+            for g in 0..k / G {
+                let mut acci = [[_mm512_setzero_si512(); V]; R];
+                for p in g * G / 2..(g + 1) * G / 2 {
+                    let xv: [__m512i; V] =
+                        std::array::from_fn(|v| _mm512_loadu_si512(xw.add(p * TM + 16 * v).cast()));
+                    for (c, a) in acci.iter_mut().enumerate() {
+                        let wb = _mm512_set1_epi32(codes.add(c * k + 2 * p).cast::<i32>().read_unaligned());
+                        for (s, &x) in a.iter_mut().zip(&xv) {
+                            *s = dpwssd(*s, x, wb);
+                        }
+                    }
+                }
+                let g32 = g * G / 32;
+                let dxv: [__m512; V] =
+                    std::array::from_fn(|v| _mm512_loadu_ps(dx.as_ptr().add(g32 * TM + 16 * v)));
+                for (c, (f, i)) in accf.iter_mut().zip(&acci).enumerate() {
+                    let dc = _mm512_set1_ps(*rows.d.get_unchecked((row0 + c) * (k / G) + g));
+                    for ((f, &i), &dxv) in f.iter_mut().zip(i).zip(&dxv) {
+                        *f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(dxv, dc), *f);
+                    }
+                }
+                if OFF {
+                    let sv: [__m512; V] =
+                        std::array::from_fn(|v| _mm512_loadu_ps(sums.as_ptr().add(g32 * TM + 16 * v)));
+                    for (c, f) in accf.iter_mut().enumerate() {
+                        let mc = _mm512_set1_ps(*rows.m.get_unchecked((row0 + c) * (k / 32) + g32));
+                        for (f, &s) in f.iter_mut().zip(&sv) {
+                            *f = _mm512_fmadd_ps(s, mc, *f);
+                        }
+                    }
+                }
+            }
+            let mut lanes = [[0.0f32; TM]; R];
+            for (l, a) in lanes.iter_mut().zip(&accf) {
+                for (v, &s) in a.iter().enumerate() {
+                    _mm512_storeu_ps(l.as_mut_ptr().add(v * 16), s);
+                }
+            }
+            self.out.column(row0).write(&lanes);
+        }
+    }
+}

@@ -1,0 +1,293 @@
+//! `x·Wᵀ` for batches of tokens (prefill and batched decode) over the integer-code formats
+//! with int16 activations, on AVX-512 VNNI (`vpdpwssd`: 32 multiply-adds per instruction where
+//! an f32 FMA does 16). The compute-bound twin of `int16` (which serves decode):
+//!
+//! - Activations: each token's groups of 32 rounded once per call to int16 with one scale per
+//!   group ([`quantize_group`], the same rule as `int16`), laid out as `linear::token_lanes`
+//!   lays out f32 panels: `[k/2][32 tokens]` pairs of words, so one zmm load holds one pair of
+//!   codes of 16 tokens.
+//! - Weights: each block of [`TN`] rows decoded per call into int16 codes with one scale (and,
+//!   for the offset formats, one offset) per group ([`RowCodes`]); a pair of a row's codes is
+//!   broadcast from there into every token lane. Centred formats (Q4_0, Q5_0, Q8_0, Q6_K) store
+//!   `q − centre`, so their value is `d·code`; offset formats (Q4_1, Q5_1, Q4_K, Q5_K) `d·q + m`,
+//!   the offset multiplied into the exact f32 group sums of the activations.
+//! - Each group's integer sums are exact (|code·x| < 2¹⁵·2⁷, 32 to a group) and scaled once by
+//!   `d·dx` into f32 accumulators: per group of 32 (Q6_K: of 16, its sub-block) the only
+//!   rounding besides f32 sums is the activations' (2⁻¹⁶ of each group's largest).
+
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+#[cfg(test)]
+pub(super) mod tests;
+
+use std::cell::RefCell;
+
+use rayon::prelude::*;
+
+use super::{GgmlType, Out, PartRef};
+use crate::Isa;
+
+/// Tokens per activation panel (two zmm registers of lanes).
+const TM: usize = 32;
+/// Weight rows decoded at a time, two micro-tiles of [`NB`].
+const TN: usize = 12;
+/// Weight rows per micro-tile: 6 rows × 32 tokens are 12 int32 and 12 f32 accumulators.
+const NB: usize = 6;
+
+/// Whether this path takes format `ty` (codes of at most 8 bits under per-group scales).
+pub(super) fn supports(ty: GgmlType) -> bool {
+    use GgmlType::*;
+    matches!(ty, Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q4_K | Q5_K | Q6_K)
+}
+
+/// Whether `isa`'s kernels here run on this CPU: AVX-512 with BW and VNNI.
+pub(super) fn runs_on(isa: Isa) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return isa == Isa::Avx512 && crate::isa::avx512_vnni();
+    #[cfg(not(target_arch = "x86_64"))]
+    return false;
+}
+
+/// Values per scale of format `ty`: Q6_K scales each 16, the others each 32.
+fn group_len(ty: GgmlType) -> usize {
+    if ty == GgmlType::Q6_K { 16 } else { 32 }
+}
+
+/// Whether format `ty` has an offset per group (`value = d·q + m`).
+fn has_offset(ty: GgmlType) -> bool {
+    use GgmlType::*;
+    matches!(ty, Q4_1 | Q5_1 | Q4_K | Q5_K)
+}
+
+/// The rounding rule, one group of 32 activations as int16 codes `x ≈ dx·code` with
+/// `dx = max|x| / 32767` (to nearest, ties to even), its scale and its f32 sum: the tests'
+/// statement of what [`avx512::quantize_token`] computes. A group holding a NaN or an infinity
+/// gets a NaN scale, so its products come out NaN as the f32 path's would; an all-tiny group
+/// (every |x| < 1e-30, whose products vanish in any f32 output) gets no codes.
+#[cfg(test)]
+pub(super) fn quantize_group(x: &[f32]) -> ([i16; 32], f32, f32) {
+    let x = &x[..32];
+    let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+    let sum: f32 = x.iter().sum();
+    if !sum.is_finite() || amax < 1e-30 {
+        return ([0; 32], if sum.is_finite() { 0.0 } else { f32::NAN }, sum);
+    }
+    let inv = 32767.0 / amax;
+    // |x·inv| ≤ 32767 up to a rounding, which the saturating cast absorbs.
+    (std::array::from_fn(|i| (x[i] * inv).round_ties_even() as i16), amax / 32767.0, sum)
+}
+
+/// The activations of one call in this path's layout (module doc), for `blocks` panels of
+/// [`TM`] tokens: words `[block][k/2][TM][2]`, and per group `[block][k/32][TM]` the scales
+/// `dx` and the f32 sums. Tokens past the last are zero (scale 0).
+pub(super) struct Acts16 {
+    words: Vec<i16>,
+    dx: Vec<f32>,
+    sums: Vec<f32>,
+    k: usize,
+}
+
+impl Acts16 {
+    /// `m` tokens of `k` activations (`k` a multiple of 32), into buffers reused across calls
+    /// (fresh ones per call were fresh pages, each zeroed by the kernel on first touch).
+    #[cfg(target_arch = "x86_64")]
+    pub(super) fn quantize(x: &[f32], m: usize, k: usize) -> Acts16 {
+        assert!(k.is_multiple_of(32) && x.len() >= m * k, "Acts16::quantize: {m} tokens of {k}");
+        assert!(runs_on(Isa::Avx512), "Acts16::quantize: no AVX-512 VNNI here");
+        let (blocks, groups) = (m.div_ceil(TM), k / 32);
+        let mut acts = SPARE.take().unwrap_or_else(|| Acts16 { words: vec![], dx: vec![], sums: vec![], k });
+        acts.k = k;
+        for (v, len) in [(&mut acts.dx, blocks * groups * TM), (&mut acts.sums, blocks * groups * TM)] {
+            v.clear();
+            v.resize(len, 0.0);
+        }
+        acts.words.clear();
+        acts.words.resize(blocks * k * TM, 0);
+        let Acts16 { words, dx, sums, .. } = &mut acts;
+        let per_block = words
+            .par_chunks_mut(k * TM)
+            .zip(dx.par_chunks_mut(groups * TM))
+            .zip(sums.par_chunks_mut(groups * TM));
+        per_block.enumerate().for_each(|(b, ((words, dx), sums))| {
+            for i in 0..TM.min(m - b * TM) {
+                // SAFETY: AVX-512F/BW run here (asserted); token b·TM + i has k values in x; the
+                // panel's buffers have this block's sizes.
+                unsafe { avx512::quantize_token(&x[(b * TM + i) * k..][..k], i, words, dx, sums) };
+            }
+        });
+        acts
+    }
+
+    /// Hands the buffers back for the next call on this thread.
+    pub(super) fn recycle(self) {
+        SPARE.set(Some(self));
+    }
+
+    /// Panel `b`'s words, scales and sums.
+    fn panel(&self, b: usize) -> (&[i16], &[f32], &[f32]) {
+        let (k, groups) = (self.k, self.k / 32);
+        (
+            &self.words[b * k * TM..][..k * TM],
+            &self.dx[b * groups * TM..][..groups * TM],
+            &self.sums[b * groups * TM..][..groups * TM],
+        )
+    }
+
+    /// Token panels.
+    fn blocks(&self) -> usize {
+        self.dx.len() / (self.k / 32 * TM).max(1)
+    }
+}
+
+/// Up to [`TN`] rows of a part decoded for the kernels: `codes[r][k]`, `d[r][k/G]` (`G` the
+/// format's [`group_len`]) and, for offset formats, `m[r][k/32]`.
+#[derive(Default)]
+pub(super) struct RowCodes {
+    codes: Vec<i16>,
+    d: Vec<f32>,
+    m: Vec<f32>,
+    /// One row dequantized to f32 (the codes are recovered from it).
+    values: Vec<f32>,
+}
+
+thread_local! {
+    /// The last call's activation buffers, reused by the next on the same thread.
+    static SPARE: RefCell<Option<Acts16>> = const { RefCell::new(None) };
+    /// Each worker thread's decoded rows, reused across calls.
+    static ROWS: RefCell<RowCodes> = RefCell::new(RowCodes::default());
+}
+
+impl RowCodes {
+    /// Rows `j0..j1` of `part` into `self`.
+    #[cfg(target_arch = "x86_64")]
+    fn decode(&mut self, isa: Isa, part: &PartRef<'_>, j0: usize, j1: usize) {
+        let k = part.cols;
+        let (gl, rows) = (group_len(part.ty), j1 - j0);
+        self.codes.resize(rows * k, 0);
+        self.d.resize(rows * k / gl, 0.0);
+        self.m.resize(rows * k / 32, 0.0);
+        self.values.resize(k, 0.0);
+        for (i, r) in (j0..j1).enumerate() {
+            let row = part.row(r);
+            isa.dequantize_row(part.ty, row, &mut self.values);
+            let (d, m) = (&mut self.d[i * k / gl..][..k / gl], &mut self.m[i * k / 32..][..k / 32]);
+            group_scales(part.ty, row, d, m);
+            // SAFETY: `runs_on(isa)` holds for every caller (AVX-512F/BW); the slices have k
+            // values, k codes and k / gl scales.
+            unsafe { avx512::codes_of(&self.values, d, m, gl, &mut self.codes[i * k..][..k]) };
+        }
+    }
+}
+
+/// Each group's scale `d` (per [`group_len`] values) and offset `m` (per 32; zero for the centred
+/// formats) of one row of format `ty`, such that `value = d·code + m`, the code centred.
+fn group_scales(ty: GgmlType, row: &[u8], d: &mut [f32], m: &mut [f32]) {
+    let f16_at = |b: &[u8], at: usize| half::f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
+    let (_, block_bytes) = ty.block();
+    for (b, block) in row.chunks_exact(block_bytes).enumerate() {
+        match ty {
+            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => (d[b], m[b]) = (f16_at(block, 0), 0.0),
+            GgmlType::Q4_1 | GgmlType::Q5_1 => (d[b], m[b]) = (f16_at(block, 0), f16_at(block, 2)),
+            GgmlType::Q4_K | GgmlType::Q5_K => {
+                let (dd, dmin) = (f16_at(block, 0), f16_at(block, 2));
+                for j in 0..8 {
+                    let (sc, mn) = crate::cpu::ggml::scale_min_k4(j, &block[4..16]);
+                    (d[8 * b + j], m[8 * b + j]) = (dd * f32::from(sc), -(dmin * f32::from(mn)));
+                }
+            }
+            GgmlType::Q6_K => {
+                let dd = f16_at(block, 208);
+                for s in 0..16 {
+                    d[16 * b + s] = dd * f32::from(block[192 + s] as i8);
+                }
+                m[8 * b..8 * b + 8].fill(0.0);
+            }
+            other => unreachable!("lanes16 takes no {other:?}"),
+        }
+    }
+}
+
+/// Tokens per cache block for rows of `k`: their panels (`k·2` bytes a token) stay within
+/// ~512 KiB of L2 while every row block runs over them; a multiple of [`TM`], 64 to 256.
+fn cache_tokens(k: usize) -> usize {
+    ((512 << 10) / (2 * k.max(1))).clamp(2 * TM, 8 * TM) / TM * TM
+}
+
+/// `out[t, r] (+)= x[t] · row r` for every token of `acts` and row of `part`; `false` (nothing
+/// done) where this path does not run (`isa` without VNNI, another format, `k % 32 ≠ 0`).
+pub(super) fn matmul(
+    isa: Isa,
+    out: Out,
+    acts: &Acts16,
+    m: usize,
+    part: &PartRef<'_>,
+    accumulate: bool,
+) -> bool {
+    let k = part.cols;
+    if !runs_on(isa) || !supports(part.ty) || k != acts.k || acts.blocks() < m.div_ceil(TM) {
+        return false;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        let n = part.rows;
+        let per_cache = cache_tokens(k) / TM;
+        let row_blocks = n.div_ceil(TN);
+        let per_task = row_blocks.div_ceil(rayon::current_num_threads().max(1) * 8).max(1);
+        for b0 in (0..m.div_ceil(TM)).step_by(per_cache) {
+            let b1 = (b0 + per_cache).min(m.div_ceil(TM));
+            (0..row_blocks.div_ceil(per_task)).into_par_iter().for_each(|task| {
+                // Taken, not borrowed: a rayon wait inside may run another call on this thread.
+                let mut rows = ROWS.take();
+                for rb in task * per_task..((task + 1) * per_task).min(row_blocks) {
+                    let (j, nb) = (rb * TN, (n - rb * TN).min(TN));
+                    rows.decode(isa, part, j, j + nb);
+                    for b in b0..b1 {
+                        let tile = avx512::Tile {
+                            acts: acts.panel(b),
+                            rows: &rows,
+                            k,
+                            ty: part.ty,
+                            out: crate::cpu::linear::TileOut {
+                                ptr: out.ptr.get().wrapping_add(b * TM * out.ldd + j),
+                                ldo: out.ldd,
+                                tokens: (m - b * TM).min(TM),
+                                accumulate,
+                            },
+                        };
+                        // SAFETY: `runs_on(isa)`; the tile's rows (nb of the decoded ones) and
+                        // its tokens' output rows lie inside the part's region, which only this
+                        // task writes in columns j..j+nb.
+                        unsafe { tile.run(nb) };
+                    }
+                }
+                ROWS.set(rows);
+            });
+        }
+    }
+    true
+}
+
+/// `matmul` for a whole weight's quantized parts when all of them take this path: the
+/// activations rounded once. `false` (nothing done) otherwise.
+pub(super) fn matmul_parts(
+    isa: Isa,
+    x: &[f32],
+    m: usize,
+    parts: &[(PartRef<'_>, Out)],
+    accumulate: bool,
+) -> bool {
+    let Some(k) = parts.first().map(|(p, _)| p.cols) else { return false };
+    if !runs_on(isa) || !k.is_multiple_of(32) || !parts.iter().all(|(p, _)| supports(p.ty)) {
+        return false;
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    return (x, m, accumulate).0.is_empty(); // unreachable: no VNNI off x86
+    #[cfg(target_arch = "x86_64")]
+    let acts = Acts16::quantize(x, m, k);
+    for (part, out) in parts {
+        let done = matmul(isa, *out, &acts, m, part, accumulate);
+        debug_assert!(done, "lanes16: a checked part was refused");
+    }
+    acts.recycle();
+    true
+}
