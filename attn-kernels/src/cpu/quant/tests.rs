@@ -9,7 +9,7 @@ use rand_chacha::ChaCha8Rng;
 use super::*;
 use crate::cpu::ggml::dequantize;
 
-const FORMATS: [GgmlType; 10] = [
+pub(super) const FORMATS: [GgmlType; 10] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
@@ -85,96 +85,132 @@ enum Route {
 /// Every kernel (route) on every path, for one shape.
 fn check(isa: Isa, ty: GgmlType, m: usize, n: usize, k: usize, accumulate: bool, rng: &mut ChaCha8Rng) {
     if m <= DECODE_MAX_M {
-        check_route(Route::Decode, isa, ty, m, n, k, accumulate, rng);
+        check_route(Route::Decode, isa, Poisoned::new(ty, (m, n, k), accumulate, rng));
         if int16::supports(ty) {
-            check_route(Route::DecodeInt16, isa, ty, m, n, k, accumulate, rng);
+            check_route(Route::DecodeInt16, isa, Poisoned::new(ty, (m, n, k), accumulate, rng));
         }
     } else {
-        check_route(Route::Gemm, isa, ty, m, n, k, accumulate, rng);
-        check_route(Route::TokenLanes, isa, ty, m, n, k, accumulate, rng);
-        check_route(Route::Slabs, isa, ty, m, n, k, accumulate, rng);
+        check_route(Route::Gemm, isa, Poisoned::new(ty, (m, n, k), accumulate, rng));
+        check_route(Route::TokenLanes, isa, Poisoned::new(ty, (m, n, k), accumulate, rng));
+        check_route(Route::Slabs, isa, Poisoned::new(ty, (m, n, k), accumulate, rng));
     }
 }
 
-/// One kernel call on a poisoned layout: the part's bytes between 0xFF runs (an f16 NaN in
-/// any scale read outside them), `x` with a NaN tail, and the output as columns 2..2+n of
+/// A kernel call's buffers on a poisoned layout: the part's bytes between 0xFF runs (an f16 NaN
+/// in any scale read outside them), `x` with a NaN tail, and the output as columns 2..2+n of
 /// rows `n + 5` wide whose other columns are NaN and must stay so.
-#[allow(clippy::too_many_arguments)]
-fn check_route(
-    route: Route,
-    isa: Isa,
-    ty: GgmlType,
-    m: usize,
-    n: usize,
-    k: usize,
-    accumulate: bool,
-    rng: &mut ChaCha8Rng,
-) {
-    let bytes = random_part(ty, n, k, rng);
-    let pad = 64;
-    let mut poisoned = vec![0xffu8; bytes.len() + 2 * pad];
-    poisoned[pad..pad + bytes.len()].copy_from_slice(&bytes);
-    let part = PartRef { ty, rows: n, cols: k, bytes: &poisoned[pad..pad + bytes.len()] };
-    let mut x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-1.0..1.0)).collect();
-    x.extend([f32::NAN; 37]);
-    let (ldd, col0) = (n + 5, 2);
-    let before = if accumulate { 0.5 } else { f32::NAN };
-    let mut dst = vec![f32::NAN; m * ldd];
-    for t in 0..m {
-        dst[t * ldd + col0..t * ldd + col0 + n].fill(before);
-    }
-    let out = Out { ptr: OutPtr(dst.as_mut_ptr()).offset(col0), ldd };
-    match route {
-        Route::Decode => decode::matmul(isa, None, out, &x, m, &part, accumulate),
-        Route::DecodeInt16 if isa != Isa::Portable => {
-            let xq = int16::X16::quantize(&x, m, k);
-            decode::matmul(isa, Some(&xq), out, &x, m, &part, accumulate)
+pub(super) struct Poisoned {
+    pub ty: GgmlType,
+    /// The part's bytes as they are.
+    pub bytes: Vec<u8>,
+    padded: Vec<u8>,
+    pub x: Vec<f32>,
+    dst: Vec<f32>,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub accumulate: bool,
+}
+
+impl Poisoned {
+    const PAD: usize = 64;
+    const COL0: usize = 2;
+
+    /// A random `n × k` part of `ty`, `m` random tokens, and the output holding 0.5 (to be
+    /// added to, with `accumulate`) or NaN (to be overwritten).
+    pub(super) fn new(
+        ty: GgmlType,
+        (m, n, k): (usize, usize, usize),
+        accumulate: bool,
+        rng: &mut ChaCha8Rng,
+    ) -> Self {
+        let bytes = random_part(ty, n, k, rng);
+        let mut padded = vec![0xffu8; bytes.len() + 2 * Self::PAD];
+        padded[Self::PAD..Self::PAD + bytes.len()].copy_from_slice(&bytes);
+        let mut x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-1.0..1.0)).collect();
+        x.extend([f32::NAN; 37]);
+        let ldd = n + 5;
+        let mut dst = vec![f32::NAN; m * ldd];
+        for row in dst.chunks_exact_mut(ldd) {
+            row[Self::COL0..Self::COL0 + n].fill(if accumulate { 0.5 } else { f32::NAN });
         }
-        Route::DecodeInt16 => decode::matmul(isa, None, out, &x, m, &part, accumulate),
-        Route::Gemm => panel::via_gemm(isa, out, &x, m, &part, accumulate),
-        Route::Slabs => panel::slabs_of(16 * 4 * k, isa, out, &x, m, &[part], accumulate),
+        Self { ty, bytes, padded, x, dst, m, n, k, accumulate }
+    }
+
+    /// Where the kernel writes (no borrow is kept: take it before [`Self::part`]).
+    pub(super) fn out(&mut self) -> Out {
+        Out { ptr: OutPtr(self.dst.as_mut_ptr()).offset(Self::COL0), ldd: self.n + 5 }
+    }
+
+    pub(super) fn part(&self) -> PartRef<'_> {
+        let bytes = &self.padded[Self::PAD..Self::PAD + self.bytes.len()];
+        PartRef { ty: self.ty, rows: self.n, cols: self.k, bytes }
+    }
+
+    /// Each output entry as `(token, row, value)`, once every padding column is checked to be
+    /// untouched.
+    pub(super) fn results(&self, what: &str) -> Vec<(usize, usize, f32)> {
+        let ldd = self.n + 5;
+        let mut entries = Vec::new();
+        for (t, row) in self.dst.chunks_exact(ldd).enumerate() {
+            for (c, &got) in row.iter().enumerate() {
+                if (Self::COL0..Self::COL0 + self.n).contains(&c) {
+                    entries.push((t, c - Self::COL0, got));
+                } else {
+                    assert!(got.is_nan(), "{what}: padding column {c} of token {t} written");
+                }
+            }
+        }
+        entries
+    }
+}
+
+/// One kernel call on a [`Poisoned`] layout.
+fn check_route(route: Route, isa: Isa, mut p: Poisoned) {
+    let (ty, m, n, k, accumulate) = (p.ty, p.m, p.n, p.k, p.accumulate);
+    let out = p.out();
+    let (part, x) = (p.part(), &p.x);
+    match route {
+        Route::Decode => decode::matmul(isa, None, out, x, m, &part, accumulate),
+        Route::DecodeInt16 if isa != Isa::Portable => {
+            let xq = int16::X16::quantize(x, m, k);
+            decode::matmul(isa, Some(&xq), out, x, m, &part, accumulate)
+        }
+        Route::DecodeInt16 => decode::matmul(isa, None, out, x, m, &part, accumulate),
+        Route::Gemm => panel::via_gemm(isa, out, x, m, &part, accumulate),
+        Route::Slabs => panel::slabs_of(16 * 4 * k, isa, out, x, m, &[part], accumulate),
         Route::TokenLanes => {
-            if !panel::via_token_lanes(isa, out, &x, m, &part, accumulate) {
+            if !panel::via_token_lanes(isa, out, x, m, &part, accumulate) {
                 return; // no AVX-512 on this machine: the route does not exist here
             }
         }
     }
-    let (want, scale) = reference(ty, &bytes, n, k, &x, m);
+    let (want, scale) = reference(ty, &p.bytes, n, k, x, m);
     // The integer kernels (SIMD only) compute, up to f32 sums, W times the activations they
     // rounded, and the rounding moves each product by at most half a step: check both.
     let integer = route == Route::DecodeInt16 && isa != Isa::Portable;
     let (rounded_want, rounding) =
-        if integer { int16_expectation(ty, &bytes, n, k, &x, m) } else { (vec![], vec![]) };
+        if integer { int16_expectation(ty, &p.bytes, n, k, x, m) } else { (vec![], vec![]) };
     let base = if accumulate { 0.5 } else { 0.0 };
-    for t in 0..m {
-        for c in 0..ldd {
-            let got = dst[t * ldd + c];
-            if !(col0..col0 + n).contains(&c) {
-                assert!(
-                    got.is_nan(),
-                    "{route:?} {isa:?} {ty:?} m={m} n={n} k={k}: padding column {c} written"
-                );
-                continue;
-            }
-            let r = c - col0;
-            let (w, s) = (want[t * n + r] + base, scale[t * n + r]);
-            if integer {
-                let (rw, bound) = (rounded_want[t * n + r] + base, rounding[t * n + r]);
-                assert!(
-                    (f64::from(got) - rw).abs() <= 1e-5 * s + 1e-6,
-                    "{route:?} {isa:?} {ty:?} m={m} n={n} k={k} acc={accumulate}: ({t}, {r}) = {got}, want {rw} on the rounded activations"
-                );
-                assert!(
-                    (f64::from(got) - w).abs() <= bound * 1.0001 + 1e-5 * s + 1e-6,
-                    "{route:?} {isa:?} {ty:?} m={m} n={n} k={k}: ({t}, {r}) = {got}, want {w}: more than the rounding bound {bound}"
-                );
-                continue;
-            }
+    let what = format!("{route:?} {isa:?} {ty:?} m={m} n={n} k={k} acc={accumulate}");
+    for (t, r, got) in p.results(&what) {
+        let (w, s) = (want[t * n + r] + base, scale[t * n + r]);
+        if integer {
+            let (rw, bound) = (rounded_want[t * n + r] + base, rounding[t * n + r]);
             assert!(
-                (f64::from(got) - w).abs() <= 1e-5 * s + 1e-6,
-                "{route:?} {isa:?} {ty:?} m={m} n={n} k={k} acc={accumulate}: ({t}, {r}) = {got}, want {w} (scale {s})"
+                (f64::from(got) - rw).abs() <= 1e-5 * s + 1e-6,
+                "{what}: ({t}, {r}) = {got}, want {rw} on the rounded activations"
             );
+            assert!(
+                (f64::from(got) - w).abs() <= bound * 1.0001 + 1e-5 * s + 1e-6,
+                "{what}: ({t}, {r}) = {got}, want {w}: more than the rounding bound {bound}"
+            );
+            continue;
         }
+        assert!(
+            (f64::from(got) - w).abs() <= 1e-5 * s + 1e-6,
+            "{what}: ({t}, {r}) = {got}, want {w} (scale {s})"
+        );
     }
 }
 

@@ -6,19 +6,16 @@ use rand_chacha::ChaCha8Rng;
 
 use super::*;
 use crate::cpu::ggml::dequantize;
-use crate::cpu::linear::OutPtr;
-use crate::cpu::quant::tests::random_part;
+use crate::cpu::quant::tests::{FORMATS, Poisoned, random_part};
 
-const FORMATS: [GgmlType; 8] = [
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-];
+/// Whether this CPU runs the path (else the tests have nothing to run, and say so).
+fn vnni_here() -> bool {
+    let here = runs_on(Isa::Avx512);
+    if !here {
+        eprintln!("lanes16: this CPU has no AVX-512 VNNI, the path does not exist here");
+    }
+    here
+}
 
 /// Each value's offset `m` (`value = d·code + m`, the code centred for the centred formats),
 /// read independently of the kernel: the offset formats' blocks dequantized with every code
@@ -65,62 +62,36 @@ fn expectation(ty: GgmlType, bytes: &[u8], n: usize, k: usize, x: &[f32], m: usi
     [exact, rounded, bound]
 }
 
-/// One call on a poisoned layout (see `quant::tests::check_route`), checked against both the
-/// rounded-activation sum (to f32 accuracy) and the exact one (within the rounding bound).
+/// One call on a [`Poisoned`] layout, checked against both the rounded-activation sum (to f32
+/// accuracy) and the exact one (within the rounding bound).
 fn check(ty: GgmlType, m: usize, n: usize, k: usize, accumulate: bool, rng: &mut ChaCha8Rng) {
-    let bytes = random_part(ty, n, k, rng);
-    let pad = 64;
-    let mut poisoned = vec![0xffu8; bytes.len() + 2 * pad];
-    poisoned[pad..pad + bytes.len()].copy_from_slice(&bytes);
-    let part = PartRef { ty, rows: n, cols: k, bytes: &poisoned[pad..pad + bytes.len()] };
-    let mut x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-1.0..1.0)).collect();
-    x.extend([f32::NAN; 37]);
-    let (ldd, col0) = (n + 5, 2);
-    let before = if accumulate { 0.5 } else { f32::NAN };
-    let mut dst = vec![f32::NAN; m * ldd];
-    for t in 0..m {
-        dst[t * ldd + col0..t * ldd + col0 + n].fill(before);
-    }
-    let out = Out { ptr: OutPtr(dst.as_mut_ptr()).offset(col0), ldd };
-    let acts = Acts16::quantize(&x, m, k);
-    assert!(matmul(Isa::Avx512, out, &acts, m, &part, accumulate), "{ty:?}: refused");
-    let [exact, rounded, bound] = expectation(ty, &bytes, n, k, &x, m);
+    let mut p = Poisoned::new(ty, (m, n, k), accumulate, rng);
+    let out = p.out();
+    let acts = Acts16::quantize(&p.x, m, k);
+    assert!(matmul(Isa::Avx512, out, &acts, m, &p.part(), accumulate), "{ty:?}: refused");
+    let [exact, rounded, bound] = expectation(ty, &p.bytes, n, k, &p.x, m);
     let base = if accumulate { 0.5 } else { 0.0 };
     let what = format!("{ty:?} m={m} n={n} k={k} acc={accumulate}");
-    for t in 0..m {
-        for c in 0..ldd {
-            let got = dst[t * ldd + c];
-            if !(col0..col0 + n).contains(&c) {
-                assert!(got.is_nan(), "{what}: padding column {c} written");
-                continue;
-            }
-            let i = t * n + c - col0;
-            let scale: f64 = bound[i] * 65534.0 + 1.0;
-            let got = f64::from(got) - base;
-            assert!(
-                (got - rounded[i]).abs() <= 1e-6 * scale,
-                "{what}: ({t}, {}) = {got}, want {}",
-                c - col0,
-                rounded[i]
-            );
-            assert!(
-                (got - exact[i]).abs() <= bound[i] * 1.0001 + 1e-6 * scale,
-                "{what}: ({t}, {}) = {got}, exact {}",
-                c - col0,
-                exact[i]
-            );
-        }
+    for (t, r, got) in p.results(&what) {
+        let i = t * n + r;
+        let scale: f64 = bound[i] * 65534.0 + 1.0;
+        let got = f64::from(got) - base;
+        assert!((got - rounded[i]).abs() <= 1e-6 * scale, "{what}: ({t}, {r}) = {got}, want {}", rounded[i]);
+        assert!(
+            (got - exact[i]).abs() <= bound[i] * 1.0001 + 1e-6 * scale,
+            "{what}: ({t}, {r}) = {got}, exact {}",
+            exact[i]
+        );
     }
 }
 
 #[test]
 fn every_format_matches_the_f64_reference() {
-    if !runs_on(Isa::Avx512) {
-        eprintln!("lanes16: this CPU has no AVX-512 VNNI, the path does not exist here");
+    if !vnni_here() {
         return;
     }
     let mut rng = ChaCha8Rng::seed_from_u64(5);
-    for ty in FORMATS {
+    for ty in FORMATS.into_iter().filter(|&ty| supports(ty)) {
         let widths: &[usize] = if ty.block().0 == 32 { &[32, 96, 640] } else { &[256, 768] };
         for &k in widths {
             // Tokens: one short panel, one full, a full and a short one, several cache blocks'
@@ -152,8 +123,7 @@ fn groups_round_to_nearest_and_non_finite_ones_poison() {
 
 #[test]
 fn the_simd_rounding_is_the_rule_s() {
-    if !runs_on(Isa::Avx512) {
-        eprintln!("lanes16: this CPU has no AVX-512 VNNI, the path does not exist here");
+    if !vnni_here() {
         return;
     }
     let (m, k) = (35, 96);
@@ -188,8 +158,7 @@ fn the_simd_rounding_is_the_rule_s() {
 #[test]
 fn a_fused_weight_s_parts_fill_their_columns() {
     use crate::cpu::quant::{ActivationPrecision, Part, Storage, Weight};
-    if !runs_on(Isa::Avx512) {
-        eprintln!("lanes16: this CPU has no AVX-512 VNNI, the path does not exist here");
+    if !vnni_here() {
         return;
     }
     let mut rng = ChaCha8Rng::seed_from_u64(13);
