@@ -85,7 +85,7 @@ impl X16 {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(super) use x86::{dot_rows_avx2, dot_rows_avx512};
+pub(super) use x86::{Codes, Layout, Q4_0, Q4_1, Q5_0, Q8_0, dot_rows_avx2, dot_rows_avx512};
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
@@ -142,7 +142,7 @@ mod x86 {
 
     /// How a format's [`Codes::halves`] hold its codes.
     #[derive(PartialEq, Eq)]
-    pub(super) enum Layout {
+    pub(in crate::cpu::quant) enum Layout {
         /// Sixteen bytes of nibbles, twice: the low nibbles are the first half.
         Nibbles,
         /// Sixteen signed bytes per half.
@@ -152,7 +152,7 @@ mod x86 {
     }
 
     /// One format's groups as integer codes for this path: `value = code·d + m`.
-    pub(super) trait Codes {
+    pub(in crate::cpu::quant) trait Codes {
         /// Bytes per group.
         const BYTES: usize;
         /// How [`Codes::halves`] holds the codes.
@@ -183,13 +183,13 @@ mod x86 {
 
     /// Q4_1 (f16 d, f16 m, sixteen bytes of nibbles) and Q4_0 (f16 d, nibbles, offset -8d):
     /// nibbles, as [`Codes::halves`] reads them.
-    pub(super) struct Q4_1;
-    pub(super) struct Q4_0;
+    pub(in crate::cpu::quant) struct Q4_1;
+    pub(in crate::cpu::quant) struct Q4_0;
     /// Q8_0 (f16 d, 32 signed bytes): `halves` returns bytes 0..16 and 16..32.
-    pub(super) struct Q8_0;
+    pub(in crate::cpu::quant) struct Q8_0;
     /// Q5_0 (f16 d, four bytes of fifth bits, sixteen bytes of nibbles; offset -16d): `halves`
     /// returns the five-bit codes of values 0..16 and 16..32, one per byte.
-    pub(super) struct Q5_0;
+    pub(in crate::cpu::quant) struct Q5_0;
 
     impl Codes for Q4_1 {
         const BYTES: usize = 20;

@@ -6,9 +6,9 @@
 //! Where the work goes: a few tokens (decode, [`DECODE_MAX_M`] or fewer) run [`decode`], which
 //! dequantizes each weight group in registers and streams every byte once for all tokens (or,
 //! opted into with [`ActivationPrecision::Int16`], multiplies Q4_0/Q4_1/Q5_0/Q8_0 codes into int16
-//! activations, [`int16`]); with that option on an AVX-512 VNNI CPU, batches of
-//! [`LANES16_MIN_M`] tokens or more over the integer-code formats run [`lanes16`] (int16
-//! activations in the lanes of `vpdpwssd`, the compute-bound shapes' integer path);
+//! activations, [`int16`]); with that option on an AVX-512 VNNI CPU, more tokens over the
+//! integer-code formats run [`lanes16`] (int16 activations in the lanes of `vpdpwssd`, the
+//! compute-bound shapes' integer path);
 //! more tokens run [`panel`], which dequantizes rows into f32 once per call and multiplies
 //! them into every token: up to `linear::TOKEN_LANES_MAX_M` tokens (batched decode) 12 rows at
 //! a time into `linear::token_lanes` on AVX2 and AVX-512, or panels of rows into `gemm` on the
@@ -112,14 +112,10 @@ use crate::cpu::linear::{OutPtr, linear};
 /// above it, rows are dequantized into `token_lanes` or panels into `gemm` ([`panel`]).
 pub const DECODE_MAX_M: usize = 8;
 
-/// From this many tokens on, [`ActivationPrecision::Int16`] batches run [`lanes16`] (where the
-/// CPU has AVX-512 VNNI): below it decoding each block of weight rows into codes costs more
-/// than the integer products save over `token_lanes`.
-pub const LANES16_MIN_M: usize = 24;
-
 /// How the matmuls over quantized weights take their activations: decode-shaped ones over
-/// Q4_0, Q4_1, Q5_0 and Q8_0 ([`int16`]), and on AVX-512 VNNI batches of [`LANES16_MIN_M`] or
-/// more over every integer-code format ([`lanes16`]); the others always run the f32 kernels.
+/// Q4_0, Q4_1, Q5_0 and Q8_0 ([`int16`]), and on AVX-512 VNNI batches (more than
+/// [`DECODE_MAX_M`] tokens) over every integer-code format ([`lanes16`]); the others always run
+/// the f32 kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ActivationPrecision {
     /// As f32: each group's codes converted to f32 and multiplied into the activations, so a
@@ -348,7 +344,7 @@ impl Weight {
             _ => None,
         };
         // Batches over integer-code formats with int16 activations, where the CPU has VNNI.
-        if m >= LANES16_MIN_M && precision == ActivationPrecision::Int16 {
+        if m > DECODE_MAX_M && precision == ActivationPrecision::Int16 {
             let mut col = 0;
             let parts: Vec<(PartRef<'_>, Out)> = self
                 .part_refs()

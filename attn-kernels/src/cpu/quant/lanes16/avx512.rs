@@ -7,6 +7,8 @@ use std::arch::x86_64::*;
 use super::{NB, RowCodes, TM, group_len, has_offset};
 use crate::cpu::linear::TileOut;
 use crate::cpu::quant::GgmlType;
+use crate::cpu::quant::avx2::f16_at;
+use crate::cpu::quant::int16::{Codes, Layout};
 
 /// `codes[i] = round((values[i] − m) / d)` per group (`gl` values a scale `d`, 32 an offset `m`):
 /// the exact codes of values dequantized as `d·code + m` (one f32 rounding away from an
@@ -93,6 +95,73 @@ pub(super) unsafe fn quantize_token(
             *sums.get_unchecked_mut(g * TM + i) = sum;
             let base = words.as_mut_ptr().add((16 * g * TM + i) * 2).cast::<i32>();
             _mm512_i32scatter_epi32::<4>(base.cast(), lanes, codes);
+        }
+    }
+}
+
+/// A row of a format whose codes are bytes or nibbles (`int16::Codes`: Q4_0, Q4_1, Q5_0, Q8_0)
+/// straight into int16 codes less `centre` (8 for Q4_0, 16 for Q5_0, whose offset is then zero),
+/// with its scales and offsets: no f32 round trip.
+///
+/// # Safety
+/// AVX-512F/BW; `row` holds `k / 32` blocks of `F`; `codes` has `k` entries, `d` and `m` `k/32`.
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+pub(super) unsafe fn direct_codes<F: Codes>(
+    row: *const u8,
+    centre: i16,
+    d: &mut [f32],
+    m: &mut [f32],
+    codes: &mut [i16],
+) {
+    debug_assert!(codes.len() == 32 * d.len() && d.len() == m.len());
+    let (low4, centre_w) = (_mm256_set1_epi16(0x0f), _mm256_set1_epi16(centre));
+    for (g, (dg, mg)) in d.iter_mut().zip(m.iter_mut()).enumerate() {
+        // SAFETY: group g lies in the row; its 32 codes at 32·g are in `codes`.
+        unsafe {
+            let [a, b] = F::halves(row, g);
+            let (lo, hi) = match F::LAYOUT {
+                Layout::Nibbles => {
+                    let w = _mm256_cvtepu8_epi16(a);
+                    (_mm256_and_si256(w, low4), _mm256_srli_epi16::<4>(w))
+                }
+                Layout::Signed => (_mm256_cvtepi8_epi16(a), _mm256_cvtepi8_epi16(b)),
+                Layout::Unsigned => (_mm256_cvtepu8_epi16(a), _mm256_cvtepu8_epi16(b)),
+            };
+            let out = codes.as_mut_ptr().add(32 * g).cast::<__m256i>();
+            _mm256_storeu_si256(out, _mm256_sub_epi16(lo, centre_w));
+            _mm256_storeu_si256(out.add(1), _mm256_sub_epi16(hi, centre_w));
+            let (scale, offset) = F::scale(row, g);
+            (*dg, *mg) = (scale, if centre == 0 { offset } else { 0.0 });
+        }
+    }
+}
+
+/// A Q4_K row straight into its codes (the nibbles), scales `d·sc` and offsets `−dmin·m` per
+/// sub-block of 32 (ggml's layout: each run of 32 bytes holds sub-block `2j` in its low
+/// nibbles and `2j + 1` in its high ones).
+///
+/// # Safety
+/// AVX-512F/BW; `row` holds `k / 256` Q4_K blocks; `codes` has `k` entries, `d` and `m` `k/32`.
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+pub(super) unsafe fn q4_k_codes(row: &[u8], d: &mut [f32], m: &mut [f32], codes: &mut [i16]) {
+    let low4 = _mm256_set1_epi8(0x0f);
+    for (b, block) in row.chunks_exact(144).enumerate() {
+        // SAFETY: the block's 144 bytes are in the row; sub-blocks 8b..8b+8 index the scales
+        // and their 256 codes from 256·b lie in `codes` (k = 256 × blocks).
+        unsafe {
+            let (dd, dmin) = (f16_at(block.as_ptr()), f16_at(block.as_ptr().add(2)));
+            for j in 0..4 {
+                let q = _mm256_loadu_si256(block.as_ptr().add(16 + 32 * j).cast());
+                let lo = _mm256_and_si256(q, low4);
+                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), low4);
+                let out = codes.as_mut_ptr().add(256 * b + 64 * j).cast::<__m512i>();
+                _mm512_storeu_si512(out.cast(), _mm512_cvtepu8_epi16(lo));
+                _mm512_storeu_si512(out.add(1).cast(), _mm512_cvtepu8_epi16(hi));
+            }
+            for j in 0..8 {
+                let (sc, mn) = crate::cpu::ggml::scale_min_k4(j, &block[4..16]);
+                (d[8 * b + j], m[8 * b + j]) = (dd * f32::from(sc), -(dmin * f32::from(mn)));
+            }
         }
     }
 }

@@ -10,7 +10,9 @@
 //!   for the offset formats, one offset) per group ([`RowCodes`]); a pair of a row's codes is
 //!   broadcast from there into every token lane. Centred formats (Q4_0, Q5_0, Q8_0, Q6_K) store
 //!   `q − centre`, so their value is `d·code`; offset formats (Q4_1, Q5_1, Q4_K, Q5_K) `d·q + m`,
-//!   the offset multiplied into the exact f32 group sums of the activations.
+//!   the offset multiplied into the exact f32 group sums of the activations. Q4_0, Q4_1, Q5_0,
+//!   Q8_0 and Q4_K codes come straight from the bytes; the others are recovered from the SIMD
+//!   dequantization (one exact division per group), which small batches feel.
 //! - Each group's integer sums are exact (|code·x| < 2¹⁵·2⁷, 32 to a group) and scaled once by
 //!   `d·dx` into f32 accumulators: per group of 32 (Q6_K: of 16, its sub-block) the only
 //!   rounding besides f32 sums is the activations' (2⁻¹⁶ of each group's largest).
@@ -169,26 +171,54 @@ impl RowCodes {
         self.values.resize(k, 0.0);
         for (i, r) in (j0..j1).enumerate() {
             let row = part.row(r);
-            isa.dequantize_row(part.ty, row, &mut self.values);
-            let (d, m) = (&mut self.d[i * k / gl..][..k / gl], &mut self.m[i * k / 32..][..k / 32]);
-            group_scales(part.ty, row, d, m);
-            // SAFETY: `runs_on(isa)` holds for every caller (AVX-512F/BW); the slices have k
-            // values, k codes and k / gl scales.
-            unsafe { avx512::codes_of(&self.values, d, m, gl, &mut self.codes[i * k..][..k]) };
+            let (d, m, codes) = (
+                &mut self.d[i * k / gl..][..k / gl],
+                &mut self.m[i * k / 32..][..k / 32],
+                &mut self.codes[i * k..][..k],
+            );
+            macro_rules! direct {
+                ($F:ty, $centre:expr) => {
+                    // SAFETY: `runs_on(isa)` holds for every caller (AVX-512F/BW); the row is
+                    // k / 32 blocks of the format; the slices have k codes and k / 32 scales.
+                    unsafe { avx512::direct_codes::<$F>(row.as_ptr(), $centre, d, m, codes) }
+                };
+            }
+            match part.ty {
+                GgmlType::Q8_0 => direct!(super::int16::Q8_0, 0),
+                GgmlType::Q4_0 => direct!(super::int16::Q4_0, 8),
+                GgmlType::Q5_0 => direct!(super::int16::Q5_0, 16),
+                GgmlType::Q4_1 => direct!(super::int16::Q4_1, 0),
+                // SAFETY: as for `direct!`; the row is k / 256 Q4_K blocks.
+                GgmlType::Q4_K => unsafe { avx512::q4_k_codes(row, d, m, codes) },
+                _ => self.recover(isa, part.ty, row, i),
+            }
         }
+    }
+
+    /// Row `row` (decoded row `i`) of a format without direct codes: dequantized, then each
+    /// value's code recovered from its group's scale and offset.
+    #[cfg(target_arch = "x86_64")]
+    fn recover(&mut self, isa: Isa, ty: GgmlType, row: &[u8], i: usize) {
+        let (k, gl) = (self.values.len(), group_len(ty));
+        isa.dequantize_row(ty, row, &mut self.values);
+        let (d, m) = (&mut self.d[i * k / gl..][..k / gl], &mut self.m[i * k / 32..][..k / 32]);
+        group_scales(ty, row, d, m);
+        // SAFETY: `runs_on(isa)` holds for every caller (AVX-512F/BW); the slices have k values,
+        // k codes and k / gl scales.
+        unsafe { avx512::codes_of(&self.values, d, m, gl, &mut self.codes[i * k..][..k]) };
     }
 }
 
-/// Each group's scale `d` (per [`group_len`] values) and offset `m` (per 32; zero for the centred
-/// formats) of one row of format `ty`, such that `value = d·code + m`, the code centred.
+/// Each group's scale `d` (per [`group_len`] values) and offset `m` (per 32; zero for Q6_K,
+/// whose codes are centred) of one row of a format [`RowCodes::recover`] takes, such that
+/// `value = d·code + m`.
 fn group_scales(ty: GgmlType, row: &[u8], d: &mut [f32], m: &mut [f32]) {
     let f16_at = |b: &[u8], at: usize| half::f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
     let (_, block_bytes) = ty.block();
     for (b, block) in row.chunks_exact(block_bytes).enumerate() {
         match ty {
-            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => (d[b], m[b]) = (f16_at(block, 0), 0.0),
-            GgmlType::Q4_1 | GgmlType::Q5_1 => (d[b], m[b]) = (f16_at(block, 0), f16_at(block, 2)),
-            GgmlType::Q4_K | GgmlType::Q5_K => {
+            GgmlType::Q5_1 => (d[b], m[b]) = (f16_at(block, 0), f16_at(block, 2)),
+            GgmlType::Q5_K => {
                 let (dd, dmin) = (f16_at(block, 0), f16_at(block, 2));
                 for j in 0..8 {
                     let (sc, mn) = crate::cpu::ggml::scale_min_k4(j, &block[4..16]);
@@ -202,7 +232,7 @@ fn group_scales(ty: GgmlType, row: &[u8], d: &mut [f32], m: &mut [f32]) {
                 }
                 m[8 * b..8 * b + 8].fill(0.0);
             }
-            other => unreachable!("lanes16 takes no {other:?}"),
+            other => unreachable!("lanes16 recovers no {other:?} codes"),
         }
     }
 }

@@ -162,7 +162,7 @@ fn a_fused_weight_s_parts_fill_their_columns() {
         return;
     }
     let mut rng = ChaCha8Rng::seed_from_u64(13);
-    let (m, k) = (crate::cpu::quant::LANES16_MIN_M + 5, 256);
+    let (m, k) = (crate::cpu::quant::DECODE_MAX_M + 21, 256);
     let specs = [(GgmlType::Q5_0, 7), (GgmlType::Q6_K, 5), (GgmlType::Q4_K, 13)];
     let bytes: Vec<Vec<u8>> = specs.iter().map(|&(ty, rows)| random_part(ty, rows, k, &mut rng)).collect();
     let part = |i: usize| Part::new(specs[i].0, specs[i].1, k, Storage::Owned(bytes[i].clone())).unwrap();
