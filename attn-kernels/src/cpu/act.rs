@@ -1,6 +1,6 @@
 //! Gated activations over the rows of a batch: SwiGLU (`silu(gate) · up`) and GeGLU with
 //! tanh-approximated GELU (`gelu_tanh(gate) · up`), through a branch-free `exp` that vectorizes
-//! ([`exp_fast`]).
+//! ([`exp_fast`]); and a softmax's exponentials for the sampler ([`exp_sub_sum`]).
 
 use rayon::prelude::*;
 
@@ -64,6 +64,14 @@ fn gated_row(out: &mut [f32], g: &[f32], u: &[f32], act: Activation) {
 #[target_feature(enable = "avx512f")]
 unsafe fn gated_row_avx512(out: &mut [f32], g: &[f32], u: &[f32], act: Activation) {
     gated_row(out, g, u, act);
+}
+
+/// `v[i] = e^(v[i] − max)` in place, returning their sum: a softmax's numerators and normalizer,
+/// vectorized where the CPU allows (the attention kernels' `exp`). A value more than 87.3 below
+/// `max`, −∞ included, becomes exactly 0. `max` is the largest value; NaN in `v` are the
+/// caller's to remove first (they come out as large finite values on the SIMD paths).
+pub fn exp_sub_sum(v: &mut [f32], max: f32) -> f32 {
+    crate::simd::exp_sub_sum(crate::Isa::detected(), v, max)
 }
 
 /// `e^x` to ~2 ulp in branch-free f32 arithmetic (Cephes' `expf`: `x = n·ln2 + r`, a degree-6

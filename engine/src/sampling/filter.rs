@@ -22,17 +22,8 @@ impl Truncation {
 /// Two branch-free passes the compiler vectorises (the max, then its first position): greedy
 /// decoding runs this over the whole vocabulary for every sequence every step.
 pub fn argmax(row: &[f32]) -> Option<u32> {
-    const L: usize = 16;
     // NaN loses every comparison, so `max` skips it; -inf is the identity.
-    let mut lanes = [f32::NEG_INFINITY; L];
-    let chunks = row.chunks_exact(L);
-    let tail = chunks.remainder();
-    for c in chunks {
-        for (m, &v) in lanes.iter_mut().zip(c) {
-            *m = m.max(v);
-        }
-    }
-    let best = tail.iter().fold(lanes.iter().copied().fold(f32::NEG_INFINITY, f32::max), |m, &v| m.max(v));
+    let best = max_of(row);
     if best == f32::NEG_INFINITY {
         return None;
     }
@@ -52,18 +43,30 @@ pub fn log_sum_exp(row: &[f32]) -> f32 {
 /// Turns logits into probabilities in place (NaN counts as impossible). Returns `false` when
 /// no token has a finite logit.
 pub fn softmax_in_place(row: &mut [f32]) -> bool {
-    let max = row.iter().copied().filter(|v| !v.is_nan()).fold(f32::NEG_INFINITY, f32::max);
+    // NaN becomes −∞, whose exponential is exactly 0 (and which `max` skips).
+    row.iter_mut().filter(|v| v.is_nan()).for_each(|v| *v = f32::NEG_INFINITY);
+    let max = max_of(row);
     if max == f32::NEG_INFINITY {
         return false;
     }
-    let mut sum = 0.0f64;
-    for v in row.iter_mut() {
-        *v = if v.is_nan() { 0.0 } else { (*v - max).exp() };
-        sum += f64::from(*v);
-    }
-    let inv = (1.0 / sum) as f32;
+    // Vectorized exponentials (a large vocabulary's row is 262 144 of them per token).
+    let inv = 1.0 / attn_kernels::cpu::act::exp_sub_sum(row, max);
     row.iter_mut().for_each(|v| *v *= inv);
     true
+}
+
+/// The largest value, NaN skipped (`-inf` for none), in 16 lanes so that it vectorizes.
+fn max_of(row: &[f32]) -> f32 {
+    const L: usize = 16;
+    let mut lanes = [f32::NEG_INFINITY; L];
+    let chunks = row.chunks_exact(L);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (m, &v) in lanes.iter_mut().zip(c) {
+            *m = m.max(v);
+        }
+    }
+    tail.iter().fold(lanes.iter().copied().fold(f32::NEG_INFINITY, f32::max), |m, &v| m.max(v))
 }
 
 /// The `n` largest values as `(index, value)`, largest first, lowest index on ties.
@@ -227,6 +230,27 @@ mod tests {
         assert!((row[2] - (3.0 - expected).exp()).abs() < 1e-6);
         assert_eq!(row[3], 0.0);
         assert!(!softmax_in_place(&mut [f32::NEG_INFINITY, f32::NAN]));
+    }
+
+    /// A vocabulary-sized row through the vectorized exponentials: every probability within
+    /// f32 accuracy of an f64 softmax, NaN and −∞ (and values far below the largest) exactly 0.
+    #[test]
+    fn a_long_row_matches_an_f64_softmax() {
+        let mut row: Vec<f32> = (0..4099).map(|i| ((i * 7919) % 1000) as f32 / 37.0 - 13.0).collect();
+        row[5] = f32::NAN;
+        row[4000] = f32::NEG_INFINITY;
+        row[77] = -200.0;
+        let finite = |v: f32| !v.is_nan() && v > -100.0;
+        let max =
+            row.iter().copied().filter(|&v| finite(v)).fold(f64::NEG_INFINITY, |m, v| m.max(f64::from(v)));
+        let total: f64 = row.iter().filter(|&&v| finite(v)).map(|&v| (f64::from(v) - max).exp()).sum();
+        let want: Vec<f64> =
+            row.iter().map(|&v| if finite(v) { (f64::from(v) - max).exp() / total } else { 0.0 }).collect();
+        assert!(softmax_in_place(&mut row));
+        for (i, (&got, &want)) in row.iter().zip(&want).enumerate() {
+            assert!((f64::from(got) - want).abs() <= 1e-6 * want + 1e-12, "{i}: {got} vs {want}");
+        }
+        assert_eq!((row[5], row[4000], row[77]), (0.0, 0.0, 0.0));
     }
 
     #[test]
