@@ -177,7 +177,7 @@ fn draw_dense(probs: &[f32], u: f64) -> Option<u32> {
     const CHUNK: usize = 256;
     let sums: Vec<f64> = probs.chunks(CHUNK).map(|c| f64::from(positive_sum(c))).collect();
     let total: f64 = sums.iter().sum();
-    if !(total > 0.0) {
+    if total.is_nan() || total <= 0.0 {
         return None;
     }
     let target = u * total;
