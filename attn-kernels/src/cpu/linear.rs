@@ -8,7 +8,7 @@ mod token_lanes;
 
 pub use small_m::small_m_linear;
 pub use token_lanes::token_lanes_linear;
-pub(crate) use token_lanes::{TileOut, WeightRows, token_lanes_rows};
+pub(crate) use token_lanes::{TileOut, WeightRows, runs_on as token_lanes_runs_on, token_lanes_rows};
 
 /// Raw output pointer shared by the column-range tasks of the `x·Wᵀ` kernels; each task
 /// writes only its own columns.

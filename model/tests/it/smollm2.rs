@@ -125,11 +125,11 @@ fn greedy_generations_and_logits_match_the_goldens() {
     }
 }
 
-/// The goldens' prompts three times over (264 tokens in the first step): a prefill of more
-/// tokens than `token_lanes` takes, so the GGUF's matmuls run through dequantized slabs and
-/// `gemm` (the path a long prompt takes), and batch-12 decoding after it.
+/// The goldens' prompts three times over (264 tokens in the first step): a prefill-sized batch,
+/// on the path a long prompt takes (dequantized rows into `token_lanes` on AVX2 and AVX-512,
+/// slabs into `gemm` on the portable path), and batch-12 decoding after it.
 #[test]
-fn a_prefill_past_the_token_lanes_range_matches_the_goldens() {
+fn a_prefill_sized_batch_matches_the_goldens() {
     greedy_generations_and_logits_match_from(Source::Gguf, ActivationPrecision::default(), LOGIT_TOL, 3);
 }
 

@@ -10,10 +10,10 @@
 //! integer-code formats run [`lanes16`] (int16 activations in the lanes of `vpdpwssd`, the
 //! compute-bound shapes' integer path);
 //! more tokens run [`panel`], which dequantizes rows into f32 once per call and multiplies
-//! them into every token: up to `linear::TOKEN_LANES_MAX_M` tokens (batched decode) 12 rows at
-//! a time into `linear::token_lanes` on AVX2 and AVX-512, or panels of rows into `gemm` on the
-//! portable path; past
-//! that (prefill) whole weights in slabs of a few MB into one `gemm` call each. The
+//! them into every token: 12 rows at a time into `linear::token_lanes` on AVX2 and AVX-512
+//! (batched decode and prefill chunks alike), or on the portable path panels of rows into
+//! `gemm`; past `panel::slabs_min_m` tokens whole weights in slabs of a few MB into one `gemm`
+//! call each. The
 //! instruction set is the crate's one run-time choice ([`Isa::detected`]): AVX-512F (sixteen
 //! lanes, [`avx512`]) where the CPU has it, else AVX2 + FMA + F16C ([`avx2`]), else a portable loop
 //! over the scalar dequantization ([`crate::cpu::ggml::dequantize_block`]); the tests run
@@ -357,9 +357,10 @@ impl Weight {
                 return;
             }
         }
-        // Prefill-sized calls over quantized weights: every part's rows dequantized into slabs
-        // for one `gemm` call each (a weight with an f32 part takes the per-part path below).
-        if m > panel::SLABS_MIN_M && !self.parts.iter().any(|p| matches!(p.data, Storage::F32(_))) {
+        // Large prefill chunks over quantized weights (any prefill on the portable path): every
+        // part's rows dequantized into slabs for one `gemm` call each (a weight with an f32 part
+        // takes the per-part path below).
+        if m > panel::slabs_min_m(isa) && !self.parts.iter().any(|p| matches!(p.data, Storage::F32(_))) {
             panel::slabs(isa, out, x, m, &self.part_refs().collect::<Vec<_>>(), accumulate);
             return;
         }

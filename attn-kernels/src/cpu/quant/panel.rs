@@ -1,10 +1,11 @@
 //! `x·Wᵀ` for many tokens over a weight's parts: rows are dequantized into f32 and multiplied
 //! into all tokens, so the dequantization is paid once per weight per step, not once per
-//! token. With AVX2 or AVX-512, up to `TOKEN_LANES_MAX_M` tokens each block of 12 rows is dequantized
-//! into a per-thread buffer just before `linear::token_lanes` multiplies it (activations
-//! transposed once per call); past [`SLABS_MIN_M`] tokens (prefill) every part's rows go into
-//! one slab of a few MB for one parallel `gemm` call ([`slabs`]); otherwise cache-sized panels
-//! of rows feed `gemm` one by one.
+//! token. With AVX2 or AVX-512 each block of 12 rows is dequantized into a per-thread buffer
+//! just before `linear::token_lanes` multiplies it (activations transposed once per call), for
+//! batched decode and prefill chunks alike (it beat dequantized slabs into `gemm` most where a
+//! weight has few rows, as a down projection does). Past [`slabs_min_m`] tokens every part's
+//! rows go into one slab of a few MB for one parallel `gemm` call ([`slabs`]); on the portable
+//! path, below that, cache-sized panels of rows feed `gemm` one by one.
 
 use std::cell::RefCell;
 
@@ -60,13 +61,13 @@ impl WeightRows for Dequantized<'_> {
     }
 }
 
-/// See the module doc: `out[t, r] (+)= x[t] · row r` for `t < m`, every row of `part`. Up to
-/// `TOKEN_LANES_MAX_M` tokens on AVX2 or AVX-512 the dequantized rows feed `token_lanes` instead of
-/// `gemm` (the activations transposed once per call, not packed again per panel).
+/// See the module doc: `out[t, r] (+)= x[t] · row r` for `t < m`, every row of `part`. On AVX2
+/// or AVX-512 the dequantized rows feed `token_lanes` instead of `gemm` (the activations
+/// transposed once per call, not packed again per panel).
 pub(super) fn matmul(isa: Isa, out: Out, x: &[f32], m: usize, part: &PartRef<'_>, accumulate: bool) {
     let k = part.cols;
     assert!(x.len() >= m * k, "panel::matmul: short activations");
-    if !(m <= TOKEN_LANES_MAX_M && via_token_lanes(isa, out, x, m, part, accumulate)) {
+    if !via_token_lanes(isa, out, x, m, part, accumulate) {
         via_gemm(isa, out, x, m, part, accumulate);
     }
 }
@@ -87,9 +88,14 @@ pub(super) fn via_token_lanes(
     unsafe { token_lanes_rows(isa, out.ptr, out.ldd, x, &rows, m, part.rows, part.cols, accumulate) }
 }
 
-/// Tokens above which a call takes [`slabs`]: past `token_lanes`' range, where the
-/// activations are large enough that `gemm` runs near its best.
-pub(super) const SLABS_MIN_M: usize = TOKEN_LANES_MAX_M;
+/// Tokens above which a call takes [`slabs`], where the activations are large enough that
+/// `gemm` runs near its best: on the portable path past `token_lanes`' range, with
+/// `token_lanes` (which dequantizes each row again per cache block of tokens) past a 2 048-token
+/// prefill chunk's half (measured: at 2 048 tokens the two are even, at 512 `token_lanes` wins
+/// where a weight has few rows).
+pub(super) fn slabs_min_m(isa: Isa) -> usize {
+    if crate::cpu::linear::token_lanes_runs_on(isa) { 8 * TOKEN_LANES_MAX_M } else { TOKEN_LANES_MAX_M }
+}
 
 /// Most bytes of f32 rows one [`slabs`] pass dequantizes before multiplying them: SmolLM2's
 /// largest weight but the embedding (gate + up, 7 MB) takes one pass.

@@ -327,12 +327,12 @@ fn assert_dense_product(dense: &[f32], k: usize, x: &[f32], dst: &[f32], base: f
     }
 }
 
-/// Past `token_lanes`' range a weight of quantized parts goes through `panel::slabs`: each
-/// part's columns filled, also when a slab ends inside a part and the next spans two.
+/// Past `panel::slabs_min_m` tokens a weight of quantized parts goes through `panel::slabs`:
+/// each part's columns filled, also when a slab ends inside a part and the next spans two.
 #[test]
 fn a_fused_quantized_weight_of_many_tokens_goes_through_slabs() {
     let mut rng = ChaCha8Rng::seed_from_u64(17);
-    let (k, m) = (256, panel::SLABS_MIN_M + 3);
+    let (k, m) = (256, panel::slabs_min_m(Isa::detected()) + 3);
     let specs = [(GgmlType::Q4_1, 5), (GgmlType::Q8_0, 3), (GgmlType::Q6_K, 4), (GgmlType::F16, 2)];
     let parts: Vec<Part> = specs
         .iter()
