@@ -344,7 +344,7 @@ impl Weight {
             _ => None,
         };
         // Batches over integer-code formats with int16 activations, where the CPU has VNNI.
-        if m > DECODE_MAX_M && precision == ActivationPrecision::Int16 {
+        if m > DECODE_MAX_M && precision == ActivationPrecision::Int16 && lanes16::runs_on(isa) {
             let mut col = 0;
             let parts: Vec<(PartRef<'_>, Out)> = self
                 .part_refs()

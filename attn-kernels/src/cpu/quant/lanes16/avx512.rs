@@ -4,10 +4,9 @@
 
 use std::arch::x86_64::*;
 
-use super::{NB, RowCodes, TM, group_len, has_offset};
+use super::{NB, RowCodes, TM, group_len, has_offset, k_quant_scales};
 use crate::cpu::linear::TileOut;
 use crate::cpu::quant::GgmlType;
-use crate::cpu::quant::avx2::f16_at;
 use crate::cpu::quant::int16::{Codes, Layout};
 
 /// `codes[i] = round((values[i] − m) / d)` per group (`gl` values a scale `d`, 32 an offset `m`):
@@ -146,10 +145,9 @@ pub(super) unsafe fn direct_codes<F: Codes>(
 pub(super) unsafe fn q4_k_codes(row: &[u8], d: &mut [f32], m: &mut [f32], codes: &mut [i16]) {
     let low4 = _mm256_set1_epi8(0x0f);
     for (b, block) in row.chunks_exact(144).enumerate() {
-        // SAFETY: the block's 144 bytes are in the row; sub-blocks 8b..8b+8 index the scales
-        // and their 256 codes from 256·b lie in `codes` (k = 256 × blocks).
+        // SAFETY: the block's 144 bytes are in the row; its 256 codes from 256·b lie in `codes`
+        // (k = 256 × blocks).
         unsafe {
-            let (dd, dmin) = (f16_at(block.as_ptr()), f16_at(block.as_ptr().add(2)));
             for j in 0..4 {
                 let q = _mm256_loadu_si256(block.as_ptr().add(16 + 32 * j).cast());
                 let lo = _mm256_and_si256(q, low4);
@@ -158,11 +156,8 @@ pub(super) unsafe fn q4_k_codes(row: &[u8], d: &mut [f32], m: &mut [f32], codes:
                 _mm512_storeu_si512(out.cast(), _mm512_cvtepu8_epi16(lo));
                 _mm512_storeu_si512(out.add(1).cast(), _mm512_cvtepu8_epi16(hi));
             }
-            for j in 0..8 {
-                let (sc, mn) = crate::cpu::ggml::scale_min_k4(j, &block[4..16]);
-                (d[8 * b + j], m[8 * b + j]) = (dd * f32::from(sc), -(dmin * f32::from(mn)));
-            }
         }
+        k_quant_scales(block, &mut d[8 * b..8 * b + 8], &mut m[8 * b..8 * b + 8]);
     }
 }
 

@@ -218,13 +218,7 @@ fn group_scales(ty: GgmlType, row: &[u8], d: &mut [f32], m: &mut [f32]) {
     for (b, block) in row.chunks_exact(block_bytes).enumerate() {
         match ty {
             GgmlType::Q5_1 => (d[b], m[b]) = (f16_at(block, 0), f16_at(block, 2)),
-            GgmlType::Q5_K => {
-                let (dd, dmin) = (f16_at(block, 0), f16_at(block, 2));
-                for j in 0..8 {
-                    let (sc, mn) = crate::cpu::ggml::scale_min_k4(j, &block[4..16]);
-                    (d[8 * b + j], m[8 * b + j]) = (dd * f32::from(sc), -(dmin * f32::from(mn)));
-                }
-            }
+            GgmlType::Q5_K => k_quant_scales(block, &mut d[8 * b..8 * b + 8], &mut m[8 * b..8 * b + 8]),
             GgmlType::Q6_K => {
                 let dd = f16_at(block, 208);
                 for s in 0..16 {
@@ -234,6 +228,17 @@ fn group_scales(ty: GgmlType, row: &[u8], d: &mut [f32], m: &mut [f32]) {
             }
             other => unreachable!("lanes16 recovers no {other:?} codes"),
         }
+    }
+}
+
+/// A Q4_K or Q5_K block's eight sub-blocks' scales `d·sc` and offsets `−dmin·m` (the products
+/// ggml's dequantization forms, so codes recovered from its values are exact).
+fn k_quant_scales(block: &[u8], d: &mut [f32], m: &mut [f32]) {
+    let f16_at = |at: usize| half::f16::from_le_bytes([block[at], block[at + 1]]).to_f32();
+    let (dd, dmin) = (f16_at(0), f16_at(2));
+    for (j, (d, m)) in d.iter_mut().zip(m.iter_mut()).enumerate() {
+        let (sc, mn) = crate::cpu::ggml::scale_min_k4(j, &block[4..16]);
+        (*d, *m) = (dd * f32::from(sc), -(dmin * f32::from(mn)));
     }
 }
 
