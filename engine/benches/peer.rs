@@ -2,8 +2,8 @@
 //! in one run. llama.cpp is llama-cpp-python built from its sdist with `GGML_NATIVE=ON` in
 //! `target/venv-llamacpp` (built here when missing or made for another CPU, ~11 min on two
 //! cores) running the GGUFs of the default model (Q4_1) and of Gemma 3 270M (Q4_K_M); ours
-//! loads the same GGUF natively (weights kept quantized, f32 activations), prefix caching off
-//! (the same prompt runs several times).
+//! loads the same GGUF natively (weights kept quantized, the default activations: int16 on
+//! AVX-512 VNNI CPUs, f32 elsewhere), prefix caching off (the same prompt runs several times).
 //!
 //! Cases (token-id prompts, greedy, `ignore_eos`): `prefill_512` (one 512-token prompt),
 //! `prefill_6000` (one 6 000-token prompt, chunked by both sides' 2 048-token batch),
@@ -11,10 +11,12 @@
 //! of a sliding-window layer, `swa_full` off), `decode_b1` (128 tokens after a 40-token prompt),
 //! `e2e_64` (64 requests of ~40 tokens in, 128 out, all at once, prefill included). Figures
 //! `peer.<case>_over_llamacpp` (ours ÷ theirs, tok/s; `peer.gemma3.<case>_…` for Gemma) and both
-//! sides' raw tok/s, medians of 3; the same for ours with the opt-in int16 activations
-//! (`peer.int16.<case>_…`, `peer.gemma3.int16.<case>_…`); a table and a bar chart per model in the report. Not part of
+//! sides' raw tok/s, medians of 3; the same for ours with f32 activations (`peer.f32.<case>_…`,
+//! `peer.gemma3.f32.<case>_…`); a table and a bar chart per model in the report. Not part of
 //! `cargo xtask test`. With `PEER_ONLY=<text>` only the models whose figure prefix or name contains
-//! it run (`PEER_ONLY=gemma3`, `PEER_ONLY=smollm2`).
+//! it run (`PEER_ONLY=gemma3`, `PEER_ONLY=smollm2`). With `PEER_SIDE=ours` only ours (the default
+//! activations) is measured, into `<prefix><case>_ours_tok_s`: for comparing two builds of ours in alternation,
+//! against one llama.cpp build whose figures do not change between them.
 
 use std::error::Error;
 use std::fmt::Write as _;
@@ -223,12 +225,16 @@ fn main() -> Result<(), Box<dyn Error>> {
     // Beside the figures folder, whose every .json is read as figures.
     let report_dir = figures_dir.parent().unwrap_or(&figures_dir).to_path_buf();
     let only = std::env::var("PEER_ONLY").unwrap_or_default();
-    let python = llamacpp_python()?;
+    let ours_only = std::env::var("PEER_SIDE").is_ok_and(|s| s == "ours");
+    let python = if ours_only { None } else { Some(llamacpp_python()?) };
     let mut figures = serde_json::Map::new();
     let mut md = "## Against llama.cpp (`peer`)\n".to_owned();
     for (i, m) in models.iter().enumerate().filter(|(_, m)| runs(m, &only)) {
         let svg = format!("peer{}.svg", if i == 0 { String::new() } else { format!("-{i}") });
-        md += &compare(m, &python, &report_dir, &svg, &mut figures)?;
+        md += &match &python {
+            Some(python) => compare(m, python, &report_dir, &svg, &mut figures)?,
+            None => ours_alone(m, &mut figures)?,
+        };
     }
     let figures = Value::Object(figures);
     std::fs::write(figures_dir.join("peer.json"), serde_json::to_string_pretty(&figures)? + "\n")?;
@@ -244,6 +250,32 @@ fn runs(m: &PeerModel, only: &str) -> bool {
     m.prefix.contains(only) || m.label.to_lowercase().contains(&only.to_lowercase())
 }
 
+/// The engine's configuration for `m`: prefix caching off, since the same prompts run again.
+fn engine_config(m: &PeerModel) -> EngineConfig {
+    EngineConfig {
+        max_model_len: Some(8192),
+        kv_cache: KvCacheSize::Blocks(m.kv_blocks),
+        enable_prefix_caching: false,
+        log_interval: std::time::Duration::ZERO,
+        ..EngineConfig::default()
+    }
+}
+
+/// Ours alone on `m` (the default activations): its raw tok/s into `figures`; returns its
+/// section of the report.
+fn ours_alone(m: &PeerModel, figures: &mut serde_json::Map<String, Value>) -> Result<String, Box<dyn Error>> {
+    let mut engine = Engine::new(&(m.gguf)()?, engine_config(m))?;
+    let w = workload(&engine);
+    let ours = measure_ours(&mut engine, &w)?;
+    let mut md = format!("\n### {} (ours alone)\n\n| case | ours tok/s |\n|---|---:|\n", m.label);
+    for (case, what) in CASES {
+        let o = ours[format!("{case}_tok_s")].as_f64().unwrap_or(f64::NAN);
+        figures.insert(format!("{}{case}_ours_tok_s", m.prefix), json!(o));
+        writeln!(md, "| {what} | {o:.1} |")?;
+    }
+    Ok(md)
+}
+
 /// Both sides on `m`: its figures into `figures`, a bar chart into `report_dir/svg`; returns
 /// its section of the report.
 fn compare(
@@ -254,13 +286,7 @@ fn compare(
     figures: &mut serde_json::Map<String, Value>,
 ) -> Result<String, Box<dyn Error>> {
     let gguf = &(m.gguf)()?;
-    let config = EngineConfig {
-        max_model_len: Some(8192),
-        kv_cache: KvCacheSize::Blocks(m.kv_blocks),
-        enable_prefix_caching: false,
-        log_interval: std::time::Duration::ZERO,
-        ..EngineConfig::default()
-    };
+    let config = engine_config(m);
     let mut engine = Engine::new(gguf, config.clone())?;
     let w = workload(&engine);
     let workload_path = report_dir.join(format!("{}workload.json", m.prefix.replace('.', "-")));
@@ -291,18 +317,18 @@ fn compare(
     let theirs: Value = serde_json::from_slice(&out.stdout)?;
     let ours = measure_ours(&mut engine, &w)?;
     drop(engine);
-    // The same with the opt-in int16 activations (its integer kernels; llama.cpp's own CPU
-    // matmuls round activations to 8 bits).
-    let int16_config = EngineConfig { decode_activations: ActivationPrecision::Int16, ..config };
-    let ours16 = measure_ours(&mut Engine::new(gguf, int16_config)?, &w)?;
+    // The same with f32 activations (what the weights' f32 dequantization computes; llama.cpp's
+    // own CPU matmuls round activations to 8 bits).
+    let f32_config = EngineConfig { decode_activations: ActivationPrecision::F32, ..config };
+    let ours_f32 = measure_ours(&mut Engine::new(gguf, f32_config)?, &w)?;
+    let default = ActivationPrecision::default().resolve(attn_kernels::Isa::detected());
 
     let mut md = format!(
         "\n### {}\n\nSame token ids, {threads} threads, medians of {REPS}: both on the same {} GGUF, ours \
-         loading it natively (weights kept quantized, f32 activations), llama.cpp (llama-cpp-python {}, \
-         `GGML_NATIVE=ON`). Command: `cargo xtask bench --only peer`.\n\n\
-         `int16` is ours with `--decode-activations int16` (integer kernels; on AVX-512 VNNI also \
-         for batches).\n\n\
-         | case | ours tok/s | llama.cpp tok/s | ours ÷ llama.cpp | int16 tok/s | int16 ÷ llama.cpp |\n\
+         loading it natively (weights kept quantized, the default activations: {default:?} on this CPU), \
+         llama.cpp (llama-cpp-python {}, `GGML_NATIVE=ON`). Command: `cargo xtask bench --only peer`.\n\n\
+         `f32` is ours with `--decode-activations f32` (what the weights' f32 dequantization computes).\n\n\
+         | case | ours tok/s | llama.cpp tok/s | ours ÷ llama.cpp | f32 tok/s | f32 ÷ llama.cpp |\n\
          |---|---:|---:|---:|---:|---:|\n",
         m.label,
         m.weights,
@@ -313,13 +339,13 @@ fn compare(
     for (case, what) in CASES {
         let key = format!("{case}_tok_s");
         let rate = |v: &Value| v[&key].as_f64().unwrap_or(f64::NAN);
-        let (o, t, o16) = (rate(&ours), rate(&theirs), rate(&ours16));
+        let (o, t, of) = (rate(&ours), rate(&theirs), rate(&ours_f32));
         figures.insert(format!("{prefix}{case}_over_llamacpp"), json!(o / t));
         figures.insert(format!("{prefix}{case}_ours_tok_s"), json!(o));
         figures.insert(format!("{prefix}{case}_llamacpp_tok_s"), json!(t));
-        figures.insert(format!("{prefix}int16.{case}_over_llamacpp"), json!(o16 / t));
-        figures.insert(format!("{prefix}int16.{case}_ours_tok_s"), json!(o16));
-        writeln!(md, "| {what} | {o:.1} | {t:.1} | {:.2} | {o16:.1} | {:.2} |", o / t, o16 / t)?;
+        figures.insert(format!("{prefix}f32.{case}_over_llamacpp"), json!(of / t));
+        figures.insert(format!("{prefix}f32.{case}_ours_tok_s"), json!(of));
+        writeln!(md, "| {what} | {o:.1} | {t:.1} | {:.2} | {of:.1} | {:.2} |", o / t, of / t)?;
         bars.push((case, o, t));
     }
     if no_extra_bufts {

@@ -48,7 +48,11 @@ pub static QUANTIZATION: Choices<Quantization> =
 
 pub static DECODE_ACTIVATIONS: Choices<ActivationPrecision> = Choices {
     arg: "decode_activations",
-    values: &[("f32", ActivationPrecision::F32), ("int16", ActivationPrecision::Int16)],
+    values: &[
+        ("auto", ActivationPrecision::Auto),
+        ("f32", ActivationPrecision::F32),
+        ("int16", ActivationPrecision::Int16),
+    ],
 };
 
 /// Engine settings; `Default` gives vLLM-like values for a small CPU deployment.
@@ -92,11 +96,11 @@ pub struct EngineConfig {
     /// Quantize float weights at load (vLLM's `--quantization`); `None` keeps every weight in
     /// the format its file stores (a GGUF's own quantization, bf16 of a bf16 checkpoint).
     pub quantization: Option<Quantization>,
-    /// How the CPU's matmuls over quantized weights take their activations: f32 (the default:
-    /// what the f32 dequantization computes), or `Int16` on integer kernels — decode over
-    /// Q4_0/Q4_1/Q5_0/Q8_0 and, with AVX-512 VNNI, batches (prefill, batched decode) over every
-    /// integer-code format (a measured ~1e-2 of logit error; faster where the float kernels are
-    /// compute-bound).
+    /// How the CPU's matmuls over quantized weights take their activations: `F32` (what the f32
+    /// dequantization computes), `Int16` on integer kernels — decode over Q4_0/Q4_1/Q5_0/Q8_0
+    /// and, with AVX-512 VNNI, batches (prefill, batched decode) over every integer-code format
+    /// (logits within the goldens' tolerance, measured by the model crate's tests) — or `Auto`
+    /// (the default): `Int16` where the CPU has AVX-512 VNNI, `F32` elsewhere.
     pub decode_activations: ActivationPrecision,
     /// A Jinja chat template file that replaces the model's own (vLLM's `--chat-template`).
     pub chat_template: Option<std::path::PathBuf>,

@@ -1,6 +1,6 @@
 //! `model` benchmarks (a plain program, `harness = false`): the f32 GEMM roofline, a memcpy
 //! bandwidth and a read-only sum measured in the same run, then SmolLM2-135M prefill, batch-1
-//! decode (default and int16 activations) and batch-64 decode at context 512, on the engine's
+//! decode (the default, f32 and int16 activations) and batch-64 decode at context 512, on the engine's
 //! bf16 cache, with the fractions of those rooflines they reach.
 //! Writes `$BENCH_FIGURES_DIR/model.json` and `model.md`; `BENCH_QUICK=1` takes fewer samples.
 
@@ -202,7 +202,7 @@ fn main() {
     // Each activation precision of the decode matmuls in turn, sample by sample (round robin,
     // so the machine's drift falls on all alike); the default's is the headline figure.
     let decode1 = build_batch(&seqs[..1], &[1], BLOCK, false);
-    let precisions = [ActivationPrecision::default(), ActivationPrecision::Int16];
+    let precisions = [ActivationPrecision::default(), ActivationPrecision::F32, ActivationPrecision::Int16];
     let mut times = vec![Vec::new(); precisions.len()];
     for round in 0..=samples * 3 {
         for (i, &p) in precisions.iter().enumerate() {
@@ -227,9 +227,10 @@ fn main() {
     let decode_tok_s_b1 = 1.0 / b1_secs[0];
     let bw_fraction = step_bytes / b1_secs[0] / memcpy;
     eprintln!(
-        "decode b1 {decode_tok_s_b1:.1} tok/s ({:.2} GB/s); int16 activations {:.1} tok/s",
+        "decode b1 {decode_tok_s_b1:.1} tok/s ({:.2} GB/s); f32 activations {:.1}, int16 {:.1} tok/s",
         step_bytes / b1_secs[0] / 1e9,
         1.0 / b1_secs[1],
+        1.0 / b1_secs[2],
     );
 
     // Decode at batch 64, context 512 each.
@@ -251,8 +252,10 @@ fn main() {
         "model.decode_b1_bw_fraction": bw_fraction,
         "model.read_gb_s": read / 1e9,
         "model.decode_b1_read_fraction": step_bytes / b1_secs[0] / read,
-        "model.decode_tok_s_b1_int16": 1.0 / b1_secs[1],
-        "model.decode_b1_bw_fraction_int16": step_bytes / b1_secs[1] / memcpy,
+        "model.decode_tok_s_b1_f32": 1.0 / b1_secs[1],
+        "model.decode_b1_bw_fraction_f32": step_bytes / b1_secs[1] / memcpy,
+        "model.decode_tok_s_b1_int16": 1.0 / b1_secs[2],
+        "model.decode_b1_bw_fraction_int16": step_bytes / b1_secs[2] / memcpy,
         "model.decode_tok_s_b64": decode_tok_s_b64,
         "model.decode_b64_gemm_fraction": gemm_fraction,
     });
@@ -262,7 +265,8 @@ fn main() {
          | f32 GEMM 1024³ | {gflops:.1} GFLOP/s |\n| memcpy (bytes read + written /s, all cores) | {:.2} GB/s |\n| read-only sum (all cores) | {:.2} GB/s |\n\
          | prefill, one 512-token prompt | {prefill_tok_s:.0} tok/s |\n\
          | decode batch 1, context 512 | {decode_tok_s_b1:.1} tok/s ({:.0} MB of weights + {:.0} MB of {KV_DTYPE:?} K/V per token, {bw_fraction:.2} of memcpy, {:.2} of the read-only sum) |\n\
-         | decode batch 1, int16 activations (opt-in) | {:.1} tok/s ({:.2} of memcpy) |\n\
+         | decode batch 1, f32 activations | {:.1} tok/s ({:.2} of memcpy) |\n\
+         | decode batch 1, int16 activations | {:.1} tok/s ({:.2} of memcpy) |\n\
          | decode batch 64, context 512 | {decode_tok_s_b64:.0} tok/s ({gemm_fraction:.2} of the GEMM roofline, matmul + attention FLOPs) |\n",
         rayon::current_num_threads(),
         memcpy / 1e9,
@@ -272,6 +276,8 @@ fn main() {
         step_bytes / b1_secs[0] / read,
         1.0 / b1_secs[1],
         step_bytes / b1_secs[1] / memcpy,
+        1.0 / b1_secs[2],
+        step_bytes / b1_secs[2] / memcpy,
     );
     match std::env::var_os("BENCH_FIGURES_DIR") {
         Some(out) => {

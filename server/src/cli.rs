@@ -23,9 +23,10 @@ pub struct EngineKnobs {
     #[arg(long, value_parser = choice(&QUANTIZATION))]
     pub quantization: Option<Quantization>,
     /// Activations of the CPU's matmuls over quantized weights: f32 (what the f32 dequantization
-    /// computes) or int16 (integer kernels for decode over Q4_0/Q4_1/Q5_0/Q8_0 and, with AVX-512
-    /// VNNI, for batches over every integer-code format; ~1e-2 of logit error measured).
-    #[arg(long, value_parser = choice(&DECODE_ACTIVATIONS), default_value = "f32")]
+    /// computes), int16 (integer kernels for decode over Q4_0/Q4_1/Q5_0/Q8_0 and, with AVX-512
+    /// VNNI, for batches over every integer-code format; logits within the goldens' tolerance),
+    /// or auto: int16 where the CPU has AVX-512 VNNI, f32 elsewhere.
+    #[arg(long, value_parser = choice(&DECODE_ACTIVATIONS), default_value = "auto")]
     pub decode_activations: ActivationPrecision,
     /// Tokens per KV block (8, 16 or 32).
     #[arg(long, default_value_t = 16)]
@@ -226,7 +227,7 @@ mod tests {
         assert_eq!(c.preemption_mode, PreemptionMode::Swap);
         let d = knobs(&[]).config();
         assert_eq!(d.quantization, None);
-        assert_eq!(d.decode_activations, ActivationPrecision::F32);
+        assert_eq!(d.decode_activations, ActivationPrecision::Auto);
         assert_eq!(d.preemption_mode, PreemptionMode::Recompute);
         let cli = <Cli as clap::Parser>::try_parse_from(["run", "--kv-dtype", "BF16"]);
         assert!(cli.is_err(), "names are matched exactly");

@@ -15,8 +15,8 @@ use crate::harness::{argmax, greedy_batch};
 /// our f32 sums run in a different order, over 30 layers).
 const LOGIT_TOL: f32 = 1e-3;
 
-/// The same for the opt-in int16 activations (`ActivationPrecision::Int16`: 2⁻¹⁶ of each
-/// group's largest activation per decode matmul): measured 1.1e-2 on these goldens (AVX-512,
+/// The same for int16 activations (`ActivationPrecision::Int16`, the default on AVX-512 VNNI
+/// CPUs: 2⁻¹⁶ of each group's largest activation per matmul): measured 1.1e-2 on these goldens (AVX-512,
 /// every golden token kept); the bound leaves ~3× for other CPUs' paths.
 const INT16_LOGIT_TOL: f32 = 3e-2;
 
@@ -116,12 +116,12 @@ fn config_and_chat_template_match_from(source: Source) {
 
 /// All golden prompts run together: one mixed prefill step, then batched greedy decoding;
 /// every token must match and every top-5 logit be within `LOGIT_TOL`. The goldens are the
-/// Q4_1 model's, so the GGUF with its weights left quantized must meet them as the f32
-/// dequantization does.
+/// Q4_1 model's, so the GGUF with its weights left quantized and f32 activations must meet
+/// them as the f32 dequantization does.
 #[test]
 fn greedy_generations_and_logits_match_the_goldens() {
     for source in SOURCES {
-        greedy_generations_and_logits_match_from(source, ActivationPrecision::default(), LOGIT_TOL, 1);
+        greedy_generations_and_logits_match_from(source, ActivationPrecision::F32, LOGIT_TOL, 1);
     }
 }
 
@@ -130,11 +130,12 @@ fn greedy_generations_and_logits_match_the_goldens() {
 /// slabs into `gemm` on the portable path), and batch-12 decoding after it.
 #[test]
 fn a_prefill_sized_batch_matches_the_goldens() {
-    greedy_generations_and_logits_match_from(Source::Gguf, ActivationPrecision::default(), LOGIT_TOL, 3);
+    greedy_generations_and_logits_match_from(Source::Gguf, ActivationPrecision::F32, LOGIT_TOL, 3);
 }
 
-/// The optional int16-activation decode path (`ActivationPrecision::Int16`) on the GGUF: every
-/// golden token, and top-5 logits within its own tolerance, measured (see `INT16_LOGIT_TOL`).
+/// Int16 activations (`ActivationPrecision::Int16`: the integer decode kernels, and on AVX-512
+/// VNNI the batch kernels for the prefill) on the GGUF: every golden token, and top-5 logits
+/// within their own tolerance, measured (see `INT16_LOGIT_TOL`).
 #[test]
 fn int16_activations_keep_the_golden_tokens_within_their_tolerance() {
     greedy_generations_and_logits_match_from(Source::Gguf, ActivationPrecision::Int16, INT16_LOGIT_TOL, 1);

@@ -1,15 +1,15 @@
 //! Weight matrices kept in their storage format (f32, f16, bf16 and ggml's Q4_0, Q4_1, Q5_0,
-//! Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), memory-mapped when they come from a file, and `x·Wᵀ` over them with f32
-//! activations: a quantized model computes what its f32 dequantization would, while each
-//! decode step reads the quantized bytes only.
+//! Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), memory-mapped when they come from a file, and `x·Wᵀ` over them,
+//! each decode step reading the quantized bytes only. With f32 activations a quantized model
+//! computes what its f32 dequantization would; with int16 ones ([`ActivationPrecision`], the
+//! default where the CPU has AVX-512 VNNI) the integer-code formats multiply in integers.
 //!
 //! Where the work goes: a few tokens (decode, [`DECODE_MAX_M`] or fewer) run [`decode`], which
 //! dequantizes each weight group in registers and streams every byte once for all tokens (or,
-//! opted into with [`ActivationPrecision::Int16`], multiplies Q4_0/Q4_1/Q5_0/Q8_0 codes into int16
-//! activations, [`int16`]); with that option on an AVX-512 VNNI CPU, more tokens over the
-//! integer-code formats run [`lanes16`] (int16 activations in the lanes of `vpdpwssd`, the
-//! compute-bound shapes' integer path);
-//! more tokens run [`panel`], which dequantizes rows into f32 once per call and multiplies
+//! with int16 activations, multiplies Q4_0/Q4_1/Q5_0/Q8_0 codes into them, [`int16`]); with
+//! int16 activations on an AVX-512 VNNI CPU, more tokens over the integer-code formats run
+//! [`lanes16`] (int16 activations in the lanes of `vpdpwssd`, the compute-bound shapes' integer
+//! path); more tokens otherwise run [`panel`], which dequantizes rows into f32 once per call and multiplies
 //! them into every token: 12 rows at a time into `linear::token_lanes` on AVX2 and AVX-512
 //! (batched decode and prefill chunks alike), or on the portable path panels of rows into
 //! `gemm`; past `panel::slabs_min_m` tokens whole weights in slabs of a few MB into one `gemm`
@@ -118,14 +118,32 @@ pub const DECODE_MAX_M: usize = 8;
 /// the f32 kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ActivationPrecision {
-    /// As f32: each group's codes converted to f32 and multiplied into the activations, so a
-    /// quantized model computes what its f32 dequantization would (the default).
+    /// [`Int16`](Self::Int16) where the kernels' ISA has AVX-512 VNNI (there the integer
+    /// kernels are the faster ones for every batch size), [`F32`](Self::F32) elsewhere: the
+    /// default. Decode and batches then round alike, so a sequence's logits do not depend on
+    /// how many others share its step beyond the f32 sums' order.
     #[default]
+    Auto,
+    /// As f32: each group's codes converted to f32 and multiplied into the activations, so a
+    /// quantized model computes what its f32 dequantization would.
     F32,
     /// Rounded once per call to int16 with one scale per 32 values, for integer kernels
     /// (`int16`, `lanes16`): 2⁻¹⁶ of each group's largest value, a measured tolerance (the model
-    /// crate's golden tests), an option for CPUs where the float kernels are compute-bound.
+    /// crate's golden tests). Finer than the 8-bit activations llama.cpp's CPU matmuls and the
+    /// GGUF kernels of vLLM round to.
     Int16,
+}
+
+impl ActivationPrecision {
+    /// What this precision means for kernels of `isa`: [`Auto`](Self::Auto) decided, the
+    /// others as they are.
+    pub fn resolve(self, isa: Isa) -> Self {
+        match self {
+            Self::Auto if lanes16::runs_on(isa) => Self::Int16,
+            Self::Auto => Self::F32,
+            other => other,
+        }
+    }
 }
 
 /// Rows of one storage format inside a [`Weight`].
@@ -297,7 +315,8 @@ impl Weight {
         self.parts.iter().map(|p| PartRef { ty: p.ty, rows: p.rows, cols: self.cols, bytes: p.data.bytes() })
     }
 
-    /// `dst[m, rows] (+)= x[m, cols] · Wᵀ`, with `accumulate` adding to `dst` (the residual).
+    /// `dst[m, rows] (+)= x[m, cols] · Wᵀ`, with `accumulate` adding to `dst` (the residual), f32
+    /// activations.
     pub fn matmul(&self, dst: &mut [f32], x: &[f32], m: usize, accumulate: bool) {
         self.matmul_with(Isa::detected(), dst, x, m, accumulate);
     }
@@ -305,7 +324,7 @@ impl Weight {
     /// [`Self::matmul`] on a chosen path (tests force each one; one this CPU lacks runs as
     /// [`Isa::Portable`]).
     pub fn matmul_with(&self, isa: Isa, dst: &mut [f32], x: &[f32], m: usize, accumulate: bool) {
-        self.matmul_as(isa, ActivationPrecision::default(), dst, x, m, accumulate);
+        self.matmul_as(isa, ActivationPrecision::F32, dst, x, m, accumulate);
     }
 
     /// [`Self::matmul_with`] with the decode activations taken at `precision`.
@@ -322,6 +341,7 @@ impl Weight {
         assert!(dst.len() >= m * n && x.len() >= m * k, "Weight::matmul: short buffer");
         // Every kernel below may take `isa`'s instructions: only ones this CPU has.
         let isa = if isa.is_available() { isa } else { Isa::Portable };
+        let precision = precision.resolve(isa);
         if let Some(w) = self.as_f32() {
             linear(dst, x, w, m, n, k, accumulate);
             return;
