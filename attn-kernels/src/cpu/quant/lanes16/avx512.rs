@@ -161,6 +161,83 @@ pub(super) unsafe fn q4_k_codes(row: &[u8], d: &mut [f32], m: &mut [f32], codes:
     }
 }
 
+/// A Q6_K row straight into its centred codes (`q − 32`) and its sub-blocks' scales `d·sc`
+/// (one per 16 values; no offsets). ggml's layout, per half of 128 values: 64 bytes of low
+/// nibbles (bytes `l` and `l + 32` give values `l`, `l + 32` low and `l + 64`, `l + 96` high) and
+/// 32 bytes holding each value's two high bits (byte `l`, bit pairs for `l`, `l + 32`, `l + 64`,
+/// `l + 96`).
+///
+/// # Safety
+/// AVX-512F/BW; `row` holds `k / 256` Q6_K blocks; `codes` has `k` entries, `d` `k/16`, `m` `k/32`.
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+pub(super) unsafe fn q6_k_codes(row: &[u8], d: &mut [f32], m: &mut [f32], codes: &mut [i16]) {
+    let (low4, bits45, centre) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x30), _mm256_set1_epi8(32));
+    for (b, block) in row.chunks_exact(210).enumerate() {
+        // SAFETY: the block's 210 bytes are in the row; its 256 codes from 256·b lie in `codes`.
+        unsafe {
+            for half in 0..2 {
+                let ql = block.as_ptr().add(64 * half);
+                let (a, c) = (_mm256_loadu_si256(ql.cast()), _mm256_loadu_si256(ql.add(32).cast()));
+                let h = _mm256_loadu_si256(block.as_ptr().add(128 + 32 * half).cast());
+                // Each value's two high bits moved to bits 4–5 of its byte.
+                let high = [
+                    _mm256_and_si256(_mm256_slli_epi16::<4>(h), bits45),
+                    _mm256_and_si256(_mm256_slli_epi16::<2>(h), bits45),
+                    _mm256_and_si256(h, bits45),
+                    _mm256_and_si256(_mm256_srli_epi16::<2>(h), bits45),
+                ];
+                let low = [
+                    _mm256_and_si256(a, low4),
+                    _mm256_and_si256(c, low4),
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(a), low4),
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(c), low4),
+                ];
+                let out = codes.as_mut_ptr().add(256 * b + 128 * half).cast::<__m512i>();
+                for q in 0..4 {
+                    let q8 = _mm256_sub_epi8(_mm256_or_si256(low[q], high[q]), centre);
+                    _mm512_storeu_si512(out.add(q).cast(), _mm512_cvtepi8_epi16(q8));
+                }
+            }
+        }
+        let dd = half::f16::from_le_bytes([block[208], block[209]]).to_f32();
+        for (s, d) in d[16 * b..16 * b + 16].iter_mut().enumerate() {
+            *d = dd * f32::from(block[192 + s] as i8);
+        }
+        m[8 * b..8 * b + 8].fill(0.0);
+    }
+}
+
+/// A Q5_K row straight into its codes (`q`, 0 to 31), scales `d·sc` and offsets `−dmin·m` per
+/// sub-block of 32: Q4_K's nibbles (the run of 32 bytes `j` holds sub-blocks `2j` and `2j + 1`)
+/// with a fifth bit each from the 32 high-bit bytes (bit `2j`, `2j + 1` of byte `l`).
+///
+/// # Safety
+/// AVX-512F/BW; `row` holds `k / 256` Q5_K blocks; `codes` has `k` entries, `d` and `m` `k/32`.
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+pub(super) unsafe fn q5_k_codes(row: &[u8], d: &mut [f32], m: &mut [f32], codes: &mut [i16]) {
+    let (low4, sixteen) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(16));
+    // The fifth bit of sub-block `s` (bit `s` of its high-bit byte) as 16 or 0.
+    let fifth = |qh: __m256i, s: usize| {
+        let bit = _mm256_set1_epi8((1u8 << s) as i8);
+        _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit), sixteen)
+    };
+    for (b, block) in row.chunks_exact(176).enumerate() {
+        // SAFETY: the block's 176 bytes are in the row; its 256 codes from 256·b lie in `codes`.
+        unsafe {
+            let qh = _mm256_loadu_si256(block.as_ptr().add(16).cast());
+            for j in 0..4 {
+                let q = _mm256_loadu_si256(block.as_ptr().add(48 + 32 * j).cast());
+                let lo = _mm256_or_si256(_mm256_and_si256(q, low4), fifth(qh, 2 * j));
+                let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(q), low4), fifth(qh, 2 * j + 1));
+                let out = codes.as_mut_ptr().add(256 * b + 64 * j).cast::<__m512i>();
+                _mm512_storeu_si512(out.cast(), _mm512_cvtepu8_epi16(lo));
+                _mm512_storeu_si512(out.add(1).cast(), _mm512_cvtepu8_epi16(hi));
+            }
+        }
+        k_quant_scales(block, &mut d[8 * b..8 * b + 8], &mut m[8 * b..8 * b + 8]);
+    }
+}
+
 /// One output tile: a token panel of the activations times decoded rows.
 pub(super) struct Tile<'a> {
     /// The panel's words `[k/2][TM][2]`, scales and sums `[k/32][TM]`.

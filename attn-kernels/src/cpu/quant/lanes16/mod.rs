@@ -10,9 +10,9 @@
 //!   for the offset formats, one offset) per group ([`RowCodes`]); a pair of a row's codes is
 //!   broadcast from there into every token lane. Centred formats (Q4_0, Q5_0, Q8_0, Q6_K) store
 //!   `q − centre`, so their value is `d·code`; offset formats (Q4_1, Q5_1, Q4_K, Q5_K) `d·q + m`,
-//!   the offset multiplied into the exact f32 group sums of the activations. Q4_0, Q4_1, Q5_0,
-//!   Q8_0 and Q4_K codes come straight from the bytes; the others are recovered from the SIMD
-//!   dequantization (one exact division per group), which small batches feel.
+//!   the offset multiplied into the exact f32 group sums of the activations. Every format's
+//!   codes but Q5_1's come straight from the bytes; Q5_1's are recovered from the SIMD
+//!   dequantization (one exact division per group).
 //! - Each group's integer sums are exact (|code·x| < 2¹⁵·2⁷, 32 to a group) and scaled once by
 //!   `d·dx` into f32 accumulators: per group of 32 (Q6_K: of 16, its sub-block) the only
 //!   rounding besides f32 sums is the activations' (2⁻¹⁶ of each group's largest).
@@ -190,6 +190,10 @@ impl RowCodes {
                 GgmlType::Q4_1 => direct!(super::int16::Q4_1, 0),
                 // SAFETY: as for `direct!`; the row is k / 256 Q4_K blocks.
                 GgmlType::Q4_K => unsafe { avx512::q4_k_codes(row, d, m, codes) },
+                // SAFETY: as for `direct!`; the row is k / 256 Q5_K blocks.
+                GgmlType::Q5_K => unsafe { avx512::q5_k_codes(row, d, m, codes) },
+                // SAFETY: as for `direct!`; the row is k / 256 Q6_K blocks (d has k / 16 scales).
+                GgmlType::Q6_K => unsafe { avx512::q6_k_codes(row, d, m, codes) },
                 _ => self.recover(isa, part.ty, row, i),
             }
         }
@@ -209,23 +213,14 @@ impl RowCodes {
     }
 }
 
-/// Each group's scale `d` (per [`group_len`] values) and offset `m` (per 32; zero for Q6_K,
-/// whose codes are centred) of one row of a format [`RowCodes::recover`] takes, such that
-/// `value = d·code + m`.
+/// Each group's scale `d` and offset `m` (per 32) of one row of a format [`RowCodes::recover`]
+/// takes, such that `value = d·code + m`.
 fn group_scales(ty: GgmlType, row: &[u8], d: &mut [f32], m: &mut [f32]) {
     let f16_at = |b: &[u8], at: usize| half::f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
     let (_, block_bytes) = ty.block();
     for (b, block) in row.chunks_exact(block_bytes).enumerate() {
         match ty {
             GgmlType::Q5_1 => (d[b], m[b]) = (f16_at(block, 0), f16_at(block, 2)),
-            GgmlType::Q5_K => k_quant_scales(block, &mut d[8 * b..8 * b + 8], &mut m[8 * b..8 * b + 8]),
-            GgmlType::Q6_K => {
-                let dd = f16_at(block, 208);
-                for s in 0..16 {
-                    d[16 * b + s] = dd * f32::from(block[192 + s] as i8);
-                }
-                m[8 * b..8 * b + 8].fill(0.0);
-            }
             other => unreachable!("lanes16 recovers no {other:?} codes"),
         }
     }
