@@ -427,6 +427,22 @@ impl PartRef<'_> {
         let rb = self.row_bytes();
         &self.bytes[r * rb..(r + 1) * rb]
     }
+
+    /// Asks for rows `j0..j1` (clamped to the part) in L2, a line at a time: a block of rows
+    /// decoded next arrives while the current block's tiles compute.
+    fn prefetch_rows(&self, j0: usize, j1: usize) {
+        let (j0, j1) = (j0.min(self.rows), j1.min(self.rows));
+        let rb = self.row_bytes();
+        for line in self.bytes[j0 * rb..j1 * rb].chunks(64) {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: a prefetch of an address inside `bytes`; it never faults.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(line.as_ptr().cast())
+            };
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = line;
+        }
+    }
 }
 
 /// Where a part's products go: column 0 of the part at `ptr`, rows `ldd` floats apart.

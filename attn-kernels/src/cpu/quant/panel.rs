@@ -48,16 +48,7 @@ impl WeightRows for Dequantized<'_> {
     }
 
     fn prefetch(&self, j0: usize, j1: usize) {
-        let (j0, j1) = (j0.min(self.part.rows), j1.min(self.part.rows));
-        let rb = self.part.row_bytes();
-        let bytes = &self.part.bytes[j0 * rb..j1 * rb];
-        for line in bytes.chunks(64) {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: a prefetch of an address inside `bytes`; it never faults.
-            unsafe {
-                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(line.as_ptr().cast())
-            };
-        }
+        self.part.prefetch_rows(j0, j1);
     }
 }
 

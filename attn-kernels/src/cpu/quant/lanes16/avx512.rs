@@ -228,7 +228,8 @@ pub(super) unsafe fn q5_k_codes(row: &[u8], d: &mut [f32], m: &mut [f32], codes:
             for j in 0..4 {
                 let q = _mm256_loadu_si256(block.as_ptr().add(48 + 32 * j).cast());
                 let lo = _mm256_or_si256(_mm256_and_si256(q, low4), fifth(qh, 2 * j));
-                let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(q), low4), fifth(qh, 2 * j + 1));
+                let hi =
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(q), low4), fifth(qh, 2 * j + 1));
                 let out = codes.as_mut_ptr().add(256 * b + 64 * j).cast::<__m512i>();
                 _mm512_storeu_si512(out.cast(), _mm512_cvtepu8_epi16(lo));
                 _mm512_storeu_si512(out.add(1).cast(), _mm512_cvtepu8_epi16(hi));

@@ -271,6 +271,9 @@ pub(super) fn matmul(
                 for rb in task * per_task..((task + 1) * per_task).min(row_blocks) {
                     let (j, nb) = (rb * TN, (n - rb * TN).min(TN));
                     rows.decode(isa, part, j, j + nb);
+                    // The next block's bytes on their way while this one's tiles run: the
+                    // decoding above is a burst of loads with nothing to overlap them.
+                    part.prefetch_rows(j + nb, j + nb + TN);
                     for b in b0..b1 {
                         let tile = avx512::Tile {
                             acts: acts.panel(b),
