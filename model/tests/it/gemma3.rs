@@ -45,31 +45,65 @@ fn the_gguf_is_gemma3_with_five_local_layers_to_each_global_one() {
     }
 }
 
+/// The public goldens' three generations: prompts, llama.cpp's greedy outputs, and the most
+/// decode steps any of them takes.
+struct Goldens {
+    gens: Vec<Value>,
+    prompts: Vec<Vec<u32>>,
+    expected: Vec<Vec<u32>>,
+    steps: usize,
+}
+
+impl Goldens {
+    fn read() -> Self {
+        let file = golden_file("gemma3-270m-public.json");
+        let gens = file["generations"].as_array().expect("generations").clone();
+        let prompts = gens.iter().map(|g| ids(&g["prompt_ids"])).collect();
+        let expected: Vec<Vec<u32>> = gens.iter().map(|g| ids(&g["output_ids"])).collect();
+        let steps = expected.iter().map(Vec::len).max().expect("a generation");
+        Goldens { gens, prompts, expected, steps }
+    }
+
+    /// Asserts that `row`, prompt `i`'s step `step`, picks llama.cpp's token.
+    fn check_token(&self, step: usize, i: usize, row: &[f32]) {
+        if let Some(&want) = self.expected[i].get(step) {
+            assert_eq!(argmax(row), want, "prompt {i}: token {step} differs from llama.cpp's");
+        }
+    }
+
+    /// Asserts that prompt `i`'s first-step `row` has llama.cpp's top-5 logits within
+    /// [`TOP5_TOL`]; returns the largest difference.
+    fn check_first_top5(&self, i: usize, row: &[f32]) -> f32 {
+        let mut worst = 0.0f32;
+        for pair in self.gens[i]["first_step_top5"].as_array().expect("top 5") {
+            let id = pair[0].as_u64().expect("id") as usize;
+            let want = pair[1].as_f64().expect("logit") as f32;
+            let diff = (row[id] - want).abs();
+            worst = worst.max(diff);
+            assert!(diff <= TOP5_TOL, "prompt {i}: logit of {id}: {} vs llama.cpp's {want}", row[id]);
+        }
+        worst
+    }
+}
+
+/// The GGUF with the given activations.
+fn gemma3_with(activations: ActivationPrecision) -> Model {
+    let mut model = Model::load(&model::testing::gemma3_gguf_for_tests()).expect("load");
+    model.activations = activations;
+    model
+}
+
 /// The three golden prompts side by side, f32 activations: one prefill step, then batched
 /// greedy decoding.
 #[test]
 fn greedy_generations_and_first_logits_match_llama_cpp() {
-    let mut model = Model::load(&model::testing::gemma3_gguf_for_tests()).expect("load");
-    model.activations = ActivationPrecision::F32;
-    let goldens = golden_file("gemma3-270m-public.json");
-    let gens = goldens["generations"].as_array().expect("generations");
-    let prompts: Vec<Vec<u32>> = gens.iter().map(|g| ids(&g["prompt_ids"])).collect();
-    let expected: Vec<Vec<u32>> = gens.iter().map(|g| ids(&g["output_ids"])).collect();
-    let steps = expected.iter().map(Vec::len).max().expect("a generation");
+    let (model, g) = (gemma3_with(ActivationPrecision::F32), Goldens::read());
     let mut worst = 0.0f32;
-    greedy_batch(&model, prompts, steps, |step, i, row| {
+    greedy_batch(&model, g.prompts.clone(), g.steps, |step, i, row| {
         if step == 0 {
-            for pair in gens[i]["first_step_top5"].as_array().expect("top 5") {
-                let id = pair[0].as_u64().expect("id") as usize;
-                let want = pair[1].as_f64().expect("logit") as f32;
-                let diff = (row[id] - want).abs();
-                worst = worst.max(diff);
-                assert!(diff <= TOP5_TOL, "prompt {i}: logit of {id}: {} vs llama.cpp's {want}", row[id]);
-            }
+            worst = worst.max(g.check_first_top5(i, row));
         }
-        if let Some(&want) = expected[i].get(step) {
-            assert_eq!(argmax(row), want, "prompt {i}: token {step} differs from llama.cpp's");
-        }
+        g.check_token(step, i, row);
     });
     eprintln!("gemma3-270m: largest first-step top-5 logit difference from llama.cpp: {worst:.2e}");
 }
@@ -80,41 +114,21 @@ fn greedy_generations_and_first_logits_match_llama_cpp() {
 /// (the same tokens in, so the same rows compare).
 #[test]
 fn int16_activations_keep_the_golden_tokens_within_their_tolerance() {
-    let mut model = Model::load(&model::testing::gemma3_gguf_for_tests()).expect("load");
-    model.activations = ActivationPrecision::F32;
-    let goldens = golden_file("gemma3-270m-public.json");
-    let gens = goldens["generations"].as_array().expect("generations");
-    let prompts: Vec<Vec<u32>> = gens.iter().map(|g| ids(&g["prompt_ids"])).collect();
-    let expected: Vec<Vec<u32>> = gens.iter().map(|g| ids(&g["output_ids"])).collect();
-    let steps = expected.iter().map(Vec::len).max().expect("a generation");
-    let check_token = |step: usize, i: usize, row: &[f32]| {
-        if let Some(&want) = expected[i].get(step) {
-            assert_eq!(argmax(row), want, "prompt {i}: token {step} differs from llama.cpp's");
-        }
-    };
+    let (mut model, g) = (gemma3_with(ActivationPrecision::F32), Goldens::read());
     // Each (step, prompt)'s five largest logits with the f32 activations.
     let mut top5 = std::collections::HashMap::new();
-    greedy_batch(&model, prompts.clone(), steps, |step, i, row| {
-        check_token(step, i, row);
+    greedy_batch(&model, g.prompts.clone(), g.steps, |step, i, row| {
+        g.check_token(step, i, row);
         let mut order: Vec<usize> = (0..row.len()).collect();
         order.select_nth_unstable_by(5, |&a, &b| row[b].total_cmp(&row[a]));
         top5.insert((step, i), order[..5].iter().map(|&id| (id, row[id])).collect::<Vec<_>>());
     });
     model.activations = ActivationPrecision::Int16;
     let (mut worst, mut worst_golden) = (0.0f32, 0.0f32);
-    greedy_batch(&model, prompts, steps, |step, i, row| {
-        check_token(step, i, row);
+    greedy_batch(&model, g.prompts.clone(), g.steps, |step, i, row| {
+        g.check_token(step, i, row);
         if step == 0 {
-            for pair in gens[i]["first_step_top5"].as_array().expect("top 5") {
-                let (id, want) =
-                    (pair[0].as_u64().expect("id") as usize, pair[1].as_f64().expect("logit") as f32);
-                worst_golden = worst_golden.max((row[id] - want).abs());
-                assert!(
-                    (row[id] - want).abs() <= TOP5_TOL,
-                    "prompt {i}: logit of {id}: {} vs llama.cpp's {want}",
-                    row[id]
-                );
-            }
+            worst_golden = worst_golden.max(g.check_first_top5(i, row));
         }
         for &(id, want) in &top5[&(step, i)] {
             let diff = (row[id] - want).abs();
