@@ -2,8 +2,9 @@
 //! in one run. llama.cpp is llama-cpp-python built from its sdist with `GGML_NATIVE=ON` in
 //! `target/venv-llamacpp` (built here when missing or made for another CPU, ~11 min on two
 //! cores) running the GGUFs of the default model (Q4_1) and of Gemma 3 270M (Q4_K_M); ours
-//! loads the same GGUF natively (weights kept quantized, the default activations: int16 on
-//! AVX-512 VNNI CPUs, f32 elsewhere), prefix caching off (the same prompt runs several times).
+//! loads the same GGUF natively (weights kept quantized, the default activations: on AVX-512
+//! VNNI CPUs int16 for Q4_0/Q4_1/Q5_0/Q8_0 weights, f32 elsewhere), prefix caching off (the
+//! same prompt runs several times).
 //!
 //! Cases (token-id prompts, greedy, `ignore_eos`): `prefill_512` (one 512-token prompt),
 //! `prefill_6000` (one 6 000-token prompt, chunked by both sides' 2 048-token batch),
@@ -321,11 +322,15 @@ fn compare(
     // own CPU matmuls round activations to 8 bits).
     let f32_config = EngineConfig { decode_activations: ActivationPrecision::F32, ..config };
     let ours_f32 = measure_ours(&mut Engine::new(gguf, f32_config)?, &w)?;
-    let default = ActivationPrecision::default().resolve(attn_kernels::Isa::detected());
+    let int16_here = ActivationPrecision::default()
+        .resolve(attn_kernels::Isa::detected(), std::iter::once(attn_kernels::cpu::quant::GgmlType::Q8_0))
+        == ActivationPrecision::Int16;
+    let default =
+        if int16_here { "int16 for its Q4_0/Q4_1/Q5_0/Q8_0 weights, f32 for the others" } else { "f32" };
 
     let mut md = format!(
         "\n### {}\n\nSame token ids, {threads} threads, medians of {REPS}: both on the same {} GGUF, ours \
-         loading it natively (weights kept quantized, the default activations: {default:?} on this CPU), \
+         loading it natively (weights kept quantized, the default activations: on this CPU {default}), \
          llama.cpp (llama-cpp-python {}, `GGML_NATIVE=ON`). Command: `cargo xtask bench --only peer`.\n\n\
          `f32` is ours with `--decode-activations f32` (what the weights' f32 dequantization computes).\n\n\
          | case | ours tok/s | llama.cpp tok/s | ours ÷ llama.cpp | f32 tok/s | f32 ÷ llama.cpp |\n\

@@ -100,7 +100,8 @@ pub struct EngineConfig {
     /// dequantization computes), `Int16` on integer kernels — decode over Q4_0/Q4_1/Q5_0/Q8_0
     /// and, with AVX-512 VNNI, batches (prefill, batched decode) over every integer-code format
     /// (logits within the goldens' tolerance, measured by the model crate's tests) — or `Auto`
-    /// (the default): `Int16` where the CPU has AVX-512 VNNI, `F32` elsewhere.
+    /// (the default): `Int16` for Q4_0/Q4_1/Q5_0/Q8_0 weights where the CPU has AVX-512 VNNI,
+    /// `F32` otherwise.
     pub decode_activations: ActivationPrecision,
     /// A Jinja chat template file that replaces the model's own (vLLM's `--chat-template`).
     pub chat_template: Option<std::path::PathBuf>,

@@ -1,16 +1,17 @@
 //! Weight matrices kept in their storage format (f32, f16, bf16 and ggml's Q4_0, Q4_1, Q5_0,
 //! Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), memory-mapped when they come from a file, and `x·Wᵀ` over them,
 //! each decode step reading the quantized bytes only. With f32 activations a quantized model
-//! computes what its f32 dequantization would; with int16 ones ([`ActivationPrecision`], the
-//! default where the CPU has AVX-512 VNNI) the integer-code formats multiply in integers.
+//! computes what its f32 dequantization would; with int16 ones ([`ActivationPrecision`], by
+//! default for Q4_0/Q4_1/Q5_0/Q8_0 where the CPU has AVX-512 VNNI) the integer-code formats
+//! multiply in integers.
 //!
 //! Where the work goes: a few tokens (decode, [`DECODE_MAX_M`] or fewer) run [`decode`], which
 //! dequantizes each weight group in registers and streams every byte once for all tokens (or,
 //! with int16 activations, multiplies Q4_0/Q4_1/Q5_0/Q8_0 codes into them, [`int16`]); with
 //! int16 activations on an AVX-512 VNNI CPU, more tokens over the integer-code formats run
 //! [`lanes16`] (int16 activations in the lanes of `vpdpwssd`, the compute-bound shapes' integer
-//! path); more tokens otherwise run [`panel`], which dequantizes rows into f32 once per call and multiplies
-//! them into every token: 12 rows at a time into `linear::token_lanes` on AVX2 and AVX-512
+//! path); more tokens otherwise run [`panel`], which dequantizes rows into f32 once per call
+//! and multiplies them into every token: 12 rows at a time into `linear::token_lanes` on AVX2 and AVX-512
 //! (batched decode and prefill chunks alike), or on the portable path panels of rows into
 //! `gemm`; past `panel::slabs_min_m` tokens whole weights in slabs of a few MB into one `gemm`
 //! call each. The
@@ -118,10 +119,11 @@ pub const DECODE_MAX_M: usize = 8;
 /// the f32 kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ActivationPrecision {
-    /// [`Int16`](Self::Int16) where the kernels' ISA has AVX-512 VNNI (there the integer
-    /// kernels are the faster ones for every batch size), [`F32`](Self::F32) elsewhere: the
-    /// default. Decode and batches then round alike, so a sequence's logits do not depend on
-    /// how many others share its step beyond the f32 sums' order.
+    /// The default: [`Int16`](Self::Int16) for weights whose every part both integer paths
+    /// take (Q4_0, Q4_1, Q5_0, Q8_0) where the kernels' ISA has AVX-512 VNNI (there the
+    /// integer kernels are the faster ones at every batch size), [`F32`](Self::F32) otherwise.
+    /// Decode and batches then round every weight's activations alike, so a sequence's logits
+    /// do not depend on how many others share its step beyond the f32 sums' order.
     #[default]
     Auto,
     /// As f32: each group's codes converted to f32 and multiplied into the activations, so a
@@ -130,16 +132,17 @@ pub enum ActivationPrecision {
     /// Rounded once per call to int16 with one scale per 32 values, for integer kernels
     /// (`int16`, `lanes16`): 2⁻¹⁶ of each group's largest value, a measured tolerance (the model
     /// crate's golden tests). Finer than the 8-bit activations llama.cpp's CPU matmuls and the
-    /// GGUF kernels of vLLM round to.
+    /// GGUF kernels of vLLM round to. Decode over the K-quants stays f32 (`int16` lacks them)
+    /// while their batches run `lanes16`.
     Int16,
 }
 
 impl ActivationPrecision {
-    /// What this precision means for kernels of `isa`: [`Auto`](Self::Auto) decided, the
-    /// others as they are.
-    pub fn resolve(self, isa: Isa) -> Self {
+    /// What this precision means for kernels of `isa` over a weight of the formats `parts`:
+    /// [`Auto`](Self::Auto) decided, the others as they are.
+    pub fn resolve(self, isa: Isa, mut parts: impl Iterator<Item = GgmlType>) -> Self {
         match self {
-            Self::Auto if lanes16::runs_on(isa) => Self::Int16,
+            Self::Auto if lanes16::runs_on(isa) && parts.all(int16::supports) => Self::Int16,
             Self::Auto => Self::F32,
             other => other,
         }
@@ -341,7 +344,7 @@ impl Weight {
         assert!(dst.len() >= m * n && x.len() >= m * k, "Weight::matmul: short buffer");
         // Every kernel below may take `isa`'s instructions: only ones this CPU has.
         let isa = if isa.is_available() { isa } else { Isa::Portable };
-        let precision = precision.resolve(isa);
+        let precision = precision.resolve(isa, self.parts.iter().map(|p| p.ty));
         if let Some(w) = self.as_f32() {
             linear(dst, x, w, m, n, k, accumulate);
             return;

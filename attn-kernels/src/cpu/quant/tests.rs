@@ -438,3 +438,22 @@ fn integer_kernels_take_nan_zero_and_tiny_groups_as_the_f32_kernels_do() {
         }
     }
 }
+
+#[test]
+fn auto_takes_int16_only_where_decode_and_batches_both_have_integer_kernels() {
+    use ActivationPrecision::{Auto, F32, Int16};
+    use GgmlType::{Q4_0, Q4_1, Q4_K, Q5_0, Q6_K, Q8_0};
+    for isa in [Isa::Portable, Isa::Avx2, Isa::Avx512] {
+        let vnni = lanes16::runs_on(isa);
+        for (parts, int16) in
+            [(&[Q4_1, Q8_0][..], vnni), (&[Q5_0, Q4_0][..], vnni), (&[Q5_0, Q6_K][..], false)]
+        {
+            let want = if int16 { Int16 } else { F32 };
+            assert_eq!(Auto.resolve(isa, parts.iter().copied()), want, "{isa:?} {parts:?}");
+            for explicit in [F32, Int16] {
+                assert_eq!(explicit.resolve(isa, parts.iter().copied()), explicit);
+            }
+        }
+        assert_eq!(Auto.resolve(isa, [Q4_K].into_iter()), F32, "{isa:?}: K-quant decode has no int16 kernel");
+    }
+}
