@@ -170,6 +170,7 @@ fn five_bit_codes(qh: &[u8], qs: &[u8]) -> impl Iterator<Item = u8> {
 /// ggml's `get_scale_min_k4`: the 6-bit scale and min of sub-block `j` (0..8) from the 12 packed
 /// bytes. Sub-blocks 0..4 sit in the low 6 bits of bytes `j` / `j + 4`; 4..8 put their low 4 bits
 /// in the nibbles of bytes 8..12 and their top 2 bits in the spare high bits of bytes 0..8.
+#[inline]
 pub(crate) fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)

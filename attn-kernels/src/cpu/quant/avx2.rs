@@ -8,6 +8,7 @@
 use std::arch::x86_64::*;
 
 use super::{Activations, GgmlType, RowTask};
+use crate::cpu::ggml::scale_min_k4;
 
 /// One format's groups of 32 consecutive values of a row, factored as `codes·scale + offset`
 /// (see [`super::avx512::Group`], of which this is the eight-lane twin). The formats and
@@ -111,17 +112,6 @@ groups! {
     }
 }
 
-/// Q4_K's 6-bit scale and min of sub-block `j` (0..8) from the 12 packed bytes, as ggml's
-/// `get_scale_min_k4`.
-#[inline(always)]
-fn scale_min_k4(j: usize, q: &[u8; 12]) -> (u8, u8) {
-    if j < 4 {
-        (q[j] & 63, q[j + 4] & 63)
-    } else {
-        ((q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
-    }
-}
-
 /// Two f16 side by side at `p` (Q4_1 / Q5_1's `d` and `m`) as f32: one load and one
 /// conversion for both.
 ///
@@ -198,6 +188,20 @@ pub(super) unsafe fn k_nibbles(qs: *const u8, s: usize) -> __m256i {
     let bytes = unsafe { _mm256_loadu_si256(qs.add(32 * (s / 2)) as *const __m256i) };
     let nib = if s.is_multiple_of(2) { bytes } else { _mm256_srli_epi16::<4>(bytes) };
     _mm256_and_si256(nib, _mm256_set1_epi8(0x0f))
+}
+
+/// The 32 five-bit codes (0..32) of sub-block `s` of the Q5_K super-block at `b` (176 bytes:
+/// Q4_K's 16-byte header, 32 bytes of fifth bits, 128 bytes of nibbles): Q4_K's nibbles with
+/// bit `s` of fifth-bit byte `l` worth 16 in value `l`.
+///
+/// # Safety
+/// AVX2 is available; `b` points at a whole super-block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q5k_codes(b: *const u8, s: usize) -> __m256i {
+    // SAFETY: the fifth bits (32 bytes at 16) and the nibbles (128 at 48) lie in the block.
+    let (qh, nibbles) = unsafe { (_mm256_loadu_si256(b.add(16) as *const __m256i), k_nibbles(b.add(48), s)) };
+    _mm256_or_si256(nibbles, fifth_bits(qh, _mm256_set1_epi8((1u8 << s) as i8)))
 }
 
 /// 32 bytes as four vectors of eight f32 (zero-extended).

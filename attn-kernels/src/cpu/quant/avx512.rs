@@ -5,7 +5,7 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2::{PREFETCH_AHEAD, f16_at, f16_pair_at, fifth_bits, k_nibbles, k_scale_offset, q5_codes};
+use super::avx2::{PREFETCH_AHEAD, f16_at, f16_pair_at, k_nibbles, k_scale_offset, q5_codes, q5k_codes};
 use super::{Activations, GgmlType, RowTask};
 
 /// One format's groups of 32 consecutive values of a row, factored as `codes·scale + offset`

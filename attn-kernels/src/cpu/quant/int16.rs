@@ -85,7 +85,7 @@ impl X16 {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(super) use x86::{Codes, Layout, Q4_0, Q4_1, Q5_0, Q8_0, dot_rows_avx2, dot_rows_avx512};
+pub(super) use x86::{Codes, Layout, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, dot_rows_avx2, dot_rows_avx512};
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
@@ -190,6 +190,9 @@ mod x86 {
     /// Q5_0 (f16 d, four bytes of fifth bits, sixteen bytes of nibbles; offset -16d): `halves`
     /// returns the five-bit codes of values 0..16 and 16..32, one per byte.
     pub(in crate::cpu::quant) struct Q5_0;
+    /// Q5_1 (f16 d, f16 m, then Q5_0's fifth bits and nibbles): the same five-bit codes, for
+    /// `lanes16` (the decode kernels here do not take Q5_1).
+    pub(in crate::cpu::quant) struct Q5_1;
 
     impl Codes for Q4_1 {
         const BYTES: usize = 20;
@@ -235,6 +238,21 @@ mod x86 {
         }
     }
 
+    /// Group `g` of a five-bit format (Q5_0, Q5_1: four bytes of fifth bits at `F::CODES_AT`,
+    /// then sixteen of nibbles) as [`Codes::halves`] returns it.
+    ///
+    /// # Safety
+    /// AVX2 is available; group `g` lies inside the row at `row`.
+    #[inline(always)]
+    unsafe fn five_bit_halves<F: Codes>(row: *const u8, g: usize) -> [__m128i; 2] {
+        // SAFETY: per the contract.
+        unsafe {
+            let b = row.add(g * F::BYTES + F::CODES_AT);
+            let codes = q5_codes(b, b.add(4));
+            [_mm256_castsi256_si128(codes), _mm256_extracti128_si256::<1>(codes)]
+        }
+    }
+
     impl Codes for Q5_0 {
         const BYTES: usize = 22;
         const LAYOUT: Layout = Layout::Unsigned;
@@ -244,17 +262,31 @@ mod x86 {
         unsafe fn halves(row: *const u8, g: usize) -> [__m128i; 2] {
             // SAFETY: block g (22 bytes: f16 d, 4 bytes of fifth bits, 16 bytes of nibbles)
             // is in the row; the callers are AVX2 functions.
-            unsafe {
-                let b = row.add(g * 22);
-                let codes = q5_codes(b.add(2), b.add(6));
-                [_mm256_castsi256_si128(codes), _mm256_extracti128_si256::<1>(codes)]
-            }
+            unsafe { five_bit_halves::<Self>(row, g) }
         }
         #[inline(always)]
         unsafe fn scale(row: *const u8, g: usize) -> (f32, f32) {
             // SAFETY: as above. Codes are 0..32 with value (q - 16)·d.
             let d = unsafe { f16_at(row.add(g * 22)) };
             (d, -16.0 * d)
+        }
+    }
+
+    impl Codes for Q5_1 {
+        const BYTES: usize = 24;
+        const LAYOUT: Layout = Layout::Unsigned;
+        const OFFSET: bool = true;
+        const CODES_AT: usize = 4;
+        #[inline(always)]
+        unsafe fn halves(row: *const u8, g: usize) -> [__m128i; 2] {
+            // SAFETY: block g (24 bytes: f16 d, f16 m, 4 bytes of fifth bits, 16 bytes of
+            // nibbles) is in the row; the callers are AVX2 functions.
+            unsafe { five_bit_halves::<Self>(row, g) }
+        }
+        #[inline(always)]
+        unsafe fn scale(row: *const u8, g: usize) -> (f32, f32) {
+            // SAFETY: as above.
+            unsafe { (f16_at(row.add(g * 24)), f16_at(row.add(g * 24 + 2))) }
         }
     }
 

@@ -11,10 +11,10 @@
 //! int16 activations on an AVX-512 VNNI CPU, more tokens over the integer-code formats run
 //! [`lanes16`] (int16 activations in the lanes of `vpdpwssd`, the compute-bound shapes' integer
 //! path); more tokens otherwise run [`panel`], which dequantizes rows into f32 once per call
-//! and multiplies them into every token: 12 rows at a time into `linear::token_lanes` on AVX2 and AVX-512
-//! (batched decode and prefill chunks alike), or on the portable path panels of rows into
-//! `gemm`; past `panel::slabs_min_m` tokens whole weights in slabs of a few MB into one `gemm`
-//! call each. The
+//! and multiplies them into every token: 12 rows at a time into `linear::token_lanes` on AVX2
+//! and AVX-512 (batched decode and prefill chunks alike), or on the portable path panels of
+//! rows into `gemm`; past `panel::slabs_min_m` tokens whole weights in slabs of a few MB into
+//! one `gemm` call each. The
 //! instruction set is the crate's one run-time choice ([`Isa::detected`]): AVX-512F (sixteen
 //! lanes, [`avx512`]) where the CPU has it, else AVX2 + FMA + F16C ([`avx2`]), else a portable loop
 //! over the scalar dequantization ([`crate::cpu::ggml::dequantize_block`]); the tests run
@@ -344,11 +344,11 @@ impl Weight {
         assert!(dst.len() >= m * n && x.len() >= m * k, "Weight::matmul: short buffer");
         // Every kernel below may take `isa`'s instructions: only ones this CPU has.
         let isa = if isa.is_available() { isa } else { Isa::Portable };
-        let precision = precision.resolve(isa, self.parts.iter().map(|p| p.ty));
         if let Some(w) = self.as_f32() {
             linear(dst, x, w, m, n, k, accumulate);
             return;
         }
+        let precision = precision.resolve(isa, self.parts.iter().map(|p| p.ty));
         if m == 0 {
             return;
         }

@@ -123,9 +123,7 @@ macro_rules! x86_path {
                     let b = row.add(g / 8 * 176);
                     let s = g % 8;
                     let (scale, offset) = k_scale_offset(b, s);
-                    let qh = _mm256_loadu_si256(b.add(16) as *const __m256i);
-                    let high = fifth_bits(qh, _mm256_set1_epi8((1u8 << s) as i8));
-                    (u8x32_to_f32(_mm256_or_si256(k_nibbles(b.add(48), s), high)), scale, offset)
+                    (u8x32_to_f32(q5k_codes(b, s)), scale, offset)
                 }
             }
         }

@@ -1,39 +1,14 @@
-//! The AVX-512 VNNI kernels of `lanes16`: a row's f32 values back to its integer codes, and the
+//! The AVX-512 VNNI kernels of `lanes16`: a row's bytes into its integer codes, and the
 //! micro-tiles (6 weight rows × 32 tokens, `vpdpwssd` into int32 lanes, scaled into f32 lanes
 //! once per group).
 
 use std::arch::x86_64::*;
 
-use super::{NB, RowCodes, TM, group_len, has_offset, k_quant_scales};
+use super::{NB, RowCodes, TM, group_len, has_offset};
 use crate::cpu::linear::TileOut;
 use crate::cpu::quant::GgmlType;
+use crate::cpu::quant::avx2::{k_nibbles, k_scale_offset, q5k_codes, q6k_group};
 use crate::cpu::quant::int16::{Codes, Layout};
-
-/// `codes[i] = round((values[i] − m) / d)` per group (`gl` values a scale `d`, 32 an offset `m`):
-/// the exact codes of values dequantized as `d·code + m` (one f32 rounding away from an
-/// integer). A zero or non-finite scale gives zero codes (its products come out through `d`).
-///
-/// # Safety
-/// AVX-512F and BW; `values` and `codes` hold `k` entries, `d` `k / gl`, `m` `k / 32`.
-#[target_feature(enable = "avx512f,avx512bw")]
-pub(super) unsafe fn codes_of(values: &[f32], d: &[f32], m: &[f32], gl: usize, codes: &mut [i16]) {
-    debug_assert!(
-        values.len() == codes.len() && d.len() * gl == values.len() && m.len() * 32 == values.len()
-    );
-    for (g, &dg) in d.iter().enumerate() {
-        let inv = if dg != 0.0 && dg.is_finite() { 1.0 / dg } else { 0.0 };
-        let (inv, off) = (_mm512_set1_ps(inv), _mm512_set1_ps(m[g * gl / 32]));
-        for h in (0..gl).step_by(16) {
-            let at = g * gl + h;
-            // SAFETY: at + 16 ≤ k (gl is 16 or 32 and divides k).
-            unsafe {
-                let v = _mm512_loadu_ps(values.as_ptr().add(at));
-                let q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_sub_ps(v, off), inv));
-                _mm256_storeu_si256(codes.as_mut_ptr().add(at).cast(), _mm512_cvtsepi32_epi16(q));
-            }
-        }
-    }
-}
 
 /// `acc + Σ pairs a·b` (`vpdpwssd`), as one instruction: LLVM splits the intrinsic into
 /// `vpmaddwd` + `vpaddd` (two µops, the f32 FMA's rate) when it sits on a dependency chain.
@@ -98,9 +73,9 @@ pub(super) unsafe fn quantize_token(
     }
 }
 
-/// A row of a format whose codes are bytes or nibbles (`int16::Codes`: Q4_0, Q4_1, Q5_0, Q8_0)
-/// straight into int16 codes less `centre` (8 for Q4_0, 16 for Q5_0, whose offset is then zero),
-/// with its scales and offsets: no f32 round trip.
+/// A row of a format whose codes are bytes or nibbles (`int16::Codes`: Q4_0, Q4_1, Q5_0, Q5_1,
+/// Q8_0) straight into int16 codes less `centre` (8 for Q4_0, 16 for Q5_0, whose offset is then
+/// zero), with its scales and offsets: no f32 round trip.
 ///
 /// # Safety
 /// AVX-512F/BW; `row` holds `k / 32` blocks of `F`; `codes` has `k` entries, `d` and `m` `k/32`.
@@ -135,107 +110,47 @@ pub(super) unsafe fn direct_codes<F: Codes>(
     }
 }
 
-/// A Q4_K row straight into its codes (the nibbles), scales `d·sc` and offsets `−dmin·m` per
-/// sub-block of 32 (ggml's layout: each run of 32 bytes holds sub-block `2j` in its low
-/// nibbles and `2j + 1` in its high ones).
+/// A K-quant row (Q4_K, Q5_K, Q6_K) straight into its codes, a group of 32 at a time from the
+/// SIMD dequantization's own readers: Q4_K and Q5_K codes `q` with their sub-block's scale
+/// `d·sc` and offset `−dmin·m`; Q6_K's centred `q − 32` with the scales of its two 16s.
 ///
 /// # Safety
-/// AVX-512F/BW; `row` holds `k / 256` Q4_K blocks; `codes` has `k` entries, `d` and `m` `k/32`.
+/// AVX-512F/BW; `row` holds `k / 256` blocks of `ty`; `codes` has `k` entries, `d` `k / 32`
+/// (Q6_K: `k / 16`), `m` `k / 32`.
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-pub(super) unsafe fn q4_k_codes(row: &[u8], d: &mut [f32], m: &mut [f32], codes: &mut [i16]) {
-    let low4 = _mm256_set1_epi8(0x0f);
-    for (b, block) in row.chunks_exact(144).enumerate() {
-        // SAFETY: the block's 144 bytes are in the row; its 256 codes from 256·b lie in `codes`
-        // (k = 256 × blocks).
+pub(super) unsafe fn k_quant_codes(
+    ty: GgmlType,
+    row: &[u8],
+    d: &mut [f32],
+    m: &mut [f32],
+    codes: &mut [i16],
+) {
+    let row = row.as_ptr();
+    for g in 0..codes.len() / 32 {
+        let (block, s) = (g / 8, g % 8);
+        // SAFETY: group g's super-block lies in the row; its 32 codes at 32·g are in `codes`.
         unsafe {
-            for j in 0..4 {
-                let q = _mm256_loadu_si256(block.as_ptr().add(16 + 32 * j).cast());
-                let lo = _mm256_and_si256(q, low4);
-                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), low4);
-                let out = codes.as_mut_ptr().add(256 * b + 64 * j).cast::<__m512i>();
-                _mm512_storeu_si512(out.cast(), _mm512_cvtepu8_epi16(lo));
-                _mm512_storeu_si512(out.add(1).cast(), _mm512_cvtepu8_epi16(hi));
-            }
-        }
-        k_quant_scales(block, &mut d[8 * b..8 * b + 8], &mut m[8 * b..8 * b + 8]);
-    }
-}
-
-/// A Q6_K row straight into its centred codes (`q − 32`) and its sub-blocks' scales `d·sc`
-/// (one per 16 values; no offsets). ggml's layout, per half of 128 values: 64 bytes of low
-/// nibbles (bytes `l` and `l + 32` give values `l`, `l + 32` low and `l + 64`, `l + 96` high) and
-/// 32 bytes holding each value's two high bits (byte `l`, bit pairs for `l`, `l + 32`, `l + 64`,
-/// `l + 96`).
-///
-/// # Safety
-/// AVX-512F/BW; `row` holds `k / 256` Q6_K blocks; `codes` has `k` entries, `d` `k/16`, `m` `k/32`.
-#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-pub(super) unsafe fn q6_k_codes(row: &[u8], d: &mut [f32], m: &mut [f32], codes: &mut [i16]) {
-    let (low4, bits45, centre) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x30), _mm256_set1_epi8(32));
-    for (b, block) in row.chunks_exact(210).enumerate() {
-        // SAFETY: the block's 210 bytes are in the row; its 256 codes from 256·b lie in `codes`.
-        unsafe {
-            for half in 0..2 {
-                let ql = block.as_ptr().add(64 * half);
-                let (a, c) = (_mm256_loadu_si256(ql.cast()), _mm256_loadu_si256(ql.add(32).cast()));
-                let h = _mm256_loadu_si256(block.as_ptr().add(128 + 32 * half).cast());
-                // Each value's two high bits moved to bits 4–5 of its byte.
-                let high = [
-                    _mm256_and_si256(_mm256_slli_epi16::<4>(h), bits45),
-                    _mm256_and_si256(_mm256_slli_epi16::<2>(h), bits45),
-                    _mm256_and_si256(h, bits45),
-                    _mm256_and_si256(_mm256_srli_epi16::<2>(h), bits45),
-                ];
-                let low = [
-                    _mm256_and_si256(a, low4),
-                    _mm256_and_si256(c, low4),
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(a), low4),
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(c), low4),
-                ];
-                let out = codes.as_mut_ptr().add(256 * b + 128 * half).cast::<__m512i>();
-                for q in 0..4 {
-                    let q8 = _mm256_sub_epi8(_mm256_or_si256(low[q], high[q]), centre);
-                    _mm512_storeu_si512(out.add(q).cast(), _mm512_cvtepi8_epi16(q8));
+            let (q, centre) = match ty {
+                GgmlType::Q4_K => {
+                    let b = row.add(block * 144);
+                    (d[g], m[g]) = k_scale_offset(b, s);
+                    (k_nibbles(b.add(16), s), 0)
                 }
-            }
+                GgmlType::Q5_K => {
+                    let b = row.add(block * 176);
+                    (d[g], m[g]) = k_scale_offset(b, s);
+                    (q5k_codes(b, s), 0)
+                }
+                GgmlType::Q6_K => {
+                    let (q, first, second) = q6k_group(row, g);
+                    (d[2 * g], d[2 * g + 1], m[g]) = (first, second, 0.0);
+                    (q, 32)
+                }
+                other => unreachable!("no K-quant codes for {other:?}"),
+            };
+            let words = _mm512_sub_epi16(_mm512_cvtepu8_epi16(q), _mm512_set1_epi16(centre));
+            _mm512_storeu_si512(codes.as_mut_ptr().add(32 * g).cast(), words);
         }
-        let dd = half::f16::from_le_bytes([block[208], block[209]]).to_f32();
-        for (s, d) in d[16 * b..16 * b + 16].iter_mut().enumerate() {
-            *d = dd * f32::from(block[192 + s] as i8);
-        }
-        m[8 * b..8 * b + 8].fill(0.0);
-    }
-}
-
-/// A Q5_K row straight into its codes (`q`, 0 to 31), scales `d·sc` and offsets `−dmin·m` per
-/// sub-block of 32: Q4_K's nibbles (the run of 32 bytes `j` holds sub-blocks `2j` and `2j + 1`)
-/// with a fifth bit each from the 32 high-bit bytes (bit `2j`, `2j + 1` of byte `l`).
-///
-/// # Safety
-/// AVX-512F/BW; `row` holds `k / 256` Q5_K blocks; `codes` has `k` entries, `d` and `m` `k/32`.
-#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-pub(super) unsafe fn q5_k_codes(row: &[u8], d: &mut [f32], m: &mut [f32], codes: &mut [i16]) {
-    let (low4, sixteen) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(16));
-    // The fifth bit of sub-block `s` (bit `s` of its high-bit byte) as 16 or 0.
-    let fifth = |qh: __m256i, s: usize| {
-        let bit = _mm256_set1_epi8((1u8 << s) as i8);
-        _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit), sixteen)
-    };
-    for (b, block) in row.chunks_exact(176).enumerate() {
-        // SAFETY: the block's 176 bytes are in the row; its 256 codes from 256·b lie in `codes`.
-        unsafe {
-            let qh = _mm256_loadu_si256(block.as_ptr().add(16).cast());
-            for j in 0..4 {
-                let q = _mm256_loadu_si256(block.as_ptr().add(48 + 32 * j).cast());
-                let lo = _mm256_or_si256(_mm256_and_si256(q, low4), fifth(qh, 2 * j));
-                let hi =
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(q), low4), fifth(qh, 2 * j + 1));
-                let out = codes.as_mut_ptr().add(256 * b + 64 * j).cast::<__m512i>();
-                _mm512_storeu_si512(out.cast(), _mm512_cvtepu8_epi16(lo));
-                _mm512_storeu_si512(out.add(1).cast(), _mm512_cvtepu8_epi16(hi));
-            }
-        }
-        k_quant_scales(block, &mut d[8 * b..8 * b + 8], &mut m[8 * b..8 * b + 8]);
     }
 }
 

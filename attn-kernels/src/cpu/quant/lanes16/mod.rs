@@ -10,9 +10,8 @@
 //!   for the offset formats, one offset) per group ([`RowCodes`]); a pair of a row's codes is
 //!   broadcast from there into every token lane. Centred formats (Q4_0, Q5_0, Q8_0, Q6_K) store
 //!   `q − centre`, so their value is `d·code`; offset formats (Q4_1, Q5_1, Q4_K, Q5_K) `d·q + m`,
-//!   the offset multiplied into the exact f32 group sums of the activations. Every format's
-//!   codes but Q5_1's come straight from the bytes; Q5_1's are recovered from the SIMD
-//!   dequantization (one exact division per group).
+//!   the offset multiplied into the exact f32 group sums of the activations. The codes come
+//!   straight from the bytes (no f32 round trip).
 //! - Each group's integer sums are exact (|code·x| < 2¹⁵·2⁷, 32 to a group) and scaled once by
 //!   `d·dx` into f32 accumulators: per group of 32 (Q6_K: of 16, its sub-block) the only
 //!   rounding besides f32 sums is the activations' (2⁻¹⁶ of each group's largest).
@@ -148,8 +147,6 @@ pub(super) struct RowCodes {
     codes: Vec<i16>,
     d: Vec<f32>,
     m: Vec<f32>,
-    /// One row dequantized to f32 (the codes are recovered from it).
-    values: Vec<f32>,
 }
 
 thread_local! {
@@ -162,13 +159,12 @@ thread_local! {
 impl RowCodes {
     /// Rows `j0..j1` of `part` into `self`.
     #[cfg(target_arch = "x86_64")]
-    fn decode(&mut self, isa: Isa, part: &PartRef<'_>, j0: usize, j1: usize) {
+    fn decode(&mut self, part: &PartRef<'_>, j0: usize, j1: usize) {
         let k = part.cols;
         let (gl, rows) = (group_len(part.ty), j1 - j0);
         self.codes.resize(rows * k, 0);
         self.d.resize(rows * k / gl, 0.0);
         self.m.resize(rows * k / 32, 0.0);
-        self.values.resize(k, 0.0);
         for (i, r) in (j0..j1).enumerate() {
             let row = part.row(r);
             let (d, m, codes) = (
@@ -188,52 +184,12 @@ impl RowCodes {
                 GgmlType::Q4_0 => direct!(super::int16::Q4_0, 8),
                 GgmlType::Q5_0 => direct!(super::int16::Q5_0, 16),
                 GgmlType::Q4_1 => direct!(super::int16::Q4_1, 0),
-                // SAFETY: as for `direct!`; the row is k / 256 Q4_K blocks.
-                GgmlType::Q4_K => unsafe { avx512::q4_k_codes(row, d, m, codes) },
-                // SAFETY: as for `direct!`; the row is k / 256 Q5_K blocks.
-                GgmlType::Q5_K => unsafe { avx512::q5_k_codes(row, d, m, codes) },
-                // SAFETY: as for `direct!`; the row is k / 256 Q6_K blocks (d has k / 16 scales).
-                GgmlType::Q6_K => unsafe { avx512::q6_k_codes(row, d, m, codes) },
-                _ => self.recover(isa, part.ty, row, i),
+                GgmlType::Q5_1 => direct!(super::int16::Q5_1, 0),
+                // SAFETY: as for `direct!`; the row is k / 256 super-blocks (Q6_K's d has k / 16
+                // scales).
+                ty => unsafe { avx512::k_quant_codes(ty, row, d, m, codes) },
             }
         }
-    }
-
-    /// Row `row` (decoded row `i`) of a format without direct codes: dequantized, then each
-    /// value's code recovered from its group's scale and offset.
-    #[cfg(target_arch = "x86_64")]
-    fn recover(&mut self, isa: Isa, ty: GgmlType, row: &[u8], i: usize) {
-        let (k, gl) = (self.values.len(), group_len(ty));
-        isa.dequantize_row(ty, row, &mut self.values);
-        let (d, m) = (&mut self.d[i * k / gl..][..k / gl], &mut self.m[i * k / 32..][..k / 32]);
-        group_scales(ty, row, d, m);
-        // SAFETY: `runs_on(isa)` holds for every caller (AVX-512F/BW); the slices have k values,
-        // k codes and k / gl scales.
-        unsafe { avx512::codes_of(&self.values, d, m, gl, &mut self.codes[i * k..][..k]) };
-    }
-}
-
-/// Each group's scale `d` and offset `m` (per 32) of one row of a format [`RowCodes::recover`]
-/// takes, such that `value = d·code + m`.
-fn group_scales(ty: GgmlType, row: &[u8], d: &mut [f32], m: &mut [f32]) {
-    let f16_at = |b: &[u8], at: usize| half::f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
-    let (_, block_bytes) = ty.block();
-    for (b, block) in row.chunks_exact(block_bytes).enumerate() {
-        match ty {
-            GgmlType::Q5_1 => (d[b], m[b]) = (f16_at(block, 0), f16_at(block, 2)),
-            other => unreachable!("lanes16 recovers no {other:?} codes"),
-        }
-    }
-}
-
-/// A Q4_K or Q5_K block's eight sub-blocks' scales `d·sc` and offsets `−dmin·m` (the products
-/// ggml's dequantization forms, so codes recovered from its values are exact).
-fn k_quant_scales(block: &[u8], d: &mut [f32], m: &mut [f32]) {
-    let f16_at = |at: usize| half::f16::from_le_bytes([block[at], block[at + 1]]).to_f32();
-    let (dd, dmin) = (f16_at(0), f16_at(2));
-    for (j, (d, m)) in d.iter_mut().zip(m.iter_mut()).enumerate() {
-        let (sc, mn) = crate::cpu::ggml::scale_min_k4(j, &block[4..16]);
-        (*d, *m) = (dd * f32::from(sc), -(dmin * f32::from(mn)));
     }
 }
 
@@ -270,7 +226,7 @@ pub(super) fn matmul(
                 let mut rows = ROWS.take();
                 for rb in task * per_task..((task + 1) * per_task).min(row_blocks) {
                     let (j, nb) = (rb * TN, (n - rb * TN).min(TN));
-                    rows.decode(isa, part, j, j + nb);
+                    rows.decode(part, j, j + nb);
                     // The next block's bytes on their way while this one's tiles run: the
                     // decoding above is a burst of loads with nothing to overlap them.
                     part.prefetch_rows(j + nb, j + nb + TN);
