@@ -3,7 +3,7 @@
 //! `target/venv-llamacpp` (built here when missing or made for another CPU, ~11 min on two
 //! cores) running the GGUFs of the default model (Q4_1) and of Gemma 3 270M (Q4_K_M); ours
 //! loads the same GGUF natively (weights kept quantized, the default activations: on AVX-512
-//! VNNI CPUs int16 for Q4_0/Q4_1/Q5_0/Q8_0 weights, f32 elsewhere), prefix caching off (the
+//! VNNI CPUs int16, f32 elsewhere), prefix caching off (the
 //! same prompt runs several times).
 //!
 //! Cases (token-id prompts, greedy, `ignore_eos`): `prefill_512` (one 512-token prompt),
@@ -325,8 +325,7 @@ fn compare(
     let int16_here = ActivationPrecision::default()
         .resolve(attn_kernels::Isa::detected(), std::iter::once(attn_kernels::cpu::quant::GgmlType::Q8_0))
         == ActivationPrecision::Int16;
-    let default =
-        if int16_here { "int16 for its Q4_0/Q4_1/Q5_0/Q8_0 weights, f32 for the others" } else { "f32" };
+    let default = if int16_here { "int16" } else { "f32" };
 
     let mut md = format!(
         "\n### {}\n\nSame token ids, {threads} threads, medians of {REPS}: both on the same {} GGUF, ours \

@@ -137,8 +137,8 @@ pub struct Model {
     pub final_norm: Weight,
     /// `None` when tied to `embed`.
     pub lm_head: Option<Weight>,
-    /// How decode-shaped matmuls over Q4_0/Q4_1/Q5_0/Q8_0 weights take their activations
-    /// (f32 by default; int16 when a user opts in).
+    /// How the matmuls over quantized weights take their activations (`Auto` by default:
+    /// int16 for the integer-code formats on AVX-512 VNNI CPUs).
     pub activations: ActivationPrecision,
     /// One rotation per [`RopeKind`], for the context the model is served at.
     ropes: [Rope; RopeKind::COUNT],

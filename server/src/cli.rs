@@ -23,10 +23,9 @@ pub struct EngineKnobs {
     #[arg(long, value_parser = choice(&QUANTIZATION))]
     pub quantization: Option<Quantization>,
     /// Activations of the CPU's matmuls over quantized weights: f32 (what the f32 dequantization
-    /// computes), int16 (integer kernels for decode over Q4_0/Q4_1/Q5_0/Q8_0 and, with AVX-512
-    /// VNNI, for batches over every integer-code format; logits within the goldens' tolerance),
-    /// or auto: int16 for Q4_0/Q4_1/Q5_0/Q8_0 weights where the CPU has AVX-512 VNNI, f32
-    /// otherwise.
+    /// computes), int16 (integer kernels for decode over every integer-code format, Q4_0 to Q6_K,
+    /// and, with AVX-512 VNNI, for batches; logits within the goldens' tolerance), or auto:
+    /// int16 where the CPU has AVX-512 VNNI, f32 otherwise (and for f16/bf16 weights).
     #[arg(long, value_parser = choice(&DECODE_ACTIVATIONS), default_value = "auto")]
     pub decode_activations: ActivationPrecision,
     /// Tokens per KV block (8, 16 or 32).

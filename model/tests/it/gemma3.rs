@@ -16,8 +16,9 @@ use crate::harness::{argmax, greedy_batch};
 pub(crate) const TOP5_TOL: f32 = 1e-2;
 
 /// Largest allowed |logit − the f32 activations' logit| on a decode step's top 5 with int16
-/// activations (the default on AVX-512 VNNI CPUs) (2⁻¹⁶ of each group's largest activation, in the Q5_0 and Q8_0 matmuls,
-/// the 262 144-row LM head included): about three times what the test measures on AVX2.
+/// activations (the default on AVX-512 VNNI CPUs: 2⁻¹⁶ of each group's largest activation, in
+/// every matmul, the 262 144-row LM head included): about three times what the test measures
+/// on AVX2.
 const INT16_TOL: f32 = 1.5e-2;
 
 /// This crate's `tests/data/<name>`, parsed.

@@ -116,7 +116,7 @@ pub(super) fn matmul_parts(
 /// Which decode kernel a part takes.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Kernel {
-    /// Q4_0/Q4_1/Q5_0/Q8_0 codes times int16 activations ([`int16`]).
+    /// Integer codes times int16 activations ([`int16`]).
     Int16,
     /// Q4_1 on AVX-512 with four groups across the lanes ([`q4_1_wide`]).
     Q4_1Wide,

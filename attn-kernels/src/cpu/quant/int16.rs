@@ -1,13 +1,12 @@
-//! The optional int16-activation decode path ([`super::ActivationPrecision::Int16`]) for the
-//! formats whose codes are small integers (Q4_0, Q4_1, Q5_0, Q8_0): each token's activations are
-//! rounded once per call to int16 with one scale per group of 32 (`dx = max|x| / 32767`), so a
-//! group's dot product is an exact integer sum (`vpdpwssd` on AVX-512 VNNI, `vpmaddwd` on
-//! AVX2) scaled once by `d·dx`; the offsets of Q4_0/Q4_1 still go through the exact f32 group
-//! sums. The rounding error is 2⁻¹⁶ of each group's largest activation (the tests bound it per
-//! product; the model crate's golden test measures it on the real model). On one core with the
-//! weights in L2 this is ~1.5× the f32 kernels, which convert every code to a float; in a
-//! whole batch-1 decode on two cores both stream the weights at the memory's pace (the model
-//! bench measures both), so it is an option, not the default.
+//! The int16-activation decode path ([`super::ActivationPrecision::Int16`], and `Auto`'s choice
+//! where the CPU has AVX-512 VNNI) for the formats whose codes are small integers under
+//! per-group scales (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and the K-quants Q4_K, Q5_K, Q6_K): each
+//! token's activations are rounded once per call to int16 with one scale per group of 32
+//! (`dx = max|x| / 32767`), so a group's dot product is an exact integer sum (`vpdpwssd` on
+//! AVX-512 VNNI, `vpmaddwd` on AVX2) scaled once by `d·dx` (Q6_K: each 16 by its own `d`); the
+//! offsets (`m`, the K-quants' `−dmin·m`) go through the exact f32 group sums. The rounding
+//! error is 2⁻¹⁶ of each group's largest activation (the tests bound it per product; the model
+//! crate's golden tests measure it on the real models).
 //!
 //! The activations are laid out in pairs of groups, `[g0 0..16, g1 0..16, g0 16..32,
 //! g1 16..32]`, the order in which one zmm load of two groups' codes arrives (AVX2 reads the
@@ -16,7 +15,7 @@
 /// Whether this path runs format `ty`.
 pub(super) fn supports(ty: super::GgmlType) -> bool {
     use super::GgmlType::*;
-    matches!(ty, Q4_0 | Q4_1 | Q5_0 | Q8_0)
+    matches!(ty, Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q4_K | Q5_K | Q6_K)
 }
 
 /// The activations of one decode call in int16: per token and pair of groups, 64 words in the
@@ -85,14 +84,18 @@ impl X16 {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(super) use x86::{Codes, Layout, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, dot_rows_avx2, dot_rows_avx512};
+pub(super) use x86::{
+    Codes, Layout, Q4_0, Q4_1, Q4K, Q5_0, Q5_1, Q5K, Q6K, Q8_0, dot_rows_avx2, dot_rows_avx512,
+};
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
 
     use super::X16;
-    use crate::cpu::quant::avx2::{PREFETCH_AHEAD, f16_at, hsum, q5_codes};
+    use crate::cpu::quant::avx2::{
+        PREFETCH_AHEAD, f16_at, hsum, k_nibbles, k_scale_offset, q5_codes, q5k_codes, q6k_group,
+    };
     use crate::cpu::quant::{GgmlType, RowTask};
 
     /// One group of 32 activations at `x` into int16 words: values 0..16 at `words`, 16..32 at
@@ -151,16 +154,20 @@ mod x86 {
         Unsigned,
     }
 
-    /// One format's groups as integer codes for this path: `value = code·d + m`.
+    /// One format's groups as integer codes for this path: `value = code·d + m`, `d` one scale
+    /// for the group or, with [`Codes::SPLIT`], one for each 16.
     pub(in crate::cpu::quant) trait Codes {
-        /// Bytes per group.
+        /// Bytes per group (the K-quants': a super-block's over its eight groups, rounded down
+        /// for Q6K, as far as the prefetch moves per group).
         const BYTES: usize;
         /// How [`Codes::halves`] holds the codes.
         const LAYOUT: Layout = Layout::Nibbles;
         /// Whether `m` can be non-zero.
         const OFFSET: bool;
-        /// Where a group's codes start, after its scales.
-        const CODES_AT: usize;
+        /// Whether the two 16s of a group have scales of their own (Q6K).
+        const SPLIT: bool = false;
+        /// Where a group's codes start, after its scales (for the default [`Codes::halves`]).
+        const CODES_AT: usize = 0;
         /// The 32 codes of group `g` as sixteen words of its first half and sixteen of its
         /// second (zero- or sign-extended), in a 128-bit pair each. Here: the sixteen nibble
         /// bytes twice, the low nibbles being the first half and the high the second (the
@@ -174,11 +181,12 @@ mod x86 {
             let v = unsafe { _mm_loadu_si128(row.add(g * Self::BYTES + Self::CODES_AT) as *const __m128i) };
             [v, v]
         }
-        /// Group `g`'s `(d, m)`.
+        /// Group `g`'s scales of its first and second 16 (equal unless [`Codes::SPLIT`]) and
+        /// its offset `m`.
         ///
         /// # Safety
         /// As [`Codes::halves`].
-        unsafe fn scale(row: *const u8, g: usize) -> (f32, f32);
+        unsafe fn scale(row: *const u8, g: usize) -> ([f32; 2], f32);
     }
 
     /// Q4_1 (f16 d, f16 m, sixteen bytes of nibbles) and Q4_0 (f16 d, nibbles, offset -8d):
@@ -190,18 +198,27 @@ mod x86 {
     /// Q5_0 (f16 d, four bytes of fifth bits, sixteen bytes of nibbles; offset -16d): `halves`
     /// returns the five-bit codes of values 0..16 and 16..32, one per byte.
     pub(in crate::cpu::quant) struct Q5_0;
-    /// Q5_1 (f16 d, f16 m, then Q5_0's fifth bits and nibbles): the same five-bit codes, for
-    /// `lanes16` (the decode kernels here do not take Q5_1).
+    /// Q5_1 (f16 d, f16 m, then Q5_0's fifth bits and nibbles): the same five-bit codes.
     pub(in crate::cpu::quant) struct Q5_1;
+    /// Q4_K (super-blocks of 256, eight groups of 32 under 6-bit scales and mins): group `g` is
+    /// sub-block `g % 8` of super-block `g / 8`, its codes 0..16 one per byte, `d·sc` and
+    /// `−dmin·m` its scale and offset.
+    pub(in crate::cpu::quant) struct Q4K;
+    /// Q5_K: Q4_K with a fifth bit per code (codes 0..32).
+    pub(in crate::cpu::quant) struct Q5K;
+    /// Q6_K (super-blocks of 256, an i8 scale per 16 values): the codes less 32 as signed
+    /// bytes, each 16 with its own scale ([`Codes::SPLIT`]).
+    pub(in crate::cpu::quant) struct Q6K;
 
     impl Codes for Q4_1 {
         const BYTES: usize = 20;
         const OFFSET: bool = true;
         const CODES_AT: usize = 4;
         #[inline(always)]
-        unsafe fn scale(row: *const u8, g: usize) -> (f32, f32) {
+        unsafe fn scale(row: *const u8, g: usize) -> ([f32; 2], f32) {
             // SAFETY: block g (20 bytes: f16 d, f16 m, 16 bytes of nibbles) is in the row.
-            unsafe { (f16_at(row.add(g * 20)), f16_at(row.add(g * 20 + 2))) }
+            let (d, m) = unsafe { (f16_at(row.add(g * 20)), f16_at(row.add(g * 20 + 2))) };
+            ([d; 2], m)
         }
     }
 
@@ -210,11 +227,11 @@ mod x86 {
         const OFFSET: bool = true;
         const CODES_AT: usize = 2;
         #[inline(always)]
-        unsafe fn scale(row: *const u8, g: usize) -> (f32, f32) {
+        unsafe fn scale(row: *const u8, g: usize) -> ([f32; 2], f32) {
             // SAFETY: block g (18 bytes: f16 d, 16 bytes of nibbles) is in the row. Codes are
             // 0..16 with value (q - 8)·d.
             let d = unsafe { f16_at(row.add(g * 18)) };
-            (d, -8.0 * d)
+            ([d; 2], -8.0 * d)
         }
     }
 
@@ -232,9 +249,9 @@ mod x86 {
             }
         }
         #[inline(always)]
-        unsafe fn scale(row: *const u8, g: usize) -> (f32, f32) {
+        unsafe fn scale(row: *const u8, g: usize) -> ([f32; 2], f32) {
             // SAFETY: as above.
-            (unsafe { f16_at(row.add(g * 34)) }, 0.0)
+            ([unsafe { f16_at(row.add(g * 34)) }; 2], 0.0)
         }
     }
 
@@ -248,8 +265,7 @@ mod x86 {
         // SAFETY: per the contract.
         unsafe {
             let b = row.add(g * F::BYTES + F::CODES_AT);
-            let codes = q5_codes(b, b.add(4));
-            [_mm256_castsi256_si128(codes), _mm256_extracti128_si256::<1>(codes)]
+            split(q5_codes(b, b.add(4)))
         }
     }
 
@@ -265,10 +281,10 @@ mod x86 {
             unsafe { five_bit_halves::<Self>(row, g) }
         }
         #[inline(always)]
-        unsafe fn scale(row: *const u8, g: usize) -> (f32, f32) {
+        unsafe fn scale(row: *const u8, g: usize) -> ([f32; 2], f32) {
             // SAFETY: as above. Codes are 0..32 with value (q - 16)·d.
             let d = unsafe { f16_at(row.add(g * 22)) };
-            (d, -16.0 * d)
+            ([d; 2], -16.0 * d)
         }
     }
 
@@ -284,9 +300,71 @@ mod x86 {
             unsafe { five_bit_halves::<Self>(row, g) }
         }
         #[inline(always)]
-        unsafe fn scale(row: *const u8, g: usize) -> (f32, f32) {
+        unsafe fn scale(row: *const u8, g: usize) -> ([f32; 2], f32) {
             // SAFETY: as above.
-            unsafe { (f16_at(row.add(g * 24)), f16_at(row.add(g * 24 + 2))) }
+            let (d, m) = unsafe { (f16_at(row.add(g * 24)), f16_at(row.add(g * 24 + 2))) };
+            ([d; 2], m)
+        }
+    }
+
+    /// 32 byte codes as [`Codes::halves`] returns them.
+    #[inline(always)]
+    unsafe fn split(codes: __m256i) -> [__m128i; 2] {
+        // SAFETY: the callers are AVX2 functions.
+        unsafe { [_mm256_castsi256_si128(codes), _mm256_extracti128_si256::<1>(codes)] }
+    }
+
+    impl Codes for Q4K {
+        const BYTES: usize = 144 / 8;
+        const LAYOUT: Layout = Layout::Unsigned;
+        const OFFSET: bool = true;
+        #[inline(always)]
+        unsafe fn halves(row: *const u8, g: usize) -> [__m128i; 2] {
+            // SAFETY: super-block g / 8 (144 bytes: the 16-byte header, then 128 of nibbles) is
+            // in the row; the callers are AVX2 functions.
+            unsafe { split(k_nibbles(row.add(g / 8 * 144 + 16), g % 8)) }
+        }
+        #[inline(always)]
+        unsafe fn scale(row: *const u8, g: usize) -> ([f32; 2], f32) {
+            // SAFETY: as above.
+            let (d, m) = unsafe { k_scale_offset(row.add(g / 8 * 144), g % 8) };
+            ([d; 2], m)
+        }
+    }
+
+    impl Codes for Q5K {
+        const BYTES: usize = 176 / 8;
+        const LAYOUT: Layout = Layout::Unsigned;
+        const OFFSET: bool = true;
+        #[inline(always)]
+        unsafe fn halves(row: *const u8, g: usize) -> [__m128i; 2] {
+            // SAFETY: super-block g / 8 (176 bytes) is in the row; the callers are AVX2 functions.
+            unsafe { split(q5k_codes(row.add(g / 8 * 176), g % 8)) }
+        }
+        #[inline(always)]
+        unsafe fn scale(row: *const u8, g: usize) -> ([f32; 2], f32) {
+            // SAFETY: as above.
+            let (d, m) = unsafe { k_scale_offset(row.add(g / 8 * 176), g % 8) };
+            ([d; 2], m)
+        }
+    }
+
+    impl Codes for Q6K {
+        const BYTES: usize = 210 / 8;
+        const LAYOUT: Layout = Layout::Signed;
+        const OFFSET: bool = false;
+        const SPLIT: bool = true;
+        #[inline(always)]
+        unsafe fn halves(row: *const u8, g: usize) -> [__m128i; 2] {
+            // SAFETY: super-block g / 8 (210 bytes) is in the row; the callers are AVX2
+            // functions. Codes 0..64 less 32 fit a signed byte.
+            unsafe { split(_mm256_sub_epi8(q6k_group(row, g).0, _mm256_set1_epi8(32))) }
+        }
+        #[inline(always)]
+        unsafe fn scale(row: *const u8, g: usize) -> ([f32; 2], f32) {
+            // SAFETY: as above (the codes' loads are dead here, and dropped).
+            let (_, first, second) = unsafe { q6k_group(row, g) };
+            ([first, second], 0.0)
         }
     }
 
@@ -304,6 +382,14 @@ mod x86 {
             let v = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(a), b);
             if F::LAYOUT == Layout::Signed { _mm512_cvtepi8_epi16(v) } else { _mm512_cvtepu8_epi16(v) }
         }
+    }
+
+    /// `d·dx` of a pair's group `2p` (element 0 of each) in lanes 0..8, of group `2p + 1` in
+    /// lanes 8..16 (`halves` picks them).
+    #[inline(always)]
+    unsafe fn pair_scales(halves: __m512i, d: __m128, dx: __m128) -> __m512 {
+        // SAFETY: the callers are AVX-512F functions.
+        unsafe { _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(_mm_mul_ps(d, dx))) }
     }
 
     /// Rows `rows` of `part` times tokens `t0..t0+M` of `xq`, two groups per zmm: for each
@@ -334,30 +420,34 @@ mod x86 {
                     let [a0, a1] = F::halves(row, g0);
                     let [b0, b1] = if p < full { F::halves(row, g1) } else { [_mm_setzero_si128(); 2] };
                     let (d0, m0) = F::scale(row, g0);
-                    let (d1, m1) = if p < full { F::scale(row, g1) } else { (0.0, 0.0) };
+                    let (d1, m1) = if p < full { F::scale(row, g1) } else { ([0.0; 2], 0.0) };
                     let (first, second) = if nibbles::<F>() {
                         let w = widen512::<F>(a0, b0);
                         (_mm512_and_si512(w, low4), _mm512_srli_epi16::<4>(w))
                     } else {
                         (widen512::<F>(a0, b0), widen512::<F>(a1, b1))
                     };
-                    let d = _mm_setr_ps(d0, d1, 0.0, 0.0);
+                    // The scales of the pair's first 16s and second 16s (equal unless SPLIT).
+                    let d = [_mm_setr_ps(d0[0], d1[0], 0.0, 0.0), _mm_setr_ps(d0[1], d1[1], 0.0, 0.0)];
                     for (t, a) in acc.iter_mut().enumerate() {
                         let w = xq.pair(t0 + t, p).as_ptr();
+                        let dx = xq.dx.as_ptr().add(((t0 + t) * pairs + p) * 2);
+                        let dx = _mm_castpd_ps(_mm_load_sd(dx as *const f64));
+                        let lanes = |d: __m128| pair_scales(halves, d, dx);
                         let first_half = _mm512_dpwssd_epi32(
                             _mm512_setzero_si512(),
                             first,
                             _mm512_loadu_si512(w as *const _),
                         );
-                        let dot = _mm512_cvtepi32_ps(_mm512_dpwssd_epi32(
-                            first_half,
-                            second,
-                            _mm512_loadu_si512(w.add(32) as *const _),
-                        ));
-                        let dx = xq.dx.as_ptr().add(((t0 + t) * pairs + p) * 2);
-                        let s = _mm_mul_ps(d, _mm_castpd_ps(_mm_load_sd(dx as *const f64)));
-                        let s = _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(s));
-                        *a = _mm512_fmadd_ps(dot, s, *a);
+                        let w_second = _mm512_loadu_si512(w.add(32) as *const _);
+                        if F::SPLIT {
+                            let second_half = _mm512_dpwssd_epi32(_mm512_setzero_si512(), second, w_second);
+                            *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(first_half), lanes(d[0]), *a);
+                            *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(second_half), lanes(d[1]), *a);
+                        } else {
+                            let dot = _mm512_cvtepi32_ps(_mm512_dpwssd_epi32(first_half, second, w_second));
+                            *a = _mm512_fmadd_ps(dot, lanes(d[0]), *a);
+                        }
                         if F::OFFSET {
                             let sums = xq.sums.as_ptr().add((t0 + t) * groups + g0);
                             offsets[t] = m0.mul_add(*sums, offsets[t]);
@@ -407,12 +497,26 @@ mod x86 {
                     let (p, half) = (g / 2, g % 2);
                     for (t, a) in acc.iter_mut().enumerate() {
                         let words = xq.pair(t0 + t, p).as_ptr().add(16 * half);
-                        let dot = _mm256_cvtepi32_ps(_mm256_add_epi32(
-                            _mm256_madd_epi16(first, _mm256_loadu_si256(words as *const __m256i)),
-                            _mm256_madd_epi16(second, _mm256_loadu_si256(words.add(32) as *const __m256i)),
-                        ));
-                        let s = d * *xq.dx.get_unchecked(((t0 + t) * pairs + p) * 2 + half);
-                        *a = _mm256_fmadd_ps(dot, _mm256_set1_ps(s), *a);
+                        let dx = *xq.dx.get_unchecked(((t0 + t) * pairs + p) * 2 + half);
+                        let first_half =
+                            _mm256_madd_epi16(first, _mm256_loadu_si256(words as *const __m256i));
+                        let second_half =
+                            _mm256_madd_epi16(second, _mm256_loadu_si256(words.add(32) as *const __m256i));
+                        if F::SPLIT {
+                            *a = _mm256_fmadd_ps(
+                                _mm256_cvtepi32_ps(first_half),
+                                _mm256_set1_ps(d[0] * dx),
+                                *a,
+                            );
+                            *a = _mm256_fmadd_ps(
+                                _mm256_cvtepi32_ps(second_half),
+                                _mm256_set1_ps(d[1] * dx),
+                                *a,
+                            );
+                        } else {
+                            let dot = _mm256_cvtepi32_ps(_mm256_add_epi32(first_half, second_half));
+                            *a = _mm256_fmadd_ps(dot, _mm256_set1_ps(d[0] * dx), *a);
+                        }
                         if F::OFFSET {
                             offsets[t] = m.mul_add(*xq.sums.get_unchecked((t0 + t) * groups + g), offsets[t]);
                         }
@@ -446,6 +550,10 @@ mod x86 {
                     GgmlType::Q4_0 => by_m!(Q4_0),
                     GgmlType::Q8_0 => by_m!(Q8_0),
                     GgmlType::Q5_0 => by_m!(Q5_0),
+                    GgmlType::Q5_1 => by_m!(Q5_1),
+                    GgmlType::Q4_K => by_m!(Q4K),
+                    GgmlType::Q5_K => by_m!(Q5K),
+                    GgmlType::Q6_K => by_m!(Q6K),
                     other => unreachable!("no int16 kernel for {other:?}"),
                 }
             }

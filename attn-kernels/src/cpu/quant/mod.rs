@@ -2,12 +2,12 @@
 //! Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), memory-mapped when they come from a file, and `x·Wᵀ` over them,
 //! each decode step reading the quantized bytes only. With f32 activations a quantized model
 //! computes what its f32 dequantization would; with int16 ones ([`ActivationPrecision`], by
-//! default for Q4_0/Q4_1/Q5_0/Q8_0 where the CPU has AVX-512 VNNI) the integer-code formats
+//! default where the CPU has AVX-512 VNNI) the integer-code formats (all but f16 and bf16)
 //! multiply in integers.
 //!
 //! Where the work goes: a few tokens (decode, [`DECODE_MAX_M`] or fewer) run [`decode`], which
 //! dequantizes each weight group in registers and streams every byte once for all tokens (or,
-//! with int16 activations, multiplies Q4_0/Q4_1/Q5_0/Q8_0 codes into them, [`int16`]); with
+//! with int16 activations, multiplies the integer codes into them, [`int16`]); with
 //! int16 activations on an AVX-512 VNNI CPU, more tokens over the integer-code formats run
 //! [`lanes16`] (int16 activations in the lanes of `vpdpwssd`, the compute-bound shapes' integer
 //! path); more tokens otherwise run [`panel`], which dequantizes rows into f32 once per call
@@ -113,15 +113,15 @@ use crate::cpu::linear::{OutPtr, linear};
 /// above it, rows are dequantized into `token_lanes` or panels into `gemm` ([`panel`]).
 pub const DECODE_MAX_M: usize = 8;
 
-/// How the matmuls over quantized weights take their activations: decode-shaped ones over
-/// Q4_0, Q4_1, Q5_0 and Q8_0 ([`int16`]), and on AVX-512 VNNI batches (more than
-/// [`DECODE_MAX_M`] tokens) over every integer-code format ([`lanes16`]); the others always run
-/// the f32 kernels.
+/// How the matmuls over the integer-code formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
+/// Q6_K) take their activations: decode-shaped ones on the [`int16`] kernels, and on AVX-512
+/// VNNI batches (more than [`DECODE_MAX_M`] tokens) on [`lanes16`]; f16 and bf16 weights always
+/// run the f32 kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ActivationPrecision {
-    /// The default: [`Int16`](Self::Int16) for weights whose every part both integer paths
-    /// take (Q4_0, Q4_1, Q5_0, Q8_0) where the kernels' ISA has AVX-512 VNNI (there the
-    /// integer kernels are the faster ones at every batch size), [`F32`](Self::F32) otherwise.
+    /// The default: [`Int16`](Self::Int16) for weights whose every part is of an integer-code
+    /// format where the kernels' ISA has AVX-512 VNNI (there the integer kernels are the faster
+    /// ones at every batch size), [`F32`](Self::F32) otherwise.
     /// Decode and batches then round every weight's activations alike, so a sequence's logits
     /// do not depend on how many others share its step beyond the f32 sums' order.
     #[default]
@@ -132,8 +132,8 @@ pub enum ActivationPrecision {
     /// Rounded once per call to int16 with one scale per 32 values, for integer kernels
     /// (`int16`, `lanes16`): 2⁻¹⁶ of each group's largest value, a measured tolerance (the model
     /// crate's golden tests). Finer than the 8-bit activations llama.cpp's CPU matmuls and the
-    /// GGUF kernels of vLLM round to. Decode over the K-quants stays f32 (`int16` lacks them)
-    /// while their batches run `lanes16`.
+    /// GGUF kernels of vLLM round to. Without AVX-512 VNNI batches run the f32 kernels, so
+    /// there decode and batches round differently.
     Int16,
 }
 

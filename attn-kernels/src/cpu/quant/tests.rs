@@ -228,17 +228,22 @@ fn int16_expectation(
     let xq = int16::X16::quantize(x, m, k);
     let mut w = vec![0.0f32; n * k];
     dequantize(ty, bytes, &mut w);
-    let block_bytes = ty.block().1;
+    let (per_block, block_bytes) = ty.block();
     let (mut want, mut bound) = (vec![0.0; m * n], vec![0.0; m * n]);
     for t in 0..m {
         for r in 0..n {
             for g in 0..k / 32 {
-                let block = &bytes[(r * k / 32 + g) * block_bytes..][..block_bytes];
+                let block = &bytes[(r * k + 32 * g) / per_block * block_bytes..][..block_bytes];
                 let f16_at = |at: usize| f64::from(f16::from_le_bytes([block[at], block[at + 1]]).to_f32());
+                // The group's offset, which the kernels take through the exact sum of x.
                 let offset = match ty {
                     GgmlType::Q4_0 => -8.0 * f16_at(0),
                     GgmlType::Q5_0 => -16.0 * f16_at(0),
-                    GgmlType::Q4_1 => f16_at(2),
+                    GgmlType::Q4_1 | GgmlType::Q5_1 => f16_at(2),
+                    GgmlType::Q4_K | GgmlType::Q5_K => {
+                        let (_, min) = crate::cpu::ggml::scale_min_k4(g % 8, &block[4..16]);
+                        -f16_at(2) * f64::from(min)
+                    }
                     _ => 0.0,
                 };
                 let half_step = f64::from(xq.dx[t * xq.pairs() * 2 + g]) / 2.0;
@@ -416,8 +421,8 @@ fn float_weights_quantize_at_load_and_multiply_as_their_quantization() {
 #[test]
 fn integer_kernels_take_nan_zero_and_tiny_groups_as_the_f32_kernels_do() {
     let mut rng = ChaCha8Rng::seed_from_u64(13);
-    let (n, k) = (5, 128);
-    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+    let (n, k) = (5, 256);
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K] {
         let bytes = random_part(ty, n, k, &mut rng);
         let part = Part::new(ty, n, k, Storage::Owned(bytes)).unwrap();
         let w = Weight::from_parts(k, vec![part]);
@@ -442,18 +447,22 @@ fn integer_kernels_take_nan_zero_and_tiny_groups_as_the_f32_kernels_do() {
 #[test]
 fn auto_takes_int16_only_where_decode_and_batches_both_have_integer_kernels() {
     use ActivationPrecision::{Auto, F32, Int16};
-    use GgmlType::{Q4_0, Q4_1, Q4_K, Q5_0, Q6_K, Q8_0};
+    use GgmlType::{BF16, F16, Q4_0, Q4_1, Q4_K, Q5_0, Q6_K, Q8_0};
     for isa in [Isa::Portable, Isa::Avx2, Isa::Avx512] {
         let vnni = lanes16::runs_on(isa);
-        for (parts, int16) in
-            [(&[Q4_1, Q8_0][..], vnni), (&[Q5_0, Q4_0][..], vnni), (&[Q5_0, Q6_K][..], false)]
-        {
+        for (parts, int16) in [
+            (&[Q4_1, Q8_0][..], vnni),
+            (&[Q5_0, Q4_0][..], vnni),
+            (&[Q5_0, Q6_K][..], vnni),
+            (&[Q4_K][..], vnni),
+            (&[Q4_K, F16][..], false),
+            (&[BF16][..], false),
+        ] {
             let want = if int16 { Int16 } else { F32 };
             assert_eq!(Auto.resolve(isa, parts.iter().copied()), want, "{isa:?} {parts:?}");
             for explicit in [F32, Int16] {
                 assert_eq!(explicit.resolve(isa, parts.iter().copied()), explicit);
             }
         }
-        assert_eq!(Auto.resolve(isa, [Q4_K].into_iter()), F32, "{isa:?}: K-quant decode has no int16 kernel");
     }
 }

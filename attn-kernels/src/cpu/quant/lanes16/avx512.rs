@@ -7,7 +7,6 @@ use std::arch::x86_64::*;
 use super::{NB, RowCodes, TM, group_len, has_offset};
 use crate::cpu::linear::TileOut;
 use crate::cpu::quant::GgmlType;
-use crate::cpu::quant::avx2::{k_nibbles, k_scale_offset, q5k_codes, q6k_group};
 use crate::cpu::quant::int16::{Codes, Layout};
 
 /// `acc + Σ pairs a·b` (`vpdpwssd`), as one instruction: LLVM splits the intrinsic into
@@ -73,12 +72,13 @@ pub(super) unsafe fn quantize_token(
     }
 }
 
-/// A row of a format whose codes are bytes or nibbles (`int16::Codes`: Q4_0, Q4_1, Q5_0, Q5_1,
-/// Q8_0) straight into int16 codes less `centre` (8 for Q4_0, 16 for Q5_0, whose offset is then
-/// zero), with its scales and offsets: no f32 round trip.
+/// A row of an integer-code format (`int16::Codes`) straight into int16 codes less `centre`
+/// (8 for Q4_0, 16 for Q5_0, whose offset is then zero), with its scales (Q6_K: one per 16)
+/// and offsets: no f32 round trip.
 ///
 /// # Safety
-/// AVX-512F/BW; `row` holds `k / 32` blocks of `F`; `codes` has `k` entries, `d` and `m` `k/32`.
+/// AVX-512F/BW; `row` holds `k / 32` groups of `F`; `codes` has `k` entries, `m` `k/32` and `d`
+/// `k/32` (`k/16` for a [`Codes::SPLIT`] format).
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
 pub(super) unsafe fn direct_codes<F: Codes>(
     row: *const u8,
@@ -87,10 +87,12 @@ pub(super) unsafe fn direct_codes<F: Codes>(
     m: &mut [f32],
     codes: &mut [i16],
 ) {
-    debug_assert!(codes.len() == 32 * d.len() && d.len() == m.len());
+    let per_group = if F::SPLIT { 2 } else { 1 };
+    debug_assert!(codes.len() == 32 * m.len() && d.len() == per_group * m.len());
     let (low4, centre_w) = (_mm256_set1_epi16(0x0f), _mm256_set1_epi16(centre));
-    for (g, (dg, mg)) in d.iter_mut().zip(m.iter_mut()).enumerate() {
-        // SAFETY: group g lies in the row; its 32 codes at 32·g are in `codes`.
+    for (g, mg) in m.iter_mut().enumerate() {
+        // SAFETY: group g lies in the row; its 32 codes at 32·g are in `codes`, its scales at
+        // per_group·g in `d`.
         unsafe {
             let [a, b] = F::halves(row, g);
             let (lo, hi) = match F::LAYOUT {
@@ -104,52 +106,9 @@ pub(super) unsafe fn direct_codes<F: Codes>(
             let out = codes.as_mut_ptr().add(32 * g).cast::<__m256i>();
             _mm256_storeu_si256(out, _mm256_sub_epi16(lo, centre_w));
             _mm256_storeu_si256(out.add(1), _mm256_sub_epi16(hi, centre_w));
-            let (scale, offset) = F::scale(row, g);
-            (*dg, *mg) = (scale, if centre == 0 { offset } else { 0.0 });
-        }
-    }
-}
-
-/// A K-quant row (Q4_K, Q5_K, Q6_K) straight into its codes, a group of 32 at a time from the
-/// SIMD dequantization's own readers: Q4_K and Q5_K codes `q` with their sub-block's scale
-/// `d·sc` and offset `−dmin·m`; Q6_K's centred `q − 32` with the scales of its two 16s.
-///
-/// # Safety
-/// AVX-512F/BW; `row` holds `k / 256` blocks of `ty`; `codes` has `k` entries, `d` `k / 32`
-/// (Q6_K: `k / 16`), `m` `k / 32`.
-#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-pub(super) unsafe fn k_quant_codes(
-    ty: GgmlType,
-    row: &[u8],
-    d: &mut [f32],
-    m: &mut [f32],
-    codes: &mut [i16],
-) {
-    let row = row.as_ptr();
-    for g in 0..codes.len() / 32 {
-        let (block, s) = (g / 8, g % 8);
-        // SAFETY: group g's super-block lies in the row; its 32 codes at 32·g are in `codes`.
-        unsafe {
-            let (q, centre) = match ty {
-                GgmlType::Q4_K => {
-                    let b = row.add(block * 144);
-                    (d[g], m[g]) = k_scale_offset(b, s);
-                    (k_nibbles(b.add(16), s), 0)
-                }
-                GgmlType::Q5_K => {
-                    let b = row.add(block * 176);
-                    (d[g], m[g]) = k_scale_offset(b, s);
-                    (q5k_codes(b, s), 0)
-                }
-                GgmlType::Q6_K => {
-                    let (q, first, second) = q6k_group(row, g);
-                    (d[2 * g], d[2 * g + 1], m[g]) = (first, second, 0.0);
-                    (q, 32)
-                }
-                other => unreachable!("no K-quant codes for {other:?}"),
-            };
-            let words = _mm512_sub_epi16(_mm512_cvtepu8_epi16(q), _mm512_set1_epi16(centre));
-            _mm512_storeu_si512(codes.as_mut_ptr().add(32 * g).cast(), words);
+            let (scales, offset) = F::scale(row, g);
+            d.get_unchecked_mut(per_group * g..per_group * (g + 1)).copy_from_slice(&scales[..per_group]);
+            *mg = if centre == 0 { offset } else { 0.0 };
         }
     }
 }

@@ -35,11 +35,9 @@ const TN: usize = 12;
 /// Weight rows per micro-tile: 6 rows × 32 tokens are 12 int32 and 12 f32 accumulators.
 const NB: usize = 6;
 
-/// Whether this path takes format `ty` (codes of at most 8 bits under per-group scales).
-pub(super) fn supports(ty: GgmlType) -> bool {
-    use GgmlType::*;
-    matches!(ty, Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q4_K | Q5_K | Q6_K)
-}
+/// Whether this path takes format `ty`: the formats `int16` takes, so that decode and
+/// batches round a weight's activations alike.
+pub(super) use super::int16::supports;
 
 /// Whether `isa`'s kernels here run on this CPU: AVX-512 with BW and VNNI.
 pub(super) fn runs_on(isa: Isa) -> bool {
@@ -175,19 +173,22 @@ impl RowCodes {
             macro_rules! direct {
                 ($F:ty, $centre:expr) => {
                     // SAFETY: `runs_on(isa)` holds for every caller (AVX-512F/BW); the row is
-                    // k / 32 blocks of the format; the slices have k codes and k / 32 scales.
+                    // k / 32 groups of the format; the slices have k codes, k / 32 offsets and
+                    // k / gl scales.
                     unsafe { avx512::direct_codes::<$F>(row.as_ptr(), $centre, d, m, codes) }
                 };
             }
+            use super::int16::{Q4_0, Q4_1, Q4K, Q5_0, Q5_1, Q5K, Q6K, Q8_0};
             match part.ty {
-                GgmlType::Q8_0 => direct!(super::int16::Q8_0, 0),
-                GgmlType::Q4_0 => direct!(super::int16::Q4_0, 8),
-                GgmlType::Q5_0 => direct!(super::int16::Q5_0, 16),
-                GgmlType::Q4_1 => direct!(super::int16::Q4_1, 0),
-                GgmlType::Q5_1 => direct!(super::int16::Q5_1, 0),
-                // SAFETY: as for `direct!`; the row is k / 256 super-blocks (Q6_K's d has k / 16
-                // scales).
-                ty => unsafe { avx512::k_quant_codes(ty, row, d, m, codes) },
+                GgmlType::Q8_0 => direct!(Q8_0, 0),
+                GgmlType::Q4_0 => direct!(Q4_0, 8),
+                GgmlType::Q5_0 => direct!(Q5_0, 16),
+                GgmlType::Q4_1 => direct!(Q4_1, 0),
+                GgmlType::Q5_1 => direct!(Q5_1, 0),
+                GgmlType::Q4_K => direct!(Q4K, 0),
+                GgmlType::Q5_K => direct!(Q5K, 0),
+                GgmlType::Q6_K => direct!(Q6K, 0),
+                other => unreachable!("lanes16 takes no {other:?}"),
             }
         }
     }
