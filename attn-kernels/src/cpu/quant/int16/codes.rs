@@ -1,0 +1,393 @@
+//! How each integer-code format's groups reach the int16 kernels: [`Codes`], one reader per
+//! format (its codes as words, its scales and offsets), shared by the decode kernels here and
+//! `lanes16`, with the faster readings of the AVX-512 decode kernel (a pair of groups' words,
+//! a K-quant super-block's scales at once) where a format has them.
+
+use std::arch::x86_64::*;
+
+use crate::cpu::quant::avx2::{
+    f16_at, f16_pair_at, k_nibbles, k_scale_offset, q5_codes, q5k_codes, q6k_group,
+};
+
+/// How a format's [`Codes::halves`] hold its codes.
+#[derive(PartialEq, Eq)]
+pub(in crate::cpu::quant) enum Layout {
+    /// Sixteen bytes of nibbles, twice: the low nibbles are the first half.
+    Nibbles,
+    /// Sixteen signed bytes per half.
+    Signed,
+    /// Sixteen unsigned bytes per half.
+    Unsigned,
+}
+
+/// One format's groups as integer codes for this path: `value = code·d + m`, `d` one scale
+/// for the group or, with [`Codes::SPLIT`], one for each 16.
+pub(in crate::cpu::quant) trait Codes {
+    /// Bytes per group (the K-quants': a super-block's over its eight groups, rounded down
+    /// for Q6_K, as far as the prefetch moves per group).
+    const BYTES: usize;
+    /// How [`Codes::halves`] holds the codes.
+    const LAYOUT: Layout = Layout::Nibbles;
+    /// Whether `m` can be non-zero.
+    const OFFSET: bool;
+    /// Whether the two 16s of a group have scales of their own (Q6_K).
+    const SPLIT: bool = false;
+    /// Where a group's codes start, after its scales (for the default [`Codes::halves`]).
+    const CODES_AT: usize = 0;
+    /// The 32 codes of group `g` as sixteen words of its first half and sixteen of its
+    /// second (zero- or sign-extended), in a 128-bit pair each. Here: the sixteen nibble
+    /// bytes twice, the low nibbles being the first half and the high the second (the
+    /// kernels split them after widening).
+    ///
+    /// # Safety
+    /// AVX2 is available; group `g` lies inside the row at `row`.
+    #[inline(always)]
+    unsafe fn halves(row: *const u8, g: usize) -> [__m128i; 2] {
+        // SAFETY: block g (its scales, then 16 bytes of nibbles) is in the row.
+        let v = unsafe { _mm_loadu_si128(row.add(g * Self::BYTES + Self::CODES_AT) as *const __m128i) };
+        [v, v]
+    }
+    /// Pair `p`'s codes as the AVX-512 decode kernel takes them, the words of the first
+    /// 16s of groups `2p` and `2p + 1` (`2p + 1`'s zero where `p == full`, the odd last
+    /// group) and of their second 16s, for the formats that read them in fewer instructions
+    /// than through two [`Codes::halves`]; `None` for the others.
+    ///
+    /// # Safety
+    /// AVX-512F/BW, AVX2 (the callers' features); group `2p` lies in the row, `2p + 1` too
+    /// when `p < full`.
+    #[inline(always)]
+    unsafe fn pair_words(row: *const u8, p: usize, full: usize) -> Option<[__m512i; 2]> {
+        let _ = (row, p, full);
+        None
+    }
+    /// Whether [`Codes::block_scales`] reads the scales of a super-block of 8 groups at once
+    /// (the K-quants': fewer instructions than eight [`Codes::scale`]).
+    const BLOCK_SCALES: bool = false;
+    /// The scales of groups `8b..8b + 8` (super-block `b`), then their offsets, where
+    /// [`Codes::BLOCK_SCALES`].
+    ///
+    /// # Safety
+    /// AVX2, F16C; super-block `b` lies in the row.
+    #[inline(always)]
+    unsafe fn block_scales(row: *const u8, b: usize) -> [f32; 16] {
+        unreachable!("{row:?} {b}: no block scales")
+    }
+    /// Group `g`'s scales of its first and second 16 (equal unless [`Codes::SPLIT`]) and
+    /// its offset `m`.
+    ///
+    /// # Safety
+    /// As [`Codes::halves`].
+    unsafe fn scale(row: *const u8, g: usize) -> ([f32; 2], f32);
+}
+
+/// Q4_1 (f16 d, f16 m, sixteen bytes of nibbles) and Q4_0 (f16 d, nibbles, offset -8d):
+/// nibbles, as [`Codes::halves`] reads them.
+pub(in crate::cpu::quant) struct Q4_1;
+pub(in crate::cpu::quant) struct Q4_0;
+/// Q8_0 (f16 d, 32 signed bytes): `halves` returns bytes 0..16 and 16..32.
+pub(in crate::cpu::quant) struct Q8_0;
+/// Q5_0 (f16 d, four bytes of fifth bits, sixteen bytes of nibbles; offset -16d): `halves`
+/// returns the five-bit codes of values 0..16 and 16..32, one per byte.
+pub(in crate::cpu::quant) struct Q5_0;
+/// Q5_1 (f16 d, f16 m, then Q5_0's fifth bits and nibbles): the same five-bit codes.
+pub(in crate::cpu::quant) struct Q5_1;
+/// Q4_K (super-blocks of 256, eight groups of 32 under 6-bit scales and mins): group `g` is
+/// sub-block `g % 8` of super-block `g / 8`, its codes 0..16 one per byte, `d·sc` and
+/// `−dmin·m` its scale and offset.
+pub(in crate::cpu::quant) struct Q4K;
+/// Q5_K: Q4_K with a fifth bit per code (codes 0..32).
+pub(in crate::cpu::quant) struct Q5K;
+/// Q6_K (super-blocks of 256, an i8 scale per 16 values): the codes less 32 as signed
+/// bytes, each 16 with its own scale ([`Codes::SPLIT`]).
+pub(in crate::cpu::quant) struct Q6K;
+
+impl Codes for Q4_1 {
+    const BYTES: usize = 20;
+    const OFFSET: bool = true;
+    const CODES_AT: usize = 4;
+    #[inline(always)]
+    unsafe fn scale(row: *const u8, g: usize) -> ([f32; 2], f32) {
+        // SAFETY: block g (20 bytes: f16 d, f16 m, 16 bytes of nibbles) is in the row.
+        let (d, m) = unsafe { (f16_at(row.add(g * 20)), f16_at(row.add(g * 20 + 2))) };
+        ([d; 2], m)
+    }
+}
+
+impl Codes for Q4_0 {
+    const BYTES: usize = 18;
+    const OFFSET: bool = true;
+    const CODES_AT: usize = 2;
+    #[inline(always)]
+    unsafe fn scale(row: *const u8, g: usize) -> ([f32; 2], f32) {
+        // SAFETY: block g (18 bytes: f16 d, 16 bytes of nibbles) is in the row. Codes are
+        // 0..16 with value (q - 8)·d.
+        let d = unsafe { f16_at(row.add(g * 18)) };
+        ([d; 2], -8.0 * d)
+    }
+}
+
+impl Codes for Q8_0 {
+    const BYTES: usize = 34;
+    const LAYOUT: Layout = Layout::Signed;
+    const OFFSET: bool = false;
+    const CODES_AT: usize = 2;
+    #[inline(always)]
+    unsafe fn halves(row: *const u8, g: usize) -> [__m128i; 2] {
+        // SAFETY: block g (34 bytes: f16 d, 32 i8) is in the row.
+        unsafe {
+            let b = row.add(g * 34 + Self::CODES_AT);
+            [_mm_loadu_si128(b as *const __m128i), _mm_loadu_si128(b.add(16) as *const __m128i)]
+        }
+    }
+    #[inline(always)]
+    unsafe fn scale(row: *const u8, g: usize) -> ([f32; 2], f32) {
+        // SAFETY: as above.
+        ([unsafe { f16_at(row.add(g * 34)) }; 2], 0.0)
+    }
+}
+
+/// Group `g` of a five-bit format (Q5_0, Q5_1: four bytes of fifth bits at `F::CODES_AT`,
+/// then sixteen of nibbles) as [`Codes::halves`] returns it.
+///
+/// # Safety
+/// AVX2 is available; group `g` lies inside the row at `row`.
+#[inline(always)]
+unsafe fn five_bit_halves<F: Codes>(row: *const u8, g: usize) -> [__m128i; 2] {
+    // SAFETY: per the contract.
+    unsafe {
+        let b = row.add(g * F::BYTES + F::CODES_AT);
+        split(q5_codes(b, b.add(4)))
+    }
+}
+
+impl Codes for Q5_0 {
+    const BYTES: usize = 22;
+    const LAYOUT: Layout = Layout::Unsigned;
+    const OFFSET: bool = true;
+    const CODES_AT: usize = 2;
+    #[inline(always)]
+    unsafe fn pair_words(row: *const u8, p: usize, full: usize) -> Option<[__m512i; 2]> {
+        // SAFETY: forwarded contract.
+        Some(unsafe { five_bit_pair::<Self>(row, p, full) })
+    }
+    #[inline(always)]
+    unsafe fn halves(row: *const u8, g: usize) -> [__m128i; 2] {
+        // SAFETY: block g (22 bytes: f16 d, 4 bytes of fifth bits, 16 bytes of nibbles)
+        // is in the row; the callers are AVX2 functions.
+        unsafe { five_bit_halves::<Self>(row, g) }
+    }
+    #[inline(always)]
+    unsafe fn scale(row: *const u8, g: usize) -> ([f32; 2], f32) {
+        // SAFETY: as above. Codes are 0..32 with value (q - 16)·d.
+        let d = unsafe { f16_at(row.add(g * 22)) };
+        ([d; 2], -16.0 * d)
+    }
+}
+
+impl Codes for Q5_1 {
+    const BYTES: usize = 24;
+    const LAYOUT: Layout = Layout::Unsigned;
+    const OFFSET: bool = true;
+    const CODES_AT: usize = 4;
+    #[inline(always)]
+    unsafe fn pair_words(row: *const u8, p: usize, full: usize) -> Option<[__m512i; 2]> {
+        // SAFETY: forwarded contract.
+        Some(unsafe { five_bit_pair::<Self>(row, p, full) })
+    }
+    #[inline(always)]
+    unsafe fn halves(row: *const u8, g: usize) -> [__m128i; 2] {
+        // SAFETY: block g (24 bytes: f16 d, f16 m, 4 bytes of fifth bits, 16 bytes of
+        // nibbles) is in the row; the callers are AVX2 functions.
+        unsafe { five_bit_halves::<Self>(row, g) }
+    }
+    #[inline(always)]
+    unsafe fn scale(row: *const u8, g: usize) -> ([f32; 2], f32) {
+        // SAFETY: as above.
+        let (d, m) = unsafe { (f16_at(row.add(g * 24)), f16_at(row.add(g * 24 + 2))) };
+        ([d; 2], m)
+    }
+}
+
+/// 32 byte codes as [`Codes::halves`] returns them.
+#[inline(always)]
+unsafe fn split(codes: __m256i) -> [__m128i; 2] {
+    // SAFETY: the callers are AVX2 functions.
+    unsafe { [_mm256_castsi256_si128(codes), _mm256_extracti128_si256::<1>(codes)] }
+}
+
+impl Codes for Q4K {
+    const BYTES: usize = 144 / 8;
+    const LAYOUT: Layout = Layout::Unsigned;
+    const OFFSET: bool = true;
+    const BLOCK_SCALES: bool = true;
+    #[inline(always)]
+    unsafe fn block_scales(row: *const u8, b: usize) -> [f32; 16] {
+        // SAFETY: super-block b (144 bytes) is in the row.
+        unsafe { k_block_scales(row.add(b * 144)) }
+    }
+    #[inline(always)]
+    unsafe fn pair_words(row: *const u8, p: usize, _: usize) -> Option<[__m512i; 2]> {
+        // SAFETY: super-block 2p / 8 (144 bytes) is in the row (K-quant rows hold whole
+        // pairs); its nibbles start 16 bytes in.
+        Some(unsafe { k_nibble_pair(row.add(2 * p / 8 * 144 + 16), 2 * p % 8) })
+    }
+    #[inline(always)]
+    unsafe fn halves(row: *const u8, g: usize) -> [__m128i; 2] {
+        // SAFETY: super-block g / 8 (144 bytes: the 16-byte header, then 128 of nibbles) is
+        // in the row; the callers are AVX2 functions.
+        unsafe { split(k_nibbles(row.add(g / 8 * 144 + 16), g % 8)) }
+    }
+    #[inline(always)]
+    unsafe fn scale(row: *const u8, g: usize) -> ([f32; 2], f32) {
+        // SAFETY: as above.
+        let (d, m) = unsafe { k_scale_offset(row.add(g / 8 * 144), g % 8) };
+        ([d; 2], m)
+    }
+}
+
+impl Codes for Q5K {
+    const BYTES: usize = 176 / 8;
+    const LAYOUT: Layout = Layout::Unsigned;
+    const OFFSET: bool = true;
+    const BLOCK_SCALES: bool = true;
+    #[inline(always)]
+    unsafe fn block_scales(row: *const u8, b: usize) -> [f32; 16] {
+        // SAFETY: super-block b (176 bytes) is in the row.
+        unsafe { k_block_scales(row.add(b * 176)) }
+    }
+    #[inline(always)]
+    unsafe fn pair_words(row: *const u8, p: usize, _: usize) -> Option<[__m512i; 2]> {
+        let s = 2 * p % 8;
+        // SAFETY: super-block 2p / 8 (176 bytes: the 16-byte header, 32 bytes of fifth
+        // bits, 128 of nibbles) is in the row.
+        unsafe {
+            let b = row.add(2 * p / 8 * 176);
+            let qh = _mm256_loadu_si256(b.add(16) as *const __m256i);
+            // Bit s of every byte to its top, then one bit per byte into a mask.
+            let bit =
+                |s: usize| _mm256_movemask_epi8(_mm256_sll_epi16(qh, _mm_cvtsi32_si128(7 - s as i32))) as u32;
+            Some(with_fifth_bits(k_nibble_pair(b.add(48), s), bit(s), bit(s + 1)))
+        }
+    }
+    #[inline(always)]
+    unsafe fn halves(row: *const u8, g: usize) -> [__m128i; 2] {
+        // SAFETY: super-block g / 8 (176 bytes) is in the row; the callers are AVX2 functions.
+        unsafe { split(q5k_codes(row.add(g / 8 * 176), g % 8)) }
+    }
+    #[inline(always)]
+    unsafe fn scale(row: *const u8, g: usize) -> ([f32; 2], f32) {
+        // SAFETY: as above.
+        let (d, m) = unsafe { k_scale_offset(row.add(g / 8 * 176), g % 8) };
+        ([d; 2], m)
+    }
+}
+
+impl Codes for Q6K {
+    const BYTES: usize = 210 / 8;
+    const LAYOUT: Layout = Layout::Signed;
+    const OFFSET: bool = false;
+    const SPLIT: bool = true;
+    #[inline(always)]
+    unsafe fn halves(row: *const u8, g: usize) -> [__m128i; 2] {
+        // SAFETY: super-block g / 8 (210 bytes) is in the row; the callers are AVX2
+        // functions. Codes 0..64 less 32 fit a signed byte.
+        unsafe { split(_mm256_sub_epi8(q6k_group(row, g).0, _mm256_set1_epi8(32))) }
+    }
+    #[inline(always)]
+    unsafe fn scale(row: *const u8, g: usize) -> ([f32; 2], f32) {
+        // SAFETY: as above (the codes' loads are dead here, and dropped).
+        let (_, first, second) = unsafe { q6k_group(row, g) };
+        ([first, second], 0.0)
+    }
+}
+
+/// `words` (a pair's first and second 16s, as [`Codes::pair_words`]) with 16 added to
+/// each code whose fifth bit is set: bit `i` of `q0` / `q1` is code `i`'s of group `2p` /
+/// `2p + 1`.
+#[inline(always)]
+unsafe fn with_fifth_bits(words: [__m512i; 2], q0: u32, q1: u32) -> [__m512i; 2] {
+    // Words 0..16 are group 2p's codes 0..16 (first) or 16..32 (second), words 16..32
+    // group 2p + 1's.
+    let (first, second) = ((q0 & 0xffff) | (q1 << 16), (q0 >> 16) | (q1 & 0xffff_0000));
+    // SAFETY: the callers are AVX-512BW functions.
+    unsafe {
+        let fifth = _mm512_set1_epi16(0x10);
+        let [a, b] = words;
+        [_mm512_mask_add_epi16(a, first, a, fifth), _mm512_mask_add_epi16(b, second, b, fifth)]
+    }
+}
+
+/// [`Codes::pair_words`] of a five-bit format (Q5_0, Q5_1: at `F::CODES_AT` of each group a
+/// little-endian `u32` of fifth bits, bit `i` code `i`'s, then sixteen bytes of nibbles,
+/// codes 0..16 low and 16..32 high): the nibbles as Q4_0's, the fifth bits from mask
+/// registers, a fraction of the instructions of `halves`' byte shuffles.
+///
+/// # Safety
+/// As [`Codes::pair_words`].
+#[inline(always)]
+unsafe fn five_bit_pair<F: Codes>(row: *const u8, p: usize, full: usize) -> [__m512i; 2] {
+    // SAFETY: per the contract.
+    unsafe {
+        let at = |g: usize| row.add(g * F::BYTES + F::CODES_AT);
+        let group = |g: usize| ((at(g) as *const u32).read_unaligned(), _mm_loadu_si128(at(g).add(4).cast()));
+        let (q0, n0) = group(2 * p);
+        let (q1, n1) = if p < full { group(2 * p + 1) } else { (0, _mm_setzero_si128()) };
+        let w = _mm512_cvtepu8_epi16(_mm256_inserti128_si256::<1>(_mm256_castsi128_si256(n0), n1));
+        let low4 = _mm512_set1_epi16(0x0f);
+        with_fifth_bits([_mm512_and_si512(w, low4), _mm512_srli_epi16::<4>(w)], q0, q1)
+    }
+}
+
+/// `d·sc` of the eight sub-blocks of the Q4_K / Q5_K super-block at `b`, then their
+/// `−dmin·m`: ggml's unpacking of the 6-bit scales and mins from their 12 bytes with word
+/// masks (its `utmp`), and one conversion for all eight.
+///
+/// # Safety
+/// AVX2, F16C; `b` points at a whole super-block.
+#[inline(always)]
+unsafe fn k_block_scales(b: *const u8) -> [f32; 16] {
+    const LOW6: u32 = 0x3f3f_3f3f;
+    const LOW4: u32 = 0x0f0f_0f0f;
+    const LOW2: u32 = 0x0303_0303;
+    // SAFETY: the header (f16 d, f16 dmin, 12 bytes of scales and mins) is in the block.
+    unsafe {
+        let (d, dmin) = f16_pair_at(b);
+        let word = |i: usize| (b.add(4 + 4 * i) as *const u32).read_unaligned();
+        let (u0, u1, u2) = (word(0), word(1), word(2));
+        // Byte j: scale j (sub-blocks 4..8 take their top two bits from the bytes of 0..4).
+        let scales = u64::from(u0 & LOW6) | u64::from((u2 & LOW4) | ((u0 >> 6) & LOW2) << 4) << 32;
+        let mins = u64::from(u1 & LOW6) | u64::from(((u2 >> 4) & LOW4) | ((u1 >> 6) & LOW2) << 4) << 32;
+        let floats = |v: u64| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(v as i64)));
+        let mut out = [0.0f32; 16];
+        _mm256_storeu_ps(out.as_mut_ptr(), _mm256_mul_ps(floats(scales), _mm256_set1_ps(d)));
+        _mm256_storeu_ps(out.as_mut_ptr().add(8), _mm256_mul_ps(floats(mins), _mm256_set1_ps(-dmin)));
+        out
+    }
+}
+
+/// The low four bits of the codes of sub-blocks `s` and `s + 1` (`s` even) of a Q4_K /
+/// Q5_K super-block whose 128 bytes of nibbles start at `qs`, as [`Codes::pair_words`]:
+/// both are the 32 bytes at `32·(s/2)`, sub-block `s` their low nibbles, `s + 1` their high.
+///
+/// # Safety
+/// AVX-512F/BW, AVX2; `qs` points at the super-block's nibbles; `s < 8`.
+#[inline(always)]
+unsafe fn k_nibble_pair(qs: *const u8, s: usize) -> [__m512i; 2] {
+    // SAFETY: per the contract.
+    unsafe {
+        let bytes = _mm256_loadu_si256(qs.add(32 * (s / 2)) as *const __m256i);
+        // Words 0..16 keep their low nibble, 16..32 shift their high one down.
+        let shifts = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi16(4));
+        let low4 = _mm512_set1_epi16(0x0f);
+        let words = |half: __m128i| {
+            let w = _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(half));
+            _mm512_and_si512(_mm512_srlv_epi16(w, shifts), low4)
+        };
+        [words(_mm256_castsi256_si128(bytes)), words(_mm256_extracti128_si256::<1>(bytes))]
+    }
+}
+
+/// Whether the format's codes are nibbles (split after widening) rather than bytes.
+pub(super) const fn nibbles<F: Codes>() -> bool {
+    matches!(F::LAYOUT, Layout::Nibbles)
+}

@@ -1,0 +1,310 @@
+//! The int16 decode kernels: activations rounded into [`X16`] ([`quantize_group`]), and the
+//! rows of a part times a few tokens on AVX-512 VNNI ([`rows512`], a pair of groups per zmm)
+//! and AVX2 ([`rows256`], a group at a time).
+
+use std::arch::x86_64::*;
+
+use super::X16;
+use super::codes::{Codes, Layout, Q4_0, Q4_1, Q4K, Q5_0, Q5_1, Q5K, Q6K, Q8_0, nibbles};
+use crate::cpu::quant::avx2::{PREFETCH_AHEAD, hsum};
+use crate::cpu::quant::{GgmlType, RowTask};
+
+/// One group of 32 activations at `x` into int16 words: values 0..16 at `words`, 16..32 at
+/// `words + 32`; returns the group's f32 sum and scale (see [`X16::quantize`]).
+///
+/// # Safety
+/// AVX2, FMA and F16C are available; `x` holds 32 floats; `words` holds 48 words.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn quantize_group(x: *const f32, words: *mut i16) -> (f32, f32) {
+    // SAFETY: per the contract.
+    unsafe {
+        let v: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(x.add(8 * i)));
+        let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+        let m = v.iter().fold(_mm256_setzero_ps(), |a, &x| _mm256_max_ps(a, _mm256_and_ps(x, abs)));
+        let s = v.iter().fold(_mm256_setzero_ps(), |a, &x| _mm256_add_ps(a, x));
+        let (amax, sum) = (hmax(m), hsum(s));
+        // Below TINY, 32767/amax would overflow: such groups (all zero, or every value under
+        // 1e-30, whose products vanish in any f32 output) get no codes.
+        const TINY: f32 = 1e-30;
+        if !sum.is_finite() || amax < TINY {
+            // NaN or ±∞ inside (max ignores NaN; the sum does not), or all tiny: no codes.
+            for i in [0, 32] {
+                _mm256_storeu_si256(words.add(i) as *mut __m256i, _mm256_setzero_si256());
+            }
+            return (sum, if sum.is_finite() { 0.0 } else { f32::NAN });
+        }
+        let inv = _mm256_set1_ps(32767.0 / amax);
+        // Values 0..16, then 16..32: sixteen at a time, rounded to nearest (|x·inv| ≤ 32767).
+        for h in 0..2 {
+            let q = [v[2 * h], v[2 * h + 1]].map(|x| _mm256_cvtps_epi32(_mm256_mul_ps(x, inv)));
+            // packs interleaves 128-bit lanes: the permute puts the words back in order.
+            let w = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(q[0], q[1]));
+            _mm256_storeu_si256(words.add(32 * h) as *mut __m256i, w);
+        }
+        (sum, amax / 32767.0)
+    }
+}
+
+/// The largest of eight lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn hmax(v: __m256) -> f32 {
+    let s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)))
+}
+
+/// Sixteen-bit words of group halves `a` (low 128 bits) and `b` (high): zero-extended
+/// nibble and unsigned bytes, or sign-extended Q8_0 codes.
+#[inline(always)]
+unsafe fn widen512<F: Codes>(a: __m128i, b: __m128i) -> __m512i {
+    // SAFETY: the callers are AVX-512BW functions.
+    unsafe {
+        let v = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(a), b);
+        if F::LAYOUT == Layout::Signed { _mm512_cvtepi8_epi16(v) } else { _mm512_cvtepu8_epi16(v) }
+    }
+}
+
+/// `d·dx` of a pair's group `2p` (element 0 of each) in lanes 0..8, of group `2p + 1` in
+/// lanes 8..16 (`halves` picks them).
+#[inline(always)]
+unsafe fn pair_scales(halves: __m512i, d: __m128, dx: __m128) -> __m512 {
+    // SAFETY: the callers are AVX-512F functions.
+    unsafe { _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(_mm_mul_ps(d, dx))) }
+}
+
+/// One pair of groups of a row in [`rows512`]'s registers: its codes as the pair's first
+/// and second 16s of words, the scales of those 16s, and the groups' offsets.
+struct Pair {
+    first: __m512i,
+    second: __m512i,
+    d: [__m128; 2],
+    m: __m128,
+}
+
+/// Pair `p` of the row at `row` (its second group absent, zero, when `p == full`).
+///
+/// # Safety
+/// AVX-512F/BW, AVX2, FMA, F16C (the callers' features); group `2p` lies in the row, and
+/// `2p + 1` when `p < full`.
+#[inline(always)]
+unsafe fn pair<F: Codes>(row: *const u8, p: usize, full: usize, block: &[f32; 16]) -> Pair {
+    let (g0, g1) = (2 * p, 2 * p + 1);
+    // SAFETY: per the contract; the prefetch is a hint.
+    unsafe {
+        _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(g0 * F::BYTES + PREFETCH_AHEAD) as *const i8);
+        let [first, second] = match F::pair_words(row, p, full) {
+            Some(words) => words,
+            None => {
+                let [a0, a1] = F::halves(row, g0);
+                let [b0, b1] = if p < full { F::halves(row, g1) } else { [_mm_setzero_si128(); 2] };
+                if nibbles::<F>() {
+                    let w = widen512::<F>(a0, b0);
+                    [_mm512_and_si512(w, _mm512_set1_epi16(0x0f)), _mm512_srli_epi16::<4>(w)]
+                } else {
+                    [widen512::<F>(a0, b0), widen512::<F>(a1, b1)]
+                }
+            }
+        };
+        // The scales of the pair's first 16s and second 16s (equal unless SPLIT).
+        let (d, m) = if F::BLOCK_SCALES {
+            // Groups g0 and g1 of the super-block whose scales the caller read.
+            let pair_of = |at: usize| _mm_castpd_ps(_mm_load_sd(block.as_ptr().add(at) as *const f64));
+            let d = pair_of(g0 % 8);
+            ([d; 2], pair_of(8 + g0 % 8))
+        } else {
+            let (d0, m0) = F::scale(row, g0);
+            let (d1, m1) = if p < full { F::scale(row, g1) } else { ([0.0; 2], 0.0) };
+            let d = [_mm_setr_ps(d0[0], d1[0], 0.0, 0.0), _mm_setr_ps(d0[1], d1[1], 0.0, 0.0)];
+            (d, _mm_setr_ps(m0, m1, 0.0, 0.0))
+        };
+        Pair { first, second, d, m }
+    }
+}
+
+/// Pair `p`'s products with token `t`'s words, scaled by `d·dx`, into `acc`, and its
+/// offsets `m·Σx` into `off` (lanes 0 and 1).
+///
+/// # Safety
+/// AVX-512F/BW/VNNI, AVX2, FMA, F16C (the callers' features); token `t`'s pair `p` lies in
+/// `xq` (and its group `2p + 1` when `p < full`).
+#[inline(always)]
+unsafe fn multiply<F: Codes>(
+    q: &Pair,
+    xq: &X16,
+    t: usize,
+    p: usize,
+    full: usize,
+    acc: &mut __m512,
+    off: &mut __m128,
+) {
+    // SAFETY: per the contract.
+    unsafe {
+        // Lanes 0..8 take element 0 of a two-float vector, lanes 8..16 element 1.
+        let halves = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+        let w = xq.pair(t, p).as_ptr();
+        let dx = xq.dx.as_ptr().add((t * xq.pairs() + p) * 2);
+        let dx = _mm_castpd_ps(_mm_load_sd(dx as *const f64));
+        let first_half =
+            _mm512_dpwssd_epi32(_mm512_setzero_si512(), q.first, _mm512_loadu_si512(w as *const _));
+        let w_second = _mm512_loadu_si512(w.add(32) as *const _);
+        if F::SPLIT {
+            let second_half = _mm512_dpwssd_epi32(_mm512_setzero_si512(), q.second, w_second);
+            *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(first_half), pair_scales(halves, q.d[0], dx), *acc);
+            *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(second_half), pair_scales(halves, q.d[1], dx), *acc);
+        } else {
+            let dot = _mm512_cvtepi32_ps(_mm512_dpwssd_epi32(first_half, q.second, w_second));
+            *acc = _mm512_fmadd_ps(dot, pair_scales(halves, q.d[0], dx), *acc);
+        }
+        if F::OFFSET {
+            // The group sums of 2p and 2p + 1 (only 2p's where the pair is the odd last
+            // group: the next float is another token's).
+            let sums = xq.sums.as_ptr().add(t * xq.groups + 2 * p);
+            let sums =
+                if p < full { _mm_castpd_ps(_mm_load_sd(sums as *const f64)) } else { _mm_load_ss(sums) };
+            *off = _mm_fmadd_ps(q.m, sums, *off);
+        }
+    }
+}
+
+/// Rows `rows` of `part` times tokens `t0..t0+M` of `xq`, two groups per zmm: for each
+/// token, `vpdpwssd` of the pair's codes with its words (lanes 0..8 sum group `2p`, 8..16
+/// group `2p+1`), converted and scaled by `d·dx` per lane; the offsets as `m·Σx`. Even and
+/// odd pairs add into accumulators of their own: one chain of dependent FMAs per row and
+/// token was the kernel's critical path.
+///
+/// # Safety
+/// AVX-512F/BW/VNNI, AVX2, FMA, F16C; the rows and tokens lie inside `part` and `xq`; only
+/// this task writes columns `rows` of `out`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+unsafe fn rows512<F: Codes, const M: usize>(task: RowTask<'_>, xq: &X16) {
+    let RowTask { part, rows, t0, out, accumulate, .. } = task;
+    let pairs = xq.pairs();
+    let full = xq.groups / 2;
+    for r in rows {
+        let row = part.row(r).as_ptr();
+        let mut acc = [[_mm512_setzero_ps(); 2]; M];
+        let mut off = [[_mm_setzero_ps(); 2]; M];
+        let mut p = 0;
+        // SAFETY (both loops): pairs p < pairs lie in the row (group 2p + 1 too when
+        // p < full) and in each token's words; tokens t0..t0+M are in xq.
+        unsafe {
+            // A K-quant super-block's scales (four pairs), read when its first pair comes.
+            let mut block = [0.0f32; 16];
+            while p + 2 <= pairs {
+                if F::BLOCK_SCALES && p % 4 == 0 {
+                    block = F::block_scales(row, p / 4);
+                }
+                let (even, odd) = (pair::<F>(row, p, full, &block), pair::<F>(row, p + 1, full, &block));
+                for (t, (a, o)) in acc.iter_mut().zip(&mut off).enumerate() {
+                    multiply::<F>(&even, xq, t0 + t, p, full, &mut a[0], &mut o[0]);
+                    multiply::<F>(&odd, xq, t0 + t, p + 1, full, &mut a[1], &mut o[1]);
+                }
+                p += 2;
+            }
+            if p < pairs {
+                // Never a K-quant's: their rows are whole super-blocks, four pairs each.
+                let last = pair::<F>(row, p, full, &block);
+                for (t, (a, o)) in acc.iter_mut().zip(&mut off).enumerate() {
+                    multiply::<F>(&last, xq, t0 + t, p, full, &mut a[0], &mut o[0]);
+                }
+            }
+        }
+        for (t, (a, o)) in acc.iter().zip(&off).enumerate() {
+            let o = _mm_add_ps(o[0], o[1]);
+            let offsets = _mm_cvtss_f32(_mm_add_ss(o, _mm_movehdup_ps(o)));
+            let dot = _mm512_reduce_add_ps(_mm512_add_ps(a[0], a[1]));
+            // SAFETY: (t0 + t, r) is this task's entry.
+            unsafe { out.put(t0 + t, r, dot + offsets, accumulate) };
+        }
+    }
+}
+
+/// [`rows512`]'s eight-lane twin: one group at a time, a quarter of a pair's words per
+/// `vpmaddwd`.
+///
+/// # Safety
+/// AVX2, FMA, F16C; otherwise as [`rows512`].
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rows256<F: Codes, const M: usize>(task: RowTask<'_>, xq: &X16) {
+    let RowTask { part, rows, t0, out, accumulate, .. } = task;
+    let groups = xq.groups;
+    let pairs = xq.pairs();
+    let low4 = _mm256_set1_epi16(0x0f);
+    for r in rows {
+        let row = part.row(r).as_ptr();
+        let mut acc = [_mm256_setzero_ps(); M];
+        let mut offsets = [0.0f32; M];
+        for g in 0..groups {
+            // SAFETY: group g is in the row; the prefetch is a hint.
+            unsafe {
+                _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(g * F::BYTES + PREFETCH_AHEAD) as *const i8);
+                let [a0, a1] = F::halves(row, g);
+                let (d, m) = F::scale(row, g);
+                let (first, second) = if nibbles::<F>() {
+                    let w = _mm256_cvtepu8_epi16(a0);
+                    (_mm256_and_si256(w, low4), _mm256_srli_epi16::<4>(w))
+                } else if F::LAYOUT == Layout::Signed {
+                    (_mm256_cvtepi8_epi16(a0), _mm256_cvtepi8_epi16(a1))
+                } else {
+                    (_mm256_cvtepu8_epi16(a0), _mm256_cvtepu8_epi16(a1))
+                };
+                let (p, half) = (g / 2, g % 2);
+                for (t, a) in acc.iter_mut().enumerate() {
+                    let words = xq.pair(t0 + t, p).as_ptr().add(16 * half);
+                    let dx = *xq.dx.get_unchecked(((t0 + t) * pairs + p) * 2 + half);
+                    let first_half = _mm256_madd_epi16(first, _mm256_loadu_si256(words as *const __m256i));
+                    let second_half =
+                        _mm256_madd_epi16(second, _mm256_loadu_si256(words.add(32) as *const __m256i));
+                    if F::SPLIT {
+                        *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(first_half), _mm256_set1_ps(d[0] * dx), *a);
+                        *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(second_half), _mm256_set1_ps(d[1] * dx), *a);
+                    } else {
+                        let dot = _mm256_cvtepi32_ps(_mm256_add_epi32(first_half, second_half));
+                        *a = _mm256_fmadd_ps(dot, _mm256_set1_ps(d[0] * dx), *a);
+                    }
+                    if F::OFFSET {
+                        offsets[t] = m.mul_add(*xq.sums.get_unchecked((t0 + t) * groups + g), offsets[t]);
+                    }
+                }
+            }
+        }
+        for (t, a) in acc.iter().enumerate() {
+            // SAFETY: (t0 + t, r) is this task's entry.
+            unsafe { out.put(t0 + t, r, hsum(*a) + offsets[t], accumulate) };
+        }
+    }
+}
+
+/// One dispatch over format and token count for a row kernel.
+macro_rules! dispatch {
+    ($name:ident, $kernel:ident) => {
+        /// [`$kernel`] for the task's `mr` (1..=4) tokens of a part in a format
+        /// [`super::supports`] takes.
+        ///
+        /// # Safety
+        /// As the kernel's.
+        pub(in crate::cpu::quant) unsafe fn $name(task: RowTask<'_>, xq: &X16) {
+            macro_rules! by_m {
+                ($F:ty) => {
+                    // SAFETY: forwarded contract.
+                    unsafe { with_tokens!(task.mr, |M| $kernel::<$F, M>(task, xq)) }
+                };
+            }
+            match task.part.ty {
+                GgmlType::Q4_1 => by_m!(Q4_1),
+                GgmlType::Q4_0 => by_m!(Q4_0),
+                GgmlType::Q8_0 => by_m!(Q8_0),
+                GgmlType::Q5_0 => by_m!(Q5_0),
+                GgmlType::Q5_1 => by_m!(Q5_1),
+                GgmlType::Q4_K => by_m!(Q4K),
+                GgmlType::Q5_K => by_m!(Q5K),
+                GgmlType::Q6_K => by_m!(Q6K),
+                other => unreachable!("no int16 kernel for {other:?}"),
+            }
+        }
+    };
+}
+
+dispatch!(dot_rows_avx512, rows512);
+dispatch!(dot_rows_avx2, rows256);
