@@ -1,9 +1,12 @@
 //! `model` benchmarks (a plain program, `harness = false`): the f32 GEMM roofline, a memcpy
 //! bandwidth and a read-only sum measured in the same run, then SmolLM2-135M prefill, batch-1
 //! decode (the default, f32 and int16 activations) and batch-64 decode at context 512, on the engine's
-//! bf16 cache, with the fractions of those rooflines they reach.
+//! bf16 cache, with the fractions of those rooflines they reach; and batch-1 decode over one
+//! weight per integer-code format ([`formats`]) as a fraction of the read-only sum.
 //! Writes `$BENCH_FIGURES_DIR/model.json` and `model.md`; `BENCH_QUICK=1` takes fewer samples.
 
+#[path = "model_support/formats.rs"]
+mod formats;
 #[path = "../tests/it/harness.rs"]
 mod harness;
 
@@ -156,6 +159,10 @@ fn main() {
     let memcpy = memcpy_bytes_per_sec(samples);
     let read = read_bytes_per_sec(samples);
     eprintln!("gemm {gflops:.1} GFLOP/s, memcpy {:.2} GB/s, read {:.2} GB/s", memcpy / 1e9, read / 1e9);
+    let by_format = formats::read_fractions(samples * 3);
+    for (ty, f) in &by_format {
+        eprintln!("decode {ty:?}: {f:.2} of the read-only sum");
+    }
 
     // The default model as users run it: the Q4_1 GGUF with its weights left quantized
     // (`BENCH_MODEL` points elsewhere, e.g. at the f32 HF folder, for comparisons).
@@ -244,7 +251,7 @@ fn main() {
     let gemm_fraction = flops / b64_secs / (gflops * 1e9);
     eprintln!("decode b64 {decode_tok_s_b64:.0} tok/s, {:.1} GFLOP/s", flops / b64_secs / 1e9);
 
-    let figures = serde_json::json!({
+    let mut figures = serde_json::json!({
         "model.gemm_gflops": gflops,
         "model.memcpy_gb_s": memcpy / 1e9,
         "model.prefill_tok_s": prefill_tok_s,
@@ -259,7 +266,10 @@ fn main() {
         "model.decode_tok_s_b64": decode_tok_s_b64,
         "model.decode_b64_gemm_fraction": gemm_fraction,
     });
-    let md = format!(
+    for (ty, f) in &by_format {
+        figures[format!("model.decode_{}_read_fraction", format!("{ty:?}").to_lowercase())] = (*f).into();
+    }
+    let mut md = format!(
         "## model (SmolLM2-135M-Instruct, {formats}, {} threads)\n\n\
          | figure | value |\n|---|---|\n\
          | f32 GEMM 1024³ | {gflops:.1} GFLOP/s |\n| memcpy (bytes read + written /s, all cores) | {:.2} GB/s |\n| read-only sum (all cores) | {:.2} GB/s |\n\
@@ -279,6 +289,16 @@ fn main() {
         1.0 / b1_secs[2],
         step_bytes / b1_secs[2] / memcpy,
     );
+    md += &format!(
+        "\n### Batch-1 decode per format ({} MiB of weights of {} columns, default activations, \
+         medians of per-round ratios to a read-only sum)\n\n\
+         | format | of the read-only sum |\n|---|---|\n",
+        formats::WEIGHT_BYTES >> 20,
+        formats::COLS,
+    );
+    for (ty, f) in &by_format {
+        md += &format!("| {ty:?} | {f:.2} |\n");
+    }
     match std::env::var_os("BENCH_FIGURES_DIR") {
         Some(out) => {
             let out = PathBuf::from(out);
