@@ -63,8 +63,8 @@ pub(in crate::cpu::quant) trait Codes {
     /// Whether [`Codes::block_scales`] reads the scales of a super-block of 8 groups at once
     /// (the K-quants': fewer instructions than eight [`Codes::scale`]).
     const BLOCK_SCALES: bool = false;
-    /// The scales of groups `8b..8b + 8` (super-block `b`), then their offsets, where
-    /// [`Codes::BLOCK_SCALES`].
+    /// The scales of groups `8b..8b + 8` (super-block `b`), then their offsets (a
+    /// [`Codes::SPLIT`] format: the scales of its sixteen 16s), where [`Codes::BLOCK_SCALES`].
     ///
     /// # Safety
     /// AVX2, F16C; super-block `b` lies in the row.
@@ -287,6 +287,26 @@ impl Codes for Q6K {
     const LAYOUT: Layout = Layout::Signed;
     const OFFSET: bool = false;
     const SPLIT: bool = true;
+    const BLOCK_SCALES: bool = true;
+    #[inline(always)]
+    unsafe fn block_scales(row: *const u8, b: usize) -> [f32; 16] {
+        // SAFETY: super-block b (210 bytes: 16 i8 scales at 192, f16 d at 208) is in the row.
+        unsafe {
+            let block = row.add(b * 210);
+            let d = _mm256_set1_ps(f16_at(block.add(208)));
+            let scales = _mm_loadu_si128(block.add(192) as *const __m128i);
+            let floats = |v: __m128i| _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), d);
+            let mut out = [0.0f32; 16];
+            _mm256_storeu_ps(out.as_mut_ptr(), floats(scales));
+            _mm256_storeu_ps(out.as_mut_ptr().add(8), floats(_mm_srli_si128::<8>(scales)));
+            out
+        }
+    }
+    #[inline(always)]
+    unsafe fn pair_words(row: *const u8, p: usize, _: usize) -> Option<[__m512i; 2]> {
+        // SAFETY: super-block 2p / 8 (210 bytes) is in the row.
+        Some(unsafe { q6k_pair(row.add(2 * p / 8 * 210), 2 * p % 8) })
+    }
     #[inline(always)]
     unsafe fn halves(row: *const u8, g: usize) -> [__m128i; 2] {
         // SAFETY: super-block g / 8 (210 bytes) is in the row; the callers are AVX2
@@ -298,6 +318,46 @@ impl Codes for Q6K {
         // SAFETY: as above (the codes' loads are dead here, and dropped).
         let (_, first, second) = unsafe { q6k_group(row, g) };
         ([first, second], 0.0)
+    }
+}
+
+/// [`Codes::pair_words`] of groups `g` and `g + 1` (`g` even) of the Q6_K super-block at `b`,
+/// the codes less 32: group `g` is quarter `g % 4` of half `g / 4`, its value `l` the nibble of
+/// `ql[64·half + 32·(quarter % 2) + l]` (low for quarters 0 and 1, high for 2 and 3) and bits
+/// `2·quarter..` of `qh[32·half + l]` above it. A pair's two groups share their half, their
+/// nibbles' side and their `qh` bytes.
+///
+/// # Safety
+/// AVX-512F/BW, AVX2; `b` points at a whole super-block; `g < 8`.
+#[inline(always)]
+unsafe fn q6k_pair(b: *const u8, g: usize) -> [__m512i; 2] {
+    let (half, quarter) = (g / 4, g % 4);
+    // SAFETY: per the contract: ql (128 bytes), then qh (64).
+    unsafe {
+        let ql = b.add(64 * half);
+        let (a, c) =
+            (_mm256_loadu_si256(ql as *const __m256i), _mm256_loadu_si256(ql.add(32) as *const __m256i));
+        let qh = _mm256_loadu_si256(b.add(128 + 32 * half) as *const __m256i);
+        // Per word: the nibble's shift (the same for both groups), then the two high bits'
+        // (group g's at 2·quarter, g + 1's two above).
+        let nibble_shift = _mm512_set1_epi16(if quarter < 2 { 0 } else { 4 });
+        let high_shift = _mm512_inserti64x4::<1>(
+            _mm512_set1_epi16(2 * quarter as i16),
+            _mm256_set1_epi16(2 * quarter as i16 + 2),
+        );
+        let (low4, low2, centre) = (_mm512_set1_epi16(0x0f), _mm512_set1_epi16(3), _mm512_set1_epi16(32));
+        // Values 0..16 (first) or 16..32 (second) of both groups: g's nibbles from `a`, g + 1's
+        // from `c`, both their high bits from the same 16 bytes of `qh`.
+        let words = |nibbles: __m256i, high: __m128i| {
+            let n = _mm512_and_si512(_mm512_srlv_epi16(_mm512_cvtepu8_epi16(nibbles), nibble_shift), low4);
+            let h = _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(high));
+            let h = _mm512_slli_epi16::<4>(_mm512_and_si512(_mm512_srlv_epi16(h, high_shift), low2));
+            _mm512_sub_epi16(_mm512_or_si512(n, h), centre)
+        };
+        [
+            words(_mm256_permute2x128_si256::<0x20>(a, c), _mm256_castsi256_si128(qh)),
+            words(_mm256_permute2x128_si256::<0x31>(a, c), _mm256_extracti128_si256::<1>(qh)),
+        ]
     }
 }
 

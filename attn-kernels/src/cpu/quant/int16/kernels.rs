@@ -110,8 +110,13 @@ unsafe fn pair<F: Codes>(row: *const u8, p: usize, full: usize, block: &[f32; 16
         let (d, m) = if F::BLOCK_SCALES {
             // Groups g0 and g1 of the super-block whose scales the caller read.
             let pair_of = |at: usize| _mm_castpd_ps(_mm_load_sd(block.as_ptr().add(at) as *const f64));
-            let d = pair_of(g0 % 8);
-            ([d; 2], pair_of(8 + g0 % 8))
+            if F::SPLIT {
+                // Scales per 16: group g's first at 2g, its second at 2g + 1.
+                let v = _mm_loadu_ps(block.as_ptr().add(2 * (g0 % 8)));
+                ([_mm_shuffle_ps::<0b10_00>(v, v), _mm_shuffle_ps::<0b11_01>(v, v)], _mm_setzero_ps())
+            } else {
+                ([pair_of(g0 % 8); 2], pair_of(8 + g0 % 8))
+            }
         } else {
             let (d0, m0) = F::scale(row, g0);
             let (d1, m1) = if p < full { F::scale(row, g1) } else { ([0.0; 2], 0.0) };

@@ -194,3 +194,89 @@ fn a_fused_weight_s_parts_fill_their_columns() {
     mixed.matmul_as(Isa::Avx512, ActivationPrecision::F32, &mut b, &x, m, false);
     assert_eq!(a, b);
 }
+
+#[test]
+fn zz_tile_speed() {
+    if std::env::var("TILE_SPEED").is_err() {
+        return;
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+    for (ty, n, k) in [
+        (GgmlType::Q5_0, 2048, 640),
+        (GgmlType::Q4_K, 640, 2048),
+        (GgmlType::Q6_K, 640, 2048),
+        (GgmlType::Q8_0, 8192, 640),
+    ] {
+        let bytes = random_part(ty, n, k, &mut rng);
+        let part = crate::cpu::quant::Part::new(ty, n, k, crate::cpu::quant::Storage::Owned(bytes)).unwrap();
+        let w = crate::cpu::quant::Weight::from_parts(k, vec![part]);
+        let m = 512;
+        let x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let mut out = vec![0.0f32; m * n];
+        let mut times = vec![];
+        pool.install(|| {
+            for _ in 0..7 {
+                let t = std::time::Instant::now();
+                w.matmul_as(
+                    Isa::Avx512,
+                    crate::cpu::quant::ActivationPrecision::Int16,
+                    &mut out,
+                    &x,
+                    m,
+                    false,
+                );
+                times.push(t.elapsed().as_secs_f64());
+            }
+        });
+        times.sort_by(f64::total_cmp);
+        let gmacs = (m * n * k) as f64 / times[3] / 1e9;
+        eprintln!("{ty:?} n={n} k={k}: {gmacs:.1} GMAC/s ({:.0}% of 117)", gmacs / 117.0 * 100.0);
+    }
+}
+
+#[test]
+fn zz_decode_speed() {
+    if std::env::var("DECODE_SPEED").is_err() {
+        return;
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    let only = std::env::var("DECODE_SPEED").unwrap();
+    for (ty, n, k) in [
+        (GgmlType::Q5_0, 131072, 640),
+        (GgmlType::Q8_0, 131072, 640),
+        (GgmlType::Q4_K, 32768, 2048),
+        (GgmlType::Q4_1, 131072, 640),
+        (GgmlType::Q5_K, 32768, 2048),
+        (GgmlType::Q6_K, 32768, 2048),
+        (GgmlType::Q5_0, 2048, 640),
+    ] {
+        if !format!("{ty:?}").contains(only.as_str()) {
+            continue;
+        }
+        let bytes = random_part(ty, n, k, &mut rng);
+        let nbytes = bytes.len();
+        let part = crate::cpu::quant::Part::new(ty, n, k, crate::cpu::quant::Storage::Owned(bytes)).unwrap();
+        let w = crate::cpu::quant::Weight::from_parts(k, vec![part]);
+        let x: Vec<f32> = (0..k).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let mut out = vec![0.0f32; n];
+        let mut times = vec![];
+        let reps = if n < 10000 { 2001 } else { 11 };
+        for _ in 0..reps {
+            let t = std::time::Instant::now();
+            let prec = if std::env::var("F32").is_ok() {
+                crate::cpu::quant::ActivationPrecision::F32
+            } else {
+                crate::cpu::quant::ActivationPrecision::Int16
+            };
+            w.matmul_as(Isa::Avx512, prec, &mut out, &x, 1, false);
+            times.push(t.elapsed().as_secs_f64());
+        }
+        times.sort_by(f64::total_cmp);
+        eprintln!(
+            "{ty:?} n={n} k={k}: {:.1} GB/s, {:.1} us",
+            nbytes as f64 / times[reps / 2] / 1e9,
+            times[reps / 2] * 1e6
+        );
+    }
+}
