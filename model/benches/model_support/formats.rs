@@ -8,7 +8,7 @@
 use std::time::Instant;
 
 use attn_kernels::Isa;
-use attn_kernels::cpu::quant::{ActivationPrecision, GgmlType, Part, Storage, Weight};
+use attn_kernels::cpu::quant::{ActivationPrecision, GgmlType, INTEGER_CODE_FORMATS, Part, Storage, Weight};
 use half::f16;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -16,18 +16,6 @@ use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
 
 use crate::{median, sum_words};
-
-/// The formats measured: every one the integer kernels take.
-pub const FORMATS: [GgmlType; 8] = [
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-];
 
 /// Bytes of each weight: four times a large L3, so every call streams from memory.
 pub const WEIGHT_BYTES: usize = 128 << 20;
@@ -64,7 +52,7 @@ fn random_weight(ty: GgmlType, rows: usize, rng: &mut ChaCha8Rng) -> Weight {
 pub fn read_fractions(rounds: usize) -> Vec<(GgmlType, f64)> {
     let mut rng = ChaCha8Rng::seed_from_u64(5);
     let x: Vec<f32> = (0..COLS).map(|_| rng.random_range(-1.0..1.0)).collect();
-    let weights: Vec<(Weight, f64)> = FORMATS
+    let weights: Vec<(Weight, f64)> = INTEGER_CODE_FORMATS
         .iter()
         .map(|&ty| {
             let (per_block, block_bytes) = ty.block();
@@ -75,7 +63,7 @@ pub fn read_fractions(rounds: usize) -> Vec<(GgmlType, f64)> {
     let words: Vec<u32> = (0..(WEIGHT_BYTES / 4) as u32).collect();
     let chunk = words.len() / rayon::current_num_threads().max(1) / 8;
     let mut out = vec![0.0f32; weights.iter().map(|(w, _)| w.rows()).max().unwrap_or(0)];
-    let mut ratios = vec![Vec::new(); FORMATS.len()];
+    let mut ratios = vec![Vec::new(); INTEGER_CODE_FORMATS.len()];
     // Round 0 warms every weight up.
     for round in 0..=rounds {
         let t = Instant::now();
@@ -92,5 +80,5 @@ pub fn read_fractions(rounds: usize) -> Vec<(GgmlType, f64)> {
         }
     }
     std::hint::black_box(&out);
-    FORMATS.iter().zip(&mut ratios).map(|(&ty, r)| (ty, median(r))).collect()
+    INTEGER_CODE_FORMATS.iter().zip(&mut ratios).map(|(&ty, r)| (ty, median(r))).collect()
 }

@@ -109,6 +109,19 @@ use crate::Isa;
 pub use crate::cpu::ggml::{GgmlType, QuantizeError};
 use crate::cpu::linear::{OutPtr, linear};
 
+/// The formats whose values are small integer codes under per-group scales: those the integer
+/// kernels take ([`ActivationPrecision::Int16`]).
+pub const INTEGER_CODE_FORMATS: [GgmlType; 8] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
+
 /// Up to this many tokens a quantized projection streams its weights once through [`decode`];
 /// above it, rows are dequantized into `token_lanes` or panels into `gemm` ([`panel`]).
 pub const DECODE_MAX_M: usize = 8;

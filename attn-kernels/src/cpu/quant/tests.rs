@@ -9,18 +9,17 @@ use rand_chacha::ChaCha8Rng;
 use super::*;
 use crate::cpu::ggml::dequantize;
 
-pub(super) const FORMATS: [GgmlType; 10] = [
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-    GgmlType::F16,
-    GgmlType::BF16,
-];
+/// Every quantized format: the integer-code ones, then f16 and bf16.
+pub(super) const FORMATS: [GgmlType; 10] = {
+    let mut all = [GgmlType::F16; 10];
+    let mut i = 0;
+    while i < INTEGER_CODE_FORMATS.len() {
+        all[i] = INTEGER_CODE_FORMATS[i];
+        i += 1;
+    }
+    all[9] = GgmlType::BF16;
+    all
+};
 
 /// `rows × cols` random values of `ty`: random quant bytes under sane f16 scales.
 pub(super) fn random_part(ty: GgmlType, rows: usize, cols: usize, rng: &mut ChaCha8Rng) -> Vec<u8> {

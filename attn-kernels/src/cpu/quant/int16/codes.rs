@@ -27,26 +27,21 @@ pub(in crate::cpu::quant) trait Codes {
     /// for Q6_K, as far as the prefetch moves per group).
     const BYTES: usize;
     /// How [`Codes::halves`] holds the codes.
-    const LAYOUT: Layout = Layout::Nibbles;
+    const LAYOUT: Layout;
     /// Whether `m` can be non-zero.
     const OFFSET: bool;
     /// Whether the two 16s of a group have scales of their own (Q6_K).
     const SPLIT: bool = false;
-    /// Where a group's codes start, after its scales (for the default [`Codes::halves`]).
+    /// Where a group's codes start, after its scales (formats of one block per group).
     const CODES_AT: usize = 0;
     /// The 32 codes of group `g` as sixteen words of its first half and sixteen of its
-    /// second (zero- or sign-extended), in a 128-bit pair each. Here: the sixteen nibble
-    /// bytes twice, the low nibbles being the first half and the high the second (the
-    /// kernels split them after widening).
+    /// second (zero- or sign-extended), in a 128-bit pair each; for [`Layout::Nibbles`] the
+    /// sixteen nibble bytes twice, the low nibbles being the first half and the high the
+    /// second (the kernels split them after widening).
     ///
     /// # Safety
     /// AVX2 is available; group `g` lies inside the row at `row`.
-    #[inline(always)]
-    unsafe fn halves(row: *const u8, g: usize) -> [__m128i; 2] {
-        // SAFETY: block g (its scales, then 16 bytes of nibbles) is in the row.
-        let v = unsafe { _mm_loadu_si128(row.add(g * Self::BYTES + Self::CODES_AT) as *const __m128i) };
-        [v, v]
-    }
+    unsafe fn halves(row: *const u8, g: usize) -> [__m128i; 2];
     /// Pair `p`'s codes as the AVX-512 decode kernel takes them, the words of the first
     /// 16s of groups `2p` and `2p + 1` (`2p + 1`'s zero where `p == full`, the odd last
     /// group) and of their second 16s, for the formats that read them in fewer instructions
@@ -80,51 +75,28 @@ pub(in crate::cpu::quant) trait Codes {
     unsafe fn scale(row: *const u8, g: usize) -> ([f32; 2], f32);
 }
 
-/// Q4_1 (f16 d, f16 m, sixteen bytes of nibbles) and Q4_0 (f16 d, nibbles, offset -8d):
-/// nibbles, as [`Codes::halves`] reads them.
-pub(in crate::cpu::quant) struct Q4_1;
-pub(in crate::cpu::quant) struct Q4_0;
+/// The 32-value formats with one f16 scale, `Legacy<FIVE_BIT, MIN>`: Q4_0 (f16 d, sixteen
+/// bytes of nibbles; offset −8d), Q4_1 (f16 d, f16 m, nibbles), Q5_0 (f16 d, four bytes of fifth
+/// bits, nibbles; offset −16d) and Q5_1 (f16 d, f16 m, fifth bits, nibbles). `halves` returns
+/// Q4's nibble bytes twice ([`Layout::Nibbles`]) and Q5's five-bit codes of values 0..16 and
+/// 16..32, one per byte.
+pub(in crate::cpu::quant) struct Legacy<const FIVE_BIT: bool, const MIN: bool>;
+pub(in crate::cpu::quant) type Q4_0 = Legacy<false, false>;
+pub(in crate::cpu::quant) type Q4_1 = Legacy<false, true>;
+pub(in crate::cpu::quant) type Q5_0 = Legacy<true, false>;
+pub(in crate::cpu::quant) type Q5_1 = Legacy<true, true>;
 /// Q8_0 (f16 d, 32 signed bytes): `halves` returns bytes 0..16 and 16..32.
 pub(in crate::cpu::quant) struct Q8_0;
-/// Q5_0 (f16 d, four bytes of fifth bits, sixteen bytes of nibbles; offset -16d): `halves`
-/// returns the five-bit codes of values 0..16 and 16..32, one per byte.
-pub(in crate::cpu::quant) struct Q5_0;
-/// Q5_1 (f16 d, f16 m, then Q5_0's fifth bits and nibbles): the same five-bit codes.
-pub(in crate::cpu::quant) struct Q5_1;
-/// Q4_K (super-blocks of 256, eight groups of 32 under 6-bit scales and mins): group `g` is
-/// sub-block `g % 8` of super-block `g / 8`, its codes 0..16 one per byte, `d·sc` and
-/// `−dmin·m` its scale and offset.
-pub(in crate::cpu::quant) struct Q4K;
-/// Q5_K: Q4_K with a fifth bit per code (codes 0..32).
-pub(in crate::cpu::quant) struct Q5K;
+/// The K-quants with 6-bit scales and mins, Q4_K (`KQuant<false>`) and Q5_K (`KQuant<true>`,
+/// a fifth bit per code): super-blocks of 256, eight groups of 32; group `g` is sub-block
+/// `g % 8` of super-block `g / 8`, its codes one per byte, `d·sc` and `−dmin·m` its scale and
+/// offset.
+pub(in crate::cpu::quant) struct KQuant<const FIFTH_BIT: bool>;
+pub(in crate::cpu::quant) type Q4K = KQuant<false>;
+pub(in crate::cpu::quant) type Q5K = KQuant<true>;
 /// Q6_K (super-blocks of 256, an i8 scale per 16 values): the codes less 32 as signed
 /// bytes, each 16 with its own scale ([`Codes::SPLIT`]).
 pub(in crate::cpu::quant) struct Q6K;
-
-impl Codes for Q4_1 {
-    const BYTES: usize = 20;
-    const OFFSET: bool = true;
-    const CODES_AT: usize = 4;
-    #[inline(always)]
-    unsafe fn scale(row: *const u8, g: usize) -> ([f32; 2], f32) {
-        // SAFETY: block g (20 bytes: f16 d, f16 m, 16 bytes of nibbles) is in the row.
-        let (d, m) = unsafe { (f16_at(row.add(g * 20)), f16_at(row.add(g * 20 + 2))) };
-        ([d; 2], m)
-    }
-}
-
-impl Codes for Q4_0 {
-    const BYTES: usize = 18;
-    const OFFSET: bool = true;
-    const CODES_AT: usize = 2;
-    #[inline(always)]
-    unsafe fn scale(row: *const u8, g: usize) -> ([f32; 2], f32) {
-        // SAFETY: block g (18 bytes: f16 d, 16 bytes of nibbles) is in the row. Codes are
-        // 0..16 with value (q - 8)·d.
-        let d = unsafe { f16_at(row.add(g * 18)) };
-        ([d; 2], -8.0 * d)
-    }
-}
 
 impl Codes for Q8_0 {
     const BYTES: usize = 34;
@@ -160,51 +132,39 @@ unsafe fn five_bit_halves<F: Codes>(row: *const u8, g: usize) -> [__m128i; 2] {
     }
 }
 
-impl Codes for Q5_0 {
-    const BYTES: usize = 22;
-    const LAYOUT: Layout = Layout::Unsigned;
+impl<const FIVE_BIT: bool, const MIN: bool> Codes for Legacy<FIVE_BIT, MIN> {
+    const BYTES: usize = 18 + if MIN { 2 } else { 0 } + if FIVE_BIT { 4 } else { 0 };
+    const LAYOUT: Layout = if FIVE_BIT { Layout::Unsigned } else { Layout::Nibbles };
     const OFFSET: bool = true;
-    const CODES_AT: usize = 2;
+    const CODES_AT: usize = if MIN { 4 } else { 2 };
     #[inline(always)]
     unsafe fn pair_words(row: *const u8, p: usize, full: usize) -> Option<[__m512i; 2]> {
-        // SAFETY: forwarded contract.
-        Some(unsafe { five_bit_pair::<Self>(row, p, full) })
+        // SAFETY: forwarded contract. (An `if`, not `bool::then`: the closure would be a
+        // function of its own, without the caller's target features, its intrinsics calls.)
+        if FIVE_BIT { Some(unsafe { five_bit_pair::<Self>(row, p, full) }) } else { None }
     }
     #[inline(always)]
     unsafe fn halves(row: *const u8, g: usize) -> [__m128i; 2] {
-        // SAFETY: block g (22 bytes: f16 d, 4 bytes of fifth bits, 16 bytes of nibbles)
-        // is in the row; the callers are AVX2 functions.
-        unsafe { five_bit_halves::<Self>(row, g) }
+        // SAFETY: block g (its scales, (Q5) 4 bytes of fifth bits, 16 bytes of nibbles) is in
+        // the row; the callers are AVX2 functions.
+        unsafe {
+            if FIVE_BIT {
+                five_bit_halves::<Self>(row, g)
+            } else {
+                let v = _mm_loadu_si128(row.add(g * Self::BYTES + Self::CODES_AT) as *const __m128i);
+                [v, v]
+            }
+        }
     }
     #[inline(always)]
     unsafe fn scale(row: *const u8, g: usize) -> ([f32; 2], f32) {
-        // SAFETY: as above. Codes are 0..32 with value (q - 16)·d.
-        let d = unsafe { f16_at(row.add(g * 22)) };
-        ([d; 2], -16.0 * d)
-    }
-}
-
-impl Codes for Q5_1 {
-    const BYTES: usize = 24;
-    const LAYOUT: Layout = Layout::Unsigned;
-    const OFFSET: bool = true;
-    const CODES_AT: usize = 4;
-    #[inline(always)]
-    unsafe fn pair_words(row: *const u8, p: usize, full: usize) -> Option<[__m512i; 2]> {
-        // SAFETY: forwarded contract.
-        Some(unsafe { five_bit_pair::<Self>(row, p, full) })
-    }
-    #[inline(always)]
-    unsafe fn halves(row: *const u8, g: usize) -> [__m128i; 2] {
-        // SAFETY: block g (24 bytes: f16 d, f16 m, 4 bytes of fifth bits, 16 bytes of
-        // nibbles) is in the row; the callers are AVX2 functions.
-        unsafe { five_bit_halves::<Self>(row, g) }
-    }
-    #[inline(always)]
-    unsafe fn scale(row: *const u8, g: usize) -> ([f32; 2], f32) {
-        // SAFETY: as above.
-        let (d, m) = unsafe { (f16_at(row.add(g * 24)), f16_at(row.add(g * 24 + 2))) };
-        ([d; 2], m)
+        // SAFETY: as above. Without a stored minimum the codes are centred: Q4's 0..16 have
+        // value (q − 8)·d, Q5's 0..32 (q − 16)·d.
+        unsafe {
+            let b = row.add(g * Self::BYTES);
+            let d = f16_at(b);
+            ([d; 2], if MIN { f16_at(b.add(2)) } else { -(if FIVE_BIT { 16.0 } else { 8.0 }) * d })
+        }
     }
 }
 
@@ -215,69 +175,53 @@ unsafe fn split(codes: __m256i) -> [__m128i; 2] {
     unsafe { [_mm256_castsi256_si128(codes), _mm256_extracti128_si256::<1>(codes)] }
 }
 
-impl Codes for Q4K {
-    const BYTES: usize = 144 / 8;
-    const LAYOUT: Layout = Layout::Unsigned;
-    const OFFSET: bool = true;
-    const BLOCK_SCALES: bool = true;
-    #[inline(always)]
-    unsafe fn block_scales(row: *const u8, b: usize) -> [f32; 16] {
-        // SAFETY: super-block b (144 bytes) is in the row.
-        unsafe { k_block_scales(row.add(b * 144)) }
-    }
-    #[inline(always)]
-    unsafe fn pair_words(row: *const u8, p: usize, _: usize) -> Option<[__m512i; 2]> {
-        // SAFETY: super-block 2p / 8 (144 bytes) is in the row (K-quant rows hold whole
-        // pairs); its nibbles start 16 bytes in.
-        Some(unsafe { k_nibble_pair(row.add(2 * p / 8 * 144 + 16), 2 * p % 8) })
-    }
-    #[inline(always)]
-    unsafe fn halves(row: *const u8, g: usize) -> [__m128i; 2] {
-        // SAFETY: super-block g / 8 (144 bytes: the 16-byte header, then 128 of nibbles) is
-        // in the row; the callers are AVX2 functions.
-        unsafe { split(k_nibbles(row.add(g / 8 * 144 + 16), g % 8)) }
-    }
-    #[inline(always)]
-    unsafe fn scale(row: *const u8, g: usize) -> ([f32; 2], f32) {
-        // SAFETY: as above.
-        let (d, m) = unsafe { k_scale_offset(row.add(g / 8 * 144), g % 8) };
-        ([d; 2], m)
-    }
+impl<const FIFTH_BIT: bool> KQuant<FIFTH_BIT> {
+    /// Bytes of a super-block: f16 d, f16 dmin, 12 bytes of scales and mins, (Q5_K) 32 bytes
+    /// of fifth bits, 128 bytes of nibbles.
+    const BLOCK: usize = if FIFTH_BIT { 176 } else { 144 };
+    /// Where the nibbles start.
+    const NIBBLES_AT: usize = Self::BLOCK - 128;
 }
 
-impl Codes for Q5K {
-    const BYTES: usize = 176 / 8;
+impl<const FIFTH_BIT: bool> Codes for KQuant<FIFTH_BIT> {
+    const BYTES: usize = Self::BLOCK / 8;
     const LAYOUT: Layout = Layout::Unsigned;
     const OFFSET: bool = true;
     const BLOCK_SCALES: bool = true;
     #[inline(always)]
     unsafe fn block_scales(row: *const u8, b: usize) -> [f32; 16] {
-        // SAFETY: super-block b (176 bytes) is in the row.
-        unsafe { k_block_scales(row.add(b * 176)) }
+        // SAFETY: super-block b is in the row.
+        unsafe { k_block_scales(row.add(b * Self::BLOCK)) }
     }
     #[inline(always)]
     unsafe fn pair_words(row: *const u8, p: usize, _: usize) -> Option<[__m512i; 2]> {
         let s = 2 * p % 8;
-        // SAFETY: super-block 2p / 8 (176 bytes: the 16-byte header, 32 bytes of fifth
-        // bits, 128 of nibbles) is in the row.
+        // SAFETY: super-block 2p / 8 is in the row (K-quant rows hold whole pairs).
         unsafe {
-            let b = row.add(2 * p / 8 * 176);
+            let b = row.add(2 * p / 8 * Self::BLOCK);
+            let nibbles = k_nibble_pair(b.add(Self::NIBBLES_AT), s);
+            if !FIFTH_BIT {
+                return Some(nibbles);
+            }
             let qh = _mm256_loadu_si256(b.add(16) as *const __m256i);
             // Bit s of every byte to its top, then one bit per byte into a mask.
             let bit =
                 |s: usize| _mm256_movemask_epi8(_mm256_sll_epi16(qh, _mm_cvtsi32_si128(7 - s as i32))) as u32;
-            Some(with_fifth_bits(k_nibble_pair(b.add(48), s), bit(s), bit(s + 1)))
+            Some(with_fifth_bits(nibbles, bit(s), bit(s + 1)))
         }
     }
     #[inline(always)]
     unsafe fn halves(row: *const u8, g: usize) -> [__m128i; 2] {
-        // SAFETY: super-block g / 8 (176 bytes) is in the row; the callers are AVX2 functions.
-        unsafe { split(q5k_codes(row.add(g / 8 * 176), g % 8)) }
+        // SAFETY: super-block g / 8 is in the row; the callers are AVX2 functions.
+        unsafe {
+            let b = row.add(g / 8 * Self::BLOCK);
+            split(if FIFTH_BIT { q5k_codes(b, g % 8) } else { k_nibbles(b.add(Self::NIBBLES_AT), g % 8) })
+        }
     }
     #[inline(always)]
     unsafe fn scale(row: *const u8, g: usize) -> ([f32; 2], f32) {
         // SAFETY: as above.
-        let (d, m) = unsafe { k_scale_offset(row.add(g / 8 * 176), g % 8) };
+        let (d, m) = unsafe { k_scale_offset(row.add(g / 8 * Self::BLOCK), g % 8) };
         ([d; 2], m)
     }
 }

@@ -14,8 +14,7 @@
 
 /// Whether this path runs format `ty`.
 pub(super) fn supports(ty: super::GgmlType) -> bool {
-    use super::GgmlType::*;
-    matches!(ty, Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q4_K | Q5_K | Q6_K)
+    super::INTEGER_CODE_FORMATS.contains(&ty)
 }
 
 /// The activations of one decode call in int16: per token and pair of groups, 64 words in the
