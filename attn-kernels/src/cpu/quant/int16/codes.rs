@@ -205,9 +205,11 @@ impl<const FIFTH_BIT: bool> Codes for KQuant<FIFTH_BIT> {
             }
             let qh = _mm256_loadu_si256(b.add(16) as *const __m256i);
             // Bit s of every byte to its top, then one bit per byte into a mask.
-            let bit =
-                |s: usize| _mm256_movemask_epi8(_mm256_sll_epi16(qh, _mm_cvtsi32_si128(7 - s as i32))) as u32;
-            Some(with_fifth_bits(nibbles, bit(s), bit(s + 1)))
+            let (low, high) = (
+                _mm256_movemask_epi8(_mm256_sll_epi16(qh, _mm_cvtsi32_si128(7 - s as i32))) as u32,
+                _mm256_movemask_epi8(_mm256_sll_epi16(qh, _mm_cvtsi32_si128(6 - s as i32))) as u32,
+            );
+            Some(with_fifth_bits(nibbles, low, high))
         }
     }
     #[inline(always)]
@@ -239,10 +241,11 @@ impl Codes for Q6K {
             let block = row.add(b * 210);
             let d = _mm256_set1_ps(f16_at(block.add(208)));
             let scales = _mm_loadu_si128(block.add(192) as *const __m128i);
-            let floats = |v: __m128i| _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), d);
+            let (first, second) =
+                (_mm256_cvtepi8_epi32(scales), _mm256_cvtepi8_epi32(_mm_srli_si128::<8>(scales)));
             let mut out = [0.0f32; 16];
-            _mm256_storeu_ps(out.as_mut_ptr(), floats(scales));
-            _mm256_storeu_ps(out.as_mut_ptr().add(8), floats(_mm_srli_si128::<8>(scales)));
+            _mm256_storeu_ps(out.as_mut_ptr(), _mm256_mul_ps(_mm256_cvtepi32_ps(first), d));
+            _mm256_storeu_ps(out.as_mut_ptr().add(8), _mm256_mul_ps(_mm256_cvtepi32_ps(second), d));
             out
         }
     }
@@ -289,19 +292,31 @@ unsafe fn q6k_pair(b: *const u8, g: usize) -> [__m512i; 2] {
             _mm512_set1_epi16(2 * quarter as i16),
             _mm256_set1_epi16(2 * quarter as i16 + 2),
         );
-        let (low4, low2, centre) = (_mm512_set1_epi16(0x0f), _mm512_set1_epi16(3), _mm512_set1_epi16(32));
         // Values 0..16 (first) or 16..32 (second) of both groups: g's nibbles from `a`, g + 1's
         // from `c`, both their high bits from the same 16 bytes of `qh`.
-        let words = |nibbles: __m256i, high: __m128i| {
-            let n = _mm512_and_si512(_mm512_srlv_epi16(_mm512_cvtepu8_epi16(nibbles), nibble_shift), low4);
-            let h = _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(high));
-            let h = _mm512_slli_epi16::<4>(_mm512_and_si512(_mm512_srlv_epi16(h, high_shift), low2));
-            _mm512_sub_epi16(_mm512_or_si512(n, h), centre)
-        };
+        let shifts = (nibble_shift, high_shift);
         [
-            words(_mm256_permute2x128_si256::<0x20>(a, c), _mm256_castsi256_si128(qh)),
-            words(_mm256_permute2x128_si256::<0x31>(a, c), _mm256_extracti128_si256::<1>(qh)),
+            q6k_words(_mm256_permute2x128_si256::<0x20>(a, c), _mm256_castsi256_si128(qh), shifts),
+            q6k_words(_mm256_permute2x128_si256::<0x31>(a, c), _mm256_extracti128_si256::<1>(qh), shifts),
         ]
+    }
+}
+
+/// 32 Q6_K codes less 32 as words: the nibbles of `nibbles`' bytes (each word shifted right by
+/// `shifts.0`'s), over two bits of `high`'s bytes (both halves of the words read the same 16
+/// bytes, shifted by `shifts.1`'s words).
+///
+/// # Safety
+/// AVX-512F/BW, AVX2 (the callers' features).
+#[inline(always)]
+unsafe fn q6k_words(nibbles: __m256i, high: __m128i, shifts: (__m512i, __m512i)) -> __m512i {
+    // SAFETY: register operands only, under the callers' features.
+    unsafe {
+        let (low4, low2) = (_mm512_set1_epi16(0x0f), _mm512_set1_epi16(3));
+        let n = _mm512_and_si512(_mm512_srlv_epi16(_mm512_cvtepu8_epi16(nibbles), shifts.0), low4);
+        let h = _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(high));
+        let h = _mm512_slli_epi16::<4>(_mm512_and_si512(_mm512_srlv_epi16(h, shifts.1), low2));
+        _mm512_sub_epi16(_mm512_or_si512(n, h), _mm512_set1_epi16(32))
     }
 }
 
@@ -361,10 +376,13 @@ unsafe fn k_block_scales(b: *const u8) -> [f32; 16] {
         // Byte j: scale j (sub-blocks 4..8 take their top two bits from the bytes of 0..4).
         let scales = u64::from(u0 & LOW6) | u64::from((u2 & LOW4) | ((u0 >> 6) & LOW2) << 4) << 32;
         let mins = u64::from(u1 & LOW6) | u64::from(((u2 >> 4) & LOW4) | ((u1 >> 6) & LOW2) << 4) << 32;
-        let floats = |v: u64| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(v as i64)));
+        let (scales, mins) = (
+            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(scales as i64))),
+            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(mins as i64))),
+        );
         let mut out = [0.0f32; 16];
-        _mm256_storeu_ps(out.as_mut_ptr(), _mm256_mul_ps(floats(scales), _mm256_set1_ps(d)));
-        _mm256_storeu_ps(out.as_mut_ptr().add(8), _mm256_mul_ps(floats(mins), _mm256_set1_ps(-dmin)));
+        _mm256_storeu_ps(out.as_mut_ptr(), _mm256_mul_ps(scales, _mm256_set1_ps(d)));
+        _mm256_storeu_ps(out.as_mut_ptr().add(8), _mm256_mul_ps(mins, _mm256_set1_ps(-dmin)));
         out
     }
 }
@@ -383,11 +401,12 @@ unsafe fn k_nibble_pair(qs: *const u8, s: usize) -> [__m512i; 2] {
         // Words 0..16 keep their low nibble, 16..32 shift their high one down.
         let shifts = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi16(4));
         let low4 = _mm512_set1_epi16(0x0f);
-        let words = |half: __m128i| {
-            let w = _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(half));
-            _mm512_and_si512(_mm512_srlv_epi16(w, shifts), low4)
-        };
-        [words(_mm256_castsi256_si128(bytes)), words(_mm256_extracti128_si256::<1>(bytes))]
+        let lo = _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(_mm256_castsi256_si128(bytes)));
+        let hi = _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(_mm256_extracti128_si256::<1>(bytes)));
+        [
+            _mm512_and_si512(_mm512_srlv_epi16(lo, shifts), low4),
+            _mm512_and_si512(_mm512_srlv_epi16(hi, shifts), low4),
+        ]
     }
 }
 
