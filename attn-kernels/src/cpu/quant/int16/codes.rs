@@ -67,6 +67,11 @@ pub(in crate::cpu::quant) trait Codes {
     unsafe fn block_scales(row: *const u8, b: usize) -> [f32; 16] {
         unreachable!("{row:?} {b}: no block scales")
     }
+    /// Group `j` of a super-block's [`Codes::block_scales`] as [`Codes::scale`] gives it.
+    #[inline(always)]
+    fn of_block(block: &[f32; 16], j: usize) -> ([f32; 2], f32) {
+        if Self::SPLIT { ([block[2 * j], block[2 * j + 1]], 0.0) } else { ([block[j]; 2], block[8 + j]) }
+    }
     /// Group `g`'s scales of its first and second 16 (equal unless [`Codes::SPLIT`]) and
     /// its offset `m`.
     ///

@@ -90,6 +90,8 @@ pub(super) unsafe fn direct_codes<F: Codes>(
     let per_group = if F::SPLIT { 2 } else { 1 };
     debug_assert!(codes.len() == 32 * m.len() && d.len() == per_group * m.len());
     let (low4, centre_w) = (_mm256_set1_epi16(0x0f), _mm256_set1_epi16(centre));
+    // A K-quant super-block's scales, read at its first group.
+    let mut block = [0.0f32; 16];
     for (g, mg) in m.iter_mut().enumerate() {
         // SAFETY: group g lies in the row; its 32 codes at 32·g are in `codes`, its scales at
         // per_group·g in `d`.
@@ -106,7 +108,14 @@ pub(super) unsafe fn direct_codes<F: Codes>(
             let out = codes.as_mut_ptr().add(32 * g).cast::<__m256i>();
             _mm256_storeu_si256(out, _mm256_sub_epi16(lo, centre_w));
             _mm256_storeu_si256(out.add(1), _mm256_sub_epi16(hi, centre_w));
-            let (scales, offset) = F::scale(row, g);
+            let (scales, offset) = if F::BLOCK_SCALES {
+                if g % 8 == 0 {
+                    block = F::block_scales(row, g / 8);
+                }
+                F::of_block(&block, g % 8)
+            } else {
+                F::scale(row, g)
+            };
             d.get_unchecked_mut(per_group * g..per_group * (g + 1)).copy_from_slice(&scales[..per_group]);
             *mg = if centre == 0 { offset } else { 0.0 };
         }
