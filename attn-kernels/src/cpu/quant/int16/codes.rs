@@ -1,7 +1,7 @@
 //! How each integer-code format's groups reach the int16 kernels: [`Codes`], one reader per
 //! format (its codes as words, its scales and offsets), shared by the decode kernels here and
-//! `lanes16`, with the faster readings of the AVX-512 decode kernel (a pair of groups' words,
-//! a K-quant super-block's scales at once) where a format has them.
+//! `lanes16`, with faster readings where a format has them: a pair of groups' words for the
+//! AVX-512 decode kernel, a K-quant super-block's scales at once for both.
 
 use std::arch::x86_64::*;
 
