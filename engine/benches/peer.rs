@@ -3,8 +3,7 @@
 //! `target/venv-llamacpp` (built here when missing or made for another CPU, ~11 min on two
 //! cores) running the GGUFs of the default model (Q4_1) and of Gemma 3 270M (Q4_K_M); ours
 //! loads the same GGUF natively (weights kept quantized, the default activations: on AVX-512
-//! VNNI CPUs int16, f32 elsewhere), prefix caching off (the
-//! same prompt runs several times).
+//! VNNI CPUs int16, f32 elsewhere), prefix caching off (the same prompt runs several times).
 //!
 //! Cases (token-id prompts, greedy, `ignore_eos`): `prefill_512` (one 512-token prompt),
 //! `prefill_6000` (one 6 000-token prompt, chunked by both sides' 2 048-token batch),
@@ -322,8 +321,9 @@ fn compare(
     // own CPU matmuls round activations to 8 bits).
     let f32_config = EngineConfig { decode_activations: ActivationPrecision::F32, ..config };
     let ours_f32 = measure_ours(&mut Engine::new(gguf, f32_config)?, &w)?;
+    // Both GGUFs hold integer-code formats only.
     let int16_here = ActivationPrecision::default()
-        .resolve(attn_kernels::Isa::detected(), std::iter::once(attn_kernels::cpu::quant::GgmlType::Q8_0))
+        .resolve(attn_kernels::Isa::detected(), attn_kernels::cpu::quant::INTEGER_CODE_FORMATS.into_iter())
         == ActivationPrecision::Int16;
     let default = if int16_here { "int16" } else { "f32" };
 
