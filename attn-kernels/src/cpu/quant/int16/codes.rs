@@ -30,6 +30,10 @@ pub(in crate::cpu::quant) trait Codes {
     const LAYOUT: Layout;
     /// Whether `m` can be non-zero.
     const OFFSET: bool;
+    /// What the kernels subtract from every code read (Q4_0's 8, Q5_0's 16), so that the
+    /// value is `d·(code − CENTRE)`: an exact integer, where `m = −CENTRE·d` would be an
+    /// offset through the f32 group sums. The readers return the codes as stored.
+    const CENTRE: i16 = 0;
     /// Whether the two 16s of a group have scales of their own (Q6_K).
     const SPLIT: bool = false;
     /// Where a group's codes start, after its scales (formats of one block per group).
@@ -140,7 +144,14 @@ unsafe fn five_bit_halves<F: Codes>(row: *const u8, g: usize) -> [__m128i; 2] {
 impl<const FIVE_BIT: bool, const MIN: bool> Codes for Legacy<FIVE_BIT, MIN> {
     const BYTES: usize = 18 + if MIN { 2 } else { 0 } + if FIVE_BIT { 4 } else { 0 };
     const LAYOUT: Layout = if FIVE_BIT { Layout::Unsigned } else { Layout::Nibbles };
-    const OFFSET: bool = true;
+    const OFFSET: bool = MIN;
+    const CENTRE: i16 = if MIN {
+        0
+    } else if FIVE_BIT {
+        16
+    } else {
+        8
+    };
     const CODES_AT: usize = if MIN { 4 } else { 2 };
     #[inline(always)]
     unsafe fn pair_words(row: *const u8, p: usize, full: usize) -> Option<[__m512i; 2]> {
@@ -163,12 +174,10 @@ impl<const FIVE_BIT: bool, const MIN: bool> Codes for Legacy<FIVE_BIT, MIN> {
     }
     #[inline(always)]
     unsafe fn scale(row: *const u8, g: usize) -> ([f32; 2], f32) {
-        // SAFETY: as above. Without a stored minimum the codes are centred: Q4's 0..16 have
-        // value (q − 8)·d, Q5's 0..32 (q − 16)·d.
+        // SAFETY: as above. Without a stored minimum the codes are centred (`CENTRE`).
         unsafe {
             let b = row.add(g * Self::BYTES);
-            let d = f16_at(b);
-            ([d; 2], if MIN { f16_at(b.add(2)) } else { -(if FIVE_BIT { 16.0 } else { 8.0 }) * d })
+            ([f16_at(b); 2], if MIN { f16_at(b.add(2)) } else { 0.0 })
         }
     }
 }

@@ -106,6 +106,12 @@ unsafe fn pair<F: Codes>(row: *const u8, p: usize, full: usize, block: &[f32; 16
                 }
             }
         };
+        let [first, second] = if F::CENTRE == 0 {
+            [first, second]
+        } else {
+            let centre = _mm512_set1_epi16(F::CENTRE);
+            [_mm512_sub_epi16(first, centre), _mm512_sub_epi16(second, centre)]
+        };
         // The scales of the pair's first 16s and second 16s (equal unless SPLIT).
         let (d, m) = if F::BLOCK_SCALES {
             // Groups g0 and g1 of the super-block whose scales the caller read.
@@ -253,6 +259,12 @@ unsafe fn rows256<F: Codes, const M: usize>(task: RowTask<'_>, xq: &X16) {
                     (_mm256_cvtepi8_epi16(a0), _mm256_cvtepi8_epi16(a1))
                 } else {
                     (_mm256_cvtepu8_epi16(a0), _mm256_cvtepu8_epi16(a1))
+                };
+                let centre = _mm256_set1_epi16(F::CENTRE);
+                let (first, second) = if F::CENTRE == 0 {
+                    (first, second)
+                } else {
+                    (_mm256_sub_epi16(first, centre), _mm256_sub_epi16(second, centre))
                 };
                 let (p, half) = (g / 2, g % 2);
                 for (t, a) in acc.iter_mut().enumerate() {

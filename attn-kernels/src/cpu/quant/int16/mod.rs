@@ -4,9 +4,10 @@
 //! token's activations are rounded once per call to int16 with one scale per group of 32
 //! (`dx = max|x| / 32767`), so a group's dot product is an exact integer sum (`vpdpwssd` on
 //! AVX-512 VNNI, `vpmaddwd` on AVX2) scaled once by `d·dx` (Q6_K: each 16 by its own `d`); the
-//! offsets (`m`, the K-quants' `−dmin·m`) go through the exact f32 group sums. The rounding
-//! error is 2⁻¹⁶ of each group's largest activation (the tests bound it per product; the model
-//! crate's golden tests measure it on the real models).
+//! offsets (`m`, the K-quants' `−dmin·m`) go through the exact f32 group sums, and Q4_0's and
+//! Q5_0's codes are centred (`q − 8`, `q − 16`: the whole value in the integer sum). The
+//! rounding error is 2⁻¹⁶ of each group's largest activation (the tests bound it per product;
+//! the model crate's golden tests measure it on the real models).
 //!
 //! The activations are laid out in pairs of groups, `[g0 0..16, g1 0..16, g0 16..32,
 //! g1 16..32]`, the order in which one zmm load of two groups' codes arrives (AVX2 reads the

@@ -72,24 +72,18 @@ pub(super) unsafe fn quantize_token(
     }
 }
 
-/// A row of an integer-code format (`int16::Codes`) straight into int16 codes less `centre`
-/// (8 for Q4_0, 16 for Q5_0, whose offset is then zero), with its scales (Q6_K: one per 16)
-/// and offsets: no f32 round trip.
+/// A row of an integer-code format (`int16::Codes`) straight into int16 codes less the
+/// format's [`Codes::CENTRE`], with its scales (Q6_K: one per 16) and offsets: no f32 round
+/// trip.
 ///
 /// # Safety
 /// AVX-512F/BW; `row` holds `k / 32` groups of `F`; `codes` has `k` entries, `m` `k/32` and `d`
 /// `k/32` (`k/16` for a [`Codes::SPLIT`] format).
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-pub(super) unsafe fn direct_codes<F: Codes>(
-    row: *const u8,
-    centre: i16,
-    d: &mut [f32],
-    m: &mut [f32],
-    codes: &mut [i16],
-) {
+pub(super) unsafe fn direct_codes<F: Codes>(row: *const u8, d: &mut [f32], m: &mut [f32], codes: &mut [i16]) {
     let per_group = if F::SPLIT { 2 } else { 1 };
     debug_assert!(codes.len() == 32 * m.len() && d.len() == per_group * m.len());
-    let (low4, centre_w) = (_mm256_set1_epi16(0x0f), _mm256_set1_epi16(centre));
+    let (low4, centre_w) = (_mm256_set1_epi16(0x0f), _mm256_set1_epi16(F::CENTRE));
     // A K-quant super-block's scales, read at its first group.
     let mut block = [0.0f32; 16];
     for (g, mg) in m.iter_mut().enumerate() {
@@ -117,7 +111,7 @@ pub(super) unsafe fn direct_codes<F: Codes>(
                 F::scale(row, g)
             };
             d.get_unchecked_mut(per_group * g..per_group * (g + 1)).copy_from_slice(&scales[..per_group]);
-            *mg = if centre == 0 { offset } else { 0.0 };
+            *mg = offset;
         }
     }
 }

@@ -78,7 +78,8 @@ pub(super) fn quantize_group(x: &[f32]) -> ([i16; 32], f32, f32) {
 
 /// The activations of one call in this path's layout (module doc), for `blocks` panels of
 /// [`TM`] tokens: words `[block][k/2][TM][2]`, and per group `[block][k/32][TM]` the scales
-/// `dx` and the f32 sums. Tokens past the last are zero (scale 0).
+/// `dx` and the f32 sums. The lanes of tokens past the last hold stale values, whose products
+/// nobody reads.
 pub(super) struct Acts16 {
     words: Vec<i16>,
     dx: Vec<f32>,
@@ -96,11 +97,11 @@ impl Acts16 {
         let (blocks, groups) = (m.div_ceil(TM), k / 32);
         let mut acts = SPARE.take().unwrap_or_else(|| Acts16 { words: vec![], dx: vec![], sums: vec![], k });
         acts.k = k;
-        for (v, len) in [(&mut acts.dx, blocks * groups * TM), (&mut acts.sums, blocks * groups * TM)] {
-            v.clear();
-            v.resize(len, 0.0);
-        }
-        acts.words.clear();
+        // Resized, not cleared: the lanes of tokens past the last keep what an earlier call left
+        // there (the tiles compute them and never write them out); clearing would be a memset
+        // of every word on every call.
+        acts.dx.resize(blocks * groups * TM, 0.0);
+        acts.sums.resize(blocks * groups * TM, 0.0);
         acts.words.resize(blocks * k * TM, 0);
         let Acts16 { words, dx, sums, .. } = &mut acts;
         let per_block = words
@@ -171,23 +172,23 @@ impl RowCodes {
                 &mut self.codes[i * k..][..k],
             );
             macro_rules! direct {
-                ($F:ty, $centre:expr) => {
+                ($F:ty) => {
                     // SAFETY: `runs_on(isa)` holds for every caller (AVX-512F/BW); the row is
                     // k / 32 groups of the format; the slices have k codes, k / 32 offsets and
                     // k / gl scales.
-                    unsafe { avx512::direct_codes::<$F>(row.as_ptr(), $centre, d, m, codes) }
+                    unsafe { avx512::direct_codes::<$F>(row.as_ptr(), d, m, codes) }
                 };
             }
             use super::int16::{Q4_0, Q4_1, Q4K, Q5_0, Q5_1, Q5K, Q6K, Q8_0};
             match part.ty {
-                GgmlType::Q8_0 => direct!(Q8_0, 0),
-                GgmlType::Q4_0 => direct!(Q4_0, 8),
-                GgmlType::Q5_0 => direct!(Q5_0, 16),
-                GgmlType::Q4_1 => direct!(Q4_1, 0),
-                GgmlType::Q5_1 => direct!(Q5_1, 0),
-                GgmlType::Q4_K => direct!(Q4K, 0),
-                GgmlType::Q5_K => direct!(Q5K, 0),
-                GgmlType::Q6_K => direct!(Q6K, 0),
+                GgmlType::Q8_0 => direct!(Q8_0),
+                GgmlType::Q4_0 => direct!(Q4_0),
+                GgmlType::Q5_0 => direct!(Q5_0),
+                GgmlType::Q4_1 => direct!(Q4_1),
+                GgmlType::Q5_1 => direct!(Q5_1),
+                GgmlType::Q4_K => direct!(Q4K),
+                GgmlType::Q5_K => direct!(Q5K),
+                GgmlType::Q6_K => direct!(Q6K),
                 other => unreachable!("lanes16 takes no {other:?}"),
             }
         }

@@ -103,6 +103,20 @@ fn every_format_matches_the_f64_reference() {
     }
 }
 
+/// A short last panel after a call whose every activation was NaN: the stale lanes past its
+/// tokens (computed, never written out) leave the outputs as fresh buffers would.
+#[test]
+fn stale_lanes_of_an_earlier_call_stay_out_of_the_outputs() {
+    if !vnni_here() {
+        return;
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    for ty in [GgmlType::Q4_K, GgmlType::Q8_0] {
+        Acts16::quantize(&vec![f32::NAN; 64 * 256], 64, 256).recycle();
+        check(ty, 9, 13, 256, false, &mut rng);
+    }
+}
+
 #[test]
 fn groups_round_to_nearest_and_non_finite_ones_poison() {
     let mut x: Vec<f32> = (0..32).map(|i| (i as f32 - 15.5) / 8.0).collect();
