@@ -67,6 +67,26 @@ macro_rules! with_tokens {
     };
 }
 
+/// `$body!(F)` with `F` the `int16::Codes` reader of `$ty`, one of [`INTEGER_CODE_FORMATS`]
+/// (`$what` names the caller in the message for any other format).
+#[cfg(target_arch = "x86_64")]
+macro_rules! with_codes {
+    ($ty:expr, $body:ident, $what:literal) => {{
+        use $crate::cpu::quant::int16::{Q4_0, Q4_1, Q4K, Q5_0, Q5_1, Q5K, Q6K, Q8_0};
+        match $ty {
+            $crate::cpu::quant::GgmlType::Q4_0 => $body!(Q4_0),
+            $crate::cpu::quant::GgmlType::Q4_1 => $body!(Q4_1),
+            $crate::cpu::quant::GgmlType::Q5_0 => $body!(Q5_0),
+            $crate::cpu::quant::GgmlType::Q5_1 => $body!(Q5_1),
+            $crate::cpu::quant::GgmlType::Q8_0 => $body!(Q8_0),
+            $crate::cpu::quant::GgmlType::Q4_K => $body!(Q4K),
+            $crate::cpu::quant::GgmlType::Q5_K => $body!(Q5K),
+            $crate::cpu::quant::GgmlType::Q6_K => $body!(Q6K),
+            other => unreachable!("{} takes no {other:?}", $what),
+        }
+    }};
+}
+
 /// The SIMD module `$isa`'s `dot_rows_dyn`: its `dot_rows` for `mr` (1..=4) tokens of the
 /// part's format (one dispatch, written once for both x86 paths).
 #[cfg(target_arch = "x86_64")]

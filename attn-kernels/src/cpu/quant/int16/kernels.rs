@@ -5,9 +5,9 @@
 use std::arch::x86_64::*;
 
 use super::X16;
-use super::codes::{Codes, Layout, Q4_0, Q4_1, Q4K, Q5_0, Q5_1, Q5K, Q6K, Q8_0, nibbles};
+use super::codes::{Codes, Layout, nibbles};
+use crate::cpu::quant::RowTask;
 use crate::cpu::quant::avx2::{PREFETCH_AHEAD, hsum};
-use crate::cpu::quant::{GgmlType, RowTask};
 
 /// One group of 32 activations at `x` into int16 words: values 0..16 at `words`, 16..32 at
 /// `words + 32`; returns the group's f32 sum and scale (see [`X16::quantize`]).
@@ -308,17 +308,7 @@ macro_rules! dispatch {
                     unsafe { with_tokens!(task.mr, |M| $kernel::<$F, M>(task, xq)) }
                 };
             }
-            match task.part.ty {
-                GgmlType::Q4_1 => by_m!(Q4_1),
-                GgmlType::Q4_0 => by_m!(Q4_0),
-                GgmlType::Q8_0 => by_m!(Q8_0),
-                GgmlType::Q5_0 => by_m!(Q5_0),
-                GgmlType::Q5_1 => by_m!(Q5_1),
-                GgmlType::Q4_K => by_m!(Q4K),
-                GgmlType::Q5_K => by_m!(Q5K),
-                GgmlType::Q6_K => by_m!(Q6K),
-                other => unreachable!("no int16 kernel for {other:?}"),
-            }
+            with_codes!(task.part.ty, by_m, "int16")
         }
     };
 }

@@ -179,18 +179,7 @@ impl RowCodes {
                     unsafe { avx512::direct_codes::<$F>(row.as_ptr(), d, m, codes) }
                 };
             }
-            use super::int16::{Q4_0, Q4_1, Q4K, Q5_0, Q5_1, Q5K, Q6K, Q8_0};
-            match part.ty {
-                GgmlType::Q8_0 => direct!(Q8_0),
-                GgmlType::Q4_0 => direct!(Q4_0),
-                GgmlType::Q5_0 => direct!(Q5_0),
-                GgmlType::Q4_1 => direct!(Q4_1),
-                GgmlType::Q5_1 => direct!(Q5_1),
-                GgmlType::Q4_K => direct!(Q4K),
-                GgmlType::Q5_K => direct!(Q5K),
-                GgmlType::Q6_K => direct!(Q6K),
-                other => unreachable!("lanes16 takes no {other:?}"),
-            }
+            with_codes!(part.ty, direct, "lanes16")
         }
     }
 }
