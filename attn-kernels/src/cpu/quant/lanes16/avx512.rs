@@ -28,46 +28,96 @@ fn dpwssd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
     acc
 }
 
-/// Token `i` of a panel (`k` activations at `x`) rounded as [`super::quantize_group`] rounds
-/// each group (the sums added in another order): its words into lane `i` of `words`
-/// (`[k/2][TM]` pairs), its scales and sums into lane `i` of `dx` and `sums` (`[k/32][TM]`).
+/// One group of 32 activations at `x` rounded as [`super::quantize_group`] rounds it (the sum
+/// added in another order): its scale, its f32 sum and its 32 codes as words.
 ///
 /// # Safety
-/// AVX-512F/BW; `x` holds `k` floats (`k % 32 == 0`); `words` `k·TM` words; `dx`, `sums`
-/// `k/32·TM` floats; `i < TM`.
+/// AVX-512F/BW; `x` holds 32 floats.
 #[target_feature(enable = "avx512f,avx512bw")]
-pub(super) unsafe fn quantize_token(
+#[inline]
+unsafe fn group_codes(x: *const f32) -> (f32, f32, __m512i) {
+    // SAFETY: per the contract.
+    let v = unsafe { [_mm512_loadu_ps(x), _mm512_loadu_ps(x.add(16))] };
+    let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_abs_ps(v[1])));
+    let sum = _mm512_reduce_add_ps(_mm512_add_ps(v[0], v[1]));
+    if !sum.is_finite() || amax < 1e-30 {
+        return (if sum.is_finite() { 0.0 } else { f32::NAN }, sum, _mm512_setzero_si512());
+    }
+    let inv = _mm512_set1_ps(32767.0 / amax);
+    let [lo, hi] = v.map(|h| _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(h, inv))));
+    (amax / 32767.0, sum, _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi))
+}
+
+/// `rows` transposed as a 16 × 16 matrix of dwords: dword `t` of output `j` is dword `j` of
+/// `rows[t]` (interleaves of dwords, then of qwords, then two rounds of 128-bit lanes).
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn transpose16(rows: &[__m512i; 16]) -> [__m512i; 16] {
+    let mut a = [_mm512_setzero_si512(); 16];
+    for i in 0..8 {
+        a[2 * i] = _mm512_unpacklo_epi32(rows[2 * i], rows[2 * i + 1]);
+        a[2 * i + 1] = _mm512_unpackhi_epi32(rows[2 * i], rows[2 * i + 1]);
+    }
+    // b[4i + m], in each 128-bit lane `l`: dword 4l + m of rows 4i..4i + 4.
+    let mut b = [_mm512_setzero_si512(); 16];
+    for i in 0..4 {
+        b[4 * i] = _mm512_unpacklo_epi64(a[4 * i], a[4 * i + 2]);
+        b[4 * i + 1] = _mm512_unpackhi_epi64(a[4 * i], a[4 * i + 2]);
+        b[4 * i + 2] = _mm512_unpacklo_epi64(a[4 * i + 1], a[4 * i + 3]);
+        b[4 * i + 3] = _mm512_unpackhi_epi64(a[4 * i + 1], a[4 * i + 3]);
+    }
+    let mut out = [_mm512_setzero_si512(); 16];
+    for m in 0..4 {
+        let (c_low, c_high) =
+            (_mm512_shuffle_i32x4::<0x44>(b[m], b[4 + m]), _mm512_shuffle_i32x4::<0xee>(b[m], b[4 + m]));
+        let (d_low, d_high) = (
+            _mm512_shuffle_i32x4::<0x44>(b[8 + m], b[12 + m]),
+            _mm512_shuffle_i32x4::<0xee>(b[8 + m], b[12 + m]),
+        );
+        out[m] = _mm512_shuffle_i32x4::<0x88>(c_low, d_low);
+        out[4 + m] = _mm512_shuffle_i32x4::<0xdd>(c_low, d_low);
+        out[8 + m] = _mm512_shuffle_i32x4::<0x88>(c_high, d_high);
+        out[12 + m] = _mm512_shuffle_i32x4::<0xdd>(c_high, d_high);
+    }
+    out
+}
+
+/// Tokens `t0..t0 + n` of a panel (`n ≤ 16`; token `t0 + t`'s `k` activations at `x[t·k..]`)
+/// rounded as [`super::quantize_group`] rounds each group: their words into lanes
+/// `t0..t0 + 16` of `words` (`[k/2][TM]` pairs: a group's codes of sixteen tokens transposed in
+/// registers, a store per pair; lanes past `n` take zeros), their scales and sums into lanes
+/// `t0..t0 + n` of `dx` and `sums` (`[k/32][TM]`).
+///
+/// # Safety
+/// AVX-512F/BW; `x` holds `n·k` floats (`k % 32 == 0`); `words` `k·TM` words; `dx`, `sums`
+/// `k/32·TM` floats; `t0 + 16 ≤ TM`.
+#[target_feature(enable = "avx512f,avx512bw")]
+pub(super) unsafe fn quantize_tokens(
     x: &[f32],
-    i: usize,
+    n: usize,
+    k: usize,
+    t0: usize,
     words: &mut [i16],
     dx: &mut [f32],
     sums: &mut [f32],
 ) {
-    let abs = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fff_ffff));
-    // Pair j of the group goes to word pair (16g + j)·TM + i.
-    let lanes = _mm512_mullo_epi32(
-        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-        _mm512_set1_epi32(TM as i32),
-    );
-    for g in 0..x.len() / 32 {
-        // SAFETY: group g's 32 values are in x; its 16 pairs, lane i, are in words (16g + 15 <
-        // k/2 pairs of TM); (g, i) is in dx and sums.
-        unsafe {
-            let v = [_mm512_loadu_ps(x.as_ptr().add(32 * g)), _mm512_loadu_ps(x.as_ptr().add(32 * g + 16))];
-            let amax =
-                _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(v[0], abs), _mm512_and_ps(v[1], abs)));
-            let sum = _mm512_reduce_add_ps(_mm512_add_ps(v[0], v[1]));
-            let (d, codes) = if !sum.is_finite() || amax < 1e-30 {
-                (if sum.is_finite() { 0.0 } else { f32::NAN }, _mm512_setzero_si512())
-            } else {
-                let inv = _mm512_set1_ps(32767.0 / amax);
-                let [lo, hi] = v.map(|h| _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(h, inv))));
-                (amax / 32767.0, _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi))
+    debug_assert!(n <= 16 && t0 + 16 <= TM && x.len() >= n * k);
+    for g in 0..k / 32 {
+        let mut codes = [_mm512_setzero_si512(); 16];
+        for (t, c) in codes.iter_mut().enumerate().take(n) {
+            // SAFETY: token t's group g is in x; (g, t0 + t) is in dx and sums.
+            unsafe {
+                let (d, sum, words) = group_codes(x.as_ptr().add(t * k + 32 * g));
+                *c = words;
+                *dx.get_unchecked_mut(g * TM + t0 + t) = d;
+                *sums.get_unchecked_mut(g * TM + t0 + t) = sum;
+            }
+        }
+        for (j, pairs) in transpose16(&codes).iter().enumerate() {
+            // SAFETY: pair 16g + j (< k/2) of lanes t0..t0 + 16 is in words.
+            unsafe {
+                _mm512_storeu_si512(words.as_mut_ptr().add(((16 * g + j) * TM + t0) * 2).cast(), *pairs)
             };
-            *dx.get_unchecked_mut(g * TM + i) = d;
-            *sums.get_unchecked_mut(g * TM + i) = sum;
-            let base = words.as_mut_ptr().add((16 * g * TM + i) * 2).cast::<i32>();
-            _mm512_i32scatter_epi32::<4>(base.cast(), lanes, codes);
         }
     }
 }

@@ -60,7 +60,7 @@ fn has_offset(ty: GgmlType) -> bool {
 
 /// The rounding rule, one group of 32 activations as int16 codes `x ≈ dx·code` with
 /// `dx = max|x| / 32767` (to nearest, ties to even), its scale and its f32 sum: the tests'
-/// statement of what [`avx512::quantize_token`] computes. A group holding a NaN or an infinity
+/// statement of what [`avx512::quantize_tokens`] computes. A group holding a NaN or an infinity
 /// gets a NaN scale, so its products come out NaN as the f32 path's would; an all-tiny group
 /// (every |x| < 1e-30, whose products vanish in any f32 output) gets no codes.
 #[cfg(test)]
@@ -109,10 +109,14 @@ impl Acts16 {
             .zip(dx.par_chunks_mut(groups * TM))
             .zip(sums.par_chunks_mut(groups * TM));
         per_block.enumerate().for_each(|(b, ((words, dx), sums))| {
-            for i in 0..TM.min(m - b * TM) {
-                // SAFETY: AVX-512F/BW run here (asserted); token b·TM + i has k values in x; the
-                // panel's buffers have this block's sizes.
-                unsafe { avx512::quantize_token(&x[(b * TM + i) * k..][..k], i, words, dx, sums) };
+            let tokens = TM.min(m - b * TM);
+            for t0 in (0..tokens).step_by(16) {
+                let n = (tokens - t0).min(16);
+                // SAFETY: AVX-512F/BW run here (asserted); tokens b·TM + t0 .. + n have k values
+                // each in x; the panel's buffers have this block's sizes; t0 + 16 ≤ TM.
+                unsafe {
+                    avx512::quantize_tokens(&x[(b * TM + t0) * k..][..n * k], n, k, t0, words, dx, sums)
+                };
             }
         });
         acts
