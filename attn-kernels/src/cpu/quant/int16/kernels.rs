@@ -260,10 +260,10 @@ unsafe fn rows256<F: Codes, const M: usize>(task: RowTask<'_>, xq: &X16) {
                 } else {
                     (_mm256_cvtepu8_epi16(a0), _mm256_cvtepu8_epi16(a1))
                 };
-                let centre = _mm256_set1_epi16(F::CENTRE);
                 let (first, second) = if F::CENTRE == 0 {
                     (first, second)
                 } else {
+                    let centre = _mm256_set1_epi16(F::CENTRE);
                     (_mm256_sub_epi16(first, centre), _mm256_sub_epi16(second, centre))
                 };
                 let (p, half) = (g / 2, g % 2);
