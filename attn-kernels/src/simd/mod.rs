@@ -326,15 +326,18 @@ impl<'a, T> Ahead<'a, T> {
     }
 }
 
-/// Prefetches the cache line holding byte `byte` of `tile` (nothing past its end).
+/// Prefetches the cache line holding byte `byte` of `tile` (nothing past its end) into L2
+/// (`_MM_HINT_T1`): a prefetch into L1 holds one of L1's few miss buffers until its line
+/// arrives, so a stream of them held up the kernel's own loads of the tile it was on, while L2
+/// tracks many more misses and the kernel's loads find the lines there.
 #[inline(always)]
 fn prefetch_byte<T>(tile: &[T], byte: usize) {
     #[cfg(target_arch = "x86_64")]
     if byte < std::mem::size_of_val(tile) {
-        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        use std::arch::x86_64::{_MM_HINT_T1, _mm_prefetch};
         // SAFETY: prefetch never faults, and the address is inside the slice anyway; SSE is
         // baseline on x86-64.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(tile.as_ptr().cast::<i8>().add(byte)) };
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(tile.as_ptr().cast::<i8>().add(byte)) };
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (tile, byte);
