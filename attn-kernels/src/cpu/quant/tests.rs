@@ -235,7 +235,7 @@ fn int16_expectation(
                 let block = &bytes[(r * k + 32 * g) / per_block * block_bytes..][..block_bytes];
                 let f16_at = |at: usize| f64::from(f16::from_le_bytes([block[at], block[at + 1]]).to_f32());
                 // The group's offset, which the kernels take through the exact sum of x (Q4_0's
-                // and Q5_0's codes are centred instead: their `d·(q − 8)` is the whole value).
+                // and Q5_0's codes are centred instead: `d·(q − centre)` is the whole value).
                 let offset = match ty {
                     GgmlType::Q4_1 | GgmlType::Q5_1 => f16_at(2),
                     GgmlType::Q4_K | GgmlType::Q5_K => {

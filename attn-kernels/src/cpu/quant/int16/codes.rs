@@ -85,8 +85,8 @@ pub(in crate::cpu::quant) trait Codes {
 }
 
 /// The 32-value formats with one f16 scale, `Legacy<FIVE_BIT, MIN>`: Q4_0 (f16 d, sixteen
-/// bytes of nibbles; offset −8d), Q4_1 (f16 d, f16 m, nibbles), Q5_0 (f16 d, four bytes of fifth
-/// bits, nibbles; offset −16d) and Q5_1 (f16 d, f16 m, fifth bits, nibbles). `halves` returns
+/// bytes of nibbles; centre 8), Q4_1 (f16 d, f16 m, nibbles), Q5_0 (f16 d, four bytes of fifth
+/// bits, nibbles; centre 16) and Q5_1 (f16 d, f16 m, fifth bits, nibbles). `halves` returns
 /// Q4's nibble bytes twice ([`Layout::Nibbles`]) and Q5's five-bit codes of values 0..16 and
 /// 16..32, one per byte.
 pub(in crate::cpu::quant) struct Legacy<const FIVE_BIT: bool, const MIN: bool>;
