@@ -9,6 +9,9 @@ when any fails):
   numbers with bounds, nested `$ref`s into `$defs`; `engine/tests/data/json_schemas.json`),
   each streamed and not, at temperature 0 and 1: 80 requests, every output valid under
   `jsonschema`;
+- `response_format={"type": "json_object"}`, whole and streamed, greedy and sampled: a `stop`
+  finish parses as a JSON object, a `length` finish (an object's contents are unbounded) is the
+  start of one (completed where it was cut and closed, it parses as an object);
 - a tool round trip (two function tools; `tool_choice` named, and `required` → `tool_calls`
   whose arguments validate against the tool's parameters; a `tool` message with the result →
   a text answer), whole and through the client's own stream helper.
@@ -114,6 +117,77 @@ async def one_schema(aclient, model, i, topic, schema, stream, temperature):
         return [(name, False, f"finish {finish}: {text!r}: {str(e).splitlines()[0]}")]
 
 
+# The value a JSON document may take where its text was cut: tried in turn, each followed by the
+# closers of what is still open, until one parses.
+CUT_FIXES = ["", "0", "\"", "\": null", ": null", "null", "\"\": null", "rue", "ue", "e", "alse", "lse", "se",
+             "ull", "ll", "l"]
+
+
+def starts_an_object(text):
+    """Whether `text` is the start of a JSON object: completed where it was cut (a string, a
+    number, a literal, a key awaiting its value) and closed, it parses as an object."""
+    stack, in_string, escaped = [], False, False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            stack.append("]" if ch == "[" else "}")
+        elif ch in "]}" and (not stack or stack.pop() != ch):
+            return False
+    if not text.startswith("{"):
+        return False
+    # A cut string is closed first (its escape completed), then takes whatever follows a string.
+    head = text + ("\\" if escaped else "") + ('"' if in_string else "")
+    for fix in CUT_FIXES:
+        for candidate in (head + fix, text.rstrip().rstrip(",") + fix):
+            try:
+                if isinstance(json.loads(candidate + "".join(reversed(stack))), dict):
+                    return True
+            except ValueError:
+                pass
+    return False
+
+
+async def one_json_object(aclient, model, stream, temperature):
+    args = dict(model=model, messages=user("Give the name and age of a cat as a small JSON object."),
+                response_format={"type": "json_object"}, max_tokens=MAX_TOKENS, temperature=temperature, seed=11)
+    if stream:
+        text, finish = "", None
+        async for chunk in await aclient.chat.completions.create(stream=True, **args):
+            for c in chunk.choices:
+                text += c.delta.content or ""
+                finish = c.finish_reason or finish
+    else:
+        r = await aclient.chat.completions.create(**args)
+        text, finish = r.choices[0].message.content, r.choices[0].finish_reason
+    name = f"json_object ({'stream' if stream else 'whole'}, T={temperature}, finish {finish})"
+    if finish == "stop":
+        try:
+            ok = isinstance(json.loads(text), dict)
+        except ValueError:
+            ok = False
+    else:
+        # An object's contents are unbounded: cut by max_tokens, the text must still start one.
+        ok = finish == "length" and starts_an_object(text)
+    return [(name, ok, f"{text!r}")]
+
+
+def check_starts_an_object():
+    """The prefix check itself, on texts it must accept and refuse."""
+    good = ['{"a": 1}', '{"a": [1, 2', '{"a": "x\\"y', '{"a', '{"a":', '{"a": 1.', '{"a": tr', '{"a": {"b": null},',
+            "{"]
+    bad = ['[1]', '{"a" 1}', '{"a": 1}}', 'x{', '{"a": 1] ', '{"a": nul1']
+    return [("the json_object prefix check", all(map(starts_an_object, good)) and not any(map(starts_an_object, bad)),
+             f"accepts {[t for t in bad if starts_an_object(t)]}, refuses {[t for t in good if not starts_an_object(t)]}")]
+
+
 # --- a tool round trip --------------------------------------------------------------------------
 
 def strict_tool(name, description, properties):
@@ -199,6 +273,7 @@ async def main():
         jobs = [one_schema(aclient, model, i, topic, schema, stream, temperature)
                 for i, (topic, schema) in enumerate(SCHEMAS) for stream in (False, True) for temperature in (0, 1)]
         jobs += [parse_person(chat, model, t) for t in (0, 1)]
+        jobs += [one_json_object(aclient, model, stream, t) for stream in (False, True) for t in (0, 1)]
         jobs += [tool_round_trip(aclient, chat, model, choice, streamed)
                  for choice in (NAMED, "required") for streamed in (False, True)]
         return [r for rs in await asyncio.gather(*jobs) for r in rs]
@@ -206,6 +281,7 @@ async def main():
 
 valid = [s for _, s in SCHEMAS if jsonschema.Draft202012Validator.check_schema(s) is None]
 results = [(f"{len(SCHEMAS)} schemas, each a valid JSON schema", len(valid) == len(SCHEMAS) >= 20, "")]
+results += check_starts_an_object()
 results += asyncio.run(main())
 for name, ok, detail in results:
     print(f"ok {name}" if ok else f"FAIL {name}: {detail}", flush=True)

@@ -47,6 +47,17 @@ fn json_options() -> serde_json::Value {
     serde_json::json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "})
 }
 
+/// Where a text stands under a constraint ([`Grammars::text_state`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TextState {
+    /// A whole output the constraint allows (it may allow more after it).
+    Complete,
+    /// The start of an allowed output, not yet a whole one.
+    Prefix,
+    /// No allowed output starts with it.
+    Invalid,
+}
+
 /// The compiler of constraints for one model (`Send + Sync`: shared by every submitting thread).
 pub struct Grammars {
     factory: ParserFactory,
@@ -78,23 +89,42 @@ impl Grammars {
 
     /// Compiles `constraint` into the guide of a request's first sample (fork it for the others).
     pub(crate) fn compile(&self, constraint: &Constraint) -> Result<Guide, ConstraintError> {
+        let start = Instant::now();
+        let matcher = self.matcher(constraint)?;
+        tracing::debug!(target: "engine", "compiled a {} constraint in {:?}", constraint.kind(), start.elapsed());
+        Ok(Guide::new(matcher, self.factory.tok_env().tok_trie().eos_token_set()))
+    }
+
+    /// A fresh matcher of `constraint`, its first mask computed under the step limits (a grammar
+    /// too costly to step is refused here).
+    fn matcher(&self, constraint: &Constraint) -> Result<Matcher, ConstraintError> {
         let kind = constraint.kind();
         let invalid = |reason: String| ConstraintError::Invalid { kind, reason };
-        let start = Instant::now();
         let grammar = grammar_of(constraint).map_err(invalid)?;
         let parser = self.factory.create_parser(grammar).map_err(|e| invalid(e.to_string()))?;
         let mut matcher = Matcher::new(Ok(parser));
-        // The first mask under the step limits: a grammar too costly to step is refused here.
-        if let Err(e) = matcher.compute_mask() {
-            return Err(invalid(e.to_string()));
-        }
-        tracing::debug!(target: "engine", "compiled a {kind} constraint in {:?}", start.elapsed());
-        Ok(Guide::new(matcher, self.factory.tok_env().tok_trie().eos_token_set()))
+        matcher.compute_mask().map_err(|e| invalid(e.to_string()))?;
+        Ok(matcher)
     }
 
     /// Checks that `constraint` compiles (what a front end calls to answer 400 early).
     pub fn check(&self, constraint: &Constraint) -> Result<(), ConstraintError> {
         self.compile(constraint).map(drop)
+    }
+
+    /// Where `text` stands under `constraint`: a whole output it allows, the start of one (an
+    /// output cut short by `max_tokens` must be), or neither. The text is read through the
+    /// model's tokenizer; the grammar reads bytes, so any split of the same text answers alike.
+    pub fn text_state(&self, constraint: &Constraint, text: &str) -> Result<TextState, ConstraintError> {
+        let mut matcher = self.matcher(constraint)?;
+        let tokens = self.factory.tok_env().tokenize_bytes(text.as_bytes());
+        let invalid = |reason: String| ConstraintError::Invalid { kind: constraint.kind(), reason };
+        if matcher.validate_tokens(&tokens).map_err(|e| invalid(e.to_string()))? < tokens.len() {
+            return Ok(TextState::Invalid);
+        }
+        matcher.consume_tokens(&tokens).map_err(|e| invalid(e.to_string()))?;
+        let complete = matcher.is_accepting().map_err(|e| invalid(e.to_string()))?;
+        Ok(if complete { TextState::Complete } else { TextState::Prefix })
     }
 }
 

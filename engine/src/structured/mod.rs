@@ -6,7 +6,8 @@
 //! - `compile.rs` — [`Grammars`]: the parser factory with its limits set explicitly, and the
 //!   compilation of a constraint (bounded in size, fuel and lexer states; a failure is a
 //!   [`ConstraintError`] naming the problem). It runs on the submitting thread, never the
-//!   engine's.
+//!   engine's. [`Grammars::text_state`]: whether a text is a whole allowed output, the start of
+//!   one, or neither (what a client checks of an output cut short).
 //! - `guide.rs` — [`Guide`]: one sample's matcher: the mask for its next token, advanced by
 //!   each sampled token, forked for each of a request's `n` samples.
 //! - `overlap.rs` — each step's masks computed while its forward pass runs, as jobs of the
@@ -25,7 +26,7 @@ mod vocab;
 
 use serde::{Deserialize, Serialize};
 
-pub use compile::{Grammars, MAX_CONSTRAINT_BYTES};
+pub use compile::{Grammars, MAX_CONSTRAINT_BYTES, TextState};
 pub use guide::Guide;
 pub(crate) use guide::advance;
 pub use overlap::MaskTimes;

@@ -1,9 +1,11 @@
 //! Structured outputs on the real SmolLM2 (the Q4_1 GGUF): a JSON schema's output parses and
 //! validates (each token's mask prepared beside the forward pass), a choice is one of the
 //! choices, a regex matches, a bad schema is refused at admission, `logit_bias` bans and forces
-//! tokens, `max_tokens` mid-grammar is `length`, parallel samples each follow the grammar, and
+//! tokens, `max_tokens` mid-grammar is `length` with the start of a valid document (and
+//! `Grammars::text_state` tells whole outputs, their starts and strays apart), parallel samples each follow the grammar, and
 //! greedy constrained outputs survive preemption unchanged.
 
+use engine::structured::{Grammars, TextState};
 use engine::{
     ChatMessage, Completion, Constraint, Engine, EngineConfig, FinishReason, KvCacheSize, PreemptionMode,
     Prompt, RequestError, SamplingParams,
@@ -129,7 +131,38 @@ fn max_tokens_mid_grammar_finishes_with_length() {
     let c = &run(&mut engine, vec![chat("Describe a person as JSON.")], &params)[0][0];
     assert_eq!(c.finish_reason, Some(FinishReason::Length));
     assert_eq!(c.token_ids.len(), 4);
-    assert!(c.text.starts_with("{\""), "{:?}", c.text);
+    let schema = Constraint::JsonSchema(person_schema());
+    assert_eq!(grammars(&engine).text_state(&schema, &c.text), Ok(TextState::Prefix), "{:?}", c.text);
+}
+
+fn grammars(engine: &Engine) -> Grammars {
+    Grammars::new(engine.tokenizer(), engine.model_config().vocab_size, engine.eos_token_ids())
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// What the server's tests check of outputs cut short: whole outputs, starts of one, and texts
+/// no output starts with, each whichever way the tokenizer splits them.
+#[test]
+fn text_state_tells_whole_outputs_from_their_starts_and_from_strays() {
+    let engine = engine(8, PreemptionMode::Recompute);
+    let g = grammars(&engine);
+    let schema = Constraint::JsonSchema(person_schema());
+    let object = Constraint::JsonObject;
+    for (constraint, text, want) in [
+        (&object, "{\"a\": 1}", TextState::Complete),
+        (&object, "{\"a\": [1, 2", TextState::Prefix),
+        (&object, "", TextState::Prefix),
+        (&object, "[1]", TextState::Invalid),
+        (&object, "{\"a\" 1}", TextState::Invalid),
+        (&object, "{\"a\": 1}}", TextState::Invalid),
+        (&schema, "{\"name\": \"Ana", TextState::Prefix),
+        (&schema, "{\"nickname\"", TextState::Invalid),
+        (&Constraint::Choice(vec!["yes".into(), "no".into()]), "ye", TextState::Prefix),
+        (&Constraint::Choice(vec!["yes".into(), "no".into()]), "no", TextState::Complete),
+        (&Constraint::Choice(vec!["yes".into(), "no".into()]), "nope", TextState::Invalid),
+    ] {
+        assert_eq!(g.text_state(constraint, text), Ok(want), "{constraint:?} {text:?}");
+    }
 }
 
 #[test]

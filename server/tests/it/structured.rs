@@ -1,9 +1,13 @@
 //! Structured outputs over HTTP: on the real SmolLM2 (Q4_1 GGUF), a `json_schema`
-//! `response_format` answer parses and validates (whole and streamed), `guided_choice` answers
+//! `response_format` answer parses and validates (whole and streamed; a sampled one cut by
+//! `max_tokens` is the start of a valid document), a `json_object` answer is a 200 holding an
+//! object or, cut short, the start of one, `guided_choice` answers
 //! one of the choices, `guided_regex` matches, `logit_bias` forces a token; on the tiny model,
 //! every bad constraint or bias is a 400 naming its field, and the engine stays idle.
 
 use axum::http::StatusCode;
+use engine::Constraint;
+use engine::structured::{Grammars, TextState};
 use serde_json::{Value, json};
 
 use crate::support::{TestServer, runtime, smollm2_server as smollm2};
@@ -31,6 +35,14 @@ fn check_city(text: &str) {
     assert!(landmarks.len() <= 2 && landmarks.iter().all(Value::is_string), "{v}");
 }
 
+/// The grammar compiler over the served model's vocabulary: what an output cut short by
+/// `max_tokens` is checked with (the start of an allowed document, not just its first byte).
+fn smollm2_grammars() -> Grammars {
+    let folder = model::ModelFolder::open(&model::testing::smollm2_gguf()).unwrap_or_else(|e| panic!("{e}"));
+    Grammars::new(&folder.tokenizer, folder.config.vocab_size, &folder.generation.eos_token_ids)
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
 fn user(text: &str) -> Value {
     json!([{"role": "user", "content": text}])
 }
@@ -39,6 +51,7 @@ fn user(text: &str) -> Value {
 fn guided_answers_of_the_real_model_follow_their_constraints() {
     let rt = runtime();
     let server = smollm2();
+    let grammars = smollm2_grammars();
     rt.block_on(async {
         let format = json!({"type": "json_schema", "json_schema": {"name": "city", "schema": schema(), "strict": true}});
         let body = json!({"messages": user("Describe Paris as JSON."), "max_tokens": 100, "temperature": 0, "response_format": format});
@@ -59,10 +72,12 @@ fn guided_answers_of_the_real_model_follow_their_constraints() {
                 finish = chunk["choices"][0]["finish_reason"].clone();
             }
         }
+        let city = Constraint::JsonSchema(schema());
         if finish == "stop" {
             check_city(&text);
         } else {
-            assert!(text.starts_with('{'), "{text:?}");
+            assert_eq!(finish, "length", "{text:?}");
+            assert_eq!(grammars.text_state(&city, &text), Ok(TextState::Prefix), "{text:?}");
         }
 
         let choices = ["yes", "no", "maybe"];
@@ -78,10 +93,13 @@ fn guided_answers_of_the_real_model_follow_their_constraints() {
 
         let body = json!({"messages": user("Answer in JSON."), "max_tokens": 60, "temperature": 0,
             "response_format": {"type": "json_object"}});
-        let (_, v) = server.post_json("/v1/chat/completions", &body).await;
+        let v = server.post_ok("/v1/chat/completions", &body).await;
         let content = v["choices"][0]["message"]["content"].as_str().unwrap_or("");
         if v["choices"][0]["finish_reason"] == "stop" {
             assert!(serde_json::from_str::<Value>(content).is_ok_and(|d| d.is_object()), "{v}");
+        } else {
+            assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
+            assert_eq!(grammars.text_state(&Constraint::JsonObject, content), Ok(TextState::Prefix), "{v}");
         }
 
         // +100 on one token: every sampled token is it, even hot.
