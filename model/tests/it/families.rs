@@ -2,7 +2,8 @@
 //! `tests/data/families/` (made by its `make.py`: Llama twice, Mistral, Qwen2, Qwen3, Gemma 3,
 //! Phi-3), loaded from the HF folder and from llama.cpp's F32 GGUF of the same weights, give
 //! transformers' float32 logits within [`TOL`] at every step of 8 greedy steps, and its greedy
-//! tokens.
+//! tokens. Every run counts the prompts it compared and asserts the count: a prompt skipped by
+//! a length limit cannot pass unnoticed.
 
 use std::path::{Path, PathBuf};
 
@@ -20,8 +21,8 @@ fn data_dir(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/families").join(name)
 }
 
-fn expected(name: &str) -> Value {
-    let path = data_dir(name).join("expected.json");
+fn expected(name: &str, file: &str) -> Value {
+    let path = data_dir(name).join(file);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
     serde_json::from_str(&text).expect("parse expected.json")
 }
@@ -34,23 +35,34 @@ fn floats(v: &Value) -> Vec<f32> {
     v.as_array().expect("logit array").iter().map(|x| x.as_f64().expect("logit") as f32).collect()
 }
 
-/// Runs each expected generation: the prompt in prefill steps of at most `chunk` tokens, then
-/// one decode step per transformers greedy token (fed whatever this model chose, so every step
-/// compares the same context). Every step's logits must be within [`TOL`] of transformers' and
-/// their argmax its greedy token. Only generations of at most `longest` tokens in all are run.
-/// Returns the largest difference seen and the longest prompt run.
+/// Which rotations a run serves with (LongRoPE's factors depend on the context served).
+#[derive(Clone, Copy)]
+enum Served {
+    /// Each prompt at its own context, prompt + greedy tokens but the last: what transformers
+    /// picks its factors from.
+    PerPrompt,
+    /// Every prompt at this context (an engine's `max_model_len`).
+    At(usize),
+}
+
+/// Runs each expected generation of `file` (in the family's folder): the prompt in prefill steps
+/// of at most `chunk` tokens, then one decode step per transformers greedy token (fed whatever
+/// this model chose, so every step compares the same context). Every step's logits must be
+/// within [`TOL`] of transformers' and their argmax its greedy token. Only generations of at
+/// most `longest` tokens in all are run. Returns the largest difference seen, the longest prompt
+/// run and how many generations were compared.
 fn check_generations(
     model: &mut Model,
-    name: &str,
+    (name, file): (&str, &str),
     source: &str,
-    longest: usize,
-    chunk: usize,
-) -> (f32, usize) {
-    let exp = expected(name);
+    (longest, chunk): (usize, usize),
+    served: Served,
+) -> (f32, usize, usize) {
+    let exp = expected(name, file);
     let vocab = model.config.vocab_size;
     let block_size = 16;
     let prefill = if chunk == usize::MAX { "prompt whole".to_owned() } else { format!("chunks of {chunk}") };
-    let (mut worst, mut longest_run) = (0.0f32, 0);
+    let (mut worst, mut longest_run, mut compared) = (0.0f32, 0, 0);
     for (g, generation) in exp["generations"].as_array().expect("generations").iter().enumerate() {
         let prompt = ids(&generation["prompt_ids"]);
         let greedy = ids(&generation["greedy_ids"]);
@@ -62,7 +74,11 @@ fn check_generations(
         if context > longest {
             continue;
         }
-        model.set_context(context);
+        compared += 1;
+        model.set_context(match served {
+            Served::PerPrompt => context,
+            Served::At(c) => c,
+        });
         let pool: Vec<u32> = (0..context.div_ceil(block_size) as u32).rev().collect();
         let mut seqs = assign_blocks(vec![prompt.clone()], context, block_size, &pool);
         let mut cache = cache_for(&model.config, block_size, pool.len());
@@ -99,28 +115,52 @@ fn check_generations(
             s.tokens.push(greedy[step]);
         }
     }
-    eprintln!("{name} ({source}, {prefill}): largest logit difference from transformers {worst:.2e}");
-    (worst, longest_run)
+    eprintln!(
+        "{name} ({source}, {prefill}, {file}): {compared} prompts, largest logit difference from \
+         transformers {worst:.2e}"
+    );
+    (worst, longest_run, compared)
+}
+
+/// [`check_generations`] of `expected.json` at each prompt's own context, asserting that all
+/// `prompts` of it ran.
+fn check_all(model: &mut Model, name: &str, source: &str, chunk: usize, prompts: usize) -> usize {
+    let (_, longest_run, compared) =
+        check_generations(model, (name, "expected.json"), source, (usize::MAX, chunk), Served::PerPrompt);
+    assert_eq!(compared, prompts, "{name} ({source}): prompts compared");
+    longest_run
 }
 
 /// The windowed families' checks: every generation, the longest (200 tokens) included, with the
 /// prompt in one step and in chunks of 7 and 24 that straddle the window's edges.
-fn check_windowed(model: &mut Model, name: &str) {
+fn check_windowed(model: &mut Model, name: &str, source: &str) {
     for chunk in [usize::MAX, 7, 24] {
-        let (_, longest_run) = check_generations(model, name, "safetensors", usize::MAX, chunk);
+        let longest_run = check_all(model, name, source, chunk, 5);
         assert!(longest_run >= 200, "{name}: the longest prompt run has {longest_run} tokens");
     }
 }
 
-/// The HF folder, then its GGUF, against transformers.
+/// The HF folder, then its GGUF, against transformers: the 5-, 12- and 64-token prompts.
 fn check_family(name: &str, family: Family) {
     let mut model = Model::load(&data_dir(name)).unwrap_or_else(|e| panic!("load {name}: {e}"));
     assert_eq!(model.config.arch.family, family, "{name}: family");
-    check_generations(&mut model, name, "safetensors", usize::MAX, usize::MAX);
+    check_all(&mut model, name, "safetensors", usize::MAX, 3);
     let gguf = data_dir(name).join("model.gguf");
     let mut model = Model::load(&gguf).unwrap_or_else(|e| panic!("load {}: {e}", gguf.display()));
     assert_eq!(model.config.arch.family, family, "{name} GGUF: family");
-    check_generations(&mut model, name, "gguf", usize::MAX, usize::MAX);
+    check_all(&mut model, name, "gguf", usize::MAX, 3);
+}
+
+/// The GGUF of a windowed family served with what its converter leaves out of the file and the
+/// folder's config.json says (each layer's window and rotary kind, the attention scale), as a
+/// user passes them with the GGUF: its weights, read through the GGUF loader, then go through
+/// the windowed attention past the window like the folder's.
+fn gguf_with_folder_attention(name: &str) -> Model {
+    let folder = Model::load(&data_dir(name)).expect("load folder");
+    let mut gguf = Model::load(&data_dir(name).join("model.gguf")).expect("load gguf");
+    gguf.config.layer_attention.clone_from(&folder.config.layer_attention);
+    gguf.config.arch.attention_scale = folder.config.arch.attention_scale;
+    gguf
 }
 
 /// One test per checkpoint that needs nothing but [`check_family`]: `test: folder, family`.
@@ -144,17 +184,26 @@ family_tests! {
 
 /// The folder with its window of 32, which the 64-, 120- and 200-token prompts cross, prefilled
 /// whole and in chunks that straddle it. llama.cpp's converter writes Mistral as a plain `llama`
-/// GGUF without the window, so the GGUF matches transformers only while sequences fit in it.
+/// GGUF without the window: read as it is, it matches transformers while sequences fit in the
+/// window (the 5- and 12-token prompts); given the folder's window, at every length.
 #[test]
 fn mistral_sliding_window_matches_transformers() {
     let mut model = Model::load(&data_dir("mistral")).expect("load");
     assert_eq!(model.config.arch.family, Family::Mistral);
     assert!(model.config.layer_attention.iter().all(|l| l.sliding_window == Some(32)));
-    check_windowed(&mut model, "mistral");
+    check_windowed(&mut model, "mistral", "safetensors");
     let mut gguf = Model::load(&data_dir("mistral").join("model.gguf")).expect("load gguf");
     assert_eq!(gguf.config.arch.family, Family::Llama, "the converter's arch for Mistral");
     assert!(gguf.config.layer_attention.iter().all(|l| l.sliding_window.is_none()), "no window in the GGUF");
-    check_generations(&mut gguf, "mistral", "gguf", 32, usize::MAX);
+    let (_, _, compared) = check_generations(
+        &mut gguf,
+        ("mistral", "expected.json"),
+        "gguf",
+        (32, usize::MAX),
+        Served::PerPrompt,
+    );
+    assert_eq!(compared, 2, "mistral GGUF: the prompts within the window");
+    check_windowed(&mut gguf_with_folder_attention("mistral"), "mistral", "gguf + folder's window");
 }
 
 #[test]
@@ -177,13 +226,14 @@ fn gemma3_folder_matches_transformers() {
         assert_eq!(layer.sliding_window, (!global).then_some(16), "layer {l}");
         assert_eq!(layer.rope, if global { RopeKind::Global } else { RopeKind::Local }, "layer {l}");
     }
-    check_windowed(&mut model, "gemma3");
+    check_windowed(&mut model, "gemma3", "safetensors");
 }
 
 /// llama.cpp's converter writes neither Gemma 3's `query_pre_attn_scalar` nor its sliding-window
 /// pattern into the GGUF: llama.cpp (and this loader, following it) takes 1/sqrt(head_dim) and
 /// every 6th layer global. This GGUF (pattern 2, scalar 48) therefore cannot reproduce
-/// transformers; it loads as llama.cpp reads it, with the same weights as the folder.
+/// transformers as it is; it loads as llama.cpp reads it, with the same weights as the folder,
+/// and given the folder's pattern and scale it matches transformers past the window.
 #[test]
 fn gemma3_gguf_loads_as_llama_cpp_reads_it() {
     let folder = Model::load(&data_dir("gemma3")).expect("load folder");
@@ -196,4 +246,25 @@ fn gemma3_gguf_loads_as_llama_cpp_reads_it() {
     assert_eq!(gguf.config.arch.attention_scale, 1.0 / 8.0, "1/sqrt(head_dim)");
     assert_eq!(folder.config.arch.attention_scale, 1.0 / 48f32.sqrt());
     assert_eq!(gguf.embed.to_f32(), folder.embed.to_f32(), "same embedding");
+    check_windowed(&mut gguf_with_folder_attention("gemma3"), "gemma3", "gguf + folder's pattern and scale");
+}
+
+/// Phi-3's LongRoPE served at a context past `original_max_position_embeddings` (an engine's
+/// `max_model_len` of 128, as vLLM, which picks the long factors for every sequence when its
+/// `max_model_len` exceeds the original context): the 5- and 12-token prompts, which
+/// transformers alone runs with the short factors, against transformers with the long factors
+/// (`expected_long_context.json`, made by `make_long_context.py`), folder and GGUF.
+#[test]
+fn phi3_short_prompts_at_a_long_context_match_transformers_long_factors() {
+    for (source, path) in [("safetensors", data_dir("phi3")), ("gguf", data_dir("phi3").join("model.gguf"))] {
+        let mut model = Model::load(&path).unwrap_or_else(|e| panic!("load {}: {e}", path.display()));
+        let (_, _, compared) = check_generations(
+            &mut model,
+            ("phi3", "expected_long_context.json"),
+            source,
+            (usize::MAX, usize::MAX),
+            Served::At(128),
+        );
+        assert_eq!(compared, 2, "phi3 ({source}): the short prompts at context 128");
+    }
 }
