@@ -2,17 +2,18 @@
 //! block-size trade-off fragment they feed into `cargo xtask bench`.
 //!
 //! Decode case: 32 sequences × context 4 096, 32 query heads / 8 KV heads, head size 128.
-//! - `memcpy_ms`: a 2-thread (rayon pool) copy of 512 MiB — the bandwidth yardstick. Its
-//!   throughput counts the memory traffic a copy makes, bytes read + bytes written (STREAM's
-//!   convention, and the CUDA notes'), so a read-only kernel at memory speed scores about 1.0;
-//! - `decode_f32_ms` (block size 16), `decode_bs8_paged_ms`, `decode_bs32_paged_ms`, and
-//!   `decode_bf16_ms`: physical blocks shuffled across the pool, throughput = K+V bytes read;
-//!   `registry.rs` divides the f32/bf16 bs16 throughputs by memcpy's. The f32 cases are timed as
-//!   pairs: every sample runs the kernel over the shuffled block table *and* over an identity
-//!   table on the same allocation (consecutive blocks: one contiguous cache), in alternating
-//!   order, and criterion reports the paged half. The ratio `attn.paged_over_contiguous_bs{8,16}`
-//!   is the median of the per-sample ratios: both halves see the same memory, pages and machine
-//!   load, which separate measurement windows over separate GiB allocations did not;
+//! - `decode_f32_ms` (block size 16), `decode_bs8_paged_ms`, `decode_bs32_paged_ms`: physical
+//!   blocks shuffled across the pool, throughput = K+V bytes read. These are timed as pairs:
+//!   every sample runs the kernel over the shuffled block table *and* over an identity table on
+//!   the same allocation (consecutive blocks: one contiguous cache), in alternating order, and
+//!   criterion reports the paged half. The ratio `attn.paged_over_contiguous_bs{8,16}` is the
+//!   median of the per-sample ratios: both halves see the same memory, pages and machine load,
+//!   which separate measurement windows over separate GiB allocations did not;
+//! - `decode_f32_read_ms` and `decode_bf16_read_ms`: paged decode (block size 16) paired the same
+//!   way with a read-only sum (`attn_kernels::yardstick`) over as many bytes as the kernel reads,
+//!   each in its own allocation. `attn.decode_read_fraction` (f32) and
+//!   `attn.decode_read_fraction_bf16` are the medians of the per-sample ratios of the kernel's
+//!   bytes per second over the sum's: how far the kernel is from reading memory alone;
 //! - `prefill_8x512_ms`: varlen prefill of 8 chunks × 512 tokens (f32 cache);
 //! - `prefill_4k_bf16_ms`: one 4 096-token prompt on a bf16 cache (the CPU default), and
 //!   `prefill_4k_bf16_avx2_ms` the same on the AVX2 kernels.
@@ -27,6 +28,7 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use attn_kernels::yardstick::par_read_only_sum;
 use attn_kernels::{AttnOptions, Isa, PagedAttnMetadata, paged_attention, reshape_and_cache};
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, SamplingMode, Throughput};
@@ -42,7 +44,6 @@ const CONTEXT: usize = 4096;
 const NUM_HEADS: usize = 32;
 const NUM_KV_HEADS: usize = 8;
 const HEAD_SIZE: usize = 128;
-const MEMCPY_BYTES: usize = 512 << 20;
 
 /// Per-iteration times of the samples criterion took, by bench name (for the derived figures).
 type Samples = RefCell<BTreeMap<&'static str, Vec<f64>>>;
@@ -147,30 +148,40 @@ fn attn_group(c: &mut Criterion, bytes: u64) -> BenchmarkGroup<'_, WallTime> {
     g
 }
 
-fn bench_memcpy(c: &mut Criterion, samples: &Samples) {
-    let src: Vec<u8> = (0..MEMCPY_BYTES).into_par_iter().map(|i| i as u8).collect();
-    let mut dst = vec![1u8; MEMCPY_BYTES];
-    // Read + written: the traffic of the copy, comparable with the kernels' bytes read.
-    let mut g = attn_group(c, 2 * MEMCPY_BYTES as u64);
-    g.bench_function("memcpy_ms", |b| {
-        b.iter_custom(|iters| {
-            timed(samples, "memcpy_ms", iters, || {
-                dst.par_chunks_mut(1 << 22)
-                    .zip(src.par_chunks(1 << 22))
-                    .for_each(|(d, s)| d.copy_from_slice(s));
-            })
-        })
-    });
-    g.finish();
-}
-
-/// Paged decode only (the bf16 bandwidth figure).
-fn bench_decode(c: &mut Criterion, samples: &Samples, name: &'static str, dtype: DType, bs: usize) {
-    let case = DecodeCase::new(dtype, bs);
+/// Paged decode at block size 16 on a `dtype` cache, paired with a read-only sum over as many
+/// bytes in alternating order (see the module doc): each sample records the kernel's mean time
+/// and the ratio of its read rate over the sum's.
+fn bench_decode_read_pair(
+    c: &mut Criterion,
+    samples: &Samples,
+    name: &'static str,
+    ratio: &'static str,
+    dtype: DType,
+) {
+    let case = DecodeCase::new(dtype, 16);
+    let words: Vec<u32> = (0..case.bytes_read() as usize / 4).into_par_iter().map(|i| i as u32).collect();
     let mut out = vec![0.0f32; NUM_SEQS * NUM_HEADS * HEAD_SIZE];
     let mut g = attn_group(c, case.bytes_read());
     g.bench_function(name, |b| {
-        b.iter_custom(|iters| timed(samples, name, iters, || case.run(&mut out, true)))
+        b.iter_custom(|iters| {
+            let (mut kernel, mut sum) = (Duration::ZERO, Duration::ZERO);
+            for i in 0..iters {
+                for kernel_half in [i % 2 == 0, i % 2 == 1] {
+                    let start = Instant::now();
+                    if kernel_half {
+                        case.run(&mut out, true);
+                    } else {
+                        std::hint::black_box(par_read_only_sum(&words));
+                    }
+                    *(if kernel_half { &mut kernel } else { &mut sum }) += start.elapsed();
+                }
+            }
+            let mut s = samples.borrow_mut();
+            s.entry(name).or_default().push(kernel.as_secs_f64() / iters as f64);
+            // Same bytes on both sides: the read rates' ratio is the times' inverse ratio.
+            s.entry(ratio).or_default().push(sum.as_secs_f64() / kernel.as_secs_f64());
+            kernel
+        })
     });
     g.finish();
 }
@@ -348,6 +359,25 @@ fn write_outputs(samples: &Samples) {
             figures.insert(figure.to_owned(), prefill_flops(case) / (t * 1e-3) / 1e9);
         }
     }
+    for (ratio, figure) in [
+        ("read_fraction_f32", "attn.decode_read_fraction"),
+        ("read_fraction_bf16", "attn.decode_read_fraction_bf16"),
+    ] {
+        if let Some(v) = s.get(ratio) {
+            figures.insert(figure.to_owned(), median(v));
+        }
+    }
+    let spread = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        let mean = v.iter().sum::<f64>() / v.len() as f64;
+        format!(
+            "median {:.3}, mean {mean:.3}, p90 {:.3} over {} samples",
+            v[v.len() / 2],
+            v[v.len() * 9 / 10],
+            v.len()
+        )
+    };
     let trace = length_trace(10_000);
     let mean =
         |f: fn(&(usize, usize)) -> usize| trace.iter().map(f).sum::<usize>() as f64 / trace.len() as f64;
@@ -394,6 +424,14 @@ fn write_outputs(samples: &Samples) {
             w_steps * 100.0
         ));
     }
+    for (ratio, dtype) in [("read_fraction_f32", "f32"), ("read_fraction_bf16", "bf16")] {
+        if let Some(v) = s.get(ratio) {
+            md.push_str(&format!(
+                "\nDecode ({dtype} cache, block size 16, paged) over a read-only sum of as many bytes, paired per sample: {}.\n",
+                spread(v)
+            ));
+        }
+    }
     for case in [PREFILL_8X512, PREFILL_4K, PREFILL_4K_AVX2] {
         if let Some(t) = ms(case.name) {
             md.push_str(&format!(
@@ -426,8 +464,8 @@ fn main() {
     let mut c = Criterion::default().configure_from_args();
     let pair = |paged, contig, ratio| PairNames { paged, contig, ratio };
     bench_decode_pair(&mut c, &samples, pair("decode_f32_ms", "decode_bs16_contig_ms", "ratio_bs16"), 16);
-    bench_memcpy(&mut c, &samples);
-    bench_decode(&mut c, &samples, "decode_bf16_ms", DType::BF16, 16);
+    bench_decode_read_pair(&mut c, &samples, "decode_f32_read_ms", "read_fraction_f32", DType::F32);
+    bench_decode_read_pair(&mut c, &samples, "decode_bf16_read_ms", "read_fraction_bf16", DType::BF16);
     bench_decode_pair(&mut c, &samples, pair("decode_bs8_paged_ms", "decode_bs8_contig_ms", "ratio_bs8"), 8);
     bench_decode_pair(
         &mut c,

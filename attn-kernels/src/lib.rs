@@ -18,7 +18,8 @@
 //!   CUDA twins): what a forward pass calls so that it never branches on the device.
 //! - `reference` (feature `testing`): naive gather-through-the-block-table versions with an
 //!   `f64` softmax, the oracles of tests, benches and the GPU check; `testing` (the same
-//!   feature): the owned batch metadata they build their batches into.
+//!   feature): the owned batch metadata they build their batches into; `yardstick` (the same
+//!   feature): the read-only sum that bandwidth-bound kernels are measured against.
 //! - [`cpu`]: `Weight` (a matrix in its storage format) and `x·Wᵀ` over it, the f32 `linear`,
 //!   `norm`, `act`, `rope`, and `ggml`'s formats.
 //!
@@ -56,6 +57,8 @@ pub mod reference;
 mod simd;
 #[cfg(feature = "testing")]
 pub mod testing;
+#[cfg(feature = "testing")]
+pub mod yardstick;
 
 pub use attention::{AttnOptions, SplitPolicy, paged_attention};
 pub use block_ops::{copy_blocks, swap_blocks, swap_in, swap_out};

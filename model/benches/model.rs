@@ -13,6 +13,7 @@ mod harness;
 use std::path::PathBuf;
 use std::time::Instant;
 
+use attn_kernels::yardstick::par_read_only_sum;
 use harness::{Seq, build_batch, cache_of};
 use kv_cache::DType;
 use model::{ActivationPrecision, Model, Workspace};
@@ -102,42 +103,12 @@ fn memcpy_bytes_per_sec(samples: usize) -> f64 {
 fn read_bytes_per_sec(samples: usize) -> f64 {
     let len = 128 << 20;
     let src: Vec<u32> = (0..len as u32).collect();
-    let chunk = len / rayon::current_num_threads().max(1) / 8;
     let mut total = 0u32;
     let secs = median_secs(samples, || {
-        total = total.wrapping_add(src.par_chunks(chunk).map(sum_words).reduce(|| 0, u32::wrapping_add));
+        total = total.wrapping_add(par_read_only_sum(&src));
     });
     std::hint::black_box(total);
     (len * 4) as f64 / secs
-}
-
-/// The wrapping sum of `words`, as fast as loads go.
-fn sum_words(words: &[u32]) -> u32 {
-    #[cfg(target_arch = "x86_64")]
-    if is_x86_feature_detected!("avx2") {
-        // SAFETY: AVX2 was detected.
-        return unsafe { sum_words_avx2(words) };
-    }
-    words.iter().fold(0, |a, &v| a.wrapping_add(v))
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn sum_words_avx2(words: &[u32]) -> u32 {
-    use std::arch::x86_64::*;
-    let mut acc = [_mm256_setzero_si256(); 4];
-    let mut blocks = words.chunks_exact(32);
-    for b in &mut blocks {
-        for (i, a) in acc.iter_mut().enumerate() {
-            // SAFETY: each block holds 32 words: four loads of eight.
-            *a = _mm256_add_epi32(*a, unsafe { _mm256_loadu_si256(b.as_ptr().add(8 * i) as *const __m256i) });
-        }
-    }
-    let mut lanes = [0u32; 8];
-    let sum = _mm256_add_epi32(_mm256_add_epi32(acc[0], acc[1]), _mm256_add_epi32(acc[2], acc[3]));
-    // SAFETY: eight u32 lanes into eight u32.
-    unsafe { _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, sum) };
-    lanes.iter().chain(blocks.remainder()).fold(0, |a, &v| a.wrapping_add(v))
 }
 
 fn prompt(seed: u32, len: usize, vocab: usize) -> Vec<u32> {

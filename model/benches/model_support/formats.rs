@@ -9,13 +9,12 @@ use std::time::Instant;
 
 use attn_kernels::Isa;
 use attn_kernels::cpu::quant::{ActivationPrecision, GgmlType, INTEGER_CODE_FORMATS, Part, Storage, Weight};
+use attn_kernels::yardstick::par_read_only_sum;
 use half::f16;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use rayon::prelude::*;
-
-use crate::{median, sum_words};
+use crate::median;
 
 /// Bytes of each weight: four times a large L3, so every call streams from memory.
 pub const WEIGHT_BYTES: usize = 128 << 20;
@@ -61,13 +60,12 @@ pub fn read_fractions(rounds: usize) -> Vec<(GgmlType, f64)> {
         })
         .collect();
     let words: Vec<u32> = (0..(WEIGHT_BYTES / 4) as u32).collect();
-    let chunk = words.len() / rayon::current_num_threads().max(1) / 8;
     let mut out = vec![0.0f32; weights.iter().map(|(w, _)| w.rows()).max().unwrap_or(0)];
     let mut ratios = vec![Vec::new(); INTEGER_CODE_FORMATS.len()];
     // Round 0 warms every weight up.
     for round in 0..=rounds {
         let t = Instant::now();
-        let sum = words.par_chunks(chunk).map(sum_words).reduce(|| 0, u32::wrapping_add);
+        let sum = par_read_only_sum(&words);
         std::hint::black_box(sum);
         let read = WEIGHT_BYTES as f64 / t.elapsed().as_secs_f64();
         for ((weight, bytes), r) in weights.iter().zip(&mut ratios) {
