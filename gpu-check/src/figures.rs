@@ -32,6 +32,10 @@ pub enum Status {
     Passed,
     /// Ran to its end with failing cases.
     Failed,
+    /// A check that ran to its end without a failure or an error, but without a case either: it
+    /// checked nothing, which must not read as a pass (a benchmark's result is its figures, so
+    /// this is for checks only).
+    NoCases,
     /// Ran to its end, but something could not run (an error or a panic).
     Error,
     /// Killed at its time cap.
@@ -48,11 +52,25 @@ impl Status {
     }
 }
 
+/// What a section is for: a check passes or fails on its cases; a benchmark measures (its
+/// figures are its result), so the summary reports it apart and does not count it among the
+/// checks that passed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    #[default]
+    Check,
+    Benchmark,
+}
+
 /// One section's outcome: what the runner merges into `figures.json` and the summary reads.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct SectionRecord {
     pub section: String,
+    /// Defaults to a check, so a record without the field (written before it existed) still
+    /// reads.
+    pub kind: Kind,
     pub status: Status,
     pub passed: usize,
     pub failed: usize,
@@ -83,13 +101,15 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    /// A recorder for `section`, writing where [`RECORD_PATH_ENV`] says (nowhere when unset).
+    /// A recorder for `section`, writing where [`RECORD_PATH_ENV`] says (nowhere when unset);
+    /// its kind is the plan's ([`crate::sections::SECTIONS`]), a check for a section not in it.
     pub fn new(section: &str) -> Self {
-        Self::with_path(section, std::env::var_os(RECORD_PATH_ENV).map(PathBuf::from))
+        let kind = crate::sections::by_name(section).map_or(Kind::Check, |s| s.kind);
+        Self::with_path(section, kind, std::env::var_os(RECORD_PATH_ENV).map(PathBuf::from))
     }
 
-    pub fn with_path(section: &str, path: Option<PathBuf>) -> Self {
-        let record = SectionRecord { section: section.to_owned(), ..SectionRecord::default() };
+    pub fn with_path(section: &str, kind: Kind, path: Option<PathBuf>) -> Self {
+        let record = SectionRecord { section: section.to_owned(), kind, ..SectionRecord::default() };
         let rec = Recorder { record, path, start: Instant::now() };
         rec.flush();
         rec
@@ -158,13 +178,16 @@ impl Recorder {
         }
     }
 
-    /// Ends the section: status from the counts, the record written, the exit code (success
-    /// only when it passed).
+    /// Ends the section: status from the counts (a check without a case is
+    /// [`Status::NoCases`]), the record written, the exit code (success only when it passed).
     pub fn finish(mut self) -> ExitCode {
-        self.record.status = if self.record.errors > 0 {
+        let r = &self.record;
+        self.record.status = if r.errors > 0 {
             Status::Error
-        } else if self.record.failed > 0 {
+        } else if r.failed > 0 {
             Status::Failed
+        } else if r.kind == Kind::Check && r.passed == 0 {
+            Status::NoCases
         } else {
             Status::Passed
         };
@@ -221,7 +244,7 @@ mod tests {
     fn failures_are_on_disk_before_the_section_ends_and_panics_become_errors() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.json");
-        let mut rec = Recorder::with_path("attention_v1", Some(path.clone()));
+        let mut rec = Recorder::with_path("attention_v1", Kind::Check, Some(path.clone()));
         rec.pass(3);
         rec.fail("bf16 h128 b16 group 4 ctx 1100: max rel err 3.1e-2");
         // Written at the failure: a kill now keeps it.
@@ -234,13 +257,49 @@ mod tests {
         assert_eq!(SectionRecord::read(&path).unwrap().status, Status::Failed);
 
         let panicking = dir.path().join("p.json");
-        let code = run_with(Recorder::with_path("bandwidth", Some(panicking.clone())), |r| {
-            r.pass(1);
-            panic!("index out of bounds");
-        });
+        let code =
+            run_with(Recorder::with_path("bandwidth", Kind::Benchmark, Some(panicking.clone())), |r| {
+                r.pass(1);
+                panic!("index out of bounds");
+            });
         assert_eq!(code, ExitCode::FAILURE);
         let read = SectionRecord::read(&panicking).unwrap();
         assert_eq!((read.status, read.passed, read.errors), (Status::Error, 1, 1));
         assert!(read.failing[0].contains("panicked: index out of bounds"), "{:?}", read.failing);
+    }
+
+    #[test]
+    fn a_check_that_ran_no_case_is_not_passed_and_a_benchmark_is_judged_by_its_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let empty = dir.path().join("empty.json");
+        let code =
+            run_with(Recorder::with_path("attention_v2", Kind::Check, Some(empty.clone())), |_| Ok(()));
+        assert_eq!(code, ExitCode::FAILURE);
+        let read = SectionRecord::read(&empty).unwrap();
+        assert_eq!((read.kind, read.status), (Kind::Check, Status::NoCases));
+        let text = std::fs::read_to_string(&empty).unwrap();
+        assert!(text.contains("\"no_cases\"") && text.contains("\"kind\": \"check\""), "{text}");
+
+        // A benchmark's result is its figures: ending without an error passes.
+        let bench = dir.path().join("bench.json");
+        let code = run_with(Recorder::with_path("e2e", Kind::Benchmark, Some(bench.clone())), |r| {
+            r.figure("cuda.e2e_output_tok_s", 1234.0);
+            Ok(())
+        });
+        assert_eq!(code, ExitCode::SUCCESS);
+        let read = SectionRecord::read(&bench).unwrap();
+        assert_eq!((read.kind, read.status), (Kind::Benchmark, Status::Passed));
+    }
+
+    #[test]
+    fn the_kind_comes_from_the_plan_and_a_record_without_one_reads_as_a_check() {
+        assert_eq!(Recorder::new("bandwidth").record.kind, Kind::Benchmark);
+        assert_eq!(Recorder::new("e2e").record.kind, Kind::Benchmark);
+        assert_eq!(Recorder::new("attention_v1").record.kind, Kind::Check);
+        assert_eq!(Recorder::new("fake_pass").record.kind, Kind::Check);
+        // What a kill leaves from a section started before records had a kind.
+        let old: SectionRecord =
+            serde_json::from_str(r#"{"section": "reshape", "status": "running"}"#).unwrap();
+        assert_eq!((old.kind, old.status), (Kind::Check, Status::Running));
     }
 }

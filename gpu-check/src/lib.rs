@@ -12,8 +12,11 @@
 //! `cuda_emulation` (tests only) emulates the CUDA forward's bf16/f16 roundings on the CPU to
 //! calibrate and test the model check's per-logit tolerance on those models, and
 //! `prefill_emulation` (tests only) runs the tiled prefill kernel's tiling and online softmax on
-//! the CPU against the f64 reference. The runner, the records and the summary need no CUDA and
-//! are tested in every build; the rest is behind the `cuda` feature.
+//! the CPU against the f64 reference. [`variant_sweep`] holds the shapes of the bandwidth
+//! section's v1/v2 sweep, split into the part the automatic variant choice was fitted to and a
+//! held-out part, and scores the choice on each. The runner, the records, the summary and the
+//! sweep's split need no CUDA and are tested in every build; the rest is behind the `cuda`
+//! feature.
 
 #[cfg(feature = "cuda")]
 pub mod attn_cases;
@@ -29,3 +32,4 @@ mod prefill_emulation;
 pub mod runner;
 pub mod sections;
 pub mod summary;
+pub mod variant_sweep;

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::figures::{Figures, RECORD_PATH_ENV, SectionRecord, Status, write_json_atomically};
+use crate::figures::{Figures, Kind, RECORD_PATH_ENV, SectionRecord, Status, write_json_atomically};
 
 /// Log lines kept in the record of a section that timed out or crashed.
 const TAIL_LINES: usize = 12;
@@ -26,6 +26,9 @@ pub struct SectionRun {
     pub name: String,
     /// The log's stem: the section's output is appended to `<out>/<log>.log`.
     pub log: String,
+    /// Put in the record the runner writes itself (a section skipped, or killed before it wrote
+    /// one), so a benchmark is still reported as one.
+    pub kind: Kind,
     pub command: Vec<OsString>,
     pub env: Vec<(String, String)>,
     pub cap: Duration,
@@ -54,7 +57,12 @@ pub fn run_all(sections: &[SectionRun], dirs: &RunDirs, budget: Duration) -> Vec
         let left = budget.saturating_sub(start.elapsed());
         let record = if left < Duration::from_secs(1) {
             eprintln!("gpu_run: {}: skipped, the run's time budget is spent", run.name);
-            SectionRecord { section: run.name.clone(), status: Status::Skipped, ..SectionRecord::default() }
+            SectionRecord {
+                section: run.name.clone(),
+                kind: run.kind,
+                status: Status::Skipped,
+                ..SectionRecord::default()
+            }
         } else {
             run_one(run, dirs, run.cap.min(left))
         };
@@ -76,6 +84,7 @@ pub fn run_one(run: &SectionRun, dirs: &RunDirs, cap: Duration) -> SectionRecord
     let seconds = start.elapsed().as_secs_f64();
     let mut record = SectionRecord::read(&record_path).unwrap_or_default();
     record.section = run.name.clone();
+    record.kind = run.kind;
     record.seconds = seconds;
     let (status, why) = match outcome {
         Err(e) => (Status::Skipped, Some(format!("could not start: {e}"))),

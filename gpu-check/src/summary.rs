@@ -1,13 +1,14 @@
 //! The short summary `gpu_run` prints at the end of the GPU run (and writes to
-//! `$OUT/summary.txt`): per section its status and passed / failed / error counts, the failing
-//! cases with their parameters, the last log lines of a section that crashed or timed out, and
-//! the headline figures.
+//! `$OUT/summary.txt`): how many check sections passed, then per section its status and passed
+//! / failed / error counts, the failing cases with their parameters, the last log lines of a
+//! section that crashed or timed out, the benchmarks apart (they measure, so they do not count
+//! toward the checks that passed), and the headline figures.
 
 use std::fmt::Write as _;
 
 use serde_json::Value;
 
-use crate::figures::{Figures, SectionRecord, Status};
+use crate::figures::{Figures, Kind, SectionRecord, Status};
 use crate::runner::records_in;
 use crate::sections::SECTIONS;
 
@@ -15,7 +16,7 @@ use crate::sections::SECTIONS;
 const CASES_SHOWN: usize = 12;
 
 /// The headline figures, in the order printed.
-const HEADLINES: [&str; 14] = [
+const HEADLINES: [&str; 16] = [
     "device",
     "driver",
     "cuda.copy_tb_s",
@@ -23,6 +24,9 @@ const HEADLINES: [&str; 14] = [
     "cuda.decode_v1_bw_fraction",
     "cuda.decode_v2_bw_fraction",
     "cuda.paged_over_contiguous",
+    // The automatic v1/v2 choice on sweep shapes it was not fitted to.
+    "cuda.sweep.heldout_auto_picked_faster",
+    "cuda.sweep.heldout_auto_worst_over_best",
     "cuda.e2e_output_tok_s",
     "cuda.e2e_greedy_tokens",
     "cuda.e2e_greedy_argmax_agreement",
@@ -37,11 +41,25 @@ pub fn render(figures: &Figures) -> String {
     let mut records = records_in(figures);
     // Plan order first, anything else after.
     records.sort_by_key(|r| SECTIONS.iter().position(|s| s.name == r.section).unwrap_or(usize::MAX));
+    let (checks, benchmarks): (Vec<_>, Vec<_>) = records.iter().partition(|r| r.kind == Kind::Check);
     let mut out = String::new();
-    let ok = records.iter().filter(|r| r.status.is_ok()).count();
-    let _ = writeln!(out, "GPU run summary: {ok} of {} sections passed", records.len());
-    for r in &records {
+    let ok = checks.iter().filter(|r| r.status.is_ok()).count();
+    let benchmark_words: Vec<String> =
+        benchmarks.iter().map(|r| format!("{} {}", r.section, status_word(r.status))).collect();
+    let benchmark_words = if benchmark_words.is_empty() { "none".into() } else { benchmark_words.join(", ") };
+    let _ = writeln!(
+        out,
+        "GPU run summary: {ok} of {} check sections passed; benchmarks: {benchmark_words}",
+        checks.len()
+    );
+    for r in &checks {
         section_lines(&mut out, r);
+    }
+    if !benchmarks.is_empty() {
+        let _ = writeln!(out, "benchmarks (measure only, not counted among the checks):");
+        for r in &benchmarks {
+            section_lines(&mut out, r);
+        }
     }
     let _ = writeln!(out, "headline figures:");
     for key in HEADLINES {
@@ -88,6 +106,7 @@ fn status_word(s: Status) -> &'static str {
         Status::Running => "running",
         Status::Passed => "passed",
         Status::Failed => "FAILED",
+        Status::NoCases => "NO CASES",
         Status::Error => "ERROR",
         Status::TimedOut => "TIMEOUT",
         Status::Crashed => "CRASHED",
@@ -140,24 +159,93 @@ mod tests {
             ..SectionRecord::default()
         };
         let passed = SectionRecord {
+            section: "reshape".into(),
+            status: Status::Passed,
+            passed: 1,
+            ..SectionRecord::default()
+        };
+        let bench = SectionRecord {
             section: "bandwidth".into(),
+            kind: Kind::Benchmark,
             status: Status::Passed,
             passed: 1,
             figures: figures.clone(),
             ..SectionRecord::default()
         };
-        for r in [&passed, &crashed, &failing] {
+        for r in [&bench, &crashed, &failing, &passed] {
             merge_into(&path, r).unwrap();
         }
         let figures: Figures = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         let text = render(&figures);
-        assert!(text.starts_with("GPU run summary: 1 of 3 sections passed"), "{text}");
-        // Plan order: attention_v2 before bandwidth before far_offsets.
-        let at = |s: &str| text.find(s).unwrap_or_else(|| panic!("{s} missing from\n{text}"));
-        assert!(at("attention_v2") < at("bandwidth") && at("bandwidth") < at("far_offsets"));
+        assert!(
+            text.starts_with("GPU run summary: 1 of 3 check sections passed; benchmarks: bandwidth passed\n"),
+            "{text}"
+        );
+        // Plan order among the checks (reshape, attention_v2, far_offsets), the benchmarks after.
+        let at =
+            |s: &str| text.find(&format!("  {s} ")).unwrap_or_else(|| panic!("{s} missing from\n{text}"));
+        assert!(at("reshape") < at("attention_v2") && at("attention_v2") < at("far_offsets"));
+        assert!(at("far_offsets") < text.find("benchmarks (measure only").unwrap());
+        assert!(text.find("benchmarks (measure only").unwrap() < at("bandwidth"));
         assert!(text.contains("h256 b32 kv8 group 4 ctx 1100 V2"));
         assert!(text.contains("ctx 32768"));
         assert!(text.contains("CRASHED") && text.contains("signal 11") && text.contains("| CUDA_ERROR"));
         assert!(text.contains("cuda.decode_bw_fraction = 0.8300"));
+    }
+
+    /// The summary of `records` merged into a fresh figures file.
+    fn summary_of(records: &[SectionRecord]) -> String {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("figures.json");
+        for r in records {
+            merge_into(&path, r).unwrap();
+        }
+        render(&serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap())
+    }
+
+    #[test]
+    fn a_check_section_that_ran_no_case_is_not_counted_as_passed() {
+        let record = |section: &str, status, passed| SectionRecord {
+            section: section.into(),
+            status,
+            passed,
+            ..SectionRecord::default()
+        };
+        let text =
+            summary_of(&[record("reshape", Status::Passed, 37), record("attention_v1", Status::NoCases, 0)]);
+        assert!(
+            text.starts_with("GPU run summary: 1 of 2 check sections passed; benchmarks: none\n"),
+            "{text}"
+        );
+        let line = text.lines().find(|l| l.contains("attention_v1")).unwrap();
+        assert!(line.contains("NO CASES") && line.ends_with("<--"), "{line}");
+    }
+
+    #[test]
+    fn benchmarks_do_not_count_toward_the_checks_line() {
+        let check = SectionRecord {
+            section: "far_offsets".into(),
+            status: Status::Passed,
+            passed: 5,
+            ..SectionRecord::default()
+        };
+        let bench = |section: &str, status| SectionRecord {
+            section: section.into(),
+            kind: Kind::Benchmark,
+            status,
+            passed: 1,
+            ..SectionRecord::default()
+        };
+        let text = summary_of(&[check, bench("bandwidth", Status::Passed), bench("e2e", Status::TimedOut)]);
+        // One check, and it passed; the benchmarks, a passed one and a timed-out one, neither
+        // raise nor lower that count, and each is reported with its status.
+        assert!(
+            text.starts_with(
+                "GPU run summary: 1 of 1 check sections passed; benchmarks: bandwidth passed, e2e TIMEOUT\n"
+            ),
+            "{text}"
+        );
+        let line = text.lines().find(|l| l.trim_start().starts_with("e2e ")).unwrap();
+        assert!(line.contains("TIMEOUT") && line.ends_with("<--"), "{line}");
     }
 }

@@ -1,11 +1,12 @@
 //! The runner against fake sections: the `fake_section` fixture binary is the section process,
-//! and passes, panics, faults like a sticky CUDA error, hangs or aborts, as `FAKE_SECTION` says.
+//! and passes, panics, faults like a sticky CUDA error, hangs, aborts or runs no case, as
+//! `FAKE_SECTION` says.
 
 use std::time::Duration;
 
 use std::path::PathBuf;
 
-use gpu_check::figures::{Figures, Status};
+use gpu_check::figures::{Figures, Kind, Status};
 use gpu_check::runner::{RunDirs, SectionRun, records_in, run_all};
 
 const MODE_ENV: &str = "FAKE_SECTION";
@@ -18,6 +19,7 @@ fn fake(mode: &str, cap_s: u64) -> SectionRun {
     SectionRun {
         name: format!("fake_{mode}"),
         log: "fake_program".into(),
+        kind: Kind::Check,
         command: vec![fake_section_exe().into_os_string()],
         env: vec![(MODE_ENV.into(), mode.into())],
         cap: Duration::from_secs(cap_s),
@@ -83,13 +85,28 @@ fn a_panic_a_sticky_fault_a_hang_and_an_abort_leave_the_other_sections_intact() 
 fn sections_past_the_budget_are_skipped_and_recorded() {
     let tmp = tempfile::tempdir().unwrap();
     let d = dirs(&tmp);
-    // The hang takes the whole budget (its cap is larger): the next section does not start.
-    let records = run_all(&[fake("hang", 30), fake("pass", 30)], &d, Duration::from_millis(2500));
+    // The hang takes the whole budget (its cap is larger): the next sections do not start.
+    let bench = SectionRun { kind: Kind::Benchmark, ..fake("pass", 30) };
+    let records = run_all(&[fake("hang", 30), fake("pass", 30), bench], &d, Duration::from_millis(2500));
     assert_eq!(records[0].status, Status::TimedOut);
     assert_eq!(records[1].status, Status::Skipped);
+    // A skipped benchmark is still reported as a benchmark.
+    assert_eq!((records[2].status, records[2].kind), (Status::Skipped, Kind::Benchmark));
     let figures = read_figures(&d);
     assert!(figures.contains_key("section.fake_pass"));
     assert!(!figures.contains_key("cuda.fake_fake_pass"));
+}
+
+#[test]
+fn a_check_section_that_runs_no_case_fails() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = dirs(&tmp);
+    let records = run_all(&[fake("empty", 30)], &d, Duration::from_secs(60));
+    assert_eq!((records[0].status, records[0].passed, records[0].errors), (Status::NoCases, 0, 0));
+    assert!(!records[0].status.is_ok());
+    let figures = read_figures(&d);
+    assert_eq!(figures["section.fake_empty"]["status"], "no_cases");
+    assert_eq!(figures["section.fake_empty"]["kind"], "check");
 }
 
 #[test]

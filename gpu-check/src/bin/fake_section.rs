@@ -1,6 +1,7 @@
 //! A fake section process for the runner's tests (`gpu-check/tests/runner.rs`): records
 //! like a real section, then passes, panics, faults like a sticky CUDA error (every later case
-//! of the process fails the same way), hangs, or aborts, as `FAKE_SECTION` says.
+//! of the process fails the same way), hangs, aborts, or ends without running a case, as
+//! `FAKE_SECTION` says.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -34,6 +35,8 @@ fn main() -> ExitCode {
                 std::thread::sleep(Duration::from_secs(60));
             }
             "abort" => std::process::abort(),
+            // A check whose case list came out empty: it ends cleanly having checked nothing.
+            "empty" => r.figure("cuda.fake_empty_cases", 0),
             other => return Err(format!("unknown mode {other}").into()),
         }
         Ok(())

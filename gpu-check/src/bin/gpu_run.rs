@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use gpu_check::figures::{Figures, SectionRecord};
+use gpu_check::figures::{Figures, Kind, SectionRecord};
 use gpu_check::runner::{RunDirs, SectionRun, run_all};
 use gpu_check::sections::{
     RUN_BUDGET_S, RUN_TIMEOUT_S, SANITIZE_BUDGET_S, SANITIZE_CAP_S, SECTIONS, Section,
@@ -101,8 +101,13 @@ fn plan<'a>(sections: impl Iterator<Item = &'a Section>, bin_dir: &Path) -> Vec<
         .map(|s| SectionRun {
             name: s.name.to_owned(),
             log: s.program.binary().to_owned(),
+            kind: s.kind,
             command: command(bin_dir, s, &[]),
-            env: if s.check { vec![("CUDA_LAUNCH_BLOCKING".into(), "1".into())] } else { Vec::new() },
+            env: if s.kind == Kind::Check {
+                vec![("CUDA_LAUNCH_BLOCKING".into(), "1".into())]
+            } else {
+                Vec::new()
+            },
             cap: Duration::from_secs(s.cap_s),
         })
         .collect()
@@ -122,6 +127,7 @@ fn sanitize_plan<'a>(
             runs.push(SectionRun {
                 name: format!("{check}_{}", s.name),
                 log: "sanitize".into(),
+                kind: Kind::Check,
                 command: cmd,
                 env: Vec::new(),
                 cap: Duration::from_secs(SANITIZE_CAP_S),

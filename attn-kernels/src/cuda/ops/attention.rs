@@ -22,9 +22,12 @@ use crate::cuda::runtime::CudaKernels;
 /// so it wins only where the context is short (at most two partitions) and its grid of
 /// `v1_blocks` thread blocks (query tokens × head groups) fills every multiprocessor several
 /// times over; else v2's partitions win. One partition always runs v1 (v2 would add a reduce).
-/// The rule is fit to the decode sweep of gpu-check's bandwidth section (`cuda.sweep.*`), which
-/// re-measures it on every GPU run; vLLM's rule (count (token, head) pairs, v1 up to 8 192
-/// tokens) does not fit kernels that run several query heads per thread block.
+/// The constants (two partitions, `V1_BLOCKS_PER_MULTIPROCESSOR`) are fit to the fitted part of
+/// the decode sweep of gpu-check's bandwidth section (`gpu_check::variant_sweep`: 4 head layouts
+/// × batches of 1 to 256 × contexts of 1 024 to 8 192 tokens, on 132 multiprocessors); every GPU
+/// run re-times that sweep and judges the rule apart on held-out shapes off its grid
+/// (`cuda.sweep.heldout_*`). vLLM's rule (count (token, head) pairs, v1 up to 8 192 tokens) does
+/// not fit kernels that run several query heads per thread block.
 pub fn choose_variant(max_context: usize, v1_blocks: usize, multiprocessors: usize) -> AttentionVariant {
     let partitions = max_context.div_ceil(PARTITION_SIZE);
     let fills = v1_blocks >= V1_BLOCKS_PER_MULTIPROCESSOR * multiprocessors;
