@@ -1,7 +1,7 @@
 //! Every family against Hugging Face transformers: the tiny random checkpoints of
 //! `tests/data/families/` (made by its `make.py`: Llama twice, Mistral, Qwen2, Qwen3, Gemma 3,
 //! Phi-3), loaded from the HF folder and from llama.cpp's F32 GGUF of the same weights, give
-//! transformers' float32 logits within [`TOL`] at every step of 8 greedy steps, and its greedy
+//! transformers' float32 logits within [`tolerance`] at every step of 8 greedy steps, and its greedy
 //! tokens. Every run counts the prompts it compared and asserts the count: a prompt skipped by
 //! a length limit cannot pass unnoticed.
 
@@ -13,9 +13,22 @@ use serde_json::Value;
 
 use crate::harness::{argmax, assign_blocks, build_batch, cache_for};
 
-/// Largest allowed |logit − transformers' logit|: the same f32 math in a different order, over
-/// 2–4 layers (transformers' logits are stored to 7 significant digits).
-const TOL: f32 = 1e-3;
+/// Largest allowed |logit − transformers' logit| per checkpoint: the same f32 math in a different
+/// order, over 2–4 layers (transformers' logits are stored to 7 significant digits). Each is 3×
+/// the largest difference measured over every run of the checkpoint (folder, GGUF, whole and
+/// chunked prefill; AVX-512), shown beside it.
+fn tolerance(name: &str) -> f32 {
+    match name {
+        "llama" => 2.0e-5,      // measured 6.7e-6
+        "llama-tied" => 3.7e-5, // measured 1.24e-5
+        "mistral" => 2.7e-5,    // measured 9.0e-6
+        "qwen2" => 4.2e-5,      // measured 1.41e-5
+        "qwen3" => 1.4e-5,      // measured 4.5e-6
+        "gemma3" => 6.3e-5,     // measured 2.1e-5
+        "phi3" => 2.3e-5,       // measured 7.6e-6
+        other => panic!("{other}: no measured tolerance"),
+    }
+}
 
 fn data_dir(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/families").join(name)
@@ -48,7 +61,7 @@ enum Served {
 /// Runs each expected generation of `file` (in the family's folder): the prompt in prefill steps
 /// of at most `chunk` tokens, then one decode step per transformers greedy token (fed whatever
 /// this model chose, so every step compares the same context). Every step's logits must be
-/// within [`TOL`] of transformers' and their argmax its greedy token. Only generations of at
+/// within [`tolerance`] of transformers' and their argmax its greedy token. Only generations of at
 /// most `longest` tokens in all are run. Returns the largest difference seen, the longest prompt
 /// run and how many generations were compared.
 fn check_generations(
@@ -63,6 +76,7 @@ fn check_generations(
     let block_size = 16;
     let prefill = if chunk == usize::MAX { "prompt whole".to_owned() } else { format!("chunks of {chunk}") };
     let (mut worst, mut longest_run, mut compared) = (0.0f32, 0, 0);
+    let tol = tolerance(name);
     for (g, generation) in exp["generations"].as_array().expect("generations").iter().enumerate() {
         let prompt = ids(&generation["prompt_ids"]);
         let greedy = ids(&generation["greedy_ids"]);
@@ -99,7 +113,7 @@ fn check_generations(
                 let diff = (got - w).abs();
                 worst = worst.max(diff);
                 assert!(
-                    diff <= TOL,
+                    diff <= tol,
                     "{name} ({source}, {prefill}), prompt {g} ({} tokens), step {step}: logit \
                      of {id} is {got}, transformers' {w}",
                     prompt.len()

@@ -12,14 +12,14 @@ use crate::harness::{argmax, greedy_batch};
 
 /// Largest allowed |logit − llama.cpp's| on the first step's top 5: both compute the same f32
 /// math of the same dequantized weights, in different orders, over 18 layers and a
-/// 262 144-token head.
-pub(crate) const TOP5_TOL: f32 = 1e-2;
+/// 262 144-token head. Measured (AVX-512): 4.6e-3 on the golden prompts' first step, 3.3e-3 on
+/// the 1 496-token prompt (`gemma3_long.rs`); the bound is under 3× either.
+pub(crate) const TOP5_TOL: f32 = 9.8e-3;
 
 /// Largest allowed |logit − the f32 activations' logit| on a decode step's top 5 with int16
 /// activations (the default on AVX-512 VNNI CPUs: 2⁻¹⁶ of each group's largest activation, in
-/// every matmul, the 262 144-row LM head included): about three times what the test measures
-/// on AVX2.
-const INT16_TOL: f32 = 1.5e-2;
+/// every matmul, the 262 144-row LM head included): 3× the 3.7e-3 measured on AVX-512 VNNI.
+const INT16_TOL: f32 = 1.1e-2;
 
 /// This crate's `tests/data/<name>`, parsed.
 pub(crate) fn golden_file(name: &str) -> Value {

@@ -12,13 +12,14 @@ use serde_json::Value;
 use crate::harness::{argmax, greedy_batch};
 
 /// Largest allowed |logit − reference| (the reference's two implementations agreed to 4.5e-5;
-/// our f32 sums run in a different order, over 30 layers).
-const LOGIT_TOL: f32 = 1e-3;
+/// our f32 sums run in a different order, over 30 layers): 3× the largest difference measured
+/// over the folder and the GGUF, whole and prefill-sized batches (7.4e-5, AVX-512).
+const LOGIT_TOL: f32 = 2.2e-4;
 
 /// The same for int16 activations (`ActivationPrecision::Int16`, the default on AVX-512 VNNI
-/// CPUs: 2⁻¹⁶ of each group's largest activation per matmul): measured 1.1e-2 on these goldens (AVX-512,
-/// every golden token kept); the bound leaves ~3× for other CPUs' paths.
-const INT16_LOGIT_TOL: f32 = 3e-2;
+/// CPUs: 2⁻¹⁶ of each group's largest activation per matmul): 3× the 8.5e-3 measured on these
+/// goldens (AVX-512, every golden token kept).
+const INT16_LOGIT_TOL: f32 = 2.5e-2;
 
 /// The two ways the model is loaded: the HF folder, and the GGUF file itself.
 #[derive(Debug, Clone, Copy)]
