@@ -52,6 +52,7 @@ pub static DECODE_ACTIVATIONS: Choices<ActivationPrecision> = Choices {
         ("auto", ActivationPrecision::Auto),
         ("f32", ActivationPrecision::F32),
         ("int16", ActivationPrecision::Int16),
+        ("int8", ActivationPrecision::Int8),
     ],
 };
 
@@ -135,9 +136,9 @@ impl Default for EngineConfig {
 
 impl EngineConfig {
     /// The longest sequence served: `max_model_len`, by default the most `model` computes
-    /// exactly on the device (the CPU kernels attend over sliding windows; the CUDA kernels'
-    /// windows have not been checked on a GPU yet, so there the smallest window bounds it);
-    /// more is a configuration error.
+    /// exactly on the device (the CPU serves any context; on CUDA the smallest sliding window
+    /// bounds it: the GPU run checks the CUDA kernels' windows, but its whole-model check has not
+    /// run a context past one yet); more is a configuration error.
     pub fn served_context(&self, model: &ModelConfig) -> Result<usize, EngineError> {
         let limit = match self.device {
             Device::Cpu => model.max_position_embeddings,
@@ -146,8 +147,8 @@ impl EngineConfig {
         let max_model_len = self.max_model_len.unwrap_or(limit);
         if max_model_len == 0 || max_model_len > limit {
             let why = if limit < model.max_position_embeddings {
-                "the model's smallest sliding window: the CUDA kernels' windowed attention has not \
-                 been checked on a GPU yet, and a longer sequence would need it"
+                "the model's smallest sliding window: the GPU run's whole-model check has not run a \
+                 CUDA context past a window yet"
             } else {
                 "the model's max_position_embeddings"
             };

@@ -3,7 +3,7 @@
 //! each decode step reading the quantized bytes only. With f32 activations a quantized model
 //! computes what its f32 dequantization would; with int16 ones ([`ActivationPrecision`], by
 //! default where the CPU has AVX-512 VNNI) the integer-code formats (all but f16 and bf16)
-//! multiply in integers.
+//! multiply in integers, and so with int8 ones (opt-in, [`int8`]: llama.cpp's arithmetic).
 //!
 //! Where the work goes: a few tokens (decode, [`DECODE_MAX_M`] or fewer) run [`decode`], which
 //! dequantizes each weight group in registers and streams every byte once for all tokens (or,
@@ -113,6 +113,7 @@ mod avx2;
 mod avx512;
 mod decode;
 mod int16;
+mod int8;
 mod lanes16;
 mod panel;
 #[cfg(target_arch = "x86_64")]
@@ -168,6 +169,12 @@ pub enum ActivationPrecision {
     /// GGUF kernels of vLLM round to. Without AVX-512 VNNI batches run the f32 kernels, so
     /// there decode and batches round differently.
     Int16,
+    /// Rounded once per call to int8 with one scale per 32 values (`max|x|/127`), as
+    /// llama.cpp's CPU matmuls round them, for the [`int8`] kernels: decode and batches alike
+    /// on every instruction set, each token's outputs the same bits whatever the path and the
+    /// number of tokens in the call. Opt-in: coarser than int16 (2⁻⁸ of each group's largest
+    /// value). Other formats fall back to f32 as with [`Int16`](Self::Int16).
+    Int8,
 }
 
 impl ActivationPrecision {
@@ -386,6 +393,9 @@ impl Weight {
             return;
         }
         let out = Out { ptr: OutPtr(dst.as_mut_ptr()), ldd: n };
+        if precision == ActivationPrecision::Int8 && int8::matmul_weight(isa, self, out, x, m, accumulate) {
+            return;
+        }
         // The integer kernels' activations, rounded once for every part that takes them.
         let xq = match precision {
             #[cfg(target_arch = "x86_64")]
