@@ -41,68 +41,6 @@ const CASES: [(&str, &str); 5] = [
     ("e2e_64", "64 requests × 40 in / 128 out"),
 ];
 
-/// The llama-cpp-python release the peer figures are measured against: pinned, so that runs
-/// of different sessions compare with the same llama.cpp (an unpinned install picked up
-/// 0.3.36, whose AMX path crashes on these VMs; see the probe in `main`).
-const LLAMA_CPP_PYTHON: &str = "0.3.36";
-
-/// What llama.cpp's native build depends on: the CPU's model and feature flags (Linux's
-/// `/proc/cpuinfo`; empty elsewhere).
-fn cpu_signature() -> String {
-    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let field = |name: &str| {
-        info.lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_once(':'))
-            .map_or("", |(_, v)| v.trim())
-    };
-    format!("{}\n{}\n", field("model name"), field("flags"))
-}
-
-/// `target/venv-llamacpp`'s python, with llama-cpp-python built for this CPU. `GGML_NATIVE`
-/// compiles for the building machine's features, and the target folder can outlive the machine
-/// (a VM moved to another CPU), so the build records the CPU it was made for and is redone,
-/// bypassing pip's wheel cache, on any other.
-fn llamacpp_python() -> Result<PathBuf, Box<dyn Error>> {
-    let venv = support::root().join("target/venv-llamacpp");
-    let python = venv.join("bin/python");
-    let stamp = venv.join("built-for-cpu.txt");
-    let check = format!("import llama_cpp, numpy; assert llama_cpp.__version__ == '{LLAMA_CPP_PYTHON}'");
-    let ready = |py: &Path| Command::new(py).args(["-c", &check]).status().is_ok_and(|s| s.success());
-    let same_cpu = std::fs::read_to_string(&stamp).is_ok_and(|s| s == cpu_signature());
-    if python.exists() && same_cpu && ready(&python) {
-        return Ok(python);
-    }
-    eprintln!(
-        "peer: building llama-cpp-python (GGML_NATIVE=ON) for this CPU into {}; minutes",
-        venv.display()
-    );
-    if !python.exists() && !Command::new("python3").args(["-m", "venv"]).arg(&venv).status()?.success() {
-        return Err("python3 -m venv failed".into());
-    }
-    let ok = Command::new(&python)
-        .args([
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-cache-dir",
-            "--force-reinstall",
-            "--no-binary",
-            "llama-cpp-python",
-            &format!("llama-cpp-python=={LLAMA_CPP_PYTHON}"),
-            "numpy",
-        ])
-        .env("CMAKE_ARGS", "-DGGML_NATIVE=ON")
-        .status()?
-        .success();
-    if !ok || !ready(&python) {
-        return Err("installing llama-cpp-python failed".into());
-    }
-    std::fs::write(&stamp, cpu_signature())?;
-    Ok(python)
-}
-
 /// The same prompts for both sides (random ids of the model's vocabulary, no special tokens).
 fn workload(engine: &Engine) -> Value {
     let mut rng = ChaCha8Rng::seed_from_u64(41);
@@ -226,7 +164,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     let report_dir = figures_dir.parent().unwrap_or(&figures_dir).to_path_buf();
     let only = std::env::var("PEER_ONLY").unwrap_or_default();
     let ours_only = std::env::var("PEER_SIDE").is_ok_and(|s| s == "ours");
-    let python = if ours_only { None } else { Some(llamacpp_python()?) };
+    let python = if ours_only { None } else { Some(support::llamacpp::llamacpp_python()?) };
     let mut figures = serde_json::Map::new();
     let mut md = "## Against llama.cpp (`peer`)\n".to_owned();
     for (i, m) in models.iter().enumerate().filter(|(_, m)| runs(m, &only)) {
@@ -296,13 +234,9 @@ fn compare(
     let script = support::root().join("engine/benches/peer_llamacpp.py");
     // llama.cpp's extra CPU buffer types (AMX, repacked layouts) crash on some machines that
     // advertise AMX; a probe decides whether the measured run may use them.
-    let probe = Command::new(python).arg(&script).arg(gguf).arg("--probe").arg(&threads).output()?;
-    let no_extra_bufts = !probe.status.success();
+    let no_extra_bufts = !support::llamacpp::extra_buffers_work(python, gguf, rayon::current_num_threads())?;
     if no_extra_bufts {
-        eprintln!(
-            "peer: llama.cpp with its extra buffer types failed ({}); measuring it without them",
-            probe.status
-        );
+        eprintln!("peer: llama.cpp with its extra buffer types failed; measuring it without them");
     }
     let out = Command::new(python)
         .arg(&script)
@@ -356,9 +290,8 @@ fn compare(
         writeln!(
             md,
             "\nllama.cpp ran without its extra CPU buffer types (`use_extra_bufts = false`): with them \
-             its probe decode failed on this machine ({}; seen: SIGSEGV in `ggml_backend_amx_mul_mat` \
-             on a VM that advertises AMX).",
-            probe.status
+             its probe decode failed on this machine (seen: SIGSEGV in `ggml_backend_amx_mul_mat` on a \
+             VM that advertises AMX)."
         )?;
     }
     draw_bars(&report_dir.join(svg), &bars)?;

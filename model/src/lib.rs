@@ -2,7 +2,8 @@
 //! architecture description, safetensors weights, tokenizer, chat template, GGUF reading and
 //! conversion, the one forward pass over the paged KV cache (CPU and, with `cuda`, GPU ops
 //! behind it), and the `runner` that puts model, cache and block table on a device for the
-//! engine. The compute kernels it calls (matmul over every weight
+//! engine; `quality`, the perplexity and KL-divergence measurement of a forward pass against a
+//! reference run. The compute kernels it calls (matmul over every weight
 //! format, norms, activations, RoPE, attention) are `attn-kernels`'.
 
 pub mod arch;
@@ -15,6 +16,7 @@ pub mod forward;
 pub mod generation;
 pub mod gguf;
 pub mod input;
+pub mod quality;
 #[cfg(feature = "testing")]
 pub mod reference;
 pub mod rope;

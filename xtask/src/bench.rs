@@ -4,8 +4,6 @@
 //! Where figures come from (see `registry.rs` for the lists):
 //! - criterion benchmarks whose id is `GROUP/leaf_UNIT` (`_ns`, `_us`, `_ms`, `_s`): the median,
 //!   converted to that unit, becomes figure `GROUP.leaf_UNIT`;
-//! - derived figures (ratios of two criterion throughputs) declared in
-//!   `registry::DERIVED`, so "measured in the same run" comparisons stay in one place;
 //! - programs (`harness = false` benches, simulations) that write flat JSON maps, and optional
 //!   markdown fragments for the report, into `$BENCH_FIGURES_DIR`; the `scale` group is such a
 //!   program in Python (`python/bench/scale.py`, the package on Ray Serve, `python.rs`).
@@ -81,7 +79,6 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
 
     let measured = criterion_results::load(&criterion_home)?;
     let mut fresh = criterion_results::figures(&measured);
-    fresh.extend(registry::derived_figures(&measured));
     let fragments = read_program_outputs(&figures_dir, &mut fresh)?;
     let ratios = registry::same_run_ratios(&fresh);
     fresh.extend(ratios);

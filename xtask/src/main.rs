@@ -12,6 +12,7 @@ mod fetch_model;
 mod glibc;
 mod gpu_check;
 mod layering;
+mod perplexity;
 mod plan;
 mod python;
 mod relaunch;
@@ -44,6 +45,9 @@ enum Command {
     Serve(serve::ServeCmd),
     /// Offline throughput (like `vllm bench throughput`): random or JSONL prompts, all at once.
     Throughput(throughput::ThroughputArgs),
+    /// Perplexity over a text in windows, and KL divergence to a saved reference run (like
+    /// `llama-perplexity --kl-divergence`).
+    Perplexity(perplexity::PerplexityArgs),
     /// Build the Python package's abi3 wheel (release) with maturin into target/wheels.
     Wheel(python::WheelArgs),
     /// Build and install the Python package into target/venv-python and run its pytest suite.
@@ -67,6 +71,7 @@ fn main() -> anyhow::Result<()> {
         Command::Run(args) => run::run(&args),
         Command::Serve(args) => serve::run(&args),
         Command::Throughput(args) => throughput::run(&args),
+        Command::Perplexity(args) => perplexity::run(&args),
         Command::Wheel(args) => python::wheel(&args),
         Command::Pytest => python::test(),
         Command::Tidy => tidy::check(&cmd::workspace_root()),
