@@ -36,6 +36,9 @@ mod support;
 
 const CTX: usize = 512;
 
+/// Where a model's GGUF is, fetched if missing.
+type FetchModel = fn() -> Result<std::path::PathBuf, String>;
+
 /// The engine's paths: name, activations, KV cache dtype.
 const PATHS: [(&str, ActivationPrecision, DType); 5] = [
     ("f32", ActivationPrecision::F32, DType::F32),
@@ -50,7 +53,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     let windows = if quick { 16 } else { 128 };
     let dir = support::root().join("target/quality");
     let corpus = pydoc_topics(&dir)?;
-    let models: [(&str, fn() -> Result<std::path::PathBuf, String>); 2] =
+    let models: [(&str, FetchModel); 2] =
         [("smollm2", model::testing::default_model_fetched), ("gemma3", model::testing::gemma3_gguf_fetched)];
     let python = support::llamacpp::llamacpp_python()?;
     let (mut figures, mut md) =
@@ -118,7 +121,7 @@ fn save_reference(
     model.activations = ActivationPrecision::F32;
     let vocab = model.config.vocab_size;
     let header = ReferenceHeader::for_plan(
-        &plan,
+        plan,
         vocab,
         format!("{} (f32 activations, f32 KV)", gguf.file_name().unwrap_or_default().to_string_lossy()),
     );
