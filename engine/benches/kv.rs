@@ -1,110 +1,185 @@
 //! Benchmark group `kv`: what the hybrid KV cache saves on Gemma 3 270M (five sliding-window
-//! layers for every full one), counted by the block allocator itself, not by a formula.
+//! layers for every full one), measured through the engine under one fixed KV byte budget.
 //!
-//! The real model's geometry comes from its GGUF (layers, window, KV heads, head size); the
-//! engine's layout of it (`kv_cache::KvLayout::hybrid`, through `ModelConfig::hybrid_kv_layout`) gives the groups and the layer tensors a
-//! block spans, and `scheduler::SeqTables` over a `block_alloc::BlockPool` appends a sequence
-//! the way a step does: release what left each window, then append the next prefill chunk.
+//! Each layout is a real [`Engine`] of the real model (its GGUF, `Engine::from_parts`) with the
+//! default configuration (watermark, step budget, prefix caching) and a [`KvCacheSize::Bytes`]
+//! budget, so the engine sizes and allocates its `KvCache` itself. The hybrid layout is the
+//! engine's own on the CPU; the full layout is the same model with every layer's sliding window
+//! taken off, so that every layer keeps its KV in one full-attention group (what vLLM's
+//! `disable_hybrid_kv_cache_manager` does: the engine has no such switch).
 //!
-//! - `kv.gemma3_bytes_per_token_32k_over_full`: KV bytes held once one sequence holds 32 768
-//!   tokens, over what a full cache of every layer holds for them.
-//! - `kv.gemma3_max_seqs_32k_over_full`: in the memory of a full cache with room for four such
-//!   sequences, how many 32 768-token sequences the hybrid layout fits, over the full one's.
+//! The figures need dozens of 32k-token prefills, far more forward passes than a bench run can
+//! afford on a CPU, so the 32k requests run through a scheduler stepped without the forward
+//! pass (`kv_twin/`): configured from the engine as the engine configures its own (its cache's
+//! block count, KV groups, watermark, budgets), and planned and updated as the engine's step
+//! does. The forward pass neither takes nor frees a block; to show that the stepped scheduler
+//! holds what the engine holds, each engine first serves a short request for real (three
+//! prefill chunks and a decode step) beside one, block count for block count.
+//!
+//! - `kv.gemma3_prefill_peak_over_full`: the most KV bytes one 32k request holds during its
+//!   prefill (after a chunk is written: a sliding group holds its window and the chunk), hybrid
+//!   over full.
+//! - `kv.gemma3_bytes_per_token_32k_over_full`: at the steady state (every admitted request past
+//!   its prefill and decoding, the next one waiting for memory), the cache's bytes in use per
+//!   token held, hybrid over full.
+//! - `kv.gemma3_max_seqs_32k_over_full`: the most 32k requests running at once in the budget,
+//!   hybrid over full (`kv.gemma3_max_seqs_32k_hybrid`, `kv.gemma3_max_seqs_32k_full`).
 //!
 //! Writes `$BENCH_FIGURES_DIR/kv.json` and the fragment `kv.md`.
 
 use std::error::Error;
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::{Duration, Instant};
 
-use scheduler::SeqTables;
-use scheduler::{BlockPool, PoolConfig};
+use engine::{Engine, EngineConfig, KvCacheSize};
+use model::ModelFolder;
 
+mod kv_twin;
 mod support;
 
-const TOKENS: usize = 32_768;
-const BLOCK_SIZE: usize = 16;
-/// The engine's default step budget: the largest prefill chunk.
-const CHUNK: usize = 2_048;
+use kv_twin::{Layout, Run};
 
-/// One layout over a pool of `num_blocks` blocks.
-struct Layout {
-    windows: Vec<Option<usize>>,
-    /// Layer tensors one block spans.
-    slots: usize,
-}
+/// Gemma 3 270M's context (`max_position_embeddings`): each request's prompt and output.
+const SEQ_TOKENS: usize = 32_768;
+/// The KV cache's byte budget, both layouts: a little more than four 32k requests of every
+/// layer in bf16, so that the full layout runs four.
+const BUDGET_BYTES: usize = 5 << 29;
 
-impl Layout {
-    /// Appends sequences of `TOKENS` tokens chunk by chunk until the pool runs out; returns how
-    /// many completed and the blocks in use once the first one completed.
-    fn fill(&self, num_blocks: usize) -> Result<(usize, usize), Box<dyn Error>> {
-        let mut pool =
-            BlockPool::new(PoolConfig { watermark: 0.0, ..PoolConfig::new(num_blocks, BLOCK_SIZE) })?;
-        let mut held = Vec::new();
-        let mut first_used = 0;
-        'sequences: loop {
-            let mut tables = SeqTables::new(&pool, &self.windows);
-            while tables.num_tokens() < TOKENS {
-                tables.release_outside_window(&mut pool)?;
-                let n = CHUNK.min(TOKENS - tables.num_tokens());
-                if tables.blocks_to_append(&pool, n) > pool.num_free() {
-                    tables.free(&mut pool)?;
-                    break 'sequences;
-                }
-                tables.append_tokens(&mut pool, n, &mut |_| {})?;
-            }
-            tables.release_outside_window(&mut pool)?;
-            if held.is_empty() {
-                first_used = pool.num_used();
-            }
-            held.push(tables);
-        }
-        let completed = held.len();
-        for mut t in held {
-            t.free(&mut pool)?;
-        }
-        Ok((completed, first_used))
+fn config() -> EngineConfig {
+    EngineConfig {
+        max_model_len: Some(SEQ_TOKENS),
+        kv_cache: KvCacheSize::Bytes(BUDGET_BYTES),
+        log_interval: Duration::ZERO,
+        ..EngineConfig::default()
     }
 }
 
-fn main() -> Result<(), Box<dyn Error>> {
-    let gguf = model::testing::gemma3_gguf_fetched()?;
-    let config = model::ModelFolder::open(&gguf)?.config;
-    let hybrid = config.hybrid_kv_layout();
-    let layers = config.num_hidden_layers;
-    let full = Layout { windows: vec![None], slots: layers };
-    let mixed = Layout { windows: hybrid.group_windows().to_vec(), slots: hybrid.num_slots() };
-    // Bytes are proportional to (blocks × layer tensors a block spans); the per-layer block size
-    // (kv heads × head size × 2 × dtype × block) is the same in both layouts.
-    let budget_pages = 4 * TOKENS.div_ceil(BLOCK_SIZE) * layers + layers; // four full sequences, and a little
-    let (full_seqs, full_used) = full.fill(budget_pages / full.slots)?;
-    let (mixed_seqs, mixed_used) = mixed.fill(budget_pages / mixed.slots)?;
-    let bytes_ratio = (mixed_used * mixed.slots) as f64 / (full_used * full.slots) as f64;
-    let seqs_ratio = mixed_seqs as f64 / full_seqs.max(1) as f64;
+/// The engine of `layout` over the real model.
+fn engine(gguf: &Path, layout: Layout) -> Result<Engine, Box<dyn Error>> {
+    let (folder, mut model) = ModelFolder::open_with_weights(gguf)?;
+    if layout == Layout::Full {
+        // One kind of attention: the runner's layout is then one group of every layer.
+        for layer in &mut model.config.layer_attention {
+            layer.sliding_window = None;
+        }
+    }
+    Ok(Engine::from_parts(folder, model, config())?)
+}
 
+fn mib(bytes: usize) -> f64 {
+    bytes as f64 / f64::from(1 << 20)
+}
+
+fn main() -> Result<(), Box<dyn Error>> {
+    let started = Instant::now();
+    let gguf = model::testing::gemma3_gguf_fetched()?;
+    let (mut runs, mut checks) = (Vec::new(), Vec::new());
+    for layout in [Layout::Hybrid, Layout::Full] {
+        let mut engine = engine(&gguf, layout)?;
+        let t0 = Instant::now();
+        let check = kv_twin::cross_check(&mut engine)?;
+        let check_s = t0.elapsed().as_secs_f64();
+        eprintln!(
+            "kv: {layout:?}: the engine's real steps and its twin's held {check:?} blocks ({check_s:.1} s)"
+        );
+        checks.push((check, check_s));
+        let run = kv_twin::run_32k(&engine, layout, SEQ_TOKENS)?;
+        // The cache the engine sized holds as many blocks of the counted size as the budget has
+        // room for: the bytes below are the engine's.
+        let bytes = run.num_blocks * run.bytes_per_block;
+        if bytes > BUDGET_BYTES || bytes + run.bytes_per_block <= BUDGET_BYTES {
+            return Err(format!(
+                "{layout:?}: {} blocks of {} bytes in a budget of {BUDGET_BYTES}",
+                run.num_blocks, run.bytes_per_block
+            )
+            .into());
+        }
+        eprintln!("kv: {layout:?}: {run:?}");
+        runs.push(run);
+    }
+    let [hybrid, full] = &runs[..] else { return Err("two layouts were run".into()) };
+
+    let peak_ratio = hybrid.prefill_peak_bytes() as f64 / full.prefill_peak_bytes() as f64;
+    let per_token_ratio = hybrid.steady_bytes_per_token() / full.steady_bytes_per_token();
+    let seqs_ratio = hybrid.max_running as f64 / full.max_running.max(1) as f64;
     let figures = serde_json::json!({
-        "kv.gemma3_bytes_per_token_32k_over_full": bytes_ratio,
+        "kv.gemma3_prefill_peak_over_full": peak_ratio,
+        "kv.gemma3_bytes_per_token_32k_over_full": per_token_ratio,
         "kv.gemma3_max_seqs_32k_over_full": seqs_ratio,
-        "kv.gemma3_max_seqs_32k_hybrid": mixed_seqs,
-        "kv.gemma3_max_seqs_32k_full": full_seqs,
+        "kv.gemma3_max_seqs_32k_hybrid": hybrid.max_running,
+        "kv.gemma3_max_seqs_32k_full": full.max_running,
     });
     let dir = support::figures_dir()?;
     std::fs::write(dir.join("kv.json"), serde_json::to_string_pretty(&figures)? + "\n")?;
-    let windows: Vec<String> = mixed
-        .windows
-        .iter()
-        .map(|w| w.map_or_else(|| "full".to_owned(), |w| format!("window {w}")))
-        .collect();
-    let md = format!(
-        "## Hybrid KV cache (`kv`)\n\nGemma 3 270M ({layers} layers, KV groups: {}; {} layer tensors a block), \
-         blocks of {BLOCK_SIZE}, prefill chunks of {CHUNK}, sequences of {TOKENS} tokens, counted by the \
-         allocator.\n\n| layout | blocks held by one sequence | layer pages | sequences in the memory of four full ones |\n\
-         |---|---:|---:|---:|\n| full | {full_used} | {} | {full_seqs} |\n| hybrid | {mixed_used} | {} | {mixed_seqs} |\n\n\
-         Bytes per token, hybrid over full: {bytes_ratio:.3}; sequences that fit, hybrid over full: {seqs_ratio:.2}.\n",
-        windows.join(", "),
-        mixed.slots,
-        full_used * full.slots,
-        mixed_used * mixed.slots,
-    );
-    std::fs::write(dir.join("kv.md"), md)?;
+    std::fs::write(dir.join("kv.md"), report(&runs, &checks, &figures)?)?;
     println!("{}", serde_json::to_string_pretty(&figures)?);
+    eprintln!("kv: {:.0} s in all", started.elapsed().as_secs_f64());
     Ok(())
+}
+
+/// The Markdown fragment: the setting, the figures, each layout's counts, and the real requests
+/// beside the stepped scheduler (`checks`: blocks held after each step, seconds it took).
+fn report(
+    runs: &[Run],
+    checks: &[(Vec<usize>, f64)],
+    figures: &serde_json::Value,
+) -> Result<String, Box<dyn Error>> {
+    let first = runs.first().ok_or("no run")?;
+    let mut md = String::from("## Hybrid KV cache (`kv`)\n\n");
+    writeln!(
+        md,
+        "Gemma 3 270M (its GGUF), the engine's default configuration (watermark {}, prefill chunks of \
+         {} tokens, prefix caching) and a KV cache of {:.0} MiB allocated by the engine, in each layout: \
+         the engine's hybrid one (KV groups: {}) and the full one (the same model, every layer in \
+         one full-attention group). {} requests of {} prompt tokens and {} output tokens submitted at \
+         once, stepped through a scheduler configured as the engine's, without the forward pass; \
+         before that, one request of {} + {} tokens served by each engine for real held block for \
+         block what the stepped scheduler held. Steady state: every admitted request decoding, the \
+         next waiting for memory. Command: `cargo xtask bench --only kv`.\n",
+        config().watermark,
+        config().max_num_batched_tokens,
+        mib(BUDGET_BYTES),
+        first.group_names().join(", "),
+        kv_twin::REQUESTS,
+        SEQ_TOKENS - kv_twin::OUTPUT_TOKENS,
+        kv_twin::OUTPUT_TOKENS,
+        kv_twin::CHECK_PROMPT,
+        kv_twin::CHECK_OUTPUT,
+    )?;
+    support::figures_table(&mut md, figures);
+    md.push_str(
+        "\n| layout | blocks (layer tensors each) | one request's prefill peak: blocks (MiB) | \
+         one request after its prefill: blocks (MiB) | steady state: blocks in use (pool usage) | \
+         KiB per token held | most running at once | preemptions | steps |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for r in runs {
+        writeln!(
+            md,
+            "| {:?} | {} ({}) | {} ({:.1}) | {} ({:.1}) | {} ({:.3}) | {:.2} | {} | {} | {} |",
+            r.layout,
+            r.num_blocks,
+            r.slots,
+            r.prefill_peak_blocks,
+            mib(r.prefill_peak_bytes()),
+            r.first_steady_blocks,
+            mib(r.first_steady_blocks * r.bytes_per_block),
+            r.steady_used,
+            r.steady_used as f64 / r.num_blocks as f64,
+            r.steady_bytes_per_token() / 1024.0,
+            r.max_running,
+            r.preemptions,
+            r.steps,
+        )?;
+    }
+    for (r, (blocks, secs)) in runs.iter().zip(checks) {
+        writeln!(
+            md,
+            "\n{:?}: the real request held {blocks:?} blocks after its steps, as the stepped scheduler \
+             did; the engine served it in {secs:.1} s.",
+            r.layout
+        )?;
+    }
+    Ok(md)
 }
