@@ -19,15 +19,16 @@ use crate::meta::{
 pub const KERNEL_SOURCES: &[(&str, &str)] = &[
     ("common.cuh", include_str!("kernels/common.cuh")),
     ("attention.cu", include_str!("kernels/attention.cu")),
+    ("attention_prefill.cu", include_str!("kernels/attention_prefill.cu")),
     ("cache.cu", include_str!("kernels/cache.cu")),
     ("model.cu", include_str!("kernels/model.cu")),
 ];
 
 /// Tokens per partition of the v2 (split-context) decode kernel; must match `attention.cu`.
 pub const PARTITION_SIZE: usize = 512;
-/// Threads per tiled prefill thread block; must match `PF_NUM_THREADS` in `attention.cu`.
+/// Threads per tiled prefill thread block; must match `PF_NUM_THREADS` in `attention_prefill.cu`.
 pub const PREFILL_THREADS: u32 = 128;
-/// Keys per key tile of the tiled prefill kernel; must match `PF_KEYS` in `attention.cu`.
+/// Keys per key tile of the tiled prefill kernel; must match `PF_KEYS` in `attention_prefill.cu`.
 pub const PREFILL_KEYS: usize = 32;
 /// Threads per attention thread block; must match `PA_NUM_THREADS` in `attention.cu`.
 pub const ATTENTION_THREADS: u32 = 128;
@@ -115,7 +116,7 @@ impl AttentionConfig {
     pub fn program(&self) -> Program {
         let (tn, ty) = cuda_type(self.dtype);
         let (h, b) = (self.head_size, self.block_size);
-        let mut source = concat_sources(&["common.cuh", "attention.cu", "cache.cu"]);
+        let mut source = concat_sources(&["common.cuh", "attention.cu", "attention_prefill.cu", "cache.cu"]);
         let mut entries = Vec::new();
         for qpk in self.qpk_options() {
             let _ = writeln!(source, "PAGED_ATTENTION({tn}, {ty}, {h}, {b}, {qpk})");
