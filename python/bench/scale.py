@@ -8,7 +8,7 @@ figures as a flat JSON map (and a markdown fragment) into ``$BENCH_FIGURES_DIR``
 - ``scale.serve_2rep_over_1rep``: output tokens/s of two replicas over one, on this machine
   (with few cores it measures the overhead of a second engine, not scaling).
 
-The prefix workload: 8 users at once, each sending 3 turns one after another behind a long
+The prefix workload: 8 users, 4 conversing at a time, each sending 3 turns one after another behind a long
 system prompt of its own (some 200 tokens), to two replicas with prefix caching, each
 deployment given 3 rounds of new users (1 with ``BENCH_QUICK=1``). ``<policy>`` is the
 routing: ``rr`` (round robin), ``p2c`` (Serve's power of two choices) or ``prefix``
@@ -75,6 +75,11 @@ PREFIX_ROUNDS = 1 if QUICK else 3
 # Small, for the group to take some 10 minutes on 2 idle cores: it runs 9 deployments of 3
 # rounds, and a round whose turns all miss the cache prefills some 7k tokens.
 USERS, TURNS, REPLY_TOKENS = 8, 3, 16
+#: Users converse this many at a time, the next starting when one finishes (a closed loop, the
+#: same on a fast or a slow machine): what a replica's cache holds between one user's turns
+#: then depends on how many of the others its routing sends it. All eight at once, every size
+#: but the largest thrashes alike under LRU; one at a time, the smallest holds everything.
+CONCURRENT_USERS = 4
 SYSTEM_WORDS = 200
 REPLICAS = 2
 #: Figure-name suffix -> ``build_app``'s ``routing``.
@@ -234,10 +239,16 @@ class Round:
 
 
 async def _conversations(client: Any, users: Sequence[int]) -> Round:
-    """Every user at once, each sending its turns one after another, streamed."""
+    """The users, ``CONCURRENT_USERS`` at a time in order, each sending its turns one after
+    another, streamed."""
     result = Round()
+    slots = asyncio.Semaphore(CONCURRENT_USERS)
 
     async def user(u: int) -> None:
+        async with slots:
+            await conversation(u)
+
+    async def conversation(u: int) -> None:
         messages = [{"role": "system", "content": _system_prompt(u)}]
         # KV the previous turn computed: its prompt and reply but the reply's last token.
         computed = 0

@@ -3,9 +3,9 @@ run inside each process that holds a handle to the replicas, usually the ingress
 
 ``PrefixAffinityRouter``: a request whose prompt begins with what a replica recently served
 goes to that replica (its prefix cache likely still holds the prompt's KV blocks) while that
-replica's queue allows; a prompt nobody served goes to the least loaded replica, and between
-equally loaded ones to the one that holds the least recorded text, so that new conversations
-spread. The policy of Ray Serve LLM's prefix-cache-affinity router, kept in this process (no
+replica's queue allows; a prompt nobody served goes, while the queues are within the threshold
+of each other, to the replica that was given the fewest new prompts (then the least recorded
+text), so that new conversations spread; past the threshold, to the least loaded replica. The policy of Ray Serve LLM's prefix-cache-affinity router, kept in this process (no
 tree actor, no blocking call in the routing loop). ``RoundRobinRouter``: the baseline the
 prefix figure compares with. Both honour a pin (``ForwardedRequest.replica``): how one
 replica's own metrics are read.
@@ -136,9 +136,17 @@ class PrefixAffinityRouter(_PinningRouter):
             rid = r.replica_id.to_full_id_str()
             return (queues[r.replica_id], len(self._served.get(rid, ())), self._new[rid])
 
+        def holdings(r: RunningReplica) -> Any:
+            rid = r.replica_id.to_full_id_str()
+            return (self._new[rid], len(self._served.get(rid, ())), queues[r.replica_id])
+
         by_load = sorted(candidates, key=load)
         if best is None:
-            best = by_load[0]
+            # Queue lengths are a cached sample, stale while a burst of new prompts is routed:
+            # while they are balanced, a new prompt goes where the fewest new prompts went, so
+            # that conversations (and their later turns' cache hits) spread evenly.
+            balanced = max(queues.values()) - shortest <= self._imbalanced_threshold
+            best = min(candidates, key=holdings) if balanced else by_load[0]
             # Counted now, not when routed: the next new prompt, routed before this one lands,
             # then sees this replica as holding more and goes to another.
             self._record(best.replica_id, hashes)
