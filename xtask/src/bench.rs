@@ -27,9 +27,10 @@ pub struct BenchArgs {
     /// Fewer samples of the same workloads (never smaller workloads).
     #[arg(long)]
     pub quick: bool,
-    /// Only run the benchmark groups with this figure-name prefix (repeatable),
-    /// e.g. `block_alloc`, `attn`, `sched`, `sim`, `model`, `e2e`, `cuda`, `scale`.
-    #[arg(long)]
+    /// Only run the benchmark groups with this figure-name prefix (repeatable, or several
+    /// separated by commas: `--only kv,guided,scale`), e.g. `block_alloc`, `attn`, `sched`,
+    /// `sim`, `model`, `e2e`, `cuda`, `scale`.
+    #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Instead of running benchmarks, merge the numeric `cuda.*` figures of a GPU run's
     /// `figures.json` (from `sh target/gpu-bundle/run.sh`) into the report.
@@ -51,6 +52,10 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     fresh_dir(&criterion_home)?;
     fresh_dir(&figures_dir)?;
 
+    let known = |g: &str| g == registry::PYTHON_GROUP || registry::TARGETS.iter().any(|t| t.group == g);
+    if let Some(unknown) = args.only.iter().find(|g| !known(g)) {
+        bail!("no benchmark group {unknown:?}; groups: {}", registry::group_names());
+    }
     let selected: Vec<&registry::BenchTarget> = registry::TARGETS
         .iter()
         .filter(|t| args.only.is_empty() || args.only.iter().any(|g| g == t.group))
