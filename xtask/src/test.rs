@@ -49,6 +49,10 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
     // The server's browser test drives the web page in headless Chromium.
     ensure_chromium()?;
     phases.lap("tidy, models, venv, chromium");
+    // `make-model`'s test writes a GGUF with llama.cpp's quantizer and loads it in llama.cpp:
+    // llama-cpp-python built for this CPU (minutes on a fresh machine; idempotent).
+    crate::llamacpp::python()?;
+    phases.lap("llama.cpp (make-model's test)");
     if !args.no_cuda_check {
         cuda_check::run(&cuda_check::CudaCheckArgs { arch: "sm_80,sm_90".to_owned(), filter: None })?;
         phases.lap("cuda-check");
