@@ -1,8 +1,111 @@
-//! The read-only yardstick of the benches: the wrapping sum of a buffer of words, as fast as
-//! loads go (AVX2 where the CPU has it), so that a kernel bound by reading memory can be put
-//! over what reading the same bytes alone costs, in the same samples.
+//! The yardsticks of the benches: the wrapping sum of a buffer of words, as fast as loads go
+//! (AVX2 where the CPU has it), so that a kernel bound by reading memory can be put over what
+//! reading the same bytes alone costs, in the same samples; and the peak multiply-add rate of
+//! the integer dot instructions ([`peak_macs_per_sec`]), what a compute-bound integer matmul is
+//! put over.
+
+use std::hint::black_box;
+use std::time::Instant;
 
 use rayon::prelude::*;
+
+/// The integer dot products of the matmul paths (int16 and int8 activations).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dot {
+    /// i16 × i16 pairs into i32: `vpdpwssd` (AVX-512 VNNI), else `vpmaddwd` + `vpaddd` (AVX2).
+    Int16,
+    /// u8 × i8 quads into i32: `vpdpbusd` (AVX-512 VNNI), else `vpmaddubsw` + `vpmaddwd` +
+    /// `vpaddd` (AVX2).
+    Int8,
+}
+
+/// Multiply-adds per second of a register-only loop of this CPU's widest `dot` instruction,
+/// `iters` rounds of independent accumulator chains on every thread of the rayon pool at once:
+/// the roofline of a compute-bound integer matmul (no loads, no stores, no reductions). 0 on a
+/// CPU without AVX2.
+pub fn peak_macs_per_sec(dot: Dot, iters: usize) -> f64 {
+    let threads = rayon::current_num_threads().max(1);
+    let start = Instant::now();
+    let macs: u64 = (0..threads).into_par_iter().map(|_| dot_loop(dot, iters)).sum();
+    macs as f64 / start.elapsed().as_secs_f64()
+}
+
+/// One thread's loop: returns the multiply-adds it did.
+fn dot_loop(dot: Dot, iters: usize) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if crate::isa::avx512_vnni() {
+            // SAFETY: AVX-512 F, BW and VNNI were detected.
+            return unsafe { vnni_loop(dot, iters) };
+        }
+        if is_x86_feature_detected!("avx2") {
+            // SAFETY: AVX2 was detected.
+            return unsafe { avx2_loop(dot, iters) };
+        }
+    }
+    let _ = (dot, iters);
+    0
+}
+
+/// Independent accumulators per thread: enough to cover a dot instruction's latency (about 5
+/// cycles) at its throughput (up to 2 a cycle).
+const CHAINS: usize = 12;
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+fn vnni_loop(dot: Dot, iters: usize) -> u64 {
+    use std::arch::x86_64::*;
+    let a = _mm512_set1_epi32(black_box(0x0102_0304));
+    let b = _mm512_set1_epi32(black_box(0x0101_0101));
+    let mut acc = [_mm512_setzero_si512(); CHAINS];
+    match dot {
+        Dot::Int16 => {
+            for _ in 0..iters {
+                for x in &mut acc {
+                    *x = _mm512_dpwssd_epi32(*x, a, b);
+                }
+            }
+        }
+        Dot::Int8 => {
+            for _ in 0..iters {
+                for x in &mut acc {
+                    *x = _mm512_dpbusd_epi32(*x, a, b);
+                }
+            }
+        }
+    }
+    black_box(acc);
+    // A zmm holds 32 i16 pairs' products (int16) or 64 u8 × i8 (int8) per instruction.
+    (iters * CHAINS) as u64 * if dot == Dot::Int16 { 32 } else { 64 }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn avx2_loop(dot: Dot, iters: usize) -> u64 {
+    use std::arch::x86_64::*;
+    let a = _mm256_set1_epi32(black_box(0x0102_0304));
+    let b = _mm256_set1_epi32(black_box(0x0101_0101));
+    let ones = _mm256_set1_epi16(black_box(1));
+    let mut acc = [_mm256_setzero_si256(); CHAINS];
+    match dot {
+        Dot::Int16 => {
+            for _ in 0..iters {
+                for x in &mut acc {
+                    *x = _mm256_add_epi32(*x, _mm256_madd_epi16(a, b));
+                }
+            }
+        }
+        Dot::Int8 => {
+            for _ in 0..iters {
+                for x in &mut acc {
+                    *x = _mm256_add_epi32(*x, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), ones));
+                }
+            }
+        }
+    }
+    black_box(acc);
+    (iters * CHAINS) as u64 * if dot == Dot::Int16 { 16 } else { 32 }
+}
 
 /// The wrapping sum of `words`, read once.
 pub fn read_only_sum(words: &[u32]) -> u32 {
@@ -52,5 +155,18 @@ mod tests {
         assert_eq!(read_only_sum(&words), want);
         assert_eq!(par_read_only_sum(&words), want);
         assert_eq!(read_only_sum(&words[..31]), words[..31].iter().fold(0u32, |a, &v| a.wrapping_add(v)));
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_peak_loops_count_their_multiply_adds() {
+        if !is_x86_feature_detected!("avx2") {
+            return assert_eq!(dot_loop(Dot::Int16, 10), 0);
+        }
+        let per = |dot| dot_loop(dot, 1000) / (1000 * CHAINS as u64);
+        let wide = crate::isa::avx512_vnni();
+        assert_eq!(per(Dot::Int16), if wide { 32 } else { 16 });
+        assert_eq!(per(Dot::Int8), if wide { 64 } else { 32 });
+        assert!(peak_macs_per_sec(Dot::Int16, 1000) > 0.0);
     }
 }

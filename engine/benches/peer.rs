@@ -1,7 +1,7 @@
 //! Benchmark group `peer`: our engine against llama.cpp on the same models, prompts and machine,
-//! in one run. llama.cpp is llama-cpp-python built from its sdist with `GGML_NATIVE=ON` in
-//! `target/venv-llamacpp` (built here when missing or made for another CPU, ~11 min on two
-//! cores) running the GGUFs of the default model (Q4_1) and of Gemma 3 270M (Q4_K_M); ours
+//! in one run. llama.cpp is llama-cpp-python built from its sdist for this CPU in
+//! `target/venv-llamacpp` (`cargo xtask llamacpp-python` builds it when missing or made for
+//! another CPU, ~11 min on two cores; AMX off where the CPU has it, see `xtask/src/llamacpp.rs`) running the GGUFs of the default model (Q4_1) and of Gemma 3 270M (Q4_K_M); ours
 //! loads the same GGUF natively (weights kept quantized, the default activations: on AVX-512
 //! VNNI CPUs int16, f32 elsewhere), prefix caching off (the same prompt runs several times).
 //!
@@ -9,10 +9,16 @@
 //! `prefill_6000` (one 6 000-token prompt, chunked by both sides' 2 048-token batch),
 //! `decode_6000` (the 128 tokens that same run decodes after it; llama.cpp keeps only the window
 //! of a sliding-window layer, `swa_full` off), `decode_b1` (128 tokens after a 40-token prompt),
-//! `e2e_64` (64 requests of ~40 tokens in, 128 out, all at once, prefill included). Figures
-//! `peer.<case>_over_llamacpp` (ours ÷ theirs, tok/s; `peer.gemma3.<case>_…` for Gemma) and both
-//! sides' raw tok/s, medians of 3; the same for ours with f32 activations (`peer.f32.<case>_…`,
-//! `peer.gemma3.f32.<case>_…`); a table and a bar chart per model in the report. Not part of
+//! `e2e_16` and `e2e_64` (16 or 64 requests of ~40 tokens in, 128 out, all at once, prefill
+//! included). Figures `peer.<case>_over_llamacpp` (ours ÷ theirs, tok/s; `peer.gemma3.<case>_…`
+//! for Gemma) and both sides' raw tok/s, medians of 3; the same for ours with f32 activations
+//! (`peer.f32.<case>_…`, `peer.gemma3.f32.<case>_…`); a table and a bar chart per model in the
+//! report.
+//!
+//! Real model sizes: random weights at Llama-3.2-1B's shapes in Q4_0 (`peer.l1b.`) and Q4_K_M
+//! (`peer.l1b_q4km.`), and at Llama-3.1-8B's in Q4_K_M (`peer.l8b.`, 32 output tokens per
+//! decode case), made by `cargo xtask make-model` when missing (llama.cpp's quantizer, the real
+//! vocabulary size); their cases are `prefill_512`, `decode_b1` and the `e2e` ones. Not part of
 //! `cargo xtask test`. With `PEER_ONLY=<text>` only the models whose figure prefix or name contains
 //! it run (`PEER_ONLY=gemma3`, `PEER_ONLY=smollm2`). With `PEER_SIDE=ours` only ours (the default
 //! activations) is measured, into `<prefix><case>_ours_tok_s`: for comparing two builds of ours in alternation,
@@ -33,16 +39,22 @@ use serde_json::{Value, json};
 mod support;
 
 const REPS: usize = 3;
-const CASES: [(&str, &str); 5] = [
+/// Every case a model may run: its name, what it is (`N`: the model's output tokens).
+const CASES: [(&str, &str); 6] = [
     ("prefill_512", "prefill of one 512-token prompt"),
     ("prefill_6000", "prefill of one 6 000-token prompt (chunks of 2 048)"),
     ("decode_6000", "batch-1 decode, 128 tokens after 6 000"),
-    ("decode_b1", "batch-1 decode, 128 tokens after 40"),
-    ("e2e_64", "64 requests × 40 in / 128 out"),
+    ("decode_b1", "batch-1 decode, N tokens after 40"),
+    ("e2e_16", "16 requests × 40 in / N out"),
+    ("e2e_64", "64 requests × 40 in / N out"),
 ];
+/// The cases of the small models (all of them).
+const ALL_CASES: &[&str] = &["prefill_512", "prefill_6000", "decode_6000", "decode_b1", "e2e_16", "e2e_64"];
 
-/// The same prompts for both sides (random ids of the model's vocabulary, no special tokens).
-fn workload(engine: &Engine) -> Value {
+/// The same prompts for both sides (random ids of the model's vocabulary, no special tokens),
+/// and which of `CASES` run with how many output tokens. `e2e_16`'s prompts are `e2e_64`'s first
+/// sixteen.
+fn workload(engine: &Engine, m: &PeerModel) -> Value {
     let mut rng = ChaCha8Rng::seed_from_u64(41);
     let (vocab, eos) = (engine.model_config().vocab_size, engine.eos_token_ids().to_vec());
     let mut prompt = |n| engine::workload::random_prompt(&mut rng, n, vocab, &eos);
@@ -53,10 +65,11 @@ fn workload(engine: &Engine) -> Value {
     let e2e: Vec<Vec<u32>> = (0..64).map(|_| prompt(lengths.random_range(38..=42))).collect();
     json!({
         "reps": REPS,
+        "cases": m.cases,
         "prefill_512": prefill,
         "long_6000": {"prompt": long, "max_tokens": 128},
-        "decode_b1": {"prompt": b1, "max_tokens": 128},
-        "e2e_64": {"prompts": e2e, "max_tokens": 128},
+        "decode_b1": {"prompt": b1, "max_tokens": m.out_tokens},
+        "e2e_64": {"prompts": e2e, "max_tokens": m.out_tokens},
     })
 }
 
@@ -98,32 +111,39 @@ fn measure_ours(engine: &mut Engine, w: &Value) -> Result<Value, Box<dyn Error>>
     let ids = |v: &Value| -> Vec<u32> {
         v.as_array().into_iter().flatten().filter_map(|x| x.as_u64()).map(|x| x as u32).collect()
     };
+    let has = |case: &str| w["cases"].as_array().is_some_and(|c| c.iter().any(|x| x == case));
     let prefill = ids(&w["prefill_512"]);
     let long = ids(&w["long_6000"]["prompt"]);
     let after = w["long_6000"]["max_tokens"].as_u64().unwrap_or(128) as usize;
     let b1 = ids(&w["decode_b1"]["prompt"]);
+    let out = w["decode_b1"]["max_tokens"].as_u64().unwrap_or(128) as usize;
     let e2e: Vec<Vec<u32>> = w["e2e_64"]["prompts"].as_array().into_iter().flatten().map(ids).collect();
     run(engine, &[prefill[..8].to_vec()], 2)?; // warm-up
-    let mut rates = [Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new()];
+    let mut rates: std::collections::BTreeMap<&str, Vec<f64>> = Default::default();
+    let mut push = |case, rate| rates.entry(case).or_default().push(rate);
     for _ in 0..REPS {
-        let r = run(engine, std::slice::from_ref(&prefill), 1)?;
-        rates[0].push(prefill.len() as f64 / r.times[0].0);
-        let r = run(engine, std::slice::from_ref(&long), after)?;
-        rates[3].push(long.len() as f64 / r.times[0].0);
-        rates[4].push((r.output_tokens - 1) as f64 / (r.times[0].1 - r.times[0].0));
-        let r = run(engine, std::slice::from_ref(&b1), 128)?;
-        rates[1].push((r.output_tokens - 1) as f64 / (r.times[0].1 - r.times[0].0));
-        let r = run(engine, &e2e, 128)?;
-        rates[2].push(r.output_tokens as f64 / r.wall_s);
+        if has("prefill_512") {
+            let r = run(engine, std::slice::from_ref(&prefill), 1)?;
+            push("prefill_512", prefill.len() as f64 / r.times[0].0);
+        }
+        if has("prefill_6000") || has("decode_6000") {
+            let r = run(engine, std::slice::from_ref(&long), after)?;
+            push("prefill_6000", long.len() as f64 / r.times[0].0);
+            push("decode_6000", (r.output_tokens - 1) as f64 / (r.times[0].1 - r.times[0].0));
+        }
+        if has("decode_b1") {
+            let r = run(engine, std::slice::from_ref(&b1), out)?;
+            push("decode_b1", (r.output_tokens - 1) as f64 / (r.times[0].1 - r.times[0].0));
+        }
+        for (case, n) in [("e2e_16", 16), ("e2e_64", 64)] {
+            if has(case) {
+                let r = run(engine, &e2e[..n], out)?;
+                push(case, r.output_tokens as f64 / r.wall_s);
+            }
+        }
     }
-    let [a, b, c, d, e] = rates;
-    Ok(json!({
-        "prefill_512_tok_s": median(a),
-        "decode_b1_tok_s": median(b),
-        "e2e_64_tok_s": median(c),
-        "prefill_6000_tok_s": median(d),
-        "decode_6000_tok_s": median(e),
-    }))
+    let medians = rates.into_iter().map(|(case, v)| (format!("{case}_tok_s"), json!(median(v))));
+    Ok(Value::Object(medians.collect()))
 }
 
 /// One model the group compares on.
@@ -139,6 +159,23 @@ struct PeerModel {
     /// KV blocks of 16 tokens: 64 × 168 tokens, or one 6 000-token prompt, in its layout (a
     /// hybrid layout's block holds a group of layers, so the same memory is more blocks).
     kv_blocks: usize,
+    /// Which of [`CASES`] it runs.
+    cases: &'static [&'static str],
+    /// Output tokens of `decode_b1` and the `e2e` cases.
+    out_tokens: usize,
+    /// Whether ours runs again with f32 activations (`<prefix>f32.<case>_…`).
+    f32_too: bool,
+}
+
+/// The 1B–8B shapes (`cargo xtask make-model`: random weights, llama.cpp's quantizer).
+fn l1b_q4_0() -> Result<PathBuf, String> {
+    model::testing::made_model_fetched("llama-3.2-1b", "q4_0")
+}
+fn l1b_q4_k_m() -> Result<PathBuf, String> {
+    model::testing::made_model_fetched("llama-3.2-1b", "q4_k_m")
+}
+fn l8b_q4_k_m() -> Result<PathBuf, String> {
+    model::testing::made_model_fetched("llama-3.1-8b", "q4_k_m")
 }
 
 fn main() -> Result<(), Box<dyn Error>> {
@@ -149,6 +186,9 @@ fn main() -> Result<(), Box<dyn Error>> {
             weights: "Q4_1",
             gguf: model::testing::default_model_fetched,
             kv_blocks: 64 * 12 + 64,
+            cases: ALL_CASES,
+            out_tokens: 128,
+            f32_too: true,
         },
         PeerModel {
             label: "Gemma 3 270M",
@@ -157,6 +197,39 @@ fn main() -> Result<(), Box<dyn Error>> {
             gguf: model::testing::gemma3_gguf_fetched,
             // Six groups of three layers (five sliding, one full): six blocks per 16 tokens.
             kv_blocks: (64 * 12 + 64) * 6,
+            cases: ALL_CASES,
+            out_tokens: 128,
+            f32_too: true,
+        },
+        PeerModel {
+            label: "Llama-3.2-1B's shapes, random weights",
+            prefix: "peer.l1b.",
+            weights: "Q4_0 (llama.cpp's quantizer: Q4_0 layers, a Q6_K tied embedding and LM head)",
+            gguf: l1b_q4_0,
+            kv_blocks: 64 * 12 + 64,
+            cases: &["prefill_512", "decode_b1", "e2e_16", "e2e_64"],
+            out_tokens: 128,
+            f32_too: false,
+        },
+        PeerModel {
+            label: "Llama-3.2-1B's shapes, random weights, Q4_K_M",
+            prefix: "peer.l1b_q4km.",
+            weights: "Q4_K_M (llama.cpp's quantizer: Q4_K, Q6_K for half of attn_v / ffn_down and the LM head)",
+            gguf: l1b_q4_k_m,
+            kv_blocks: 64 * 12 + 64,
+            cases: &["prefill_512", "decode_b1", "e2e_16", "e2e_64"],
+            out_tokens: 128,
+            f32_too: false,
+        },
+        PeerModel {
+            label: "Llama-3.1-8B's shapes, random weights, Q4_K_M",
+            prefix: "peer.l8b.",
+            weights: "Q4_K_M (llama.cpp's quantizer), untied LM head",
+            gguf: l8b_q4_k_m,
+            kv_blocks: 16 * 12 + 16,
+            cases: &["prefill_512", "decode_b1", "e2e_16"],
+            out_tokens: 32,
+            f32_too: false,
         },
     ];
     let figures_dir = support::figures_dir()?;
@@ -203,10 +276,11 @@ fn engine_config(m: &PeerModel) -> EngineConfig {
 /// section of the report.
 fn ours_alone(m: &PeerModel, figures: &mut serde_json::Map<String, Value>) -> Result<String, Box<dyn Error>> {
     let mut engine = Engine::new(&(m.gguf)()?, engine_config(m))?;
-    let w = workload(&engine);
+    let w = workload(&engine, m);
     let ours = measure_ours(&mut engine, &w)?;
     let mut md = format!("\n### {} (ours alone)\n\n| case | ours tok/s |\n|---|---:|\n", m.label);
-    for (case, what) in CASES {
+    for (case, what) in CASES.into_iter().filter(|(c, _)| m.cases.contains(c)) {
+        let what = what.replace('N', &m.out_tokens.to_string());
         let o = ours[format!("{case}_tok_s")].as_f64().unwrap_or(f64::NAN);
         figures.insert(format!("{}{case}_ours_tok_s", m.prefix), json!(o));
         writeln!(md, "| {what} | {o:.1} |")?;
@@ -226,7 +300,7 @@ fn compare(
     let gguf = &(m.gguf)()?;
     let config = engine_config(m);
     let mut engine = Engine::new(gguf, config.clone())?;
-    let w = workload(&engine);
+    let w = workload(&engine, m);
     let workload_path = report_dir.join(format!("{}workload.json", m.prefix.replace('.', "-")));
     std::fs::write(&workload_path, w.to_string())?;
 
@@ -254,7 +328,8 @@ fn compare(
     // The same with f32 activations (what the weights' f32 dequantization computes; llama.cpp's
     // own CPU matmuls round activations to 8 bits).
     let f32_config = EngineConfig { decode_activations: ActivationPrecision::F32, ..config };
-    let ours_f32 = measure_ours(&mut Engine::new(gguf, f32_config)?, &w)?;
+    let ours_f32 =
+        if m.f32_too { Some(measure_ours(&mut Engine::new(gguf, f32_config)?, &w)?) } else { None };
     // Both GGUFs hold integer-code formats only.
     let int16_here = ActivationPrecision::default()
         .resolve(attn_kernels::Isa::detected(), attn_kernels::cpu::quant::INTEGER_CODE_FORMATS.into_iter())
@@ -264,26 +339,34 @@ fn compare(
     let mut md = format!(
         "\n### {}\n\nSame token ids, {threads} threads, medians of {REPS}: both on the same {} GGUF, ours \
          loading it natively (weights kept quantized, the default activations: on this CPU {default}), \
-         llama.cpp (llama-cpp-python {}, `GGML_NATIVE=ON`). Command: `cargo xtask bench --only peer`.\n\n\
+         llama.cpp (llama-cpp-python {}, built with `{}`). Command: `cargo xtask bench --only peer`.\n\n\
          `f32` is ours with `--decode-activations f32` (what the weights' f32 dequantization computes).\n\n\
          | case | ours tok/s | llama.cpp tok/s | ours ÷ llama.cpp | f32 tok/s | f32 ÷ llama.cpp |\n\
          |---|---:|---:|---:|---:|---:|\n",
         m.label,
         m.weights,
-        theirs["llama_cpp_python"].as_str().unwrap_or("?")
+        theirs["llama_cpp_python"].as_str().unwrap_or("?"),
+        support::llamacpp::build_options(python),
     );
     let prefix = m.prefix;
     let mut bars = Vec::new();
-    for (case, what) in CASES {
+    for (case, what) in CASES.into_iter().filter(|(c, _)| m.cases.contains(c)) {
         let key = format!("{case}_tok_s");
         let rate = |v: &Value| v[&key].as_f64().unwrap_or(f64::NAN);
-        let (o, t, of) = (rate(&ours), rate(&theirs), rate(&ours_f32));
+        let (o, t) = (rate(&ours), rate(&theirs));
         figures.insert(format!("{prefix}{case}_over_llamacpp"), json!(o / t));
         figures.insert(format!("{prefix}{case}_ours_tok_s"), json!(o));
         figures.insert(format!("{prefix}{case}_llamacpp_tok_s"), json!(t));
-        figures.insert(format!("{prefix}f32.{case}_over_llamacpp"), json!(of / t));
-        figures.insert(format!("{prefix}f32.{case}_ours_tok_s"), json!(of));
-        writeln!(md, "| {what} | {o:.1} | {t:.1} | {:.2} | {of:.1} | {:.2} |", o / t, of / t)?;
+        let what = what.replace('N', &m.out_tokens.to_string());
+        match &ours_f32 {
+            Some(f) => {
+                let of = rate(f);
+                figures.insert(format!("{prefix}f32.{case}_over_llamacpp"), json!(of / t));
+                figures.insert(format!("{prefix}f32.{case}_ours_tok_s"), json!(of));
+                writeln!(md, "| {what} | {o:.1} | {t:.1} | {:.2} | {of:.1} | {:.2} |", o / t, of / t)?;
+            }
+            None => writeln!(md, "| {what} | {o:.1} | {t:.1} | {:.2} | – | – |", o / t)?,
+        }
         bars.push((case, o, t));
     }
     if no_extra_bufts {

@@ -7,9 +7,10 @@ our engine, with llama-cpp-python's low-level API (llama.cpp's own batched decod
 - `decode_6000`: greedy decode of 128 tokens after that prompt, in the same run (tokens / s after
   the first);
 - `decode_b1`: greedy decode of 128 tokens after a ~40-token prompt (tokens / s after the first);
-- `e2e_64`: 64 requests of ~40 prompt tokens and 128 greedy output tokens, all at once, one
-  sequence per request in one batch (output tokens / s, prefill included).
-Each case runs `reps` times; prints one JSON object with the median tok/s per case. Contexts keep
+- `e2e_16`, `e2e_64`: 16 or 64 requests of ~40 prompt tokens and 128 greedy output tokens, all
+  at once, one sequence per request in one batch (output tokens / s, prefill included).
+The workload's `cases` says which run, and its `max_tokens` how many tokens the decode and e2e
+cases generate. Each case runs `reps` times; prints one JSON object with the median tok/s per case. Contexts keep
 llama.cpp's sliding-window KV cache for windowed layers (`swa_full` off, as `llama-cli` runs by
 default; the C API's default keeps the full cache).
 
@@ -128,28 +129,34 @@ if PROBE:
     sys.exit(0)
 
 reps = WORKLOAD["reps"]
+cases = set(WORKLOAD["cases"])
 out = {}
 p512 = WORKLOAD["prefill_512"]
 run_requests([p512[:8]], 2, 512)  # warm-up
-out["prefill_512_tok_s"] = median_of(reps, lambda: len(p512) / run_requests([p512], 1, 512)[1][0][0])
+if "prefill_512" in cases:
+    out["prefill_512_tok_s"] = median_of(reps, lambda: len(p512) / run_requests([p512], 1, 512)[1][0][0])
 long = WORKLOAD["long_6000"]
 p6000, after = long["prompt"], long["max_tokens"]
 def long_rates():
     _, [(ttft, end)], n = run_requests([p6000], after, 2048)
     return len(p6000) / ttft, (n - 1) / (end - ttft)
-rates = [long_rates() for _ in range(reps)]
-out["prefill_6000_tok_s"] = statistics.median(r[0] for r in rates)
-out["decode_6000_tok_s"] = statistics.median(r[1] for r in rates)
+if cases & {"prefill_6000", "decode_6000"}:
+    rates = [long_rates() for _ in range(reps)]
+    out["prefill_6000_tok_s"] = statistics.median(r[0] for r in rates)
+    out["decode_6000_tok_s"] = statistics.median(r[1] for r in rates)
 b1 = WORKLOAD["decode_b1"]
 def decode_rate():
     _, [(ttft, end)], n = run_requests([b1["prompt"]], b1["max_tokens"], 512)
     return (n - 1) / (end - ttft)
-out["decode_b1_tok_s"] = median_of(reps, decode_rate)
+if "decode_b1" in cases:
+    out["decode_b1_tok_s"] = median_of(reps, decode_rate)
 e2e = WORKLOAD["e2e_64"]
-def e2e_rate():
-    wall, _, n = run_requests(e2e["prompts"], e2e["max_tokens"], 2048)
+def e2e_rate(n_requests):
+    wall, _, n = run_requests(e2e["prompts"][:n_requests], e2e["max_tokens"], 2048)
     return n / wall
-out["e2e_64_tok_s"] = median_of(reps, e2e_rate)
+for case, n_requests in (("e2e_16", 16), ("e2e_64", 64)):
+    if case in cases:
+        out[f"{case}_tok_s"] = median_of(reps, lambda: e2e_rate(n_requests))
 out["llama_cpp_python"] = L.__version__
 out["extra_bufts"] = EXTRA_BUFTS
 print(json.dumps(out))

@@ -2,13 +2,16 @@
 //! bandwidth and a read-only sum measured in the same run, then SmolLM2-135M prefill, batch-1
 //! decode (the default, f32 and int16 activations) and batch-64 decode at context 512, on the engine's
 //! bf16 cache, with the fractions of those rooflines they reach; and batch-1 decode over one
-//! weight per integer-code format ([`formats`]) as a fraction of the read-only sum.
+//! weight per integer-code format ([`formats`]) as a fraction of the read-only sum; then the same
+//! at Llama-3.2-1B's shapes against the integer peak multiply-add rates ([`l1b`]).
 //! Writes `$BENCH_FIGURES_DIR/model.json` and `model.md`; `BENCH_QUICK=1` takes fewer samples.
 
 #[path = "model_support/formats.rs"]
 mod formats;
 #[path = "../tests/it/harness.rs"]
 mod harness;
+#[path = "model_support/l1b.rs"]
+mod l1b;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -270,6 +273,12 @@ fn main() {
     for (ty, f) in &by_format {
         md += &format!("| {ty:?} | {f:.2} |\n");
     }
+    drop(cache);
+    let (l1b_figures, l1b_md) = l1b::measure(samples, &l1b::Rooflines { gemm_flops: gflops * 1e9, read });
+    if let (Some(all), Some(more)) = (figures.as_object_mut(), l1b_figures.as_object()) {
+        all.extend(more.clone());
+    }
+    md += &l1b_md;
     match std::env::var_os("BENCH_FIGURES_DIR") {
         Some(out) => {
             let out = PathBuf::from(out);
