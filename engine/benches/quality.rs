@@ -59,6 +59,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     let (mut figures, mut md) =
         (Map::new(), String::from("## Quality against the f32 reference (`quality`)\n"));
     for (name, fetch) in models {
+        let mut md_llamacpp = String::new();
         let gguf = fetch()?;
         let mut model = Model::load(&gguf)?;
         let folder = ModelFolder::open(&gguf)?;
@@ -85,7 +86,13 @@ fn main() -> Result<(), Box<dyn Error>> {
         }
         rows.push((
             "llamacpp_default".to_owned(),
-            llamacpp(&python, &gguf, &reference, &dir.join(format!("{name}-llamacpp.evl")))?,
+            llamacpp(
+                &python,
+                &gguf,
+                &reference,
+                &dir.join(format!("{name}-llamacpp.evl")),
+                &mut md_llamacpp,
+            )?,
         ));
         for (path, r) in &rows {
             let key = |k: &str| format!("quality.{name}.{path}.{k}");
@@ -102,6 +109,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         }
         figures.insert(format!("quality.{name}.rows"), rows[0].1.rows.into());
         md += &table(name, &gguf, &corpus.about, &plan, &rows);
+        md += &md_llamacpp;
     }
     let out = support::figures_dir()?;
     std::fs::write(out.join("quality.json"), serde_json::to_string_pretty(&Value::Object(figures))? + "\n")?;
@@ -137,15 +145,26 @@ fn save_reference(
     Ok(())
 }
 
-/// llama.cpp's rows over the reference's windows, compared with the reference.
+/// llama.cpp's rows over the reference's windows, compared with the reference; a line saying
+/// which llama.cpp ran goes to `md`.
 fn llamacpp(
     python: &Path,
     gguf: &Path,
     reference: &Path,
     out: &Path,
+    md: &mut String,
 ) -> Result<QualityReport, Box<dyn Error>> {
     let threads = rayon::current_num_threads();
     let extra = support::llamacpp::extra_buffers_work(python, gguf, threads)?;
+    *md = format!(
+        "\n`llamacpp_default`: llama.cpp built with `{}`, {threads} threads, {}.\n",
+        support::llamacpp::build_options(python),
+        if extra {
+            "its extra CPU buffer types (repacked weight layouts) on"
+        } else {
+            "its extra CPU buffer types off (with them its probe decode failed here)"
+        }
+    );
     let script = support::root().join("engine/benches/quality_llamacpp.py");
     let status = Command::new(python)
         .arg(&script)
