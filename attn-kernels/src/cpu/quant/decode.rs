@@ -25,6 +25,18 @@ fn rows_per_task(rows: usize, row_bytes: usize) -> usize {
     rows.div_ceil(tasks).max(1)
 }
 
+/// (part, rows) of every rayon task of a call, part by part ([`rows_per_task`] rows each).
+pub(super) fn row_tasks(parts: &[(PartRef<'_>, Out)]) -> Vec<(usize, std::ops::Range<usize>)> {
+    parts
+        .iter()
+        .enumerate()
+        .flat_map(|(i, (p, _))| {
+            let per_task = rows_per_task(p.rows, p.row_bytes());
+            (0..p.rows.div_ceil(per_task)).map(move |t| (i, t * per_task..((t + 1) * per_task).min(p.rows)))
+        })
+        .collect()
+}
+
 /// Tokens one pass over a row serves.
 const TOKENS_PER_PASS: usize = 4;
 
@@ -70,16 +82,7 @@ pub(super) fn matmul_parts(
     #[cfg(target_arch = "x86_64")]
     let permuted = kernels.contains(&Kernel::Q4_1Wide).then(|| q4_1_wide::Permuted::new(x, m, k));
     let acts = Activations { x, group_sums: &group_sums };
-    // (part, rows) of every task, part by part.
-    let tasks: Vec<(usize, std::ops::Range<usize>)> = parts
-        .iter()
-        .enumerate()
-        .flat_map(|(i, (p, _))| {
-            let per_task = rows_per_task(p.rows, p.row_bytes());
-            (0..p.rows.div_ceil(per_task)).map(move |t| (i, t * per_task..((t + 1) * per_task).min(p.rows)))
-        })
-        .collect();
-    tasks.into_par_iter().for_each(|(i, rows)| {
+    row_tasks(parts).into_par_iter().for_each(|(i, rows)| {
         let (part, out) = (&parts[i].0, parts[i].1);
         for t0 in (0..m).step_by(TOKENS_PER_PASS) {
             let mr = (m - t0).min(TOKENS_PER_PASS);

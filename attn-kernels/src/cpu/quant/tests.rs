@@ -95,6 +95,27 @@ fn check(isa: Isa, ty: GgmlType, m: usize, n: usize, k: usize, accumulate: bool,
     }
 }
 
+/// Each value's offset `m` (`value = d·code + m`, the code centred for the centred formats),
+/// read independently of the kernel: the offset formats' blocks dequantized with every code
+/// byte zeroed (the value of code 0 is the offset); zero for the centred formats.
+pub(super) fn offsets(ty: GgmlType, bytes: &[u8], values: usize) -> Vec<f64> {
+    // Where each offset format's code bytes (and fifth bits) lie in its block.
+    let codes = match ty {
+        GgmlType::Q4_1 => 4..20,
+        GgmlType::Q5_1 => 4..24,
+        GgmlType::Q4_K => 16..144,
+        GgmlType::Q5_K => 16..176,
+        _ => return vec![0.0; values],
+    };
+    let mut zeroed = bytes.to_vec();
+    for block in zeroed.chunks_exact_mut(ty.block().1) {
+        block[codes.clone()].fill(0);
+    }
+    let mut m = vec![0.0f32; values];
+    dequantize(ty, &zeroed, &mut m);
+    m.into_iter().map(f64::from).collect()
+}
+
 /// A kernel call's buffers on a poisoned layout: the part's bytes between 0xFF runs (an f16 NaN
 /// in any scale read outside them), `x` with a NaN tail, and the output as columns 2..2+n of
 /// rows `n + 5` wide whose other columns are NaN and must stay so.

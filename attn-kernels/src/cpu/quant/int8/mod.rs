@@ -242,16 +242,6 @@ pub(super) fn matmul_weight(isa: Isa, w: &Weight, out: Out, x: &[f32], m: usize,
     true
 }
 
-/// Rows per rayon task: about eight tasks per thread for work stealing to balance, at least
-/// ~16 KB of weights each so task overhead stays small.
-fn rows_per_task(rows: usize, row_bytes: usize) -> usize {
-    let threads = rayon::current_num_threads().max(1);
-    let by_balance = rows.div_ceil(threads * 8);
-    let by_size = (16 * 1024 / row_bytes.max(1)).max(1);
-    let tasks = rows.div_ceil(by_balance.max(by_size).max(1)).next_multiple_of(threads);
-    rows.div_ceil(tasks).max(1)
-}
-
 /// Rows whose bytes stay in L1 while every pass of [`TOKENS_PER_PASS`] tokens reads them.
 fn rows_per_block(row_bytes: usize) -> usize {
     (24 * 1024 / row_bytes.max(1)).max(1)
@@ -272,15 +262,8 @@ pub(super) fn matmul_parts(isa: Isa, xq: &X8, m: usize, parts: &[(PartRef<'_>, O
         unsafe { batch::matmul_parts(xq, m, parts, accumulate) };
         return;
     }
-    let tasks: Vec<(usize, std::ops::Range<usize>)> = parts
-        .iter()
-        .enumerate()
-        .flat_map(|(i, (p, _))| {
-            let per_task = rows_per_task(p.rows, p.row_bytes());
-            (0..p.rows.div_ceil(per_task)).map(move |t| (i, t * per_task..((t + 1) * per_task).min(p.rows)))
-        })
-        .collect();
-    tasks.into_par_iter().for_each(|(i, rows)| {
+    // The decode kernels' split of the rows into tasks.
+    decode::row_tasks(parts).into_par_iter().for_each(|(i, rows)| {
         let (part, out) = (&parts[i].0, parts[i].1);
         let block = rows_per_block(part.row_bytes());
         for r0 in rows.clone().step_by(block) {

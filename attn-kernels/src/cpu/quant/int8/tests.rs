@@ -7,7 +7,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::*;
 use crate::cpu::ggml::dequantize;
-use crate::cpu::quant::tests::{Poisoned, random_part};
+use crate::cpu::quant::tests::{Poisoned, offsets, random_part};
 use crate::cpu::quant::{ActivationPrecision, INTEGER_CODE_FORMATS, Part};
 
 /// The rounding rule, stated apart from the kernels: per group of 32, `dx = max|x|/127` and
@@ -32,26 +32,6 @@ fn rounded(x: &[f32]) -> Vec<(f64, f64)> {
         }
     }
     out
-}
-
-/// Each value's offset `m` (`value = d·code + m`, the code centred for the centred formats),
-/// read apart from the kernels: the offset formats' blocks dequantized with every code byte
-/// zeroed; zero for the others.
-fn offsets(ty: GgmlType, bytes: &[u8], values: usize) -> Vec<f64> {
-    let codes = match ty {
-        GgmlType::Q4_1 => 4..20,
-        GgmlType::Q5_1 => 4..24,
-        GgmlType::Q4_K => 16..144,
-        GgmlType::Q5_K => 16..176,
-        _ => return vec![0.0; values],
-    };
-    let mut zeroed = bytes.to_vec();
-    for block in zeroed.chunks_exact_mut(ty.block().1) {
-        block[codes.clone()].fill(0);
-    }
-    let mut m = vec![0.0f32; values];
-    dequantize(ty, &zeroed, &mut m);
-    m.into_iter().map(f64::from).collect()
 }
 
 /// Per output: `Σ w·ã` in f64 (the dequantized weights times the rounded activations), the

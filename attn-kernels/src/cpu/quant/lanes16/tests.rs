@@ -6,7 +6,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::*;
 use crate::cpu::ggml::dequantize;
-use crate::cpu::quant::tests::{FORMATS, Poisoned, random_part};
+use crate::cpu::quant::tests::{FORMATS, Poisoned, offsets, random_part};
 
 /// Whether this CPU runs the path (else the tests have nothing to run, and say so).
 fn vnni_here() -> bool {
@@ -15,27 +15,6 @@ fn vnni_here() -> bool {
         eprintln!("lanes16: this CPU has no AVX-512 VNNI, the path does not exist here");
     }
     here
-}
-
-/// Each value's offset `m` (`value = d·code + m`, the code centred for the centred formats),
-/// read independently of the kernel: the offset formats' blocks dequantized with every code
-/// byte zeroed (the value of code 0 is the offset); zero for the centred formats.
-fn offsets(ty: GgmlType, bytes: &[u8], values: usize) -> Vec<f64> {
-    // Where each offset format's code bytes (and fifth bits) lie in its block.
-    let codes = match ty {
-        GgmlType::Q4_1 => 4..20,
-        GgmlType::Q5_1 => 4..24,
-        GgmlType::Q4_K => 16..144,
-        GgmlType::Q5_K => 16..176,
-        _ => return vec![0.0; values],
-    };
-    let mut zeroed = bytes.to_vec();
-    for block in zeroed.chunks_exact_mut(ty.block().1) {
-        block[codes.clone()].fill(0);
-    }
-    let mut m = vec![0.0f32; values];
-    dequantize(ty, &zeroed, &mut m);
-    m.into_iter().map(f64::from).collect()
 }
 
 /// What the path computes, in f64, `Σ (w − m)·x̃ + m·x` with `x̃` the rounded activations, and
