@@ -47,23 +47,21 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     if let Some(file) = &args.import_gpu {
         return import_gpu_figures(&report_dir, file);
     }
+    // Before the last run's folders are cleared: a mistyped group leaves them as they were.
+    let known = |g: &str| g == registry::PYTHON_GROUP || registry::TARGETS.iter().any(|t| t.group == g);
+    if let Some(unknown) = args.only.iter().find(|g| !known(g)) {
+        bail!("no benchmark group {unknown:?}; groups: {}", registry::group_names());
+    }
     let criterion_home = report_dir.join("criterion-run");
     let figures_dir = report_dir.join("figures-run");
     fresh_dir(&criterion_home)?;
     fresh_dir(&figures_dir)?;
 
-    let known = |g: &str| g == registry::PYTHON_GROUP || registry::TARGETS.iter().any(|t| t.group == g);
-    if let Some(unknown) = args.only.iter().find(|g| !known(g)) {
-        bail!("no benchmark group {unknown:?}; groups: {}", registry::group_names());
-    }
     let selected: Vec<&registry::BenchTarget> = registry::TARGETS
         .iter()
         .filter(|t| args.only.is_empty() || args.only.iter().any(|g| g == t.group))
         .collect();
     let python_scale = args.only.is_empty() || args.only.iter().any(|g| g == registry::PYTHON_GROUP);
-    if selected.is_empty() && !python_scale {
-        bail!("no benchmark target matches --only {:?}; groups: {}", args.only, registry::group_names());
-    }
     for target in &selected {
         let mut cmd = cargo();
         cmd.args(["bench", "-p", target.package, "--bench", target.bench, "--"])
