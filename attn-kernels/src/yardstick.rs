@@ -51,6 +51,10 @@ fn dot_loop(dot: Dot, iters: usize) -> u64 {
 /// cycles) at its throughput (up to 2 a cycle).
 const CHAINS: usize = 12;
 
+// The loops' instructions are written in `asm!`: as intrinsics over loop-invariant operands,
+// LLVM hoists the products out of the loop (one `vpmaddwd` before it, then `vpaddd`s), and the
+// "peak" is then a rate of additions.
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 fn vnni_loop(dot: Dot, iters: usize) -> u64 {
@@ -58,18 +62,21 @@ fn vnni_loop(dot: Dot, iters: usize) -> u64 {
     let a = _mm512_set1_epi32(black_box(0x0102_0304));
     let b = _mm512_set1_epi32(black_box(0x0101_0101));
     let mut acc = [_mm512_setzero_si512(); CHAINS];
-    match dot {
-        Dot::Int16 => {
-            for _ in 0..iters {
-                for x in &mut acc {
-                    *x = _mm512_dpwssd_epi32(*x, a, b);
-                }
-            }
-        }
-        Dot::Int8 => {
-            for _ in 0..iters {
-                for x in &mut acc {
-                    *x = _mm512_dpbusd_epi32(*x, a, b);
+    for _ in 0..iters {
+        for x in &mut acc {
+            // SAFETY: register operands only, on a CPU with AVX-512 VNNI (this function's features).
+            unsafe {
+                match dot {
+                    Dot::Int16 => std::arch::asm!(
+                        "vpdpwssd {x}, {a}, {b}",
+                        x = inout(zmm_reg) *x, a = in(zmm_reg) a, b = in(zmm_reg) b,
+                        options(pure, nomem, nostack, preserves_flags),
+                    ),
+                    Dot::Int8 => std::arch::asm!(
+                        "vpdpbusd {x}, {a}, {b}",
+                        x = inout(zmm_reg) *x, a = in(zmm_reg) a, b = in(zmm_reg) b,
+                        options(pure, nomem, nostack, preserves_flags),
+                    ),
                 }
             }
         }
@@ -87,18 +94,25 @@ fn avx2_loop(dot: Dot, iters: usize) -> u64 {
     let b = _mm256_set1_epi32(black_box(0x0101_0101));
     let ones = _mm256_set1_epi16(black_box(1));
     let mut acc = [_mm256_setzero_si256(); CHAINS];
-    match dot {
-        Dot::Int16 => {
-            for _ in 0..iters {
-                for x in &mut acc {
-                    *x = _mm256_add_epi32(*x, _mm256_madd_epi16(a, b));
-                }
-            }
-        }
-        Dot::Int8 => {
-            for _ in 0..iters {
-                for x in &mut acc {
-                    *x = _mm256_add_epi32(*x, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), ones));
+    for _ in 0..iters {
+        for x in &mut acc {
+            // SAFETY: register operands only, on a CPU with AVX2 (this function's feature).
+            unsafe {
+                match dot {
+                    Dot::Int16 => std::arch::asm!(
+                        "vpmaddwd {t}, {a}, {b}",
+                        "vpaddd {x}, {x}, {t}",
+                        x = inout(ymm_reg) *x, a = in(ymm_reg) a, b = in(ymm_reg) b, t = out(ymm_reg) _,
+                        options(pure, nomem, nostack, preserves_flags),
+                    ),
+                    Dot::Int8 => std::arch::asm!(
+                        "vpmaddubsw {t}, {a}, {b}",
+                        "vpmaddwd {t}, {t}, {ones}",
+                        "vpaddd {x}, {x}, {t}",
+                        x = inout(ymm_reg) *x, a = in(ymm_reg) a, b = in(ymm_reg) b,
+                        ones = in(ymm_reg) ones, t = out(ymm_reg) _,
+                        options(pure, nomem, nostack, preserves_flags),
+                    ),
                 }
             }
         }
