@@ -9,20 +9,26 @@ use crate::cpu::linear::TileOut;
 use crate::cpu::quant::GgmlType;
 use crate::cpu::quant::int16::{Codes, Layout};
 
-/// `acc + Σ pairs a·b` (`vpdpwssd`), as one instruction: LLVM splits the intrinsic into
-/// `vpmaddwd` + `vpaddd` (two µops, the f32 FMA's rate) when it sits on a dependency chain.
+/// `acc + Σ pairs a·b` with `b` the dword at `b` in every lane, as one instruction: `vpdpwssd`
+/// with an embedded broadcast. Written in `asm!` because LLVM splits the intrinsic into
+/// `vpmaddwd` + `vpaddd` (two µops, the f32 FMA's rate) when it sits on a dependency chain, and
+/// because a broadcast as an operand rides on the load, where a `vpbroadcastd` of its own takes
+/// a vector pipe on Zen 4 (a 16-token tile has one per `vpdpwssd`).
+///
+/// # Safety
+/// AVX-512F/VNNI; `b` is readable for 4 bytes.
 #[target_feature(enable = "avx512f,avx512vnni")]
 #[inline]
-fn dpwssd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+unsafe fn dpwssd_bcst(acc: __m512i, a: __m512i, b: *const i32) -> __m512i {
     let mut acc = acc;
-    // SAFETY: register operands only, on a CPU with AVX-512 VNNI (this function's features).
+    // SAFETY: a 4-byte read at `b` (the contract), on a CPU with AVX-512 VNNI.
     unsafe {
         std::arch::asm!(
-            "vpdpwssd {acc}, {a}, {b}",
+            "vpdpwssd {acc}, {a}, dword ptr [{b}]{{1to16}}",
             acc = inout(zmm_reg) acc,
             a = in(zmm_reg) a,
-            b = in(zmm_reg) b,
-            options(pure, nomem, nostack, preserves_flags),
+            b = in(reg) b,
+            options(pure, readonly, nostack, preserves_flags),
         );
     }
     acc
@@ -234,9 +240,8 @@ impl Tile<'_> {
                     let xv: [__m512i; V] =
                         std::array::from_fn(|v| _mm512_loadu_si512(xw.add(p * TM + 16 * v).cast()));
                     for (c, a) in acci.iter_mut().enumerate() {
-                        let wb = _mm512_set1_epi32(codes.add(c * k + 2 * p).cast::<i32>().read_unaligned());
                         for (s, &x) in a.iter_mut().zip(&xv) {
-                            *s = dpwssd(*s, x, wb);
+                            *s = dpwssd_bcst(*s, x, codes.add(c * k + 2 * p).cast::<i32>());
                         }
                     }
                 }
