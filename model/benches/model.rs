@@ -4,7 +4,8 @@
 //! bf16 cache, with the fractions of those rooflines they reach; and batch-1 decode over one
 //! weight per integer-code format ([`formats`]) as a fraction of the read-only sum; then the same
 //! at Llama-3.2-1B's shapes against the integer peak multiply-add rates ([`l1b`]).
-//! Writes `$BENCH_FIGURES_DIR/model.json` and `model.md`; `BENCH_QUICK=1` takes fewer samples.
+//! Writes `$BENCH_FIGURES_DIR/model.json` and `model.md`; `BENCH_QUICK=1` takes fewer samples;
+//! `MODEL_ONLY=l1b` runs the 1B section alone and prints it (writing nothing).
 
 #[path = "model_support/formats.rs"]
 mod formats;
@@ -133,6 +134,12 @@ fn main() {
     let memcpy = memcpy_bytes_per_sec(samples);
     let read = read_bytes_per_sec(samples);
     eprintln!("gemm {gflops:.1} GFLOP/s, memcpy {:.2} GB/s, read {:.2} GB/s", memcpy / 1e9, read / 1e9);
+    if std::env::var("MODEL_ONLY").is_ok_and(|v| v == "l1b") {
+        // A kernel's edit-measure loop: the 1B section alone, printed, no figures written.
+        let (figures, md) = l1b::measure(samples, &l1b::Rooflines { gemm_flops: gflops * 1e9, read });
+        println!("{md}\n{figures:#}");
+        return;
+    }
     let by_format = formats::read_fractions(samples * 3);
     for (ty, f) in &by_format {
         eprintln!("decode {ty:?}: {f:.2} of the read-only sum");

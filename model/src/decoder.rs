@@ -13,6 +13,7 @@ use crate::arch::{LayerMatrix, LayerNorm, RopeKind};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::forward::cpu::{CpuStep, Workspace};
+use crate::forward::timed::{StepProfile, Timed};
 
 use crate::forward::{self, StepShape};
 use crate::gguf::GgufFile;
@@ -273,6 +274,16 @@ impl Model {
         cache: &mut KvCache,
         ws: &'w mut Workspace,
     ) -> Result<&'w [f32]> {
+        self.forward_inner(input, cache, ws, None)
+    }
+
+    fn forward_inner<'w>(
+        &self,
+        input: &ModelInput<'_>,
+        cache: &mut KvCache,
+        ws: &'w mut Workspace,
+        mut profile: Option<&mut StepProfile>,
+    ) -> Result<&'w [f32]> {
         self.check_input(input, cache)?;
         // Every op fans out through rayon, ~10 times per layer. Issued from a thread outside
         // the pool, each fan-out is a cross-thread injection, a wake-up and a blocking wait
@@ -283,8 +294,25 @@ impl Model {
             layers: &self.config.layer_attention,
             samples: !input.sample_indices.is_empty(),
         };
-        let mut run = || forward::run(&mut CpuStep::new(self, input, cache, ws), step);
+        let mut run = || match profile.as_deref_mut() {
+            Some(profile) => {
+                forward::run(&mut Timed { inner: CpuStep::new(self, input, cache, ws), profile }, step)
+            }
+            None => forward::run(&mut CpuStep::new(self, input, cache, ws), step),
+        };
         if rayon::current_thread_index().is_some() { run() } else { rayon::scope(|_| run()) }?;
         Ok(ws.logits(input.sample_indices.len() * self.config.vocab_size))
+    }
+
+    /// [`Self::forward`] with the time of each phase added to `profile` (the bench report's
+    /// breakdown of a step).
+    pub fn forward_profiled<'w>(
+        &self,
+        input: &ModelInput<'_>,
+        cache: &mut KvCache,
+        ws: &'w mut Workspace,
+        profile: &mut StepProfile,
+    ) -> Result<&'w [f32]> {
+        self.forward_inner(input, cache, ws, Some(profile))
     }
 }

@@ -10,6 +10,7 @@
 //! [`Buf::Logits`], which have one per sampled token.
 
 pub mod cpu;
+pub mod timed;
 
 use crate::arch::{Activation, Architecture, LayerAttention, LayerMatrix, LayerNorm, RopeKind};
 use attn_kernels::AttnScores;

@@ -2,12 +2,14 @@
 //! random weights) in the forward pass alone, put over this CPU's rooflines measured in the
 //! same run: a 512-token prefill and a 16-sequence decode step over the peak multiply-add rate
 //! of the activation path that ran (int16: `vpdpwssd`; int8: `vpdpbusd`; f32: the GEMM's), and
-//! batch-1 decode over the read-only sum.
+//! batch-1 decode over the read-only sum; and the 16-sequence step's time phase by phase.
+//! `L1B_ACTIVATIONS=int8|f32` measures that path instead of this CPU's default.
 
 use attn_kernels::Isa;
 use attn_kernels::cpu::quant::INTEGER_CODE_FORMATS;
 use attn_kernels::yardstick::{Dot, peak_macs_per_sec};
 use kv_cache::DType;
+use model::forward::timed::{Phase, StepProfile};
 use model::{ActivationPrecision, Model, Workspace};
 
 use super::harness::{Seq, build_batch, cache_of};
@@ -36,8 +38,11 @@ pub fn measure(samples: usize, roof: &Rooflines) -> (serde_json::Value, String) 
 
     let path = model::testing::made_model_fetched("llama-3.2-1b", "q4_0").unwrap_or_else(|e| panic!("{e}"));
     let mut model = Model::load(&path).unwrap_or_else(|e| panic!("cannot load {}: {e}", path.display()));
-    let activations =
-        ActivationPrecision::default().resolve(Isa::detected(), INTEGER_CODE_FORMATS.into_iter());
+    let activations = match std::env::var("L1B_ACTIVATIONS").as_deref() {
+        Ok("int8") => ActivationPrecision::Int8,
+        Ok("f32") => ActivationPrecision::F32,
+        _ => ActivationPrecision::default().resolve(Isa::detected(), INTEGER_CODE_FORMATS.into_iter()),
+    };
     model.activations = activations;
     let (peak, peak_name) = match activations {
         ActivationPrecision::Int16 => (peak16, "int16 vpdpwssd peak"),
@@ -85,6 +90,7 @@ pub fn measure(samples: usize, roof: &Rooflines) -> (serde_json::Value, String) 
         }
     }
     let (b16_secs, b1_secs) = (median(&mut t16), median(&mut t1));
+    let breakdown = step_breakdown(&model, &b16.input(), &mut cache, &mut ws, samples, b16_secs);
     let b16_macs = model.matmul_flops(BATCH, BATCH) / 2.0;
     let c = &model.config;
     let kv_bytes = c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim * (CONTEXT + 1) * 2;
@@ -119,8 +125,48 @@ pub fn measure(samples: usize, roof: &Rooflines) -> (serde_json::Value, String) 
         BATCH as f64 / b16_secs,
         1.0 / b1_secs,
         step_bytes / 1e6,
-    );
+    ) + &breakdown;
     (figures, md)
+}
+
+/// The report's breakdown of the 16-sequence decode step: each phase of `samples` profiled
+/// steps (every op timed) as a share of those steps' wall time, the rest being outside the ops
+/// (entering the pool, between ops); `step_secs` is the untimed step's median, for scale.
+fn step_breakdown(
+    model: &Model,
+    input: &model::ModelInput<'_>,
+    cache: &mut kv_cache::KvCache,
+    ws: &mut Workspace,
+    samples: usize,
+    step_secs: f64,
+) -> String {
+    let mut profile = StepProfile::default();
+    let rounds = samples.max(1);
+    let start = std::time::Instant::now();
+    for _ in 0..rounds {
+        model.forward_profiled(input, cache, ws, &mut profile).expect("profiled decode");
+    }
+    let per_step = |s: f64| s / rounds as f64;
+    let wall = per_step(start.elapsed().as_secs_f64());
+    let mut md = format!(
+        "\nThe 16-sequence decode step by phase ({rounds} steps with every op timed, mean {:.1} ms; \
+         untimed, the step's median is {:.1} ms):\n\n| phase | ms | share |\n|---|---:|---:|\n",
+        wall * 1e3,
+        step_secs * 1e3
+    );
+    let mut row = |name: &str, secs: f64| {
+        md += &format!("| {name} | {:.2} | {:.1} % |\n", secs * 1e3, 100.0 * secs / wall)
+    };
+    for phase in Phase::ALL {
+        let secs = per_step(profile.secs(phase));
+        if secs > 0.0 {
+            row(phase.name(), secs);
+        }
+    }
+    let matmuls: f64 = Phase::ALL.iter().filter(|p| p.is_matmul()).map(|&p| per_step(profile.secs(p))).sum();
+    row("all matmuls", matmuls);
+    row("outside the ops (entering the pool, between ops)", wall - per_step(profile.total()));
+    md
 }
 
 fn median_of(samples: usize, mut f: impl FnMut() -> f64) -> f64 {
