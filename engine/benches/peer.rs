@@ -120,6 +120,8 @@ fn measure_ours(engine: &mut Engine, w: &Value) -> Result<Value, Box<dyn Error>>
     let e2e: Vec<Vec<u32>> = w["e2e_64"]["prompts"].as_array().into_iter().flatten().map(ids).collect();
     run(engine, &[prefill[..8].to_vec()], 2)?; // warm-up
     let mut rates: std::collections::BTreeMap<&str, Vec<f64>> = Default::default();
+    // The last round's decode steps of each e2e case, phase by phase.
+    let mut phases = serde_json::Map::new();
     let mut push = |case, rate| rates.entry(case).or_default().push(rate);
     for _ in 0..REPS {
         if has("prefill_512") {
@@ -137,13 +139,60 @@ fn measure_ours(engine: &mut Engine, w: &Value) -> Result<Value, Box<dyn Error>>
         }
         for (case, n) in [("e2e_16", 16), ("e2e_64", 64)] {
             if has(case) {
+                engine.reset_metrics();
                 let r = run(engine, &e2e[..n], out)?;
                 push(case, r.output_tokens as f64 / r.wall_s);
+                phases.insert(format!("{case}_decode_step"), step_phases_ms(&engine.metrics().decode_steps));
             }
         }
     }
     let medians = rates.into_iter().map(|(case, v)| (format!("{case}_tok_s"), json!(median(v))));
-    Ok(Value::Object(medians.collect()))
+    Ok(Value::Object(medians.chain(phases).collect()))
+}
+
+/// A decode step's mean milliseconds by phase, from the engine's sums.
+fn step_phases_ms(p: &engine::StepPhases) -> Value {
+    let ms = |s: f64| s * 1e3 / p.steps.max(1) as f64;
+    json!({
+        "steps": p.steps,
+        "step": ms(p.total_s()),
+        "schedule": ms(p.schedule_s),
+        "prepare": ms(p.prepare_s),
+        "forward": ms(p.forward_s),
+        "sample": ms(p.sample_s),
+        "update": ms(p.update_s),
+    })
+}
+
+/// The report's table of ours' decode steps in the e2e cases, phase by phase (the forward's
+/// own phases are the `model` group's breakdown).
+fn step_phases_md(ours: &Value) -> String {
+    let mut md =
+        "\nOurs' decode steps in the e2e cases (the last round's steps that prefilled nothing), mean \
+                  ms by phase: `forward` includes the greedy argmax; `update` stop checks, \
+                  detokenization, the scheduler's update and the outputs.\n\n\
+                  | case | steps | step ms | schedule | prepare | forward | sample | update |\n\
+                  |---|---:|---:|---:|---:|---:|---:|---:|\n"
+            .to_owned();
+    let mut any = false;
+    for case in ["e2e_16", "e2e_64"] {
+        let p = &ours[format!("{case}_decode_step")];
+        if p.is_object() {
+            any = true;
+            let f = |k: &str| p[k].as_f64().unwrap_or(f64::NAN);
+            md += &format!(
+                "| {case} | {} | {:.1} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} |\n",
+                p["steps"],
+                f("step"),
+                f("schedule"),
+                f("prepare"),
+                f("forward"),
+                f("sample"),
+                f("update")
+            );
+        }
+    }
+    if any { md } else { String::new() }
 }
 
 /// One model the group compares on.
@@ -285,6 +334,7 @@ fn ours_alone(m: &PeerModel, figures: &mut serde_json::Map<String, Value>) -> Re
         figures.insert(format!("{}{case}_ours_tok_s", m.prefix), json!(o));
         writeln!(md, "| {what} | {o:.1} |")?;
     }
+    md += &step_phases_md(&ours);
     Ok(md)
 }
 
@@ -377,6 +427,7 @@ fn compare(
              VM that advertises AMX)."
         )?;
     }
+    md += &step_phases_md(&ours);
     draw_bars(&report_dir.join(svg), &bars)?;
     writeln!(md, "\n![ours and llama.cpp on {}, tokens per second per case]({svg})", m.label)?;
     Ok(md)

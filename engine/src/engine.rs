@@ -14,7 +14,7 @@ use scheduler::{RequestKey, Scheduler, SchedulerConfig, SchedulerOutput, SeqId, 
 
 use crate::config::{EngineConfig, PreemptionMode};
 use crate::error::{EngineError, RequestError};
-use crate::metrics::{Gauges, LiveMetrics, MetricsCollector, MetricsSnapshot};
+use crate::metrics::{Gauges, LiveMetrics, MetricsCollector, MetricsSnapshot, StepPhases};
 use crate::output::{FinishReason, RequestOutput, StreamError};
 use crate::request::{Prompt, RequestOptions, RequestRecord};
 use crate::sampling::{SampleRow, SamplingParams, TokenChoice, sample_batch};
@@ -192,6 +192,11 @@ impl Engine {
     }
 
     /// Device KV blocks in the pool.
+    /// Bytes of weights a decode step reads (every matrix once, in its stored format).
+    pub fn weight_bytes_per_step(&self) -> usize {
+        self.runner.weight_bytes_per_step()
+    }
+
     pub fn num_kv_blocks(&self) -> usize {
         self.scheduler.device_pool().num_blocks()
     }
@@ -386,8 +391,10 @@ impl Engine {
     /// Runs one engine step and returns every request's news.
     pub fn step(&mut self) -> Result<Vec<RequestOutput>, EngineError> {
         let mut outputs = std::mem::take(&mut self.pending);
+        let started = Instant::now();
         self.scheduler.schedule_into(&mut self.bufs.plan)?;
         let now = Instant::now();
+        let mut phases = StepPhases { schedule_s: (now - started).as_secs_f64(), ..StepPhases::default() };
         // Sequences that outgrew the whole pool: finished by the scheduler, "length" to the client.
         for i in 0..self.bufs.plan.capacity_exceeded.len() {
             let key = self.bufs.plan.capacity_exceeded[i];
@@ -402,8 +409,9 @@ impl Engine {
             self.metrics.step_done(0, 0, &self.bufs.gauges);
             return Ok(outputs);
         }
-        let generated = self.run_step()?;
+        let generated = self.run_step(&mut phases)?;
         let now = Instant::now();
+        let applied = now;
         let mut touched: Vec<RequestKey> = self.bufs.targets.iter().map(|t| t.request).collect();
         touched.extend(self.bufs.result.finished_requests.iter().copied());
         touched.sort_unstable();
@@ -419,14 +427,25 @@ impl Engine {
             let _ = self.abort_key(key);
         }
         self.bufs.gauges = self.gauges();
-        self.metrics.step_done(self.bufs.plan.num_prefill_tokens(), generated, &self.bufs.gauges);
+        let prefilled = self.bufs.plan.num_prefill_tokens();
+        if prefilled == 0 {
+            phases.update_s += applied.elapsed().as_secs_f64();
+            phases.context_tokens = self.bufs.plan.seq_lens.iter().map(|&n| n as u64).sum();
+            self.metrics.decode_step(phases);
+        }
+        self.metrics.step_done(prefilled, generated, &self.bufs.gauges);
         Ok(outputs)
     }
 
     /// The planned step, phase by phase: block moves and block-table deltas, forward,
     /// sampling, stop detection and detokenization, scheduler update. Returns the number of
-    /// tokens generated.
-    fn run_step(&mut self) -> Result<usize, EngineError> {
+    /// tokens generated; adds each phase's time to `phases`.
+    fn run_step(&mut self, phases: &mut StepPhases) -> Result<usize, EngineError> {
+        let mut clock = Instant::now();
+        let mut lap = || {
+            let now = Instant::now();
+            (now - std::mem::replace(&mut clock, now)).as_secs_f64()
+        };
         let plan = &self.bufs.plan;
         self.runner.move_blocks(&plan.blocks_to_swap_out, &plan.blocks_to_swap_in, &plan.blocks_to_copy)?;
         for s in &plan.seqs {
@@ -444,14 +463,17 @@ impl Engine {
             seq_rows: &plan.seq_rows,
             sample_indices: self.bufs.prompt_rows.indices(plan),
         };
+        phases.prepare_s += lap();
         let sampled = if !self.bufs.prompt_rows.any() && greedy::plain_greedy_step(plan, &self.live) {
             let tokens = self.runner.forward_greedy(&step, crate::sampling::filter::argmax)?;
+            phases.forward_s += lap();
             greedy::targets(&self.bufs.plan, &mut self.bufs.targets);
             greedy::record(tokens, &self.bufs.targets, &mut self.live)?
         } else {
             let guides = crate::structured::sampled_guides(&self.bufs.plan, &mut self.live);
             let times = self.metrics.mask_times();
             let logits = crate::structured::while_running(guides, times, || self.runner.forward(&step))?;
+            phases.forward_s += lap();
             let (logits, prompt_logits) = logits
                 .split_at_checked(plan.sample_indices.len() * vocab)
                 .ok_or(EngineError::Internal("fewer logits than sampled rows"))?;
@@ -465,8 +487,10 @@ impl Engine {
             )?;
             self.sample(vocab)?
         };
+        phases.sample_s += lap();
         let updates = self.apply_samples(sampled)?;
         self.update_scheduler(&updates)?;
+        phases.update_s += lap();
         Ok(updates.len())
     }
 

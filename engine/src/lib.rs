@@ -34,7 +34,9 @@ pub use engine::Engine;
 pub use error::{EngineError, RequestError};
 pub use handle::{AbortHandle, EngineHandle, OutputStream, RequestStream, ShutdownMode};
 pub use kv_map::{BlockState, KvCounters, KvMap, KvSnapshot, KvTable};
-pub use metrics::{Gauges, LatencyStats, LiveMetrics, MetricsSnapshot, STEP_TOKEN_BUCKETS, StepTokens};
+pub use metrics::{
+    Gauges, LatencyStats, LiveMetrics, MetricsSnapshot, STEP_TOKEN_BUCKETS, StepPhases, StepTokens,
+};
 pub use model::{ChatMessage, Conversation, FunctionCall, TemplateValue, ToolCall};
 pub use output::{
     Completion, CompletionDelta, FinalOutput, FinishReason, PromptLogprobs, RequestKey, RequestOutput,

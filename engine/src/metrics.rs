@@ -166,6 +166,36 @@ pub struct MetricsSnapshot {
     pub e2e_latency: LatencyStats,
     /// The guided samples' token masks computed ahead of sampling.
     pub guided_masks: MaskTimes,
+    /// Where the decode-only steps' time went, phase by phase.
+    pub decode_steps: StepPhases,
+}
+
+/// The time of steps that prefilled nothing, split by phase, summed over those steps: the
+/// engine's share of a decode step beside the forward pass.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Default)]
+pub struct StepPhases {
+    pub steps: u64,
+    /// Choosing the step's work (`schedule_into`), seconds.
+    pub schedule_s: f64,
+    /// Block moves and block-table rows written for the runner, seconds.
+    pub prepare_s: f64,
+    /// The forward pass (greedy steps: with the argmax over the logits), seconds.
+    pub forward_s: f64,
+    /// Sampling from the logits, with the structured-output masks, seconds.
+    pub sample_s: f64,
+    /// Applying the tokens: stop checks, detokenization, the scheduler's update and the
+    /// finished requests' outputs, seconds.
+    pub update_s: f64,
+    /// The context lengths of the steps' sequences, summed: the tokens of KV the steps' attention
+    /// read.
+    pub context_tokens: u64,
+}
+
+impl StepPhases {
+    /// Every phase's seconds together.
+    pub fn total_s(&self) -> f64 {
+        self.schedule_s + self.prepare_s + self.forward_s + self.sample_s + self.update_s
+    }
 }
 
 /// Accumulates metrics; the engine feeds it each step.
@@ -187,6 +217,7 @@ pub struct MetricsCollector {
     tpot: LatencyHistogram,
     e2e: LatencyHistogram,
     guided_masks: MaskTimes,
+    decode_steps: StepPhases,
 }
 
 impl MetricsCollector {
@@ -210,6 +241,7 @@ impl MetricsCollector {
             tpot: LatencyHistogram::new(),
             e2e: LatencyHistogram::new(),
             guided_masks: MaskTimes::default(),
+            decode_steps: StepPhases::default(),
         }
     }
 
@@ -221,6 +253,18 @@ impl MetricsCollector {
     /// Where a step adds the times of the masks it computes.
     pub(crate) fn mask_times(&mut self) -> &mut MaskTimes {
         &mut self.guided_masks
+    }
+
+    /// A decode-only step's phases, to add to the sums.
+    pub(crate) fn decode_step(&mut self, phases: StepPhases) {
+        let d = &mut self.decode_steps;
+        d.steps += 1;
+        d.schedule_s += phases.schedule_s;
+        d.prepare_s += phases.prepare_s;
+        d.forward_s += phases.forward_s;
+        d.sample_s += phases.sample_s;
+        d.update_s += phases.update_s;
+        d.context_tokens += phases.context_tokens;
     }
 
     pub fn record_rejected(&mut self) {
@@ -309,6 +353,7 @@ impl MetricsCollector {
             tpot: self.tpot.stats(),
             e2e_latency: self.e2e.stats(),
             guided_masks: self.guided_masks,
+            decode_steps: self.decode_steps,
         }
     }
 }

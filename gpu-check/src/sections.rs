@@ -19,7 +19,7 @@
 //! | `model_f16` | gpu_model_check | the same in f16 | 9 s | 30 s |
 //! | `model_families` | gpu_model_check | every family's tiny checkpoint, bf16, contexts inside its windows | 3 s | 20 s |
 //! | `e2e_greedy` | gpu_model_check | the engine's greedy tokens on the GPU, each checked against the CPU forward | 20 s | 60 s |
-//! | `e2e` | gpu_model_check | `cuda.e2e_output_tok_s`: 256 × (512 in, 128 out) on a Llama-3.2-1B shape | 30 s | 60 s |
+//! | `e2e` | gpu_model_check | `cuda.e2e_output_tok_s`: 256 × (512 in, 128 out) on a Llama-3.2-1B shape; its decode steps' bytes over a 1 GiB copy's bandwidth | 30 s | 60 s |
 //!
 //! About 120 s expected. The caps sum past the run's budget on purpose: `gpu_run` gives each
 //! section the smaller of its cap and what is left of [`RUN_BUDGET_S`], so a hang costs one

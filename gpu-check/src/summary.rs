@@ -16,7 +16,7 @@ use crate::sections::SECTIONS;
 const CASES_SHOWN: usize = 12;
 
 /// The headline figures, in the order printed.
-const HEADLINES: [&str; 16] = [
+const HEADLINES: [&str; 18] = [
     "device",
     "driver",
     "cuda.copy_tb_s",
@@ -28,6 +28,8 @@ const HEADLINES: [&str; 16] = [
     "cuda.sweep.heldout_auto_picked_faster",
     "cuda.sweep.heldout_auto_worst_over_best",
     "cuda.e2e_output_tok_s",
+    "cuda.e2e_decode_step_ms",
+    "cuda.e2e_decode_step_bw_fraction",
     "cuda.e2e_greedy_tokens",
     "cuda.e2e_greedy_argmax_agreement",
     "cuda.e2e_greedy_near_ties",

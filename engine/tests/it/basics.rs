@@ -50,6 +50,12 @@ fn generates_max_tokens_with_streamed_deltas() {
     let m = engine.metrics();
     assert_eq!((m.requests_finished, m.generation_tokens), (1, 20));
     assert_eq!(m.ttft.count, 1);
+    // The prefill step samples the first token; each of the other 19 is a decode-only step,
+    // whose sequence holds the prompt and the tokens so far.
+    let (d, p) = (m.decode_steps, outs[19].prompt_tokens as u64);
+    assert_eq!(d.steps, 19);
+    assert_eq!(d.context_tokens, (1..20).map(|i| p + i).sum::<u64>());
+    assert!(d.forward_s > 0.0 && d.total_s() >= d.forward_s + d.schedule_s);
 }
 
 /// Request id, prompt, parameters, and the error expected.

@@ -166,6 +166,16 @@ impl Runner {
         }
     }
 
+    /// Bytes of weights a decode step reads: on the CPU every matrix once in its stored format;
+    /// on CUDA the device copies of the weights.
+    pub fn weight_bytes_per_step(&self) -> usize {
+        match &self.on {
+            OnDevice::Cpu(c) => c.model.weight_bytes_per_step(),
+            #[cfg(feature = "cuda")]
+            OnDevice::Cuda(c) => c.model.weight_bytes(),
+        }
+    }
+
     /// The KV cache's final configuration (its block counts feed the scheduler).
     pub fn cache_config(&self) -> &CacheConfig {
         &self.cache_config

@@ -19,7 +19,9 @@
 //!   is its argmax or a near tie;
 //! - `e2e`: writes a random-weight Llama-3.2-1B-shaped folder (bf16, generated here, never
 //!   carried) and measures `cuda.e2e_output_tok_s`: 256 requests of 512 random prompt tokens
-//!   and 128 output tokens each, submitted at once, through the engine on CUDA.
+//!   and 128 output tokens each, submitted at once, through the engine on CUDA; and its
+//!   decode-only steps' bytes (the weights once, every sequence's KV) over a 1 GiB device copy's
+//!   bandwidth, `cuda.e2e_decode_step_bw_fraction`.
 //!
 //! Estimated time on the H200 machine (the table in `gpu_check::sections`): each forward check
 //! is 13 steps over 1 868 prompt tokens and 32 decodes, a CPU forward of ~9 or ~18 GFLOP (a
@@ -79,7 +81,9 @@ fn run(name: &str, work: &Path, rec: &mut Recorder) -> Res<()> {
             let big = work.join("llama-3.2-1b-random");
             write_folder(&big, &LLAMA_32_1B, Dtype::BF16, 12)?;
             rec.figure("cuda.e2e_write_model_s", start.elapsed().as_secs_f64());
-            e2e(&big, rec)
+            let copy_bps = copy_bytes_per_sec(&device)?;
+            rec.figure("cuda.e2e_copy_tb_s", copy_bps / 1e12);
+            e2e(&big, copy_bps, rec)
         }
         other => Err(format!("gpu_model_check has no section {other}").into()),
     }
@@ -253,8 +257,30 @@ fn cuda_bf16_config() -> EngineConfig {
     }
 }
 
-/// `cuda.e2e_output_tok_s`: 256 requests × (512 in, 128 out), all submitted at once.
-fn e2e(dir: &Path, rec: &mut Recorder) -> Res<()> {
+/// Bytes a device-to-device copy of 1 GiB moves a second (read + written): the ceiling a
+/// decode step's reads are put over.
+fn copy_bytes_per_sec(device: &CudaDevice) -> Res<f64> {
+    let stream = device.stream().clone();
+    let n = 1usize << 30;
+    let src = stream.alloc_zeros::<u8>(n)?;
+    let mut dst = stream.alloc_zeros::<u8>(n)?;
+    let mut times = Vec::new();
+    for round in 0..8 {
+        stream.synchronize()?;
+        let start = Instant::now();
+        stream.memcpy_dtod(&src, &mut dst)?;
+        stream.synchronize()?;
+        if round >= 3 {
+            times.push(start.elapsed().as_secs_f64());
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(2.0 * n as f64 / times[times.len() / 2])
+}
+
+/// `cuda.e2e_output_tok_s`: 256 requests × (512 in, 128 out), all submitted at once; and the
+/// decode-only steps' bytes (weights once, every sequence's KV) over `copy_bps`.
+fn e2e(dir: &Path, copy_bps: f64, rec: &mut Recorder) -> Res<()> {
     let config = EngineConfig {
         max_num_seqs: 256,
         max_num_batched_tokens: 8192,
@@ -286,6 +312,27 @@ fn e2e(dir: &Path, rec: &mut Recorder) -> Res<()> {
     rec.figure("cuda.e2e_total_tok_s", (m.generation_tokens + m.prompt_tokens) as f64 / wall);
     rec.figure("cuda.e2e_seconds", wall);
     rec.figure("cuda.e2e_failed_requests", failed);
+    let d = m.decode_steps;
+    if d.steps > 0 {
+        let c = engine.model_config();
+        // bf16 K and V of every layer per token of context.
+        let kv_per_token = c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim * 2;
+        let bytes = engine.weight_bytes_per_step() as f64
+            + d.context_tokens as f64 / d.steps as f64 * kv_per_token as f64;
+        let step_s = d.total_s() / d.steps as f64;
+        rec.figure("cuda.e2e_decode_steps", d.steps);
+        rec.figure("cuda.e2e_decode_step_ms", step_s * 1e3);
+        rec.figure("cuda.e2e_decode_step_forward_ms", d.forward_s / d.steps as f64 * 1e3);
+        rec.figure("cuda.e2e_decode_step_mb", bytes / 1e6);
+        rec.figure("cuda.e2e_decode_step_bw_fraction", bytes / step_s / copy_bps);
+        eprintln!(
+            "e2e: {} decode-only steps of {:.2} ms reading {:.0} MB: {:.2} of the copy bandwidth",
+            d.steps,
+            step_s * 1e3,
+            bytes / 1e6,
+            bytes / step_s / copy_bps
+        );
+    }
     eprintln!(
         "e2e: 256 x (512 in, 128 out) in {wall:.2} s: {:.0} output tok/s, {} generated, {failed} failed",
         m.generation_tokens as f64 / wall,
