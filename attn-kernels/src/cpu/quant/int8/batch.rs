@@ -10,7 +10,8 @@
 //!   `[group][TM]`; tokens past the last are zeros, computed and never written out.
 //! - Weights: each task's block of [`RB`] rows decoded once into bytes (the signed formats'
 //!   offset by 128, as for the decode kernel) and scales ([`Rows`]), then multiplied into
-//!   every panel [`R`] rows at a time.
+//!   every panel [`R`] rows at a time; a panel of sixteen tokens or fewer (a batched decode step
+//!   of up to sixteen sequences) runs its one lane vector `2R` rows at a time.
 
 use std::arch::x86_64::*;
 use std::cell::RefCell;
@@ -197,19 +198,19 @@ struct Dest {
 /// AVX-512F/VNNI (the callers' features); the rows and the panel's group `g` lie in their
 /// buffers.
 #[inline(always)]
-unsafe fn dots<const NR: usize>(
+unsafe fn dots<const NR: usize, const V: usize>(
     x: *const i32,
     rows: &Rows,
     r0: usize,
     k: usize,
     g: usize,
     p0: usize,
-    sums: &mut [[__m512i; TV]; NR],
+    sums: &mut [[__m512i; V]; NR],
 ) {
     // SAFETY: per the contract.
     unsafe {
         for p in p0..p0 + 4 {
-            let mut xv = [_mm512_setzero_si512(); TV];
+            let mut xv = [_mm512_setzero_si512(); V];
             for (v, xv) in xv.iter_mut().enumerate() {
                 *xv = _mm512_loadu_si512(x.add((8 * g + p) * TM + LANES * v).cast());
             }
@@ -233,7 +234,13 @@ unsafe fn dots<const NR: usize>(
 /// AVX-512F/BW/VNNI, AVX2, FMA, F16C; `r0 + NR` rows are decoded in `rows` for `F` and `k`;
 /// `dest` addresses the tile's rows and the panel's tokens below `m`, which nothing else writes.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-unsafe fn tile<F: Codes, const NR: usize>(panel: Panel<'_>, rows: &Rows, r0: usize, k: usize, dest: Dest) {
+unsafe fn tile<F: Codes, const NR: usize, const V: usize>(
+    panel: Panel<'_>,
+    rows: &Rows,
+    r0: usize,
+    k: usize,
+    dest: Dest,
+) {
     let groups = k / 32;
     let units = if F::SPLIT { 2 * groups } else { groups };
     let centre_shift = if F::LAYOUT == Layout::Signed {
@@ -243,8 +250,8 @@ unsafe fn tile<F: Codes, const NR: usize>(panel: Panel<'_>, rows: &Rows, r0: usi
     } else {
         F::CENTRE.trailing_zeros()
     };
-    let mut acc = [[[_mm512_setzero_ps(); TV]; STEP]; NR];
-    let mut off = [[[_mm512_setzero_ps(); TV]; STEP]; NR];
+    let mut acc = [[[_mm512_setzero_ps(); V]; STEP]; NR];
+    let mut off = [[[_mm512_setzero_ps(); V]; STEP]; NR];
     let x = panel.codes.as_ptr();
     // SAFETY (whole loop): dwords 8g..8g + 8 of the panel's `[k/4][TM]` codes, group g's (and
     // its 16s') `[groups][TM]` scales and sums, rows r0..r0 + NR's codes, scales and offsets
@@ -253,10 +260,10 @@ unsafe fn tile<F: Codes, const NR: usize>(panel: Panel<'_>, rows: &Rows, r0: usi
         for g in 0..groups {
             // First (and, for Q6_K, second) 16s' integer sums, per row and token vector; the
             // choice made here, at compile time, keeps both sets in registers.
-            let mut first = [[_mm512_setzero_si512(); TV]; NR];
-            let mut second = [[_mm512_setzero_si512(); TV]; NR];
+            let mut first = [[_mm512_setzero_si512(); V]; NR];
+            let mut second = [[_mm512_setzero_si512(); V]; NR];
             // The centre times the activations' sums taken out first: the sums start there.
-            for v in 0..TV {
+            for v in 0..V {
                 let lanes = g * TM + LANES * v;
                 if F::SPLIT {
                     let at = panel.sums16.as_ptr().add(2 * g * TM + LANES * v);
@@ -276,10 +283,10 @@ unsafe fn tile<F: Codes, const NR: usize>(panel: Panel<'_>, rows: &Rows, r0: usi
                     }
                 }
             }
-            dots::<NR>(x, rows, r0, k, g, 0, &mut first);
-            dots::<NR>(x, rows, r0, k, g, 4, if F::SPLIT { &mut second } else { &mut first });
+            dots::<NR, V>(x, rows, r0, k, g, 0, &mut first);
+            dots::<NR, V>(x, rows, r0, k, g, 4, if F::SPLIT { &mut second } else { &mut first });
             let j = g % STEP;
-            for v in 0..TV {
+            for v in 0..V {
                 let lanes = g * TM + LANES * v;
                 let dx = _mm512_loadu_ps(panel.dx.as_ptr().add(lanes));
                 if F::SPLIT {
@@ -312,7 +319,7 @@ unsafe fn tile<F: Codes, const NR: usize>(panel: Panel<'_>, rows: &Rows, r0: usi
         }
     }
     for r in 0..NR {
-        for v in 0..TV {
+        for v in 0..V {
             let (mut a, mut o) = ([_mm512_setzero_ps(); STEP], [_mm512_setzero_ps(); STEP]);
             for j in 0..STEP {
                 (a[j], o[j]) = (acc[r][j][v], off[r][j][v]);
@@ -353,13 +360,30 @@ unsafe fn block<F: Codes>(
         decode::<F>(part, j0, nb, rows);
         for b in 0..panels.panels {
             let dest = Dest { col: j0, t0: b * TM, ..dest };
+            // A panel of sixteen tokens or fewer (a 9- to 16-sequence decode step) runs its
+            // first lane vector alone: the second would be all padding.
+            // Its rows go twice as many to a tile: as many integer accumulators, and as many
+            // chains of `vpdpbusd` to cover the instruction's latency.
+            let one = dest.m - dest.t0 <= LANES;
             let mut r = 0;
+            while one && r + 2 * R <= nb {
+                tile::<F, { 2 * R }, 1>(panels.panel(b), rows, r, part.cols, dest);
+                r += 2 * R;
+            }
             while r + R <= nb {
-                tile::<F, R>(panels.panel(b), rows, r, part.cols, dest);
+                if one {
+                    tile::<F, R, 1>(panels.panel(b), rows, r, part.cols, dest);
+                } else {
+                    tile::<F, R, TV>(panels.panel(b), rows, r, part.cols, dest);
+                }
                 r += R;
             }
             for r in r..nb {
-                tile::<F, 1>(panels.panel(b), rows, r, part.cols, dest);
+                if one {
+                    tile::<F, 1, 1>(panels.panel(b), rows, r, part.cols, dest);
+                } else {
+                    tile::<F, 1, TV>(panels.panel(b), rows, r, part.cols, dest);
+                }
             }
         }
     }

@@ -152,7 +152,7 @@ fn a_token_s_outputs_are_the_same_bits_at_every_batch_size_and_on_every_path() {
                 w.matmul_as(Isa::Portable, ActivationPrecision::Int8, dst, xt, 1, accumulate);
             }
             for isa in Isa::available() {
-                for m in [1, 2, 7, 8, 33, 100] {
+                for m in [1, 2, 7, 8, 12, 16, 33, 100] {
                     let mut dst = base[..m * n].to_vec();
                     w.matmul_as(isa, ActivationPrecision::Int8, &mut dst, &x[..m * k], m, accumulate);
                     for (i, (g, a)) in dst.iter().zip(&alone).enumerate() {
