@@ -411,7 +411,6 @@ impl Engine {
         }
         let generated = self.run_step(&mut phases)?;
         let now = Instant::now();
-        let applied = now;
         let mut touched: Vec<RequestKey> = self.bufs.targets.iter().map(|t| t.request).collect();
         touched.extend(self.bufs.result.finished_requests.iter().copied());
         touched.sort_unstable();
@@ -429,7 +428,7 @@ impl Engine {
         self.bufs.gauges = self.gauges();
         let prefilled = self.bufs.plan.num_prefill_tokens();
         if prefilled == 0 {
-            phases.update_s += applied.elapsed().as_secs_f64();
+            phases.update_s += now.elapsed().as_secs_f64();
             phases.context_tokens = self.bufs.plan.seq_lens.iter().map(|&n| n as u64).sum();
             self.metrics.decode_step(phases);
         }

@@ -9,6 +9,7 @@
 //! The host side of the kernel check lives in [`attn_cases`] (and [`far_cases`], its cases
 //! past 2³² elements), that of the model check in [`model_cases`] (its random models), so both
 //! are unit-tested without a GPU;
+//! [`device_timing`] times calls with CUDA events and measures the copy bandwidth for both;
 //! `cuda_emulation` (tests only) emulates the CUDA forward's bf16/f16 roundings on the CPU to
 //! calibrate and test the model check's per-logit tolerance on those models, and
 //! `prefill_emulation` (tests only) runs the tiled prefill kernel's tiling and online softmax on
@@ -22,6 +23,8 @@
 pub mod attn_cases;
 #[cfg(all(test, feature = "cuda"))]
 mod cuda_emulation;
+#[cfg(feature = "cuda")]
+pub mod device_timing;
 #[cfg(feature = "cuda")]
 pub mod far_cases;
 pub mod figures;

@@ -161,13 +161,7 @@ fn main() {
     let n_seqs = 64;
     // The engine's CPU default cache dtype: what users run.
     let mut cache = cache_of(&model.config, BLOCK, per_seq * n_seqs, KV_DTYPE);
-    let mut seqs: Vec<Seq> = (0..n_seqs)
-        .map(|i| Seq {
-            tokens: prompt(i as u32, CONTEXT, vocab),
-            cached: 0,
-            blocks: (0..per_seq as u32).map(|b| b * n_seqs as u32 + i as u32).collect(),
-        })
-        .collect();
+    let mut seqs = interleaved_seqs(n_seqs, per_seq, CONTEXT, vocab);
     let prefill = build_batch(&seqs[..1], &[CONTEXT], BLOCK, false);
     let prefill_secs = median_secs(samples.min(5), || {
         model.forward(&prefill.input(), &mut cache, &mut ws).expect("prefill");
@@ -177,10 +171,7 @@ fn main() {
 
     // Every sequence gets its own physical copy of the prompt's KV (the copy kernel, not 64
     // prefills): same attention traffic as 64 distinct contexts.
-    let pairs: Vec<(u32, u32)> = (1..n_seqs)
-        .flat_map(|s| (0..CONTEXT / BLOCK).map(move |b| (seqs_block(b, 0, n_seqs), seqs_block(b, s, n_seqs))))
-        .collect();
-    attn_kernels::copy_blocks(&mut cache, &pairs).expect("copy blocks");
+    share_first_prompt(&mut cache, n_seqs, CONTEXT / BLOCK);
     for s in &mut seqs {
         s.cached = CONTEXT - 1;
     }
@@ -314,4 +305,24 @@ fn weight_formats(model: &Model) -> String {
 /// Physical block `b` of sequence `s` (blocks are interleaved across sequences).
 fn seqs_block(b: usize, s: usize, n_seqs: usize) -> u32 {
     (b * n_seqs + s) as u32
+}
+
+/// `n_seqs` sequences of `len` random tokens (nothing cached yet), `per_seq` blocks each,
+/// interleaved ([`seqs_block`]).
+fn interleaved_seqs(n_seqs: usize, per_seq: usize, len: usize, vocab: usize) -> Vec<Seq> {
+    (0..n_seqs)
+        .map(|s| Seq {
+            tokens: prompt(s as u32, len, vocab),
+            cached: 0,
+            blocks: (0..per_seq).map(|b| seqs_block(b, s, n_seqs)).collect(),
+        })
+        .collect()
+}
+
+/// Sequence 0's first `blocks` blocks of KV copied into every other sequence's own blocks.
+fn share_first_prompt(cache: &mut kv_cache::KvCache, n_seqs: usize, blocks: usize) {
+    let pairs: Vec<(u32, u32)> = (1..n_seqs)
+        .flat_map(|s| (0..blocks).map(move |b| (seqs_block(b, 0, n_seqs), seqs_block(b, s, n_seqs))))
+        .collect();
+    attn_kernels::copy_blocks(cache, &pairs).expect("copy blocks");
 }

@@ -12,8 +12,8 @@ use kv_cache::DType;
 use model::forward::timed::{Phase, StepProfile};
 use model::{ActivationPrecision, Model, Workspace};
 
-use super::harness::{Seq, build_batch, cache_of};
-use super::{median, median_secs, prompt};
+use super::harness::{build_batch, cache_of};
+use super::{interleaved_seqs, median, median_secs, share_first_prompt};
 
 const CONTEXT: usize = 512;
 const BLOCK: usize = 16;
@@ -53,13 +53,7 @@ pub fn measure(samples: usize, roof: &Rooflines) -> (serde_json::Value, String) 
     let mut ws = Workspace::default();
     let per_seq = (CONTEXT + 16).div_ceil(BLOCK);
     let mut cache = cache_of(&model.config, BLOCK, per_seq * BATCH, DType::BF16);
-    let mut seqs: Vec<Seq> = (0..BATCH)
-        .map(|i| Seq {
-            tokens: prompt(i as u32, CONTEXT + 1, vocab),
-            cached: 0,
-            blocks: (0..per_seq as u32).map(|b| b * BATCH as u32 + i as u32).collect(),
-        })
-        .collect();
+    let mut seqs = interleaved_seqs(BATCH, per_seq, CONTEXT + 1, vocab);
 
     // Prefill: one 512-token prompt in one step; its matmuls' multiply-adds over the time.
     let prefill = build_batch(&seqs[..1], &[CONTEXT], BLOCK, false);
@@ -68,10 +62,7 @@ pub fn measure(samples: usize, roof: &Rooflines) -> (serde_json::Value, String) 
     });
     let prefill_macs = model.matmul_flops(CONTEXT, 1) / 2.0;
     // Every sequence's own copy of the prompt's KV (the copy kernel, not 16 prefills).
-    let pairs: Vec<(u32, u32)> = (1..BATCH)
-        .flat_map(|s| (0..CONTEXT / BLOCK).map(move |b| ((b * BATCH) as u32, (b * BATCH + s) as u32)))
-        .collect();
-    attn_kernels::copy_blocks(&mut cache, &pairs).expect("copy blocks");
+    share_first_prompt(&mut cache, BATCH, CONTEXT / BLOCK);
     for s in &mut seqs {
         s.cached = CONTEXT;
     }

@@ -4,9 +4,9 @@
 use attn_kernels::cuda::DeviceAttnMetadata;
 use attn_kernels::cuda::kernels::AttentionVariant;
 use attn_kernels::cuda::ops::{self, AttnWorkspace};
-use attn_kernels::cuda::{CudaDevice, CudaError};
 use cudarc::driver::CudaSlice;
 use gpu_check::attn_cases::decode_figures;
+use gpu_check::device_timing::{copy_bytes_per_sec, time_it};
 use gpu_check::figures::{Recorder, Res};
 use kv_cache::cuda::DeviceLayerCache;
 use kv_cache::{CacheGeometry, DType};
@@ -15,22 +15,6 @@ use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 
 use crate::Ctx;
-
-/// Mean seconds per call of `f` over `iters` calls, timed with CUDA events after 3 warm-ups.
-fn time_it(device: &CudaDevice, iters: usize, mut f: impl FnMut() -> Result<(), CudaError>) -> Res<f64> {
-    for _ in 0..3 {
-        f()?;
-    }
-    let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-    let (a, b) = (device.context().new_event(flags)?, device.context().new_event(flags)?);
-    a.record(device.stream())?;
-    for _ in 0..iters {
-        f()?;
-    }
-    b.record(device.stream())?;
-    b.synchronize()?;
-    Ok(f64::from(a.elapsed_ms(&b)?) / 1e3 / iters as f64)
-}
 
 /// One decode launch's operands, timed by [`DecodeOperands::time`].
 pub struct DecodeOperands<'a> {
@@ -87,13 +71,8 @@ pub fn bench(run: &Ctx, rec: &mut Recorder) -> Res<()> {
     let device = &run.device;
     let stream = device.stream().clone();
     // Device-to-device copy of 1 GiB: the bandwidth ceiling (bytes read + written).
-    let n = 1usize << 30;
-    let src = stream.alloc_zeros::<u8>(n)?;
-    let mut dst = stream.alloc_zeros::<u8>(n)?;
-    let copy_s = time_it(device, 20, || Ok(stream.memcpy_dtod(&src, &mut dst)?))?;
-    let copy_bps = 2.0 * n as f64 / copy_s;
+    let copy_bps = copy_bytes_per_sec(device)?;
     rec.figure("cuda.copy_tb_s", copy_bps / 1e12);
-    drop((src, dst));
 
     // Paged decode: 64 sequences x 4096 tokens, 32 query / 8 KV heads, head 128, bf16, block 16.
     let (seqs, ctx, heads, kv_heads, head_size, bs) =

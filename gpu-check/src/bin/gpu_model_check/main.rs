@@ -39,6 +39,7 @@ use std::time::Instant;
 
 use attn_kernels::cuda::{CudaDevice, CudaKernels};
 use engine::{DType, Device, Engine, EngineConfig, KvCacheSize, Prompt, SamplingParams};
+use gpu_check::device_timing::copy_bytes_per_sec;
 use gpu_check::figures::{Recorder, Res, run_section};
 use gpu_check::model_cases::{LLAMA_32_1B, TINY, TINY_G4_H128, write_folder};
 use gpu_check::sections::{self, Program};
@@ -255,27 +256,6 @@ fn cuda_bf16_config() -> EngineConfig {
         log_interval: std::time::Duration::ZERO,
         ..EngineConfig::default()
     }
-}
-
-/// Bytes a device-to-device copy of 1 GiB moves a second (read + written): the ceiling a
-/// decode step's reads are put over.
-fn copy_bytes_per_sec(device: &CudaDevice) -> Res<f64> {
-    let stream = device.stream().clone();
-    let n = 1usize << 30;
-    let src = stream.alloc_zeros::<u8>(n)?;
-    let mut dst = stream.alloc_zeros::<u8>(n)?;
-    let mut times = Vec::new();
-    for round in 0..8 {
-        stream.synchronize()?;
-        let start = Instant::now();
-        stream.memcpy_dtod(&src, &mut dst)?;
-        stream.synchronize()?;
-        if round >= 3 {
-            times.push(start.elapsed().as_secs_f64());
-        }
-    }
-    times.sort_by(f64::total_cmp);
-    Ok(2.0 * n as f64 / times[times.len() / 2])
 }
 
 /// `cuda.e2e_output_tok_s`: 256 requests × (512 in, 128 out), all submitted at once; and the
