@@ -1,7 +1,8 @@
-//! `attn-kernels`: every compute kernel of the engine, CPU and CUDA (behind `cuda`): the device
-//! code over the paged KV layout — write-to-cache, paged attention, copy/swap — and the CPU
-//! kernels of the rest of a decoder layer ([`cpu`]: quantized and f32 matmul, RMSNorm, SwiGLU,
-//! RoPE, ggml's block formats).
+//! `attn-kernels`: the device code over the paged KV layout, CPU and CUDA (behind `cuda`) —
+//! write-to-cache, paged attention, copy/swap — the CPU kernels of the rest of a decoder layer
+//! beside the matmuls ([`cpu`]: RMSNorm, gated activations, RoPE), and the backend op API.
+//! The weight formats and the matmuls over them are `quant-kernels`'; [`Isa`], the one
+//! instruction-set choice of every CPU kernel, is re-exported from there.
 //!
 //! The attention kernels: one public function per kernel; each validates all of its input first and returns a typed
 //! [`AttnError`] before writing anything. Activations (`query`, `key`, `value`, `out`) are `f32`;
@@ -20,14 +21,13 @@
 //!   `f64` softmax, the oracles of tests, benches and the GPU check; `testing` (the same
 //!   feature): the owned batch metadata they build their batches into; `yardstick` (the same
 //!   feature): the read-only sum that bandwidth-bound kernels are measured against.
-//! - [`cpu`]: `Weight` (a matrix in its storage format) and `x·Wᵀ` over it, the f32 `linear`,
-//!   `norm`, `act`, `rope`, and `ggml`'s formats.
+//! - [`cpu`]: the f32 `norm`, `act` and `rope` kernels.
 //!
 //! [`file::write_atomically`] writes a file whole (the cubin cache, the GPU run's records).
 //!
 //! The CPU code uses every rayon thread, AVX-512 or AVX2/FMA/F16C inner loops chosen once at
-//! run time ([`Isa`], the one detection for every CPU kernel; portable fallback otherwise), and
-//! per-thread scratch so the hot loop never allocates.
+//! run time ([`Isa`]; portable fallback otherwise), and per-thread scratch so the hot loop
+//! never allocates.
 
 /// Evaluates `$body` with `$key` and `$value` bound to the tensors of `$slices` (a
 /// `kv_cache::$kind`: `CacheSlices` or `CacheSlicesMut`) in their own element type; a storage the
@@ -50,7 +50,6 @@ mod cache_write;
 pub mod cpu;
 mod error;
 pub mod file;
-mod isa;
 mod meta;
 #[cfg(feature = "testing")]
 pub mod reference;
@@ -64,10 +63,10 @@ pub use attention::{AttnOptions, SplitPolicy, paged_attention};
 pub use block_ops::{copy_blocks, swap_blocks, swap_in, swap_out};
 pub use cache_write::reshape_and_cache;
 pub use error::AttnError;
-pub use isa::Isa;
 pub use meta::{
     AttnScores, CUDA_CACHE_DTYPES, PagedAttnMetadata, SUPPORTED_BLOCK_SIZES, SUPPORTED_HEAD_SIZES,
 };
+pub use quant_kernels::Isa;
 
 #[cfg(feature = "cuda")]
 pub mod cuda;

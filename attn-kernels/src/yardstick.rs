@@ -34,7 +34,7 @@ pub fn peak_macs_per_sec(dot: Dot, iters: usize) -> f64 {
 fn dot_loop(dot: Dot, iters: usize) -> u64 {
     #[cfg(target_arch = "x86_64")]
     {
-        if crate::isa::avx512_vnni() {
+        if quant_kernels::avx512_vnni() {
             // SAFETY: AVX-512 F, BW and VNNI were detected.
             return unsafe { vnni_loop(dot, iters) };
         }
@@ -178,7 +178,7 @@ mod tests {
             return assert_eq!(dot_loop(Dot::Int16, 10), 0);
         }
         let per = |dot| dot_loop(dot, 1000) / (1000 * CHAINS as u64);
-        let wide = crate::isa::avx512_vnni();
+        let wide = quant_kernels::avx512_vnni();
         assert_eq!(per(Dot::Int16), if wide { 32 } else { 16 });
         assert_eq!(per(Dot::Int8), if wide { 64 } else { 32 });
         assert!(peak_macs_per_sec(Dot::Int16, 1000) > 0.0);

@@ -382,7 +382,7 @@ fn compare(
         if m.f32_too { Some(measure_ours(&mut Engine::new(gguf, f32_config)?, &w)?) } else { None };
     // Both GGUFs hold integer-code formats only.
     let int16_here = ActivationPrecision::default()
-        .resolve(attn_kernels::Isa::detected(), attn_kernels::cpu::quant::INTEGER_CODE_FORMATS.into_iter())
+        .resolve(quant_kernels::Isa::detected(), quant_kernels::quant::INTEGER_CODE_FORMATS.into_iter())
         == ActivationPrecision::Int16;
     let default = if int16_here { "int16" } else { "f32" };
 

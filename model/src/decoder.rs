@@ -1,13 +1,13 @@
 //! The decoder's weights ([`Model`]: fused per layer for fewer, larger GEMMs, each kept in its
-//! storage format, see `attn_kernels::cpu::quant`), loaded from an HF folder or natively from a
+//! storage format, see `quant_kernels::quant`), loaded from an HF folder or natively from a
 //! GGUF (`load.rs`), and the CPU entry of the one forward (`forward.rs`) over the paged KV cache.
 
 mod load;
 
 use std::path::Path;
 
-use attn_kernels::cpu::quant::{ActivationPrecision, GgmlType, QuantizeError, Weight};
 use kv_cache::{KvCache, KvLayout};
+use quant_kernels::quant::{ActivationPrecision, GgmlType, QuantizeError, Weight};
 
 use crate::arch::{LayerMatrix, LayerNorm, RopeKind};
 use crate::config::ModelConfig;

@@ -44,4 +44,4 @@ pub use tokenizer::Tokenizer;
 pub use weights::SafetensorsFiles;
 
 /// How decode-shaped matmuls take their activations: [`Model::activations`].
-pub use attn_kernels::cpu::quant::ActivationPrecision;
+pub use quant_kernels::quant::ActivationPrecision;

@@ -159,7 +159,7 @@ pub fn tokenizer_json() -> String {
 /// attention scale of its own, so that a test of the one forward covers every branch of it.
 pub fn with_every_architecture_feature(mut model: crate::Model, seed: u64) -> crate::Model {
     use crate::arch::{Activation, LayerMatrix, LayerNorm};
-    use attn_kernels::cpu::quant::Weight;
+    use quant_kernels::quant::Weight;
 
     let c = &model.config;
     let (h, d) = (c.hidden_size, c.head_dim);

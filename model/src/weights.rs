@@ -10,8 +10,8 @@ use std::fs::File;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
-use attn_kernels::cpu::quant::{GgmlType, Part, Storage, Weight};
 use memmap2::Mmap;
+use quant_kernels::quant::{GgmlType, Part, Storage, Weight};
 use rayon::prelude::*;
 use safetensors::{Dtype, SafeTensors};
 

@@ -30,19 +30,19 @@ const MODEL_NAME: &str = "SmolLM2-135M-Instruct";
 const MARKER: &str = ".fetch-model-complete";
 
 /// The converter's sources (every `.rs` file of `model/src/gguf/`, the GGUF reader and
-/// converter, and of `attn-kernels/src/cpu/ggml/`, the ggml block formats it dequantizes with),
+/// converter, and of `quant-kernels/src/ggml/`, the ggml block formats it dequantizes with),
 /// compiled in: their hash is the converter's version in the marker. A unit test checks the
 /// list covers both folders.
 const CONVERTER_SOURCES: [(&str, &str); 9] = [
-    ("attn-kernels/src/cpu/ggml/dequant.rs", include_str!("../../attn-kernels/src/cpu/ggml/dequant.rs")),
-    ("attn-kernels/src/cpu/ggml/mod.rs", include_str!("../../attn-kernels/src/cpu/ggml/mod.rs")),
-    ("attn-kernels/src/cpu/ggml/quantize.rs", include_str!("../../attn-kernels/src/cpu/ggml/quantize.rs")),
     ("model/src/gguf/convert.rs", include_str!("../../model/src/gguf/convert.rs")),
     ("model/src/gguf/meta.rs", include_str!("../../model/src/gguf/meta.rs")),
     ("model/src/gguf/mod.rs", include_str!("../../model/src/gguf/mod.rs")),
     ("model/src/gguf/reader.rs", include_str!("../../model/src/gguf/reader.rs")),
     ("model/src/gguf/spm.rs", include_str!("../../model/src/gguf/spm.rs")),
     ("model/src/gguf/vocab.rs", include_str!("../../model/src/gguf/vocab.rs")),
+    ("quant-kernels/src/ggml/dequant.rs", include_str!("../../quant-kernels/src/ggml/dequant.rs")),
+    ("quant-kernels/src/ggml/mod.rs", include_str!("../../quant-kernels/src/ggml/mod.rs")),
+    ("quant-kernels/src/ggml/quantize.rs", include_str!("../../quant-kernels/src/ggml/quantize.rs")),
 ];
 
 /// Short hash of the converter's sources (what the marker records as `converter=`).
@@ -346,7 +346,7 @@ mod tests {
     #[test]
     fn converter_version_covers_every_gguf_source() {
         let mut on_disk: Vec<String> = Vec::new();
-        for folder in ["attn-kernels/src/cpu/ggml", "model/src/gguf"] {
+        for folder in ["quant-kernels/src/ggml", "model/src/gguf"] {
             let dir = workspace_root().join(folder);
             on_disk.extend(
                 std::fs::read_dir(&dir)

@@ -7,10 +7,10 @@
 
 use std::time::Instant;
 
-use attn_kernels::Isa;
-use attn_kernels::cpu::quant::{ActivationPrecision, GgmlType, INTEGER_CODE_FORMATS, Part, Storage, Weight};
 use attn_kernels::yardstick::par_read_only_sum;
 use half::f16;
+use quant_kernels::Isa;
+use quant_kernels::quant::{ActivationPrecision, GgmlType, INTEGER_CODE_FORMATS, Part, Storage, Weight};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 

@@ -5,12 +5,12 @@
 //! batch-1 decode over the read-only sum; and the 16-sequence step's time phase by phase.
 //! `L1B_ACTIVATIONS=int8|f32` measures that path instead of this CPU's default.
 
-use attn_kernels::Isa;
-use attn_kernels::cpu::quant::INTEGER_CODE_FORMATS;
 use attn_kernels::yardstick::{Dot, peak_macs_per_sec};
 use kv_cache::DType;
 use model::forward::timed::{Phase, StepProfile};
 use model::{ActivationPrecision, Model, Workspace};
+use quant_kernels::Isa;
+use quant_kernels::quant::INTEGER_CODE_FORMATS;
 
 use super::harness::{build_batch, cache_of};
 use super::{interleaved_seqs, median, median_secs, share_first_prompt};

@@ -5,10 +5,10 @@
 
 use std::sync::Arc;
 
-use attn_kernels::cpu::quant::Weight;
 use cudarc::driver::{CudaSlice, CudaStream};
 use half::{bf16, f16};
 use kv_cache::DType;
+use quant_kernels::quant::Weight;
 use rayon::prelude::*;
 
 use super::error::CudaModelError;

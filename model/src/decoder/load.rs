@@ -2,7 +2,7 @@
 //! GGUF (llama.cpp's names, every matrix left in its GGUF type and memory-mapped), named side by
 //! side in [`Names`]. Every shape is checked against the config before anything is allocated or used.
 
-use attn_kernels::cpu::quant::{GgmlType, Part, Storage, Weight};
+use quant_kernels::quant::{GgmlType, Part, Storage, Weight};
 
 use super::{LayerWeights, Model};
 use crate::arch::{Family, LayerMatrix, LayerNorm};

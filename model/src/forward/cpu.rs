@@ -5,10 +5,10 @@
 use attn_kernels::backend::{Cpu, KernelBackend};
 use attn_kernels::cpu::act::{Activation, gated_act};
 use attn_kernels::cpu::norm::rms_norm;
-use attn_kernels::cpu::quant::{ActivationPrecision, Weight};
 use attn_kernels::cpu::rope::{rope_interleaved, rope_rotate_half};
 use attn_kernels::{AttnScores, Isa};
 use kv_cache::KvCache;
+use quant_kernels::quant::{ActivationPrecision, Weight};
 use rayon::prelude::*;
 
 use super::{Buf, DecoderOps, LinearOut, MatrixId, NormId};

@@ -7,7 +7,7 @@ use std::borrow::Cow;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use attn_kernels::cpu::ggml::dequantize;
+use quant_kernels::ggml::dequantize;
 use safetensors::{Dtype, View};
 use serde_json::json;
 

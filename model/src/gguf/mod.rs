@@ -1,6 +1,6 @@
 //! GGUF support: read a llama.cpp model file (its weights load natively, see `llama.rs`) and
 //! convert it to an ordinary Hugging Face folder. The ggml block formats themselves (types,
-//! dequantization, quantizers) are `attn_kernels::cpu::ggml`'s.
+//! dequantization, quantizers) are `quant_kernels::ggml`'s.
 
 pub mod convert;
 mod meta;

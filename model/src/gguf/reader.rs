@@ -8,9 +8,9 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use attn_kernels::cpu::ggml::{GgmlType, dequantize};
-use attn_kernels::cpu::quant::Storage;
 use memmap2::Mmap;
+use quant_kernels::ggml::{GgmlType, dequantize};
+use quant_kernels::quant::Storage;
 
 use crate::error::{ModelError, Result};
 

@@ -42,8 +42,8 @@ fn half_precision_weights_load_as_their_f32_values() {
             assert_eq!(*a, rounded);
         }
         let want = match dtype {
-            Dtype::BF16 => attn_kernels::cpu::ggml::GgmlType::BF16,
-            _ => attn_kernels::cpu::ggml::GgmlType::F16,
+            Dtype::BF16 => quant_kernels::ggml::GgmlType::BF16,
+            _ => quant_kernels::ggml::GgmlType::F16,
         };
         for w in std::iter::once(&m.embed).chain(LayerMatrix::ALL.map(|x| m.layers[0].matrix(x))) {
             assert!(w.parts().iter().all(|p| p.format() == want), "{dtype:?} kept as {want:?}");

@@ -7,7 +7,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::*;
-use crate::cpu::ggml::dequantize;
+use crate::ggml::dequantize;
 
 /// Every quantized format: the integer-code ones, then f16 and bf16.
 pub(super) const FORMATS: [GgmlType; 10] = {
@@ -260,7 +260,7 @@ fn int16_expectation(
                 let offset = match ty {
                     GgmlType::Q4_1 | GgmlType::Q5_1 => f16_at(2),
                     GgmlType::Q4_K | GgmlType::Q5_K => {
-                        let (_, min) = crate::cpu::ggml::scale_min_k4(g % 8, &block[4..16]);
+                        let (_, min) = crate::ggml::scale_min_k4(g % 8, &block[4..16]);
                         -f16_at(2) * f64::from(min)
                     }
                     _ => 0.0,
@@ -420,7 +420,7 @@ fn float_weights_quantize_at_load_and_multiply_as_their_quantization() {
         let q = w.quantized(ty).unwrap();
         assert_eq!((q.parts().len(), q.parts()[0].format()), (1, ty));
         let mut want = Vec::new();
-        crate::cpu::ggml::quantize(ty, &values, &mut want).unwrap();
+        crate::ggml::quantize(ty, &values, &mut want).unwrap();
         assert_eq!(q.parts()[0].bytes(), &want[..], "row-by-row quantization is the reference's");
         let x: Vec<f32> = (0..3 * k).map(|_| rng.random_range(-1.0..1.0)).collect();
         let (ref_out, scale) = reference(ty, &want, n, k, &x, 3);

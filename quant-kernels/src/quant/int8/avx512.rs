@@ -7,9 +7,9 @@ use std::arch::x86_64::*;
 
 use super::avx2::{group_bytes, shifted, step_scales};
 use super::{STEP, X8};
-use crate::cpu::quant::RowTask;
-use crate::cpu::quant::avx2::{PREFETCH_AHEAD, hsum};
-use crate::cpu::quant::int16::{Codes, Layout};
+use crate::quant::RowTask;
+use crate::quant::avx2::{PREFETCH_AHEAD, hsum};
+use crate::quant::int16::{Codes, Layout};
 
 /// The two 256-bit halves of `v`.
 ///

@@ -5,13 +5,11 @@
 
 use std::arch::x86_64::*;
 
-use crate::cpu::quant::avx2::{
-    f16_at, f16_pair_at, k_nibbles, k_scale_offset, q5_codes, q5k_codes, q6k_group,
-};
+use crate::quant::avx2::{f16_at, f16_pair_at, k_nibbles, k_scale_offset, q5_codes, q5k_codes, q6k_group};
 
 /// How a format's [`Codes::halves`] hold its codes.
 #[derive(PartialEq, Eq)]
-pub(in crate::cpu::quant) enum Layout {
+pub(in crate::quant) enum Layout {
     /// Sixteen bytes of nibbles, twice: the low nibbles are the first half.
     Nibbles,
     /// Sixteen signed bytes per half.
@@ -22,7 +20,7 @@ pub(in crate::cpu::quant) enum Layout {
 
 /// One format's groups as integer codes for this path: `value = code·d + m`, `d` one scale
 /// for the group or, with [`Codes::SPLIT`], one for each 16.
-pub(in crate::cpu::quant) trait Codes {
+pub(in crate::quant) trait Codes {
     /// Bytes per group (the K-quants': a super-block's over its eight groups, rounded down
     /// for Q6_K, as far as the prefetch moves per group).
     const BYTES: usize;
@@ -89,23 +87,23 @@ pub(in crate::cpu::quant) trait Codes {
 /// bits, nibbles; centre 16) and Q5_1 (f16 d, f16 m, fifth bits, nibbles). `halves` returns
 /// Q4's nibble bytes twice ([`Layout::Nibbles`]) and Q5's five-bit codes of values 0..16 and
 /// 16..32, one per byte.
-pub(in crate::cpu::quant) struct Legacy<const FIVE_BIT: bool, const MIN: bool>;
-pub(in crate::cpu::quant) type Q4_0 = Legacy<false, false>;
-pub(in crate::cpu::quant) type Q4_1 = Legacy<false, true>;
-pub(in crate::cpu::quant) type Q5_0 = Legacy<true, false>;
-pub(in crate::cpu::quant) type Q5_1 = Legacy<true, true>;
+pub(in crate::quant) struct Legacy<const FIVE_BIT: bool, const MIN: bool>;
+pub(in crate::quant) type Q4_0 = Legacy<false, false>;
+pub(in crate::quant) type Q4_1 = Legacy<false, true>;
+pub(in crate::quant) type Q5_0 = Legacy<true, false>;
+pub(in crate::quant) type Q5_1 = Legacy<true, true>;
 /// Q8_0 (f16 d, 32 signed bytes): `halves` returns bytes 0..16 and 16..32.
-pub(in crate::cpu::quant) struct Q8_0;
+pub(in crate::quant) struct Q8_0;
 /// The K-quants with 6-bit scales and mins, Q4_K (`KQuant<false>`) and Q5_K (`KQuant<true>`,
 /// a fifth bit per code): super-blocks of 256, eight groups of 32; group `g` is sub-block
 /// `g % 8` of super-block `g / 8`, its codes one per byte, `d·sc` and `−dmin·m` its scale and
 /// offset.
-pub(in crate::cpu::quant) struct KQuant<const FIFTH_BIT: bool>;
-pub(in crate::cpu::quant) type Q4K = KQuant<false>;
-pub(in crate::cpu::quant) type Q5K = KQuant<true>;
+pub(in crate::quant) struct KQuant<const FIFTH_BIT: bool>;
+pub(in crate::quant) type Q4K = KQuant<false>;
+pub(in crate::quant) type Q5K = KQuant<true>;
 /// Q6_K (super-blocks of 256, an i8 scale per 16 values): the codes less 32 as signed
 /// bytes, each 16 with its own scale ([`Codes::SPLIT`]).
-pub(in crate::cpu::quant) struct Q6K;
+pub(in crate::quant) struct Q6K;
 
 impl Codes for Q8_0 {
     const BYTES: usize = 34;

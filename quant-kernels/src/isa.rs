@@ -61,7 +61,7 @@ fn detect() -> Isa {
 /// Whether the CPU runs [`Isa::Avx512`] and also has AVX-512BW and VNNI (the int16 decode
 /// kernel's zmm version), detected once.
 #[cfg(target_arch = "x86_64")]
-pub(crate) fn avx512_vnni() -> bool {
+pub fn avx512_vnni() -> bool {
     static HAS: OnceLock<bool> = OnceLock::new();
     *HAS.get_or_init(|| {
         Isa::detected() == Isa::Avx512

@@ -13,7 +13,7 @@ use rayon::prelude::*;
 
 use super::{Out, PartRef};
 use crate::Isa;
-use crate::cpu::linear::{TOKEN_LANES_MAX_M, WeightRows, gemm_into, token_lanes_rows};
+use crate::linear::{TOKEN_LANES_MAX_M, WeightRows, gemm_into, token_lanes_rows};
 
 /// Rows per panel for rows of `k` values: as many as fit in ~1 MiB (a panel stays in a core's
 /// L2 while `gemm` reads it), at most 256 and at least 16. Wide panels matter: `gemm` packs
@@ -85,7 +85,7 @@ pub(super) fn via_token_lanes(
 /// prefill chunk's half (measured: at 2 048 tokens the two are even, at 512 `token_lanes` wins
 /// where a weight has few rows).
 pub(super) fn slabs_min_m(isa: Isa) -> usize {
-    if crate::cpu::linear::token_lanes_runs_on(isa) { 8 * TOKEN_LANES_MAX_M } else { TOKEN_LANES_MAX_M }
+    if crate::linear::token_lanes_runs_on(isa) { 8 * TOKEN_LANES_MAX_M } else { TOKEN_LANES_MAX_M }
 }
 
 /// Most bytes of f32 rows one [`slabs`] pass dequantizes before multiplying them: SmolLM2's

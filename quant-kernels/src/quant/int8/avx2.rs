@@ -5,9 +5,9 @@
 use std::arch::x86_64::*;
 
 use super::{STEP, X8};
-use crate::cpu::quant::RowTask;
-use crate::cpu::quant::avx2::{PREFETCH_AHEAD, hsum};
-use crate::cpu::quant::int16::{Codes, Layout};
+use crate::quant::RowTask;
+use crate::quant::avx2::{PREFETCH_AHEAD, hsum};
+use crate::quant::int16::{Codes, Layout};
 
 /// Group `g`'s 32 codes in value order, one per byte: unsigned for [`Layout::Nibbles`] and
 /// [`Layout::Unsigned`], signed (`i8`) for [`Layout::Signed`].

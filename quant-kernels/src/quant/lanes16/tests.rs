@@ -5,8 +5,8 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::*;
-use crate::cpu::ggml::dequantize;
-use crate::cpu::quant::tests::{FORMATS, Poisoned, offsets, random_part};
+use crate::ggml::dequantize;
+use crate::quant::tests::{FORMATS, Poisoned, offsets, random_part};
 
 /// Whether this CPU runs the path (else the tests have nothing to run, and say so).
 fn vnni_here() -> bool {
@@ -150,12 +150,12 @@ fn the_simd_rounding_is_the_rule_s() {
 /// to the float kernels.
 #[test]
 fn a_fused_weight_s_parts_fill_their_columns() {
-    use crate::cpu::quant::{ActivationPrecision, Part, Storage, Weight};
+    use crate::quant::{ActivationPrecision, Part, Storage, Weight};
     if !vnni_here() {
         return;
     }
     let mut rng = ChaCha8Rng::seed_from_u64(13);
-    let (m, k) = (crate::cpu::quant::DECODE_MAX_M + 21, 256);
+    let (m, k) = (crate::quant::DECODE_MAX_M + 21, 256);
     let specs = [(GgmlType::Q5_0, 7), (GgmlType::Q6_K, 5), (GgmlType::Q4_K, 13)];
     let bytes: Vec<Vec<u8>> = specs.iter().map(|&(ty, rows)| random_part(ty, rows, k, &mut rng)).collect();
     let part = |i: usize| Part::new(specs[i].0, specs[i].1, k, Storage::Owned(bytes[i].clone())).unwrap();

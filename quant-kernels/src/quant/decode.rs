@@ -10,7 +10,7 @@ use super::int16::{self, X16};
 use super::q4_1_wide;
 use super::{Activations, GgmlType, Out, PartRef, RowTask};
 use crate::Isa;
-use crate::cpu::linear::dot;
+use crate::linear::dot;
 
 /// Rows per rayon task: about eight tasks per thread for work stealing to balance, at least
 /// ~16 KB of weights each so task overhead stays small, and then a task count that is a

@@ -489,7 +489,7 @@ mod tests {
             for &(m, n, k) in &shapes {
                 let x: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 5.0).collect();
                 let w: Vec<f32> = (0..n * k).map(|i| ((i * 5 % 11) as f32 - 5.0) / 7.0).collect();
-                let want = crate::cpu::linear::naive_linear(&x, &w, m, n, k);
+                let want = crate::linear::naive_linear(&x, &w, m, n, k);
                 let mut dst = vec![1.0; m * n];
                 if !runs_on(isa) {
                     assert_eq!(isa, Isa::Portable);

@@ -6,8 +6,8 @@ use std::arch::x86_64::*;
 
 use super::X16;
 use super::codes::{Codes, Layout, nibbles};
-use crate::cpu::quant::RowTask;
-use crate::cpu::quant::avx2::{PREFETCH_AHEAD, hsum};
+use crate::quant::RowTask;
+use crate::quant::avx2::{PREFETCH_AHEAD, hsum};
 
 /// One group of 32 activations at `x` into int16 words: values 0..16 at `words`, 16..32 at
 /// `words + 32`; returns the group's f32 sum and scale (see [`X16::quantize`]).
@@ -301,7 +301,7 @@ macro_rules! dispatch {
         ///
         /// # Safety
         /// As the kernel's.
-        pub(in crate::cpu::quant) unsafe fn $name(task: RowTask<'_>, xq: &X16) {
+        pub(in crate::quant) unsafe fn $name(task: RowTask<'_>, xq: &X16) {
             macro_rules! by_m {
                 ($F:ty) => {
                     // SAFETY: forwarded contract.

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Generates the ggml (de)quantization fixtures that attn-kernels/src/cpu/ggml/{dequant,quantize}.rs test against.
+"""Generates the ggml (de)quantization fixtures that quant-kernels/src/ggml/{dequant,quantize}.rs test against.
 
 The expected values come from gguf-py's `gguf.quants` (llama.cpp's numpy port of ggml-quants.c), so the
 Rust tests compare against the reference without needing Python at test time.
 
 Run:  python3 -m venv /tmp/venv-gguf && /tmp/venv-gguf/bin/pip install gguf numpy
-      /tmp/venv-gguf/bin/python attn-kernels/tests/data/kquants/generate.py
+      /tmp/venv-gguf/bin/python quant-kernels/tests/data/kquants/generate.py
 Generated with gguf 0.19.0, numpy 2.4.x. Output is deterministic (fixed seed).
 
 Files (all little-endian, no headers):

@@ -8,7 +8,7 @@
 use std::arch::x86_64::*;
 
 use super::{Activations, GgmlType, RowTask};
-use crate::cpu::ggml::scale_min_k4;
+use crate::ggml::scale_min_k4;
 
 /// One format's groups of 32 consecutive values of a row, factored as `codes·scale + offset`
 /// (see [`super::avx512::Group`], of which this is the eight-lane twin). The formats and

@@ -20,8 +20,8 @@ use rayon::prelude::*;
 
 use super::avx2::{group_bytes, step_scales};
 use super::{STEP, X8};
-use crate::cpu::quant::int16::{Codes, Layout};
-use crate::cpu::quant::{Out, PartRef};
+use crate::quant::int16::{Codes, Layout};
+use crate::quant::{Out, PartRef};
 
 /// Tokens per lane vector.
 const LANES: usize = 16;

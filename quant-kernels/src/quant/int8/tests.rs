@@ -6,9 +6,9 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::*;
-use crate::cpu::ggml::dequantize;
-use crate::cpu::quant::tests::{Poisoned, offsets, random_part};
-use crate::cpu::quant::{ActivationPrecision, INTEGER_CODE_FORMATS, Part};
+use crate::ggml::dequantize;
+use crate::quant::tests::{Poisoned, offsets, random_part};
+use crate::quant::{ActivationPrecision, INTEGER_CODE_FORMATS, Part};
 
 /// The rounding rule, stated apart from the kernels: per group of 32, `dx = max|x|/127` and
 /// `a = round(x·(127/max|x|))`, ties to even; NaN for a group with a NaN or an infinity, zero

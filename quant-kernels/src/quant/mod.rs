@@ -17,7 +17,7 @@
 //! one `gemm` call each. The
 //! instruction set is the crate's one run-time choice ([`Isa::detected`]): AVX-512F (sixteen
 //! lanes, [`avx512`]) where the CPU has it, else AVX2 + FMA + F16C ([`avx2`]), else a portable loop
-//! over the scalar dequantization ([`crate::cpu::ggml::dequantize_block`]); the tests run
+//! over the scalar dequantization ([`crate::ggml::dequantize_block`]); the tests run
 //! every one the machine can.
 
 /// The SIMD module `$isa`'s [`avx2::Group`]-style type for format `$ty`, bound to `$G`
@@ -72,16 +72,16 @@ macro_rules! with_tokens {
 #[cfg(target_arch = "x86_64")]
 macro_rules! with_codes {
     ($ty:expr, $body:ident, $what:literal) => {{
-        use $crate::cpu::quant::int16::{Q4_0, Q4_1, Q4K, Q5_0, Q5_1, Q5K, Q6K, Q8_0};
+        use $crate::quant::int16::{Q4_0, Q4_1, Q4K, Q5_0, Q5_1, Q5K, Q6K, Q8_0};
         match $ty {
-            $crate::cpu::quant::GgmlType::Q4_0 => $body!(Q4_0),
-            $crate::cpu::quant::GgmlType::Q4_1 => $body!(Q4_1),
-            $crate::cpu::quant::GgmlType::Q5_0 => $body!(Q5_0),
-            $crate::cpu::quant::GgmlType::Q5_1 => $body!(Q5_1),
-            $crate::cpu::quant::GgmlType::Q8_0 => $body!(Q8_0),
-            $crate::cpu::quant::GgmlType::Q4_K => $body!(Q4K),
-            $crate::cpu::quant::GgmlType::Q5_K => $body!(Q5K),
-            $crate::cpu::quant::GgmlType::Q6_K => $body!(Q6K),
+            $crate::quant::GgmlType::Q4_0 => $body!(Q4_0),
+            $crate::quant::GgmlType::Q4_1 => $body!(Q4_1),
+            $crate::quant::GgmlType::Q5_0 => $body!(Q5_0),
+            $crate::quant::GgmlType::Q5_1 => $body!(Q5_1),
+            $crate::quant::GgmlType::Q8_0 => $body!(Q8_0),
+            $crate::quant::GgmlType::Q4_K => $body!(Q4K),
+            $crate::quant::GgmlType::Q5_K => $body!(Q5K),
+            $crate::quant::GgmlType::Q6_K => $body!(Q6K),
             other => unreachable!("{} takes no {other:?}", $what),
         }
     }};
@@ -127,8 +127,8 @@ pub use storage::Storage;
 use rayon::prelude::*;
 
 use crate::Isa;
-pub use crate::cpu::ggml::{GgmlType, QuantizeError};
-use crate::cpu::linear::{OutPtr, linear};
+pub use crate::ggml::{GgmlType, QuantizeError};
+use crate::linear::{OutPtr, linear};
 
 /// The formats whose values are small integer codes under per-group scales: those the integer
 /// kernels take ([`ActivationPrecision::Int16`]).
@@ -344,7 +344,7 @@ impl Weight {
                             &mut values,
                         );
                         let mut out = Vec::new();
-                        crate::cpu::ggml::quantize(ty, &values, &mut out).map(|()| out)
+                        crate::ggml::quantize(ty, &values, &mut out).map(|()| out)
                     })
                     .collect::<Result<_, _>>()?;
                 Ok(Part { ty, rows: p.rows, data: Storage::Owned(rows.concat()) })
@@ -545,7 +545,7 @@ impl Isa {
             _ => {
                 let (per_block, block_bytes) = ty.block();
                 for (o, b) in out.chunks_exact_mut(per_block).zip(row.chunks_exact(block_bytes)) {
-                    crate::cpu::ggml::dequantize_block(ty, b, o);
+                    crate::ggml::dequantize_block(ty, b, o);
                 }
             }
         }

@@ -107,8 +107,8 @@ fn quantize_q4_1(x: &[f32], out: &mut Vec<u8>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cpu::ggml::dequant::tests::{f32s, fixture};
-    use crate::cpu::ggml::dequantize;
+    use crate::ggml::dequant::tests::{f32s, fixture};
+    use crate::ggml::dequantize;
 
     /// The f32 rows (64 × 32) that `generate.py` quantized with gguf-py.
     fn src() -> Vec<f32> {

@@ -5,9 +5,9 @@
 use std::arch::x86_64::*;
 
 use super::{NB, RowCodes, TM, group_len, has_offset};
-use crate::cpu::linear::TileOut;
-use crate::cpu::quant::GgmlType;
-use crate::cpu::quant::int16::{Codes, Layout};
+use crate::linear::TileOut;
+use crate::quant::GgmlType;
+use crate::quant::int16::{Codes, Layout};
 
 /// `acc + Σ pairs a·b` with `b` the dword at `b` in every lane, as one instruction: `vpdpwssd`
 /// with an embedded broadcast. Written in `asm!` because LLVM splits the intrinsic into

@@ -6,8 +6,8 @@
 use half::f16;
 
 use super::{STEP, X8, has_offset};
-use crate::cpu::ggml::scale_min_k4;
-use crate::cpu::quant::{GgmlType, RowTask};
+use crate::ggml::scale_min_k4;
+use crate::quant::{GgmlType, RowTask};
 
 /// The f16 at `b[at..at + 2]` as f32 (exact).
 #[inline(always)]

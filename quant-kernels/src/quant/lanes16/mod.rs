@@ -231,7 +231,7 @@ pub(super) fn matmul(
                             rows: &rows,
                             k,
                             ty: part.ty,
-                            out: crate::cpu::linear::TileOut {
+                            out: crate::linear::TileOut {
                                 ptr: out.ptr.get().wrapping_add(b * TM * out.ldd + j),
                                 ldo: out.ldd,
                                 tokens: (m - b * TM).min(TM),
