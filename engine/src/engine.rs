@@ -17,12 +17,13 @@ use crate::error::{EngineError, RequestError};
 use crate::metrics::{Gauges, LiveMetrics, MetricsCollector, MetricsSnapshot, StepPhases};
 use crate::output::{FinishReason, RequestOutput, StreamError};
 use crate::request::{Prompt, RequestOptions, RequestRecord};
-use crate::sampling::{SampleRow, SamplingParams, TokenChoice, sample_batch};
+use crate::sampling::{IntoValidParams, SampleRow, SamplingParams, TokenChoice, sample_batch};
 
 mod admission;
 mod apply;
 mod generate;
 mod greedy;
+mod guides;
 mod rows;
 
 pub(crate) use admission::{Intake, IntakeLimits, Prepared};
@@ -229,7 +230,7 @@ impl Engine {
         &mut self,
         id: impl Into<String>,
         prompt: impl Into<Prompt>,
-        params: SamplingParams,
+        params: impl IntoValidParams,
     ) -> Result<RequestKey, RequestError> {
         self.add_request_with_options(id, prompt, params, RequestOptions::default())
     }
@@ -239,7 +240,7 @@ impl Engine {
         &mut self,
         id: impl Into<String>,
         prompt: impl Into<Prompt>,
-        params: SamplingParams,
+        params: impl IntoValidParams,
         options: RequestOptions,
     ) -> Result<RequestKey, RequestError> {
         match self.intake.prepare(id.into(), prompt.into(), params, options) {
@@ -469,7 +470,7 @@ impl Engine {
             greedy::targets(&self.bufs.plan, &mut self.bufs.targets);
             greedy::record(tokens, &self.bufs.targets, &mut self.live)?
         } else {
-            let guides = crate::structured::sampled_guides(&self.bufs.plan, &mut self.live);
+            let guides = guides::sampled_guides(&self.bufs.plan, &mut self.live);
             let times = self.metrics.mask_times();
             let logits = crate::structured::while_running(guides, times, || self.runner.forward(&step))?;
             phases.forward_s += lap();

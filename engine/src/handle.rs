@@ -24,7 +24,7 @@ use crate::kv_map::{KvMapPublisher, KvMapShared, KvSnapshot};
 use crate::metrics::{LiveMetrics, MetricsSnapshot};
 use crate::output::{RequestKey, Sink};
 use crate::request::{Prompt, RequestOptions};
-use crate::sampling::SamplingParams;
+use crate::sampling::{IntoValidParams, SamplingParams};
 
 use engine_loop::EngineLoop;
 use streams::Ticket;
@@ -199,7 +199,7 @@ impl EngineHandle {
     pub fn add_request(
         &self,
         prompt: impl Into<Prompt>,
-        params: SamplingParams,
+        params: impl IntoValidParams,
     ) -> Result<RequestStream, RequestError> {
         self.add_request_with_id(self.next_request_id(), prompt, params)
     }
@@ -209,7 +209,7 @@ impl EngineHandle {
         &self,
         id: impl Into<String>,
         prompt: impl Into<Prompt>,
-        params: SamplingParams,
+        params: impl IntoValidParams,
     ) -> Result<RequestStream, RequestError> {
         self.add_request_with_options(id, prompt, params, RequestOptions::default())
     }
@@ -219,7 +219,7 @@ impl EngineHandle {
         &self,
         id: impl Into<String>,
         prompt: impl Into<Prompt>,
-        params: SamplingParams,
+        params: impl IntoValidParams,
         options: RequestOptions,
     ) -> Result<RequestStream, RequestError> {
         let (tx, rx) = crossbeam_channel::unbounded();
@@ -246,7 +246,7 @@ impl EngineHandle {
         &self,
         id: impl Into<String>,
         prompt: impl Into<Prompt>,
-        params: SamplingParams,
+        params: impl IntoValidParams,
         options: RequestOptions,
     ) -> Result<OutputStream, RequestError> {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
@@ -259,7 +259,7 @@ impl EngineHandle {
         &self,
         id: String,
         prompt: Prompt,
-        params: SamplingParams,
+        params: impl IntoValidParams,
         options: RequestOptions,
         sink: Sink,
     ) -> Result<Ticket, RequestError> {

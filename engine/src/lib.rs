@@ -39,9 +39,9 @@ pub use metrics::{
 };
 pub use model::{ChatMessage, Conversation, FunctionCall, TemplateValue, ToolCall};
 pub use output::{
-    Completion, CompletionDelta, FinalOutput, FinishReason, PromptLogprobs, RequestKey, RequestOutput,
-    RequestTiming, StreamError,
+    Completion, CompletionDelta, FinalOutput, FinishReason, Logprob, PositionLogprobs, PromptLogprobs,
+    RequestKey, RequestOutput, RequestTiming, StreamError,
 };
 pub use request::{Prompt, RequestOptions};
-pub use sampling::{SamplingParams, SamplingParamsError};
+pub use sampling::{IntoValidParams, SamplingParams, SamplingParamsError, ValidSamplingParams};
 pub use structured::{Constraint, ConstraintError};

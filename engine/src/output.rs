@@ -1,6 +1,7 @@
 //! What the engine hands back per step and per request: deltas of token ids and text
 //! since the previous output, why a sequence finished, token counts and optional logprobs;
-//! and where a handle's request sends them (`Sink`), or why its stream ended early.
+//! and where a handle's request sends them (`Sink`), or why its stream ended early. Plain data
+//! that the sampler and the guides fill in, so this module depends on neither.
 
 use std::time::Duration;
 
@@ -9,7 +10,6 @@ use serde::Serialize;
 use crossbeam_channel::Sender;
 
 use crate::error::RequestError;
-use crate::sampling::PositionLogprobs;
 
 /// Why a sequence stopped.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -56,6 +56,24 @@ pub struct CompletionDelta {
     pub num_generated: usize,
     /// Set on the output that finishes this sample.
     pub finish_reason: Option<FinishReason>,
+}
+
+/// A token's log-probability under the model's raw (unprocessed) distribution.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Logprob {
+    pub token: u32,
+    pub logprob: f32,
+}
+
+/// Logprobs of one position: the sampled (or, for a prompt position, the prompt's) token and
+/// the top-N alternatives.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PositionLogprobs {
+    pub sampled: Logprob,
+    /// The sampled token's rank in the raw distribution: 1 + the number of tokens more likely.
+    pub rank: usize,
+    /// Most likely tokens first.
+    pub top: Vec<Logprob>,
 }
 
 /// Timing of one request, for TTFT / TPOT statistics.

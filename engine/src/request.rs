@@ -10,9 +10,10 @@ use model::{ChatMessage, Conversation};
 
 use crate::detok::{IncrementalDetokenizer, TokenDecoder};
 use crate::output::{
-    CompletionDelta, FinishReason, PromptLogprobs, RequestKey, RequestOutput, RequestTiming, Sink,
+    CompletionDelta, FinishReason, PositionLogprobs, PromptLogprobs, RequestKey, RequestOutput,
+    RequestTiming, Sink,
 };
-use crate::sampling::{PositionLogprobs, SamplingParams, SequenceSampler};
+use crate::sampling::{SamplingParams, SequenceSampler};
 use crate::structured::Guide;
 
 /// A prompt: plain text, token ids, or chat messages rendered with the model's template (with

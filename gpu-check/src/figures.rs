@@ -11,6 +11,8 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use crate::sections::Kind;
+
 /// Figures by flat key (`check.…`, `cuda.…`).
 pub type Figures = Map<String, Value>;
 /// What a check returns.
@@ -50,17 +52,6 @@ impl Status {
     pub fn is_ok(self) -> bool {
         self == Status::Passed
     }
-}
-
-/// What a section is for: a check passes or fails on its cases; a benchmark measures (its
-/// figures are its result), so the summary reports it apart and does not count it among the
-/// checks that passed.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Kind {
-    #[default]
-    Check,
-    Benchmark,
 }
 
 /// One section's outcome: what the runner merges into `figures.json` and the summary reads.

@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::figures::{Figures, Kind, RECORD_PATH_ENV, SectionRecord, Status, write_json_atomically};
+use crate::figures::{Figures, RECORD_PATH_ENV, SectionRecord, Status, write_json_atomically};
+use crate::sections::Kind;
 
 /// Log lines kept in the record of a section that timed out or crashed.
 const TAIL_LINES: usize = 12;

@@ -25,7 +25,18 @@
 //! section the smaller of its cap and what is left of [`RUN_BUDGET_S`], so a hang costs one
 //! section, and the summary is printed inside [`RUN_TIMEOUT_S`] whatever happens.
 
-use crate::figures::Kind;
+use serde::{Deserialize, Serialize};
+
+/// What a section is for: a check passes or fails on its cases; a benchmark measures (its
+/// figures are its result), so the summary reports it apart and does not count it among the
+/// checks that passed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    #[default]
+    Check,
+    Benchmark,
+}
 
 /// The two programs of the bundle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,9 +8,9 @@ use std::fmt::Write as _;
 
 use serde_json::Value;
 
-use crate::figures::{Figures, Kind, SectionRecord, Status};
+use crate::figures::{Figures, SectionRecord, Status};
 use crate::runner::records_in;
-use crate::sections::SECTIONS;
+use crate::sections::{Kind, SECTIONS};
 
 /// Failing cases listed per section (the log and `figures.json` have the rest).
 const CASES_SHOWN: usize = 12;

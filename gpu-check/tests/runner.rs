@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use std::path::PathBuf;
 
-use gpu_check::figures::{Figures, Kind, Status};
+use gpu_check::figures::{Figures, Status};
 use gpu_check::runner::{RunDirs, SectionRun, records_in, run_all};
+use gpu_check::sections::Kind;
 
 const MODE_ENV: &str = "FAKE_SECTION";
 

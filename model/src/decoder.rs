@@ -1,6 +1,7 @@
 //! The decoder's weights ([`Model`]: fused per layer for fewer, larger GEMMs, each kept in its
 //! storage format, see `quant_kernels::quant`), loaded from an HF folder or natively from a
-//! GGUF (`load.rs`), and the CPU entry of the one forward (`forward.rs`) over the paged KV cache.
+//! GGUF (`load.rs`). `Model::forward`, the CPU step over these weights, is in `forward/cpu.rs`;
+//! the CUDA backend uploads them (`crate::cuda`).
 
 mod load;
 
@@ -12,10 +13,6 @@ use quant_kernels::quant::{ActivationPrecision, GgmlType, QuantizeError, Weight}
 use crate::arch::{LayerMatrix, LayerNorm, RopeKind};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
-use crate::forward::cpu::{CpuStep, Workspace};
-use crate::forward::timed::{StepProfile, Timed};
-
-use crate::forward::{self, StepShape};
 use crate::gguf::GgufFile;
 use crate::input::ModelInput;
 use crate::rope::Rope;
@@ -239,7 +236,9 @@ impl Model {
             + 2.0 * self.lm_head().len() as f64 * samples as f64
     }
 
-    fn check_input(&self, input: &ModelInput<'_>, cache: &KvCache) -> Result<()> {
+    /// Whether a step's input and cache fit this model: ids inside the vocabulary, and the
+    /// cache's layer tensors, groups and geometry those of the KV layout.
+    pub(crate) fn check_input(&self, input: &ModelInput<'_>, cache: &KvCache) -> Result<()> {
         let bad = |msg: String| Err(ModelError::InvalidInput(msg));
         input.check(self.config.vocab_size).map_err(ModelError::InvalidInput)?;
         if cache.num_layers() != self.kv_layout.num_slots() {
@@ -264,55 +263,5 @@ impl Model {
             ));
         }
         Ok(())
-    }
-
-    /// One step on the CPU: writes this step's K/V into `cache`, and returns the logits
-    /// `[sample_indices.len(), vocab]` (borrowed from `ws`).
-    pub fn forward<'w>(
-        &self,
-        input: &ModelInput<'_>,
-        cache: &mut KvCache,
-        ws: &'w mut Workspace,
-    ) -> Result<&'w [f32]> {
-        self.forward_inner(input, cache, ws, None)
-    }
-
-    fn forward_inner<'w>(
-        &self,
-        input: &ModelInput<'_>,
-        cache: &mut KvCache,
-        ws: &'w mut Workspace,
-        mut profile: Option<&mut StepProfile>,
-    ) -> Result<&'w [f32]> {
-        self.check_input(input, cache)?;
-        // Every op fans out through rayon, ~10 times per layer. Issued from a thread outside
-        // the pool, each fan-out is a cross-thread injection, a wake-up and a blocking wait
-        // (tens of µs, a tenth of a batch-1 decode step); issued from a pool thread it is a
-        // push onto the local deque. So the whole pass runs on the pool, entered once.
-        let step = StepShape {
-            arch: &self.config.arch,
-            layers: &self.config.layer_attention,
-            samples: !input.sample_indices.is_empty(),
-        };
-        let mut run = || match profile.as_deref_mut() {
-            Some(profile) => {
-                forward::run(&mut Timed { inner: CpuStep::new(self, input, cache, ws), profile }, step)
-            }
-            None => forward::run(&mut CpuStep::new(self, input, cache, ws), step),
-        };
-        if rayon::current_thread_index().is_some() { run() } else { rayon::scope(|_| run()) }?;
-        Ok(ws.logits(input.sample_indices.len() * self.config.vocab_size))
-    }
-
-    /// [`Self::forward`] with the time of each phase added to `profile` (the bench report's
-    /// breakdown of a step).
-    pub fn forward_profiled<'w>(
-        &self,
-        input: &ModelInput<'_>,
-        cache: &mut KvCache,
-        ws: &'w mut Workspace,
-        profile: &mut StepProfile,
-    ) -> Result<&'w [f32]> {
-        self.forward_inner(input, cache, ws, Some(profile))
     }
 }

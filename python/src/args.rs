@@ -7,7 +7,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use engine::config::{DECODE_ACTIVATIONS, KV_DTYPE, PREEMPTION_MODE, QUANTIZATION, SCHEDULING_POLICY};
-use engine::{Choices, Conversation, Device, EngineConfig, KvCacheSize, Prompt, SamplingParams};
+use engine::{
+    Choices, Conversation, Device, EngineConfig, KvCacheSize, Prompt, SamplingParams, ValidSamplingParams,
+};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use serde::Deserialize;
@@ -130,9 +132,10 @@ pub fn engine_config(json: &str) -> PyResult<EngineConfig> {
     })
 }
 
-/// A `SamplingParams`' fields (JSON) over `defaults`, checked; `None` is `defaults` itself.
-pub fn sampling_params(json: Option<&str>, defaults: &SamplingParams) -> PyResult<SamplingParams> {
-    let Some(json) = json else { return Ok(defaults.clone()) };
+/// A `SamplingParams`' fields (JSON) over `defaults`, validated (the one check they get; the
+/// engine takes them as they are); `None` is `defaults` themselves.
+pub fn sampling_params(json: Option<&str>, defaults: &SamplingParams) -> PyResult<ValidSamplingParams> {
+    let Some(json) = json else { return defaults.clone().validate().map_err(errors::sampling) };
     let fields: serde_json::Value = serde_json::from_str(json)
         .map_err(|e| errors::json("sampling parameters", &e, errors::InvalidRequestError::new_err))?;
     let params = SamplingParams::from_json_over(defaults, &fields).map_err(|e| {
@@ -141,8 +144,7 @@ pub fn sampling_params(json: Option<&str>, defaults: &SamplingParams) -> PyResul
         });
         errors::json(&what, &e, errors::InvalidRequestError::new_err)
     })?;
-    params.validate().map_err(errors::sampling)?;
-    Ok(params)
+    params.validate().map_err(errors::sampling)
 }
 
 /// How `AsyncLLM` submits one request beside its prompt and sampling parameters.

@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use engine::{
-    Engine, EngineHandle, Prompt, RequestError, RequestOptions, RequestStream, SamplingParams, ShutdownMode,
+    Engine, EngineHandle, Prompt, RequestError, RequestOptions, RequestStream, ShutdownMode,
+    ValidSamplingParams,
 };
 use pyo3::prelude::*;
 
@@ -32,7 +33,7 @@ pub struct PyEngine {
 struct Request {
     prompt: Option<String>,
     token_ids: Arc<[u32]>,
-    params: SamplingParams,
+    params: ValidSamplingParams,
 }
 
 impl PyEngine {

@@ -7,8 +7,9 @@
 
 use std::sync::Arc;
 
-use engine::sampling::PositionLogprobs;
-use engine::{Completion, CompletionDelta, FinalOutput, FinishReason, RequestOutput, RequestTiming};
+use engine::{
+    Completion, CompletionDelta, FinalOutput, FinishReason, PositionLogprobs, RequestOutput, RequestTiming,
+};
 use serde::Serialize;
 
 /// vLLM's `RequestOutputKind`.

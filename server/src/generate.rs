@@ -14,7 +14,10 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use engine::{Completion, FinalOutput, OutputStream, Prompt, PromptLogprobs, RequestOptions, SamplingParams};
+use engine::{
+    Completion, FinalOutput, OutputStream, Prompt, PromptLogprobs, RequestOptions, SamplingParams,
+    ValidSamplingParams,
+};
 use futures_util::stream::{self, SelectAll, Stream, StreamExt};
 
 use crate::AppState;
@@ -44,7 +47,7 @@ impl JobRequest for CompletionRequest {
         let prompts = self.prompt.clone().into_prompts()?;
         let options = self.sampling.options(state.handle.policy())?;
         let envelope = Envelope::new(state, Endpoint::Completions, base, plan.n, self.logprobs.is_some());
-        let mut job = Job::new(envelope, prompts, params, options, &self.sampling);
+        let mut job = Job::new(envelope, prompts, params, options, &self.sampling)?;
         // Both were checked to be counts by `to_params`.
         let top = |k: Option<i64>| k.and_then(|k| usize::try_from(k).ok());
         job.completion = Some(CompletionJob {
@@ -95,7 +98,7 @@ impl JobRequest for ChatRequest {
         }
         let mut envelope = Envelope::new(state, Endpoint::Chat, base, params.n, self.logprobs);
         envelope.tools = tools;
-        let mut job = Job::new(envelope, prompts, params, options, &self.sampling);
+        let mut job = Job::new(envelope, prompts, params, options, &self.sampling)?;
         job.prompt_top = job.params.prompt_logprobs;
         job.constraint_field = constraint_field;
         Ok(job)
@@ -168,7 +171,7 @@ fn with_request_id(mut response: Response, base: &str) -> Response {
 pub(crate) struct Job {
     envelope: Envelope,
     prompts: Vec<Prompt>,
-    params: SamplingParams,
+    params: ValidSamplingParams,
     options: RequestOptions,
     stream: bool,
     include_usage: bool,
@@ -220,24 +223,26 @@ impl Envelope {
 }
 
 impl Job {
+    /// The call's job, its finished parameters validated here, once (a bad field is a 400
+    /// naming it; the engine takes them as they are).
     fn new(
         envelope: Envelope,
         prompts: Vec<Prompt>,
         params: SamplingParams,
         options: RequestOptions,
         fields: &SamplingFields,
-    ) -> Self {
-        Self {
+    ) -> Result<Self, ApiError> {
+        Ok(Self {
             envelope,
             prompts,
-            params,
+            params: crate::openai::validated(params)?,
             options,
             stream: fields.stream,
             include_usage: fields.include_usage(),
             constraint_field: fields.constraints.constraint_field(),
             completion: None,
             prompt_top: None,
-        }
+        })
     }
 
     /// Submits every prompt (all or none: an error aborts the ones already in) and answers.

@@ -336,8 +336,8 @@ fn real(value: f64, name: &'static str) -> Result<f32, ApiError> {
 }
 
 impl SamplingFields {
-    /// The engine's parameters: every field the request sets, over the model's defaults, then
-    /// the engine's own validation (its message names the field).
+    /// The engine's parameters: every field the request sets, over the model's defaults
+    /// (checked once the endpoint has set the rest, by [`validated`]).
     pub fn to_params(
         &self,
         defaults: &SamplingParams,
@@ -398,7 +398,6 @@ impl SamplingFields {
         }
         p.constraint = self.constraints.constraint()?.map(|(c, _)| c);
         p.logit_bias = self.constraints.logit_bias()?;
-        p.validate().map_err(|e| ApiError::bad_request(e.to_string(), Some(param_of(&e))))?;
         Ok(p)
     }
 
@@ -435,6 +434,11 @@ impl SamplingFields {
 }
 
 /// The request field an engine validation error is about.
+/// The engine's validation of a call's finished parameters, its error a 400 naming the field.
+pub(crate) fn validated(p: SamplingParams) -> Result<engine::ValidSamplingParams, ApiError> {
+    p.validate().map_err(|e| ApiError::bad_request(e.to_string(), Some(param_of(&e))))
+}
+
 fn param_of(e: &engine::SamplingParamsError) -> &'static str {
     use engine::SamplingParamsError as E;
     match e {
@@ -458,9 +462,10 @@ fn param_of(e: &engine::SamplingParamsError) -> &'static str {
 mod tests {
     use super::*;
 
-    fn params(body: serde_json::Value) -> Result<SamplingParams, ApiError> {
+    /// What a completions call hands the engine: its parameters, validated as `Job::new` does.
+    fn params(body: serde_json::Value) -> Result<engine::ValidSamplingParams, ApiError> {
         let req: CompletionRequest = serde_json::from_value(body).unwrap_or_else(|e| panic!("{e}"));
-        req.to_params(&SamplingParams::default(), &req.plan()?)
+        validated(req.to_params(&SamplingParams::default(), &req.plan()?)?)
     }
 
     #[test]

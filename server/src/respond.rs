@@ -6,7 +6,7 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-use engine::{Completion, CompletionDelta, PromptLogprobs, RequestOutput, sampling::PositionLogprobs};
+use engine::{Completion, CompletionDelta, PositionLogprobs, PromptLogprobs, RequestOutput};
 use serde::Serialize;
 
 use crate::tools::{ToolCallOut, ToolPlan};

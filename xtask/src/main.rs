@@ -14,6 +14,7 @@ mod gpu_check;
 mod layering;
 mod llamacpp;
 mod make_model;
+mod module_cycles;
 mod perplexity;
 mod plan;
 mod python;

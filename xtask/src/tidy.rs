@@ -1,7 +1,8 @@
 //! Tidy checks over the source tree: every `.rs` file opens with a `//!` doc line, no test
 //! is switched off with `#[ignore]`, no source file (`.rs`, `.cu`, `.cuh`, `.py`, `.js`) is
-//! longer than `MAX_LINES`, ARCHITECTURE.md stays a map (`MAX_MAP_LINES`), and the crate graph
-//! is the one ARCHITECTURE.md draws (`layering.rs`).
+//! longer than `MAX_LINES`, no two modules of a crate depend on each other (`module_cycles.rs`),
+//! ARCHITECTURE.md stays a map (`MAX_MAP_LINES`), and the crate graph is the one ARCHITECTURE.md
+//! draws (`layering.rs`).
 
 use std::path::Path;
 
@@ -38,6 +39,7 @@ pub fn check(root: &Path) -> anyhow::Result<()> {
         }
         problems.extend(found.into_iter().map(|p| format!("{}: {p}", file.display())));
     }
+    problems.extend(crate::module_cycles::check(root)?);
     let map_path = root.join("ARCHITECTURE.md");
     let map =
         std::fs::read_to_string(&map_path).with_context(|| format!("reading {}", map_path.display()))?;

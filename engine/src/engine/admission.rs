@@ -19,7 +19,7 @@ use super::Engine;
 use crate::error::RequestError;
 use crate::output::{RequestKey, Sink};
 use crate::request::{Prompt, RequestOptions, RequestRecord};
-use crate::sampling::{SamplingParams, SequenceSampler, seeded_rng};
+use crate::sampling::{IntoValidParams, SamplingParams, SequenceSampler, seeded_rng};
 use crate::structured::{ConstraintError, Grammars, Guide};
 
 /// What admission needs to know, shared by the engine and every handle (`Send + Sync`): the
@@ -163,13 +163,16 @@ impl Intake {
         &self,
         id: String,
         prompt: Prompt,
-        params: SamplingParams,
+        params: impl IntoValidParams,
         options: RequestOptions,
     ) -> Result<Prepared, RequestError> {
         if self.ids.lock().contains_key(&id) {
             return Err(RequestError::DuplicateId(id));
         }
-        params.validate().map_err(|source| RequestError::InvalidParams { id: id.clone(), source })?;
+        let params = params
+            .into_valid()
+            .map_err(|source| RequestError::InvalidParams { id: id.clone(), source })?
+            .into_inner();
         let tokens = self.tokenize(&id, prompt)?;
         let max_tokens = self.check_lengths(&id, &tokens, &params)?;
         let guide = self.guide(&id, &params)?;

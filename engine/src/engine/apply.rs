@@ -65,7 +65,7 @@ impl Engine {
         if !guided.is_empty() {
             let times = self.metrics.mask_times();
             for (output, (request, index), finish) in
-                crate::structured::advance_sampled(&mut self.live, &guided, times)
+                super::guides::advance_sampled(&mut self.live, &guided, times)
             {
                 if let Some(seq) = self.live.get_mut(&request).and_then(|r| r.seqs.get_mut(index)) {
                     seq.finish = Some(finish);

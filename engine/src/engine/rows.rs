@@ -10,8 +10,8 @@ use scheduler::{RequestKey, SchedulerOutput};
 
 use super::RowTarget;
 use crate::error::EngineError;
+use crate::output::PositionLogprobs;
 use crate::request::RequestRecord;
-use crate::sampling::PositionLogprobs;
 use crate::sampling::filter::log_sum_exp;
 
 /// One sequence's run of prompt-logprob rows in a step.

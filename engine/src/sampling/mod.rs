@@ -5,8 +5,8 @@ pub(crate) mod filter;
 mod params;
 mod sampler;
 
-pub use params::{GREEDY_EPS, MAX_LOGPROBS, MAX_N, SamplingParams, SamplingParamsError};
-pub use sampler::{
-    Logprob, PositionLogprobs, SampleRow, SamplerError, SequenceSampler, TokenChoice, sample_batch,
-    seeded_rng,
+pub use params::{
+    GREEDY_EPS, IntoValidParams, MAX_LOGPROBS, MAX_N, SamplingParams, SamplingParamsError,
+    ValidSamplingParams,
 };
+pub use sampler::{SampleRow, SamplerError, SequenceSampler, TokenChoice, sample_batch, seeded_rng};

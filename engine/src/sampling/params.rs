@@ -1,5 +1,6 @@
 //! `SamplingParams`: how one request picks its tokens (vLLM's knobs and defaults), and
-//! their validation into typed errors before a request ever reaches the scheduler.
+//! their validation, once, into typed errors or a [`ValidSamplingParams`] before a request ever
+//! reaches the scheduler.
 
 use std::collections::BTreeMap;
 
@@ -198,8 +199,14 @@ impl SamplingParams {
         self.stop.iter().map(String::len).max().unwrap_or(0)
     }
 
-    /// Checks every field's domain (vLLM's `_verify_args`).
-    pub fn validate(&self) -> Result<(), SamplingParamsError> {
+    /// Checks every field's domain (vLLM's `_verify_args`): the one place a request's
+    /// parameters are checked; what passes is read-only from then on.
+    pub fn validate(self) -> Result<ValidSamplingParams, SamplingParamsError> {
+        self.check()?;
+        Ok(ValidSamplingParams(self))
+    }
+
+    fn check(&self) -> Result<(), SamplingParamsError> {
         use SamplingParamsError as E;
         if self.n == 0 || self.n > MAX_N {
             return Err(E::N(self.n));
@@ -259,18 +266,68 @@ impl SamplingParams {
     }
 }
 
+/// Sampling parameters whose every field is in its domain: made only by
+/// [`SamplingParams::validate`] and read-only from then on, so admission takes them as they are
+/// and no layer checks them again.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidSamplingParams(SamplingParams);
+
+impl std::ops::Deref for ValidSamplingParams {
+    type Target = SamplingParams;
+
+    fn deref(&self) -> &SamplingParams {
+        &self.0
+    }
+}
+
+impl ValidSamplingParams {
+    /// The parameters themselves (to change them, and validate them again).
+    pub fn into_inner(self) -> SamplingParams {
+        self.0
+    }
+}
+
+/// What a request's sampling parameters reach the engine as: ones already validated (by a
+/// server, which turns a bad field into its own error first) pass as they are, plain ones are
+/// validated on the way in, so every request's are checked exactly once.
+pub trait IntoValidParams {
+    fn into_valid(self) -> Result<ValidSamplingParams, SamplingParamsError>;
+}
+
+impl IntoValidParams for SamplingParams {
+    fn into_valid(self) -> Result<ValidSamplingParams, SamplingParamsError> {
+        self.validate()
+    }
+}
+
+impl IntoValidParams for ValidSamplingParams {
+    fn into_valid(self) -> Result<ValidSamplingParams, SamplingParamsError> {
+        Ok(self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn check(p: SamplingParams) -> Result<(), SamplingParamsError> {
-        p.validate()
+        p.validate().map(drop)
+    }
+
+    #[test]
+    fn validated_parameters_pass_as_they_are_and_plain_ones_are_checked_on_the_way_in() {
+        let valid = SamplingParams { top_k: 3, ..SamplingParams::default() }.validate().unwrap();
+        assert_eq!(valid.top_k, 3);
+        assert_eq!(valid.clone().into_valid(), Ok(valid.clone()));
+        assert_eq!(valid.clone().into_inner().into_valid(), Ok(valid));
+        let bad = SamplingParams { top_p: 0.0, ..SamplingParams::default() };
+        assert_eq!(bad.into_valid(), Err(SamplingParamsError::TopP(0.0)));
     }
 
     #[test]
     fn defaults_are_valid_and_match_vllm() {
         let p = SamplingParams::default();
-        assert_eq!(p.validate(), Ok(()));
+        assert_eq!(p.check(), Ok(()));
         assert_eq!((p.n, p.temperature, p.top_p, p.top_k, p.max_tokens), (1, 1.0, 1.0, -1, Some(16)));
         assert!(!p.is_greedy());
         assert!(SamplingParams::greedy(4).is_greedy());
@@ -395,7 +452,7 @@ mod tests {
             SamplingParams { prompt_logprobs: Some(0), ..d() },
             SamplingParams { prompt_logprobs: Some(MAX_LOGPROBS), ..d() },
         ] {
-            assert_eq!(p.validate(), Ok(()), "{p:?}");
+            assert_eq!(p.check(), Ok(()), "{p:?}");
         }
         assert_eq!(SamplingParams { top_k: 0, ..d() }.top_k_limit(), None);
         assert_eq!(SamplingParams { top_k: 5, ..d() }.top_k_limit(), Some(5));

@@ -11,26 +11,10 @@ use rayon::prelude::*;
 
 use super::filter::{self, Truncation};
 use super::params::SamplingParams;
+use crate::output::{Logprob, PositionLogprobs};
 use crate::structured::Guide;
 
-/// A token's log-probability under the model's raw (unprocessed) distribution.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
-pub struct Logprob {
-    pub token: u32,
-    pub logprob: f32,
-}
-
-/// Logprobs of one position: the sampled (or, for a prompt position, the prompt's) token and
-/// the top-N alternatives.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct PositionLogprobs {
-    pub sampled: Logprob,
-    /// The sampled token's rank in the raw distribution: 1 + the number of tokens more likely.
-    pub rank: usize,
-    /// Most likely tokens first.
-    pub top: Vec<Logprob>,
-}
-
+// Computed here, where the logits are: the type is plain output data (`output.rs`).
 impl PositionLogprobs {
     /// `token`'s logprob and rank and the `n` most likely tokens of one row of raw logits whose
     /// log-sum-exp is `lse`.

@@ -11,9 +11,10 @@
 //! - `guide.rs` — [`Guide`]: one sample's matcher: the mask for its next token, advanced by
 //!   each sampled token, forked for each of a request's `n` samples.
 //! - `overlap.rs` — each step's masks computed while its forward pass runs, as jobs of the
-//!   forward's own rayon pool, and the sampled tokens fed to the guides in parallel after.
-//!   Sampling applies the masks (and computes any that is missing). [`MaskTimes`]: the masks'
-//!   time and the time steps spent on guides outside their forward pass (engine metrics).
+//!   forward's own rayon pool (the engine picks the guides, and feeds them the sampled tokens
+//!   in parallel after). Sampling applies the masks (and computes any that is missing).
+//!   [`MaskTimes`]: the masks' time and the time steps spent on guides outside their forward
+//!   pass (engine metrics).
 //!
 //! Invariants: a guided sample only ever samples a token its grammar allows; the end-of-sequence
 //! ids are allowed only where the grammar may end; when the grammar can take nothing more, the
@@ -30,7 +31,7 @@ pub use compile::{Grammars, MAX_CONSTRAINT_BYTES, TextState};
 pub use guide::Guide;
 pub(crate) use guide::advance;
 pub use overlap::MaskTimes;
-pub(crate) use overlap::{advance_sampled, sampled_guides, while_running};
+pub(crate) use overlap::while_running;
 
 /// What a request's output must match (OpenAI's `response_format`, vLLM's `guided_*`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -1,21 +1,18 @@
 //! The guides' work placed around a step's forward pass. Each guide's mask for the step is
 //! computed while the forward runs (as vLLM overlaps its grammar bitmask), as jobs of the rayon
-//! pool the forward's own loops run on ([`while_running`]); sampling then only applies it. After
-//! sampling, the guides take their tokens in one parallel pass ([`advance_sampled`]).
+//! pool the forward's own loops run on ([`while_running`]); sampling then only applies it.
 //! [`MaskTimes`] counts the masks' time and how long the steps spent on guides outside their
-//! forward pass (the part of the guides' time left on the critical path).
+//! forward pass (the part of the guides' time left on the critical path), the pass that feeds
+//! the guides their sampled tokens included. Which guides a step samples, and that pass, are
+//! the engine's (`engine/guides.rs`): they walk its live requests.
 
-use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use scheduler::{RequestKey, SchedulerOutput};
 use serde::Serialize;
 
 use rayon::prelude::*;
 
 use super::Guide;
-use crate::output::FinishReason;
-use crate::request::RequestRecord;
 
 /// The masks computed ahead of sampling, summed over steps.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Default)]
@@ -38,39 +35,11 @@ impl MaskTimes {
         self.compute_s += compute.as_secs_f64();
         self.wait_s += wait.as_secs_f64();
     }
-}
 
-/// The guides of every sample `plan` samples (a prompt end of a group of `n` samples all `n`).
-pub(crate) fn sampled_guides<'a>(
-    plan: &SchedulerOutput,
-    live: &'a mut HashMap<RequestKey, RequestRecord>,
-) -> Vec<&'a mut Guide> {
-    let mut sampled: HashSet<(RequestKey, usize)> = HashSet::new();
-    for s in plan.seqs.iter().filter(|s| s.num_samples > 0) {
-        let request = s.seq_id.request;
-        if live.get(&request).is_none_or(|r| r.params.constraint.is_none()) {
-            continue;
-        }
-        if s.num_samples > 1 {
-            sampled.extend((0..s.num_samples).map(|j| (request, j)));
-        } else {
-            sampled.insert((request, s.seq_id.index as usize));
-        }
+    /// Time a step spent on its guides outside its forward pass, after sampling.
+    pub(crate) fn add_wait(&mut self, wait: Duration) {
+        self.add(0, Duration::ZERO, wait);
     }
-    if sampled.is_empty() {
-        return Vec::new();
-    }
-    let mut guides = Vec::with_capacity(sampled.len());
-    for (key, record) in live.iter_mut() {
-        for (index, seq) in record.seqs.iter_mut().enumerate() {
-            if let Some(guide) = seq.guide.as_mut()
-                && sampled.contains(&(*key, index))
-            {
-                guides.push(guide);
-            }
-        }
-    }
-    guides
 }
 
 /// Runs `forward` on this thread while the rayon pool prepares the masks of `guides`, adding to
@@ -110,32 +79,4 @@ pub(crate) fn while_running<T>(
     times.steps += 1;
     times.add(masks, compute, forward_done.elapsed());
     out
-}
-
-/// Feeds each sample in `sampled` (by request and sample index: its token, and where its step
-/// output is) its token, the guides in parallel; returns the samples whose grammar ended, with
-/// their output's position and finish. The pass is counted in `times`' wait: it is the part of
-/// the guides' work on the step's critical path.
-pub(crate) fn advance_sampled(
-    live: &mut HashMap<RequestKey, RequestRecord>,
-    sampled: &HashMap<(RequestKey, usize), (u32, usize)>,
-    times: &mut MaskTimes,
-) -> Vec<(usize, (RequestKey, usize), FinishReason)> {
-    let start = Instant::now();
-    let mut work = Vec::with_capacity(sampled.len());
-    for (key, record) in live.iter_mut() {
-        for (index, seq) in record.seqs.iter_mut().enumerate() {
-            if let Some(guide) = seq.guide.as_mut()
-                && let Some(&(token, output)) = sampled.get(&(*key, index))
-            {
-                work.push(((*key, index), token, output, guide));
-            }
-        }
-    }
-    let ended = work
-        .into_par_iter()
-        .filter_map(|(at, token, output, guide)| super::advance(Some(guide), token).map(|f| (output, at, f)))
-        .collect();
-    times.add(0, Duration::ZERO, start.elapsed());
-    ended
 }

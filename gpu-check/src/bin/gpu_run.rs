@@ -18,10 +18,10 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use gpu_check::figures::{Figures, Kind, SectionRecord};
+use gpu_check::figures::{Figures, SectionRecord};
 use gpu_check::runner::{RunDirs, SectionRun, run_all};
 use gpu_check::sections::{
-    RUN_BUDGET_S, RUN_TIMEOUT_S, SANITIZE_BUDGET_S, SANITIZE_CAP_S, SECTIONS, Section,
+    Kind, RUN_BUDGET_S, RUN_TIMEOUT_S, SANITIZE_BUDGET_S, SANITIZE_CAP_S, SECTIONS, Section,
 };
 use gpu_check::summary::render;
 

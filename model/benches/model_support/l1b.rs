@@ -3,7 +3,7 @@
 //! same run: a 512-token prefill and a 16-sequence decode step over the peak multiply-add rate
 //! of the activation path that ran (int16: `vpdpwssd`; int8: `vpdpbusd`; f32: the GEMM's), and
 //! batch-1 decode over the read-only sum; and the 16-sequence step's time phase by phase.
-//! `L1B_ACTIVATIONS=int8|f32` measures that path instead of this CPU's default.
+//! `L1B_ACTIVATIONS=int16|int8|f32` measures that path instead of this CPU's default.
 
 use attn_kernels::yardstick::{Dot, peak_macs_per_sec};
 use kv_cache::DType;
@@ -40,6 +40,7 @@ pub fn measure(samples: usize, roof: &Rooflines) -> (serde_json::Value, String) 
     let mut model = Model::load(&path).unwrap_or_else(|e| panic!("cannot load {}: {e}", path.display()));
     let activations = match std::env::var("L1B_ACTIVATIONS").as_deref() {
         Ok("int8") => ActivationPrecision::Int8,
+        Ok("int16") => ActivationPrecision::Int16,
         Ok("f32") => ActivationPrecision::F32,
         _ => ActivationPrecision::default().resolve(Isa::detected(), INTEGER_CODE_FORMATS.into_iter()),
     };

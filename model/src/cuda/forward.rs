@@ -9,29 +9,26 @@
 use std::sync::Arc;
 
 use attn_kernels::cuda::DeviceAttnMetadata;
-use attn_kernels::cuda::kernels::{
-    ARGMAX_ENTRY, ARGMAX_THREADS, SOFTCAP_ENTRY, cast_entry, model_entry, model_program,
-};
-use attn_kernels::cuda::ops::{AttnWorkspace, DeviceSlotMapping};
-use attn_kernels::cuda::{CudaDevice, CudaKernels, Program};
+use attn_kernels::cuda::kernels::ARGMAX_THREADS;
+use attn_kernels::cuda::ops::DeviceSlotMapping;
+use attn_kernels::cuda::{CudaDevice, CudaKernels};
 use cudarc::cublas::CudaBlas;
-use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, LaunchConfig, PinnedHostSlice, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaStream, PinnedHostSlice, PushKernelArg};
 use kv_cache::DType;
 use kv_cache::cuda::CudaKvCache;
 
+use super::activations::Activations;
 use super::batch::{BatchLimits, check_batch};
 use super::error::CudaModelError;
-use super::ops::CudaStep;
+use super::launch::{Functions, int, rows_launch};
+use super::ops::{CudaStep, StepModel};
 use super::rope_table::cos_sin_table;
 use super::weights::DeviceWeights;
-use crate::arch::{LayerAttention, RopeKind};
+use crate::arch::RopeKind;
 use crate::config::ModelConfig;
 use crate::decoder::Model;
 use crate::forward::{self, StepShape};
 use crate::input::ModelInput;
-
-/// Threads per block of the row kernels (a multiple of 32, as `block_sum` needs).
-pub(super) const ROW_THREADS: u32 = 256;
 
 /// Keeps cuBLAS from reducing split-K partial sums in the half output type: the GEMMs that
 /// write bf16/f16 must round once, at the end, as the tolerance model (`tolerance.rs`) assumes.
@@ -44,42 +41,6 @@ fn disallow_reduced_precision_reduction(blas: &CudaBlas) -> Result<(), CudaModel
     }
     .result()?;
     Ok(())
-}
-
-/// The model kernels one forward launches, loaded once.
-#[derive(Debug)]
-pub(super) struct Functions {
-    pub embedding: CudaFunction,
-    pub rms_norm: CudaFunction,
-    pub rotary: CudaFunction,
-    pub silu_mul: CudaFunction,
-    pub gelu_tanh_mul: CudaFunction,
-    pub add_bias: CudaFunction,
-    pub add_into: CudaFunction,
-    pub head_norm: CudaFunction,
-    pub cast_attn: CudaFunction,
-    pub softcap: CudaFunction,
-    pub argmax: CudaFunction,
-}
-
-impl Functions {
-    fn load(kernels: &CudaKernels, dtype: DType) -> Result<Self, CudaModelError> {
-        let program: Program = model_program();
-        let f = |name: String| kernels.function(&program, &name);
-        Ok(Functions {
-            embedding: f(model_entry("embedding_f32out", dtype))?,
-            rms_norm: f(model_entry("rms_norm_f32in", dtype))?,
-            rotary: f(model_entry("rotary", DType::F32))?,
-            silu_mul: f(model_entry("silu_mul", dtype))?,
-            gelu_tanh_mul: f(model_entry("gelu_tanh_mul", dtype))?,
-            add_bias: f(model_entry("add_bias_f32out", dtype))?,
-            add_into: f(model_entry("add_into_f32", dtype))?,
-            head_norm: f(model_entry("rms_norm_heads_f32", dtype))?,
-            cast_attn: f(cast_entry(DType::F32, dtype))?,
-            softcap: f(SOFTCAP_ENTRY.to_owned())?,
-            argmax: f(ARGMAX_ENTRY.to_owned())?,
-        })
-    }
 }
 
 /// The first `n` elements of `device` in `host`, once the stream has run all the step's work
@@ -97,85 +58,18 @@ fn read_back<'h, T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits
     Ok(&host.as_slice()?[..n])
 }
 
-/// Activation buffers for the largest step, allocated once: the [`crate::forward::Buf`]s in the
-/// element types this device computes them in.
-#[derive(Debug)]
-pub(super) struct Activations {
-    pub ids: CudaSlice<u32>,
-    pub positions: CudaSlice<i64>,
-    pub sample_rows: CudaSlice<i32>,
-    /// f32 residual stream `[tokens, hidden]`.
-    pub hidden: CudaSlice<f32>,
-    /// Half `[tokens, hidden]` (normed input of a GEMM).
-    pub normed: CudaSlice<u16>,
-    pub q: CudaSlice<f32>,
-    pub k: CudaSlice<f32>,
-    pub v: CudaSlice<f32>,
-    pub attn: CudaSlice<f32>,
-    pub attn_half: CudaSlice<u16>,
-    pub gate_up: CudaSlice<u16>,
-    pub act: CudaSlice<u16>,
-    pub sampled: CudaSlice<u16>,
-    pub logits: CudaSlice<f32>,
-    /// f32 `[tokens, hidden]`: a block's output before its sandwich norm (one element when the
-    /// architecture has none).
-    pub branch: CudaSlice<f32>,
-    /// The greedy token of each sampled row (`forward_greedy`).
-    pub greedy: CudaSlice<u32>,
-    pub attn_ws: AttnWorkspace,
-}
-
-impl Activations {
-    fn new(stream: &Arc<CudaStream>, c: &ModelConfig, limits: &BatchLimits) -> Result<Self, CudaModelError> {
-        let t = limits.max_tokens.max(1);
-        let s = limits.max_samples.max(1);
-        let (h, q_w, kv_w, inter) = (
-            c.hidden_size,
-            c.num_attention_heads * c.head_dim,
-            c.num_key_value_heads * c.head_dim,
-            c.intermediate_size,
-        );
-        Ok(Activations {
-            ids: stream.alloc_zeros(t)?,
-            positions: stream.alloc_zeros(t)?,
-            sample_rows: stream.alloc_zeros(s)?,
-            hidden: stream.alloc_zeros(t * h)?,
-            normed: stream.alloc_zeros(t * h)?,
-            q: stream.alloc_zeros(t * q_w)?,
-            k: stream.alloc_zeros(t * kv_w)?,
-            v: stream.alloc_zeros(t * kv_w)?,
-            attn: stream.alloc_zeros(t * q_w)?,
-            attn_half: stream.alloc_zeros(t * q_w)?,
-            gate_up: stream.alloc_zeros(t * 2 * inter)?,
-            act: stream.alloc_zeros(t * inter)?,
-            sampled: stream.alloc_zeros(s * h)?,
-            logits: stream.alloc_zeros(s * c.vocab_size)?,
-            branch: stream.alloc_zeros(if c.arch.sandwich_norms { t * h } else { 1 })?,
-            greedy: stream.alloc_zeros(s)?,
-            attn_ws: AttnWorkspace::new(
-                stream,
-                t,
-                c.num_attention_heads,
-                c.head_dim,
-                limits.max_model_len.max(limits.max_tokens),
-            )?,
-        })
-    }
-}
-
 /// A decoder on one GPU: weights, kernels, cuBLAS handle and activation buffers.
 #[derive(Debug)]
 pub struct CudaModel {
-    pub(super) config: ModelConfig,
-    layer_attention: Arc<[LayerAttention]>,
-    pub(super) kernels: Arc<CudaKernels>,
-    pub(super) blas: CudaBlas,
-    pub(super) weights: DeviceWeights,
+    config: ModelConfig,
+    kernels: Arc<CudaKernels>,
+    blas: CudaBlas,
+    weights: DeviceWeights,
     /// `[positions, head_dim]` cos then sin per position, one table per [`RopeKind`].
-    pub(super) cos_sin: [CudaSlice<f32>; RopeKind::COUNT],
+    cos_sin: [CudaSlice<f32>; RopeKind::COUNT],
     limits: BatchLimits,
-    pub(super) functions: Functions,
-    pub(super) act: Activations,
+    functions: Functions,
+    act: Activations,
     host_rows: Vec<i32>,
     host_positions: Vec<i64>,
     /// The sampled rows' logits on the host: page-locked (a copy at the bus's speed, no staging
@@ -188,15 +82,6 @@ pub struct CudaModel {
     /// (grown only when a batch outgrows them), so a warmed-up step allocates no device memory.
     slots: Option<DeviceSlotMapping>,
     meta: Option<DeviceAttnMetadata>,
-}
-
-pub(super) fn int(v: usize) -> Result<i32, CudaModelError> {
-    i32::try_from(v).map_err(|_| CudaModelError::InvalidInput(format!("{v} exceeds i32")))
-}
-
-pub(super) fn rows_launch(rows: usize, threads: u32) -> Result<LaunchConfig, CudaModelError> {
-    let grid = u32::try_from(rows).map_err(|_| CudaModelError::InvalidInput(format!("{rows} rows")))?;
-    Ok(LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 })
 }
 
 impl CudaModel {
@@ -243,7 +128,6 @@ impl CudaModel {
         let host_tokens =
             unsafe { device.context().alloc_pinned_with_flags::<u32>(limits.max_samples.max(1), 0) }?;
         Ok(CudaModel {
-            layer_attention: c.layer_attention.clone().into(),
             config: c,
             kernels,
             blas,
@@ -275,7 +159,7 @@ impl CudaModel {
         self.weights.bytes()
     }
 
-    pub(super) fn stream(&self) -> Arc<CudaStream> {
+    fn stream(&self) -> Arc<CudaStream> {
         self.kernels.device().stream().clone()
     }
 
@@ -380,10 +264,17 @@ impl CudaModel {
         if s > 0 {
             stream.memcpy_htod(&self.host_rows[..], &mut self.act.sample_rows.slice_mut(..s))?;
         }
-        let arch = self.config.arch;
-        // Shared, not borrowed: the step borrows the model mutably.
-        let layers = Arc::clone(&self.layer_attention);
-        let shape = StepShape { arch: &arch, layers: &layers, samples: s > 0 };
-        forward::run(&mut CudaStep { model: self, cache, slots, meta, tokens: t, samples: s }, shape)
+        let c = &self.config;
+        let shape = StepShape { arch: &c.arch, layers: &c.layer_attention, samples: s > 0 };
+        let model = StepModel {
+            config: c,
+            kernels: &self.kernels,
+            blas: &self.blas,
+            weights: &self.weights,
+            cos_sin: &self.cos_sin,
+            functions: &self.functions,
+            act: &mut self.act,
+        };
+        forward::run(&mut CudaStep { model, cache, slots, meta, tokens: t, samples: s }, shape)
     }
 }

@@ -10,11 +10,13 @@
 //! derived from those roundings ([`LogitTolerance`], `tolerance.rs`), which the GPU model check
 //! holds them to.
 
+mod activations;
 mod batch;
 mod driver;
 mod error;
 mod forward;
 mod gemm;
+mod launch;
 mod ops;
 mod profile;
 mod rope_table;

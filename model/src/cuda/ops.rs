@@ -10,22 +10,46 @@
 use attn_kernels::AttnScores;
 use attn_kernels::backend::KernelBackend;
 use attn_kernels::cpu::act::Activation;
-use attn_kernels::cuda::DeviceAttnMetadata;
+use std::sync::Arc;
+
 use attn_kernels::cuda::ops::DeviceSlotMapping;
-use cudarc::driver::{CudaSlice, DevicePtr, PushKernelArg};
+use attn_kernels::cuda::{CudaKernels, DeviceAttnMetadata};
+use cudarc::cublas::CudaBlas;
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, PushKernelArg};
 use kv_cache::DType;
 use kv_cache::cuda::CudaKvCache;
 
+use super::activations::Activations;
 use super::error::CudaModelError;
-use super::forward::{CudaModel, ROW_THREADS, int, rows_launch};
 use super::gemm::{LinearCall, linear};
+use super::launch::{Functions, ROW_THREADS, int, rows_launch};
 use super::weights::DeviceWeights;
 use crate::arch::{LayerMatrix, RopeKind};
+use crate::config::ModelConfig;
 use crate::forward::{Buf, DecoderOps, LinearOut, MatrixId, NormId};
+
+/// What a step's ops launch on, borrowed from the model for the step: its config, kernels,
+/// cuBLAS handle and weights, and its activation buffers, the only part a step writes.
+pub(super) struct StepModel<'a> {
+    pub config: &'a ModelConfig,
+    pub kernels: &'a CudaKernels,
+    pub blas: &'a CudaBlas,
+    pub weights: &'a DeviceWeights,
+    /// `[positions, head_dim]` cos then sin per position, one table per [`RopeKind`].
+    pub cos_sin: &'a [CudaSlice<f32>; RopeKind::COUNT],
+    pub functions: &'a Functions,
+    pub act: &'a mut Activations,
+}
+
+impl StepModel<'_> {
+    fn stream(&self) -> Arc<CudaStream> {
+        self.kernels.device().stream().clone()
+    }
+}
 
 /// One CUDA step: the model's buffers and weights, the cache and this step's uploaded metadata.
 pub(super) struct CudaStep<'a> {
-    pub model: &'a mut CudaModel,
+    pub model: StepModel<'a>,
     pub cache: &'a mut CudaKvCache,
     pub slots: &'a DeviceSlotMapping,
     pub meta: &'a DeviceAttnMetadata,
@@ -115,7 +139,7 @@ impl CudaStep<'_> {
         let call = LinearCall { weight, input, output, half, out_dtype, rows, out_dim, in_dim, accumulate };
         // SAFETY: every buffer is allocated for max_tokens / max_samples rows (the batch was
         // checked against them) and every weight holds exactly out_dim x in_dim elements.
-        unsafe { linear(&self.model.blas, &call) }
+        unsafe { linear(self.model.blas, &call) }
     }
 
     /// `out[rows, width] += bias[width]` (f32 out, half bias).
@@ -157,7 +181,7 @@ impl DecoderOps for CudaStep<'_> {
         let stream = self.model.stream();
         let c = &self.model.config;
         let (eps, offset, h) = (c.rms_norm_eps as f32, c.arch.norm_weight_offset, int(c.hidden_size)?);
-        let weight = norm_weight(&self.model.weights, norm)?;
+        let weight = norm_weight(self.model.weights, norm)?;
         let (gather, rows) = (out == Buf::Sampled, self.rows(out));
         let null: u64 = 0;
         let act = &mut self.model.act;
@@ -183,7 +207,7 @@ impl DecoderOps for CudaStep<'_> {
             other => return unsupported(format!("a per-head norm of {other:?}")),
         };
         let (eps, offset, d) = (c.rms_norm_eps as f32, c.arch.norm_weight_offset, int(c.head_dim)?);
-        let weight = norm_weight(&self.model.weights, norm)?;
+        let weight = norm_weight(self.model.weights, norm)?;
         let act = &mut self.model.act;
         let x = if buf == Buf::Q { &mut act.q } else { &mut act.k };
         let mut b = stream.launch_builder(&self.model.functions.head_norm);
@@ -250,7 +274,7 @@ impl DecoderOps for CudaStep<'_> {
     }
 
     fn attention(&mut self, layer: usize, scores: AttnScores) -> Result<(), CudaModelError> {
-        let m = &mut *self.model;
+        let m = &mut self.model;
         let heads = m.config.num_attention_heads;
         m.kernels.reshape_and_cache(&m.act.k, &m.act.v, self.slots, self.cache.layer_mut(layer)?)?;
         m.kernels.paged_attention(

@@ -1,6 +1,7 @@
 //! [`DecoderOps`] on the CPU: f32 buffers in a reusable [`Workspace`], the host [`Model`]'s
 //! weights in their storage formats, the kernels of `attn_kernels::cpu` and the paged
-//! attention of [`attn_kernels::backend::Cpu`] over a host [`KvCache`].
+//! attention of [`attn_kernels::backend::Cpu`] over a host [`KvCache`]; and the CPU entry of
+//! the one forward, [`Model::forward`].
 
 use attn_kernels::backend::{Cpu, KernelBackend};
 use attn_kernels::cpu::act::{Activation, gated_act};
@@ -11,11 +12,64 @@ use kv_cache::KvCache;
 use quant_kernels::quant::{ActivationPrecision, Weight};
 use rayon::prelude::*;
 
-use super::{Buf, DecoderOps, LinearOut, MatrixId, NormId};
+use super::timed::{StepProfile, Timed};
+use super::{Buf, DecoderOps, LinearOut, MatrixId, NormId, StepShape};
 use crate::arch::{RopeKind, RopeStyle};
 use crate::decoder::Model;
 use crate::error::{ModelError, Result};
 use crate::input::ModelInput;
+
+impl Model {
+    /// One step on the CPU: writes this step's K/V into `cache`, and returns the logits
+    /// `[sample_indices.len(), vocab]` (borrowed from `ws`).
+    pub fn forward<'w>(
+        &self,
+        input: &ModelInput<'_>,
+        cache: &mut KvCache,
+        ws: &'w mut Workspace,
+    ) -> Result<&'w [f32]> {
+        self.forward_inner(input, cache, ws, None)
+    }
+
+    fn forward_inner<'w>(
+        &self,
+        input: &ModelInput<'_>,
+        cache: &mut KvCache,
+        ws: &'w mut Workspace,
+        mut profile: Option<&mut StepProfile>,
+    ) -> Result<&'w [f32]> {
+        self.check_input(input, cache)?;
+        // Every op fans out through rayon, ~10 times per layer. Issued from a thread outside
+        // the pool, each fan-out is a cross-thread injection, a wake-up and a blocking wait
+        // (tens of µs, a tenth of a batch-1 decode step); issued from a pool thread it is a
+        // push onto the local deque. So the whole pass runs on the pool, entered once.
+        let step = StepShape {
+            arch: &self.config.arch,
+            layers: &self.config.layer_attention,
+            samples: !input.sample_indices.is_empty(),
+        };
+        let mut run = || match profile.as_deref_mut() {
+            Some(profile) => {
+                super::run(&mut Timed { inner: CpuStep::new(self, input, cache, ws), profile }, step)
+            }
+            None => super::run(&mut CpuStep::new(self, input, cache, ws), step),
+        };
+        if rayon::current_thread_index().is_some() { run() } else { rayon::scope(|_| run()) }?;
+        Ok(ws.logits(input.sample_indices.len() * self.config.vocab_size))
+    }
+
+    /// [`Self::forward`] with the time of each phase added to `profile` (the bench report's
+    /// breakdown of a step).
+    pub fn forward_profiled<'w>(
+        &self,
+        input: &ModelInput<'_>,
+        cache: &mut KvCache,
+        ws: &'w mut Workspace,
+        profile: &mut StepProfile,
+    ) -> Result<&'w [f32]> {
+        self.forward_inner(input, cache, ws, Some(profile))
+    }
+}
 
 /// Reusable activation buffers: they grow to the largest batch seen and are then reused, so a
 /// step allocates nothing once warmed up.
