@@ -1,4 +1,4 @@
-//! GGUF support: read a llama.cpp model file (its weights load natively, see `llama.rs`) and
+//! GGUF support: read a llama.cpp model file (its weights load natively, see `decoder/load.rs`) and
 //! convert it to an ordinary Hugging Face folder. The ggml block formats themselves (types,
 //! dequantization, quantizers) are `quant_kernels::ggml`'s.
 

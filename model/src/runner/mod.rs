@@ -3,7 +3,8 @@
 //! config), so the engine's step loop never branches on where it runs and never reaches below
 //! `model`.
 //!
-//! - CPU: the f32 [`Llama`], a host [`KvCache`], a [`Workspace`].
+//! - CPU: the host [`crate::Model`] (weights in their storage formats), a host [`KvCache`], a
+//!   [`Workspace`].
 //! - CUDA (`cuda` feature): [`crate::cuda::CudaModel`] and a [`kv_cache::cuda::CudaKvCache`],
 //!   sized like vLLM: after the weights are uploaded, one profiling forward of
 //!   `max_num_batched_tokens` dummy tokens, then
