@@ -7,11 +7,11 @@
 //! type, and so is the gate/up output. The GEMMs that join the residual stream add into it in
 //! f32 (`beta = 1`); a sandwich-normed branch joins it through `add_into_f32`.
 
+use std::sync::Arc;
+
 use attn_kernels::AttnScores;
 use attn_kernels::backend::KernelBackend;
 use attn_kernels::cpu::act::Activation;
-use std::sync::Arc;
-
 use attn_kernels::cuda::ops::DeviceSlotMapping;
 use attn_kernels::cuda::{CudaKernels, DeviceAttnMetadata};
 use cudarc::cublas::CudaBlas;
