@@ -85,6 +85,58 @@ pub trait KernelBackend {
     }
 }
 
+/// A backend whose cache writes, attention and block moves are another's: the layer-op backends
+/// ([`crate::layer_ops::LayerOps`]) wrap a kernel backend and are one through this.
+pub trait WrapsKernels {
+    type Kernels: KernelBackend;
+    fn kernels(&self) -> &Self::Kernels;
+}
+
+impl<T: WrapsKernels> KernelBackend for T {
+    type Act = <T::Kernels as KernelBackend>::Act;
+    type Slots = <T::Kernels as KernelBackend>::Slots;
+    type Meta<'a> = <T::Kernels as KernelBackend>::Meta<'a>;
+    type Layer = <T::Kernels as KernelBackend>::Layer;
+    type Cache = <T::Kernels as KernelBackend>::Cache;
+    type Workspace = <T::Kernels as KernelBackend>::Workspace;
+    type Error = <T::Kernels as KernelBackend>::Error;
+
+    fn reshape_and_cache(
+        &self,
+        key: &Self::Act,
+        value: &Self::Act,
+        slots: &Self::Slots,
+        layer: &mut Self::Layer,
+    ) -> Result<(), Self::Error> {
+        self.kernels().reshape_and_cache(key, value, slots, layer)
+    }
+
+    fn paged_attention(
+        &self,
+        out: &mut Self::Act,
+        query: &Self::Act,
+        layer: &Self::Layer,
+        meta: &Self::Meta<'_>,
+        num_heads: usize,
+        scores: AttnScores,
+        workspace: &mut Self::Workspace,
+    ) -> Result<(), Self::Error> {
+        self.kernels().paged_attention(out, query, layer, meta, num_heads, scores, workspace)
+    }
+
+    fn copy_blocks(&self, cache: &mut Self::Cache, pairs: &[(u32, u32)]) -> Result<(), Self::Error> {
+        self.kernels().copy_blocks(cache, pairs)
+    }
+
+    fn swap_out(&self, cache: &mut Self::Cache, mapping: &[(u32, u32)]) -> Result<(), Self::Error> {
+        self.kernels().swap_out(cache, mapping)
+    }
+
+    fn swap_in(&self, cache: &mut Self::Cache, mapping: &[(u32, u32)]) -> Result<(), Self::Error> {
+        self.kernels().swap_in(cache, mapping)
+    }
+}
+
 /// The host: the CPU kernels of this crate over a [`KvCache`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Cpu;

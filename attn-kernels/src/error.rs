@@ -35,6 +35,10 @@ pub enum AttnError {
     ZeroWindow,
     #[error("split partition of {0} tokens must be a positive multiple of the block size {1}")]
     InvalidPartition(usize, usize),
+    #[error("{what} {index} out of range: there are {len}")]
+    IndexOutOfRange { what: &'static str, index: usize, len: usize },
+    #[error("rotary embedding needs an even, non-zero head size, not {0}")]
+    OddHeadSize(usize),
     #[error("this cache's storage has no CPU kernel")]
     UnsupportedStorage,
     #[error(transparent)]

@@ -21,7 +21,9 @@
 //!   `f64` softmax, the oracles of tests, benches and the GPU check; `testing` (the same
 //!   feature): the owned batch metadata they build their batches into; `yardstick` (the same
 //!   feature): the read-only sum that bandwidth-bound kernels are measured against.
-//! - [`cpu`]: the f32 `norm`, `act` and `rope` kernels.
+//! - [`cpu`]: the f32 `norm`, `act` and `rope` kernels, and [`cpu::ops::CpuOps`].
+//! - [`layer_ops`]: [`layer_ops::LayerOps`], every other op of a decoder step as one method per
+//!   op, the CPU's and (with `cuda`) the GPU's of one shape.
 //!
 //! [`file::write_atomically`] writes a file whole (the cubin cache, the GPU run's records).
 //!
@@ -50,6 +52,7 @@ mod cache_write;
 pub mod cpu;
 mod error;
 pub mod file;
+pub mod layer_ops;
 mod meta;
 #[cfg(feature = "testing")]
 pub mod reference;

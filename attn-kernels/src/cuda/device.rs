@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaStream};
+use cudarc::driver::{CudaContext, CudaStream, PinnedHostSlice};
 
 use super::error::CudaError;
 
@@ -61,10 +61,28 @@ impl CudaDevice {
     pub fn memory_info(&self) -> Result<(usize, usize), CudaError> {
         Ok(self.ctx.mem_get_info()?)
     }
+    /// `len` page-locked host values (a copy from the device at the bus's speed, no staging
+    /// through a driver buffer), cached (not write-combined: the host reads them).
+    pub fn alloc_pinned<T: PlainValue>(&self, len: usize) -> Result<PinnedHostSlice<T>, CudaError> {
+        // SAFETY: flags 0 ask for plain cached page-locked memory; its bytes start undefined,
+        // which `PlainValue` types (every bit pattern a value) may hold.
+        Ok(unsafe { self.ctx.alloc_pinned_with_flags::<T>(len.max(1), 0) }?)
+    }
     /// Waits for everything queued on the stream.
     pub fn synchronize(&self) -> Result<(), CudaError> {
         Ok(self.stream.synchronize()?)
     }
+}
+
+/// A number every bit pattern of which is a value (so uninitialized pinned memory holds one).
+pub trait PlainValue: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits + private::Sealed {}
+impl PlainValue for f32 {}
+impl PlainValue for u32 {}
+
+mod private {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for u32 {}
 }
 
 #[cfg(test)]

@@ -8,6 +8,10 @@ pub enum CudaError {
     DriverMissing,
     #[error("the NVRTC library (libnvrtc) could not be loaded; put it on LD_LIBRARY_PATH")]
     NvrtcMissing,
+    #[error("the cuBLAS library (libcublas) could not be loaded; put it on LD_LIBRARY_PATH")]
+    CublasMissing,
+    #[error("cuBLAS error: {0}")]
+    Cublas(#[from] cudarc::cublas::result::CublasError),
     #[error("CUDA driver error: {0}")]
     Driver(#[from] cudarc::driver::DriverError),
     #[error("NVRTC failed on program {program}: {code}")]

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use attn_kernels::cuda::DeviceIndices;
 use attn_kernels::cuda::ops::AttnWorkspace;
 use cudarc::driver::{CudaSlice, CudaStream};
 
@@ -14,9 +15,12 @@ use crate::config::ModelConfig;
 /// element types this device computes them in.
 #[derive(Debug)]
 pub(super) struct Activations {
-    pub ids: CudaSlice<u32>,
-    pub positions: CudaSlice<i64>,
-    pub sample_rows: CudaSlice<i32>,
+    /// Token ids, checked against the vocabulary on upload.
+    pub ids: DeviceIndices<u32>,
+    /// Positions, checked against the rotation tables' length on upload.
+    pub positions: DeviceIndices<i64>,
+    /// The sampled rows, checked against the step's tokens on upload.
+    pub sample_rows: DeviceIndices<i32>,
     /// f32 residual stream `[tokens, hidden]`.
     pub hidden: CudaSlice<f32>,
     /// Half `[tokens, hidden]` (normed input of a GEMM).
@@ -53,9 +57,9 @@ impl Activations {
             c.intermediate_size,
         );
         Ok(Activations {
-            ids: stream.alloc_zeros(t)?,
-            positions: stream.alloc_zeros(t)?,
-            sample_rows: stream.alloc_zeros(s)?,
+            ids: DeviceIndices::new(stream, t)?,
+            positions: DeviceIndices::new(stream, t)?,
+            sample_rows: DeviceIndices::new(stream, s)?,
             hidden: stream.alloc_zeros(t * h)?,
             normed: stream.alloc_zeros(t * h)?,
             q: stream.alloc_zeros(t * q_w)?,

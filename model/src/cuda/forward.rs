@@ -8,19 +8,15 @@
 
 use std::sync::Arc;
 
-use attn_kernels::cuda::DeviceAttnMetadata;
-use attn_kernels::cuda::kernels::ARGMAX_THREADS;
 use attn_kernels::cuda::ops::DeviceSlotMapping;
-use attn_kernels::cuda::{CudaDevice, CudaKernels};
-use cudarc::cublas::CudaBlas;
-use cudarc::driver::{CudaSlice, CudaStream, PinnedHostSlice, PushKernelArg};
+use attn_kernels::cuda::{CudaDevice, CudaKernels, CudaLayerOps, DeviceAttnMetadata};
+use cudarc::driver::{CudaSlice, CudaStream, PinnedHostSlice};
 use kv_cache::DType;
 use kv_cache::cuda::CudaKvCache;
 
 use super::activations::Activations;
 use super::batch::{BatchLimits, check_batch};
 use super::error::CudaModelError;
-use super::launch::{Functions, int, rows_launch};
 use super::ops::{CudaStep, StepModel};
 use super::rope_table::cos_sin_table;
 use super::weights::DeviceWeights;
@@ -29,19 +25,6 @@ use crate::config::ModelConfig;
 use crate::decoder::Model;
 use crate::forward::{self, StepShape};
 use crate::input::ModelInput;
-
-/// Keeps cuBLAS from reducing split-K partial sums in the half output type: the GEMMs that
-/// write bf16/f16 must round once, at the end, as the tolerance model (`tolerance.rs`) assumes.
-fn disallow_reduced_precision_reduction(blas: &CudaBlas) -> Result<(), CudaModelError> {
-    use cudarc::cublas::sys::{cublasMath_t, cublasSetMathMode};
-    // `CUBLAS_DEFAULT_MATH` (0) with the flag set: the flag's value is the whole mode.
-    // SAFETY: the handle is live for `blas`'s lifetime and the call only sets a mode on it.
-    unsafe {
-        cublasSetMathMode(*blas.handle(), cublasMath_t::CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)
-    }
-    .result()?;
-    Ok(())
-}
 
 /// The first `n` elements of `device` in `host`, once the stream has run all the step's work
 /// (the step's one synchronization): what a forward returns to the host.
@@ -63,12 +46,12 @@ fn read_back<'h, T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits
 pub struct CudaModel {
     config: ModelConfig,
     kernels: Arc<CudaKernels>,
-    blas: CudaBlas,
+    /// The op API every step calls (the model kernels, cuBLAS, attention).
+    ops: CudaLayerOps,
     weights: DeviceWeights,
     /// `[positions, head_dim]` cos then sin per position, one table per [`RopeKind`].
     cos_sin: [CudaSlice<f32>; RopeKind::COUNT],
     limits: BatchLimits,
-    functions: Functions,
     act: Activations,
     host_rows: Vec<i32>,
     host_positions: Vec<i64>,
@@ -100,20 +83,14 @@ impl CudaModel {
         if !c.head_dim.is_multiple_of(2) || c.num_key_value_heads == 0 {
             return Err(CudaModelError::Unsupported(format!("head_dim {} / kv heads", c.head_dim)));
         }
-        // SAFETY: only tries to dlopen libcublas by its candidate names.
-        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
-            return Err(CudaModelError::CublasMissing);
-        }
         let device: Arc<CudaDevice> = kernels.device().clone();
         let stream = device.stream().clone();
         device.context().bind_to_thread()?;
-        let blas = CudaBlas::new(stream.clone())?;
-        disallow_reduced_precision_reduction(&blas)?;
+        let ops = CudaLayerOps::new(kernels.clone(), dtype)?;
         let weights = DeviceWeights::upload(model, &stream, dtype)?;
         let positions = limits.max_model_len.max(1);
         let table = |kind| stream.clone_htod(&cos_sin_table(model.rope(kind), positions));
         let cos_sin = [table(RopeKind::Global)?, table(RopeKind::Local)?];
-        let functions = Functions::load(&kernels, dtype)?;
         let act = Activations::new(&stream, &c, &limits)?;
         let logits_len = limits.max_samples.max(1).checked_mul(c.vocab_size).ok_or_else(|| {
             CudaModelError::InvalidInput(format!(
@@ -121,20 +98,16 @@ impl CudaModel {
                 limits.max_samples, c.vocab_size
             ))
         })?;
-        // SAFETY: plain page-locked memory (flags 0: cached, readable at full speed by the host);
-        // every element read is first written by a device copy in `forward`.
-        let host_logits = unsafe { device.context().alloc_pinned_with_flags::<f32>(logits_len, 0) }?;
-        // SAFETY: as above; every token read is first written by a device copy.
-        let host_tokens =
-            unsafe { device.context().alloc_pinned_with_flags::<u32>(limits.max_samples.max(1), 0) }?;
+        // Every element read is first written by a device copy in `forward`.
+        let host_logits = device.alloc_pinned::<f32>(logits_len)?;
+        let host_tokens = device.alloc_pinned::<u32>(limits.max_samples.max(1))?;
         Ok(CudaModel {
             config: c,
             kernels,
-            blas,
+            ops,
             weights,
             cos_sin,
             limits,
-            functions,
             act,
             host_rows: Vec::new(),
             host_positions: Vec::new(),
@@ -201,15 +174,7 @@ impl CudaModel {
     ) -> Result<&[u32], CudaModelError> {
         let s = self.step(input, cache)?;
         let stream = self.stream();
-        if s > 0 {
-            let vocab = i64::try_from(self.config.vocab_size)
-                .map_err(|_| CudaModelError::InvalidInput("vocabulary size".into()))?;
-            let mut b = stream.launch_builder(&self.functions.argmax);
-            b.arg(&mut self.act.greedy).arg(&self.act.logits).arg(&vocab);
-            // SAFETY: argmax_rows_f32(out[s], logits[s, vocab], vocab): both buffers hold
-            // max_samples >= s rows; ARGMAX_THREADS is the kernel's shared-array size.
-            unsafe { b.launch(rows_launch(s, ARGMAX_THREADS)?) }?;
-        }
+        self.ops.argmax(&mut self.act.greedy, &self.act.logits, s, self.config.vocab_size)?;
         read_back(&stream, &self.act.greedy, &mut self.host_tokens, s)
     }
 
@@ -253,26 +218,25 @@ impl CudaModel {
         let stream = self.stream();
         let t = input.num_tokens();
         let s = input.sample_indices.len();
-        stream.memcpy_htod(input.token_ids, &mut self.act.ids.slice_mut(..t))?;
+        let c = &self.config;
+        self.act.ids.fill(&stream, input.token_ids, c.vocab_size)?;
         self.host_positions.clear();
         self.host_positions.extend(input.positions.iter().map(|&p| i64::from(p)));
-        stream.memcpy_htod(&self.host_positions[..], &mut self.act.positions.slice_mut(..t))?;
+        // Every rotation table holds max_model_len positions.
+        self.act.positions.fill(&stream, &self.host_positions, self.limits.max_model_len.max(1))?;
         self.host_rows.clear();
         for &i in input.sample_indices {
-            self.host_rows.push(int(i)?);
+            self.host_rows.push(
+                i32::try_from(i).map_err(|_| CudaModelError::InvalidInput(format!("sampled row {i}")))?,
+            );
         }
-        if s > 0 {
-            stream.memcpy_htod(&self.host_rows[..], &mut self.act.sample_rows.slice_mut(..s))?;
-        }
-        let c = &self.config;
+        self.act.sample_rows.fill(&stream, &self.host_rows, t)?;
         let shape = StepShape { arch: &c.arch, layers: &c.layer_attention, samples: s > 0 };
         let model = StepModel {
             config: c,
-            kernels: &self.kernels,
-            blas: &self.blas,
+            ops: &self.ops,
             weights: &self.weights,
             cos_sin: &self.cos_sin,
-            functions: &self.functions,
             act: &mut self.act,
         };
         forward::run(&mut CudaStep { model, cache, slots, meta, tokens: t, samples: s }, shape)

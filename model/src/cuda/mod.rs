@@ -15,8 +15,6 @@ mod batch;
 mod driver;
 mod error;
 mod forward;
-mod gemm;
-mod launch;
 mod ops;
 mod profile;
 mod rope_table;

@@ -1,50 +1,38 @@
-//! [`DecoderOps`] on CUDA: the one forward's ops as launches of `attn-kernels`' model kernels,
-//! cuBLAS GEMMs with f32 accumulation, `reshape_and_cache` and paged attention.
+//! [`DecoderOps`] on CUDA: the one forward's ops as calls of the GPU's op API
+//! ([`CudaLayerOps`]: the model kernels' typed wrappers, cuBLAS GEMMs with f32 accumulation,
+//! `reshape_and_cache` and paged attention) over this model's activation buffers and weights.
 //!
 //! The residual stream ([`Buf::Hidden`]), Q, K, V, the attention output, a block's output before
 //! its sandwich norm ([`Buf::Branch`]) and the logits are f32; the GEMM inputs ([`Buf::Normed`],
 //! [`Buf::Act`], [`Buf::Sampled`] and a half copy of the attention output) are the model's half
 //! type, and so is the gate/up output. The GEMMs that join the residual stream add into it in
-//! f32 (`beta = 1`); a sandwich-normed branch joins it through `add_into_f32`.
-
-use std::sync::Arc;
+//! f32 (`beta = 1`); a sandwich-normed branch joins it through `add`.
 
 use attn_kernels::AttnScores;
 use attn_kernels::backend::KernelBackend;
 use attn_kernels::cpu::act::Activation;
 use attn_kernels::cuda::ops::DeviceSlotMapping;
-use attn_kernels::cuda::{CudaKernels, DeviceAttnMetadata};
-use cudarc::cublas::CudaBlas;
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, PushKernelArg};
-use kv_cache::DType;
+use attn_kernels::cuda::{CudaLayerOps, DeviceAttnMetadata, DeviceRotation};
+use attn_kernels::layer_ops::{LayerOps, LinearShape, RmsNorm, RotaryShape};
+use cudarc::driver::{CudaSlice, CudaView};
 use kv_cache::cuda::CudaKvCache;
 
 use super::activations::Activations;
 use super::error::CudaModelError;
-use super::gemm::{LinearCall, linear};
-use super::launch::{Functions, ROW_THREADS, int, rows_launch};
 use super::weights::DeviceWeights;
 use crate::arch::{LayerMatrix, RopeKind};
 use crate::config::ModelConfig;
 use crate::forward::{Buf, DecoderOps, LinearOut, MatrixId, NormId};
 
-/// What a step's ops launch on, borrowed from the model for the step: its config, kernels,
-/// cuBLAS handle and weights, and its activation buffers, the only part a step writes.
+/// What a step's ops run on, borrowed from the model for the step: its config, op API and
+/// weights, and its activation buffers, the only part a step writes.
 pub(super) struct StepModel<'a> {
     pub config: &'a ModelConfig,
-    pub kernels: &'a CudaKernels,
-    pub blas: &'a CudaBlas,
+    pub ops: &'a CudaLayerOps,
     pub weights: &'a DeviceWeights,
     /// `[positions, head_dim]` cos then sin per position, one table per [`RopeKind`].
     pub cos_sin: &'a [CudaSlice<f32>; RopeKind::COUNT],
-    pub functions: &'a Functions,
     pub act: &'a mut Activations,
-}
-
-impl StepModel<'_> {
-    fn stream(&self) -> Arc<CudaStream> {
-        self.kernels.device().stream().clone()
-    }
 }
 
 /// One CUDA step: the model's buffers and weights, the cache and this step's uploaded metadata.
@@ -57,227 +45,202 @@ pub(super) struct CudaStep<'a> {
     pub samples: usize,
 }
 
-fn norm_weight(w: &DeviceWeights, norm: NormId) -> Result<&CudaSlice<u16>, CudaModelError> {
+fn norm_weight(w: &DeviceWeights, norm: NormId) -> Result<CudaView<'_, u16>, CudaModelError> {
     let weight = match norm {
         NormId::Final => Some(&w.final_norm),
         NormId::Layer(l, n) => w.layers.get(l).and_then(|layer| layer.norm(n)),
     };
-    weight.ok_or_else(|| CudaModelError::InvalidInput(format!("the model has no norm {norm:?}")))
+    weight
+        .map(|w| w.slice(..))
+        .ok_or_else(|| CudaModelError::InvalidInput(format!("the model has no norm {norm:?}")))
 }
 
 fn unsupported<T>(what: String) -> Result<T, CudaModelError> {
     Err(CudaModelError::Unsupported(format!("{what} on CUDA")))
 }
 
+/// A matrix of the model: its shape, weight and bias.
+struct Matrix<'w> {
+    out_dim: usize,
+    in_dim: usize,
+    weight: &'w CudaSlice<u16>,
+    bias: Option<&'w CudaSlice<u16>>,
+}
+
 impl CudaStep<'_> {
-    fn addr<T>(&self, s: &CudaSlice<T>) -> u64 {
-        s.device_ptr(self.model.kernels.device().stream()).0
-    }
-
-    /// A GEMM input: its device address (the model's half type).
-    fn gemm_input(&self, b: Buf) -> Result<u64, CudaModelError> {
-        let a = &self.model.act;
-        match b {
-            Buf::Normed => Ok(self.addr(&a.normed)),
-            Buf::Attn => Ok(self.addr(&a.attn_half)),
-            Buf::Act => Ok(self.addr(&a.act)),
-            Buf::Sampled => Ok(self.addr(&a.sampled)),
-            other => unsupported(format!("a GEMM reading {other:?}")),
-        }
-    }
-
-    /// A GEMM output: address, element type, whether it adds into it.
-    fn gemm_output(&self, b: Buf, accumulate: bool) -> Result<(u64, DType), CudaModelError> {
-        let (a, half) = (&self.model.act, self.model.weights.dtype);
-        match (b, accumulate) {
-            (Buf::Hidden, true) => Ok((self.addr(&a.hidden), DType::F32)),
-            (Buf::Q, false) => Ok((self.addr(&a.q), DType::F32)),
-            (Buf::K, false) => Ok((self.addr(&a.k), DType::F32)),
-            (Buf::V, false) => Ok((self.addr(&a.v), DType::F32)),
-            (Buf::GateUp, false) => Ok((self.addr(&a.gate_up), half)),
-            (Buf::Logits, false) => Ok((self.addr(&a.logits), DType::F32)),
-            (Buf::Branch, false) => Ok((self.addr(&a.branch), DType::F32)),
-            (other, acc) => {
-                unsupported(format!("a GEMM {} {other:?}", if acc { "adding into" } else { "writing" }))
-            }
-        }
-    }
-
-    /// `[out_dim, in_dim]` of a matrix, its weight and its bias.
-    fn matrix(&self, m: MatrixId) -> Result<([usize; 2], u64, Option<u64>), CudaModelError> {
-        let (c, w) = (&self.model.config, &self.model.weights);
-        let (h, q_w) = (c.hidden_size, c.num_attention_heads * c.head_dim);
-        let (dims, weight, bias) = match m {
-            MatrixId::LmHead => ([c.vocab_size, h], w.lm_head(), None),
-            MatrixId::Layer(l, m) => {
-                let layer =
-                    w.layers.get(l).ok_or_else(|| CudaModelError::InvalidInput(format!("layer {l}")))?;
-                let dims = match m {
-                    LayerMatrix::Qkv => [c.qkv_size(), h],
-                    LayerMatrix::O => [h, q_w],
-                    LayerMatrix::GateUp => [2 * c.intermediate_size, h],
-                    LayerMatrix::Down => [h, c.intermediate_size],
-                };
-                (dims, layer.matrix(m), layer.bias(m))
-            }
-        };
-        Ok((dims, self.addr(weight), bias.map(|b| self.addr(b))))
-    }
-
-    /// `output[rows, out_dim] (+)= input[rows, in_dim] · weight[out_dim, in_dim]ᵀ` on device
-    /// addresses; weight and input are of the model's half type.
-    fn gemm(
-        &self,
-        weight: u64,
-        input: u64,
-        (output, out_dtype): (u64, DType),
-        dims: [usize; 3],
-        accumulate: bool,
-    ) -> Result<(), CudaModelError> {
-        let [rows, out_dim, in_dim] = dims;
-        let half = self.model.weights.dtype;
-        let call = LinearCall { weight, input, output, half, out_dtype, rows, out_dim, in_dim, accumulate };
-        // SAFETY: every buffer is allocated for max_tokens / max_samples rows (the batch was
-        // checked against them) and every weight holds exactly out_dim x in_dim elements.
-        unsafe { linear(self.model.blas, &call) }
-    }
-
-    /// `out[rows, width] += bias[width]` (f32 out, half bias).
-    fn add_bias(&self, out: u64, bias: u64, rows: usize, width: usize) -> Result<(), CudaModelError> {
-        let stream = self.model.stream();
-        let width = int(width)?;
-        let mut b = stream.launch_builder(&self.model.functions.add_bias);
-        b.arg(&out).arg(&bias).arg(&width);
-        // SAFETY: add_bias_f32out(out f32[rows, width], bias[width], width): `out` holds `rows`
-        // rows of `width` (a GEMM just wrote them), `bias` one row of the weights' type.
-        unsafe { b.launch(rows_launch(rows, ROW_THREADS)?) }?;
-        Ok(())
+    fn rms(&self, width: usize) -> RmsNorm {
+        let c = self.model.config;
+        RmsNorm { width, offset: c.arch.norm_weight_offset, eps: c.rms_norm_eps }
     }
 
     fn rows(&self, b: Buf) -> usize {
         if matches!(b, Buf::Sampled | Buf::Logits) { self.samples } else { self.tokens }
     }
+
+    /// The fused Q/K/V projection as one GEMM per part, at its rows of the fused weight and bias.
+    fn linear_split(&mut self, parts: [Buf; 3], input: Buf, matrix: MatrixId) -> Result<(), CudaModelError> {
+        let c = self.model.config;
+        let (q_w, kv_w) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
+        if parts != [Buf::Q, Buf::K, Buf::V] || input != Buf::Normed {
+            return unsupported(format!("a fused projection of {input:?} into {parts:?}"));
+        }
+        let (rows, ops) = (self.tokens, self.model.ops);
+        let (config, weights) = (self.model.config, self.model.weights);
+        let m = matrix_of(config, weights, matrix)?;
+        let act = &mut *self.model.act;
+        let mut first_row = 0;
+        for (out, part_rows) in [&mut act.q, &mut act.k, &mut act.v].into_iter().zip([q_w, kv_w, kv_w]) {
+            let rows_range = first_row * m.in_dim..(first_row + part_rows) * m.in_dim;
+            let w = m.weight.try_slice(rows_range).ok_or_else(|| short("fused weight"))?;
+            let shape = LinearShape { rows, out_dim: part_rows, in_dim: m.in_dim, accumulate: false };
+            ops.linear(out, &act.normed, w, shape)?;
+            if let Some(bias) = m.bias {
+                let b =
+                    bias.try_slice(first_row..first_row + part_rows).ok_or_else(|| short("fused bias"))?;
+                ops.add_bias(out, b, rows, part_rows)?;
+            }
+            first_row += part_rows;
+        }
+        debug_assert_eq!(first_row, m.out_dim);
+        Ok(())
+    }
+}
+
+/// The shape, weight and bias of matrix `m`.
+fn matrix_of<'w>(
+    config: &ModelConfig,
+    weights: &'w DeviceWeights,
+    m: MatrixId,
+) -> Result<Matrix<'w>, CudaModelError> {
+    let (h, q_w) = (config.hidden_size, config.num_attention_heads * config.head_dim);
+    Ok(match m {
+        MatrixId::LmHead => {
+            Matrix { out_dim: config.vocab_size, in_dim: h, weight: weights.lm_head(), bias: None }
+        }
+        MatrixId::Layer(l, m) => {
+            let layer =
+                weights.layers.get(l).ok_or_else(|| CudaModelError::InvalidInput(format!("layer {l}")))?;
+            let [out_dim, in_dim] = match m {
+                LayerMatrix::Qkv => [config.qkv_size(), h],
+                LayerMatrix::O => [h, q_w],
+                LayerMatrix::GateUp => [2 * config.intermediate_size, h],
+                LayerMatrix::Down => [h, config.intermediate_size],
+            };
+            Matrix { out_dim, in_dim, weight: layer.matrix(m), bias: layer.bias(m) }
+        }
+    })
+}
+
+fn short(what: &str) -> CudaModelError {
+    CudaModelError::InvalidInput(format!("the {what} is shorter than the model's shape"))
 }
 
 impl DecoderOps for CudaStep<'_> {
     type Error = CudaModelError;
 
     fn embed(&mut self, scale: Option<f32>) -> Result<(), CudaModelError> {
-        let stream = self.model.stream();
-        let (h, scale) = (int(self.model.config.hidden_size)?, scale.unwrap_or(1.0));
-        let (act, weights) = (&mut self.model.act, &self.model.weights);
-        let mut b = stream.launch_builder(&self.model.functions.embedding);
-        b.arg(&mut act.hidden).arg(&weights.embed).arg(&act.ids).arg(&scale).arg(&h);
-        // SAFETY: embedding_f32out(out f32[t,h], table[vocab,h], ids[t], scale, hidden); ids were
-        // checked against the vocabulary, buffers hold max_tokens >= t rows.
-        unsafe { b.launch(rows_launch(self.tokens, ROW_THREADS)?) }?;
+        let m = &mut self.model;
+        m.ops.embed(
+            &mut m.act.hidden,
+            m.weights.embed.slice(..),
+            &m.act.ids,
+            self.tokens,
+            scale.unwrap_or(1.0),
+        )?;
         Ok(())
     }
 
     fn rms_norm(&mut self, out: Buf, input: Buf, norm: NormId) -> Result<(), CudaModelError> {
-        if !matches!((input, out), (Buf::Hidden, Buf::Normed | Buf::Sampled) | (Buf::Branch, Buf::Normed)) {
-            return unsupported(format!("an RMSNorm of {input:?} into {out:?}"));
-        }
-        let stream = self.model.stream();
-        let c = &self.model.config;
-        let (eps, offset, h) = (c.rms_norm_eps as f32, c.arch.norm_weight_offset, int(c.hidden_size)?);
-        let weight = norm_weight(self.model.weights, norm)?;
-        let (gather, rows) = (out == Buf::Sampled, self.rows(out));
-        let null: u64 = 0;
-        let act = &mut self.model.act;
-        let mut b = stream.launch_builder(&self.model.functions.rms_norm);
-        match (gather, input) {
-            (true, _) => b.arg(&mut act.sampled).arg(&act.hidden).arg(weight).arg(&act.sample_rows),
-            (false, Buf::Branch) => b.arg(&mut act.normed).arg(&act.branch).arg(weight).arg(&null),
-            (false, _) => b.arg(&mut act.normed).arg(&act.hidden).arg(weight).arg(&null),
-        };
-        b.arg(&offset).arg(&eps).arg(&h);
-        // SAFETY: rms_norm_f32in(out[rows,h], x f32[.,h], weight[h], rows|null, offset, eps,
-        // hidden); gathered row indices were checked to be below the batch's token count.
-        unsafe { b.launch(rows_launch(rows, ROW_THREADS)?) }?;
+        let (rows, rms) = (self.rows(out), self.rms(self.model.config.hidden_size));
+        let m = &mut self.model;
+        let weight = norm_weight(m.weights, norm)?;
+        let act = &mut *m.act;
+        match (input, out) {
+            (Buf::Hidden, Buf::Sampled) => {
+                m.ops.rms_norm(&mut act.sampled, &act.hidden, weight, Some(&act.sample_rows), rows, rms)
+            }
+            (Buf::Hidden, Buf::Normed) => {
+                m.ops.rms_norm(&mut act.normed, &act.hidden, weight, None, rows, rms)
+            }
+            (Buf::Branch, Buf::Normed) => {
+                m.ops.rms_norm(&mut act.normed, &act.branch, weight, None, rows, rms)
+            }
+            _ => return unsupported(format!("an RMSNorm of {input:?} into {out:?}")),
+        }?;
         Ok(())
     }
 
     fn head_norm(&mut self, buf: Buf, norm: NormId) -> Result<(), CudaModelError> {
-        let stream = self.model.stream();
-        let c = &self.model.config;
-        let heads = match buf {
-            Buf::Q => c.num_attention_heads,
-            Buf::K => c.num_key_value_heads,
+        let c = self.model.config;
+        let (heads, rms) = match buf {
+            Buf::Q => (c.num_attention_heads, self.rms(c.head_dim)),
+            Buf::K => (c.num_key_value_heads, self.rms(c.head_dim)),
             other => return unsupported(format!("a per-head norm of {other:?}")),
         };
-        let (eps, offset, d) = (c.rms_norm_eps as f32, c.arch.norm_weight_offset, int(c.head_dim)?);
-        let weight = norm_weight(self.model.weights, norm)?;
-        let act = &mut self.model.act;
-        let x = if buf == Buf::Q { &mut act.q } else { &mut act.k };
-        let mut b = stream.launch_builder(&self.model.functions.head_norm);
-        b.arg(x).arg(weight).arg(&offset).arg(&eps).arg(&d);
-        // SAFETY: rms_norm_heads_f32(x f32[t·heads, d], weight[d], offset, eps, d): Q and K hold
-        // max_tokens >= t rows of `heads` heads of d.
-        unsafe { b.launch(rows_launch(self.tokens * heads, ROW_THREADS)?) }?;
+        let (rows, m) = (self.tokens * heads, &mut self.model);
+        let weight = norm_weight(m.weights, norm)?;
+        let x = if buf == Buf::Q { &mut m.act.q } else { &mut m.act.k };
+        m.ops.rms_norm_in_place(x, weight, rows, rms)?;
         Ok(())
     }
 
     fn linear(&mut self, out: LinearOut, input: Buf, matrix: MatrixId) -> Result<(), CudaModelError> {
-        let ([out_dim, in_dim], weight, bias) = self.matrix(matrix)?;
-        let (x, rows) = (self.gemm_input(input)?, self.rows(input));
         let (target, accumulate) = match out {
             LinearOut::Write(b) => (b, false),
             LinearOut::Add(b) => (b, true),
-            LinearOut::Split(parts) => {
-                // One GEMM per part, at its rows of the fused weight and bias (2 bytes a half element).
-                let c = &self.model.config;
-                let (q_w, kv_w) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
-                let mut first_row = 0;
-                for (part, part_rows) in parts.into_iter().zip([q_w, kv_w, kv_w]) {
-                    let out = self.gemm_output(part, false)?;
-                    let w = weight + (first_row * in_dim * 2) as u64;
-                    self.gemm(w, x, out, [rows, part_rows, in_dim], false)?;
-                    if let Some(bias) = bias {
-                        self.add_bias(out.0, bias + (first_row * 2) as u64, rows, part_rows)?;
-                    }
-                    first_row += part_rows;
-                }
-                debug_assert_eq!(first_row, out_dim);
-                return Ok(());
+            LinearOut::Split(parts) => return self.linear_split(parts, input, matrix),
+        };
+        let rows = self.rows(input);
+        let Matrix { out_dim, in_dim, weight, bias } =
+            matrix_of(self.model.config, self.model.weights, matrix)?;
+        let shape = LinearShape { rows, out_dim, in_dim, accumulate };
+        let (ops, w) = (self.model.ops, weight.slice(..));
+        let act = &mut *self.model.act;
+        let x = match input {
+            Buf::Normed => &act.normed,
+            Buf::Attn => &act.attn_half,
+            Buf::Act => &act.act,
+            Buf::Sampled => &act.sampled,
+            other => return unsupported(format!("a GEMM reading {other:?}")),
+        };
+        let out = match (target, accumulate) {
+            (Buf::GateUp, false) => return Ok(ops.linear_to_gemm(&mut act.gate_up, x, w, shape)?),
+            (Buf::Hidden, true) => &mut act.hidden,
+            (Buf::Logits, false) => &mut act.logits,
+            (Buf::Branch, false) => &mut act.branch,
+            (other, acc) => {
+                return unsupported(format!(
+                    "a GEMM {} {other:?}",
+                    if acc { "adding into" } else { "writing" }
+                ));
             }
         };
-        let out = self.gemm_output(target, accumulate)?;
-        self.gemm(weight, x, out, [rows, out_dim, in_dim], accumulate)?;
+        ops.linear(out, x, w, shape)?;
         if let Some(bias) = bias {
-            self.add_bias(out.0, bias, rows, out_dim)?;
+            ops.add_bias(out, bias.slice(..), rows, out_dim)?;
         }
         Ok(())
     }
 
     fn rope(&mut self, kind: RopeKind) -> Result<(), CudaModelError> {
-        let stream = self.model.stream();
-        let c = &self.model.config;
-        let (nh, nkv, d) = (int(c.num_attention_heads)?, int(c.num_key_value_heads)?, int(c.head_dim)?);
-        let (q_stride, k_stride) =
-            ((c.num_attention_heads * c.head_dim) as i64, (c.num_key_value_heads * c.head_dim) as i64);
-        let act = &mut self.model.act;
-        let mut b = stream.launch_builder(&self.model.functions.rotary);
-        b.arg(&mut act.q)
-            .arg(&mut act.k)
-            .arg(&self.model.cos_sin[kind as usize])
-            .arg(&act.positions)
-            .arg(&nh)
-            .arg(&nkv)
-            .arg(&d)
-            .arg(&q_stride)
-            .arg(&k_stride);
-        // SAFETY: rotary_f32(q[t,nh,d], k[t,nkv,d], cos_sin[max_pos,d], positions[t], ...);
-        // positions were checked to be below the table's length.
-        unsafe { b.launch(rows_launch(self.tokens, 128)?) }?;
+        let c = self.model.config;
+        let shape = RotaryShape {
+            tokens: self.tokens,
+            heads: c.num_attention_heads,
+            kv_heads: c.num_key_value_heads,
+            head_dim: c.head_dim,
+        };
+        let m = &mut self.model;
+        let rotation = DeviceRotation { cos_sin: &m.cos_sin[kind as usize], positions: &m.act.positions };
+        m.ops.rotary(&mut m.act.q, &mut m.act.k, rotation, shape)?;
         Ok(())
     }
 
     fn attention(&mut self, layer: usize, scores: AttnScores) -> Result<(), CudaModelError> {
         let m = &mut self.model;
         let heads = m.config.num_attention_heads;
-        m.kernels.reshape_and_cache(&m.act.k, &m.act.v, self.slots, self.cache.layer_mut(layer)?)?;
-        m.kernels.paged_attention(
+        m.ops.reshape_and_cache(&m.act.k, &m.act.v, self.slots, self.cache.layer_mut(layer)?)?;
+        m.ops.paged_attention(
             &mut m.act.attn,
             &m.act.q,
             self.cache.layer(layer)?,
@@ -287,33 +250,13 @@ impl DecoderOps for CudaStep<'_> {
             &mut m.act.attn_ws,
         )?;
         // The O projection reads the attention output in the half type.
-        let n = self.tokens * heads * m.config.head_dim;
-        let stream = m.stream();
-        let len = n as i64;
-        let mut b = stream.launch_builder(&m.functions.cast_attn);
-        b.arg(&mut m.act.attn_half).arg(&m.act.attn).arg(&len);
-        let blocks = n.div_ceil(ROW_THREADS as usize).min(65_535);
-        // SAFETY: cast_f32_to_half(out[n], in[n], n), grid-stride over n elements of both.
-        unsafe { b.launch(rows_launch(blocks, ROW_THREADS)?) }?;
+        m.ops.cast_to_half(&mut m.act.attn_half, &m.act.attn, self.tokens * heads * m.config.head_dim)?;
         Ok(())
     }
 
     fn gated_act(&mut self, kind: Activation) -> Result<(), CudaModelError> {
-        let stream = self.model.stream();
-        let inter = self.model.config.intermediate_size;
-        let (inter_i, stride) = (int(inter)?, (2 * inter) as i64);
-        let act = &mut self.model.act;
-        let gate = act.gate_up.slice(..);
-        let up = act.gate_up.slice(inter..);
-        let f = &self.model.functions;
-        let mut b = stream.launch_builder(match kind {
-            Activation::Silu => &f.silu_mul,
-            Activation::GeluTanh => &f.gelu_tanh_mul,
-        });
-        b.arg(&mut act.act).arg(&gate).arg(&up).arg(&inter_i).arg(&stride);
-        // SAFETY: gated(out[t,inter], gate, up, inter, in_stride = 2·inter): row r reads
-        // gate_up[r, 0..inter] and gate_up[r, inter..2·inter], inside the t rows written before.
-        unsafe { b.launch(rows_launch(self.tokens, ROW_THREADS)?) }?;
+        let m = &mut self.model;
+        m.ops.gated_act(&mut m.act.act, &m.act.gate_up, self.tokens, m.config.intermediate_size, kind)?;
         Ok(())
     }
 
@@ -321,15 +264,8 @@ impl DecoderOps for CudaStep<'_> {
         if (out, input) != (Buf::Hidden, Buf::Normed) {
             return unsupported(format!("adding {input:?} into {out:?}"));
         }
-        let stream = self.model.stream();
-        let n = self.tokens * self.model.config.hidden_size;
-        let len = n as i64;
-        let act = &mut self.model.act;
-        let mut b = stream.launch_builder(&self.model.functions.add_into);
-        b.arg(&mut act.hidden).arg(&act.normed).arg(&len);
-        let blocks = n.div_ceil(ROW_THREADS as usize).min(65_535);
-        // SAFETY: add_into_f32(out f32[n], x[n], n), grid-stride over the t rows of both.
-        unsafe { b.launch(rows_launch(blocks, ROW_THREADS)?) }?;
+        let m = &mut self.model;
+        m.ops.add(&mut m.act.hidden, &m.act.normed, self.tokens * m.config.hidden_size)?;
         Ok(())
     }
 
@@ -337,14 +273,8 @@ impl DecoderOps for CudaStep<'_> {
         if buf != Buf::Logits {
             return unsupported(format!("soft-capping {buf:?}"));
         }
-        let stream = self.model.stream();
-        let n = self.samples * self.model.config.vocab_size;
-        let len = n as i64;
-        let mut b = stream.launch_builder(&self.model.functions.softcap);
-        b.arg(&mut self.model.act.logits).arg(&cap).arg(&len);
-        let blocks = n.div_ceil(ROW_THREADS as usize).min(65_535);
-        // SAFETY: softcap_f32(x[n], cap, n), grid-stride over the n logits of the sampled rows.
-        unsafe { b.launch(rows_launch(blocks, ROW_THREADS)?) }?;
+        let m = &mut self.model;
+        m.ops.softcap(&mut m.act.logits, cap, self.samples * m.config.vocab_size)?;
         Ok(())
     }
 }

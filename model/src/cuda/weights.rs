@@ -35,7 +35,6 @@ pub type DeviceLayer = LayerWeights<CudaSlice<u16>>;
 /// Every weight of the model on the device.
 #[derive(Debug)]
 pub struct DeviceWeights {
-    pub dtype: DType,
     pub embed: CudaSlice<u16>,
     pub layers: Vec<DeviceLayer>,
     pub final_norm: CudaSlice<u16>,
@@ -68,7 +67,6 @@ impl DeviceWeights {
             })
             .collect::<Result<Vec<_>, CudaModelError>>()?;
         Ok(DeviceWeights {
-            dtype,
             embed: up(&model.embed)?,
             layers,
             final_norm: up(&model.final_norm)?,

@@ -1,15 +1,15 @@
 //! [`DecoderOps`] on the CPU: f32 buffers in a reusable [`Workspace`], the host [`Model`]'s
-//! weights in their storage formats, the kernels of `attn_kernels::cpu` and the paged
-//! attention of [`attn_kernels::backend::Cpu`] over a host [`KvCache`]; and the CPU entry of
-//! the one forward, [`Model::forward`].
+//! weights in their storage formats, and the host's op API ([`CpuOps`]: norms, matmuls per
+//! weight format, rotary embedding, activations, adds, paged attention over a host
+//! [`KvCache`]); and the CPU entry of the one forward, [`Model::forward`].
 
-use attn_kernels::backend::{Cpu, KernelBackend};
-use attn_kernels::cpu::act::{Activation, gated_act};
-use attn_kernels::cpu::norm::rms_norm;
-use attn_kernels::cpu::rope::{rope_interleaved, rope_rotate_half};
-use attn_kernels::{AttnScores, Isa};
+use attn_kernels::AttnScores;
+use attn_kernels::backend::KernelBackend;
+use attn_kernels::cpu::act::Activation;
+use attn_kernels::cpu::ops::{CosSin, CpuOps};
+use attn_kernels::layer_ops::{LayerOps, LinearShape, RmsNorm, RopePairs, RotaryShape};
 use kv_cache::KvCache;
-use quant_kernels::quant::{ActivationPrecision, Weight};
+use quant_kernels::quant::Weight;
 use rayon::prelude::*;
 
 use super::timed::{StepProfile, Timed};
@@ -78,8 +78,6 @@ pub struct Workspace {
     bufs: [Vec<f32>; Buf::COUNT],
     /// The fused Q/K/V projection before it is split.
     qkv: Vec<f32>,
-    /// Gathered sampled rows, and head norms' outputs.
-    scratch: Vec<f32>,
     /// cos/sin of every token's position per [`RopeKind`], shared by the layers of that kind.
     cos: [Vec<f32>; RopeKind::COUNT],
     sin: [Vec<f32>; RopeKind::COUNT],
@@ -105,8 +103,7 @@ pub(crate) struct CpuStep<'a, 'i> {
     input: &'a ModelInput<'i>,
     cache: &'a mut KvCache,
     ws: &'a mut Workspace,
-    isa: Isa,
-    precision: ActivationPrecision,
+    ops: CpuOps,
     /// Whether this step's cos/sin of each kind are in the workspace yet.
     rope_ready: [bool; RopeKind::COUNT],
 }
@@ -123,8 +120,7 @@ impl<'a, 'i> CpuStep<'a, 'i> {
             input,
             cache,
             ws,
-            isa: Isa::detected(),
-            precision: model.activations,
+            ops: CpuOps::new(model.activations),
             rope_ready: [false; RopeKind::COUNT],
         }
     }
@@ -158,13 +154,17 @@ impl<'a, 'i> CpuStep<'a, 'i> {
         take(&mut self.ws.bufs, which, lens)
     }
 
-    fn norm_weight(&self, norm: NormId) -> Result<&'a [f32]> {
+    fn norm(&self, norm: NormId, width: usize) -> Result<(&'a [f32], RmsNorm)> {
         let model: &'a Model = self.model;
         let w = match norm {
             NormId::Final => Some(&model.final_norm),
             NormId::Layer(l, n) => model.layers.get(l).and_then(|layer| layer.norm(n)),
         };
-        w.and_then(Weight::as_f32).ok_or_else(|| ModelError::InvalidInput(format!("no f32 norm {norm:?}")))
+        let w = w
+            .and_then(Weight::as_f32)
+            .ok_or_else(|| ModelError::InvalidInput(format!("no f32 norm {norm:?}")))?;
+        let c = &model.config;
+        Ok((w, RmsNorm { width, offset: c.arch.norm_weight_offset, eps: c.rms_norm_eps }))
     }
 
     fn matrix(&self, m: MatrixId) -> Result<(&'a Weight, Option<&'a [f32]>)> {
@@ -179,38 +179,6 @@ impl<'a, 'i> CpuStep<'a, 'i> {
         }
     }
 
-    /// The fused projection into `ws.qkv`, then its rows split into `parts` (plus the bias).
-    fn linear_split(&mut self, parts: [Buf; 3], input: Buf, w: &Weight, bias: Option<&[f32]>) -> Result<()> {
-        let (t, width) = (self.rows(input), w.rows());
-        let widths = parts.map(|b| self.width(b));
-        let lens = parts.map(|b| self.len(b));
-        let x = &self.ws.bufs[input as usize][..self.len(input)];
-        let qkv = ensure(&mut self.ws.qkv, t * width);
-        w.matmul_as(self.isa, self.precision, qkv, x, t, false);
-        let qkv = &self.ws.qkv[..t * width];
-        let [q, k, v] = take(&mut self.ws.bufs, parts, lens)?;
-        q.par_chunks_mut(widths[0])
-            .zip(k.par_chunks_mut(widths[1]))
-            .zip(v.par_chunks_mut(widths[2]))
-            .zip(qkv.par_chunks(width))
-            .with_min_len(8)
-            .for_each(|(((qr, kr), vr), src)| {
-                let (qs, rest) = src.split_at(qr.len());
-                let (ks, vs) = rest.split_at(kr.len());
-                qr.copy_from_slice(qs);
-                kr.copy_from_slice(ks);
-                vr.copy_from_slice(vs);
-                if let Some(bias) = bias {
-                    let (qb, rest) = bias.split_at(qr.len());
-                    let (kb, vb) = rest.split_at(kr.len());
-                    add_row(qr, qb);
-                    add_row(kr, kb);
-                    add_row(vr, vb);
-                }
-            });
-        Ok(())
-    }
-
     /// This step's cos/sin of `kind`, once per step.
     fn rope_tables(&mut self, kind: RopeKind) {
         let t = self.input.num_tokens();
@@ -218,8 +186,8 @@ impl<'a, 'i> CpuStep<'a, 'i> {
         let cos = ensure(&mut self.ws.cos[kind as usize], t * half);
         let sin = ensure(&mut self.ws.sin[kind as usize], t * half);
         let rope = self.model.rope(kind);
-        cos.par_chunks_mut(half)
-            .zip(sin.par_chunks_mut(half))
+        cos.par_chunks_mut(half.max(1))
+            .zip(sin.par_chunks_mut(half.max(1)))
             .zip(self.input.positions.par_iter())
             .for_each(|((cr, sr), &p)| rope.fill(p, cr, sr));
         self.rope_ready[kind as usize] = true;
@@ -239,70 +207,57 @@ fn take<const N: usize>(
     Ok(vecs.map(|v| ensure(v, lens.next().unwrap_or(0))))
 }
 
-fn add_row(out: &mut [f32], add: &[f32]) {
-    out.iter_mut().zip(add).for_each(|(o, a)| *o += a);
-}
-
 impl DecoderOps for CpuStep<'_, '_> {
     type Error = ModelError;
 
     fn embed(&mut self, scale: Option<f32>) -> Result<()> {
-        let (model, ids) = (self.model, self.input.token_ids);
-        let h = model.config.hidden_size;
+        let (ops, table, ids) = (self.ops, &self.model.embed, self.input.token_ids);
         let [hidden] = self.bufs([Buf::Hidden])?;
-        // Ids were checked against the vocabulary.
-        hidden.par_chunks_mut(h).zip(ids.par_iter()).for_each(|(row, &tok)| {
-            model.embed.row_to_f32(tok as usize, row);
-            if let Some(s) = scale {
-                row.iter_mut().for_each(|v| *v *= s);
-            }
-        });
+        ops.embed(hidden, table, ids, ids.len(), scale.unwrap_or(1.0))?;
         Ok(())
     }
 
     fn rms_norm(&mut self, out: Buf, input: Buf, norm: NormId) -> Result<()> {
-        let w = self.norm_weight(norm)?;
-        let (offset, eps) = (self.model.config.arch.norm_weight_offset, self.model.config.rms_norm_eps);
-        if out != Buf::Sampled {
-            let [o, x] = self.bufs([out, input])?;
-            rms_norm(o, x, w, offset, eps);
-            return Ok(());
-        }
-        // The sampled rows only: gathered, then normed.
-        let (h, out_len) = (w.len(), self.len(out));
-        let (rows, x) = (self.input.sample_indices, &self.ws.bufs[input as usize]);
-        let gathered = ensure(&mut self.ws.scratch, rows.len() * h);
-        for (row, &i) in gathered.chunks_exact_mut(h).zip(rows) {
-            row.copy_from_slice(&x[i * h..(i + 1) * h]);
-        }
-        let [o] = take(&mut self.ws.bufs, [out], [out_len])?;
-        rms_norm(o, &self.ws.scratch[..rows.len() * h], w, offset, eps);
+        let (w, norm) = self.norm(norm, self.model.config.hidden_size)?;
+        let (ops, rows) = (self.ops, self.rows(out));
+        // Into the sampled rows, only those rows of the input are normed.
+        let gather = (out == Buf::Sampled).then_some(self.input.sample_indices);
+        let [o, x] = self.bufs([out, input])?;
+        ops.rms_norm(o, x, w, gather, rows, norm)?;
         Ok(())
     }
 
     fn head_norm(&mut self, buf: Buf, norm: NormId) -> Result<()> {
-        let w = self.norm_weight(norm)?;
-        let (offset, eps) = (self.model.config.arch.norm_weight_offset, self.model.config.rms_norm_eps);
-        let len = self.len(buf);
-        let [x] = take(&mut self.ws.bufs, [buf], [len])?;
-        let normed = ensure(&mut self.ws.scratch, len);
-        rms_norm(normed, x, w, offset, eps);
-        x.copy_from_slice(normed);
+        let d = self.model.config.head_dim;
+        let (w, norm) = self.norm(norm, d)?;
+        let (ops, heads) = (self.ops, self.len(buf) / d.max(1));
+        let [x] = self.bufs([buf])?;
+        ops.rms_norm_in_place(x, w, heads, norm)?;
         Ok(())
     }
 
     fn linear(&mut self, out: LinearOut, input: Buf, matrix: MatrixId) -> Result<()> {
         let (w, bias) = self.matrix(matrix)?;
+        let (ops, rows) = (self.ops, self.rows(input));
+        let shape = |accumulate| LinearShape { rows, out_dim: w.rows(), in_dim: w.cols(), accumulate };
         let (out, accumulate) = match out {
-            LinearOut::Split(parts) => return self.linear_split(parts, input, w, bias),
             LinearOut::Write(b) => (b, false),
             LinearOut::Add(b) => (b, true),
+            LinearOut::Split(parts) => {
+                // One matmul over the fused weight, then its columns split into Q, K and V.
+                let lens = parts.map(|b| self.len(b));
+                let x = &self.ws.bufs[input as usize][..self.len(input)];
+                let fused = ensure(&mut self.ws.qkv, rows * w.rows());
+                ops.linear(fused, x, w, shape(false))?;
+                let fused = &self.ws.qkv[..rows * w.rows()];
+                ops.split_columns(take(&mut self.ws.bufs, parts, lens)?, fused, bias, rows)?;
+                return Ok(());
+            }
         };
-        let (rows, isa, precision) = (self.rows(input), self.isa, self.precision);
         let [o, x] = self.bufs([out, input])?;
-        w.matmul_as(isa, precision, o, x, rows, accumulate);
+        ops.linear(o, x, w, shape(accumulate))?;
         if let Some(bias) = bias {
-            o.par_chunks_mut(bias.len()).for_each(|row| add_row(row, bias));
+            ops.add_bias(o, bias, rows, bias.len())?;
         }
         Ok(())
     }
@@ -311,28 +266,27 @@ impl DecoderOps for CpuStep<'_, '_> {
         if !self.rope_ready[kind as usize] {
             self.rope_tables(kind);
         }
-        let d = self.model.config.head_dim;
-        let half = d / 2;
-        let pairs = match self.model.config.arch.rope_style {
-            RopeStyle::RotateHalf => rope_rotate_half,
-            RopeStyle::Interleaved => rope_interleaved,
+        let c = &self.model.config;
+        let shape = RotaryShape {
+            tokens: self.input.num_tokens(),
+            heads: c.num_attention_heads,
+            kv_heads: c.num_key_value_heads,
+            head_dim: c.head_dim,
         };
-        let (q_w, k_w) = (self.width(Buf::Q), self.width(Buf::K));
+        let pairs = match c.arch.rope_style {
+            RopeStyle::RotateHalf => RopePairs::RotateHalf,
+            RopeStyle::Interleaved => RopePairs::Interleaved,
+        };
+        let ops = self.ops;
         let lens = [self.len(Buf::Q), self.len(Buf::K)];
         let [q, k] = take(&mut self.ws.bufs, [Buf::Q, Buf::K], lens)?;
         let (cos, sin) = (&self.ws.cos[kind as usize], &self.ws.sin[kind as usize]);
-        q.par_chunks_mut(q_w).zip(k.par_chunks_mut(k_w)).enumerate().with_min_len(8).for_each(
-            |(i, (qr, kr))| {
-                let (cr, sr) = (&cos[i * half..(i + 1) * half], &sin[i * half..(i + 1) * half]);
-                pairs(qr, d, cr, sr);
-                pairs(kr, d, cr, sr);
-            },
-        );
+        ops.rotary(q, k, CosSin { cos, sin, pairs }, shape)?;
         Ok(())
     }
 
     fn attention(&mut self, layer: usize, scores: AttnScores) -> Result<()> {
-        let (input, heads) = (self.input, self.model.config.num_attention_heads);
+        let (ops, input, heads) = (self.ops, self.input, self.model.config.num_attention_heads);
         let which = [Buf::Attn, Buf::Q, Buf::K, Buf::V];
         let lens = which.map(|b| self.len(b));
         let place = self.model.kv_layout().place(layer);
@@ -341,27 +295,29 @@ impl DecoderOps for CpuStep<'_, '_> {
             .ok_or_else(|| ModelError::InvalidInput(format!("no KV cache group {}", place.group)))?;
         let cache = self.cache.layer_mut(place.slot);
         let [attn, q, k, v] = take(&mut self.ws.bufs, which, lens)?;
-        Cpu.reshape_and_cache(k, v, slots, cache)?;
-        Cpu.paged_attention(attn, q, cache, &meta, heads, scores, &mut ())?;
+        ops.reshape_and_cache(k, v, slots, cache)?;
+        ops.paged_attention(attn, q, cache, &meta, heads, scores, &mut ())?;
         Ok(())
     }
 
     fn gated_act(&mut self, act: Activation) -> Result<()> {
-        let inter = self.model.config.intermediate_size;
+        let (ops, rows, inter) = (self.ops, self.rows(Buf::Act), self.model.config.intermediate_size);
         let [out, gate_up] = self.bufs([Buf::Act, Buf::GateUp])?;
-        gated_act(out, gate_up, inter, act);
+        ops.gated_act(out, gate_up, rows, inter, act)?;
         Ok(())
     }
 
     fn add(&mut self, out: Buf, input: Buf) -> Result<()> {
+        let (ops, len) = (self.ops, self.len(out));
         let [o, x] = self.bufs([out, input])?;
-        o.par_chunks_mut(4096).zip(x.par_chunks(4096)).for_each(|(o, x)| add_row(o, x));
+        ops.add(o, x, len)?;
         Ok(())
     }
 
     fn softcap(&mut self, buf: Buf, cap: f32) -> Result<()> {
+        let (ops, len) = (self.ops, self.len(buf));
         let [x] = self.bufs([buf])?;
-        x.par_chunks_mut(4096).for_each(|c| c.iter_mut().for_each(|v| *v = cap * (*v / cap).tanh()));
+        ops.softcap(x, cap, len)?;
         Ok(())
     }
 }

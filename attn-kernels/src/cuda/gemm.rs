@@ -12,7 +12,7 @@ use cudarc::cublas::CudaBlas;
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
 use kv_cache::DType;
 
-use super::error::CudaModelError;
+use super::error::CudaError;
 
 /// The `cublasGemmEx` dimensions of one row-major linear layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -26,12 +26,12 @@ pub struct GemmShape {
 }
 
 /// Dimensions of `y[rows, out] = x[rows, in] · w[out, in]ᵀ` (A = w transposed, B = x, C = y).
-pub fn linear_shape(rows: usize, out_dim: usize, in_dim: usize) -> Result<GemmShape, CudaModelError> {
+pub fn linear_shape(rows: usize, out_dim: usize, in_dim: usize) -> Result<GemmShape, CudaError> {
     let int = |v: usize| {
-        i32::try_from(v).map_err(|_| CudaModelError::InvalidInput(format!("GEMM dimension {v} exceeds i32")))
+        i32::try_from(v).map_err(|_| CudaError::InvalidArgument(format!("GEMM dimension {v} exceeds i32")))
     };
     if rows == 0 || out_dim == 0 || in_dim == 0 {
-        return Err(CudaModelError::InvalidInput(format!("empty GEMM {rows} x {out_dim} x {in_dim}")));
+        return Err(CudaError::InvalidArgument(format!("empty GEMM {rows} x {out_dim} x {in_dim}")));
     }
     Ok(GemmShape {
         m: int(out_dim)?,
@@ -44,7 +44,7 @@ pub fn linear_shape(rows: usize, out_dim: usize, in_dim: usize) -> Result<GemmSh
 }
 
 /// cuBLAS' name of a storage type.
-pub(crate) fn data_type(dtype: DType) -> cudaDataType {
+pub fn data_type(dtype: DType) -> cudaDataType {
     match dtype {
         DType::F32 => cudaDataType::CUDA_R_32F,
         DType::F16 => cudaDataType::CUDA_R_16F,
@@ -73,7 +73,7 @@ pub(crate) struct LinearCall {
 /// `weight` must hold `out_dim·in_dim`, `input` `rows·in_dim` elements of `half`, `output`
 /// `rows·out_dim` elements of `out_dtype`, all on the device of `blas` and alive until the
 /// stream has run the call.
-pub(crate) unsafe fn linear(blas: &CudaBlas, call: &LinearCall) -> Result<(), CudaModelError> {
+pub(crate) unsafe fn linear(blas: &CudaBlas, call: &LinearCall) -> Result<(), CudaError> {
     let s = linear_shape(call.rows, call.out_dim, call.in_dim)?;
     let alpha = 1.0f32;
     let beta = if call.accumulate { 1.0f32 } else { 0.0 };
