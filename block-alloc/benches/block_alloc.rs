@@ -83,7 +83,7 @@ fn prompt(seed: u64, len: usize) -> Vec<TokenId> {
 /// A table holding `tokens`, its full blocks registered in the prefix cache.
 fn cached_table(pool: &mut BlockPool, tokens: &[TokenId]) -> BlockTable {
     let mut t = pool.new_table();
-    t.append_tokens(pool, tokens.len()).expect("pool has room");
+    t.allocate_slots(pool, tokens.len()).expect("pool has room");
     pool.cache_full_blocks(&mut t, tokens, 0).expect("same pool");
     t
 }
@@ -151,7 +151,7 @@ fn append_token(c: &mut Crit) {
     let mut table = pool.new_table();
     c.benchmark_group("block_alloc").bench_function("append_token_ns", |b| {
         b.iter(|| {
-            let cow = table.append_tokens(&mut pool, black_box(1)).expect("room");
+            let cow = table.allocate_slots(&mut pool, black_box(1)).expect("room");
             black_box(cow);
             // A 4 096-token sequence finishes and a new one starts: the free is amortized in.
             if table.num_tokens() == 4096 {

@@ -9,7 +9,7 @@
 //!   O(1) pop-front / remove-from-middle / push-back) that is also the LRU order for evicting
 //!   cached blocks. [`BlockPool::can_allocate`] answers [`AllocStatus::Now`] / `Later` /
 //!   `Never` keeping a watermark of blocks free.
-//! - [`BlockTable`]: one sequence's blocks and token count. [`BlockTable::append_tokens`]
+//! - [`BlockTable`]: one sequence's blocks and token count. [`BlockTable::allocate_slots`]
 //!   allocates as needed and reports a [`CopyOnWrite`] when its partly-filled last block is
 //!   shared; [`BlockTable::fork`] shares all blocks; [`BlockTable::free`] returns them tail
 //!   first; [`BlockTable::slot`] / [`BlockTable::slot_mapping`] give
@@ -39,8 +39,8 @@
 //! let mut table = pool.new_table();
 //! // Reuse cached full blocks (keep one token to compute), then add room for the rest.
 //! let cached = pool.lookup_prefix(&prompt[..prompt.len() - 1], 0, &mut table)?;
-//! assert_eq!(pool.can_allocate(table.blocks_to_append(&pool, prompt.len() - cached)), AllocStatus::Now);
-//! assert_eq!(table.append_tokens(&mut pool, prompt.len() - cached)?, None);
+//! assert_eq!(pool.can_allocate(table.num_blocks_to_allocate(&pool, prompt.len() - cached)), AllocStatus::Now);
+//! assert_eq!(table.allocate_slots(&mut pool, prompt.len() - cached)?, None);
 //! let mut slots = Vec::new();
 //! table.slot_mapping(cached..prompt.len(), &mut slots);
 //! // ... the model writes K/V into `slots` ...

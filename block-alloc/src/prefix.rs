@@ -196,7 +196,7 @@ impl BlockPool {
     /// (under `salt`), taking one reference per block (free ones are pulled out of the free
     /// queue), and returns the number of cached tokens (a multiple of the block size). The
     /// table's `num_tokens` becomes that number; append the rest with
-    /// [`BlockTable::append_tokens`].
+    /// [`BlockTable::allocate_slots`].
     ///
     /// Every full block of `tokens` is looked up; a caller that must compute at least one token
     /// (to get logits) passes `&tokens[..tokens.len() - 1]`. Returns 0 without counting when
@@ -323,7 +323,7 @@ mod tests {
     fn a_colliding_hash_with_other_tokens_or_salt_never_hits() {
         let mut p = pool();
         let mut t = p.new_table();
-        t.append_tokens(&mut p, 2).unwrap();
+        t.allocate_slots(&mut p, 2).unwrap();
         p.cache_full_blocks(&mut t, &[1, 2], 0).unwrap();
         let b = t.blocks()[0];
         // Forge full 128-bit collisions: re-key block `b` under the hash of other tokens, then
@@ -357,7 +357,7 @@ mod tests {
         let mut tables = Vec::new();
         for i in 0..4u32 {
             let mut t = p.new_table();
-            t.append_tokens(&mut p, 4).unwrap();
+            t.allocate_slots(&mut p, 4).unwrap();
             p.cache_full_blocks(&mut t, &[i, i, i + 1, i + 1], 0).unwrap();
             tables.push(t);
         }

@@ -114,18 +114,18 @@ mod tests {
         // a: 2 full blocks (0, 1), registered, then freed -> cached.
         let a_tokens = [1, 2, 3, 4];
         let mut a = device.new_table();
-        a.append_tokens(&mut device, 4).unwrap();
+        a.allocate_slots(&mut device, 4).unwrap();
         device.cache_full_blocks(&mut a, &a_tokens, 0).unwrap();
         // b: 3 blocks (2, 3, 4), owned.
         let mut b = device.new_table();
-        b.append_tokens(&mut device, 5).unwrap();
+        b.allocate_slots(&mut device, 5).unwrap();
         // c: block 5, forked into d -> shared.
         let mut c = device.new_table();
-        c.append_tokens(&mut device, 2).unwrap();
+        c.allocate_slots(&mut device, 2).unwrap();
         let d = c.fork(&mut device).unwrap();
         // e: block 6, swapped out to the host (device block becomes free, host block owned).
         let mut e = device.new_table();
-        e.append_tokens(&mut device, 1).unwrap();
+        e.allocate_slots(&mut device, 1).unwrap();
         assert_eq!(states(&device), "oooooso...");
         a.free(&mut device).unwrap();
         let plan = swap_out(&mut device, &mut host, &mut [&mut e]).unwrap();
@@ -158,7 +158,7 @@ mod tests {
         let mut p =
             BlockPool::new(PoolConfig { enable_prefix_caching: false, ..PoolConfig::new(3, 2) }).unwrap();
         let mut t = p.new_table();
-        t.append_tokens(&mut p, 4).unwrap();
+        t.allocate_slots(&mut p, 4).unwrap();
         p.cache_full_blocks(&mut t, &[1, 2, 3, 4], 0).unwrap();
         t.free(&mut p).unwrap();
         assert_eq!(states(&p), "...");

@@ -120,7 +120,7 @@ impl BlockTable {
     }
 
     /// New blocks an append of `extra_tokens` takes, not counting a copy-on-write block
-    /// (see [`blocks_to_append`](Self::blocks_to_append)).
+    /// (see [`num_blocks_to_allocate`](Self::num_blocks_to_allocate)).
     pub fn blocks_needed_for(&self, extra_tokens: usize) -> usize {
         self.num_tokens
             .saturating_add(extra_tokens)
@@ -134,9 +134,9 @@ impl BlockTable {
             && self.blocks.last().is_some_and(|&b| pool.ref_count(b).is_ok_and(|rc| rc > 1))
     }
 
-    /// Blocks [`append_tokens`](Self::append_tokens)`(pool, n)` would take from `pool`,
+    /// Blocks [`allocate_slots`](Self::allocate_slots)`(pool, n)` would take from `pool`,
     /// including the copy-on-write block. 0 for `n == 0`.
-    pub fn blocks_to_append(&self, pool: &BlockPool, n: usize) -> usize {
+    pub fn num_blocks_to_allocate(&self, pool: &BlockPool, n: usize) -> usize {
         if n == 0 { 0 } else { self.blocks_needed_for(n) + usize::from(self.needs_copy_on_write(pool)) }
     }
 
@@ -149,7 +149,7 @@ impl BlockTable {
     /// [`AllocError::WrongPool`], [`AllocError::UnknownBlock`] / [`AllocError::NotAllocated`]
     /// (the last block was freed behind the table's back).
     #[inline]
-    pub fn append_tokens(
+    pub fn allocate_slots(
         &mut self,
         pool: &mut BlockPool,
         n: usize,
@@ -170,7 +170,7 @@ impl BlockTable {
         self.append_tokens_slow(pool, n)
     }
 
-    /// Everything `append_tokens`' fast path does not cover: new blocks, copy-on-write, errors.
+    /// Everything `allocate_slots`' fast path does not cover: new blocks, copy-on-write, errors.
     #[inline(never)]
     fn append_tokens_slow(
         &mut self,
@@ -353,10 +353,10 @@ mod tests {
         let mut t = p.new_table();
         assert_eq!((t.blocks_needed_for(0), t.blocks_needed_for(1), t.blocks_needed_for(4)), (0, 1, 1));
         assert_eq!(t.blocks_needed_for(5), 2);
-        t.append_tokens(&mut p, 3).unwrap();
+        t.allocate_slots(&mut p, 3).unwrap();
         assert_eq!((t.blocks_needed_for(1), t.blocks_needed_for(2)), (0, 1));
         assert_eq!(t.blocks_needed_for(usize::MAX), usize::MAX.div_ceil(4) - 1, "saturates");
-        assert_eq!(t.append_tokens(&mut p, 0), Ok(None));
+        assert_eq!(t.allocate_slots(&mut p, 0), Ok(None));
         assert_eq!(t.num_full_blocks(), 0);
         t.free(&mut p).unwrap();
     }
@@ -365,7 +365,7 @@ mod tests {
     fn slot_mapping_spans_blocks_and_pads() {
         let mut p = BlockPool::new(PoolConfig::new(8, 2)).unwrap();
         let mut t = p.new_table();
-        t.append_tokens(&mut p, 5).unwrap(); // blocks 0, 1, 2
+        t.allocate_slots(&mut p, 5).unwrap(); // blocks 0, 1, 2
         let mut out = Vec::new();
         t.slot_mapping(0..5, &mut out);
         assert_eq!(out, [0, 1, 2, 3, 4]);

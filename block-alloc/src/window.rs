@@ -173,7 +173,7 @@ mod tests {
         assert_eq!(blocks_outside_window(Some(6), 4, 13), 2);
         let mut p = pool(8);
         let mut t = p.new_table_for(Some(6));
-        t.append_tokens(&mut p, 9).unwrap(); // blocks 0, 1, 2
+        t.allocate_slots(&mut p, 9).unwrap(); // blocks 0, 1, 2
         assert_eq!(t.release_outside_window(&mut p), Ok(1));
         assert_eq!((t.first_live(), t.live_blocks().len(), p.num_free()), (1, 2, 6));
         assert_eq!(t.release_outside_window(&mut p), Ok(0), "idempotent");
@@ -202,7 +202,7 @@ mod tests {
         let mut full = p.new_table();
         let mut slide = p.new_table_for(window);
         for (t, salt) in [(&mut full, salts[0]), (&mut slide, salts[1])] {
-            t.append_tokens(&mut p, 20).unwrap();
+            t.allocate_slots(&mut p, 20).unwrap();
             p.cache_full_blocks(t, &tokens, salt).unwrap();
         }
         slide.release_outside_window(&mut p).unwrap(); // the window at 20 sees 15..: blocks 0..3 out

@@ -145,11 +145,11 @@ pub fn logits(model: &Model, tokens: &[u32], sampled: usize, half: Option<DType>
             let out = if a.sandwich_norms { rms_norm(&out, norm(n), offset, eps, half) } else { out };
             x.iter_mut().zip(out).for_each(|(v, o)| *v += o);
         };
-        let normed = rms_norm(&x, norm(LayerNorm::Attn), offset, eps, half);
+        let normed = rms_norm(&x, norm(LayerNorm::InputLayernorm), offset, eps, half);
         let mut qkv = biased(&normed, w.matrix(LayerMatrix::Qkv), w.bias(LayerMatrix::Qkv), h);
         if a.qk_norm {
             // Every Q and K head normed in f32, in place (the Q/K buffers are f32).
-            let (qn, kn) = (norm(LayerNorm::Q), norm(LayerNorm::K));
+            let (qn, kn) = (norm(LayerNorm::QNorm), norm(LayerNorm::KNorm));
             for row in qkv.chunks_exact_mut((nh + 2 * nkv) * d) {
                 for (i, head) in row[..(nh + nkv) * d].chunks_exact_mut(d).enumerate() {
                     let normed = rms_norm(head, if i < nh { qn } else { kn }, offset, eps, None);
@@ -200,9 +200,9 @@ pub fn logits(model: &Model, tokens: &[u32], sampled: usize, half: Option<DType>
         join(
             &mut x,
             biased(&attn, w.matrix(LayerMatrix::O), w.bias(LayerMatrix::O), nh * d),
-            LayerNorm::AttnOut,
+            LayerNorm::PostAttentionLayernorm,
         );
-        let normed = rms_norm(&x, norm(LayerNorm::Ffn), offset, eps, half);
+        let normed = rms_norm(&x, norm(LayerNorm::PreFeedforwardLayernorm), offset, eps, half);
         let gate_up = rounded(linear(&normed, w.matrix(LayerMatrix::GateUp), h), half);
         let act: Vec<f32> = gate_up
             .chunks_exact(2 * inter)
@@ -211,7 +211,7 @@ pub fn logits(model: &Model, tokens: &[u32], sampled: usize, half: Option<DType>
                 g.iter().zip(u).map(|(&g, &u)| round(gate(a.activation, g) * u, half))
             })
             .collect();
-        join(&mut x, linear(&act, w.matrix(LayerMatrix::Down), inter), LayerNorm::FfnOut);
+        join(&mut x, linear(&act, w.matrix(LayerMatrix::Down), inter), LayerNorm::PostFeedforwardLayernorm);
     }
     let final_norm = rounded(model.final_norm.to_f32(), half);
     let last = rms_norm(&x[first_sampled * h..], &final_norm, offset, eps, half);

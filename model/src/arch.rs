@@ -176,9 +176,9 @@ impl Architecture {
     /// The norms of one decoder layer this architecture has, in [`LayerNorm`] order.
     pub fn layer_norms(&self) -> impl Iterator<Item = LayerNorm> + '_ {
         LayerNorm::ALL.into_iter().filter(|n| match n {
-            LayerNorm::Attn | LayerNorm::Ffn => true,
-            LayerNorm::Q | LayerNorm::K => self.qk_norm,
-            LayerNorm::AttnOut | LayerNorm::FfnOut => self.sandwich_norms,
+            LayerNorm::InputLayernorm | LayerNorm::PreFeedforwardLayernorm => true,
+            LayerNorm::QNorm | LayerNorm::KNorm => self.qk_norm,
+            LayerNorm::PostAttentionLayernorm | LayerNorm::PostFeedforwardLayernorm => self.sandwich_norms,
         })
     }
 }
@@ -187,17 +187,18 @@ enum_with_all! {
     /// The RMSNorms a decoder layer can have.
     pub enum LayerNorm {
         /// Before the attention (HF `input_layernorm`).
-        Attn,
-        /// Per head of Q, before the rotation.
-        Q,
-        /// Per head of K, before the rotation.
-        K,
+        InputLayernorm,
+        /// Per head of Q, before the rotation (HF `self_attn.q_norm`).
+        QNorm,
+        /// Per head of K, before the rotation (HF `self_attn.k_norm`).
+        KNorm,
         /// On the attention output, before the residual add (Gemma's `post_attention_layernorm`).
-        AttnOut,
-        /// Before the MLP (Llama's `post_attention_layernorm`, Gemma's `pre_feedforward_layernorm`).
-        Ffn,
+        PostAttentionLayernorm,
+        /// Before the MLP (Gemma's `pre_feedforward_layernorm`; Llama, without sandwich norms,
+        /// calls it `post_attention_layernorm`).
+        PreFeedforwardLayernorm,
         /// On the MLP output, before the residual add (Gemma's `post_feedforward_layernorm`).
-        FfnOut,
+        PostFeedforwardLayernorm,
     }
 }
 

@@ -112,19 +112,25 @@ pub fn run<B: DecoderOps>(b: &mut B, step: StepShape<'_>) -> Result<(), B::Error
     for (l, attention) in step.layers.iter().enumerate() {
         let norm = |n| NormId::Layer(l, n);
         let matrix = |m| MatrixId::Layer(l, m);
-        b.rms_norm(Buf::Normed, Buf::Hidden, norm(LayerNorm::Attn))?;
+        b.rms_norm(Buf::Normed, Buf::Hidden, norm(LayerNorm::InputLayernorm))?;
         b.linear(LinearOut::Split([Buf::Q, Buf::K, Buf::V]), Buf::Normed, matrix(LayerMatrix::Qkv))?;
         if arch.qk_norm {
-            b.head_norm(Buf::Q, norm(LayerNorm::Q))?;
-            b.head_norm(Buf::K, norm(LayerNorm::K))?;
+            b.head_norm(Buf::Q, norm(LayerNorm::QNorm))?;
+            b.head_norm(Buf::K, norm(LayerNorm::KNorm))?;
         }
         b.rope(attention.rope)?;
         b.attention(l, AttnScores { scale: arch.attention_scale, sliding_window: attention.sliding_window })?;
-        join_residual(b, arch, Buf::Attn, matrix(LayerMatrix::O), norm(LayerNorm::AttnOut))?;
-        b.rms_norm(Buf::Normed, Buf::Hidden, norm(LayerNorm::Ffn))?;
+        join_residual(b, arch, Buf::Attn, matrix(LayerMatrix::O), norm(LayerNorm::PostAttentionLayernorm))?;
+        b.rms_norm(Buf::Normed, Buf::Hidden, norm(LayerNorm::PreFeedforwardLayernorm))?;
         b.linear(LinearOut::Write(Buf::GateUp), Buf::Normed, matrix(LayerMatrix::GateUp))?;
         b.gated_act(arch.activation)?;
-        join_residual(b, arch, Buf::Act, matrix(LayerMatrix::Down), norm(LayerNorm::FfnOut))?;
+        join_residual(
+            b,
+            arch,
+            Buf::Act,
+            matrix(LayerMatrix::Down),
+            norm(LayerNorm::PostFeedforwardLayernorm),
+        )?;
     }
     if step.samples {
         b.rms_norm(Buf::Sampled, Buf::Hidden, NormId::Final)?;

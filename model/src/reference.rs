@@ -79,12 +79,12 @@ pub fn forward_full(model: &Model, tokens: &[u32]) -> Vec<f32> {
         let r = model.rope(attention.rope);
         let (mut qs, mut ks, mut vs) = (Vec::new(), Vec::new(), Vec::new());
         for (pos, x) in xs.iter().enumerate() {
-            let n = rms(x, &norm_of(lw, LayerNorm::Attn), offset, eps);
+            let n = rms(x, &norm_of(lw, LayerNorm::InputLayernorm), offset, eps);
             let qkv = matvec_t(&n, lw.matrix(LayerMatrix::Qkv), lw.bias(LayerMatrix::Qkv), c.qkv_size());
             let mut q = qkv[..nh * d].to_vec();
             let mut k = qkv[nh * d..(nh + nkv) * d].to_vec();
             if a.qk_norm {
-                let (qn, kn) = (norm_of(lw, LayerNorm::Q), norm_of(lw, LayerNorm::K));
+                let (qn, kn) = (norm_of(lw, LayerNorm::QNorm), norm_of(lw, LayerNorm::KNorm));
                 q = q.chunks(d).flat_map(|hd| rms(hd, &qn, offset, eps)).collect();
                 k = k.chunks(d).flat_map(|hd| rms(hd, &kn, offset, eps)).collect();
             }
@@ -118,14 +118,14 @@ pub fn forward_full(model: &Model, tokens: &[u32]) -> Vec<f32> {
                 }
             }
             let o = matvec_t(&attn, lw.matrix(LayerMatrix::O), lw.bias(LayerMatrix::O), h);
-            join(x, o, lw, LayerNorm::AttnOut);
-            let n = rms(x, &norm_of(lw, LayerNorm::Ffn), offset, eps);
+            join(x, o, lw, LayerNorm::PostAttentionLayernorm);
+            let n = rms(x, &norm_of(lw, LayerNorm::PreFeedforwardLayernorm), offset, eps);
             let gu = matvec_t(&n, lw.matrix(LayerMatrix::GateUp), None, 2 * inter);
             let gated: Vec<f32> = (0..inter)
                 .map(|j| (act(a.activation, f64::from(gu[j])) * f64::from(gu[inter + j])) as f32)
                 .collect();
             let down = matvec_t(&gated, lw.matrix(LayerMatrix::Down), None, h);
-            join(x, down, lw, LayerNorm::FfnOut);
+            join(x, down, lw, LayerNorm::PostFeedforwardLayernorm);
         }
     }
     let (final_norm, lm_head) = (model.final_norm.to_f32(), model.lm_head().to_f32());

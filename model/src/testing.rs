@@ -175,10 +175,10 @@ pub fn with_every_architecture_feature(mut model: crate::Model, seed: u64) -> cr
                     l = l.with_bias(m, row(width));
                 }
             }
-            l.with_norm(LayerNorm::Q, row(d))
-                .with_norm(LayerNorm::K, row(d))
-                .with_norm(LayerNorm::AttnOut, row(h))
-                .with_norm(LayerNorm::FfnOut, row(h))
+            l.with_norm(LayerNorm::QNorm, row(d))
+                .with_norm(LayerNorm::KNorm, row(d))
+                .with_norm(LayerNorm::PostAttentionLayernorm, row(h))
+                .with_norm(LayerNorm::PostFeedforwardLayernorm, row(h))
         })
         .collect();
     let arch = &mut model.config.arch;

@@ -23,7 +23,7 @@ pub(crate) struct Seq {
     /// Prompt followed by the generated tokens.
     pub tokens: Vec<TokenId>,
     /// Tokens whose KV is in the cache; between steps equals `table.num_tokens()`.
-    pub num_computed: usize,
+    pub num_computed_tokens: usize,
     /// One table per KV cache group. Private so that every change other than an append (or a
     /// release out of a window, which the worker need not see) goes through `table_mut`, which
     /// makes the worker's copy of it stale (`row.sent = 0`).
@@ -38,12 +38,20 @@ pub(crate) struct Seq {
 }
 
 impl Seq {
-    pub fn new(index: u32, tokens: Vec<TokenId>, num_computed: usize, table: SeqTables) -> Self {
-        Self { index, tokens, num_computed, table, row: RowState::default(), finished: None, parked: false }
+    pub fn new(index: u32, tokens: Vec<TokenId>, num_computed_tokens: usize, table: SeqTables) -> Self {
+        Self {
+            index,
+            tokens,
+            num_computed_tokens,
+            table,
+            row: RowState::default(),
+            finished: None,
+            parked: false,
+        }
     }
 
     pub fn remaining(&self) -> usize {
-        self.tokens.len() - self.num_computed
+        self.tokens.len() - self.num_computed_tokens
     }
 
     pub fn table(&self) -> &SeqTables {
@@ -97,15 +105,15 @@ impl Seq {
     /// returns the sequence's row (taken from `rows` if it had none) and the first entry of
     /// that row the worker lacks.
     #[inline(always)]
-    pub fn append(
+    pub fn allocate_slots(
         &mut self,
         device: &mut BlockPool,
         n: usize,
         rows: &mut Rows,
         copies: &mut Vec<(BlockId, BlockId)>,
-    ) -> Result<Appended, block_alloc::AllocError> {
+    ) -> Result<Allocated, block_alloc::AllocError> {
         let before = copies.len();
-        self.table.append_tokens(device, n, &mut |cow| copies.push((cow.src, cow.dst)))?;
+        self.table.allocate_slots(device, n, &mut |cow| copies.push((cow.src, cow.dst)))?;
         if copies.len() != before {
             self.row.sent = 0; // a last block was replaced
         }
@@ -114,12 +122,12 @@ impl Seq {
         }
         let from = self.row.sent;
         self.row.sent = self.table.blocks().len();
-        Ok(Appended { row: self.row.row, table_from: from })
+        Ok(Allocated { row: self.row.row, table_from: from })
     }
 }
 
-/// What one append did, for the step's plan.
-pub(crate) struct Appended {
+/// What one slot allocation did, for the step's plan.
+pub(crate) struct Allocated {
     pub row: u32,
     /// The row's entries from this index on are new (0: the whole table), in every group.
     pub table_from: usize,

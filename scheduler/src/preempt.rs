@@ -38,7 +38,7 @@ impl Scheduler {
         let mut first = true;
         for seq in group.seqs.iter_mut().filter(|s| s.finished.is_none()) {
             seq.table_mut().free(device)?;
-            seq.num_computed = 0;
+            seq.num_computed_tokens = 0;
             seq.parked = share && !first;
             first = false;
         }

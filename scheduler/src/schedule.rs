@@ -133,7 +133,7 @@ impl Scheduler {
             let group = self.group(head)?;
             let Some(seq) = group.seqs.iter().find(|s| s.finished.is_none()) else { break };
             let chunk = seq.remaining().min(self.cfg.max_num_batched_tokens);
-            if self.device.can_allocate(seq.table().blocks_to_append(&self.device, chunk))
+            if self.device.can_allocate(seq.table().num_blocks_to_allocate(&self.device, chunk))
                 != AllocStatus::Later
             {
                 break;
@@ -194,7 +194,7 @@ impl Scheduler {
             .seqs
             .iter()
             .filter(|s| s.finished.is_none())
-            .map(|s| s.table().blocks_to_append(device, 1))
+            .map(|s| s.table().num_blocks_to_allocate(device, 1))
             .sum();
         if need > device.num_free() {
             return Ok(Fit::NoMemory);
@@ -237,8 +237,8 @@ impl Scheduler {
                 break;
             }
             let mut want = seq.remaining().min(budget.tokens);
-            if let Some(cap) = prompt_cap.filter(|&cap| seq.num_computed < cap) {
-                want = want.min(cap - seq.num_computed);
+            if let Some(cap) = prompt_cap.filter(|&cap| seq.num_computed_tokens < cap) {
+                want = want.min(cap - seq.num_computed_tokens);
             }
             let free = device.num_free().saturating_sub(reserve);
             let n = largest_fitting_append(group.seqs[si].table(), device, want, free);
@@ -307,7 +307,7 @@ impl Scheduler {
                 .seqs
                 .iter()
                 .filter(|s| s.finished.is_none() && !s.parked)
-                .map(|s| s.table().blocks_to_append(host, s.remaining().min(budget.tokens)))
+                .map(|s| s.table().num_blocks_to_allocate(host, s.remaining().min(budget.tokens)))
                 .sum();
             match self.device.can_allocate(distinct + growth) {
                 AllocStatus::Now => {}
@@ -429,9 +429,9 @@ impl Scheduler {
             return Ok(());
         }
         let salt = group.salt;
-        for seq in group.seqs.iter_mut().filter(|s| s.finished.is_none() && s.num_computed == 0) {
+        for seq in group.seqs.iter_mut().filter(|s| s.finished.is_none() && s.num_computed_tokens == 0) {
             if seq.table().num_tokens() == 0 && seq.tokens.len() > 1 {
-                seq.num_computed = seq.lookup_prefix(device, salt)?;
+                seq.num_computed_tokens = seq.lookup_prefix(device, salt)?;
             }
         }
         Ok(())
@@ -444,7 +444,7 @@ impl Scheduler {
             groups.get_mut(slot).and_then(Option::as_mut).ok_or(SchedulerError::Internal("missing group"))?;
         for seq in group.seqs.iter_mut().filter(|s| s.finished.is_none()) {
             seq.table_mut().free(device)?;
-            seq.num_computed = 0;
+            seq.num_computed_tokens = 0;
         }
         Ok(())
     }
@@ -523,9 +523,10 @@ fn emit(
     let arrival = group.key.arrival;
     let seq_id = group.seq_id(group.seqs[si].index);
     let seq = &mut group.seqs[si];
-    let start = seq.num_computed;
+    let start = seq.num_computed_tokens;
     let end = start + n;
-    let crate::group::Appended { row, table_from } = seq.append(device, n, rows, &mut out.blocks_to_copy)?;
+    let crate::group::Allocated { row, table_from } =
+        seq.allocate_slots(device, n, rows, &mut out.blocks_to_copy)?;
     let new_start = out.new_block_ids.len();
     let tables = seq.table();
     if table_from < tables.blocks().len() {
@@ -567,14 +568,14 @@ fn emit(
 
 /// The most tokens (≤ `want`) that can be appended to `table` with `free` blocks of `pool`.
 fn largest_fitting_append(table: &SeqTables, pool: &BlockPool, want: usize, free: usize) -> usize {
-    if table.blocks_to_append(pool, want) <= free {
+    if table.num_blocks_to_allocate(pool, want) <= free {
         return want;
     }
     // Monotone in n: bisect for the largest n whose append fits.
     let (mut lo, mut hi) = (0, want);
     while lo < hi {
         let mid = lo + (hi - lo).div_ceil(2);
-        if table.blocks_to_append(pool, mid) <= free {
+        if table.num_blocks_to_allocate(pool, mid) <= free {
             lo = mid;
         } else {
             hi = mid - 1;

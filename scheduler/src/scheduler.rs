@@ -40,7 +40,7 @@ pub(crate) struct InFlight {
     pub arrival: u64,
     pub seq: u32,
     pub seq_id: SeqId,
-    /// `num_computed` once this step has run.
+    /// `num_computed_tokens` once this step has run.
     pub end: usize,
     pub num_samples: usize,
 }

@@ -77,12 +77,12 @@ impl SeqTables {
 
     /// Blocks one append of `n` tokens takes, every group together (copy-on-write included).
     #[inline]
-    pub fn blocks_to_append(&self, pool: &BlockPool, n: usize) -> usize {
-        let first = self.first.blocks_to_append(pool, n);
+    pub fn num_blocks_to_allocate(&self, pool: &BlockPool, n: usize) -> usize {
+        let first = self.first.num_blocks_to_allocate(pool, n);
         if self.rest.is_empty() {
             return first;
         }
-        first + self.rest.iter().map(|t| t.blocks_to_append(pool, n)).sum::<usize>()
+        first + self.rest.iter().map(|t| t.num_blocks_to_allocate(pool, n)).sum::<usize>()
     }
 
     /// The most blocks computing `remaining` more tokens in chunks of at most `chunk` adds at
@@ -91,7 +91,7 @@ impl SeqTables {
     pub fn blocks_to_finish(&self, pool: &BlockPool, remaining: usize, chunk: usize) -> usize {
         self.iter()
             .map(|t| {
-                let all = t.blocks_to_append(pool, remaining);
+                let all = t.num_blocks_to_allocate(pool, remaining);
                 match t.window() {
                     None => all,
                     Some(w) => all.min(sliding_group_bound(w, chunk, t.block_size())),
@@ -112,16 +112,16 @@ impl SeqTables {
     }
 
     /// Appends `n` slots to every group; the copies-on-write go to `cows`. One group (the decode
-    /// hot path of most models) is `BlockTable::append_tokens` inlined.
+    /// hot path of most models) is `BlockTable::allocate_slots` inlined.
     #[inline(always)]
-    pub fn append_tokens(
+    pub fn allocate_slots(
         &mut self,
         pool: &mut BlockPool,
         n: usize,
         cows: &mut impl FnMut(CopyOnWrite),
     ) -> Result<(), AllocError> {
         if self.rest.is_empty() {
-            if let Some(cow) = self.first.append_tokens(pool, n)? {
+            if let Some(cow) = self.first.allocate_slots(pool, n)? {
                 cows(cow);
             }
             return Ok(());
@@ -137,12 +137,12 @@ impl SeqTables {
         cows: &mut impl FnMut(CopyOnWrite),
     ) -> Result<(), AllocError> {
         // All or nothing across the groups.
-        let need = self.blocks_to_append(pool, n);
+        let need = self.num_blocks_to_allocate(pool, n);
         if need > pool.num_free() {
             return Err(AllocError::OutOfBlocks { needed: need, free: pool.num_free() });
         }
         for t in self.iter_mut() {
-            if let Some(cow) = t.append_tokens(pool, n)? {
+            if let Some(cow) = t.allocate_slots(pool, n)? {
                 cows(cow);
             }
         }

@@ -66,8 +66,8 @@ impl Scheduler {
         let si = f.seq as usize;
         let salt = group.salt;
         let seq = group.seqs.get_mut(si).ok_or(SchedulerError::Internal("in-flight sequence missing"))?;
-        let before = seq.num_computed;
-        seq.num_computed = f.end;
+        let before = seq.num_computed_tokens;
+        seq.num_computed_tokens = f.end;
         if caching && f.end / block_size > before / block_size {
             seq.cache_full_blocks(device, f.end, salt)?;
         }
@@ -77,7 +77,7 @@ impl Scheduler {
             let leader = &leader[si];
             for parked in rest.iter_mut().filter(|s| s.parked) {
                 parked.set_table(leader.table().fork(device)?);
-                parked.num_computed = leader.num_computed;
+                parked.num_computed_tokens = leader.num_computed_tokens;
                 parked.parked = false;
             }
         }
@@ -87,7 +87,7 @@ impl Scheduler {
             let mut children = Vec::with_capacity(samples.len() - 1);
             for k in 1..samples.len() {
                 let table = parent.table().fork(device)?;
-                children.push(Seq::new(k as u32, parent.tokens.clone(), parent.num_computed, table));
+                children.push(Seq::new(k as u32, parent.tokens.clone(), parent.num_computed_tokens, table));
             }
             group.seqs.extend(children);
         }

@@ -12,7 +12,7 @@ fn busy_pool() -> (BlockPool, BlockTable, BlockTable) {
     let a = cached_table(&mut p, &prompt, 0); // [0, 1, 2]
     let b = a.fork(&mut p).unwrap();
     let mut c = p.new_table();
-    c.append_tokens(&mut p, 4).unwrap(); // [3]
+    c.allocate_slots(&mut p, 4).unwrap(); // [3]
     c.free(&mut p).unwrap();
     (p, a, b)
 }
@@ -58,16 +58,16 @@ fn append_past_capacity_changes_nothing() {
     let (mut p, mut a, mut b) = busy_pool();
     let before = snapshot(&p);
     // Five blocks are free; a's last block is shared (CoW) so 2 + 6 = 8 blocks needed.
-    assert_eq!(a.blocks_to_append(&p, 2 + 5 * 4), 6);
-    assert_eq!(a.append_tokens(&mut p, 2 + 6 * 4), Err(AllocError::OutOfBlocks { needed: 7, free: 5 }));
+    assert_eq!(a.num_blocks_to_allocate(&p, 2 + 5 * 4), 6);
+    assert_eq!(a.allocate_slots(&mut p, 2 + 6 * 4), Err(AllocError::OutOfBlocks { needed: 7, free: 5 }));
     assert_eq!(
-        a.append_tokens(&mut p, usize::MAX),
+        a.allocate_slots(&mut p, usize::MAX),
         Err(AllocError::OutOfBlocks { needed: usize::MAX, free: 5 })
     );
     assert_eq!(snapshot(&p), before);
     assert_eq!((a.num_tokens(), a.blocks().len()), (10, 3));
     // Exactly the capacity works, evicting nothing that is held.
-    assert!(a.append_tokens(&mut p, 2 + 4 * 4).unwrap().is_some());
+    assert!(a.allocate_slots(&mut p, 2 + 4 * 4).unwrap().is_some());
     assert_eq!(p.num_free(), 0);
     assert_eq!(p.allocate(), Err(AllocError::OutOfBlocks { needed: 1, free: 0 }));
     a.free(&mut p).unwrap();
@@ -81,11 +81,11 @@ fn wrong_pool_and_block_size_mismatch() {
     let mut other = pool(8, 4);
     let mut other_bs = pool(8, 2);
     let before = (snapshot(&p), snapshot(&other));
-    assert_eq!(a.append_tokens(&mut other, 1), Err(AllocError::WrongPool));
+    assert_eq!(a.allocate_slots(&mut other, 1), Err(AllocError::WrongPool));
     assert_eq!(a.fork(&mut other).err(), Some(AllocError::WrongPool));
     assert_eq!(a.free(&mut other), Err(AllocError::WrongPool));
     assert_eq!(other.cache_full_blocks(&mut a, &tokens(0, 10), 0), Err(AllocError::WrongPool));
-    assert_eq!(a.append_tokens(&mut other_bs, 1), Err(AllocError::BlockSizeMismatch { table: 4, pool: 2 }));
+    assert_eq!(a.allocate_slots(&mut other_bs, 1), Err(AllocError::BlockSizeMismatch { table: 4, pool: 2 }));
     let mut fresh = p.new_table();
     assert_eq!(
         other_bs.lookup_prefix(&[1, 2], 0, &mut fresh),

@@ -22,7 +22,7 @@ fn fresh_pool_hands_out_ascending_ids_and_free_returns_tail_first() {
     let mut p = pool(6, 4);
     assert_eq!(free_order(&p), [0, 1, 2, 3, 4, 5]);
     let mut t = p.new_table();
-    assert_eq!(t.append_tokens(&mut p, 10), Ok(None));
+    assert_eq!(t.allocate_slots(&mut p, 10), Ok(None));
     assert_eq!(t.blocks(), [0, 1, 2]);
     assert_eq!(free_order(&p), [3, 4, 5]);
     t.free(&mut p).unwrap();
@@ -45,7 +45,7 @@ fn prefill_hits_shared_prefix_and_eviction_follows_lru_order() {
     let req0 = common_plus(&[3; 7]);
     let mut t0 = p.new_table();
     assert_eq!(p.lookup_prefix(&req0, 0, &mut t0), Ok(0));
-    t0.append_tokens(&mut p, req0.len()).unwrap();
+    t0.allocate_slots(&mut p, req0.len()).unwrap();
     assert_eq!(t0.blocks(), [0, 1, 2, 3]);
     p.cache_full_blocks(&mut t0, &req0, 0).unwrap();
     assert_eq!(p.num_cached_blocks(), 3);
@@ -61,7 +61,7 @@ fn prefill_hits_shared_prefix_and_eviction_follows_lru_order() {
     assert_eq!(p.lookup_prefix(&req1, 0, &mut t1), Ok(48));
     assert_eq!(t1.blocks(), [0, 1, 2]);
     assert_eq!(t1.block_hashes(), t0.block_hashes());
-    assert_eq!(t1.append_tokens(&mut p, 5), Ok(None));
+    assert_eq!(t1.allocate_slots(&mut p, 5), Ok(None));
     assert_eq!(t1.blocks(), [0, 1, 2, 4]);
     for b in 0..3 {
         assert_eq!(p.ref_count(b), Ok(2));
@@ -84,7 +84,7 @@ fn prefill_hits_shared_prefix_and_eviction_follows_lru_order() {
     let mut t2 = p.new_table();
     let req2 = tokens(1000, 8 * 16);
     assert_eq!(p.lookup_prefix(&req2, 0, &mut t2), Ok(0));
-    t2.append_tokens(&mut p, req2.len()).unwrap();
+    t2.allocate_slots(&mut p, req2.len()).unwrap();
     assert_eq!(t2.blocks(), [5, 6, 7, 8, 9, 3, 4, 2]);
     assert_eq!(free_order(&p), [1, 0]);
     assert!(!p.is_cached(2) && p.is_cached(1) && p.is_cached(0));
@@ -178,10 +178,10 @@ fn incremental_caching_continues_the_chain_after_a_hit() {
     let mut p = pool(16, 2);
     let seq: Vec<TokenId> = tokens(0, 9);
     let mut t = p.new_table();
-    t.append_tokens(&mut p, 3).unwrap();
+    t.allocate_slots(&mut p, 3).unwrap();
     p.cache_full_blocks(&mut t, &seq[..3], 0).unwrap();
     for n in 4..=9 {
-        t.append_tokens(&mut p, 1).unwrap();
+        t.allocate_slots(&mut p, 1).unwrap();
         p.cache_full_blocks(&mut t, &seq[..n], 0).unwrap();
     }
     assert_eq!(p.num_cached_blocks(), 4);
@@ -196,22 +196,22 @@ fn incremental_caching_continues_the_chain_after_a_hit() {
 fn copy_on_write_only_for_a_shared_partly_filled_last_block() {
     let mut p = pool(8, 4);
     let mut parent = p.new_table();
-    parent.append_tokens(&mut p, 6).unwrap(); // [0, 1], block 1 half full
+    parent.allocate_slots(&mut p, 6).unwrap(); // [0, 1], block 1 half full
     let mut child = parent.fork(&mut p).unwrap();
     assert_eq!(child.blocks(), parent.blocks());
     assert_eq!(p.ref_count(1), Ok(2));
     assert!(child.needs_copy_on_write(&p));
-    assert_eq!(child.blocks_to_append(&p, 1), 1);
-    assert_eq!(child.append_tokens(&mut p, 1), Ok(Some(CopyOnWrite { src: 1, dst: 2 })));
+    assert_eq!(child.num_blocks_to_allocate(&p, 1), 1);
+    assert_eq!(child.allocate_slots(&mut p, 1), Ok(Some(CopyOnWrite { src: 1, dst: 2 })));
     assert_eq!(child.blocks(), [0, 2]);
     assert_eq!((p.ref_count(0), p.ref_count(1), p.ref_count(2)), (Ok(2), Ok(1), Ok(1)));
     // The parent is now the only holder of block 1: it writes in place.
     assert!(!parent.needs_copy_on_write(&p));
-    assert_eq!(parent.append_tokens(&mut p, 2), Ok(None));
+    assert_eq!(parent.allocate_slots(&mut p, 2), Ok(None));
     assert_eq!(parent.blocks(), [0, 1]);
     // Full shared blocks are never copied: appends go to a new block.
     let mut grandchild = parent.fork(&mut p).unwrap();
-    assert_eq!(grandchild.append_tokens(&mut p, 1), Ok(None));
+    assert_eq!(grandchild.allocate_slots(&mut p, 1), Ok(None));
     assert_eq!(grandchild.blocks(), [0, 1, 3]);
     free_all(&mut p, [parent, child, grandchild]);
 }
@@ -220,9 +220,9 @@ fn copy_on_write_only_for_a_shared_partly_filled_last_block() {
 fn slots_map_tokens_through_the_table() {
     let mut p = pool(8, 4);
     let mut filler = p.new_table();
-    filler.append_tokens(&mut p, 4).unwrap(); // take block 0 so the table's blocks are not 0..
+    filler.allocate_slots(&mut p, 4).unwrap(); // take block 0 so the table's blocks are not 0..
     let mut t = p.new_table();
-    t.append_tokens(&mut p, 6).unwrap();
+    t.allocate_slots(&mut p, 6).unwrap();
     assert_eq!(t.blocks(), [1, 2]);
     assert_eq!(t.slot(0), Some(4));
     assert_eq!(t.slot(5), Some(9));
@@ -245,7 +245,7 @@ fn can_allocate_honours_the_watermark() {
     assert_eq!(p.can_allocate(18), AllocStatus::Now);
     assert_eq!(p.can_allocate(19), AllocStatus::Never);
     let mut t = p.new_table();
-    t.append_tokens(&mut p, 4 * 10).unwrap();
+    t.allocate_slots(&mut p, 4 * 10).unwrap();
     assert_eq!(p.can_allocate(8), AllocStatus::Now);
     assert_eq!(p.can_allocate(9), AllocStatus::Later);
     assert!((p.usage() - 0.5).abs() < 1e-12);
@@ -269,7 +269,7 @@ fn reset_prefix_cache_only_when_nothing_is_used() {
 fn caching_off_never_hits() {
     let mut p = block_alloc::BlockPool::new(PoolConfig::host(4, 2)).unwrap();
     let mut t = BlockTable::new(2).unwrap();
-    t.append_tokens(&mut p, 4).unwrap();
+    t.allocate_slots(&mut p, 4).unwrap();
     p.cache_full_blocks(&mut t, &[1, 2, 3, 4], 0).unwrap();
     assert_eq!(p.num_cached_blocks(), 0);
     t.free(&mut p).unwrap();

@@ -340,7 +340,7 @@ impl Run {
             );
         }
         self.hits += table.blocks().len();
-        let real = table.append_tokens(&mut self.dev, len - hit);
+        let real = table.allocate_slots(&mut self.dev, len - hit);
         let expected = self.mdev.append(&mut model, len - hit);
         if hit == len {
             assert_eq!((&real, expected), (&Ok(None), Some(None)));
@@ -360,7 +360,7 @@ impl Run {
 
     fn append(&mut self, slot: usize, n: usize, token: TokenId) {
         let Some(seq) = self.seqs[slot].as_mut().filter(|s| !s.on_host) else { return };
-        let real = seq.table.append_tokens(&mut self.dev, n);
+        let real = seq.table.allocate_slots(&mut self.dev, n);
         let expected = self.mdev.append(&mut seq.model, n);
         assert_eq!(real.as_ref().ok().copied(), expected);
         match real {
@@ -457,12 +457,12 @@ impl Run {
             (2, Some(s)) if !s.on_host => {
                 let n = (self.dev.num_free() + 2) * BS;
                 assert!(matches!(
-                    s.table.append_tokens(&mut self.dev, n),
+                    s.table.allocate_slots(&mut self.dev, n),
                     Err(AllocError::OutOfBlocks { .. })
                 ));
             }
             (3, Some(s)) if s.on_host => {
-                assert_eq!(s.table.append_tokens(&mut self.dev, 1), Err(AllocError::WrongPool));
+                assert_eq!(s.table.allocate_slots(&mut self.dev, 1), Err(AllocError::WrongPool));
                 assert_eq!(s.table.fork(&mut self.dev).err(), Some(AllocError::WrongPool));
             }
             (4, Some(s)) if !s.table.is_empty() => {

@@ -47,7 +47,7 @@ pub fn tokens(start: TokenId, n: usize) -> Vec<TokenId> {
 /// A new table holding `prompt`, its full blocks registered in the prefix cache under `salt`.
 pub fn cached_table(pool: &mut BlockPool, prompt: &[TokenId], salt: u64) -> BlockTable {
     let mut t = pool.new_table();
-    t.append_tokens(pool, prompt.len()).unwrap();
+    t.allocate_slots(pool, prompt.len()).unwrap();
     pool.cache_full_blocks(&mut t, prompt, salt).unwrap();
     t
 }

@@ -12,7 +12,7 @@ fn group_swap_out_and_in_keeps_sharing_and_ref_counts() {
     let prompt = tokens(0, 9);
     let mut a = cached_table(&mut dev, &prompt, 0); // [0, 1, 2]
     let mut b = a.fork(&mut dev).unwrap();
-    b.append_tokens(&mut dev, 1).unwrap(); // CoW: b = [0, 1, 3]
+    b.allocate_slots(&mut dev, 1).unwrap(); // CoW: b = [0, 1, 3]
     // Another request shares the cached prefix block 0 (outside the group).
     let mut other = dev.new_table();
     assert_eq!(dev.lookup_prefix(&prompt[..4], 0, &mut other), Ok(4));
@@ -30,11 +30,11 @@ fn group_swap_out_and_in_keeps_sharing_and_ref_counts() {
     assert_eq!(dev.free_blocks().collect::<Vec<_>>(), [4, 5, 6, 7, 2, 3, 1]);
     assert!(dev.is_cached(1), "swapped-out content stays findable until evicted");
     // Host-side tables refuse the device pool.
-    assert_eq!(a.append_tokens(&mut dev, 1), Err(block_alloc::AllocError::WrongPool));
+    assert_eq!(a.allocate_slots(&mut dev, 1), Err(block_alloc::AllocError::WrongPool));
 
     // Fill the device so swap-in must wait.
     let mut hog = dev.new_table();
-    hog.append_tokens(&mut dev, 4 * 5).unwrap();
+    hog.allocate_slots(&mut dev, 4 * 5).unwrap();
     assert_eq!(can_swap_in(&dev, &[&a, &b]), AllocStatus::Later);
     assert!(swap_in(&mut host, &mut dev, &mut [&mut a, &mut b]).is_err());
     hog.free(&mut dev).unwrap();
@@ -59,7 +59,7 @@ fn swap_of_a_group_never_exceeding_host_capacity() {
     let mut dev = pool(4, 4);
     let host = BlockPool::new(PoolConfig::host(2, 4)).unwrap();
     let mut a = dev.new_table();
-    a.append_tokens(&mut dev, 12).unwrap();
+    a.allocate_slots(&mut dev, 12).unwrap();
     assert_eq!(can_swap_out(&host, &[&a]), AllocStatus::Never);
     a.free(&mut dev).unwrap();
 }

@@ -20,7 +20,7 @@ fn matrix_inputs(c: &ModelConfig) -> [usize; 4] {
 /// Width of a norm's row.
 fn norm_width(c: &ModelConfig, n: LayerNorm) -> usize {
     match n {
-        LayerNorm::Q | LayerNorm::K => c.head_dim,
+        LayerNorm::QNorm | LayerNorm::KNorm => c.head_dim,
         _ => c.hidden_size,
     }
 }
@@ -86,21 +86,21 @@ impl Names {
     fn norm(self, n: LayerNorm, sandwich: bool) -> &'static str {
         use LayerNorm::*;
         match (self, n) {
-            (Names::Hf, Attn) => "input_layernorm",
-            (Names::Hf, Q) => "self_attn.q_norm",
-            (Names::Hf, K) => "self_attn.k_norm",
-            (Names::Hf, AttnOut) => "post_attention_layernorm",
+            (Names::Hf, InputLayernorm) => "input_layernorm",
+            (Names::Hf, QNorm) => "self_attn.q_norm",
+            (Names::Hf, KNorm) => "self_attn.k_norm",
+            (Names::Hf, PostAttentionLayernorm) => "post_attention_layernorm",
             // Llama's pre-MLP norm is HF's `post_attention_layernorm`; with sandwich norms that
             // name is the attention output's norm instead.
-            (Names::Hf, Ffn) if !sandwich => "post_attention_layernorm",
-            (Names::Hf, Ffn) => "pre_feedforward_layernorm",
-            (Names::Hf, FfnOut) => "post_feedforward_layernorm",
-            (Names::Gguf, Attn) => "attn_norm",
-            (Names::Gguf, Q) => "attn_q_norm",
-            (Names::Gguf, K) => "attn_k_norm",
-            (Names::Gguf, AttnOut) => "post_attention_norm",
-            (Names::Gguf, Ffn) => "ffn_norm",
-            (Names::Gguf, FfnOut) => "post_ffw_norm",
+            (Names::Hf, PreFeedforwardLayernorm) if !sandwich => "post_attention_layernorm",
+            (Names::Hf, PreFeedforwardLayernorm) => "pre_feedforward_layernorm",
+            (Names::Hf, PostFeedforwardLayernorm) => "post_feedforward_layernorm",
+            (Names::Gguf, InputLayernorm) => "attn_norm",
+            (Names::Gguf, QNorm) => "attn_q_norm",
+            (Names::Gguf, KNorm) => "attn_k_norm",
+            (Names::Gguf, PostAttentionLayernorm) => "post_attention_norm",
+            (Names::Gguf, PreFeedforwardLayernorm) => "ffn_norm",
+            (Names::Gguf, PostFeedforwardLayernorm) => "post_ffw_norm",
         }
     }
 }
