@@ -2,7 +2,6 @@
 //! and runs one step at a time (schedule → block copies/swaps → forward → sample → update →
 //! outputs). Single-threaded by design; `EngineHandle` puts it on its own thread.
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
@@ -10,13 +9,13 @@ use std::time::Instant;
 use model::{Model, ModelFolder, Runner, RunnerConfig, StepInput};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use scheduler::{RequestKey, Scheduler, SchedulerConfig, SchedulerOutput, SeqId, StepResult};
+use scheduler::{RequestKey, Scheduler, SchedulerConfig, SchedulerOutput, StepResult};
 
 use crate::config::{EngineConfig, PreemptionMode};
 use crate::error::{EngineError, RequestError};
 use crate::metrics::{Gauges, LiveMetrics, MetricsCollector, MetricsSnapshot, StepPhases};
 use crate::output::{FinishReason, RequestOutput, StreamError};
-use crate::request::{Prompt, RequestOptions, RequestRecord};
+use crate::request::{Prompt, RequestOptions, RequestRecord, SeqState};
 use crate::sampling::{IntoValidParams, SampleRow, SamplingParams, TokenChoice, sample_batch};
 
 mod admission;
@@ -24,17 +23,11 @@ mod apply;
 mod generate;
 mod greedy;
 mod guides;
+mod live;
 mod rows;
 
 pub(crate) use admission::{Intake, IntakeLimits, Prepared};
-
-/// Where one sampled row goes: request, sample index, and the scheduler's sequence id.
-#[derive(Debug, Clone, Copy)]
-struct RowTarget {
-    request: RequestKey,
-    index: usize,
-    seq_id: SeqId,
-}
+use live::{Live, SampleMut, StepView};
 
 /// The serving engine (one model, one KV cache, continuous batching).
 #[derive(Debug)]
@@ -47,7 +40,7 @@ pub struct Engine {
     intake: Arc<Intake>,
     /// The admitted, unfinished requests, one record each (state, samplers, output sink), keyed
     /// as the scheduler keys them; client id strings are looked up only in `intake`, at the API edge.
-    live: HashMap<RequestKey, RequestRecord>,
+    live: Live,
     seed_rng: ChaCha8Rng,
     metrics: MetricsCollector,
     bufs: StepBuffers,
@@ -59,10 +52,11 @@ pub struct Engine {
 #[derive(Debug, Default)]
 struct StepBuffers {
     plan: SchedulerOutput,
+    /// The plan resolved against the live requests, once, right after scheduling.
+    view: StepView,
     result: StepResult,
     /// The sampled rows' logits, one row per sample.
     logits: Vec<f32>,
-    targets: Vec<RowTarget>,
     prompt_rows: rows::PromptRows,
     /// The gauges the last step computed (what a handle publishes after it).
     gauges: Gauges,
@@ -155,7 +149,7 @@ impl Engine {
             runner,
             intake: Arc::new(Intake::new(folder, limits)),
             scheduler,
-            live: HashMap::new(),
+            live: Live::default(),
             bufs: StepBuffers::default(),
             pending: Vec::new(),
         })
@@ -301,7 +295,7 @@ impl Engine {
 
     /// Aborts every unfinished request.
     pub(crate) fn abort_all(&mut self) {
-        let keys: Vec<RequestKey> = self.live.keys().copied().collect();
+        let keys: Vec<RequestKey> = self.live.keys().collect();
         for key in keys {
             let _ = self.abort_key(key);
         }
@@ -404,6 +398,7 @@ impl Engine {
             }
             self.finalize(key, now, &mut outputs);
         }
+        self.bufs.view.build(&self.bufs.plan, &self.live)?;
         self.mark_first_scheduled(now);
         if self.bufs.plan.is_empty() {
             self.bufs.gauges = self.gauges();
@@ -412,7 +407,7 @@ impl Engine {
         }
         let generated = self.run_step(&mut phases)?;
         let now = Instant::now();
-        let mut touched: Vec<RequestKey> = self.bufs.targets.iter().map(|t| t.request).collect();
+        let mut touched: Vec<RequestKey> = self.bufs.view.rows.iter().map(|r| r.seq_id.request).collect();
         touched.extend(self.bufs.result.finished_requests.iter().copied());
         touched.sort_unstable();
         touched.dedup();
@@ -452,7 +447,8 @@ impl Engine {
             self.runner.write_table_row(s.row, s.table_from, plan.new_blocks(s))?;
         }
         let vocab = self.runner.model_config().vocab_size;
-        self.bufs.prompt_rows.plan(plan, &self.live);
+        let view = &self.bufs.view;
+        self.bufs.prompt_rows.plan(plan, view, &self.live);
         let step = StepInput {
             token_ids: &plan.token_ids,
             positions: &plan.positions,
@@ -464,61 +460,30 @@ impl Engine {
             sample_indices: self.bufs.prompt_rows.indices(plan),
         };
         phases.prepare_s += lap();
-        let sampled = if !self.bufs.prompt_rows.any() && greedy::plain_greedy_step(plan, &self.live) {
+        let sampled = if !self.bufs.prompt_rows.any() && greedy::plain_greedy_step(plan, view, &self.live) {
             let tokens = self.runner.forward_greedy(&step, crate::sampling::filter::argmax)?;
             phases.forward_s += lap();
-            greedy::targets(&self.bufs.plan, &mut self.bufs.targets);
-            greedy::record(tokens, &self.bufs.targets, &mut self.live)?
+            greedy::record(tokens, &mut self.live.samples_mut(&view.rows)?)?
         } else {
-            let guides = guides::sampled_guides(&self.bufs.plan, &mut self.live);
+            let mut samples = self.live.samples_mut(&view.rows)?;
+            let guides = guides::sampled_guides(&mut samples);
             let times = self.metrics.mask_times();
-            let logits = crate::structured::while_running(guides, times, || self.runner.forward(&step))?;
+            let runner = &mut self.runner;
+            let logits = crate::structured::while_running(guides, times, || runner.forward(&step))?;
             phases.forward_s += lap();
             let (logits, prompt_logits) = logits
                 .split_at_checked(plan.sample_indices.len() * vocab)
                 .ok_or(EngineError::Internal("fewer logits than sampled rows"))?;
             self.bufs.prompt_rows.record(prompt_logits, vocab, &mut self.live)?;
-            rows::gather_sample_rows(
-                &self.bufs.plan,
-                logits,
-                vocab,
-                &mut self.bufs.targets,
-                &mut self.bufs.logits,
-            )?;
-            self.sample(vocab)?
+            rows::gather_sample_rows(plan, logits, vocab, &mut self.bufs.logits)?;
+            let mut samples = self.live.samples_mut(&view.rows)?;
+            sample(&mut self.bufs.logits, vocab, &mut samples)?
         };
         phases.sample_s += lap();
         let updates = self.apply_samples(sampled)?;
         self.update_scheduler(&updates)?;
         phases.update_s += lap();
         Ok(updates.len())
-    }
-
-    /// Samples one token per target row (each request's own parameters and RNG).
-    fn sample(&mut self, vocab: usize) -> Result<Vec<TokenChoice>, EngineError> {
-        // The samplers are taken out of their requests for the batch and put back after.
-        let mut taken = Vec::with_capacity(self.bufs.targets.len());
-        for t in &self.bufs.targets {
-            let state =
-                self.live.get_mut(&t.request).ok_or(EngineError::Internal("scheduled unknown request"))?;
-            let seq =
-                state.seqs.get_mut(t.index).ok_or(EngineError::Internal("sample index out of range"))?;
-            let sampler = seq.sampler.take().ok_or(EngineError::Internal("sampler taken twice"))?;
-            taken.push((state.params.clone(), sampler, seq.guide.take()));
-        }
-        let mut rows: Vec<SampleRow<'_>> = taken
-            .iter_mut()
-            .map(|(params, state, guide)| SampleRow { params, state, guide: guide.as_mut() })
-            .collect();
-        let sampled = sample_batch(&mut self.bufs.logits, vocab, &mut rows);
-        drop(rows);
-        for (t, (_, sampler, guide)) in self.bufs.targets.iter().zip(taken) {
-            if let Some(seq) = self.live.get_mut(&t.request).and_then(|s| s.seqs.get_mut(t.index)) {
-                seq.sampler = Some(sampler);
-                seq.guide = guide;
-            }
-        }
-        Ok(sampled?)
     }
 
     /// Emits the request's news; drops its record once every sample has finished. False when
@@ -533,11 +498,25 @@ impl Engine {
         // Retired before its last output is sent: a client that reads it may reuse the id at once.
         self.retire(&record);
         let ttft = record.first_token.map(|t| t.duration_since(record.arrival));
-        let longest = record.seqs.iter().map(|s| s.num_generated).max().unwrap_or(0);
+        let longest = record.seqs.iter().map(SeqState::num_generated).max().unwrap_or(0);
         self.metrics.record_finished(ttft, now.duration_since(record.arrival), longest);
         if let Some(output) = output {
             record.deliver(output, outputs);
         }
         true
     }
+}
+
+/// Samples one token per row (each request's own parameters, each sample's RNG and grammar),
+/// over the samples borrowed in place.
+fn sample(
+    logits: &mut [f32],
+    vocab: usize,
+    samples: &mut [SampleMut<'_>],
+) -> Result<Vec<TokenChoice>, EngineError> {
+    let mut rows: Vec<SampleRow<'_>> = samples
+        .iter_mut()
+        .map(|s| SampleRow { params: s.params, state: &mut s.seq.sampler, guide: s.seq.guide.as_mut() })
+        .collect();
+    Ok(sample_batch(logits, vocab, &mut rows)?)
 }

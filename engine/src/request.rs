@@ -83,22 +83,25 @@ impl RequestOptions {
 /// One sample of a request.
 #[derive(Debug)]
 pub(crate) struct SeqState {
-    /// Taken out while a batch is being sampled.
-    pub sampler: Option<SequenceSampler>,
-    /// The constraint's state for this sample (a constrained request only); taken out with the
-    /// sampler.
+    /// Its RNG and penalty counts; it counts the sample's generated tokens.
+    pub sampler: SequenceSampler,
+    /// The constraint's state for this sample (a constrained request only).
     pub guide: Option<Guide>,
     pub detok: IncrementalDetokenizer,
     pub new_tokens: Vec<u32>,
     pub new_logprobs: Vec<PositionLogprobs>,
     pub cumulative_logprob: f64,
-    pub num_generated: usize,
     pub finish: Option<FinishReason>,
     /// The finish has been reported in an output.
     pub finish_sent: bool,
 }
 
 impl SeqState {
+    /// Tokens generated so far (the sampler's one count).
+    pub fn num_generated(&self) -> usize {
+        self.sampler.num_generated()
+    }
+
     fn has_news(&self) -> bool {
         !self.new_tokens.is_empty() || (self.finish.is_some() && !self.finish_sent)
     }
@@ -145,6 +148,8 @@ pub(crate) struct RequestRecord {
     pub sink: Option<Sink>,
     pub params: Arc<SamplingParams>,
     pub prompt_len: usize,
+    /// Tokens a sample may generate: `max_tokens`, filled in when unset (within the model length).
+    pub max_tokens: usize,
     pub arrival: Instant,
     /// Scheduled at least once (it no longer counts against `max_waiting`).
     pub scheduled: bool,
@@ -161,11 +166,13 @@ pub(crate) struct RequestRecord {
 }
 
 impl RequestRecord {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         id: String,
         key: RequestKey,
         params: Arc<SamplingParams>,
         prompt: &[u32],
+        max_tokens: usize,
         arrival: Instant,
         samplers: Vec<SequenceSampler>,
         sink: Option<Sink>,
@@ -173,7 +180,7 @@ impl RequestRecord {
         let seqs = samplers
             .into_iter()
             .map(|s| SeqState {
-                sampler: Some(s),
+                sampler: s,
                 guide: None,
                 detok: IncrementalDetokenizer::new(
                     prompt,
@@ -184,7 +191,6 @@ impl RequestRecord {
                 new_tokens: Vec::new(),
                 new_logprobs: Vec::new(),
                 cumulative_logprob: 0.0,
-                num_generated: 0,
                 finish: None,
                 finish_sent: false,
             })
@@ -203,6 +209,7 @@ impl RequestRecord {
             params,
             prompt_logprobs,
             prompt_len: prompt.len(),
+            max_tokens,
             arrival,
             scheduled: false,
             first_scheduled: None,
@@ -228,7 +235,7 @@ impl RequestRecord {
     }
 
     pub fn completion_tokens(&self) -> usize {
-        self.seqs.iter().map(|s| s.num_generated).sum()
+        self.seqs.iter().map(SeqState::num_generated).sum()
     }
 
     /// Marks every unfinished sample finished with `reason`.
@@ -300,7 +307,7 @@ impl RequestRecord {
                 text: s.detok.take_delta(finished),
                 logprobs: want_logprobs.then(|| std::mem::take(&mut s.new_logprobs)),
                 cumulative_logprob: want_logprobs.then_some(s.cumulative_logprob),
-                num_generated: s.num_generated,
+                num_generated: s.num_generated(),
                 finish_reason: s.finish.clone(),
             });
         }

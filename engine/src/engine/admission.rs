@@ -299,7 +299,7 @@ impl Engine {
             }
             return Err(e);
         }
-        let Prepared { id, key, tokens, params, arrival, guide, .. } = req;
+        let Prepared { id, key, tokens, max_tokens, params, arrival, guide, .. } = req;
         let prompt_set = SequenceSampler::prompt_set(&params, &tokens);
         let mut stop_ids = params.stop_token_ids.clone();
         if !params.ignore_eos {
@@ -311,8 +311,9 @@ impl Engine {
             .map(|i| SequenceSampler::new(seeded_rng(seed, i), prompt_set.clone(), stop_ids.clone()))
             .collect();
         let record =
-            RequestRecord::new(id, key, Arc::new(params), &tokens, arrival, samplers, sink).with_guide(guide);
-        self.live.insert(key, record);
+            RequestRecord::new(id, key, Arc::new(params), &tokens, max_tokens, arrival, samplers, sink)
+                .with_guide(guide);
+        self.live.insert(record);
         Ok(key)
     }
 
@@ -320,8 +321,8 @@ impl Engine {
     /// (a request appears in a plan first with its first chunk, which starts past the prompt
     /// prefix the cache already held: a full hit leaves a one-token chunk that is no prefill).
     pub(super) fn mark_first_scheduled(&mut self, now: Instant) {
-        for s in &self.bufs.plan.seqs {
-            if let Some(record) = self.live.get_mut(&s.seq_id.request)
+        for (s, &slot) in self.bufs.plan.seqs.iter().zip(&self.bufs.view.seq_slots) {
+            if let Some(record) = self.live.at_mut(slot)
                 && !record.scheduled
             {
                 record.scheduled = true;

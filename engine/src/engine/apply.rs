@@ -1,101 +1,127 @@
-//! A step's sampled tokens applied: each recorded in its sequence, checked against EOS, stop ids
-//! and stop strings, detokenized and fed to its grammar, then handed to the scheduler (whose
-//! finishes, length and abort, get their client-facing reason).
+//! A step's sampled tokens applied: each recorded in its sample, its finish decided
+//! ([`finish_at`]: every finish the engine decides, in one place), detokenized and fed to its
+//! grammar, then handed to the scheduler, which finishes exactly the samples flagged here.
 
-use std::collections::HashMap;
 use std::time::Instant;
 
+use rayon::prelude::*;
+
 use super::Engine;
+use super::live::SampleMut;
+use crate::detok::TokenDecoder;
 use crate::error::EngineError;
 use crate::output::FinishReason;
-use crate::sampling::TokenChoice;
+use crate::request::SeqState;
+use crate::sampling::{SamplingParams, TokenChoice};
+
+/// What ends a sample at its newest `token` before its grammar sees it: EOS or a stop token id
+/// (once `min_tokens` are out; the token's text is kept only with `include_stop_str_in_output`),
+/// else a stop string its text completes. Detokenizes the token.
+fn finish_at(
+    seq: &mut SeqState,
+    token: u32,
+    params: &SamplingParams,
+    eos_ids: &[u32],
+    tokenizer: &impl TokenDecoder,
+) -> Result<Option<FinishReason>, EngineError> {
+    let check_stop = seq.num_generated() >= params.min_tokens;
+    let finish = if check_stop && !params.ignore_eos && eos_ids.contains(&token) {
+        Some(FinishReason::Eos(token))
+    } else if check_stop && params.stop_token_ids.contains(&token) {
+        Some(FinishReason::StopToken(token))
+    } else {
+        None
+    };
+    if (finish.is_none() || params.include_stop_str_in_output)
+        && let Some(m) = seq.detok.push(token, tokenizer, check_stop)?
+        && finish.is_none()
+    {
+        return Ok(params.stop.get(m.index).cloned().map(FinishReason::StopString));
+    }
+    Ok(finish)
+}
 
 impl Engine {
-    /// Records each sampled token in its sequence, detects EOS / stop ids / stop strings and
-    /// detokenizes; returns what the scheduler must append.
+    /// Records each row's token in its sample and decides who finishes (stop ids, EOS, stop
+    /// strings, the grammar's end, then `max_tokens`); returns what the scheduler must append.
     pub(super) fn apply_samples(
         &mut self,
         sampled: Vec<TokenChoice>,
     ) -> Result<Vec<scheduler::SampledToken>, EngineError> {
         let now = Instant::now();
+        let rows = &self.bufs.view.rows;
+        for r in rows {
+            self.live
+                .at_mut(r.slot)
+                .ok_or(EngineError::Internal("sampled unknown request"))?
+                .first_token
+                .get_or_insert(now);
+        }
+        let max_tokens: Vec<usize> =
+            rows.iter().map(|r| self.live.at(r.slot).map_or(0, |rec| rec.max_tokens)).collect();
+        let mut samples = self.live.samples_mut(rows)?;
         let mut updates = Vec::with_capacity(sampled.len());
-        let mut guided = HashMap::new();
-        for (t, tok) in self.bufs.targets.iter().zip(sampled) {
-            let state =
-                self.live.get_mut(&t.request).ok_or(EngineError::Internal("sampled unknown request"))?;
-            state.first_token.get_or_insert(now);
-            let params = state.params.clone();
-            let seq =
-                state.seqs.get_mut(t.index).ok_or(EngineError::Internal("sample index out of range"))?;
-            seq.num_generated += 1;
+        for (SampleMut { params, seq }, (tok, r)) in samples.iter_mut().zip(sampled.into_iter().zip(rows)) {
             seq.new_tokens.push(tok.token);
             if let Some(lp) = tok.logprobs {
                 seq.cumulative_logprob += f64::from(lp.sampled.logprob);
                 seq.new_logprobs.push(lp);
             }
-            let check_stop = seq.num_generated >= params.min_tokens;
-            let is_eos = !params.ignore_eos && self.intake.eos_ids.contains(&tok.token);
-            let is_stop_id = params.stop_token_ids.contains(&tok.token);
-            let finish = if check_stop && is_eos {
-                Some(FinishReason::Eos(tok.token))
-            } else if check_stop && is_stop_id {
-                Some(FinishReason::StopToken(tok.token))
-            } else {
-                None
-            };
-            // A stop token's text is left out unless stop strings are to be kept.
-            if (finish.is_none() || params.include_stop_str_in_output)
-                && let Some(m) = seq.detok.push(tok.token, &self.intake.tokenizer, check_stop)?
-                && finish.is_none()
-            {
-                seq.finish = params.stop.get(m.index).cloned().map(FinishReason::StopString);
-            }
-            if finish.is_some() {
-                seq.finish = finish;
-            }
-            if seq.finish.is_none() && seq.guide.is_some() {
-                guided.insert((t.request, t.index), (tok.token, updates.len()));
-            }
-            updates.push(scheduler::SampledToken {
-                seq_id: t.seq_id,
-                token: tok.token,
-                stop: seq.finish.is_some(),
-            });
+            seq.finish = finish_at(seq, tok.token, params, &self.intake.eos_ids, &self.intake.tokenizer)?;
+            updates.push(scheduler::SampledToken { seq_id: r.seq_id, token: tok.token, stop: false });
         }
-        if !guided.is_empty() {
-            let times = self.metrics.mask_times();
-            for (output, (request, index), finish) in
-                super::guides::advance_sampled(&mut self.live, &guided, times)
-            {
-                if let Some(seq) = self.live.get_mut(&request).and_then(|r| r.seqs.get_mut(index)) {
-                    seq.finish = Some(finish);
-                }
-                if let Some(u) = updates.get_mut(output) {
-                    u.stop = true;
-                }
+        advance_guides(&mut samples, &updates, self.metrics.mask_times());
+        for ((sample, update), max) in samples.iter_mut().zip(&mut updates).zip(max_tokens) {
+            if sample.seq.finish.is_none() && sample.seq.num_generated() >= max {
+                sample.seq.finish = Some(FinishReason::Length);
             }
+            update.stop = sample.seq.finish.is_some();
         }
         Ok(updates)
     }
 
-    /// Hands the tokens to the scheduler; sequences it finished (length, abort) get their
-    /// client-facing reason.
+    /// Hands the tokens to the scheduler, which finishes the flagged samples and frees their
+    /// blocks; one it finished unflagged means the two disagree on a sample's length.
     pub(super) fn update_scheduler(
         &mut self,
         updates: &[scheduler::SampledToken],
     ) -> Result<(), EngineError> {
         self.scheduler.update_into(updates, &mut self.bufs.result)?;
         for fs in &self.bufs.result.finished_seqs {
-            if let Some(seq) =
-                self.live.get_mut(&fs.seq_id.request).and_then(|s| s.seqs.get_mut(fs.seq_id.index as usize))
-                && seq.finish.is_none()
-            {
-                seq.finish = Some(match fs.reason {
-                    scheduler::SeqFinish::Aborted => FinishReason::Abort,
-                    _ => FinishReason::Length,
-                });
+            let decided = self
+                .live
+                .get(&fs.seq_id.request)
+                .and_then(|r| r.seqs.get(fs.seq_id.index as usize))
+                .is_some_and(|s| s.finish.is_some());
+            if !decided {
+                return Err(EngineError::Internal("the scheduler finished a sample the engine did not"));
             }
         }
         Ok(())
     }
+}
+
+/// Feeds each unfinished guided sample its token, the guides in parallel; a grammar that ended
+/// finishes its sample. Counted in `times`' wait: this is the guides' work on the critical path.
+fn advance_guides(
+    samples: &mut [SampleMut<'_>],
+    updates: &[scheduler::SampledToken],
+    times: &mut crate::structured::MaskTimes,
+) {
+    let start = Instant::now();
+    let work: Vec<(&mut SeqState, u32)> = samples
+        .iter_mut()
+        .zip(updates)
+        .filter(|(s, _)| s.seq.finish.is_none() && s.seq.guide.is_some())
+        .map(|(s, u)| (&mut *s.seq, u.token))
+        .collect();
+    if work.is_empty() {
+        return;
+    }
+    work.into_par_iter().for_each(|(seq, token)| {
+        if let Some(finish) = crate::structured::advance(seq.guide.as_mut(), token) {
+            seq.finish = Some(finish);
+        }
+    });
+    times.add_wait(start.elapsed());
 }

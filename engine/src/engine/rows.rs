@@ -3,21 +3,19 @@
 //! the requests that want `prompt_logprobs` (every position of their prompt chunks whose next
 //! token is a prompt token not yet given an entry). Only those requests pay for the extra rows.
 
-use std::collections::HashMap;
-
 use rayon::prelude::*;
-use scheduler::{RequestKey, SchedulerOutput};
+use scheduler::SchedulerOutput;
 
-use super::RowTarget;
+use super::live::{Live, StepView};
 use crate::error::EngineError;
 use crate::output::PositionLogprobs;
-use crate::request::RequestRecord;
 use crate::sampling::filter::log_sum_exp;
 
 /// One sequence's run of prompt-logprob rows in a step.
 #[derive(Debug, Clone, Copy)]
 struct Span {
-    request: RequestKey,
+    /// The request's slot in [`Live`].
+    slot: usize,
     /// The prompt position the span's first row predicts (its row is the position before).
     first: usize,
     rows: usize,
@@ -33,16 +31,18 @@ pub(super) struct PromptRows {
 
 impl PromptRows {
     /// Plans the prompt-logprob rows of `plan`.
-    pub fn plan(&mut self, plan: &SchedulerOutput, live: &HashMap<RequestKey, RequestRecord>) {
+    pub fn plan(&mut self, plan: &SchedulerOutput, view: &StepView, live: &Live) {
         self.spans.clear();
         self.indices.clear();
         // A decode (one token that samples) predicts no prompt token; any other chunk may.
-        for s in plan.seqs.iter().filter(|s| s.num_samples == 0 || s.tokens.len() > 1) {
-            let Some(state) = live.get(&s.seq_id.request).and_then(|r| r.prompt_logprobs.as_ref()) else {
+        for (s, &slot) in
+            plan.seqs.iter().zip(&view.seq_slots).filter(|(s, _)| s.num_samples == 0 || s.tokens.len() > 1)
+        {
+            let Some(state) = live.at(slot).and_then(|r| r.prompt_logprobs.as_ref()) else {
                 continue;
             };
             // Two sequences of one request recomputing their prompt in one step: the first claims it.
-            let claimed = self.spans.iter().rev().find(|p| p.request == s.seq_id.request);
+            let claimed = self.spans.iter().rev().find(|p| p.slot == slot);
             let next = claimed.map_or(state.next(), |p| p.first + p.rows);
             // Row `p` predicts token `p + 1`: rows from the one before the next missing position,
             // up to the one before the prompt's last token.
@@ -51,7 +51,7 @@ impl PromptRows {
             if from >= to || s.tokens.start > next - 1 {
                 continue;
             }
-            self.spans.push(Span { request: s.seq_id.request, first: from + 1, rows: to - from });
+            self.spans.push(Span { slot, first: from + 1, rows: to - from });
             let flat = s.flat.start + (from - s.tokens.start);
             self.indices.extend(flat..flat + (to - from));
         }
@@ -73,16 +73,11 @@ impl PromptRows {
 
     /// Turns the prompt-logprob rows' logits (what follows the sampled rows) into each
     /// request's entries, rows in parallel.
-    pub fn record(
-        &self,
-        logits: &[f32],
-        vocab: usize,
-        live: &mut HashMap<RequestKey, RequestRecord>,
-    ) -> Result<(), EngineError> {
+    pub fn record(&self, logits: &[f32], vocab: usize, live: &mut Live) -> Result<(), EngineError> {
         let mut rows = logits.chunks_exact(vocab.max(1));
         for span in &self.spans {
             let state = live
-                .get_mut(&span.request)
+                .at_mut(span.slot)
                 .and_then(|r| r.prompt_logprobs.as_mut())
                 .ok_or(EngineError::Internal("prompt logprobs of an unknown request"))?;
             let rows: Vec<&[f32]> = rows.by_ref().take(span.rows).collect();
@@ -101,23 +96,20 @@ impl PromptRows {
     }
 }
 
-/// One sampling row per sample: the logits of every planned sequence that samples, repeated
-/// for each of its samples (a prompt end of a group of `n` gives `n` rows of the same logits).
+/// One row of logits per sampled row (`StepView::rows`): the logits of every planned sequence
+/// that samples, repeated for each of its samples (a prompt end of a group of `n` gives `n`
+/// rows of the same logits).
 pub(super) fn gather_sample_rows(
     plan: &SchedulerOutput,
     logits: &[f32],
     vocab: usize,
-    targets: &mut Vec<RowTarget>,
     rows: &mut Vec<f32>,
 ) -> Result<(), EngineError> {
-    targets.clear();
     rows.clear();
     for (row, s) in plan.seqs.iter().filter(|s| s.num_samples > 0).enumerate() {
         let src =
             logits.get(row * vocab..(row + 1) * vocab).ok_or(EngineError::Internal("missing logits row"))?;
-        for j in 0..s.num_samples {
-            let index = if s.num_samples > 1 { j } else { s.seq_id.index as usize };
-            targets.push(RowTarget { request: s.seq_id.request, index, seq_id: s.seq_id });
+        for _ in 0..s.num_samples {
             rows.extend_from_slice(src);
         }
     }
