@@ -43,6 +43,9 @@ pub enum AllocError {
     /// A prefix lookup needs an empty table to fill.
     #[error("prefix lookup needs an empty table, this one holds {0} blocks")]
     TableNotEmpty(usize),
+    /// A truncation past the table's tokens, or into blocks already offered to the prefix cache.
+    #[error("cannot truncate to {to} tokens: the table holds {held}, {registered} of them cached")]
+    TruncatePastEnd { to: usize, held: usize, registered: usize },
     /// More tables hold a block than its reference count says: the caller freed a block that a
     /// table still holds.
     #[error("block {0} is held by more tables than its reference count")]

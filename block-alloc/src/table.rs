@@ -294,6 +294,48 @@ impl BlockTable {
         Ok(())
     }
 
+    /// Gives back the slots past the first `num_tokens` (a speculative step's rejected tokens):
+    /// blocks no longer holding a token are released, last first, as [`free`](Self::free)
+    /// releases them. Only slots past the registered (prefix-cached) blocks can go.
+    ///
+    /// Errors (nothing changed): [`AllocError::TruncatePastEnd`] (more tokens than the table
+    /// holds, or into its registered blocks), [`AllocError::DoubleFree`],
+    /// [`AllocError::UnknownBlock`], [`AllocError::BlockSizeMismatch`], [`AllocError::WrongPool`].
+    pub fn truncate(&mut self, pool: &mut BlockPool, num_tokens: usize) -> Result<(), AllocError> {
+        let floor = self.num_registered * self.block_size;
+        if num_tokens > self.num_tokens || num_tokens < floor {
+            return Err(AllocError::TruncatePastEnd {
+                to: num_tokens,
+                held: self.num_tokens,
+                registered: floor,
+            });
+        }
+        if num_tokens == self.num_tokens {
+            return Ok(());
+        }
+        self.check_pool(pool)?;
+        let keep = num_tokens.div_ceil(self.block_size).max(self.first_live as usize);
+        let gone = &self.blocks[keep..];
+        for (i, &b) in gone.iter().enumerate().rev() {
+            let err = match pool.ref_counts.get(b as usize) {
+                None => AllocError::UnknownBlock(b),
+                Some(0) => AllocError::DoubleFree(b),
+                Some(_) => {
+                    pool.release(b);
+                    continue;
+                }
+            };
+            for &done in &gone[i + 1..] {
+                pool.unrelease(done);
+            }
+            return Err(err);
+        }
+        self.blocks.truncate(keep);
+        self.num_tokens = num_tokens;
+        self.hashes.truncate(self.hashes.len().min(num_tokens / self.block_size).max(self.num_registered));
+        Ok(())
+    }
+
     /// Slot of token `i` (`block * block_size + offset`), `None` past `num_tokens`.
     #[inline]
     pub fn slot(&self, i: usize) -> Option<i64> {
@@ -379,5 +421,33 @@ mod tests {
         t.slot_mapping(0..5, &mut out);
         assert_eq!(out, expected);
         t.free(&mut p).unwrap();
+    }
+
+    /// A speculative step's rejected slots go back: whole blocks past the kept tokens return to
+    /// the pool, a shared block is only released by this table, and cached blocks cannot go.
+    #[test]
+    fn truncate_releases_the_blocks_past_the_kept_tokens() {
+        let mut p = BlockPool::new(PoolConfig::new(8, 4)).unwrap();
+        let mut t = p.new_table();
+        t.allocate_slots(&mut p, 5).unwrap();
+        let first_two = t.blocks().to_vec();
+        t.allocate_slots(&mut p, 6).unwrap(); // 11 tokens, 3 blocks
+        assert_eq!((t.blocks().len(), p.num_free()), (3, 5));
+        t.truncate(&mut p, 7).unwrap();
+        assert_eq!((t.num_tokens(), t.blocks(), p.num_free()), (7, &first_two[..], 6));
+        p.assert_consistent();
+        // The kept partial block is reused by the next append.
+        t.allocate_slots(&mut p, 1).unwrap();
+        assert_eq!((t.num_tokens(), t.blocks().len()), (8, 2));
+        let shared = t.fork(&mut p).unwrap();
+        t.truncate(&mut p, 3).unwrap();
+        assert_eq!(p.ref_count(first_two[1]), Ok(1), "the fork still holds the dropped block");
+        assert_eq!(t.truncate(&mut p, 4), Err(AllocError::TruncatePastEnd { to: 4, held: 3, registered: 0 }));
+        assert_eq!(t.truncate(&mut p, 3), Ok(()));
+        let mut shared = shared;
+        shared.free(&mut p).unwrap();
+        t.free(&mut p).unwrap();
+        p.assert_consistent();
+        assert_eq!(p.num_free(), 8);
     }
 }

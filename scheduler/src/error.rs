@@ -28,6 +28,10 @@ pub enum SchedulerError {
     NoStepInFlight,
     #[error("sample {position}: expected a token for {expected:?}, got {got:?}")]
     SampleMismatch { position: usize, expected: Option<SeqId>, got: Option<SeqId> },
+    #[error("unknown or finished sequence {0:?}")]
+    UnknownSequence(SeqId),
+    #[error("sequence {0:?}: an accepted token differs from its draft, or stops before the last")]
+    DraftMismatch(SeqId),
     /// A broken invariant of the scheduler itself (a bug, reported instead of a panic).
     #[error("scheduler invariant broken: {0}")]
     Internal(&'static str),

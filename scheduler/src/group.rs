@@ -35,6 +35,8 @@ pub(crate) struct Seq {
     /// first live sample has recomputed the shared prompt, then forks it instead of
     /// recomputing the prompt again.
     pub parked: bool,
+    /// Tokens proposed to follow the last one in its next decode (`Scheduler::set_draft`).
+    pub draft: Vec<TokenId>,
 }
 
 impl Seq {
@@ -47,6 +49,7 @@ impl Seq {
             row: RowState::default(),
             finished: None,
             parked: false,
+            draft: Vec::new(),
         }
     }
 
@@ -62,6 +65,18 @@ impl Seq {
     pub fn table_mut(&mut self) -> &mut SeqTables {
         self.row.sent = 0;
         &mut self.table
+    }
+
+    /// Gives back the slots past `num_tokens` (a draft's rejected tokens): the worker's row stays
+    /// valid up to the blocks kept (entries past a table's blocks are never read).
+    pub fn truncate(
+        &mut self,
+        device: &mut BlockPool,
+        num_tokens: usize,
+    ) -> Result<(), block_alloc::AllocError> {
+        self.table.truncate(device, num_tokens)?;
+        self.row.sent = self.row.sent.min(self.table.blocks().len());
+        Ok(())
     }
 
     /// Releases the blocks of sliding-window groups that no query still to come can see.

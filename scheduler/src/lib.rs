@@ -15,6 +15,7 @@
 //! running and swapped tables and the counters, for a live view of the cache.
 
 mod config;
+mod draft;
 mod error;
 mod fit;
 mod group;

@@ -33,9 +33,17 @@ pub struct ScheduledSeq {
     /// that does not reach the end, `n` for the end of an un-forked prompt of a group of `n`,
     /// otherwise 1.
     pub num_samples: usize,
+    /// Draft tokens at the end of the chunk (`Scheduler::set_draft`): its last `num_draft + 1`
+    /// positions each give one row of logits, and its update takes 1 to `num_draft + 1` tokens.
+    pub num_draft: usize,
 }
 
 impl ScheduledSeq {
+    /// Rows of logits the step computes for this sequence.
+    pub fn num_logit_rows(&self) -> usize {
+        if self.num_samples == 0 { 0 } else { self.num_draft + 1 }
+    }
+
     /// Whether this chunk includes prompt (or recomputed) tokens rather than a single decode.
     pub fn is_prefill(&self) -> bool {
         self.tokens.len() > 1 || self.tokens.start == 0
@@ -122,7 +130,9 @@ impl SchedulerOutput {
         self.query_start_loc.extend(self.seqs.iter().map(|s| s.flat.end));
         self.seq_lens.extend(self.seqs.iter().map(|s| s.tokens.end));
         self.seq_rows.extend(self.seqs.iter().map(|s| s.row));
-        self.sample_indices.extend(self.seqs.iter().filter(|s| s.num_samples > 0).map(|s| s.flat.end - 1));
+        for s in self.seqs.iter().filter(|s| s.num_samples > 0) {
+            self.sample_indices.extend(s.flat.end - s.num_logit_rows()..s.flat.end);
+        }
     }
 
     pub(crate) fn clear(&mut self) {
@@ -170,11 +180,16 @@ pub struct StepResult {
     pub finished_seqs: Vec<FinishedSeq>,
     /// Requests all of whose sequences have now finished.
     pub finished_requests: Vec<RequestKey>,
+    /// Draft tokens the step scored, and how many of them were accepted.
+    pub num_draft_tokens: usize,
+    pub num_accepted_tokens: usize,
 }
 
 impl StepResult {
     pub fn clear(&mut self) {
         self.finished_seqs.clear();
         self.finished_requests.clear();
+        self.num_draft_tokens = 0;
+        self.num_accepted_tokens = 0;
     }
 }

@@ -39,6 +39,7 @@ impl Scheduler {
         for seq in group.seqs.iter_mut().filter(|s| s.finished.is_none()) {
             seq.table_mut().free(device)?;
             seq.num_computed_tokens = 0;
+            seq.draft.clear();
             seq.parked = share && !first;
             first = false;
         }

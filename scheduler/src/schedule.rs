@@ -167,22 +167,29 @@ impl Scheduler {
         budget: &mut Budget,
     ) -> Result<Fit, SchedulerError> {
         let step = self.stats.steps;
-        let sliding = self.sliding;
+        let (sliding, max_model_len) = (self.sliding, self.cfg.max_model_len);
         let Self { groups, device, in_flight, scheduled_at, rows, .. } = self;
         let group = group_to_plan(groups, slot, sliding, device)?;
         if group.seqs.len() == 1 {
             // One (live) sequence, the common case: the append itself is the all-or-nothing
-            // memory check.
+            // memory check. A draft rides along where it fits.
             if budget.seqs == 0 || budget.tokens == 0 {
                 return Ok(Fit::NoBudget);
             }
-            match emit(group, slot, 0, 1, device, rows, out, in_flight) {
+            let drafted = crate::draft::take_draft(group, budget.tokens, max_model_len, device);
+            match emit(group, slot, 0, 1 + drafted, drafted, device, rows, out, in_flight) {
                 Ok(()) => {}
-                Err(block_alloc::AllocError::OutOfBlocks { .. }) => return Ok(Fit::NoMemory),
-                Err(e) => return Err(e.into()),
+                Err(e) => {
+                    let seq = &mut group.seqs[0];
+                    seq.tokens.truncate(seq.tokens.len() - drafted);
+                    return match e {
+                        block_alloc::AllocError::OutOfBlocks { .. } => Ok(Fit::NoMemory),
+                        e => Err(e.into()),
+                    };
+                }
             }
             scheduled_at[slot] = step;
-            budget.tokens -= 1;
+            budget.tokens -= 1 + drafted;
             budget.seqs -= 1;
             return Ok(Fit::Scheduled);
         }
@@ -201,7 +208,8 @@ impl Scheduler {
         }
         for si in 0..group.seqs.len() {
             if group.seqs[si].finished.is_none() {
-                emit(group, slot, si, 1, device, rows, out, in_flight)?;
+                group.seqs[si].draft.clear();
+                emit(group, slot, si, 1, 0, device, rows, out, in_flight)?;
             }
         }
         scheduled_at[slot] = step;
@@ -246,7 +254,7 @@ impl Scheduler {
                 short = true;
                 break;
             }
-            emit(group, slot, si, n, device, rows, out, in_flight)?;
+            emit(group, slot, si, n, 0, device, rows, out, in_flight)?;
             budget.tokens -= n;
             budget.seqs -= 1;
             any = true;
@@ -504,9 +512,9 @@ fn group_to_plan<'a>(
     Ok(group)
 }
 
-/// Appends `n` slots to sequence `si` of `group` and writes its entry of the step. Decodes
-/// (`n == 1`, the per-step hot path) take a branch without token ranges or division; inlined,
-/// so a call with a literal 1 keeps only that branch.
+/// Appends `n` slots to sequence `si` of `group` and writes its entry of the step, the last
+/// `num_draft` of its tokens a draft. Decodes (`n == 1`, the per-step hot path) take a branch
+/// without token ranges or division; inlined, so a call with a literal 1 keeps only that branch.
 #[allow(clippy::too_many_arguments)] // the split borrows of `Scheduler` it works on
 #[inline(always)]
 fn emit(
@@ -514,6 +522,7 @@ fn emit(
     slot: usize,
     si: usize,
     n: usize,
+    num_draft: usize,
     device: &mut BlockPool,
     rows: &mut Rows,
     out: &mut SchedulerOutput,
@@ -561,8 +570,9 @@ fn emit(
         table_from,
         new_blocks,
         num_samples,
+        num_draft,
     });
-    in_flight.push(InFlight { slot, arrival, seq: si as u32, seq_id, end, num_samples });
+    in_flight.push(InFlight { slot, arrival, seq: si as u32, seq_id, end, num_samples, num_draft });
     Ok(())
 }
 

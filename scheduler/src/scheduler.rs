@@ -43,6 +43,8 @@ pub(crate) struct InFlight {
     /// `num_computed_tokens` once this step has run.
     pub end: usize,
     pub num_samples: usize,
+    /// Draft tokens at the end of the chunk (each of its last `num_draft + 1` positions samples).
+    pub num_draft: usize,
 }
 
 /// Continuous-batching scheduler over a device block pool (and an optional host swap pool).

@@ -175,6 +175,14 @@ impl SeqTables {
         self.first.free(pool)
     }
 
+    /// Truncates every group's table to `num_tokens` tokens (see `BlockTable::truncate`).
+    pub fn truncate(&mut self, pool: &mut BlockPool, num_tokens: usize) -> Result<(), AllocError> {
+        for t in self.rest.iter_mut().rev() {
+            t.truncate(pool, num_tokens)?;
+        }
+        self.first.truncate(pool, num_tokens)
+    }
+
     /// Offers every group's newly full blocks of `tokens` to the prefix cache.
     pub fn cache_full_blocks(
         &mut self,

@@ -37,8 +37,10 @@ impl Scheduler {
         let mut pos = 0;
         let mut outcome = Ok(());
         for f in &in_flight {
-            let mine = &samples[pos..pos + f.num_samples];
-            pos += f.num_samples;
+            let taken = crate::draft::samples_of(f, &samples[pos..]);
+            let mine = &samples[pos..pos + taken];
+            pos += taken;
+            crate::draft::count(result, f, taken);
             if let Err(e) = self.apply(f, mine, result) {
                 outcome = Err(e);
                 break;
@@ -67,9 +69,16 @@ impl Scheduler {
         let salt = group.salt;
         let seq = group.seqs.get_mut(si).ok_or(SchedulerError::Internal("in-flight sequence missing"))?;
         let before = seq.num_computed_tokens;
-        seq.num_computed_tokens = f.end;
-        if caching && f.end / block_size > before / block_size {
-            seq.cache_full_blocks(device, f.end, salt)?;
+        // A draft keeps its accepted prefix; that and the last sample are what it appends.
+        let (end, samples) = if f.num_draft > 0 {
+            let end = crate::draft::keep_accepted(seq, f, samples, device)?;
+            (end, &samples[samples.len() - 1..])
+        } else {
+            (f.end, samples)
+        };
+        seq.num_computed_tokens = end;
+        if caching && end / block_size > before / block_size {
+            seq.cache_full_blocks(device, end, salt)?;
         }
         if f.end == group.prompt_len && group.seqs.iter().any(|s| s.parked) {
             // The recomputed prompt is back: the parked samples share it again.
@@ -153,7 +162,7 @@ fn push_sample(
 fn check_samples(in_flight: &[InFlight], samples: &[SampledToken]) -> Result<(), SchedulerError> {
     let mut pos = 0;
     for f in in_flight {
-        for _ in 0..f.num_samples {
+        for _ in 0..crate::draft::samples_of(f, &samples[pos.min(samples.len())..]) {
             match samples.get(pos) {
                 Some(s) if s.seq_id == f.seq_id => pos += 1,
                 other => {

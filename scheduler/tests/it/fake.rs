@@ -78,6 +78,12 @@ pub struct FakeEngine {
     pub swaps_out: usize,
     pub max_batched: usize,
     pub max_seqs: usize,
+    /// Draft tokens proposed before each step for every sequence that has generated (0: none):
+    /// the first few right, the rest wrong, how many right varying from step to step.
+    pub draft_k: usize,
+    /// Draft tokens scored and accepted.
+    pub drafted: usize,
+    pub accepted: usize,
 }
 
 impl FakeEngine {
@@ -106,6 +112,9 @@ impl FakeEngine {
             swaps_out: 0,
             max_batched: 0,
             max_seqs: 0,
+            draft_k: 0,
+            drafted: 0,
+            accepted: 0,
         }
     }
 
@@ -126,6 +135,7 @@ impl FakeEngine {
     /// One schedule → fake forward → update. Returns whether anything was scheduled.
     pub fn step(&mut self) -> bool {
         self.step += 1;
+        self.propose();
         let mut out = std::mem::take(&mut self.last);
         self.sched.schedule_into(&mut out).expect("schedule");
         let bs = self.cfg.block_size;
@@ -187,6 +197,10 @@ impl FakeEngine {
             for (g, &window) in self.cfg.kv_groups.iter().enumerate() {
                 self.check_visible_context(g, window, s, context);
             }
+            if s.num_draft > 0 {
+                self.verify_draft(s, context, &mut samples);
+                continue;
+            }
             for k in 0..s.num_samples as u32 {
                 let token = next_token(context, k);
                 let target =
@@ -211,6 +225,50 @@ impl FakeEngine {
         scheduled
     }
 
+    /// Sets a draft on every sequence that has generated: `next_token`'s own continuation for
+    /// the first `step % (draft_k + 1)` tokens, then wrong ones.
+    fn propose(&mut self) {
+        if self.draft_k == 0 {
+            return;
+        }
+        let good = (self.step as usize) % (self.draft_k + 1);
+        let ids: Vec<SeqId> =
+            self.outputs.keys().copied().filter(|id| !self.reasons.contains_key(id)).collect();
+        for id in ids {
+            let Some(tokens) = self.sched.seq_tokens(id) else { continue };
+            let mut ctx = tokens.to_vec();
+            for i in 0..self.draft_k {
+                let right = next_token(&ctx, 0);
+                ctx.push(if i < good { right } else { right + 1 });
+            }
+            // A sequence that finished or is not decoding keeps or ignores its draft.
+            let _ = self.sched.set_draft(id, &ctx[tokens.len()..]);
+        }
+    }
+
+    /// The target's verdict on a drafted chunk: position `i` of its last `num_draft + 1` predicts
+    /// the next token; drafted tokens are kept while they match, then the target's own token
+    /// (a stop ends it there).
+    fn verify_draft(
+        &mut self,
+        s: &scheduler::ScheduledSeq,
+        context: &[u32],
+        samples: &mut Vec<SampledToken>,
+    ) {
+        let first = s.tokens.end - s.num_draft;
+        self.drafted += s.num_draft;
+        for p in first..=s.tokens.end {
+            let token = next_token(&context[..p], 0);
+            let stop = self.stop_mod.is_some_and(|m| token.is_multiple_of(m));
+            self.outputs.entry(s.seq_id).or_default().push(token);
+            samples.push(SampledToken { seq_id: s.seq_id, token, stop });
+            if stop || p == s.tokens.end || context[p] != token {
+                break;
+            }
+            self.accepted += 1;
+        }
+    }
+
     /// No block held outside a live table; the pools' books balance.
     /// Applies the plan's block-table deltas to the persistent rows and checks them: every
     /// scheduled sequence's row then begins with its table (whose length covers exactly its
@@ -221,7 +279,7 @@ impl FakeEngine {
         let mut rows_seen = std::collections::HashSet::new();
         assert_eq!(out.query_start_loc.first(), Some(&0));
         assert_eq!(out.seq_lens.len(), out.seqs.len());
-        let mut samples = out.seqs.iter().filter(|s| s.num_samples > 0).map(|s| s.flat.end - 1);
+        let mut samples = out.seqs.iter().flat_map(|s| s.flat.end - s.num_logit_rows()..s.flat.end);
         assert!(samples.by_ref().eq(out.sample_indices.iter().copied()), "sample indices");
         for (i, s) in out.seqs.iter().enumerate() {
             assert!(rows_seen.insert(s.row), "row {} given to two sequences", s.row);

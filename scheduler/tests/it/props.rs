@@ -51,6 +51,8 @@ struct Setup {
     stop_mod: Option<u32>,
     /// Per KV cache group, its sliding window.
     kv_groups: Vec<Option<usize>>,
+    /// Draft tokens proposed to every decoding sequence before each step (0: none).
+    draft_k: usize,
 }
 
 prop_compose! {
@@ -66,12 +68,13 @@ prop_compose! {
         watermark in prop::sample::select(vec![0.0, 0.05]),
         stop_mod in prop::option::of(5u32..40),
         kv_groups in kv_groups(),
+        draft_k in prop::sample::select(vec![0usize, 0, 1, 4]),
     ) -> Setup {
         // Room for at least one 40-token prompt, not much more.
         let blocks = blocks.max(48usize.div_ceil(block_size) + 2);
         // Hybrid layouts hold a table per group: room for a prompt in each.
         let blocks = blocks * kv_groups.len();
-        Setup { block_size, blocks, host_blocks, budget, max_seqs, swap, priority, caching, watermark, stop_mod, kv_groups }
+        Setup { block_size, blocks, host_blocks, budget, max_seqs, swap, priority, caching, watermark, stop_mod, kv_groups, draft_k }
     }
 }
 
@@ -117,6 +120,7 @@ fn run(setup: &Setup, arrivals: &[Arrival]) -> (usize, usize) {
     let cfg = setup.config();
     let mut e = FakeEngine::new(cfg.clone());
     e.stop_mod = setup.stop_mod;
+    e.draft_k = setup.draft_k;
     let mut requests = Vec::new();
     let mut aborts: Vec<(u64, RequestKey)> = Vec::new();
     let last_arrival = arrivals.iter().map(|a| a.step).max().unwrap_or(0);
@@ -235,6 +239,7 @@ fn tiny_pools_do_force_preemption_in_both_modes() {
             watermark: 0.0,
             stop_mod: None,
             kv_groups: vec![None],
+            draft_k: 0,
         };
         let arrivals: Vec<Arrival> = (0..10)
             .map(|i| Arrival {
