@@ -227,6 +227,26 @@ fn l8b_q4_k_m() -> Result<PathBuf, String> {
     model::testing::made_model_fetched("llama-3.1-8b", "q4_k_m")
 }
 
+/// A made model of Llama-3.2-1B's size: the default model's KV blocks and output tokens, every
+/// case but the long-prompt ones, ours with its default activations only.
+fn made(
+    label: &'static str,
+    prefix: &'static str,
+    weights: &'static str,
+    gguf: fn() -> Result<PathBuf, String>,
+) -> PeerModel {
+    PeerModel {
+        label,
+        prefix,
+        weights,
+        gguf,
+        kv_blocks: 64 * 12 + 64,
+        cases: &["prefill_512", "decode_b1", "e2e_16", "e2e_64"],
+        out_tokens: 128,
+        f32_too: false,
+    }
+}
+
 fn main() -> Result<(), Box<dyn Error>> {
     let models = [
         PeerModel {
@@ -250,35 +270,28 @@ fn main() -> Result<(), Box<dyn Error>> {
             out_tokens: 128,
             f32_too: true,
         },
+        made(
+            "Llama-3.2-1B's shapes, random weights",
+            "peer.l1b.",
+            "Q4_0 (llama.cpp's quantizer: Q4_0 layers, a Q6_K tied embedding and LM head)",
+            l1b_q4_0,
+        ),
+        made(
+            "Llama-3.2-1B's shapes, random weights, Q4_K_M",
+            "peer.l1b_q4km.",
+            "Q4_K_M (llama.cpp's quantizer: Q4_K, Q6_K for half of attn_v / ffn_down and the LM head)",
+            l1b_q4_k_m,
+        ),
         PeerModel {
-            label: "Llama-3.2-1B's shapes, random weights",
-            prefix: "peer.l1b.",
-            weights: "Q4_0 (llama.cpp's quantizer: Q4_0 layers, a Q6_K tied embedding and LM head)",
-            gguf: l1b_q4_0,
-            kv_blocks: 64 * 12 + 64,
-            cases: &["prefill_512", "decode_b1", "e2e_16", "e2e_64"],
-            out_tokens: 128,
-            f32_too: false,
-        },
-        PeerModel {
-            label: "Llama-3.2-1B's shapes, random weights, Q4_K_M",
-            prefix: "peer.l1b_q4km.",
-            weights: "Q4_K_M (llama.cpp's quantizer: Q4_K, Q6_K for half of attn_v / ffn_down and the LM head)",
-            gguf: l1b_q4_k_m,
-            kv_blocks: 64 * 12 + 64,
-            cases: &["prefill_512", "decode_b1", "e2e_16", "e2e_64"],
-            out_tokens: 128,
-            f32_too: false,
-        },
-        PeerModel {
-            label: "Llama-3.1-8B's shapes, random weights, Q4_K_M",
-            prefix: "peer.l8b.",
-            weights: "Q4_K_M (llama.cpp's quantizer), untied LM head",
-            gguf: l8b_q4_k_m,
             kv_blocks: 16 * 12 + 16,
             cases: &["prefill_512", "decode_b1", "e2e_16"],
             out_tokens: 32,
-            f32_too: false,
+            ..made(
+                "Llama-3.1-8B's shapes, random weights, Q4_K_M",
+                "peer.l8b.",
+                "Q4_K_M (llama.cpp's quantizer), untied LM head",
+                l8b_q4_k_m,
+            )
         },
     ];
     let figures_dir = support::figures_dir()?;

@@ -15,6 +15,7 @@ use std::fs::File;
 use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 
+use super::file::{bad_file, check_len, open_headed};
 use super::{QualityError, ReferenceHeader, ReferenceReader, RowComparison, Tally};
 
 const MAGIC: &[u8; 8] = b"PLLMQEVL";
@@ -45,28 +46,9 @@ impl EvaluatedReader {
     /// Opens `path`, checking that it was made over the windows `reference` describes and that
     /// its length holds every row.
     pub fn open(path: &Path, reference: &ReferenceHeader) -> Result<Self, QualityError> {
-        let bad = |reason: String| QualityError::BadReference { path: path.display().to_string(), reason };
-        let file = File::open(path)
-            .map_err(|source| QualityError::Io { path: path.display().to_string(), source })?;
-        let len = file
-            .metadata()
-            .map_err(|source| QualityError::Io { path: path.display().to_string(), source })?
-            .len();
-        let mut input = BufReader::new(file);
-        let mut head = [0u8; 8 + 4 * 7];
-        input.read_exact(&mut head).map_err(|_| bad(format!("{len} bytes: shorter than a header")))?;
-        if &head[..8] != MAGIC {
-            return Err(bad("not an evaluated-rows file (no PLLMQEVL magic)".into()));
-        }
-        let word = |i: usize| {
-            u32::from_le_bytes([head[8 + 4 * i], head[9 + 4 * i], head[10 + 4 * i], head[11 + 4 * i]])
-                as usize
-        };
-        if word(0) != VERSION as usize {
-            return Err(bad(format!("version {} (this build reads {VERSION})", word(0))));
-        }
-        let (vocab, ctx, windows, first, top_k, name_len) =
-            (word(1), word(2), word(3), word(4), word(5), word(6));
+        let bad = bad_file(path);
+        let (mut input, len, [_, vocab, ctx, windows, first, top_k, name_len]) =
+            open_headed::<7>(path, MAGIC, VERSION, "an evaluated-rows file")?;
         let theirs = (vocab, ctx, windows, first, top_k);
         let ours =
             (reference.vocab, reference.ctx, reference.windows, reference.first_scored, reference.top_k);
@@ -82,11 +64,8 @@ impl EvaluatedReader {
         let mut name = vec![0u8; name_len];
         input.read_exact(&mut name).map_err(|_| bad("truncated in its header".into()))?;
         let rows = windows as u64 * ctx.saturating_sub(first + 1) as u64;
-        let want = (head.len() + name_len) as u64 + rows * (8 + 4 * top_k as u64);
-        if len != want {
-            let what = if len < want { "truncated" } else { "longer than its header says" };
-            return Err(bad(format!("{what}: {len} bytes, its header describes {want}")));
-        }
+        let want = (8 + 4 * 7 + name_len) as u64 + rows * (8 + 4 * top_k as u64);
+        check_len(path, len, want)?;
         let name = String::from_utf8(name).map_err(|_| bad("the name is not UTF-8".into()))?;
         Ok(Self { name, input, path: path.to_owned(), top_k, vocab, buf: Vec::new() })
     }

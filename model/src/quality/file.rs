@@ -74,8 +74,50 @@ impl ReferenceHeader {
     }
 }
 
-fn io_err(path: &Path) -> impl Fn(std::io::Error) -> QualityError + '_ {
+pub(super) fn io_err(path: &Path) -> impl Fn(std::io::Error) -> QualityError + '_ {
     move |source| QualityError::Io { path: path.display().to_string(), source }
+}
+
+/// A malformed file of this module's formats, saying why.
+pub(super) fn bad_file(path: &Path) -> impl Fn(String) -> QualityError + '_ {
+    move |reason| QualityError::BadReference { path: path.display().to_string(), reason }
+}
+
+/// Opens `path`, a file of this module's formats (`what`: "a reference file", …): checks its
+/// 8-byte `magic` and the `version` in the first of the `W` little-endian u32 words after it.
+/// Returns the reader past those words, the file's length in bytes and the words (the version
+/// first), so that the caller can check its own sizes against that length.
+pub(super) fn open_headed<const W: usize>(
+    path: &Path,
+    magic: &[u8; 8],
+    version: u32,
+    what: &str,
+) -> Result<(BufReader<File>, u64, [usize; W]), QualityError> {
+    let (err, bad) = (io_err(path), bad_file(path));
+    let file = File::open(path).map_err(&err)?;
+    let len = file.metadata().map_err(&err)?.len();
+    let mut input = BufReader::new(file);
+    let mut head = vec![0u8; 8 + 4 * W];
+    input.read_exact(&mut head).map_err(|_| bad(format!("{len} bytes: shorter than a header")))?;
+    if &head[..8] != magic {
+        return Err(bad(format!("not {what} (no {} magic)", String::from_utf8_lossy(magic))));
+    }
+    let words: [usize; W] = std::array::from_fn(|i| {
+        u32::from_le_bytes([head[8 + 4 * i], head[9 + 4 * i], head[10 + 4 * i], head[11 + 4 * i]]) as usize
+    });
+    if words[0] != version as usize {
+        return Err(bad(format!("version {} (this build reads {version})", words[0])));
+    }
+    Ok((input, len, words))
+}
+
+/// Errors unless a file's `len` bytes are the `want` its header describes.
+pub(super) fn check_len(path: &Path, len: u64, want: u64) -> Result<(), QualityError> {
+    if len == want {
+        return Ok(());
+    }
+    let what = if len < want { "truncated" } else { "longer than its header says" };
+    Err(bad_file(path)(format!("{what}: {len} bytes, its header describes {want}")))
 }
 
 /// Writes a reference file row by row; [`ReferenceWriter::finish`] checks that every row came.
@@ -163,36 +205,21 @@ pub struct ReferenceReader {
 
 impl ReferenceReader {
     pub fn open(path: &Path) -> Result<Self, QualityError> {
-        let err = io_err(path);
-        let bad = |reason: String| QualityError::BadReference { path: path.display().to_string(), reason };
-        let file = File::open(path).map_err(&err)?;
-        let len = file.metadata().map_err(&err)?.len();
-        let mut input = BufReader::new(file);
-        let mut head = [0u8; 8 + 4 * 8];
-        input.read_exact(&mut head).map_err(|_| bad(format!("{len} bytes: shorter than a header")))?;
-        if &head[..8] != MAGIC {
-            return Err(bad("not a reference file (no PLLMQREF magic)".into()));
-        }
-        let word = |i: usize| {
-            u32::from_le_bytes([head[8 + 4 * i], head[9 + 4 * i], head[10 + 4 * i], head[11 + 4 * i]])
-                as usize
-        };
-        if word(0) != VERSION as usize {
-            return Err(bad(format!("version {} (this build reads {VERSION})", word(0))));
-        }
-        let name_len = word(7);
+        let (err, bad) = (io_err(path), bad_file(path));
+        let (mut input, len, [_, vocab, ctx, stride, windows, first_scored, top_k, name_len]) =
+            open_headed::<8>(path, MAGIC, VERSION, "a reference file")?;
         if name_len > MAX_NAME {
             return Err(bad(format!("a model name of {name_len} bytes")));
         }
         let mut name = vec![0u8; name_len];
         input.read_exact(&mut name).map_err(|_| bad("truncated in its header".into()))?;
         let header = ReferenceHeader {
-            vocab: word(1),
-            ctx: word(2),
-            stride: word(3),
-            windows: word(4),
-            first_scored: word(5),
-            top_k: word(6),
+            vocab,
+            ctx,
+            stride,
+            windows,
+            first_scored,
+            top_k,
             name: String::from_utf8(name).map_err(|_| bad("the model name is not UTF-8".into()))?,
         };
         if header.ctx < 4
@@ -203,10 +230,7 @@ impl ReferenceReader {
             return Err(bad(format!("inconsistent header {header:?}")));
         }
         let want = header.file_len().ok_or_else(|| bad(format!("sizes overflow: {header:?}")))?;
-        if len != want {
-            let what = if len < want { "truncated" } else { "longer than its header says" };
-            return Err(bad(format!("{what}: {len} bytes, its header describes {want}")));
-        }
+        check_len(path, len, want)?;
         let mut raw = vec![0u8; header.windows * header.ctx * 4];
         input.read_exact(&mut raw).map_err(&err)?;
         let tokens: Vec<u32> =

@@ -72,16 +72,8 @@ pub fn assign_blocks(prompts: Vec<Vec<u32>>, capacity: usize, block_size: usize,
         .collect()
 }
 
-/// Index of the largest logit.
-pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > logits[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
+/// Index of the largest logit (the quality tools' argmax: the lowest id of a tie).
+pub use model::quality::argmax;
 
 /// Greedy decoding of `prompts` side by side for `steps` steps (the first prefills every prompt),
 /// over an f32 cache of 16-token blocks handed out in reverse order (no sequence's blocks are

@@ -436,6 +436,23 @@ fn float_weights_quantize_at_load_and_multiply_as_their_quantization() {
     assert!(w.quantized(GgmlType::Q4_K).is_err());
 }
 
+/// Two tokens of `k` activations whose groups the integer kernels treat apart: token 0 has a
+/// NaN in group 1; token 1 has group 0 zero and group 2 tiny (1e-32), the rest random.
+pub(super) fn special_groups(k: usize, rng: &mut ChaCha8Rng) -> Vec<f32> {
+    let mut x: Vec<f32> = (0..2 * k).map(|_| rng.random_range(-1.0..1.0)).collect();
+    x[40] = f32::NAN;
+    x[k..k + 32].fill(0.0);
+    x[k + 64..k + 96].iter_mut().for_each(|v| *v *= 1e-32);
+    x
+}
+
+/// `w` times the two tokens `x` on `isa`, their activations taken in `precision`.
+pub(super) fn two_tokens_times(w: &Weight, isa: Isa, precision: ActivationPrecision, x: &[f32]) -> Vec<f32> {
+    let mut out = vec![0.0; 2 * w.rows()];
+    w.matmul_as(isa, precision, &mut out, x, 2, false);
+    out
+}
+
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn integer_kernels_take_nan_zero_and_tiny_groups_as_the_f32_kernels_do() {
@@ -445,16 +462,10 @@ fn integer_kernels_take_nan_zero_and_tiny_groups_as_the_f32_kernels_do() {
         let bytes = random_part(ty, n, k, &mut rng);
         let part = Part::new(ty, n, k, Storage::Owned(bytes)).unwrap();
         let w = Weight::from_parts(k, vec![part]);
-        // Token 0: a NaN in group 1. Token 1: group 0 zero, group 2 tiny (1e-32), the rest random.
-        let mut x: Vec<f32> = (0..2 * k).map(|_| rng.random_range(-1.0..1.0)).collect();
-        x[40] = f32::NAN;
-        x[k..k + 32].fill(0.0);
-        x[k + 64..k + 96].iter_mut().for_each(|v| *v *= 1e-32);
+        let x = special_groups(k, &mut rng);
         for isa in Isa::available() {
-            let mut want = vec![0.0; 2 * n];
-            w.matmul_as(isa, ActivationPrecision::F32, &mut want, &x, 2, false);
-            let mut got = vec![0.0; 2 * n];
-            w.matmul_as(isa, ActivationPrecision::Int16, &mut got, &x, 2, false);
+            let [want, got] = [ActivationPrecision::F32, ActivationPrecision::Int16]
+                .map(|precision| two_tokens_times(&w, isa, precision, &x));
             assert!(got[..n].iter().all(|v| v.is_nan()), "{isa:?} {ty:?}: NaN lost");
             for (g, r) in got[n..].iter().zip(&want[n..]) {
                 assert!((g - r).abs() <= 1e-3 * r.abs().max(1.0), "{isa:?} {ty:?}: {g} vs {r}");

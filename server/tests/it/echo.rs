@@ -6,7 +6,7 @@
 use axum::http::StatusCode;
 use serde_json::{Value, json};
 
-use crate::support::{TestServer, runtime, smollm2_server};
+use crate::support::{TestServer, smollm2_server};
 
 /// The legacy logprobs object of a choice: tokens, their logprobs, and offsets agreeing with the
 /// tokens' texts; the prompt's first token (when echoed) has `null` logprob and alternatives.
@@ -36,9 +36,8 @@ fn check_legacy_logprobs(choice: &Value, echoed_tokens: usize) -> Vec<Option<f64
 
 #[test]
 fn smollm2_echo_with_logprobs_returns_the_prompt_tokens_and_their_logprobs() {
-    let srv = smollm2_server();
     let prompt = "The capital of France is Paris. The capital of Italy is";
-    runtime().block_on(async {
+    smollm2_server().run_then_idle(async |srv| {
         // What lm-evaluation-harness sends for a loglikelihood: the prompt and one token more.
         let body = json!({"prompt": prompt, "echo": true, "logprobs": 1, "max_tokens": 1, "temperature": 0});
         let v = srv.post_ok("/v1/completions", &body).await;
@@ -77,14 +76,12 @@ fn smollm2_echo_with_logprobs_returns_the_prompt_tokens_and_their_logprobs() {
                 entries.values().find(|e| e["logprob"].as_f64() == logprobs[i]).expect("the prompt token");
             assert!(own["rank"].as_u64().is_some_and(|r| r >= 1) && own["decoded_token"].is_string());
         }
-        srv.wait_idle().await;
     });
 }
 
 #[test]
 fn echo_streams_the_prompt_first_and_without_logprobs_returns_its_text() {
-    let srv = TestServer::default();
-    runtime().block_on(async {
+    TestServer::default().run_then_idle(async |srv| {
         let base = json!({"prompt": "hello there", "echo": true, "logprobs": 2, "max_tokens": 4,
                           "temperature": 0, "ignore_eos": true});
         let whole = srv.post_ok("/v1/completions", &base).await;
@@ -115,14 +112,12 @@ fn echo_streams_the_prompt_first_and_without_logprobs_returns_its_text() {
         let decoded = srv.engine(crate::support::small_config()).tokenizer().decode(&[5, 6, 7], false);
         assert_eq!(plain["choices"][0]["text"], decoded.unwrap_or_default());
         assert!(plain["choices"][0]["logprobs"].is_null());
-        srv.wait_idle().await;
     });
 }
 
 #[test]
 fn best_of_returns_the_candidates_of_highest_cumulative_logprob() {
-    let srv = TestServer::default();
-    runtime().block_on(async {
+    TestServer::default().run_then_idle(async |srv| {
         let sum = |c: &Value| -> f64 {
             c["logprobs"]["token_logprobs"].as_array().expect("logprobs").iter().filter_map(Value::as_f64).sum()
         };
@@ -155,14 +150,12 @@ fn best_of_returns_the_candidates_of_highest_cumulative_logprob() {
         let hidden = srv.post_ok("/v1/completions", &body).await;
         assert_eq!(hidden["choices"][0]["text"], candidates[0].1.as_str());
         assert!(hidden["choices"][0]["logprobs"].is_null());
-        srv.wait_idle().await;
     });
 }
 
 #[test]
 fn what_cannot_be_done_is_a_400_naming_its_field() {
-    let srv = TestServer::default();
-    runtime().block_on(async {
+    TestServer::default().run_then_idle(async |srv| {
         for (path, body, param) in [
             ("/v1/completions", json!({"prompt": "x", "best_of": 1, "n": 2}), "best_of"),
             ("/v1/completions", json!({"prompt": "x", "best_of": 3, "stream": true}), "best_of"),
@@ -190,6 +183,5 @@ fn what_cannot_be_done_is_a_400_naming_its_field() {
         let lps = v["prompt_logprobs"].as_array().expect("prompt_logprobs");
         assert_eq!(lps.len() as u64, v["usage"]["prompt_tokens"].as_u64().unwrap_or(0));
         assert!(lps[0].is_null() && lps[1].as_object().is_some_and(|o| o.len() == 1), "{v}");
-        srv.wait_idle().await;
     });
 }

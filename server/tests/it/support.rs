@@ -131,6 +131,15 @@ impl TestServer {
         }
         panic!("the engine never became idle");
     }
+
+    /// Runs `test` against this server on a fresh runtime, then [`wait_idle`](Self::wait_idle):
+    /// every request the test made has released what it held.
+    pub fn run_then_idle(&self, test: impl AsyncFnOnce(&Self)) {
+        runtime().block_on(async {
+            test(self).await;
+            self.wait_idle().await;
+        });
+    }
 }
 
 /// A POST of `body` to `path` as `application/json`.

@@ -7,7 +7,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::*;
 use crate::ggml::dequantize;
-use crate::quant::tests::{Poisoned, offsets, random_part};
+use crate::quant::tests::{Poisoned, offsets, random_part, special_groups, two_tokens_times};
 use crate::quant::{ActivationPrecision, INTEGER_CODE_FORMATS, Part};
 
 /// The rounding rule, stated apart from the kernels: per group of 32, `dx = max|x|/127` and
@@ -247,17 +247,11 @@ fn nan_zero_and_tiny_groups_come_out_as_the_f32_kernels_make_them() {
     let (n, k) = (5, 256);
     for ty in INTEGER_CODE_FORMATS {
         let w = weight(ty, n, k, &mut rng);
-        // Token 0: a NaN in group 1. Token 1: group 0 zero, group 2 tiny (1e-32), the rest random.
-        let mut x: Vec<f32> = (0..2 * k).map(|_| rng.random_range(-1.0..1.0)).collect();
-        x[40] = f32::NAN;
-        x[k..k + 32].fill(0.0);
-        x[k + 64..k + 96].iter_mut().for_each(|v| *v *= 1e-32);
+        let x = special_groups(k, &mut rng);
         let [_, tight, loose] = expectation(ty, w.parts()[0].bytes(), (2, n, k), &x);
         for isa in Isa::available() {
-            let mut want = vec![0.0; 2 * n];
-            w.matmul_as(isa, ActivationPrecision::F32, &mut want, &x, 2, false);
-            let mut got = vec![0.0; 2 * n];
-            w.matmul_as(isa, ActivationPrecision::Int8, &mut got, &x, 2, false);
+            let [want, got] = [ActivationPrecision::F32, ActivationPrecision::Int8]
+                .map(|precision| two_tokens_times(&w, isa, precision, &x));
             assert!(got[..n].iter().all(|v| v.is_nan()), "{isa:?} {ty:?}: NaN lost");
             for (i, (g, r)) in got.iter().zip(&want).enumerate().skip(n) {
                 let bound = loose[i] * 1.0001 + 2.0 * tight[i] + 1e-5 * f64::from(r.abs()) + 1e-6;
