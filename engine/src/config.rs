@@ -105,6 +105,8 @@ pub struct EngineConfig {
     pub decode_activations: ActivationPrecision,
     /// A Jinja chat template file that replaces the model's own (vLLM's `--chat-template`).
     pub chat_template: Option<std::path::PathBuf>,
+    /// Speculative decoding (vLLM's `--speculative-config`); `None` decodes a token a step.
+    pub speculative_config: Option<crate::spec::SpeculativeConfig>,
 }
 
 impl Default for EngineConfig {
@@ -130,6 +132,7 @@ impl Default for EngineConfig {
             quantization: None,
             decode_activations: ActivationPrecision::default(),
             chat_template: None,
+            speculative_config: None,
         }
     }
 }

@@ -25,6 +25,7 @@ mod greedy;
 mod guides;
 mod live;
 mod rows;
+mod verify;
 
 pub(crate) use admission::{Intake, IntakeLimits, Prepared};
 use live::{Live, SampleMut, StepView};
@@ -57,6 +58,8 @@ struct StepBuffers {
     result: StepResult,
     /// The sampled rows' logits, one row per sample.
     logits: Vec<f32>,
+    /// A draft being proposed.
+    draft: Vec<u32>,
     prompt_rows: rows::PromptRows,
     /// The gauges the last step computed (what a handle publishes after it).
     gauges: Gauges,
@@ -460,28 +463,50 @@ impl Engine {
             sample_indices: self.bufs.prompt_rows.indices(plan),
         };
         phases.prepare_s += lap();
-        let sampled = if !self.bufs.prompt_rows.any() && greedy::plain_greedy_step(plan, view, &self.live) {
-            let tokens = self.runner.forward_greedy(&step, crate::sampling::filter::argmax)?;
-            phases.forward_s += lap();
-            greedy::record(tokens, &mut self.live.samples_mut(&view.rows)?)?
-        } else {
-            let mut samples = self.live.samples_mut(&view.rows)?;
-            let guides = guides::sampled_guides(&mut samples);
-            let times = self.metrics.mask_times();
-            let runner = &mut self.runner;
-            let logits = crate::structured::while_running(guides, times, || runner.forward(&step))?;
-            phases.forward_s += lap();
-            let (logits, prompt_logits) = logits
-                .split_at_checked(plan.sample_indices.len() * vocab)
-                .ok_or(EngineError::Internal("fewer logits than sampled rows"))?;
-            self.bufs.prompt_rows.record(prompt_logits, vocab, &mut self.live)?;
-            rows::gather_sample_rows(plan, logits, vocab, &mut self.bufs.logits)?;
-            let mut samples = self.live.samples_mut(&view.rows)?;
-            sample(&mut self.bufs.logits, vocab, &mut samples)?
-        };
+        let (first, more) =
+            if !self.bufs.prompt_rows.any() && greedy::plain_greedy_step(plan, view, &self.live) {
+                let tokens = self.runner.forward_greedy(&step, crate::sampling::filter::argmax)?;
+                phases.forward_s += lap();
+                let drawn = verify::greedy_drafted(&view.rows, &plan.token_ids, tokens)?;
+                greedy::record(drawn, &mut self.live.samples_mut(&view.rows)?)?
+            } else {
+                let mut samples = self.live.samples_mut(&view.rows)?;
+                let guides = guides::sampled_guides(&mut samples);
+                let times = self.metrics.mask_times();
+                let runner = &mut self.runner;
+                let logits = crate::structured::while_running(guides, times, || runner.forward(&step))?;
+                phases.forward_s += lap();
+                let (logits, prompt_logits) = logits
+                    .split_at_checked(plan.sample_indices.len() * vocab)
+                    .ok_or(EngineError::Internal("fewer logits than sampled rows"))?;
+                self.bufs.prompt_rows.record(prompt_logits, vocab, &mut self.live)?;
+                rows::gather_logit_rows(view.rows.iter(), 0, logits, vocab, &mut self.bufs.logits)?;
+                let mut samples = self.live.samples_mut(&view.rows)?;
+                let first = sample(&mut self.bufs.logits, vocab, &mut samples)?;
+                let more = if plan.seqs.iter().any(|s| s.num_draft > 0) {
+                    let scratch = &mut self.bufs.logits;
+                    verify::sample_drafted(
+                        &view.rows,
+                        &plan.token_ids,
+                        &first,
+                        &mut samples,
+                        logits,
+                        vocab,
+                        scratch,
+                    )?
+                } else {
+                    Vec::new()
+                };
+                (first, more)
+            };
         phases.sample_s += lap();
-        let updates = self.apply_samples(sampled)?;
+        // Each further draw of a drafted row follows one accepted draft token.
+        for (r, more) in view.rows.iter().zip(&more).filter(|(r, _)| !r.draft.is_empty()) {
+            self.metrics.record_draft(r.draft.len(), more.len().min(r.draft.len()));
+        }
+        let updates = self.apply_samples(first, more)?;
         self.update_scheduler(&updates)?;
+        self.propose_drafts()?;
         phases.update_s += lap();
         Ok(updates.len())
     }

@@ -23,6 +23,7 @@ pub mod metrics;
 pub mod output;
 mod request;
 pub mod sampling;
+pub mod spec;
 pub mod structured;
 pub mod workload;
 

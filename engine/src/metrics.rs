@@ -168,6 +168,32 @@ pub struct MetricsSnapshot {
     pub guided_masks: MaskTimes,
     /// Where the decode-only steps' time went, phase by phase.
     pub decode_steps: StepPhases,
+    /// Speculative decoding's drafts and how many of their tokens were accepted.
+    pub spec_decode: SpecDecodeCounts,
+}
+
+/// Speculative decoding's counters, as vLLM's `vllm:spec_decode_*` metrics.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Default)]
+pub struct SpecDecodeCounts {
+    /// Drafts scored (one per drafted sequence and step).
+    pub num_drafts: u64,
+    pub num_draft_tokens: u64,
+    pub num_accepted_tokens: u64,
+    /// Drafts whose token at each position was accepted.
+    pub num_accepted_tokens_per_pos: Vec<u64>,
+}
+
+impl SpecDecodeCounts {
+    /// One draft of `drafted` tokens of which the first `accepted` were accepted.
+    pub fn record(&mut self, drafted: usize, accepted: usize) {
+        self.num_drafts += 1;
+        self.num_draft_tokens += drafted as u64;
+        self.num_accepted_tokens += accepted as u64;
+        if self.num_accepted_tokens_per_pos.len() < accepted {
+            self.num_accepted_tokens_per_pos.resize(accepted, 0);
+        }
+        self.num_accepted_tokens_per_pos[..accepted].iter_mut().for_each(|n| *n += 1);
+    }
 }
 
 /// The time of steps that prefilled nothing, split by phase, summed over those steps: the
@@ -218,6 +244,7 @@ pub struct MetricsCollector {
     e2e: LatencyHistogram,
     guided_masks: MaskTimes,
     decode_steps: StepPhases,
+    spec_decode: SpecDecodeCounts,
 }
 
 impl MetricsCollector {
@@ -242,6 +269,7 @@ impl MetricsCollector {
             e2e: LatencyHistogram::new(),
             guided_masks: MaskTimes::default(),
             decode_steps: StepPhases::default(),
+            spec_decode: SpecDecodeCounts::default(),
         }
     }
 
@@ -265,6 +293,11 @@ impl MetricsCollector {
         d.sample_s += phases.sample_s;
         d.update_s += phases.update_s;
         d.context_tokens += phases.context_tokens;
+    }
+
+    /// One scored draft of `drafted` tokens, its first `accepted` accepted.
+    pub fn record_draft(&mut self, drafted: usize, accepted: usize) {
+        self.spec_decode.record(drafted, accepted);
     }
 
     pub fn record_rejected(&mut self) {
@@ -354,6 +387,7 @@ impl MetricsCollector {
             e2e_latency: self.e2e.stats(),
             guided_masks: self.guided_masks,
             decode_steps: self.decode_steps,
+            spec_decode: self.spec_decode.clone(),
         }
     }
 }

@@ -7,7 +7,7 @@ use scheduler::SchedulerOutput;
 
 use super::live::{Live, SampleMut, StepView};
 use crate::error::EngineError;
-use crate::sampling::{SamplerError, TokenChoice};
+use crate::sampling::TokenChoice;
 
 /// Whether every sequence sampled in `plan` takes one plain greedy token.
 pub(super) fn plain_greedy_step(plan: &SchedulerOutput, view: &StepView, live: &Live) -> bool {
@@ -15,19 +15,24 @@ pub(super) fn plain_greedy_step(plan: &SchedulerOutput, view: &StepView, live: &
         && view.rows.iter().all(|r| live.at(r.slot).is_some_and(|rec| rec.params.is_plain_greedy()))
 }
 
-/// Records each row's token in its sample's sampler; a row without a token (no logit above
-/// -inf) is the sampler's `NoCandidate` error.
-pub(super) fn record(tokens: &[u32], samples: &mut [SampleMut<'_>]) -> Result<Vec<TokenChoice>, EngineError> {
+/// Records each row's tokens (its first, then a drafted row's further draws) in its sample's
+/// sampler; returns the first tokens and the further ones.
+pub(super) fn record(
+    tokens: Vec<Vec<u32>>,
+    samples: &mut [SampleMut<'_>],
+) -> Result<(Vec<TokenChoice>, Vec<Vec<TokenChoice>>), EngineError> {
     if tokens.len() != samples.len() {
         return Err(EngineError::Internal("greedy tokens and sampled rows differ in number"));
     }
-    let mut choices = Vec::with_capacity(tokens.len());
-    for (row, (sample, &token)) in samples.iter_mut().zip(tokens).enumerate() {
-        if token == u32::MAX {
-            return Err(SamplerError::NoCandidate { row }.into());
+    let mut first = Vec::with_capacity(tokens.len());
+    let mut more = Vec::with_capacity(tokens.len());
+    for (sample, drawn) in samples.iter_mut().zip(tokens) {
+        for &t in &drawn {
+            sample.seq.sampler.record(t);
         }
-        sample.seq.sampler.record(token);
-        choices.push(TokenChoice { token, logprobs: None });
+        let mut drawn = drawn.into_iter().map(|token| TokenChoice { token, logprobs: None });
+        first.push(drawn.next().ok_or(EngineError::Internal("a row drew no token"))?);
+        more.push(drawn.collect());
     }
-    Ok(choices)
+    Ok((first, more))
 }

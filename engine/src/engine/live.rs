@@ -20,12 +20,16 @@ pub(crate) struct Live {
 }
 
 /// One sampled row of a step: the request's slot, the sample it samples for, and the scheduler's
-/// sequence id (a prompt end of a group of `n` has `n` rows, samples `0..n`).
-#[derive(Debug, Clone, Copy)]
+/// sequence id (a prompt end of a group of `n` has `n` rows, samples `0..n`); its first row of
+/// the forward's logits and, for a drafted sequence, where its draft is among the plan's tokens
+/// (row `logit + j` then scores the draft's token `j`'s successor).
+#[derive(Debug, Clone)]
 pub(crate) struct Row {
     pub slot: usize,
     pub index: usize,
     pub seq_id: SeqId,
+    pub logit: usize,
+    pub draft: std::ops::Range<usize>,
 }
 
 /// A row's sample, borrowed for the step, with its request's parameters.
@@ -143,14 +147,17 @@ impl StepView {
     pub fn build(&mut self, plan: &SchedulerOutput, live: &Live) -> Result<(), EngineError> {
         self.seq_slots.clear();
         self.rows.clear();
+        let mut logit = 0;
         for s in &plan.seqs {
             let slot = *live.slots.get(&s.seq_id.request).ok_or(UNKNOWN)?;
             self.seq_slots.push(slot);
+            let draft = s.flat.end - s.num_draft..s.flat.end;
             for j in 0..s.num_samples {
                 // At a group's prompt end its one sequence samples for every sample `0..n`.
                 let index = if s.num_samples > 1 { j } else { s.seq_id.index as usize };
-                self.rows.push(Row { slot, index, seq_id: s.seq_id });
+                self.rows.push(Row { slot, index, seq_id: s.seq_id, logit, draft: draft.clone() });
             }
+            logit += s.num_logit_rows();
         }
         Ok(())
     }

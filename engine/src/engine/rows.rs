@@ -6,7 +6,7 @@
 use rayon::prelude::*;
 use scheduler::SchedulerOutput;
 
-use super::live::{Live, StepView};
+use super::live::{Live, Row, StepView};
 use crate::error::EngineError;
 use crate::output::PositionLogprobs;
 use crate::sampling::filter::log_sum_exp;
@@ -96,22 +96,19 @@ impl PromptRows {
     }
 }
 
-/// One row of logits per sampled row (`StepView::rows`): the logits of every planned sequence
-/// that samples, repeated for each of its samples (a prompt end of a group of `n` gives `n`
-/// rows of the same logits).
-pub(super) fn gather_sample_rows(
-    plan: &SchedulerOutput,
+/// Row `j` past each of `rows`' first logits, one after another into `out` (a prompt end of a
+/// group of `n` gives `n` rows of the same logits).
+pub(super) fn gather_logit_rows<'r>(
+    rows: impl Iterator<Item = &'r Row>,
+    j: usize,
     logits: &[f32],
     vocab: usize,
-    rows: &mut Vec<f32>,
+    out: &mut Vec<f32>,
 ) -> Result<(), EngineError> {
-    rows.clear();
-    for (row, s) in plan.seqs.iter().filter(|s| s.num_samples > 0).enumerate() {
-        let src =
-            logits.get(row * vocab..(row + 1) * vocab).ok_or(EngineError::Internal("missing logits row"))?;
-        for _ in 0..s.num_samples {
-            rows.extend_from_slice(src);
-        }
+    out.clear();
+    for r in rows {
+        let at = (r.logit + j) * vocab;
+        out.extend_from_slice(logits.get(at..at + vocab).ok_or(EngineError::Internal("missing logits row"))?);
     }
     Ok(())
 }

@@ -13,5 +13,6 @@ mod kv_map;
 mod options;
 mod prompt_logprobs;
 mod real_model;
+mod speculative;
 mod structured;
 mod support;

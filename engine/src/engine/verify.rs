@@ -1,0 +1,110 @@
+//! Speculative decoding in the step (`crate::spec`): drafts proposed after a step for the next
+//! ([`Engine::propose_drafts`]), and verified: row `j` of a drafted sequence's logits scores the
+//! position after its draft token `j - 1`, and the target draws there only while its token at
+//! `j - 1` was that draft token, with the request's own sampler in order, so each request gets
+//! exactly the tokens it would have got a step at a time. Drafted rows draw in rounds, the
+//! rows still matching their drafts together.
+
+use super::Engine;
+use super::live::{Row, SampleMut};
+use super::rows::gather_logit_rows;
+use crate::error::EngineError;
+use crate::sampling::{SampleRow, SamplerError, TokenChoice, sample_batch};
+
+/// Whether `token`, the target's draw at `j`, is draft token `j` of `row` (`drafts`: the plan's
+/// token ids), so that the next position is scored against the right context.
+fn matches_draft(row: &Row, drafts: &[u32], j: usize, token: u32) -> bool {
+    j < row.draft.len() && drafts.get(row.draft.start + j) == Some(&token)
+}
+
+/// The tokens after each row's `first`: for a drafted row, the target's draws at the positions
+/// its matching draft tokens opened (the last one where it differed, or the token after the
+/// whole draft); empty for the others. `logits` is the forward's, `scratch` a buffer to reuse.
+pub(super) fn sample_drafted(
+    rows: &[Row],
+    drafts: &[u32],
+    first: &[TokenChoice],
+    samples: &mut [SampleMut<'_>],
+    logits: &[f32],
+    vocab: usize,
+    scratch: &mut Vec<f32>,
+) -> Result<Vec<Vec<TokenChoice>>, EngineError> {
+    let mut more = vec![Vec::new(); rows.len()];
+    let mut active: Vec<usize> =
+        (0..rows.len()).filter(|&i| matches_draft(&rows[i], drafts, 0, first[i].token)).collect();
+    let mut j = 1;
+    while !active.is_empty() {
+        gather_logit_rows(active.iter().map(|&i| &rows[i]), j, logits, vocab, scratch)?;
+        let mut picked = active.iter().copied().peekable();
+        let mut batch: Vec<SampleRow<'_>> = Vec::with_capacity(active.len());
+        for (i, s) in samples.iter_mut().enumerate() {
+            if picked.next_if_eq(&i).is_some() {
+                batch.push(SampleRow {
+                    params: s.params,
+                    state: &mut s.seq.sampler,
+                    guide: s.seq.guide.as_mut(),
+                });
+            }
+        }
+        let drawn = sample_batch(scratch, vocab, &mut batch)?;
+        drop(batch);
+        let mut still = Vec::with_capacity(active.len());
+        for (i, choice) in active.into_iter().zip(drawn) {
+            if matches_draft(&rows[i], drafts, j, choice.token) {
+                still.push(i);
+            }
+            more[i].push(choice);
+        }
+        active = still;
+        j += 1;
+    }
+    Ok(more)
+}
+
+/// [`sample_drafted`] for a plain-greedy step, from the runner's greedy token of every logit row
+/// (`u32::MAX`: no candidate): each row's tokens, its first and, for a drafted row, the rest of
+/// its draws. A row without a candidate is the sampler's `NoCandidate` error, as undrafted.
+pub(super) fn greedy_drafted(
+    rows: &[Row],
+    drafts: &[u32],
+    greedy: &[u32],
+) -> Result<Vec<Vec<u32>>, EngineError> {
+    let mut all = Vec::with_capacity(rows.len());
+    for (row, r) in rows.iter().enumerate() {
+        let mut tokens = Vec::with_capacity(1 + r.draft.len());
+        for j in 0..=r.draft.len() {
+            let t = greedy.get(r.logit + j).copied().filter(|&t| t != u32::MAX);
+            let t = t.ok_or(SamplerError::NoCandidate { row })?;
+            tokens.push(t);
+            if !matches_draft(r, drafts, j, t) {
+                break;
+            }
+        }
+        all.push(tokens);
+    }
+    Ok(all)
+}
+
+impl Engine {
+    /// With speculative decoding, a draft for every sample that goes on decoding alone (a request
+    /// of one sample, without a constraint) for the scheduler to score next step.
+    pub(super) fn propose_drafts(&mut self) -> Result<(), EngineError> {
+        let Some(spec) = self.config.speculative_config else { return Ok(()) };
+        for r in &self.bufs.view.rows {
+            let Some(record) = self.live.at(r.slot) else { continue };
+            let seq = record.seqs.get(r.index).ok_or(EngineError::Internal("sample index out of range"))?;
+            if seq.finish.is_some() || record.seqs.len() > 1 || record.params.constraint.is_some() {
+                continue;
+            }
+            let tokens = self
+                .scheduler
+                .seq_tokens(r.seq_id)
+                .ok_or(EngineError::Internal("sampled unknown sequence"))?;
+            spec.propose(tokens, &mut self.bufs.draft);
+            if !self.bufs.draft.is_empty() {
+                self.scheduler.set_draft(r.seq_id, &self.bufs.draft)?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,122 @@
+//! Speculative decoding's configuration, as vLLM's `--speculative-config` JSON
+//! (`{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2,
+//! "prompt_lookup_max": 5}`), and its proposers ([`ngram`]).
+//!
+//! Verification is lossless by construction: the target samples each drafted position in turn
+//! with the request's own sampler and RNG, and a draft token is kept only where the target drew
+//! that very token, so a request's tokens are exactly those of decoding without a draft (seeded
+//! ones included); a deterministic draft accepted with the target's probability of its token is
+//! speculative sampling's rule for a one-hot proposal.
+
+pub mod ngram;
+
+use serde::Deserialize;
+
+use crate::EngineError;
+
+/// Most draft tokens a step may score per sequence (vLLM accepts any; past this a CPU step costs
+/// more than the tokens it can save).
+pub const MAX_SPECULATIVE_TOKENS: usize = 16;
+
+/// How drafts are proposed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpecMethod {
+    /// Prompt lookup: the tokens that followed the longest recent n-gram of the sequence that
+    /// occurred earlier in it (vLLM's `ngram`, llama.cpp's lookup decoding).
+    Ngram { min_n: usize, max_n: usize },
+}
+
+/// Speculative decoding's settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpeculativeConfig {
+    pub method: SpecMethod,
+    /// Draft tokens proposed per sequence and step (vLLM's `num_speculative_tokens`).
+    pub num_speculative_tokens: usize,
+}
+
+/// vLLM's JSON object, field for field; unknown fields are refused, never ignored.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Json {
+    method: String,
+    num_speculative_tokens: usize,
+    prompt_lookup_min: Option<usize>,
+    prompt_lookup_max: Option<usize>,
+    model: Option<String>,
+}
+
+impl SpeculativeConfig {
+    /// Parses and checks vLLM's `--speculative-config` JSON.
+    pub fn from_json(text: &str) -> Result<Self, EngineError> {
+        let bad = |why: String| EngineError::Config(format!("speculative config: {why}"));
+        let j: Json = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+        let k = j.num_speculative_tokens;
+        if !(1..=MAX_SPECULATIVE_TOKENS).contains(&k) {
+            return Err(bad(format!("num_speculative_tokens {k} is outside 1..={MAX_SPECULATIVE_TOKENS}")));
+        }
+        let method = match j.method.as_str() {
+            "ngram" => {
+                if j.model.is_some() {
+                    return Err(bad("\"model\" is for method \"draft_model\", not \"ngram\"".into()));
+                }
+                let min_n = j.prompt_lookup_min.unwrap_or(1);
+                let max_n = j.prompt_lookup_max.unwrap_or(min_n.max(3));
+                if min_n == 0 || max_n < min_n {
+                    return Err(bad(format!(
+                        "prompt_lookup_min {min_n} and prompt_lookup_max {max_n} must satisfy 1 <= min <= max"
+                    )));
+                }
+                SpecMethod::Ngram { min_n, max_n }
+            }
+            m @ ("suffix" | "draft_model" | "eagle" | "eagle3" | "medusa" | "mtp") => {
+                return Err(bad(format!("method \"{m}\" is not supported by this engine; use \"ngram\"")));
+            }
+            other => return Err(bad(format!("unknown method \"{other}\" (methods: \"ngram\")"))),
+        };
+        Ok(Self { method, num_speculative_tokens: k })
+    }
+
+    /// The draft for a sequence of `tokens` (prompt and generated), into `draft` (cleared first).
+    pub fn propose(&self, tokens: &[u32], draft: &mut Vec<u32>) {
+        draft.clear();
+        match self.method {
+            SpecMethod::Ngram { min_n, max_n } => {
+                ngram::propose(tokens, min_n, max_n, self.num_speculative_tokens, draft)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vllm_json_parses_and_bad_configs_say_why() {
+        let c = SpeculativeConfig::from_json(
+            r#"{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}"#,
+        );
+        assert_eq!(
+            c.ok(),
+            Some(SpeculativeConfig {
+                method: SpecMethod::Ngram { min_n: 2, max_n: 5 },
+                num_speculative_tokens: 4
+            })
+        );
+        for (json, says) in [
+            (r#"{"method": "ngram", "num_speculative_tokens": 0}"#, "outside 1..=16"),
+            (r#"{"method": "ngram", "num_speculative_tokens": 17}"#, "outside 1..=16"),
+            (
+                r#"{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 3, "prompt_lookup_max": 2}"#,
+                "min <= max",
+            ),
+            (r#"{"method": "lookahead", "num_speculative_tokens": 2}"#, "unknown method"),
+            (r#"{"method": "draft_model", "model": "x", "num_speculative_tokens": 2}"#, "not supported"),
+            (r#"{"method": "ngram", "num_speculative_tokens": 2, "typo": 1}"#, "unknown field"),
+            (r#"{"method": "ngram""#, "EOF"),
+        ] {
+            let e = SpeculativeConfig::from_json(json).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(e.contains(says), "{json}: {e}");
+        }
+    }
+}
