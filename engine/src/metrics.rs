@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
+use crate::spec::MAX_SPECULATIVE_TOKENS;
 use crate::structured::MaskTimes;
 
 /// Percentiles of a latency sample, in milliseconds.
@@ -139,6 +140,7 @@ pub struct LiveMetrics {
     pub generation_tokens: u64,
     /// Tokens of each step that ran a batch.
     pub step_tokens: StepTokens,
+    pub spec_decode: SpecDecodeCounts,
 }
 
 /// Everything an operator wants to see about the engine at one moment.
@@ -173,14 +175,14 @@ pub struct MetricsSnapshot {
 }
 
 /// Speculative decoding's counters, as vLLM's `vllm:spec_decode_*` metrics.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
 pub struct SpecDecodeCounts {
     /// Drafts scored (one per drafted sequence and step).
     pub num_drafts: u64,
     pub num_draft_tokens: u64,
     pub num_accepted_tokens: u64,
     /// Drafts whose token at each position was accepted.
-    pub num_accepted_tokens_per_pos: Vec<u64>,
+    pub num_accepted_tokens_per_pos: [u64; MAX_SPECULATIVE_TOKENS],
 }
 
 impl SpecDecodeCounts {
@@ -189,9 +191,7 @@ impl SpecDecodeCounts {
         self.num_drafts += 1;
         self.num_draft_tokens += drafted as u64;
         self.num_accepted_tokens += accepted as u64;
-        if self.num_accepted_tokens_per_pos.len() < accepted {
-            self.num_accepted_tokens_per_pos.resize(accepted, 0);
-        }
+        let accepted = accepted.min(MAX_SPECULATIVE_TOKENS);
         self.num_accepted_tokens_per_pos[..accepted].iter_mut().for_each(|n| *n += 1);
     }
 }
@@ -363,6 +363,7 @@ impl MetricsCollector {
             prompt_tokens: self.prompt_tokens,
             generation_tokens: self.generation_tokens,
             step_tokens: self.step_tokens,
+            spec_decode: self.spec_decode,
         }
     }
 
@@ -387,7 +388,7 @@ impl MetricsCollector {
             e2e_latency: self.e2e.stats(),
             guided_masks: self.guided_masks,
             decode_steps: self.decode_steps,
-            spec_decode: self.spec_decode.clone(),
+            spec_decode: self.spec_decode,
         }
     }
 }

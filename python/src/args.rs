@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use engine::config::{DECODE_ACTIVATIONS, KV_DTYPE, PREEMPTION_MODE, QUANTIZATION, SCHEDULING_POLICY};
+use engine::spec::SpeculativeConfig;
 use engine::{
     Choices, Conversation, Device, EngineConfig, KvCacheSize, Prompt, SamplingParams, ValidSamplingParams,
 };
@@ -53,6 +54,8 @@ struct EngineArgs {
     chat_template: Option<PathBuf>,
     /// Seconds between the engine's metrics log lines (0, the default here: none).
     log_stats_interval: Option<f64>,
+    /// vLLM's `speculative_config` dict (`{"method": "ngram", "num_speculative_tokens": 4}`).
+    speculative_config: Option<serde_json::Value>,
 }
 
 /// What a JSON object's error is about: serde names no field when a value is wrong, so the
@@ -124,6 +127,13 @@ pub fn engine_config(json: &str) -> PyResult<EngineConfig> {
         decode_activations: pick(&DECODE_ACTIVATIONS, args.decode_activations)?
             .unwrap_or(d.decode_activations),
         chat_template: args.chat_template,
+        speculative_config: match args.speculative_config {
+            Some(v) => Some(
+                SpeculativeConfig::from_json(&v.to_string())
+                    .map_err(|e| PyValueError::new_err(e.to_string()))?,
+            ),
+            None => None,
+        },
         log_interval: match args.log_stats_interval {
             Some(s) => Duration::from_secs_f64(amount("log_stats_interval", s)?),
             None => d.log_interval,

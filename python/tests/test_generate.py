@@ -139,3 +139,14 @@ def test_the_gil_is_released_while_a_batch_runs(model_path):
     worker.join()
     assert [o.outputs[0].finish_reason for o in result] == ["abort", "abort"]
     assert all(len(o.outputs[0].token_ids) < 400 for o in result)
+
+
+def test_speculative_config_keeps_every_greedy_token(model_path, llm):
+    # vLLM's dict; drafts from the prompt never change a greedy token.
+    prompt = "Repeat exactly: one two three four five six. one two three four"
+    want = llm.generate(prompt, greedy(16, ignore_eos=True))[0].outputs[0].token_ids
+    spec = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
+    with paged_llm.LLM(model_path, num_kv_blocks=64, speculative_config=spec) as fast:
+        assert fast.generate(prompt, greedy(16, ignore_eos=True))[0].outputs[0].token_ids == want
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        paged_llm.LLM(model_path, speculative_config={"method": "ngram", "num_speculative_tokens": 0})

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use clap::Args;
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use engine::config::{DECODE_ACTIVATIONS, KV_DTYPE, PREEMPTION_MODE, QUANTIZATION, SCHEDULING_POLICY};
+use engine::spec::SpeculativeConfig;
 use engine::{
     ActivationPrecision, Choices, DType, Device, EngineConfig, KvCacheSize, Policy, PreemptionMode,
     Quantization, ShutdownMode,
@@ -68,6 +69,15 @@ pub struct EngineKnobs {
     /// Seed for requests without their own.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Speculative decoding, vLLM's JSON: '{"method": "ngram", "num_speculative_tokens": 4,
+    /// "prompt_lookup_min": 2, "prompt_lookup_max": 5}'. Lossless: the same tokens, fewer steps
+    /// where answers copy from their prompt.
+    #[arg(long, value_parser = speculative_config)]
+    pub speculative_config: Option<SpeculativeConfig>,
+}
+
+fn speculative_config(json: &str) -> Result<SpeculativeConfig, String> {
+    SpeculativeConfig::from_json(json).map_err(|e| e.to_string())
 }
 
 /// A flag whose value is one of the engine's names for an argument's choices (the table the
@@ -99,6 +109,7 @@ impl EngineKnobs {
             seed: self.seed,
             quantization: self.quantization,
             decode_activations: self.decode_activations,
+            speculative_config: self.speculative_config,
             ..EngineConfig::default()
         }
     }
@@ -233,6 +244,16 @@ mod tests {
         assert_eq!(d.preemption_mode, PreemptionMode::Recompute);
         let cli = <Cli as clap::Parser>::try_parse_from(["run", "--kv-dtype", "BF16"]);
         assert!(cli.is_err(), "names are matched exactly");
+    }
+
+    #[test]
+    fn speculative_config_takes_vllm_json_and_refuses_bad_json_at_start() {
+        let json = r#"{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}"#;
+        let c = knobs(&["--speculative-config", json]).config();
+        assert_eq!(c.speculative_config.map(|s| s.num_speculative_tokens), Some(3));
+        assert_eq!(knobs(&[]).config().speculative_config, None);
+        let bad = <Cli as clap::Parser>::try_parse_from(["run", "--speculative-config", r#"{"method": "x"}"#]);
+        assert!(bad.is_err_and(|e| e.to_string().contains("speculative config")));
     }
 
     #[test]

@@ -26,6 +26,11 @@ pub struct Metrics {
     preemptions: IntCounter,
     prompt_tokens: IntCounter,
     generation_tokens: IntCounter,
+    spec_drafts: IntCounter,
+    spec_draft_tokens: IntCounter,
+    spec_accepted_tokens: IntCounter,
+    /// Accepted draft tokens by position (`position` label, 0-based).
+    spec_accepted_per_pos: IntCounterVec,
     /// Finished samples by `finished_reason` (`stop`, `length`; a client's abort is not a success).
     success: IntCounterVec,
     request_prompt_tokens: Histogram,
@@ -131,6 +136,19 @@ impl Metrics {
                 "vllm:generation_tokens_total",
                 "Number of generation tokens processed.",
             )?,
+            spec_drafts: counter("vllm:spec_decode_num_drafts_total", "Number of spec decoding drafts.")?,
+            spec_draft_tokens: counter("vllm:spec_decode_num_draft_tokens_total", "Number of draft tokens.")?,
+            spec_accepted_tokens: counter(
+                "vllm:spec_decode_num_accepted_tokens_total",
+                "Number of accepted tokens.",
+            )?,
+            spec_accepted_per_pos: registered(
+                &registry,
+                IntCounterVec::new(
+                    opts("vllm:spec_decode_num_accepted_tokens_per_pos", "Accepted tokens per draft position."),
+                    &["position"],
+                )?,
+            )?,
             success,
             request_prompt_tokens: histogram(
                 "vllm:request_prompt_tokens",
@@ -235,6 +253,13 @@ impl Metrics {
         catch_up(&self.preemptions, g.num_preemptions);
         catch_up(&self.prompt_tokens, snap.prompt_tokens);
         catch_up(&self.generation_tokens, snap.generation_tokens);
+        let spec = &snap.spec_decode;
+        catch_up(&self.spec_drafts, spec.num_drafts);
+        catch_up(&self.spec_draft_tokens, spec.num_draft_tokens);
+        catch_up(&self.spec_accepted_tokens, spec.num_accepted_tokens);
+        for (pos, &n) in spec.num_accepted_tokens_per_pos.iter().enumerate().filter(|&(_, &n)| n > 0) {
+            catch_up(&self.spec_accepted_per_pos.with_label_values(&[&pos.to_string()]), n);
+        }
         let mut families = self.registry.gather();
         families.push(self.step_tokens_family(snap));
         families.sort_by(|a, b| a.name().cmp(b.name()));
