@@ -27,6 +27,7 @@ pub const TARGETS: &[BenchTarget] = &[
     BenchTarget { group: "kv", package: "engine", bench: "kv", criterion: false },
     BenchTarget { group: "guided", package: "engine", bench: "guided", criterion: false },
     BenchTarget { group: "quality", package: "engine", bench: "quality", criterion: false },
+    BenchTarget { group: "spec", package: "engine", bench: "spec", criterion: false },
     BenchTarget { group: "web", package: "scheduler", bench: "web", criterion: false },
     BenchTarget { group: "web", package: "server", bench: "web_overhead", criterion: false },
 ];
@@ -78,6 +79,10 @@ pub const GOALS: &[(&str, &str)] = &[
     ("sim.sharegpt.kv_util_paged", "≥ 0.96"),
     ("sim.sharegpt.concurrency_paged_over_oracle", "≥ 2.0"),
     ("model.decode_b1_bw_fraction", "≥ 0.7"),
+    ("spec.verify_k4_over_k0", "≤ 1.3"),
+    ("spec.ngram_b1_speedup_grounded", "≥ 2.0"),
+    ("spec.ngram_b1_speedup_open", "≥ 0.97"),
+    ("spec.b64_ratio", "≥ 0.97"),
     ("model.l1b.prefill_mac_fraction", "≥ 0.8"),
     ("model.l1b.decode_b16_mac_fraction", "≥ 0.6"),
     ("model.l1b.decode_b1_bw_fraction", "≥ 0.8"),

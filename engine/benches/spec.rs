@@ -1,0 +1,241 @@
+//! Benchmark group `spec`: what speculative decoding costs and buys on the CPU.
+//!
+//! - `spec.verify_k4_over_k0` (SmolLM2, the Q4_1 GGUF) and `spec.l1b.verify_k4_over_k0` (random
+//!   weights at Llama-3.2-1B's shapes, Q4_0): the runner's forward of one sequence at context 512
+//!   scoring 5 positions (its last token and a 4-token draft, logits for all 5) over the same
+//!   step scoring 1; alternating pairs, the median ratio (mean and p90 in the fragment).
+//! - `spec.ngram_b1_speedup_grounded` / `spec.ngram_b1_speedup_open`: one request at a time,
+//!   greedy, 128 tokens at most, on an engine with n-gram drafts (`{"method": "ngram",
+//!   "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}`) and on one
+//!   without, in turns: output tokens per second with over without, the median over the prompts
+//!   and rounds of the committed prompt set (`spec_data/prompts.json`: answers that copy from
+//!   their prompt — a code edit, an extraction, quotes, a copy — and open-ended chat prompts).
+//!   The two engines produce the same tokens (checked).
+//! - `spec.b64_ratio`: 64 requests (the prompt set, repeated) end to end, drafts over none.
+//!
+//! Writes `$BENCH_FIGURES_DIR/spec.json` and the fragment `spec.md`.
+
+use std::error::Error;
+use std::path::Path;
+use std::time::Instant;
+
+use engine::spec::SpeculativeConfig;
+use engine::{Engine, EngineConfig, KvCacheSize, Prompt, SamplingParams};
+use model::runner::{DType, Device};
+use model::{KvCacheSize as RunnerCache, Model, Runner, RunnerConfig, StepInput};
+
+mod support;
+
+/// Alternating pairs of the verification steps (odd, for the median).
+const VERIFY_PAIRS: usize = 31;
+/// Rounds over the prompt set (odd).
+const ROUNDS: usize = 3;
+const MAX_TOKENS: usize = 128;
+const CONTEXT: usize = 512;
+const BLOCK: usize = 16;
+
+const PROMPTS: &str = include_str!("spec_data/prompts.json");
+const NGRAM: &str = r#"{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}"#;
+
+/// Median, mean and 90th percentile of `v`.
+fn stats(mut v: Vec<f64>) -> (f64, f64, f64) {
+    v.sort_by(f64::total_cmp);
+    let n = v.len().max(1);
+    let mean = v.iter().sum::<f64>() / n as f64;
+    (v[n / 2], mean, v[((n as f64 * 0.9).ceil() as usize).clamp(1, n) - 1])
+}
+
+/// A forward of one sequence whose first `cached` positions are in the cache, scoring the next
+/// `n` tokens (logits for all of them).
+fn step_input<'a>(buf: &'a StepBuf, n: usize) -> StepInput<'a> {
+    StepInput {
+        token_ids: &buf.tokens[..n],
+        positions: &buf.positions[..n],
+        slot_mapping: &buf.slots[..n],
+        group_slot_mapping: &[],
+        query_start_loc: &buf.starts[n],
+        seq_lens: &buf.lens[n],
+        seq_rows: &[0],
+        sample_indices: &buf.samples[..n],
+    }
+}
+
+/// The owned arrays behind [`step_input`] at `cached` positions.
+struct StepBuf {
+    tokens: Vec<u32>,
+    positions: Vec<u32>,
+    slots: Vec<i64>,
+    starts: Vec<[usize; 2]>,
+    lens: Vec<[usize; 1]>,
+    samples: Vec<usize>,
+}
+
+impl StepBuf {
+    fn new(cached: usize, max_n: usize) -> Self {
+        Self {
+            tokens: (0..max_n as u32).map(|i| 100 + i).collect(),
+            positions: (cached as u32..(cached + max_n) as u32).collect(),
+            slots: (cached as i64..(cached + max_n) as i64).collect(),
+            starts: (0..=max_n).map(|n| [0, n]).collect(),
+            lens: (0..=max_n).map(|n| [cached + n]).collect(),
+            samples: (0..max_n).collect(),
+        }
+    }
+}
+
+/// The verification step over the plain one on `model`: (median, mean, p90) of paired ratios.
+fn verify_ratio(model: Model) -> Result<(f64, f64, f64), Box<dyn Error>> {
+    let blocks = (CONTEXT + 8).div_ceil(BLOCK);
+    let config = RunnerConfig {
+        device: Device::Cpu,
+        kv_cache: RunnerCache::Blocks(blocks),
+        kv_dtype: DType::BF16,
+        block_size: BLOCK,
+        max_model_len: CONTEXT + 8,
+        swap_bytes: 0,
+        max_num_batched_tokens: CONTEXT,
+        max_num_seqs: 1,
+        gpu_memory_utilization: 0.9,
+    };
+    let mut runner = Runner::new(model, &config)?;
+    runner.write_table_row(0, 0, &(0..blocks as u32).collect::<Vec<_>>())?;
+    // The context: one prompt of CONTEXT tokens in the cache.
+    let prompt = StepBuf::new(0, CONTEXT);
+    let last = [CONTEXT - 1];
+    runner.forward(&StepInput { sample_indices: &last, ..step_input(&prompt, CONTEXT) })?;
+    let step = StepBuf::new(CONTEXT, 5);
+    let mut time = |n: usize| -> Result<f64, Box<dyn Error>> {
+        let t = Instant::now();
+        runner.forward(&step_input(&step, n))?;
+        Ok(t.elapsed().as_secs_f64())
+    };
+    time(1)?;
+    time(5)?;
+    let mut ratios = Vec::with_capacity(VERIFY_PAIRS);
+    for i in 0..VERIFY_PAIRS {
+        // The one that goes first alternates, so drift falls on both alike.
+        let (plain, verify) = if i % 2 == 0 {
+            let plain = time(1)?;
+            (plain, time(5)?)
+        } else {
+            let verify = time(5)?;
+            (time(1)?, verify)
+        };
+        ratios.push(verify / plain);
+    }
+    Ok(stats(ratios))
+}
+
+fn engine(gguf: &Path, spec: bool) -> Result<Engine, Box<dyn Error>> {
+    let config = EngineConfig {
+        kv_cache: KvCacheSize::Blocks(1024),
+        log_interval: std::time::Duration::ZERO,
+        speculative_config: if spec { Some(SpeculativeConfig::from_json(NGRAM)?) } else { None },
+        ..EngineConfig::default()
+    };
+    Ok(Engine::new(gguf, config)?)
+}
+
+/// The chat prompts of a set of `prompts.json`.
+fn prompts(set: &str) -> Result<Vec<Prompt>, Box<dyn Error>> {
+    let all: serde_json::Value = serde_json::from_str(PROMPTS)?;
+    let list = all[set].as_array().ok_or("prompt set missing")?;
+    Ok(list
+        .iter()
+        .filter_map(|p| p["prompt"].as_str())
+        .map(|text| Prompt::Chat(vec![model::ChatMessage::new("user", text)]))
+        .collect())
+}
+
+/// Generates `prompts` at once; returns the tokens and the seconds it took.
+fn generate(engine: &mut Engine, prompts: &[Prompt]) -> Result<(Vec<Vec<u32>>, f64), Box<dyn Error>> {
+    let params = SamplingParams::greedy(MAX_TOKENS);
+    let t = Instant::now();
+    let outs = engine.generate(prompts.to_vec(), &params)?;
+    let secs = t.elapsed().as_secs_f64();
+    let tokens = outs.into_iter().map(|o| o.map(|o| o.completions[0].token_ids.clone())).collect::<Result<_, _>>()?;
+    Ok((tokens, secs))
+}
+
+/// Drafts over none, one prompt at a time, in turns: (median, mean, p90) of the time ratios
+/// (plain ÷ drafted, so above 1 is a speedup) and the drafts' acceptance.
+fn speedup_b1(plain: &mut Engine, spec: &mut Engine, set: &str) -> Result<((f64, f64, f64), f64), Box<dyn Error>> {
+    let mut ratios = Vec::new();
+    let before = spec.metrics().spec_decode;
+    for round in 0..ROUNDS {
+        for p in prompts(set)? {
+            let one = [p];
+            let ((a, ta), (b, tb)) = if round % 2 == 0 {
+                let a = generate(plain, &one)?;
+                (a, generate(spec, &one)?)
+            } else {
+                let b = generate(spec, &one)?;
+                (generate(plain, &one)?, b)
+            };
+            if a != b {
+                return Err(format!("{set}: drafts changed the greedy tokens").into());
+            }
+            ratios.push(ta / tb);
+        }
+    }
+    let after = spec.metrics().spec_decode;
+    let drafted = (after.num_draft_tokens - before.num_draft_tokens).max(1);
+    Ok((stats(ratios), (after.num_accepted_tokens - before.num_accepted_tokens) as f64 / drafted as f64))
+}
+
+fn main() -> Result<(), Box<dyn Error>> {
+    let smol = model::testing::default_model_fetched()?;
+    let (v_smol, v_smol_mean, v_smol_p90) = verify_ratio(Model::load(&smol)?)?;
+    eprintln!("verify k=4 over k=0, SmolLM2: {v_smol:.3}");
+    let l1b = model::testing::made_model_fetched("llama-3.2-1b", "q4_0")?;
+    let (v_l1b, v_l1b_mean, v_l1b_p90) = verify_ratio(Model::load(&l1b)?)?;
+    eprintln!("verify k=4 over k=0, 1B shape: {v_l1b:.3}");
+
+    let (mut plain, mut spec) = (engine(&smol, false)?, engine(&smol, true)?);
+    let (grounded, grounded_accept) = speedup_b1(&mut plain, &mut spec, "grounded")?;
+    eprintln!("n-gram b1 speedup, grounded: {:.3} (acceptance {grounded_accept:.2})", grounded.0);
+    let (open, open_accept) = speedup_b1(&mut plain, &mut spec, "open")?;
+    eprintln!("n-gram b1 speedup, open: {:.3} (acceptance {open_accept:.2})", open.0);
+
+    let all: Vec<Prompt> = [prompts("grounded")?, prompts("open")?].concat();
+    let batch: Vec<Prompt> = all.iter().cycle().take(64).cloned().collect();
+    let mut b64 = Vec::new();
+    for round in 0..ROUNDS {
+        let (ta, tb) = if round % 2 == 0 {
+            let a = generate(&mut plain, &batch)?;
+            (a.1, generate(&mut spec, &batch)?.1)
+        } else {
+            let b = generate(&mut spec, &batch)?.1;
+            (generate(&mut plain, &batch)?.1, b)
+        };
+        b64.push(ta / tb);
+    }
+    let b64 = stats(b64);
+    eprintln!("b64 ratio: {:.3}", b64.0);
+
+    let figures = serde_json::json!({
+        "spec.verify_k4_over_k0": v_smol,
+        "spec.l1b.verify_k4_over_k0": v_l1b,
+        "spec.ngram_b1_speedup_grounded": grounded.0,
+        "spec.ngram_b1_speedup_open": open.0,
+        "spec.ngram_acceptance_grounded": grounded_accept,
+        "spec.ngram_acceptance_open": open_accept,
+        "spec.b64_ratio": b64.0,
+    });
+    let mut md = format!(
+        "## spec (speculative decoding, n-gram k = 4, {} threads)\n\n",
+        rayon::current_num_threads()
+    );
+    support::figures_table(&mut md, &figures);
+    md.push_str(&format!(
+        "\nMedian, mean, p90 — verify k=4/k=0: SmolLM2 {v_smol:.3} / {v_smol_mean:.3} / {v_smol_p90:.3}, \
+         1B shape {v_l1b:.3} / {v_l1b_mean:.3} / {v_l1b_p90:.3} ({VERIFY_PAIRS} alternating pairs); \
+         b1 speedup grounded {:.3} / {:.3} / {:.3}, open {:.3} / {:.3} / {:.3}; b64 {:.3} / {:.3} / {:.3} \
+         ({ROUNDS} rounds, greedy, at most {MAX_TOKENS} tokens).\n",
+        grounded.0, grounded.1, grounded.2, open.0, open.1, open.2, b64.0, b64.1, b64.2
+    ));
+    let dir = support::figures_dir()?;
+    std::fs::write(dir.join("spec.json"), serde_json::to_string_pretty(&figures)?)?;
+    std::fs::write(dir.join("spec.md"), md)?;
+    Ok(())
+}
