@@ -35,10 +35,15 @@ const CONTEXT: usize = 512;
 const BLOCK: usize = 16;
 
 const PROMPTS: &str = include_str!("spec_data/prompts.json");
-const NGRAM: &str = r#"{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}"#;
+const NGRAM: &str =
+    r#"{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}"#;
+
+type Res<T> = Result<T, Box<dyn Error>>;
+/// Median, mean and 90th percentile.
+type Stats = (f64, f64, f64);
 
 /// Median, mean and 90th percentile of `v`.
-fn stats(mut v: Vec<f64>) -> (f64, f64, f64) {
+fn stats(mut v: Vec<f64>) -> Stats {
     v.sort_by(f64::total_cmp);
     let n = v.len().max(1);
     let mean = v.iter().sum::<f64>() / n as f64;
@@ -84,7 +89,7 @@ impl StepBuf {
 }
 
 /// The verification step over the plain one on `model`: (median, mean, p90) of paired ratios.
-fn verify_ratio(model: Model) -> Result<(f64, f64, f64), Box<dyn Error>> {
+fn verify_ratio(model: Model) -> Res<Stats> {
     let blocks = (CONTEXT + 8).div_ceil(BLOCK);
     let config = RunnerConfig {
         device: Device::Cpu,
@@ -148,18 +153,19 @@ fn prompts(set: &str) -> Result<Vec<Prompt>, Box<dyn Error>> {
 }
 
 /// Generates `prompts` at once; returns the tokens and the seconds it took.
-fn generate(engine: &mut Engine, prompts: &[Prompt]) -> Result<(Vec<Vec<u32>>, f64), Box<dyn Error>> {
+fn generate(engine: &mut Engine, prompts: &[Prompt]) -> Res<(Vec<Vec<u32>>, f64)> {
     let params = SamplingParams::greedy(MAX_TOKENS);
     let t = Instant::now();
     let outs = engine.generate(prompts.to_vec(), &params)?;
     let secs = t.elapsed().as_secs_f64();
-    let tokens = outs.into_iter().map(|o| o.map(|o| o.completions[0].token_ids.clone())).collect::<Result<_, _>>()?;
+    let tokens =
+        outs.into_iter().map(|o| o.map(|o| o.completions[0].token_ids.clone())).collect::<Result<_, _>>()?;
     Ok((tokens, secs))
 }
 
 /// Drafts over none, one prompt at a time, in turns: (median, mean, p90) of the time ratios
 /// (plain ÷ drafted, so above 1 is a speedup) and the drafts' acceptance.
-fn speedup_b1(plain: &mut Engine, spec: &mut Engine, set: &str) -> Result<((f64, f64, f64), f64), Box<dyn Error>> {
+fn speedup_b1(plain: &mut Engine, spec: &mut Engine, set: &str) -> Res<(Stats, f64)> {
     let mut ratios = Vec::new();
     let before = spec.metrics().spec_decode;
     for round in 0..ROUNDS {
@@ -222,10 +228,8 @@ fn main() -> Result<(), Box<dyn Error>> {
         "spec.ngram_acceptance_open": open_accept,
         "spec.b64_ratio": b64.0,
     });
-    let mut md = format!(
-        "## spec (speculative decoding, n-gram k = 4, {} threads)\n\n",
-        rayon::current_num_threads()
-    );
+    let mut md =
+        format!("## spec (speculative decoding, n-gram k = 4, {} threads)\n\n", rayon::current_num_threads());
     support::figures_table(&mut md, &figures);
     md.push_str(&format!(
         "\nMedian, mean, p90 — verify k=4/k=0: SmolLM2 {v_smol:.3} / {v_smol_mean:.3} / {v_smol_p90:.3}, \

@@ -47,6 +47,8 @@ pub struct Engine {
     bufs: StepBuffers,
     /// Outputs produced outside `step` (aborts), returned by the next `step`.
     pending: Vec<RequestOutput>,
+    /// Plain steps one draft verification costs (speculative decoding's cost rule).
+    verify_cost: f64,
 }
 
 /// Buffers one step fills and the next reuses.
@@ -93,7 +95,7 @@ impl Engine {
             return Err(EngineError::Config("max_waiting must be at least 1".into()));
         }
         // The cache's size can depend on the device (CUDA profiles a forward first).
-        let runner = Runner::new(
+        let mut runner = Runner::new(
             model,
             &RunnerConfig {
                 device: config.device,
@@ -110,6 +112,13 @@ impl Engine {
                 gpu_memory_utilization: config.gpu_memory_utilization,
             },
         )?;
+        let verify_cost = match config.speculative_config {
+            Some(spec) => match spec.verify_cost {
+                Some(cost) => cost,
+                None => verify::measure_verify_cost(&mut runner, spec.num_speculative_tokens)?,
+            },
+            None => 1.0,
+        };
         let cache_cfg = *runner.cache_config();
         let scheduler = Scheduler::new(SchedulerConfig {
             max_num_batched_tokens: config.max_num_batched_tokens,
@@ -155,6 +164,7 @@ impl Engine {
             live: Live::default(),
             bufs: StepBuffers::default(),
             pending: Vec::new(),
+            verify_cost,
         })
     }
 
@@ -502,7 +512,11 @@ impl Engine {
         phases.sample_s += lap();
         // Each further draw of a drafted row follows one accepted draft token.
         for (r, more) in view.rows.iter().zip(&more).filter(|(r, _)| !r.draft.is_empty()) {
-            self.metrics.record_draft(r.draft.len(), more.len().min(r.draft.len()));
+            let accepted = more.len().min(r.draft.len());
+            self.metrics.record_draft(r.draft.len(), accepted);
+            if let Some(seq) = self.live.at_mut(r.slot).and_then(|rec| rec.seqs.get_mut(r.index)) {
+                seq.gate.record(r.draft.len(), accepted);
+            }
         }
         let updates = self.apply_samples(first, more)?;
         self.update_scheduler(&updates)?;

@@ -14,6 +14,7 @@ use crate::output::{
     RequestTiming, Sink,
 };
 use crate::sampling::{SamplingParams, SequenceSampler};
+use crate::spec::DraftGate;
 use crate::structured::Guide;
 
 /// A prompt: plain text, token ids, or chat messages rendered with the model's template (with
@@ -87,6 +88,8 @@ pub(crate) struct SeqState {
     pub sampler: SequenceSampler,
     /// The constraint's state for this sample (a constrained request only).
     pub guide: Option<Guide>,
+    /// Whether its drafts pay (speculative decoding).
+    pub gate: DraftGate,
     pub detok: IncrementalDetokenizer,
     pub new_tokens: Vec<u32>,
     pub new_logprobs: Vec<PositionLogprobs>,
@@ -182,6 +185,7 @@ impl RequestRecord {
             .map(|s| SeqState {
                 sampler: s,
                 guide: None,
+                gate: DraftGate::default(),
                 detok: IncrementalDetokenizer::new(
                     prompt,
                     params.skip_special_tokens,

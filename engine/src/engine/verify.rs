@@ -5,6 +5,8 @@
 //! exactly the tokens it would have got a step at a time. Drafted rows draw in rounds, the
 //! rows still matching their drafts together.
 
+use model::{Runner, StepInput};
+
 use super::Engine;
 use super::live::{Row, SampleMut};
 use super::rows::gather_logit_rows;
@@ -90,10 +92,18 @@ impl Engine {
     /// of one sample, without a constraint) for the scheduler to score next step.
     pub(super) fn propose_drafts(&mut self) -> Result<(), EngineError> {
         let Some(spec) = self.config.speculative_config else { return Ok(()) };
+        if spec.disable_by_batch_size.is_some_and(|most| self.bufs.view.rows.len() > most) {
+            return Ok(());
+        }
+        let k = spec.num_speculative_tokens;
         for r in &self.bufs.view.rows {
-            let Some(record) = self.live.at(r.slot) else { continue };
-            let seq = record.seqs.get(r.index).ok_or(EngineError::Internal("sample index out of range"))?;
-            if seq.finish.is_some() || record.seqs.len() > 1 || record.params.constraint.is_some() {
+            let Some(record) = self.live.at_mut(r.slot) else { continue };
+            if record.seqs.len() > 1 || record.params.constraint.is_some() {
+                continue;
+            }
+            let seq =
+                record.seqs.get_mut(r.index).ok_or(EngineError::Internal("sample index out of range"))?;
+            if seq.finish.is_some() || !seq.gate.wants(k, self.verify_cost) {
                 continue;
             }
             let tokens = self
@@ -107,4 +117,63 @@ impl Engine {
         }
         Ok(())
     }
+}
+
+/// Context of the calibration forwards (short: a decode's cost is its weights' reads).
+const CALIBRATION_CONTEXT: usize = 64;
+/// Timed pairs of the calibration (odd, for the median).
+const CALIBRATION_PAIRS: usize = 5;
+
+/// Plain steps one verification of `k` draft tokens costs on `runner`: the median over
+/// alternating pairs of a forward scoring `1 + k` positions of one sequence over one scoring 1,
+/// run before the engine serves anything (the cache's first blocks hold nothing yet, and the
+/// scheduler rewrites a sequence's whole table row the first time it schedules it).
+pub(super) fn measure_verify_cost(runner: &mut Runner, k: usize) -> Result<f64, EngineError> {
+    let bs = runner.cache_config().block_size;
+    let n = CALIBRATION_CONTEXT + k + 1;
+    let blocks = n.div_ceil(bs);
+    // Too small a cache or model length to measure: assume the worst, every position a step.
+    let worst = (k + 1) as f64;
+    if blocks > runner.cache_config().num_blocks {
+        return Ok(worst);
+    }
+    if runner.write_table_row(0, 0, &(0..blocks as u32).collect::<Vec<_>>()).is_err() {
+        return Ok(worst);
+    }
+    let tokens: Vec<u32> = (0..n as u32).map(|i| i % 17).collect();
+    let positions: Vec<u32> = (0..n as u32).collect();
+    let slots: Vec<i64> = (0..n as i64).collect();
+    let all: Vec<usize> = (0..n).collect();
+    let mut forward = |from: usize, len: usize, sampled: &[usize]| -> Result<f64, EngineError> {
+        let t = std::time::Instant::now();
+        runner.forward(&StepInput {
+            token_ids: &tokens[from..from + len],
+            positions: &positions[from..from + len],
+            slot_mapping: &slots[from..from + len],
+            group_slot_mapping: &[],
+            query_start_loc: &[0, len],
+            seq_lens: &[from + len],
+            seq_rows: &[0],
+            sample_indices: sampled,
+        })?;
+        Ok(t.elapsed().as_secs_f64())
+    };
+    let c = CALIBRATION_CONTEXT;
+    forward(0, c, &[c - 1])?;
+    let mut ratios = Vec::with_capacity(CALIBRATION_PAIRS);
+    for i in 0..=CALIBRATION_PAIRS {
+        let (one, verify) = if i % 2 == 0 {
+            let one = forward(c, 1, &all[..1])?;
+            (one, forward(c, k + 1, &all[..k + 1])?)
+        } else {
+            let verify = forward(c, k + 1, &all[..k + 1])?;
+            (forward(c, 1, &all[..1])?, verify)
+        };
+        // The first pair warms the larger step's buffers up.
+        if i > 0 {
+            ratios.push(verify / one.max(1e-9));
+        }
+    }
+    ratios.sort_by(f64::total_cmp);
+    Ok(ratios[ratios.len() / 2])
 }

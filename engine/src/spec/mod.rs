@@ -27,11 +27,67 @@ pub enum SpecMethod {
 }
 
 /// Speculative decoding's settings.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SpeculativeConfig {
     pub method: SpecMethod,
     /// Draft tokens proposed per sequence and step (vLLM's `num_speculative_tokens`).
     pub num_speculative_tokens: usize,
+    /// No drafts in a step once more sequences than this decode (vLLM's
+    /// `disable_by_batch_size`); `None`: only the cost rule ([`DraftGate`]) decides.
+    pub disable_by_batch_size: Option<usize>,
+    /// Plain steps one verification costs, for the cost rule; `None` (what the JSON gives):
+    /// measured on the engine's model and device when it starts.
+    pub verify_cost: Option<f64>,
+}
+
+/// When a sample's drafts pay: a step that scores `k` draft tokens costs `verify_cost` plain
+/// steps (measured on the engine's own model and device when it starts), and drafts whose
+/// tokens are accepted at rate `a` yield `1 + a + … + a^k` tokens a step in expectation; a
+/// sample drafts while that beats the cost. Its acceptance is a running average of its own
+/// drafts'; a sample that stopped drafting tries again every [`DraftGate::PROBE_EVERY`] steps.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DraftGate {
+    pub acceptance: f64,
+    /// Steps since the sample last drafted.
+    pub idle: u32,
+}
+
+impl Default for DraftGate {
+    fn default() -> Self {
+        // Optimistic until measured: a new sample drafts.
+        Self { acceptance: 1.0, idle: 0 }
+    }
+}
+
+impl DraftGate {
+    /// Weight of the newest draft in the running acceptance.
+    const NEWEST: f64 = 0.3;
+    pub const PROBE_EVERY: u32 = 8;
+
+    /// Expected tokens a step from a `k`-token draft accepted at rate `a` per token.
+    pub fn expected_tokens(a: f64, k: usize) -> f64 {
+        (0..=k as i32).map(|i| a.powi(i)).sum()
+    }
+
+    /// Whether to draft `k` tokens for the next step, given what a verification costs.
+    pub fn wants(&mut self, k: usize, verify_cost: f64) -> bool {
+        let pays = Self::expected_tokens(self.acceptance, k) > verify_cost;
+        if pays || self.idle + 1 >= Self::PROBE_EVERY {
+            self.idle = 0;
+            true
+        } else {
+            self.idle += 1;
+            false
+        }
+    }
+
+    /// One scored draft of `drafted` tokens with `accepted` accepted.
+    pub fn record(&mut self, drafted: usize, accepted: usize) {
+        if drafted > 0 {
+            let rate = accepted as f64 / drafted as f64;
+            self.acceptance += Self::NEWEST * (rate - self.acceptance);
+        }
+    }
 }
 
 /// vLLM's JSON object, field for field; unknown fields are refused, never ignored.
@@ -43,6 +99,7 @@ struct Json {
     prompt_lookup_min: Option<usize>,
     prompt_lookup_max: Option<usize>,
     model: Option<String>,
+    disable_by_batch_size: Option<usize>,
 }
 
 impl SpeculativeConfig {
@@ -73,7 +130,15 @@ impl SpeculativeConfig {
             }
             other => return Err(bad(format!("unknown method \"{other}\" (methods: \"ngram\")"))),
         };
-        Ok(Self { method, num_speculative_tokens: k })
+        if j.disable_by_batch_size == Some(0) {
+            return Err(bad("disable_by_batch_size must be at least 1".into()));
+        }
+        Ok(Self {
+            method,
+            num_speculative_tokens: k,
+            disable_by_batch_size: j.disable_by_batch_size,
+            verify_cost: None,
+        })
     }
 
     /// The draft for a sequence of `tokens` (prompt and generated), into `draft` (cleared first).
@@ -100,7 +165,9 @@ mod tests {
             c.ok(),
             Some(SpeculativeConfig {
                 method: SpecMethod::Ngram { min_n: 2, max_n: 5 },
-                num_speculative_tokens: 4
+                num_speculative_tokens: 4,
+                disable_by_batch_size: None,
+                verify_cost: None,
             })
         );
         for (json, says) in [
@@ -114,9 +181,31 @@ mod tests {
             (r#"{"method": "draft_model", "model": "x", "num_speculative_tokens": 2}"#, "not supported"),
             (r#"{"method": "ngram", "num_speculative_tokens": 2, "typo": 1}"#, "unknown field"),
             (r#"{"method": "ngram""#, "EOF"),
+            (r#"{"method": "ngram", "num_speculative_tokens": 2, "disable_by_batch_size": 0}"#, "at least 1"),
         ] {
             let e = SpeculativeConfig::from_json(json).err().map(|e| e.to_string()).unwrap_or_default();
             assert!(e.contains(says), "{json}: {e}");
         }
+    }
+
+    /// A sample drafts while its acceptance makes a draft worth its verification, and probes now
+    /// and then once it stopped; its acceptance follows its drafts.
+    #[test]
+    fn the_gate_drafts_while_drafts_pay() {
+        assert_eq!(DraftGate::expected_tokens(0.0, 4), 1.0);
+        assert_eq!(DraftGate::expected_tokens(1.0, 4), 5.0);
+        let mut gate = DraftGate::default();
+        assert!(gate.wants(4, 2.8), "a new sample drafts");
+        for _ in 0..10 {
+            gate.record(4, 0);
+        }
+        assert!(gate.acceptance < 0.05);
+        let wanted: Vec<bool> = (0..DraftGate::PROBE_EVERY).map(|_| gate.wants(4, 2.8)).collect();
+        assert_eq!(wanted.iter().filter(|&&w| w).count(), 1, "one probe per period: {wanted:?}");
+        assert!(gate.wants(4, 0.9), "drafting is free where a verification costs less than a step");
+        for _ in 0..10 {
+            gate.record(4, 4);
+        }
+        assert!(gate.wants(4, 2.8));
     }
 }

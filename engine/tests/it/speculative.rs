@@ -14,11 +14,14 @@ use crate::support::{Fixture, prompt_tokens, small_config};
 /// Each sample's outputs (by request and sample index): its tokens, their logprobs, its finish.
 type Outputs = BTreeMap<(String, usize), (Vec<u32>, Vec<f32>, Option<FinishReason>)>;
 
+/// n-gram drafts of `k` tokens, every step (a verification pinned at the cost of a plain step,
+/// so that the cost rule never holds a draft back: these tests are about what drafts change).
 fn ngram(k: usize) -> Option<SpeculativeConfig> {
     let json = format!(
         r#"{{"method": "ngram", "num_speculative_tokens": {k}, "prompt_lookup_min": 1, "prompt_lookup_max": 4}}"#
     );
-    Some(SpeculativeConfig::from_json(&json).unwrap_or_else(|e| panic!("{e}")))
+    let config = SpeculativeConfig::from_json(&json).unwrap_or_else(|e| panic!("{e}"));
+    Some(SpeculativeConfig { verify_cost: Some(1.0), ..config })
 }
 
 /// Prompts that repeat themselves (so that lookup finds drafts) under varied parameters.
@@ -163,4 +166,32 @@ fn smollm2_copies_with_drafts_and_decodes_the_same_tokens() {
     let (got, _) = run(&mut spec, &reqs);
     assert_same(&got, &want, "smollm2");
     assert!(spec.metrics().spec_decode.num_accepted_tokens > 0, "the copy drafted from its prompt");
+}
+
+/// With the cost measured at start, drafts still change no token; a batch past
+/// `disable_by_batch_size` drafts nothing.
+#[test]
+fn the_measured_cost_rule_and_the_batch_limit_keep_outputs() {
+    let fx = Fixture::new();
+    let reqs = workload();
+    let (plain, _) = run(&mut fx.engine(small_config(256)), &reqs);
+    let measured = ngram(4).map(|c| SpeculativeConfig { verify_cost: None, ..c });
+    let (got, _) =
+        run(&mut fx.engine(EngineConfig { speculative_config: measured, ..small_config(256) }), &reqs);
+    assert_same(&got, &plain, "measured cost");
+    let limited = ngram(4).map(|c| SpeculativeConfig { disable_by_batch_size: Some(1), ..c });
+    let mut engine = fx.engine(EngineConfig { speculative_config: limited, ..small_config(256) });
+    let many: Vec<_> = reqs.iter().filter(|(_, _, p)| p.n == 1).cloned().collect();
+    let (got, _) = run(&mut engine, &many);
+    assert_same(
+        &got,
+        &plain
+            .iter()
+            .filter(|(k, _)| many.iter().any(|(id, _, _)| *id == k.0))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        "batch limit",
+    );
+    // Only the last request left alone may draft: far fewer drafts than sequences' steps.
+    assert!(engine.metrics().spec_decode.num_drafts < engine.metrics().steps);
 }
