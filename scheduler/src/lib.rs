@@ -16,6 +16,7 @@
 
 mod config;
 mod draft;
+mod emit;
 mod error;
 mod fit;
 mod group;

@@ -252,7 +252,8 @@ mod tests {
         let c = knobs(&["--speculative-config", json]).config();
         assert_eq!(c.speculative_config.map(|s| s.num_speculative_tokens), Some(3));
         assert_eq!(knobs(&[]).config().speculative_config, None);
-        let bad = <Cli as clap::Parser>::try_parse_from(["run", "--speculative-config", r#"{"method": "x"}"#]);
+        let bad =
+            <Cli as clap::Parser>::try_parse_from(["run", "--speculative-config", r#"{"method": "x"}"#]);
         assert!(bad.is_err_and(|e| e.to_string().contains("speculative config")));
     }
 

@@ -145,7 +145,10 @@ impl Metrics {
             spec_accepted_per_pos: registered(
                 &registry,
                 IntCounterVec::new(
-                    opts("vllm:spec_decode_num_accepted_tokens_per_pos", "Accepted tokens per draft position."),
+                    opts(
+                        "vllm:spec_decode_num_accepted_tokens_per_pos",
+                        "Accepted tokens per draft position.",
+                    ),
                     &["position"],
                 )?,
             )?,
