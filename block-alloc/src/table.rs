@@ -274,22 +274,7 @@ impl BlockTable {
     /// [`AllocError::UnknownBlock`], [`AllocError::BlockSizeMismatch`], [`AllocError::WrongPool`].
     pub fn free(&mut self, pool: &mut BlockPool) -> Result<(), AllocError> {
         self.check_pool(pool)?;
-        let live = &self.blocks[self.first_live as usize..];
-        for (i, &b) in live.iter().enumerate().rev() {
-            let err = match pool.ref_counts.get(b as usize) {
-                None => AllocError::UnknownBlock(b),
-                Some(0) => AllocError::DoubleFree(b),
-                Some(_) => {
-                    pool.release(b);
-                    continue;
-                }
-            };
-            // Undo in reverse order of the releases so the free queue is restored exactly.
-            for &done in &live[i + 1..] {
-                pool.unrelease(done);
-            }
-            return Err(err);
-        }
+        release_last_first(pool, &self.blocks[self.first_live as usize..])?;
         self.clear();
         Ok(())
     }
@@ -315,21 +300,7 @@ impl BlockTable {
         }
         self.check_pool(pool)?;
         let keep = num_tokens.div_ceil(self.block_size).max(self.first_live as usize);
-        let gone = &self.blocks[keep..];
-        for (i, &b) in gone.iter().enumerate().rev() {
-            let err = match pool.ref_counts.get(b as usize) {
-                None => AllocError::UnknownBlock(b),
-                Some(0) => AllocError::DoubleFree(b),
-                Some(_) => {
-                    pool.release(b);
-                    continue;
-                }
-            };
-            for &done in &gone[i + 1..] {
-                pool.unrelease(done);
-            }
-            return Err(err);
-        }
+        release_last_first(pool, &self.blocks[keep..])?;
         self.blocks.truncate(keep);
         self.num_tokens = num_tokens;
         self.hashes.truncate(self.hashes.len().min(num_tokens / self.block_size).max(self.num_registered));
@@ -382,6 +353,26 @@ impl BlockTable {
         self.check_block_size(pool)?;
         if self.pool_id != 0 && self.pool_id != pool.id { Err(AllocError::WrongPool) } else { Ok(()) }
     }
+}
+
+/// Drops one reference on each of `blocks`, last first; all or nothing (a block already free or
+/// unknown undoes the releases before it, in reverse, so the free queue is restored exactly).
+fn release_last_first(pool: &mut BlockPool, blocks: &[BlockId]) -> Result<(), AllocError> {
+    for (i, &b) in blocks.iter().enumerate().rev() {
+        let err = match pool.ref_counts.get(b as usize) {
+            None => AllocError::UnknownBlock(b),
+            Some(0) => AllocError::DoubleFree(b),
+            Some(_) => {
+                pool.release(b);
+                continue;
+            }
+        };
+        for &done in &blocks[i + 1..] {
+            pool.unrelease(done);
+        }
+        return Err(err);
+    }
+    Ok(())
 }
 
 #[cfg(test)]

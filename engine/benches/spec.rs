@@ -13,7 +13,8 @@
 //!   The two engines produce the same tokens (checked).
 //! - `spec.b64_ratio`: 64 requests (the prompt set, repeated) end to end, drafts over none.
 //!
-//! Writes `$BENCH_FIGURES_DIR/spec.json` and the fragment `spec.md`.
+//! Writes `$BENCH_FIGURES_DIR/spec.json` and the fragment `spec.md`. `SPEC_ONLY=verify` measures
+//! the verification ratios alone, printed (with `SPEC_ACTIVATIONS` another activation precision).
 
 use std::error::Error;
 use std::path::Path;
@@ -89,7 +90,12 @@ impl StepBuf {
 }
 
 /// The verification step over the plain one on `model`: (median, mean, p90) of paired ratios.
-fn verify_ratio(model: Model) -> Res<Stats> {
+fn verify_ratio(mut model: Model) -> Res<Stats> {
+    // `SPEC_ACTIVATIONS=int8|int16|f32` measures another activation precision than the default.
+    if let Ok(name) = std::env::var("SPEC_ACTIVATIONS") {
+        model.activations =
+            engine::config::DECODE_ACTIVATIONS.parse(&name).ok_or("SPEC_ACTIVATIONS: f32, int16 or int8")?;
+    }
     let blocks = (CONTEXT + 8).div_ceil(BLOCK);
     let config = RunnerConfig {
         device: Device::Cpu,
@@ -196,6 +202,9 @@ fn main() -> Result<(), Box<dyn Error>> {
     let l1b = model::testing::made_model_fetched("llama-3.2-1b", "q4_0")?;
     let (v_l1b, v_l1b_mean, v_l1b_p90) = verify_ratio(Model::load(&l1b)?)?;
     eprintln!("verify k=4 over k=0, 1B shape: {v_l1b:.3}");
+    if std::env::var("SPEC_ONLY").is_ok_and(|v| v == "verify") {
+        return Ok(());
+    }
 
     let (mut plain, mut spec) = (engine(&smol, false)?, engine(&smol, true)?);
     let (grounded, grounded_accept) = speedup_b1(&mut plain, &mut spec, "grounded")?;
