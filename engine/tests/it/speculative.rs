@@ -195,3 +195,27 @@ fn the_measured_cost_rule_and_the_batch_limit_keep_outputs() {
     // Only the last request left alone may draft: far fewer drafts than sequences' steps.
     assert!(engine.metrics().spec_decode.num_drafts < engine.metrics().steps);
 }
+
+/// Gemma 3 (SentencePiece vocabulary, sliding-window layers in a hybrid cache): greedy tokens
+/// with drafts are the plain ones.
+#[test]
+fn gemma3_decodes_the_same_tokens_with_drafts() {
+    let gguf = model::testing::gemma3_gguf_for_tests();
+    let text = "Copy this list exactly: apples, pears, plums, cherries, apples, pears, plums, cherries.";
+    let config = EngineConfig {
+        kv_cache: engine::KvCacheSize::Blocks(128),
+        log_interval: std::time::Duration::ZERO,
+        ..EngineConfig::default()
+    };
+    let mut plain = Engine::new(&gguf, config.clone()).unwrap_or_else(|e| panic!("{e}"));
+    let tokens =
+        plain.tokenize("copy", engine::Prompt::Text(text.to_owned())).unwrap_or_else(|e| panic!("{e}"));
+    let reqs =
+        [("copy".to_owned(), tokens, SamplingParams { ignore_eos: true, ..SamplingParams::greedy(40) })];
+    let (want, _) = run(&mut plain, &reqs);
+    let mut spec = Engine::new(&gguf, EngineConfig { speculative_config: ngram(4), ..config })
+        .unwrap_or_else(|e| panic!("{e}"));
+    let (got, _) = run(&mut spec, &reqs);
+    assert_same(&got, &want, "gemma3");
+    assert!(spec.metrics().spec_decode.num_drafts > 0);
+}
