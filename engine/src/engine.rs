@@ -47,8 +47,8 @@ pub struct Engine {
     bufs: StepBuffers,
     /// Outputs produced outside `step` (aborts), returned by the next `step`.
     pending: Vec<RequestOutput>,
-    /// Plain steps one draft verification costs (speculative decoding's cost rule).
-    verify_cost: f64,
+    /// What a draft's verification costs (speculative decoding's cost rule).
+    draft_cost: verify::VerifyCost,
 }
 
 /// Buffers one step fills and the next reuses.
@@ -112,12 +112,12 @@ impl Engine {
                 gpu_memory_utilization: config.gpu_memory_utilization,
             },
         )?;
-        let verify_cost = match config.speculative_config {
+        let draft_cost = match config.speculative_config {
             Some(spec) => match spec.verify_cost {
-                Some(cost) => cost,
+                Some(cost) => verify::VerifyCost::Pinned(cost),
                 None => verify::measure_verify_cost(&mut runner, spec.num_speculative_tokens)?,
             },
-            None => 1.0,
+            None => verify::VerifyCost::Pinned(1.0),
         };
         let cache_cfg = *runner.cache_config();
         let scheduler = Scheduler::new(SchedulerConfig {
@@ -164,7 +164,7 @@ impl Engine {
             live: Live::default(),
             bufs: StepBuffers::default(),
             pending: Vec::new(),
-            verify_cost,
+            draft_cost,
         })
     }
 
@@ -520,7 +520,7 @@ impl Engine {
         }
         let updates = self.apply_samples(first, more)?;
         self.update_scheduler(&updates)?;
-        self.propose_drafts()?;
+        self.propose_drafts(phases.forward_s)?;
         phases.update_s += lap();
         Ok(updates.len())
     }

@@ -12,6 +12,7 @@ use super::live::{Row, SampleMut};
 use super::rows::gather_logit_rows;
 use crate::error::EngineError;
 use crate::sampling::{SampleRow, SamplerError, TokenChoice, sample_batch};
+use crate::spec::DraftCost;
 
 /// Whether `token`, the target's draw at `j`, is draft token `j` of `row` (`drafts`: the plan's
 /// token ids), so that the next position is scored against the right context.
@@ -90,12 +91,15 @@ pub(super) fn greedy_drafted(
 impl Engine {
     /// With speculative decoding, a draft for every sample that goes on decoding alone (a request
     /// of one sample, without a constraint) for the scheduler to score next step.
-    pub(super) fn propose_drafts(&mut self) -> Result<(), EngineError> {
+    pub(super) fn propose_drafts(&mut self, forward_secs: f64) -> Result<(), EngineError> {
         let Some(spec) = self.config.speculative_config else { return Ok(()) };
         if spec.disable_by_batch_size.is_some_and(|most| self.bufs.view.rows.len() > most) {
             return Ok(());
         }
         let k = spec.num_speculative_tokens;
+        let rows = &self.bufs.view.rows;
+        let cost =
+            self.draft_cost.at(forward_secs, rows.len(), rows.iter().filter(|r| !r.draft.is_empty()).count());
         for r in &self.bufs.view.rows {
             let Some(record) = self.live.at_mut(r.slot) else { continue };
             if record.seqs.len() > 1 || record.params.constraint.is_some() {
@@ -103,7 +107,7 @@ impl Engine {
             }
             let seq =
                 record.seqs.get_mut(r.index).ok_or(EngineError::Internal("sample index out of range"))?;
-            if seq.finish.is_some() || !seq.gate.wants(k, self.verify_cost) {
+            if seq.finish.is_some() || !seq.gate.wants(k, cost) {
                 continue;
             }
             let tokens = self
@@ -124,16 +128,39 @@ const CALIBRATION_CONTEXT: usize = 64;
 /// Timed pairs of the calibration (odd, for the median).
 const CALIBRATION_PAIRS: usize = 5;
 
-/// Plain steps one verification of `k` draft tokens costs on `runner`: the median over
-/// alternating pairs of a forward scoring `1 + k` positions of one sequence over one scoring 1,
-/// run before the engine serves anything (the cache's first blocks hold nothing yet, and the
-/// scheduler rewrites a sequence's whole table row the first time it schedules it).
-pub(super) fn measure_verify_cost(runner: &mut Runner, k: usize) -> Result<f64, EngineError> {
+/// What verifying a draft costs: pinned in plain batch-1 steps, or measured in seconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum VerifyCost {
+    /// A verification costs this many plain steps, whatever the batch.
+    Pinned(f64),
+    /// What a draft's `k` tokens add to a forward, measured in seconds.
+    Measured { extra_secs: f64 },
+}
+
+impl VerifyCost {
+    /// The cost in a step like the last one: a forward of `forward_secs` for `rows` sampled
+    /// rows, `drafted` of which scored drafts (whose extra time a token's cost leaves out).
+    pub(super) fn at(self, forward_secs: f64, rows: usize, drafted: usize) -> DraftCost {
+        match self {
+            Self::Pinned(cost) => DraftCost::batch1(cost),
+            Self::Measured { extra_secs } => {
+                let plain = (forward_secs - drafted as f64 * extra_secs).max(forward_secs / 8.0);
+                DraftCost { extra: extra_secs, token: plain / rows.max(1) as f64 }
+            }
+        }
+    }
+}
+
+/// What `k` draft tokens add to a forward on `runner`: the median over alternating pairs of a
+/// forward scoring `1 + k` positions of one sequence less one scoring 1, run before the engine
+/// serves anything (the cache's first blocks hold nothing yet, and the scheduler rewrites a
+/// sequence's whole table row the first time it schedules it).
+pub(super) fn measure_verify_cost(runner: &mut Runner, k: usize) -> Result<VerifyCost, EngineError> {
     let bs = runner.cache_config().block_size;
     let n = CALIBRATION_CONTEXT + k + 1;
     let blocks = n.div_ceil(bs);
     // Too small a cache or model length to measure: assume the worst, every position a step.
-    let worst = (k + 1) as f64;
+    let worst = VerifyCost::Pinned((k + 1) as f64);
     if blocks > runner.cache_config().num_blocks {
         return Ok(worst);
     }
@@ -160,7 +187,7 @@ pub(super) fn measure_verify_cost(runner: &mut Runner, k: usize) -> Result<f64, 
     };
     let c = CALIBRATION_CONTEXT;
     forward(0, c, &[c - 1])?;
-    let mut ratios = Vec::with_capacity(CALIBRATION_PAIRS);
+    let mut extra = Vec::with_capacity(CALIBRATION_PAIRS);
     for i in 0..=CALIBRATION_PAIRS {
         let (one, verify) = if i % 2 == 0 {
             let one = forward(c, 1, &all[..1])?;
@@ -171,9 +198,9 @@ pub(super) fn measure_verify_cost(runner: &mut Runner, k: usize) -> Result<f64, 
         };
         // The first pair warms the larger step's buffers up.
         if i > 0 {
-            ratios.push(verify / one.max(1e-9));
+            extra.push((verify - one).max(0.0));
         }
     }
-    ratios.sort_by(f64::total_cmp);
-    Ok(ratios[ratios.len() / 2])
+    extra.sort_by(f64::total_cmp);
+    Ok(VerifyCost::Measured { extra_secs: extra[extra.len() / 2] })
 }

@@ -40,11 +40,12 @@ pub struct SpeculativeConfig {
     pub verify_cost: Option<f64>,
 }
 
-/// When a sample's drafts pay: a step that scores `k` draft tokens costs `verify_cost` plain
-/// steps (measured on the engine's own model and device when it starts), and drafts whose
-/// tokens are accepted at rate `a` yield `1 + a + … + a^k` tokens a step in expectation; a
-/// sample drafts while that beats the cost. Its acceptance is a running average of its own
-/// drafts'; a sample that stopped drafting tries again every [`DraftGate::PROBE_EVERY`] steps.
+/// When a sample's drafts pay: its `k` draft tokens add [`DraftCost::extra`] to a step, and,
+/// accepted at rate `a` per token, they yield `a + … + a^k` more tokens in expectation, each worth
+/// what a token costs in the step ([`DraftCost::token`]: the last step's time over its rows); a
+/// sample drafts while the tokens are worth more than they cost. Its acceptance is a running
+/// average of its own drafts'; a sample that stopped drafting tries again every
+/// [`DraftGate::PROBE_EVERY`] steps, where a fully accepted draft would pay.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DraftGate {
     pub acceptance: f64,
@@ -69,10 +70,10 @@ impl DraftGate {
         (0..=k as i32).map(|i| a.powi(i)).sum()
     }
 
-    /// Whether to draft `k` tokens for the next step, given what a verification costs.
-    pub fn wants(&mut self, k: usize, verify_cost: f64) -> bool {
-        let pays = Self::expected_tokens(self.acceptance, k) > verify_cost;
-        if pays || self.idle + 1 >= Self::PROBE_EVERY {
+    /// Whether to draft `k` tokens for the next step at `cost`.
+    pub fn wants(&mut self, k: usize, cost: DraftCost) -> bool {
+        let worth = |a: f64| (Self::expected_tokens(a, k) - 1.0) * cost.token > cost.extra;
+        if worth(self.acceptance) || (worth(1.0) && self.idle + 1 >= Self::PROBE_EVERY) {
             self.idle = 0;
             true
         } else {
@@ -152,6 +153,23 @@ impl SpeculativeConfig {
     }
 }
 
+/// What drafting costs and buys in one step, in seconds (or in plain batch-1 steps where the
+/// verification's cost is pinned instead of measured).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DraftCost {
+    /// What a sample's `k` draft tokens add to a step.
+    pub extra: f64,
+    /// What one token of the step costs (its time over its rows).
+    pub token: f64,
+}
+
+impl DraftCost {
+    /// At batch 1 with a verification costing `verify_cost` plain steps.
+    pub fn batch1(verify_cost: f64) -> Self {
+        Self { extra: verify_cost - 1.0, token: 1.0 }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -194,18 +212,22 @@ mod tests {
     fn the_gate_drafts_while_drafts_pay() {
         assert_eq!(DraftGate::expected_tokens(0.0, 4), 1.0);
         assert_eq!(DraftGate::expected_tokens(1.0, 4), 5.0);
+        let b1 = DraftCost::batch1(2.8);
         let mut gate = DraftGate::default();
-        assert!(gate.wants(4, 2.8), "a new sample drafts");
+        assert!(gate.wants(4, b1), "a new sample drafts");
         for _ in 0..10 {
             gate.record(4, 0);
         }
         assert!(gate.acceptance < 0.05);
-        let wanted: Vec<bool> = (0..DraftGate::PROBE_EVERY).map(|_| gate.wants(4, 2.8)).collect();
+        let wanted: Vec<bool> = (0..DraftGate::PROBE_EVERY).map(|_| gate.wants(4, b1)).collect();
         assert_eq!(wanted.iter().filter(|&&w| w).count(), 1, "one probe per period: {wanted:?}");
-        assert!(gate.wants(4, 0.9), "drafting is free where a verification costs less than a step");
+        assert!(gate.wants(4, DraftCost::batch1(0.9)), "drafting is free where it costs nothing");
         for _ in 0..10 {
             gate.record(4, 4);
         }
-        assert!(gate.wants(4, 2.8));
+        assert!(gate.wants(4, b1));
+        // In a big batch a token is cheap next to a draft's extra positions: no draft, no probe.
+        let b64 = DraftCost { extra: 1.8, token: 0.3 };
+        assert!((0..2 * DraftGate::PROBE_EVERY).all(|_| !gate.wants(4, b64)));
     }
 }
