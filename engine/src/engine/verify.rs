@@ -97,9 +97,8 @@ impl Engine {
             return Ok(());
         }
         let k = spec.num_speculative_tokens;
-        let rows = &self.bufs.view.rows;
-        let cost =
-            self.draft_cost.at(forward_secs, rows.len(), rows.iter().filter(|r| !r.draft.is_empty()).count());
+        let drafted = self.bufs.view.rows.iter().filter(|r| !r.draft.is_empty()).count();
+        let cost = self.draft_cost.at(forward_secs, self.bufs.plan.seqs.len(), drafted);
         for r in &self.bufs.view.rows {
             let Some(record) = self.live.at_mut(r.slot) else { continue };
             if record.seqs.len() > 1 || record.params.constraint.is_some() {
@@ -138,14 +137,15 @@ pub(super) enum VerifyCost {
 }
 
 impl VerifyCost {
-    /// The cost in a step like the last one: a forward of `forward_secs` for `rows` sampled
-    /// rows, `drafted` of which scored drafts (whose extra time a token's cost leaves out).
-    pub(super) fn at(self, forward_secs: f64, rows: usize, drafted: usize) -> DraftCost {
+    /// The cost in a step like the last one: a forward of `forward_secs` for `seqs` scheduled
+    /// sequences (each waits for the step, so a draft's extra time is paid by all of them),
+    /// `drafted` of which scored drafts (whose extra time a token's cost leaves out).
+    pub(super) fn at(self, forward_secs: f64, seqs: usize, drafted: usize) -> DraftCost {
         match self {
             Self::Pinned(cost) => DraftCost::batch1(cost),
             Self::Measured { extra_secs } => {
                 let plain = (forward_secs - drafted as f64 * extra_secs).max(forward_secs / 8.0);
-                DraftCost { extra: extra_secs, token: plain / rows.max(1) as f64 }
+                DraftCost { extra: extra_secs, token: plain / seqs.max(1) as f64 }
             }
         }
     }

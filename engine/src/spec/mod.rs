@@ -2,11 +2,12 @@
 //! (`{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2,
 //! "prompt_lookup_max": 5}`), and its proposers ([`ngram`]).
 //!
-//! Verification is lossless by construction: the target samples each drafted position in turn
+//! Verification keeps the target's distribution: the target samples each drafted position in turn
 //! with the request's own sampler and RNG, and a draft token is kept only where the target drew
-//! that very token, so a request's tokens are exactly those of decoding without a draft (seeded
-//! ones included); a deterministic draft accepted with the target's probability of its token is
-//! speculative sampling's rule for a one-hot proposal.
+//! that very token, so a request's tokens are those of decoding without a draft (seeded ones
+//! included) but for the rounding of scoring several positions in one pass, which can tip a
+//! near-tie as a batch can; a deterministic draft accepted with the target's probability of its
+//! token is speculative sampling's rule for a one-hot proposal.
 
 pub mod ngram;
 
@@ -42,8 +43,9 @@ pub struct SpeculativeConfig {
 
 /// When a sample's drafts pay: its `k` draft tokens add [`DraftCost::extra`] to a step, and,
 /// accepted at rate `a` per token, they yield `a + … + a^k` more tokens in expectation, each worth
-/// what a token costs in the step ([`DraftCost::token`]: the last step's time over its rows); a
-/// sample drafts while the tokens are worth more than they cost. Its acceptance is a running
+/// a step of its sequence's time, while the extra time is paid by every sequence of the step
+/// ([`DraftCost::token`]: the last step's time over its sequences); a sample drafts while the
+/// tokens are worth more than they cost. Its acceptance is a running
 /// average of its own drafts'; a sample that stopped drafting tries again every
 /// [`DraftGate::PROBE_EVERY`] steps, where a fully accepted draft would pay.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -159,7 +161,7 @@ impl SpeculativeConfig {
 pub struct DraftCost {
     /// What a sample's `k` draft tokens add to a step.
     pub extra: f64,
-    /// What one token of the step costs (its time over its rows).
+    /// A step's time over the sequences that wait for it.
     pub token: f64,
 }
 
