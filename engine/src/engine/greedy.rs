@@ -15,24 +15,20 @@ pub(super) fn plain_greedy_step(plan: &SchedulerOutput, view: &StepView, live: &
         && view.rows.iter().all(|r| live.at(r.slot).is_some_and(|rec| rec.params.is_plain_greedy()))
 }
 
-/// Records each row's tokens (its first, then a drafted row's further draws) in its sample's
-/// sampler; returns the first tokens and the further ones.
+/// Records each row's tokens (its `first`, then a drafted row's further draws `more`) in its
+/// sample's sampler, in order; returns them as the sampler's choices.
 pub(super) fn record(
-    tokens: Vec<Vec<u32>>,
+    (first, more): (Vec<u32>, Vec<Vec<u32>>),
     samples: &mut [SampleMut<'_>],
 ) -> Result<(Vec<TokenChoice>, Vec<Vec<TokenChoice>>), EngineError> {
-    if tokens.len() != samples.len() {
+    if first.len() != samples.len() || more.len() != samples.len() {
         return Err(EngineError::Internal("greedy tokens and sampled rows differ in number"));
     }
-    let mut first = Vec::with_capacity(tokens.len());
-    let mut more = Vec::with_capacity(tokens.len());
-    for (sample, drawn) in samples.iter_mut().zip(tokens) {
-        for &t in &drawn {
-            sample.seq.sampler.record(t);
-        }
-        let mut drawn = drawn.into_iter().map(|token| TokenChoice { token, logprobs: None });
-        first.push(drawn.next().ok_or(EngineError::Internal("a row drew no token"))?);
-        more.push(drawn.collect());
+    let choice = |token| TokenChoice { token, logprobs: None };
+    for ((sample, &t), further) in samples.iter_mut().zip(&first).zip(&more) {
+        sample.seq.sampler.record(t);
+        further.iter().for_each(|&t| sample.seq.sampler.record(t));
     }
-    Ok((first, more))
+    let more = more.into_iter().map(|m| m.into_iter().map(choice).collect()).collect();
+    Ok((first.into_iter().map(choice).collect(), more))
 }

@@ -36,6 +36,8 @@ pub(crate) struct Row {
 #[derive(Debug)]
 pub(crate) struct SampleMut<'a> {
     pub params: &'a SamplingParams,
+    /// Tokens the request's samples may generate (its `max_tokens`, filled in).
+    pub max_tokens: usize,
     pub seq: &'a mut SeqState,
 }
 
@@ -112,7 +114,8 @@ impl Live {
                 .and_then(<[_]>::split_first_mut)
                 .ok_or(UNKNOWN)?;
             (records, first_slot) = (rest, slot + 1);
-            let RequestRecord { params, seqs, .. } = record.as_mut().ok_or(UNKNOWN)?;
+            let RequestRecord { params, seqs, max_tokens, .. } = record.as_mut().ok_or(UNKNOWN)?;
+            let max_tokens = *max_tokens;
             let params: &SamplingParams = params;
             let mut seqs: &mut [SeqState] = seqs;
             let mut first_index = 0;
@@ -123,7 +126,7 @@ impl Live {
                     .and_then(<[_]>::split_first_mut)
                     .ok_or(EngineError::Internal("sample index out of range"))?;
                 (seqs, first_index) = (rest, index + 1);
-                out[r] = Some(SampleMut { params, seq });
+                out[r] = Some(SampleMut { params, max_tokens, seq });
                 i += 1;
             }
         }

@@ -65,27 +65,32 @@ pub(super) fn sample_drafted(
 }
 
 /// [`sample_drafted`] for a plain-greedy step, from the runner's greedy token of every logit row
-/// (`u32::MAX`: no candidate): each row's tokens, its first and, for a drafted row, the rest of
-/// its draws. A row without a candidate is the sampler's `NoCandidate` error, as undrafted.
+/// (`u32::MAX`: no candidate): each row's first token, and a drafted row's further draws (an
+/// empty list, which allocates nothing, for the others). A row without a candidate is the
+/// sampler's `NoCandidate` error, as undrafted.
 pub(super) fn greedy_drafted(
     rows: &[Row],
     drafts: &[u32],
     greedy: &[u32],
-) -> Result<Vec<Vec<u32>>, EngineError> {
-    let mut all = Vec::with_capacity(rows.len());
+) -> Result<(Vec<u32>, Vec<Vec<u32>>), EngineError> {
+    let (mut first, mut more) = (Vec::with_capacity(rows.len()), Vec::with_capacity(rows.len()));
     for (row, r) in rows.iter().enumerate() {
-        let mut tokens = Vec::with_capacity(1 + r.draft.len());
-        for j in 0..=r.draft.len() {
+        let at = |j: usize| {
             let t = greedy.get(r.logit + j).copied().filter(|&t| t != u32::MAX);
-            let t = t.ok_or(SamplerError::NoCandidate { row })?;
-            tokens.push(t);
-            if !matches_draft(r, drafts, j, t) {
-                break;
-            }
+            t.ok_or(SamplerError::NoCandidate { row })
+        };
+        let mut token = at(0)?;
+        first.push(token);
+        let mut further = Vec::new();
+        let mut j = 0;
+        while matches_draft(r, drafts, j, token) {
+            j += 1;
+            token = at(j)?;
+            further.push(token);
         }
-        all.push(tokens);
+        more.push(further);
     }
-    Ok(all)
+    Ok((first, more))
 }
 
 impl Engine {
