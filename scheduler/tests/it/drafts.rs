@@ -7,22 +7,7 @@ use scheduler::{
 };
 
 use crate::fake::{FakeEngine, expected_outputs, next_token};
-
-fn cfg(blocks: usize, block_size: usize) -> SchedulerConfig {
-    SchedulerConfig {
-        max_num_batched_tokens: 64,
-        max_num_seqs: 16,
-        max_model_len: 512,
-        block_size,
-        num_device_blocks: blocks,
-        watermark: 0.0,
-        ..SchedulerConfig::default()
-    }
-}
-
-fn prompt(seed: u32, len: usize) -> Vec<u32> {
-    (0..len as u32).map(|i| seed * 1000 + i).collect()
-}
+use crate::scenarios::{cfg, prompt};
 
 /// Runs `reqs` to the end with `draft_k` draft tokens a step; checks every output is plain
 /// decoding's and returns the engine.

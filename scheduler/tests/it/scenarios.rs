@@ -9,7 +9,7 @@ use scheduler::{
 
 use crate::fake::{FakeEngine, expected_outputs};
 
-fn cfg(blocks: usize, block_size: usize) -> SchedulerConfig {
+pub(crate) fn cfg(blocks: usize, block_size: usize) -> SchedulerConfig {
     SchedulerConfig {
         max_num_batched_tokens: 64,
         max_num_seqs: 16,
@@ -31,7 +31,7 @@ fn last_ranges(e: &FakeEngine) -> Vec<(u64, std::ops::Range<usize>)> {
     e.last.seqs.iter().map(|s| (s.seq_id.request.0, s.tokens.clone())).collect()
 }
 
-fn prompt(seed: u32, len: usize) -> Vec<u32> {
+pub(crate) fn prompt(seed: u32, len: usize) -> Vec<u32> {
     (0..len as u32).map(|i| seed * 1000 + i).collect()
 }
 
