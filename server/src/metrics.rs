@@ -326,4 +326,24 @@ mod tests {
         assert_eq!(one_two_five_buckets(1), vec![1.0]);
         assert_eq!(one_two_five_buckets(usize::MAX).len(), 3 * 19 + 1);
     }
+
+    /// The engine's draft counters reach vLLM's names, counters only going up, and each accepted
+    /// position gets its `position` label.
+    #[test]
+    fn spec_decode_counters_render_under_vllms_names() -> Result<(), prometheus::Error> {
+        let metrics = Metrics::new("m", 512)?;
+        let mut snap = LiveMetrics::default();
+        snap.spec_decode.record(4, 2);
+        snap.spec_decode.record(4, 0);
+        let text = metrics.render(&snap);
+        for line in [
+            "vllm:spec_decode_num_drafts_total{model_name=\"m\"} 2",
+            "vllm:spec_decode_num_draft_tokens_total{model_name=\"m\"} 8",
+            "vllm:spec_decode_num_accepted_tokens_total{model_name=\"m\"} 2",
+            "vllm:spec_decode_num_accepted_tokens_per_pos{model_name=\"m\",position=\"1\"} 1",
+        ] {
+            assert!(text.contains(line), "{line} missing from:\n{text}");
+        }
+        Ok(())
+    }
 }
