@@ -2,8 +2,8 @@
 //! in one run. llama.cpp is llama-cpp-python built from its sdist for this CPU in
 //! `target/venv-llamacpp` (`cargo xtask llamacpp-python` builds it when missing or made for
 //! another CPU, ~11 min on two cores; AMX off where the CPU has it, see `xtask/src/llamacpp.rs`) running the GGUFs of the default model (Q4_1) and of Gemma 3 270M (Q4_K_M); ours
-//! loads the same GGUF natively (weights kept quantized, the default activations: on AVX-512
-//! VNNI CPUs int16, f32 elsewhere), prefix caching off (the same prompt runs several times).
+//! loads the same GGUF natively (weights kept quantized, the default activations: int16 on AVX2
+//! and AVX-512 CPUs), prefix caching off (the same prompt runs several times).
 //!
 //! Cases (token-id prompts, greedy, `ignore_eos`): `prefill_512` (one 512-token prompt),
 //! `prefill_6000` (one 6 000-token prompt, chunked by both sides' 2 048-token batch),

@@ -99,9 +99,9 @@ pub struct EngineConfig {
     pub quantization: Option<Quantization>,
     /// How the CPU's matmuls over quantized weights take their activations: `F32` (what the f32
     /// dequantization computes), `Int16` on integer kernels — decode over every integer-code format
-    /// (Q4_0 to Q6_K) and, with AVX-512 VNNI, batches (prefill, batched decode) (logits within
-    /// the goldens' tolerance, measured by the model crate's tests) — or `Auto` (the default):
-    /// `Int16` where the CPU has AVX-512 VNNI, `F32` otherwise and for f16/bf16 weights.
+    /// (Q4_0 to Q6_K) and batches (prefill, batched decode) (logits within the goldens'
+    /// tolerance, measured by the model crate's tests) — or `Auto` (the default): `Int16` on
+    /// AVX2 and AVX-512 CPUs, `F32` on others and for f16/bf16 weights.
     pub decode_activations: ActivationPrecision,
     /// A Jinja chat template file that replaces the model's own (vLLM's `--chat-template`).
     pub chat_template: Option<std::path::PathBuf>,

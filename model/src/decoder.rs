@@ -136,7 +136,7 @@ pub struct Model {
     /// `None` when tied to `embed`.
     pub lm_head: Option<Weight>,
     /// How the matmuls over quantized weights take their activations (`Auto` by default:
-    /// int16 for the integer-code formats on AVX-512 VNNI CPUs).
+    /// int16 for the integer-code formats on AVX2 and AVX-512 CPUs).
     pub activations: ActivationPrecision,
     /// One rotation per [`RopeKind`], for the context the model is served at.
     ropes: [Rope; RopeKind::COUNT],

@@ -24,11 +24,11 @@ pub struct EngineKnobs {
     #[arg(long, value_parser = choice(&QUANTIZATION))]
     pub quantization: Option<Quantization>,
     /// Activations of the CPU's matmuls over quantized weights: f32 (what the f32 dequantization
-    /// computes), int16 (integer kernels for decode over every integer-code format, Q4_0 to Q6_K,
-    /// and, with AVX-512 VNNI, for batches; logits within the goldens' tolerance), int8
+    /// computes), int16 (integer kernels for decode and batches over every integer-code format,
+    /// Q4_0 to Q6_K; logits within the goldens' tolerance), int8
     /// (llama.cpp's rounding, one 8-bit scale per 32 values; integer kernels for decode and
     /// batches alike on every CPU, a token's products the same bits whatever its batch; opt-in),
-    /// or auto: int16 where the CPU has AVX-512 VNNI, f32 otherwise (and for f16/bf16 weights).
+    /// or auto: int16 on AVX2 and AVX-512 CPUs, f32 otherwise (and for f16/bf16 weights).
     #[arg(long, value_parser = choice(&DECODE_ACTIVATIONS), default_value = "auto")]
     pub decode_activations: ActivationPrecision,
     /// Tokens per KV block (8, 16 or 32).

@@ -121,8 +121,8 @@ fn a_long_prompt_in_chunks_generates_what_one_chunk_generates() {
 
 /// A sequence's greedy tokens and its top-20 logprobs at every step, alone and as the first of
 /// a batch of 32 (prefilled together, decoded together: the batched matmul kernels instead of
-/// the decode ones), on the real GGUF with each activation path: the default one (int16 where
-/// the CPU has AVX-512 VNNI) and f32. The tokens are the same; the logprobs differ by at most
+/// the decode ones), on the real GGUF with each activation path: the default one (int16 on AVX2
+/// and AVX-512 CPUs) and f32. The tokens are the same; the logprobs differ by at most
 /// the bound of their path (the f32 sums of the two kernels run in different orders, and int16's
 /// decode and batch kernels convert their integer sums to f32 at different points).
 #[test]

@@ -74,8 +74,8 @@ fn f32_perplexity_of_a_slice_is_the_f64_oracle_s() {
 }
 
 /// The KL divergence of the default path from the f32 reference on the slice (8 windows of 256,
-/// 1 016 rows), the bound the README states for it: the default activations (int16 where the CPU
-/// has AVX-512 VNNI, else f32) over the default bf16 KV cache, against f32 activations over an
+/// 1 016 rows), the bound the README states for it: the default activations (int16 on AVX2 and
+/// AVX-512 CPUs, else f32) over the default bf16 KV cache, against f32 activations over an
 /// f32 cache. Also the share of rows whose most likely token is the reference's.
 #[test]
 fn the_default_path_keeps_within_the_stated_kl_divergence_of_the_f32_reference() {

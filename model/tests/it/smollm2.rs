@@ -16,7 +16,7 @@ use crate::harness::{argmax, greedy_batch};
 /// over the folder and the GGUF, whole and prefill-sized batches (7.4e-5, AVX-512).
 const LOGIT_TOL: f32 = 2.2e-4;
 
-/// The same for int16 activations (`ActivationPrecision::Int16`, the default on AVX-512 VNNI
+/// The same for int16 activations (`ActivationPrecision::Int16`, the default on AVX2 and AVX-512
 /// CPUs: 2⁻¹⁶ of each group's largest activation per matmul): 3× the 8.5e-3 measured on these
 /// goldens (AVX-512, every golden token kept).
 const INT16_LOGIT_TOL: f32 = 2.5e-2;
@@ -134,8 +134,8 @@ fn a_prefill_sized_batch_matches_the_goldens() {
     greedy_generations_and_logits_match_from(Source::Gguf, ActivationPrecision::F32, LOGIT_TOL, 3);
 }
 
-/// Int16 activations (`ActivationPrecision::Int16`: the integer decode kernels, and on AVX-512
-/// VNNI the batch kernels for the prefill) on the GGUF: every golden token, and top-5 logits
+/// Int16 activations (`ActivationPrecision::Int16`: the integer decode kernels, and the batch
+/// kernels for the prefill) on the GGUF: every golden token, and top-5 logits
 /// within their own tolerance, measured (see `INT16_LOGIT_TOL`).
 #[test]
 fn int16_activations_keep_the_golden_tokens_within_their_tolerance() {

@@ -227,7 +227,7 @@ impl TileOut {
     }
 
     /// Rows `t..` of the tile, at most `n` of them (`t < tokens`; no access happens here).
-    fn rows_from(self, t: usize, n: usize) -> Self {
+    pub(crate) fn rows_from(self, t: usize, n: usize) -> Self {
         Self { ptr: self.ptr.wrapping_add(t * self.ldo), tokens: (self.tokens - t).min(n), ..self }
     }
 

@@ -2,15 +2,15 @@
 //! Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), memory-mapped when they come from a file, and `x·Wᵀ` over them,
 //! each decode step reading the quantized bytes only. With f32 activations a quantized model
 //! computes what its f32 dequantization would; with int16 ones ([`ActivationPrecision`], by
-//! default where the CPU has AVX-512 VNNI) the integer-code formats (all but f16 and bf16)
+//! default on x86 CPUs) the integer-code formats (all but f16 and bf16)
 //! multiply in integers, and so with int8 ones (opt-in, [`int8`]: llama.cpp's arithmetic).
 //!
 //! Where the work goes: a few tokens (decode, [`DECODE_MAX_M`] or fewer) run [`decode`], which
 //! dequantizes each weight group in registers and streams every byte once for all tokens (or,
 //! with int16 activations, multiplies the integer codes into them, [`int16`]); with
-//! int16 activations on an AVX-512 VNNI CPU, more tokens over the integer-code formats run
-//! [`lanes16`] (int16 activations in the lanes of `vpdpwssd`, the compute-bound shapes' integer
-//! path); more tokens otherwise run [`panel`], which dequantizes rows into f32 once per call
+//! int16 activations, more tokens (more than [`DECODE_MAX_M`] with AVX-512 VNNI, five or more
+//! on AVX2) over the integer-code formats run [`lanes16`] (int16 activations in the lanes of
+//! `vpdpwssd` or `vpmaddwd`, the compute-bound shapes' integer path); more tokens otherwise run [`panel`], which dequantizes rows into f32 once per call
 //! and multiplies them into every token: 12 rows at a time into `linear::token_lanes` on AVX2
 //! and AVX-512 (batched decode and prefill chunks alike), or on the portable path panels of
 //! rows into `gemm`; past `panel::slabs_min_m` tokens whole weights in slabs of a few MB into
@@ -148,14 +148,13 @@ pub const INTEGER_CODE_FORMATS: [GgmlType; 8] = [
 pub const DECODE_MAX_M: usize = 8;
 
 /// How the matmuls over the integer-code formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
-/// Q6_K) take their activations: decode-shaped ones on the [`int16`] kernels, and on AVX-512
-/// VNNI batches (more than [`DECODE_MAX_M`] tokens) on [`lanes16`]; f16 and bf16 weights always
-/// run the f32 kernels.
+/// Q6_K) take their activations: decode-shaped ones on the [`int16`] kernels, batches on
+/// [`lanes16`]; f16 and bf16 weights always run the f32 kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ActivationPrecision {
     /// The default: [`Int16`](Self::Int16) for weights whose every part is of an integer-code
-    /// format where the kernels' ISA has AVX-512 VNNI (there the integer kernels are the faster
-    /// ones at every batch size), [`F32`](Self::F32) otherwise.
+    /// format where the kernels' ISA is AVX2 or AVX-512 (there the integer kernels are the
+    /// faster ones), [`F32`](Self::F32) otherwise (the portable path, f16/bf16 parts).
     /// Decode and batches then round every weight's activations alike, so a sequence's logits
     /// do not depend on how many others share its step beyond the f32 sums' order.
     #[default]
@@ -166,8 +165,8 @@ pub enum ActivationPrecision {
     /// Rounded once per call to int16 with one scale per 32 values, for integer kernels
     /// (`int16`, `lanes16`): 2⁻¹⁶ of each group's largest value, a measured tolerance (the model
     /// crate's golden tests). Finer than the 8-bit activations llama.cpp's CPU matmuls and the
-    /// GGUF kernels of vLLM round to. Without AVX-512 VNNI batches run the f32 kernels, so
-    /// there decode and batches round differently.
+    /// GGUF kernels of vLLM round to. On the portable path (no integer kernels) it runs as
+    /// [`F32`](Self::F32).
     Int16,
     /// Rounded once per call to int8 with one scale per 32 values (`max|x|/127`), as
     /// llama.cpp's CPU matmuls round them, for the [`int8`] kernels: decode and batches alike
@@ -400,7 +399,7 @@ impl Weight {
         let xq = match precision {
             #[cfg(target_arch = "x86_64")]
             ActivationPrecision::Int16
-                if m <= DECODE_MAX_M
+                if m < lanes16_min_m(isa)
                     && isa != Isa::Portable
                     && k.is_multiple_of(32)
                     && self.parts.iter().any(|p| int16::supports(p.ty)) =>
@@ -409,8 +408,8 @@ impl Weight {
             }
             _ => None,
         };
-        // Batches over integer-code formats with int16 activations, where the CPU has VNNI.
-        if m > DECODE_MAX_M && precision == ActivationPrecision::Int16 && lanes16::runs_on(isa) {
+        // Batches over integer-code formats with int16 activations.
+        if m >= lanes16_min_m(isa) && precision == ActivationPrecision::Int16 && lanes16::runs_on(isa) {
             let mut col = 0;
             let parts: Vec<(PartRef<'_>, Out)> = self
                 .part_refs()
@@ -444,6 +443,14 @@ impl Weight {
         }
         decode::matmul_parts(isa, xq.as_ref(), x, m, &decode_parts, accumulate);
     }
+}
+
+/// The fewest tokens that take [`lanes16`] with int16 activations; fewer take the [`int16`]
+/// decode kernels. With VNNI those stream each row once for every token and win up to
+/// [`DECODE_MAX_M`]; on AVX2 each token's group costs a scaling of its own beside its two
+/// `vpmaddwd`, and lanes16's eight tokens per vector win from five tokens on.
+fn lanes16_min_m(isa: Isa) -> usize {
+    if lanes16::vnni(isa) { DECODE_MAX_M + 1 } else { 5 }
 }
 
 /// The activations of a decode call as the SIMD kernels read them: `x[m, k]`, and each

@@ -479,12 +479,13 @@ fn auto_takes_int16_only_where_decode_and_batches_both_have_integer_kernels() {
     use ActivationPrecision::{Auto, F32, Int16};
     use GgmlType::{BF16, F16, Q4_0, Q4_1, Q4_K, Q5_0, Q6_K, Q8_0};
     for isa in [Isa::Portable, Isa::Avx2, Isa::Avx512] {
-        let vnni = lanes16::runs_on(isa);
+        let integer = isa != Isa::Portable;
+        assert_eq!(lanes16::runs_on(isa), integer, "{isa:?}");
         for (parts, int16) in [
-            (&[Q4_1, Q8_0][..], vnni),
-            (&[Q5_0, Q4_0][..], vnni),
-            (&[Q5_0, Q6_K][..], vnni),
-            (&[Q4_K][..], vnni),
+            (&[Q4_1, Q8_0][..], integer),
+            (&[Q5_0, Q4_0][..], integer),
+            (&[Q5_0, Q6_K][..], integer),
+            (&[Q4_K][..], integer),
             (&[Q4_K, F16][..], false),
             (&[BF16][..], false),
         ] {

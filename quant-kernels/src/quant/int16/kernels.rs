@@ -15,7 +15,7 @@ use crate::quant::avx2::{PREFETCH_AHEAD, hsum};
 /// # Safety
 /// AVX2, FMA and F16C are available; `x` holds 32 floats; `words` holds 48 words.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn quantize_group(x: *const f32, words: *mut i16) -> (f32, f32) {
+pub(in crate::quant) unsafe fn quantize_group(x: *const f32, words: *mut i16) -> (f32, f32) {
     // SAFETY: per the contract.
     unsafe {
         let v: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(x.add(8 * i)));
@@ -232,24 +232,178 @@ unsafe fn rows512<F: Codes, const M: usize>(task: RowTask<'_>, xq: &X16) {
 }
 
 /// [`rows512`]'s eight-lane twin: one group at a time, a quarter of a pair's words per
-/// `vpmaddwd`.
+/// `vpmaddwd`, over blocks of rows ([`rows256_block`]) so that each row's chain of dependent
+/// FMAs interleaves with the others' (one row at a time, that chain was the kernel's critical
+/// path).
 ///
 /// # Safety
 /// AVX2, FMA, F16C; otherwise as [`rows512`].
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn rows256<F: Codes, const M: usize>(task: RowTask<'_>, xq: &X16) {
-    let RowTask { part, rows, t0, out, accumulate, .. } = task;
+    let mut r = task.rows.start;
+    // SAFETY (all calls): rows r.. of the block lie in the task's rows; forwarded contract.
+    unsafe {
+        if !F::SPLIT {
+            while r + 8 <= task.rows.end {
+                // Two tokens at a time: the eight rows' bytes are in L1 for the next two.
+                let mut t = 0;
+                while t + 2 <= M {
+                    rows8::<F, 2>(&task, task.t0 + t, r, xq);
+                    t += 2;
+                }
+                if t < M {
+                    rows8::<F, 1>(&task, task.t0 + t, r, xq);
+                }
+                r += 8;
+            }
+        }
+        if M == 1 {
+            while r + 4 <= task.rows.end {
+                rows256_block::<F, M, 4>(&task, r, xq);
+                r += 4;
+            }
+        }
+        while r + 2 <= task.rows.end {
+            rows256_block::<F, M, 2>(&task, r, xq);
+            r += 2;
+        }
+        if r < task.rows.end {
+            rows256_block::<F, M, 1>(&task, r, xq);
+        }
+    }
+}
+
+/// Rows `r0..r0 + 8` of the task's part times tokens `t0..t0 + M`, the rows in the lanes: per group,
+/// each row's integer sum over its stored codes (no centring), the eight folded into one vector
+/// (`vphaddd`, then the 128-bit halves), less `CENTRE·Σx̃`, converted and scaled by the rows'
+/// `d` (gathered) times the token's `dx` in one FMA; so the per-row work is the codes and two
+/// `vpmaddwd`, and the scaling is shared by eight rows.
+///
+/// # Safety
+/// As [`rows256`]; rows `r0..r0 + 8` lie in the task's rows, tokens `t0..t0 + M` in its
+/// tokens; the format is not [`Codes::SPLIT`].
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn rows8<F: Codes, const M: usize>(task: &RowTask<'_>, t0: usize, r0: usize, xq: &X16) {
+    let RowTask { part, out, accumulate, .. } = *task;
+    let (groups, pairs) = (xq.groups, xq.pairs());
+    let low4 = _mm256_set1_epi16(0x0f);
+    let rows: [*const u8; 8] = std::array::from_fn(|i| part.row(r0 + i).as_ptr());
+    let (mut acc, mut offsets) = ([_mm256_setzero_ps(); M], [_mm256_setzero_ps(); M]);
+    for g in 0..groups {
+        let (p, half) = (g / 2, g % 2);
+        // SAFETY (whole loop body): group g is in every row; tokens t0..t0 + M's pair p and
+        // group g are in xq; the prefetch is a hint.
+        unsafe {
+            let words: [*const i16; M] = std::array::from_fn(|t| xq.pair(t0 + t, p).as_ptr().add(16 * half));
+            let xa: [__m256i; M] = std::array::from_fn(|t| _mm256_loadu_si256(words[t] as *const __m256i));
+            let xb: [__m256i; M] =
+                std::array::from_fn(|t| _mm256_loadu_si256(words[t].add(32) as *const __m256i));
+            // One prefetch per cache line the groups start in.
+            if (g * F::BYTES) % 64 < F::BYTES {
+                for row in rows {
+                    _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(g * F::BYTES + PREFETCH_AHEAD) as *const i8);
+                }
+            }
+            // The rows' scales (and offsets): the legacy formats' f16s at the group's bytes 0
+            // (and 2) gathered as eight halves and converted at once; the K-quants' one by one.
+            let (d, m) = if F::BLOCK_SCALES {
+                let (mut d, mut m) = ([0.0f32; 8], [0.0f32; 8]);
+                for (i, &row) in rows.iter().enumerate() {
+                    let (scale, offset) = F::scale(row, g);
+                    (d[i], m[i]) = (scale[0], offset);
+                }
+                (_mm256_loadu_ps(d.as_ptr()), _mm256_loadu_ps(m.as_ptr()))
+            } else {
+                let halves = |at: usize| {
+                    let h = |i: usize| (rows[i].add(g * F::BYTES + at) as *const i16).read_unaligned();
+                    _mm256_cvtph_ps(_mm_setr_epi16(h(0), h(1), h(2), h(3), h(4), h(5), h(6), h(7)))
+                };
+                (halves(0), if F::OFFSET { halves(2) } else { _mm256_setzero_ps() })
+            };
+            let dot = |i: usize| {
+                let row = rows[i];
+                let [a0, a1] = F::halves(row, g);
+                let (first, second) = if nibbles::<F>() {
+                    let w = _mm256_cvtepu8_epi16(a0);
+                    (_mm256_and_si256(w, low4), _mm256_srli_epi16::<4>(w))
+                } else if F::LAYOUT == Layout::Signed {
+                    (_mm256_cvtepi8_epi16(a0), _mm256_cvtepi8_epi16(a1))
+                } else {
+                    (_mm256_cvtepu8_epi16(a0), _mm256_cvtepu8_epi16(a1))
+                };
+                let dots: [__m256i; M] = std::array::from_fn(|t| {
+                    _mm256_add_epi32(_mm256_madd_epi16(first, xa[t]), _mm256_madd_epi16(second, xb[t]))
+                });
+                dots
+            };
+            let hadd = |a: [__m256i; M], b: [__m256i; M]| -> [__m256i; M] {
+                std::array::from_fn(|t| _mm256_hadd_epi32(a[t], b[t]))
+            };
+            // Lane j of `low`: rows 0..4's sums over lanes 0..4 (j < 4) or rows 4..8's; of
+            // `high`, over lanes 4..8.
+            let q0 = hadd(hadd(dot(0), dot(1)), hadd(dot(2), dot(3)));
+            let q1 = hadd(hadd(dot(4), dot(5)), hadd(dot(6), dot(7)));
+            for t in 0..M {
+                let low = _mm256_permute2x128_si256::<0x20>(q0[t], q1[t]);
+                let high = _mm256_permute2x128_si256::<0x31>(q0[t], q1[t]);
+                let mut sums = _mm256_add_epi32(low, high);
+                if F::CENTRE != 0 {
+                    let centre = i32::from(F::CENTRE) * *xq.word_sums.get_unchecked((t0 + t) * groups + g);
+                    sums = _mm256_sub_epi32(sums, _mm256_set1_epi32(centre));
+                }
+                let dx = _mm256_set1_ps(*xq.dx.get_unchecked(((t0 + t) * pairs + p) * 2 + half));
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(d, dx), acc[t]);
+                if F::OFFSET {
+                    let s = _mm256_set1_ps(*xq.sums.get_unchecked((t0 + t) * groups + g));
+                    offsets[t] = _mm256_fmadd_ps(m, s, offsets[t]);
+                }
+            }
+        }
+    }
+    for (t, (a, o)) in acc.iter().zip(&offsets).enumerate() {
+        let mut lanes = [0.0f32; 8];
+        // SAFETY: AVX is available (the target features); `lanes` holds 8 floats.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_add_ps(*a, *o)) };
+        for (i, v) in lanes.into_iter().enumerate() {
+            // SAFETY: (t0 + t, r0 + i) is this task's entry.
+            unsafe { out.put(t0 + t, r0 + i, v, accumulate) };
+        }
+    }
+}
+
+/// Rows `r0..r0 + R` of the task's part times its `M` tokens, group by group.
+///
+/// # Safety
+/// As [`rows256`]; rows `r0..r0 + R` lie in the task's rows.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn rows256_block<F: Codes, const M: usize, const R: usize>(task: &RowTask<'_>, r0: usize, xq: &X16) {
+    let RowTask { part, t0, out, accumulate, .. } = *task;
     let groups = xq.groups;
     let pairs = xq.pairs();
     let low4 = _mm256_set1_epi16(0x0f);
-    for r in rows {
-        let row = part.row(r).as_ptr();
-        let mut acc = [_mm256_setzero_ps(); M];
-        let mut offsets = [0.0f32; M];
-        for g in 0..groups {
-            // SAFETY: group g is in the row; the prefetch is a hint.
+    let rows: [*const u8; R] = std::array::from_fn(|i| part.row(r0 + i).as_ptr());
+    let mut acc = [[_mm256_setzero_ps(); M]; R];
+    let mut offsets = [[0.0f32; M]; R];
+    for g in 0..groups {
+        let (p, half) = (g / 2, g % 2);
+        // Each token's words and scale for this group, shared by the block's rows.
+        // SAFETY: tokens t0..t0 + M and their pair p are in xq.
+        let (words, dxs): ([*const i16; M], [f32; M]) = unsafe {
+            (
+                std::array::from_fn(|t| xq.pair(t0 + t, p).as_ptr().add(16 * half)),
+                std::array::from_fn(|t| *xq.dx.get_unchecked(((t0 + t) * pairs + p) * 2 + half)),
+            )
+        };
+        for (i, &row) in rows.iter().enumerate() {
+            // SAFETY: group g is in the row; the prefetch is a hint; tokens t0..t0 + M are in xq.
             unsafe {
-                _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(g * F::BYTES + PREFETCH_AHEAD) as *const i8);
+                // One prefetch per cache line the groups start in (one per group was a load
+                // µop per 18 bytes of Q4_0).
+                if (g * F::BYTES) % 64 < F::BYTES {
+                    _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(g * F::BYTES + PREFETCH_AHEAD) as *const i8);
+                }
                 let [a0, a1] = F::halves(row, g);
                 let (d, m) = F::scale(row, g);
                 let (first, second) = if nibbles::<F>() {
@@ -266,10 +420,8 @@ unsafe fn rows256<F: Codes, const M: usize>(task: RowTask<'_>, xq: &X16) {
                     let centre = _mm256_set1_epi16(F::CENTRE);
                     (_mm256_sub_epi16(first, centre), _mm256_sub_epi16(second, centre))
                 };
-                let (p, half) = (g / 2, g % 2);
-                for (t, a) in acc.iter_mut().enumerate() {
-                    let words = xq.pair(t0 + t, p).as_ptr().add(16 * half);
-                    let dx = *xq.dx.get_unchecked(((t0 + t) * pairs + p) * 2 + half);
+                for (t, (a, o)) in acc[i].iter_mut().zip(&mut offsets[i]).enumerate() {
+                    let (words, dx) = (words[t], dxs[t]);
                     let first_half = _mm256_madd_epi16(first, _mm256_loadu_si256(words as *const __m256i));
                     let second_half =
                         _mm256_madd_epi16(second, _mm256_loadu_si256(words.add(32) as *const __m256i));
@@ -281,14 +433,16 @@ unsafe fn rows256<F: Codes, const M: usize>(task: RowTask<'_>, xq: &X16) {
                         *a = _mm256_fmadd_ps(dot, _mm256_set1_ps(d[0] * dx), *a);
                     }
                     if F::OFFSET {
-                        offsets[t] = m.mul_add(*xq.sums.get_unchecked((t0 + t) * groups + g), offsets[t]);
+                        *o = m.mul_add(*xq.sums.get_unchecked((t0 + t) * groups + g), *o);
                     }
                 }
             }
         }
-        for (t, a) in acc.iter().enumerate() {
-            // SAFETY: (t0 + t, r) is this task's entry.
-            unsafe { out.put(t0 + t, r, hsum(*a) + offsets[t], accumulate) };
+    }
+    for (i, (a, o)) in acc.iter().zip(&offsets).enumerate() {
+        for (t, (a, o)) in a.iter().zip(o).enumerate() {
+            // SAFETY: (t0 + t, r0 + i) is this task's entry.
+            unsafe { out.put(t0 + t, r0 + i, hsum(*a) + o, accumulate) };
         }
     }
 }

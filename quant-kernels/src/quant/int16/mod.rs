@@ -19,12 +19,15 @@ pub(super) fn supports(ty: super::GgmlType) -> bool {
 }
 
 /// The activations of one decode call in int16: per token and pair of groups, 64 words in the
-/// pair layout (module doc); `dx[m][pairs·2]` (a zero group's scale is 0), and the f32 group
-/// sums `sums[m][groups]` for the offsets.
+/// pair layout (module doc); `dx[m][pairs·2]` (a zero group's scale is 0), the f32 group
+/// sums `sums[m][groups]` for the offsets, and the sums of each group's words
+/// `word_sums[m][groups]` (a centred format's `CENTRE·Σx̃`, for kernels that multiply the
+/// stored codes).
 pub(super) struct X16 {
     pub q: Vec<i16>,
     pub dx: Vec<f32>,
     pub sums: Vec<f32>,
+    pub word_sums: Vec<i32>,
     pub groups: usize,
 }
 
@@ -46,6 +49,7 @@ impl X16 {
             q: vec![0i16; m * pairs * 64],
             dx: vec![0.0f32; m * pairs * 2],
             sums: vec![0.0f32; m * groups],
+            word_sums: vec![0; m * groups],
             groups,
         };
         for t in 0..m {
@@ -61,6 +65,9 @@ impl X16 {
                 };
                 xq.sums[t * groups + g] = sum;
                 xq.dx[t * pairs * 2 + g] = dx;
+                let words = &xq.q[words..];
+                xq.word_sums[t * groups + g] =
+                    words[..16].iter().chain(&words[32..48]).map(|&w| i32::from(w)).sum();
             }
         }
         xq
@@ -91,4 +98,4 @@ mod kernels;
 #[cfg(target_arch = "x86_64")]
 pub(super) use codes::{Codes, Layout, Q4_0, Q4_1, Q4K, Q5_0, Q5_1, Q5K, Q6K, Q8_0};
 #[cfg(target_arch = "x86_64")]
-pub(super) use kernels::{dot_rows_avx2, dot_rows_avx512};
+pub(super) use kernels::{dot_rows_avx2, dot_rows_avx512, quantize_group};

@@ -1,13 +1,10 @@
-//! The AVX-512 VNNI kernels of `lanes16`: a row's bytes into its integer codes, and the
+//! The AVX-512 VNNI kernels of `lanes16`: tokens rounded into the panel layout, and the
 //! micro-tiles (6 weight rows × 32 tokens, `vpdpwssd` into int32 lanes, scaled into f32 lanes
 //! once per group).
 
 use std::arch::x86_64::*;
 
-use super::{NB, RowCodes, TM, group_len, has_offset};
-use crate::linear::TileOut;
-use crate::quant::GgmlType;
-use crate::quant::int16::{Codes, Layout};
+use super::{TM, Tile, group_len, has_offset};
 
 /// `acc + Σ pairs a·b` with `b` the dword at `b` in every lane, as one instruction: `vpdpwssd`
 /// with an embedded broadcast. Written in `asm!` because LLVM splits the intrinsic into
@@ -88,6 +85,9 @@ fn transpose16(rows: &[__m512i; 16]) -> [__m512i; 16] {
     out
 }
 
+/// Weight rows per micro-tile: 6 rows × 32 tokens are 12 int32 and 12 f32 accumulators.
+const NB: usize = 6;
+
 /// Tokens `t0..t0 + n` of a panel (`n ≤ 16`; token `t0 + t`'s `k` activations at `x[t·k..]`)
 /// rounded as [`super::quantize_group`] rounds each group: their words into lanes
 /// `t0..t0 + 16` of `words` (`[k/2][TM]` pairs: a group's codes of sixteen tokens transposed in
@@ -128,61 +128,6 @@ pub(super) unsafe fn quantize_tokens(
     }
 }
 
-/// A row of an integer-code format (`int16::Codes`) straight into int16 codes less the
-/// format's [`Codes::CENTRE`], with its scales (Q6_K: one per 16) and offsets: no f32 round
-/// trip.
-///
-/// # Safety
-/// AVX-512F/BW; `row` holds `k / 32` groups of `F`; `codes` has `k` entries, `m` `k/32` and `d`
-/// `k/32` (`k/16` for a [`Codes::SPLIT`] format).
-#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-pub(super) unsafe fn direct_codes<F: Codes>(row: *const u8, d: &mut [f32], m: &mut [f32], codes: &mut [i16]) {
-    let per_group = if F::SPLIT { 2 } else { 1 };
-    debug_assert!(codes.len() == 32 * m.len() && d.len() == per_group * m.len());
-    let (low4, centre_w) = (_mm256_set1_epi16(0x0f), _mm256_set1_epi16(F::CENTRE));
-    // A K-quant super-block's scales, read at its first group.
-    let mut block = [0.0f32; 16];
-    for (g, mg) in m.iter_mut().enumerate() {
-        // SAFETY: group g lies in the row; its 32 codes at 32·g are in `codes`, its scales at
-        // per_group·g in `d`.
-        unsafe {
-            let [a, b] = F::halves(row, g);
-            let (lo, hi) = match F::LAYOUT {
-                Layout::Nibbles => {
-                    let w = _mm256_cvtepu8_epi16(a);
-                    (_mm256_and_si256(w, low4), _mm256_srli_epi16::<4>(w))
-                }
-                Layout::Signed => (_mm256_cvtepi8_epi16(a), _mm256_cvtepi8_epi16(b)),
-                Layout::Unsigned => (_mm256_cvtepu8_epi16(a), _mm256_cvtepu8_epi16(b)),
-            };
-            let out = codes.as_mut_ptr().add(32 * g).cast::<__m256i>();
-            _mm256_storeu_si256(out, _mm256_sub_epi16(lo, centre_w));
-            _mm256_storeu_si256(out.add(1), _mm256_sub_epi16(hi, centre_w));
-            let (scales, offset) = if F::BLOCK_SCALES {
-                if g % 8 == 0 {
-                    block = F::block_scales(row, g / 8);
-                }
-                F::of_block(&block, g % 8)
-            } else {
-                F::scale(row, g)
-            };
-            d.get_unchecked_mut(per_group * g..per_group * (g + 1)).copy_from_slice(&scales[..per_group]);
-            *mg = offset;
-        }
-    }
-}
-
-/// One output tile: a token panel of the activations times decoded rows.
-pub(super) struct Tile<'a> {
-    /// The panel's words `[k/2][TM][2]`, scales and sums `[k/32][TM]`.
-    pub acts: (&'a [i16], &'a [f32], &'a [f32]),
-    pub rows: &'a RowCodes,
-    pub k: usize,
-    pub ty: GgmlType,
-    /// The tile's tokens' output rows from the first decoded row's column.
-    pub out: TileOut,
-}
-
 impl Tile<'_> {
     /// The first `nb` decoded rows: micro-tiles of [`NB`] rows, the rest one at a time.
     ///
@@ -190,7 +135,7 @@ impl Tile<'_> {
     /// AVX-512F/BW/VNNI; `nb` rows are decoded; `out` addresses the tile's tokens' rows of `nb`
     /// columns, which nothing else writes.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    pub(super) unsafe fn run(&self, nb: usize) {
+    pub(super) unsafe fn run512(&self, nb: usize) {
         macro_rules! by_format {
             ($R:expr, $V:expr, $row0:expr) => {
                 // SAFETY: forwarded contract.

@@ -1,11 +1,12 @@
 //! `x·Wᵀ` for batches of tokens (prefill and batched decode) over the integer-code formats
-//! with int16 activations, on AVX-512 VNNI (`vpdpwssd`: 32 multiply-adds per instruction where
-//! an f32 FMA does 16). The compute-bound twin of `int16` (which serves decode):
+//! with int16 activations: on AVX-512 VNNI `vpdpwssd` (32 multiply-adds per instruction where
+//! an f32 FMA does 16, [`avx512`]), on AVX2 `vpmaddwd` + `vpaddd` (16 per two, where an f32
+//! FMA does 8, [`avx2`]). The compute-bound twin of `int16` (which serves decode):
 //!
 //! - Activations: each token's groups of 32 rounded once per call to int16 with one scale per
 //!   group ([`quantize_group`], the same rule as `int16`), laid out as `linear::token_lanes`
 //!   lays out f32 panels: `[k/2][32 tokens]` pairs of words, so one zmm load holds one pair of
-//!   codes of 16 tokens.
+//!   codes of 16 tokens (a ymm load, of 8).
 //! - Weights: each block of [`TN`] rows decoded per call into int16 codes with one scale (and,
 //!   for the offset formats, one offset) per group ([`RowCodes`]); a pair of a row's codes is
 //!   broadcast from there into every token lane. Centred formats (Q4_0, Q5_0, Q8_0, Q6_K) store
@@ -16,6 +17,8 @@
 //!   `d·dx` into f32 accumulators: per group of 32 (Q6_K: of 16, its sub-block) the only
 //!   rounding besides f32 sums is the activations' (2⁻¹⁶ of each group's largest).
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(test)]
@@ -30,21 +33,25 @@ use crate::Isa;
 
 /// Tokens per activation panel (two zmm registers of lanes).
 const TM: usize = 32;
-/// Weight rows decoded at a time, two micro-tiles of [`NB`].
+/// Weight rows decoded at a time: two AVX-512 micro-tiles, three AVX2 ones.
 const TN: usize = 12;
-/// Weight rows per micro-tile: 6 rows × 32 tokens are 12 int32 and 12 f32 accumulators.
-const NB: usize = 6;
 
 /// Whether this path takes format `ty`: the formats `int16` takes, so that decode and
 /// batches round a weight's activations alike.
 pub(super) use super::int16::supports;
 
-/// Whether `isa`'s kernels here run on this CPU: AVX-512 with BW and VNNI.
+/// Whether this path has kernels for `isa` (one this CPU runs): every x86 one, `vpdpwssd`'s
+/// where the CPU has AVX-512 VNNI ([`vnni`]), `vpmaddwd` + `vpaddd` otherwise.
 pub(super) fn runs_on(isa: Isa) -> bool {
+    cfg!(target_arch = "x86_64") && isa != Isa::Portable
+}
+
+/// Whether `isa` takes the AVX-512 VNNI kernels.
+pub(super) fn vnni(isa: Isa) -> bool {
     #[cfg(target_arch = "x86_64")]
     return isa == Isa::Avx512 && crate::isa::avx512_vnni();
     #[cfg(not(target_arch = "x86_64"))]
-    return false;
+    return (isa, false).1;
 }
 
 /// Values per scale of format `ty`: Q6_K scales each 16, the others each 32.
@@ -91,9 +98,9 @@ impl Acts16 {
     /// `m` tokens of `k` activations (`k` a multiple of 32), into buffers reused across calls
     /// (fresh ones per call were fresh pages, each zeroed by the kernel on first touch).
     #[cfg(target_arch = "x86_64")]
-    pub(super) fn quantize(x: &[f32], m: usize, k: usize) -> Acts16 {
+    pub(super) fn quantize(isa: Isa, x: &[f32], m: usize, k: usize) -> Acts16 {
         assert!(k.is_multiple_of(32) && x.len() >= m * k, "Acts16::quantize: {m} tokens of {k}");
-        assert!(runs_on(Isa::Avx512), "Acts16::quantize: no AVX-512 VNNI here");
+        assert!(runs_on(isa) && isa.is_available(), "Acts16::quantize: no kernels for {isa:?} here");
         let (blocks, groups) = (m.div_ceil(TM), k / 32);
         let mut acts = SPARE.take().unwrap_or_else(|| Acts16 { words: vec![], dx: vec![], sums: vec![], k });
         acts.k = k;
@@ -112,10 +119,16 @@ impl Acts16 {
             let tokens = TM.min(m - b * TM);
             for t0 in (0..tokens).step_by(16) {
                 let n = (tokens - t0).min(16);
-                // SAFETY: AVX-512F/BW run here (asserted); tokens b·TM + t0 .. + n have k values
-                // each in x; the panel's buffers have this block's sizes; t0 + 16 ≤ TM.
+                let x = &x[(b * TM + t0) * k..][..n * k];
+                // SAFETY: AVX-512F/BW (vnni) or AVX2/FMA/F16C run here (asserted); tokens
+                // b·TM + t0 .. + n have k values each in x; the panel's buffers have this
+                // block's sizes; t0 + 16 ≤ TM.
                 unsafe {
-                    avx512::quantize_tokens(&x[(b * TM + t0) * k..][..n * k], n, k, t0, words, dx, sums)
+                    if vnni(isa) {
+                        avx512::quantize_tokens(x, n, k, t0, words, dx, sums)
+                    } else {
+                        avx2::quantize_tokens(x, n, k, t0, words, dx, sums)
+                    }
                 };
             }
         });
@@ -177,15 +190,27 @@ impl RowCodes {
             );
             macro_rules! direct {
                 ($F:ty) => {
-                    // SAFETY: `runs_on(isa)` holds for every caller (AVX-512F/BW); the row is
+                    // SAFETY: `runs_on(isa)` holds for every caller (AVX2, FMA, F16C); the row is
                     // k / 32 groups of the format; the slices have k codes, k / 32 offsets and
                     // k / gl scales.
-                    unsafe { avx512::direct_codes::<$F>(row.as_ptr(), d, m, codes) }
+                    unsafe { avx2::direct_codes::<$F>(row.as_ptr(), d, m, codes) }
                 };
             }
             with_codes!(part.ty, direct, "lanes16")
         }
     }
+}
+
+/// One output tile: a token panel of the activations times decoded rows (each ISA's module
+/// runs it).
+struct Tile<'a> {
+    /// The panel's words `[k/2][TM][2]`, scales and sums `[k/32][TM]`.
+    acts: (&'a [i16], &'a [f32], &'a [f32]),
+    rows: &'a RowCodes,
+    k: usize,
+    ty: GgmlType,
+    /// The tile's tokens' output rows from the first decoded row's column.
+    out: crate::linear::TileOut,
 }
 
 /// Tokens per cache block for rows of `k`: their panels (`k·2` bytes a token) stay within
@@ -195,7 +220,7 @@ fn cache_tokens(k: usize) -> usize {
 }
 
 /// `out[t, r] (+)= x[t] · row r` for every token of `acts` and row of `part`; `false` (nothing
-/// done) where this path does not run (`isa` without VNNI, another format, `k % 32 ≠ 0`).
+/// done) where this path does not run (the portable `isa`, another format, `k % 32 ≠ 0`).
 pub(super) fn matmul(
     isa: Isa,
     out: Out,
@@ -211,6 +236,7 @@ pub(super) fn matmul(
     #[cfg(target_arch = "x86_64")]
     {
         let n = part.rows;
+        let wide = vnni(isa);
         let per_cache = cache_tokens(k) / TM;
         let row_blocks = n.div_ceil(TN);
         let per_task = row_blocks.div_ceil(rayon::current_num_threads().max(1) * 8).max(1);
@@ -226,7 +252,7 @@ pub(super) fn matmul(
                     // decoding above is a burst of loads with nothing to overlap them.
                     part.prefetch_rows(j + nb, j + nb + TN);
                     for b in b0..b1 {
-                        let tile = avx512::Tile {
+                        let tile = Tile {
                             acts: acts.panel(b),
                             rows: &rows,
                             k,
@@ -238,10 +264,10 @@ pub(super) fn matmul(
                                 accumulate,
                             },
                         };
-                        // SAFETY: `runs_on(isa)`; the tile's rows (nb of the decoded ones) and
-                        // its tokens' output rows lie inside the part's region, which only this
-                        // task writes in columns j..j+nb.
-                        unsafe { tile.run(nb) };
+                        // SAFETY: `runs_on(isa)` (and VNNI for the zmm kernels); the tile's rows
+                        // (nb of the decoded ones) and its tokens' output rows lie inside the
+                        // part's region, which only this task writes in columns j..j+nb.
+                        unsafe { if wide { tile.run512(nb) } else { tile.run256(nb) } };
                     }
                 }
                 ROWS.set(rows);
@@ -265,9 +291,9 @@ pub(super) fn matmul_parts(
         return false;
     }
     #[cfg(not(target_arch = "x86_64"))]
-    return (x, m, accumulate).0.is_empty(); // unreachable: no VNNI off x86
+    return (x, m, accumulate).0.is_empty(); // unreachable: no kernels off x86
     #[cfg(target_arch = "x86_64")]
-    let acts = Acts16::quantize(x, m, k);
+    let acts = Acts16::quantize(isa, x, m, k);
     for (part, out) in parts {
         let done = matmul(isa, *out, &acts, m, part, accumulate);
         debug_assert!(done, "lanes16: a checked part was refused");

@@ -8,13 +8,14 @@ use super::*;
 use crate::ggml::dequantize;
 use crate::quant::tests::{FORMATS, Poisoned, offsets, random_part};
 
-/// Whether this CPU runs the path (else the tests have nothing to run, and say so).
-fn vnni_here() -> bool {
-    let here = runs_on(Isa::Avx512);
-    if !here {
-        eprintln!("lanes16: this CPU has no AVX-512 VNNI, the path does not exist here");
+/// The instruction sets this CPU runs that have kernels here (AVX2's `vpmaddwd` kernels, and
+/// AVX-512's `vpdpwssd` ones where the CPU has VNNI); the tests run each.
+fn isas() -> Vec<Isa> {
+    let isas: Vec<Isa> = Isa::available().filter(|&isa| runs_on(isa)).collect();
+    if isas.is_empty() {
+        eprintln!("lanes16: this CPU has no AVX2, the path does not exist here");
     }
-    here
+    isas
 }
 
 /// What the path computes, in f64, `Σ (w − m)·x̃ + m·x` with `x̃` the rounded activations, and
@@ -43,14 +44,15 @@ fn expectation(ty: GgmlType, bytes: &[u8], n: usize, k: usize, x: &[f32], m: usi
 
 /// One call on a [`Poisoned`] layout, checked against both the rounded-activation sum (to f32
 /// accuracy) and the exact one (within the rounding bound).
-fn check(ty: GgmlType, m: usize, n: usize, k: usize, accumulate: bool, rng: &mut ChaCha8Rng) {
+fn check(isa: Isa, ty: GgmlType, (m, n, k): (usize, usize, usize), accumulate: bool, rng: &mut ChaCha8Rng) {
     let mut p = Poisoned::new(ty, (m, n, k), accumulate, rng);
     let out = p.out();
-    let acts = Acts16::quantize(&p.x, m, k);
-    assert!(matmul(Isa::Avx512, out, &acts, m, &p.part(), accumulate), "{ty:?}: refused");
+    let acts = Acts16::quantize(isa, &p.x, m, k);
+    assert!(matmul(isa, out, &acts, m, &p.part(), accumulate), "{ty:?}: refused");
+    acts.recycle();
     let [exact, rounded, bound] = expectation(ty, &p.bytes, n, k, &p.x, m);
     let base = if accumulate { 0.5 } else { 0.0 };
-    let what = format!("{ty:?} m={m} n={n} k={k} acc={accumulate}");
+    let what = format!("{isa:?} {ty:?} m={m} n={n} k={k} acc={accumulate}");
     for (t, r, got) in p.results(&what) {
         let i = t * n + r;
         let scale: f64 = bound[i] * 65534.0 + 1.0;
@@ -66,17 +68,17 @@ fn check(ty: GgmlType, m: usize, n: usize, k: usize, accumulate: bool, rng: &mut
 
 #[test]
 fn every_format_matches_the_f64_reference() {
-    if !vnni_here() {
-        return;
-    }
     let mut rng = ChaCha8Rng::seed_from_u64(5);
-    for ty in FORMATS.into_iter().filter(|&ty| supports(ty)) {
-        let widths: &[usize] = if ty.block().0 == 32 { &[32, 96, 640] } else { &[256, 768] };
-        for &k in widths {
-            // Tokens: one short panel, one full, a full and a short one, several cache blocks'
-            // worth at k = 640; rows: under one micro-tile, whole blocks, a block and a tail.
-            for (m, n) in [(9, 5), (16, 12), (32, 13), (45, 67), (300, 19)] {
-                check(ty, m, n, k, m % 2 == 1, &mut rng);
+    for isa in isas() {
+        for ty in FORMATS.into_iter().filter(|&ty| supports(ty)) {
+            let widths: &[usize] = if ty.block().0 == 32 { &[32, 96, 640] } else { &[256, 768] };
+            for &k in widths {
+                // Tokens: a panel of one lane vector and a short one, one full, a full and a
+                // short one, several cache blocks' worth at k = 640; rows: under one micro-tile,
+                // whole blocks, a block and a tail.
+                for (m, n) in [(9, 5), (16, 12), (32, 13), (45, 67), (300, 19)] {
+                    check(isa, ty, (m, n, k), m % 2 == 1, &mut rng);
+                }
             }
         }
     }
@@ -86,13 +88,12 @@ fn every_format_matches_the_f64_reference() {
 /// tokens (computed, never written out) leave the outputs as fresh buffers would.
 #[test]
 fn stale_lanes_of_an_earlier_call_stay_out_of_the_outputs() {
-    if !vnni_here() {
-        return;
-    }
     let mut rng = ChaCha8Rng::seed_from_u64(11);
-    for ty in [GgmlType::Q4_K, GgmlType::Q8_0] {
-        Acts16::quantize(&vec![f32::NAN; 64 * 256], 64, 256).recycle();
-        check(ty, 9, 13, 256, false, &mut rng);
+    for isa in isas() {
+        for ty in [GgmlType::Q4_K, GgmlType::Q8_0] {
+            Acts16::quantize(isa, &vec![f32::NAN; 64 * 256], 64, 256).recycle();
+            check(isa, ty, (9, 13, 256), false, &mut rng);
+        }
     }
 }
 
@@ -116,9 +117,12 @@ fn groups_round_to_nearest_and_non_finite_ones_poison() {
 
 #[test]
 fn the_simd_rounding_is_the_rule_s() {
-    if !vnni_here() {
-        return;
+    for isa in isas() {
+        simd_rounding_is_the_rule_s(isa);
     }
+}
+
+fn simd_rounding_is_the_rule_s(isa: Isa) {
     let (m, k) = (35, 96);
     let mut rng = ChaCha8Rng::seed_from_u64(9);
     let mut x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-3.0..3.0)).collect();
@@ -126,7 +130,7 @@ fn the_simd_rounding_is_the_rule_s() {
     x[k + 70] = f32::NEG_INFINITY;
     x[2 * k..2 * k + 32].fill(1e-31);
     x[3 * k + 32..3 * k + 64].fill(0.0);
-    let acts = Acts16::quantize(&x, m, k);
+    let acts = Acts16::quantize(isa, &x, m, k);
     for t in 0..m {
         let (words, dx, _) = acts.panel(t / TM);
         let i = t % TM;
@@ -135,11 +139,11 @@ fn the_simd_rounding_is_the_rule_s() {
             let got_dx = dx[g * TM + i];
             assert!(
                 got_dx == want_dx || (got_dx.is_nan() && want_dx.is_nan()),
-                "token {t} group {g}: {got_dx} vs {want_dx}"
+                "{isa:?} token {t} group {g}: {got_dx} vs {want_dx}"
             );
             for (j, &c) in codes.iter().enumerate() {
                 let word = words[((16 * g + j / 2) * TM + i) * 2 + j % 2];
-                assert_eq!(word, c, "token {t} group {g} value {j}");
+                assert_eq!(word, c, "{isa:?} token {t} group {g} value {j}");
             }
         }
     }
@@ -150,10 +154,13 @@ fn the_simd_rounding_is_the_rule_s() {
 /// to the float kernels.
 #[test]
 fn a_fused_weight_s_parts_fill_their_columns() {
-    use crate::quant::{ActivationPrecision, Part, Storage, Weight};
-    if !vnni_here() {
-        return;
+    for isa in isas() {
+        fused_parts_fill_their_columns(isa);
     }
+}
+
+fn fused_parts_fill_their_columns(isa: Isa) {
+    use crate::quant::{ActivationPrecision, Part, Storage, Weight};
     let mut rng = ChaCha8Rng::seed_from_u64(13);
     let (m, k) = (crate::quant::DECODE_MAX_M + 21, 256);
     let specs = [(GgmlType::Q5_0, 7), (GgmlType::Q6_K, 5), (GgmlType::Q4_K, 13)];
@@ -163,18 +170,18 @@ fn a_fused_weight_s_parts_fill_their_columns() {
     let x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-1.0..1.0)).collect();
     let n = fused.rows();
     let mut got = vec![f32::NAN; m * n];
-    fused.matmul_as(Isa::Avx512, ActivationPrecision::Int16, &mut got, &x, m, false);
+    fused.matmul_as(isa, ActivationPrecision::Int16, &mut got, &x, m, false);
     let mut col = 0;
     for i in 0..specs.len() {
         let alone = Weight::from_parts(k, vec![part(i)]);
         let rows = alone.rows();
         let mut want = vec![0.0; m * rows];
-        alone.matmul_as(Isa::Avx512, ActivationPrecision::Int16, &mut want, &x, m, false);
+        alone.matmul_as(isa, ActivationPrecision::Int16, &mut want, &x, m, false);
         for t in 0..m {
             assert_eq!(
                 got[t * n + col..t * n + col + rows],
                 want[t * rows..(t + 1) * rows],
-                "part {i}, token {t}"
+                "{isa:?} part {i}, token {t}"
             );
         }
         col += rows;
@@ -183,7 +190,7 @@ fn a_fused_weight_s_parts_fill_their_columns() {
     let f32_part = Part::new(GgmlType::F32, 2, k, Storage::F32(x[..2 * k].to_vec())).unwrap();
     let mixed = Weight::from_parts(k, vec![part(0), f32_part]);
     let (mut a, mut b) = (vec![0.0; m * 9], vec![0.0; m * 9]);
-    mixed.matmul_as(Isa::Avx512, ActivationPrecision::Int16, &mut a, &x, m, false);
-    mixed.matmul_as(Isa::Avx512, ActivationPrecision::F32, &mut b, &x, m, false);
+    mixed.matmul_as(isa, ActivationPrecision::Int16, &mut a, &x, m, false);
+    mixed.matmul_as(isa, ActivationPrecision::F32, &mut b, &x, m, false);
     assert_eq!(a, b);
 }
