@@ -321,25 +321,7 @@ unsafe fn rows8<F: Codes, const M: usize>(task: &RowTask<'_>, t0: usize, r0: usi
                 };
                 (halves(0), if F::OFFSET { halves(2) } else { _mm256_setzero_ps() })
             };
-            let dot = |i: usize| {
-                let row = rows[i];
-                let [a0, a1] = F::halves(row, g);
-                let (first, second) = if nibbles::<F>() {
-                    let w = _mm256_cvtepu8_epi16(a0);
-                    (_mm256_and_si256(w, low4), _mm256_srli_epi16::<4>(w))
-                } else if F::LAYOUT == Layout::Signed {
-                    (_mm256_cvtepi8_epi16(a0), _mm256_cvtepi8_epi16(a1))
-                } else {
-                    (_mm256_cvtepu8_epi16(a0), _mm256_cvtepu8_epi16(a1))
-                };
-                let dots: [__m256i; M] = std::array::from_fn(|t| {
-                    _mm256_add_epi32(_mm256_madd_epi16(first, xa[t]), _mm256_madd_epi16(second, xb[t]))
-                });
-                dots
-            };
-            let hadd = |a: [__m256i; M], b: [__m256i; M]| -> [__m256i; M] {
-                std::array::from_fn(|t| _mm256_hadd_epi32(a[t], b[t]))
-            };
+            let dot = |i: usize| row_sums::<F, M>(rows[i], g, &xa, &xb, low4);
             // Lane j of `low`: rows 0..4's sums over lanes 0..4 (j < 4) or rows 4..8's; of
             // `high`, over lanes 4..8.
             let q0 = hadd(hadd(dot(0), dot(1)), hadd(dot(2), dot(3)));
@@ -370,6 +352,74 @@ unsafe fn rows8<F: Codes, const M: usize>(task: &RowTask<'_>, t0: usize, r0: usi
             unsafe { out.put(t0 + t, r0 + i, v, accumulate) };
         }
     }
+}
+
+/// Group `g` of the row at `row` (its stored codes) times each token's words: eight int32
+/// lanes per token whose sum is the group's integer dot product.
+///
+/// # Safety
+/// AVX2 (the caller's features); group `g` lies in the row.
+#[inline(always)]
+unsafe fn row_sums<F: Codes, const M: usize>(
+    row: *const u8,
+    g: usize,
+    xa: &[__m256i; M],
+    xb: &[__m256i; M],
+    low4: __m256i,
+) -> [__m256i; M] {
+    // SAFETY: per the contract.
+    unsafe {
+        let (first, second) = if nibbles::<F>() && !F::BLOCK_SCALES {
+            // The legacy 4-bit formats: their 16 code bytes straight into words, split in ymm.
+            let w = zero_extend(row.add(g * F::BYTES + F::CODES_AT));
+            (_mm256_and_si256(w, low4), _mm256_srli_epi16::<4>(w))
+        } else {
+            let [a0, a1] = F::halves(row, g);
+            if nibbles::<F>() {
+                let w = _mm256_cvtepu8_epi16(a0);
+                (_mm256_and_si256(w, low4), _mm256_srli_epi16::<4>(w))
+            } else if F::LAYOUT == Layout::Signed {
+                (_mm256_cvtepi8_epi16(a0), _mm256_cvtepi8_epi16(a1))
+            } else {
+                (_mm256_cvtepu8_epi16(a0), _mm256_cvtepu8_epi16(a1))
+            }
+        };
+        std::array::from_fn(|t| {
+            _mm256_add_epi32(_mm256_madd_epi16(first, xa[t]), _mm256_madd_epi16(second, xb[t]))
+        })
+    }
+}
+
+/// The 16 bytes at `p` zero-extended into words: one `vpmovzxbw` from memory, in `asm!`
+/// because LLVM otherwise moves the nibble split that follows ahead of the extension (two
+/// 128-bit masks and two extensions where one extension and two ymm operations do).
+///
+/// # Safety
+/// AVX2; `p` is readable for 16 bytes.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn zero_extend(p: *const u8) -> __m256i {
+    let w: __m256i;
+    // SAFETY: a 16-byte read at `p` (the contract), on a CPU with AVX2.
+    unsafe {
+        std::arch::asm!(
+            "vpmovzxbw {w}, xmmword ptr [{p}]",
+            w = lateout(ymm_reg) w,
+            p = in(reg) p,
+            options(pure, readonly, nostack, preserves_flags),
+        );
+    }
+    w
+}
+
+/// Lane-wise `vphaddd` of two tokens' lists of vectors.
+///
+/// # Safety
+/// AVX2 (the caller's features).
+#[inline(always)]
+unsafe fn hadd<const M: usize>(a: [__m256i; M], b: [__m256i; M]) -> [__m256i; M] {
+    // SAFETY: per the contract.
+    std::array::from_fn(|t| unsafe { _mm256_hadd_epi32(a[t], b[t]) })
 }
 
 /// Rows `r0..r0 + R` of the task's part times its `M` tokens, group by group.
