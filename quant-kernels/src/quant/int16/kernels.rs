@@ -374,19 +374,30 @@ unsafe fn row_sums<F: Codes, const M: usize>(
             let w = zero_extend(row.add(g * F::BYTES + F::CODES_AT));
             (_mm256_and_si256(w, low4), _mm256_srli_epi16::<4>(w))
         } else {
-            let [a0, a1] = F::halves(row, g);
-            if nibbles::<F>() {
-                let w = _mm256_cvtepu8_epi16(a0);
-                (_mm256_and_si256(w, low4), _mm256_srli_epi16::<4>(w))
-            } else if F::LAYOUT == Layout::Signed {
-                (_mm256_cvtepi8_epi16(a0), _mm256_cvtepi8_epi16(a1))
-            } else {
-                (_mm256_cvtepu8_epi16(a0), _mm256_cvtepu8_epi16(a1))
-            }
+            widen::<F>(F::halves(row, g), low4)
         };
         std::array::from_fn(|t| {
             _mm256_add_epi32(_mm256_madd_epi16(first, xa[t]), _mm256_madd_epi16(second, xb[t]))
         })
+    }
+}
+
+/// A group's codes as [`Codes::halves`] read them, as the words of its first and second 16.
+///
+/// # Safety
+/// AVX2 (the caller's features).
+#[inline(always)]
+unsafe fn widen<F: Codes>([a0, a1]: [__m128i; 2], low4: __m256i) -> (__m256i, __m256i) {
+    // SAFETY: per the contract.
+    unsafe {
+        if nibbles::<F>() {
+            let w = _mm256_cvtepu8_epi16(a0);
+            (_mm256_and_si256(w, low4), _mm256_srli_epi16::<4>(w))
+        } else if F::LAYOUT == Layout::Signed {
+            (_mm256_cvtepi8_epi16(a0), _mm256_cvtepi8_epi16(a1))
+        } else {
+            (_mm256_cvtepu8_epi16(a0), _mm256_cvtepu8_epi16(a1))
+        }
     }
 }
 
@@ -454,16 +465,8 @@ unsafe fn rows256_block<F: Codes, const M: usize, const R: usize>(task: &RowTask
                 if (g * F::BYTES) % 64 < F::BYTES {
                     _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(g * F::BYTES + PREFETCH_AHEAD) as *const i8);
                 }
-                let [a0, a1] = F::halves(row, g);
                 let (d, m) = F::scale(row, g);
-                let (first, second) = if nibbles::<F>() {
-                    let w = _mm256_cvtepu8_epi16(a0);
-                    (_mm256_and_si256(w, low4), _mm256_srli_epi16::<4>(w))
-                } else if F::LAYOUT == Layout::Signed {
-                    (_mm256_cvtepi8_epi16(a0), _mm256_cvtepi8_epi16(a1))
-                } else {
-                    (_mm256_cvtepu8_epi16(a0), _mm256_cvtepu8_epi16(a1))
-                };
+                let (first, second) = widen::<F>(F::halves(row, g), low4);
                 let (first, second) = if F::CENTRE == 0 {
                     (first, second)
                 } else {
