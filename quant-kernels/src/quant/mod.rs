@@ -8,10 +8,10 @@
 //! Where the work goes: a few tokens (decode, [`DECODE_MAX_M`] or fewer) run [`decode`], which
 //! dequantizes each weight group in registers and streams every byte once for all tokens (or,
 //! with int16 activations, multiplies the integer codes into them, [`int16`]); with
-//! int16 activations, more tokens (more than [`DECODE_MAX_M`] with AVX-512 VNNI, five or more
-//! on AVX2) over the integer-code formats run [`lanes16`] (int16 activations in the lanes of
-//! `vpdpwssd` or `vpmaddwd`, the compute-bound shapes' integer path); more tokens otherwise run [`panel`], which dequantizes rows into f32 once per call
-//! and multiplies them into every token: 12 rows at a time into `linear::token_lanes` on AVX2
+//! int16 activations, more tokens (`lanes16_min_m` or more) over the integer-code formats
+//! run [`lanes16`] (int16 activations in the lanes of `vpdpwssd` or `vpmaddwd`, the
+//! compute-bound shapes' integer path); more tokens otherwise run [`panel`], which dequantizes
+//! rows into f32 once per call and multiplies them into every token: 12 rows at a time into `linear::token_lanes` on AVX2
 //! and AVX-512 (batched decode and prefill chunks alike), or on the portable path panels of
 //! rows into `gemm`; past `panel::slabs_min_m` tokens whole weights in slabs of a few MB into
 //! one `gemm` call each. The

@@ -57,6 +57,10 @@ pub(in crate::quant) trait Codes {
         let _ = (row, p, full);
         None
     }
+    /// Whether each group's block starts with its scale `d` as an f16 (and, where
+    /// [`Codes::OFFSET`], its offset `m` as an f16 at byte 2): the one-block-per-group formats,
+    /// whose scales a kernel can gather from several rows as halves and convert at once.
+    const F16_SCALES: bool = false;
     /// Whether [`Codes::block_scales`] reads the scales of a super-block of 8 groups at once
     /// (the K-quants': fewer instructions than eight [`Codes::scale`]).
     const BLOCK_SCALES: bool = false;
@@ -110,6 +114,7 @@ impl Codes for Q8_0 {
     const LAYOUT: Layout = Layout::Signed;
     const OFFSET: bool = false;
     const CODES_AT: usize = 2;
+    const F16_SCALES: bool = true;
     #[inline(always)]
     unsafe fn halves(row: *const u8, g: usize) -> [__m128i; 2] {
         // SAFETY: block g (34 bytes: f16 d, 32 i8) is in the row.
@@ -151,6 +156,7 @@ impl<const FIVE_BIT: bool, const MIN: bool> Codes for Legacy<FIVE_BIT, MIN> {
         8
     };
     const CODES_AT: usize = if MIN { 4 } else { 2 };
+    const F16_SCALES: bool = true;
     #[inline(always)]
     unsafe fn pair_words(row: *const u8, p: usize, full: usize) -> Option<[__m512i; 2]> {
         // SAFETY: forwarded contract. (An `if`, not `bool::then`: the closure would be a

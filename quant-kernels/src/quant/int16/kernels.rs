@@ -232,9 +232,8 @@ unsafe fn rows512<F: Codes, const M: usize>(task: RowTask<'_>, xq: &X16) {
 }
 
 /// [`rows512`]'s eight-lane twin: one group at a time, a quarter of a pair's words per
-/// `vpmaddwd`, over blocks of rows ([`rows256_block`]) so that each row's chain of dependent
-/// FMAs interleaves with the others' (one row at a time, that chain was the kernel's critical
-/// path).
+/// `vpmaddwd`; eight rows in the lanes ([`rows8`], two tokens a pass) where the format allows,
+/// the rest in blocks of rows ([`rows256_block`]) whose chains of dependent FMAs interleave.
 ///
 /// # Safety
 /// AVX2, FMA, F16C; otherwise as [`rows512`].
@@ -305,21 +304,21 @@ unsafe fn rows8<F: Codes, const M: usize>(task: &RowTask<'_>, t0: usize, r0: usi
                     _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(g * F::BYTES + PREFETCH_AHEAD) as *const i8);
                 }
             }
-            // The rows' scales (and offsets): the legacy formats' f16s at the group's bytes 0
-            // (and 2) gathered as eight halves and converted at once; the K-quants' one by one.
-            let (d, m) = if F::BLOCK_SCALES {
+            // The rows' scales (and offsets): gathered as eight halves and converted at once
+            // where they are f16s ([`Codes::F16_SCALES`]), else read row by row.
+            let (d, m) = if F::F16_SCALES {
+                let halves = |at: usize| {
+                    let h = |i: usize| (rows[i].add(g * F::BYTES + at) as *const i16).read_unaligned();
+                    _mm256_cvtph_ps(_mm_setr_epi16(h(0), h(1), h(2), h(3), h(4), h(5), h(6), h(7)))
+                };
+                (halves(0), if F::OFFSET { halves(2) } else { _mm256_setzero_ps() })
+            } else {
                 let (mut d, mut m) = ([0.0f32; 8], [0.0f32; 8]);
                 for (i, &row) in rows.iter().enumerate() {
                     let (scale, offset) = F::scale(row, g);
                     (d[i], m[i]) = (scale[0], offset);
                 }
                 (_mm256_loadu_ps(d.as_ptr()), _mm256_loadu_ps(m.as_ptr()))
-            } else {
-                let halves = |at: usize| {
-                    let h = |i: usize| (rows[i].add(g * F::BYTES + at) as *const i16).read_unaligned();
-                    _mm256_cvtph_ps(_mm_setr_epi16(h(0), h(1), h(2), h(3), h(4), h(5), h(6), h(7)))
-                };
-                (halves(0), if F::OFFSET { halves(2) } else { _mm256_setzero_ps() })
             };
             let dot = |i: usize| row_sums::<F, M>(rows[i], g, &xa, &xb, low4);
             // Lane j of `low`: rows 0..4's sums over lanes 0..4 (j < 4) or rows 4..8's; of
@@ -369,31 +368,33 @@ unsafe fn row_sums<F: Codes, const M: usize>(
 ) -> [__m256i; M] {
     // SAFETY: per the contract.
     unsafe {
-        let (first, second) = if nibbles::<F>() && !F::BLOCK_SCALES {
-            // The legacy 4-bit formats: their 16 code bytes straight into words, split in ymm.
-            let w = zero_extend(row.add(g * F::BYTES + F::CODES_AT));
-            (_mm256_and_si256(w, low4), _mm256_srli_epi16::<4>(w))
-        } else {
-            widen::<F>(F::halves(row, g), low4)
-        };
+        let (first, second) = widen::<F>(row, g, low4);
         std::array::from_fn(|t| {
             _mm256_add_epi32(_mm256_madd_epi16(first, xa[t]), _mm256_madd_epi16(second, xb[t]))
         })
     }
 }
 
-/// A group's codes as [`Codes::halves`] read them, as the words of its first and second 16.
+/// Group `g`'s stored codes as the words of its first and second 16 (`low4`: sixteen 0x0f
+/// words); a [`Layout::Nibbles`] group's sixteen bytes, at `CODES_AT`, zero-extended by one
+/// load and split in ymm.
 ///
 /// # Safety
-/// AVX2 (the caller's features).
+/// AVX2 (the caller's features); group `g` lies in the row at `row`.
 #[inline(always)]
-unsafe fn widen<F: Codes>([a0, a1]: [__m128i; 2], low4: __m256i) -> (__m256i, __m256i) {
+pub(in crate::quant) unsafe fn widen<F: Codes>(
+    row: *const u8,
+    g: usize,
+    low4: __m256i,
+) -> (__m256i, __m256i) {
     // SAFETY: per the contract.
     unsafe {
         if nibbles::<F>() {
-            let w = _mm256_cvtepu8_epi16(a0);
-            (_mm256_and_si256(w, low4), _mm256_srli_epi16::<4>(w))
-        } else if F::LAYOUT == Layout::Signed {
+            let w = zero_extend(row.add(g * F::BYTES + F::CODES_AT));
+            return (_mm256_and_si256(w, low4), _mm256_srli_epi16::<4>(w));
+        }
+        let [a0, a1] = F::halves(row, g);
+        if F::LAYOUT == Layout::Signed {
             (_mm256_cvtepi8_epi16(a0), _mm256_cvtepi8_epi16(a1))
         } else {
             (_mm256_cvtepu8_epi16(a0), _mm256_cvtepu8_epi16(a1))
@@ -460,13 +461,12 @@ unsafe fn rows256_block<F: Codes, const M: usize, const R: usize>(task: &RowTask
         for (i, &row) in rows.iter().enumerate() {
             // SAFETY: group g is in the row; the prefetch is a hint; tokens t0..t0 + M are in xq.
             unsafe {
-                // One prefetch per cache line the groups start in (one per group was a load
-                // µop per 18 bytes of Q4_0).
+                // One prefetch per cache line the groups start in, not a load µop per group.
                 if (g * F::BYTES) % 64 < F::BYTES {
                     _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(g * F::BYTES + PREFETCH_AHEAD) as *const i8);
                 }
                 let (d, m) = F::scale(row, g);
-                let (first, second) = widen::<F>(F::halves(row, g), low4);
+                let (first, second) = widen::<F>(row, g, low4);
                 let (first, second) = if F::CENTRE == 0 {
                     (first, second)
                 } else {

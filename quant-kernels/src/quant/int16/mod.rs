@@ -98,4 +98,4 @@ mod kernels;
 #[cfg(target_arch = "x86_64")]
 pub(super) use codes::{Codes, Layout, Q4_0, Q4_1, Q4K, Q5_0, Q5_1, Q5K, Q6K, Q8_0};
 #[cfg(target_arch = "x86_64")]
-pub(super) use kernels::{dot_rows_avx2, dot_rows_avx512, quantize_group};
+pub(super) use kernels::{dot_rows_avx2, dot_rows_avx512, quantize_group, widen};

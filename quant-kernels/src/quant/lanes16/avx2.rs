@@ -6,7 +6,7 @@
 use std::arch::x86_64::*;
 
 use super::{TM, Tile, group_len, has_offset};
-use crate::quant::int16::{Codes, Layout, quantize_group};
+use crate::quant::int16::{Codes, quantize_group, widen};
 
 /// Weight rows per micro-tile: 4 rows × 16 tokens are 8 int32 accumulators, beside the two
 /// panel vectors and a broadcast code pair (the f32 accumulators are touched once per group).
@@ -72,15 +72,7 @@ pub(super) unsafe fn direct_codes<F: Codes>(row: *const u8, d: &mut [f32], m: &m
         // SAFETY: group g lies in the row; its 32 codes at 32·g are in `codes`, its scales at
         // per_group·g in `d`.
         unsafe {
-            let [a, b] = F::halves(row, g);
-            let (lo, hi) = match F::LAYOUT {
-                Layout::Nibbles => {
-                    let w = _mm256_cvtepu8_epi16(a);
-                    (_mm256_and_si256(w, low4), _mm256_srli_epi16::<4>(w))
-                }
-                Layout::Signed => (_mm256_cvtepi8_epi16(a), _mm256_cvtepi8_epi16(b)),
-                Layout::Unsigned => (_mm256_cvtepu8_epi16(a), _mm256_cvtepu8_epi16(b)),
-            };
+            let (lo, hi) = widen::<F>(row, g, low4);
             let out = codes.as_mut_ptr().add(32 * g).cast::<__m256i>();
             _mm256_storeu_si256(out, _mm256_sub_epi16(lo, centre_w));
             _mm256_storeu_si256(out.add(1), _mm256_sub_epi16(hi, centre_w));
