@@ -446,11 +446,11 @@ impl Weight {
 }
 
 /// The fewest tokens that take [`lanes16`] with int16 activations; fewer take the [`int16`]
-/// decode kernels. With VNNI those stream each row once for every token and win up to
-/// [`DECODE_MAX_M`]; on AVX2 each token's group costs a scaling of its own beside its two
-/// `vpmaddwd`, and lanes16's eight tokens per vector win from five tokens on.
+/// decode kernels, which read each row once for every token. With VNNI those win up to
+/// [`DECODE_MAX_M`]; on AVX2, whose decode kernel takes two tokens a pass, lanes16's eight
+/// tokens per vector (and its rows decoded once per call) win from seven tokens on.
 fn lanes16_min_m(isa: Isa) -> usize {
-    if lanes16::vnni(isa) { DECODE_MAX_M + 1 } else { 5 }
+    if lanes16::vnni(isa) { DECODE_MAX_M + 1 } else { 7 }
 }
 
 /// The activations of a decode call as the SIMD kernels read them: `x[m, k]`, and each
