@@ -1,6 +1,6 @@
 //! Whole-block moves: `copy_blocks` (copy-on-write inside the device cache) and
-//! `swap_blocks` / `swap_out` / `swap_in` (device ↔ host swap cache). A block is one contiguous
-//! run in both the key and the value tensor, so each move is two `memcpy`s.
+//! `swap_blocks` / `swap_out` / `swap_in` (device ↔ host swap cache), over every layer: the ids
+//! checked here, the bytes moved by `kv_cache::LayerCache`'s block copies (codes and scales).
 
 use kv_cache::{KvCache, LayerCache};
 use rayon::prelude::*;
@@ -26,17 +26,7 @@ pub fn copy_blocks(cache: &mut KvCache, pairs: &[(u32, u32)]) -> Result<(), Attn
     if pairs.is_empty() {
         return Ok(());
     }
-    cache.layers_mut().par_iter_mut().try_for_each(|layer| {
-        let n = layer.geometry().block_elems();
-        by_dtype!(CacheSlicesMut, layer.slices_mut(), |key, value| {
-            for &(s, d) in pairs {
-                let (s, d) = (s as usize * n, d as usize * n);
-                key.copy_within(s..s + n, d);
-                value.copy_within(s..s + n, d);
-            }
-        });
-        Ok(())
-    })
+    cache.layers_mut().par_iter_mut().try_for_each(|layer| Ok(layer.copy_blocks_within(pairs)?))
 }
 
 /// Copies block `src` of `src_cache` to block `dst` of `dst_cache` for every `(src, dst)` pair.
@@ -51,17 +41,7 @@ pub fn swap_blocks(
         return Err(AttnError::LayoutMismatch { src: format!("{sg:?}"), dst: format!("{dg:?}") });
     }
     check_ids(mapping, sg.num_blocks, dg.num_blocks)?;
-    let n = sg.block_elems();
-    by_dtype!(CacheSlices, src_cache.slices(), |sk, sv| {
-        // Same layout, so the same dtype.
-        let (dk, dv) = dst_cache.typed_mut().ok_or(AttnError::UnsupportedStorage)?;
-        for &(s, d) in mapping {
-            let (s, d) = (s as usize * n, d as usize * n);
-            dk[d..d + n].copy_from_slice(&sk[s..s + n]);
-            dv[d..d + n].copy_from_slice(&sv[s..s + n]);
-        }
-    });
-    Ok(())
+    Ok(dst_cache.copy_blocks_from(src_cache, mapping)?)
 }
 
 /// Moves device blocks to the host swap cache, every layer: `(device_block, host_block)` pairs.

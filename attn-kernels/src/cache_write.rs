@@ -1,13 +1,14 @@
 //! `reshape_and_cache`: scatter this step's K/V rows into their cache slots.
 
-use kv_cache::{CacheElem, CacheGeometry, LayerCache};
+use kv_cache::{CacheElem, CacheGeometry, CacheSlicesMut, LayerCache, int8};
 
 use crate::AttnError;
 use crate::meta::{check_len, check_slots};
 
 /// Writes `key`/`value` (`[num_tokens, num_kv_heads, head_size]`, f32) into `cache` at
-/// `slot_mapping[i]` for token `i`, converting to the cache dtype. A negative slot is padding and
-/// is skipped. All slots are checked before the first write.
+/// `slot_mapping[i]` for token `i`, converting to the cache dtype (int8: quantized per token and
+/// kv head, `kv_cache::int8`). A negative slot is padding and is skipped. All slots are checked
+/// before the first write.
 pub fn reshape_and_cache(
     key: &[f32],
     value: &[f32],
@@ -20,6 +21,18 @@ pub fn reshape_and_cache(
     check_len("key [num_tokens, num_kv_heads, head_size]", num_tokens * row, key.len())?;
     check_len("value [num_tokens, num_kv_heads, head_size]", num_tokens * row, value.len())?;
     check_slots(slot_mapping, g.num_slots())?;
+    if let CacheSlicesMut::Int8 { key: kc, value: vc, key_scale, value_scale } = cache.slices_mut() {
+        for (token, slot) in slot_mapping.iter().enumerate() {
+            let Ok(slot) = usize::try_from(*slot) else { continue };
+            for h in 0..g.num_kv_heads {
+                let src = token * row + h * g.head_size..token * row + (h + 1) * g.head_size;
+                let i = g.scale_index(slot, h);
+                key_scale[i] = int8::quantize_row(&key[src.clone()], |d, c| kc[g.key_index(slot, h, d)] = c);
+                value_scale[i] = int8::quantize_row(&value[src], |d, c| vc[g.value_index(slot, h, d)] = c);
+            }
+        }
+        return Ok(());
+    }
     by_dtype!(CacheSlicesMut, cache.slices_mut(), |kc, vc| scatter(&g, key, value, slot_mapping, kc, vc));
     Ok(())
 }
@@ -69,19 +82,26 @@ mod tests {
 
     #[test]
     fn rows_land_in_their_slots_and_padding_is_skipped() {
-        for dtype in [DType::F32, DType::F16, DType::BF16] {
+        for dtype in [DType::F32, DType::F16, DType::BF16, DType::Int8] {
             let mut c = cache(dtype);
             c.fill(f32::NAN);
             let row = 2 * 64;
             let key: Vec<f32> = (0..3 * row).map(|i| (i % 61) as f32 * 0.25).collect();
             let value: Vec<f32> = (0..3 * row).map(|i| -((i % 37) as f32)).collect();
             reshape_and_cache(&key, &value, &[29, -1, 3], &mut c).unwrap();
+            // Exact for the float types (the values are representable); int8 within half a step
+            // of the row's scale, `max |v| / 127` (the bf16 scale rounds up by at most 2⁻⁸).
+            let same = |got: Vec<f32>, want: &[f32]| {
+                let step = want.iter().fold(0.0f32, |m, v| m.max(v.abs())) / 127.0 * (1.0 + 1.0 / 256.0);
+                let tol = if dtype == DType::Int8 { 0.5 * step } else { 0.0 };
+                assert!(got.iter().zip(want).all(|(a, b)| (a - b).abs() <= tol), "{dtype}: {got:?} vs {want:?}");
+            };
             for h in 0..2 {
-                assert_eq!(c.read_key(29, h).unwrap(), key[h * 64..h * 64 + 64]);
-                assert_eq!(c.read_value(29, h).unwrap(), value[h * 64..h * 64 + 64]);
+                same(c.read_key(29, h).unwrap(), &key[h * 64..h * 64 + 64]);
+                same(c.read_value(29, h).unwrap(), &value[h * 64..h * 64 + 64]);
                 let t2 = 2 * row + h * 64;
-                assert_eq!(c.read_key(3, h).unwrap(), key[t2..t2 + 64]);
-                assert_eq!(c.read_value(3, h).unwrap(), value[t2..t2 + 64]);
+                same(c.read_key(3, h).unwrap(), &key[t2..t2 + 64]);
+                same(c.read_value(3, h).unwrap(), &value[t2..t2 + 64]);
                 // Untouched slots keep their poison.
                 assert!(c.read_key(4, h).unwrap().iter().all(|v| v.is_nan()));
             }

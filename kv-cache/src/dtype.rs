@@ -1,4 +1,4 @@
-//! Element types of the cache (`f32`, `f16`, `bf16`) and the conversions kernels need.
+//! Element types of the cache (`f32`, `f16`, `bf16`, `int8` codes) and the conversions kernels need.
 
 use half::{bf16, f16};
 
@@ -8,6 +8,9 @@ pub enum DType {
     F32,
     F16,
     BF16,
+    /// Symmetric int8 codes with one bf16 scale per (token, kv head) for the keys and one for
+    /// the values, stored beside the codes (`crate::int8`).
+    Int8,
 }
 
 impl DType {
@@ -16,12 +19,32 @@ impl DType {
         match self {
             DType::F32 => 4,
             DType::F16 | DType::BF16 => 2,
+            DType::Int8 => 1,
         }
     }
 
+    /// Bytes of one scale per (token, kv head) and tensor: 2 (a bf16) for int8, else none.
+    pub const fn scale_bytes(self) -> usize {
+        match self {
+            DType::Int8 => 2,
+            _ => 0,
+        }
+    }
+
+    /// Bytes one token's key (or value) of one kv head takes: its `head_size` elements and its
+    /// scale.
+    pub const fn bytes_per_head(self, head_size: usize) -> usize {
+        head_size * self.size_in_bytes() + self.scale_bytes()
+    }
+
     /// vLLM's `x`: how many elements of one key make up 16 bytes, the innermost key dimension.
+    /// int8 keeps 8 (8 bytes): the CPU kernels widen one 8-element chunk of a token to a vector
+    /// of 8 `f32` lanes, as they do for the 16-bit types.
     pub const fn x(self) -> usize {
-        16 / self.size_in_bytes()
+        match self {
+            DType::Int8 => 8,
+            _ => 16 / self.size_in_bytes(),
+        }
     }
 
     pub const fn name(self) -> &'static str {
@@ -29,6 +52,7 @@ impl DType {
             DType::F32 => "f32",
             DType::F16 => "f16",
             DType::BF16 => "bf16",
+            DType::Int8 => "int8",
         }
     }
 }
@@ -78,6 +102,20 @@ macro_rules! half_cache_elem {
 half_cache_elem!(f16, F16);
 half_cache_elem!(bf16, BF16);
 
+/// The int8 cache's codes: `to_f32` is the code itself and `from_f32` rounds to the nearest code
+/// in `-127 ..= 127`; the token's scale, kept beside the codes, turns a code into its value.
+impl CacheElem for i8 {
+    const DTYPE: DType = DType::Int8;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self as f32
+    }
+    #[inline(always)]
+    fn from_f32(v: f32) -> Self {
+        crate::int8::code(v, 1.0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -86,7 +124,10 @@ mod tests {
     fn x_packs_sixteen_bytes() {
         for d in [DType::F32, DType::F16, DType::BF16] {
             assert_eq!(d.x() * d.size_in_bytes(), 16);
+            assert_eq!(d.bytes_per_head(64), 64 * d.size_in_bytes());
         }
+        assert_eq!(DType::Int8.x(), 8);
+        assert_eq!(DType::Int8.bytes_per_head(64), 66);
         assert_eq!(DType::F32.x(), 4);
         assert_eq!(DType::BF16.x(), 8);
     }

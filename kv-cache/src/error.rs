@@ -32,6 +32,10 @@ pub enum CacheError {
     SlotOutOfRange { slot: usize, num_slots: usize },
     #[error("kv head {kv_head} out of range: the cache has {num_kv_heads} kv heads")]
     KvHeadOutOfRange { kv_head: usize, num_kv_heads: usize },
+    #[error("block {block} out of range: the cache has {num_blocks} blocks")]
+    BlockOutOfRange { block: u32, num_blocks: usize },
+    #[error("source and destination caches differ in block layout: {src} vs {dst}")]
+    LayoutMismatch { src: String, dst: String },
     #[error("layer {layer} out of range: the cache has {num_layers} layers")]
     LayerOutOfRange { layer: usize, num_layers: usize },
 }

@@ -58,6 +58,18 @@ impl CacheGeometry {
         (block * self.num_kv_heads + kv_head) * self.block_head_elems() + d * self.block_size + offset
     }
 
+    /// Index into a scale tensor `[num_blocks, kv_heads, block_size]` (int8 caches).
+    #[inline]
+    pub const fn scale_index(&self, slot: usize, kv_head: usize) -> usize {
+        let (block, offset) = (slot / self.block_size, slot % self.block_size);
+        (block * self.num_kv_heads + kv_head) * self.block_size + offset
+    }
+
+    /// Scales of one block (all kv heads), in either scale tensor.
+    pub const fn block_scales(&self) -> usize {
+        self.num_kv_heads * self.block_size
+    }
+
     /// Same tile shape (everything but the number of blocks): blocks can be copied between the two.
     pub fn same_block_layout(&self, other: &CacheGeometry) -> bool {
         self.num_kv_heads == other.num_kv_heads
@@ -69,12 +81,63 @@ impl CacheGeometry {
 
 /// Typed storage; private so a device variant can be added without touching users.
 /// 16-bit types are kept as raw `u16` bits so that allocation is a zeroed `calloc` (untouched
-/// pages, see [`crate::huge_pages`]); views cast them to `f16`/`bf16`.
+/// pages, see [`crate::huge_pages`]); views cast them to `f16`/`bf16`. int8 keeps its bf16
+/// scales (`[num_blocks, kv_heads, block_size]`) beside the codes.
 #[derive(Debug)]
-enum Storage {
+pub(crate) enum Storage {
     F32 { key: Vec<f32>, value: Vec<f32> },
     F16 { key: Vec<u16>, value: Vec<u16> },
     BF16 { key: Vec<u16>, value: Vec<u16> },
+    Int8 { key: Vec<i8>, value: Vec<i8>, key_scale: Vec<u16>, value_scale: Vec<u16> },
+}
+
+impl Storage {
+    /// Every tensor as bytes with its bytes per block: key, value, then int8's two scale
+    /// tensors. A block is one contiguous run of each, so moving a block moves these runs.
+    pub(crate) fn byte_tensors(&self, g: &CacheGeometry) -> [(&[u8], usize); 4] {
+        let elems = g.block_elems() * g.dtype.size_in_bytes();
+        let scales = g.block_scales() * g.dtype.scale_bytes();
+        match self {
+            Storage::F32 { key, value } => {
+                [(bytemuck::cast_slice(key), elems), (bytemuck::cast_slice(value), elems), (&[], 0), (&[], 0)]
+            }
+            Storage::F16 { key, value } | Storage::BF16 { key, value } => {
+                [(bytemuck::cast_slice(key), elems), (bytemuck::cast_slice(value), elems), (&[], 0), (&[], 0)]
+            }
+            Storage::Int8 { key, value, key_scale, value_scale } => [
+                (bytemuck::cast_slice(key), elems),
+                (bytemuck::cast_slice(value), elems),
+                (bytemuck::cast_slice(key_scale), scales),
+                (bytemuck::cast_slice(value_scale), scales),
+            ],
+        }
+    }
+
+    /// [`Storage::byte_tensors`], mutably.
+    pub(crate) fn byte_tensors_mut(&mut self, g: &CacheGeometry) -> [(&mut [u8], usize); 4] {
+        let elems = g.block_elems() * g.dtype.size_in_bytes();
+        let scales = g.block_scales() * g.dtype.scale_bytes();
+        match self {
+            Storage::F32 { key, value } => [
+                (bytemuck::cast_slice_mut(key), elems),
+                (bytemuck::cast_slice_mut(value), elems),
+                (&mut [], 0),
+                (&mut [], 0),
+            ],
+            Storage::F16 { key, value } | Storage::BF16 { key, value } => [
+                (bytemuck::cast_slice_mut(key), elems),
+                (bytemuck::cast_slice_mut(value), elems),
+                (&mut [], 0),
+                (&mut [], 0),
+            ],
+            Storage::Int8 { key, value, key_scale, value_scale } => [
+                (bytemuck::cast_slice_mut(key), elems),
+                (bytemuck::cast_slice_mut(value), elems),
+                (bytemuck::cast_slice_mut(key_scale), scales),
+                (bytemuck::cast_slice_mut(value_scale), scales),
+            ],
+        }
+    }
 }
 
 /// A zeroed tensor of `n` elements, advised to use huge pages before anything touches it.
@@ -92,6 +155,8 @@ pub enum CacheSlices<'a> {
     F32 { key: &'a [f32], value: &'a [f32] },
     F16 { key: &'a [f16], value: &'a [f16] },
     BF16 { key: &'a [bf16], value: &'a [bf16] },
+    /// Codes, and the scale of each (token, kv head) at [`CacheGeometry::scale_index`].
+    Int8 { key: &'a [i8], value: &'a [i8], key_scale: &'a [bf16], value_scale: &'a [bf16] },
 }
 
 /// Mutably borrowed key and value tensors of one layer, by dtype.
@@ -101,32 +166,37 @@ pub enum CacheSlicesMut<'a> {
     F32 { key: &'a mut [f32], value: &'a mut [f32] },
     F16 { key: &'a mut [f16], value: &'a mut [f16] },
     BF16 { key: &'a mut [bf16], value: &'a mut [bf16] },
+    Int8 { key: &'a mut [i8], value: &'a mut [i8], key_scale: &'a mut [bf16], value_scale: &'a mut [bf16] },
 }
 
 /// One layer's key and value cache, allocated once at its full size.
 #[derive(Debug)]
 pub struct LayerCache {
-    geometry: CacheGeometry,
-    storage: Storage,
+    pub(crate) geometry: CacheGeometry,
+    pub(crate) storage: Storage,
 }
 
 impl LayerCache {
     /// Allocates zeroed key and value tensors for `geometry`.
     pub fn new(geometry: CacheGeometry) -> Result<Self, CacheError> {
-        let bytes = geometry.tensor_elems() as u128 * 2 * geometry.dtype.size_in_bytes() as u128;
-        let elems = geometry
-            .num_blocks
-            .checked_mul(geometry.num_kv_heads)
-            .and_then(|n| n.checked_mul(geometry.head_size))
-            .and_then(|n| n.checked_mul(geometry.block_size))
-            .filter(|n| {
-                n.checked_mul(2 * geometry.dtype.size_in_bytes()).is_some_and(|b| b <= isize::MAX as usize)
-            })
+        let g = geometry;
+        let bytes = g.num_slots() as u128 * g.num_kv_heads as u128 * 2 * g.dtype.bytes_per_head(g.head_size) as u128;
+        let scales = g.num_blocks.checked_mul(g.num_kv_heads).and_then(|n| n.checked_mul(g.block_size));
+        let elems = scales
+            .and_then(|n| n.checked_mul(g.head_size))
+            .filter(|_| bytes <= isize::MAX as u128)
             .ok_or(CacheError::TooLarge { bytes })?;
+        let scales = scales.unwrap_or(0);
         let storage = match geometry.dtype {
             DType::F32 => Storage::F32 { key: zeroed(elems), value: zeroed(elems) },
             DType::F16 => Storage::F16 { key: zeroed(elems), value: zeroed(elems) },
             DType::BF16 => Storage::BF16 { key: zeroed(elems), value: zeroed(elems) },
+            DType::Int8 => Storage::Int8 {
+                key: zeroed(elems),
+                value: zeroed(elems),
+                key_scale: zeroed(scales),
+                value_scale: zeroed(scales),
+            },
         };
         Ok(LayerCache { geometry, storage })
     }
@@ -160,6 +230,12 @@ impl LayerCache {
             Storage::BF16 { key, value } => {
                 CacheSlices::BF16 { key: bytemuck::cast_slice(key), value: bytemuck::cast_slice(value) }
             }
+            Storage::Int8 { key, value, key_scale, value_scale } => CacheSlices::Int8 {
+                key,
+                value,
+                key_scale: bytemuck::cast_slice(key_scale),
+                value_scale: bytemuck::cast_slice(value_scale),
+            },
         }
     }
 
@@ -175,16 +251,18 @@ impl LayerCache {
                 key: bytemuck::cast_slice_mut(key),
                 value: bytemuck::cast_slice_mut(value),
             },
+            Storage::Int8 { key, value, key_scale, value_scale } => CacheSlicesMut::Int8 {
+                key,
+                value,
+                key_scale: bytemuck::cast_slice_mut(key_scale),
+                value_scale: bytemuck::cast_slice_mut(value_scale),
+            },
         }
     }
 
-    /// `(key, value)` as `T`, or `None` when the cache holds another dtype.
+    /// `(key, value)` as `T` (int8: the codes), or `None` when the cache holds another dtype.
     pub fn typed<T: CacheElem>(&self) -> Option<(&[T], &[T])> {
-        let (k, v): (&[u8], &[u8]) = match &self.storage {
-            Storage::F32 { key, value } => (bytemuck::cast_slice(key), bytemuck::cast_slice(value)),
-            Storage::F16 { key, value } => (bytemuck::cast_slice(key), bytemuck::cast_slice(value)),
-            Storage::BF16 { key, value } => (bytemuck::cast_slice(key), bytemuck::cast_slice(value)),
-        };
+        let [(k, _), (v, _), ..] = self.storage.byte_tensors(&self.geometry);
         (T::DTYPE == self.geometry.dtype).then(|| (bytemuck::cast_slice(k), bytemuck::cast_slice(v)))
     }
 
@@ -193,15 +271,12 @@ impl LayerCache {
         if T::DTYPE != self.geometry.dtype {
             return None;
         }
-        let (k, v): (&mut [u8], &mut [u8]) = match &mut self.storage {
-            Storage::F32 { key, value } => (bytemuck::cast_slice_mut(key), bytemuck::cast_slice_mut(value)),
-            Storage::F16 { key, value } => (bytemuck::cast_slice_mut(key), bytemuck::cast_slice_mut(value)),
-            Storage::BF16 { key, value } => (bytemuck::cast_slice_mut(key), bytemuck::cast_slice_mut(value)),
-        };
+        let [(k, _), (v, _), ..] = self.storage.byte_tensors_mut(&self.geometry);
         Some((bytemuck::cast_slice_mut(k), bytemuck::cast_slice_mut(v)))
     }
 
-    /// Sets every element of both tensors (tests poison unused slots with NaN this way).
+    /// Sets every element of both tensors (tests poison unused slots with NaN this way; int8
+    /// holds `v` as code 127 (0 for 0) and scale `v / 127`, so NaN poisons the scales).
     pub fn fill(&mut self, v: f32) {
         match &mut self.storage {
             Storage::F32 { key, value } => {
@@ -216,6 +291,13 @@ impl LayerCache {
                 key.fill(bf16::from_f32(v).to_bits());
                 value.fill(bf16::from_f32(v).to_bits());
             }
+            Storage::Int8 { key, value, key_scale, value_scale } => {
+                let code = if v == 0.0 { 0 } else { crate::int8::MAX_CODE as i8 };
+                key.fill(code);
+                value.fill(code);
+                key_scale.fill(bf16::from_f32(v / crate::int8::MAX_CODE).to_bits());
+                value_scale.fill(bf16::from_f32(v / crate::int8::MAX_CODE).to_bits());
+            }
         }
     }
 
@@ -229,18 +311,31 @@ impl LayerCache {
         Ok(())
     }
 
-    /// One token's key for one kv head, as `f32` (`head_size` values).
+    /// One token's key for one kv head, as `f32` (`head_size` values; int8: code · scale).
     pub fn read_key(&self, slot: usize, kv_head: usize) -> Result<Vec<f32>, CacheError> {
         self.check_slot(slot, kv_head)?;
         let g = self.geometry;
-        Ok((0..g.head_size).map(|d| self.key_at(g.key_index(slot, kv_head, d))).collect())
+        let s = self.scales(slot, kv_head).0;
+        Ok((0..g.head_size).map(|d| self.key_at(g.key_index(slot, kv_head, d)) * s).collect())
     }
 
-    /// One token's value for one kv head, as `f32` (`head_size` values).
+    /// One token's value for one kv head, as `f32` (`head_size` values; int8: code · scale).
     pub fn read_value(&self, slot: usize, kv_head: usize) -> Result<Vec<f32>, CacheError> {
         self.check_slot(slot, kv_head)?;
         let g = self.geometry;
-        Ok((0..g.head_size).map(|d| self.value_at(g.value_index(slot, kv_head, d))).collect())
+        let s = self.scales(slot, kv_head).1;
+        Ok((0..g.head_size).map(|d| self.value_at(g.value_index(slot, kv_head, d)) * s).collect())
+    }
+
+    /// The (key, value) scales of one token's head: int8's stored ones, 1 for other dtypes.
+    fn scales(&self, slot: usize, kv_head: usize) -> (f32, f32) {
+        match &self.storage {
+            Storage::Int8 { key_scale, value_scale, .. } => {
+                let i = self.geometry.scale_index(slot, kv_head);
+                (bf16::from_bits(key_scale[i]).to_f32(), bf16::from_bits(value_scale[i]).to_f32())
+            }
+            _ => (1.0, 1.0),
+        }
     }
 
     /// Writes one token's key and value for one kv head (converted to the cache dtype).
@@ -282,6 +377,11 @@ impl LayerCache {
             CacheSlicesMut::F32 { key: k, value: v } => put(&g, k, v, slot, kv_head, key, value),
             CacheSlicesMut::F16 { key: k, value: v } => put(&g, k, v, slot, kv_head, key, value),
             CacheSlicesMut::BF16 { key: k, value: v } => put(&g, k, v, slot, kv_head, key, value),
+            CacheSlicesMut::Int8 { key: k, value: v, key_scale, value_scale } => {
+                let i = g.scale_index(slot, kv_head);
+                key_scale[i] = crate::int8::quantize_row(key, |d, c| k[g.key_index(slot, kv_head, d)] = c);
+                value_scale[i] = crate::int8::quantize_row(value, |d, c| v[g.value_index(slot, kv_head, d)] = c);
+            }
         }
         Ok(())
     }
@@ -291,6 +391,7 @@ impl LayerCache {
             Storage::F32 { key, .. } => key[i],
             Storage::F16 { key, .. } => f16::from_bits(key[i]).to_f32(),
             Storage::BF16 { key, .. } => bf16::from_bits(key[i]).to_f32(),
+            Storage::Int8 { key, .. } => key[i] as f32,
         }
     }
 
@@ -299,6 +400,7 @@ impl LayerCache {
             Storage::F32 { value, .. } => value[i],
             Storage::F16 { value, .. } => f16::from_bits(value[i]).to_f32(),
             Storage::BF16 { value, .. } => bf16::from_bits(value[i]).to_f32(),
+            Storage::Int8 { value, .. } => value[i] as f32,
         }
     }
 }
@@ -353,6 +455,17 @@ mod tests {
             assert_eq!(c.read_value(17, 1).unwrap(), v);
             assert_eq!(c.read_key(17, 0).unwrap(), vec![0.0; 16]);
         }
+        // int8: within half a step of the token's scale (max |k| = 7.5, |v| = 15).
+        let mut c = LayerCache::new(geom(DType::Int8)).unwrap();
+        let k: Vec<f32> = (0..16).map(|i| i as f32 * 0.5).collect();
+        let v: Vec<f32> = (0..16).map(|i| -(i as f32)).collect();
+        c.write_token(17, 1, &k, &v).unwrap();
+        for (got, want, amax) in [(c.read_key(17, 1).unwrap(), &k, 7.5), (c.read_value(17, 1).unwrap(), &v, 15.0)] {
+            for (a, b) in got.iter().zip(want) {
+                assert!((a - b).abs() <= 0.5 * amax / 127.0 * 1.001, "{a} vs {b}");
+            }
+        }
+        assert_eq!(c.read_key(17, 0).unwrap(), vec![0.0; 16]);
     }
 
     #[test]

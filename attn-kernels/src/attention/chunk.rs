@@ -89,6 +89,7 @@ pub(super) fn run_item<T: KernelElem>(
                 block_size: bs,
                 first_key,
                 live: (seq_len - first_key).min(blocks.len() * bs),
+                scales: pb.scales,
             };
             flash_step(pb.isa, &mut tile, &run);
         }

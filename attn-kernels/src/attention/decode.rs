@@ -6,7 +6,7 @@ use super::scratch::{at_least, with_scratch};
 use super::{Problem, SharedOut, SplitSeq};
 use crate::simd::{
     Ahead, Heads, KernelElem, PvBlocks, QkRows, exp_sub_sum, finish_rows, max_of, prefetch, pv_blocks,
-    qk_rows, qrep_len, widen_masked,
+    qk_rows, qrep_len, scale_by, widen_masked,
 };
 
 /// Value tiles per `pv_blocks` call: accumulators go back to memory once per run of this many.
@@ -70,6 +70,13 @@ pub(super) fn run_item<T: KernelElem>(
             let ahead = Ahead::new(next.as_slice());
             let op = QkRows { heads, tile: pb.key_tile(block, kv_head), qrep, scores: &mut logits[b * bs..] };
             qk_rows(pb.isa, op, ahead);
+            if let Some(sc) = pb.scales {
+                // int8: the scores were of the codes; each token's key scale makes them its key's.
+                let (ks, _) = sc.tile(g.num_kv_heads, bs, block, kv_head);
+                for i in 0..group {
+                    scale_by(&mut logits[i * padded + b * bs..][..bs], ks);
+                }
+            }
         }
         // Keys of the first block that precede the window: probability 0.
         let hidden = pb.first_visible(pb.meta.seq_lens[seq] - 1).saturating_sub(t0).min(n);
@@ -85,6 +92,18 @@ pub(super) fn run_item<T: KernelElem>(
             maxes[i] = max_of(&row[..n]);
             sums[i] = exp_sub_sum(pb.isa, &mut row[..n], maxes[i]);
             row[n..].fill(0.0);
+        }
+        if let Some(sc) = pb.scales {
+            // int8: each token's value scale folded into its probability (after the sums, which
+            // normalize the probabilities themselves), so `p · V` runs over the codes. Only the
+            // visible tokens: a slot past the context may hold any scale (NaN).
+            for (b, &block) in table.iter().enumerate() {
+                let (_, vs) = sc.tile(g.num_kv_heads, bs, block, kv_head);
+                let (lo, hi) = (hidden.max(b * bs), n.min((b + 1) * bs));
+                for i in (0..group).filter(|_| lo < hi) {
+                    scale_by(&mut logits[i * padded + lo..i * padded + hi], &vs[lo - b * bs..hi - b * bs]);
+                }
+            }
         }
 
         // Pass 2: p · V into lane-wise accumulators, all query heads per value load; each run

@@ -14,11 +14,11 @@ mod chunk;
 mod decode;
 mod scratch;
 
-use kv_cache::{CacheGeometry, LayerCache};
+use kv_cache::{CacheGeometry, CacheSlices, LayerCache};
 use rayon::prelude::*;
 
 use crate::meta::validate;
-use crate::simd::{KernelElem, prepare_query, qrep_len};
+use crate::simd::{KernelElem, Scales, prepare_query, qrep_len};
 use crate::{AttnError, AttnScores, Isa, PagedAttnMetadata};
 
 /// Context tokens per partition on the split-context decode path.
@@ -115,10 +115,32 @@ pub fn paged_attention(
         return Err(AttnError::InvalidPartition(p, g.block_size));
     }
     let isa = if opts.isa.is_available() { opts.isa } else { Isa::Portable };
-    by_dtype!(CacheSlices, cache.slices(), |key, value| {
-        run(isa, opts.split, out, query, key, value, &g, meta, num_heads, scores)
-    });
+    let (split, h) = (opts.split, num_heads);
+    match cache.slices() {
+        CacheSlices::F32 { key, value } => run(isa, split, out, query, Kv::plain(key, value), &g, meta, h, scores),
+        CacheSlices::F16 { key, value } => run(isa, split, out, query, Kv::plain(key, value), &g, meta, h, scores),
+        CacheSlices::BF16 { key, value } => run(isa, split, out, query, Kv::plain(key, value), &g, meta, h, scores),
+        CacheSlices::Int8 { key, value, key_scale, value_scale } => {
+            let kv = Kv { key, value, scales: Some(Scales { key: key_scale, value: value_scale }) };
+            run(isa, split, out, query, kv, &g, meta, h, scores)
+        }
+        _ => return Err(AttnError::UnsupportedStorage),
+    }
     Ok(())
+}
+
+/// A layer's key and value tensors, with int8's scales.
+#[derive(Clone, Copy)]
+struct Kv<'a, T> {
+    key: &'a [T],
+    value: &'a [T],
+    scales: Option<Scales<'a>>,
+}
+
+impl<'a, T> Kv<'a, T> {
+    fn plain(key: &'a [T], value: &'a [T]) -> Self {
+        Kv { key, value, scales: None }
+    }
 }
 
 /// Everything an item reads, for one call.
@@ -126,6 +148,7 @@ struct Problem<'a, T> {
     isa: Isa,
     key: &'a [T],
     value: &'a [T],
+    scales: Option<Scales<'a>>,
     g: CacheGeometry,
     meta: &'a PagedAttnMetadata<'a>,
     query: &'a [f32],
@@ -223,15 +246,15 @@ fn run<T: KernelElem>(
     split: SplitPolicy,
     out: &mut [f32],
     query: &[f32],
-    key: &[T],
-    value: &[T],
+    kv: Kv<'_, T>,
     g: &CacheGeometry,
     meta: &PagedAttnMetadata<'_>,
     num_heads: usize,
     scores: AttnScores,
 ) {
     let group = num_heads / g.num_kv_heads;
-    let pb = Problem { isa, key, value, g: *g, meta, query, num_heads, group, scores };
+    let Kv { key, value, scales } = kv;
+    let pb = Problem { isa, key, value, scales, g: *g, meta, query, num_heads, group, scores };
     let decode_seqs: Vec<usize> = (0..meta.num_seqs()).filter(|&s| meta.query_len(s) == 1).collect();
     // A decode reads its context from the block holding its first visible key.
     let decode_start = |s: usize| pb.first_visible(meta.seq_lens[s] - 1) / g.block_size * g.block_size;

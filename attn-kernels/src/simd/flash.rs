@@ -15,7 +15,7 @@
 //! query head of the GQA group). Register blocks: AVX-512 8 keys (or dims) × 3 vectors of 16
 //! rows = 24 accumulators; AVX2 4 × 3 × 8; the loads per FMA stay under the two load ports' rate.
 
-use super::KernelElem;
+use super::{KernelElem, Scales};
 #[cfg(target_arch = "x86_64")]
 use super::lanes::{Avx2, Avx512};
 use super::lanes::{Lanes, Plain};
@@ -78,6 +78,9 @@ pub(crate) struct KvRun<'a, T> {
     /// Keys of the run inside the sequence; slots past them may hold anything (NaN) and are
     /// masked for scores and zeroed for values.
     pub live: usize,
+    /// int8's scales (the whole layer's), applied to the live keys and values as they are
+    /// widened.
+    pub scales: Option<Scales<'a>>,
 }
 
 /// One step of the online softmax: scores of the tile's rows against `kv`'s keys (causally
@@ -195,6 +198,24 @@ unsafe fn widen<V: Lanes, T: KernelElem>(t: &mut FlashTile<'_>, kv: &KvRun<'_, T
             for e in (0..tile).step_by(V::L) {
                 V::widen(k.add(e)).store(kd.add(e));
                 V::widen(v.add(e)).store(vd.add(e));
+            }
+        }
+    }
+    if let Some(sc) = kv.scales {
+        let x = T::DTYPE.x();
+        for (i, &b) in kv.blocks.iter().enumerate() {
+            let (ks, vs) = sc.tile(kv.num_kv_heads, bs, b, kv.kv_head);
+            // Live slots only: a slot past the sequence may hold any scale (NaN).
+            let live = kv.live.saturating_sub(i * bs).min(bs);
+            let (keys, values) = (&mut t.keys[i * tile..(i + 1) * tile], &mut t.values[i * tile..(i + 1) * tile]);
+            // Keys `[d/x][bs][x]`: token `slot`'s chunk of each `x` dims; values `[d][bs]`.
+            for chunk in keys.chunks_exact_mut(bs * x) {
+                for (slot, s) in chunk.chunks_exact_mut(x).zip(&ks[..live]) {
+                    slot.iter_mut().for_each(|k| *k *= s.to_f32());
+                }
+            }
+            for row in values.chunks_exact_mut(bs) {
+                super::scale_by(&mut row[..live], vs);
             }
         }
     }

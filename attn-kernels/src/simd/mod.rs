@@ -161,6 +161,49 @@ impl KernelElem for bf16 {
     }
 }
 
+/// int8 codes, widened as they are: the caller applies each token's scale (to its scores, and
+/// folded into its probabilities for the values).
+impl KernelElem for i8 {
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        // SAFETY: 8 readable bytes; AVX2 is guaranteed by the caller.
+        unsafe { _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p.cast()))) }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        // SAFETY: 16 readable bytes; AVX-512F is guaranteed by the caller.
+        unsafe { _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p.cast()))) }
+    }
+}
+
+/// int8's per-(token, kv head) scales of one layer, `[num_blocks, kv_heads, block_size]` each.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Scales<'a> {
+    pub key: &'a [bf16],
+    pub value: &'a [bf16],
+}
+
+impl<'a> Scales<'a> {
+    /// The key and value scales of (physical block, kv head): `block_size` each.
+    pub fn tile(&self, num_kv_heads: usize, block_size: usize, block: u32, kv_head: usize) -> (&'a [bf16], &'a [bf16]) {
+        let start = (block as usize * num_kv_heads + kv_head) * block_size;
+        (&self.key[start..start + block_size], &self.value[start..start + block_size])
+    }
+}
+
+/// `row[t] *= scales[t]`: a token's scale applied to its score or folded into its probability.
+#[inline]
+pub(crate) fn scale_by(row: &mut [f32], scales: &[bf16]) {
+    for (v, s) in row.iter_mut().zip(scales) {
+        *v *= s.to_f32();
+    }
+}
+
 /// Length of the prepared query row for `qk_tile`: `head_size / x` chunks of 8 lanes.
 pub(crate) fn qrep_len(head_size: usize, x: usize) -> usize {
     head_size / x * 8
@@ -373,10 +416,12 @@ mod tests {
 
     fn check_isa<T: KernelElem>(isa: Isa) {
         let x = T::DTYPE.x();
+        // int8 codes span -127 ..= 127; the others hold values in -1 .. 1.
+        let amp = if T::DTYPE == kv_cache::DType::Int8 { 120.0 } else { 1.0 };
         let mut seed = 7;
         for d in [64, 80, 96, 112, 128, 256] {
             for bs in [8, 16, 32] {
-                let tile: Vec<T> = (0..d * bs).map(|_| T::from_f32(lcg(&mut seed))).collect();
+                let tile: Vec<T> = (0..d * bs).map(|_| T::from_f32(lcg(&mut seed) * amp)).collect();
                 let wide: Vec<f32> = tile.iter().map(|v| v.to_f32()).collect();
                 // Up to 7 query rows at once (chunks of 4 plus a remainder), scores `bs + 3` apart.
                 for nh in 1..=7 {
@@ -397,7 +442,7 @@ mod tests {
                             scores[i * stride..i * stride + bs].iter().zip(naive_qk(&wide, q, d, bs, x))
                         {
                             assert!(
-                                (a - b).abs() < 1e-4,
+                                (a - b).abs() < 1e-4 * amp,
                                 "{isa:?} {} d{d} bs{bs} nh{nh}: {a} vs {b}",
                                 T::DTYPE
                             );
@@ -417,7 +462,7 @@ mod tests {
                             let p = &probs[i * 2 * bs..(i + 1) * 2 * bs];
                             let want = 0.5 * (0..2 * bs).map(|t| p[t] * wide[r * bs + t % bs]).sum::<f32>();
                             assert!(
-                                (o - want).abs() < 1e-4,
+                                (o - want).abs() < 1e-4 * amp,
                                 "{isa:?} pv_blocks d{d} bs{bs} nh{nh}: {o} vs {want}"
                             );
                         }
@@ -433,6 +478,7 @@ mod tests {
             check_isa::<f32>(isa);
             check_isa::<f16>(isa);
             check_isa::<bf16>(isa);
+            check_isa::<i8>(isa);
         }
     }
 

@@ -114,5 +114,6 @@ mod tests {
         check::<f32>(|x| x);
         check::<f16>(f16::from_f32);
         check::<bf16>(bf16::from_f32);
+        check::<i8>(<i8 as kv_cache::CacheElem>::from_f32);
     }
 }

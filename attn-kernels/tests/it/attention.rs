@@ -1,10 +1,11 @@
 //! `paged_attention` against `reference::paged_attention` over random shapes, plus dtype
 //! cross-checks and chunked-prefill equivalence.
 //!
-//! Tolerances: a kernel and the reference read the same (narrowed) cache values, so every dtype
-//! is held to f32 accumulation error: `|got - want| <= 2e-4 + 2e-4·|want|` (f64 reference).
-//! Narrow caches against an f32 cache of the same data: f16 `5e-3`, bf16 `4e-2` absolute
-//! (values in [-1, 1]; bf16 keeps 8 mantissa bits, f16 11).
+//! Tolerances: a kernel and the reference read the same (narrowed) cache values — for int8 the
+//! dequantized `code · scale` — so every dtype is held to f32 accumulation error:
+//! `|got - want| <= 2e-4 + 2e-4·|want|` (f64 reference). Narrow caches against an f32 cache of
+//! the same data: f16 `5e-3`, bf16 and int8 `4e-2` absolute (values in [-1, 1]; bf16 keeps 8
+//! mantissa bits, f16 11; int8 steps of max |v| / 127 per token and head).
 
 use attn_kernels::{
     AttnOptions, AttnScores, Isa, PagedAttnMetadata, SplitPolicy, paged_attention, reference,
@@ -27,7 +28,7 @@ fn block_sizes() -> impl Strategy<Value = usize> {
 }
 
 fn dtypes() -> impl Strategy<Value = DType> {
-    prop::sample::select(vec![DType::F32, DType::F16, DType::BF16])
+    prop::sample::select(vec![DType::F32, DType::F16, DType::BF16, DType::Int8])
 }
 
 /// Context lengths: mostly short (edge cases around block boundaries), some past 2 000.
@@ -217,7 +218,7 @@ proptest! {
     fn narrow_caches_track_the_f32_cache(batch in mixed_batch()) {
         let opts = AttnOptions::default();
         let (f32_out, _) = run_both(&batch, DType::F32, &opts);
-        for (dtype, tol) in [(DType::F16, 5e-3), (DType::BF16, 4e-2)] {
+        for (dtype, tol) in [(DType::F16, 5e-3), (DType::BF16, 4e-2), (DType::Int8, 4e-2)] {
             let built = batch.build();
             let cache = batch.cache(&built, dtype);
             let mut got = vec![0.0; built.query.len()];

@@ -1,5 +1,5 @@
-//! `copy_blocks` / `swap_out` / `swap_in` round trips: moved blocks arrive intact, every other
-//! block keeps its bytes.
+//! `copy_blocks` / `swap_out` / `swap_in` round trips: moved blocks arrive intact (int8: codes
+//! and scales, as read back dequantized), every other block keeps its bytes.
 
 use attn_kernels::{AttnError, copy_blocks, swap_blocks, swap_in, swap_out};
 use kv_cache::{BlockShape, CacheConfig, DType, KvCache, LayerCache};
@@ -46,7 +46,7 @@ proptest! {
 
     #[test]
     fn copy_blocks_copies_pairs_and_nothing_else(
-        dtype in prop::sample::select(vec![DType::F32, DType::F16, DType::BF16]),
+        dtype in prop::sample::select(vec![DType::F32, DType::F16, DType::BF16, DType::Int8]),
         pairs in prop::collection::vec((0u32..12, 0u32..12), 0..6),
         seed in any::<u64>(),
     ) {
@@ -63,7 +63,7 @@ proptest! {
 
     #[test]
     fn swap_out_then_in_round_trips(
-        dtype in prop::sample::select(vec![DType::F32, DType::BF16]),
+        dtype in prop::sample::select(vec![DType::F32, DType::BF16, DType::Int8]),
         moves in prop::collection::vec((0u32..10, 0u32..6), 1..4),
         seed in any::<u64>(),
     ) {
