@@ -88,6 +88,7 @@ impl DecodeCase {
             DType::F32 => fill::<f32>(&mut cache),
             DType::F16 => fill::<half::f16>(&mut cache),
             DType::BF16 => fill::<bf16>(&mut cache),
+            other => panic!("the attention bench fills float caches, not {other}"),
         }
         let identity: Vec<u32> = (0..num_blocks as u32).collect();
         let mut shuffled = identity.clone();

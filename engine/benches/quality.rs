@@ -9,10 +9,13 @@
 //! - `f32`: the reference's arithmetic again (the instrument reads zero);
 //! - `int16`, `int8`: activations rounded per group of 32 for the integer kernels, f32 KV;
 //! - `bf16_kv`: f32 activations over a bf16 KV cache;
+//! - `int8_kv`: f32 activations over the int8 KV cache;
 //! - `default`: what users run on this CPU (`auto` activations, the default bf16 KV cache);
 //! - `llamacpp_default`: llama.cpp (llama-cpp-python, the `peer` bench's build) on the same GGUF
 //!   with its default CPU arithmetic (8-bit activations, f16 KV cache), through
-//!   `quality_llamacpp.py`.
+//!   `quality_llamacpp.py`;
+//! - `llamacpp_q8_kv`: the same with q8_0 keys and values (`-ctk q8_0 -ctv q8_0`), beside which
+//!   `int8_kv` is read.
 //!
 //! Figures `quality.<model>.<path>.kld_mean`, `.top1_agree` (0..1), `.ppl_ratio`, `.kld_p99`;
 //! `quality.<model>.rows` (rows scored). `BENCH_QUICK=1` scores 16 windows instead of 128.
@@ -40,11 +43,12 @@ const CTX: usize = 512;
 type FetchModel = fn() -> Result<std::path::PathBuf, String>;
 
 /// The engine's paths: name, activations, KV cache dtype.
-const PATHS: [(&str, ActivationPrecision, DType); 5] = [
+const PATHS: [(&str, ActivationPrecision, DType); 6] = [
     ("f32", ActivationPrecision::F32, DType::F32),
     ("int16", ActivationPrecision::Int16, DType::F32),
     ("int8", ActivationPrecision::Int8, DType::F32),
     ("bf16_kv", ActivationPrecision::F32, DType::BF16),
+    ("int8_kv", ActivationPrecision::F32, DType::Int8),
     ("default", ActivationPrecision::Auto, DType::BF16),
 ];
 
@@ -84,16 +88,11 @@ fn main() -> Result<(), Box<dyn Error>> {
             rows.push((path.to_owned(), tally.report()));
             eprintln!("quality: {name} {path}: {:?}", rows.last().map(|r| r.1));
         }
-        rows.push((
-            "llamacpp_default".to_owned(),
-            llamacpp(
-                &python,
-                &gguf,
-                &reference,
-                &dir.join(format!("{name}-llamacpp.evl")),
-                &mut md_llamacpp,
-            )?,
-        ));
+        for (path, args) in [("llamacpp_default", &[][..]), ("llamacpp_q8_kv", &["--kv-q8"][..])] {
+            let out = dir.join(format!("{name}-{path}.evl"));
+            let report = llamacpp(&python, &gguf, &reference, &out, args, &mut md_llamacpp)?;
+            rows.push((path.to_owned(), report));
+        }
         for (path, r) in &rows {
             let key = |k: &str| format!("quality.{name}.{path}.{k}");
             for (k, v) in [
@@ -152,6 +151,7 @@ fn llamacpp(
     gguf: &Path,
     reference: &Path,
     out: &Path,
+    args: &[&str],
     md: &mut String,
 ) -> Result<QualityReport, Box<dyn Error>> {
     let threads = rayon::current_num_threads();
@@ -177,6 +177,7 @@ fn llamacpp(
             out.as_os_str(),
         ])
         .args(["--threads", &threads.to_string()])
+        .args(args)
         .args(if extra { &[][..] } else { &["--no-extra-buffers"][..] })
         .status()?;
     if !status.success() {

@@ -2,7 +2,7 @@
 
     target/venv-llamacpp/bin/python engine/benches/quality_llamacpp.py \
         --model MODEL.gguf --reference OURS.ref [--out EVALUATED.bin] [--out-reference LLAMACPP.ref] \
-        [--threads N] [--kv-f32] [--no-extra-buffers]
+        [--threads N] [--kv-f32 | --kv-q8] [--no-extra-buffers]
 
 `OURS.ref` is a reference file of ours (`cargo xtask perplexity --save-logits`, format in
 `model/src/quality/file.rs`). Each of its windows runs through llama.cpp (llama-cpp-python, the
@@ -20,7 +20,8 @@ to one or both outputs:
   the reference's header and tokens.
 
 What runs is llama.cpp's default CPU path, as `llama-perplexity` would run it: its default KV
-cache type (f16; `--kv-f32` keeps f32 instead), its default attention choice (`flash_attn`
+cache type (f16; `--kv-f32` keeps f32 instead, `--kv-q8` q8_0 keys and values as `-ctk q8_0
+-ctv q8_0`), its default attention choice (`flash_attn`
 auto, which turns flash attention on for the CPU; the `llama_cpp.Llama` wrapper would turn it
 off), micro-batch and extra CPU buffer types (AMX, repacked weight layouts), sliding-window
 layers keeping only their window (`swa_full` off, as in `peer_llamacpp.py`). With flash
@@ -51,7 +52,7 @@ MAGIC = b"PLLMQREF"
 EVALUATED_MAGIC = b"PLLMQEVL"
 VERSION = 1
 # ggml_type ids of the KV cache's element types.
-GGML_TYPE_F32, GGML_TYPE_F16 = 0, 1
+GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_Q8_0 = 0, 1, 8
 # Rows turned into log-probabilities at once.
 ROW_CHUNK = 64
 
@@ -181,7 +182,9 @@ def main():
     ap.add_argument("--out", help="write an evaluated-rows file (llama.cpp's rows against the reference's)")
     ap.add_argument("--out-reference", help="write a reference file of llama.cpp's own rows")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
-    ap.add_argument("--kv-f32", action="store_true", help="f32 KV cache (llama.cpp's default: f16)")
+    kv = ap.add_mutually_exclusive_group()
+    kv.add_argument("--kv-f32", action="store_true", help="f32 KV cache (llama.cpp's default: f16)")
+    kv.add_argument("--kv-q8", action="store_true", help="q8_0 K and V cache (needs flash attention, on)")
     ap.add_argument("--no-extra-buffers", action="store_true",
                     help="llama.cpp without its extra CPU buffer types (AMX, repacked layouts)")
     ap.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
@@ -210,13 +213,13 @@ def main():
     if n_vocab != vocab:
         fail(f"{args.model} has a vocabulary of {n_vocab} tokens, {args.reference} one of {vocab}: "
              "not the same model's tokens")
-    kv_type = GGML_TYPE_F32 if args.kv_f32 else GGML_TYPE_F16
+    kv_type = GGML_TYPE_F32 if args.kv_f32 else GGML_TYPE_Q8_0 if args.kv_q8 else GGML_TYPE_F16
     ctx = new_context(model, n_ctx, args.threads, kv_type)
     mem = L.llama_get_memory(ctx)
 
     name = f"llama.cpp (llama-cpp-python {L.__version__}) default CPU path, {os.path.basename(args.model)}"
-    if args.kv_f32:
-        name += ", f32 KV cache"
+    if args.kv_f32 or args.kv_q8:
+        name += ", f32 KV cache" if args.kv_f32 else ", q8_0 KV cache"
     if not extra_bufts:
         name += ", no extra CPU buffer types"
     name_bytes = name.encode("utf-8")

@@ -11,6 +11,10 @@ pub enum DType {
     /// Symmetric int8 codes with one bf16 scale per (token, kv head) for the keys and one for
     /// the values, stored beside the codes (`crate::int8`).
     Int8,
+    /// fp8 e4m3 and e5m2 (vLLM's `fp8`/`fp8_e4m3` and `fp8_e5m2`): named so that the
+    /// configuration can refuse them with the device they need; no cache here stores them yet.
+    Fp8E4M3,
+    Fp8E5M2,
 }
 
 impl DType {
@@ -19,7 +23,7 @@ impl DType {
         match self {
             DType::F32 => 4,
             DType::F16 | DType::BF16 => 2,
-            DType::Int8 => 1,
+            DType::Int8 | DType::Fp8E4M3 | DType::Fp8E5M2 => 1,
         }
     }
 
@@ -47,12 +51,19 @@ impl DType {
         }
     }
 
+    /// fp8 e4m3 or e5m2.
+    pub const fn is_fp8(self) -> bool {
+        matches!(self, DType::Fp8E4M3 | DType::Fp8E5M2)
+    }
+
     pub const fn name(self) -> &'static str {
         match self {
             DType::F32 => "f32",
             DType::F16 => "f16",
             DType::BF16 => "bf16",
             DType::Int8 => "int8",
+            DType::Fp8E4M3 => "fp8_e4m3",
+            DType::Fp8E5M2 => "fp8_e5m2",
         }
     }
 }

@@ -26,6 +26,8 @@ pub enum CacheError {
     },
     #[error("cache of {bytes} bytes overflows the address space")]
     TooLarge { bytes: u128 },
+    #[error("the host cache has no {0} storage (the CPU's 8-bit KV cache is int8)")]
+    UnsupportedDtype(DType),
     #[error("device {0} is not available in this build")]
     UnsupportedDevice(Device),
     #[error("slot {slot} out of range: the cache has {num_slots} slots")]

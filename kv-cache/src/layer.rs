@@ -197,6 +197,7 @@ impl LayerCache {
                 key_scale: zeroed(scales),
                 value_scale: zeroed(scales),
             },
+            DType::Fp8E4M3 | DType::Fp8E5M2 => return Err(CacheError::UnsupportedDtype(g.dtype)),
         };
         Ok(LayerCache { geometry, storage })
     }

@@ -21,7 +21,7 @@ class _Client:
         """Loads ``model`` (a Hugging Face folder, a GGUF file, or ``"smollm2"``) and starts the
         engine. ``engine_args`` are the engine's flags by their Python names (``max_num_seqs``,
         ``max_model_len``, ``num_kv_blocks``, ``kv_cache_gib``, ``enable_prefix_caching``,
-        ``seed``, ``block_size``, ``max_num_batched_tokens``, ``device``, ``kv_dtype``,
+        ``seed``, ``block_size``, ``max_num_batched_tokens``, ``device``, ``kv_cache_dtype``,
         ``quantization``, …); an unknown one raises ``TypeError``.
         """
         path = resolve_model(model)

@@ -38,7 +38,9 @@ struct EngineArgs {
     /// Device KV cache budget in GiB (ignored with `num_kv_blocks`).
     kv_cache_gib: Option<f64>,
     num_kv_blocks: Option<usize>,
-    /// `bf16`, `f16` or `f32`.
+    /// vLLM's names: `auto` (bf16), `bf16`, `f16`, `f32`, `int8` (CPU), `fp8`/`fp8_e4m3`/`fp8_e5m2`.
+    kv_cache_dtype: Option<String>,
+    /// The former name of `kv_cache_dtype`.
     kv_dtype: Option<String>,
     /// `cpu`, `cuda` or `cuda:N`.
     device: Option<String>,
@@ -117,7 +119,7 @@ pub fn engine_config(json: &str) -> PyResult<EngineConfig> {
             None => d.swap_space_bytes,
         },
         kv_cache,
-        kv_dtype: pick(&KV_DTYPE, args.kv_dtype)?.unwrap_or(d.kv_dtype),
+        kv_dtype: pick(&KV_DTYPE, args.kv_cache_dtype.or(args.kv_dtype))?.unwrap_or(d.kv_dtype),
         device,
         gpu_memory_utilization: args.gpu_memory_utilization.unwrap_or(d.gpu_memory_utilization),
         seed: args.seed.unwrap_or(d.seed),

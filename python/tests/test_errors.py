@@ -35,8 +35,11 @@ def test_unknown_names_and_wrong_types_are_type_errors(model_path):
         paged_llm.LLM(model_path, not_an_engine_arg=1)
     with pytest.raises(TypeError, match="max_num_seqs"):
         paged_llm.LLM(model_path, max_num_seqs="many")
-    with pytest.raises(ValueError, match="kv_dtype"):
-        paged_llm.LLM(model_path, kv_dtype="f8")
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        paged_llm.LLM(model_path, kv_cache_dtype="f8")
+    # fp8 is a KV cache of CUDA's: on the CPU, an engine error naming the combination.
+    with pytest.raises(paged_llm.EngineError, match="fp8_e4m3 on cpu"):
+        paged_llm.LLM(model_path, kv_cache_dtype="fp8")
 
 
 def test_engine_failures_are_engine_errors(model_path):

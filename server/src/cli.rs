@@ -55,10 +55,11 @@ pub struct EngineKnobs {
     /// Exact number of KV blocks.
     #[arg(long)]
     pub num_kv_blocks: Option<usize>,
-    /// KV cache element type (default: bf16, on CUDA also the weights' and activations' type;
-    /// f32 on the CPU for results bit-comparable with an f32 reference).
-    #[arg(long, value_parser = choice(&KV_DTYPE))]
-    pub kv_dtype: Option<DType>,
+    /// KV cache element type, vLLM's names (auto: bf16, on CUDA also the weights' and
+    /// activations' type; f32 on the CPU for results bit-comparable with an f32 reference; int8
+    /// on the CPU for about twice the tokens in the same memory; fp8 = fp8_e4m3, CUDA's).
+    #[arg(long, alias = "kv-dtype", value_parser = choice(&KV_DTYPE))]
+    pub kv_cache_dtype: Option<DType>,
     /// Where the model runs: cpu, cuda (GPU 0) or cuda:N. CUDA needs the NVIDIA driver; xtask
     /// re-launches itself built with `--features cuda` when it was built without.
     #[arg(long, default_value = "cpu")]
@@ -103,7 +104,7 @@ impl EngineKnobs {
                 Some(n) => KvCacheSize::Blocks(n),
                 None => KvCacheSize::Bytes((self.kv_cache_gib * GIB) as usize),
             },
-            kv_dtype: self.kv_dtype.unwrap_or(DType::BF16),
+            kv_dtype: self.kv_cache_dtype.unwrap_or(DType::BF16),
             device: self.device,
             gpu_memory_utilization: self.gpu_memory_utilization,
             seed: self.seed,
@@ -228,6 +229,10 @@ mod tests {
         assert_eq!((f16.device, f16.kv_dtype), (Device::Cuda { ordinal: 1 }, DType::F16));
         let cli = <Cli as clap::Parser>::try_parse_from(["run", "--device", "tpu"]);
         assert!(cli.is_err());
+        // vLLM's flag and names: int8, fp8 = e4m3, auto = bf16.
+        for (name, dtype) in [("int8", DType::Int8), ("fp8", DType::Fp8E4M3), ("fp8_e5m2", DType::Fp8E5M2), ("auto", DType::BF16)] {
+            assert_eq!(knobs(&["--kv-cache-dtype", name]).config().kv_dtype, dtype);
+        }
     }
 
     #[test]

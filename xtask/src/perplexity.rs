@@ -69,12 +69,7 @@ fn parse_activations(s: &str) -> Result<ActivationPrecision, String> {
 }
 
 fn parse_kv_dtype(s: &str) -> Result<engine::DType, String> {
-    if s == "auto" {
-        return Ok(engine::EngineConfig::default().kv_dtype);
-    }
-    KV_DTYPE
-        .parse(s)
-        .ok_or_else(|| format!("auto or one of {}", KV_DTYPE.names().collect::<Vec<_>>().join(", ")))
+    KV_DTYPE.parse(s).ok_or_else(|| format!("one of {}", KV_DTYPE.names().collect::<Vec<_>>().join(", ")))
 }
 
 pub fn run(args: &PerplexityArgs) -> anyhow::Result<()> {

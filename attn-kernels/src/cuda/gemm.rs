@@ -49,6 +49,9 @@ pub fn data_type(dtype: DType) -> cudaDataType {
         DType::F32 => cudaDataType::CUDA_R_32F,
         DType::F16 => cudaDataType::CUDA_R_16F,
         DType::BF16 => cudaDataType::CUDA_R_16BF,
+        DType::Int8 => cudaDataType::CUDA_R_8I,
+        DType::Fp8E4M3 => cudaDataType::CUDA_R_8F_E4M3,
+        DType::Fp8E5M2 => cudaDataType::CUDA_R_8F_E5M2,
     }
 }
 

@@ -45,6 +45,9 @@ pub const fn cuda_type(dtype: DType) -> (&'static str, &'static str) {
         DType::F32 => ("f32", "float"),
         DType::F16 => ("f16", "__half"),
         DType::BF16 => ("bf16", "__nv_bfloat16"),
+        DType::Int8 => ("int8", "int8_t"),
+        DType::Fp8E4M3 => ("fp8_e4m3", "__nv_fp8_e4m3"),
+        DType::Fp8E5M2 => ("fp8_e5m2", "__nv_fp8_e5m2"),
     }
 }
 

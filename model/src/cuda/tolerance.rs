@@ -85,7 +85,7 @@ pub fn unit_roundoff(dtype: DType) -> Result<f32, CudaModelError> {
     match dtype {
         DType::BF16 => Ok(2f32.powi(-8)),
         DType::F16 => Ok(2f32.powi(-11)),
-        DType::F32 => Err(CudaModelError::Unsupported("f32 weights on the GPU (use bf16 or f16)".into())),
+        other => Err(CudaModelError::Unsupported(format!("{other} weights on the GPU (use bf16 or f16)"))),
     }
 }
 

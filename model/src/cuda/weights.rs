@@ -25,7 +25,7 @@ pub fn to_half_bits(values: &[f32], dtype: DType) -> Result<Vec<u16>, CudaModelE
     match dtype {
         DType::BF16 => Ok(convert(values, |v| bf16::from_f32(v).to_bits())),
         DType::F16 => Ok(convert(values, |v| f16::from_f32(v).to_bits())),
-        DType::F32 => Err(CudaModelError::Unsupported("f32 weights on the GPU (use bf16 or f16)".into())),
+        other => Err(CudaModelError::Unsupported(format!("{other} weights on the GPU (use bf16 or f16)"))),
     }
 }
 

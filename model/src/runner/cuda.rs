@@ -28,7 +28,8 @@ impl CudaRunner {
     ) -> Result<(Self, CacheConfig)> {
         if !matches!(config.kv_dtype, DType::BF16 | DType::F16) {
             return Err(ModelError::Device(format!(
-                "the CUDA device needs a bf16 or f16 KV cache (kv_dtype is {:?})",
+                "kv_cache_dtype {} on cuda: the CUDA KV cache is bf16 or f16 (int8 is the CPU's; \
+                 fp8 has no CUDA kernels in this build)",
                 config.kv_dtype
             )));
         }

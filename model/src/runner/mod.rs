@@ -124,6 +124,12 @@ impl Runner {
         let group_windows = model.kv_layout().group_windows().to_vec();
         let (on, cache_config) = match config.device {
             Device::Cpu => {
+                if config.kv_dtype.is_fp8() {
+                    return Err(ModelError::Device(format!(
+                        "kv_cache_dtype {} on cpu: fp8 caches are CUDA's; the CPU's 8-bit KV cache is int8",
+                        config.kv_dtype
+                    )));
+                }
                 let cache_config = match config.kv_cache {
                     KvCacheSize::Bytes(b) => {
                         CacheConfig::from_memory_budget(shape, b, config.swap_bytes, config.max_model_len)?

@@ -83,13 +83,24 @@ pub fn greedy_batch(
     model: &model::Model,
     prompts: Vec<Vec<u32>>,
     steps: usize,
+    check: impl FnMut(usize, usize, &[f32]),
+) {
+    greedy_batch_with(model, prompts, steps, DType::F32, check)
+}
+
+/// [`greedy_batch`] over a KV cache of `dtype`.
+pub fn greedy_batch_with(
+    model: &model::Model,
+    prompts: Vec<Vec<u32>>,
+    steps: usize,
+    dtype: DType,
     mut check: impl FnMut(usize, usize, &[f32]),
 ) {
     let block_size = 16;
     let capacity = prompts.iter().map(Vec::len).max().unwrap_or(0) + steps;
     let pool: Vec<u32> = (0..(capacity.div_ceil(block_size) * prompts.len()) as u32).rev().collect();
     let mut seqs = assign_blocks(prompts, capacity, block_size, &pool);
-    let mut cache = cache_for(&model.config, block_size, pool.len());
+    let mut cache = cache_of(&model.config, block_size, pool.len(), dtype);
     let mut ws = model::Workspace::default();
     let vocab = model.config.vocab_size;
     for step in 0..steps {
