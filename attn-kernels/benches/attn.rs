@@ -9,10 +9,11 @@
 //!   criterion reports the paged half. The ratio `attn.paged_over_contiguous_bs{8,16}` is the
 //!   median of the per-sample ratios: both halves see the same memory, pages and machine load,
 //!   which separate measurement windows over separate GiB allocations did not;
-//! - `decode_f32_read_ms` and `decode_bf16_read_ms`: paged decode (block size 16) paired the same
-//!   way with a read-only sum (`attn_kernels::yardstick`) over as many bytes as the kernel reads,
-//!   each in its own allocation. `attn.decode_read_fraction` (f32) and
-//!   `attn.decode_read_fraction_bf16` are the medians of the per-sample ratios of the kernel's
+//! - `decode_f32_read_ms`, `decode_bf16_read_ms` and `decode_int8_read_ms`: paged decode (block
+//!   size 16) paired the same way with a read-only sum (`attn_kernels::yardstick`) over as many
+//!   bytes as the kernel reads (int8: codes and scales), each in its own allocation.
+//!   `attn.decode_read_fraction` (f32), `attn.decode_read_fraction_bf16` and
+//!   `attn.decode_read_fraction_int8` are the medians of the per-sample ratios of the kernel's
 //!   bytes per second over the sum's: how far the kernel is from reading memory alone;
 //! - `prefill_8x512_ms`: varlen prefill of 8 chunks × 512 tokens (f32 cache);
 //! - `prefill_4k_bf16_ms`: one 4 096-token prompt on a bf16 cache (the CPU default), and
@@ -65,6 +66,16 @@ fn fill<T: CacheElem>(cache: &mut LayerCache) {
     }
 }
 
+/// int8: codes over the whole range, each token's scales `1/127` (values in [-1, 1]).
+fn fill_int8(cache: &mut LayerCache) {
+    if let kv_cache::CacheSlicesMut::Int8 { key, value, key_scale, value_scale } = cache.slices_mut() {
+        key.par_iter_mut().enumerate().for_each(|(i, e)| *e = (pattern(i, 1) * 127.0) as i8);
+        value.par_iter_mut().enumerate().for_each(|(i, e)| *e = (pattern(i, 2) * 127.0) as i8);
+        key_scale.fill(bf16::from_f32(1.0 / 127.0));
+        value_scale.fill(bf16::from_f32(1.0 / 127.0));
+    }
+}
+
 /// A decode batch: cache, a shuffled (paged) and an identity (contiguous) block table over it,
 /// one query row per sequence.
 struct DecodeCase {
@@ -88,6 +99,7 @@ impl DecodeCase {
             DType::F32 => fill::<f32>(&mut cache),
             DType::F16 => fill::<half::f16>(&mut cache),
             DType::BF16 => fill::<bf16>(&mut cache),
+            DType::Int8 => fill_int8(&mut cache),
             other => panic!("the attention bench fills float caches, not {other}"),
         }
         let identity: Vec<u32> = (0..num_blocks as u32).collect();
@@ -106,7 +118,7 @@ impl DecodeCase {
     }
 
     fn bytes_read(&self) -> u64 {
-        (2 * NUM_SEQS * CONTEXT * NUM_KV_HEADS * HEAD_SIZE * self.cache.dtype().size_in_bytes()) as u64
+        (2 * NUM_SEQS * CONTEXT * NUM_KV_HEADS * self.cache.dtype().bytes_per_head(HEAD_SIZE)) as u64
     }
 
     fn run(&self, out: &mut [f32], paged: bool) {
@@ -363,6 +375,7 @@ fn write_outputs(samples: &Samples) {
     for (ratio, figure) in [
         ("read_fraction_f32", "attn.decode_read_fraction"),
         ("read_fraction_bf16", "attn.decode_read_fraction_bf16"),
+        ("read_fraction_int8", "attn.decode_read_fraction_int8"),
     ] {
         if let Some(v) = s.get(ratio) {
             figures.insert(figure.to_owned(), median(v));
@@ -425,7 +438,7 @@ fn write_outputs(samples: &Samples) {
             w_steps * 100.0
         ));
     }
-    for (ratio, dtype) in [("read_fraction_f32", "f32"), ("read_fraction_bf16", "bf16")] {
+    for (ratio, dtype) in [("read_fraction_f32", "f32"), ("read_fraction_bf16", "bf16"), ("read_fraction_int8", "int8")] {
         if let Some(v) = s.get(ratio) {
             md.push_str(&format!(
                 "\nDecode ({dtype} cache, block size 16, paged) over a read-only sum of as many bytes, paired per sample: {}.\n",
@@ -467,6 +480,7 @@ fn main() {
     bench_decode_pair(&mut c, &samples, pair("decode_f32_ms", "decode_bs16_contig_ms", "ratio_bs16"), 16);
     bench_decode_read_pair(&mut c, &samples, "decode_f32_read_ms", "read_fraction_f32", DType::F32);
     bench_decode_read_pair(&mut c, &samples, "decode_bf16_read_ms", "read_fraction_bf16", DType::BF16);
+    bench_decode_read_pair(&mut c, &samples, "decode_int8_read_ms", "read_fraction_int8", DType::Int8);
     bench_decode_pair(&mut c, &samples, pair("decode_bs8_paged_ms", "decode_bs8_contig_ms", "ratio_bs8"), 8);
     bench_decode_pair(
         &mut c,

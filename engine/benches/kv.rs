@@ -24,6 +24,10 @@
 //!   token held, hybrid over full.
 //! - `kv.gemma3_max_seqs_32k_over_full`: the most 32k requests running at once in the budget,
 //!   hybrid over full (`kv.gemma3_max_seqs_32k_hybrid`, `kv.gemma3_max_seqs_32k_full`).
+//! - `kv.int8_max_seqs_over_bf16`: SmolLM2 with the int8 KV cache against the default bf16 one,
+//!   the same byte budget ([`INT8_BUDGET_BYTES`]): the most requests of 1 000 prompt tokens
+//!   running at once, stepped as above after each engine served a request for real
+//!   (`kv.int8_max_seqs`, `kv.bf16_max_seqs`).
 //!
 //! Writes `$BENCH_FIGURES_DIR/kv.json` and the fragment `kv.md`.
 
@@ -45,6 +49,10 @@ const SEQ_TOKENS: usize = 32_768;
 /// The KV cache's byte budget, both layouts: a little more than four 32k requests of every
 /// layer in bf16, so that the full layout runs four.
 const BUDGET_BYTES: usize = 5 << 29;
+/// The int8-against-bf16 comparison's prompt tokens and KV byte budget (SmolLM2: ~17 such
+/// requests in bf16, so that int8's count is read to about 3 %).
+const INT8_PROMPT: usize = 1_000;
+const INT8_BUDGET_BYTES: usize = 384 << 20;
 
 fn config() -> EngineConfig {
     EngineConfig {
@@ -110,11 +118,57 @@ fn main() -> Result<(), Box<dyn Error>> {
         "kv.gemma3_max_seqs_32k_hybrid": hybrid.max_running,
         "kv.gemma3_max_seqs_32k_full": full.max_running,
     });
+    let mut figures = figures;
+    let mut md = report(&runs, &checks, &figures)?;
+    int8_against_bf16(&mut figures, &mut md)?;
     let dir = support::figures_dir()?;
     std::fs::write(dir.join("kv.json"), serde_json::to_string_pretty(&figures)? + "\n")?;
-    std::fs::write(dir.join("kv.md"), report(&runs, &checks, &figures)?)?;
+    std::fs::write(dir.join("kv.md"), md)?;
     println!("{}", serde_json::to_string_pretty(&figures)?);
     eprintln!("kv: {:.0} s in all", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// `kv.int8_max_seqs_over_bf16`: SmolLM2's engine with each KV dtype in the same budget, a
+/// request served for real (block counts checked against the twin), then requests of
+/// [`INT8_PROMPT`] tokens stepped to the steady state.
+fn int8_against_bf16(figures: &mut serde_json::Value, md: &mut String) -> Result<(), Box<dyn Error>> {
+    let gguf = model::testing::default_model_fetched()?;
+    let mut counts = Vec::new();
+    for dtype in [engine::DType::BF16, engine::DType::Int8] {
+        let (folder, model) = ModelFolder::open_with_weights(&gguf)?;
+        let config = EngineConfig {
+            kv_cache: KvCacheSize::Bytes(INT8_BUDGET_BYTES),
+            kv_dtype: dtype,
+            log_interval: Duration::ZERO,
+            ..EngineConfig::default()
+        };
+        let mut engine = Engine::from_parts(folder, model, config)?;
+        let check = kv_twin::cross_check(&mut engine)?;
+        let run = kv_twin::run_32k(&engine, Layout::Hybrid, INT8_PROMPT + kv_twin::OUTPUT_TOKENS)?;
+        eprintln!("kv: SmolLM2 {dtype}: real request held {check:?} blocks; {run:?}");
+        counts.push((dtype, run.num_blocks, run.bytes_per_block, run.max_running));
+    }
+    let [(_, _, _, bf16), (_, _, _, int8)] = counts[..] else { return Err("two dtypes were run".into()) };
+    figures["kv.int8_max_seqs_over_bf16"] = (int8 as f64 / bf16.max(1) as f64).into();
+    figures["kv.int8_max_seqs"] = int8.into();
+    figures["kv.bf16_max_seqs"] = bf16.into();
+    writeln!(
+        md,
+        "
+### int8 against bf16 KV (SmolLM2)
+
+The default model with each KV cache dtype in a budget of \
+         {:.0} MiB; {} requests of {INT8_PROMPT} prompt and {} output tokens stepped as above. \
+         `kv.int8_max_seqs_over_bf16` = {:.3}.\n\n| KV dtype | blocks | bytes per block | most running at once |\n|---|---:|---:|---:|",
+        mib(INT8_BUDGET_BYTES),
+        kv_twin::REQUESTS,
+        kv_twin::OUTPUT_TOKENS,
+        int8 as f64 / bf16.max(1) as f64,
+    )?;
+    for (dtype, blocks, bytes, running) in counts {
+        writeln!(md, "| {dtype} | {blocks} | {bytes} | {running} |")?;
+    }
     Ok(())
 }
 

@@ -23,6 +23,10 @@
 //! it run (`PEER_ONLY=gemma3`, `PEER_ONLY=smollm2`). With `PEER_SIDE=ours` only ours (the default
 //! activations) is measured, into `<prefix><case>_ours_tok_s`: for comparing two builds of ours in alternation,
 //! against one llama.cpp build whose figures do not change between them.
+//!
+//! 8-bit KV caches (the default model): `decode_6000` again with our int8 cache against
+//! llama.cpp's q8_0 keys and values (flash attention on), `peer.decode_6000_int8kv_over_llamacpp_q8kv`
+//! (and both sides' tok/s, `peer.decode_6000_int8kv_ours_tok_s`, `peer.decode_6000_q8kv_llamacpp_tok_s`).
 
 use std::error::Error;
 use std::fmt::Write as _;
@@ -214,6 +218,8 @@ struct PeerModel {
     out_tokens: usize,
     /// Whether ours runs again with f32 activations (`<prefix>f32.<case>_…`).
     f32_too: bool,
+    /// Whether `decode_6000` runs again over 8-bit KV caches (ours int8, llama.cpp q8_0).
+    int8_kv: bool,
 }
 
 /// The 1B–8B shapes (`cargo xtask make-model`: random weights, llama.cpp's quantizer).
@@ -244,6 +250,7 @@ fn made(
         cases: &["prefill_512", "decode_b1", "e2e_16", "e2e_64"],
         out_tokens: 128,
         f32_too: false,
+        int8_kv: false,
     }
 }
 
@@ -258,6 +265,7 @@ fn main() -> Result<(), Box<dyn Error>> {
             cases: ALL_CASES,
             out_tokens: 128,
             f32_too: true,
+            int8_kv: true,
         },
         PeerModel {
             label: "Gemma 3 270M",
@@ -269,6 +277,7 @@ fn main() -> Result<(), Box<dyn Error>> {
             cases: ALL_CASES,
             out_tokens: 128,
             f32_too: true,
+            int8_kv: false,
         },
         made(
             "Llama-3.2-1B's shapes, random weights",
@@ -375,17 +384,21 @@ fn compare(
     if no_extra_bufts {
         eprintln!("peer: llama.cpp with its extra buffer types failed; measuring it without them");
     }
-    let out = Command::new(python)
-        .arg(&script)
-        .arg(gguf)
-        .arg(&workload_path)
-        .arg(&threads)
-        .env("PEER_NO_EXTRA_BUFTS", if no_extra_bufts { "1" } else { "0" })
-        .output()?;
-    if !out.status.success() {
-        return Err(format!("llama.cpp side failed:\n{}", String::from_utf8_lossy(&out.stderr)).into());
-    }
-    let theirs: Value = serde_json::from_slice(&out.stdout)?;
+    let llamacpp = |workload: &Path, kv_type: &str| -> Result<Value, Box<dyn Error>> {
+        let out = Command::new(python)
+            .arg(&script)
+            .arg(gguf)
+            .arg(workload)
+            .arg(&threads)
+            .env("PEER_NO_EXTRA_BUFTS", if no_extra_bufts { "1" } else { "0" })
+            .env("PEER_KV_TYPE", kv_type)
+            .output()?;
+        if !out.status.success() {
+            return Err(format!("llama.cpp side failed:\n{}", String::from_utf8_lossy(&out.stderr)).into());
+        }
+        Ok(serde_json::from_slice(&out.stdout)?)
+    };
+    let theirs = llamacpp(&workload_path, "f16")?;
     let ours = measure_ours(&mut engine, &w)?;
     drop(engine);
     // The same with f32 activations (what the weights' f32 dequantization computes; llama.cpp's
@@ -438,6 +451,27 @@ fn compare(
             "\nllama.cpp ran without its extra CPU buffer types (`use_extra_bufts = false`): with them \
              its probe decode failed on this machine (seen: SIGSEGV in `ggml_backend_amx_mul_mat` on a \
              VM that advertises AMX)."
+        )?;
+    }
+    if m.int8_kv {
+        // decode_6000 alone, over 8-bit caches on both sides.
+        let mut w8 = w.clone();
+        w8["cases"] = json!(["decode_6000"]);
+        let path8 = report_dir.join(format!("{}workload-kv8.json", m.prefix.replace('.', "-")));
+        std::fs::write(&path8, w8.to_string())?;
+        let theirs8 = llamacpp(&path8, "q8_0")?;
+        let int8 = EngineConfig { kv_dtype: engine::DType::Int8, ..engine_config(m) };
+        let ours8 = measure_ours(&mut Engine::new(gguf, int8)?, &w8)?;
+        let rate = |v: &Value| v["decode_6000_tok_s"].as_f64().unwrap_or(f64::NAN);
+        let (o, t) = (rate(&ours8), rate(&theirs8));
+        figures.insert(format!("{prefix}decode_6000_int8kv_over_llamacpp_q8kv"), json!(o / t));
+        figures.insert(format!("{prefix}decode_6000_int8kv_ours_tok_s"), json!(o));
+        figures.insert(format!("{prefix}decode_6000_q8kv_llamacpp_tok_s"), json!(t));
+        writeln!(
+            md,
+            "\n8-bit KV caches, batch-1 decode of 128 tokens after 6 000: ours with `--kv-cache-dtype int8` \
+             {o:.1} tok/s, llama.cpp with q8_0 keys and values (flash attention) {t:.1} tok/s: {:.2}.",
+            o / t
         )?;
     }
     md += &step_phases_md(&ours);

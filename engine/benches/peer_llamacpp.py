@@ -17,7 +17,9 @@ default; the C API's default keeps the full cache).
 `python peer_llamacpp.py MODEL.gguf --probe THREADS` only loads the model and decodes a few
 tokens: the bench runs it first, because llama.cpp's extra CPU buffer types (AMX, repacked
 layouts) can crash on a machine that advertises AMX (a VM: SIGSEGV in
-`ggml_backend_amx_mul_mat`); with `PEER_NO_EXTRA_BUFTS=1` they are off.
+`ggml_backend_amx_mul_mat`); with `PEER_NO_EXTRA_BUFTS=1` they are off. With
+`PEER_KV_TYPE=q8_0` the contexts keep q8_0 keys and values (`-ctk q8_0 -ctv q8_0`; flash
+attention, which a quantized V cache needs, is on by default on the CPU).
 """
 
 import ctypes
@@ -34,6 +36,9 @@ PROBE = sys.argv[2] == "--probe"
 MODEL, THREADS = sys.argv[1], int(sys.argv[3])
 WORKLOAD = None if PROBE else json.load(open(sys.argv[2]))
 EXTRA_BUFTS = os.environ.get("PEER_NO_EXTRA_BUFTS") != "1"
+# ggml_type ids of the KV cache types the bench asks for.
+KV_TYPES = {"f16": 1, "q8_0": 8}
+KV_TYPE = KV_TYPES[os.environ.get("PEER_KV_TYPE", "f16")]
 
 # Quiet: llama.cpp logs every tensor it loads.
 _silent = L.llama_log_callback(lambda level, text, user: None)
@@ -52,6 +57,7 @@ def new_context(n_ctx, n_seq, n_batch):
     p.n_ctx, p.n_batch, p.n_ubatch, p.n_seq_max = n_ctx, n_batch, n_batch, n_seq
     p.n_threads = p.n_threads_batch = THREADS
     p.swa_full = False
+    p.type_k = p.type_v = KV_TYPE
     ctx = L.llama_init_from_model(model, p)
     assert ctx, "cannot create a llama.cpp context"
     return ctx
@@ -159,4 +165,5 @@ for case, n_requests in (("e2e_16", 16), ("e2e_64", 64)):
         out[f"{case}_tok_s"] = median_of(reps, lambda: e2e_rate(n_requests))
 out["llama_cpp_python"] = L.__version__
 out["extra_bufts"] = EXTRA_BUFTS
+out["kv_type"] = os.environ.get("PEER_KV_TYPE", "f16")
 print(json.dumps(out))

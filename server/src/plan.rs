@@ -64,6 +64,9 @@ pub struct PlanRequest {
     pub params: Option<f64>,
     /// Bytes per weight and KV element: 1, 2 or 4.
     pub dtype_bytes: Option<usize>,
+    /// The KV cache's element type when it is not the weights', vLLM's names (`int8`, `fp8`,
+    /// `bf16`…; `auto`: the engine's, bf16).
+    pub kv_cache_dtype: Option<String>,
     /// Layers that attend over a sliding window, and its tokens (0 layers: none).
     pub sliding_layers: Option<usize>,
     pub sliding_window: Option<usize>,
@@ -201,6 +204,11 @@ impl PlanRequest {
             }
             model.dtype_bytes = v;
         }
+        if let Some(name) = &self.kv_cache_dtype {
+            let kinds = &engine::config::KV_DTYPE;
+            model.kv_dtype =
+                Some(kinds.parse(name).ok_or_else(|| unknown("kv_cache_dtype", name, &kinds.names().collect::<Vec<_>>()))?);
+        }
         if let Some(v) = self.sliding_layers {
             model.sliding_layers = int_in("sliding_layers", v, 0, model.num_layers)?;
         }
@@ -219,7 +227,8 @@ impl PlanRequest {
             model.name = "custom";
         }
         // `ModelShape::kv_bytes_per_token` multiplies unchecked: check the product first.
-        let kv_bytes_per_token = [model.num_layers, model.num_kv_heads, model.head_dim, model.dtype_bytes]
+        let per_head = model.head_dim.checked_mul(4).map(|_| model.kv_bytes_per_head()).ok_or(PlanError::KvBytesOverflow)?;
+        let kv_bytes_per_token = [model.num_layers, model.num_kv_heads, per_head]
             .into_iter()
             .try_fold(2usize, usize::checked_mul)
             .ok_or(PlanError::KvBytesOverflow)?;
@@ -318,6 +327,8 @@ pub struct ModelJson {
     head_dim: usize,
     params: f64,
     dtype_bytes: usize,
+    /// The KV cache's type when it is not the weights' (`null`: the weights').
+    kv_cache_dtype: Option<&'static str>,
     sliding_layers: usize,
     sliding_window: usize,
 }
@@ -331,6 +342,7 @@ impl From<&ModelShape> for ModelJson {
             head_dim: m.head_dim,
             params: m.num_params,
             dtype_bytes: m.dtype_bytes,
+            kv_cache_dtype: m.kv_dtype.map(|d| d.name()),
             sliding_layers: m.sliding_layers,
             sliding_window: m.sliding_window,
         }

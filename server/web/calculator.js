@@ -85,6 +85,7 @@ async function runPlan() {
     max_num_seqs: intField("calc-seqs"),
     points: 60,
   };
+  if ($("calc-kv-dtype").value) body.kv_cache_dtype = $("calc-kv-dtype").value;
   // A preset is sent by name; custom sends its shape over the nearest preset.
   body.model = preset === "custom" ? "llama2-7b" : preset;
   if (preset === "custom") {

@@ -13,8 +13,11 @@ pub struct ModelShape {
     pub head_dim: usize,
     /// Parameter count (weights read per step, FLOPs per token).
     pub num_params: f64,
-    /// Bytes per weight and per KV element.
+    /// Bytes per weight, and per KV element unless `kv_dtype` says otherwise.
     pub dtype_bytes: usize,
+    /// The KV cache's element type (vLLM's `kv_cache_dtype`), when it is not the weights'
+    /// (int8 adds its scales' bytes per token and head).
+    pub kv_dtype: Option<kv_cache::DType>,
     /// Layers that attend over a sliding window of `sliding_window` tokens (0: none).
     pub sliding_layers: usize,
     pub sliding_window: usize,
@@ -29,6 +32,7 @@ impl ModelShape {
         head_dim: 128,
         num_params: 13e9,
         dtype_bytes: 2,
+        kv_dtype: None,
         sliding_layers: 0,
         sliding_window: 0,
     };
@@ -40,6 +44,7 @@ impl ModelShape {
         head_dim: 128,
         num_params: 6.74e9,
         dtype_bytes: 2,
+        kv_dtype: None,
         sliding_layers: 0,
         sliding_window: 0,
     };
@@ -51,6 +56,7 @@ impl ModelShape {
         head_dim: 64,
         num_params: 1.35e8,
         dtype_bytes: 2,
+        kv_dtype: None,
         sliding_layers: 0,
         sliding_window: 0,
     };
@@ -64,6 +70,7 @@ impl ModelShape {
         head_dim: 256,
         num_params: 2.68e8,
         dtype_bytes: 2,
+        kv_dtype: None,
         sliding_layers: 15,
         sliding_window: 512,
     };
@@ -76,6 +83,7 @@ impl ModelShape {
         head_dim: 128,
         num_params: 7.24e9,
         dtype_bytes: 2,
+        kv_dtype: None,
         sliding_layers: 32,
         sliding_window: 4096,
     };
@@ -90,7 +98,12 @@ impl ModelShape {
 
     /// K and V of one token across all layers.
     pub fn kv_bytes_per_token(&self) -> usize {
-        2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+        2 * self.num_layers * self.num_kv_heads * self.kv_bytes_per_head()
+    }
+
+    /// Bytes of one token's key (or value) in one kv head.
+    pub fn kv_bytes_per_head(&self) -> usize {
+        self.kv_dtype.map_or(self.head_dim * self.dtype_bytes, |d| d.bytes_per_head(self.head_dim))
     }
 
     pub fn weight_bytes(&self) -> f64 {
@@ -183,6 +196,9 @@ mod tests {
     fn opt13b_kv_footprint_matches_the_paper() {
         // 800 KB per token; 12.3 GB of KV memory is the paper's ~15.7K token slots.
         assert_eq!(ModelShape::OPT_13B.kv_bytes_per_token(), 819_200);
+        // int8: one byte per element and a 2-byte scale per token and head.
+        let int8 = ModelShape { kv_dtype: Some(kv_cache::DType::Int8), ..ModelShape::OPT_13B };
+        assert_eq!(int8.kv_bytes_per_token(), 2 * 40 * 40 * 130);
         assert_eq!(ModelShape::OPT_13B.kv_token_slots(12.86e9), 15_698);
     }
 

@@ -28,6 +28,10 @@ pub struct PlanArgs {
     /// Bytes per weight and KV element (2 for f16/bf16).
     #[arg(long)]
     dtype_bytes: Option<usize>,
+    /// The KV cache's type when it is not the weights' (vLLM's names: int8, fp8, bf16, …;
+    /// auto is the engine's, bf16).
+    #[arg(long, value_parser = parse_kv_dtype)]
+    kv_cache_dtype: Option<engine::DType>,
     /// Layers that attend over a sliding window (0: none; the preset's by default).
     #[arg(long)]
     sliding_layers: Option<usize>,
@@ -218,6 +222,11 @@ fn paged_fit_max_len(setup: &SimSetup) -> usize {
 }
 
 /// Preset names for an error message.
+fn parse_kv_dtype(s: &str) -> Result<engine::DType, String> {
+    let kinds = &engine::config::KV_DTYPE;
+    kinds.parse(s).ok_or_else(|| format!("one of {}", kinds.names().collect::<Vec<_>>().join(", ")))
+}
+
 fn names<const N: usize>(names: [&str; N]) -> String {
     names.join(", ")
 }
@@ -231,6 +240,7 @@ fn model_shape(args: &PlanArgs) -> anyhow::Result<ModelShape> {
     m.head_dim = args.head_dim.unwrap_or(m.head_dim);
     m.num_params = args.params.unwrap_or(m.num_params);
     m.dtype_bytes = args.dtype_bytes.unwrap_or(m.dtype_bytes);
+    m.kv_dtype = args.kv_cache_dtype.or(m.kv_dtype);
     m.sliding_layers = args.sliding_layers.unwrap_or(m.sliding_layers).min(m.num_layers);
     m.sliding_window = args.sliding_window.unwrap_or(m.sliding_window);
     if m.sliding_layers > 0 && m.sliding_window == 0 {
@@ -246,12 +256,12 @@ fn model_shape(args: &PlanArgs) -> anyhow::Result<ModelShape> {
 fn print_tables(args: &PlanArgs, model: &ModelShape, setup: &SimSetup, trace: &Trace, c: &Comparison) {
     let kv_gib = setup.usable_tokens() as f64 * model.kv_bytes_per_token() as f64 / GIB;
     println!(
-        "model {} ({} layers, {} KV heads × {}, {} B/elem): {} KiB of KV per token",
+        "model {} ({} layers, {} KV heads × {}, KV {}): {} KiB of KV per token",
         model.name,
         model.num_layers,
         model.num_kv_heads,
         model.head_dim,
-        model.dtype_bytes,
+        model.kv_dtype.map_or(format!("{} B/elem", model.dtype_bytes), |d| d.name().to_owned()),
         model.kv_bytes_per_token() / 1024
     );
     println!(

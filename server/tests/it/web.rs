@@ -146,6 +146,10 @@ fn plan_custom_shapes_and_memory() {
         let tokens = (budget / per_token as f64) as usize;
         assert_eq!(got["num_blocks"], tokens / 32);
         assert_eq!(got["trace"]["requests"], 50);
+        // An int8 KV cache: a byte per element and a 2-byte scale per token and kv head.
+        let int8 = srv.post_ok("/v1/plan", &json!({"model": "llama2-7b", "kv_cache_dtype": "int8"})).await;
+        assert_eq!(int8["kv_bytes_per_token"], 2 * 32 * 32 * (128 + 2));
+        assert_eq!(int8["model"]["kv_cache_dtype"], "int8");
     });
 }
 
@@ -162,6 +166,7 @@ fn plan_refuses_bad_sizes_with_400s_naming_the_field() {
             (json!({"head_dim": 1_000_000}), "head_dim", "between 1 and"),
             (json!({"max_model_len": 10_000_000}), "max_model_len", "between 2 and"),
             (json!({"dtype_bytes": 3}), "dtype_bytes", "1, 2 or 4"),
+            (json!({"kv_cache_dtype": "int4"}), "kv_cache_dtype", "unknown kv_cache_dtype"),
             (json!({"params": -1.0}), "params", "between"),
             (json!({"gpu_memory_gib": 1e300}), "gpu_memory_gib", "between"),
             (json!({"model": "opt-13b", "gpu_memory_gib": 8}), "gpu_memory_gib", "do not fit"),
