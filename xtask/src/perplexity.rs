@@ -43,7 +43,7 @@ pub struct PerplexityArgs {
     /// Activations of the matmuls over quantized weights: auto, f32 or int16.
     #[arg(long, default_value = "auto", value_parser = parse_activations)]
     pub decode_activations: ActivationPrecision,
-    /// KV cache dtype: auto (the CPU default, bf16), f32, bf16 or f16.
+    /// KV cache dtype: auto (the CPU default, bf16), f32, bf16, f16 or int8.
     #[arg(long, default_value = "auto", value_parser = parse_kv_dtype)]
     pub kv_cache_dtype: engine::DType,
     /// Write the reference file (the top tokens of every scored row) here.

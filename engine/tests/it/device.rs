@@ -27,6 +27,14 @@ fn cpu_is_the_default_device() {
     assert_eq!(fx.engine(small_config(64)).num_kv_blocks(), 64);
 }
 
+#[test]
+fn an_fp8_cache_on_the_cpu_names_the_combination() {
+    for (dtype, name) in [(DType::Fp8E4M3, "fp8_e4m3"), (DType::Fp8E5M2, "fp8_e5m2")] {
+        let config = EngineConfig { kv_dtype: dtype, ..small_config(64) };
+        assert_open_fails(config, &format!("kv_cache_dtype {name} on cpu"), "a CPU engine with an fp8 cache");
+    }
+}
+
 #[cfg(not(feature = "cuda"))]
 #[test]
 fn cuda_in_a_build_without_cuda_names_the_feature() {
@@ -56,4 +64,6 @@ fn cuda_without_a_driver_is_one_clear_error() {
 fn cuda_needs_a_half_precision_cache() {
     let config = EngineConfig { kv_dtype: DType::F32, ..cuda_config() };
     assert_open_fails(config, "bf16 or f16", "a CUDA engine with an f32 cache");
+    let config = EngineConfig { kv_dtype: DType::Int8, ..cuda_config() };
+    assert_open_fails(config, "kv_cache_dtype int8 on cuda", "a CUDA engine with an int8 cache");
 }

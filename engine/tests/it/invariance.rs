@@ -105,6 +105,29 @@ fn greedy_is_batch_invariant() {
     }
 }
 
+/// The int8 KV cache rounds each token's key and value on its own, so the same oracle holds
+/// over it: a request's greedy tokens alone, in a batch with prefix caching, and through a tiny
+/// pool's preemptions (swap moves codes and scales; recompute rounds the same values again).
+#[test]
+fn greedy_over_an_int8_cache_is_batch_invariant() {
+    let fx = Fixture::new();
+    let reqs: Vec<_> = workload().into_iter().take(24).collect();
+    let int8 = |c: EngineConfig| EngineConfig { kv_dtype: engine::DType::Int8, ..c };
+    let mut engine = fx.engine(int8(EngineConfig { enable_prefix_caching: false, ..small_config(256) }));
+    let mut reference = BTreeMap::new();
+    for r in &reqs {
+        reference.extend(run(&mut engine, std::slice::from_ref(r)).0);
+    }
+    let mut engine = fx.engine(int8(small_config(256)));
+    assert_same(&reference, &run(&mut engine, &reqs).0, "int8, batch of 24 with prefix caching");
+    for mode in [PreemptionMode::Recompute, PreemptionMode::Swap] {
+        let mut engine = fx.engine(int8(EngineConfig { preemption_mode: mode, ..small_config(16) }));
+        let (got, preemptions) = run(&mut engine, &reqs);
+        assert_same(&reference, &got, &format!("int8, tiny pool, {mode:?}"));
+        assert!(preemptions > 0, "{mode:?}: the tiny pool should force preemption");
+    }
+}
+
 #[test]
 fn seeded_sampling_reproduces_whatever_the_batch() {
     let fx = Fixture::new();
