@@ -118,7 +118,7 @@ impl DecodeCase {
     }
 
     fn bytes_read(&self) -> u64 {
-        (2 * NUM_SEQS * CONTEXT * NUM_KV_HEADS * self.cache.dtype().bytes_per_head(HEAD_SIZE)) as u64
+        (NUM_SEQS * CONTEXT * NUM_KV_HEADS * self.cache.dtype().kv_bytes_per_head(HEAD_SIZE)) as u64
     }
 
     fn run(&self, out: &mut [f32], paged: bool) {

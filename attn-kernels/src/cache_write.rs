@@ -21,14 +21,12 @@ pub fn reshape_and_cache(
     check_len("key [num_tokens, num_kv_heads, head_size]", num_tokens * row, key.len())?;
     check_len("value [num_tokens, num_kv_heads, head_size]", num_tokens * row, value.len())?;
     check_slots(slot_mapping, g.num_slots())?;
-    if let CacheSlicesMut::Int8 { key: kc, value: vc, key_scale, value_scale } = cache.slices_mut() {
+    if let CacheSlicesMut::Int8 { key: kc, value: vc, key_scale: ks, value_scale: vs } = cache.slices_mut() {
         for (token, slot) in slot_mapping.iter().enumerate() {
             let Ok(slot) = usize::try_from(*slot) else { continue };
             for h in 0..g.num_kv_heads {
                 let src = token * row + h * g.head_size..token * row + (h + 1) * g.head_size;
-                let i = g.scale_index(slot, h);
-                key_scale[i] = int8::quantize_row(&key[src.clone()], |d, c| kc[g.key_index(slot, h, d)] = c);
-                value_scale[i] = int8::quantize_row(&value[src], |d, c| vc[g.value_index(slot, h, d)] = c);
+                int8::quantize_token(&g, slot, h, &key[src.clone()], &value[src], kc, vc, ks, vs);
             }
         }
         return Ok(());
@@ -90,9 +88,9 @@ mod tests {
             let value: Vec<f32> = (0..3 * row).map(|i| -((i % 37) as f32)).collect();
             reshape_and_cache(&key, &value, &[29, -1, 3], &mut c).unwrap();
             // Exact for the float types (the values are representable); int8 within half a step
-            // of the row's scale, `max |v| / 127` (the bf16 scale rounds up by at most 2⁻⁸).
+            // of the row's largest scale, at most `max |v| / 127` (rounded up to bf16: 2⁻⁸).
             let same = |got: Vec<f32>, want: &[f32]| {
-                let step = want.iter().fold(0.0f32, |m, v| m.max(v.abs())) / 127.0 * (1.0 + 1.0 / 256.0);
+                let step = want.iter().fold(0.0f32, |m, v| m.max(v.abs())) / 127.0 * (1.0 + 1.0 / 128.0);
                 let tol = if dtype == DType::Int8 { 0.5 * step } else { 0.0 };
                 assert!(got.iter().zip(want).all(|(a, b)| (a - b).abs() <= tol), "{dtype}: {got:?} vs {want:?}");
             };

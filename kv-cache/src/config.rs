@@ -15,7 +15,7 @@ pub struct BlockShape {
 impl BlockShape {
     /// Bytes of one block in one layer, key + value (with int8's scales).
     pub fn bytes_per_block_per_layer(&self) -> usize {
-        2 * self.num_kv_heads * self.block_size * self.dtype.bytes_per_head(self.head_size)
+        self.num_kv_heads * self.block_size * self.dtype.kv_bytes_per_head(self.head_size)
     }
 
     /// Bytes of one block across all layers, key + value: the unit the budget is cut into.

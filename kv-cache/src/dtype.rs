@@ -8,8 +8,9 @@ pub enum DType {
     F32,
     F16,
     BF16,
-    /// Symmetric int8 codes with one bf16 scale per (token, kv head) for the keys and one for
-    /// the values, stored beside the codes (`crate::int8`).
+    /// Symmetric int8 codes with bf16 scales stored beside them: a key's per group of 32 dims
+    /// (16 where the head size is not a multiple of 32), a value's per (token, kv head)
+    /// (`crate::int8`).
     Int8,
     /// fp8 e4m3 and e5m2 (vLLM's `fp8`/`fp8_e4m3` and `fp8_e5m2`): named so that the
     /// configuration can refuse them with the device they need; no cache here stores them yet.
@@ -27,7 +28,7 @@ impl DType {
         }
     }
 
-    /// Bytes of one scale per (token, kv head) and tensor: 2 (a bf16) for int8, else none.
+    /// Bytes of one scale: 2 (a bf16) for int8, else none.
     pub const fn scale_bytes(self) -> usize {
         match self {
             DType::Int8 => 2,
@@ -35,10 +36,28 @@ impl DType {
         }
     }
 
-    /// Bytes one token's key (or value) of one kv head takes: its `head_size` elements and its
-    /// scale.
-    pub const fn bytes_per_head(self, head_size: usize) -> usize {
-        head_size * self.size_in_bytes() + self.scale_bytes()
+    /// Scales of one token's key in one kv head: int8's groups of [`crate::int8::key_group`]
+    /// dims; 0 for the float types.
+    pub const fn key_scales(self, head_size: usize) -> usize {
+        match self {
+            DType::Int8 => head_size / crate::int8::key_group(head_size),
+            _ => 0,
+        }
+    }
+
+    /// Scales of one token's value in one kv head: 1 for int8, 0 for the float types.
+    pub const fn value_scales(self) -> usize {
+        match self {
+            DType::Int8 => 1,
+            _ => 0,
+        }
+    }
+
+    /// Bytes one token's key and value of one kv head take together: their `2 · head_size`
+    /// elements and their scales.
+    pub const fn kv_bytes_per_head(self, head_size: usize) -> usize {
+        2 * head_size * self.size_in_bytes()
+            + (self.key_scales(head_size) + self.value_scales()) * self.scale_bytes()
     }
 
     /// vLLM's `x`: how many elements of one key make up 16 bytes, the innermost key dimension.
@@ -135,10 +154,12 @@ mod tests {
     fn x_packs_sixteen_bytes() {
         for d in [DType::F32, DType::F16, DType::BF16] {
             assert_eq!(d.x() * d.size_in_bytes(), 16);
-            assert_eq!(d.bytes_per_head(64), 64 * d.size_in_bytes());
+            assert_eq!(d.kv_bytes_per_head(64), 2 * 64 * d.size_in_bytes());
         }
         assert_eq!(DType::Int8.x(), 8);
-        assert_eq!(DType::Int8.bytes_per_head(64), 66);
+        // Keys: 64 codes and two group scales; values: 64 codes and a scale.
+        assert_eq!(DType::Int8.kv_bytes_per_head(64), 68 + 66);
+        assert_eq!(DType::Int8.kv_bytes_per_head(80), 90 + 82);
         assert_eq!(DType::F32.x(), 4);
         assert_eq!(DType::BF16.x(), 8);
     }

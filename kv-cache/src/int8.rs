@@ -1,19 +1,29 @@
-//! The int8 cache's rounding rule: one symmetric bf16 scale per (token, kv head) for its key and
-//! one for its value, `scale = amax / 127` rounded up to bf16, codes `round(v / scale)` in
-//! `-127 ..= 127`; a value is `code · scale`.
+//! The int8 cache's rounding rule: symmetric bf16 scales, `scale = amax / 127` rounded up to
+//! bf16, codes `round(v / scale)` in `-127 ..= 127`; a value is `code · scale`. A token's key
+//! has a scale per group of [`key_group`] dims, its value one per kv head.
 //!
-//! A scale per token rather than per block: a block fills one token per decode step, and a
+//! Scales per token rather than per block: a block fills one token per decode step, and a
 //! block-wide scale would have to re-round every code already written whenever a larger value
-//! arrives. The scale costs 2 bytes per 64-element head (1.94× the tokens of bf16 at head size
-//! 64). bf16 rather than f16: f16's range would make the scales of small rows subnormal (coarse)
-//! and overflow past 65504 · 127; rounding the scale up keeps every code within ±127, so the
-//! error is at most half a step. Codes are rounded against the stored scale, so `code · scale`
-//! is the value the kernels and the reference both read.
+//! arrives (and a prefill and a decode of the same tokens would round differently). Keys in
+//! groups: a key's rounding is what moves the logits (values rounded per head cost far less, as
+//! the README's figures show), and a few large dims of a key would otherwise set the step of
+//! all the others. bf16 scales rather than f16: f16's range would make the scales of small rows
+//! subnormal (coarse) and overflow past 65504 · 127; rounding the scale up keeps every code
+//! within ±127, so the error is at most half a step. Codes are rounded against the stored scale,
+//! so `code · scale` is the value the kernels and the reference both read.
 
 use half::bf16;
 
+use crate::CacheGeometry;
+
 /// The largest code magnitude (symmetric: -128 is never written).
 pub const MAX_CODE: f32 = 127.0;
+
+/// Dims of one key scale's group: 32, or 16 for head sizes that are not a multiple of 32 (80,
+/// 112). A multiple of the key layout's 8-dim chunk, so a group is whole rows of a key tile.
+pub const fn key_group(head_size: usize) -> usize {
+    if head_size.is_multiple_of(32) { 32 } else { 16 }
+}
 
 /// The stored scale of `row`: the smallest bf16 at or above `max |v| / 127`; +0 for a row of
 /// zeros; NaN when the row holds a NaN or an infinity.
@@ -36,6 +46,30 @@ pub fn scale_of(row: &[f32]) -> bf16 {
 #[inline(always)]
 pub fn code(v: f32, inv_scale: f32) -> i8 {
     (v * inv_scale).round().clamp(-MAX_CODE, MAX_CODE) as i8
+}
+
+/// Writes one token's key and value for one kv head into an int8 cache's codes and scales:
+/// the key per group of [`key_group`] dims, the value per head. `key` and `value` hold
+/// `g.head_size` values; `slot` and `kv_head` are in range (the callers check).
+#[allow(clippy::too_many_arguments)]
+pub fn quantize_token(
+    g: &CacheGeometry,
+    slot: usize,
+    kv_head: usize,
+    key: &[f32],
+    value: &[f32],
+    key_codes: &mut [i8],
+    value_codes: &mut [i8],
+    key_scales: &mut [bf16],
+    value_scales: &mut [bf16],
+) {
+    let group = key_group(g.head_size);
+    for (j, part) in key.chunks_exact(group).enumerate() {
+        key_scales[g.key_scale_index(slot, kv_head, j)] =
+            quantize_row(part, |d, c| key_codes[g.key_index(slot, kv_head, j * group + d)] = c);
+    }
+    value_scales[g.value_scale_index(slot, kv_head)] =
+        quantize_row(value, |d, c| value_codes[g.value_index(slot, kv_head, d)] = c);
 }
 
 /// Quantizes `row`: returns its scale and hands each element's code to `put(index, code)`.

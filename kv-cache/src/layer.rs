@@ -58,16 +58,24 @@ impl CacheGeometry {
         (block * self.num_kv_heads + kv_head) * self.block_head_elems() + d * self.block_size + offset
     }
 
-    /// Index into a scale tensor `[num_blocks, kv_heads, block_size]` (int8 caches).
-    #[inline]
-    pub const fn scale_index(&self, slot: usize, kv_head: usize) -> usize {
-        let (block, offset) = (slot / self.block_size, slot % self.block_size);
-        (block * self.num_kv_heads + kv_head) * self.block_size + offset
+    /// Key scales of one token in one kv head (int8: one per group of dims; else 0).
+    pub const fn key_scales(&self) -> usize {
+        self.dtype.key_scales(self.head_size)
     }
 
-    /// Scales of one block (all kv heads), in either scale tensor.
-    pub const fn block_scales(&self) -> usize {
-        self.num_kv_heads * self.block_size
+    /// Index into the key scales `[num_blocks, kv_heads, key_scales, block_size]` (int8): the
+    /// scale of dims `group · key_group ..` of the token at `slot`.
+    #[inline]
+    pub const fn key_scale_index(&self, slot: usize, kv_head: usize, group: usize) -> usize {
+        let (block, offset) = (slot / self.block_size, slot % self.block_size);
+        ((block * self.num_kv_heads + kv_head) * self.key_scales() + group) * self.block_size + offset
+    }
+
+    /// Index into the value scales `[num_blocks, kv_heads, block_size]` (int8).
+    #[inline]
+    pub const fn value_scale_index(&self, slot: usize, kv_head: usize) -> usize {
+        let (block, offset) = (slot / self.block_size, slot % self.block_size);
+        (block * self.num_kv_heads + kv_head) * self.block_size + offset
     }
 
     /// Same tile shape (everything but the number of blocks): blocks can be copied between the two.
@@ -96,7 +104,8 @@ impl Storage {
     /// tensors. A block is one contiguous run of each, so moving a block moves these runs.
     pub(crate) fn byte_tensors(&self, g: &CacheGeometry) -> [(&[u8], usize); 4] {
         let elems = g.block_elems() * g.dtype.size_in_bytes();
-        let scales = g.block_scales() * g.dtype.scale_bytes();
+        let value_scales = g.num_kv_heads * g.block_size * g.dtype.scale_bytes();
+        let key_scales = value_scales * g.key_scales();
         match self {
             Storage::F32 { key, value } => {
                 [(bytemuck::cast_slice(key), elems), (bytemuck::cast_slice(value), elems), (&[], 0), (&[], 0)]
@@ -107,8 +116,8 @@ impl Storage {
             Storage::Int8 { key, value, key_scale, value_scale } => [
                 (bytemuck::cast_slice(key), elems),
                 (bytemuck::cast_slice(value), elems),
-                (bytemuck::cast_slice(key_scale), scales),
-                (bytemuck::cast_slice(value_scale), scales),
+                (bytemuck::cast_slice(key_scale), key_scales),
+                (bytemuck::cast_slice(value_scale), value_scales),
             ],
         }
     }
@@ -116,7 +125,8 @@ impl Storage {
     /// [`Storage::byte_tensors`], mutably.
     pub(crate) fn byte_tensors_mut(&mut self, g: &CacheGeometry) -> [(&mut [u8], usize); 4] {
         let elems = g.block_elems() * g.dtype.size_in_bytes();
-        let scales = g.block_scales() * g.dtype.scale_bytes();
+        let value_scales = g.num_kv_heads * g.block_size * g.dtype.scale_bytes();
+        let key_scales = value_scales * g.key_scales();
         match self {
             Storage::F32 { key, value } => [
                 (bytemuck::cast_slice_mut(key), elems),
@@ -133,8 +143,8 @@ impl Storage {
             Storage::Int8 { key, value, key_scale, value_scale } => [
                 (bytemuck::cast_slice_mut(key), elems),
                 (bytemuck::cast_slice_mut(value), elems),
-                (bytemuck::cast_slice_mut(key_scale), scales),
-                (bytemuck::cast_slice_mut(value_scale), scales),
+                (bytemuck::cast_slice_mut(key_scale), key_scales),
+                (bytemuck::cast_slice_mut(value_scale), value_scales),
             ],
         }
     }
@@ -155,7 +165,8 @@ pub enum CacheSlices<'a> {
     F32 { key: &'a [f32], value: &'a [f32] },
     F16 { key: &'a [f16], value: &'a [f16] },
     BF16 { key: &'a [bf16], value: &'a [bf16] },
-    /// Codes, and the scale of each (token, kv head) at [`CacheGeometry::scale_index`].
+    /// Codes, and their scales at [`CacheGeometry::key_scale_index`] and
+    /// [`CacheGeometry::value_scale_index`].
     Int8 { key: &'a [i8], value: &'a [i8], key_scale: &'a [bf16], value_scale: &'a [bf16] },
 }
 
@@ -180,12 +191,13 @@ impl LayerCache {
     /// Allocates zeroed key and value tensors for `geometry`.
     pub fn new(geometry: CacheGeometry) -> Result<Self, CacheError> {
         let g = geometry;
-        let bytes = g.num_slots() as u128 * g.num_kv_heads as u128 * 2 * g.dtype.bytes_per_head(g.head_size) as u128;
+        let bytes = g.num_slots() as u128 * g.num_kv_heads as u128 * g.dtype.kv_bytes_per_head(g.head_size) as u128;
         let scales = g.num_blocks.checked_mul(g.num_kv_heads).and_then(|n| n.checked_mul(g.block_size));
         let elems = scales
             .and_then(|n| n.checked_mul(g.head_size))
             .filter(|_| bytes <= isize::MAX as u128)
             .ok_or(CacheError::TooLarge { bytes })?;
+        // Within `bytes`, checked above.
         let scales = scales.unwrap_or(0);
         let storage = match geometry.dtype {
             DType::F32 => Storage::F32 { key: zeroed(elems), value: zeroed(elems) },
@@ -194,7 +206,7 @@ impl LayerCache {
             DType::Int8 => Storage::Int8 {
                 key: zeroed(elems),
                 value: zeroed(elems),
-                key_scale: zeroed(scales),
+                key_scale: zeroed(scales * g.key_scales()),
                 value_scale: zeroed(scales),
             },
             DType::Fp8E4M3 | DType::Fp8E5M2 => return Err(CacheError::UnsupportedDtype(g.dtype)),
@@ -316,27 +328,27 @@ impl LayerCache {
     pub fn read_key(&self, slot: usize, kv_head: usize) -> Result<Vec<f32>, CacheError> {
         self.check_slot(slot, kv_head)?;
         let g = self.geometry;
-        let s = self.scales(slot, kv_head).0;
-        Ok((0..g.head_size).map(|d| self.key_at(g.key_index(slot, kv_head, d)) * s).collect())
+        let scale = |d: usize| match &self.storage {
+            Storage::Int8 { key_scale, .. } => {
+                let group = d / crate::int8::key_group(g.head_size);
+                bf16::from_bits(key_scale[g.key_scale_index(slot, kv_head, group)]).to_f32()
+            }
+            _ => 1.0,
+        };
+        Ok((0..g.head_size).map(|d| self.key_at(g.key_index(slot, kv_head, d)) * scale(d)).collect())
     }
 
     /// One token's value for one kv head, as `f32` (`head_size` values; int8: code · scale).
     pub fn read_value(&self, slot: usize, kv_head: usize) -> Result<Vec<f32>, CacheError> {
         self.check_slot(slot, kv_head)?;
         let g = self.geometry;
-        let s = self.scales(slot, kv_head).1;
-        Ok((0..g.head_size).map(|d| self.value_at(g.value_index(slot, kv_head, d)) * s).collect())
-    }
-
-    /// The (key, value) scales of one token's head: int8's stored ones, 1 for other dtypes.
-    fn scales(&self, slot: usize, kv_head: usize) -> (f32, f32) {
-        match &self.storage {
-            Storage::Int8 { key_scale, value_scale, .. } => {
-                let i = self.geometry.scale_index(slot, kv_head);
-                (bf16::from_bits(key_scale[i]).to_f32(), bf16::from_bits(value_scale[i]).to_f32())
+        let scale = match &self.storage {
+            Storage::Int8 { value_scale, .. } => {
+                bf16::from_bits(value_scale[g.value_scale_index(slot, kv_head)]).to_f32()
             }
-            _ => (1.0, 1.0),
-        }
+            _ => 1.0,
+        };
+        Ok((0..g.head_size).map(|d| self.value_at(g.value_index(slot, kv_head, d)) * scale).collect())
     }
 
     /// Writes one token's key and value for one kv head (converted to the cache dtype).
@@ -379,9 +391,7 @@ impl LayerCache {
             CacheSlicesMut::F16 { key: k, value: v } => put(&g, k, v, slot, kv_head, key, value),
             CacheSlicesMut::BF16 { key: k, value: v } => put(&g, k, v, slot, kv_head, key, value),
             CacheSlicesMut::Int8 { key: k, value: v, key_scale, value_scale } => {
-                let i = g.scale_index(slot, kv_head);
-                key_scale[i] = crate::int8::quantize_row(key, |d, c| k[g.key_index(slot, kv_head, d)] = c);
-                value_scale[i] = crate::int8::quantize_row(value, |d, c| v[g.value_index(slot, kv_head, d)] = c);
+                crate::int8::quantize_token(&g, slot, kv_head, key, value, k, v, key_scale, value_scale);
             }
         }
         Ok(())
@@ -456,17 +466,21 @@ mod tests {
             assert_eq!(c.read_value(17, 1).unwrap(), v);
             assert_eq!(c.read_key(17, 0).unwrap(), vec![0.0; 16]);
         }
-        // int8: within half a step of the token's scale (max |k| = 7.5, |v| = 15).
-        let mut c = LayerCache::new(geom(DType::Int8)).unwrap();
-        let k: Vec<f32> = (0..16).map(|i| i as f32 * 0.5).collect();
-        let v: Vec<f32> = (0..16).map(|i| -(i as f32)).collect();
+        // int8: within half a step of the scale: a key's per group of 16 dims here (head size
+        // 48: three groups, the largest |k| of each 7.5, 15.5 and 23.5), a value's per head.
+        let g = CacheGeometry { head_size: 48, ..geom(DType::Int8) };
+        let mut c = LayerCache::new(g).unwrap();
+        let k: Vec<f32> = (0..48).map(|i| i as f32 * 0.5).collect();
+        let v: Vec<f32> = (0..48).map(|i| -(i as f32)).collect();
         c.write_token(17, 1, &k, &v).unwrap();
-        for (got, want, amax) in [(c.read_key(17, 1).unwrap(), &k, 7.5), (c.read_value(17, 1).unwrap(), &v, 15.0)] {
-            for (a, b) in got.iter().zip(want) {
-                assert!((a - b).abs() <= 0.5 * amax / 127.0 * 1.001, "{a} vs {b}");
-            }
+        for (d, (a, b)) in c.read_key(17, 1).unwrap().iter().zip(&k).enumerate() {
+            let amax = (d / 16 * 16 + 15) as f32 * 0.5;
+            assert!((a - b).abs() <= 0.5 * amax / 127.0 * 1.01, "key dim {d}: {a} vs {b}");
         }
-        assert_eq!(c.read_key(17, 0).unwrap(), vec![0.0; 16]);
+        for (a, b) in c.read_value(17, 1).unwrap().iter().zip(&v) {
+            assert!((a - b).abs() <= 0.5 * 47.0 / 127.0 * 1.01, "{a} vs {b}");
+        }
+        assert_eq!(c.read_key(17, 0).unwrap(), vec![0.0; 48]);
     }
 
     #[test]

@@ -227,7 +227,9 @@ impl PlanRequest {
             model.name = "custom";
         }
         // `ModelShape::kv_bytes_per_token` multiplies unchecked: check the product first.
-        let per_head = model.head_dim.checked_mul(4).map(|_| model.kv_bytes_per_head()).ok_or(PlanError::KvBytesOverflow)?;
+        // Checked like the product below: 8 bytes an element bounds every dtype's key and value.
+        let per_head =
+            model.head_dim.checked_mul(8).map(|_| model.kv_bytes_per_head()).ok_or(PlanError::KvBytesOverflow)?;
         let kv_bytes_per_token = [model.num_layers, model.num_kv_heads, per_head]
             .into_iter()
             .try_fold(2usize, usize::checked_mul)

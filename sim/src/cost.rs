@@ -98,12 +98,12 @@ impl ModelShape {
 
     /// K and V of one token across all layers.
     pub fn kv_bytes_per_token(&self) -> usize {
-        2 * self.num_layers * self.num_kv_heads * self.kv_bytes_per_head()
+        self.num_layers * self.num_kv_heads * self.kv_bytes_per_head()
     }
 
-    /// Bytes of one token's key (or value) in one kv head.
+    /// Bytes of one token's key and value in one kv head.
     pub fn kv_bytes_per_head(&self) -> usize {
-        self.kv_dtype.map_or(self.head_dim * self.dtype_bytes, |d| d.bytes_per_head(self.head_dim))
+        self.kv_dtype.map_or(2 * self.head_dim * self.dtype_bytes, |d| d.kv_bytes_per_head(self.head_dim))
     }
 
     pub fn weight_bytes(&self) -> f64 {
@@ -196,9 +196,9 @@ mod tests {
     fn opt13b_kv_footprint_matches_the_paper() {
         // 800 KB per token; 12.3 GB of KV memory is the paper's ~15.7K token slots.
         assert_eq!(ModelShape::OPT_13B.kv_bytes_per_token(), 819_200);
-        // int8: one byte per element and a 2-byte scale per token and head.
+        // int8: a byte per element, 2-byte scales: a key's per 32 dims, a value's per head.
         let int8 = ModelShape { kv_dtype: Some(kv_cache::DType::Int8), ..ModelShape::OPT_13B };
-        assert_eq!(int8.kv_bytes_per_token(), 2 * 40 * 40 * 130);
+        assert_eq!(int8.kv_bytes_per_token(), 40 * 40 * (128 + 8 + 128 + 2));
         assert_eq!(ModelShape::OPT_13B.kv_token_slots(12.86e9), 15_698);
     }
 

@@ -57,6 +57,8 @@ pub(super) fn run_item<T: KernelElem>(
         let logits = at_least(&mut s.logits, group * padded);
         let acc8 = at_least(&mut s.acc, group * d * 8);
         let vtile = at_least(&mut s.vtile, d * bs);
+        // int8: one key group's scores of the codes, per head.
+        let part = at_least(&mut s.keys, group * bs);
         pb.prepare_queries((0..group).map(|i| (token, kv_head * group + i)), qrep);
 
         // Pass 1: scores, all query heads of the kv head per key load. Slots past the context
@@ -68,13 +70,27 @@ pub(super) fn run_item<T: KernelElem>(
         for (b, &block) in table.iter().enumerate() {
             let next = tile_at(b + kd);
             let ahead = Ahead::new(next.as_slice());
-            let op = QkRows { heads, tile: pb.key_tile(block, kv_head), qrep, scores: &mut logits[b * bs..] };
-            qk_rows(pb.isa, op, ahead);
-            if let Some(sc) = pb.scales {
-                // int8: the scores were of the codes; each token's key scale makes them its key's.
-                let (ks, _) = sc.tile(g.num_kv_heads, bs, block, kv_head);
+            let tile = pb.key_tile(block, kv_head);
+            let Some(sc) = pb.scales else {
+                let op = QkRows { heads, tile, qrep, q_stride: ql, scores: &mut logits[b * bs..] };
+                qk_rows(pb.isa, op, ahead);
+                continue;
+            };
+            // int8: each group of a key's dims has its own scale per token, so the scores of
+            // the codes are taken group by group (whole rows of the tile) and summed scaled.
+            let (ks, _) = sc.tile(g.num_kv_heads, bs, block, kv_head);
+            let rows = sc.group / x;
+            let part_heads = Heads { nh: group, d: sc.group, bs, stride: bs };
+            for j in 0..sc.groups {
+                let (tile, qrep) = (&tile[j * rows * bs * x..], &qrep[j * rows * 8..]);
+                let op = QkRows { heads: part_heads, tile, qrep, q_stride: ql, scores: part };
+                qk_rows(pb.isa, op, if j == 0 { ahead } else { Ahead::none() });
+                let scales = &ks[j * bs..(j + 1) * bs];
                 for i in 0..group {
-                    scale_by(&mut logits[i * padded + b * bs..][..bs], ks);
+                    let dst = &mut logits[i * padded + b * bs..][..bs];
+                    for ((o, &p), s) in dst.iter_mut().zip(&part[i * bs..(i + 1) * bs]).zip(scales) {
+                        *o = if j == 0 { p * s.to_f32() } else { p.mul_add(s.to_f32(), *o) };
+                    }
                 }
             }
         }

@@ -208,9 +208,11 @@ unsafe fn widen<V: Lanes, T: KernelElem>(t: &mut FlashTile<'_>, kv: &KvRun<'_, T
             // Live slots only: a slot past the sequence may hold any scale (NaN).
             let live = kv.live.saturating_sub(i * bs).min(bs);
             let (keys, values) = (&mut t.keys[i * tile..(i + 1) * tile], &mut t.values[i * tile..(i + 1) * tile]);
-            // Keys `[d/x][bs][x]`: token `slot`'s chunk of each `x` dims; values `[d][bs]`.
-            for chunk in keys.chunks_exact_mut(bs * x) {
-                for (slot, s) in chunk.chunks_exact_mut(x).zip(&ks[..live]) {
+            // Keys `[d/x][bs][x]`: token `slot`'s chunk of each `x` dims, scaled by its group's
+            // scale (`[groups][bs]`); values `[d][bs]`.
+            for (c, chunk) in keys.chunks_exact_mut(bs * x).enumerate() {
+                let group = &ks[c * x / sc.group * bs..][..live];
+                for (slot, s) in chunk.chunks_exact_mut(x).zip(group) {
                     slot.iter_mut().for_each(|k| *k *= s.to_f32());
                 }
             }

@@ -181,18 +181,25 @@ impl KernelElem for i8 {
     }
 }
 
-/// int8's per-(token, kv head) scales of one layer, `[num_blocks, kv_heads, block_size]` each.
+/// int8's scales of one layer: keys `[num_blocks, kv_heads, groups, block_size]` (a scale per
+/// token and group of `group` dims), values `[num_blocks, kv_heads, block_size]`.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Scales<'a> {
     pub key: &'a [bf16],
     pub value: &'a [bf16],
+    /// Dims per key scale.
+    pub group: usize,
+    /// Key scales per token and kv head.
+    pub groups: usize,
 }
 
 impl<'a> Scales<'a> {
-    /// The key and value scales of (physical block, kv head): `block_size` each.
+    /// The key scales (`[groups, block_size]`) and value scales (`[block_size]`) of (physical
+    /// block, kv head).
     pub fn tile(&self, num_kv_heads: usize, block_size: usize, block: u32, kv_head: usize) -> (&'a [bf16], &'a [bf16]) {
-        let start = (block as usize * num_kv_heads + kv_head) * block_size;
-        (&self.key[start..start + block_size], &self.value[start..start + block_size])
+        let v = (block as usize * num_kv_heads + kv_head) * block_size;
+        let k = v * self.groups;
+        (&self.key[k..k + self.groups * block_size], &self.value[v..v + block_size])
     }
 }
 
@@ -230,13 +237,14 @@ pub(crate) struct Heads {
     pub stride: usize,
 }
 
-/// What [`qk_rows`] scores: the heads' prepared query rows (consecutive in `qrep`,
-/// [`qrep_len`] apart) against the `bs` keys of one key tile `[d/x, bs, x]`; head `i`'s scores
-/// go to `scores[i * stride .. i * stride + bs]`.
+/// What [`qk_rows`] scores: the heads' prepared query rows (`q_stride` apart in `qrep`: their
+/// [`qrep_len`], or more where the call scores a slice of the dims) against the `bs` keys of one
+/// key tile `[d/x, bs, x]`; head `i`'s scores go to `scores[i * stride .. i * stride + bs]`.
 pub(crate) struct QkRows<'a, T> {
     pub heads: Heads,
     pub tile: &'a [T],
     pub qrep: &'a [f32],
+    pub q_stride: usize,
     pub scores: &'a mut [f32],
 }
 
@@ -254,7 +262,8 @@ pub(crate) struct PvBlocks<'a, T> {
 pub(crate) fn qk_rows<T: KernelElem>(isa: Isa, op: QkRows<'_, T>, ahead: Ahead<'_, T>) {
     let Heads { nh, d, bs, stride } = op.heads;
     let ql = qrep_len(d, T::DTYPE.x());
-    assert!(nh > 0 && op.tile.len() >= d * bs && op.qrep.len() >= nh * ql);
+    assert!(nh > 0 && op.tile.len() >= d * bs && op.q_stride >= ql);
+    assert!(op.qrep.len() >= (nh - 1) * op.q_stride + ql);
     assert!(stride >= bs && op.scores.len() >= (nh - 1) * stride + bs);
     by_isa!(isa, ahead, qk_rows(op))
 }
@@ -435,7 +444,7 @@ mod tests {
                     let stride = bs + 3;
                     let mut scores = vec![f32::NAN; nh * stride];
                     let heads = Heads { nh, d, bs, stride };
-                    let op = QkRows { heads, tile: &tile, qrep: &qrep, scores: &mut scores };
+                    let op = QkRows { heads, tile: &tile, qrep: &qrep, q_stride: ql, scores: &mut scores };
                     qk_rows(isa, op, Ahead::new(&[&tile[..]]));
                     for (i, q) in qs.iter().enumerate() {
                         for (a, b) in

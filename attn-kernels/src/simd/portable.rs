@@ -3,11 +3,10 @@
 use super::{Heads, KernelElem, PvBlocks, QkRows};
 
 pub(super) fn qk_rows<T: KernelElem>(op: QkRows<'_, T>) {
-    let QkRows { heads: Heads { nh, d, bs, stride }, tile, qrep, scores } = op;
+    let QkRows { heads: Heads { nh, d, bs, stride }, tile, qrep, q_stride: ql, scores } = op;
     let x = T::DTYPE.x();
-    let ql = super::qrep_len(d, x);
     for i in 0..nh {
-        let (q, out) = (&qrep[i * ql..(i + 1) * ql], &mut scores[i * stride..i * stride + bs]);
+        let (q, out) = (&qrep[i * ql..][..super::qrep_len(d, x)], &mut scores[i * stride..i * stride + bs]);
         out.fill(0.0);
         for c in 0..d / x {
             let qc = &q[c * 8..c * 8 + x];

@@ -101,15 +101,15 @@ unsafe fn qk_heads<T: KernelElem, const H: usize>(
 }
 
 /// # Safety
-/// AVX2/FMA/F16C available; `tile.len() >= d * bs`, `qrep.len() >= nh * d / x * 8`,
-/// `scores.len() >= (nh - 1) * stride + bs`; `bs` in {8, 16, 32}, `d` a multiple of `x`.
+/// AVX2/FMA/F16C available; `tile.len() >= d * bs`, `q_stride >= d / x * 8`,
+/// `qrep.len() >= (nh - 1) * q_stride + d / x * 8`, `scores.len() >= (nh - 1) * stride + bs`;
+/// `bs` in {8, 16, 32}, `d` a multiple of `x`.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn qk_rows<T: KernelElem>(op: QkRows<'_, T>, ahead: Ahead<'_, T>) {
-    let QkRows { heads: Heads { nh, d, bs, stride }, tile, qrep, scores } = op;
+    let QkRows { heads: Heads { nh, d, bs, stride }, tile, qrep, q_stride: ql, scores } = op;
     let x = T::DTYPE.x();
     let (rows, row_len) = (d / x, bs * x);
     let vecs = row_len / 8;
-    let ql = rows * 8;
     let (t, q, out) = (tile.as_ptr(), qrep.as_ptr(), scores.as_mut_ptr());
     // SAFETY: per the contract above; each call covers heads h0 .. h0 + H.
     unsafe {

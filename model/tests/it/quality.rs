@@ -104,8 +104,7 @@ fn the_default_path_keeps_within_the_stated_kl_divergence_of_the_f32_reference()
 }
 
 /// The int8 KV cache (f32 activations) against the f32 reference on the slice: the bound the
-/// README states for it. Its rounding of the keys is what costs (values alone rounded to int8
-/// measured 3.7e-5, keys alone 8.0e-4).
+/// README states for it.
 #[test]
 fn the_int8_kv_cache_keeps_within_its_stated_kl_divergence_of_the_f32_reference() {
     let (ids, bos) = slice_tokens();
@@ -127,10 +126,10 @@ fn the_int8_kv_cache_keeps_within_its_stated_kl_divergence_of_the_f32_reference(
 }
 
 /// The int8 KV cache's mean KL divergence from the f32 reference on the slice, at most (the
-/// README's bound; measured 9.5e-4 on AVX2), and its share of rows with the reference's most
-/// likely token, at least (measured 98.52 %).
-const INT8_KV_KLD_BOUND: f64 = 2e-3;
-const INT8_KV_TOP1_FLOOR: f64 = 0.97;
+/// README's bound; measured 6.0e-4 on AVX2), and its share of rows with the reference's most
+/// likely token, at least (measured 98.92 %).
+const INT8_KV_KLD_BOUND: f64 = 1.2e-3;
+const INT8_KV_TOP1_FLOOR: f64 = 0.975;
 
 /// The default path's mean KL divergence from the f32 reference on the slice, at most (the
 /// README's bound; measured 3.0e-5 with int16 activations on AVX-512 VNNI).

@@ -146,9 +146,10 @@ fn plan_custom_shapes_and_memory() {
         let tokens = (budget / per_token as f64) as usize;
         assert_eq!(got["num_blocks"], tokens / 32);
         assert_eq!(got["trace"]["requests"], 50);
-        // An int8 KV cache: a byte per element and a 2-byte scale per token and kv head.
+        // An int8 KV cache: a byte per element, 2-byte scales (a key's per 32 dims, a value's
+        // per head).
         let int8 = srv.post_ok("/v1/plan", &json!({"model": "llama2-7b", "kv_cache_dtype": "int8"})).await;
-        assert_eq!(int8["kv_bytes_per_token"], 2 * 32 * 32 * (128 + 2));
+        assert_eq!(int8["kv_bytes_per_token"], 32 * 32 * (128 + 8 + 128 + 2));
         assert_eq!(int8["model"]["kv_cache_dtype"], "int8");
     });
 }
