@@ -2,6 +2,8 @@
 //! per-thread scratch, one safe softmax, then `p · V` — so each K and V byte is read once.
 //! On the split path each partition keeps `(max, sum, output)` for the log-sum-exp merge.
 
+use half::bf16;
+
 use super::scratch::{at_least, with_scratch};
 use super::{Problem, SharedOut, SplitSeq};
 use crate::simd::{
@@ -81,15 +83,18 @@ pub(super) fn run_item<T: KernelElem>(
             let (ks, _) = sc.tile(g.num_kv_heads, bs, block, kv_head);
             let rows = sc.group / x;
             let part_heads = Heads { nh: group, d: sc.group, bs, stride: bs };
+            for i in 0..group {
+                logits[i * padded + b * bs..][..bs].fill(0.0);
+            }
             for j in 0..sc.groups {
                 let (tile, qrep) = (&tile[j * rows * bs * x..], &qrep[j * rows * 8..]);
                 let op = QkRows { heads: part_heads, tile, qrep, q_stride: ql, scores: part };
                 qk_rows(pb.isa, op, if j == 0 { ahead } else { Ahead::none() });
-                let scales = &ks[j * bs..(j + 1) * bs];
+                let scales = widen_scales(&ks[j * bs..(j + 1) * bs]);
                 for i in 0..group {
                     let dst = &mut logits[i * padded + b * bs..][..bs];
-                    for ((o, &p), s) in dst.iter_mut().zip(&part[i * bs..(i + 1) * bs]).zip(scales) {
-                        *o = if j == 0 { p * s.to_f32() } else { p.mul_add(s.to_f32(), *o) };
+                    for ((o, &p), s) in dst.iter_mut().zip(&part[i * bs..(i + 1) * bs]).zip(&scales) {
+                        *o += p * s;
                     }
                 }
             }
@@ -171,6 +176,16 @@ pub(super) fn run_item<T: KernelElem>(
             finish_rows(pb.isa, src, 1.0 / sum, dst);
         }
     });
+}
+
+/// One tile's worth of bf16 scales (a block's tokens) as f32.
+#[inline]
+fn widen_scales(scales: &[bf16]) -> [f32; 32] {
+    let mut out = [0.0; 32];
+    for (o, s) in out.iter_mut().zip(scales) {
+        *o = f32::from_bits(u32::from(s.to_bits()) << 16);
+    }
+    out
 }
 
 /// Merges one split sequence's partitions: weights `sum_k · exp(max_k - max)` (log-sum-exp).
