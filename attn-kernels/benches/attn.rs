@@ -438,7 +438,9 @@ fn write_outputs(samples: &Samples) {
             w_steps * 100.0
         ));
     }
-    for (ratio, dtype) in [("read_fraction_f32", "f32"), ("read_fraction_bf16", "bf16"), ("read_fraction_int8", "int8")] {
+    for (ratio, dtype) in
+        [("read_fraction_f32", "f32"), ("read_fraction_bf16", "bf16"), ("read_fraction_int8", "int8")]
+    {
         if let Some(v) = s.get(ratio) {
             md.push_str(&format!(
                 "\nDecode ({dtype} cache, block size 16, paged) over a read-only sum of as many bytes, paired per sample: {}.\n",

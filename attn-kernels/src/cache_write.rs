@@ -92,7 +92,10 @@ mod tests {
             let same = |got: Vec<f32>, want: &[f32]| {
                 let step = want.iter().fold(0.0f32, |m, v| m.max(v.abs())) / 127.0 * (1.0 + 1.0 / 128.0);
                 let tol = if dtype == DType::Int8 { 0.5 * step } else { 0.0 };
-                assert!(got.iter().zip(want).all(|(a, b)| (a - b).abs() <= tol), "{dtype}: {got:?} vs {want:?}");
+                assert!(
+                    got.iter().zip(want).all(|(a, b)| (a - b).abs() <= tol),
+                    "{dtype}: {got:?} vs {want:?}"
+                );
             };
             for h in 0..2 {
                 same(c.read_key(29, h).unwrap(), &key[h * 64..h * 64 + 64]);

@@ -55,7 +55,8 @@ mod tests {
     use crate::{CacheError, CacheGeometry, DType, LayerCache};
 
     fn layer(dtype: DType, num_blocks: usize) -> LayerCache {
-        LayerCache::new(CacheGeometry { num_blocks, num_kv_heads: 2, head_size: 16, block_size: 8, dtype }).unwrap()
+        LayerCache::new(CacheGeometry { num_blocks, num_kv_heads: 2, head_size: 16, block_size: 8, dtype })
+            .unwrap()
     }
 
     fn row(seed: usize) -> Vec<f32> {

@@ -162,12 +162,26 @@ fn zeroed<T: Copy + Default + bytemuck::Zeroable>(n: usize) -> Vec<T> {
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum CacheSlices<'a> {
-    F32 { key: &'a [f32], value: &'a [f32] },
-    F16 { key: &'a [f16], value: &'a [f16] },
-    BF16 { key: &'a [bf16], value: &'a [bf16] },
+    F32 {
+        key: &'a [f32],
+        value: &'a [f32],
+    },
+    F16 {
+        key: &'a [f16],
+        value: &'a [f16],
+    },
+    BF16 {
+        key: &'a [bf16],
+        value: &'a [bf16],
+    },
     /// Codes, and their scales at [`CacheGeometry::key_scale_index`] and
     /// [`CacheGeometry::value_scale_index`].
-    Int8 { key: &'a [i8], value: &'a [i8], key_scale: &'a [bf16], value_scale: &'a [bf16] },
+    Int8 {
+        key: &'a [i8],
+        value: &'a [i8],
+        key_scale: &'a [bf16],
+        value_scale: &'a [bf16],
+    },
 }
 
 /// Mutably borrowed key and value tensors of one layer, by dtype.
@@ -191,7 +205,8 @@ impl LayerCache {
     /// Allocates zeroed key and value tensors for `geometry`.
     pub fn new(geometry: CacheGeometry) -> Result<Self, CacheError> {
         let g = geometry;
-        let bytes = g.num_slots() as u128 * g.num_kv_heads as u128 * g.dtype.kv_bytes_per_head(g.head_size) as u128;
+        let bytes =
+            g.num_slots() as u128 * g.num_kv_heads as u128 * g.dtype.kv_bytes_per_head(g.head_size) as u128;
         let scales = g.num_blocks.checked_mul(g.num_kv_heads).and_then(|n| n.checked_mul(g.block_size));
         let elems = scales
             .and_then(|n| n.checked_mul(g.head_size))

@@ -230,7 +230,12 @@ mod tests {
         let cli = <Cli as clap::Parser>::try_parse_from(["run", "--device", "tpu"]);
         assert!(cli.is_err());
         // vLLM's flag and names: int8, fp8 = e4m3, auto = bf16.
-        for (name, dtype) in [("int8", DType::Int8), ("fp8", DType::Fp8E4M3), ("fp8_e5m2", DType::Fp8E5M2), ("auto", DType::BF16)] {
+        for (name, dtype) in [
+            ("int8", DType::Int8),
+            ("fp8", DType::Fp8E4M3),
+            ("fp8_e5m2", DType::Fp8E5M2),
+            ("auto", DType::BF16),
+        ] {
             assert_eq!(knobs(&["--kv-cache-dtype", name]).config().kv_dtype, dtype);
         }
     }

@@ -206,8 +206,11 @@ impl PlanRequest {
         }
         if let Some(name) = &self.kv_cache_dtype {
             let kinds = &engine::config::KV_DTYPE;
-            model.kv_dtype =
-                Some(kinds.parse(name).ok_or_else(|| unknown("kv_cache_dtype", name, &kinds.names().collect::<Vec<_>>()))?);
+            model.kv_dtype = Some(
+                kinds
+                    .parse(name)
+                    .ok_or_else(|| unknown("kv_cache_dtype", name, &kinds.names().collect::<Vec<_>>()))?,
+            );
         }
         if let Some(v) = self.sliding_layers {
             model.sliding_layers = int_in("sliding_layers", v, 0, model.num_layers)?;
@@ -228,8 +231,11 @@ impl PlanRequest {
         }
         // `ModelShape::kv_bytes_per_token` multiplies unchecked: check the product first.
         // Checked like the product below: 8 bytes an element bounds every dtype's key and value.
-        let per_head =
-            model.head_dim.checked_mul(8).map(|_| model.kv_bytes_per_head()).ok_or(PlanError::KvBytesOverflow)?;
+        let per_head = model
+            .head_dim
+            .checked_mul(8)
+            .map(|_| model.kv_bytes_per_head())
+            .ok_or(PlanError::KvBytesOverflow)?;
         let kv_bytes_per_token = [model.num_layers, model.num_kv_heads, per_head]
             .into_iter()
             .try_fold(2usize, usize::checked_mul)

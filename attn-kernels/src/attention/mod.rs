@@ -117,12 +117,19 @@ pub fn paged_attention(
     let isa = if opts.isa.is_available() { opts.isa } else { Isa::Portable };
     let (split, h) = (opts.split, num_heads);
     match cache.slices() {
-        CacheSlices::F32 { key, value } => run(isa, split, out, query, Kv::plain(key, value), &g, meta, h, scores),
-        CacheSlices::F16 { key, value } => run(isa, split, out, query, Kv::plain(key, value), &g, meta, h, scores),
-        CacheSlices::BF16 { key, value } => run(isa, split, out, query, Kv::plain(key, value), &g, meta, h, scores),
+        CacheSlices::F32 { key, value } => {
+            run(isa, split, out, query, Kv::plain(key, value), &g, meta, h, scores)
+        }
+        CacheSlices::F16 { key, value } => {
+            run(isa, split, out, query, Kv::plain(key, value), &g, meta, h, scores)
+        }
+        CacheSlices::BF16 { key, value } => {
+            run(isa, split, out, query, Kv::plain(key, value), &g, meta, h, scores)
+        }
         CacheSlices::Int8 { key, value, key_scale, value_scale } => {
             let (group, groups) = (kv_cache::int8::key_group(g.head_size), g.key_scales());
-            let kv = Kv { key, value, scales: Some(Scales { key: key_scale, value: value_scale, group, groups }) };
+            let kv =
+                Kv { key, value, scales: Some(Scales { key: key_scale, value: value_scale, group, groups }) };
             run(isa, split, out, query, kv, &g, meta, h, scores)
         }
         _ => return Err(AttnError::UnsupportedStorage),

@@ -15,10 +15,10 @@
 //! query head of the GQA group). Register blocks: AVX-512 8 keys (or dims) × 3 vectors of 16
 //! rows = 24 accumulators; AVX2 4 × 3 × 8; the loads per FMA stay under the two load ports' rate.
 
-use super::{KernelElem, Scales};
 #[cfg(target_arch = "x86_64")]
 use super::lanes::{Avx2, Avx512};
 use super::lanes::{Lanes, Plain};
+use super::{KernelElem, Scales};
 use crate::Isa;
 
 /// Keys per step: the score tile is `[STEP_KEYS][rows]` (with the widened keys and values, a
@@ -207,7 +207,8 @@ unsafe fn widen<V: Lanes, T: KernelElem>(t: &mut FlashTile<'_>, kv: &KvRun<'_, T
             let (ks, vs) = sc.tile(kv.num_kv_heads, bs, b, kv.kv_head);
             // Live slots only: a slot past the sequence may hold any scale (NaN).
             let live = kv.live.saturating_sub(i * bs).min(bs);
-            let (keys, values) = (&mut t.keys[i * tile..(i + 1) * tile], &mut t.values[i * tile..(i + 1) * tile]);
+            let (keys, values) =
+                (&mut t.keys[i * tile..(i + 1) * tile], &mut t.values[i * tile..(i + 1) * tile]);
             // Keys `[d/x][bs][x]`: token `slot`'s chunk of each `x` dims, scaled by its group's
             // scale (`[groups][bs]`); values `[d][bs]`.
             for (c, chunk) in keys.chunks_exact_mut(bs * x).enumerate() {

@@ -196,7 +196,13 @@ pub(crate) struct Scales<'a> {
 impl<'a> Scales<'a> {
     /// The key scales (`[groups, block_size]`) and value scales (`[block_size]`) of (physical
     /// block, kv head).
-    pub fn tile(&self, num_kv_heads: usize, block_size: usize, block: u32, kv_head: usize) -> (&'a [bf16], &'a [bf16]) {
+    pub fn tile(
+        &self,
+        num_kv_heads: usize,
+        block_size: usize,
+        block: u32,
+        kv_head: usize,
+    ) -> (&'a [bf16], &'a [bf16]) {
         let v = (block as usize * num_kv_heads + kv_head) * block_size;
         let k = v * self.groups;
         (&self.key[k..k + self.groups * block_size], &self.value[v..v + block_size])

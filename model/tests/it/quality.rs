@@ -116,7 +116,10 @@ fn the_int8_kv_cache_keeps_within_its_stated_kl_divergence_of_the_f32_reference(
     let mut tally = Tally::default();
     for ((p, q), next) in reference.iter().zip(&int8).zip(next_tokens(&plan, &tokens)) {
         tally.add(q[next as usize]);
-        tally.add_comparison(RowComparison::new(q, &top_k(p, TOP_K), p[next as usize], next), p[next as usize]);
+        tally.add_comparison(
+            RowComparison::new(q, &top_k(p, TOP_K), p[next as usize], next),
+            p[next as usize],
+        );
     }
     let r = tally.report();
     let (kld, top1) = (r.kld_mean.unwrap_or(f64::NAN), r.top1_agree.unwrap_or(0.0));
