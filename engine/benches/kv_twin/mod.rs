@@ -166,15 +166,20 @@ pub fn cross_check(engine: &mut Engine) -> Result<Vec<usize>, Box<dyn Error>> {
     Ok(real)
 }
 
-/// Submits [`REQUESTS`] requests of `seq_tokens` (prompt and output) to `engine`'s twin at once
+/// Submits `requests` requests of `seq_tokens` (prompt and output) to `engine`'s twin at once
 /// and steps it until the steady state: a step that computes no prompt token while a request
 /// waits (every admitted request decodes, and there is no memory for the next).
-pub fn run_32k(engine: &Engine, layout: Layout, seq_tokens: usize) -> Result<Run, Box<dyn Error>> {
+pub fn run_32k(
+    engine: &Engine,
+    layout: Layout,
+    seq_tokens: usize,
+    requests: usize,
+) -> Result<Run, Box<dyn Error>> {
     let prompt_tokens = seq_tokens - OUTPUT_TOKENS;
     let mut s = twin_of(engine)?;
     let mut rng = ChaCha8Rng::seed_from_u64(SEED + 1);
     let vocab = engine.model_config().vocab_size;
-    for i in 0..REQUESTS {
+    for i in 0..requests {
         let tokens = prompt(&mut rng, prompt_tokens, vocab);
         s.add_request(Request::new(RequestKey(i as u64), tokens, OUTPUT_TOKENS))?;
     }
@@ -211,7 +216,7 @@ pub fn run_32k(engine: &Engine, layout: Layout, seq_tokens: usize) -> Result<Run
         }
         if plan.num_prefill_tokens() == 0 && !plan.is_empty() {
             if s.num_waiting() == 0 {
-                return Err(format!("all {REQUESTS} requests run at once: submit more").into());
+                return Err(format!("all {requests} requests run at once: submit more").into());
             }
             run.first_steady_blocks = tables.num_live_blocks();
             run.steady_used = s.device_pool().num_used();
