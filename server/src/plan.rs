@@ -229,8 +229,8 @@ impl PlanRequest {
         {
             model.name = "custom";
         }
-        // `ModelShape::kv_bytes_per_token` multiplies unchecked: check the product first.
-        // Checked like the product below: 8 bytes an element bounds every dtype's key and value.
+        // `ModelShape::kv_bytes_per_token` multiplies unchecked: check the product first (8 bytes
+        // an element bounds every dtype's key and value with their scales).
         let per_head = model
             .head_dim
             .checked_mul(8)
@@ -238,7 +238,7 @@ impl PlanRequest {
             .ok_or(PlanError::KvBytesOverflow)?;
         let kv_bytes_per_token = [model.num_layers, model.num_kv_heads, per_head]
             .into_iter()
-            .try_fold(2usize, usize::checked_mul)
+            .try_fold(1usize, usize::checked_mul)
             .ok_or(PlanError::KvBytesOverflow)?;
 
         let hw_name = self.hardware.as_deref().unwrap_or("a100-40gb");

@@ -37,6 +37,12 @@ pub(crate) async fn calculator(c: &Ctx) {
     let blocks = direct["num_blocks"].as_u64().unwrap_or(0);
     let shown = v["figures"].as_str().unwrap_or_default().replace(',', "");
     assert!(shown.contains(&format!("{blocks} × 16")), "{blocks} blocks: {shown}");
+    // An int8 KV cache: bytes per token of 30 layers × 3 KV heads × (64 + 64 codes, 2 key
+    // scales and a value scale of 2 bytes) = 12 060 B = 11.8 KiB.
+    c.set_value("calc-kv-dtype", "int8").await;
+    c.click("calc-run").await;
+    c.until("the int8 result", 30, "return !document.getElementById('calc-run').disabled && document.getElementById('calc-figures').textContent.includes('11.8 KiB')").await;
+    c.set_value("calc-kv-dtype", "").await;
     // The screenshot: Llama-2-7B on an A100-40GB, where memory is the limit.
     c.set_value("calc-model", "llama2-7b").await;
     c.set_value("calc-requests", "500").await;
