@@ -27,7 +27,8 @@
 //! - `kv.int8_max_seqs_over_bf16`: SmolLM2 with the int8 KV cache against the default bf16 one,
 //!   the engine's default byte budget: the most requests of 1 000 prompt tokens
 //!   running at once, stepped as above after each engine served a request for real
-//!   (`kv.int8_max_seqs`, `kv.bf16_max_seqs`).
+//!   (`kv.int8_max_seqs`, `kv.bf16_max_seqs`); `kv.int8_tokens_held_over_bf16`, the tokens the
+//!   running requests hold at the steady state, int8 over bf16.
 //!
 //! Writes `$BENCH_FIGURES_DIR/kv.json` and the fragment `kv.md`.
 
@@ -145,10 +146,13 @@ fn int8_against_bf16(figures: &mut serde_json::Value, md: &mut String) -> Result
         let run =
             kv_twin::run_32k(&engine, Layout::Hybrid, INT8_PROMPT + kv_twin::OUTPUT_TOKENS, INT8_REQUESTS)?;
         eprintln!("kv: SmolLM2 {dtype}: real request held {check:?} blocks; {run:?}");
-        counts.push((dtype, run.num_blocks, run.bytes_per_block, run.max_running));
+        counts.push((dtype, run.num_blocks, run.bytes_per_block, run.max_running, run.steady_tokens));
     }
-    let [(_, _, _, bf16), (_, _, _, int8)] = counts[..] else { return Err("two dtypes were run".into()) };
+    let [(_, _, _, bf16, bf16_tokens), (_, _, _, int8, int8_tokens)] = counts[..] else {
+        return Err("two dtypes were run".into());
+    };
     figures["kv.int8_max_seqs_over_bf16"] = (int8 as f64 / bf16.max(1) as f64).into();
+    figures["kv.int8_tokens_held_over_bf16"] = (int8_tokens as f64 / bf16_tokens.max(1) as f64).into();
     figures["kv.int8_max_seqs"] = int8.into();
     figures["kv.bf16_max_seqs"] = bf16.into();
     let budget = match EngineConfig::default().kv_cache {
@@ -160,13 +164,14 @@ fn int8_against_bf16(figures: &mut serde_json::Value, md: &mut String) -> Result
         "\n### int8 against bf16 KV (SmolLM2)\n\nThe default model with each KV cache dtype in the engine's \
          default budget ({:.0} MiB); {INT8_REQUESTS} requests of {INT8_PROMPT} prompt and {} output tokens \
          stepped as above. `kv.int8_max_seqs_over_bf16` = {:.3}.\n\n\
-         | KV dtype | blocks | bytes per block | most running at once |\n|---|---:|---:|---:|",
+         | KV dtype | blocks | bytes per block | most running at once | tokens held at the steady state |\n\
+         |---|---:|---:|---:|---:|",
         mib(budget),
         kv_twin::OUTPUT_TOKENS,
         int8 as f64 / bf16.max(1) as f64,
     )?;
-    for (dtype, blocks, bytes, running) in counts {
-        writeln!(md, "| {dtype} | {blocks} | {bytes} | {running} |")?;
+    for (dtype, blocks, bytes, running, tokens) in counts {
+        writeln!(md, "| {dtype} | {blocks} | {bytes} | {running} | {tokens} |")?;
     }
     Ok(())
 }
