@@ -2,7 +2,7 @@
 finish reason) and, batched, the f32 goldens; batched prompts keep their order, chat goes
 through the template, and the vLLM-shaped fields (logprobs, stop reasons, n samples, cached
 tokens, metrics) are filled; the GIL is free while a batch runs (another thread can shut the
-engine down under it)."""
+engine down under it); `kv_cache_dtype="int8"` serves."""
 
 from __future__ import annotations
 
@@ -150,3 +150,11 @@ def test_speculative_config_keeps_every_greedy_token(model_path, llm):
         assert fast.generate(prompt, greedy(16, ignore_eos=True))[0].outputs[0].token_ids == want
     with pytest.raises(ValueError, match="num_speculative_tokens"):
         paged_llm.LLM(model_path, speculative_config={"method": "ngram", "num_speculative_tokens": 0})
+
+
+def test_an_int8_kv_cache_generates(model_path):
+    # vLLM's keyword; the int8 cache rounds keys and values, so only its shape is checked here
+    # (its faithfulness is the Rust tests' and the quality bench's).
+    with paged_llm.LLM(model_path, num_kv_blocks=64, kv_cache_dtype="int8") as llm:
+        out = llm.generate("The capital of France is", greedy(8, ignore_eos=True))[0].outputs[0]
+        assert len(out.token_ids) == 8 and out.text
