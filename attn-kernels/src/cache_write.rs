@@ -6,9 +6,9 @@ use crate::AttnError;
 use crate::meta::{check_len, check_slots};
 
 /// Writes `key`/`value` (`[num_tokens, num_kv_heads, head_size]`, f32) into `cache` at
-/// `slot_mapping[i]` for token `i`, converting to the cache dtype (int8: quantized per token and
-/// kv head, `kv_cache::int8`). A negative slot is padding and is skipped. All slots are checked
-/// before the first write.
+/// `slot_mapping[i]` for token `i`, converting to the cache dtype (int8: codes and scales by
+/// `kv_cache::int8::quantize_token`). A negative slot is padding and is skipped. All slots are
+/// checked before the first write.
 pub fn reshape_and_cache(
     key: &[f32],
     value: &[f32],

@@ -113,14 +113,13 @@ fn main() -> Result<(), Box<dyn Error>> {
     let peak_ratio = hybrid.prefill_peak_bytes() as f64 / full.prefill_peak_bytes() as f64;
     let per_token_ratio = hybrid.steady_bytes_per_token() / full.steady_bytes_per_token();
     let seqs_ratio = hybrid.max_running as f64 / full.max_running.max(1) as f64;
-    let figures = serde_json::json!({
+    let mut figures = serde_json::json!({
         "kv.gemma3_prefill_peak_over_full": peak_ratio,
         "kv.gemma3_bytes_per_token_32k_over_full": per_token_ratio,
         "kv.gemma3_max_seqs_32k_over_full": seqs_ratio,
         "kv.gemma3_max_seqs_32k_hybrid": hybrid.max_running,
         "kv.gemma3_max_seqs_32k_full": full.max_running,
     });
-    let mut figures = figures;
     let mut md = report(&runs, &checks, &figures)?;
     int8_against_bf16(&mut figures, &mut md)?;
     let dir = support::figures_dir()?;

@@ -5,9 +5,8 @@
 //! Scales per token rather than per block: a block fills one token per decode step, and a
 //! block-wide scale would have to re-round every code already written whenever a larger value
 //! arrives (and a prefill and a decode of the same tokens would round differently). Keys in
-//! groups: a key's rounding is what moves the logits (values rounded per head cost far less, as
-//! the README's figures show), and a few large dims of a key would otherwise set the step of
-//! all the others. bf16 scales rather than f16: f16's range would make the scales of small rows
+//! groups: an error in a key is multiplied by the query into the logits, and a few large dims of
+//! a key would otherwise set the step of all the others. bf16 scales rather than f16: f16's range would make the scales of small rows
 //! subnormal (coarse) and overflow past 65504 · 127; rounding the scale up keeps every code
 //! within ±127, so the error is at most half a step. Codes are rounded against the stored scale,
 //! so `code · scale` is the value the kernels and the reference both read.

@@ -90,7 +90,8 @@ impl CacheGeometry {
 /// Typed storage; private so a device variant can be added without touching users.
 /// 16-bit types are kept as raw `u16` bits so that allocation is a zeroed `calloc` (untouched
 /// pages, see [`crate::huge_pages`]); views cast them to `f16`/`bf16`. int8 keeps its bf16
-/// scales (`[num_blocks, kv_heads, block_size]`) beside the codes.
+/// scales beside the codes (indexed by [`CacheGeometry::key_scale_index`] and
+/// [`CacheGeometry::value_scale_index`]).
 #[derive(Debug)]
 pub(crate) enum Storage {
     F32 { key: Vec<f32>, value: Vec<f32> },
@@ -103,9 +104,7 @@ impl Storage {
     /// Every tensor as bytes with its bytes per block: key, value, then int8's two scale
     /// tensors. A block is one contiguous run of each, so moving a block moves these runs.
     pub(crate) fn byte_tensors(&self, g: &CacheGeometry) -> [(&[u8], usize); 4] {
-        let elems = g.block_elems() * g.dtype.size_in_bytes();
-        let value_scales = g.num_kv_heads * g.block_size * g.dtype.scale_bytes();
-        let key_scales = value_scales * g.key_scales();
+        let [elems, key_scales, value_scales] = block_bytes(g);
         match self {
             Storage::F32 { key, value } => {
                 [(bytemuck::cast_slice(key), elems), (bytemuck::cast_slice(value), elems), (&[], 0), (&[], 0)]
@@ -124,9 +123,7 @@ impl Storage {
 
     /// [`Storage::byte_tensors`], mutably.
     pub(crate) fn byte_tensors_mut(&mut self, g: &CacheGeometry) -> [(&mut [u8], usize); 4] {
-        let elems = g.block_elems() * g.dtype.size_in_bytes();
-        let value_scales = g.num_kv_heads * g.block_size * g.dtype.scale_bytes();
-        let key_scales = value_scales * g.key_scales();
+        let [elems, key_scales, value_scales] = block_bytes(g);
         match self {
             Storage::F32 { key, value } => [
                 (bytemuck::cast_slice_mut(key), elems),
@@ -148,6 +145,12 @@ impl Storage {
             ],
         }
     }
+}
+
+/// Bytes of one block in the code tensors (key or value), the key scales and the value scales.
+fn block_bytes(g: &CacheGeometry) -> [usize; 3] {
+    let value_scales = g.num_kv_heads * g.block_size * g.dtype.scale_bytes();
+    [g.block_elems() * g.dtype.size_in_bytes(), value_scales * g.key_scales(), value_scales]
 }
 
 /// A zeroed tensor of `n` elements, advised to use huge pages before anything touches it.

@@ -4,11 +4,13 @@
 //! - key cache of a layer: `[num_blocks, num_kv_heads, head_size / x, block_size, x]`, `x = 16 / sizeof(dtype)`
 //!   (int8: 8);
 //! - value cache of a layer: `[num_blocks, num_kv_heads, head_size, block_size]`;
-//! - int8 only: key and value scales, `[num_blocks, num_kv_heads, block_size]` bf16 each (`int8`);
+//! - int8 only: bf16 scales, keys' `[num_blocks, num_kv_heads, head_size / key_group, block_size]`,
+//!   values' `[num_blocks, num_kv_heads, block_size]` (`int8`);
 //! - slot of token `i` of a sequence = `block_table[i / block_size] * block_size + i % block_size`.
 //!
 //! Every block is one contiguous run of `num_kv_heads * head_size * block_size` elements in both
-//! tensors (and of `num_kv_heads * block_size` in each scale tensor), which is what makes block copies (copy-on-write) and swaps plain `memcpy`s.
+//! tensors (and one contiguous run in each scale tensor), which is what makes block copies
+//! (copy-on-write) and swaps plain `memcpy`s.
 //! All memory is allocated once by [`KvCache::new`]; nothing here grows afterwards.
 //!
 //! With the `cuda` feature, `cuda` holds the same memory on a GPU (`CudaKvCache`,

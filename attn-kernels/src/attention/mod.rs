@@ -116,24 +116,15 @@ pub fn paged_attention(
     }
     let isa = if opts.isa.is_available() { opts.isa } else { Isa::Portable };
     let (split, h) = (opts.split, num_heads);
-    match cache.slices() {
-        CacheSlices::F32 { key, value } => {
-            run(isa, split, out, query, Kv::plain(key, value), &g, meta, h, scores)
-        }
-        CacheSlices::F16 { key, value } => {
-            run(isa, split, out, query, Kv::plain(key, value), &g, meta, h, scores)
-        }
-        CacheSlices::BF16 { key, value } => {
-            run(isa, split, out, query, Kv::plain(key, value), &g, meta, h, scores)
-        }
-        CacheSlices::Int8 { key, value, key_scale, value_scale } => {
-            let (group, groups) = (kv_cache::int8::key_group(g.head_size), g.key_scales());
-            let kv =
-                Kv { key, value, scales: Some(Scales { key: key_scale, value: value_scale, group, groups }) };
-            run(isa, split, out, query, kv, &g, meta, h, scores)
-        }
-        _ => return Err(AttnError::UnsupportedStorage),
+    if let CacheSlices::Int8 { key, value, key_scale, value_scale } = cache.slices() {
+        let (group, groups) = (kv_cache::int8::key_group(g.head_size), g.key_scales());
+        let scales = Some(Scales { key: key_scale, value: value_scale, group, groups });
+        run(isa, split, out, query, Kv { key, value, scales }, &g, meta, h, scores);
+        return Ok(());
     }
+    by_dtype!(CacheSlices, cache.slices(), |key, value| {
+        run(isa, split, out, query, Kv { key, value, scales: None }, &g, meta, h, scores)
+    });
     Ok(())
 }
 
@@ -143,12 +134,6 @@ struct Kv<'a, T> {
     key: &'a [T],
     value: &'a [T],
     scales: Option<Scales<'a>>,
-}
-
-impl<'a, T> Kv<'a, T> {
-    fn plain(key: &'a [T], value: &'a [T]) -> Self {
-        Kv { key, value, scales: None }
-    }
 }
 
 /// Everything an item reads, for one call.

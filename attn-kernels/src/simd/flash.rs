@@ -214,7 +214,8 @@ unsafe fn widen<V: Lanes, T: KernelElem>(t: &mut FlashTile<'_>, kv: &KvRun<'_, T
             for (c, chunk) in keys.chunks_exact_mut(bs * x).enumerate() {
                 let group = &ks[c * x / sc.group * bs..][..live];
                 for (slot, s) in chunk.chunks_exact_mut(x).zip(group) {
-                    slot.iter_mut().for_each(|k| *k *= s.to_f32());
+                    let s = s.to_f32();
+                    slot.iter_mut().for_each(|k| *k *= s);
                 }
             }
             for row in values.chunks_exact_mut(bs) {

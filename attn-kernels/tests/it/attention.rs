@@ -5,7 +5,7 @@
 //! dequantized `code · scale` — so every dtype is held to f32 accumulation error:
 //! `|got - want| <= 2e-4 + 2e-4·|want|` (f64 reference). Narrow caches against an f32 cache of
 //! the same data: f16 `5e-3`, bf16 and int8 `4e-2` absolute (values in [-1, 1]; bf16 keeps 8
-//! mantissa bits, f16 11; int8 steps of max |v| / 127 per token and head).
+//! mantissa bits, f16 11; int8 steps of max |v| / 127 per key group or value head).
 
 use attn_kernels::{
     AttnOptions, AttnScores, Isa, PagedAttnMetadata, SplitPolicy, paged_attention, reference,
