@@ -161,30 +161,16 @@ fn zeroed<T: Copy + Default + bytemuck::Zeroable>(n: usize) -> Vec<T> {
     v
 }
 
-/// Borrowed key and value tensors of one layer, by dtype (what kernels dispatch on).
+/// Borrowed key and value tensors of one layer, by dtype (what kernels dispatch on); int8's
+/// codes with their scales, at [`CacheGeometry::key_scale_index`] and
+/// [`CacheGeometry::value_scale_index`].
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum CacheSlices<'a> {
-    F32 {
-        key: &'a [f32],
-        value: &'a [f32],
-    },
-    F16 {
-        key: &'a [f16],
-        value: &'a [f16],
-    },
-    BF16 {
-        key: &'a [bf16],
-        value: &'a [bf16],
-    },
-    /// Codes, and their scales at [`CacheGeometry::key_scale_index`] and
-    /// [`CacheGeometry::value_scale_index`].
-    Int8 {
-        key: &'a [i8],
-        value: &'a [i8],
-        key_scale: &'a [bf16],
-        value_scale: &'a [bf16],
-    },
+    F32 { key: &'a [f32], value: &'a [f32] },
+    F16 { key: &'a [f16], value: &'a [f16] },
+    BF16 { key: &'a [bf16], value: &'a [bf16] },
+    Int8 { key: &'a [i8], value: &'a [i8], key_scale: &'a [bf16], value_scale: &'a [bf16] },
 }
 
 /// Mutably borrowed key and value tensors of one layer, by dtype.
