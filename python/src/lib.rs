@@ -10,6 +10,7 @@
 //! - `args.rs` — engine arguments, sampling parameters and prompts, as JSON from Python.
 //! - `outputs.rs` — outputs as JSON shaped like vLLM's `RequestOutput`.
 //! - `errors.rs` — the exceptions and the engine errors they stand for.
+//! - `cli_main` — the `paged-llm` program (crate `paged-llm`), the wheel's console script.
 //!
 //! Invariants: nothing here waits on the engine while holding the GIL; a request whose
 //! Python side goes away (an exception in a batch, a dropped or aborted stream) is aborted.
@@ -38,7 +39,14 @@ fn paged_llm_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<http::HttpBody>()?;
     m.add_function(wrap_pyfunction!(check_sampling_params, m)?)?;
     m.add_function(wrap_pyfunction!(sampling_defaults, m)?)?;
+    m.add_function(wrap_pyfunction!(cli_main, m)?)?;
     Ok(())
+}
+
+/// Runs the `paged-llm` program on `argv` (its name first), the GIL released; its exit code.
+#[pyfunction]
+fn cli_main(py: Python<'_>, argv: Vec<String>) -> u8 {
+    py.detach(|| paged_llm_cli::run_with(argv.into_iter().map(Into::into)))
 }
 
 /// Raises what submitting `fields` (a JSON object of sampling parameters over vLLM's

@@ -1,4 +1,4 @@
-//! Command-line flags: the engine's knobs (vLLM's names, shared with `cargo xtask run`,
+//! Command-line flags: the engine's knobs (vLLM's names, shared by `paged-llm run`,
 //! `throughput` and `serve`) and the server's own.
 
 use std::path::PathBuf;
@@ -15,13 +15,13 @@ use engine::{
 /// Engine knobs shared by `run`, `throughput` and `serve` (vLLM's names).
 #[derive(Debug, Clone, Args)]
 pub struct EngineKnobs {
-    /// Model: a Hugging Face folder or a GGUF file (with `cargo xtask`, also a name its
-    /// fetch-model knows: smollm2, gemma3-270m, fetched if missing); default: the Q4_1 GGUF
-    /// target/models/SmolLM2-135M-Instruct.Q4_1.gguf (fetched if missing), weights kept quantized.
-    #[arg(long)]
+    /// Model: a Hugging Face folder, a GGUF file, or a name `paged-llm fetch-model` knows
+    /// (smollm2, gemma3-270m; fetched if missing); default: SmolLM2-135M-Instruct's Q4_1 GGUF
+    /// in the models folder (fetched if missing), weights kept quantized.
+    #[arg(help_heading = "ModelConfig", long)]
     pub model: Option<PathBuf>,
     /// Quantize float weights at load (a GGUF's own quantized tensors are kept as they are).
-    #[arg(long, value_parser = choice(&QUANTIZATION))]
+    #[arg(help_heading = "ModelConfig", long, value_parser = choice(&QUANTIZATION))]
     pub quantization: Option<Quantization>,
     /// Activations of the CPU's matmuls over quantized weights: f32 (what the f32 dequantization
     /// computes), int16 (integer kernels for decode and batches over every integer-code format,
@@ -29,51 +29,51 @@ pub struct EngineKnobs {
     /// (llama.cpp's rounding, one 8-bit scale per 32 values; integer kernels for decode and
     /// batches alike on every CPU, a token's products the same bits whatever its batch; opt-in),
     /// or auto: int16 on AVX2 and AVX-512 CPUs, f32 otherwise (and for f16/bf16 weights).
-    #[arg(long, value_parser = choice(&DECODE_ACTIVATIONS), default_value = "auto")]
+    #[arg(help_heading = "ModelConfig", long, value_parser = choice(&DECODE_ACTIVATIONS), default_value = "auto")]
     pub decode_activations: ActivationPrecision,
     /// Tokens per KV block (8, 16 or 32).
-    #[arg(long, default_value_t = 16)]
+    #[arg(help_heading = "CacheConfig", long, default_value_t = 16)]
     pub block_size: usize,
     /// Longest prompt + output (default: the model's max_position_embeddings).
-    #[arg(long)]
+    #[arg(help_heading = "ModelConfig", long)]
     pub max_model_len: Option<usize>,
-    #[arg(long, default_value_t = 256)]
+    #[arg(help_heading = "SchedulerConfig", long, default_value_t = 256)]
     pub max_num_seqs: usize,
-    #[arg(long, default_value_t = 2048)]
+    #[arg(help_heading = "SchedulerConfig", long, default_value_t = 2048)]
     pub max_num_batched_tokens: usize,
     /// Turn automatic prefix caching off.
-    #[arg(long)]
+    #[arg(help_heading = "CacheConfig", long)]
     pub no_prefix_caching: bool,
-    #[arg(long, value_parser = choice(&PREEMPTION_MODE), default_value = "recompute")]
+    #[arg(help_heading = "SchedulerConfig", long, value_parser = choice(&PREEMPTION_MODE), default_value = "recompute")]
     pub preemption_mode: PreemptionMode,
     /// Host swap space in GiB (used with --preemption-mode swap).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(help_heading = "CacheConfig", long, default_value_t = 1.0)]
     pub swap_space: f64,
     /// Device KV cache budget in GiB (ignored with --num-kv-blocks).
-    #[arg(long, default_value_t = 2.0)]
+    #[arg(help_heading = "CacheConfig", long, default_value_t = 2.0)]
     pub kv_cache_gib: f64,
     /// Exact number of KV blocks.
-    #[arg(long)]
+    #[arg(help_heading = "CacheConfig", long)]
     pub num_kv_blocks: Option<usize>,
     /// KV cache element type, vLLM's names (auto: bf16, on CUDA also the weights' and
     /// activations' type; f32 on the CPU for results bit-comparable with an f32 reference; int8
     /// on the CPU for about twice the tokens in the same memory; fp8 = fp8_e4m3, CUDA's).
-    #[arg(long, alias = "kv-dtype", value_parser = choice(&KV_DTYPE))]
+    #[arg(help_heading = "CacheConfig", long, alias = "kv-dtype", value_parser = choice(&KV_DTYPE))]
     pub kv_cache_dtype: Option<DType>,
-    /// Where the model runs: cpu, cuda (GPU 0) or cuda:N. CUDA needs the NVIDIA driver; xtask
-    /// re-launches itself built with `--features cuda` when it was built without.
-    #[arg(long, default_value = "cpu")]
+    /// Where the model runs: cpu, cuda (GPU 0) or cuda:N. CUDA needs a build with the `cuda`
+    /// feature (`cargo xtask` makes one when asked) and the NVIDIA driver.
+    #[arg(help_heading = "DeviceConfig", long, default_value = "cpu")]
     pub device: Device,
     /// Fraction of GPU memory for weights, activations and the KV cache (CUDA; vLLM's knob).
-    #[arg(long, default_value_t = 0.9)]
+    #[arg(help_heading = "CacheConfig", long, default_value_t = 0.9)]
     pub gpu_memory_utilization: f64,
     /// Seed for requests without their own.
-    #[arg(long, default_value_t = 0)]
+    #[arg(help_heading = "ModelConfig", long, default_value_t = 0)]
     pub seed: u64,
     /// Speculative decoding, vLLM's JSON: '{"method": "ngram", "num_speculative_tokens": 4,
     /// "prompt_lookup_min": 2, "prompt_lookup_max": 5}'. Lossless: the same tokens, fewer steps
     /// where answers copy from their prompt.
-    #[arg(long, value_parser = speculative_config)]
+    #[arg(help_heading = "SpeculativeConfig", long, value_parser = speculative_config)]
     pub speculative_config: Option<SpeculativeConfig>,
 }
 
@@ -120,46 +120,46 @@ impl EngineKnobs {
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
     /// Address to listen on (loopback by default).
-    #[arg(long, default_value = "127.0.0.1")]
+    #[arg(help_heading = "Frontend", long, default_value = "127.0.0.1")]
     pub host: String,
-    #[arg(long, default_value_t = 8000)]
+    #[arg(help_heading = "Frontend", long, default_value_t = 8000)]
     pub port: u16,
     /// Require `Authorization: Bearer <KEY>` on the `/v1` routes.
-    #[arg(long)]
+    #[arg(help_heading = "Frontend", long)]
     pub api_key: Option<String>,
     /// The model's name in the API (default: the model folder's name).
-    #[arg(long)]
+    #[arg(help_heading = "ModelConfig", long)]
     pub served_model_name: Option<String>,
     /// Most requests waiting to be scheduled; past it, requests get 429.
-    #[arg(long, default_value_t = 4096)]
+    #[arg(help_heading = "SchedulerConfig", long, default_value_t = 4096)]
     pub max_waiting: usize,
     /// Largest request body in MiB (a larger one gets 400).
-    #[arg(long, default_value_t = 4)]
+    #[arg(help_heading = "Frontend", long, default_value_t = 4)]
     pub max_body_mib: usize,
     /// On SIGINT/SIGTERM, abort in-flight requests instead of letting them finish.
-    #[arg(long)]
+    #[arg(help_heading = "Frontend", long)]
     pub abort_on_shutdown: bool,
     /// Default period of `GET /v1/kv_map/stream` in milliseconds (clamped to 50..=10000).
-    #[arg(long, default_value_t = 250)]
+    #[arg(help_heading = "Frontend", long, default_value_t = 250)]
     pub kv_map_interval_ms: u64,
     /// Origins a browser may call the API from (CORS): a comma-separated list of origins
     /// (`https://app.example`), or `*` for any. Without it no CORS headers are sent.
-    #[arg(long, value_delimiter = ',', value_parser = parse_origin)]
+    #[arg(help_heading = "Frontend", long, value_delimiter = ',', value_parser = parse_origin)]
     pub allowed_origins: Option<Vec<String>>,
     /// Seconds between the keep-alive comments of an SSE stream that has nothing to send
     /// (0: none).
-    #[arg(long, default_value_t = 15)]
+    #[arg(help_heading = "Frontend", long, default_value_t = 15)]
     pub sse_keep_alive_secs: u64,
     /// A Jinja chat template file to use instead of the model's own.
-    #[arg(long, value_name = "FILE")]
+    #[arg(help_heading = "Frontend", long, value_name = "FILE")]
     pub chat_template: Option<PathBuf>,
     /// How chat output is read for tool calls: auto (whichever format the model's template
     /// makes it write), hermes (`<tool_call>`), llama3_json or mistral (`[TOOL_CALLS]`).
-    #[arg(long, value_enum, default_value = "auto")]
+    #[arg(help_heading = "Frontend", long, value_enum, default_value = "auto")]
     pub tool_call_parser: crate::ToolCallParser,
     /// Which waiting request runs first: fcfs, or priority (a request's `priority`, lower
     /// first; a request with a priority is refused under fcfs).
-    #[arg(long, value_parser = choice(&SCHEDULING_POLICY), default_value = "fcfs")]
+    #[arg(help_heading = "SchedulerConfig", long, value_parser = choice(&SCHEDULING_POLICY), default_value = "fcfs")]
     pub scheduling_policy: Policy,
     #[command(flatten)]
     pub knobs: EngineKnobs,

@@ -11,7 +11,7 @@
 //! - `GET /v1/kv_map`, `GET /v1/kv_map/stream` (SSE): the live KV block map, taken between
 //!   engine steps only when asked; its JSON encoding is documented in `kv_map.rs`.
 //! - `GET /v1/plan`, `POST /v1/plan`: the KV cache / VRAM calculator (the `sim` crate, as
-//!   `cargo xtask plan` runs it, sizes bounded): `plan.rs`.
+//!   `paged-llm plan` runs it, sizes bounded): `plan.rs`.
 //! - `GET /`, `/style.css` and the page's ES modules (`/app.js`, `/chat.js`, `/kv_map.js`,
 //!   `/calculator.js`, `/shared.js`): the web page (chat, live KV map, calculator), embedded in
 //!   the binary, outside `/v1` (no API key): `web.rs`, files in `server/web/`.
@@ -249,7 +249,7 @@ fn unix_now() -> u64 {
 }
 
 /// Starts the engine thread, binds `host:port` and serves until SIGINT/SIGTERM, on a tokio
-/// runtime of its own (what the binary and `cargo xtask serve` run).
+/// runtime of its own (what `paged-llm serve` runs).
 pub fn run_until_signal(
     engine: engine::Engine,
     args: &cli::ServeArgs,

@@ -1,5 +1,5 @@
 //! `POST /v1/plan` and `GET /v1/plan`: the KV cache / VRAM calculator behind the web page's
-//! calculator panel — the `sim` crate run exactly as `cargo xtask plan` runs it (model shape,
+//! calculator panel — the `sim` crate run exactly as `paged-llm plan` runs it (model shape,
 //! memory budget, block size, a synthetic trace through the real scheduler and the contiguous
 //! baselines), with every client-supplied size bounded so that one call stays short.
 //!
@@ -51,7 +51,7 @@ pub const MAX_POINTS: usize = 500;
 
 const GIB: f64 = (1u64 << 30) as f64;
 
-/// The body of `POST /v1/plan`; every field optional (defaults are `cargo xtask plan`'s).
+/// The body of `POST /v1/plan`; every field optional (defaults are `paged-llm plan`'s).
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PlanRequest {
@@ -181,7 +181,7 @@ pub struct Plan {
 }
 
 impl PlanRequest {
-    /// Checks every field and sizes the KV memory as `cargo xtask plan` does.
+    /// Checks every field and sizes the KV memory as `paged-llm plan` does.
     pub fn validate(&self) -> Result<Plan, PlanError> {
         let model_name = self.model.as_deref().unwrap_or("opt-13b");
         let mut model =

@@ -1,5 +1,5 @@
-//! The crates built on their own beside `cargo test --workspace` (xtask by the `cargo xtask`
-//! alias, the Python package by maturin) turn on, with their `workspace-features` feature, the
+//! The crate built on its own beside `cargo test --workspace` (the Python package, by maturin)
+//! turns on, with its `workspace-features` feature, the
 //! features the test build gives their dependencies: the tests here keep those lists exact, so
 //! that no dependency compiles twice in `cargo xtask test`.
 
@@ -46,18 +46,5 @@ mod tests {
     #[test]
     fn the_python_package_shares_the_test_builds_features() {
         assert_features_match_the_test_build("paged-llm-python", "python/Cargo.toml");
-    }
-
-    #[test]
-    fn xtask_shares_the_test_builds_features() {
-        assert_features_match_the_test_build("xtask", "xtask/Cargo.toml");
-    }
-
-    /// The alias users and CI run xtask through turns the feature on.
-    #[test]
-    fn the_cargo_xtask_alias_builds_with_workspace_features() {
-        let config = std::fs::read_to_string(workspace_root().join(".cargo/config.toml")).expect("config");
-        let alias = config.lines().find(|l| l.starts_with("xtask =")).expect("an xtask alias");
-        assert!(alias.contains("--features workspace-features"), "{alias}");
     }
 }

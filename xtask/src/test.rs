@@ -10,7 +10,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 
 use crate::cmd::{cargo, run as run_cmd, workspace_root};
-use crate::{cuda_check, fetch_model, python, tidy};
+use crate::{cuda_check, paged_llm, python, tidy};
 
 /// `gpu-check/cuda` turns on the `cuda` feature of every crate below it (and builds the GPU
 /// check's binaries), for the CUDA clippy pass.
@@ -39,10 +39,14 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
     }
     tidy::check(&workspace_root())?;
     eprintln!("tidy: ok");
+    // Every test program, and the `paged-llm` binary and examples they run, in one build (what
+    // nextest would build first); the fetches below run its `paged-llm`.
+    run_cmd(cargo().args(["test", "--workspace", "--no-run"]))?;
+    phases.lap("test build");
     // The real-model tests read the converted default model, and the SentencePiece tokenizer's
     // tests Gemma 3's vocabulary from its GGUF; fetching is idempotent.
-    for model in [fetch_model::ModelChoice::Smollm2, fetch_model::ModelChoice::Gemma3_270m] {
-        fetch_model::run(&fetch_model::FetchModelArgs { model, dir: None, dtype: fetch_model::Dtype::F32 })?;
+    for model in ["smollm2", "gemma3-270m"] {
+        paged_llm::fetch_with_test_build(model)?;
     }
     // The server's client tests drive it with the official `openai` Python package.
     ensure_openai_venv()?;

@@ -11,7 +11,6 @@ mod conformance_serving;
 mod echo;
 mod kv_map;
 mod real_client;
-mod shutdown;
 mod structured;
 mod support;
 mod tools;

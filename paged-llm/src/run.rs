@@ -1,4 +1,4 @@
-//! `cargo xtask run`: the README's main command. Fetches the default model if missing,
+//! `paged-llm run` (and `cargo xtask run`, the README's main command). Fetches the default model if missing,
 //! starts the engine on its own thread, sends a batch of varied prompts (chat and plain,
 //! short and long, greedy and sampled), streams their text to the terminal as it arrives,
 //! and ends with a summary (requests, tokens, throughput, TTFT, KV usage, preemptions,
@@ -11,63 +11,10 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use clap::Args;
-use engine::{
-    ChatMessage, Engine, EngineConfig, EngineHandle, FinishReason, Prompt, SamplingParams, ShutdownMode,
-};
-use serde::de::DeserializeOwned;
-pub use server::cli::EngineKnobs;
+use engine::{ChatMessage, EngineHandle, FinishReason, Prompt, SamplingParams, ShutdownMode};
+use server::cli::EngineKnobs;
 
-/// Starting an engine from the shared engine flags, the xtask way: a release build, the
-/// default model fetched when none is named.
-pub trait StartEngine {
-    /// Re-launches as a release build when needed, then loads the engine with `config`;
-    /// unless `quiet`, logs to stderr (at `info` unless `RUST_LOG` says otherwise).
-    fn start_engine_with(&self, quiet: bool, config: EngineConfig) -> anyhow::Result<Engine>;
-
-    /// [`StartEngine::start_engine_with`] the knobs' own config.
-    fn start_engine(&self, quiet: bool) -> anyhow::Result<Engine>;
-}
-
-impl StartEngine for EngineKnobs {
-    fn start_engine(&self, quiet: bool) -> anyhow::Result<Engine> {
-        self.start_engine_with(quiet, self.config())
-    }
-
-    fn start_engine_with(&self, quiet: bool, config: EngineConfig) -> anyhow::Result<Engine> {
-        crate::relaunch::ensure_release_build(self.device)?;
-        if !quiet {
-            let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-            let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
-        }
-        let dir = match &self.model {
-            Some(arg) => crate::fetch_model::resolve_model(arg)?,
-            None => crate::fetch_model::default_model()?,
-        };
-        if !quiet {
-            eprintln!("run: loading {}", dir.display());
-        }
-        Engine::new(&dir, config).with_context(|| format!("loading {}", dir.display()))
-    }
-}
-
-/// The non-blank lines of a JSONL file, each parsed as a `T` (`what` names a line that does
-/// not parse) and turned into a `U` by `each`, which is given its `path:line` for messages.
-pub fn read_jsonl<T: DeserializeOwned, U>(
-    path: &Path,
-    what: &str,
-    mut each: impl FnMut(&str, T) -> anyhow::Result<U>,
-) -> anyhow::Result<Vec<U>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let lines = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty());
-    lines
-        .map(|(i, line)| {
-            let at = format!("{}:{}", path.display(), i + 1);
-            let value = serde_json::from_str(line).with_context(|| format!("{at}: {what}"))?;
-            each(&at, value)
-        })
-        .collect()
-}
+use crate::start::{StartEngine, read_jsonl};
 
 #[derive(Debug, Args)]
 pub struct RunArgs {

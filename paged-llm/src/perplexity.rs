@@ -1,4 +1,4 @@
-//! `cargo xtask perplexity`: llama-perplexity's measurement on this engine's forward pass. The
+//! `paged-llm perplexity`: llama-perplexity's measurement on this engine's forward pass. The
 //! text's tokens in windows of `--ctx` (every `--stride`, at most `--chunks`), each window's
 //! second half scored; prints the running perplexity per window and the final estimate with
 //! its ±. `--save-logits F` writes the reference file (`model::quality`'s format: top tokens of
@@ -21,7 +21,7 @@ use model::quality::{
 use model::{ActivationPrecision, Model, ModelFolder};
 use sha2::Digest;
 
-use crate::cmd::workspace_root;
+use crate::cache_dir;
 
 #[derive(Debug, Args)]
 pub struct PerplexityArgs {
@@ -73,7 +73,6 @@ fn parse_kv_dtype(s: &str) -> Result<engine::DType, String> {
 }
 
 pub fn run(args: &PerplexityArgs) -> anyhow::Result<()> {
-    crate::relaunch::ensure_release_build(engine::Device::Cpu)?;
     if let (Some(evaluated), Some(reference)) = (&args.evaluated, &args.kl_reference) {
         return compare_files(reference, evaluated, args.json.as_deref());
     }
@@ -180,7 +179,7 @@ fn read_text(path: Option<&Path>) -> anyhow::Result<(String, String)> {
             p.display().to_string(),
         ),
         None => {
-            let corpus = pydoc_topics(&workspace_root().join("target/quality"))?;
+            let corpus = pydoc_topics(&cache_dir().join("quality"))?;
             (corpus.text, corpus.about)
         }
     };

@@ -1,4 +1,4 @@
-//! `cargo xtask throughput`: offline throughput like `vllm bench throughput`. Random prompts
+//! `paged-llm bench throughput`: offline throughput like `vllm bench throughput`. Random prompts
 //! (`--num-prompts N --input-len L --output-len M`, random token ids, `ignore_eos`) or a JSONL
 //! dataset (`{"prompt": "...", "output_len": M}` or `{"input_len": L, "output_len": M}` per
 //! line); all requests are submitted at once and the engine runs until every one finishes.
@@ -13,7 +13,9 @@ use engine::{Prompt, SamplingParams};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-use crate::run::{EngineKnobs, StartEngine, read_jsonl};
+use server::cli::EngineKnobs;
+
+use crate::start::{StartEngine, read_jsonl};
 
 #[derive(Debug, Args)]
 pub struct ThroughputArgs {

@@ -1,11 +1,11 @@
-//! `cargo xtask serve`: the OpenAI-compatible server (crate `server`) on the default model
+//! `paged-llm serve`: the OpenAI-compatible server (crate `server`) on the default model
 //! (fetched if missing) or `--model PATH` (or a name `fetch-model` knows: `smollm2`,
-//! `gemma3-270m`, fetched if missing), at release speed, until Ctrl-C / SIGTERM.
+//! `gemma3-270m`, fetched if missing), until Ctrl-C / SIGTERM.
 
 use clap::Args;
 use server::cli::ServeArgs;
 
-use crate::run::StartEngine;
+use crate::start::StartEngine;
 
 #[derive(Debug, Args)]
 pub struct ServeCmd {

