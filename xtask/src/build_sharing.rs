@@ -1,4 +1,5 @@
-//! The crate built on its own beside `cargo test --workspace` (the Python package, by maturin)
+//! The crate built on its own beside `cargo test --workspace --features gpu-check/cuda` (the
+//! Python package, by maturin)
 //! turns on, with its `workspace-features` feature, the
 //! features the test build gives their dependencies: the tests here keep those lists exact, so
 //! that no dependency compiles twice in `cargo xtask test`.
@@ -31,7 +32,8 @@ mod tests {
     /// `package` built alone with `workspace-features` has, in every dependency it shares with
     /// `cargo test --workspace`, exactly that build's features.
     fn assert_features_match_the_test_build(package: &str, manifest: &str) {
-        let workspace = feature_sets(&["--workspace"], "normal,build,dev");
+        let workspace =
+            feature_sets(&["--workspace", "--features", crate::test::CUDA_FEATURES], "normal,build,dev");
         let features = format!("{package}/workspace-features");
         let alone = feature_sets(&["-p", package, "--features", &features], "normal,build");
         let differing: Vec<String> = alone

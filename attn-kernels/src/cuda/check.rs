@@ -1,17 +1,20 @@
 //! The compile check CI runs without a GPU (`cargo xtask cuda-check`): compile every program of
 //! the instantiation table for each target architecture with ptxas statistics on, and fail on a
 //! compile error, on an entry point the cubin lacks, or on any register spill in an attention
-//! kernel.
+//! kernel. With a log cache, a program whose source, architecture, options and NVRTC version
+//! were compiled before is judged from the saved compiler log instead of compiled again.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use super::cubin_cache::cache_key;
 use super::error::CudaError;
 use super::kernels::{Program, all_programs};
 use super::lock;
 use super::nvrtc::{self, KernelStats};
+use crate::file::write_atomically;
 
 /// What to check.
 #[derive(Debug, Clone)]
@@ -24,6 +27,9 @@ pub struct CheckOptions {
     pub jobs: usize,
     /// Only programs whose name contains this.
     pub filter: Option<String>,
+    /// A folder of the compiler logs of earlier successful compiles, keyed by what the
+    /// compile depends on ([`log_file`]); `None` compiles everything.
+    pub log_cache: Option<PathBuf>,
 }
 
 /// One kernel of one program for one architecture.
@@ -41,6 +47,8 @@ pub struct CheckReport {
     /// Human-readable reasons the check fails (empty = pass).
     pub failures: Vec<String>,
     pub programs_compiled: usize,
+    /// Of those, the ones judged from a cached log.
+    pub logs_reused: usize,
 }
 
 impl CheckReport {
@@ -61,15 +69,38 @@ pub fn run(opts: &CheckOptions) -> Result<CheckReport, CudaError> {
     let jobs: Vec<(&Program, &str)> =
         programs.iter().flat_map(|p| opts.archs.iter().map(move |a| (p, a.as_str()))).collect();
     let report = Mutex::new(CheckReport::default());
+    let reused = AtomicUsize::new(0);
     for_each_parallel(opts.jobs, &jobs, |&(program, arch)| {
+        let cached = opts.log_cache.as_ref().map(|dir| dir.join(log_file(program, arch)));
+        if let Some(log) = cached.as_ref().and_then(|f| std::fs::read_to_string(f).ok()) {
+            reused.fetch_add(1, Ordering::Relaxed);
+            judge(&mut lock(&report), program, arch, Ok(nvrtc::Compiled { cubin: Vec::new(), log }));
+            return;
+        }
         let result = nvrtc::compile(program, arch, &opts.header_dir, true);
+        if let (Some(file), Ok(compiled)) = (&cached, &result) {
+            // A cache that cannot be written only costs the next run a compile.
+            let _ = write_atomically(file, compiled.log.as_bytes());
+        }
         judge(&mut lock(&report), program, arch, result);
     });
     let mut report = report.into_inner().unwrap_or_else(|p| p.into_inner());
+    report.logs_reused = reused.into_inner();
     report
         .kernels
         .sort_by(|a, b| (&a.arch, &a.program, &a.stats.name).cmp(&(&b.arch, &b.program, &b.stats.name)));
     Ok(report)
+}
+
+/// The log cache's file of `program` compiled for `arch`: its name, the architecture, and a hash
+/// of the source, the options' version and the NVRTC version.
+pub fn log_file(program: &Program, arch: &str) -> String {
+    let (major, minor) = nvrtc::version().unwrap_or((0, 0));
+    let key = cache_key(
+        &Program { source: format!("{}\n// nvrtc {major}.{minor}", program.source), ..program.clone() },
+        arch,
+    );
+    format!("{}-{arch}-{key}.log", program.name)
 }
 
 /// Runs `f` on every item from `jobs` threads (NVRTC compiles independent programs in parallel).
@@ -175,6 +206,16 @@ mod tests {
              ptxas         .     0 bytes stack frame, {other_spill} bytes spill stores, 0 bytes spill loads\n\
              ptxas info    : Used 32 registers, used 0 barriers\n"
         )
+    }
+
+    #[test]
+    fn a_cached_log_is_found_only_for_the_same_source_and_architecture() {
+        let p = program();
+        let edited = Program { source: format!("{}\n", p.source), ..p.clone() };
+        assert_eq!(log_file(&p, "sm_90"), log_file(&p.clone(), "sm_90"));
+        assert_ne!(log_file(&p, "sm_90"), log_file(&edited, "sm_90"));
+        assert_ne!(log_file(&p, "sm_80"), log_file(&p, "sm_90"));
+        assert!(log_file(&p, "sm_90").starts_with(&format!("{}-sm_90-", p.name)));
     }
 
     #[test]

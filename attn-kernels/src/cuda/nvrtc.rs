@@ -75,10 +75,18 @@ pub fn compile(
 
 /// Whether this libnvrtc can unpack its own fp16/bf16 headers (`--use-bundled-headers`, 13.3+).
 fn bundled_headers_supported() -> bool {
+    version().is_some_and(|v| v >= (13, 3))
+}
+
+/// The loaded libnvrtc's (major, minor) version; `None` when it cannot say.
+pub fn version() -> Option<(i32, i32)> {
+    if !nvrtc_present() {
+        return None;
+    }
     let (mut major, mut minor) = (0, 0);
     // SAFETY: plain out-parameters; the library was checked to be present.
     let ok = unsafe { sys::nvrtcVersion(&mut major, &mut minor) } == sys::nvrtcResult::NVRTC_SUCCESS;
-    ok && (major, minor) >= (13, 3)
+    ok.then_some((major, minor))
 }
 
 /// `$CUDA_HOME/include`, else `/usr/local/cuda/include`.

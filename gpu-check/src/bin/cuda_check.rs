@@ -3,7 +3,9 @@
 //! compile error, a missing entry point, or a spill in an attention kernel. Needs libnvrtc on
 //! the library path, no GPU. `cargo xtask cuda-check` installs NVRTC and runs this.
 //!
-//! Usage: `cuda_check [--arch sm_80,sm_90] [--headers DIR] [--jobs N] [--filter TEXT]`
+//! Usage: `cuda_check [--arch sm_80,sm_90] [--headers DIR] [--jobs N] [--filter TEXT]
+//! [--log-cache DIR]` (the compiler logs of earlier compiles: an unchanged program is not
+//! compiled again).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -17,6 +19,7 @@ fn main() -> ExitCode {
         header_dir: std::env::temp_dir().join("attn-kernels-nvrtc-headers"),
         jobs: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2),
         filter: None,
+        log_cache: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -28,6 +31,7 @@ fn main() -> ExitCode {
                 value().and_then(|v| v.parse().map_err(|e| format!("--jobs: {e}"))).map(|n| opts.jobs = n)
             }
             "--filter" => value().map(|v| opts.filter = Some(v)),
+            "--log-cache" => value().map(|v| opts.log_cache = Some(PathBuf::from(v))),
             other => Err(format!("unknown argument {other}")),
         };
         if let Err(e) = parsed {
@@ -45,9 +49,10 @@ fn main() -> ExitCode {
     };
     println!("{}", check::format_table(&report));
     println!(
-        "cuda-check: {} programs compiled for {}, {} kernels, {:.0} s",
+        "cuda-check: {} programs compiled for {} ({} unchanged, judged from their cached logs), {} kernels, {:.0} s",
         report.programs_compiled,
         opts.archs.join("+"),
+        report.logs_reused,
         report.kernels.len(),
         start.elapsed().as_secs_f64()
     );

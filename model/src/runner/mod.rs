@@ -146,11 +146,7 @@ impl Runner {
                 let (runner, cache_config) = cuda::CudaRunner::new(model, shape, config, ordinal)?;
                 (OnDevice::Cuda(Box::new(runner)), cache_config)
             }
-            other => {
-                return Err(ModelError::Device(format!(
-                    "device {other} needs a build with the `cuda` feature (cargo build --features engine/cuda)"
-                )));
-            }
+            other => return Err(needs_the_cuda_feature(other)),
         };
         let stride = config.max_model_len.div_ceil(config.block_size);
         let tables = group_windows.iter().map(|_| BlockTables::new(stride)).collect();
@@ -356,5 +352,26 @@ fn model_input<'a>(
         changed_rows,
         sample_indices: step.sample_indices,
         other_groups: others,
+    }
+}
+
+/// What opening `device` says in a build without the `cuda` feature.
+fn needs_the_cuda_feature(device: Device) -> ModelError {
+    ModelError::Device(format!(
+        "device {device} needs a build with the `cuda` feature (cargo build --features engine/cuda)"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The test build turns the `cuda` feature on (one build for the CPU and CUDA host tests),
+    /// so the refusal of a build without it is checked through its message here.
+    #[test]
+    fn a_build_without_cuda_names_the_feature_and_how_to_turn_it_on() {
+        let message = needs_the_cuda_feature(Device::Cuda { ordinal: 1 }).to_string();
+        assert!(message.contains("cuda:1") && message.contains("`cuda` feature"), "{message}");
+        assert!(message.contains("--features engine/cuda"), "{message}");
     }
 }
