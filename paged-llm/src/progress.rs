@@ -94,6 +94,23 @@ impl Progress {
     }
 }
 
+/// Runs `work`, a spinner with the time so far beside `what` on a terminal while it runs
+/// (nothing otherwise: the caller prints what it did).
+pub fn while_waiting<T>(what: &str, work: impl FnOnce() -> T) -> T {
+    let spinner = std::io::stderr().is_terminal().then(|| {
+        let style = ProgressStyle::with_template("{spinner} {msg} {elapsed}")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner());
+        let spinner = ProgressBar::new_spinner().with_style(style).with_message(what.to_owned());
+        spinner.enable_steady_tick(std::time::Duration::from_millis(120));
+        spinner
+    });
+    let out = work();
+    if let Some(spinner) = spinner {
+        spinner.finish_and_clear();
+    }
+    out
+}
+
 fn mib(bytes: u64) -> f64 {
     bytes as f64 / (1u64 << 20) as f64
 }

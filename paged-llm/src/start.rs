@@ -34,10 +34,23 @@ impl StartEngine for EngineKnobs {
             Some(arg) => crate::fetch_model::resolve_model(arg)?,
             None => crate::fetch_model::default_model()?,
         };
+        let started = std::time::Instant::now();
+        let what = format!("loading {}", dir.display());
+        let engine = crate::progress::while_waiting(&what, || Engine::new(&dir, config))
+            .with_context(|| format!("loading {}", dir.display()))?;
         if !quiet {
-            eprintln!("paged-llm: loading {}", dir.display());
+            let c = engine.model_config();
+            eprintln!(
+                "paged-llm: loaded {} in {:.1} s: {} layers, hidden {}, {:.0} MiB of weights read per step, {} KV blocks",
+                dir.display(),
+                started.elapsed().as_secs_f64(),
+                c.num_hidden_layers,
+                c.hidden_size,
+                engine.weight_bytes_per_step() as f64 / (1u64 << 20) as f64,
+                engine.num_kv_blocks()
+            );
         }
-        Engine::new(&dir, config).with_context(|| format!("loading {}", dir.display()))
+        Ok(engine)
     }
 }
 

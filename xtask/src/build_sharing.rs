@@ -32,8 +32,10 @@ mod tests {
     /// `package` built alone with `workspace-features` has, in every dependency it shares with
     /// `cargo test --workspace`, exactly that build's features.
     fn assert_features_match_the_test_build(package: &str, manifest: &str) {
-        let workspace =
-            feature_sets(&["--workspace", "--features", crate::test::CUDA_FEATURES], "normal,build,dev");
+        let workspace = feature_sets(
+            &["--workspace", "--features", crate::cuda_check::CUDA_FEATURES],
+            "normal,build,dev",
+        );
         let features = format!("{package}/workspace-features");
         let alone = feature_sets(&["-p", package, "--features", &features], "normal,build");
         let differing: Vec<String> = alone

@@ -22,6 +22,11 @@ use clap::Args;
 
 use crate::cmd::{cargo, run as run_cmd, workspace_root};
 
+/// `gpu-check/cuda` turns on the `cuda` feature of every crate below it (and builds the GPU
+/// check's binaries): the CUDA clippy pass and the one test build (the CPU tests run the same
+/// code either way; the CUDA paths load the driver only when a CUDA device is opened).
+pub const CUDA_FEATURES: &str = "gpu-check/cuda";
+
 /// The NVRTC wheel: 13.3+ ships the fp16/bf16 headers (`--use-bundled-headers`).
 pub const NVRTC_WHEEL: &str = "nvidia-cuda-nvrtc==13.5.37";
 
@@ -114,18 +119,9 @@ const HOST_TESTS: [(&str, &[&str]); 4] =
 /// Selecting gpu-check's integration test `runner` is what makes cargo build its binaries.
 fn build_cuda_targets() -> anyhow::Result<BuiltTargets> {
     let mut cmd = cargo();
-    cmd.args([
-        "test",
-        "--workspace",
-        "--features",
-        crate::test::CUDA_FEATURES,
-        "--lib",
-        "--test",
-        "runner",
-        "--no-run",
-    ])
-    .args(["--message-format", "json-render-diagnostics"])
-    .stdout(std::process::Stdio::piped());
+    cmd.args(["test", "--workspace", "--features", CUDA_FEATURES, "--lib", "--test", "runner", "--no-run"])
+        .args(["--message-format", "json-render-diagnostics"])
+        .stdout(std::process::Stdio::piped());
     eprintln!("$ {cmd:?}");
     let out = cmd.spawn().context("could not start cargo")?.wait_with_output()?;
     if !out.status.success() {

@@ -10,12 +10,8 @@ use anyhow::{Context, bail};
 use clap::Args;
 
 use crate::cmd::{cargo, run as run_cmd, workspace_root};
-use crate::{cuda_check, paged_llm, python, tidy};
-
-/// `gpu-check/cuda` turns on the `cuda` feature of every crate below it (and builds the GPU
-/// check's binaries): the CUDA clippy pass and the one test build (the CPU tests run the same
-/// code either way; the CUDA paths load the driver only when a CUDA device is opened).
-pub const CUDA_FEATURES: &str = "gpu-check/cuda";
+use crate::cuda_check::{self, CUDA_FEATURES};
+use crate::{paged_llm, python, tidy};
 
 #[derive(Debug, Args)]
 pub struct TestArgs {
