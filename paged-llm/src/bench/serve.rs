@@ -116,7 +116,7 @@ pub fn run(args: &ServeBenchArgs) -> anyhow::Result<()> {
 
 /// Sends every request on its schedule; returns their results and the benchmark's duration.
 async fn drive(args: &ServeBenchArgs) -> anyhow::Result<(Vec<RequestResult>, Duration)> {
-    let client = reqwest::Client::builder().build()?;
+    let client = sse::client();
     let base = args.base_url.trim_end_matches('/').to_owned();
     let model = match &args.model {
         Some(model) => model.clone(),
@@ -165,16 +165,10 @@ async fn drive(args: &ServeBenchArgs) -> anyhow::Result<(Vec<RequestResult>, Dur
 }
 
 /// The id of the server's first model.
-async fn first_model(client: &reqwest::Client, base: &str) -> anyhow::Result<String> {
+async fn first_model(client: &sse::HttpClient, base: &str) -> anyhow::Result<String> {
     let url = format!("{base}/v1/models");
-    let models: serde_json::Value = client
-        .get(&url)
-        .send()
-        .await
-        .with_context(|| format!("GET {url} (is the server running?)"))?
-        .error_for_status()?
-        .json()
-        .await?;
+    let models =
+        sse::get_json(client, &url).await.with_context(|| format!("GET {url} (is the server running?)"))?;
     models["data"][0]["id"].as_str().map(str::to_owned).with_context(|| format!("{url} lists no model"))
 }
 

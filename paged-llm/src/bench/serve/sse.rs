@@ -1,19 +1,41 @@
 //! One streamed completion over HTTP: the request, its server-sent events read as they arrive,
-//! and the times of the tokens.
+//! and the times of the tokens; and the HTTP/1 client (hyper's) that sends it.
 
 use std::time::Instant;
 
-use futures_util::StreamExt;
+use anyhow::Context;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
 
 use super::RequestResult;
 
+/// A pooled HTTP/1 client over plain TCP (the benchmark talks to a server on its network).
+pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+pub fn client() -> HttpClient {
+    Client::builder(hyper_util::rt::TokioExecutor::new()).build_http()
+}
+
+/// `GET url`: its JSON body (an error for a status other than 2xx).
+pub async fn get_json(client: &HttpClient, url: &str) -> anyhow::Result<serde_json::Value> {
+    let request = hyper::Request::get(url).body(Full::default())?;
+    let response = client.request(request).await?;
+    let status = response.status();
+    let body = response.into_body().collect().await?.to_bytes();
+    if !status.is_success() {
+        anyhow::bail!(
+            "HTTP {status}: {}",
+            String::from_utf8_lossy(&body).chars().take(200).collect::<String>()
+        );
+    }
+    serde_json::from_slice(&body).context("the body is not JSON")
+}
+
 /// Sends `body` to `url` and times its stream; a failure is a result with `ok: false` and the
 /// error's text (the benchmark goes on).
-pub async fn stream_completion(
-    client: &reqwest::Client,
-    url: &str,
-    body: &serde_json::Value,
-) -> RequestResult {
+pub async fn stream_completion(client: &HttpClient, url: &str, body: &serde_json::Value) -> RequestResult {
     let sent = Instant::now();
     match timed_stream(client, url, body, sent).await {
         Ok(result) => result,
@@ -27,25 +49,32 @@ pub async fn stream_completion(
 }
 
 async fn timed_stream(
-    client: &reqwest::Client,
+    client: &HttpClient,
     url: &str,
     body: &serde_json::Value,
     sent: Instant,
 ) -> anyhow::Result<RequestResult> {
-    let response = client.post(url).json(body).send().await?;
+    let request = hyper::Request::post(url)
+        .header(hyper::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(serde_json::to_vec(body)?)))?;
+    let response = client.request(request).await?;
     let status = response.status();
+    let mut frames = response.into_body();
     if !status.is_success() {
-        let text = response.text().await.unwrap_or_default();
-        anyhow::bail!("HTTP {status}: {}", text.chars().take(200).collect::<String>());
+        let text = frames.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+        anyhow::bail!(
+            "HTTP {status}: {}",
+            String::from_utf8_lossy(&text).chars().take(200).collect::<String>()
+        );
     }
     let mut result = RequestResult::default();
     let mut last_token: Option<Instant> = None;
-    let mut chunks = response.bytes_stream();
     let mut pending = Vec::<u8>::new();
     let mut done = false;
-    while let Some(chunk) = chunks.next().await {
+    while let Some(frame) = frames.frame().await {
         let arrived = Instant::now();
-        pending.extend_from_slice(&chunk?);
+        let Ok(chunk) = frame?.into_data() else { continue };
+        pending.extend_from_slice(&chunk);
         while let Some(end) = find_event_end(&pending) {
             let event: Vec<u8> = pending.drain(..end).collect();
             for line in String::from_utf8_lossy(&event).lines() {
