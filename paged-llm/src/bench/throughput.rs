@@ -15,6 +15,7 @@ use rand_chacha::ChaCha8Rng;
 
 use server::cli::EngineKnobs;
 
+use crate::progress::{Progress, Unit};
 use crate::start::{StartEngine, read_jsonl};
 
 #[derive(Debug, Args)]
@@ -85,10 +86,18 @@ pub fn run(args: &ThroughputArgs) -> anyhow::Result<()> {
     }
     let num_requests = engine.num_unfinished();
     let mut output_tokens = 0usize;
+    let mut progress =
+        (!args.json).then(|| Progress::new(num_requests as u64, "bench throughput", Unit::Items("requests")));
     while engine.has_unfinished() {
         for out in engine.step()? {
             output_tokens += out.outputs.iter().map(|c| c.token_ids.len()).sum::<usize>();
+            if let (true, Some(progress)) = (out.finished, progress.as_mut()) {
+                progress.inc(1);
+            }
         }
+    }
+    if let Some(progress) = progress {
+        progress.finish();
     }
     let secs = started.elapsed().as_secs_f64();
     let m = engine.metrics();
