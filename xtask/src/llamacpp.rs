@@ -33,16 +33,36 @@ fn cpu_signature() -> String {
     format!("{}\n{}\n", field("model name"), field("flags"))
 }
 
-/// The CMake options llama.cpp is built with: `GGML_NATIVE` (every feature of this CPU), except
+/// The CMake options llama.cpp is built with: the CPU's ([`cpu_cmake_args`]) and only the
+/// libraries the bindings load (llama and ggml): not the multimodal `mtmd` (`LLAVA_BUILD`, loaded
+/// only by the vision chat handlers) nor llama.cpp's `common` utilities, which llama-cpp-python
+/// switches on with a forced cache entry although the bindings never load them; they cost more
+/// to compile than llama and ggml together. A project include run at llama.cpp's `project()`
+/// shadows that entry in llama.cpp's scope (`CMAKE_PROJECT_<name>_INCLUDE`).
+pub fn cmake_args() -> anyhow::Result<String> {
+    let include = workspace_root().join("target/llamacpp/libraries-only.cmake");
+    let text = concat!(
+        "# Written by `cargo xtask`: llama.cpp's libraries without its `common` utilities.\n",
+        "set(LLAMA_BUILD_COMMON OFF)\n",
+    );
+    std::fs::create_dir_all(include.parent().expect("a file in a folder"))?;
+    if std::fs::read_to_string(&include).ok().as_deref() != Some(text) {
+        std::fs::write(&include, text)?;
+    }
+    let cpu = cpu_cmake_args();
+    Ok(format!("{cpu} -DLLAVA_BUILD=OFF -DCMAKE_PROJECT_llama.cpp_INCLUDE={}", include.display()))
+}
+
+/// The CPU's CMake options: `GGML_NATIVE` (every feature of this CPU), except
 /// on a CPU with AMX, whose path in this llama.cpp crashes on these VMs (SIGSEGV in
 /// `ggml_backend_amx_mul_mat`) and, once it crashes, leaves llama.cpp without its extra buffer
 /// types altogether: there every other feature this CPU has is named instead, AMX left off, so
 /// that the repacked weight layouts stay on.
-pub fn cmake_args() -> String {
+fn cpu_cmake_args() -> String {
     cmake_args_for(&cpu_flags())
 }
 
-/// [`cmake_args`] for a CPU of these feature flags.
+/// [`cpu_cmake_args`] for a CPU of these feature flags.
 fn cmake_args_for(flags: &[String]) -> String {
     if !flags.iter().any(|f| f.starts_with("amx")) {
         return "-DGGML_NATIVE=ON".to_owned();
@@ -88,7 +108,7 @@ pub fn python() -> anyhow::Result<PathBuf> {
     let python = venv.join("bin/python");
     let stamp = venv.join("built-for-cpu.txt");
     let check = format!("import llama_cpp, numpy; assert llama_cpp.__version__ == '{LLAMA_CPP_PYTHON}'");
-    let cmake = cmake_args();
+    let cmake = cmake_args()?;
     // The stamp: the CPU and the options, either of which changing calls for another build.
     let signature = format!("{}{cmake}\n", cpu_signature());
     let same_build = std::fs::read_to_string(&stamp).is_ok_and(|s| s == signature);

@@ -8,6 +8,7 @@
 
 mod bench;
 mod build_sharing;
+mod clippy_build;
 mod cmd;
 mod cuda_check;
 mod glibc;

@@ -1,6 +1,6 @@
-//! `cargo xtask test`: the single command CI runs — fmt, clippy (default and `cuda` builds),
-//! tidy, the model fetches the real-model tests need (SmolLM2; Gemma 3 270M's GGUF for its
-//! vocabulary), Chromium for the web page's browser test, the CUDA compile check, every test
+//! `cargo xtask test`: the single command CI runs — fmt, clippy (in the test build), tidy, the
+//! model fetches the real-model tests need (SmolLM2; Gemma 3 270M's GGUF for its vocabulary),
+//! Chromium for the web page's browser test, the CUDA compile check, every test
 //! of the workspace, then the Python package's pytest suite (`python.rs`).
 
 use std::io::{BufRead, BufReader};
@@ -25,29 +25,31 @@ pub struct TestArgs {
 
 pub fn run(args: &TestArgs) -> anyhow::Result<()> {
     let mut phases = PhaseClock::default();
+    if !args.no_lint {
+        run_cmd(cargo().args(["fmt", "--all", "--", "--check"]))?;
+        // Clippy lints the workspace's crates as the test build compiles them (the `cuda` build,
+        // a superset of the default one's code but for one test; see `clippy_build.rs`).
+        // SAFETY: no thread has been started yet.
+        unsafe { crate::clippy_build::lint_every_workspace_build()? };
+    }
     // What the tests need beyond the build (venvs, Chromium, llama.cpp, NVRTC) is installed on a
-    // thread of its own, beside clippy and the build: downloads wait on the network, and a
-    // cargo build leaves a core idle for stretches (one crate at a time near its end).
+    // thread of its own, beside the build: downloads wait on the network, and a cargo build
+    // leaves a core idle for stretches (one crate at a time near its end).
     let prepare = std::thread::spawn({
         let cuda = !args.no_cuda_check;
         move || prepare_the_tests_needs(cuda)
     });
-    if !args.no_lint {
-        run_cmd(cargo().args(["fmt", "--all", "--", "--check"]))?;
-        for features in [&[][..], &["--features", CUDA_FEATURES]] {
-            let mut clippy = cargo();
-            clippy.args(["clippy", "--workspace", "--all-targets"]).args(features);
-            run_cmd(clippy.args(["--", "-D", "warnings"]))?;
-        }
-        phases.lap("fmt and clippy");
-    }
     tidy::check(&workspace_root())?;
     eprintln!("tidy: ok");
     // Every test program, and the `paged-llm` binary and examples they run, in one build (what
     // nextest would build first), the `cuda` feature on: the CUDA host tests and the NVRTC
     // check's binary come from the same build; the fetches below run its `paged-llm`.
     run_cmd(cargo().args(["test", "--workspace", "--features", CUDA_FEATURES, "--no-run"]))?;
-    phases.lap("test build");
+    if !args.no_lint {
+        // The benches are not run here, but linted as `cargo clippy --all-targets` would.
+        run_cmd(cargo().args(["test", "--workspace", "--features", CUDA_FEATURES, "--no-run", "--benches"]))?;
+    }
+    phases.lap(if args.no_lint { "test build" } else { "test build, clippy" });
     // The real-model tests read the converted default model, and the SentencePiece tokenizer's
     // tests Gemma 3's vocabulary from its GGUF; fetching is idempotent.
     for model in ["smollm2", "gemma3-270m"] {
