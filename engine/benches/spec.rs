@@ -65,6 +65,7 @@ fn step_input<'a>(buf: &'a StepBuf, n: usize) -> StepInput<'a> {
         seq_lens: &buf.lens[n],
         seq_rows: &[0],
         sample_indices: &buf.samples[..n],
+        pool_indices: &[],
     }
 }
 

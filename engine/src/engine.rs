@@ -24,6 +24,7 @@ mod generate;
 mod greedy;
 mod guides;
 mod live;
+mod pool_rows;
 mod rows;
 mod verify;
 
@@ -63,6 +64,7 @@ struct StepBuffers {
     /// A draft being proposed.
     draft: Vec<u32>,
     prompt_rows: rows::PromptRows,
+    pool_rows: pool_rows::PoolRows,
     /// The gauges the last step computed (what a handle publishes after it).
     gauges: Gauges,
 }
@@ -150,6 +152,8 @@ impl Engine {
             model_name,
             max_model_len,
             vocab_size: runner.model_config().vocab_size,
+            hidden_size: runner.model_config().hidden_size,
+            pools: config.device.is_cpu(),
             fit: scheduler.request_fit(),
             max_waiting: config.max_waiting,
             policy: config.policy,
@@ -462,6 +466,7 @@ impl Engine {
         let vocab = self.runner.model_config().vocab_size;
         let view = &self.bufs.view;
         self.bufs.prompt_rows.plan(plan, view, &self.live);
+        self.bufs.pool_rows.plan(plan, view, &self.live);
         let step = StepInput {
             token_ids: &plan.token_ids,
             positions: &plan.positions,
@@ -471,44 +476,52 @@ impl Engine {
             seq_lens: &plan.seq_lens,
             seq_rows: &plan.seq_rows,
             sample_indices: self.bufs.prompt_rows.indices(plan),
+            pool_indices: self.bufs.pool_rows.indices(),
         };
         phases.prepare_s += lap();
-        let (first, more) =
-            if !self.bufs.prompt_rows.any() && greedy::plain_greedy_step(plan, view, &self.live) {
-                let tokens = self.runner.forward_greedy(&step, crate::sampling::filter::argmax)?;
-                phases.forward_s += lap();
-                let drawn = verify::greedy_drafted(&view.rows, &plan.token_ids, tokens)?;
-                greedy::record(drawn, &mut self.live.samples_mut(&view.rows)?)?
+        let (first, more) = if !self.bufs.prompt_rows.any()
+            && !self.bufs.pool_rows.any()
+            && greedy::plain_greedy_step(plan, view, &self.live)
+        {
+            let tokens = self.runner.forward_greedy(&step, crate::sampling::filter::argmax)?;
+            phases.forward_s += lap();
+            let drawn = verify::greedy_drafted(&view.rows, &plan.token_ids, tokens)?;
+            greedy::record(drawn, &mut self.live.samples_mut(&view.rows)?)?
+        } else {
+            let mut samples = self.live.samples_mut(&view.rows)?;
+            let guides = guides::sampled_guides(&mut samples);
+            let times = self.metrics.mask_times();
+            let runner = &mut self.runner;
+            let logits = crate::structured::while_running(guides, times, || runner.forward(&step))?;
+            phases.forward_s += lap();
+            let (logits, prompt_logits) = logits
+                .split_at_checked(plan.sample_indices.len() * vocab)
+                .ok_or(EngineError::Internal("fewer logits than sampled rows"))?;
+            self.bufs.prompt_rows.record(prompt_logits, vocab, &mut self.live)?;
+            rows::gather_logit_rows(view.rows.iter(), 0, logits, vocab, &mut self.bufs.logits)?;
+            let mut samples = self.live.samples_mut(&view.rows)?;
+            let first = sample(&mut self.bufs.logits, vocab, &mut samples)?;
+            let more = if plan.seqs.iter().any(|s| s.num_draft > 0) {
+                let scratch = &mut self.bufs.logits;
+                verify::sample_drafted(
+                    &view.rows,
+                    &plan.token_ids,
+                    &first,
+                    &mut samples,
+                    logits,
+                    vocab,
+                    scratch,
+                )?
             } else {
-                let mut samples = self.live.samples_mut(&view.rows)?;
-                let guides = guides::sampled_guides(&mut samples);
-                let times = self.metrics.mask_times();
-                let runner = &mut self.runner;
-                let logits = crate::structured::while_running(guides, times, || runner.forward(&step))?;
-                phases.forward_s += lap();
-                let (logits, prompt_logits) = logits
-                    .split_at_checked(plan.sample_indices.len() * vocab)
-                    .ok_or(EngineError::Internal("fewer logits than sampled rows"))?;
-                self.bufs.prompt_rows.record(prompt_logits, vocab, &mut self.live)?;
-                rows::gather_logit_rows(view.rows.iter(), 0, logits, vocab, &mut self.bufs.logits)?;
-                let mut samples = self.live.samples_mut(&view.rows)?;
-                let first = sample(&mut self.bufs.logits, vocab, &mut samples)?;
-                let more = if plan.seqs.iter().any(|s| s.num_draft > 0) {
-                    let scratch = &mut self.bufs.logits;
-                    verify::sample_drafted(
-                        &view.rows,
-                        &plan.token_ids,
-                        &first,
-                        &mut samples,
-                        logits,
-                        vocab,
-                        scratch,
-                    )?
-                } else {
-                    Vec::new()
-                };
-                (first, more)
+                Vec::new()
             };
+            (first, more)
+        };
+        if self.bufs.pool_rows.any() {
+            let hidden = self.runner.model_config().hidden_size;
+            let rows = self.bufs.pool_rows.indices().len();
+            self.bufs.pool_rows.record(self.runner.pooled(rows), hidden, &mut self.live)?;
+        }
         phases.sample_s += lap();
         // Each further draw of a drafted row follows one accepted draft token.
         for (r, more) in view.rows.iter().zip(&more).filter(|(r, _)| !r.draft.is_empty()) {

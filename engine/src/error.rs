@@ -38,6 +38,9 @@ pub enum RequestError {
     Prompt { id: String, reason: String },
     #[error("request {id:?}: {reason}")]
     Rejected { id: String, reason: String },
+    /// A pooling (embedding) request this engine cannot compute as asked.
+    #[error("request {id:?}: {reason}")]
+    Pooling { id: String, reason: String },
     #[error("the engine has shut down")]
     EngineStopped,
 }

@@ -1,7 +1,7 @@
 //! `engine`: the step loop, sampling, request streams, metrics and the embedding API.
 //!
 //! - [`Engine`]: one model, one paged KV cache, a continuous-batching scheduler; `add_request`,
-//!   `abort`, `step`, `generate`.
+//!   `abort`, `step`, `generate`, `embed` (pooling requests: [`pooling`]).
 //! - [`EngineHandle`]: the engine on its own thread behind a command channel; submitting never
 //!   waits for a step, and each request's [`RequestOutput`]s come back through a blocking
 //!   [`RequestStream`] or an async [`OutputStream`] (what a web service embeds).
@@ -21,6 +21,7 @@ mod handle;
 pub mod kv_map;
 pub mod metrics;
 pub mod output;
+pub mod pooling;
 mod request;
 pub mod sampling;
 pub mod spec;
@@ -43,6 +44,7 @@ pub use output::{
     Completion, CompletionDelta, FinalOutput, FinishReason, Logprob, PositionLogprobs, PromptLogprobs,
     RequestKey, RequestOutput, RequestTiming, StreamError,
 };
+pub use pooling::{PoolingParams, PoolingType};
 pub use request::{Prompt, RequestOptions};
 pub use sampling::{IntoValidParams, SamplingParams, SamplingParamsError, ValidSamplingParams};
 pub use structured::{Constraint, ConstraintError};

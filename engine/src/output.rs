@@ -130,6 +130,9 @@ pub struct RequestOutput {
     pub num_cached_tokens: usize,
     /// Tokens generated so far over all samples.
     pub completion_tokens: usize,
+    /// A pooling request's embedding, on its last output.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub embedding: Option<Vec<f32>>,
     pub timing: RequestTiming,
 }
 
@@ -149,6 +152,9 @@ pub struct FinalOutput {
     pub completions: Vec<Completion>,
     /// With `SamplingParams::prompt_logprobs`.
     pub prompt_logprobs: Option<PromptLogprobs>,
+    /// A pooling request's embedding.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub embedding: Option<Vec<f32>>,
     pub timing: RequestTiming,
 }
 
@@ -170,6 +176,7 @@ impl FinalOutput {
             prompt_tokens,
             completions: Vec::new(),
             prompt_logprobs: None,
+            embedding: None,
             timing: RequestTiming::default(),
         }
     }
@@ -179,6 +186,9 @@ impl FinalOutput {
         self.timing = out.timing;
         if out.prompt_logprobs.is_some() {
             self.prompt_logprobs.clone_from(&out.prompt_logprobs);
+        }
+        if out.embedding.is_some() {
+            self.embedding.clone_from(&out.embedding);
         }
         for delta in &out.outputs {
             if self.completions.len() <= delta.index {
@@ -264,6 +274,7 @@ mod tests {
             prompt_tokens: 3,
             num_cached_tokens: 0,
             completion_tokens: 0,
+            embedding: None,
             timing: RequestTiming::default(),
         };
         fin.absorb(&mk(vec![delta(1, &[5], "b", None), delta(0, &[1], "a", None)], false));

@@ -56,11 +56,20 @@ pub struct RequestOptions {
     /// Isolates this request's prefix-cache entries: blocks are only shared between requests
     /// that bring the same salt (so one tenant cannot probe another's cached prompts).
     pub cache_salt: Option<String>,
+    /// A pooling request: the prompt's hidden states pooled into an embedding
+    /// (`RequestOutput::embedding`) instead of generated tokens; its sampling parameters are
+    /// ignored.
+    pub pooling: Option<crate::PoolingParams>,
 }
 
 impl RequestOptions {
     pub fn with_priority(mut self, priority: i64) -> Self {
         self.priority = priority;
+        self
+    }
+
+    pub fn with_pooling(mut self, pooling: crate::PoolingParams) -> Self {
+        self.pooling = Some(pooling);
         self
     }
 
@@ -166,6 +175,8 @@ pub(crate) struct RequestRecord {
     pub seqs: Vec<SeqState>,
     /// With `SamplingParams::prompt_logprobs` only.
     pub prompt_logprobs: Option<PromptLogprobsState>,
+    /// A pooling request's pool.
+    pub pooling: Option<crate::pooling::PoolState>,
 }
 
 impl RequestRecord {
@@ -221,6 +232,7 @@ impl RequestRecord {
             first_token: None,
             last_token_output: None,
             seqs,
+            pooling: None,
         }
     }
 
@@ -294,6 +306,7 @@ impl RequestRecord {
             self.last_token_output = Some(now);
         }
         let want_logprobs = self.params.logprobs.is_some();
+        let pooling = self.pooling.is_some();
         let mut outputs = Vec::new();
         for (index, s) in self.seqs.iter_mut().enumerate() {
             if !s.has_news() {
@@ -305,6 +318,11 @@ impl RequestRecord {
                 let _ = s.detok.flush(decoder);
             }
             s.finish_sent |= finished;
+            if pooling {
+                // The one token drawn after the prompt only closes the request.
+                s.new_tokens.clear();
+                s.detok.take_delta(finished);
+            }
             outputs.push(CompletionDelta {
                 index,
                 token_ids: std::mem::take(&mut s.new_tokens),
@@ -323,7 +341,12 @@ impl RequestRecord {
             finished: self.all_finished(),
             prompt_tokens: self.prompt_len,
             num_cached_tokens: self.num_cached_tokens,
-            completion_tokens: self.completion_tokens(),
+            completion_tokens: if pooling { 0 } else { self.completion_tokens() },
+            embedding: self
+                .pooling
+                .as_ref()
+                .filter(|p| p.complete() && self.seqs.iter().all(|s| s.finish.is_some()))
+                .map(crate::pooling::PoolState::embedding),
             timing,
         })
     }

@@ -7,7 +7,7 @@
 //! holding them, so each backend keeps its buffers in the element type it computes in (the GPU
 //! keeps the residual stream in f32 and GEMM inputs in bf16/f16) and its weights where they
 //! live. Every buffer has one row per token of the step, except [`Buf::Sampled`] and
-//! [`Buf::Logits`], which have one per sampled token.
+//! [`Buf::Logits`], which have one per sampled token, and [`Buf::Pooled`], one per pooled token.
 
 pub mod cpu;
 pub mod timed;
@@ -38,10 +38,12 @@ pub enum Buf {
     Sampled,
     /// The sampled rows' logits `[samples, vocab]`.
     Logits,
+    /// The final norm of the pooled rows `[pooled, hidden]` (an embedding's hidden states).
+    Pooled,
 }
 
 impl Buf {
-    pub const COUNT: usize = 11;
+    pub const COUNT: usize = 12;
 }
 
 /// A norm's weights.
@@ -74,8 +76,8 @@ pub trait DecoderOps {
     type Error;
     /// `Hidden[t] = embedding[token t] · scale`.
     fn embed(&mut self, scale: Option<f32>) -> Result<(), Self::Error>;
-    /// `out = rms_norm(input) · (offset + weight)` row by row; into [`Buf::Sampled`] it gathers
-    /// the sampled rows of `input`.
+    /// `out = rms_norm(input) · (offset + weight)` row by row; into [`Buf::Sampled`] and
+    /// [`Buf::Pooled`] it gathers the sampled (pooled) rows of `input`.
     fn rms_norm(&mut self, out: Buf, input: Buf, norm: NormId) -> Result<(), Self::Error>;
     /// RMSNorm of every head of `buf` (Q or K) in place, by the head-wide `norm`.
     fn head_norm(&mut self, buf: Buf, norm: NormId) -> Result<(), Self::Error>;
@@ -102,10 +104,12 @@ pub struct StepShape<'a> {
     pub layers: &'a [LayerAttention],
     /// Whether any row is sampled (the final norm and LM head run only then).
     pub samples: bool,
+    /// Whether any row is pooled (its final norm is the step's other output).
+    pub pools: bool,
 }
 
 /// One forward step: embedding, every decoder layer, then the final norm and the LM head of the
-/// sampled rows only.
+/// sampled rows only, and the final norm of the pooled rows.
 pub fn run<B: DecoderOps>(b: &mut B, step: StepShape<'_>) -> Result<(), B::Error> {
     let arch = step.arch;
     b.embed(arch.embedding_scale)?;
@@ -131,6 +135,9 @@ pub fn run<B: DecoderOps>(b: &mut B, step: StepShape<'_>) -> Result<(), B::Error
             matrix(LayerMatrix::Down),
             norm(LayerNorm::PostFeedforwardLayernorm),
         )?;
+    }
+    if step.pools {
+        b.rms_norm(Buf::Pooled, Buf::Hidden, NormId::Final)?;
     }
     if step.samples {
         b.rms_norm(Buf::Sampled, Buf::Hidden, NormId::Final)?;

@@ -25,6 +25,9 @@ pub struct ModelInput<'a> {
     /// Flat token indices whose logits are wanted (usually the last token of each sequence
     /// that samples this step), in output order.
     pub sample_indices: &'a [usize],
+    /// Flat token indices whose final-norm hidden states are wanted (pooling: embeddings), in
+    /// output order; no logits are computed for them.
+    pub pool_indices: &'a [usize],
     /// KV cache groups 1.. (`crate::KvLayout`; group 0's are `slot_mapping` and `attn`): the
     /// same sequences and rows, each group with its own slots and block table.
     pub other_groups: &'a [GroupInput<'a>],
@@ -80,6 +83,9 @@ impl<'a> ModelInput<'a> {
         if let Some(&i) = self.sample_indices.iter().find(|&&i| i >= n) {
             return Err(format!("sample index {i} is outside the batch of {n} tokens"));
         }
+        if let Some(&i) = self.pool_indices.iter().find(|&&i| i >= n) {
+            return Err(format!("pooled index {i} is outside the batch of {n} tokens"));
+        }
         if self.attn.query_start_loc.last().copied() != Some(n) {
             return Err(format!("query_start_loc must end at the number of tokens ({n})"));
         }
@@ -119,6 +125,7 @@ impl InputBuffers {
             },
             changed_rows: 0..self.seq_lens.len(),
             sample_indices: &self.sample_indices,
+            pool_indices: &[],
             other_groups: &[],
         }
     }

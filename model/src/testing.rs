@@ -214,6 +214,7 @@ pub fn forward_one_sequence(
         seq_lens: &[tokens.len()],
         seq_rows: &[0],
         sample_indices: sample,
+        pool_indices: &[],
     };
     Ok(runner.forward(&step)?.to_vec())
 }

@@ -1,6 +1,6 @@
 """paged_llm: the paged-attention serving engine from Python, shaped like vLLM's API.
 
-``LLM`` runs offline batches (``generate``, ``chat``); ``AsyncLLM`` streams one request at a time
+``LLM`` runs offline batches (``generate``, ``chat``, ``embed``); ``AsyncLLM`` streams one request at a time
 to asyncio (``async for out in llm.generate(...)``; closing the iterator or cancelling the task
 aborts the request). Requests take a ``SamplingParams`` and come back as ``RequestOutput``s.
 The engine is Rust (``paged_llm._core``): it runs on its own thread, and no call holds the GIL
@@ -15,7 +15,15 @@ field is a ``TypeError`` and a missing model a ``FileNotFoundError``.
 from ._core import EngineError, EngineStoppedError, InvalidRequestError, QueueFullError
 from .async_llm import AsyncLLM
 from .llm import LLM
-from .outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from .outputs import (
+    CompletionOutput,
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
+    Logprob,
+    RequestMetrics,
+    RequestOutput,
+)
+from .pooling import PoolingParams
 from .sampling import RequestOutputKind, SamplingParams
 
 __all__ = [
@@ -27,6 +35,9 @@ __all__ = [
     "CompletionOutput",
     "Logprob",
     "RequestMetrics",
+    "PoolingParams",
+    "EmbeddingOutput",
+    "EmbeddingRequestOutput",
     "EngineError",
     "EngineStoppedError",
     "InvalidRequestError",

@@ -15,7 +15,8 @@ from ._client import (
     _params_json,
     _prompt_json,
 )
-from .outputs import RequestOutput
+from .outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
+from .pooling import PoolingParams
 from .sampling import SamplingParams
 
 ParamsArg = Union[SamplingParams, Sequence[SamplingParams], None]
@@ -53,6 +54,24 @@ class LLM(_Client):
         conversations = list(messages) if batch else [messages]
         prompts = [_conversation_json(c, tools, documents, chat_template_kwargs) for c in conversations]
         return self._run(prompts, sampling_params)
+
+    def embed(
+        self,
+        prompts: Union[PromptType, Sequence[PromptType]],
+        pooling_params: Optional[PoolingParams] = None,
+    ) -> List[EmbeddingRequestOutput]:
+        """One embedding per prompt, in order: the prompt's final hidden states pooled (the last
+        token's by default, or their mean), cut to ``dimensions`` and normalised as
+        ``pooling_params`` says. Batched through the same scheduler as ``generate`` (prefill
+        only; the prompt's KV blocks are freed when it is done)."""
+        prompts = [_prompt_json(p) for p in _prompt_list(prompts)]
+        pooling = (pooling_params or PoolingParams())._json()
+        vectors = self._engine.embed(prompts, pooling)
+        token_ids = [self._engine.tokenize(p) for p in prompts]
+        return [
+            EmbeddingRequestOutput(request_id=str(i), prompt_token_ids=ids, outputs=EmbeddingOutput(v))
+            for i, (ids, v) in enumerate(zip(token_ids, vectors))
+        ]
 
     def metrics(self) -> Dict[str, Any]:
         """The engine's metrics between two steps: ``num_running``, ``num_waiting``,

@@ -77,6 +77,22 @@ class RequestOutput:
         )
 
 
+@dataclass
+class EmbeddingOutput:
+    #: The pooled (and, unless ``normalize=False``, L2-normalised) vector.
+    embedding: List[float]
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """One prompt's embedding, as vLLM's ``LLM.embed`` returns it."""
+
+    request_id: str
+    prompt_token_ids: List[int]
+    outputs: EmbeddingOutput
+    finished: bool = True
+
+
 def _position(entries: List[List[Any]]) -> PositionLogprobs:
     return {token: Logprob(logprob, rank, text) for token, logprob, rank, text in entries}
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use engine::{
-    Engine, EngineHandle, Prompt, RequestError, RequestOptions, RequestStream, ShutdownMode,
+    Engine, EngineHandle, PoolingParams, Prompt, RequestError, RequestOptions, RequestStream, ShutdownMode,
     ValidSamplingParams,
 };
 use pyo3::prelude::*;
@@ -159,6 +159,61 @@ impl PyEngine {
         Ok(results.into_iter().flatten().collect())
     }
 
+    /// Embeds every prompt (JSON), one pooling request each (`pooling`: vLLM's `PoolingParams`
+    /// fields as JSON), all submitted at once (past `max_waiting`, as room frees up); the
+    /// vectors in order. A refused prompt raises, and the batch's other requests are aborted.
+    #[pyo3(signature = (prompts, pooling = None))]
+    fn embed(&self, py: Python<'_>, prompts: Vec<String>, pooling: Option<&str>) -> PyResult<Vec<Vec<f32>>> {
+        let pooling: PoolingParams = match pooling {
+            Some(json) => serde_json::from_str(json)
+                .map_err(|e| errors::json("pooling params", &e, pyo3::exceptions::PyValueError::new_err))?,
+            None => PoolingParams::default(),
+        };
+        let prompts: Vec<Prompt> = prompts
+            .iter()
+            .map(|p| PromptArg::parse(p).map(PromptArg::into_prompt))
+            .collect::<PyResult<_>>()?;
+        let options = RequestOptions::default().with_pooling(pooling);
+        py.detach(|| {
+            let mut vectors: Vec<Option<Vec<f32>>> = vec![None; prompts.len()];
+            let mut pending: VecDeque<(usize, RequestStream)> = VecDeque::with_capacity(prompts.len());
+            let finish = |stream: RequestStream| -> PyResult<Vec<f32>> {
+                let fin = stream.collect_final().map_err(errors::stream)?;
+                let reason = "finished without its embedding".to_owned();
+                fin.embedding
+                    .ok_or_else(|| errors::request(RequestError::Pooling { id: fin.request_id, reason }))
+            };
+            for (i, prompt) in prompts.into_iter().enumerate() {
+                let id = self.handle.next_request_id();
+                loop {
+                    let params = engine::SamplingParams::greedy(1);
+                    match self.handle.add_request_with_options(
+                        id.clone(),
+                        prompt.clone(),
+                        params,
+                        options.clone(),
+                    ) {
+                        Ok(stream) => {
+                            pending.push_back((i, stream));
+                            break;
+                        }
+                        // A full waiting queue drains as the engine steps.
+                        Err(RequestError::QueueFull { .. }) if !pending.is_empty() => {
+                            if let Some((j, stream)) = pending.pop_front() {
+                                vectors[j] = Some(finish(stream)?);
+                            }
+                        }
+                        Err(e) => return Err(errors::request(e)),
+                    }
+                }
+            }
+            for (j, stream) in pending {
+                vectors[j] = Some(finish(stream)?);
+            }
+            Ok(vectors.into_iter().flatten().collect())
+        })
+    }
+
     /// Submits one request for asyncio; outputs come through the returned stream as
     /// `options.output_kind` says (`cumulative`, `delta` or `final_only`).
     fn submit(
@@ -172,7 +227,8 @@ impl PyEngine {
         let kind = OutputKind::parse(&options.output_kind)?;
         let request = self.request(prompt, params)?;
         let id = options.request_id.unwrap_or_else(|| self.handle.next_request_id());
-        let engine_options = RequestOptions { priority: options.priority, cache_salt: options.cache_salt };
+        let engine_options =
+            RequestOptions { priority: options.priority, cache_salt: options.cache_salt, pooling: None };
         let tokens = Prompt::Tokens(request.token_ids.to_vec());
         let stream = py
             .detach(|| self.handle.submit(id.clone(), tokens, request.params.clone(), engine_options))

@@ -157,12 +157,26 @@ pub struct ServeArgs {
     /// makes it write), hermes (`<tool_call>`), llama3_json or mistral (`[TOOL_CALLS]`).
     #[arg(help_heading = "Frontend", long, value_enum, default_value = "auto")]
     pub tool_call_parser: crate::ToolCallParser,
+    /// How `/v1/embeddings` pools a prompt's final hidden states, as vLLM's JSON
+    /// (`{"pooling_type": "LAST"|"MEAN", "normalize": true}`); unset: the last token's state,
+    /// normalised.
+    #[arg(help_heading = "ModelConfig", long, value_name = "JSON", value_parser = pooler_config)]
+    pub pooler_config: Option<engine::PoolingParams>,
     /// Which waiting request runs first: fcfs, or priority (a request's `priority`, lower
     /// first; a request with a priority is refused under fcfs).
     #[arg(help_heading = "SchedulerConfig", long, value_parser = choice(&SCHEDULING_POLICY), default_value = "fcfs")]
     pub scheduling_policy: Policy,
     #[command(flatten)]
     pub knobs: EngineKnobs,
+}
+
+/// `--pooler-config`: vLLM's JSON (its `dimensions` is a request's field, not the server's).
+fn pooler_config(json: &str) -> Result<engine::PoolingParams, String> {
+    let p: engine::PoolingParams = serde_json::from_str(json).map_err(|e| format!("--pooler-config: {e}"))?;
+    if p.dimensions.is_some() {
+        return Err("--pooler-config: dimensions is set per request".into());
+    }
+    Ok(p)
 }
 
 /// One `--allowed-origins` entry: `*` or a value a header can carry.
@@ -198,6 +212,7 @@ impl ServeArgs {
             sse_keep_alive: (self.sse_keep_alive_secs > 0)
                 .then(|| std::time::Duration::from_secs(self.sse_keep_alive_secs)),
             tool_call_parser: self.tool_call_parser,
+            pooler_config: self.pooler_config.unwrap_or_default(),
         }
     }
 }

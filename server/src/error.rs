@@ -89,6 +89,7 @@ impl From<RequestError> for ApiError {
             RequestError::NoChatTemplate(_) => (StatusCode::BAD_REQUEST, Some("messages")),
             RequestError::LogitBiasOutOfVocab { .. } => (StatusCode::BAD_REQUEST, Some("logit_bias")),
             RequestError::Constraint { .. } => (StatusCode::BAD_REQUEST, Some("response_format")),
+            RequestError::Pooling { .. } => (StatusCode::BAD_REQUEST, Some("dimensions")),
             _ => (StatusCode::BAD_REQUEST, None),
         };
         Self { status, message: e.to_string(), param }

@@ -135,7 +135,7 @@ const MAX_REQUEST_ID_LEN: usize = 128;
 /// The call's base id: the `X-Request-Id` header, else the body's `request_id`, else 32 random
 /// hex digits (unique across restarts, unlike a counter). A given id must be visible ASCII of at
 /// most 128 characters, as it is echoed in a header.
-fn request_id(headers: &HeaderMap, body: Option<&str>) -> Result<String, ApiError> {
+pub(crate) fn request_id(headers: &HeaderMap, body: Option<&str>) -> Result<String, ApiError> {
     let bad = |what: &str, param| {
         ApiError::bad_request(
             format!("{what} must be 1 to {MAX_REQUEST_ID_LEN} visible ASCII characters"),
@@ -160,7 +160,7 @@ fn request_id(headers: &HeaderMap, body: Option<&str>) -> Result<String, ApiErro
 const X_REQUEST_ID: &str = "x-request-id";
 
 /// The response with the call's base id in its `X-Request-Id` header.
-fn with_request_id(mut response: Response, base: &str) -> Response {
+pub(crate) fn with_request_id(mut response: Response, base: &str) -> Response {
     if let Ok(v) = axum::http::HeaderValue::from_str(base) {
         response.headers_mut().insert(X_REQUEST_ID, v);
     }
@@ -384,7 +384,7 @@ async fn whole_response(
 }
 
 /// A request that failed inside the engine, as the API reports it.
-fn stream_error(e: engine::StreamError) -> ApiError {
+pub(crate) fn stream_error(e: engine::StreamError) -> ApiError {
     match e {
         engine::StreamError::Rejected(e) => e.into(),
         other => ApiError {

@@ -26,6 +26,7 @@
 //! aborts its requests. `--api-key` guards the `/v1` routes.
 
 pub mod cli;
+mod embeddings;
 mod error;
 mod fields;
 mod generate;
@@ -73,6 +74,8 @@ pub struct ServerConfig {
     pub sse_keep_alive: Option<std::time::Duration>,
     /// How chat output is read for tool calls when the request has tools.
     pub tool_call_parser: ToolCallParser,
+    /// How `/v1/embeddings` pools (a request's `dimensions` and `normalize` on top).
+    pub pooler_config: engine::PoolingParams,
 }
 
 impl Default for ServerConfig {
@@ -85,6 +88,7 @@ impl Default for ServerConfig {
             allowed_origins: None,
             sse_keep_alive: Some(std::time::Duration::from_secs(15)),
             tool_call_parser: ToolCallParser::Auto,
+            pooler_config: engine::PoolingParams::default(),
         }
     }
 }
@@ -98,6 +102,7 @@ pub struct AppState {
     kv_map_interval: std::time::Duration,
     sse_keep_alive: Option<std::time::Duration>,
     tool_call_parser: ToolCallParser,
+    pooler_config: engine::PoolingParams,
     /// One calculator simulation at a time (`plan.rs`).
     plan_slot: Arc<tokio::sync::Semaphore>,
 }
@@ -112,6 +117,7 @@ impl AppState {
             kv_map_interval: config.kv_map_interval,
             sse_keep_alive: config.sse_keep_alive,
             tool_call_parser: config.tool_call_parser,
+            pooler_config: config.pooler_config,
             plan_slot: Arc::new(tokio::sync::Semaphore::new(1)),
         })
     }
@@ -149,6 +155,7 @@ pub fn router(state: Arc<AppState>, config: &ServerConfig) -> Router {
     let v1 = Router::new()
         .route("/v1/completions", post(generate::generate::<openai::CompletionRequest>))
         .route("/v1/chat/completions", post(generate::generate::<openai::ChatRequest>))
+        .route("/v1/embeddings", post(embeddings::embeddings))
         .route("/v1/models", get(info::models))
         .route("/v1/kv_map", get(kv_map::kv_map))
         .route("/v1/kv_map/stream", get(kv_map::kv_map_stream))

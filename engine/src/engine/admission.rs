@@ -18,6 +18,7 @@ use scheduler::{Request, RequestFit};
 use super::Engine;
 use crate::error::RequestError;
 use crate::output::{RequestKey, Sink};
+use crate::pooling::PoolState;
 use crate::request::{Prompt, RequestOptions, RequestRecord};
 use crate::sampling::{IntoValidParams, SamplingParams, SequenceSampler, seeded_rng};
 use crate::structured::{ConstraintError, Grammars, Guide};
@@ -35,6 +36,10 @@ pub(crate) struct Intake {
     pub default_params: SamplingParams,
     pub max_model_len: usize,
     pub vocab_size: usize,
+    /// The model's hidden size (an embedding's length).
+    pub hidden_size: usize,
+    /// Whether the device computes pooled rows (the CPU does).
+    pub pools: bool,
     /// What one request may ask of the KV cache alone (the fits-alone check).
     pub fit: RequestFit,
     /// Most requests admitted but not yet scheduled for the first time.
@@ -73,6 +78,8 @@ pub(crate) struct IntakeLimits {
     pub model_name: String,
     pub max_model_len: usize,
     pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub pools: bool,
     pub fit: RequestFit,
     pub max_waiting: usize,
     pub policy: scheduler::Policy,
@@ -80,7 +87,16 @@ pub(crate) struct IntakeLimits {
 
 impl Intake {
     pub fn new(folder: model::ModelFolder, limits: IntakeLimits) -> Self {
-        let IntakeLimits { model_name, max_model_len, vocab_size, fit, max_waiting, policy } = limits;
+        let IntakeLimits {
+            model_name,
+            max_model_len,
+            vocab_size,
+            hidden_size,
+            pools,
+            fit,
+            max_waiting,
+            policy,
+        } = limits;
         Self {
             model_name,
             default_params: SamplingParams::with_generation_defaults(&folder.generation),
@@ -89,6 +105,8 @@ impl Intake {
             chat_template: folder.chat_template,
             max_model_len,
             vocab_size,
+            hidden_size,
+            pools,
             fit,
             max_waiting,
             policy,
@@ -169,10 +187,15 @@ impl Intake {
         if self.ids.lock().contains_key(&id) {
             return Err(RequestError::DuplicateId(id));
         }
-        let params = params
+        let mut params = params
             .into_valid()
             .map_err(|source| RequestError::InvalidParams { id: id.clone(), source })?
             .into_inner();
+        if let Some(pooling) = &options.pooling {
+            self.check_pooling(&id, pooling)?;
+            // The prompt is prefilled; the one greedy token after it only closes the request.
+            params = SamplingParams::greedy(1);
+        }
         let tokens = self.tokenize(&id, prompt)?;
         let max_tokens = self.check_lengths(&id, &tokens, &params)?;
         let guide = self.guide(&id, &params)?;
@@ -191,6 +214,17 @@ impl Intake {
             ids.insert(id.clone(), key);
         }
         Ok(Prepared { id, key, tokens, max_tokens, params, options, guide, arrival: Instant::now() })
+    }
+
+    /// A pooling request's parameters against the model and the device.
+    fn check_pooling(&self, id: &str, pooling: &crate::PoolingParams) -> Result<(), RequestError> {
+        let refuse = |reason: String| RequestError::Pooling { id: id.to_owned(), reason };
+        if !self.pools {
+            return Err(refuse(
+                "pooling (embeddings) runs on the CPU device; this engine runs on CUDA".into(),
+            ));
+        }
+        pooling.check(self.hidden_size).map_err(refuse)
     }
 
     /// The prompt's tokens against the vocabulary, and prompt + output against the model's
@@ -299,7 +333,8 @@ impl Engine {
             }
             return Err(e);
         }
-        let Prepared { id, key, tokens, max_tokens, params, arrival, guide, .. } = req;
+        let Prepared { id, key, tokens, max_tokens, params, arrival, guide, options } = req;
+        let req_pooling = options.pooling;
         let prompt_set = SequenceSampler::prompt_set(&params, &tokens);
         let mut stop_ids = params.stop_token_ids.clone();
         if !params.ignore_eos {
@@ -310,9 +345,12 @@ impl Engine {
         let samplers = (0..params.n)
             .map(|i| SequenceSampler::new(seeded_rng(seed, i), prompt_set.clone(), stop_ids.clone()))
             .collect();
-        let record =
+        let pooling =
+            req_pooling.map(|p| PoolState::new(p, tokens.len(), self.runner.model_config().hidden_size));
+        let mut record =
             RequestRecord::new(id, key, Arc::new(params), &tokens, max_tokens, arrival, samplers, sink)
                 .with_guide(guide);
+        record.pooling = pooling;
         self.live.insert(record);
         Ok(key)
     }
@@ -340,7 +378,7 @@ impl Engine {
             .with_n(req.params.n)
             .with_priority(req.options.priority)
             // Positions served from the prefix cache have no logits to take logprobs from.
-            .with_skip_prefix_hits(req.params.prompt_logprobs.is_some());
+            .with_skip_prefix_hits(req.params.prompt_logprobs.is_some() || mean_pooled(&req.options));
         if let Some(salt) = req.options.salt_hash() {
             request = request.with_salt(salt);
         }
@@ -348,4 +386,10 @@ impl Engine {
             .add_request(request)
             .map_err(|e| RequestError::Rejected { id: req.id.clone(), reason: e.to_string() })
     }
+}
+
+/// A mean-pooled request computes every prompt position: one served from the prefix cache has
+/// no hidden state to pool.
+fn mean_pooled(options: &RequestOptions) -> bool {
+    options.pooling.is_some_and(|p| p.pooling_type == crate::PoolingType::Mean)
 }

@@ -187,6 +187,7 @@ pub(super) fn measure_verify_cost(runner: &mut Runner, k: usize) -> Result<Verif
             seq_lens: &[from + len],
             seq_rows: &[0],
             sample_indices: sampled,
+            pool_indices: &[],
         })?;
         Ok(t.elapsed().as_secs_f64())
     };

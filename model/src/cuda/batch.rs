@@ -69,6 +69,7 @@ mod tests {
             attn,
             changed_rows: 0..1,
             sample_indices: &[2],
+            pool_indices: &[],
             other_groups: &[],
         };
         assert!(check_batch(&ok, &limits, &c).is_ok());

@@ -231,7 +231,7 @@ impl CudaModel {
             );
         }
         self.act.sample_rows.fill(&stream, &self.host_rows, t)?;
-        let shape = StepShape { arch: &c.arch, layers: &c.layer_attention, samples: s > 0 };
+        let shape = StepShape { arch: &c.arch, layers: &c.layer_attention, samples: s > 0, pools: false };
         let model = StepModel {
             config: c,
             ops: &self.ops,

@@ -47,6 +47,7 @@ impl Model {
             arch: &self.config.arch,
             layers: &self.config.layer_attention,
             samples: !input.sample_indices.is_empty(),
+            pools: !input.pool_indices.is_empty(),
         };
         let mut run = || match profile.as_deref_mut() {
             Some(profile) => {
@@ -88,6 +89,11 @@ impl Workspace {
     pub(crate) fn logits(&self, len: usize) -> &[f32] {
         &self.bufs[Buf::Logits as usize][..len]
     }
+
+    /// The last step's pooled rows (`len` values: rows × hidden).
+    pub(crate) fn pooled(&self, len: usize) -> &[f32] {
+        self.bufs[Buf::Pooled as usize].get(..len).unwrap_or_default()
+    }
 }
 
 fn ensure(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
@@ -128,6 +134,7 @@ impl<'a, 'i> CpuStep<'a, 'i> {
     fn rows(&self, b: Buf) -> usize {
         match b {
             Buf::Sampled | Buf::Logits => self.input.sample_indices.len(),
+            Buf::Pooled => self.input.pool_indices.len(),
             _ => self.input.num_tokens(),
         }
     }
@@ -135,7 +142,7 @@ impl<'a, 'i> CpuStep<'a, 'i> {
     fn width(&self, b: Buf) -> usize {
         let c = &self.model.config;
         match b {
-            Buf::Hidden | Buf::Normed | Buf::Branch | Buf::Sampled => c.hidden_size,
+            Buf::Hidden | Buf::Normed | Buf::Branch | Buf::Sampled | Buf::Pooled => c.hidden_size,
             Buf::Q | Buf::Attn => c.num_attention_heads * c.head_dim,
             Buf::K | Buf::V => c.num_key_value_heads * c.head_dim,
             Buf::GateUp => 2 * c.intermediate_size,
@@ -220,8 +227,12 @@ impl DecoderOps for CpuStep<'_, '_> {
     fn rms_norm(&mut self, out: Buf, input: Buf, norm: NormId) -> Result<()> {
         let (w, norm) = self.norm(norm, self.model.config.hidden_size)?;
         let (ops, rows) = (self.ops, self.rows(out));
-        // Into the sampled rows, only those rows of the input are normed.
-        let gather = (out == Buf::Sampled).then_some(self.input.sample_indices);
+        // Into the sampled (pooled) rows, only those rows of the input are normed.
+        let gather = match out {
+            Buf::Sampled => Some(self.input.sample_indices),
+            Buf::Pooled => Some(self.input.pool_indices),
+            _ => None,
+        };
         let [o, x] = self.bufs([out, input])?;
         ops.rms_norm(o, x, w, gather, rows, norm)?;
         Ok(())

@@ -149,6 +149,7 @@ impl<'m> Scorer<'m> {
             },
             changed_rows: 0..1,
             sample_indices: &self.rows,
+            pool_indices: &[],
             other_groups: &[],
         };
         let logits = self.model.forward(&input, &mut self.cache, &mut self.ws)?;

@@ -73,6 +73,8 @@ pub struct StepInput<'a> {
     /// Each sequence's row of the block table.
     pub seq_rows: &'a [u32],
     pub sample_indices: &'a [usize],
+    /// The rows whose final-norm hidden states the step returns ([`Runner::pooled`]).
+    pub pool_indices: &'a [usize],
 }
 
 /// The model and its cache on the CPU.
@@ -273,6 +275,9 @@ impl Runner {
 
     /// One pass of the forward over the step, logits of its sampled rows.
     fn forward_pass(&mut self, step: &StepInput<'_>) -> Result<&[f32]> {
+        if !step.pool_indices.is_empty() && !self.on.is_cpu() {
+            return Err(pooling_is_the_cpus());
+        }
         let changed_rows = take_changed(&mut self.tables);
         let others = other_groups(&self.tables, step)?;
         let input = model_input(&self.tables[0], step, changed_rows, &others);
@@ -280,6 +285,16 @@ impl Runner {
             OnDevice::Cpu(c) => c.model.forward(&input, &mut c.cache, &mut c.workspace),
             #[cfg(feature = "cuda")]
             OnDevice::Cuda(c) => c.forward(&input),
+        }
+    }
+
+    /// The final-norm hidden states of the last forward's pooled rows, `[pool_indices.len(),
+    /// hidden]` (CPU: the workspace's; a forward with pooled rows on another device fails).
+    pub fn pooled(&self, rows: usize) -> &[f32] {
+        match &self.on {
+            OnDevice::Cpu(c) => c.workspace.pooled(rows * c.model.config.hidden_size),
+            #[cfg(feature = "cuda")]
+            OnDevice::Cuda(_) => &[],
         }
     }
 
@@ -293,6 +308,9 @@ impl Runner {
         step: &StepInput<'_>,
         argmax: fn(&[f32]) -> Option<u32>,
     ) -> Result<&[u32]> {
+        if !step.pool_indices.is_empty() && !self.on.is_cpu() {
+            return Err(pooling_is_the_cpus());
+        }
         let changed_rows = take_changed(&mut self.tables);
         let others = other_groups(&self.tables, step)?;
         let input = model_input(&self.tables[0], step, changed_rows, &others);
@@ -308,6 +326,17 @@ impl Runner {
             OnDevice::Cuda(c) => c.forward_greedy(&input),
         }
     }
+}
+
+impl OnDevice {
+    fn is_cpu(&self) -> bool {
+        matches!(self, Self::Cpu(_))
+    }
+}
+
+/// What a pooled row asks of a device that computes none.
+fn pooling_is_the_cpus() -> ModelError {
+    ModelError::Device("pooling (embeddings) runs on the CPU device; CUDA computes no pooled rows".into())
 }
 
 /// The rows of group 0 written since the last step (a device uploads only those); the other
@@ -351,6 +380,7 @@ fn model_input<'a>(
         attn: tables.metadata(step.query_start_loc, step.seq_lens, step.seq_rows),
         changed_rows,
         sample_indices: step.sample_indices,
+        pool_indices: step.pool_indices,
         other_groups: others,
     }
 }

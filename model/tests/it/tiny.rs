@@ -304,6 +304,7 @@ fn a_step_in_several_logit_passes_equals_one_pass() {
             seq_lens: &[prompt.len() + 1],
             seq_rows: &[0],
             sample_indices: &[0],
+            pool_indices: &[],
         };
         let decode = runner.forward(&step).expect("decode").to_vec();
         (prefill, decode)

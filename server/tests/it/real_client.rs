@@ -75,8 +75,11 @@ struct Loopback {
 
 impl Loopback {
     fn serve(engine: Engine) -> Self {
+        Self::serve_with(engine, ServerConfig::default())
+    }
+
+    fn serve_with(engine: Engine, server_config: ServerConfig) -> Self {
         let handle = EngineHandle::spawn(engine).unwrap_or_else(|e| panic!("{e}"));
-        let server_config = ServerConfig::default();
         let state = Arc::new(AppState::new(handle.clone(), &server_config).unwrap_or_else(|e| panic!("{e}")));
         let runtime = crate::support::runtime();
         let listener = runtime
@@ -156,6 +159,48 @@ fn structured_outputs_and_tools_through_the_openai_client() {
         masks.masks >= m.generation_tokens / 2,
         "the masks were not computed ahead of sampling: {masks:?}"
     );
+    server.shut_down();
+}
+
+/// `/v1/embeddings` through the `openai` package (`tests/openai_embeddings.py`) on the default
+/// model behind an API key: every input shape and encoding equal to the in-process engine's
+/// vectors, `dimensions`, usage, and the errors.
+#[test]
+fn embeddings_through_the_openai_client() {
+    let gguf = model::testing::smollm2_gguf();
+    assert!(gguf.exists(), "{} missing: run `cargo xtask fetch-model`", gguf.display());
+    let texts = ["The capital of France is Paris.", "Paged attention keeps the KV cache in blocks.", "hi"];
+    // Each call computes every prompt whole (no prefix-cache hit recomputing a last token over
+    // bf16 cache entries), with f32 activations: the server's vectors, batched its own way, equal
+    // these up to the kernels' batch variance (`close` in the script).
+    let config = EngineConfig {
+        decode_activations: engine::ActivationPrecision::F32,
+        enable_prefix_caching: false,
+        ..config()
+    };
+    let mut engine = Engine::new(&gguf, config).unwrap_or_else(|e| panic!("{e}"));
+    let prompts: Vec<Prompt> = texts.iter().map(|&t| Prompt::from(t)).collect();
+    let token_ids: Vec<Vec<u32>> =
+        prompts.iter().map(|p| engine.tokenize("t", p.clone()).unwrap_or_else(|e| panic!("{e}"))).collect();
+    let mut embed = |dimensions| {
+        let params = engine::PoolingParams { dimensions, ..engine::PoolingParams::default() };
+        let out = engine.embed(prompts.clone(), params).unwrap_or_else(|e| panic!("{e}"));
+        out.into_iter().map(|v| v.unwrap_or_else(|e| panic!("{e}"))).collect::<Vec<Vec<f32>>>()
+    };
+    let (last, dim8) = (embed(None), embed(Some(8)));
+    let want = serde_json::json!({
+        "model": engine.model_name(),
+        "texts": texts,
+        "token_ids": token_ids,
+        "token_counts": token_ids.iter().map(Vec::len).collect::<Vec<_>>(),
+        "last_normalized": last,
+        "dim8": dim8,
+    });
+    let key = "sk-embeddings-test";
+    let config = ServerConfig { api_key: Some(key.into()), ..ServerConfig::default() };
+    let server = Loopback::serve_with(engine, config);
+    server.run_python("openai_embeddings.py", &[key.to_owned(), want.to_string()]);
+    assert!(server.handle.kv_is_idle().unwrap_or_else(|e| panic!("{e}")), "blocks held after the calls");
     server.shut_down();
 }
 
