@@ -157,6 +157,11 @@ pub struct ServeArgs {
     /// makes it write), hermes (`<tool_call>`), llama3_json or mistral (`[TOOL_CALLS]`).
     #[arg(help_heading = "Frontend", long, value_enum, default_value = "auto")]
     pub tool_call_parser: crate::ToolCallParser,
+    /// Sends a chat answer's `<think>…</think>` reasoning as `reasoning_content` (vLLM's
+    /// parsers): qwen3 (an answer that opens with `<think>`), deepseek_r1 (the answer reasons
+    /// from its start until `</think>`). Unset: all of it is content.
+    #[arg(help_heading = "Frontend", long, value_enum)]
+    pub reasoning_parser: Option<crate::ReasoningParser>,
     /// How `/v1/embeddings` pools a prompt's final hidden states, as vLLM's JSON
     /// (`{"pooling_type": "LAST"|"MEAN", "normalize": true}`); unset: the last token's state,
     /// normalised.
@@ -213,6 +218,7 @@ impl ServeArgs {
                 .then(|| std::time::Duration::from_secs(self.sse_keep_alive_secs)),
             tool_call_parser: self.tool_call_parser,
             pooler_config: self.pooler_config.unwrap_or_default(),
+            reasoning_parser: self.reasoning_parser,
         }
     }
 }

@@ -98,6 +98,7 @@ impl JobRequest for ChatRequest {
         }
         let mut envelope = Envelope::new(state, Endpoint::Chat, base, params.n, self.logprobs);
         envelope.tools = tools;
+        envelope.reasoning = state.reasoning_parser;
         let mut job = Job::new(envelope, prompts, params, options, &self.sampling)?;
         job.prompt_top = job.params.prompt_logprobs;
         job.constraint_field = constraint_field;
@@ -218,6 +219,7 @@ impl Envelope {
             n,
             logprobs,
             tools: None,
+            reasoning: None,
         }
     }
 }
@@ -416,6 +418,7 @@ fn sse_events(
         opened: vec![false; choices],
         prompt_logprobs: vec![None; streams_len],
         held: Vec::new(),
+        reasoning: crate::reasoning::ChoiceSplitters::new(envelope.reasoning),
         state,
         envelope,
         shown,
@@ -458,6 +461,8 @@ struct SseState<S> {
     prompt_logprobs: Vec<Option<PromptLogprobs>>,
     /// A tools stream's text of each choice, held until it finishes.
     held: Vec<String>,
+    /// With a reasoning parser, each choice's splitter.
+    reasoning: crate::reasoning::ChoiceSplitters,
     state: Arc<AppState>,
     envelope: Envelope,
     shown: Shown,
@@ -501,7 +506,9 @@ impl<S> SseState<S> {
                     parts = PromptParts { prompt_only: parts.prompt_only, ..PromptParts::default() };
                 }
                 let offset = self.offsets.get(index).copied().unwrap_or(0);
-                let chunk = self.envelope.delta_chunk(prompt, d, &tokens, offset, parts);
+                let (d, reasoning) = self.reasoning.split(index, d);
+                let chunk =
+                    self.envelope.delta_chunk(prompt, &d, &tokens, offset, parts, reasoning.as_deref());
                 if let Some(o) = self.offsets.get_mut(index) {
                     *o += chunk.text_chars();
                 }

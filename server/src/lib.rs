@@ -35,6 +35,7 @@ pub mod kv_map;
 mod metrics;
 mod openai;
 pub mod plan;
+mod reasoning;
 mod respond;
 mod structured;
 mod tools;
@@ -53,6 +54,7 @@ use engine::{EngineHandle, ShutdownMode};
 
 pub use error::ApiError;
 pub use metrics::Metrics;
+pub use reasoning::ReasoningParser;
 pub use tools::ToolCallParser;
 
 /// How the server behaves, beside the engine's own settings.
@@ -76,6 +78,8 @@ pub struct ServerConfig {
     pub tool_call_parser: ToolCallParser,
     /// How `/v1/embeddings` pools (a request's `dimensions` and `normalize` on top).
     pub pooler_config: engine::PoolingParams,
+    /// Splits chat answers' reasoning into `reasoning_content` (none: all is content).
+    pub reasoning_parser: Option<ReasoningParser>,
 }
 
 impl Default for ServerConfig {
@@ -89,6 +93,7 @@ impl Default for ServerConfig {
             sse_keep_alive: Some(std::time::Duration::from_secs(15)),
             tool_call_parser: ToolCallParser::Auto,
             pooler_config: engine::PoolingParams::default(),
+            reasoning_parser: None,
         }
     }
 }
@@ -103,6 +108,7 @@ pub struct AppState {
     sse_keep_alive: Option<std::time::Duration>,
     tool_call_parser: ToolCallParser,
     pooler_config: engine::PoolingParams,
+    reasoning_parser: Option<ReasoningParser>,
     /// One calculator simulation at a time (`plan.rs`).
     plan_slot: Arc<tokio::sync::Semaphore>,
 }
@@ -118,6 +124,7 @@ impl AppState {
             sse_keep_alive: config.sse_keep_alive,
             tool_call_parser: config.tool_call_parser,
             pooler_config: config.pooler_config,
+            reasoning_parser: config.reasoning_parser,
             plan_slot: Arc::new(tokio::sync::Semaphore::new(1)),
         })
     }

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use engine::{Completion, CompletionDelta, PositionLogprobs, PromptLogprobs, RequestOutput};
 use serde::Serialize;
 
+use crate::reasoning::ReasoningParser;
 use crate::tools::{ToolCallOut, ToolPlan};
 
 /// Which endpoint a response is for.
@@ -32,6 +33,8 @@ pub struct Envelope {
     pub logprobs: bool,
     /// Chat with tools: how finished texts are read for tool calls.
     pub tools: Option<ToolPlan>,
+    /// Chat: how answers' reasoning is told from their content.
+    pub reasoning: Option<ReasoningParser>,
 }
 
 /// A response body or a streamed chunk: `text_completion`, `chat.completion` or
@@ -102,6 +105,9 @@ enum ChoiceContent<'a> {
 struct ChatDelta<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     role: Option<&'static str>,
+    /// With a reasoning parser: the answer's reasoning (vLLM's field).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning_content: Option<Cow<'a, str>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     content: Option<Cow<'a, str>>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -188,7 +194,8 @@ impl Envelope {
 
     /// A streamed chunk for one delta of prompt `prompt`'s request; `offset` is the length (in
     /// characters) of the choice's text before this delta; `parts` what the choice's first chunk
-    /// echoes of its prompt.
+    /// echoes of its prompt; `reasoning` the delta's reasoning, when a parser took it out of its
+    /// text.
     pub fn delta_chunk<'a>(
         &'a self,
         prompt: usize,
@@ -196,14 +203,17 @@ impl Envelope {
         tokens: &TokenText<'_>,
         offset: usize,
         parts: PromptParts<'_>,
+        reasoning: Option<&'a str>,
     ) -> Body<'a> {
         let finish_reason = delta.finish_reason.as_ref().map(|f| f.as_str());
-        let text = (!delta.text.is_empty() || finish_reason.is_none()).then_some(delta.text.as_str());
+        let bare = finish_reason.is_some() || reasoning.is_some();
+        let text = (!delta.text.is_empty() || !bare).then_some(delta.text.as_str());
         let content = match self.endpoint {
             Endpoint::Completions if parts.prompt_only => ChoiceContent::Text(echoed(parts, "")),
             Endpoint::Completions => ChoiceContent::Text(echoed(parts, &delta.text)),
             Endpoint::Chat => ChoiceContent::Delta(ChatDelta {
                 role: None,
+                reasoning_content: reasoning.map(Cow::Borrowed),
                 content: text.map(Cow::Borrowed),
                 tool_calls: None,
             }),
@@ -229,6 +239,7 @@ impl Envelope {
             index,
             content: ChoiceContent::Delta(ChatDelta {
                 role: ASSISTANT,
+                reasoning_content: None,
                 content: Some("".into()),
                 tool_calls: None,
             }),
@@ -268,18 +279,7 @@ impl Envelope {
                     } else {
                         echoed(parts, &c.text)
                     }),
-                    Endpoint::Chat => ChoiceContent::Message(match self.tool_calls(index, &c.text) {
-                        Some((content, calls)) => ChatDelta {
-                            role: ASSISTANT,
-                            content: content.map(Cow::Owned),
-                            tool_calls: Some(calls),
-                        },
-                        None => ChatDelta {
-                            role: ASSISTANT,
-                            content: Some(Cow::Borrowed(&c.text)),
-                            tool_calls: None,
-                        },
-                    }),
+                    Endpoint::Chat => ChoiceContent::Message(self.message(index, &c.text, ASSISTANT)),
                 },
                 logprobs: self.logprobs_of(
                     if parts.prompt_only { Some(&[]) } else { c.logprobs.as_deref() },
@@ -296,6 +296,32 @@ impl Envelope {
             .map(Self::tool_finish)
             .collect();
         Body { prompt_logprobs: chat_prompt_logprobs, ..self.wrap(false, choices, Some(usage)) }
+    }
+
+    /// Choice `index`'s finished text as a message (or a stream's last delta): its reasoning
+    /// apart (with a reasoning parser), then its tool calls (with tools), else its content.
+    fn message<'a>(&self, index: usize, text: &'a str, role: Option<&'static str>) -> ChatDelta<'a> {
+        let (reasoning, answer) = match self.reasoning {
+            Some(parser) => {
+                let (reasoning, content) = parser.split(text);
+                (reasoning.map(Cow::Owned), Cow::Owned(content.unwrap_or_default()))
+            }
+            None => (None, Cow::Borrowed(text)),
+        };
+        match self.tool_calls(index, &answer) {
+            Some((content, calls)) => ChatDelta {
+                role,
+                reasoning_content: reasoning,
+                content: content.map(Cow::Owned),
+                tool_calls: Some(calls),
+            },
+            None => ChatDelta {
+                role,
+                content: (reasoning.is_none() || !answer.is_empty()).then_some(answer),
+                reasoning_content: reasoning,
+                tool_calls: None,
+            },
+        }
     }
 
     /// The tool calls in choice `index`'s finished text (and the text beside them), when the
@@ -320,15 +346,10 @@ impl Envelope {
     /// A tools stream's last chunk of a choice: its calls as `tool_calls` deltas (each with its
     /// index) or, without any, the whole text it held back.
     pub fn tool_chunk<'a>(&'a self, index: usize, text: &'a str, finish: Option<&'static str>) -> Body<'a> {
-        let delta = match self.tool_calls(index, text) {
-            Some((content, mut calls)) => {
-                for (i, c) in calls.iter_mut().enumerate() {
-                    c.index = Some(i);
-                }
-                ChatDelta { role: None, content: content.map(Cow::Owned), tool_calls: Some(calls) }
-            }
-            None => ChatDelta { role: None, content: Some(Cow::Borrowed(text)), tool_calls: None },
-        };
+        let mut delta = self.message(index, text, None);
+        for (i, c) in delta.tool_calls.iter_mut().flatten().enumerate() {
+            c.index = Some(i);
+        }
         let choice = Choice {
             index,
             content: ChoiceContent::Delta(delta),

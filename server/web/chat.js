@@ -71,6 +71,21 @@ function numberOr(id, fallback) {
   return Number.isFinite(v) ? v : fallback;
 }
 
+// A reasoning model's thinking (`reasoning_content`, with the server's `--reasoning-parser`),
+// shown collapsed above its answer; the conversation sent back holds the answers only.
+function showReasoning(div, body, text) {
+  let box = div.querySelector("details.reasoning");
+  if (!box) {
+    box = document.createElement("details");
+    box.className = "reasoning";
+    const summary = document.createElement("summary");
+    summary.textContent = "Reasoning";
+    box.append(summary, document.createElement("div"));
+    div.insertBefore(box, body);
+  }
+  box.lastElementChild.textContent = text;
+}
+
 async function send() {
   const text = $("prompt").value;
   if (!text.trim() || chat.controller) return;
@@ -88,7 +103,7 @@ async function send() {
   chat.current = div;
   setBusy(true);
   const started = performance.now();
-  let content = "", finish = null, usage = null, failed = false;
+  let content = "", reasoning = "", finish = null, usage = null, failed = false;
   const req = {
     messages: chat.history.slice(),
     stream: true,
@@ -115,6 +130,11 @@ async function send() {
       if (chunk.usage) usage = chunk.usage;
       for (const c of chunk.choices || []) {
         const d = c.delta || {};
+        if (typeof d.reasoning_content === "string" && d.reasoning_content) {
+          reasoning += d.reasoning_content;
+          showReasoning(div, body, reasoning);
+          div.dataset.deltas = String(Number(div.dataset.deltas) + 1);
+        }
         if (typeof d.content === "string" && !d.role) {
           div.dataset.deltas = String(Number(div.dataset.deltas) + 1);
           if (d.content) {
