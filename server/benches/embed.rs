@@ -9,24 +9,16 @@
 //! means and p90s.
 
 use std::error::Error;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use engine::{Engine, EngineConfig, EngineHandle, KvCacheSize, RequestOptions, SamplingParams};
+use engine::{EngineConfig, EngineHandle, KvCacheSize, RequestOptions, SamplingParams};
 use futures_util::StreamExt;
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
-use server::{AppState, ServerConfig};
+
+mod support;
 
 const INPUTS: usize = 64;
 const PROMPT: usize = 128;
 const ROUNDS: usize = 5;
-
-fn root() -> PathBuf {
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    manifest.parent().unwrap_or(manifest).to_path_buf()
-}
 
 /// Prompt tokens per second of one in-process prefill of every prompt (one token generated).
 async fn prefill(handle: &EngineHandle, prompts: &[Vec<u32>]) -> Result<f64, Box<dyn Error>> {
@@ -92,21 +84,10 @@ fn main() -> Result<(), Box<dyn Error>> {
         enable_prefix_caching: false,
         ..EngineConfig::default()
     };
-    let engine = Engine::new(&model::testing::default_model_fetched()?, config)?;
-    let mut rng = ChaCha8Rng::seed_from_u64(11);
-    let (vocab, eos) = (engine.model_config().vocab_size, engine.eos_token_ids().to_vec());
-    let prompts: Vec<Vec<u32>> =
-        (0..INPUTS).map(|_| engine::workload::random_prompt(&mut rng, PROMPT, vocab, &eos)).collect();
-    let handle = EngineHandle::spawn(engine)?;
-    let server_config = ServerConfig::default();
-    let state = Arc::new(AppState::new(handle.clone(), &server_config)?);
+    let (handle, prompts) = support::engine_and_prompts(config, INPUTS, PROMPT, 11)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let (inproc, http) = runtime.block_on(async {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let base = format!("http://{}", listener.local_addr()?);
-        tokio::spawn(
-            async move { server::serve(listener, state, &server_config, std::future::pending()).await },
-        );
+        let base = support::serve_loopback(&handle).await?;
         let client = reqwest::Client::new();
         // Warm-up: a small call each way.
         prefill(&handle, &prompts[..4]).await?;
@@ -131,10 +112,6 @@ fn main() -> Result<(), Box<dyn Error>> {
         "server.embed_over_prefill_p90": ratio_p90,
         "server.embed_prefill_tok_s": prefill_tok_s,
     });
-    let figures_dir = std::env::var_os("BENCH_FIGURES_DIR")
-        .map_or_else(|| root().join("target/bench-report/figures-run"), PathBuf::from);
-    std::fs::create_dir_all(&figures_dir)?;
-    std::fs::write(figures_dir.join("embed.json"), serde_json::to_string_pretty(&figures)? + "\n")?;
     let md = format!(
         "## Embeddings (`embed`)\n\nOne `/v1/embeddings` call of {INPUTS} inputs of {PROMPT} random tokens \
          (SmolLM2-135M-Instruct, last-token pooling, normalised, base64) over HTTP on 127.0.0.1 against \
@@ -144,8 +121,7 @@ fn main() -> Result<(), Box<dyn Error>> {
          | `server.embed_over_prefill` | {ratio:.3} | {ratio_mean:.3} | {ratio_p90:.3} |\n\
          | in-process prefill tok/s | {prefill_tok_s:.0} | | |\n",
     );
-    std::fs::write(figures_dir.join("embed.md"), md)?;
-    println!("{}", serde_json::to_string_pretty(&figures)?);
+    support::write_figures("embed", &figures, &md)?;
     handle.shutdown(engine::ShutdownMode::Drain);
     Ok(())
 }

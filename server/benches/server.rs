@@ -8,25 +8,17 @@
 //! `server.http_output_tok_s`, `server.inprocess_output_tok_s`.
 
 use std::error::Error;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use engine::{Engine, EngineConfig, EngineHandle, KvCacheSize, RequestOptions, SamplingParams};
+use engine::{EngineConfig, EngineHandle, KvCacheSize, RequestOptions, SamplingParams};
 use futures_util::StreamExt;
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
-use server::{AppState, ServerConfig};
+
+mod support;
 
 const REQUESTS: usize = 64;
 const PROMPT: usize = 64;
 const OUTPUT: usize = 64;
 const ROUNDS: usize = 2;
-
-fn root() -> PathBuf {
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    manifest.parent().unwrap_or(manifest).to_path_buf()
-}
 
 /// One run's totals: output tokens over wall time, and each request's time to first token.
 struct RunResult {
@@ -132,21 +124,10 @@ fn main() -> Result<(), Box<dyn Error>> {
         log_interval: Duration::ZERO,
         ..EngineConfig::default()
     };
-    let engine = Engine::new(&model::testing::default_model_fetched()?, config)?;
-    let mut rng = ChaCha8Rng::seed_from_u64(7);
-    let (vocab, eos) = (engine.model_config().vocab_size, engine.eos_token_ids().to_vec());
-    let prompts: Vec<Vec<u32>> =
-        (0..REQUESTS).map(|_| engine::workload::random_prompt(&mut rng, PROMPT, vocab, &eos)).collect();
-    let handle = EngineHandle::spawn(engine)?;
-    let server_config = ServerConfig::default();
-    let state = Arc::new(AppState::new(handle.clone(), &server_config)?);
+    let (handle, prompts) = support::engine_and_prompts(config, REQUESTS, PROMPT, 7)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let (inproc, http) = runtime.block_on(async {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let base = format!("http://{}", listener.local_addr()?);
-        tokio::spawn(
-            async move { server::serve(listener, state, &server_config, std::future::pending()).await },
-        );
+        let base = support::serve_loopback(&handle).await?;
         let client = reqwest::Client::builder().pool_max_idle_per_host(REQUESTS).build()?;
         // Warm-up: one small run each way.
         in_process(&handle, &prompts[..4]).await.ok();
@@ -166,10 +147,6 @@ fn main() -> Result<(), Box<dyn Error>> {
         "server.http_output_tok_s": http_tok_s,
         "server.inprocess_output_tok_s": inproc_tok_s,
     });
-    let figures_dir = std::env::var_os("BENCH_FIGURES_DIR")
-        .map_or_else(|| root().join("target/bench-report/figures-run"), PathBuf::from);
-    std::fs::create_dir_all(&figures_dir)?;
-    std::fs::write(figures_dir.join("server.json"), serde_json::to_string_pretty(&figures)? + "\n")?;
     let md = format!(
         "## Server (`server`)\n\n{REQUESTS} streaming requests ({PROMPT}-token random prompts, {OUTPUT} greedy \
          output tokens) on SmolLM2-135M-Instruct, through HTTP (SSE, 127.0.0.1) and in-process \
@@ -179,8 +156,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         http_tok_s / inproc_tok_s,
         median(&ttft),
     );
-    std::fs::write(figures_dir.join("server.md"), md)?;
-    println!("{}", serde_json::to_string_pretty(&figures)?);
+    support::write_figures("server", &figures, &md)?;
     handle.shutdown(engine::ShutdownMode::Drain);
     Ok(())
 }

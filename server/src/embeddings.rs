@@ -11,18 +11,20 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
-use engine::{OutputStream, PoolingParams, Prompt, RequestOptions, SamplingParams};
+use engine::{OutputStream, PoolingParams, RequestOptions, SamplingParams};
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 
 use crate::AppState;
 use crate::error::ApiError;
+use crate::openai::PromptInput;
 
 /// The request body.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EmbeddingRequest {
-    pub input: EmbeddingInput,
+    /// A string, a list of strings, a list of token ids, or a list of such lists.
+    pub input: PromptInput,
     #[serde(default)]
     pub model: Option<String>,
     #[serde(default)]
@@ -42,31 +44,6 @@ pub struct EmbeddingRequest {
     /// vLLM's scheduling priority (under `--scheduling-policy priority`).
     #[serde(default)]
     pub priority: Option<i64>,
-}
-
-/// A string, a list of strings, a list of token ids, or a list of lists of token ids.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-pub enum EmbeddingInput {
-    Text(String),
-    Texts(Vec<String>),
-    Tokens(Vec<u32>),
-    TokenLists(Vec<Vec<u32>>),
-}
-
-impl EmbeddingInput {
-    fn into_prompts(self) -> Result<Vec<Prompt>, ApiError> {
-        let prompts: Vec<Prompt> = match self {
-            Self::Text(t) => vec![Prompt::Text(t)],
-            Self::Texts(ts) => ts.into_iter().map(Prompt::Text).collect(),
-            Self::Tokens(ids) => vec![Prompt::Tokens(ids)],
-            Self::TokenLists(lists) => lists.into_iter().map(Prompt::Tokens).collect(),
-        };
-        if prompts.is_empty() {
-            return Err(ApiError::bad_request("input must not be an empty list", Some("input")));
-        }
-        Ok(prompts)
-    }
 }
 
 /// How the vectors are written: JSON numbers, or the little-endian f32 bytes in base64 (what
@@ -150,7 +127,7 @@ async fn respond(state: Arc<AppState>, req: EmbeddingRequest, base: &str) -> Res
         options = options.with_priority(priority);
     }
     let format = req.encoding_format;
-    let prompts = req.input.into_prompts()?;
+    let prompts = req.input.into_prompts_of("input")?;
     let id = format!("embd-{base}");
     let submitting = Arc::clone(&state);
     let call_id = id.clone();
@@ -211,11 +188,14 @@ fn encode(vector: Vec<f32>, format: EncodingFormat) -> EmbeddingValue {
 
 #[cfg(test)]
 mod tests {
+    use engine::Prompt;
+
     use super::*;
 
     #[test]
     fn every_input_shape_parses_and_an_empty_list_is_refused() {
-        let parse = |s: &str| serde_json::from_str::<EmbeddingRequest>(s).map(|r| r.input.into_prompts());
+        let parse =
+            |s: &str| serde_json::from_str::<EmbeddingRequest>(s).map(|r| r.input.into_prompts_of("input"));
         assert_eq!(parse(r#"{"input": "a"}"#).unwrap().unwrap(), vec![Prompt::Text("a".into())]);
         assert_eq!(parse(r#"{"input": ["a", "b"]}"#).unwrap().unwrap().len(), 2);
         assert_eq!(parse(r#"{"input": [1, 2, 3]}"#).unwrap().unwrap(), vec![Prompt::Tokens(vec![1, 2, 3])]);

@@ -25,6 +25,11 @@ pub enum PromptInput {
 impl PromptInput {
     /// One engine prompt per entry.
     pub fn into_prompts(self) -> Result<Vec<Prompt>, ApiError> {
+        self.into_prompts_of("prompt")
+    }
+
+    /// [`PromptInput::into_prompts`] of a body whose field `field` held it.
+    pub fn into_prompts_of(self, field: &'static str) -> Result<Vec<Prompt>, ApiError> {
         let prompts: Vec<Prompt> = match self {
             Self::Text(t) => vec![Prompt::Text(t)],
             Self::Texts(ts) => ts.into_iter().map(Prompt::Text).collect(),
@@ -32,7 +37,7 @@ impl PromptInput {
             Self::TokenLists(lists) => lists.into_iter().map(Prompt::Tokens).collect(),
         };
         if prompts.is_empty() {
-            return Err(ApiError::bad_request("prompt must not be an empty list", Some("prompt")));
+            return Err(ApiError::bad_request(format!("{field} must not be an empty list"), Some(field)));
         }
         Ok(prompts)
     }

@@ -6,17 +6,8 @@
 use scheduler::SchedulerOutput;
 
 use super::live::{Live, StepView};
+use super::rows::Span;
 use crate::error::EngineError;
-
-/// One sequence's run of pooled rows in a step.
-#[derive(Debug, Clone, Copy)]
-struct Span {
-    /// The request's slot in [`Live`].
-    slot: usize,
-    /// The prompt position of the span's first row.
-    first: usize,
-    rows: usize,
-}
 
 /// A step's pooled rows (reused from step to step).
 #[derive(Debug, Default)]

@@ -11,14 +11,16 @@ use crate::error::EngineError;
 use crate::output::PositionLogprobs;
 use crate::sampling::filter::log_sum_exp;
 
-/// One sequence's run of prompt-logprob rows in a step.
+/// One sequence's run of extra rows in a step (prompt logprobs here, pooled rows in
+/// `pool_rows.rs`).
 #[derive(Debug, Clone, Copy)]
-struct Span {
+pub(super) struct Span {
     /// The request's slot in [`Live`].
-    slot: usize,
-    /// The prompt position the span's first row predicts (its row is the position before).
-    first: usize,
-    rows: usize,
+    pub slot: usize,
+    /// The prompt position of the span's first entry (for prompt logprobs, the position its
+    /// row predicts: the row is the position before).
+    pub first: usize,
+    pub rows: usize,
 }
 
 /// A step's rows beyond the sampled ones (reused from step to step).
