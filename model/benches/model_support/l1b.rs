@@ -82,7 +82,8 @@ pub fn measure(samples: usize, roof: &Rooflines) -> (serde_json::Value, String) 
         }
     }
     let (b16_secs, b1_secs) = (median(&mut t16), median(&mut t1));
-    let breakdown = step_breakdown(&model, &b16.input(), &mut cache, &mut ws, samples, b16_secs);
+    let breakdown = step_breakdown("16-sequence", &model, &b16.input(), &mut cache, &mut ws, samples, b16_secs)
+        + &step_breakdown("batch-1", &model, &b1.input(), &mut cache, &mut ws, samples, b1_secs);
     let b16_macs = model.matmul_flops(BATCH, BATCH) / 2.0;
     let c = &model.config;
     let kv_bytes = c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim * (CONTEXT + 1) * 2;
@@ -121,10 +122,11 @@ pub fn measure(samples: usize, roof: &Rooflines) -> (serde_json::Value, String) 
     (figures, md)
 }
 
-/// The report's breakdown of the 16-sequence decode step: each phase of `samples` profiled
+/// The report's breakdown of a decode step (`what`: which one): each phase of `samples` profiled
 /// steps (every op timed) as a share of those steps' wall time, the rest being outside the ops
 /// (entering the pool, between ops); `step_secs` is the untimed step's median, for scale.
 fn step_breakdown(
+    what: &str,
     model: &Model,
     input: &model::ModelInput<'_>,
     cache: &mut kv_cache::KvCache,
@@ -141,7 +143,7 @@ fn step_breakdown(
     let per_step = |s: f64| s / rounds as f64;
     let wall = per_step(start.elapsed().as_secs_f64());
     let mut md = format!(
-        "\nThe 16-sequence decode step by phase ({rounds} steps with every op timed, mean {:.1} ms; \
+        "\nThe {what} decode step by phase ({rounds} steps with every op timed, mean {:.1} ms; \
          untimed, the step's median is {:.1} ms):\n\n| phase | ms | share |\n|---|---:|---:|\n",
         wall * 1e3,
         step_secs * 1e3

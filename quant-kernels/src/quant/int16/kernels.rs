@@ -232,29 +232,32 @@ unsafe fn rows512<F: Codes, const M: usize>(task: RowTask<'_>, xq: &X16) {
 }
 
 /// [`rows512`]'s eight-lane twin: one group at a time, a quarter of a pair's words per
-/// `vpmaddwd`; eight rows in the lanes ([`rows8`], two tokens a pass) where the format allows,
-/// the rest in blocks of rows ([`rows256_block`]) whose chains of dependent FMAs interleave.
+/// `vpmaddwd`; eight rows in the lanes ([`rows8`], two tokens a pass), the rest in blocks of
+/// rows ([`rows256_block`]) whose chains of dependent FMAs interleave; Q6_K, the split format,
+/// a super-block at a time in a kernel of its own ([`super::q6k_avx2`]).
 ///
 /// # Safety
 /// AVX2, FMA, F16C; otherwise as [`rows512`].
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn rows256<F: Codes, const M: usize>(task: RowTask<'_>, xq: &X16) {
+    if F::SPLIT {
+        // SAFETY: the one split format, Q6_K, has a kernel of its own; forwarded contract.
+        return unsafe { super::q6k_avx2::rows::<M>(task, xq) };
+    }
     let mut r = task.rows.start;
     // SAFETY (all calls): rows r.. of the block lie in the task's rows; forwarded contract.
     unsafe {
-        if !F::SPLIT {
-            while r + 8 <= task.rows.end {
-                // Two tokens at a time: the eight rows' bytes are in L1 for the next two.
-                let mut t = 0;
-                while t + 2 <= M {
-                    rows8::<F, 2>(&task, task.t0 + t, r, xq);
-                    t += 2;
-                }
-                if t < M {
-                    rows8::<F, 1>(&task, task.t0 + t, r, xq);
-                }
-                r += 8;
+        while r + 8 <= task.rows.end {
+            // Two tokens at a time: the eight rows' bytes are in L1 for the next two.
+            let mut t = 0;
+            while t + 2 <= M {
+                rows8::<F, 2>(&task, task.t0 + t, r, xq);
+                t += 2;
             }
+            if t < M {
+                rows8::<F, 1>(&task, task.t0 + t, r, xq);
+            }
+            r += 8;
         }
         if M == 1 {
             while r + 4 <= task.rows.end {
@@ -437,7 +440,8 @@ unsafe fn hadd<const M: usize>(a: [__m256i; M], b: [__m256i; M]) -> [__m256i; M]
 /// Rows `r0..r0 + R` of the task's part times its `M` tokens, group by group.
 ///
 /// # Safety
-/// As [`rows256`]; rows `r0..r0 + R` lie in the task's rows.
+/// As [`rows256`]; rows `r0..r0 + R` lie in the task's rows; the format is not
+/// [`Codes::SPLIT`].
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn rows256_block<F: Codes, const M: usize, const R: usize>(task: &RowTask<'_>, r0: usize, xq: &X16) {
@@ -478,13 +482,8 @@ unsafe fn rows256_block<F: Codes, const M: usize, const R: usize>(task: &RowTask
                     let first_half = _mm256_madd_epi16(first, _mm256_loadu_si256(words as *const __m256i));
                     let second_half =
                         _mm256_madd_epi16(second, _mm256_loadu_si256(words.add(32) as *const __m256i));
-                    if F::SPLIT {
-                        *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(first_half), _mm256_set1_ps(d[0] * dx), *a);
-                        *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(second_half), _mm256_set1_ps(d[1] * dx), *a);
-                    } else {
-                        let dot = _mm256_cvtepi32_ps(_mm256_add_epi32(first_half, second_half));
-                        *a = _mm256_fmadd_ps(dot, _mm256_set1_ps(d[0] * dx), *a);
-                    }
+                    let dot = _mm256_cvtepi32_ps(_mm256_add_epi32(first_half, second_half));
+                    *a = _mm256_fmadd_ps(dot, _mm256_set1_ps(d[0] * dx), *a);
                     if F::OFFSET {
                         *o = m.mul_add(*xq.sums.get_unchecked((t0 + t) * groups + g), *o);
                     }

@@ -94,6 +94,8 @@ impl X16 {
 mod codes;
 #[cfg(target_arch = "x86_64")]
 mod kernels;
+#[cfg(target_arch = "x86_64")]
+mod q6k_avx2;
 
 #[cfg(target_arch = "x86_64")]
 pub(super) use codes::{Codes, Layout, Q4_0, Q4_1, Q4K, Q5_0, Q5_1, Q5K, Q6K, Q8_0};
