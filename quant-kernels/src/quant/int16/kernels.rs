@@ -291,6 +291,9 @@ unsafe fn rows8<F: Codes, const M: usize>(task: &RowTask<'_>, t0: usize, r0: usi
     let (groups, pairs) = (xq.groups, xq.pairs());
     let low4 = _mm256_set1_epi16(0x0f);
     let rows: [*const u8; 8] = std::array::from_fn(|i| part.row(r0 + i).as_ptr());
+    // The same bytes of the next eight rows, read after these: a page ahead (the other
+    // kernels' distance) lands inside this block's own rows where rows are short.
+    let ahead = 8 * part.row_bytes();
     let (mut acc, mut offsets) = ([_mm256_setzero_ps(); M], [_mm256_setzero_ps(); M]);
     for g in 0..groups {
         let (p, half) = (g / 2, g % 2);
@@ -304,15 +307,18 @@ unsafe fn rows8<F: Codes, const M: usize>(task: &RowTask<'_>, t0: usize, r0: usi
             // One prefetch per cache line the groups start in.
             if (g * F::BYTES) % 64 < F::BYTES {
                 for row in rows {
-                    _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(g * F::BYTES + PREFETCH_AHEAD) as *const i8);
+                    _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(g * F::BYTES + ahead) as *const i8);
                 }
             }
             // The rows' scales (and offsets): gathered as eight halves and converted at once
             // where they are f16s ([`Codes::F16_SCALES`]), else read row by row.
             let (d, m) = if F::F16_SCALES {
+                // Packed four at a time in general registers (shifts and ORs on the integer
+                // pipes), not inserted word by word into one vector (a chain of shuffles).
                 let halves = |at: usize| {
-                    let h = |i: usize| (rows[i].add(g * F::BYTES + at) as *const i16).read_unaligned();
-                    _mm256_cvtph_ps(_mm_setr_epi16(h(0), h(1), h(2), h(3), h(4), h(5), h(6), h(7)))
+                    let h = |i: usize| u64::from((rows[i].add(g * F::BYTES + at) as *const u16).read_unaligned());
+                    let four = |i: usize| (h(i) | h(i + 1) << 16 | h(i + 2) << 32 | h(i + 3) << 48) as i64;
+                    _mm256_cvtph_ps(_mm_set_epi64x(four(4), four(0)))
                 };
                 (halves(0), if F::OFFSET { halves(2) } else { _mm256_setzero_ps() })
             } else {
