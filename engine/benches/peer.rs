@@ -20,7 +20,8 @@
 //! decode case), made by `cargo xtask make-model` when missing (llama.cpp's quantizer, the real
 //! vocabulary size); their cases are `prefill_512`, `decode_b1` and the `e2e` ones. Not part of
 //! `cargo xtask test`. With `PEER_ONLY=<text>` only the models whose figure prefix or name contains
-//! it run (`PEER_ONLY=gemma3`, `PEER_ONLY=smollm2`). With `PEER_SIDE=ours` only ours (the default
+//! it run (`PEER_ONLY=gemma3`, `PEER_ONLY=smollm2`), with `PEER_CASES=decode_b1,prefill_512` only
+//! those cases. With `PEER_SIDE=ours` only ours (the default
 //! activations) is measured, into `<prefix><case>_ours_tok_s`: for comparing two builds of ours in alternation,
 //! against one llama.cpp build whose figures do not change between them.
 //!
@@ -69,7 +70,7 @@ fn workload(engine: &Engine, m: &PeerModel) -> Value {
     let e2e: Vec<Vec<u32>> = (0..64).map(|_| prompt(lengths.random_range(38..=42))).collect();
     json!({
         "reps": REPS,
-        "cases": m.cases,
+        "cases": chosen_cases(m),
         "prefill_512": prefill,
         "long_6000": {"prompt": long, "max_tokens": 128},
         "decode_b1": {"prompt": b1, "max_tokens": m.out_tokens},
@@ -332,6 +333,13 @@ fn runs(m: &PeerModel, only: &str) -> bool {
     m.prefix.contains(only) || m.label.to_lowercase().contains(&only.to_lowercase())
 }
 
+/// The cases of `m` that run: all of them, or those `PEER_CASES` (a comma-separated list) names.
+fn chosen_cases(m: &PeerModel) -> Vec<&'static str> {
+    let only = std::env::var("PEER_CASES").unwrap_or_default();
+    let named: Vec<&str> = only.split(',').map(str::trim).filter(|c| !c.is_empty()).collect();
+    m.cases.iter().copied().filter(|c| named.is_empty() || named.contains(c)).collect()
+}
+
 /// The engine's configuration for `m`: prefix caching off, since the same prompts run again.
 fn engine_config(m: &PeerModel) -> EngineConfig {
     EngineConfig {
@@ -350,7 +358,7 @@ fn ours_alone(m: &PeerModel, figures: &mut serde_json::Map<String, Value>) -> Re
     let w = workload(&engine, m);
     let ours = measure_ours(&mut engine, &w)?;
     let mut md = format!("\n### {} (ours alone)\n\n| case | ours tok/s |\n|---|---:|\n", m.label);
-    for (case, what) in CASES.into_iter().filter(|(c, _)| m.cases.contains(c)) {
+    for (case, what) in CASES.into_iter().filter(|(c, _)| chosen_cases(m).contains(c)) {
         let what = what.replace('N', &m.out_tokens.to_string());
         let o = ours[format!("{case}_tok_s")].as_f64().unwrap_or(f64::NAN);
         figures.insert(format!("{}{case}_ours_tok_s", m.prefix), json!(o));
@@ -426,7 +434,7 @@ fn compare(
     );
     let prefix = m.prefix;
     let mut bars = Vec::new();
-    for (case, what) in CASES.into_iter().filter(|(c, _)| m.cases.contains(c)) {
+    for (case, what) in CASES.into_iter().filter(|(c, _)| chosen_cases(m).contains(c)) {
         let key = format!("{case}_tok_s");
         let rate = |v: &Value| v[&key].as_f64().unwrap_or(f64::NAN);
         let (o, t) = (rate(&ours), rate(&theirs));
@@ -453,7 +461,7 @@ fn compare(
              VM that advertises AMX)."
         )?;
     }
-    if m.int8_kv {
+    if m.int8_kv && chosen_cases(m).contains(&"decode_6000") {
         // decode_6000 alone, over 8-bit caches on both sides.
         let mut w8 = w.clone();
         w8["cases"] = json!(["decode_6000"]);
