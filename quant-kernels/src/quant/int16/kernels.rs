@@ -295,6 +295,9 @@ unsafe fn rows8<F: Codes, const M: usize>(task: &RowTask<'_>, t0: usize, r0: usi
     // kernels' distance) lands inside this block's own rows where rows are short.
     let ahead = 8 * part.row_bytes();
     let (mut acc, mut offsets) = ([_mm256_setzero_ps(); M], [_mm256_setzero_ps(); M]);
+    // A K-quant super-block's scales ([`Codes::block_scales`]) for the eight rows, read at its
+    // first group: `block[j]` the rows' scales of its group j, `block[8 + j]` their offsets.
+    let mut block = [[0.0f32; 8]; 16];
     for g in 0..groups {
         let (p, half) = (g / 2, g % 2);
         // SAFETY (whole loop body): group g is in every row; tokens t0..t0 + M's pair p and
@@ -311,7 +314,8 @@ unsafe fn rows8<F: Codes, const M: usize>(task: &RowTask<'_>, t0: usize, r0: usi
                 }
             }
             // The rows' scales (and offsets): gathered as eight halves and converted at once
-            // where they are f16s ([`Codes::F16_SCALES`]), else read row by row.
+            // where they are f16s ([`Codes::F16_SCALES`]), a super-block's at once where the
+            // format has them ([`Codes::BLOCK_SCALES`]), else read row by row.
             let (d, m) = if F::F16_SCALES {
                 // Packed four at a time in general registers (shifts and ORs on the integer
                 // pipes), not inserted word by word into one vector (a chain of shuffles).
@@ -321,6 +325,15 @@ unsafe fn rows8<F: Codes, const M: usize>(task: &RowTask<'_>, t0: usize, r0: usi
                     _mm256_cvtph_ps(_mm_set_epi64x(four(4), four(0)))
                 };
                 (halves(0), if F::OFFSET { halves(2) } else { _mm256_setzero_ps() })
+            } else if F::BLOCK_SCALES {
+                if g % 8 == 0 {
+                    for (i, &row) in rows.iter().enumerate() {
+                        for (j, v) in F::block_scales(row, g / 8).into_iter().enumerate() {
+                            block[j][i] = v;
+                        }
+                    }
+                }
+                (_mm256_loadu_ps(block[g % 8].as_ptr()), _mm256_loadu_ps(block[8 + g % 8].as_ptr()))
             } else {
                 let (mut d, mut m) = ([0.0f32; 8], [0.0f32; 8]);
                 for (i, &row) in rows.iter().enumerate() {
