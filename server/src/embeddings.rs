@@ -93,7 +93,7 @@ pub(crate) async fn embeddings(
     body: crate::JsonBody<EmbeddingRequest>,
 ) -> Response {
     let req = body.0;
-    let base = match crate::generate::request_id(&headers, req.request_id.as_deref()) {
+    let base = match crate::request_id::request_id(&headers, req.request_id.as_deref()) {
         Ok(base) => base,
         Err(e) => return e.into_response(),
     };
@@ -101,7 +101,7 @@ pub(crate) async fn embeddings(
         Ok(()) => respond(state, req, &base).await.unwrap_or_else(IntoResponse::into_response),
         Err(e) => e.into_response(),
     };
-    crate::generate::with_request_id(response, &base)
+    crate::request_id::with_request_id(response, &base)
 }
 
 /// The call's pooling: the server's pooler config with the request's `dimensions` and

@@ -23,6 +23,7 @@ use futures_util::stream::{self, SelectAll, Stream, StreamExt};
 use crate::AppState;
 use crate::error::{ApiError, error_event_json};
 use crate::openai::{ChatRequest, CompletionPlan, CompletionRequest, SamplingFields};
+use crate::request_id::{request_id, with_request_id};
 use crate::respond::{Endpoint, Envelope, PromptParts, TokenText, Usage};
 
 /// A request body that becomes one [`Job`]: what the completions and chat endpoints differ in.
@@ -130,44 +131,6 @@ pub(crate) async fn generate<R: JobRequest>(
     with_request_id(response, &base)
 }
 
-/// Longest `X-Request-Id` (or body `request_id`) taken.
-const MAX_REQUEST_ID_LEN: usize = 128;
-
-/// The call's base id: the `X-Request-Id` header, else the body's `request_id`, else 32 random
-/// hex digits (unique across restarts, unlike a counter). A given id must be visible ASCII of at
-/// most 128 characters, as it is echoed in a header.
-pub(crate) fn request_id(headers: &HeaderMap, body: Option<&str>) -> Result<String, ApiError> {
-    let bad = |what: &str, param| {
-        ApiError::bad_request(
-            format!("{what} must be 1 to {MAX_REQUEST_ID_LEN} visible ASCII characters"),
-            Some(param),
-        )
-    };
-    let given = match headers.get(X_REQUEST_ID) {
-        Some(v) => Some((v.to_str().map_err(|_| bad("X-Request-Id", "X-Request-Id"))?, "X-Request-Id")),
-        None => body.map(|b| (b, "request_id")),
-    };
-    match given {
-        Some((id, param)) => {
-            if id.is_empty() || id.len() > MAX_REQUEST_ID_LEN || !id.bytes().all(|b| b.is_ascii_graphic()) {
-                return Err(bad(param, param));
-            }
-            Ok(id.to_owned())
-        }
-        None => Ok(format!("{:032x}", rand::random::<u128>())),
-    }
-}
-
-const X_REQUEST_ID: &str = "x-request-id";
-
-/// The response with the call's base id in its `X-Request-Id` header.
-pub(crate) fn with_request_id(mut response: Response, base: &str) -> Response {
-    if let Ok(v) = axum::http::HeaderValue::from_str(base) {
-        response.headers_mut().insert(X_REQUEST_ID, v);
-    }
-    response
-}
-
 /// One API call, checked and ready to submit.
 pub(crate) struct Job {
     envelope: Envelope,
@@ -248,12 +211,37 @@ impl Job {
     }
 
     /// Submits every prompt (all or none: an error aborts the ones already in) and answers.
-    /// Submission (template rendering, tokenization, compiling the constraint) runs on a
-    /// blocking thread, never on a tokio worker.
-    async fn respond(self, state: Arc<AppState>) -> Response {
-        let submitting = Arc::clone(&state);
-        let (base, prompts, params, options) =
-            (self.envelope.id.clone(), self.prompts, self.params, self.options);
+    async fn respond(mut self, state: Arc<AppState>) -> Response {
+        let (streams, echo_texts) = match self.submit(&state).await {
+            Ok(submitted) => submitted,
+            Err(e) => return e.into_response(),
+        };
+        let shown = Shown { completion: self.completion, echo_texts, prompt_top: self.prompt_top };
+        if self.stream {
+            let keep_alive = state.sse_keep_alive;
+            let sse = Sse::new(sse_events(state, self.envelope, streams, self.include_usage, shown));
+            match keep_alive {
+                Some(every) => sse.keep_alive(KeepAlive::new().interval(every)).into_response(),
+                None => sse.into_response(),
+            }
+        } else {
+            whole_response(&state, &self.envelope, streams, &shown).await
+        }
+    }
+}
+
+impl Job {
+    /// Submits every prompt (all or none: an error aborts the ones already in): their streams,
+    /// and with `echo` their texts. Submission (template rendering, tokenization, compiling the
+    /// constraint) runs on a blocking thread, never on a tokio worker.
+    async fn submit(&mut self, state: &Arc<AppState>) -> Result<(Vec<OutputStream>, Vec<String>), ApiError> {
+        let submitting = Arc::clone(state);
+        let (base, prompts, params, options) = (
+            self.envelope.id.clone(),
+            std::mem::take(&mut self.prompts),
+            self.params.clone(),
+            std::mem::take(&mut self.options),
+        );
         let echo = self.completion.is_some_and(|c| c.plan.echo);
         let submitted = tokio::task::spawn_blocking(move || {
             let mut streams = Vec::with_capacity(prompts.len());
@@ -270,29 +258,29 @@ impl Job {
             Ok::<_, engine::RequestError>((streams, echo_texts))
         })
         .await;
-        let (streams, echo_texts) = match submitted {
-            Ok(Ok(submitted)) => submitted,
+        match submitted {
+            Ok(Ok(submitted)) => Ok(submitted),
             Ok(Err(e)) => {
                 let constraint = matches!(e, engine::RequestError::Constraint { .. });
                 let mut error = ApiError::from(e);
                 if constraint && self.constraint_field.is_some() {
                     error.param = self.constraint_field;
                 }
-                return error.into_response();
+                Err(error)
             }
-            Err(e) => return ApiError::internal(format!("submission failed: {e}")).into_response(),
-        };
-        let shown = Shown { completion: self.completion, echo_texts, prompt_top: self.prompt_top };
-        if self.stream {
-            let keep_alive = state.sse_keep_alive;
-            let sse = Sse::new(sse_events(state, self.envelope, streams, self.include_usage, shown));
-            match keep_alive {
-                Some(every) => sse.keep_alive(KeepAlive::new().interval(every)).into_response(),
-                None => sse.into_response(),
-            }
-        } else {
-            whole_response(&state, &self.envelope, streams, &shown).await
+            Err(e) => Err(ApiError::internal(format!("submission failed: {e}"))),
         }
+    }
+
+    /// The job of one prompt submitted on its own (`/v1/responses`): its stream and its tool
+    /// plan (how its finished text is read for calls).
+    pub(crate) async fn submit_one(
+        mut self,
+        state: &Arc<AppState>,
+    ) -> Result<(OutputStream, Option<crate::tools::ToolPlan>), ApiError> {
+        let (streams, _) = self.submit(state).await?;
+        let stream = streams.into_iter().next().ok_or_else(|| ApiError::internal("no request submitted"))?;
+        Ok((stream, self.envelope.tools))
     }
 }
 

@@ -4,6 +4,8 @@
 //!   request bodies and their checks in `openai.rs`, the output constraints' fields
 //!   (`response_format`, `guided_*`, `logit_bias`…) in `structured.rs`, response shapes in
 //!   `respond.rs`, tool calling (`tool_choice`, the calls parsed out of the text) in `tools.rs`.
+//! - `POST /v1/responses`, `GET /v1/responses/{id}` (OpenAI's Responses API over the chat path,
+//!   its stored responses bounded in memory): `responses/`.
 //! - `GET /v1/models`, `GET /health`, `POST /tokenize`, `POST /detokenize`: `info.rs`.
 //! - `GET /metrics` (Prometheus text, vLLM V1's names): `metrics.rs`.
 //! - Fields beyond the typed ones (unknown: logged once and ignored; known but unimplemented:
@@ -36,7 +38,9 @@ mod metrics;
 mod openai;
 pub mod plan;
 mod reasoning;
+mod request_id;
 mod respond;
+mod responses;
 mod structured;
 mod tools;
 pub mod web;
@@ -111,6 +115,8 @@ pub struct AppState {
     reasoning_parser: Option<ReasoningParser>,
     /// One calculator simulation at a time (`plan.rs`).
     plan_slot: Arc<tokio::sync::Semaphore>,
+    /// `/v1/responses`' stored responses.
+    responses: responses::store::Store,
 }
 
 impl AppState {
@@ -126,6 +132,7 @@ impl AppState {
             pooler_config: config.pooler_config,
             reasoning_parser: config.reasoning_parser,
             plan_slot: Arc::new(tokio::sync::Semaphore::new(1)),
+            responses: responses::store::Store::default(),
         })
     }
 
@@ -163,6 +170,8 @@ pub fn router(state: Arc<AppState>, config: &ServerConfig) -> Router {
         .route("/v1/completions", post(generate::generate::<openai::CompletionRequest>))
         .route("/v1/chat/completions", post(generate::generate::<openai::ChatRequest>))
         .route("/v1/embeddings", post(embeddings::embeddings))
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/responses/{id}", get(responses::retrieve))
         .route("/v1/models", get(info::models))
         .route("/v1/kv_map", get(kv_map::kv_map))
         .route("/v1/kv_map/stream", get(kv_map::kv_map_stream))

@@ -13,6 +13,7 @@ mod embeddings;
 mod kv_map;
 mod real_client;
 mod reasoning;
+mod responses;
 mod structured;
 mod support;
 mod tools;

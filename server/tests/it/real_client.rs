@@ -230,3 +230,16 @@ fn curl_sees_chunks_before_the_end(base: &str) {
     assert!(events > 90, "{events} events");
     assert!(first * 4 < total, "first chunk after {first:?} of {total:?}: the stream was buffered");
 }
+
+/// `/v1/responses` through the `openai` package (`tests/openai_responses.py`) on the default
+/// model as users run it: create, the stream helper, a tool round trip, a text format,
+/// retrieve, and the refusals.
+#[test]
+fn responses_through_the_openai_client() {
+    let gguf = model::testing::smollm2_gguf();
+    assert!(gguf.exists(), "{} missing: run `cargo xtask fetch-model`", gguf.display());
+    let server = Loopback::serve(Engine::new(&gguf, config()).unwrap_or_else(|e| panic!("{e}")));
+    server.run_python("openai_responses.py", &[]);
+    assert!(server.handle.kv_is_idle().unwrap_or_else(|e| panic!("{e}")), "blocks held after the calls");
+    server.shut_down();
+}

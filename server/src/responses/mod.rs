@@ -1,0 +1,286 @@
+//! `POST /v1/responses` and `GET /v1/responses/{id}`: OpenAI's Responses API over the chat
+//! endpoint's path. The body becomes a chat request (`request.rs`), checked and submitted as
+//! one chat job; its finished text becomes output items (`items.rs`: a message, or with tools
+//! the calls it holds) in one JSON object or as the typed event stream; a stored response
+//! (`store: true`, the default) is kept in a bounded store (`store.rs`) for
+//! `previous_response_id`, which continues its conversation.
+
+mod items;
+mod request;
+pub mod store;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use engine::OutputStream;
+use futures_util::stream::{self, Stream, StreamExt};
+use serde_json::{Map, Value, json};
+
+use crate::AppState;
+use crate::error::ApiError;
+use crate::generate::{Job, JobRequest, stream_error};
+use crate::request_id::{request_id, with_request_id};
+use crate::respond::Usage;
+use crate::tools::ToolPlan;
+use items::{Events, Item, Meta, incomplete_reason};
+use request::ResponsesRequest;
+use store::Stored;
+
+/// `POST /v1/responses`.
+pub(crate) async fn create(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: crate::JsonBody<ResponsesRequest>,
+) -> Response {
+    let req = body.0;
+    let base = match request_id(&headers, req.request_id.as_deref()) {
+        Ok(base) => base,
+        Err(e) => return e.into_response(),
+    };
+    let response = match prepare(&state, &req, &base) {
+        Ok(call) => call.run(state).await,
+        Err(e) => e.into_response(),
+    };
+    with_request_id(response, &base)
+}
+
+/// `GET /v1/responses/{id}`: a stored response, or a 404.
+pub(crate) async fn retrieve(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+    match state.responses.get(&id) {
+        Some(stored) => Json(stored.response.clone()).into_response(),
+        None => not_found(&id, None).into_response(),
+    }
+}
+
+fn not_found(id: &str, param: Option<&'static str>) -> ApiError {
+    ApiError { status: StatusCode::NOT_FOUND, message: format!("no stored response with id {id:?}"), param }
+}
+
+/// A checked call, ready to submit.
+struct Call {
+    job: Job,
+    meta: Meta,
+    /// The turns up to this call's input (the earlier response's, then this input).
+    conversation: Vec<Value>,
+    store: bool,
+    stream: bool,
+}
+
+/// The call's checks (model, fields, items, the earlier response) and its chat job.
+fn prepare(state: &AppState, req: &ResponsesRequest, base: &str) -> Result<Call, ApiError> {
+    state.check_model(req.model.as_deref())?;
+    req.check_extra()?;
+    let mut conversation = match &req.previous_response_id {
+        Some(id) => {
+            let earlier =
+                state.responses.get(id).ok_or_else(|| not_found(id, Some("previous_response_id")))?;
+            earlier.conversation.clone()
+        }
+        None => Vec::new(),
+    };
+    let input = req.input_messages(&conversation)?;
+    conversation.extend(input);
+    let job = req.chat_request(&conversation)?.job(state, base)?;
+    let meta = Meta {
+        id: format!("resp_{base}"),
+        base: base.to_owned(),
+        created_at: crate::unix_now(),
+        model: state.handle.model_name().to_owned(),
+        echoed: echoed(req),
+    };
+    Ok(Call { job, meta, conversation, store: req.store.unwrap_or(true), stream: req.stream })
+}
+
+/// The request's fields the response object repeats, with OpenAI's defaults.
+fn echoed(req: &ResponsesRequest) -> Map<String, Value> {
+    let text = req.text.clone().unwrap_or_else(|| json!({"format": {"type": "text"}}));
+    let fields = json!({
+        "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
+        "temperature": req.temperature, "top_p": req.top_p, "tools": req.tools.clone().unwrap_or_default(),
+        "tool_choice": req.tool_choice.clone().unwrap_or_else(|| json!("auto")),
+        "parallel_tool_calls": req.parallel_tool_calls.unwrap_or(true), "text": text,
+        "previous_response_id": req.previous_response_id, "store": req.store.unwrap_or(true),
+        "metadata": req.metadata.clone().unwrap_or_default(), "user": req.user,
+        "truncation": "disabled", "reasoning": null,
+    });
+    fields.as_object().cloned().unwrap_or_default()
+}
+
+impl Call {
+    async fn run(self, state: Arc<AppState>) -> Response {
+        let Call { job, meta, conversation, store, stream } = self;
+        let (output, tools) = match job.submit_one(&state).await {
+            Ok(submitted) => submitted,
+            Err(e) => return e.into_response(),
+        };
+        let finish = Finish { meta, tools, conversation, store };
+        if stream {
+            let keep_alive = state.sse_keep_alive;
+            let sse = Sse::new(events(state, output, finish));
+            match keep_alive {
+                Some(every) => sse.keep_alive(KeepAlive::new().interval(every)).into_response(),
+                None => sse.into_response(),
+            }
+        } else {
+            whole(&state, output, finish).await
+        }
+    }
+}
+
+/// What finishing a response needs: its fields, how its text is read, what it stores.
+struct Finish {
+    meta: Meta,
+    tools: Option<ToolPlan>,
+    conversation: Vec<Value>,
+    store: bool,
+}
+
+impl Finish {
+    /// The finished response object over `items`; stored when the call asked for that.
+    fn response(self, state: &AppState, items: &[Item], usage: &Usage, finish: Option<&str>) -> Value {
+        let incomplete = incomplete_reason(finish);
+        let status = if incomplete.is_some() { "incomplete" } else { "completed" };
+        let base = &self.meta.base;
+        let output = items.iter().enumerate().map(|(i, item)| item.json(base, i, status)).collect();
+        let response = self.meta.response(status, output, Some(usage), incomplete);
+        if self.store {
+            let mut conversation = self.conversation;
+            conversation.push(Item::message(items));
+            state.responses.put(self.meta.id.clone(), Stored::new(response.clone(), conversation));
+        }
+        response
+    }
+}
+
+/// The text, finish and usage of a request's outputs as they are folded.
+#[derive(Default)]
+struct Folded {
+    text: String,
+    finish: Option<&'static str>,
+    usage: Usage,
+}
+
+impl Folded {
+    /// Folds one output in; its new text.
+    fn absorb(&mut self, state: &AppState, out: &engine::RequestOutput) -> String {
+        let mut new = String::new();
+        for d in &out.outputs {
+            new.push_str(&d.text);
+            if let Some(f) = &d.finish_reason {
+                self.finish = Some(f.as_str());
+            }
+        }
+        self.text.push_str(&new);
+        state.metrics.observe(out);
+        if out.finished {
+            self.usage.add_final(out, true);
+        }
+        new
+    }
+}
+
+async fn whole(state: &AppState, mut output: OutputStream, finish: Finish) -> Response {
+    let mut folded = Folded::default();
+    while let Some(item) = output.next().await {
+        match item {
+            Ok(out) => drop(folded.absorb(state, &out)),
+            Err(e) => return stream_error(e).into_response(),
+        }
+    }
+    let items = Item::of_text(&folded.text, finish.tools.as_ref(), &finish.meta.base);
+    Json(finish.response(state, &items, &folded.usage, folded.finish)).into_response()
+}
+
+/// A streamed response in flight.
+struct Live {
+    output: OutputStream,
+    events: Events,
+    folded: Folded,
+    /// The message item is open (its text streams as it comes; without tools only).
+    open: bool,
+    finish: Finish,
+    state: Arc<AppState>,
+}
+
+/// The typed events of a streamed response: created and in progress at once; without tools
+/// the message's text as it comes; with tools the items once the text is whole (the calls are
+/// known only then); then `response.completed` (or `response.incomplete`).
+fn events(
+    state: Arc<AppState>,
+    output: OutputStream,
+    finish: Finish,
+) -> impl Stream<Item = Result<Event, Infallible>> {
+    let mut events = Events::default();
+    let snapshot = finish.meta.response("in_progress", Vec::new(), None, None);
+    let opening = vec![
+        events.event("response.created", json!({"response": snapshot})),
+        events.event("response.in_progress", json!({"response": snapshot})),
+    ];
+    let live = Live { output, events, folded: Folded::default(), open: false, finish, state };
+    let body = stream::unfold(Some(live), |live| async move {
+        let mut live = live?;
+        match live.output.next().await {
+            Some(Ok(out)) => {
+                let new = live.folded.absorb(&live.state, &out);
+                let mut events = Vec::new();
+                if live.finish.tools.is_none() && !new.is_empty() {
+                    if !live.open {
+                        live.open = true;
+                        events.extend(live.events.open_message(&live.finish.meta.base, 0));
+                    }
+                    events.push(live.events.text_delta(&live.finish.meta.base, 0, &new));
+                }
+                if out.finished {
+                    events.extend(live.finished());
+                    return Some((events, None));
+                }
+                Some((events, Some(live)))
+            }
+            Some(Err(e)) => {
+                let message = stream_error(e).message;
+                let error =
+                    live.events.event("error", json!({"code": null, "message": message, "param": null}));
+                Some((vec![error], None))
+            }
+            None => Some((live.finished(), None)),
+        }
+    });
+    stream::iter(opening).chain(body.flat_map(stream::iter)).map(Ok::<Event, Infallible>)
+}
+
+impl Live {
+    /// The events that close the response: each item's (the open message's closing, or whole
+    /// items), then the finished response.
+    fn finished(mut self) -> Vec<Event> {
+        let base = self.finish.meta.base.clone();
+        let items = Item::of_text(&self.folded.text, self.finish.tools.as_ref(), &base);
+        let mut events = Vec::new();
+        for (i, item) in items.iter().enumerate() {
+            match item {
+                Item::Message(text) => {
+                    if !self.open {
+                        events.extend(self.events.open_message(&base, i));
+                        if !text.is_empty() {
+                            events.push(self.events.text_delta(&base, i, text));
+                        }
+                    }
+                    events.extend(self.events.close_message(&base, i, text));
+                }
+                Item::Call { .. } => events.extend(self.events.call(&base, i, item)),
+            }
+        }
+        let kind = if incomplete_reason(self.folded.finish).is_some() {
+            "response.incomplete"
+        } else {
+            "response.completed"
+        };
+        let response = self.finish.response(&self.state, &items, &self.folded.usage, self.folded.finish);
+        events.push(self.events.event(kind, json!({"response": response})));
+        events
+    }
+}
