@@ -4,12 +4,16 @@
 //! output sent back (through `previous_response_id`, or as input items) gets a text answer;
 //! `text.format` json_schema constrains the text; `max_output_tokens` makes it `incomplete`;
 //! stored responses are retrieved, `store: false` ones are not; unsupported fields, items and
-//! tools are 400s and an unknown `previous_response_id` a 404.
+//! tools are 400s and an unknown `previous_response_id` a 404. On the tiny model, the guards
+//! every endpoint has: the API key, a full waiting queue's 429 at once, a client that leaves
+//! mid-stream has its request aborted.
 
 use axum::http::StatusCode;
+use engine::EngineConfig;
 use serde_json::{Value, json};
+use server::ServerConfig;
 
-use crate::support::{TestServer, post_request, smollm2_server, sse_events};
+use crate::support::{TestServer, post_request, runtime, small_config, smollm2_server, sse_events};
 
 fn weather_tool() -> Value {
     json!({"type": "function", "name": "get_weather", "description": "Current weather in a city",
@@ -237,5 +241,54 @@ fn unsupported_requests_are_400s_that_name_what() {
         let (status, _) = server.post_json("/v1/responses", &json!({"input": "x", "previous_response_id": "resp_nope"})).await;
         assert_eq!(status, StatusCode::NOT_FOUND);
         assert_eq!(server.get("/v1/responses/resp_nope").await.0, StatusCode::NOT_FOUND);
+    });
+}
+
+#[test]
+fn the_key_a_full_queue_and_a_leaving_client_as_on_every_endpoint() {
+    let config = ServerConfig { api_key: Some("sesame".into()), ..ServerConfig::default() };
+    let srv = TestServer::new(small_config(), &config);
+    runtime().block_on(async {
+        assert_eq!(srv.post_json("/v1/responses", &json!({"input": "x"})).await.0, StatusCode::UNAUTHORIZED);
+        assert_eq!(srv.get("/v1/responses/resp_x").await.0, StatusCode::UNAUTHORIZED);
+    });
+
+    // One sequence runs and one may wait: a third call is refused at once.
+    let engine_config = EngineConfig { max_num_seqs: 1, max_waiting: 1, ..small_config() };
+    let srv = TestServer::new(engine_config, &ServerConfig::default());
+    runtime().block_on(async {
+        let long = json!({"input": "hello", "max_output_tokens": 400, "ignore_eos": true, "stream": true});
+        let running = srv.send(post_request("/v1/responses", long.to_string())).await;
+        // Once it runs (not before: the queue counts it until it is scheduled), the next waits.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !srv
+            .get("/metrics")
+            .await
+            .1
+            .lines()
+            .any(|l| l.starts_with("vllm:num_requests_running") && l.trim_end().ends_with(" 1"))
+        {
+            assert!(std::time::Instant::now() < deadline, "the first call never ran");
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        let waiting = srv.send(post_request("/v1/responses", long.to_string())).await;
+        assert_eq!((running.status(), waiting.status()), (StatusCode::OK, StatusCode::OK));
+        let (status, v) =
+            srv.post_json("/v1/responses", &json!({"input": "x", "max_output_tokens": 2})).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{v}");
+        // Both streams dropped: their requests are aborted and everything is given back.
+        drop((running, waiting));
+        let metrics = srv.wait_idle().await;
+        let generated: f64 = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("vllm:generation_tokens_total{model_name=\"tiny\"} "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no generation token count in\n{metrics}"));
+        assert!(generated < 800.0, "{generated} tokens generated: the streams' requests ran on");
+        // A client reading a few events, then leaving.
+        let resp = srv.send(post_request("/v1/responses", long.to_string())).await;
+        assert_eq!(sse_events(resp, 5).await.len(), 5);
+        srv.wait_idle().await;
+        srv.post_ok("/v1/responses", &json!({"input": "still serving", "max_output_tokens": 2})).await;
     });
 }
