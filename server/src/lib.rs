@@ -6,6 +6,8 @@
 //!   `respond.rs`, tool calling (`tool_choice`, the calls parsed out of the text) in `tools.rs`.
 //! - `POST /v1/responses`, `GET /v1/responses/{id}` (OpenAI's Responses API over the chat path,
 //!   its stored responses bounded in memory): `responses/`.
+//! - `POST /v1/messages` (Anthropic's Messages API over the chat path, its errors in
+//!   Anthropic's shape, the key also from `x-api-key`): `anthropic/`.
 //! - `GET /v1/models`, `GET /health`, `POST /tokenize`, `POST /detokenize`: `info.rs`.
 //! - `GET /metrics` (Prometheus text, vLLM V1's names): `metrics.rs`.
 //! - Fields beyond the typed ones (unknown: logged once and ignored; known but unimplemented:
@@ -25,12 +27,14 @@
 //! Invariants: no handler blocks a tokio worker — the engine runs on its own thread
 //! ([`engine::EngineHandle`]), submissions never wait for a step and outputs arrive through
 //! async streams; a response body owns its requests' streams, so a client that goes away
-//! aborts its requests. `--api-key` guards the `/v1` routes.
+//! aborts its requests. `--api-key` guards the `/v1` routes (Bearer or `x-api-key`).
 
+mod anthropic;
 pub mod cli;
 mod embeddings;
 mod error;
 mod fields;
+mod folded;
 mod generate;
 mod info;
 pub mod kv_map;
@@ -172,6 +176,7 @@ pub fn router(state: Arc<AppState>, config: &ServerConfig) -> Router {
         .route("/v1/embeddings", post(embeddings::embeddings))
         .route("/v1/responses", post(responses::create))
         .route("/v1/responses/{id}", get(responses::retrieve))
+        .route(anthropic::PATH, post(anthropic::messages))
         .route("/v1/models", get(info::models))
         .route("/v1/kv_map", get(kv_map::kv_map))
         .route("/v1/kv_map/stream", get(kv_map::kv_map_stream))
@@ -203,15 +208,18 @@ fn cors(origins: Option<&[String]>) -> Option<tower_http::cors::CorsLayer> {
     Some(CorsLayer::new().allow_origin(allow).allow_methods(Any).allow_headers(Any).expose_headers(Any))
 }
 
+/// The key from `Authorization: Bearer <key>` or (Anthropic's clients) `x-api-key: <key>`;
+/// a missing or wrong one is a 401 in the shape of the route's API.
 async fn require_api_key(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     if let Some(key) = &state.api_key {
-        let given = req
-            .headers()
-            .get(AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        if given != Some(key.as_str()) {
-            return ApiError::unauthorized().into_response();
+        let header = |name| req.headers().get(name).and_then(|v: &axum::http::HeaderValue| v.to_str().ok());
+        let bearer = header(AUTHORIZATION.as_str()).and_then(|v| v.strip_prefix("Bearer "));
+        if bearer != Some(key.as_str()) && header("x-api-key") != Some(key.as_str()) {
+            return if req.uri().path() == anthropic::PATH {
+                anthropic::error_response(&ApiError::unauthorized())
+            } else {
+                ApiError::unauthorized().into_response()
+            };
         }
     }
     next.run(req).await

@@ -102,6 +102,24 @@ pub struct SamplingFields {
     pub extra: serde_json::Map<String, serde_json::Value>,
 }
 
+/// vLLM's sampling fields beyond OpenAI's that the endpoints built on chat requests
+/// (`/v1/responses`, `/v1/messages`) hand on to it as they are.
+pub const SAMPLING_EXTRAS: &[&str] = &[
+    "top_k",
+    "min_p",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "stop",
+    "stop_token_ids",
+    "min_tokens",
+    "ignore_eos",
+    "priority",
+    "cache_salt",
+    "chat_template_kwargs",
+];
+
 /// `POST /v1/completions`.
 #[derive(Debug, Clone, Deserialize)]
 pub struct CompletionRequest {

@@ -130,11 +130,11 @@ impl PhaseClock {
     }
 }
 
-/// `target/venv-openai` with the `openai` package (pydantic comes with it) and `jsonschema`, which
-/// the structured-outputs checks validate with.
+/// `target/venv-openai` with the `openai` package (pydantic comes with it), `anthropic` (the
+/// `/v1/messages` checks) and `jsonschema`, which the structured-outputs checks validate with.
 fn ensure_openai_venv() -> anyhow::Result<()> {
-    let packages = ["openai>=1.40,<3", "jsonschema>=4.18,<5"];
-    crate::cmd::ensure_venv("venv-openai", "openai, httpx, pydantic, jsonschema", &packages).map(drop)
+    let packages = ["openai>=1.40,<3", "anthropic==0.75.0", "jsonschema>=4.18,<5"];
+    crate::cmd::ensure_venv("venv-openai", "openai, anthropic, httpx, pydantic, jsonschema", &packages).map(drop)
 }
 
 /// What the browser test runs (Debian's packages): the browser and its WebDriver.

@@ -23,6 +23,7 @@ use serde_json::{Map, Value, json};
 
 use crate::AppState;
 use crate::error::ApiError;
+use crate::folded::Folded;
 use crate::generate::{Job, JobRequest, stream_error};
 use crate::request_id::{request_id, with_request_id};
 use crate::respond::Usage;
@@ -157,43 +158,16 @@ impl Finish {
     }
 }
 
-/// The text, finish and usage of a request's outputs as they are folded.
-#[derive(Default)]
-struct Folded {
-    text: String,
-    finish: Option<&'static str>,
-    usage: Usage,
-}
-
-impl Folded {
-    /// Folds one output in; its new text.
-    fn absorb(&mut self, state: &AppState, out: &engine::RequestOutput) -> String {
-        let mut new = String::new();
-        for d in &out.outputs {
-            new.push_str(&d.text);
-            if let Some(f) = &d.finish_reason {
-                self.finish = Some(f.as_str());
-            }
-        }
-        self.text.push_str(&new);
-        state.metrics.observe(out);
-        if out.finished {
-            self.usage.add_final(out, true);
-        }
-        new
-    }
-}
-
 async fn whole(state: &AppState, mut output: OutputStream, finish: Finish) -> Response {
     let mut folded = Folded::default();
     while let Some(item) = output.next().await {
         match item {
-            Ok(out) => drop(folded.absorb(state, &out)),
+            Ok(out) => drop(folded.absorb(&state.metrics, &out)),
             Err(e) => return stream_error(e).into_response(),
         }
     }
     let items = Item::of_text(&folded.text, finish.tools.as_ref(), &finish.meta.base);
-    Json(finish.response(state, &items, &folded.usage, folded.finish)).into_response()
+    Json(finish.response(state, &items, &folded.usage, folded.finish_str())).into_response()
 }
 
 /// A streamed response in flight.
@@ -226,7 +200,7 @@ fn events(
         let mut live = live?;
         match live.output.next().await {
             Some(Ok(out)) => {
-                let new = live.folded.absorb(&live.state, &out);
+                let new = live.folded.absorb(&live.state.metrics, &out);
                 let mut events = Vec::new();
                 if live.finish.tools.is_none() && !new.is_empty() {
                     if !live.open {
@@ -274,12 +248,13 @@ impl Live {
                 Item::Call { .. } => events.extend(self.events.call(&base, i, item)),
             }
         }
-        let kind = if incomplete_reason(self.folded.finish).is_some() {
+        let kind = if incomplete_reason(self.folded.finish_str()).is_some() {
             "response.incomplete"
         } else {
             "response.completed"
         };
-        let response = self.finish.response(&self.state, &items, &self.folded.usage, self.folded.finish);
+        let response =
+            self.finish.response(&self.state, &items, &self.folded.usage, self.folded.finish_str());
         events.push(self.events.event(kind, json!({"response": response})));
         events
     }

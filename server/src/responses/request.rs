@@ -10,7 +10,7 @@ use serde_json::{Map, Value, json};
 
 use crate::error::ApiError;
 use crate::fields::null_default;
-use crate::openai::ChatRequest;
+use crate::openai::{ChatRequest, SAMPLING_EXTRAS};
 
 /// `POST /v1/responses`.
 #[derive(Debug, Clone, Deserialize)]
@@ -45,23 +45,6 @@ pub struct ResponsesRequest {
     pub extra: Map<String, Value>,
 }
 
-/// vLLM's sampling fields beyond OpenAI's, handed to the chat request as they are.
-const PASSED_ON: &[&str] = &[
-    "top_k",
-    "min_p",
-    "seed",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-    "stop",
-    "stop_token_ids",
-    "min_tokens",
-    "ignore_eos",
-    "priority",
-    "cache_salt",
-    "chat_template_kwargs",
-];
-
 /// OpenAI's fields that are accepted when they hold these values (or `null`): what this
 /// server does anyway, or a hint it may ignore.
 fn accepted(name: &str, value: &Value) -> bool {
@@ -81,7 +64,7 @@ impl ResponsesRequest {
     /// this endpoint does not do.
     pub fn check_extra(&self) -> Result<(), ApiError> {
         for (name, value) in &self.extra {
-            if value.is_null() || PASSED_ON.contains(&name.as_str()) || accepted(name, value) {
+            if value.is_null() || SAMPLING_EXTRAS.contains(&name.as_str()) || accepted(name, value) {
                 continue;
             }
             // The name is known only at run time: the message carries it.
@@ -128,7 +111,7 @@ impl ResponsesRequest {
         set("tools", self.tools.as_deref().map(chat_tools).transpose()?);
         set("tool_choice", self.tool_choice.as_ref().map(chat_tool_choice).transpose()?);
         set("response_format", self.text.as_ref().map(response_format).transpose()?.flatten());
-        for name in PASSED_ON {
+        for name in SAMPLING_EXTRAS {
             set(name, self.extra.get(*name).cloned());
         }
         serde_json::from_value(Value::Object(chat))

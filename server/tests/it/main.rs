@@ -4,6 +4,7 @@
 //! and the real
 //! model behind a socket, driven by the `openai` Python package and curl; the binary and SIGTERM.
 
+mod anthropic;
 mod api;
 mod bad_input;
 mod conformance;

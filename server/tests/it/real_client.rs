@@ -243,3 +243,18 @@ fn responses_through_the_openai_client() {
     assert!(server.handle.kv_is_idle().unwrap_or_else(|e| panic!("{e}")), "blocks held after the calls");
     server.shut_down();
 }
+
+/// `/v1/messages` through the `anthropic` package (`tests/anthropic_messages.py`) on the default
+/// model behind an API key: create, the stream helper, a tool round trip, the error classes.
+#[test]
+fn messages_through_the_anthropic_client() {
+    let gguf = model::testing::smollm2_gguf();
+    assert!(gguf.exists(), "{} missing: run `cargo xtask fetch-model`", gguf.display());
+    let key = "sk-anthropic-test";
+    let server_config = ServerConfig { api_key: Some(key.into()), ..ServerConfig::default() };
+    let engine = Engine::new(&gguf, config()).unwrap_or_else(|e| panic!("{e}"));
+    let server = Loopback::serve_with(engine, server_config);
+    server.run_python("anthropic_messages.py", &[key.to_owned()]);
+    assert!(server.handle.kv_is_idle().unwrap_or_else(|e| panic!("{e}")), "blocks held after the calls");
+    server.shut_down();
+}

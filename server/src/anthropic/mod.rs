@@ -1,0 +1,264 @@
+//! Anthropic's `POST /v1/messages` over the chat endpoint's path: the body becomes a chat
+//! request (`request.rs`), checked and submitted as one chat job; its finished text becomes
+//! content blocks (`text`, or with tools the `tool_use` calls it holds) in one message object
+//! or as Anthropic's event stream (`message_start`, `content_block_start`,
+//! `content_block_delta`, `content_block_stop`, `message_delta`, `message_stop`). Errors take
+//! Anthropic's shape (`{"type": "error", "error": {"type", "message"}}`), and the API key is
+//! read from `x-api-key` as well as `Authorization: Bearer`.
+
+mod request;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use engine::{FinishReason, OutputStream};
+use futures_util::stream::{self, Stream, StreamExt};
+use serde_json::{Value, json};
+
+use crate::AppState;
+use crate::error::ApiError;
+use crate::folded::Folded;
+use crate::generate::{JobRequest, stream_error};
+use crate::request_id::{request_id, with_request_id};
+use crate::tools::ToolPlan;
+use request::MessagesRequest;
+
+/// The path whose errors take Anthropic's shape.
+pub const PATH: &str = "/v1/messages";
+
+/// `POST /v1/messages`.
+pub(crate) async fn messages(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Result<crate::JsonBody<MessagesRequest>, ApiError>,
+) -> Response {
+    let base = match request_id(&headers, None) {
+        Ok(base) => base,
+        Err(e) => return error_response(&e),
+    };
+    let response = match body.and_then(|b| prepare(&state, &b.0, &base)) {
+        Ok(call) => call.run(state).await,
+        Err(e) => error_response(&e),
+    };
+    with_request_id(response, &base)
+}
+
+/// An error in Anthropic's shape, with its status.
+pub fn error_response(e: &ApiError) -> Response {
+    let kind = match e.status {
+        StatusCode::BAD_REQUEST => "invalid_request_error",
+        StatusCode::UNAUTHORIZED => "authentication_error",
+        StatusCode::FORBIDDEN => "permission_error",
+        StatusCode::NOT_FOUND => "not_found_error",
+        StatusCode::PAYLOAD_TOO_LARGE => "request_too_large",
+        StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
+        _ => "api_error",
+    };
+    let mut response =
+        (e.status, Json(json!({"type": "error", "error": {"type": kind, "message": e.message}})))
+            .into_response();
+    if e.status == StatusCode::TOO_MANY_REQUESTS {
+        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(crate::error::RETRY_AFTER_SECS));
+    }
+    response
+}
+
+/// A checked call, ready to submit.
+struct Call {
+    job: crate::generate::Job,
+    id: String,
+    model: String,
+    stream: bool,
+}
+
+fn prepare(state: &AppState, req: &MessagesRequest, base: &str) -> Result<Call, ApiError> {
+    state.check_model(req.model.as_deref())?;
+    req.check_extra()?;
+    let job = req.chat_request()?.job(state, base)?;
+    Ok(Call {
+        job,
+        id: format!("msg_{base}"),
+        model: state.handle.model_name().to_owned(),
+        stream: req.stream,
+    })
+}
+
+impl Call {
+    async fn run(self, state: Arc<AppState>) -> Response {
+        let (output, tools) = match self.job.submit_one(&state).await {
+            Ok(submitted) => submitted,
+            Err(e) => return error_response(&e),
+        };
+        let message = Message { id: self.id, model: self.model, tools };
+        if self.stream {
+            let keep_alive = state.sse_keep_alive;
+            let sse = Sse::new(events(state, output, message));
+            match keep_alive {
+                Some(every) => sse.keep_alive(KeepAlive::new().interval(every)).into_response(),
+                None => sse.into_response(),
+            }
+        } else {
+            let mut folded = Folded::default();
+            let mut output = output;
+            while let Some(item) = output.next().await {
+                match item {
+                    Ok(out) => drop(folded.absorb(&state.metrics, &out)),
+                    Err(e) => return error_response(&stream_error(e)),
+                }
+            }
+            let (content, stop_reason, stop_sequence) = message.content(&folded);
+            let mut body = message.object(content, &folded);
+            body["stop_reason"] = json!(stop_reason);
+            body["stop_sequence"] = json!(stop_sequence);
+            Json(body).into_response()
+        }
+    }
+}
+
+/// What a message's object and blocks are made of.
+struct Message {
+    id: String,
+    model: String,
+    tools: Option<ToolPlan>,
+}
+
+impl Message {
+    /// The message object (`stop_reason` still null) with `content` and the usage so far.
+    fn object(&self, content: Vec<Value>, folded: &Folded) -> Value {
+        json!({
+            "id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": content,
+            "stop_reason": null, "stop_sequence": null,
+            "usage": {"input_tokens": folded.usage.prompt_tokens, "output_tokens": folded.usage.completion_tokens,
+                "cache_read_input_tokens": folded.usage.cached_tokens, "cache_creation_input_tokens": 0},
+        })
+    }
+
+    /// The finished text's blocks (the calls it holds, after any text beside them, with tools;
+    /// else the text), the stop reason and the stop sequence that ended it.
+    fn content(&self, folded: &Folded) -> (Vec<Value>, &'static str, Option<String>) {
+        let calls =
+            self.tools.as_ref().and_then(|t| t.parse(&folded.text, self.id.trim_start_matches("msg_")));
+        if let Some((text, calls)) = calls {
+            let blocks = text.map(|t| json!({"type": "text", "text": t})).into_iter().chain(
+                calls.into_iter().map(|c| {
+                    let input = serde_json::from_str::<Value>(&c.function.arguments)
+                        .unwrap_or(Value::String(c.function.arguments));
+                    json!({"type": "tool_use", "id": c.id, "name": c.function.name, "input": input})
+                }),
+            );
+            return (blocks.collect(), "tool_use", None);
+        }
+        let (reason, sequence) = match &folded.finish {
+            Some(FinishReason::StopString(s)) => ("stop_sequence", Some(s.clone())),
+            Some(FinishReason::Length) => ("max_tokens", None),
+            _ => ("end_turn", None),
+        };
+        (vec![json!({"type": "text", "text": folded.text})], reason, sequence)
+    }
+}
+
+fn event(kind: &str, mut body: Value) -> Event {
+    body["type"] = json!(kind);
+    Event::default().event(kind).data(crate::generate::sse_safe_json(body.to_string()))
+}
+
+/// A streamed message in flight.
+struct Live {
+    output: OutputStream,
+    folded: Folded,
+    /// The text block is open (its text streams as it comes; without tools only).
+    open: bool,
+    message: Message,
+    state: Arc<AppState>,
+}
+
+/// Anthropic's events: `message_start` at once; without tools the text block's deltas as they
+/// come; with tools the blocks once the text is whole (the calls are known only then), a
+/// `tool_use` block's input in one `input_json_delta`; then `message_delta` (stop reason,
+/// output tokens) and `message_stop`.
+fn events(
+    state: Arc<AppState>,
+    output: OutputStream,
+    message: Message,
+) -> impl Stream<Item = Result<Event, Infallible>> {
+    let start = event("message_start", json!({"message": message.object(Vec::new(), &Folded::default())}));
+    let live = Live { output, folded: Folded::default(), open: false, message, state };
+    let body = stream::unfold(Some(live), |live| async move {
+        let mut live = live?;
+        match live.output.next().await {
+            Some(Ok(out)) => {
+                let new = live.folded.absorb(&live.state.metrics, &out);
+                let mut events = Vec::new();
+                if live.message.tools.is_none() && !new.is_empty() {
+                    if !live.open {
+                        live.open = true;
+                        events.push(text_start(0));
+                    }
+                    events.push(text_delta(0, &new));
+                }
+                if out.finished {
+                    events.extend(live.finished());
+                    return Some((events, None));
+                }
+                Some((events, Some(live)))
+            }
+            Some(Err(e)) => {
+                let e = stream_error(e);
+                Some((
+                    vec![event("error", json!({"error": {"type": "api_error", "message": e.message}}))],
+                    None,
+                ))
+            }
+            None => Some((live.finished(), None)),
+        }
+    });
+    stream::once(async { start }).chain(body.flat_map(stream::iter)).map(Ok::<Event, Infallible>)
+}
+
+fn text_start(index: usize) -> Event {
+    event("content_block_start", json!({"index": index, "content_block": {"type": "text", "text": ""}}))
+}
+
+fn text_delta(index: usize, text: &str) -> Event {
+    event("content_block_delta", json!({"index": index, "delta": {"type": "text_delta", "text": text}}))
+}
+
+impl Live {
+    /// The closing events: every block's (or the open text block's end), then the stop.
+    fn finished(self) -> Vec<Event> {
+        let (blocks, stop_reason, stop_sequence) = self.message.content(&self.folded);
+        let mut events = Vec::new();
+        for (i, block) in blocks.iter().enumerate() {
+            if block["type"] == "tool_use" {
+                let mut start = block.clone();
+                start["input"] = json!({});
+                events.push(event("content_block_start", json!({"index": i, "content_block": start})));
+                let partial = block["input"].to_string();
+                events.push(event(
+                    "content_block_delta",
+                    json!({"index": i, "delta": {"type": "input_json_delta", "partial_json": partial}}),
+                ));
+            } else if !self.open {
+                events.push(text_start(i));
+                let text = block["text"].as_str().unwrap_or_default();
+                if !text.is_empty() {
+                    events.push(text_delta(i, text));
+                }
+            }
+            events.push(event("content_block_stop", json!({"index": i})));
+        }
+        let usage = &self.folded.usage;
+        events.push(event(
+            "message_delta",
+            json!({"delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
+                "usage": {"input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens}}),
+        ));
+        events.push(event("message_stop", json!({})));
+        events
+    }
+}

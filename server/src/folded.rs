@@ -1,0 +1,38 @@
+//! One request's outputs folded as they arrive into its text, its finish and its usage: what
+//! the endpoints that answer a single sample (`/v1/responses`, `/v1/messages`) build from.
+
+use engine::{FinishReason, RequestOutput};
+
+use crate::metrics::Metrics;
+use crate::respond::Usage;
+
+#[derive(Debug, Default)]
+pub struct Folded {
+    pub text: String,
+    pub finish: Option<FinishReason>,
+    pub usage: Usage,
+}
+
+impl Folded {
+    /// Folds one output in (and into the metrics); returns its new text.
+    pub fn absorb(&mut self, metrics: &Metrics, out: &RequestOutput) -> String {
+        let mut new = String::new();
+        for d in &out.outputs {
+            new.push_str(&d.text);
+            if let Some(f) = &d.finish_reason {
+                self.finish = Some(f.clone());
+            }
+        }
+        self.text.push_str(&new);
+        metrics.observe(out);
+        if out.finished {
+            self.usage.add_final(out, true);
+        }
+        new
+    }
+
+    /// The finish as OpenAI spells it (`stop`, `length`, `abort`).
+    pub fn finish_str(&self) -> Option<&'static str> {
+        self.finish.as_ref().map(FinishReason::as_str)
+    }
+}
