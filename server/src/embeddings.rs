@@ -155,7 +155,7 @@ async fn respond(state: Arc<AppState>, req: EmbeddingRequest, base: &str) -> Res
         let mut embedding = None;
         while let Some(item) = stream.next().await {
             let out = item.map_err(crate::generate::stream_error)?;
-            state.metrics.observe(&out);
+            state.metrics.observe(&out, crate::metrics::Api::Embeddings);
             if out.finished {
                 prompt_tokens = prompt_tokens.saturating_add(out.prompt_tokens);
                 embedding = out.embedding;

@@ -3,7 +3,7 @@
 
 use engine::{FinishReason, RequestOutput};
 
-use crate::metrics::Metrics;
+use crate::metrics::{Api, Metrics};
 use crate::respond::Usage;
 
 #[derive(Debug, Default)]
@@ -14,8 +14,9 @@ pub struct Folded {
 }
 
 impl Folded {
-    /// Folds one output in (and into the metrics); returns its new text.
-    pub fn absorb(&mut self, metrics: &Metrics, out: &RequestOutput) -> String {
+    /// Folds one output of a request `api` served in (and into the metrics); returns its new
+    /// text.
+    pub fn absorb(&mut self, metrics: &Metrics, api: Api, out: &RequestOutput) -> String {
         let mut new = String::new();
         for d in &out.outputs {
             new.push_str(&d.text);
@@ -24,7 +25,7 @@ impl Folded {
             }
         }
         self.text.push_str(&new);
-        metrics.observe(out);
+        metrics.observe(out, api);
         if out.finished {
             self.usage.add_final(out, true);
         }

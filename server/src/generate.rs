@@ -356,7 +356,7 @@ async fn whole_response(
         if let Some(fin) = finals.get_mut(prompt) {
             fin.absorb(&out);
         }
-        state.metrics.observe(&out);
+        state.metrics.observe(&out, envelope.endpoint.api());
         if out.finished {
             usage.add_final(&out, shown.counts_completion());
         }
@@ -503,7 +503,7 @@ impl<S> SseState<S> {
                 json_event(&chunk)
             })
             .collect();
-        self.state.metrics.observe(out);
+        self.state.metrics.observe(out, self.envelope.endpoint.api());
         if out.finished {
             self.usage.add_final(out, self.shown.counts_completion());
         }
@@ -527,7 +527,7 @@ impl<S> SseState<S> {
                 events.push(json_event(&self.envelope.tool_chunk(index, &text, Some(finish.as_str()))));
             }
         }
-        self.state.metrics.observe(out);
+        self.state.metrics.observe(out, self.envelope.endpoint.api());
         if out.finished {
             self.usage.add_final(out, true);
         }

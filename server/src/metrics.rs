@@ -61,6 +61,32 @@ const REQUEST_LATENCY_BUCKETS: &[f64] = &[
 /// The `finished_reason` values vLLM labels successes with (the label sets exist from the start).
 const FINISHED_REASONS: [&str; 3] = ["stop", "length", "abort"];
 
+/// The `endpoint` label of successes: which API served the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    Completions,
+    ChatCompletions,
+    Embeddings,
+    Responses,
+    Messages,
+}
+
+impl Api {
+    const ALL: [Api; 5] =
+        [Api::Completions, Api::ChatCompletions, Api::Embeddings, Api::Responses, Api::Messages];
+
+    /// The label value: the route's last part (`/v1/chat/completions` → `chat_completions`).
+    pub fn label(self) -> &'static str {
+        match self {
+            Api::Completions => "completions",
+            Api::ChatCompletions => "chat_completions",
+            Api::Embeddings => "embeddings",
+            Api::Responses => "responses",
+            Api::Messages => "messages",
+        }
+    }
+}
+
 /// vLLM's `build_1_2_5_buckets`: 1, 2, 5, 10, 20, 50, … up to `max`.
 fn one_two_five_buckets(max: usize) -> Vec<f64> {
     let mut edges = Vec::new();
@@ -104,11 +130,13 @@ impl Metrics {
             &registry,
             IntCounterVec::new(
                 opts("vllm:request_success_total", "Count of successfully processed requests."),
-                &["finished_reason"],
+                &["endpoint", "finished_reason"],
             )?,
         )?;
-        for reason in FINISHED_REASONS {
-            success.with_label_values(&[reason]);
+        for api in Api::ALL {
+            for reason in FINISHED_REASONS {
+                success.with_label_values(&[api.label(), reason]);
+            }
         }
         let token_counts = one_two_five_buckets(max_model_len.max(1));
         let request_latency = |name: &str, help: &str| histogram(name, help, REQUEST_LATENCY_BUCKETS);
@@ -203,10 +231,10 @@ impl Metrics {
         })
     }
 
-    /// Records one output of a request: its inter-token latency, its samples that finished,
-    /// and on its final output the per-request histograms. A request a client aborted is no
-    /// success and adds no latency.
-    pub fn observe(&self, out: &RequestOutput) {
+    /// Records one output of a request `api` served: its inter-token latency, its samples that
+    /// finished, and on its final output the per-request histograms. A request a client aborted
+    /// is no success and adds no latency.
+    pub fn observe(&self, out: &RequestOutput, api: Api) {
         let aborted = out.outputs.iter().any(|c| c.finish_reason == Some(FinishReason::Abort));
         if aborted {
             return;
@@ -215,7 +243,7 @@ impl Metrics {
             self.inter_token.observe(gap.as_secs_f64());
         }
         for reason in out.outputs.iter().filter_map(|c| c.finish_reason.as_ref()) {
-            self.success.with_label_values(&[reason.as_str()]).inc();
+            self.success.with_label_values(&[api.label(), reason.as_str()]).inc();
         }
         if out.finished {
             self.observe_final(out);

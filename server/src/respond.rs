@@ -19,6 +19,16 @@ pub enum Endpoint {
     Chat,
 }
 
+impl Endpoint {
+    /// The metrics' label of the endpoint.
+    pub fn api(self) -> crate::metrics::Api {
+        match self {
+            Endpoint::Completions => crate::metrics::Api::Completions,
+            Endpoint::Chat => crate::metrics::Api::ChatCompletions,
+        }
+    }
+}
+
 /// What every chunk and response of one API call shares.
 #[derive(Debug, Clone)]
 pub struct Envelope {

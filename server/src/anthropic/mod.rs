@@ -107,7 +107,7 @@ impl Call {
             let mut output = output;
             while let Some(item) = output.next().await {
                 match item {
-                    Ok(out) => drop(folded.absorb(&state.metrics, &out)),
+                    Ok(out) => drop(folded.absorb(&state.metrics, crate::metrics::Api::Messages, &out)),
                     Err(e) => return error_response(&stream_error(e)),
                 }
             }
@@ -192,7 +192,7 @@ fn events(
         let mut live = live?;
         match live.output.next().await {
             Some(Ok(out)) => {
-                let new = live.folded.absorb(&live.state.metrics, &out);
+                let new = live.folded.absorb(&live.state.metrics, crate::metrics::Api::Messages, &out);
                 let mut events = Vec::new();
                 if live.message.tools.is_none() && !new.is_empty() {
                     if !live.open {

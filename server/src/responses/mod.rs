@@ -162,7 +162,7 @@ async fn whole(state: &AppState, mut output: OutputStream, finish: Finish) -> Re
     let mut folded = Folded::default();
     while let Some(item) = output.next().await {
         match item {
-            Ok(out) => drop(folded.absorb(&state.metrics, &out)),
+            Ok(out) => drop(folded.absorb(&state.metrics, crate::metrics::Api::Responses, &out)),
             Err(e) => return stream_error(e).into_response(),
         }
     }
@@ -200,7 +200,7 @@ fn events(
         let mut live = live?;
         match live.output.next().await {
             Some(Ok(out)) => {
-                let new = live.folded.absorb(&live.state.metrics, &out);
+                let new = live.folded.absorb(&live.state.metrics, crate::metrics::Api::Responses, &out);
                 let mut events = Vec::new();
                 if live.finish.tools.is_none() && !new.is_empty() {
                     if !live.open {

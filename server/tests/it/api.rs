@@ -141,10 +141,13 @@ fn a_client_that_disconnects_mid_stream_frees_its_blocks() {
         let got = sse_events(resp, 2).await;
         assert_eq!(got.len(), 2);
         let metrics = srv.wait_idle().await;
-        for reason in ["stop", "length", "abort"] {
-            let line =
-                format!("vllm:request_success_total{{finished_reason=\"{reason}\",model_name=\"tiny\"}} 0");
-            assert!(metrics.contains(&line), "{line} missing from\n{metrics}");
+        for endpoint in ["completions", "chat_completions", "embeddings", "responses", "messages"] {
+            for reason in ["stop", "length", "abort"] {
+                let line = format!(
+                    "vllm:request_success_total{{endpoint=\"{endpoint}\",finished_reason=\"{reason}\",model_name=\"tiny\"}} 0"
+                );
+                assert!(metrics.contains(&line), "{line} missing from\n{metrics}");
+            }
         }
         // The engine keeps serving.
         let (status, _) = srv.post_json("/v1/completions", &json!({"prompt": "x", "max_tokens": 2})).await;

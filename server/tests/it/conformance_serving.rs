@@ -195,8 +195,11 @@ fn metrics_count_what_happened_under_vllms_names() {
                 .unwrap_or_else(|| panic!("no {series} in\n{metrics}"))
         };
         let model = "model_name=\"SmolLM2-135M-Instruct.Q4_1\"";
-        assert_eq!(value(&format!("vllm:request_success_total{{finished_reason=\"length\",{model}}}")), 2.0);
-        assert_eq!(value(&format!("vllm:request_success_total{{finished_reason=\"stop\",{model}}}")), 0.0);
+        let success = |api: &str, reason: &str| {
+            format!("vllm:request_success_total{{endpoint=\"{api}\",finished_reason=\"{reason}\",{model}}}")
+        };
+        assert_eq!(value(&success("completions", "length")), 2.0);
+        assert_eq!(value(&success("completions", "stop")), 0.0);
         for one in ["request_queue_time_seconds", "request_prompt_tokens", "request_generation_tokens"] {
             assert_eq!(value(&format!("vllm:{one}_count{{{model}}}")), 1.0, "{one}");
         }
@@ -208,6 +211,31 @@ fn metrics_count_what_happened_under_vllms_names() {
             value(&format!("vllm:iteration_tokens_total_sum{{{model}}}")),
             value(&format!("vllm:prompt_tokens_total{{{model}}}")) + 6.0
         );
+
+        // Each endpoint's successes under its own label.
+        let one = json!({"max_tokens": 2, "max_output_tokens": 2, "ignore_eos": true, "input": "Hi",
+            "messages": [{"role": "user", "content": "Hi"}]});
+        for (path, drop_field) in
+            [("/v1/chat/completions", "input"), ("/v1/responses", "messages"), ("/v1/messages", "input")]
+        {
+            let mut body = one.clone();
+            if let Some(o) = body.as_object_mut() {
+                o.remove(drop_field);
+                o.remove(if path == "/v1/responses" { "max_tokens" } else { "max_output_tokens" });
+            }
+            assert_eq!(srv.post_json(path, &body).await.0, StatusCode::OK, "{path}");
+        }
+        let metrics = srv.wait_idle().await;
+        let value = |series: &str| {
+            metrics
+                .lines()
+                .find_map(|l| l.strip_prefix(series)?.trim().parse::<f64>().ok())
+                .unwrap_or(f64::NAN)
+        };
+        for api in ["chat_completions", "responses", "messages"] {
+            assert_eq!(value(&success(api, "length")), 1.0, "{api}\n{metrics}");
+        }
+        assert_eq!(value(&success("completions", "length")), 2.0);
     });
 }
 
