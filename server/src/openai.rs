@@ -118,6 +118,11 @@ pub const SAMPLING_EXTRAS: &[&str] = &[
     "priority",
     "cache_salt",
     "chat_template_kwargs",
+    "guided_choice",
+    "guided_regex",
+    "guided_json",
+    "guided_grammar",
+    "structured_outputs",
 ];
 
 /// `POST /v1/completions`.

@@ -1,12 +1,14 @@
-//! What `/v1/responses` answers: the response object, its output items (an assistant
-//! `message` with one `output_text` part, `function_call` items) and the typed stream events
-//! (`response.created`, `response.output_item.added`, `response.output_text.delta`,
+//! What `/v1/responses` answers: the response object, its output items (a `reasoning` item
+//! with the `<think>` span under `--reasoning-parser`, an assistant `message` with one
+//! `output_text` part, `function_call` items) and the typed stream events (`response.created`,
+//! `response.output_item.added`, `response.reasoning_text.delta`, `response.output_text.delta`,
 //! `response.function_call_arguments.delta`, …, `response.completed`), each with its
 //! `sequence_number`.
 
 use axum::response::sse::Event;
 use serde_json::{Map, Value, json};
 
+use crate::reasoning::ReasoningParser;
 use crate::respond::Usage;
 use crate::tools::ToolPlan;
 
@@ -23,31 +25,50 @@ pub struct Meta {
     pub echoed: Map<String, Value>,
 }
 
-/// One output item before it is shown: text, or a call.
+/// One output item before it is shown: reasoning, text, or a call.
 #[derive(Debug, Clone)]
 pub enum Item {
+    Reasoning(String),
     Message(String),
     Call { call_id: String, name: String, arguments: String },
 }
 
 impl Item {
-    /// The items of a finished text: with tools, the calls it holds (after the text beside
-    /// them, if any); else one message.
-    pub fn of_text(text: &str, tools: Option<&ToolPlan>, base: &str) -> Vec<Item> {
-        if let Some((content, calls)) = tools.and_then(|t| t.parse(text, base)) {
+    /// The items of a finished text: its reasoning first (with a parser, where there is any);
+    /// then with tools the calls the rest holds (after the text beside them, if any), else one
+    /// message.
+    pub fn of_text(
+        text: &str,
+        reasoning: Option<ReasoningParser>,
+        tools: Option<&ToolPlan>,
+        base: &str,
+    ) -> Vec<Item> {
+        let (thought, content) = match reasoning {
+            Some(parser) => {
+                let (thought, content) = parser.split(text);
+                (thought, content.unwrap_or_default())
+            }
+            None => (None, text.to_owned()),
+        };
+        let thought = thought.map(Item::Reasoning).into_iter();
+        if let Some((content, calls)) = tools.and_then(|t| t.parse(&content, base)) {
             let calls = calls.into_iter().map(|c| Item::Call {
                 call_id: c.id,
                 name: c.function.name,
                 arguments: c.function.arguments,
             });
-            return content.map(Item::Message).into_iter().chain(calls).collect();
+            return thought.chain(content.map(Item::Message)).chain(calls).collect();
         }
-        vec![Item::Message(text.to_owned())]
+        thought.chain([Item::Message(content)]).collect()
     }
 
     /// Item `index` of response `base` as the API shows it, with `status`.
     pub fn json(&self, base: &str, index: usize, status: &str) -> Value {
         match self {
+            Item::Reasoning(text) => json!({
+                "type": "reasoning", "id": format!("rs_{base}_{index}"), "status": status, "summary": [],
+                "content": [{"type": "reasoning_text", "text": text}],
+            }),
             Item::Message(text) => json!({
                 "type": "message", "id": format!("msg_{base}_{index}"), "status": status, "role": "assistant",
                 "content": [output_text(text)],
@@ -59,13 +80,14 @@ impl Item {
         }
     }
 
-    /// The item as a chat message, for a later `previous_response_id`.
+    /// The items as one chat message, for a later `previous_response_id` (the reasoning left
+    /// out, as the chat templates of reasoning models drop earlier turns' thinking).
     pub fn message(items: &[Item]) -> Value {
         let text: String = items
             .iter()
             .filter_map(|i| match i {
                 Item::Message(t) => Some(t.as_str()),
-                Item::Call { .. } => None,
+                _ => None,
             })
             .collect();
         let calls: Vec<Value> = items
@@ -73,7 +95,7 @@ impl Item {
             .filter_map(|i| match i {
                 Item::Call { call_id, name, arguments } => Some(json!({
                     "id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}})),
-                Item::Message(_) => None,
+                _ => None,
             })
             .collect();
         if calls.is_empty() {
@@ -180,6 +202,36 @@ impl Events {
             self.event(
                 "response.output_item.done",
                 json!({"output_index": index, "item": Item::Message(text.to_owned()).json(base, index, "completed")}),
+            ),
+        ]
+    }
+
+    /// The opening of a reasoning item at `index`.
+    pub fn open_reasoning(&mut self, base: &str, index: usize) -> Event {
+        let mut item = Item::Reasoning(String::new()).json(base, index, "in_progress");
+        item["content"] = json!([]);
+        self.event("response.output_item.added", json!({"output_index": index, "item": item}))
+    }
+
+    /// A piece of a reasoning item's text.
+    pub fn reasoning_delta(&mut self, base: &str, index: usize, delta: &str) -> Event {
+        self.event(
+            "response.reasoning_text.delta",
+            json!({"item_id": format!("rs_{base}_{index}"), "output_index": index, "content_index": 0, "delta": delta}),
+        )
+    }
+
+    /// The closing of a reasoning item whose whole text is `text`.
+    pub fn close_reasoning(&mut self, base: &str, index: usize, text: &str) -> Vec<Event> {
+        let item_id = format!("rs_{base}_{index}");
+        vec![
+            self.event(
+                "response.reasoning_text.done",
+                json!({"item_id": item_id, "output_index": index, "content_index": 0, "text": text}),
+            ),
+            self.event(
+                "response.output_item.done",
+                json!({"output_index": index, "item": Item::Reasoning(text.to_owned()).json(base, index, "completed")}),
             ),
         ]
     }

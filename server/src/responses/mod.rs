@@ -8,17 +8,17 @@
 mod items;
 mod request;
 pub mod store;
+mod stream;
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::sse::{KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use engine::OutputStream;
-use futures_util::stream::{self, Stream, StreamExt};
+use futures_util::StreamExt;
 use serde_json::{Map, Value, json};
 
 use crate::AppState;
@@ -28,7 +28,7 @@ use crate::generate::{Job, JobRequest, stream_error};
 use crate::request_id::{request_id, with_request_id};
 use crate::respond::Usage;
 use crate::tools::ToolPlan;
-use items::{Events, Item, Meta, incomplete_reason};
+use items::{Item, Meta, incomplete_reason};
 use request::ResponsesRequest;
 use store::Stored;
 
@@ -119,10 +119,10 @@ impl Call {
             Ok(submitted) => submitted,
             Err(e) => return e.into_response(),
         };
-        let finish = Finish { meta, tools, conversation, store };
+        let finish = Finish { meta, tools, reasoning: state.reasoning_parser, conversation, store };
         if stream {
             let keep_alive = state.sse_keep_alive;
-            let sse = Sse::new(events(state, output, finish));
+            let sse = Sse::new(stream::events(state, output, finish));
             match keep_alive {
                 Some(every) => sse.keep_alive(KeepAlive::new().interval(every)).into_response(),
                 None => sse.into_response(),
@@ -137,11 +137,17 @@ impl Call {
 struct Finish {
     meta: Meta,
     tools: Option<ToolPlan>,
+    reasoning: Option<crate::ReasoningParser>,
     conversation: Vec<Value>,
     store: bool,
 }
 
 impl Finish {
+    /// The items of the finished text.
+    fn items(&self, text: &str) -> Vec<Item> {
+        Item::of_text(text, self.reasoning, self.tools.as_ref(), &self.meta.base)
+    }
+
     /// The finished response object over `items`; stored when the call asked for that.
     fn response(self, state: &AppState, items: &[Item], usage: &Usage, finish: Option<&str>) -> Value {
         let incomplete = incomplete_reason(finish);
@@ -166,96 +172,6 @@ async fn whole(state: &AppState, mut output: OutputStream, finish: Finish) -> Re
             Err(e) => return stream_error(e).into_response(),
         }
     }
-    let items = Item::of_text(&folded.text, finish.tools.as_ref(), &finish.meta.base);
+    let items = finish.items(&folded.text);
     Json(finish.response(state, &items, &folded.usage, folded.finish_str())).into_response()
-}
-
-/// A streamed response in flight.
-struct Live {
-    output: OutputStream,
-    events: Events,
-    folded: Folded,
-    /// The message item is open (its text streams as it comes; without tools only).
-    open: bool,
-    finish: Finish,
-    state: Arc<AppState>,
-}
-
-/// The typed events of a streamed response: created and in progress at once; without tools
-/// the message's text as it comes; with tools the items once the text is whole (the calls are
-/// known only then); then `response.completed` (or `response.incomplete`).
-fn events(
-    state: Arc<AppState>,
-    output: OutputStream,
-    finish: Finish,
-) -> impl Stream<Item = Result<Event, Infallible>> {
-    let mut events = Events::default();
-    let snapshot = finish.meta.response("in_progress", Vec::new(), None, None);
-    let opening = vec![
-        events.event("response.created", json!({"response": snapshot})),
-        events.event("response.in_progress", json!({"response": snapshot})),
-    ];
-    let live = Live { output, events, folded: Folded::default(), open: false, finish, state };
-    let body = stream::unfold(Some(live), |live| async move {
-        let mut live = live?;
-        match live.output.next().await {
-            Some(Ok(out)) => {
-                let new = live.folded.absorb(&live.state.metrics, crate::metrics::Api::Responses, &out);
-                let mut events = Vec::new();
-                if live.finish.tools.is_none() && !new.is_empty() {
-                    if !live.open {
-                        live.open = true;
-                        events.extend(live.events.open_message(&live.finish.meta.base, 0));
-                    }
-                    events.push(live.events.text_delta(&live.finish.meta.base, 0, &new));
-                }
-                if out.finished {
-                    events.extend(live.finished());
-                    return Some((events, None));
-                }
-                Some((events, Some(live)))
-            }
-            Some(Err(e)) => {
-                let message = stream_error(e).message;
-                let error =
-                    live.events.event("error", json!({"code": null, "message": message, "param": null}));
-                Some((vec![error], None))
-            }
-            None => Some((live.finished(), None)),
-        }
-    });
-    stream::iter(opening).chain(body.flat_map(stream::iter)).map(Ok::<Event, Infallible>)
-}
-
-impl Live {
-    /// The events that close the response: each item's (the open message's closing, or whole
-    /// items), then the finished response.
-    fn finished(mut self) -> Vec<Event> {
-        let base = self.finish.meta.base.clone();
-        let items = Item::of_text(&self.folded.text, self.finish.tools.as_ref(), &base);
-        let mut events = Vec::new();
-        for (i, item) in items.iter().enumerate() {
-            match item {
-                Item::Message(text) => {
-                    if !self.open {
-                        events.extend(self.events.open_message(&base, i));
-                        if !text.is_empty() {
-                            events.push(self.events.text_delta(&base, i, text));
-                        }
-                    }
-                    events.extend(self.events.close_message(&base, i, text));
-                }
-                Item::Call { .. } => events.extend(self.events.call(&base, i, item)),
-            }
-        }
-        let kind = if incomplete_reason(self.folded.finish_str()).is_some() {
-            "response.incomplete"
-        } else {
-            "response.completed"
-        };
-        let response =
-            self.finish.response(&self.state, &items, &self.folded.usage, self.folded.finish_str());
-        events.push(self.events.event(kind, json!({"response": response})));
-        events
-    }
 }

@@ -1,6 +1,7 @@
 //! `--reasoning-parser` on the real model, its answers forced (`guided_choice`) to scripted texts:
 //! the `<think>` span comes back as `reasoning_content`, whole and streamed (the deltas add up to
 //! the same two parts, no tag in either), beside tool calls too; without a parser it is content.
+//! On `/v1/responses` the span is a `reasoning` item ahead of the message, whole and streamed.
 
 use serde_json::{Value, json};
 use server::{ReasoningParser, ServerConfig, ToolCallParser};
@@ -101,5 +102,60 @@ fn reasoning_beside_a_tool_call() {
         let last = chunks.iter().rfind(|c| !c["choices"][0]["finish_reason"].is_null()).expect("a finish");
         assert_eq!(last["choices"][0]["delta"]["reasoning_content"], "I need the time.", "{last}");
         assert_eq!(last["choices"][0]["delta"]["tool_calls"][0]["function"]["name"], "now", "{last}");
+    });
+}
+
+#[test]
+fn responses_put_the_think_span_in_a_reasoning_item_whole_and_streamed() {
+    let srv = server(Some(ReasoningParser::Qwen3));
+    runtime().block_on(async {
+        let answer = "<think>Paris is the capital of France.</think>\n\nIn France.";
+        let body = json!({"input": "Where is Paris?", "guided_choice": [answer], "max_output_tokens": 48});
+        let r = srv.post_ok("/v1/responses", &body).await;
+        let kinds: Vec<&str> =
+            r["output"].as_array().into_iter().flatten().filter_map(|i| i["type"].as_str()).collect();
+        assert_eq!(kinds, ["reasoning", "message"], "{r}");
+        assert_eq!(r["output"][0]["content"][0]["text"], "Paris is the capital of France.", "{r}");
+        assert_eq!(r["output"][1]["content"][0]["text"], "\n\nIn France.", "{r}");
+
+        let mut streamed = body.clone();
+        streamed["stream"] = json!(true);
+        let events: Vec<Value> = crate::support::sse_events(
+            srv.send(crate::support::post_request("/v1/responses", streamed.to_string())).await,
+            usize::MAX,
+        )
+        .await
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap_or_default())
+        .collect();
+        let joined = |kind: &str| -> String {
+            events.iter().filter(|e| e["type"] == kind).filter_map(|e| e["delta"].as_str()).collect()
+        };
+        assert_eq!(joined("response.reasoning_text.delta"), "Paris is the capital of France.");
+        assert_eq!(joined("response.output_text.delta"), "\n\nIn France.");
+        let added: Vec<(&str, u64)> = events
+            .iter()
+            .filter(|e| e["type"] == "response.output_item.added")
+            .map(|e| (e["item"]["type"].as_str().unwrap_or(""), e["output_index"].as_u64().unwrap_or(9)))
+            .collect();
+        assert_eq!(added, [("reasoning", 0), ("message", 1)], "{events:?}");
+        let last = &events[events.len() - 1];
+        // The same items as the whole answer's (their ids aside: another call).
+        let texts = |r: &Value| -> Vec<(String, String)> {
+            let items = r["output"].as_array().cloned().unwrap_or_default();
+            items.iter().map(|i| (i["type"].to_string(), i["content"][0]["text"].to_string())).collect()
+        };
+        assert_eq!(last["type"], "response.completed");
+        assert_eq!(texts(&last["response"]), texts(&r));
+
+        // An answer without thinking is one message.
+        let plain =
+            json!({"input": "Where is Paris?", "guided_choice": ["In France."], "max_output_tokens": 16});
+        let r = srv.post_ok("/v1/responses", &plain).await;
+        assert_eq!(
+            (r["output"].as_array().map(Vec::len), r["output"][0]["type"].as_str()),
+            (Some(1), Some("message")),
+            "{r}"
+        );
     });
 }
