@@ -133,7 +133,8 @@ impl PhaseClock {
 /// `target/venv-openai` with the `openai` package (pydantic comes with it), `anthropic` (the
 /// `/v1/messages` checks) and `jsonschema`, which the structured-outputs checks validate with.
 fn ensure_openai_venv() -> anyhow::Result<()> {
-    let packages = ["openai>=1.40,<3", "anthropic==0.75.0", "jsonschema>=4.18,<5"];
+    // Pinned: the SDKs' request shapes and stream helpers are what the tests check against.
+    let packages = ["openai==2.54.0", "anthropic==0.75.0", "jsonschema==4.26.0"];
     crate::cmd::ensure_venv("venv-openai", "openai, anthropic, httpx, pydantic, jsonschema", &packages).map(drop)
 }
 
