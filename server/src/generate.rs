@@ -219,11 +219,7 @@ impl Job {
         let shown = Shown { completion: self.completion, echo_texts, prompt_top: self.prompt_top };
         if self.stream {
             let keep_alive = state.sse_keep_alive;
-            let sse = Sse::new(sse_events(state, self.envelope, streams, self.include_usage, shown));
-            match keep_alive {
-                Some(every) => sse.keep_alive(KeepAlive::new().interval(every)).into_response(),
-                None => sse.into_response(),
-            }
+            sse_response(sse_events(state, self.envelope, streams, self.include_usage, shown), keep_alive)
         } else {
             whole_response(&state, &self.envelope, streams, &shown).await
         }
@@ -371,6 +367,18 @@ async fn whole_response(
         .collect();
     let tokens = TokenText { tokenizer: state.handle.tokenizer() };
     Json(envelope.response(&choices, &usage, &tokens)).into_response()
+}
+
+/// An SSE response of `events`, with a keep-alive comment every `keep_alive` on a quiet stream.
+pub(crate) fn sse_response(
+    events: impl Stream<Item = Result<Event, Infallible>> + Send + 'static,
+    keep_alive: Option<std::time::Duration>,
+) -> Response {
+    let sse = Sse::new(events);
+    match keep_alive {
+        Some(every) => sse.keep_alive(KeepAlive::new().interval(every)).into_response(),
+        None => sse.into_response(),
+    }
 }
 
 /// A request that failed inside the engine, as the API reports it.

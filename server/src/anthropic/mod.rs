@@ -14,7 +14,7 @@ use std::sync::Arc;
 use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
-use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use engine::{FinishReason, OutputStream};
 use futures_util::stream::{self, Stream, StreamExt};
@@ -97,11 +97,7 @@ impl Call {
         let message = Message { id: self.id, model: self.model, tools };
         if self.stream {
             let keep_alive = state.sse_keep_alive;
-            let sse = Sse::new(events(state, output, message));
-            match keep_alive {
-                Some(every) => sse.keep_alive(KeepAlive::new().interval(every)).into_response(),
-                None => sse.into_response(),
-            }
+            crate::generate::sse_response(events(state, output, message), keep_alive)
         } else {
             let mut folded = Folded::default();
             let mut output = output;

@@ -15,7 +15,6 @@ use std::sync::Arc;
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::sse::{KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use engine::OutputStream;
 use futures_util::StreamExt;
@@ -122,11 +121,7 @@ impl Call {
         let finish = Finish { meta, tools, reasoning: state.reasoning_parser, conversation, store };
         if stream {
             let keep_alive = state.sse_keep_alive;
-            let sse = Sse::new(stream::events(state, output, finish));
-            match keep_alive {
-                Some(every) => sse.keep_alive(KeepAlive::new().interval(every)).into_response(),
-                None => sse.into_response(),
-            }
+            crate::generate::sse_response(stream::events(state, output, finish), keep_alive)
         } else {
             whole(&state, output, finish).await
         }
