@@ -135,7 +135,8 @@ impl PhaseClock {
 fn ensure_openai_venv() -> anyhow::Result<()> {
     // Pinned: the SDKs' request shapes and stream helpers are what the tests check against.
     let packages = ["openai==2.54.0", "anthropic==0.75.0", "jsonschema==4.26.0"];
-    crate::cmd::ensure_venv("venv-openai", "openai, anthropic, httpx, pydantic, jsonschema", &packages).map(drop)
+    crate::cmd::ensure_venv("venv-openai", "openai, anthropic, httpx, pydantic, jsonschema", &packages)
+        .map(drop)
 }
 
 /// What the browser test runs (Debian's packages): the browser and its WebDriver.

@@ -82,8 +82,9 @@ pub fn measure(samples: usize, roof: &Rooflines) -> (serde_json::Value, String) 
         }
     }
     let (b16_secs, b1_secs) = (median(&mut t16), median(&mut t1));
-    let breakdown = step_breakdown("16-sequence", &model, &b16.input(), &mut cache, &mut ws, samples, b16_secs)
-        + &step_breakdown("batch-1", &model, &b1.input(), &mut cache, &mut ws, samples, b1_secs);
+    let breakdown =
+        step_breakdown("16-sequence", &model, &b16.input(), &mut cache, &mut ws, samples, b16_secs)
+            + &step_breakdown("batch-1", &model, &b1.input(), &mut cache, &mut ws, samples, b1_secs);
     let b16_macs = model.matmul_flops(BATCH, BATCH) / 2.0;
     let c = &model.config;
     let kv_bytes = c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim * (CONTEXT + 1) * 2;

@@ -320,7 +320,8 @@ unsafe fn rows8<F: Codes, const M: usize>(task: &RowTask<'_>, t0: usize, r0: usi
                 // Packed four at a time in general registers (shifts and ORs on the integer
                 // pipes), not inserted word by word into one vector (a chain of shuffles).
                 let halves = |at: usize| {
-                    let h = |i: usize| u64::from((rows[i].add(g * F::BYTES + at) as *const u16).read_unaligned());
+                    let h =
+                        |i: usize| u64::from((rows[i].add(g * F::BYTES + at) as *const u16).read_unaligned());
                     let four = |i: usize| (h(i) | h(i + 1) << 16 | h(i + 2) << 32 | h(i + 3) << 48) as i64;
                     _mm256_cvtph_ps(_mm_set_epi64x(four(4), four(0)))
                 };
