@@ -134,12 +134,17 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut response = (self.status, Json(self.body())).into_response();
-        if self.status == StatusCode::TOO_MANY_REQUESTS {
-            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
-        }
-        response
+        with_retry_after((self.status, Json(self.body())).into_response())
     }
+}
+
+/// An error response with `Retry-After` when it is a 429 (the waiting queue is full), in
+/// whichever API's shape its body is.
+pub fn with_retry_after(mut response: Response) -> Response {
+    if response.status() == StatusCode::TOO_MANY_REQUESTS {
+        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+    }
+    response
 }
 
 /// An error as one SSE event's JSON (a stream that already sent its 200 reports this way).

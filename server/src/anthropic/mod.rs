@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use engine::{FinishReason, OutputStream};
@@ -59,19 +59,15 @@ pub fn error_response(e: &ApiError) -> Response {
         StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
         _ => "api_error",
     };
-    let mut response =
-        (e.status, Json(json!({"type": "error", "error": {"type": kind, "message": e.message}})))
-            .into_response();
-    if e.status == StatusCode::TOO_MANY_REQUESTS {
-        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(crate::error::RETRY_AFTER_SECS));
-    }
-    response
+    let body = Json(json!({"type": "error", "error": {"type": kind, "message": e.message}}));
+    crate::error::with_retry_after((e.status, body).into_response())
 }
 
 /// A checked call, ready to submit.
 struct Call {
     job: crate::generate::Job,
-    id: String,
+    /// The call's base id (the message's and its calls' ids derive from it).
+    base: String,
     model: String,
     stream: bool,
 }
@@ -80,12 +76,7 @@ fn prepare(state: &AppState, req: &MessagesRequest, base: &str) -> Result<Call, 
     state.check_model(req.model.as_deref())?;
     req.check_extra()?;
     let job = req.chat_request()?.job(state, base)?;
-    Ok(Call {
-        job,
-        id: format!("msg_{base}"),
-        model: state.handle.model_name().to_owned(),
-        stream: req.stream,
-    })
+    Ok(Call { job, base: base.to_owned(), model: state.handle.model_name().to_owned(), stream: req.stream })
 }
 
 impl Call {
@@ -94,19 +85,15 @@ impl Call {
             Ok(submitted) => submitted,
             Err(e) => return error_response(&e),
         };
-        let message = Message { id: self.id, model: self.model, tools };
+        let message = Message { id: format!("msg_{}", self.base), base: self.base, model: self.model, tools };
         if self.stream {
             let keep_alive = state.sse_keep_alive;
             crate::generate::sse_response(events(state, output, message), keep_alive)
         } else {
-            let mut folded = Folded::default();
-            let mut output = output;
-            while let Some(item) = output.next().await {
-                match item {
-                    Ok(out) => drop(folded.absorb(&state.metrics, crate::metrics::Api::Messages, &out)),
-                    Err(e) => return error_response(&stream_error(e)),
-                }
-            }
+            let folded = match Folded::whole(&state.metrics, crate::metrics::Api::Messages, output).await {
+                Ok(folded) => folded,
+                Err(e) => return error_response(&e),
+            };
             let (content, stop_reason, stop_sequence) = message.content(&folded);
             let mut body = message.object(content, &folded);
             body["stop_reason"] = json!(stop_reason);
@@ -118,7 +105,9 @@ impl Call {
 
 /// What a message's object and blocks are made of.
 struct Message {
+    /// `msg_<base>`.
     id: String,
+    base: String,
     model: String,
     tools: Option<ToolPlan>,
 }
@@ -137,8 +126,7 @@ impl Message {
     /// The finished text's blocks (the calls it holds, after any text beside them, with tools;
     /// else the text), the stop reason and the stop sequence that ended it.
     fn content(&self, folded: &Folded) -> (Vec<Value>, &'static str, Option<String>) {
-        let calls =
-            self.tools.as_ref().and_then(|t| t.parse(&folded.text, self.id.trim_start_matches("msg_")));
+        let calls = self.tools.as_ref().and_then(|t| t.parse(&folded.text, &self.base));
         if let Some((text, calls)) = calls {
             let blocks = text.map(|t| json!({"type": "text", "text": t})).into_iter().chain(
                 calls.into_iter().map(|c| {

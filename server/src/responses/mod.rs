@@ -17,13 +17,12 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use engine::OutputStream;
-use futures_util::StreamExt;
 use serde_json::{Map, Value, json};
 
 use crate::AppState;
 use crate::error::ApiError;
 use crate::folded::Folded;
-use crate::generate::{Job, JobRequest, stream_error};
+use crate::generate::{Job, JobRequest};
 use crate::request_id::{request_id, with_request_id};
 use crate::respond::Usage;
 use crate::tools::ToolPlan;
@@ -159,14 +158,11 @@ impl Finish {
     }
 }
 
-async fn whole(state: &AppState, mut output: OutputStream, finish: Finish) -> Response {
-    let mut folded = Folded::default();
-    while let Some(item) = output.next().await {
-        match item {
-            Ok(out) => drop(folded.absorb(&state.metrics, crate::metrics::Api::Responses, &out)),
-            Err(e) => return stream_error(e).into_response(),
-        }
-    }
+async fn whole(state: &AppState, output: OutputStream, finish: Finish) -> Response {
+    let folded = match Folded::whole(&state.metrics, crate::metrics::Api::Responses, output).await {
+        Ok(folded) => folded,
+        Err(e) => return e.into_response(),
+    };
     let items = finish.items(&folded.text);
     Json(finish.response(state, &items, &folded.usage, folded.finish_str())).into_response()
 }
