@@ -66,6 +66,7 @@ fn step_input<'a>(buf: &'a StepBuf, n: usize) -> StepInput<'a> {
         seq_rows: &[0],
         sample_indices: &buf.samples[..n],
         pool_indices: &[],
+        lora: None,
     }
 }
 

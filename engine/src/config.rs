@@ -121,6 +121,8 @@ pub struct EngineConfig {
     pub chat_template: Option<std::path::PathBuf>,
     /// Speculative decoding (vLLM's `--speculative-config`); `None` decodes a token a step.
     pub speculative_config: Option<crate::spec::SpeculativeConfig>,
+    /// LoRA adapters (vLLM's `--enable-lora` and its limits); `None` serves the base model only.
+    pub lora: Option<crate::LoraConfig>,
 }
 
 impl Default for EngineConfig {
@@ -147,6 +149,7 @@ impl Default for EngineConfig {
             decode_activations: ActivationPrecision::default(),
             chat_template: None,
             speculative_config: None,
+            lora: None,
         }
     }
 }

@@ -13,6 +13,7 @@ use scheduler::{RequestKey, Scheduler, SchedulerConfig, SchedulerOutput, StepRes
 
 use crate::config::{EngineConfig, PreemptionMode};
 use crate::error::{EngineError, RequestError};
+use crate::lora::LoraRegistry;
 use crate::metrics::{Gauges, LiveMetrics, MetricsCollector, MetricsSnapshot, StepPhases};
 use crate::output::{FinishReason, RequestOutput, StreamError};
 use crate::request::{Prompt, RequestOptions, RequestRecord, SeqState};
@@ -65,6 +66,8 @@ struct StepBuffers {
     draft: Vec<u32>,
     prompt_rows: rows::PromptRows,
     pool_rows: pool_rows::PoolRows,
+    /// The rows of this step that run under LoRA adapters.
+    lora: model::LoraBatch,
     /// The gauges the last step computed (what a handle publishes after it).
     gauges: Gauges,
 }
@@ -93,6 +96,9 @@ impl Engine {
         let max_model_len = config.served_context(&model.config)?;
         // Rotations that depend on the served context (LongRoPE) are chosen for it.
         model.set_context(max_model_len);
+        if let Some(lora) = &config.lora {
+            lora.check().map_err(EngineError::Config)?;
+        }
         if config.max_waiting == 0 {
             return Err(EngineError::Config("max_waiting must be at least 1".into()));
         }
@@ -134,6 +140,7 @@ impl Engine {
             watermark: config.watermark,
             enable_prefix_caching: config.enable_prefix_caching,
             kv_groups: runner.kv_group_windows().to_vec(),
+            max_loras: config.lora.map(|l| l.max_loras),
         })?;
         // A folder's name, or a GGUF file's without the extension.
         let model_name = config.served_model_name.clone().unwrap_or_else(|| {
@@ -148,6 +155,12 @@ impl Engine {
             cache_cfg.device_bytes() as f64 / (1 << 20) as f64,
             cache_cfg.num_swap_blocks,
         );
+        let lora = LoraRegistry::new(
+            config.lora,
+            config.device.is_cpu(),
+            runner.model_config().clone(),
+            model_name.clone(),
+        );
         let limits = IntakeLimits {
             model_name,
             max_model_len,
@@ -157,6 +170,7 @@ impl Engine {
             fit: scheduler.request_fit(),
             max_waiting: config.max_waiting,
             policy: config.policy,
+            lora,
         };
         Ok(Self {
             metrics: MetricsCollector::new(config.log_interval),
@@ -274,6 +288,11 @@ impl Engine {
     }
 
     /// Admission's shared half, for handles.
+    /// The LoRA adapters requests may name (load, unload, list).
+    pub fn loras(&self) -> &crate::LoraRegistry {
+        &self.intake.lora
+    }
+
     pub(crate) fn intake(&self) -> &Arc<Intake> {
         &self.intake
     }
@@ -467,6 +486,7 @@ impl Engine {
         let view = &self.bufs.view;
         self.bufs.prompt_rows.plan(plan, view, &self.live);
         self.bufs.pool_rows.plan(plan, view, &self.live);
+        view.lora_rows(plan, &self.live, &mut self.bufs.lora);
         let step = StepInput {
             token_ids: &plan.token_ids,
             positions: &plan.positions,
@@ -477,6 +497,7 @@ impl Engine {
             seq_rows: &plan.seq_rows,
             sample_indices: self.bufs.prompt_rows.indices(plan),
             pool_indices: self.bufs.pool_rows.indices(),
+            lora: (!self.bufs.lora.is_empty()).then_some(&self.bufs.lora),
         };
         phases.prepare_s += lap();
         let (first, more) = if !self.bufs.prompt_rows.any()

@@ -41,6 +41,9 @@ pub enum RequestError {
     /// A pooling (embedding) request this engine cannot compute as asked.
     #[error("request {id:?}: {reason}")]
     Pooling { id: String, reason: String },
+    /// The request's LoRA adapter could not be found or read.
+    #[error("request {id:?}: {source}")]
+    Lora { id: String, source: crate::lora::LoraError },
     #[error("the engine has shut down")]
     EngineStopped,
 }

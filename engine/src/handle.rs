@@ -176,6 +176,11 @@ impl EngineHandle {
         &self.inner.intake.tokenizer
     }
 
+    /// The LoRA adapters requests may name (load, unload, list), usable from any thread.
+    pub fn loras(&self) -> &crate::LoraRegistry {
+        &self.inner.intake.lora
+    }
+
     pub fn chat_template(&self) -> Option<&model::ChatTemplate> {
         self.inner.intake.chat_template.as_ref()
     }

@@ -19,6 +19,7 @@ mod engine;
 pub mod error;
 mod handle;
 pub mod kv_map;
+pub mod lora;
 pub mod metrics;
 pub mod output;
 pub mod pooling;
@@ -36,6 +37,7 @@ pub use engine::Engine;
 pub use error::{EngineError, RequestError};
 pub use handle::{AbortHandle, EngineHandle, OutputStream, RequestStream, ShutdownMode};
 pub use kv_map::{BlockState, KvCounters, KvMap, KvSnapshot, KvTable};
+pub use lora::{LoraConfig, LoraError, LoraInfo, LoraRegistry, LoraRequest};
 pub use metrics::{
     Gauges, LatencyStats, LiveMetrics, MetricsSnapshot, STEP_TOKEN_BUCKETS, StepPhases, StepTokens,
 };

@@ -60,6 +60,9 @@ pub struct RequestOptions {
     /// (`RequestOutput::embedding`) instead of generated tokens; its sampling parameters are
     /// ignored.
     pub pooling: Option<crate::PoolingParams>,
+    /// The LoRA adapter it runs under (`None`: the base model). Its KV blocks are shared only
+    /// with requests of the same adapter.
+    pub lora: Option<crate::LoraRequest>,
 }
 
 impl RequestOptions {
@@ -70,6 +73,11 @@ impl RequestOptions {
 
     pub fn with_pooling(mut self, pooling: crate::PoolingParams) -> Self {
         self.pooling = Some(pooling);
+        self
+    }
+
+    pub fn with_lora(mut self, lora: crate::LoraRequest) -> Self {
+        self.lora = Some(lora);
         self
     }
 
@@ -87,6 +95,16 @@ impl RequestOptions {
         let mut word = [0u8; 8];
         word.copy_from_slice(&digest[..8]);
         Some(u64::from_le_bytes(word).max(1))
+    }
+
+    /// The prefix-cache namespace of a request: its salt's, or, under a LoRA adapter (id
+    /// `lora`), one of that adapter's own (vLLM keys block hashes on the adapter id), never 0.
+    pub(crate) fn namespace(&self, lora: Option<u32>) -> Option<u64> {
+        let salt = self.salt_hash();
+        let Some(lora) = lora else { return salt };
+        let mixed =
+            (salt.unwrap_or(0) ^ 0x4c6f_5241_0000_0000 ^ u64::from(lora)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        Some(mixed.max(1))
     }
 }
 
@@ -177,6 +195,8 @@ pub(crate) struct RequestRecord {
     pub prompt_logprobs: Option<PromptLogprobsState>,
     /// A pooling request's pool.
     pub pooling: Option<crate::pooling::PoolState>,
+    /// The LoRA adapter its rows run under (held until the record goes).
+    pub lora: Option<Arc<model::LoraAdapter>>,
 }
 
 impl RequestRecord {
@@ -233,6 +253,7 @@ impl RequestRecord {
             last_token_output: None,
             seqs,
             pooling: None,
+            lora: None,
         }
     }
 

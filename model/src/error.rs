@@ -36,6 +36,9 @@ pub enum ModelError {
     /// not alternate, a second tool call where one is allowed, …).
     #[error("chat template refused the conversation: {0}")]
     ChatTemplateRaised(String),
+    /// A LoRA adapter that does not fit the base model, or that uses what we do not serve.
+    #[error("{}: LoRA adapter: {reason}", path.display())]
+    Lora { path: PathBuf, reason: String },
     #[error("invalid model input: {0}")]
     InvalidInput(String),
     #[error("attention kernel failed: {0}")]

@@ -83,6 +83,9 @@ pub trait DecoderOps {
     fn head_norm(&mut self, buf: Buf, norm: NormId) -> Result<(), Self::Error>;
     /// `out (+)= input · matrixᵀ + bias`.
     fn linear(&mut self, out: LinearOut, input: Buf, matrix: MatrixId) -> Result<(), Self::Error>;
+    /// After [`Self::linear`] of the same arguments: adds the LoRA delta of each adapted part of
+    /// `matrix` into the rows of the step's adapters (`ModelInput::lora`); nothing without one.
+    fn lora(&mut self, out: LinearOut, input: Buf, matrix: MatrixId) -> Result<(), Self::Error>;
     /// Rotates Q and K at the step's positions by the rotation of `kind` layers.
     fn rope(&mut self, kind: RopeKind) -> Result<(), Self::Error>;
     /// Writes K and V into layer `layer`'s cache slots, then attends Q over the paged cache
@@ -117,7 +120,7 @@ pub fn run<B: DecoderOps>(b: &mut B, step: StepShape<'_>) -> Result<(), B::Error
         let norm = |n| NormId::Layer(l, n);
         let matrix = |m| MatrixId::Layer(l, m);
         b.rms_norm(Buf::Normed, Buf::Hidden, norm(LayerNorm::InputLayernorm))?;
-        b.linear(LinearOut::Split([Buf::Q, Buf::K, Buf::V]), Buf::Normed, matrix(LayerMatrix::Qkv))?;
+        adapted(b, LinearOut::Split([Buf::Q, Buf::K, Buf::V]), Buf::Normed, matrix(LayerMatrix::Qkv))?;
         if arch.qk_norm {
             b.head_norm(Buf::Q, norm(LayerNorm::QNorm))?;
             b.head_norm(Buf::K, norm(LayerNorm::KNorm))?;
@@ -126,7 +129,7 @@ pub fn run<B: DecoderOps>(b: &mut B, step: StepShape<'_>) -> Result<(), B::Error
         b.attention(l, AttnScores { scale: arch.attention_scale, sliding_window: attention.sliding_window })?;
         join_residual(b, arch, Buf::Attn, matrix(LayerMatrix::O), norm(LayerNorm::PostAttentionLayernorm))?;
         b.rms_norm(Buf::Normed, Buf::Hidden, norm(LayerNorm::PreFeedforwardLayernorm))?;
-        b.linear(LinearOut::Write(Buf::GateUp), Buf::Normed, matrix(LayerMatrix::GateUp))?;
+        adapted(b, LinearOut::Write(Buf::GateUp), Buf::Normed, matrix(LayerMatrix::GateUp))?;
         b.gated_act(arch.activation)?;
         join_residual(
             b,
@@ -159,9 +162,15 @@ fn join_residual<B: DecoderOps>(
     out_norm: NormId,
 ) -> Result<(), B::Error> {
     if !arch.sandwich_norms {
-        return b.linear(LinearOut::Add(Buf::Hidden), input, matrix);
+        return adapted(b, LinearOut::Add(Buf::Hidden), input, matrix);
     }
-    b.linear(LinearOut::Write(Buf::Branch), input, matrix)?;
+    adapted(b, LinearOut::Write(Buf::Branch), input, matrix)?;
     b.rms_norm(Buf::Normed, Buf::Branch, out_norm)?;
     b.add(Buf::Hidden, Buf::Normed)
+}
+
+/// A layer's projection with its LoRA deltas.
+fn adapted<B: DecoderOps>(b: &mut B, out: LinearOut, input: Buf, matrix: MatrixId) -> Result<(), B::Error> {
+    b.linear(out, input, matrix)?;
+    b.lora(out, input, matrix)
 }

@@ -5,6 +5,8 @@ use std::ops::Range;
 
 use attn_kernels::PagedAttnMetadata;
 
+use crate::lora::LoraBatch;
+
 /// One step's input. Sequence `s` owns flat tokens `attn.query_start_loc[s] ..
 /// attn.query_start_loc[s+1]`.
 #[derive(Debug, Clone)]
@@ -31,6 +33,8 @@ pub struct ModelInput<'a> {
     /// KV cache groups 1.. (`crate::KvLayout`; group 0's are `slot_mapping` and `attn`): the
     /// same sequences and rows, each group with its own slots and block table.
     pub other_groups: &'a [GroupInput<'a>],
+    /// The rows that run under LoRA adapters (`None`: the base model only).
+    pub lora: Option<&'a LoraBatch>,
 }
 
 /// One more KV cache group's view of a step.
@@ -86,6 +90,9 @@ impl<'a> ModelInput<'a> {
         if let Some(&i) = self.pool_indices.iter().find(|&&i| i >= n) {
             return Err(format!("pooled index {i} is outside the batch of {n} tokens"));
         }
+        if let Some(end) = self.lora.map(LoraBatch::token_end).filter(|&end| end > n) {
+            return Err(format!("a LoRA row {} is outside the batch of {n} tokens", end - 1));
+        }
         if self.attn.query_start_loc.last().copied() != Some(n) {
             return Err(format!("query_start_loc must end at the number of tokens ({n})"));
         }
@@ -127,6 +134,7 @@ impl InputBuffers {
             sample_indices: &self.sample_indices,
             pool_indices: &[],
             other_groups: &[],
+            lora: None,
         }
     }
 }

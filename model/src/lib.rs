@@ -16,6 +16,7 @@ pub mod forward;
 pub mod generation;
 pub mod gguf;
 pub mod input;
+pub mod lora;
 pub mod quality;
 #[cfg(feature = "testing")]
 pub mod reference;
@@ -39,6 +40,7 @@ pub use forward::cpu::Workspace;
 pub use generation::GenerationConfig;
 pub use input::{GroupInput, ModelInput};
 pub use kv_cache::{KvLayout, LayerPlace};
+pub use lora::{LoraAdapter, LoraBatch};
 pub use runner::{KvCacheSize, Runner, RunnerConfig, StepInput};
 pub use tokenizer::Tokenizer;
 pub use weights::SafetensorsFiles;

@@ -215,6 +215,7 @@ pub fn forward_one_sequence(
         seq_rows: &[0],
         sample_indices: sample,
         pool_indices: &[],
+        lora: None,
     };
     Ok(runner.forward(&step)?.to_vec())
 }

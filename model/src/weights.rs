@@ -131,6 +131,11 @@ impl SafetensorsFiles {
         Ok(())
     }
 
+    /// Every tensor name of the checkpoint.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.index.keys().map(String::as_str)
+    }
+
     pub fn contains(&self, name: &str) -> bool {
         self.index.contains_key(name)
     }

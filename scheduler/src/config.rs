@@ -53,6 +53,9 @@ pub struct SchedulerConfig {
     /// device pool; a sliding group frees the blocks that fall out of its window. One full
     /// group (the default) is a model without windows.
     pub kv_groups: Vec<Option<usize>>,
+    /// Most distinct LoRA adapters among the running sequences (vLLM's `max_loras`): a waiting
+    /// request of another adapter waits while that many run. `None`: no limit.
+    pub max_loras: Option<usize>,
 }
 
 impl Default for SchedulerConfig {
@@ -69,6 +72,7 @@ impl Default for SchedulerConfig {
             watermark: 0.01,
             enable_prefix_caching: false,
             kv_groups: vec![None],
+            max_loras: None,
         }
     }
 }

@@ -157,6 +157,8 @@ pub(crate) struct Group {
     pub salt: u64,
     /// Never reads the prefix cache (`Request::skip_prefix_hits`).
     pub skip_prefix_hits: bool,
+    /// Its LoRA adapter (`Request::lora`).
+    pub lora: Option<u32>,
     pub n: usize,
     pub seqs: Vec<Seq>,
     pub place: Where,

@@ -46,6 +46,9 @@ pub struct Request {
     /// that wants each prompt position's logits: cached positions have none). Its full blocks
     /// are still offered to the cache for others.
     pub skip_prefix_hits: bool,
+    /// The LoRA adapter it runs under (vLLM's `lora_int_id`), counted against `max_loras`.
+    /// Its prefix-cache namespace is the engine's business (it salts the hash).
+    pub lora: Option<u32>,
 }
 
 impl Request {
@@ -58,6 +61,7 @@ impl Request {
             salt: None,
             n: 1,
             skip_prefix_hits: false,
+            lora: None,
         }
     }
 
@@ -73,6 +77,11 @@ impl Request {
 
     pub fn with_n(mut self, n: usize) -> Self {
         self.n = n;
+        self
+    }
+
+    pub fn with_lora(mut self, lora: u32) -> Self {
+        self.lora = Some(lora);
         self
     }
 

@@ -304,6 +304,9 @@ impl Scheduler {
         {
             let Some(&(key, slot)) = self.swapped.front() else { return Ok(false) };
             let group = self.group(slot)?;
+            if !self.lora_fits(group.lora) {
+                return Ok(false);
+            }
             let live = group.live_seqs();
             if live > budget.seqs || live > budget.tokens {
                 return Ok(false);
@@ -364,7 +367,7 @@ impl Scheduler {
                 return Ok(false);
             }
             let group = self.group(slot)?;
-            if group.live_seqs() > budget.seqs {
+            if group.live_seqs() > budget.seqs || !self.lora_fits(group.lora) {
                 return Ok(false);
             }
             self.lookup_prefixes(slot)?;
@@ -422,6 +425,20 @@ impl Scheduler {
                 }
             }
         }
+    }
+
+    /// Whether a group of adapter `lora` may join the running ones under `max_loras` (the
+    /// running groups' adapters plus its own).
+    fn lora_fits(&self, lora: Option<u32>) -> bool {
+        let (Some(lora), Some(max)) = (lora, self.cfg.max_loras) else { return true };
+        let mut running: Vec<u32> = self
+            .running
+            .iter()
+            .filter_map(|&(_, slot)| self.groups.get(slot).and_then(Option::as_ref).and_then(|g| g.lora))
+            .collect();
+        running.sort_unstable();
+        running.dedup();
+        running.contains(&lora) || running.len() < max
     }
 
     /// Fills the empty tables of a group about to be admitted with its cached prefix. The last

@@ -160,6 +160,7 @@ impl Scheduler {
             max_new_tokens: req.max_new_tokens,
             salt: req.salt.unwrap_or(0),
             skip_prefix_hits: req.skip_prefix_hits,
+            lora: req.lora,
             n: req.n,
             seqs: vec![Seq::new(0, req.prompt, 0, SeqTables::new(&self.device, &self.cfg.kv_groups))],
             place: Where::Waiting,

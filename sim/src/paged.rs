@@ -88,6 +88,7 @@ impl SimSetup {
             watermark: self.watermark,
             enable_prefix_caching: false,
             kv_groups: self.kv_groups.windows(),
+            max_loras: None,
         }
     }
 }

@@ -103,6 +103,7 @@ pub fn twin_of(engine: &Engine) -> Result<Scheduler, Box<dyn Error>> {
         watermark: c.watermark,
         enable_prefix_caching: c.enable_prefix_caching,
         kv_groups: map.group_windows,
+        max_loras: None,
     })?)
 }
 

@@ -17,6 +17,7 @@ use scheduler::{Request, RequestFit};
 
 use super::Engine;
 use crate::error::RequestError;
+use crate::lora::{ActiveLora, LoraRegistry};
 use crate::output::{RequestKey, Sink};
 use crate::pooling::PoolState;
 use crate::request::{Prompt, RequestOptions, RequestRecord};
@@ -54,6 +55,8 @@ pub(crate) struct Intake {
     waiting: AtomicUsize,
     /// The constraint compiler, built for the first constrained request.
     grammars: OnceLock<Result<Grammars, ConstraintError>>,
+    /// The LoRA adapters requests may name.
+    pub lora: LoraRegistry,
 }
 
 /// A request that passed every check, reserved its id and its place in the waiting queue, on
@@ -70,6 +73,8 @@ pub(crate) struct Prepared {
     pub guide: Option<Guide>,
     /// When the client submitted it (TTFT and latency count from here).
     pub arrival: Instant,
+    /// Its LoRA adapter, resolved (and read from its folder if it had to be) on the caller's thread.
+    pub lora: Option<ActiveLora>,
 }
 
 /// Fields of [`Intake`] fixed at start-up.
@@ -83,6 +88,7 @@ pub(crate) struct IntakeLimits {
     pub fit: RequestFit,
     pub max_waiting: usize,
     pub policy: scheduler::Policy,
+    pub lora: LoraRegistry,
 }
 
 impl Intake {
@@ -96,6 +102,7 @@ impl Intake {
             fit,
             max_waiting,
             policy,
+            lora,
         } = limits;
         Self {
             model_name,
@@ -114,6 +121,7 @@ impl Intake {
             next_key: AtomicU64::new(0),
             waiting: AtomicUsize::new(0),
             grammars: OnceLock::new(),
+            lora,
         }
     }
 
@@ -199,6 +207,12 @@ impl Intake {
         let tokens = self.tokenize(&id, prompt)?;
         let max_tokens = self.check_lengths(&id, &tokens, &params)?;
         let guide = self.guide(&id, &params)?;
+        let lora = match &options.lora {
+            Some(request) => Some(
+                self.lora.resolve(request).map_err(|source| RequestError::Lora { id: id.clone(), source })?,
+            ),
+            None => None,
+        };
         // The reservations come last, so a refused request holds neither.
         let key = self.issue_key();
         {
@@ -213,7 +227,7 @@ impl Intake {
             self.waiting.fetch_add(1, Ordering::Relaxed);
             ids.insert(id.clone(), key);
         }
-        Ok(Prepared { id, key, tokens, max_tokens, params, options, guide, arrival: Instant::now() })
+        Ok(Prepared { id, key, tokens, max_tokens, params, options, guide, arrival: Instant::now(), lora })
     }
 
     /// A pooling request's parameters against the model and the device.
@@ -333,7 +347,7 @@ impl Engine {
             }
             return Err(e);
         }
-        let Prepared { id, key, tokens, max_tokens, params, arrival, guide, options } = req;
+        let Prepared { id, key, tokens, max_tokens, params, arrival, guide, options, lora } = req;
         let req_pooling = options.pooling;
         let prompt_set = SequenceSampler::prompt_set(&params, &tokens);
         let mut stop_ids = params.stop_token_ids.clone();
@@ -351,6 +365,7 @@ impl Engine {
             RequestRecord::new(id, key, Arc::new(params), &tokens, max_tokens, arrival, samplers, sink)
                 .with_guide(guide);
         record.pooling = pooling;
+        record.lora = lora.map(|l| l.adapter);
         self.live.insert(record);
         Ok(key)
     }
@@ -379,8 +394,12 @@ impl Engine {
             .with_priority(req.options.priority)
             // Positions served from the prefix cache have no logits to take logprobs from.
             .with_skip_prefix_hits(req.params.prompt_logprobs.is_some() || mean_pooled(&req.options));
-        if let Some(salt) = req.options.salt_hash() {
+        let lora = req.lora.as_ref().map(|l| l.id);
+        if let Some(salt) = req.options.namespace(lora) {
             request = request.with_salt(salt);
+        }
+        if let Some(lora) = lora {
+            request = request.with_lora(lora);
         }
         self.scheduler
             .add_request(request)

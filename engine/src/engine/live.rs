@@ -146,6 +146,19 @@ pub(crate) struct StepView {
 }
 
 impl StepView {
+    /// Puts each planned sequence's tokens under its request's LoRA adapter, if it has one.
+    pub fn lora_rows(&self, plan: &SchedulerOutput, live: &Live, out: &mut model::LoraBatch) {
+        out.clear();
+        for (i, &slot) in self.seq_slots.iter().enumerate() {
+            if let Some(adapter) = live.at(slot).and_then(|r| r.lora.as_ref())
+                && let (Some(&start), Some(&end)) =
+                    (plan.query_start_loc.get(i), plan.query_start_loc.get(i + 1))
+            {
+                out.add(adapter, start..end);
+            }
+        }
+    }
+
     /// Resolves `plan`'s requests; a planned request that is not live is an internal error.
     pub fn build(&mut self, plan: &SchedulerOutput, live: &Live) -> Result<(), EngineError> {
         self.seq_slots.clear();

@@ -188,6 +188,7 @@ pub(super) fn measure_verify_cost(runner: &mut Runner, k: usize) -> Result<Verif
             seq_rows: &[0],
             sample_indices: sampled,
             pool_indices: &[],
+            lora: None,
         })?;
         Ok(t.elapsed().as_secs_f64())
     };

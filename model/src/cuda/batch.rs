@@ -31,6 +31,9 @@ pub fn check_batch(
         // The CUDA runner keeps every layer in one group (it serves no context past a window).
         return bad(format!("{} KV cache groups, CUDA serves one", input.other_groups.len() + 1));
     }
+    if input.lora.is_some_and(|l| !l.is_empty()) {
+        return bad("LoRA adapters run on the CPU device; CUDA serves the base model only".into());
+    }
     if n > limits.max_tokens {
         return bad(format!("{n} tokens in one step, the device buffers hold {}", limits.max_tokens));
     }
@@ -71,6 +74,7 @@ mod tests {
             sample_indices: &[2],
             pool_indices: &[],
             other_groups: &[],
+            lora: None,
         };
         assert!(check_batch(&ok, &limits, &c).is_ok());
         let cases = [

@@ -184,6 +184,11 @@ impl DecoderOps for CudaStep<'_> {
         Ok(())
     }
 
+    fn lora(&mut self, _: LinearOut, _: Buf, _: MatrixId) -> Result<(), CudaModelError> {
+        // `check_batch` refuses a step with LoRA rows before any op runs.
+        Ok(())
+    }
+
     fn linear(&mut self, out: LinearOut, input: Buf, matrix: MatrixId) -> Result<(), CudaModelError> {
         let (target, accumulate) = match out {
             LinearOut::Write(b) => (b, false),

@@ -18,6 +18,8 @@ use crate::arch::{RopeKind, RopeStyle};
 use crate::decoder::Model;
 use crate::error::{ModelError, Result};
 use crate::input::ModelInput;
+use crate::lora;
+use crate::lora::apply::{Target, add_deltas};
 
 impl Model {
     /// One step on the CPU: writes this step's K/V into `cache`, and returns the logits
@@ -82,6 +84,8 @@ pub struct Workspace {
     /// cos/sin of every token's position per [`RopeKind`], shared by the layers of that kind.
     cos: [Vec<f32>; RopeKind::COUNT],
     sin: [Vec<f32>; RopeKind::COUNT],
+    /// The LoRA deltas' gathered, shrunk and expanded rows.
+    lora: crate::lora::apply::Scratch,
 }
 
 impl Workspace {
@@ -271,6 +275,65 @@ impl DecoderOps for CpuStep<'_, '_> {
             ops.add_bias(o, bias, rows, bias.len())?;
         }
         Ok(())
+    }
+
+    fn lora(&mut self, out: LinearOut, input: Buf, matrix: MatrixId) -> Result<()> {
+        let (Some(batch), MatrixId::Layer(layer, m)) = (self.input.lora, matrix) else { return Ok(()) };
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let (in_dim, rows) = (self.width(input), self.rows(input));
+        // Where each part's delta goes: its own buffer (Q, K, V), or its columns of one buffer.
+        let config = &self.model.config;
+        let (bufs, columns): (Vec<Buf>, Vec<usize>) = match out {
+            LinearOut::Split(parts) => (parts.to_vec(), vec![0; 3]),
+            LinearOut::Write(b) | LinearOut::Add(b) => {
+                let outs = (0..lora::parts_of(m)).map(|p| lora::part_dims(config, m, p).1);
+                let starts = outs.scan(0, |at, rows| Some(std::mem::replace(at, *at + rows))).collect();
+                (vec![b; lora::parts_of(m)], starts)
+            }
+        };
+        for group in batch.groups() {
+            for (part, pair) in group.adapter.pairs(layer, m).iter().enumerate() {
+                let Some(pair) = pair else { continue };
+                let fits = bufs.get(part).is_some_and(|&b| columns[part] + pair.out_dim <= self.width(b));
+                if pair.in_dim != in_dim || !fits {
+                    return Err(ModelError::InvalidInput(format!(
+                        "LoRA adapter {:?} does not fit layer {layer}'s {m:?}",
+                        group.adapter.name
+                    )));
+                }
+            }
+        }
+        let x = std::mem::take(&mut self.ws.bufs[input as usize]);
+        let mut scratch = std::mem::take(&mut self.ws.lora);
+        let result = (|| {
+            let x = &x[..rows * in_dim];
+            if let LinearOut::Split(parts) = out {
+                let lens = parts.map(|b| self.len(b));
+                let widths = parts.map(|b| self.width(b));
+                let targets = take(&mut self.ws.bufs, parts, lens)?;
+                let mut targets = targets
+                    .into_iter()
+                    .zip(widths)
+                    .map(|(buf, width)| Target { buf, width, column: 0 })
+                    .collect::<Vec<_>>();
+                add_deltas(batch, (layer, m, 0), x, in_dim, &mut targets, &mut scratch);
+                return Ok(());
+            }
+            let b = bufs[0];
+            let (len, width) = (self.len(b), self.width(b));
+            let [buf] = take(&mut self.ws.bufs, [b], [len])?;
+            // Each part adds into its columns of the one buffer, one part at a time.
+            for (part, &column) in columns.iter().enumerate() {
+                let mut target = [Target { buf: &mut *buf, width, column }];
+                add_deltas(batch, (layer, m, part), x, in_dim, &mut target, &mut scratch);
+            }
+            Ok(())
+        })();
+        self.ws.bufs[input as usize] = x;
+        self.ws.lora = scratch;
+        result
     }
 
     fn rope(&mut self, kind: RopeKind) -> Result<()> {

@@ -138,6 +138,10 @@ impl<B: DecoderOps> DecoderOps for Timed<'_, B> {
         self.time(matrix_phase(matrix), |b| b.linear(out, input, matrix))
     }
 
+    fn lora(&mut self, out: LinearOut, input: Buf, matrix: MatrixId) -> Result<(), Self::Error> {
+        self.time(matrix_phase(matrix), |b| b.lora(out, input, matrix))
+    }
+
     fn rope(&mut self, kind: RopeKind) -> Result<(), Self::Error> {
         self.time(Phase::Rope, |b| b.rope(kind))
     }
@@ -193,6 +197,9 @@ mod tests {
                 MatrixId::LmHead => self.op("lm_head", 20),
                 _ => self.op("linear", 0),
             }
+        }
+        fn lora(&mut self, _: LinearOut, _: Buf, _: MatrixId) -> Result<(), ()> {
+            Ok(())
         }
         fn rope(&mut self, _: RopeKind) -> Result<(), ()> {
             self.op("rope", 0)

@@ -151,6 +151,7 @@ impl<'m> Scorer<'m> {
             sample_indices: &self.rows,
             pool_indices: &[],
             other_groups: &[],
+            lora: None,
         };
         let logits = self.model.forward(&input, &mut self.cache, &mut self.ws)?;
         let vocab = self.model.config.vocab_size;

@@ -75,6 +75,8 @@ pub struct StepInput<'a> {
     pub sample_indices: &'a [usize],
     /// The rows whose final-norm hidden states the step returns ([`Runner::pooled`]).
     pub pool_indices: &'a [usize],
+    /// The rows that run under LoRA adapters (the CPU device only).
+    pub lora: Option<&'a crate::LoraBatch>,
 }
 
 /// The model and its cache on the CPU.
@@ -382,6 +384,7 @@ fn model_input<'a>(
         sample_indices: step.sample_indices,
         pool_indices: step.pool_indices,
         other_groups: others,
+        lora: step.lora,
     }
 }
 

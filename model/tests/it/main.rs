@@ -3,7 +3,7 @@
 //! its sliding window), Gemma 3's SentencePiece vocabulary against llama.cpp, chat templates
 //! against transformers, a tiny checkpoint of every family against Hugging Face transformers, and
 //! the perplexity / KL-divergence instrument on SmolLM2, and the int8 KV cache on both real
-//! models' goldens.
+//! models' goldens; LoRA adapters against PEFT.
 
 mod chat_templates;
 mod families;
@@ -13,6 +13,7 @@ mod gemma3_vocab;
 mod harness;
 mod int8_kv;
 mod loader;
+mod lora;
 mod quality;
 mod smollm2;
 mod tiny;

@@ -305,6 +305,7 @@ fn a_step_in_several_logit_passes_equals_one_pass() {
             seq_rows: &[0],
             sample_indices: &[0],
             pool_indices: &[],
+            lora: None,
         };
         let decode = runner.forward(&step).expect("decode").to_vec();
         (prefill, decode)

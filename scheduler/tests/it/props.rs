@@ -103,6 +103,7 @@ impl Setup {
             watermark: self.watermark,
             enable_prefix_caching: self.caching,
             kv_groups: self.kv_groups.clone(),
+            max_loras: None,
         }
     }
 }
