@@ -538,6 +538,8 @@ impl Engine {
             };
             (first, more)
         };
+        // The step's hold on its adapters ends with its forward (an idle adapter can be unloaded).
+        self.bufs.lora.clear();
         if self.bufs.pool_rows.any() {
             let hidden = self.runner.model_config().hidden_size;
             let rows = self.bufs.pool_rows.indices().len();

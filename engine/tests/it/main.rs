@@ -1,6 +1,6 @@
 //! Engine integration tests over a tiny random Llama: request lifecycle and bad input,
 //! batch invariance, seeded sampling, parallel samples, the threaded handle, and hostile input;
-//! and over every family's tiny checkpoint against transformers' greedy tokens.
+//! over every family's tiny checkpoint against transformers' greedy tokens; LoRA adapters against PEFT's.
 
 mod async_api;
 mod basics;
@@ -11,6 +11,7 @@ mod handle;
 mod hostile;
 mod invariance;
 mod kv_map;
+mod lora;
 mod options;
 mod prompt_logprobs;
 mod real_model;
