@@ -2,7 +2,9 @@
 //! each loaded from its PEFT folder off the engine thread, at most `max_cpu_loras` of them in
 //! memory (the least recently used idle one is dropped and read again when next asked for),
 //! and what a request names (`LoraRequest`). A request holds its adapter for its whole life, so
-//! an adapter in use is never dropped; unloading one that requests still hold is refused.
+//! an adapter in use is never dropped: unloading one takes its name away at once (new requests
+//! naming it are refused) while the requests already admitted finish under it, its memory
+//! going with the last of them.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -76,8 +78,6 @@ pub enum LoraError {
     NotFound(String),
     #[error("a LoRA adapter named {0:?} is already loaded")]
     AlreadyLoaded(String),
-    #[error("LoRA adapter {name:?} is in use by {requests} request(s); unload it when they finish")]
-    InUse { name: String, requests: usize },
     #[error("LoRA adapter {name:?} has rank {rank}, above max_lora_rank {max}")]
     RankTooLarge { name: String, rank: usize, max: usize },
     #[error("LoRA adapter name {0:?} is the base model's name or empty")]
@@ -194,17 +194,13 @@ impl LoraRegistry {
         Ok(LoraInfo { name: name.to_owned(), id, path: path.to_owned(), loaded: true })
     }
 
-    /// Forgets adapter `name` (vLLM's `/v1/unload_lora_adapter`); refused while a request holds it.
-    pub fn unload(&self, name: &str) -> Result<(), LoraError> {
+    /// Forgets adapter `name` (vLLM's `/v1/unload_lora_adapter`): later requests naming it are
+    /// refused; requests already admitted finish under it. Returns how many still hold it.
+    pub fn unload(&self, name: &str) -> Result<usize, LoraError> {
         self.enabled()?;
-        let mut state = self.state.lock();
-        let entry = state.entries.get(name).ok_or_else(|| LoraError::NotFound(name.to_owned()))?;
-        let holders = entry.loaded.as_ref().map_or(0, |a| Arc::strong_count(a) - 1);
-        if holders > 0 {
-            return Err(LoraError::InUse { name: name.to_owned(), requests: holders });
-        }
-        state.entries.remove(name);
-        Ok(())
+        let entry =
+            self.state.lock().entries.remove(name).ok_or_else(|| LoraError::NotFound(name.to_owned()))?;
+        Ok(entry.loaded.map_or(0, |a| Arc::strong_count(&a) - 1))
     }
 
     /// Every registered adapter, by name.

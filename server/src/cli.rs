@@ -8,8 +8,8 @@ use clap::builder::{PossibleValuesParser, TypedValueParser};
 use engine::config::{DECODE_ACTIVATIONS, KV_DTYPE, PREEMPTION_MODE, QUANTIZATION, SCHEDULING_POLICY};
 use engine::spec::SpeculativeConfig;
 use engine::{
-    ActivationPrecision, Choices, DType, Device, EngineConfig, KvCacheSize, Policy, PreemptionMode,
-    Quantization, ShutdownMode,
+    ActivationPrecision, Choices, DType, Device, EngineConfig, KvCacheSize, LoraConfig, Policy,
+    PreemptionMode, Quantization, ShutdownMode,
 };
 
 /// Engine knobs shared by `run`, `throughput` and `serve` (vLLM's names).
@@ -75,6 +75,19 @@ pub struct EngineKnobs {
     /// where answers copy from their prompt.
     #[arg(help_heading = "SpeculativeConfig", long, value_parser = speculative_config)]
     pub speculative_config: Option<SpeculativeConfig>,
+    /// Serve LoRA adapters over the base model (CPU device): a request's `model` names one.
+    #[arg(help_heading = "LoRAConfig", long)]
+    pub enable_lora: bool,
+    /// Most distinct adapters in one step (a request of another adapter waits).
+    #[arg(help_heading = "LoRAConfig", long, default_value_t = 1)]
+    pub max_loras: usize,
+    /// Largest adapter rank accepted.
+    #[arg(help_heading = "LoRAConfig", long, default_value_t = 16)]
+    pub max_lora_rank: usize,
+    /// Most adapters kept in memory (default: --max-loras); an idle one past it is dropped and
+    /// read from its folder again when next asked for.
+    #[arg(help_heading = "LoRAConfig", long)]
+    pub max_cpu_loras: Option<usize>,
 }
 
 fn speculative_config(json: &str) -> Result<SpeculativeConfig, String> {
@@ -111,6 +124,11 @@ impl EngineKnobs {
             quantization: self.quantization,
             decode_activations: self.decode_activations,
             speculative_config: self.speculative_config,
+            lora: self.enable_lora.then_some(LoraConfig {
+                max_loras: self.max_loras,
+                max_lora_rank: self.max_lora_rank,
+                max_cpu_loras: self.max_cpu_loras,
+            }),
             ..EngineConfig::default()
         }
     }
@@ -171,8 +189,42 @@ pub struct ServeArgs {
     /// first; a request with a priority is refused under fcfs).
     #[arg(help_heading = "SchedulerConfig", long, value_parser = choice(&SCHEDULING_POLICY), default_value = "fcfs")]
     pub scheduling_policy: Policy,
+    /// LoRA adapters served from the start, each `name=path` (a PEFT folder) or vLLM's JSON
+    /// `{"name": …, "path": …}`; needs --enable-lora.
+    #[arg(help_heading = "Frontend", long, num_args = 1.., value_name = "NAME=PATH", value_parser = lora_module)]
+    pub lora_modules: Vec<LoraModule>,
+    /// Serve `/v1/load_lora_adapter` and `/v1/unload_lora_adapter` (a client may then make the
+    /// server read an adapter folder of its choosing).
+    #[arg(
+        help_heading = "Frontend",
+        long,
+        env = "PAGED_LLM_ALLOW_RUNTIME_LORA_UPDATING",
+        value_parser = clap::builder::FalseyValueParser::new()
+    )]
+    pub allow_runtime_lora_updating: bool,
     #[command(flatten)]
     pub knobs: EngineKnobs,
+}
+
+/// One `--lora-modules` entry.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+pub struct LoraModule {
+    pub name: String,
+    pub path: PathBuf,
+}
+
+/// `name=path`, or vLLM's JSON form.
+fn lora_module(s: &str) -> Result<LoraModule, String> {
+    let module = if s.trim_start().starts_with('{') {
+        serde_json::from_str::<serde_json::Value>(s).ok().and_then(|v| {
+            Some(LoraModule { name: v["name"].as_str()?.into(), path: v["path"].as_str()?.into() })
+        })
+    } else {
+        s.split_once('=').map(|(name, path)| LoraModule { name: name.into(), path: path.into() })
+    };
+    module
+        .filter(|m| !m.name.is_empty() && !m.path.as_os_str().is_empty())
+        .ok_or_else(|| format!("{s:?} is not name=path or {{\"name\": …, \"path\": …}}"))
 }
 
 /// `--pooler-config`: vLLM's JSON (its `dimensions` is a request's field, not the server's).
@@ -219,6 +271,7 @@ impl ServeArgs {
             tool_call_parser: self.tool_call_parser,
             pooler_config: self.pooler_config.unwrap_or_default(),
             reasoning_parser: self.reasoning_parser,
+            allow_runtime_lora_updating: self.allow_runtime_lora_updating,
         }
     }
 }

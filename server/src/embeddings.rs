@@ -97,8 +97,8 @@ pub(crate) async fn embeddings(
         Ok(base) => base,
         Err(e) => return e.into_response(),
     };
-    let response = match state.check_model(req.model.as_deref()) {
-        Ok(()) => respond(state, req, &base).await.unwrap_or_else(IntoResponse::into_response),
+    let response = match state.model_adapter(req.model.as_deref()) {
+        Ok(lora) => respond(state, req, lora, &base).await.unwrap_or_else(IntoResponse::into_response),
         Err(e) => e.into_response(),
     };
     crate::request_id::with_request_id(response, &base)
@@ -120,9 +120,15 @@ fn pooling_of(state: &AppState, req: &EmbeddingRequest) -> Result<PoolingParams,
     Ok(pooling)
 }
 
-async fn respond(state: Arc<AppState>, req: EmbeddingRequest, base: &str) -> Result<Response, ApiError> {
+async fn respond(
+    state: Arc<AppState>,
+    req: EmbeddingRequest,
+    lora: Option<engine::LoraRequest>,
+    base: &str,
+) -> Result<Response, ApiError> {
     let pooling = pooling_of(&state, &req)?;
-    let mut options = RequestOptions::default().with_pooling(pooling);
+    let mut options =
+        RequestOptions { lora: lora.clone(), ..RequestOptions::default() }.with_pooling(pooling);
     if let Some(priority) = req.priority {
         options = options.with_priority(priority);
     }
@@ -169,7 +175,7 @@ async fn respond(state: Arc<AppState>, req: EmbeddingRequest, base: &str) -> Res
         id,
         object: "list",
         created: crate::unix_now(),
-        model: state.handle.model_name().to_owned(),
+        model: lora.map_or_else(|| state.handle.model_name().to_owned(), |l| l.name),
         data,
         usage: EmbeddingUsage { prompt_tokens, total_tokens: prompt_tokens },
     };

@@ -90,6 +90,10 @@ impl From<RequestError> for ApiError {
             RequestError::LogitBiasOutOfVocab { .. } => (StatusCode::BAD_REQUEST, Some("logit_bias")),
             RequestError::Constraint { .. } => (StatusCode::BAD_REQUEST, Some("response_format")),
             RequestError::Pooling { .. } => (StatusCode::BAD_REQUEST, Some("dimensions")),
+            RequestError::Lora { source: engine::LoraError::NotFound(_), .. } => {
+                (StatusCode::NOT_FOUND, Some("model"))
+            }
+            RequestError::Lora { .. } => (StatusCode::BAD_REQUEST, Some("model")),
             _ => (StatusCode::BAD_REQUEST, None),
         };
         Self { status, message: e.to_string(), param }

@@ -120,10 +120,10 @@ pub(crate) async fn generate<R: JobRequest>(
         Ok(base) => base,
         Err(e) => return e.into_response(),
     };
-    let job = state
-        .check_model(model)
-        .and_then(|()| crate::fields::check_extra(&sampling.extra, R::ENDPOINT))
-        .and_then(|()| req.job(&state, &base));
+    let job = state.model_adapter(model).and_then(|lora| {
+        crate::fields::check_extra(&sampling.extra, R::ENDPOINT)?;
+        Ok(req.job(&state, &base)?.with_lora(lora))
+    });
     let response = match job {
         Ok(job) => job.respond(state).await,
         Err(e) => e.into_response(),
@@ -188,6 +188,16 @@ impl Envelope {
 }
 
 impl Job {
+    /// The job under the LoRA adapter its `model` names (`None`: the base model), whose name
+    /// its responses then carry.
+    pub(crate) fn with_lora(mut self, lora: Option<engine::LoraRequest>) -> Self {
+        if let Some(lora) = &lora {
+            self.envelope.model.clone_from(&lora.name);
+        }
+        self.options.lora = lora;
+        self
+    }
+
     /// The call's job, its finished parameters validated here, once (a bad field is a 400
     /// naming it; the engine takes them as they are).
     fn new(

@@ -14,34 +14,42 @@ use crate::error::json_or_error;
 use crate::openai::ChatMessageInput;
 use crate::{ApiError, AppState, JsonBody};
 
-/// `GET /v1/models`: OpenAI's model list, with vLLM's `root` and `max_model_len`.
+/// `GET /v1/models`: OpenAI's model list, with vLLM's `root`, `parent` and `max_model_len`: the
+/// base model, then each LoRA adapter (its `parent` the base, its `root` its folder).
 #[derive(Debug, Serialize)]
-pub struct ModelList<'a> {
+pub struct ModelList {
     object: &'static str,
-    data: [ModelCard<'a>; 1],
+    data: Vec<ModelCard>,
 }
 
 #[derive(Debug, Serialize)]
-struct ModelCard<'a> {
-    id: &'a str,
+struct ModelCard {
+    id: String,
     object: &'static str,
     created: u64,
     owned_by: &'static str,
-    root: &'a str,
+    root: String,
+    parent: Option<String>,
     max_model_len: usize,
 }
 
 pub async fn models(State(state): State<Arc<AppState>>) -> Response {
     let h = &state.handle;
-    let card = ModelCard {
-        id: h.model_name(),
+    let card = |id: &str, root: String, parent: Option<String>| ModelCard {
+        id: id.to_owned(),
         object: "model",
         created: crate::unix_now(),
         owned_by: "paged-engine",
-        root: h.model_name(),
+        root,
+        parent,
         max_model_len: h.max_model_len(),
     };
-    Json(ModelList { object: "list", data: [card] }).into_response()
+    let base = h.model_name();
+    let mut data = vec![card(base, base.to_owned(), None)];
+    for lora in h.loras().list() {
+        data.push(card(&lora.name, lora.path.display().to_string(), Some(base.to_owned())));
+    }
+    Json(ModelList { object: "list", data }).into_response()
 }
 
 pub async fn health() -> StatusCode {

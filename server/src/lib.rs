@@ -8,7 +8,9 @@
 //!   its stored responses bounded in memory): `responses/`.
 //! - `POST /v1/messages` (Anthropic's Messages API over the chat path, its errors in
 //!   Anthropic's shape, the key also from `x-api-key`): `anthropic/`.
-//! - `GET /v1/models`, `GET /health`, `POST /tokenize`, `POST /detokenize`: `info.rs`.
+//! - `GET /v1/models` (the base model and its LoRA adapters), `GET /health`, `POST /tokenize`,
+//!   `POST /detokenize`: `info.rs`; `POST /v1/load_lora_adapter`, `/v1/unload_lora_adapter`:
+//!   `lora.rs`.
 //! - `GET /metrics` (Prometheus text, vLLM V1's names): `metrics.rs`.
 //! - Fields beyond the typed ones (unknown: logged once and ignored; known but unimplemented:
 //!   a 400): `fields.rs`.
@@ -38,6 +40,7 @@ mod folded;
 mod generate;
 mod info;
 pub mod kv_map;
+mod lora;
 mod metrics;
 mod openai;
 pub mod plan;
@@ -88,6 +91,9 @@ pub struct ServerConfig {
     pub pooler_config: engine::PoolingParams,
     /// Splits chat answers' reasoning into `reasoning_content` (none: all is content).
     pub reasoning_parser: Option<ReasoningParser>,
+    /// Serves `/v1/load_lora_adapter` and `/v1/unload_lora_adapter` (vLLM's
+    /// `VLLM_ALLOW_RUNTIME_LORA_UPDATING`): a client may then make the server read a folder.
+    pub allow_runtime_lora_updating: bool,
 }
 
 impl Default for ServerConfig {
@@ -102,6 +108,7 @@ impl Default for ServerConfig {
             tool_call_parser: ToolCallParser::Auto,
             pooler_config: engine::PoolingParams::default(),
             reasoning_parser: None,
+            allow_runtime_lora_updating: false,
         }
     }
 }
@@ -117,6 +124,7 @@ pub struct AppState {
     tool_call_parser: ToolCallParser,
     pooler_config: engine::PoolingParams,
     reasoning_parser: Option<ReasoningParser>,
+    allow_runtime_lora_updating: bool,
     /// One calculator simulation at a time (`plan.rs`).
     plan_slot: Arc<tokio::sync::Semaphore>,
     /// `/v1/responses`' stored responses.
@@ -135,6 +143,7 @@ impl AppState {
             tool_call_parser: config.tool_call_parser,
             pooler_config: config.pooler_config,
             reasoning_parser: config.reasoning_parser,
+            allow_runtime_lora_updating: config.allow_runtime_lora_updating,
             plan_slot: Arc::new(tokio::sync::Semaphore::new(1)),
             responses: responses::store::Store::default(),
         })
@@ -142,11 +151,20 @@ impl AppState {
 
     /// A request naming another model is a 404 (naming none takes the served one).
     fn check_model(&self, asked: Option<&str>) -> Result<(), ApiError> {
+        self.model_adapter(asked).map(|_| ())
+    }
+
+    /// What a request's `model` names: the base model (`None`, also when it names none), or
+    /// one of the LoRA adapters registered (`--lora-modules`, `/v1/load_lora_adapter`); any
+    /// other name is a 404.
+    fn model_adapter(&self, asked: Option<&str>) -> Result<Option<engine::LoraRequest>, ApiError> {
         match asked {
-            Some(m) if m != self.handle.model_name() => {
-                Err(ApiError::model_not_found(m, self.handle.model_name()))
+            None => Ok(None),
+            Some(m) if m == self.handle.model_name() => Ok(None),
+            Some(m) if self.handle.loras().list().iter().any(|l| l.name == m) => {
+                Ok(Some(engine::LoraRequest::named(m)))
             }
-            _ => Ok(()),
+            Some(m) => Err(ApiError::model_not_found(m, self.handle.model_name())),
         }
     }
 }
@@ -178,6 +196,8 @@ pub fn router(state: Arc<AppState>, config: &ServerConfig) -> Router {
         .route("/v1/responses/{id}", get(responses::retrieve))
         .route(anthropic::PATH, post(anthropic::messages))
         .route("/v1/models", get(info::models))
+        .route("/v1/load_lora_adapter", post(lora::load))
+        .route("/v1/unload_lora_adapter", post(lora::unload))
         .route("/v1/kv_map", get(kv_map::kv_map))
         .route("/v1/kv_map/stream", get(kv_map::kv_map_stream))
         .route("/v1/plan", get(plan::presets).post(plan::plan))
@@ -286,6 +306,12 @@ pub fn run_until_signal(
     args: &cli::ServeArgs,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let config = args.server_config();
+    for module in &args.lora_modules {
+        engine
+            .loras()
+            .load(&module.name, &module.path)
+            .map_err(|e| format!("--lora-modules {}={}: {e}", module.name, module.path.display()))?;
+    }
     let handle = EngineHandle::spawn(engine)?;
     let state = Arc::new(AppState::new(handle, &config)?);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;

@@ -73,10 +73,11 @@ struct Call {
 }
 
 fn prepare(state: &AppState, req: &MessagesRequest, base: &str) -> Result<Call, ApiError> {
-    state.check_model(req.model.as_deref())?;
+    let lora = state.model_adapter(req.model.as_deref())?;
     req.check_extra()?;
-    let job = req.chat_request()?.job(state, base)?;
-    Ok(Call { job, base: base.to_owned(), model: state.handle.model_name().to_owned(), stream: req.stream })
+    let job = req.chat_request()?.job(state, base)?.with_lora(lora.clone());
+    let model = lora.map_or_else(|| state.handle.model_name().to_owned(), |l| l.name);
+    Ok(Call { job, base: base.to_owned(), model, stream: req.stream })
 }
 
 impl Call {

@@ -72,7 +72,7 @@ struct Call {
 
 /// The call's checks (model, fields, items, the earlier response) and its chat job.
 fn prepare(state: &AppState, req: &ResponsesRequest, base: &str) -> Result<Call, ApiError> {
-    state.check_model(req.model.as_deref())?;
+    let lora = state.model_adapter(req.model.as_deref())?;
     req.check_extra()?;
     let mut conversation = match &req.previous_response_id {
         Some(id) => {
@@ -84,12 +84,12 @@ fn prepare(state: &AppState, req: &ResponsesRequest, base: &str) -> Result<Call,
     };
     let input = req.input_messages(&conversation)?;
     conversation.extend(input);
-    let job = req.chat_request(&conversation)?.job(state, base)?;
+    let job = req.chat_request(&conversation)?.job(state, base)?.with_lora(lora.clone());
     let meta = Meta {
         id: format!("resp_{base}"),
         base: base.to_owned(),
         created_at: crate::unix_now(),
-        model: state.handle.model_name().to_owned(),
+        model: lora.map_or_else(|| state.handle.model_name().to_owned(), |l| l.name),
         echoed: echoed(req),
     };
     Ok(Call { job, meta, conversation, store: req.store.unwrap_or(true), stream: req.stream })
