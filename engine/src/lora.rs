@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use model::{LoraAdapter, ModelConfig};
 use parking_lot::Mutex;
@@ -94,6 +95,46 @@ struct Entry {
     path: PathBuf,
     loaded: Option<Arc<LoraAdapter>>,
     last_used: u64,
+    usage: Arc<Usage>,
+}
+
+/// How many requests of an adapter wait for their first step and how many run (vLLM's
+/// `lora_requests_info`), kept by the requests' [`LoraHold`]s.
+#[derive(Debug, Default)]
+struct Usage {
+    waiting: AtomicUsize,
+    running: AtomicUsize,
+}
+
+/// A request's hold on its adapter: the weights, and its place in the adapter's counts until
+/// it is dropped with the request.
+#[derive(Debug)]
+pub(crate) struct LoraHold {
+    pub adapter: Arc<LoraAdapter>,
+    usage: Arc<Usage>,
+    running: bool,
+}
+
+impl LoraHold {
+    fn new(adapter: Arc<LoraAdapter>, usage: Arc<Usage>) -> Self {
+        usage.waiting.fetch_add(1, Ordering::Relaxed);
+        Self { adapter, usage, running: false }
+    }
+
+    /// The request was scheduled for the first time.
+    pub fn set_running(&mut self) {
+        if !std::mem::replace(&mut self.running, true) {
+            self.usage.waiting.fetch_sub(1, Ordering::Relaxed);
+            self.usage.running.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Drop for LoraHold {
+    fn drop(&mut self) {
+        let counter = if self.running { &self.usage.running } else { &self.usage.waiting };
+        counter.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// What `/v1/models` and `list` show of an adapter.
@@ -103,13 +144,16 @@ pub struct LoraInfo {
     pub id: u32,
     pub path: PathBuf,
     pub loaded: bool,
+    /// Requests under it not yet scheduled, and scheduled ones.
+    pub waiting: usize,
+    pub running: usize,
 }
 
-/// An adapter resolved for one request: its id and weights.
-#[derive(Debug, Clone)]
-pub struct ActiveLora {
+/// An adapter resolved for one request: its id and the request's hold on it.
+#[derive(Debug)]
+pub(crate) struct ActiveLora {
     pub id: u32,
-    pub adapter: Arc<LoraAdapter>,
+    pub hold: LoraHold,
 }
 
 /// The registry, shared by the engine and its handles (`Send + Sync`): `Engine::loras`,
@@ -188,10 +232,18 @@ impl LoraRegistry {
         let id = state.next_id;
         state.next_id += 1;
         state.clock += 1;
-        let entry = Entry { id, path: path.to_owned(), loaded: Some(adapter), last_used: state.clock };
+        let usage = Arc::default();
+        let entry = Entry { id, path: path.to_owned(), loaded: Some(adapter), last_used: state.clock, usage };
         state.entries.insert(name.to_owned(), entry);
         state.evict_idle(config.memory_slots());
-        Ok(LoraInfo { name: name.to_owned(), id, path: path.to_owned(), loaded: true })
+        Ok(LoraInfo {
+            name: name.to_owned(),
+            id,
+            path: path.to_owned(),
+            loaded: true,
+            waiting: 0,
+            running: 0,
+        })
     }
 
     /// Forgets adapter `name` (vLLM's `/v1/unload_lora_adapter`): later requests naming it are
@@ -214,6 +266,8 @@ impl LoraRegistry {
                 id: e.id,
                 path: e.path.clone(),
                 loaded: e.loaded.is_some(),
+                waiting: e.usage.waiting.load(Ordering::Relaxed),
+                running: e.usage.running.load(Ordering::Relaxed),
             })
             .collect()
     }
@@ -230,7 +284,8 @@ impl LoraRegistry {
                 Some(entry) => {
                     entry.last_used = clock;
                     if let Some(adapter) = &entry.loaded {
-                        return Ok(ActiveLora { id: entry.id, adapter: Arc::clone(adapter) });
+                        let hold = LoraHold::new(Arc::clone(adapter), Arc::clone(&entry.usage));
+                        return Ok(ActiveLora { id: entry.id, hold });
                     }
                     entry.path.clone()
                 }
@@ -248,10 +303,10 @@ impl LoraRegistry {
         let mut state = self.state.lock();
         let entry =
             state.entries.get_mut(&request.name).ok_or_else(|| LoraError::NotFound(request.name.clone()))?;
-        let adapter = Arc::clone(entry.loaded.get_or_insert(adapter));
+        let hold = LoraHold::new(Arc::clone(entry.loaded.get_or_insert(adapter)), Arc::clone(&entry.usage));
         let id = entry.id;
         state.evict_idle(config.memory_slots());
-        Ok(ActiveLora { id, adapter })
+        Ok(ActiveLora { id, hold })
     }
 }
 

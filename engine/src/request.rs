@@ -196,7 +196,7 @@ pub(crate) struct RequestRecord {
     /// A pooling request's pool.
     pub pooling: Option<crate::pooling::PoolState>,
     /// The LoRA adapter its rows run under (held until the record goes).
-    pub lora: Option<Arc<model::LoraAdapter>>,
+    pub lora: Option<crate::lora::LoraHold>,
 }
 
 impl RequestRecord {

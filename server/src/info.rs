@@ -148,6 +148,11 @@ pub async fn detokenize(State(state): State<Arc<AppState>>, body: JsonBody<Detok
 }
 
 pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
-    let text = state.metrics.render(&state.handle.live_metrics());
+    let loras = state.handle.loras();
+    let listed = loras.config().map(|c| (c.max_loras, loras.list()));
+    let text = state.metrics.render_with_loras(
+        &state.handle.live_metrics(),
+        listed.as_ref().map(|(max, l)| (*max, l.as_slice())),
+    );
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }

@@ -273,6 +273,16 @@ impl Metrics {
 
     /// The Prometheus text of every metric, the gauges and counters brought up to `snap`.
     pub fn render(&self, snap: &LiveMetrics) -> String {
+        self.render_with_loras(snap, None)
+    }
+
+    /// [`Self::render`] with vLLM's `vllm:lora_requests_info` when LoRA is enabled: `max_loras`
+    /// and the registered adapters' request counts.
+    pub fn render_with_loras(
+        &self,
+        snap: &LiveMetrics,
+        loras: Option<(usize, &[engine::LoraInfo])>,
+    ) -> String {
         let g = &snap.gauges;
         self.running.set(g.num_running as i64);
         self.waiting.set(g.num_waiting as i64);
@@ -293,11 +303,51 @@ impl Metrics {
         }
         let mut families = self.registry.gather();
         families.push(self.step_tokens_family(snap));
+        if let Some((max_loras, loras)) = loras {
+            families.push(self.lora_info_family(max_loras, loras));
+        }
         families.sort_by(|a, b| a.name().cmp(b.name()));
         let mut buf = Vec::new();
         // Encoding into a Vec cannot fail for these metric types.
         let _ = TextEncoder::new().encode(&families, &mut buf);
         String::from_utf8(buf).unwrap_or_default()
+    }
+
+    /// `vllm:lora_requests_info`, as vLLM writes it: one series whose labels name the adapters
+    /// with running and with waiting requests (comma-separated) and `max_lora`, its value the
+    /// time of the reading.
+    fn lora_info_family(&self, max_loras: usize, loras: &[engine::LoraInfo]) -> MetricFamily {
+        let names = |with: fn(&engine::LoraInfo) -> usize| {
+            loras.iter().filter(|l| with(l) > 0).map(|l| l.name.as_str()).collect::<Vec<_>>().join(",")
+        };
+        let labels = [
+            ("max_lora", max_loras.to_string()),
+            ("model_name", self.model_name.clone()),
+            ("running_lora_adapters", names(|l| l.running)),
+            ("waiting_lora_adapters", names(|l| l.waiting)),
+        ];
+        let mut gauge = prometheus::proto::Gauge::default();
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        gauge.set_value(now.map_or(0.0, |d| d.as_secs_f64()));
+        let mut metric = Metric::default();
+        metric.set_label(
+            labels
+                .into_iter()
+                .map(|(name, value)| {
+                    let mut label = LabelPair::default();
+                    label.set_name(name.into());
+                    label.set_value(value);
+                    label
+                })
+                .collect(),
+        );
+        metric.set_gauge(gauge);
+        let mut family = MetricFamily::default();
+        family.set_name("vllm:lora_requests_info".into());
+        family.set_help("Running stats on lora requests.".into());
+        family.set_field_type(MetricType::GAUGE);
+        family.set_metric(vec![metric]);
+        family
     }
 
     /// `vllm:iteration_tokens_total`: the engine's own counts of tokens per step, as a histogram

@@ -365,7 +365,7 @@ impl Engine {
             RequestRecord::new(id, key, Arc::new(params), &tokens, max_tokens, arrival, samplers, sink)
                 .with_guide(guide);
         record.pooling = pooling;
-        record.lora = lora.map(|l| l.adapter);
+        record.lora = lora.map(|l| l.hold);
         self.live.insert(record);
         Ok(key)
     }
@@ -380,6 +380,9 @@ impl Engine {
             {
                 record.scheduled = true;
                 record.first_scheduled = Some(now);
+                if let Some(lora) = &mut record.lora {
+                    lora.set_running();
+                }
                 record.num_cached_tokens = s.tokens.start;
                 self.intake.leave_waiting();
             }

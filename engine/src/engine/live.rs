@@ -150,7 +150,7 @@ impl StepView {
     pub fn lora_rows(&self, plan: &SchedulerOutput, live: &Live, out: &mut model::LoraBatch) {
         out.clear();
         for (i, &slot) in self.seq_slots.iter().enumerate() {
-            if let Some(adapter) = live.at(slot).and_then(|r| r.lora.as_ref())
+            if let Some(adapter) = live.at(slot).and_then(|r| r.lora.as_ref()).map(|l| &l.adapter)
                 && let (Some(&start), Some(&end)) =
                     (plan.query_start_loc.get(i), plan.query_start_loc.get(i + 1))
             {

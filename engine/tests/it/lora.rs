@@ -179,7 +179,11 @@ fn adapters_load_unload_and_reload_with_the_same_answers() {
     engine
         .add_request_with_options("held", Prompt::Tokens(prompt.clone()), params.clone(), by_name.clone())
         .expect("add");
+    let counts =
+        |engine: &Engine| engine.loras().list().iter().map(|l| (l.waiting, l.running)).collect::<Vec<_>>();
+    assert_eq!(counts(&engine), [(1, 0)], "waiting");
     engine.step().expect("the first step");
+    assert_eq!(counts(&engine), [(0, 1)], "running");
     assert_eq!(engine.loras().unload("sql"), Ok(1), "one request holds it");
     let mut held = Vec::new();
     while engine.has_unfinished() {

@@ -109,6 +109,9 @@ fn model_names_an_adapter_on_every_endpoint() {
         let (status, err) = srv.post_json("/v1/completions", &completion("nope")).await;
         assert_eq!(status, StatusCode::NOT_FOUND, "{err}");
         assert_eq!(err["error"]["param"], "model");
+        let (_, metrics) = srv.get("/metrics").await;
+        let info = r#"vllm:lora_requests_info{max_lora="2",model_name="base",running_lora_adapters="",waiting_lora_adapters=""}"#;
+        assert!(metrics.contains(info), "{metrics}");
     });
 }
 
