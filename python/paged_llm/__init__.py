@@ -1,6 +1,7 @@
 """paged_llm: the paged-attention serving engine from Python, shaped like vLLM's API.
 
-``LLM`` runs offline batches (``generate``, ``chat``, ``embed``); ``AsyncLLM`` streams one request at a time
+``LLM`` runs offline batches (``generate``, ``chat``, ``embed``; LoRA adapters per request with
+``LoRARequest`` and the ``enable_lora=True`` engine argument); ``AsyncLLM`` streams one request at a time
 to asyncio (``async for out in llm.generate(...)``; closing the iterator or cancelling the task
 aborts the request). Requests take a ``SamplingParams`` and come back as ``RequestOutput``s.
 The engine is Rust (``paged_llm._core``): it runs on its own thread, and no call holds the GIL
@@ -15,6 +16,7 @@ field is a ``TypeError`` and a missing model a ``FileNotFoundError``.
 from ._core import EngineError, EngineStoppedError, InvalidRequestError, QueueFullError
 from .async_llm import AsyncLLM
 from .llm import LLM
+from .lora import LoRARequest
 from .outputs import (
     CompletionOutput,
     EmbeddingOutput,
@@ -36,6 +38,7 @@ __all__ = [
     "Logprob",
     "RequestMetrics",
     "PoolingParams",
+    "LoRARequest",
     "EmbeddingOutput",
     "EmbeddingRequestOutput",
     "EngineError",

@@ -19,6 +19,7 @@ from ._client import (
     _params_json,
     _prompt_json,
 )
+from .lora import LoRARequest
 from .outputs import RequestOutput
 from .sampling import SamplingParams
 
@@ -42,12 +43,14 @@ class AsyncLLM(_Client):
         *,
         priority: int = 0,
         cache_salt: Optional[str] = None,
+        lora_request: Optional[LoRARequest] = None,
     ) -> AsyncIterator[RequestOutput]:
         """Streams one request's outputs; the last has ``finished`` set. ``request_id``:
         for ``abort``; one is made up when ``None``. ``priority`` counts under the
         ``scheduling_policy="priority"`` engine argument; ``cache_salt`` keeps the request's
-        prefix-cache entries to requests with the same salt."""
-        return self._stream(_prompt_json(prompt), sampling_params, request_id, priority, cache_salt)
+        prefix-cache entries to requests with the same salt; ``lora_request``: the adapter it
+        runs under."""
+        return self._stream(_prompt_json(prompt), sampling_params, request_id, priority, cache_salt, lora_request)
 
     def chat(
         self,
@@ -61,7 +64,7 @@ class AsyncLLM(_Client):
     ) -> AsyncIterator[RequestOutput]:
         """``generate`` for a conversation rendered with the model's chat template."""
         prompt = _conversation_json(messages, tools, documents, chat_template_kwargs)
-        return self._stream(prompt, sampling_params, request_id, 0, None)
+        return self._stream(prompt, sampling_params, request_id, 0, None, None)
 
     async def abort(self, request_id: str) -> bool:
         """Aborts an unfinished request; False when there is none by that id."""
@@ -78,12 +81,14 @@ class AsyncLLM(_Client):
         request_id: Optional[str],
         priority: int,
         cache_salt: Optional[str],
+        lora_request: Optional[LoRARequest],
     ) -> AsyncIterator[RequestOutput]:
         options = {
             "request_id": request_id,
             "output_kind": _output_kind(params),
             "priority": priority,
             "cache_salt": cache_salt,
+            "lora": {"name": lora_request.lora_name, "path": str(lora_request.lora_path)} if lora_request else None,
         }
         stream = self._engine.submit(prompt, _params_json(params), json.dumps(options))
         finished = False

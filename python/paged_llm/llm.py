@@ -15,6 +15,7 @@ from ._client import (
     _params_json,
     _prompt_json,
 )
+from .lora import LoRAArg, _lora_list
 from .outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
 from .pooling import PoolingParams
 from .sampling import SamplingParams
@@ -33,11 +34,14 @@ class LLM(_Client):
         self,
         prompts: Union[PromptType, Sequence[PromptType]],
         sampling_params: ParamsArg = None,
+        lora_request: LoRAArg = None,
     ) -> List[RequestOutput]:
         """One finished ``RequestOutput`` per prompt, in order. ``sampling_params``: one for
-        every prompt, or one per prompt; ``None`` takes the model's defaults."""
+        every prompt, or one per prompt; ``None`` takes the model's defaults. ``lora_request``:
+        the ``LoRARequest`` every prompt runs under, or one (or ``None``: the base model) per
+        prompt; prompts of different adapters share the engine's batches."""
         prompts = _prompt_list(prompts)
-        return self._run([_prompt_json(p) for p in prompts], sampling_params)
+        return self._run([_prompt_json(p) for p in prompts], sampling_params, lora_request)
 
     def chat(
         self,
@@ -78,7 +82,7 @@ class LLM(_Client):
         ``kv_usage``, ``prefix_hits`` / ``prefix_queries``, token counts, latencies."""
         return _flat_metrics(self._engine.metrics())
 
-    def _run(self, prompts: List[str], sampling_params: ParamsArg) -> List[RequestOutput]:
+    def _run(self, prompts: List[str], sampling_params: ParamsArg, lora_request: LoRAArg = None) -> List[RequestOutput]:
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params = [_params_json(sampling_params)] * len(prompts)
         elif isinstance(sampling_params, (list, tuple)):
@@ -88,7 +92,8 @@ class LLM(_Client):
         else:
             kind = type(sampling_params).__name__
             raise TypeError(f"sampling_params must be a SamplingParams or a list of them, not {kind}")
-        raw = self._engine.generate(list(zip(prompts, params)))
+        loras = _lora_list(lora_request, len(prompts))
+        raw = self._engine.generate(list(zip(prompts, params, loras)))
         return [RequestOutput._from_json(r) for r in raw]
 
 

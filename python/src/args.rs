@@ -58,6 +58,11 @@ struct EngineArgs {
     log_stats_interval: Option<f64>,
     /// vLLM's `speculative_config` dict (`{"method": "ngram", "num_speculative_tokens": 4}`).
     speculative_config: Option<serde_json::Value>,
+    /// LoRA adapters (`generate(..., lora_request=LoRARequest(...))`), with vLLM's limits.
+    enable_lora: Option<bool>,
+    max_loras: Option<usize>,
+    max_lora_rank: Option<usize>,
+    max_cpu_loras: Option<usize>,
 }
 
 /// What a JSON object's error is about: serde names no field when a value is wrong, so the
@@ -136,6 +141,14 @@ pub fn engine_config(json: &str) -> PyResult<EngineConfig> {
             ),
             None => None,
         },
+        lora: args.enable_lora.unwrap_or(false).then(|| {
+            let l = engine::LoraConfig::default();
+            engine::LoraConfig {
+                max_loras: args.max_loras.unwrap_or(l.max_loras),
+                max_lora_rank: args.max_lora_rank.unwrap_or(l.max_lora_rank),
+                max_cpu_loras: args.max_cpu_loras.or(l.max_cpu_loras),
+            }
+        }),
         log_interval: match args.log_stats_interval {
             Some(s) => Duration::from_secs_f64(amount("log_stats_interval", s)?),
             None => d.log_interval,
@@ -171,6 +184,32 @@ pub struct SubmitOptions {
     pub priority: i64,
     /// Shares prefix-cache entries only with requests of the same salt.
     pub cache_salt: Option<String>,
+    /// The LoRA adapter (`LoRARequest`'s name and folder).
+    #[serde(default)]
+    pub lora: Option<LoraArg>,
+}
+
+/// A `LoRARequest` as the Python side sends it: the adapter's name and its folder.
+#[derive(Debug, Clone, Deserialize)]
+pub struct LoraArg {
+    pub name: String,
+    pub path: PathBuf,
+}
+
+impl LoraArg {
+    /// The adapter of a request (JSON, `None`: the base model).
+    pub fn parse(json: Option<&str>) -> PyResult<Option<engine::LoraRequest>> {
+        let Some(json) = json else { return Ok(None) };
+        let arg: Self = serde_json::from_str(json)
+            .map_err(|e| errors::json("lora_request", &e, PyValueError::new_err))?;
+        Ok(Some(arg.into()))
+    }
+}
+
+impl From<LoraArg> for engine::LoraRequest {
+    fn from(arg: LoraArg) -> Self {
+        engine::LoraRequest::at(arg.name, arg.path)
+    }
 }
 
 impl SubmitOptions {

@@ -124,10 +124,18 @@ impl PyEngine {
     /// The offline batch: every (prompt, params) pair submitted at once (past `max_waiting`,
     /// as room frees up), then each request's final output (JSON), in order. A refused request
     /// raises, and the batch's other requests are aborted.
-    fn generate(&self, py: Python<'_>, requests: Vec<(String, Option<String>)>) -> PyResult<Vec<String>> {
+    fn generate(
+        &self,
+        py: Python<'_>,
+        requests: Vec<(String, Option<String>, Option<String>)>,
+    ) -> PyResult<Vec<String>> {
+        let loras = requests
+            .iter()
+            .map(|(_, _, lora)| args::LoraArg::parse(lora.as_deref()))
+            .collect::<PyResult<Vec<_>>>()?;
         let requests: Vec<Request> = requests
             .iter()
-            .map(|(prompt, params)| self.request(prompt, params.as_deref()))
+            .map(|(prompt, params, _)| self.request(prompt, params.as_deref()))
             .collect::<PyResult<_>>()?;
         let mut results: Vec<Option<String>> = vec![None; requests.len()];
         let mut pending = VecDeque::with_capacity(requests.len());
@@ -135,8 +143,9 @@ impl PyEngine {
             let id = self.handle.next_request_id();
             loop {
                 let tokens = Prompt::Tokens(request.token_ids.to_vec());
-                match py
-                    .detach(|| self.handle.add_request_with_id(id.clone(), tokens, request.params.clone()))
+                let options = RequestOptions { lora: loras[i].clone(), ..RequestOptions::default() };
+                let params = request.params.clone();
+                match py.detach(|| self.handle.add_request_with_options(id.clone(), tokens, params, options))
                 {
                     Ok(stream) => {
                         pending.push_back((i, stream, self.accumulator(OutputKind::FinalOnly, &id, request)));
@@ -227,8 +236,12 @@ impl PyEngine {
         let kind = OutputKind::parse(&options.output_kind)?;
         let request = self.request(prompt, params)?;
         let id = options.request_id.unwrap_or_else(|| self.handle.next_request_id());
-        let engine_options =
-            RequestOptions { priority: options.priority, cache_salt: options.cache_salt, pooling: None };
+        let engine_options = RequestOptions {
+            priority: options.priority,
+            cache_salt: options.cache_salt,
+            pooling: None,
+            lora: options.lora.map(Into::into),
+        };
         let tokens = Prompt::Tokens(request.token_ids.to_vec());
         let stream = py
             .detach(|| self.handle.submit(id.clone(), tokens, request.params.clone(), engine_options))

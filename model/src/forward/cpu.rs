@@ -19,7 +19,7 @@ use crate::decoder::Model;
 use crate::error::{ModelError, Result};
 use crate::input::ModelInput;
 use crate::lora;
-use crate::lora::apply::{Target, add_deltas};
+use crate::lora::apply::{Place, add_deltas};
 
 impl Model {
     /// One step on the CPU: writes this step's K/V into `cache`, and returns the logits
@@ -285,52 +285,57 @@ impl DecoderOps for CpuStep<'_, '_> {
         let (in_dim, rows) = (self.width(input), self.rows(input));
         // Where each part's delta goes: its own buffer (Q, K, V), or its columns of one buffer.
         let config = &self.model.config;
-        let (bufs, columns): (Vec<Buf>, Vec<usize>) = match out {
-            LinearOut::Split(parts) => (parts.to_vec(), vec![0; 3]),
+        let parts = lora::parts_of(m);
+        let mut places = [Place { buf: 0, width: 0, column: 0 }; 3];
+        let bufs: &[Buf] = match &out {
+            LinearOut::Split(split) => {
+                for (p, &b) in split.iter().enumerate() {
+                    places[p] = Place { buf: p, width: self.width(b), column: 0 };
+                }
+                split
+            }
             LinearOut::Write(b) | LinearOut::Add(b) => {
-                let outs = (0..lora::parts_of(m)).map(|p| lora::part_dims(config, m, p).1);
-                let starts = outs.scan(0, |at, rows| Some(std::mem::replace(at, *at + rows))).collect();
-                (vec![b; lora::parts_of(m)], starts)
+                let mut column = 0;
+                for (p, place) in places.iter_mut().enumerate().take(parts) {
+                    *place = Place { buf: 0, width: self.width(*b), column };
+                    column += lora::part_dims(config, m, p).1;
+                }
+                std::slice::from_ref(b)
             }
         };
+        let places = &places[..parts];
         for group in batch.groups() {
             for (part, pair) in group.adapter.pairs(layer, m).iter().enumerate() {
                 let Some(pair) = pair else { continue };
-                let fits = bufs.get(part).is_some_and(|&b| columns[part] + pair.out_dim <= self.width(b));
+                let fits = places.get(part).is_some_and(|p| p.column + pair.out_dim <= p.width);
                 if pair.in_dim != in_dim || !fits {
+                    let name = &group.adapter.name;
                     return Err(ModelError::InvalidInput(format!(
-                        "LoRA adapter {:?} does not fit layer {layer}'s {m:?}",
-                        group.adapter.name
+                        "LoRA adapter {name:?} does not fit layer {layer}'s {m:?}"
                     )));
                 }
             }
         }
+        // The input leaves the buffer array while the outputs are borrowed from it.
         let x = std::mem::take(&mut self.ws.bufs[input as usize]);
         let mut scratch = std::mem::take(&mut self.ws.lora);
-        let result = (|| {
-            let x = &x[..rows * in_dim];
-            if let LinearOut::Split(parts) = out {
-                let lens = parts.map(|b| self.len(b));
-                let widths = parts.map(|b| self.width(b));
-                let targets = take(&mut self.ws.bufs, parts, lens)?;
-                let mut targets = targets
-                    .into_iter()
-                    .zip(widths)
-                    .map(|(buf, width)| Target { buf, width, column: 0 })
-                    .collect::<Vec<_>>();
-                add_deltas(batch, (layer, m, 0), x, in_dim, &mut targets, &mut scratch);
-                return Ok(());
+        let result = match *bufs {
+            [a, b, c] => {
+                let lens = [a, b, c].map(|b| self.len(b));
+                take(&mut self.ws.bufs, [a, b, c], lens).map(|[q, k, v]| {
+                    let outs = &mut [q, k, v];
+                    add_deltas(batch, (layer, m), &x[..rows * in_dim], in_dim, (outs, places), &mut scratch);
+                })
             }
-            let b = bufs[0];
-            let (len, width) = (self.len(b), self.width(b));
-            let [buf] = take(&mut self.ws.bufs, [b], [len])?;
-            // Each part adds into its columns of the one buffer, one part at a time.
-            for (part, &column) in columns.iter().enumerate() {
-                let mut target = [Target { buf: &mut *buf, width, column }];
-                add_deltas(batch, (layer, m, part), x, in_dim, &mut target, &mut scratch);
+            [b] => {
+                let len = self.len(b);
+                take(&mut self.ws.bufs, [b], [len]).map(|[o]| {
+                    let outs = &mut [o];
+                    add_deltas(batch, (layer, m), &x[..rows * in_dim], in_dim, (outs, places), &mut scratch);
+                })
             }
-            Ok(())
-        })();
+            _ => Err(ModelError::InvalidInput(format!("LoRA into {} buffers", bufs.len()))),
+        };
         self.ws.bufs[input as usize] = x;
         self.ws.lora = scratch;
         result

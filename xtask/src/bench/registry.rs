@@ -29,6 +29,7 @@ pub const TARGETS: &[BenchTarget] = &[
     BenchTarget { group: "guided", package: "engine", bench: "guided", criterion: false },
     BenchTarget { group: "quality", package: "engine", bench: "quality", criterion: false },
     BenchTarget { group: "spec", package: "engine", bench: "spec", criterion: false },
+    BenchTarget { group: "lora", package: "engine", bench: "lora", criterion: false },
     BenchTarget { group: "web", package: "scheduler", bench: "web", criterion: false },
     BenchTarget { group: "web", package: "server", bench: "web_overhead", criterion: false },
 ];
@@ -87,6 +88,8 @@ pub const GOALS: &[(&str, &str)] = &[
     ("spec.ngram_b1_speedup_grounded", "≥ 2.0"),
     ("spec.ngram_b1_speedup_open", "≥ 0.97"),
     ("spec.b64_ratio", "≥ 0.97"),
+    ("lora.mixed_b64_over_base", "≥ 0.85"),
+    ("lora.single_b64_over_base", "≥ 0.92"),
     ("model.l1b.prefill_mac_fraction", "≥ 0.8"),
     ("model.l1b.decode_b16_mac_fraction", "≥ 0.6"),
     ("model.l1b.decode_b1_bw_fraction", "≥ 0.8"),
