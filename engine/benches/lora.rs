@@ -5,8 +5,11 @@
 //! - `lora.mixed_b64_over_base`: 64 requests spread over 8 adapters (request `i` under adapter
 //!   `i mod 8`, `max_loras` 8), end-to-end output tokens per second over the same 64 on the base
 //!   model; `lora.single_b64_over_base`: all 64 under one adapter, over the base. Greedy,
-//!   `ignore_eos`, 128 tokens each; the three runs alternate in each of [`ROUNDS`] rounds, and
-//!   each ratio is the median of its rounds (mean and p90 in the fragment).
+//!   `ignore_eos`, 128 tokens each, every prompt distinct (the chat template's system prompt is
+//!   shared, within one adapter, as users' are) and every run under its own `cache_salt` (cold
+//!   prefix cache: no run reads what an earlier one left); the three runs alternate in each
+//!   of [`ROUNDS`] rounds (each round in another order), and each ratio is the median of its
+//!   rounds (mean and p90 in the fragment).
 //! - `lora.load_ms_p50`: registering and reading one rank-16 adapter from its folder
 //!   (`LoraRegistry::load`, cold page cache not forced), [`LOADS`] times, the median.
 //!
@@ -22,7 +25,7 @@ use engine::{
 mod support;
 
 /// Rounds of the three end-to-end runs (odd, for the median).
-const ROUNDS: usize = 3;
+const ROUNDS: usize = 5;
 const LOADS: usize = 11;
 const ADAPTERS: usize = 8;
 const RANK: usize = 16;
@@ -51,16 +54,20 @@ fn prompts() -> Res<Vec<Prompt>> {
         .iter()
         .cycle()
         .take(REQUESTS)
-        .map(|t| Prompt::Chat(vec![model::ChatMessage::new("user", *t)]))
+        .enumerate()
+        .map(|(i, t)| Prompt::Chat(vec![model::ChatMessage::new("user", format!("Request {i}. {t}"))]))
         .collect())
 }
 
-/// Runs every prompt at once, prompt `i` under `adapter(i)`; output tokens per second.
+/// Runs every prompt at once, prompt `i` under `adapter(i)`, under a prefix-cache salt of this
+/// run alone; output tokens per second.
 fn run(engine: &mut Engine, prompts: &[Prompt], adapter: impl Fn(usize) -> Option<String>) -> Res<f64> {
+    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let salt = format!("run-{}", RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
     let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(MAX_TOKENS) };
     let t = Instant::now();
     for (i, p) in prompts.iter().enumerate() {
-        let mut options = RequestOptions::default();
+        let mut options = RequestOptions::default().with_cache_salt(salt.clone());
         if let Some(name) = adapter(i) {
             options = options.with_lora(LoraRequest::named(name));
         }

@@ -57,6 +57,59 @@ pub fn linear(dst: &mut [f32], x: &[f32], w: &[f32], m: usize, n: usize, k: usiz
     unsafe { gemm_into(OutPtr(dst.as_mut_ptr()), n, x, m, k, w, n, accumulate, gemm::Parallelism::Rayon(0)) };
 }
 
+/// `dst[m, n] (+)= x[m, k] · w[n, k]ᵀ` with `dst`'s rows `ldd` and `x`'s rows `ldx` floats apart
+/// (columns of wider matrices), through `gemm`'s packed kernels whatever the shape (for short
+/// rows, `k` of a LoRA rank, where [`small_m_linear`]'s dot products would be mostly their
+/// horizontal sums); `accumulate` adds to `dst`; on the pool with `parallel`, else on the calling
+/// thread alone (products that already run side by side on the pool).
+pub fn linear_strided(
+    (dst, ldd): (&mut [f32], usize),
+    (x, ldx): (&[f32], usize),
+    w: &[f32],
+    (m, n, k): (usize, usize, usize),
+    (accumulate, parallel): (bool, bool),
+) {
+    let span = |ld: usize, cols: usize| if m == 0 { 0 } else { (m - 1) * ld + cols };
+    assert!(
+        ldd >= n && ldx >= k && dst.len() >= span(ldd, n) && x.len() >= span(ldx, k) && w.len() >= n * k,
+        "linear_strided: short buffer"
+    );
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            dst.chunks_mut(ldd).take(m).for_each(|row| row[..n].fill(0.0));
+        }
+        return;
+    }
+    // SAFETY: `dst` holds m rows of n floats `ldd` apart, `x` m rows of k floats `ldx` apart and
+    // `w` n·k (asserted); the strides describe them and `wᵀ[k, n]` (element (kk, j) at j·k + kk).
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            ldd as isize,
+            accumulate,
+            x.as_ptr(),
+            1,
+            ldx as isize,
+            w.as_ptr(),
+            k as isize,
+            1,
+            if accumulate { 1.0f32 } else { 0.0f32 },
+            1.0f32,
+            false,
+            false,
+            false,
+            if parallel { gemm::Parallelism::Rayon(0) } else { gemm::Parallelism::None },
+        );
+    }
+}
+
 /// `out[m, n] (+)= x[m, k] · w[n, k]ᵀ` through `gemm`, with `out`'s rows `ldo` floats apart.
 ///
 /// # Safety
@@ -152,6 +205,37 @@ mod tests {
             linear(&mut dst, &x, &w, m, n, k, false);
             for (d, e) in dst.iter().zip(&want) {
                 assert!((d - e).abs() < 1e-4, "m={m}: {d} vs {e}");
+            }
+        }
+    }
+
+    #[test]
+    fn linear_strided_reads_columns_of_a_wider_matrix() {
+        let (n, k, ldx) = (70, 16, 40);
+        for m in [1, 8, 33] {
+            let wide: Vec<f32> = (0..m * ldx).map(|i| ((i * 7 % 13) as f32 - 6.0) / 5.0).collect();
+            let w: Vec<f32> = (0..n * k).map(|i| ((i * 5 % 11) as f32 - 5.0) / 7.0).collect();
+            // Columns 10..26 of each row of `wide`.
+            let x: Vec<f32> = wide.chunks_exact(ldx).flat_map(|r| r[10..10 + k].to_vec()).collect();
+            let want = naive_linear(&x, &w, m, n, k);
+            for parallel in [false, true] {
+                let mut dst = vec![f32::NAN; m * n];
+                linear_strided((&mut dst, n), (&wide[10..], ldx), &w, (m, n, k), (false, parallel));
+                for (d, e) in dst.iter().zip(&want) {
+                    assert!((d - e).abs() < 1e-4, "m={m}: {d} vs {e}");
+                }
+                // Added into columns 3.. of rows 80 wide.
+                let mut wide_dst = vec![1.0; m * 80];
+                linear_strided((&mut wide_dst[3..], 80), (&wide[10..], ldx), &w, (m, n, k), (true, parallel));
+                for (i, row) in wide_dst.chunks(80).enumerate() {
+                    assert!(
+                        row[..3].iter().chain(&row[3 + n..]).all(|&v| v == 1.0),
+                        "m={m}: outside columns"
+                    );
+                    for (d, e) in row[3..3 + n].iter().zip(&want[i * n..]) {
+                        assert!((d - 1.0 - e).abs() < 1e-4, "m={m}: {d} vs 1 + {e}");
+                    }
+                }
             }
         }
     }

@@ -305,15 +305,16 @@ impl DecoderOps for CpuStep<'_, '_> {
         };
         let places = &places[..parts];
         for group in batch.groups() {
-            for (part, pair) in group.adapter.pairs(layer, m).iter().enumerate() {
-                let Some(pair) = pair else { continue };
-                let fits = places.get(part).is_some_and(|p| p.column + pair.out_dim <= p.width);
-                if pair.in_dim != in_dim || !fits {
-                    let name = &group.adapter.name;
-                    return Err(ModelError::InvalidInput(format!(
-                        "LoRA adapter {name:?} does not fit layer {layer}'s {m:?}"
-                    )));
-                }
+            let Some(adapted) = group.adapter.matrix(layer, m) else { continue };
+            let fits = adapted.parts().iter().enumerate().all(|(p, part)| {
+                part.as_ref()
+                    .is_none_or(|part| places.get(p).is_some_and(|at| at.column + part.out_dim <= at.width))
+            });
+            if adapted.in_dim != in_dim || !fits {
+                let name = &group.adapter.name;
+                return Err(ModelError::InvalidInput(format!(
+                    "LoRA adapter {name:?} does not fit layer {layer}'s {m:?}"
+                )));
             }
         }
         // The input leaves the buffer array while the outputs are borrowed from it.

@@ -1,13 +1,16 @@
-//! The CPU's LoRA delta of one projection over one step: for each adapter of the step and each
-//! part of the matrix it adapts, the adapter's rows gathered, shrunk by `A` (`[n, r]`), expanded
-//! by `B` (`[n, out]`) — those (adapter, part) products side by side on the thread pool — then
-//! added into the part's output columns (punica's SGMV: one adapter's rows at a time, each
-//! adapter's matrices read once per step).
+//! The CPU's LoRA delta of one projection over one step: for each adapter of the step, its rows
+//! shrunk once by the stacked `A` of every part it adapts (`[n, Σr]`), then each part's columns
+//! expanded by its `B` (`[n, out]`) into that part's output columns (punica's SGMV: one
+//! adapter's rows at a time, each adapter's matrices read once per step). An adapter whose rows
+//! come in long runs (prefill chunks) is multiplied straight from the input into the outputs, run
+//! by run, each product on the whole pool; one whose rows are scattered (decodes) has them
+//! gathered, and such adapters' products run side by side on the pool before their deltas are
+//! added.
 
-use quant_kernels::linear::linear;
+use quant_kernels::linear::{linear, linear_strided};
 use rayon::prelude::*;
 
-use super::{LoraBatch, LoraPair};
+use super::{LoraBatch, LoraMatrix};
 use crate::arch::LayerMatrix;
 
 /// Where the delta of one part of a matrix goes: which of the output buffers (rows of `width`
@@ -19,7 +22,8 @@ pub(crate) struct Place {
     pub column: usize,
 }
 
-/// One (adapter, part) product's reused buffers: its gathered rows, shrunk rows, expanded rows.
+/// One adapter's product's reused buffers: its gathered rows, shrunk rows, and each part's
+/// expanded rows one after the other.
 #[derive(Debug, Default)]
 struct Product {
     x: Vec<f32>,
@@ -27,13 +31,17 @@ struct Product {
     y: Vec<f32>,
 }
 
-/// Reused buffers of a step's products (they grow to the most products a matrix has had), and
-/// the products of the matrix at hand: (group index, part index) pairs.
+/// Reused buffers of a step's products (they grow to the most adapters a step has had), and
+/// the groups of the matrix at hand whose rows are gathered.
 #[derive(Debug, Default)]
 pub(crate) struct Scratch {
     products: Vec<Product>,
-    jobs: Vec<(usize, usize)>,
+    jobs: Vec<usize>,
 }
+
+/// Rows per run, on average, from which an adapter's runs are multiplied in place rather than
+/// gathered (a run of a few rows makes a product too small to pay for a `gemm` call of its own).
+const RUN_ROWS_IN_PLACE: usize = 16;
 
 fn ensure(v: &mut Vec<f32>, len: usize) -> &mut [f32] {
     if v.len() < len {
@@ -43,8 +51,8 @@ fn ensure(v: &mut Vec<f32>, len: usize) -> &mut [f32] {
 }
 
 /// Adds every adapter's delta of each part of layer `layer`'s `matrix` at `places[part]` in
-/// `outs`; `x` is the projection's input (rows of `in_dim` floats). A part an adapter does not
-/// adapt adds nothing.
+/// `outs`; `x` is the projection's input (rows of `in_dim` floats). The caller checked each
+/// adapter's shapes against `in_dim` and the places.
 pub(crate) fn add_deltas(
     batch: &LoraBatch,
     (layer, matrix): (usize, LayerMatrix),
@@ -53,23 +61,23 @@ pub(crate) fn add_deltas(
     (outs, places): (&mut [&mut [f32]], &[Place]),
     scratch: &mut Scratch,
 ) {
-    let parts = places.len();
-    let pair_of = |(g, part): (usize, usize)| {
+    let adapted = |g: usize| {
         let group = &batch.groups()[g];
-        let pair = group.adapter.pairs(layer, matrix).get(part).and_then(Option::as_ref);
-        pair.map(|pair| (group, pair))
+        group.adapter.matrix(layer, matrix).map(|m| (&group.tokens, m))
     };
-    // Every (group, part) with rows to compute, in a fixed order.
     scratch.jobs.clear();
-    for (g, group) in batch.groups().iter().enumerate().filter(|(_, g)| !g.tokens.is_empty()) {
-        let adapted = group
-            .adapter
-            .pairs(layer, matrix)
-            .iter()
-            .take(parts)
-            .enumerate()
-            .filter(|(_, pair)| pair.is_some());
-        scratch.jobs.extend(adapted.map(|(part, _)| (g, part)));
+    if scratch.products.is_empty() {
+        scratch.products.push(Product::default());
+    }
+    for (g, group) in batch.groups().iter().enumerate() {
+        let Some(m) = group.adapter.matrix(layer, matrix) else { continue };
+        if group.tokens.len() < RUN_ROWS_IN_PLACE * group.runs.len() {
+            scratch.jobs.push(g);
+            continue;
+        }
+        for run in &group.runs {
+            in_place(&mut scratch.products[0], (x, in_dim), run.clone(), m, (&mut *outs, places));
+        }
     }
     let count = scratch.jobs.len();
     if count == 0 {
@@ -79,32 +87,65 @@ pub(crate) fn add_deltas(
         scratch.products.resize_with(count, Product::default);
     }
     let (work, jobs) = (&mut scratch.products[..count], &scratch.jobs);
-    work.par_iter_mut().zip(jobs.par_iter()).for_each(|(buf, &job)| {
-        if let Some((group, pair)) = pair_of(job) {
-            product(buf, x, in_dim, &group.tokens, pair);
+    // One adapter alone takes the pool inside its product; several share it between them.
+    let alone = count == 1;
+    work.par_iter_mut().zip(jobs.par_iter()).for_each(|(buf, &g)| {
+        if let Some((tokens, m)) = adapted(g) {
+            product(buf, x, in_dim, tokens, m, alone);
         }
     });
-    for (buf, &job) in work.iter().zip(jobs) {
-        let Some((group, pair)) = pair_of(job) else { continue };
-        let place = places[job.1];
-        let out = &mut *outs[place.buf];
-        let deltas = buf.y[..group.tokens.len() * pair.out_dim].chunks_exact(pair.out_dim);
-        for (delta, &tok) in deltas.zip(&group.tokens) {
-            let start = tok * place.width + place.column;
-            out[start..start + pair.out_dim].iter_mut().zip(delta).for_each(|(o, d)| *o += d);
+    for (buf, &g) in work.iter().zip(jobs) {
+        let Some((tokens, m)) = adapted(g) else { continue };
+        let mut at = 0;
+        for (part, place) in m.parts.iter().zip(places) {
+            let Some(part) = part else { continue };
+            let out = &mut *outs[place.buf];
+            let deltas = buf.y[at..at + tokens.len() * part.out_dim].chunks_exact(part.out_dim);
+            for (delta, &tok) in deltas.zip(tokens) {
+                let start = tok * place.width + place.column;
+                out[start..start + part.out_dim].iter_mut().zip(delta).for_each(|(o, d)| *o += d);
+            }
+            at += tokens.len() * part.out_dim;
         }
     }
 }
 
-/// `buf.y = (x[tokens] · Aᵀ) · Bᵀ`.
-fn product(buf: &mut Product, x: &[f32], in_dim: usize, tokens: &[usize], pair: &LoraPair) {
+/// The deltas of rows `run` straight from `x` into the outputs, each product on the pool.
+fn in_place(
+    buf: &mut Product,
+    (x, in_dim): (&[f32], usize),
+    run: std::ops::Range<usize>,
+    m: &LoraMatrix,
+    (outs, places): (&mut [&mut [f32]], &[Place]),
+) {
+    let n = run.len();
+    let t = ensure(&mut buf.t, n * m.rank);
+    linear_strided((t, m.rank), (&x[run.start * in_dim..], in_dim), &m.a, (n, m.rank, in_dim), (false, true));
+    for (part, place) in m.parts.iter().zip(places) {
+        let Some(part) = part else { continue };
+        let out = &mut outs[place.buf][run.start * place.width + place.column..];
+        let t = (&buf.t[part.first..], m.rank);
+        linear_strided((out, place.width), t, &part.b, (n, part.out_dim, part.rank), (true, true));
+    }
+}
+
+/// `buf.t = x[tokens] · Aᵀ` (every part's rank at once), then each part's `t · Bᵀ` into `buf.y`
+/// (on the pool with `parallel`).
+fn product(buf: &mut Product, x: &[f32], in_dim: usize, tokens: &[usize], m: &LoraMatrix, parallel: bool) {
     let n = tokens.len();
     let xs = ensure(&mut buf.x, n * in_dim);
     for (row, &t) in xs.chunks_exact_mut(in_dim).zip(tokens) {
         row.copy_from_slice(&x[t * in_dim..(t + 1) * in_dim]);
     }
-    let t = ensure(&mut buf.t, n * pair.rank);
-    linear(t, &buf.x[..n * in_dim], &pair.a, n, pair.rank, in_dim, false);
-    let y = ensure(&mut buf.y, n * pair.out_dim);
-    linear(y, &buf.t[..n * pair.rank], &pair.b, n, pair.out_dim, pair.rank, false);
+    let t = ensure(&mut buf.t, n * m.rank);
+    linear(t, &buf.x[..n * in_dim], &m.a, n, m.rank, in_dim, false);
+    let outs: usize = m.parts.iter().flatten().map(|p| p.out_dim).sum();
+    let y = ensure(&mut buf.y, n * outs);
+    let mut at = 0;
+    for part in m.parts.iter().flatten() {
+        let ys = &mut y[at..at + n * part.out_dim];
+        let t = (&buf.t[part.first..], m.rank);
+        linear_strided((ys, part.out_dim), t, &part.b, (n, part.out_dim, part.rank), (false, parallel));
+        at += n * part.out_dim;
+    }
 }

@@ -18,27 +18,47 @@ use crate::config::ModelConfig;
 
 pub use peft::{ADAPTER_CONFIG, ADAPTER_WEIGHTS};
 
-/// One adapted projection: `a` `[rank, in_dim]`, `b` `[out_dim, rank]` with the scale folded in.
+/// One adapted projection as read: `a` `[rank, in_dim]`, `b` `[out_dim, rank]`, PEFT's scale.
 #[derive(Debug, Clone)]
 pub struct LoraPair {
     pub rank: usize,
     pub in_dim: usize,
     pub out_dim: usize,
+    pub a: Vec<f32>,
+    pub b: Vec<f32>,
+    pub scale: f32,
+}
+
+/// The adapted parts of one of a layer's matrices, as a step uses them: the parts' `A`s stacked
+/// (`[rank, in_dim]`, one shrink for every part, which share their input), and each part's `B`.
+#[derive(Debug, Clone)]
+pub struct LoraMatrix {
+    pub in_dim: usize,
+    /// Rows of the stacked `A` (the sum of the parts' ranks).
+    pub rank: usize,
     a: Vec<f32>,
+    /// One entry per part of the matrix (`None`: not adapted).
+    parts: Vec<Option<LoraPart>>,
+}
+
+/// One adapted part: its rows `first .. first + rank` of the shrunk input, and `b`
+/// `[out_dim, rank]` with the scale folded in.
+#[derive(Debug, Clone)]
+pub struct LoraPart {
+    pub first: usize,
+    pub rank: usize,
+    pub out_dim: usize,
     b: Vec<f32>,
 }
 
-impl LoraPair {
-    /// `a` `[rank, in_dim]` and `b` `[out_dim, rank]` row-major; `b` is multiplied by `scale`.
-    pub fn new(rank: usize, in_dim: usize, out_dim: usize, a: Vec<f32>, mut b: Vec<f32>, scale: f32) -> Self {
-        debug_assert_eq!(a.len(), rank * in_dim);
-        debug_assert_eq!(b.len(), out_dim * rank);
-        b.iter_mut().for_each(|v| *v *= scale);
-        Self { rank, in_dim, out_dim, a, b }
+impl LoraMatrix {
+    pub fn parts(&self) -> &[Option<LoraPart>] {
+        &self.parts
     }
 
     fn bytes(&self) -> usize {
-        (self.a.len() + self.b.len()) * size_of::<f32>()
+        let b: usize = self.parts.iter().flatten().map(|p| p.b.len()).sum();
+        (self.a.len() + b) * size_of::<f32>()
     }
 }
 
@@ -86,47 +106,55 @@ fn matrix_index(m: LayerMatrix) -> usize {
     }
 }
 
-/// A loaded adapter: for every layer and matrix, the pair of each adapted part.
+/// A loaded adapter: for every layer and matrix, its adapted parts.
 #[derive(Debug)]
 pub struct LoraAdapter {
     /// The name requests use (`model` on the OpenAI endpoints, `LoRARequest.lora_name`).
     pub name: String,
     /// The largest rank of its pairs.
     pub rank: usize,
-    /// `layers[l][matrix_index(m)][part]`.
-    layers: Vec<[Vec<Option<LoraPair>>; 4]>,
-    bytes: usize,
+    /// `layers[l][matrix_index(m)]`.
+    layers: Vec<[Option<LoraMatrix>; 4]>,
 }
 
 impl LoraAdapter {
     /// An adapter of `num_layers` layers with no pair yet.
     pub fn empty(name: impl Into<String>, num_layers: usize) -> Self {
-        let layer = || LayerMatrix::ALL.map(|m| vec![None; parts_of(m)]);
-        Self { name: name.into(), rank: 0, layers: (0..num_layers).map(|_| layer()).collect(), bytes: 0 }
+        Self { name: name.into(), rank: 0, layers: (0..num_layers).map(|_| Default::default()).collect() }
     }
 
-    /// Sets the pair of part `part` of layer `layer`'s `matrix` (the loader checked the shapes).
+    /// Adds the pair of part `part` of layer `layer`'s `matrix` (the loader checked the shapes
+    /// against the base; every pair of one matrix has its input size).
     pub fn set(&mut self, layer: usize, matrix: LayerMatrix, part: usize, pair: LoraPair) {
-        if let Some(slot) = self.layers.get_mut(layer).and_then(|l| l[matrix_index(matrix)].get_mut(part)) {
-            self.rank = self.rank.max(pair.rank);
-            self.bytes += pair.bytes();
-            *slot = Some(pair);
-        }
+        let Some(slot) = self.layers.get_mut(layer).map(|l| &mut l[matrix_index(matrix)]) else { return };
+        let m = slot.get_or_insert_with(|| LoraMatrix {
+            in_dim: pair.in_dim,
+            rank: 0,
+            a: Vec::new(),
+            parts: vec![None; parts_of(matrix)],
+        });
+        let Some(entry) = m.parts.get_mut(part) else { return };
+        self.rank = self.rank.max(pair.rank);
+        let LoraPair { rank, out_dim, a, mut b, scale, .. } = pair;
+        b.iter_mut().for_each(|v| *v *= scale);
+        *entry = Some(LoraPart { first: m.rank, rank, out_dim, b });
+        m.a.extend_from_slice(&a);
+        m.rank += rank;
     }
 
-    /// The pairs of layer `layer`'s `matrix`, one entry per part (`None`: not adapted).
-    pub fn pairs(&self, layer: usize, matrix: LayerMatrix) -> &[Option<LoraPair>] {
-        self.layers.get(layer).map_or(&[], |l| &l[matrix_index(matrix)])
+    /// Layer `layer`'s `matrix` as adapted (`None`: no part of it is).
+    pub fn matrix(&self, layer: usize, matrix: LayerMatrix) -> Option<&LoraMatrix> {
+        self.layers.get(layer)?[matrix_index(matrix)].as_ref()
     }
 
-    /// Host memory its pairs take.
+    /// Host memory its weights take.
     pub fn bytes(&self) -> usize {
-        self.bytes
+        self.layers.iter().flatten().flatten().map(LoraMatrix::bytes).sum()
     }
 
     /// How many projections it adapts.
     pub fn num_pairs(&self) -> usize {
-        self.layers.iter().flatten().flatten().filter(|p| p.is_some()).count()
+        self.layers.iter().flatten().flatten().map(|m| m.parts.iter().flatten().count()).sum()
     }
 }
 
@@ -136,11 +164,13 @@ pub struct LoraBatch {
     groups: Vec<LoraGroup>,
 }
 
-/// One adapter's rows (flat token indices) of a step.
+/// One adapter's rows of a step: flat token indices, and the same as runs of consecutive rows
+/// (a sequence's, or several side by side).
 #[derive(Debug, Clone)]
 pub struct LoraGroup {
     pub adapter: Arc<LoraAdapter>,
     pub tokens: Vec<usize>,
+    pub runs: Vec<std::ops::Range<usize>>,
 }
 
 impl LoraBatch {
@@ -155,9 +185,22 @@ impl LoraBatch {
     /// Puts flat tokens `tokens` under `adapter` (the group of an adapter already in the step
     /// grows).
     pub fn add(&mut self, adapter: &Arc<LoraAdapter>, tokens: std::ops::Range<usize>) {
-        match self.groups.iter_mut().find(|g| Arc::ptr_eq(&g.adapter, adapter)) {
-            Some(g) => g.tokens.extend(tokens),
-            None => self.groups.push(LoraGroup { adapter: Arc::clone(adapter), tokens: tokens.collect() }),
+        if tokens.is_empty() {
+            return;
+        }
+        let group = match self.groups.iter().position(|g| Arc::ptr_eq(&g.adapter, adapter)) {
+            Some(i) => &mut self.groups[i],
+            None => {
+                let group = LoraGroup { adapter: Arc::clone(adapter), tokens: Vec::new(), runs: Vec::new() };
+                self.groups.push(group);
+                self.groups.last_mut().expect("just pushed")
+            }
+        };
+        group.tokens.extend(tokens.clone());
+        // Sequences of one adapter side by side in the batch make one run.
+        match group.runs.last_mut() {
+            Some(last) if last.end == tokens.start => last.end = tokens.end,
+            _ => group.runs.push(tokens),
         }
     }
 

@@ -197,7 +197,7 @@ impl LoraAdapter {
             if config.arch.rope_style == RopeStyle::Interleaved && matrix == LayerMatrix::Qkv && part < 2 {
                 b = interleave_rows(&b, r, config.head_dim);
             }
-            adapter.set(layer, matrix, part, LoraPair::new(r, in_dim, out_dim, a, b, scale));
+            adapter.set(layer, matrix, part, LoraPair { rank: r, in_dim, out_dim, a, b, scale });
         }
         Ok(adapter)
     }
