@@ -385,4 +385,22 @@ mod tests {
         assert!(parse(&["--tool-call-parser", "pythonic"]).is_err());
         assert!(parse(&["--allowed-origins", "bad\norigin"]).is_err());
     }
+
+    #[test]
+    fn lora_flags_reach_the_engine_config_and_modules_parse_both_forms() {
+        assert_eq!(knobs(&[]).config().lora, None);
+        let c =
+            knobs(&["--enable-lora", "--max-loras", "4", "--max-lora-rank", "32", "--max-cpu-loras", "8"])
+                .config();
+        assert_eq!(c.lora, Some(LoraConfig { max_loras: 4, max_lora_rank: 32, max_cpu_loras: Some(8) }));
+        let module = |name: &str, path: &str| LoraModule { name: name.into(), path: path.into() };
+        assert_eq!(lora_module("sql=/a/sql"), Ok(module("sql", "/a/sql")));
+        assert_eq!(
+            lora_module(r#"{"name": "chat", "path": "/a/chat", "base_model_name": "m"}"#),
+            Ok(module("chat", "/a/chat"))
+        );
+        for bad in ["sql", "=/a", "sql=", r#"{"name": "x"}"#, "{"] {
+            assert!(lora_module(bad).is_err(), "{bad}");
+        }
+    }
 }
