@@ -24,6 +24,8 @@ use engine::{
 
 mod support;
 
+use support::stats;
+
 /// Rounds of the three end-to-end runs (odd, for the median).
 const ROUNDS: usize = 5;
 const LOADS: usize = 11;
@@ -34,14 +36,6 @@ const MAX_TOKENS: usize = 128;
 const PROMPTS: &str = include_str!("spec_data/prompts.json");
 
 type Res<T> = Result<T, Box<dyn Error>>;
-type Stats = (f64, f64, f64);
-
-fn stats(mut v: Vec<f64>) -> Stats {
-    v.sort_by(f64::total_cmp);
-    let n = v.len().max(1);
-    let mean = v.iter().sum::<f64>() / n as f64;
-    (v[n / 2], mean, v[((n as f64 * 0.9).ceil() as usize).clamp(1, n) - 1])
-}
 
 fn prompts() -> Res<Vec<Prompt>> {
     let all: serde_json::Value = serde_json::from_str(PROMPTS)?;

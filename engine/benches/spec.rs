@@ -29,6 +29,8 @@ use model::{KvCacheSize as RunnerCache, Model, Runner, RunnerConfig, StepInput};
 
 mod support;
 
+use support::{Stats, stats};
+
 /// Alternating pairs of the verification steps (odd, for the median).
 const VERIFY_PAIRS: usize = 31;
 /// Rounds over the prompt set (odd).
@@ -42,16 +44,6 @@ const NGRAM: &str =
     r#"{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}"#;
 
 type Res<T> = Result<T, Box<dyn Error>>;
-/// Median, mean and 90th percentile.
-type Stats = (f64, f64, f64);
-
-/// Median, mean and 90th percentile of `v`.
-fn stats(mut v: Vec<f64>) -> Stats {
-    v.sort_by(f64::total_cmp);
-    let n = v.len().max(1);
-    let mean = v.iter().sum::<f64>() / n as f64;
-    (v[n / 2], mean, v[((n as f64 * 0.9).ceil() as usize).clamp(1, n) - 1])
-}
 
 /// A forward of one sequence whose first `cached` positions are in the cache, scoring the next
 /// `n` tokens (logits for all of them).

@@ -329,25 +329,8 @@ impl Metrics {
         let mut gauge = prometheus::proto::Gauge::default();
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
         gauge.set_value(now.map_or(0.0, |d| d.as_secs_f64()));
-        let mut metric = Metric::default();
-        metric.set_label(
-            labels
-                .into_iter()
-                .map(|(name, value)| {
-                    let mut label = LabelPair::default();
-                    label.set_name(name.into());
-                    label.set_value(value);
-                    label
-                })
-                .collect(),
-        );
-        metric.set_gauge(gauge);
-        let mut family = MetricFamily::default();
-        family.set_name("vllm:lora_requests_info".into());
-        family.set_help("Running stats on lora requests.".into());
-        family.set_field_type(MetricType::GAUGE);
-        family.set_metric(vec![metric]);
-        family
+        let (name, help) = ("vllm:lora_requests_info", "Running stats on lora requests.");
+        one_series(name, help, MetricType::GAUGE, &labels, |m| m.set_gauge(gauge))
     }
 
     /// `vllm:iteration_tokens_total`: the engine's own counts of tokens per step, as a histogram
@@ -370,19 +353,36 @@ impl Metrics {
         h.set_sample_count(steps.count());
         h.set_sample_sum(steps.sum as f64);
         h.set_bucket(buckets);
-        let mut label = LabelPair::default();
-        label.set_name("model_name".into());
-        label.set_value(self.model_name.clone());
-        let mut metric = Metric::default();
-        metric.set_label(vec![label]);
-        metric.set_histogram(h);
-        let mut family = MetricFamily::default();
-        family.set_name("vllm:iteration_tokens_total".into());
-        family.set_help("Histogram of number of tokens per engine_step.".into());
-        family.set_field_type(MetricType::HISTOGRAM);
-        family.set_metric(vec![metric]);
-        family
+        let (name, help) = ("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.");
+        let labels = [("model_name", self.model_name.clone())];
+        one_series(name, help, MetricType::HISTOGRAM, &labels, |m| m.set_histogram(h))
     }
+}
+
+/// A metric family of one series with `labels`, its value set by `fill` (for figures the engine
+/// counts itself, outside the registry).
+fn one_series(
+    name: &str,
+    help: &str,
+    kind: MetricType,
+    labels: &[(&str, String)],
+    fill: impl FnOnce(&mut Metric),
+) -> MetricFamily {
+    let mut metric = Metric::default();
+    let pair = |(name, value): &(&str, String)| {
+        let mut label = LabelPair::default();
+        label.set_name((*name).into());
+        label.set_value(value.clone());
+        label
+    };
+    metric.set_label(labels.iter().map(pair).collect());
+    fill(&mut metric);
+    let mut family = MetricFamily::default();
+    family.set_name(name.into());
+    family.set_help(help.into());
+    family.set_field_type(kind);
+    family.set_metric(vec![metric]);
+    family
 }
 
 /// Registers `metric` in `registry` and hands it back.

@@ -1,5 +1,6 @@
 //! What the engine's bench programs share: where the workspace and the figures folder are, the
-//! figures table their reports open with, and the frame of their charts.
+//! median / mean / p90 they report, the figures table their reports open with, and the frame of
+//! their charts.
 
 // Each bench program compiles this module on its own and uses only a part of it.
 #![allow(dead_code)]
@@ -27,6 +28,17 @@ pub fn figures_dir() -> std::io::Result<PathBuf> {
         .map_or_else(|| root().join("target/bench-report/figures-run"), PathBuf::from);
     std::fs::create_dir_all(&dir)?;
     Ok(dir)
+}
+
+/// Median, mean and 90th percentile.
+pub type Stats = (f64, f64, f64);
+
+/// Median, mean and 90th percentile of `v`.
+pub fn stats(mut v: Vec<f64>) -> Stats {
+    v.sort_by(f64::total_cmp);
+    let n = v.len().max(1);
+    let mean = v.iter().sum::<f64>() / n as f64;
+    (v[n / 2], mean, v[((n as f64 * 0.9).ceil() as usize).clamp(1, n) - 1])
 }
 
 /// A Markdown table of a flat JSON object of figures, one row each.
