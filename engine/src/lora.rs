@@ -272,8 +272,9 @@ impl LoraRegistry {
             .collect()
     }
 
-    /// The adapter a request names: registered (read again if it was dropped from memory), or
-    /// registered now from the request's folder.
+    /// The adapter a request names: registered (read again from its folder if it was dropped
+    /// from memory), or registered now from the request's folder. A registered name is served
+    /// from the folder it was registered with, whatever folder the request names.
     pub(crate) fn resolve(&self, request: &LoraRequest) -> Result<ActiveLora, LoraError> {
         let config = self.enabled()?;
         let path = {
