@@ -287,12 +287,12 @@ impl Engine {
         self.live.get(&key).map(|r| r.id.as_str())
     }
 
-    /// Admission's shared half, for handles.
     /// The LoRA adapters requests may name (load, unload, list).
     pub fn loras(&self) -> &crate::LoraRegistry {
         &self.intake.lora
     }
 
+    /// Admission's shared half, for handles.
     pub(crate) fn intake(&self) -> &Arc<Intake> {
         &self.intake
     }
@@ -486,7 +486,9 @@ impl Engine {
         let view = &self.bufs.view;
         self.bufs.prompt_rows.plan(plan, view, &self.live);
         self.bufs.pool_rows.plan(plan, view, &self.live);
-        view.lora_rows(plan, &self.live, &mut self.bufs.lora);
+        if self.intake.lora.config().is_some() {
+            view.lora_rows(plan, &self.live, &mut self.bufs.lora);
+        }
         let step = StepInput {
             token_ids: &plan.token_ids,
             positions: &plan.positions,

@@ -255,6 +255,11 @@ impl LoraRegistry {
         Ok(entry.loaded.map_or(0, |a| Arc::strong_count(&a) - 1))
     }
 
+    /// Whether an adapter of this name is registered.
+    pub fn contains(&self, name: &str) -> bool {
+        self.state.lock().entries.contains_key(name)
+    }
+
     /// Every registered adapter, by name.
     pub fn list(&self) -> Vec<LoraInfo> {
         let state = self.state.lock();

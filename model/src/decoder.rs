@@ -255,6 +255,10 @@ impl Model {
                 self.kv_layout.num_groups()
             ));
         }
+        let lora = input.lora.into_iter().flat_map(|b| b.groups());
+        if let Some(g) = lora.into_iter().find(|g| !g.adapter.fits(&self.config)) {
+            return bad(format!("LoRA adapter {:?} does not fit this model's shapes", g.adapter.name));
+        }
         let g = cache.layer(0).geometry();
         if g.num_kv_heads != self.config.num_key_value_heads || g.head_size != self.config.head_dim {
             return bad(format!(

@@ -387,27 +387,17 @@ pub fn write_peft_adapter(
     rank: usize,
     seed: u64,
 ) -> std::io::Result<()> {
+    use crate::lora::{TARGET_MODULES, part_dims, peft};
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let (h, d, inter) = (config.hidden_size, config.head_dim, config.intermediate_size);
-    let (q, kv) = (config.num_attention_heads * d, config.num_key_value_heads * d);
-    let modules =
-        [("self_attn", "q_proj", h, q), ("self_attn", "k_proj", h, kv), ("self_attn", "v_proj", h, kv)]
-            .into_iter()
-            .chain([
-                ("self_attn", "o_proj", q, h),
-                ("mlp", "gate_proj", h, inter),
-                ("mlp", "up_proj", h, inter),
-            ])
-            .chain([("mlp", "down_proj", inter, h)]);
     let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
     let mut random = |n: usize, fan_in: usize| -> Vec<u8> {
         let bound = (3.0 / fan_in as f32).sqrt();
         (0..n).flat_map(|_| rng.random_range(-bound..bound).to_le_bytes()).collect()
     };
     for layer in 0..config.num_hidden_layers {
-        for (block, module, fan_in, fan_out) in modules.clone() {
-            let name =
-                |ab: &str| format!("base_model.model.model.layers.{layer}.{block}.{module}.lora_{ab}.weight");
+        for (module, &(_, matrix, part)) in TARGET_MODULES.iter().enumerate() {
+            let (fan_in, fan_out) = part_dims(config, matrix, part);
+            let name = |ab| peft::tensor_name(layer, module, ab);
             tensors.push((name("A"), vec![rank, fan_in], random(rank * fan_in, fan_in)));
             tensors.push((name("B"), vec![fan_out, rank], random(fan_out * rank, rank)));
         }
@@ -418,12 +408,12 @@ pub fn write_peft_adapter(
     });
     let views = views.collect::<std::io::Result<Vec<_>>>()?;
     std::fs::create_dir_all(dir)?;
-    safetensors::serialize_to_file(views, None, &dir.join("adapter_model.safetensors"))
+    safetensors::serialize_to_file(views, None, &dir.join(peft::ADAPTER_WEIGHTS))
         .map_err(std::io::Error::other)?;
-    let targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"];
+    let targets = TARGET_MODULES.map(|(name, ..)| name);
     let config = serde_json::json!({
         "peft_type": "LORA", "r": rank, "lora_alpha": rank, "target_modules": targets,
         "bias": "none", "use_rslora": false, "use_dora": false, "fan_in_fan_out": false,
     });
-    std::fs::write(dir.join("adapter_config.json"), config.to_string())
+    std::fs::write(dir.join(peft::ADAPTER_CONFIG), config.to_string())
 }

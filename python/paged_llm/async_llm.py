@@ -88,7 +88,7 @@ class AsyncLLM(_Client):
             "output_kind": _output_kind(params),
             "priority": priority,
             "cache_salt": cache_salt,
-            "lora": {"name": lora_request.lora_name, "path": str(lora_request.lora_path)} if lora_request else None,
+            "lora": lora_request._fields() if lora_request else None,
         }
         stream = self._engine.submit(prompt, _params_json(params), json.dumps(options))
         finished = False

@@ -19,8 +19,11 @@ class LoRARequest:
     lora_int_id: int
     lora_path: Union[str, "os.PathLike[str]"]
 
+    def _fields(self) -> dict:
+        return {"name": self.lora_name, "path": os.fspath(self.lora_path)}
+
     def _json(self) -> str:
-        return json.dumps({"name": self.lora_name, "path": os.fspath(self.lora_path)})
+        return json.dumps(self._fields())
 
 
 LoRAArg = Union[LoRARequest, Sequence[Optional[LoRARequest]], None]

@@ -83,31 +83,10 @@ pub fn linear_strided(
         }
         return;
     }
+    let parallelism = if parallel { gemm::Parallelism::Rayon(0) } else { gemm::Parallelism::None };
     // SAFETY: `dst` holds m rows of n floats `ldd` apart, `x` m rows of k floats `ldx` apart and
-    // `w` n·k (asserted); the strides describe them and `wᵀ[k, n]` (element (kk, j) at j·k + kk).
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr(),
-            1,
-            ldd as isize,
-            accumulate,
-            x.as_ptr(),
-            1,
-            ldx as isize,
-            w.as_ptr(),
-            k as isize,
-            1,
-            if accumulate { 1.0f32 } else { 0.0f32 },
-            1.0f32,
-            false,
-            false,
-            false,
-            if parallel { gemm::Parallelism::Rayon(0) } else { gemm::Parallelism::None },
-        );
-    }
+    // `w` n·k (asserted), and `dst` is borrowed mutably for the call.
+    unsafe { gemm_strided(OutPtr(dst.as_mut_ptr()), ldd, (x, ldx), m, k, w, n, accumulate, parallelism) };
 }
 
 /// `out[m, n] (+)= x[m, k] · w[n, k]ᵀ` through `gemm`, with `out`'s rows `ldo` floats apart.
@@ -127,7 +106,28 @@ pub(crate) unsafe fn gemm_into(
     accumulate: bool,
     parallelism: gemm::Parallelism,
 ) {
-    // SAFETY: per the contract; strides describe row-major `out[m, ldo]`, `x[m, k]` and
+    // SAFETY: per the contract, with `x`'s rows k floats apart.
+    unsafe { gemm_strided(out, ldo, (x, k), m, k, w, n, accumulate, parallelism) }
+}
+
+/// [`gemm_into`] with `x`'s rows `ldx` floats apart.
+///
+/// # Safety
+/// `x` holds `m` rows of `k` floats `ldx` apart and `w` `n·k` floats; `out` addresses `m` rows
+/// of `n` writable floats, `ldo` apart, that nothing else touches during the call.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_strided(
+    out: OutPtr,
+    ldo: usize,
+    (x, ldx): (&[f32], usize),
+    m: usize,
+    k: usize,
+    w: &[f32],
+    n: usize,
+    accumulate: bool,
+    parallelism: gemm::Parallelism,
+) {
+    // SAFETY: per the contract; strides describe row-major `out[m, ldo]`, `x[m, ldx]` and
     // `wᵀ[k, n]` (element (kk, j) at j·k + kk).
     unsafe {
         gemm::gemm(
@@ -140,7 +140,7 @@ pub(crate) unsafe fn gemm_into(
             accumulate,
             x.as_ptr(),
             1,
-            k as isize,
+            ldx as isize,
             w.as_ptr(),
             k as isize,
             1,

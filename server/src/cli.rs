@@ -206,7 +206,8 @@ pub struct ServeArgs {
     pub knobs: EngineKnobs,
 }
 
-/// One `--lora-modules` entry.
+/// One `--lora-modules` entry (vLLM's JSON form may carry more fields, such as
+/// `base_model_name`: they are ignored).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
 pub struct LoraModule {
     pub name: String,
@@ -216,9 +217,7 @@ pub struct LoraModule {
 /// `name=path`, or vLLM's JSON form.
 fn lora_module(s: &str) -> Result<LoraModule, String> {
     let module = if s.trim_start().starts_with('{') {
-        serde_json::from_str::<serde_json::Value>(s).ok().and_then(|v| {
-            Some(LoraModule { name: v["name"].as_str()?.into(), path: v["path"].as_str()?.into() })
-        })
+        serde_json::from_str::<LoraModule>(s).ok()
     } else {
         s.split_once('=').map(|(name, path)| LoraModule { name: name.into(), path: path.into() })
     };

@@ -161,9 +161,7 @@ impl AppState {
         match asked {
             None => Ok(None),
             Some(m) if m == self.handle.model_name() => Ok(None),
-            Some(m) if self.handle.loras().list().iter().any(|l| l.name == m) => {
-                Ok(Some(engine::LoraRequest::named(m)))
-            }
+            Some(m) if self.handle.loras().contains(m) => Ok(Some(engine::LoraRequest::named(m))),
             Some(m) => Err(ApiError::model_not_found(m, self.handle.model_name())),
         }
     }

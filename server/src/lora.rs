@@ -67,7 +67,7 @@ pub(crate) async fn load(State(state): State<Arc<AppState>>, body: JsonBody<Load
     let name = lora_name.clone();
     let loaded = tokio::task::spawn_blocking(move || {
         let loras = handle.loras();
-        if load_inplace && loras.list().iter().any(|l| l.name == name) {
+        if load_inplace && loras.contains(&name) {
             // Requests under the old weights finish with them.
             loras.unload(&name)?;
         }

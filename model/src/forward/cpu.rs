@@ -283,7 +283,8 @@ impl DecoderOps for CpuStep<'_, '_> {
             return Ok(());
         }
         let (in_dim, rows) = (self.width(input), self.rows(input));
-        // Where each part's delta goes: its own buffer (Q, K, V), or its columns of one buffer.
+        // Where each part's delta goes: its own buffer (Q, K, V), or its columns of one buffer
+        // (`Model::check_input` checked every adapter's shapes against the model's).
         let config = &self.model.config;
         let parts = lora::parts_of(m);
         let mut places = [Place { buf: 0, width: 0, column: 0 }; 3];
@@ -304,19 +305,6 @@ impl DecoderOps for CpuStep<'_, '_> {
             }
         };
         let places = &places[..parts];
-        for group in batch.groups() {
-            let Some(adapted) = group.adapter.matrix(layer, m) else { continue };
-            let fits = adapted.parts().iter().enumerate().all(|(p, part)| {
-                part.as_ref()
-                    .is_none_or(|part| places.get(p).is_some_and(|at| at.column + part.out_dim <= at.width))
-            });
-            if adapted.in_dim != in_dim || !fits {
-                let name = &group.adapter.name;
-                return Err(ModelError::InvalidInput(format!(
-                    "LoRA adapter {name:?} does not fit layer {layer}'s {m:?}"
-                )));
-            }
-        }
         // The input leaves the buffer array while the outputs are borrowed from it.
         let x = std::mem::take(&mut self.ws.bufs[input as usize]);
         let mut scratch = std::mem::take(&mut self.ws.lora);

@@ -5,18 +5,16 @@
 //! A projection `W` adapted by `(A, B)` computes `y = x·Wᵀ + s · (x·Aᵀ)·Bᵀ` with `A` `[r, in]`,
 //! `B` `[out, r]` and PEFT's scale `s = alpha / r` (`alpha / √r` with rsLoRA). `s` is folded into
 //! `B` at load, so a step multiplies by nothing else. Every row of a step takes the base
-//! projection; only the rows of an adapter's requests add its delta (punica's grouping: the
-//! rows of one adapter are gathered, multiplied by `A` then `B`, and scattered back).
+//! projection; only the rows of an adapter's requests add its delta, one adapter's rows at a
+//! time (punica's grouping, `apply.rs`).
 
 pub(crate) mod apply;
-mod peft;
+pub(crate) mod peft;
 
 use std::sync::Arc;
 
 use crate::arch::LayerMatrix;
 use crate::config::ModelConfig;
-
-pub use peft::{ADAPTER_CONFIG, ADAPTER_WEIGHTS};
 
 /// One adapted projection as read: `a` `[rank, in_dim]`, `b` `[out_dim, rank]`, PEFT's scale.
 #[derive(Debug, Clone)]
@@ -49,17 +47,6 @@ pub struct LoraPart {
     pub rank: usize,
     pub out_dim: usize,
     b: Vec<f32>,
-}
-
-impl LoraMatrix {
-    pub fn parts(&self) -> &[Option<LoraPart>] {
-        &self.parts
-    }
-
-    fn bytes(&self) -> usize {
-        let b: usize = self.parts.iter().flatten().map(|p| p.b.len()).sum();
-        (self.a.len() + b) * size_of::<f32>()
-    }
 }
 
 /// The HF module names an adapter may target, each a part of one of our fused matrices:
@@ -147,9 +134,21 @@ impl LoraAdapter {
         self.layers.get(layer)?[matrix_index(matrix)].as_ref()
     }
 
-    /// Host memory its weights take.
-    pub fn bytes(&self) -> usize {
-        self.layers.iter().flatten().flatten().map(LoraMatrix::bytes).sum()
+    /// Whether every matrix it adapts has the shapes of a base model of `config` (what its
+    /// loader checked; a forward checks it once, against an adapter read for another model).
+    pub fn fits(&self, config: &ModelConfig) -> bool {
+        let matrix_fits = |m: LayerMatrix, lm: &LoraMatrix| {
+            let part_fits = |(p, part): (usize, &Option<LoraPart>)| {
+                part.as_ref().is_none_or(|part| part.out_dim == part_dims(config, m, p).1)
+            };
+            lm.in_dim == part_dims(config, m, 0).0 && lm.parts.iter().enumerate().all(part_fits)
+        };
+        self.layers.len() <= config.num_hidden_layers
+            && self.layers.iter().all(|layer| {
+                LayerMatrix::ALL
+                    .iter()
+                    .all(|&m| layer[matrix_index(m)].as_ref().is_none_or(|lm| matrix_fits(m, lm)))
+            })
     }
 
     /// How many projections it adapts.

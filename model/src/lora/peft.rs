@@ -14,9 +14,9 @@ use crate::error::{ModelError, Result};
 use crate::weights::SafetensorsFiles;
 
 /// The adapter's configuration file, inside the adapter folder.
-pub const ADAPTER_CONFIG: &str = "adapter_config.json";
+pub(crate) const ADAPTER_CONFIG: &str = "adapter_config.json";
 /// The adapter's weights, inside the adapter folder.
-pub const ADAPTER_WEIGHTS: &str = "adapter_model.safetensors";
+pub(crate) const ADAPTER_WEIGHTS: &str = "adapter_model.safetensors";
 
 /// The fields of PEFT's `LoraConfig` that change what the weights compute.
 #[derive(Debug, Deserialize)]
@@ -106,6 +106,13 @@ impl PeftConfig {
     }
 }
 
+/// PEFT's name of tensor `ab` ("A" or "B") of module `module` (an index in `TARGET_MODULES`)
+/// of layer `layer`.
+pub(crate) fn tensor_name(layer: usize, module: usize, ab: &str) -> String {
+    let block = if module < 4 { "self_attn" } else { "mlp" };
+    format!("base_model.model.model.layers.{layer}.{block}.{}.lora_{ab}.weight", TARGET_MODULES[module].0)
+}
+
 /// One tensor name parsed: layer, module index in `TARGET_MODULES`, and whether it is `A`.
 fn parse_name(name: &str) -> Option<(usize, usize, bool)> {
     let rest = name.strip_prefix("base_model.model.model.layers.")?;
@@ -174,12 +181,7 @@ impl LoraAdapter {
         let scale = peft.scale();
         for (&(layer, module), &[has_a, has_b]) in &found {
             let (module_name, matrix, part) = TARGET_MODULES[module];
-            let tensor = |ab: &str| {
-                format!(
-                    "base_model.model.model.layers.{layer}.{}.{module_name}.lora_{ab}.weight",
-                    if module < 4 { "self_attn" } else { "mlp" }
-                )
-            };
+            let tensor = |ab| tensor_name(layer, module, ab);
             if !(has_a && has_b) {
                 let missing = tensor(if has_a { "B" } else { "A" });
                 return Err(ModelError::MissingTensor { path: weights_path, tensor: missing });
@@ -223,6 +225,14 @@ mod tests {
             "base_model.model.model.layers.0.self_attn.qkv_proj.lora_A.weight",
         ] {
             assert_eq!(parse_name(wrong), None, "{wrong}");
+        }
+    }
+
+    #[test]
+    fn written_names_parse_back() {
+        for module in 0..TARGET_MODULES.len() {
+            assert_eq!(parse_name(&tensor_name(3, module, "A")), Some((3, module, true)));
+            assert_eq!(parse_name(&tensor_name(0, module, "B")), Some((0, module, false)));
         }
     }
 
