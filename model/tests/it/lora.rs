@@ -5,7 +5,8 @@
 //! three; every row's logits must be within [`TOLERANCE`] of PEFT's merged model (of
 //! transformers' for the base rows) at each of 8 positions, prefilled whole and then decoded a
 //! token a step, from the HF folder and from llama.cpp's GGUF of the same weights (whose Q/K
-//! rows are in llama.cpp's order: the adapter's `B` rows must follow).
+//! rows are in llama.cpp's order: the adapter's `B` rows must follow). Adapters that do not fit
+//! the base are refused at load, and a step carrying another model's adapter before any op.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -219,4 +220,21 @@ fn adapters_that_do_not_fit_the_base_are_refused_naming_the_tensor() {
     copy(&base);
     let adapter = LoraAdapter::load_peft("sql", dir.path(), &llama.config).expect("the copy loads");
     assert_eq!((adapter.rank, adapter.num_pairs()), (8, 4 * llama.config.num_hidden_layers));
+}
+
+#[test]
+fn a_step_with_an_adapter_of_another_model_is_refused_before_any_op() {
+    let llama = Model::load(&data().join("families/llama")).expect("load llama");
+    let qwen = Model::load(&data().join("families/qwen2")).expect("load qwen2");
+    let adapter = LoraAdapter::load_peft("q", &data().join("lora/qwen2/sql"), &qwen.config).expect("load");
+    let seqs = assign_blocks(vec![vec![1, 2, 3]], 16, 16, &[0]);
+    let batch = build_batch(&seqs, &[3], 16, false);
+    let mut lora = LoraBatch::default();
+    lora.add(&Arc::new(adapter), 0..3);
+    let mut input = batch.input();
+    input.lora = Some(&lora);
+    let mut cache = cache_for(&llama.config, 16, 1);
+    let err =
+        llama.forward(&input, &mut cache, &mut Workspace::default()).expect_err("another model's adapter");
+    assert!(err.to_string().contains("does not fit this model's shapes"), "{err}");
 }
