@@ -54,7 +54,9 @@ pub fn linear(dst: &mut [f32], x: &[f32], w: &[f32], m: usize, n: usize, k: usiz
         return;
     }
     // SAFETY: the slices hold at least m·n, m·k and n·k elements (asserted above).
-    unsafe { gemm_into(OutPtr(dst.as_mut_ptr()), n, x, m, k, w, n, accumulate, gemm::Parallelism::Rayon(0)) };
+    unsafe {
+        gemm_into(OutPtr(dst.as_mut_ptr()), n, (x, k), m, k, w, n, accumulate, gemm::Parallelism::Rayon(0))
+    };
 }
 
 /// `dst[m, n] (+)= x[m, k] · w[n, k]ᵀ` with `dst`'s rows `ldd` and `x`'s rows `ldx` floats apart
@@ -86,37 +88,17 @@ pub fn linear_strided(
     let parallelism = if parallel { gemm::Parallelism::Rayon(0) } else { gemm::Parallelism::None };
     // SAFETY: `dst` holds m rows of n floats `ldd` apart, `x` m rows of k floats `ldx` apart and
     // `w` n·k (asserted), and `dst` is borrowed mutably for the call.
-    unsafe { gemm_strided(OutPtr(dst.as_mut_ptr()), ldd, (x, ldx), m, k, w, n, accumulate, parallelism) };
+    unsafe { gemm_into(OutPtr(dst.as_mut_ptr()), ldd, (x, ldx), m, k, w, n, accumulate, parallelism) };
 }
 
-/// `out[m, n] (+)= x[m, k] · w[n, k]ᵀ` through `gemm`, with `out`'s rows `ldo` floats apart.
-///
-/// # Safety
-/// `x` and `w` hold `m·k` and `n·k` floats; `out` addresses `m` rows of `n` writable floats
-/// that nothing else touches during the call.
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn gemm_into(
-    out: OutPtr,
-    ldo: usize,
-    x: &[f32],
-    m: usize,
-    k: usize,
-    w: &[f32],
-    n: usize,
-    accumulate: bool,
-    parallelism: gemm::Parallelism,
-) {
-    // SAFETY: per the contract, with `x`'s rows k floats apart.
-    unsafe { gemm_strided(out, ldo, (x, k), m, k, w, n, accumulate, parallelism) }
-}
-
-/// [`gemm_into`] with `x`'s rows `ldx` floats apart.
+/// `out[m, n] (+)= x[m, k] · w[n, k]ᵀ` through `gemm`, with `out`'s rows `ldo` and `x`'s rows
+/// `ldx` floats apart.
 ///
 /// # Safety
 /// `x` holds `m` rows of `k` floats `ldx` apart and `w` `n·k` floats; `out` addresses `m` rows
 /// of `n` writable floats, `ldo` apart, that nothing else touches during the call.
 #[allow(clippy::too_many_arguments)]
-unsafe fn gemm_strided(
+pub(crate) unsafe fn gemm_into(
     out: OutPtr,
     ldo: usize,
     (x, ldx): (&[f32], usize),
