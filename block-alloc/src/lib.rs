@@ -27,6 +27,9 @@
 //!   [`BlockPool::new_table_for`] a window releases the leading blocks no later query sees
 //!   ([`BlockTable::release_outside_window`]); [`BlockPool::lookup_prefix_groups`] finds the
 //!   longest prefix a set of tables (one per group of layers) can all serve.
+//! - Events ([`BlockPool::enable_cache_events`], [`BlockPool::take_cache_events`]): every
+//!   change of the set of cached hashes as a [`CacheEvent`] (vLLM's `BlockStored` /
+//!   `BlockRemoved` / `AllBlocksCleared`), so a router can mirror the cache.
 //! - Live view ([`BlockPool::block_states_into`]): one [`BlockState`] byte per block (free,
 //!   cached, owned, shared), O(blocks), into a reusable buffer.
 //!
@@ -74,6 +77,7 @@
 
 mod config;
 mod error;
+mod events;
 mod free_queue;
 mod hash;
 mod pool;
@@ -85,6 +89,7 @@ mod window;
 
 pub use config::{AllocStatus, PoolConfig};
 pub use error::AllocError;
+pub use events::{CacheEvent, ExternalBlockHash, external_block_hash};
 pub use free_queue::FreeQueueIter;
 pub use hash::BlockHash;
 pub use pool::BlockPool;

@@ -5,7 +5,8 @@
 //! the query's, so a hash collision can cost a hit but never return a block whose tokens
 //! differ from the query.
 
-use crate::hash::{BlockHash, HashIndex, ROOT_HASH, index_key};
+use crate::events::EventLog;
+use crate::hash::{BlockHash, HashIndex, IndexKey, ROOT_HASH, index_key};
 use crate::{AllocError, BlockId, BlockPool, BlockTable, TokenId};
 
 /// Hit/query counters of the prefix cache since the pool was created.
@@ -61,6 +62,8 @@ pub(crate) struct PrefixCache {
     salts: Vec<u64>,
     /// `block_size` token ids per block: what a registered block holds.
     tokens: Vec<TokenId>,
+    /// Changes of the index not yet taken, when someone listens (`enable_cache_events`).
+    pub(crate) events: Option<EventLog>,
 }
 
 impl PrefixCache {
@@ -74,11 +77,16 @@ impl PrefixCache {
             hashes: vec![0; num_blocks],
             salts: vec![0; num_blocks],
             tokens: vec![0; num_blocks * block_size],
+            events: None,
         }
     }
 
     pub(crate) fn len(&self) -> usize {
         self.index.len()
+    }
+
+    pub(crate) fn index_keys(&self) -> impl Iterator<Item = IndexKey> + '_ {
+        self.index.keys().copied()
     }
 
     fn tokens_of(&self, b: BlockId) -> &[TokenId] {
@@ -99,9 +107,17 @@ impl PrefixCache {
         self.cached[i] && self.hashes[i] == hash && self.salts[i] == salt && self.tokens_of(b) == tokens
     }
 
-    /// Registers `b` under `hash` unless `b` is already registered or another block holds the
-    /// hash (then `b` stays an ordinary block: first registration wins).
-    fn register(&mut self, b: BlockId, hash: BlockHash, salt: u64, tokens: &[TokenId]) {
+    /// Registers `b` under `hash` (whose chain parent is `parent`) unless `b` is already
+    /// registered or another block holds the hash (then `b` stays an ordinary block: first
+    /// registration wins).
+    fn register(
+        &mut self,
+        b: BlockId,
+        hash: BlockHash,
+        parent: Option<BlockHash>,
+        salt: u64,
+        tokens: &[TokenId],
+    ) {
         let i = b as usize;
         if self.cached[i] {
             return;
@@ -113,6 +129,9 @@ impl PrefixCache {
             self.salts[i] = salt;
             let start = i * self.block_size;
             self.tokens[start..start + self.block_size].copy_from_slice(tokens);
+            if let Some(log) = &mut self.events {
+                log.stored(hash, parent, tokens);
+            }
         }
     }
 
@@ -123,12 +142,18 @@ impl PrefixCache {
         if self.cached[i] {
             self.cached[i] = false;
             self.index.remove(&index_key(self.hashes[i]));
+            if let Some(log) = &mut self.events {
+                log.removed(self.hashes[i]);
+            }
         }
     }
 
     fn clear(&mut self) {
         self.index.clear();
         self.cached.fill(false);
+        if let Some(log) = &mut self.events {
+            log.cleared();
+        }
     }
 
     #[cfg(test)]
@@ -290,7 +315,8 @@ impl BlockPool {
             };
             // A block released out of a sliding window is no longer the table's to offer.
             if i >= table.first_live() {
-                cache.register(table.blocks[i], hash, salt, chunk);
+                let parent = i.checked_sub(1).map(|p| table.hashes[p]);
+                cache.register(table.blocks[i], hash, parent, salt, chunk);
             }
         }
         table.num_registered = table.num_registered.max(full);

@@ -1,0 +1,259 @@
+//! [`KvEventPublisher`]: vLLM's `ZmqEventPublisher` — a PUB socket sending
+//! `(topic, 8-byte big-endian sequence number, payload)` per batch and a ROUTER socket that
+//! replays buffered batches from a requested sequence number, on a thread of its own.
+//!
+//! The engine thread never waits on a socket: [`KvEventPublisher::publish`] encodes the batch,
+//! numbers it, and puts it in the replay buffer and the live queue under a short lock. When the
+//! live queue is full its oldest batch is dropped from the live stream only; a subscriber that
+//! sees the gap asks the replay socket, which still holds it (while within `buffer_steps`).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
+
+use crate::{KvEventBatch, KvEventsConfig, KvEventsError};
+
+/// The sequence number of the replay stream's end marker (`-1` as a signed 8-byte integer).
+pub const END_SEQ: [u8; 8] = (-1i64).to_be_bytes();
+
+/// How long dropping a publisher waits for its thread to send what is queued.
+const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// A running publisher; dropping it sends what is queued (up to a second) and closes the sockets.
+#[derive(Debug)]
+pub struct KvEventPublisher {
+    shared: Arc<Shared>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    endpoint: String,
+    replay_endpoint: Option<String>,
+    block_size: usize,
+    next_seq: u64,
+}
+
+#[derive(Debug)]
+struct Shared {
+    state: Mutex<State>,
+    wake: Notify,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Batches not yet sent on the PUB socket, oldest first.
+    live: VecDeque<(u64, Bytes)>,
+    /// The last `buffer_steps` batches, oldest first, for replay.
+    replay: VecDeque<(u64, Bytes)>,
+    max_queue_size: usize,
+    buffer_steps: usize,
+    /// Batches dropped from the live queue because it was full.
+    dropped: u64,
+    closed: bool,
+}
+
+impl KvEventPublisher {
+    /// Binds (or connects) the sockets of `cfg` and starts the publisher thread. Errors name
+    /// the endpoint that could not be bound. `block_size`: tokens per block, for `BlockStored`.
+    pub fn start(cfg: &KvEventsConfig, block_size: usize) -> Result<Self, KvEventsError> {
+        cfg.validate()?;
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                max_queue_size: cfg.max_queue_size,
+                buffer_steps: cfg.buffer_steps,
+                ..State::default()
+            }),
+            wake: Notify::new(),
+        });
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let thread = {
+            let (shared, thread_cfg) = (shared.clone(), cfg.clone());
+            std::thread::Builder::new()
+                .name("kv-events".into())
+                .spawn(move || run(&thread_cfg, &shared, &ready_tx))
+                .map_err(|e| KvEventsError::Socket {
+                    endpoint: cfg.endpoint.clone(),
+                    reason: e.to_string(),
+                })?
+        };
+        let (endpoint, replay_endpoint) = ready_rx.recv().map_err(|_| KvEventsError::Socket {
+            endpoint: cfg.endpoint.clone(),
+            reason: "the publisher thread stopped while starting".into(),
+        })??;
+        Ok(Self { shared, thread: Some(thread), endpoint, replay_endpoint, block_size, next_seq: 0 })
+    }
+
+    /// The PUB socket's address as bound (a port of 0 resolved) or connected.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// The replay socket's address as bound, if there is one.
+    pub fn replay_endpoint(&self) -> Option<&str> {
+        self.replay_endpoint.as_deref()
+    }
+
+    /// Queues a batch under the next sequence number (returned); never blocks on the network.
+    pub fn publish(&mut self, batch: &KvEventBatch) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let payload = Bytes::from(batch.encode(self.block_size));
+        {
+            let mut state = self.shared.state.lock();
+            if state.replay.len() == state.buffer_steps {
+                state.replay.pop_front();
+            }
+            state.replay.push_back((seq, payload.clone()));
+            if state.live.len() == state.max_queue_size {
+                state.live.pop_front();
+                state.dropped += 1;
+            }
+            state.live.push_back((seq, payload));
+        }
+        self.shared.wake.notify_one();
+        seq
+    }
+
+    /// Batches dropped from the live stream because the queue was full (replay still has them
+    /// while they are among the last `buffer_steps`).
+    pub fn num_dropped(&self) -> u64 {
+        self.shared.state.lock().dropped
+    }
+}
+
+impl Drop for KvEventPublisher {
+    fn drop(&mut self) {
+        self.shared.state.lock().closed = true;
+        self.shared.wake.notify_one();
+        let Some(thread) = self.thread.take() else { return };
+        let deadline = Instant::now() + SHUTDOWN_TIMEOUT;
+        while !thread.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if thread.is_finished() {
+            let _ = thread.join();
+        } else {
+            tracing::warn!(
+                "kv events: the publisher thread did not finish within {SHUTDOWN_TIMEOUT:?}; left behind"
+            );
+        }
+    }
+}
+
+type Ready = Result<(String, Option<String>), KvEventsError>;
+
+/// The publisher thread: a one-thread runtime for the sockets.
+fn run(cfg: &KvEventsConfig, shared: &Shared, ready: &std::sync::mpsc::Sender<Ready>) {
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            let _ = ready
+                .send(Err(KvEventsError::Socket { endpoint: cfg.endpoint.clone(), reason: e.to_string() }));
+            return;
+        }
+    };
+    runtime.block_on(async {
+        let (mut publisher, mut replay) = match open(cfg).await {
+            Ok((publisher, replay, endpoints)) => {
+                let _ = ready.send(Ok(endpoints));
+                (publisher, replay)
+            }
+            Err(e) => {
+                let _ = ready.send(Err(e));
+                return;
+            }
+        };
+        let topic = Bytes::from(cfg.topic.clone().into_bytes());
+        loop {
+            tokio::select! {
+                () = shared.wake.notified() => {}
+                request = async {
+                    match replay.as_mut() {
+                        Some(socket) => socket.recv().await,
+                        None => std::future::pending().await,
+                    }
+                } => match (request, replay.as_mut()) {
+                    (Ok(request), Some(socket)) => serve_replay(socket, request, shared).await,
+                    (Err(e), _) => tracing::warn!("kv events: replay socket: {e}"),
+                    (Ok(_), None) => {}
+                },
+            }
+            loop {
+                let Some((seq, payload)) = shared.state.lock().live.pop_front() else { break };
+                let message =
+                    message(vec![topic.clone(), Bytes::copy_from_slice(&seq.to_be_bytes()), payload]);
+                if let Err(e) = publisher.send(message).await {
+                    tracing::warn!("kv events: publishing batch {seq}: {e}");
+                }
+            }
+            if shared.state.lock().closed {
+                break;
+            }
+        }
+    });
+}
+
+/// Opens the sockets; returns them with the addresses as bound.
+async fn open(
+    cfg: &KvEventsConfig,
+) -> Result<(PubSocket, Option<RouterSocket>, (String, Option<String>)), KvEventsError> {
+    let fail = |endpoint: &str, e: zeromq::ZmqError| KvEventsError::Socket {
+        endpoint: endpoint.into(),
+        reason: e.to_string(),
+    };
+    let mut publisher = PubSocket::new();
+    let endpoint = if KvEventsConfig::binds(&cfg.endpoint) {
+        publisher.bind(&cfg.endpoint).await.map_err(|e| fail(&cfg.endpoint, e))?.to_string()
+    } else {
+        publisher.connect(&cfg.endpoint).await.map_err(|e| fail(&cfg.endpoint, e))?;
+        cfg.endpoint.clone()
+    };
+    let mut bound_replay = None;
+    let replay = match &cfg.replay_endpoint {
+        Some(address) => {
+            let mut socket = RouterSocket::new();
+            bound_replay = Some(socket.bind(address).await.map_err(|e| fail(address, e))?.to_string());
+            Some(socket)
+        }
+        None => None,
+    };
+    Ok((publisher, replay, (endpoint, bound_replay)))
+}
+
+/// Answers `[identity, "", start_seq]` (a REQ socket's request, or a DEALER's with an empty
+/// first frame) with every buffered batch from `start_seq` on as `[identity, "", seq,
+/// payload]`, then `[identity, "", END_SEQ, ""]`. Anything else is ignored.
+async fn serve_replay(socket: &mut RouterSocket, request: ZmqMessage, shared: &Shared) {
+    let frames = request.into_vec();
+    let start = match frames.as_slice() {
+        [_, delimiter, seq] if delimiter.is_empty() => match <[u8; 8]>::try_from(seq.as_ref()) {
+            Ok(bytes) => u64::from_be_bytes(bytes),
+            Err(_) => {
+                return tracing::debug!(
+                    "kv events: replay request with a {}-byte sequence number",
+                    seq.len()
+                );
+            }
+        },
+        _ => return tracing::debug!("kv events: replay request of {} frames ignored", frames.len()),
+    };
+    let identity = frames[0].clone();
+    let batches: Vec<(u64, Bytes)> =
+        shared.state.lock().replay.iter().filter(|(seq, _)| *seq >= start).cloned().collect();
+    let replies = batches
+        .into_iter()
+        .map(|(seq, payload)| (Bytes::copy_from_slice(&seq.to_be_bytes()), payload))
+        .chain(std::iter::once((Bytes::from_static(&END_SEQ), Bytes::new())));
+    for (seq, payload) in replies {
+        let reply = message(vec![identity.clone(), Bytes::new(), seq, payload]);
+        if let Err(e) = socket.send(reply).await {
+            return tracing::debug!("kv events: replay answer not delivered: {e}");
+        }
+    }
+}
+
+fn message(frames: Vec<Bytes>) -> ZmqMessage {
+    ZmqMessage::try_from(frames).unwrap_or_else(|_| unreachable!("a message of several frames is not empty"))
+}
