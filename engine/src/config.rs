@@ -123,6 +123,9 @@ pub struct EngineConfig {
     pub speculative_config: Option<crate::spec::SpeculativeConfig>,
     /// LoRA adapters (vLLM's `--enable-lora` and its limits); `None` serves the base model only.
     pub lora: Option<crate::LoraConfig>,
+    /// KV cache events (vLLM's `--kv-events-config`): the prefix cache's changes published
+    /// over ZMQ for prefix-aware routers; `None` publishes nothing.
+    pub kv_events: Option<kv_events::KvEventsConfig>,
 }
 
 impl Default for EngineConfig {
@@ -150,6 +153,7 @@ impl Default for EngineConfig {
             chat_template: None,
             speculative_config: None,
             lora: None,
+            kv_events: None,
         }
     }
 }

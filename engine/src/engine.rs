@@ -9,7 +9,7 @@ use std::time::Instant;
 use model::{Model, ModelFolder, Runner, RunnerConfig, StepInput};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use scheduler::{RequestKey, Scheduler, SchedulerConfig, SchedulerOutput, StepResult};
+use scheduler::{RequestKey, Scheduler, SchedulerConfig};
 
 use crate::config::{EngineConfig, PreemptionMode};
 use crate::error::{EngineError, RequestError};
@@ -21,6 +21,7 @@ use crate::sampling::{IntoValidParams, SampleRow, SamplingParams, TokenChoice, s
 
 mod admission;
 mod apply;
+mod events;
 mod generate;
 mod greedy;
 mod guides;
@@ -30,7 +31,7 @@ mod rows;
 mod verify;
 
 pub(crate) use admission::{Intake, IntakeLimits, Prepared};
-use live::{Live, SampleMut, StepView};
+use live::{Live, SampleMut, StepBuffers};
 
 /// The serving engine (one model, one KV cache, continuous batching).
 #[derive(Debug)]
@@ -51,25 +52,7 @@ pub struct Engine {
     pending: Vec<RequestOutput>,
     /// What a draft's verification costs (speculative decoding's cost rule).
     draft_cost: verify::VerifyCost,
-}
-
-/// Buffers one step fills and the next reuses.
-#[derive(Debug, Default)]
-struct StepBuffers {
-    plan: SchedulerOutput,
-    /// The plan resolved against the live requests, once, right after scheduling.
-    view: StepView,
-    result: StepResult,
-    /// The sampled rows' logits, one row per sample.
-    logits: Vec<f32>,
-    /// A draft being proposed.
-    draft: Vec<u32>,
-    prompt_rows: rows::PromptRows,
-    pool_rows: pool_rows::PoolRows,
-    /// The rows of this step that run under LoRA adapters.
-    lora: model::LoraBatch,
-    /// The gauges the last step computed (what a handle publishes after it).
-    gauges: Gauges,
+    kv_events: Option<events::KvEvents>,
 }
 
 impl Engine {
@@ -128,7 +111,7 @@ impl Engine {
             None => verify::VerifyCost::Pinned(1.0),
         };
         let cache_cfg = *runner.cache_config();
-        let scheduler = Scheduler::new(SchedulerConfig {
+        let mut scheduler = Scheduler::new(SchedulerConfig {
             max_num_batched_tokens: config.max_num_batched_tokens,
             max_num_seqs: config.max_num_seqs,
             max_model_len,
@@ -142,6 +125,9 @@ impl Engine {
             kv_groups: runner.kv_group_windows().to_vec(),
             max_loras: config.lora.map(|l| l.max_loras),
         })?;
+        let (caching, block_size) = (config.enable_prefix_caching, config.block_size);
+        let kv_events =
+            events::KvEvents::start(config.kv_events.as_ref(), caching, block_size, &mut scheduler)?;
         // A folder's name, or a GGUF file's without the extension.
         let model_name = config.served_model_name.clone().unwrap_or_else(|| {
             let path = if folder.dir.is_file() { folder.dir.with_extension("") } else { folder.dir.clone() };
@@ -183,6 +169,7 @@ impl Engine {
             bufs: StepBuffers::default(),
             pending: Vec::new(),
             draft_cost,
+            kv_events,
         })
     }
 
@@ -439,6 +426,7 @@ impl Engine {
         if self.bufs.plan.is_empty() {
             self.bufs.gauges = self.gauges();
             self.metrics.step_done(0, 0, &self.bufs.gauges);
+            self.publish_kv_events();
             return Ok(outputs);
         }
         let generated = self.run_step(&mut phases)?;
@@ -465,6 +453,7 @@ impl Engine {
             self.metrics.decode_step(phases);
         }
         self.metrics.step_done(prefilled, generated, &self.bufs.gauges);
+        self.publish_kv_events();
         Ok(outputs)
     }
 

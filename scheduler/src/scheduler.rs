@@ -262,6 +262,17 @@ impl Scheduler {
         self.host.as_ref()
     }
 
+    /// Starts recording the device prefix cache's changes (see `block_alloc::CacheEvent`);
+    /// `Stored` events of an adapter's sequence carry its `lora` id.
+    pub fn enable_cache_events(&mut self) {
+        self.device.enable_cache_events();
+    }
+
+    /// Moves the device prefix cache's recorded changes, oldest first, to the end of `out`.
+    pub fn take_cache_events(&mut self, out: &mut Vec<block_alloc::CacheEvent>) {
+        self.device.take_cache_events(out);
+    }
+
     pub fn num_waiting(&self) -> usize {
         self.waiting.len()
     }

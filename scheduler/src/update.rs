@@ -66,7 +66,7 @@ impl Scheduler {
             return Ok(()); // aborted after scheduling
         }
         let si = f.seq as usize;
-        let salt = group.salt;
+        let (salt, lora) = (group.salt, group.lora);
         let seq = group.seqs.get_mut(si).ok_or(SchedulerError::Internal("in-flight sequence missing"))?;
         let before = seq.num_computed_tokens;
         // A draft keeps its accepted prefix; that and the last sample are what it appends.
@@ -78,7 +78,11 @@ impl Scheduler {
         };
         seq.num_computed_tokens = end;
         if caching && end / block_size > before / block_size {
+            let mark = device.num_pending_cache_events();
             seq.cache_full_blocks(device, end, salt)?;
+            if let Some(lora) = lora {
+                device.label_cache_events(mark, lora);
+            }
         }
         if f.end == group.prompt_len && group.seqs.iter().any(|s| s.parked) {
             // The recomputed prompt is back: the parked samples share it again.

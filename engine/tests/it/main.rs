@@ -10,6 +10,7 @@ mod families;
 mod handle;
 mod hostile;
 mod invariance;
+mod kv_events;
 mod kv_map;
 mod lora;
 mod options;
