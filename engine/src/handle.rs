@@ -51,6 +51,7 @@ enum Command {
     Rejected,
     Metrics(Reply<MetricsSnapshot>),
     Idle(Reply<bool>),
+    CachedBlockHashes(Reply<Vec<u64>>),
     /// Wakes an idle engine thread so it serves a KV-map request (the request itself is the
     /// counter in `KvMapShared`).
     KvMap,
@@ -80,6 +81,7 @@ impl std::fmt::Debug for Command {
             Self::Rejected => f.write_str("Rejected"),
             Self::Metrics(_) => f.write_str("Metrics"),
             Self::Idle(_) => f.write_str("Idle"),
+            Self::CachedBlockHashes(_) => f.write_str("CachedBlockHashes"),
             Self::KvMap => f.write_str("KvMap"),
             Self::Shutdown(m) => write!(f, "Shutdown({m:?})"),
         }
@@ -96,6 +98,8 @@ struct Inner {
     live: Arc<Mutex<LiveMetrics>>,
     /// KV-map requests and the snapshots that answer them.
     kv_map: Arc<KvMapShared>,
+    /// The KV events publisher's addresses, fixed when the engine was built.
+    kv_events: Option<(String, Option<String>)>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -135,6 +139,7 @@ impl EngineHandle {
         let live = Arc::new(Mutex::new(engine.live_metrics()));
         let published = live.clone();
         let (kv_publisher, kv_map) = KvMapPublisher::new();
+        let kv_events = engine.kv_events_endpoints();
         let thread = std::thread::Builder::new()
             .name("engine".into())
             .spawn(move || EngineLoop::new(engine, published, kv_publisher).run(&rx))
@@ -146,6 +151,7 @@ impl EngineHandle {
                 stopping: AtomicBool::new(false),
                 live,
                 kv_map,
+                kv_events,
                 thread: Mutex::new(Some(thread)),
             }),
         })
@@ -348,6 +354,17 @@ impl EngineHandle {
     /// Whether the engine holds no KV block at all (nothing running, nothing leaked).
     pub fn kv_is_idle(&self) -> Result<bool, EngineError> {
         self.ask_blocking(Command::Idle)
+    }
+
+    /// The KV events publisher's PUB and replay addresses (see [`Engine::kv_events_endpoints`]).
+    pub fn kv_events_endpoints(&self) -> Option<(String, Option<String>)> {
+        self.inner.kv_events.clone()
+    }
+
+    /// The device prefix cache's block hashes between two steps (see
+    /// [`Engine::cached_block_hashes`]); blocks until then.
+    pub fn cached_block_hashes(&self) -> Result<Vec<u64>, EngineError> {
+        self.ask_blocking(Command::CachedBlockHashes)
     }
 
     fn ask_blocking<T>(&self, command: impl FnOnce(Reply<T>) -> Command) -> Result<T, EngineError> {

@@ -11,6 +11,8 @@
 //! - [`structured`]: structured outputs: a request's [`Constraint`] compiled by llguidance into
 //!   a token mask per sample.
 //! - [`detok`]: incremental detokenization and stop strings.
+//! - [`PromptTokenizer`]: a prompt's token ids as admission makes them, from the model's text
+//!   side alone (what a prefix-aware router compares with a replica's cached blocks).
 //! - [`workload`]: synthetic benchmark prompts.
 
 pub mod config;
@@ -23,6 +25,7 @@ pub mod lora;
 pub mod metrics;
 pub mod output;
 pub mod pooling;
+mod prompt_tokens;
 mod request;
 pub mod sampling;
 pub mod spec;
@@ -36,6 +39,7 @@ pub use config::{
 pub use engine::Engine;
 pub use error::{EngineError, RequestError};
 pub use handle::{AbortHandle, EngineHandle, OutputStream, RequestStream, ShutdownMode};
+pub use kv_events::KvEventsConfig;
 pub use kv_map::{BlockState, KvCounters, KvMap, KvSnapshot, KvTable};
 pub use lora::{LoraConfig, LoraError, LoraInfo, LoraRegistry, LoraRequest};
 pub use metrics::{
@@ -47,6 +51,7 @@ pub use output::{
     RequestKey, RequestOutput, RequestTiming, StreamError,
 };
 pub use pooling::{PoolingParams, PoolingType};
+pub use prompt_tokens::PromptTokenizer;
 pub use request::{Prompt, RequestOptions};
 pub use sampling::{IntoValidParams, SamplingParams, SamplingParamsError, ValidSamplingParams};
 pub use structured::{Constraint, ConstraintError};

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import _core
 from .models import resolve_model
@@ -50,6 +50,16 @@ class _Client:
     def kv_is_idle(self) -> bool:
         """Whether the engine holds no KV block: nothing running, nothing leaked."""
         return self._engine.kv_is_idle()
+
+    def kv_events_endpoints(self) -> Optional[Tuple[str, Optional[str]]]:
+        """The KV events publisher's PUB and replay addresses as bound (``kv_events_config``,
+        vLLM's dict; a port of 0 is resolved here), or ``None`` when events are off."""
+        return self._engine.kv_events_endpoints()
+
+    def cached_block_hashes(self) -> List[int]:
+        """Every block hash in the prefix cache, as KV events publish them: the set a
+        subscriber that applied every batch so far holds."""
+        return self._engine.cached_block_hashes()
 
     def shutdown(self, drain: bool = False) -> None:
         """Stops the engine thread; unfinished requests are aborted (finished first with

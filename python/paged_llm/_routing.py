@@ -6,9 +6,13 @@ goes to that replica (its prefix cache likely still holds the prompt's KV blocks
 replica's queue allows; a prompt nobody served goes, while the queues are within the threshold
 of each other, to the replica that was given the fewest new prompts (then the least recorded
 text), so that new conversations spread; past the threshold, to the least loaded replica. The policy of Ray Serve LLM's prefix-cache-affinity router, kept in this process (no
-tree actor, no blocking call in the routing loop). ``RoundRobinRouter``: the baseline the
-prefix figure compares with. Both honour a pin (``ForwardedRequest.replica``): how one
-replica's own metrics are read.
+tree actor, no blocking call in the routing loop). ``KvEventsRouter``: the same decisions made
+on what each replica's cache really holds, rebuilt from its KV cache events
+(``_kv_index``), the prompt tokenized as the replica will tokenize it, and each candidate scored
+as llm-d's scorers weigh them: the cached fraction of the prompt against the replica's queue
+and KV usage; the approximate policy where a replica publishes no events. ``RoundRobinRouter``:
+the baseline the prefix figures compare with. All honour a pin (``ForwardedRequest.replica``):
+how one replica's own metrics are read.
 
 Imports Ray: Serve imports this module where it builds a router, never ``import paged_llm``.
 """
@@ -29,6 +33,16 @@ MAX_CHUNKS = 256
 #: Replica ids each router of this process last saw, by deployment name (what the ingress
 #: asks each replica's metrics of).
 _KNOWN_REPLICAS: Dict[str, List[str]] = {}
+
+
+#: The KV-events routers' subscribers of this process, by deployment name (what the ingress
+#: reports at ``/replicas/kv_index``).
+_SUBSCRIBERS: Dict[str, Dict[str, Any]] = {}
+
+
+def indexed_blocks(deployment: str) -> Dict[str, int]:
+    """Blocks each replica's events say it caches, by replica id, as this process's router has them."""
+    return {rid: len(sub.index) for rid, sub in list(_SUBSCRIBERS.get(deployment, {}).items())}
 
 
 def known_replicas(deployment: str) -> List[str]:
@@ -169,3 +183,85 @@ class PrefixAffinityRouter(_PinningRouter):
             served.move_to_end(h)
         while len(served) > self._max_chunks:
             served.popitem(last=False)
+
+
+class KvEventsRouter(PrefixAffinityRouter):
+    """Routes on each replica's real cache contents (see the module): the replica with the best
+    ``prefix_weight * cached fraction + queue_weight * (1 - queue / longest queue) + kv_weight *
+    (1 - KV usage)``; a prompt no replica holds any block of goes, while queues are balanced,
+    where the fewest new prompts went. Falls back to ``PrefixAffinityRouter`` for a request it
+    cannot tokenize or while a candidate publishes no events. A replica's index is dropped when
+    it leaves the deployment or its actor dies."""
+
+    def initialize_state(
+        self,
+        model: str = "",
+        prefix_weight: float = 3.0,
+        queue_weight: float = 2.0,
+        kv_weight: float = 2.0,
+        imbalanced_threshold: int = 8,
+    ) -> None:
+        super().initialize_state(imbalanced_threshold=imbalanced_threshold)
+        from paged_llm import _core
+
+        self._tokenizer = _core.PromptTokenizer(model) if model else None
+        self._weights = (prefix_weight, queue_weight, kv_weight)
+        self._subscribers: Dict[str, Any] = {}
+        _SUBSCRIBERS[self._deployment_id.name] = self._subscribers
+
+    def update_replicas(self, replicas: List[RunningReplica]) -> None:
+        super().update_replicas(replicas)
+        live = {r.replica_id.to_full_id_str() for r in replicas}
+        for rid in [rid for rid in self._subscribers if rid not in live]:
+            self._drop(rid)
+
+    def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
+        super().on_replica_actor_died(replica_id)
+        self._drop(replica_id.to_full_id_str())
+
+    def _drop(self, rid: str) -> None:
+        sub = self._subscribers.pop(rid, None)
+        if sub is not None:
+            sub.close()
+
+    def _subscriber(self, replica: RunningReplica) -> Any:
+        """The replica's subscriber, started once its routing stats name its event sockets."""
+        rid = replica.replica_id.to_full_id_str()
+        sub = self._subscribers.get(rid)
+        stats = replica.routing_stats or {}
+        endpoint = stats.get("kv_events_endpoint")
+        if sub is None and endpoint:
+            from ._kv_index import ReplicaSubscriber
+
+            sub = self._subscribers[rid] = ReplicaSubscriber(endpoint, stats.get("kv_events_replay"))
+        return sub
+
+    def _rank(self, candidates: List[RunningReplica], request: Any) -> List[List[RunningReplica]]:
+        subs = {r.replica_id: self._subscriber(r) for r in candidates}
+        path, body = getattr(request, "path", ""), getattr(request, "body", b"")
+        tokens = self._tokenizer.request_tokens(path, body) if self._tokenizer and body else None
+        if tokens is None or any(s is None for s in subs.values()):
+            return super()._rank(candidates, request)
+        queues = {r.replica_id: self._queue_len(r) for r in candidates}
+        longest, shortest = max(queues.values()), min(queues.values())
+        block_size = max((s.index.block_size for s in subs.values()), default=0) or 16
+        blocks = max(1, len(tokens) // block_size)
+        matched = {rid: sub.index.match(tokens) for rid, sub in subs.items()}
+        usage = {r.replica_id: float((r.routing_stats or {}).get("kv_usage", 0.0)) for r in candidates}
+        prefix_w, queue_w, kv_w = self._weights
+
+        def score(r: RunningReplica) -> float:
+            queue_free = 1.0 - queues[r.replica_id] / longest if longest else 1.0
+            return prefix_w * matched[r.replica_id] / blocks + queue_w * queue_free + kv_w * (1.0 - usage[r.replica_id])
+
+        def new_prompts(r: RunningReplica) -> Any:
+            return (self._new[r.replica_id.to_full_id_str()], usage[r.replica_id], queues[r.replica_id])
+
+        by_load = sorted(candidates, key=lambda r: (queues[r.replica_id], usage[r.replica_id]))
+        if max(matched.values()) == 0 and longest - shortest <= self._imbalanced_threshold:
+            # Nobody holds any of it: spread new conversations (queue samples lag a burst).
+            best = min(candidates, key=new_prompts)
+            self._new[best.replica_id.to_full_id_str()] += 1
+        else:
+            best = max(candidates, key=lambda r: (score(r), -queues[r.replica_id]))
+        return [[best], [r for r in by_load if r is not best]]

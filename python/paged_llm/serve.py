@@ -3,8 +3,10 @@ crate's OpenAI-compatible API in process (``_core.HttpApp``: the same router ``c
 serve`` runs, so a replica answers exactly as that server does), behind an ingress that
 forwards each HTTP request to a replica through a ``DeploymentHandle``.
 
-- Routing: ``routing="prefix"`` (``_routing.PrefixAffinityRouter``), ``"round_robin"``, or
-  ``"power_of_two"`` (Serve's default).
+- Routing: ``routing="prefix"`` (``_routing.PrefixAffinityRouter``), ``"events"``
+  (``_routing.KvEventsRouter``: each replica publishes its KV cache events on a free port of
+  its node and reports the address in its routing stats; the router follows them), ``"round_robin"``,
+  or ``"power_of_two"`` (Serve's default).
 - Failover: a request whose replica died before the ingress passed anything on to the client
   (a whole non-streaming response, or a stream's first event) is sent again, to a live replica;
   a stream that already began ends early instead, as a duplicated prefix would corrupt it.
@@ -35,7 +37,7 @@ ATTEMPTS_HEADER = "x-paged-llm-attempts"
 #: Request headers the ingress does not pass on (the connection's, not the request's).
 _HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "keep-alive"}
 #: Names accepted by ``build_app(routing=...)``.
-ROUTERS = ("prefix", "round_robin", "power_of_two")
+ROUTERS = ("prefix", "events", "round_robin", "power_of_two")
 
 
 @dataclass
@@ -91,7 +93,17 @@ class LLMServer:
     """A replica: one engine and the OpenAI-compatible router over it."""
 
     def __init__(self, model: str, engine_args: Optional[Dict[str, Any]] = None) -> None:
-        args = json.dumps(engine_args or {}, default=os.fspath)
+        engine_args = dict(engine_args or {})
+        events = engine_args.get("kv_events_config")
+        if isinstance(events, dict) and events.get("endpoint") == "auto":
+            host = _node_ip()
+            engine_args["kv_events_config"] = {
+                "replay_endpoint": f"tcp://{host}:0",
+                "topic": "kv-events",
+                **events,
+                "endpoint": f"tcp://{host}:0",
+            }
+        args = json.dumps(engine_args, default=os.fspath)
         self._engine = _core.Engine(resolve_model(model), args)
         self._app = _core.HttpApp(self._engine)
         self._id = _replica_id()
@@ -110,6 +122,18 @@ class LLMServer:
             # Reached when the ingress stops reading: dropping the body aborts its requests.
             body.close()
 
+    async def record_routing_stats(self) -> Dict[str, Any]:
+        """What the router weighs (Serve polls it): KV usage, queue, and the KV events
+        publisher's addresses when it has one."""
+        from ._client import _flat_metrics
+
+        metrics = _flat_metrics(await self._engine.metrics_async())
+        stats: Dict[str, Any] = {k: metrics.get(k, 0) for k in ("kv_usage", "num_running", "num_waiting")}
+        endpoints = self._engine.kv_events_endpoints()
+        if endpoints is not None:
+            stats["kv_events_endpoint"], stats["kv_events_replay"] = endpoints
+        return stats
+
     async def check_health(self) -> None:
         """Raises unless the router answers ``/health`` and the engine thread takes requests."""
         status, _, body = await self._app.call("GET", "/health", [], b"")
@@ -122,6 +146,15 @@ class LLMServer:
         engine = getattr(self, "_engine", None)
         if engine is not None:
             engine.shutdown()
+
+
+def _node_ip() -> str:
+    try:
+        import ray
+
+        return ray.util.get_node_ip_address()
+    except Exception:  # outside Ray
+        return "127.0.0.1"
 
 
 def _replica_id() -> str:
@@ -148,6 +181,10 @@ class OpenAIIngress:
         path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         if request.url.path == "/replicas/metrics":
             return JSONResponse(await self.replica_metrics())
+        if request.url.path == "/replicas/kv_index":
+            from ._routing import indexed_blocks
+
+            return JSONResponse(indexed_blocks(self._llm.deployment_name))
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS]
         forwarded = ForwardedRequest(request.method, path, headers, body, prompt_text(request.url.path, body))
         return await self._respond(forwarded)
@@ -242,7 +279,19 @@ def build_app(
     if routing not in ROUTERS:
         raise ValueError(f"routing must be one of {ROUTERS}, not {routing!r}")
     options: Dict[str, Any] = {}
-    if routing != "power_of_two":
+    engine_args = dict(engine_args or {})
+    if routing == "events":
+        from . import _routing
+
+        # Each replica binds a free port of its node's address (reported in its routing stats).
+        engine_args.setdefault("kv_events_config", {"enable_kv_cache_events": True, "endpoint": "auto"})
+        options["request_router_config"] = RequestRouterConfig(
+            request_router_class=_routing.KvEventsRouter,
+            request_router_kwargs={"model": str(resolve_model(model))},
+            request_routing_stats_period_s=1.0,
+            request_routing_stats_timeout_s=5.0,
+        )
+    elif routing != "power_of_two":
         from . import _routing
 
         router = _routing.PrefixAffinityRouter if routing == "prefix" else _routing.RoundRobinRouter
@@ -260,4 +309,4 @@ def build_app(
         ray_actor_options={"num_cpus": 0},
         max_ongoing_requests=max(1000, 4 * num_replicas * max_ongoing_requests),
     )(OpenAIIngress)
-    return ingress.bind(replica.bind(model, engine_args or {}))
+    return ingress.bind(replica.bind(model, engine_args))

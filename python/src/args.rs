@@ -9,7 +9,8 @@ use std::time::Duration;
 use engine::config::{DECODE_ACTIVATIONS, KV_DTYPE, PREEMPTION_MODE, QUANTIZATION, SCHEDULING_POLICY};
 use engine::spec::SpeculativeConfig;
 use engine::{
-    Choices, Conversation, Device, EngineConfig, KvCacheSize, Prompt, SamplingParams, ValidSamplingParams,
+    Choices, Conversation, Device, EngineConfig, KvCacheSize, KvEventsConfig, Prompt, SamplingParams,
+    ValidSamplingParams,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -63,6 +64,8 @@ struct EngineArgs {
     max_loras: Option<usize>,
     max_lora_rank: Option<usize>,
     max_cpu_loras: Option<usize>,
+    /// vLLM's `kv_events_config` dict (`{"enable_kv_cache_events": True, "endpoint": ...}`).
+    kv_events_config: Option<serde_json::Value>,
 }
 
 /// What a JSON object's error is about: serde names no field when a value is wrong, so the
@@ -149,6 +152,13 @@ pub fn engine_config(json: &str) -> PyResult<EngineConfig> {
                 max_cpu_loras: args.max_cpu_loras.or(l.max_cpu_loras),
             }
         }),
+        kv_events: match args.kv_events_config {
+            Some(v) => Some(
+                KvEventsConfig::from_json(&v.to_string())
+                    .map_err(|e| PyValueError::new_err(e.to_string()))?,
+            ),
+            None => None,
+        },
         log_interval: match args.log_stats_interval {
             Some(s) => Duration::from_secs_f64(amount("log_stats_interval", s)?),
             None => d.log_interval,

@@ -274,6 +274,16 @@ impl PyEngine {
         py.detach(|| self.handle.kv_is_idle()).map_err(errors::engine)
     }
 
+    /// The KV events publisher's PUB and replay addresses as bound (`None`: events are off).
+    fn kv_events_endpoints(&self) -> Option<(String, Option<String>)> {
+        self.handle.kv_events_endpoints()
+    }
+
+    /// The device prefix cache's block hashes (as KV events publish them), between two steps.
+    fn cached_block_hashes(&self, py: Python<'_>) -> PyResult<Vec<u64>> {
+        py.detach(|| self.handle.cached_block_hashes()).map_err(errors::engine)
+    }
+
     /// Stops the engine thread: unfinished requests are aborted, or with `drain` finished first.
     #[pyo3(signature = (drain = false))]
     fn shutdown(&self, py: Python<'_>, drain: bool) {

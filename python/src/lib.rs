@@ -7,6 +7,8 @@
 //! - `stream.rs` — `AsyncStream`: one request's outputs as awaitables, and its abort.
 //! - `http.rs` — `HttpApp`: the `server` crate's OpenAI-compatible router in process (what a
 //!   Ray Serve replica answers with), its response bodies as awaitable chunks.
+//! - `tokens.rs` — `PromptTokenizer`: a request's prompt token ids without the weights (the
+//!   KV-events router's).
 //! - `args.rs` — engine arguments, sampling parameters and prompts, as JSON from Python.
 //! - `outputs.rs` — outputs as JSON shaped like vLLM's `RequestOutput`.
 //! - `errors.rs` — the exceptions and the engine errors they stand for.
@@ -21,6 +23,7 @@ mod errors;
 mod http;
 mod outputs;
 mod stream;
+mod tokens;
 
 use pyo3::prelude::*;
 
@@ -37,6 +40,7 @@ fn paged_llm_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<stream::AsyncStream>()?;
     m.add_class::<http::HttpApp>()?;
     m.add_class::<http::HttpBody>()?;
+    m.add_class::<tokens::PyPromptTokenizer>()?;
     m.add_function(wrap_pyfunction!(check_sampling_params, m)?)?;
     m.add_function(wrap_pyfunction!(sampling_defaults, m)?)?;
     m.add_function(wrap_pyfunction!(cli_main, m)?)?;

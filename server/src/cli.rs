@@ -8,8 +8,8 @@ use clap::builder::{PossibleValuesParser, TypedValueParser};
 use engine::config::{DECODE_ACTIVATIONS, KV_DTYPE, PREEMPTION_MODE, QUANTIZATION, SCHEDULING_POLICY};
 use engine::spec::SpeculativeConfig;
 use engine::{
-    ActivationPrecision, Choices, DType, Device, EngineConfig, KvCacheSize, LoraConfig, Policy,
-    PreemptionMode, Quantization, ShutdownMode,
+    ActivationPrecision, Choices, DType, Device, EngineConfig, KvCacheSize, KvEventsConfig, LoraConfig,
+    Policy, PreemptionMode, Quantization, ShutdownMode,
 };
 
 /// Engine knobs shared by `run`, `throughput` and `serve` (vLLM's names).
@@ -88,6 +88,15 @@ pub struct EngineKnobs {
     /// read from its folder again when next asked for.
     #[arg(help_heading = "LoRAConfig", long)]
     pub max_cpu_loras: Option<usize>,
+    /// KV cache events for prefix-aware routers, vLLM's JSON: '{"enable_kv_cache_events": true,
+    /// "publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558",
+    /// "topic": "kv-events"}' (a port of 0 binds any free port; the log names it).
+    #[arg(help_heading = "VllmConfig", long, value_parser = kv_events_config)]
+    pub kv_events_config: Option<KvEventsConfig>,
+}
+
+fn kv_events_config(json: &str) -> Result<KvEventsConfig, String> {
+    KvEventsConfig::from_json(json).map_err(|e| e.to_string())
 }
 
 fn speculative_config(json: &str) -> Result<SpeculativeConfig, String> {
@@ -129,6 +138,7 @@ impl EngineKnobs {
                 max_lora_rank: self.max_lora_rank,
                 max_cpu_loras: self.max_cpu_loras,
             }),
+            kv_events: self.kv_events_config.clone(),
             ..EngineConfig::default()
         }
     }

@@ -48,6 +48,7 @@ mod reasoning;
 mod request_id;
 mod respond;
 mod responses;
+mod routing;
 mod structured;
 mod tools;
 pub mod web;
@@ -66,6 +67,7 @@ use engine::{EngineHandle, ShutdownMode};
 pub use error::ApiError;
 pub use metrics::Metrics;
 pub use reasoning::ReasoningParser;
+pub use routing::request_prompt;
 pub use tools::ToolCallParser;
 
 /// How the server behaves, beside the engine's own settings.

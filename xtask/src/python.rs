@@ -17,8 +17,14 @@ use crate::paged_llm::{self, SMOLLM2_GGUF, SMOLLM2_WHEEL};
 /// What the venv needs beside the package: its build tool, its test runner, and what the Ray
 /// tests run on (Ray Data and Ray Serve, and openai-python as Serve's client). Ray is pinned:
 /// the Serve deployment builds on its request-router API, which is young.
-const VENV_PACKAGES: [&str; 4] =
-    ["maturin>=1.9.4,<2", "pytest>=7", "ray[data,serve]==2.60.0", "openai==3.60.0"];
+const VENV_PACKAGES: [&str; 6] = [
+    "maturin>=1.9.4,<2",
+    "pytest>=7",
+    "ray[data,serve]==2.60.0",
+    "openai==3.60.0",
+    "pyzmq==27.3.0",
+    "msgspec==0.23.0",
+];
 
 #[derive(Debug, Args)]
 pub struct WheelArgs {
@@ -39,7 +45,11 @@ pub fn wheel(args: &WheelArgs) -> anyhow::Result<()> {
 
 /// `target/venv-python` with maturin, pytest, Ray and openai-python.
 pub fn ensure_venv() -> anyhow::Result<PathBuf> {
-    crate::cmd::ensure_venv("venv-python", "maturin, pytest, ray.data, ray.serve, openai", &VENV_PACKAGES)
+    crate::cmd::ensure_venv(
+        "venv-python",
+        "maturin, pytest, ray.data, ray.serve, openai, zmq, msgspec",
+        &VENV_PACKAGES,
+    )
 }
 
 /// Builds the wheel into `out` with the venv's maturin (`profile`: its cargo profile flags)

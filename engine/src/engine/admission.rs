@@ -150,37 +150,12 @@ impl Intake {
 
     /// Renders chat messages with the model's template (generation prompt added).
     pub fn render_chat(&self, id: &str, messages: &[model::ChatMessage]) -> Result<String, RequestError> {
-        let template =
-            self.chat_template.as_ref().ok_or_else(|| RequestError::NoChatTemplate(id.to_owned()))?;
-        template
-            .render(messages, true)
-            .map_err(|e| RequestError::Prompt { id: id.to_owned(), reason: e.to_string() })
+        crate::prompt_tokens::render_chat(self.chat_template.as_ref(), id, messages)
     }
 
-    /// Renders a conversation (messages plus tools, documents, template variables) with the
-    /// model's template (generation prompt added).
-    pub fn render_conversation(&self, id: &str, chat: &model::Conversation) -> Result<String, RequestError> {
-        let template =
-            self.chat_template.as_ref().ok_or_else(|| RequestError::NoChatTemplate(id.to_owned()))?;
-        template
-            .render_conversation(chat, true)
-            .map_err(|e| RequestError::Prompt { id: id.to_owned(), reason: e.to_string() })
-    }
-
-    /// Prompt to token ids: text with the tokenizer's special tokens (BOS) added, chat rendered
-    /// by the template (which writes its own special tokens), ids as given.
+    /// Prompt to token ids (see [`crate::prompt_tokens::tokenize`]).
     pub fn tokenize(&self, id: &str, prompt: Prompt) -> Result<Vec<u32>, RequestError> {
-        let encode = |text: &str, add_special: bool| {
-            self.tokenizer
-                .encode(text, true, add_special)
-                .map_err(|e| RequestError::Prompt { id: id.to_owned(), reason: e.to_string() })
-        };
-        match prompt {
-            Prompt::Tokens(ids) => Ok(ids),
-            Prompt::Text(text) => encode(&text, true),
-            Prompt::Chat(messages) => encode(&self.render_chat(id, &messages)?, false),
-            Prompt::Conversation(chat) => encode(&self.render_conversation(id, &chat)?, false),
-        }
+        crate::prompt_tokens::tokenize(&self.tokenizer, self.chat_template.as_ref(), id, prompt)
     }
 
     /// Checks a request and reserves its id and a waiting place; on success the caller must
