@@ -8,25 +8,30 @@ figures as a flat JSON map (and a markdown fragment) into ``$BENCH_FIGURES_DIR``
 - ``scale.serve_2rep_over_1rep``: output tokens/s of two replicas over one, on this machine
   (with few cores it measures the overhead of a second engine, not scaling).
 
-The prefix workload: 8 users, 4 conversing at a time, each sending 3 turns one after another behind a long
-system prompt of its own (some 200 tokens), to two replicas with prefix caching, each
-deployment given 3 rounds of new users (1 with ``BENCH_QUICK=1``). ``<policy>`` is the
-routing: ``rr`` (round robin), ``p2c`` (Serve's power of two choices) or ``prefix``
-(prefix-aware). ``<size>`` is each replica's KV cache, computed from the token counts that an
-in-process run of one conversation measures, so that the two replicas together hold the
-whole conversations (last prompt and reply) of a ``quarter``, ``half`` or ``all`` of the
-users (``_calibrate``, ``Sizing.user_blocks``, ``_kv_blocks``):
+The prefix workload: 4 users per replica, 2 per replica conversing at a time, each sending 3
+turns one after another behind a long system prompt of its own (some 200 tokens), to 2 replicas
+and then to 4, with prefix caching, each deployment given 3 rounds of new users (1 with
+``BENCH_QUICK=1``, and 1 at 4 replicas: eight engines share two cores). ``<policy>`` is the
+routing: ``rr`` (round robin), ``p2c`` (Serve's power of two choices), ``prefix`` (the
+approximate prefix-aware router, which guesses from routing history) or ``events`` (the router
+that follows each replica's KV cache events). ``<size>`` is each replica's KV cache, computed
+from the token counts that an in-process run of one conversation measures, so that the replicas
+together hold the whole conversations (last prompt and reply) of a ``quarter``, ``half`` or
+``all`` of the users (``_calibrate``, ``Sizing.user_blocks``, ``_kv_blocks``). Figures of the
+4-replica deployments carry the suffix ``_4rep``:
 
 - ``scale.prefix_hit_rate_<policy>_<size>``: prompt tokens served from the prefix cache over
   all prompt tokens (``usage.prompt_tokens_details.cached_tokens / prompt_tokens``, summed
   over the round's requests, first turns included); median of rounds.
 - ``scale.prefix_hit_gain_over_rr_<size>``: the prefix policy's hit rate less round robin's
   (a difference, not a ratio: round robin's can be 0).
+- ``scale.events_hit_over_approx_<size>``: the events policy's hit rate over the prefix
+  policy's (left out with a note, never ``inf``, if the latter is 0).
 - ``scale.prefix_ttft_p50_ms_<policy>_<size>``, ``scale.prefix_ttft_p90_ms_<policy>_<size>``:
   milliseconds from sending a streamed turn to its first content chunk, over every round's
   turns after the first (a first turn's prompt is in no cache, whatever the routing).
-- ``scale.prefix_ttft_p50_over_rr_<size>``: the prefix policy's TTFT p50 over round robin's
-  (below 1: prefix routing answers sooner).
+- ``scale.prefix_ttft_p50_over_rr_<size>``, ``scale.events_ttft_p50_over_rr_<size>``: the
+  prefix (events) policy's TTFT p50 over round robin's (below 1: it answers sooner).
 - ``scale.prefix_out_tok_s_<policy>_<size>``: output tokens of a round over its wall time;
   median of rounds.
 
@@ -49,7 +54,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 # The cluster stays on loopback (see python/examples/ray_data_batch.py): set before Ray loads.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -70,20 +75,23 @@ TPUT_TOKENS = 64
 TPUT_ENGINE = {"max_num_seqs": 32, "num_kv_blocks": 512, "max_model_len": 1024}
 
 #: Prefix workload: rounds on each deployment, each with users of its own (so that what an
-#: earlier round left in the cache matches nothing, and is what LRU evicts first).
-PREFIX_ROUNDS = 1 if QUICK else 3
-# Small, for the group to take some 10 minutes on 2 idle cores: it runs 9 deployments of 3
-# rounds, and a round whose turns all miss the cache prefills some 7k tokens.
-USERS, TURNS, REPLY_TOKENS = 8, 3, 16
-#: Users converse this many at a time, the next starting when one finishes (a closed loop, the
-#: same on a fast or a slow machine): what a replica's cache holds between one user's turns
-#: then depends on how many of the others its routing sends it. All eight at once, every size
-#: but the largest thrashes alike under LRU; one at a time, the smallest holds everything.
-CONCURRENT_USERS = 4
+#: earlier round left in the cache matches nothing, and is what LRU evicts first), by the
+#: deployment's number of replicas.
+PREFIX_ROUNDS = {2: 1 if QUICK else 3, 4: 1}
+# Small, for the group to take some half an hour on 2 idle cores: 12 deployments of 2 replicas
+# with 3 rounds, 12 of 4 with one; a round whose turns all miss the cache prefills some 7k
+# tokens per 8 users.
+USERS_PER_REPLICA, TURNS, REPLY_TOKENS = 4, 3, 16
+#: Users converse this many at a time per replica, the next starting when one finishes (a
+#: closed loop, the same on a fast or a slow machine): what a replica's cache holds between one
+#: user's turns then depends on how many of the others its routing sends it. All at once, every
+#: size but the largest thrashes alike under LRU; one at a time, the smallest holds everything.
+CONCURRENT_PER_REPLICA = 2
 SYSTEM_WORDS = 200
-REPLICAS = 2
+#: The deployments' sizes, and the figure-name suffix of each.
+REPLICA_COUNTS = {2: "", 4: "_4rep"}
 #: Figure-name suffix -> ``build_app``'s ``routing``.
-POLICIES = {"rr": "round_robin", "p2c": "power_of_two", "prefix": "prefix"}
+POLICIES = {"rr": "round_robin", "p2c": "power_of_two", "prefix": "prefix", "events": "events"}
 #: Figure-name suffix -> the share of the users whose whole conversation the replicas' KV
 #: caches hold together.
 CACHE_SIZES = {"quarter": 0.25, "half": 0.5, "all": 1.0}
@@ -150,8 +158,8 @@ def _user_turn(turn: int) -> str:
     return f"Turn {turn}: which word comes after number {turn}?"
 
 
-def _round_users(round_: int) -> List[int]:
-    return list(range(round_ * USERS, (round_ + 1) * USERS))
+def _round_users(round_: int, users: int) -> List[int]:
+    return list(range(round_ * users, (round_ + 1) * users))
 
 
 @dataclass
@@ -193,11 +201,11 @@ def _calibrate(model: str, users: Sequence[int]) -> Sizing:
 
 def _kv_blocks(share: float, user_blocks: int) -> int:
     """Each replica's ``num_kv_blocks`` for the replicas to hold ``share`` of the users'
-    whole conversations together: ``share * USERS / REPLICAS`` conversations of
+    whole conversations together: ``share * USERS_PER_REPLICA`` conversations of
     ``user_blocks`` each (the longest user's), and the watermark on top."""
-    held = share * USERS / REPLICAS
+    held = share * USERS_PER_REPLICA
     if held != int(held) or held < 1:
-        raise ValueError(f"{share} of {USERS} users is not a whole number per replica")
+        raise ValueError(f"{share} of {USERS_PER_REPLICA} users is not a whole number per replica")
     need = int(held) * user_blocks
     blocks = need
     # Admission keeps int(watermark * blocks) free: the smallest pool whose rest holds `need`.
@@ -238,11 +246,11 @@ class Round:
         return self.completion_tokens / self.seconds
 
 
-async def _conversations(client: Any, users: Sequence[int]) -> Round:
-    """The users, ``CONCURRENT_USERS`` at a time in order, each sending its turns one after
-    another, streamed."""
+async def _conversations(client: Any, users: Sequence[int], replicas: int) -> Round:
+    """The users, ``CONCURRENT_PER_REPLICA`` per replica at a time in order, each sending its
+    turns one after another, streamed."""
     result = Round()
-    slots = asyncio.Semaphore(CONCURRENT_USERS)
+    slots = asyncio.Semaphore(CONCURRENT_PER_REPLICA * replicas)
 
     async def user(u: int) -> None:
         async with slots:
@@ -299,7 +307,7 @@ async def _conversations(client: Any, users: Sequence[int]) -> Round:
     return result
 
 
-async def _warm_up(client: Any) -> None:
+async def _warm_up(client: Any, replicas: int) -> None:
     """As many short requests as replicas (a replica's first steps pay one-time costs)."""
 
     async def one(i: int) -> None:
@@ -307,7 +315,7 @@ async def _warm_up(client: Any) -> None:
             model=client.served_model, messages=[{"role": "user", "content": f"Hello {i}"}], max_tokens=2
         )
 
-    await asyncio.gather(*(one(i) for i in range(REPLICAS)))
+    await asyncio.gather(*(one(i) for i in range(replicas)))
 
 
 def _quantile(values: Sequence[float], q: float) -> float:
@@ -347,16 +355,20 @@ def _undeploy() -> None:
     serve.delete("bench")
 
 
-def _prefix_workload(model: str, base: str, run: Any, figures: Dict[str, float], notes: List[str]) -> None:
-    """Sizes the caches, runs every policy at every size, and sets the ``scale.prefix_*`` figures."""
-    all_users = [u for r in range(PREFIX_ROUNDS) for u in _round_users(r)]
+def _prefix_workload(
+    model: str, base: str, run: Any, replicas: int, figures: Dict[str, float], notes: List[str]
+) -> None:
+    """Sizes the caches, runs every policy at every size on ``replicas`` replicas, and sets the
+    ``scale.prefix_*`` and ``scale.events_*`` figures (suffixed per ``REPLICA_COUNTS``)."""
+    rounds, users, suffix = PREFIX_ROUNDS[replicas], USERS_PER_REPLICA * replicas, REPLICA_COUNTS[replicas]
+    all_users = [u for r in range(rounds) for u in _round_users(r, users)]
     sizing = _calibrate(model, all_users)
     user_blocks = sizing.user_blocks()
     kv_blocks = {size: _kv_blocks(share, user_blocks) for size, share in CACHE_SIZES.items()}
     lo, hi = min(sizing.first_prompt.values()), max(sizing.first_prompt.values())
     notes.append(
-        f"prefix workload: {USERS} users x {TURNS} turns of {REPLY_TOKENS} reply tokens, {PREFIX_ROUNDS} "
-        f"round(s) of new users per deployment of {REPLICAS} replicas; first prompts of "
+        f"prefix workload: {users} users x {TURNS} turns of {REPLY_TOKENS} reply tokens, {rounds} "
+        f"round(s) of new users per deployment of {replicas} replicas; first prompts of "
         f"{lo if lo == hi else f'{lo}-{hi}'} tokens, conversations {sizing.tail} tokens longer by their last "
         f"reply: {user_blocks} blocks of {BLOCK_SIZE} for the longest; num_kv_blocks per replica: "
         + ", ".join(f"{size} {kv_blocks[size]}" for size in CACHE_SIZES)
@@ -370,33 +382,50 @@ def _prefix_workload(model: str, base: str, run: Any, figures: Dict[str, float],
         names = names[i % len(names) :] + names[: i % len(names)]
         for policy in names:
             engine = dict(PREFIX_ENGINE, num_kv_blocks=kv_blocks[size])
-            _deploy(model, engine_args=engine, num_replicas=REPLICAS, routing=POLICIES[policy])
+            _deploy(model, engine_args=engine, num_replicas=replicas, routing=POLICIES[policy])
             try:
                 client = _client(base)
-                run(_warm_up(client))
-                results[policy, size] = [run(_conversations(client, _round_users(r))) for r in range(PREFIX_ROUNDS)]
+                run(_warm_up(client, replicas))
+                results[policy, size] = [
+                    run(_conversations(client, _round_users(r, users), replicas)) for r in range(rounds)
+                ]
                 run(client.close())
             finally:
                 _undeploy()
 
     for size in CACHE_SIZES:
-        lines = [_prefix_figures(policy, size, results[policy, size], figures) for policy in POLICIES]
-        gain = figures[f"scale.prefix_hit_rate_prefix_{size}"] - figures[f"scale.prefix_hit_rate_rr_{size}"]
-        figures[f"scale.prefix_hit_gain_over_rr_{size}"] = gain
-        ttft = figures[f"scale.prefix_ttft_p50_ms_prefix_{size}"] / figures[f"scale.prefix_ttft_p50_ms_rr_{size}"]
-        figures[f"scale.prefix_ttft_p50_over_rr_{size}"] = ttft
+        lines = [_prefix_figures(policy, size, suffix, results[policy, size], figures) for policy in POLICIES]
+
+        def fig(name: str) -> float:
+            return figures[f"scale.{name}_{size}{suffix}"]
+
+        figures[f"scale.prefix_hit_gain_over_rr_{size}{suffix}"] = fig("prefix_hit_rate_prefix") - fig(
+            "prefix_hit_rate_rr"
+        )
+        rr_ttft = fig("prefix_ttft_p50_ms_rr")
+        for policy in ("prefix", "events"):
+            figures[f"scale.{policy}_ttft_p50_over_rr_{size}{suffix}"] = fig(f"prefix_ttft_p50_ms_{policy}") / rr_ttft
+        approx = fig("prefix_hit_rate_prefix")
+        # Never `inf`: with no hit at all under the approximate router the ratio has no value.
+        ratio = fig("prefix_hit_rate_events") / approx if approx > 0 else None
+        if ratio is not None:
+            figures[f"scale.events_hit_over_approx_{size}{suffix}"] = ratio
         notes.append(
-            f"KV caches for the conversations of {CACHE_SIZES[size]:g} of the users ({size}, {kv_blocks[size]} "
-            "blocks per replica); hit rates and tok/s: medians of rounds; TTFT: over every round's turns\n"
+            f"{replicas} replicas, KV caches for the conversations of {CACHE_SIZES[size]:g} of the users ({size}, "
+            f"{kv_blocks[size]} blocks per replica); hit rates and tok/s: medians of rounds; TTFT: over every "
+            "round's turns\n"
             + "\n".join(lines)
+            + ("" if ratio is not None else "\n  - events over approximate hit rate: no value, the approximate hit nothing")
         )
 
 
-def _prefix_figures(policy: str, size: str, rounds: List[Round], figures: Dict[str, float]) -> str:
+def _prefix_figures(
+    policy: str, size: str, suffix: str, rounds: List[Round], figures: Dict[str, float]
+) -> str:
     """Sets one policy's figures at one size; returns its line of the notes."""
     later = [t for r in rounds for t in r.ttft_later]
     first = statistics.median(t for r in rounds for t in r.ttft_first) * 1e3
-    name = f"{policy}_{size}"
+    name = f"{policy}_{size}{suffix}"
     figures[f"scale.prefix_hit_rate_{name}"] = statistics.median(r.hit_rate for r in rounds)
     figures[f"scale.prefix_ttft_p50_ms_{name}"] = p50 = statistics.median(later) * 1e3
     figures[f"scale.prefix_ttft_p90_ms_{name}"] = p90 = _quantile(later, 0.9) * 1e3
@@ -458,7 +487,8 @@ def main() -> int:
             f"Serve 1 replica {statistics.median(one):.1f}, 2 replicas {statistics.median(two):.1f}"
         )
 
-        _prefix_workload(model, base, run, figures, notes)
+        for replicas in REPLICA_COUNTS:
+            _prefix_workload(model, base, run, replicas, figures, notes)
     finally:
         loop.close()
         serve.shutdown()

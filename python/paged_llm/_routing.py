@@ -207,7 +207,10 @@ class KvEventsRouter(PrefixAffinityRouter):
         self._tokenizer = _core.PromptTokenizer(model) if model else None
         self._weights = (prefix_weight, queue_weight, kv_weight)
         self._subscribers: Dict[str, Any] = {}
-        _SUBSCRIBERS[self._deployment_id.name] = self._subscribers
+        # Through the module as imported (see `update_replicas` above).
+        from paged_llm import _routing
+
+        _routing._SUBSCRIBERS[self._deployment_id.name] = self._subscribers
 
     def update_replicas(self, replicas: List[RunningReplica]) -> None:
         super().update_replicas(replicas)

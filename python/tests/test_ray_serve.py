@@ -1,7 +1,9 @@
 """Ray Serve: ``paged_llm.serve``'s deployment of two replicas behind its ingress, driven with
 openai-python through Serve's HTTP proxy on loopback: chat and completions, streaming and not,
-answered as the Rust engine answers; prefix routing keeps a conversation on one replica and
-spreads conversations; a replica killed mid-load loses no request and is replaced."""
+answered as the Rust engine answers; routing on the replicas' KV cache events (``routing="events"``,
+the approximate prefix router's own choices are ``test_routing.py``'s) keeps a conversation on one
+replica and spreads conversations; a replica killed mid-load loses no request, is replaced, and
+its index is dropped from the router."""
 
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ def base_url(ray_cluster, model_path):
     port = _free_port()
     # One proxy: the two nodes share this host's loopback.
     serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
-    app = build_app(model_path, engine_args=SERVE_ENGINE_ARGS, num_replicas=2, routing="prefix")
+    app = build_app(model_path, engine_args=SERVE_ENGINE_ARGS, num_replicas=2, routing="events")
     serve.run(app, name=APP, route_prefix="/")
     try:
         yield f"http://127.0.0.1:{port}"
@@ -115,6 +117,14 @@ def test_prefix_routing_keeps_each_conversation_on_one_replica(client, base_url)
     assert set(texts) == set.union(*by_user.values())
     hits = [line for t in texts.values() for line in t.splitlines() if line.startswith("vllm:prefix_cache_hits")]
     assert hits and all(float(line.rsplit(" ", 1)[1]) > 0 for line in hits), hits
+    # The router followed both replicas' events: each one's index holds blocks.
+    index = _kv_index(base_url)
+    assert set(index) == set(texts) and all(n > 0 for n in index.values()), index
+
+
+def _kv_index(base_url) -> dict:
+    with urllib.request.urlopen(f"{base_url}/replicas/kv_index", timeout=60) as r:
+        return json.load(r)
 
 
 def _running(base_url) -> dict:
@@ -158,3 +168,4 @@ def test_a_killed_replica_loses_no_request(client, base_url):
     assert states.get("RUNNING") == 2, f"Serve replaced the replica: {states}"
     out, headers = _completion(client, "After the failover,", 4)
     assert out.choices[0].text and headers[REPLICA_HEADER] != victim
+    assert victim not in _kv_index(base_url), "the dead replica's index was dropped"

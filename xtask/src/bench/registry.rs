@@ -135,6 +135,12 @@ pub const GOALS: &[(&str, &str)] = &[
     // cache holds, and an admission mostly evicts what the last request freed, whatever the routing.
     ("scale.prefix_hit_gain_over_rr_all", "≥ 0.2"),
     ("scale.prefix_ttft_p50_over_rr_all", "≤ 0.7"),
+    // Routing on the replicas' KV cache events: sooner than round robin where half fits, and
+    // never fewer hits than the approximate router's guesses.
+    ("scale.events_ttft_p50_over_rr_half", "≤ 0.6"),
+    ("scale.events_hit_over_approx_quarter", "≥ 1.0"),
+    ("scale.events_hit_over_approx_half", "≥ 1.0"),
+    ("scale.events_hit_over_approx_all", "≥ 1.0"),
 ];
 
 pub fn group_names() -> String {

@@ -1,0 +1,126 @@
+"""The KV-events router's index and choices without a cluster: ``BlockIndex`` fed with
+``KVEventBatch``es (as decoded from a replica's events), prompts tokenized by
+``PromptTokenizer`` as a replica admits them (checked against a real engine's tokenization),
+and ``KvEventsRouter._rank`` over stand-in replicas whose queues, KV usage and indexes the
+test sets."""
+
+from __future__ import annotations
+
+import json
+from typing import Dict, List, Optional
+
+import paged_llm
+from paged_llm import _core
+from paged_llm._kv_index import AllBlocksCleared, BlockIndex, BlockRemoved, BlockStored, KVEventBatch
+from paged_llm._routing import KvEventsRouter
+
+BS = 16
+
+
+def _stored(tokens: List[int], hashes: List[int], parent: Optional[int] = None) -> KVEventBatch:
+    n = len(hashes)
+    return KVEventBatch(ts=0.0, events=[BlockStored(hashes, parent, tokens[: n * BS], BS, None, "GPU")])
+
+
+def test_an_index_matches_chains_of_blocks_and_forgets_removed_ones() -> None:
+    tokens = list(range(100))
+    index = BlockIndex()
+    index.apply(_stored(tokens, [11, 12, 13]))
+    assert index.match(tokens) == 3
+    # A run stored later continues its chain from its parent.
+    index.apply(KVEventBatch(0.0, [BlockStored([14], 13, tokens[48:64], BS, None, "GPU")]))
+    assert index.match(tokens) == 4
+    # The same tokens under another chain (another salt) do not extend this one.
+    assert index.match([7] + tokens[1:]) == 0
+    index.apply(KVEventBatch(0.0, [BlockRemoved([12], "GPU")]))
+    assert index.match(tokens) == 1 and len(index) == 3
+    index.apply(KVEventBatch(0.0, [BlockRemoved([999], "GPU"), BlockStored([21], None, tokens[:16], BS, 3, "CPU")]))
+    assert len(index) == 3, "unknown removals and other media are ignored"
+    index.apply(KVEventBatch(0.0, [AllBlocksCleared()]))
+    assert index.match(tokens) == 0 and len(index) == 0
+
+
+def test_request_tokens_are_what_the_engine_admits(model_path: str, llm) -> None:
+    tokenizer = _core.PromptTokenizer(model_path)
+    text = "The capital of France is"
+    body = json.dumps({"prompt": text, "max_tokens": 4}).encode()
+    assert tokenizer.request_tokens("/v1/completions", body) == llm.tokenize(text)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]
+    chat = tokenizer.request_tokens("/v1/chat/completions", json.dumps({"messages": messages}).encode())
+    out = llm.chat(messages, paged_llm.SamplingParams(max_tokens=1))
+    assert chat == out[0].prompt_token_ids
+    assert tokenizer.request_tokens("/v1/embeddings", b"{}") is None
+    assert tokenizer.request_tokens("/v1/completions", b"{not json") is None
+
+
+class _Id:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def to_full_id_str(self) -> str:
+        return self.name
+
+
+class _Replica:
+    def __init__(self, name: str, events: bool = True) -> None:
+        self.replica_id = _Id(name)
+        self.routing_stats: Dict = {"kv_usage": 0.0}
+        self.index = BlockIndex() if events else None
+
+
+class _Sub:
+    def __init__(self, index: BlockIndex) -> None:
+        self.index = index
+
+
+class _Request:
+    def __init__(self, path: str, body: bytes) -> None:
+        self.path, self.body, self.prompt, self.replica = path, body, body.decode(), None
+
+
+class _Router(KvEventsRouter):
+    """The router with queues set by the test and each stand-in's index as its subscriber."""
+
+    def __init__(self, model: str, queues: Dict[str, int]) -> None:  # no Serve state: only `_rank` runs
+        self._deployment_id = _Id("test")
+        self.queues = queues
+        self.initialize_state(model=model)
+
+    def _queue_len(self, replica: _Replica) -> int:
+        return self.queues[replica.replica_id.name]
+
+    def _subscriber(self, replica: _Replica) -> Optional[_Sub]:
+        return None if replica.index is None else _Sub(replica.index)
+
+    def route(self, replicas: List[_Replica], body: bytes) -> str:
+        return self._rank(replicas, _Request("/v1/chat/completions", body))[0][0].replica_id.name
+
+
+def _chat(user: int, turns: int) -> bytes:
+    messages = [{"role": "system", "content": f"You help user {user}. " + f"User {user} likes topic {user}. " * 20}]
+    messages += [{"role": "user", "content": f"Question {t}?"} for t in range(turns)]
+    return json.dumps({"messages": messages}).encode()
+
+
+def test_routes_to_the_cache_that_holds_the_prompt_weighed_against_load(model_path: str) -> None:
+    a, b = _Replica("a"), _Replica("b")
+    router = _Router(model_path, {"a": 0, "b": 3})
+    tokenizer = _core.PromptTokenizer(model_path)
+    later = tokenizer.request_tokens("/v1/chat/completions", _chat(1, 3))
+    first = tokenizer.request_tokens("/v1/chat/completions", _chat(1, 1))
+    # `b` holds the conversation's first turn: its later turn goes there despite b's queue.
+    b.index.apply(_stored(first, list(range(100, 100 + len(first) // BS))))
+    assert router.route([a, b], _chat(1, 3)) == "b"
+    assert b.index.match(later) == len(first) // BS
+    # ... unless b's cache is nearly full and its queue the longest: then a's free capacity wins.
+    b.routing_stats["kv_usage"] = 0.95
+    assert router.route([a, b], _chat(1, 3)) == "a"
+    b.routing_stats["kv_usage"] = 0.0
+    # New conversations (nobody holds a block of them) spread although b's queue sample is stale.
+    router.queues.update({"a": 0, "b": 1})
+    homes = [router.route([a, b], _chat(u, 1)) for u in range(10, 18)]
+    assert homes.count("a") == homes.count("b") == 4
+    # A replica without events: the approximate policy decides (and does not fail).
+    c = _Replica("c", events=False)
+    router.queues["c"] = 0
+    assert router.route([a, b, c], _chat(2, 1)) in ("a", "b", "c")
