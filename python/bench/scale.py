@@ -1,6 +1,6 @@
 """The ``scale`` bench group (``cargo xtask bench --only scale``): the engine on Ray Serve
-against itself in process, one replica against two, and three routing policies on a
-multi-turn workload at three KV cache sizes, on a local single-node Ray cluster; writes the
+against itself in process, one replica against two, and four routing policies on a
+multi-turn workload at three KV cache sizes, on 2 and on 4 replicas, on a local single-node Ray cluster; writes the
 figures as a flat JSON map (and a markdown fragment) into ``$BENCH_FIGURES_DIR``.
 
 - ``scale.serve_over_inprocess``: output tokens/s of one Serve replica (through the HTTP
