@@ -5,8 +5,10 @@
 //! [`BlockPool::cached_block_hashes`]: a hash is stored when it enters the index and removed
 //! when it leaves (eviction by allocation, or a reset), never otherwise.
 
+use std::collections::HashMap;
+
 use crate::hash::{BlockHash, index_key};
-use crate::{BlockPool, TokenId};
+use crate::{BlockId, BlockPool, TokenId};
 
 /// A block hash as published: the low 64 bits of the chained 128-bit hash, which is also the
 /// prefix index's key (so it names at most one cached block of a pool).
@@ -49,6 +51,15 @@ impl EventLog {
     pub(crate) fn stored(&mut self, hash: BlockHash, parent: Option<BlockHash>, tokens: &[TokenId]) {
         let hash = external_block_hash(hash);
         let parent = parent.map(external_block_hash);
+        self.stored_external(hash, parent, tokens);
+    }
+
+    fn stored_external(
+        &mut self,
+        hash: ExternalBlockHash,
+        parent: Option<ExternalBlockHash>,
+        tokens: &[TokenId],
+    ) {
         if let Some(CacheEvent::Stored { block_hashes, token_ids, lora_id: None, .. }) =
             self.events.last_mut()
             && parent.is_some()
@@ -67,7 +78,10 @@ impl EventLog {
     }
 
     pub(crate) fn removed(&mut self, hash: BlockHash) {
-        let hash = external_block_hash(hash);
+        self.removed_external(external_block_hash(hash));
+    }
+
+    fn removed_external(&mut self, hash: ExternalBlockHash) {
         if let Some(CacheEvent::Removed { block_hashes }) = self.events.last_mut() {
             block_hashes.push(hash);
         } else {
@@ -80,25 +94,82 @@ impl EventLog {
     }
 }
 
+/// What a pool without a prefix cache (a host swap pool) holds by hash: the registered blocks
+/// that swaps moved into it, until their slots are taken again (as a device cache's freed
+/// blocks stay until evicted). Events follow the set of hashes: a hash that two blocks hold is
+/// stored with the first and removed with the last.
+#[derive(Debug)]
+pub(crate) struct Resident {
+    hashes: Vec<Option<ExternalBlockHash>>,
+    holders: HashMap<ExternalBlockHash, u32>,
+    log: EventLog,
+}
+
+impl Resident {
+    fn new(num_blocks: usize) -> Self {
+        Self { hashes: vec![None; num_blocks], holders: HashMap::new(), log: EventLog::default() }
+    }
+
+    /// `b` now holds the block hashed `hash` (chain parent `parent`) with `tokens`.
+    pub(crate) fn hold(
+        &mut self,
+        b: BlockId,
+        hash: BlockHash,
+        parent: Option<BlockHash>,
+        tokens: &[TokenId],
+    ) {
+        self.forget(b);
+        let h = external_block_hash(hash);
+        self.hashes[b as usize] = Some(h);
+        let n = self.holders.entry(h).or_insert(0);
+        *n += 1;
+        if *n == 1 {
+            self.log.stored(hash, parent, tokens);
+        }
+    }
+
+    /// `b`'s slot is being reused: its content is gone.
+    pub(crate) fn forget(&mut self, b: BlockId) {
+        let Some(h) = self.hashes[b as usize].take() else { return };
+        if let Some(n) = self.holders.get_mut(&h) {
+            *n -= 1;
+            if *n == 0 {
+                self.holders.remove(&h);
+                self.log.removed_external(h);
+            }
+        }
+    }
+}
+
 impl BlockPool {
-    /// Starts recording [`CacheEvent`]s (no-op without prefix caching: nothing is ever
-    /// cached). Take them with [`take_cache_events`](Self::take_cache_events), say once a step.
+    /// Starts recording [`CacheEvent`]s. Take them with
+    /// [`take_cache_events`](Self::take_cache_events), say once a step. A pool without prefix
+    /// caching (a host swap pool) records what swaps move into it by hash instead.
     pub fn enable_cache_events(&mut self) {
-        if let Some(cache) = &mut self.cache {
-            cache.events.get_or_insert_with(EventLog::default);
+        match &mut self.cache {
+            Some(cache) => drop(cache.events.get_or_insert_with(EventLog::default)),
+            None => drop(self.resident.get_or_insert_with(|| Resident::new(self.ref_counts.len()))),
+        }
+    }
+
+    fn event_log(&mut self) -> Option<&mut EventLog> {
+        match (&mut self.cache, &mut self.resident) {
+            (Some(cache), _) => cache.events.as_mut(),
+            (None, Some(resident)) => Some(&mut resident.log),
+            (None, None) => None,
         }
     }
 
     /// Number of events recorded and not yet taken (a mark for
     /// [`label_cache_events`](Self::label_cache_events)).
-    pub fn num_pending_cache_events(&self) -> usize {
-        self.cache.as_ref().and_then(|c| c.events.as_ref()).map_or(0, |log| log.events.len())
+    pub fn num_pending_cache_events(&mut self) -> usize {
+        self.event_log().map_or(0, |log| log.events.len())
     }
 
     /// Sets `lora_id` on the `Stored` events recorded since `mark` (the caller offered blocks
     /// of an adapter's sequence). Later registrations never extend a labelled event.
     pub fn label_cache_events(&mut self, mark: usize, lora_id: u32) {
-        let Some(log) = self.cache.as_mut().and_then(|c| c.events.as_mut()) else { return };
+        let Some(log) = self.event_log() else { return };
         for event in log.events.iter_mut().skip(mark) {
             if let CacheEvent::Stored { lora_id: l, .. } = event {
                 *l = Some(lora_id);
@@ -108,14 +179,19 @@ impl BlockPool {
 
     /// Moves the recorded events, oldest first, to the end of `out`.
     pub fn take_cache_events(&mut self, out: &mut Vec<CacheEvent>) {
-        if let Some(log) = self.cache.as_mut().and_then(|c| c.events.as_mut()) {
+        if let Some(log) = self.event_log() {
             out.append(&mut log.events);
         }
     }
 
-    /// Every hash in the prefix index, in no particular order: the set a subscriber rebuilds.
+    /// Every hash the pool holds, in no particular order: the set a subscriber rebuilds (the
+    /// prefix index; for a pool without one, what swaps moved in, once events are enabled).
     pub fn cached_block_hashes(&self) -> Vec<ExternalBlockHash> {
-        self.cache.as_ref().map_or_else(Vec::new, |c| c.index_keys().collect())
+        match (&self.cache, &self.resident) {
+            (Some(cache), _) => cache.index_keys().collect(),
+            (None, Some(resident)) => resident.holders.keys().copied().collect(),
+            (None, None) => Vec::new(),
+        }
     }
 }
 
@@ -208,14 +284,46 @@ mod tests {
     }
 
     #[test]
-    fn without_prefix_caching_nothing_is_recorded() {
-        let mut p = BlockPool::new(PoolConfig::host(4, 2)).unwrap();
-        p.enable_cache_events();
-        let mut t = p.new_table();
-        t.allocate_slots(&mut p, 4).unwrap();
-        p.cache_full_blocks(&mut t, &[1, 2, 3, 4], 0).unwrap();
-        assert_eq!(p.num_pending_cache_events(), 0);
-        assert!(p.cached_block_hashes().is_empty());
-        t.free(&mut p).unwrap();
+    fn a_host_pool_records_the_registered_blocks_swaps_move_in_until_their_slots_are_reused() {
+        let mut device = BlockPool::new(PoolConfig { watermark: 0.0, ..PoolConfig::new(8, 2) }).unwrap();
+        let mut host = BlockPool::new(PoolConfig::host(3, 2)).unwrap();
+        host.enable_cache_events();
+        let mut t = device.new_table();
+        t.allocate_slots(&mut device, 5).unwrap();
+        device.cache_full_blocks(&mut t, &[1, 2, 3, 4, 5], 0).unwrap();
+        let hashes: Vec<u64> = t.block_hashes().iter().map(|&h| external_block_hash(h)).collect();
+        // Nothing lands by allocation alone.
+        assert_eq!(host.num_pending_cache_events(), 0);
+        crate::swap_out(&mut device, &mut host, &mut [&mut t]).unwrap();
+        let mut events = Vec::new();
+        host.take_cache_events(&mut events);
+        // Two full registered blocks (the third holds one token): one chained run.
+        let want = CacheEvent::Stored {
+            block_hashes: hashes.clone(),
+            parent_block_hash: None,
+            token_ids: vec![1, 2, 3, 4],
+            lora_id: None,
+        };
+        assert_eq!(events, [want]);
+        let mut held = host.cached_block_hashes();
+        held.sort_unstable();
+        let mut want_held = hashes.clone();
+        want_held.sort_unstable();
+        assert_eq!(held, want_held);
+        crate::swap_in(&mut host, &mut device, &mut [&mut t]).unwrap();
+        // Freed host blocks keep their content until reused: reuse removes them.
+        let taken: Vec<_> = (0..3).map(|_| host.allocate().unwrap()).collect();
+        events.clear();
+        host.take_cache_events(&mut events);
+        assert_eq!(events.len(), 1, "{events:?}");
+        let CacheEvent::Removed { block_hashes } = &events[0] else { panic!("{events:?}") };
+        let mut removed = block_hashes.clone();
+        removed.sort_unstable();
+        assert_eq!(removed, want_held);
+        assert!(host.cached_block_hashes().is_empty());
+        for b in taken {
+            host.free(b).unwrap();
+        }
+        t.free(&mut device).unwrap();
     }
 }

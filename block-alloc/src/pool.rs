@@ -32,6 +32,8 @@ pub struct BlockPool {
     pub(crate) cache: Option<PrefixCache>,
     pub(crate) stats: PrefixStats,
     pub(crate) hasher: ChainHasher,
+    /// Without a prefix cache and with events on: the hashes swaps moved in.
+    pub(crate) resident: Option<crate::events::Resident>,
 }
 
 impl BlockPool {
@@ -64,6 +66,7 @@ impl BlockPool {
             cache,
             stats: PrefixStats::default(),
             hasher: ChainHasher::new(),
+            resident: None,
         })
     }
 
@@ -168,6 +171,9 @@ impl BlockPool {
         };
         if let Some(cache) = &mut self.cache {
             cache.evict(b);
+        }
+        if let Some(resident) = &mut self.resident {
+            resident.forget(b);
         }
         self.ref_counts[b as usize] = 1;
         b

@@ -100,6 +100,12 @@ impl PrefixCache {
         self.index.get(&index_key(hash)).copied()
     }
 
+    /// The tokens of `b` if it is cached under `hash`.
+    pub(crate) fn tokens_under(&self, b: BlockId, hash: BlockHash) -> Option<&[TokenId]> {
+        let i = b as usize;
+        (self.cached[i] && self.hashes[i] == hash).then(|| self.tokens_of(b))
+    }
+
     /// Whether cached block `b` holds exactly `tokens` under `salt`, with chain hash `hash`.
     #[inline]
     pub(crate) fn holds(&self, b: BlockId, hash: BlockHash, salt: u64, tokens: &[TokenId]) -> bool {

@@ -107,6 +107,7 @@ fn transfer(
         plan.push((b, d));
     }
     for t in tables.iter_mut() {
+        record_resident(src, dst, t, &mapping);
         // Release tail-first, as a free would, so chain ends are evicted first.
         let first_live = t.first_live();
         for &b in t.blocks[first_live..].iter().rev() {
@@ -120,4 +121,22 @@ fn transfer(
         t.num_registered = 0;
     }
     Ok(plan)
+}
+
+/// With events on in `dst` (a pool without a prefix cache), the table's registered blocks it is
+/// about to receive, by hash (with their tokens from `src`'s cache).
+fn record_resident(
+    src: &BlockPool,
+    dst: &mut BlockPool,
+    t: &BlockTable,
+    mapping: &HashMap<BlockId, BlockId>,
+) {
+    let (Some(resident), Some(cache)) = (&mut dst.resident, &src.cache) else { return };
+    for i in t.first_live()..t.num_registered.min(t.blocks.len()) {
+        let (b, hash) = (t.blocks[i], t.hashes[i]);
+        if let Some(tokens) = cache.tokens_under(b, hash) {
+            let parent = i.checked_sub(1).map(|p| t.hashes[p]);
+            resident.hold(mapping[&b], hash, parent, tokens);
+        }
+    }
 }

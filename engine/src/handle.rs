@@ -51,7 +51,7 @@ enum Command {
     Rejected,
     Metrics(Reply<MetricsSnapshot>),
     Idle(Reply<bool>),
-    CachedBlockHashes(Reply<Vec<u64>>),
+    CachedBlockHashes(Reply<(Vec<u64>, Vec<u64>)>),
     /// Wakes an idle engine thread so it serves a KV-map request (the request itself is the
     /// counter in `KvMapShared`).
     KvMap,
@@ -361,9 +361,9 @@ impl EngineHandle {
         self.inner.kv_events.clone()
     }
 
-    /// The device prefix cache's block hashes between two steps (see
-    /// [`Engine::cached_block_hashes`]); blocks until then.
-    pub fn cached_block_hashes(&self) -> Result<Vec<u64>, EngineError> {
+    /// The block hashes of the device prefix cache and of the host swap space between two
+    /// steps (see [`Engine::cached_block_hashes`], [`Engine::host_block_hashes`]); blocks until then.
+    pub fn cached_block_hashes(&self) -> Result<(Vec<u64>, Vec<u64>), EngineError> {
         self.ask_blocking(Command::CachedBlockHashes)
     }
 

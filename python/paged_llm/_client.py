@@ -56,10 +56,14 @@ class _Client:
         vLLM's dict; a port of 0 is resolved here), or ``None`` when events are off."""
         return self._engine.kv_events_endpoints()
 
-    def cached_block_hashes(self) -> List[int]:
-        """Every block hash in the prefix cache, as KV events publish them: the set a
-        subscriber that applied every batch so far holds."""
-        return self._engine.cached_block_hashes()
+    def cached_block_hashes(self, medium: str = "GPU") -> List[int]:
+        """Every block hash the KV cache holds, as KV events publish them: the prefix cache's
+        (``"GPU"``, whatever the device) or, with events on, the registered blocks the host swap
+        space holds (``"CPU"``): the set a subscriber that applied every batch so far holds."""
+        device, host = self._engine.cached_block_hashes()
+        if medium not in ("GPU", "CPU"):
+            raise ValueError(f"medium must be 'GPU' or 'CPU', not {medium!r}")
+        return device if medium == "GPU" else host
 
     def shutdown(self, drain: bool = False) -> None:
         """Stops the engine thread; unfinished requests are aborted (finished first with

@@ -279,8 +279,9 @@ impl PyEngine {
         self.handle.kv_events_endpoints()
     }
 
-    /// The device prefix cache's block hashes (as KV events publish them), between two steps.
-    fn cached_block_hashes(&self, py: Python<'_>) -> PyResult<Vec<u64>> {
+    /// The block hashes (as KV events publish them) of the device prefix cache and of the host
+    /// swap space, between two steps.
+    fn cached_block_hashes(&self, py: Python<'_>) -> PyResult<(Vec<u64>, Vec<u64>)> {
         py.detach(|| self.handle.cached_block_hashes()).map_err(errors::engine)
     }
 

@@ -108,23 +108,29 @@ def replay(ctx: zmq.Context, endpoint: str, start: int) -> Dict[int, bytes]:
         dealer.close(linger=0)
 
 
-def rebuild(batches: Dict[int, bytes]) -> Set[int]:
-    """The cached hashes after applying every batch in sequence order (which must have no gap)."""
+def rebuild(batches: Dict[int, bytes]) -> Dict[str, Set[int]]:
+    """The hashes each medium holds after applying every batch in sequence order (which must
+    have no gap)."""
     assert sorted(batches) == list(range(len(batches))), "batches from 0 without a gap"
-    cached: Set[int] = set()
+    cached: Dict[str, Set[int]] = {"GPU": set(), "CPU": set()}
     for seq in sorted(batches):
         for event in DECODER.decode(batches[seq]).events:
             if isinstance(event, BlockStored):
-                assert event.medium == "GPU" and event.block_size == 16
-                assert len(event.token_ids) == 16 * len(event.block_hashes)
-                assert not cached & set(event.block_hashes), "stored twice"
-                cached.update(event.block_hashes)
+                held = cached[event.medium]
+                assert event.block_size == 16 and len(event.token_ids) == 16 * len(event.block_hashes)
+                assert not held & set(event.block_hashes), "stored twice"
+                held.update(event.block_hashes)
             elif isinstance(event, BlockRemoved):
-                assert set(event.block_hashes) <= cached, "removed but never stored"
-                cached.difference_update(event.block_hashes)
+                held = cached[event.medium]
+                assert set(event.block_hashes) <= held, "removed but never stored"
+                held.difference_update(event.block_hashes)
             else:
-                cached.clear()
+                cached["GPU"].clear()
     return cached
+
+
+def held(llm: paged_llm.LLM) -> Dict[str, Set[int]]:
+    return {medium: set(llm.cached_block_hashes(medium)) for medium in ("GPU", "CPU")}
 
 
 def workload(n: int) -> List[str]:
@@ -144,14 +150,22 @@ def test_a_subscriber_rebuilds_the_prefix_cache_through_evictions_preemption_and
         batches = live.stop()
         metrics = llm.metrics()
         assert metrics["num_preemptions"] > 0, f"{mode}: 24 blocks for 12 prompts should preempt"
-        want = set(llm.cached_block_hashes())
-        assert want
+        want = held(llm)
+        assert want["GPU"]
         # What the live socket missed (before the subscription landed, or dropped), by replay.
         first = min(batches, default=0)
         batches.update({s: p for s, p in replay(ctx, replay_endpoint, 0).items() if s < first})
         assert rebuild(batches) == want
-        # A subscriber that joins after everything rebuilds the same set from replay alone.
+        # A subscriber that joins after everything rebuilds the same sets from replay alone.
         assert rebuild(replay(ctx, replay_endpoint, 0)) == want
+        # Swapped-out sequences' registered blocks appear on the CPU medium, and only then.
+        cpu_events = [
+            e
+            for p in batches.values()
+            for e in DECODER.decode(p).events
+            if not isinstance(e, AllBlocksCleared) and e.medium == "CPU"
+        ]
+        assert bool(cpu_events) == (mode == "swap"), f"{mode}: {len(cpu_events)} CPU events"
     ctx.term()
 
 
@@ -174,7 +188,7 @@ def test_garbage_on_the_replay_socket_gets_nothing_and_the_engine_keeps_serving(
         dealer.close(linger=0)
         out = llm.generate(workload(3), params)
         assert all(o.outputs[0].token_ids for o in out)
-        assert rebuild(replay(ctx, replay_endpoint, 0)) == set(llm.cached_block_hashes())
+        assert rebuild(replay(ctx, replay_endpoint, 0)) == held(llm)
     ctx.term()
 
 

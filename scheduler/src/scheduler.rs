@@ -262,15 +262,26 @@ impl Scheduler {
         self.host.as_ref()
     }
 
-    /// Starts recording the device prefix cache's changes (see `block_alloc::CacheEvent`);
-    /// `Stored` events of an adapter's sequence carry its `lora` id.
+    /// Starts recording the device prefix cache's changes and the registered blocks swapped
+    /// out to the host pool (see `block_alloc::CacheEvent`); `Stored` events of an adapter's
+    /// sequence carry its `lora` id.
     pub fn enable_cache_events(&mut self) {
         self.device.enable_cache_events();
+        if let Some(host) = &mut self.host {
+            host.enable_cache_events();
+        }
     }
 
-    /// Moves the device prefix cache's recorded changes, oldest first, to the end of `out`.
-    pub fn take_cache_events(&mut self, out: &mut Vec<block_alloc::CacheEvent>) {
-        self.device.take_cache_events(out);
+    /// Moves the recorded changes, oldest first, to the end of `device` and `host`.
+    pub fn take_cache_events(
+        &mut self,
+        device: &mut Vec<block_alloc::CacheEvent>,
+        host: &mut Vec<block_alloc::CacheEvent>,
+    ) {
+        self.device.take_cache_events(device);
+        if let Some(pool) = &mut self.host {
+            pool.take_cache_events(host);
+        }
     }
 
     pub fn num_waiting(&self) -> usize {

@@ -8,11 +8,12 @@ use scheduler::Scheduler;
 use super::Engine;
 use crate::error::EngineError;
 
-/// The running publisher and the buffer a step's events are gathered in.
+/// The running publisher and the buffers a step's events are gathered in.
 #[derive(Debug)]
 pub(crate) struct KvEvents {
     publisher: KvEventPublisher,
-    events: Vec<CacheEvent>,
+    device: Vec<CacheEvent>,
+    host: Vec<CacheEvent>,
 }
 
 impl KvEvents {
@@ -39,19 +40,22 @@ impl KvEvents {
             publisher.replay_endpoint().unwrap_or("none")
         );
         scheduler.enable_cache_events();
-        Ok(Some(Self { publisher, events: Vec::new() }))
+        Ok(Some(Self { publisher, device: Vec::new(), host: Vec::new() }))
     }
 
-    /// Publishes what the step changed, if anything.
+    /// Publishes what the step changed, if anything: the device's changes (`GPU`), then the
+    /// host swap space's (`CPU`): the two pools' hashes are separate sets, so the order between
+    /// them carries nothing.
     pub(crate) fn after_step(&mut self, scheduler: &mut Scheduler) {
-        scheduler.take_cache_events(&mut self.events);
-        if self.events.is_empty() {
+        scheduler.take_cache_events(&mut self.device, &mut self.host);
+        if self.device.is_empty() && self.host.is_empty() {
             return;
         }
         let ts = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64());
-        let events = self.events.drain(..).map(|e| (Medium::Gpu, e)).collect();
+        let device = self.device.drain(..).map(|e| (Medium::Gpu, e));
+        let events = device.chain(self.host.drain(..).map(|e| (Medium::Cpu, e))).collect();
         self.publisher.publish(&KvEventBatch { ts, events });
     }
 }
@@ -64,9 +68,15 @@ impl Engine {
     }
 
     /// Every block hash in the device prefix cache, as events publish them: what a subscriber
-    /// that applied every batch so far holds.
+    /// that applied every `GPU` event so far holds.
     pub fn cached_block_hashes(&self) -> Vec<u64> {
         self.scheduler.device_pool().cached_block_hashes()
+    }
+
+    /// The hashes of the registered blocks the host swap space holds (recorded only with events
+    /// on): what a subscriber that applied every `CPU` event so far holds.
+    pub fn host_block_hashes(&self) -> Vec<u64> {
+        self.scheduler.host_pool().map_or_else(Vec::new, block_alloc::BlockPool::cached_block_hashes)
     }
 
     pub(super) fn publish_kv_events(&mut self) {

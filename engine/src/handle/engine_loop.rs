@@ -78,7 +78,9 @@ impl EngineLoop {
             Command::Rejected => self.engine.record_rejected(),
             Command::Metrics(reply) => reply.send(self.engine.metrics()),
             Command::Idle(reply) => reply.send(self.engine.kv_is_idle()),
-            Command::CachedBlockHashes(reply) => reply.send(self.engine.cached_block_hashes()),
+            Command::CachedBlockHashes(reply) => {
+                reply.send((self.engine.cached_block_hashes(), self.engine.host_block_hashes()))
+            }
             Command::KvMap => {} // served after the commands, by `publish_if_asked`
             Command::Shutdown(ShutdownMode::Drain) => self.draining = true,
             Command::Shutdown(ShutdownMode::Abort) => {

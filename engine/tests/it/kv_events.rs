@@ -23,8 +23,16 @@ fn events_config() -> KvEventsConfig {
     .unwrap()
 }
 
-/// Applies one decoded `KVEventBatch` to a subscriber's set; returns how many events it held.
-fn apply(set: &mut HashSet<u64>, payload: &[u8], block_size: u64) -> usize {
+/// A subscriber's view: the hashes each medium holds, and how many events of each kind it saw.
+#[derive(Default)]
+struct View {
+    gpu: HashSet<u64>,
+    cpu: HashSet<u64>,
+    cpu_events: usize,
+}
+
+/// Applies one decoded `KVEventBatch` to a subscriber's sets; returns how many events it held.
+fn apply(view: &mut View, payload: &[u8], block_size: u64) -> usize {
     let batch = rmpv::decode::read_value(&mut &payload[..]).unwrap();
     let Value::Array(batch) = batch else { panic!("batch {batch:?}") };
     assert!(matches!(batch[0], Value::F64(ts) if ts > 1e9), "ts {:?}", batch[0]);
@@ -33,14 +41,17 @@ fn apply(set: &mut HashSet<u64>, payload: &[u8], block_size: u64) -> usize {
         |v: &Value| -> Vec<u64> { v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect() };
     for e in events {
         let e = e.as_array().unwrap();
+        let medium = e.last().and_then(Value::as_str);
+        if medium == Some("CPU") {
+            view.cpu_events += 1;
+        }
+        let set = if medium == Some("CPU") { &mut view.cpu } else { &mut view.gpu };
         match e[0].as_str().unwrap() {
             "BlockStored" => {
                 let hashes = uints(&e[1]);
                 assert_eq!(uints(&e[3]).len() as u64, hashes.len() as u64 * block_size);
-                assert_eq!(
-                    (e[4].as_u64(), e[5].is_nil(), e[6].as_str()),
-                    (Some(block_size), true, Some("GPU"))
-                );
+                assert_eq!((e[4].as_u64(), e[5].is_nil()), (Some(block_size), true));
+                assert!(matches!(medium, Some("GPU" | "CPU")), "{medium:?}");
                 if let Some(parent) = e[2].as_u64() {
                     assert!(!hashes.contains(&parent));
                 }
@@ -49,7 +60,6 @@ fn apply(set: &mut HashSet<u64>, payload: &[u8], block_size: u64) -> usize {
                 }
             }
             "BlockRemoved" => {
-                assert_eq!(e[2].as_str(), Some("GPU"));
                 for h in uints(&e[1]) {
                     assert!(set.remove(&h), "removed but not stored: {h}");
                 }
@@ -126,14 +136,17 @@ fn a_late_subscriber_rebuilds_the_cache_through_evictions_preemption_and_replay(
         let seqs: Vec<u64> = live.keys().copied().collect();
         assert_eq!(seqs, (0..seqs.len() as u64).collect::<Vec<_>>(), "{mode:?}: contiguous from 0");
         assert!(seqs.len() <= steps, "at most one batch a step");
-        let mut set = HashSet::new();
+        let mut view = View::default();
         let mut events = 0;
         for payload in live.values() {
-            events += apply(&mut set, payload, 16);
+            events += apply(&mut view, payload, 16);
         }
         let want: HashSet<u64> = engine.cached_block_hashes().into_iter().collect();
         assert!(!want.is_empty());
-        assert_eq!(set, want, "{mode:?}: the subscriber's set is the engine's prefix cache");
+        assert_eq!(view.gpu, want, "{mode:?}: the subscriber's GPU set is the engine's prefix cache");
+        let host: HashSet<u64> = engine.host_block_hashes().into_iter().collect();
+        assert_eq!(view.cpu, host, "{mode:?}: the subscriber's CPU set is what the swap space holds");
+        assert_eq!(view.cpu_events > 0, mode == PreemptionMode::Swap, "{mode:?}: CPU events only from swaps");
         assert!(events > seqs.len(), "{mode:?}: stores and evictions both seen");
     }
 }
