@@ -100,18 +100,7 @@ impl KvEventPublisher {
         let seq = self.next_seq;
         self.next_seq += 1;
         let payload = Bytes::from(batch.encode(self.block_size));
-        {
-            let mut state = self.shared.state.lock();
-            if state.replay.len() == state.buffer_steps {
-                state.replay.pop_front();
-            }
-            state.replay.push_back((seq, payload.clone()));
-            if state.live.len() == state.max_queue_size {
-                state.live.pop_front();
-                state.dropped += 1;
-            }
-            state.live.push_back((seq, payload));
-        }
+        self.shared.state.lock().push(seq, payload);
         self.shared.wake.notify_one();
         seq
     }
@@ -139,6 +128,22 @@ impl Drop for KvEventPublisher {
                 "kv events: the publisher thread did not finish within {SHUTDOWN_TIMEOUT:?}; left behind"
             );
         }
+    }
+}
+
+impl State {
+    /// Queues batch `seq` for the live stream and keeps it for replay, each queue dropping its
+    /// oldest entry when full.
+    fn push(&mut self, seq: u64, payload: Bytes) {
+        if self.replay.len() == self.buffer_steps {
+            self.replay.pop_front();
+        }
+        self.replay.push_back((seq, payload.clone()));
+        if self.live.len() == self.max_queue_size {
+            self.live.pop_front();
+            self.dropped += 1;
+        }
+        self.live.push_back((seq, payload));
     }
 }
 
@@ -256,4 +261,20 @@ async fn serve_replay(socket: &mut RouterSocket, request: ZmqMessage, shared: &S
 
 fn message(frames: Vec<Bytes>) -> ZmqMessage {
     ZmqMessage::try_from(frames).unwrap_or_else(|_| unreachable!("a message of several frames is not empty"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_live_queue_drops_its_oldest_batches_which_replay_still_holds() {
+        let mut state = State { max_queue_size: 2, buffer_steps: 4, ..State::default() };
+        for seq in 0..6 {
+            state.push(seq, Bytes::from(vec![seq as u8]));
+        }
+        let seqs = |q: &VecDeque<(u64, Bytes)>| q.iter().map(|(s, _)| *s).collect::<Vec<_>>();
+        assert_eq!((seqs(&state.live), state.dropped), (vec![4, 5], 4));
+        assert_eq!(seqs(&state.replay), [2, 3, 4, 5], "dropped batches 2 and 3 are still replayable");
+    }
 }

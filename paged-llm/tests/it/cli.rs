@@ -31,6 +31,7 @@ fn help_lists_every_subcommand_and_groups_options_as_vllm() {
     };
     assert_eq!(group_of("--kv-cache-dtype").as_deref(), Some("Cache"));
     assert_eq!(group_of("--max-num-seqs").as_deref(), Some("Scheduler"));
+    assert_eq!(group_of("--kv-events-config").as_deref(), Some("Vllm"));
     for sub in [
         &["run"][..],
         &["bench", "throughput"],
@@ -59,6 +60,8 @@ fn a_bad_command_line_is_one_line_and_exit_code_2() {
         (&["bench", "serve", "--request-rate", "fast"], "invalid value 'fast'"),
         (&["no-such-command"], "unrecognized subcommand"),
         (&["serve", "--config", "/no/such/file.yaml"], "/no/such/file.yaml"),
+        (&["serve", "--kv-events-config", r#"{"enable_kv_cache_events": true, "endpont": "x"}"#], "endpont"),
+        (&["serve", "--kv-events-config", "{not json"], "--kv-events-config"),
     ] {
         let out = run(args);
         let err = stderr(&out);
