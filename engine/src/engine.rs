@@ -21,6 +21,7 @@ use crate::sampling::{IntoValidParams, SampleRow, SamplingParams, TokenChoice, s
 
 mod admission;
 mod apply;
+mod buffers;
 mod events;
 mod generate;
 mod greedy;
@@ -31,7 +32,8 @@ mod rows;
 mod verify;
 
 pub(crate) use admission::{Intake, IntakeLimits, Prepared};
-use live::{Live, SampleMut, StepBuffers};
+use buffers::StepBuffers;
+use live::{Live, SampleMut};
 
 /// The serving engine (one model, one KV cache, continuous batching).
 #[derive(Debug)]

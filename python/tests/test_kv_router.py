@@ -13,6 +13,8 @@ import paged_llm
 from paged_llm import _core
 from paged_llm._kv_index import AllBlocksCleared, BlockIndex, BlockRemoved, BlockStored, KVEventBatch
 from paged_llm._routing import KvEventsRouter
+from test_routing import _Id
+from test_routing import _Replica as _StandIn
 
 BS = 16
 
@@ -53,17 +55,9 @@ def test_request_tokens_are_what_the_engine_admits(model_path: str, llm) -> None
     assert tokenizer.request_tokens("/v1/completions", b"{not json") is None
 
 
-class _Id:
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def to_full_id_str(self) -> str:
-        return self.name
-
-
-class _Replica:
+class _Replica(_StandIn):
     def __init__(self, name: str, events: bool = True) -> None:
-        self.replica_id = _Id(name)
+        super().__init__(name)
         self.routing_stats: Dict = {"kv_usage": 0.0}
         self.index = BlockIndex() if events else None
 
