@@ -21,10 +21,16 @@ use crate::{KvEventBatch, KvEventsConfig, KvEventsError};
 /// The sequence number of the replay stream's end marker (`-1` as a signed 8-byte integer).
 pub const END_SEQ: [u8; 8] = (-1i64).to_be_bytes();
 
-/// How long dropping a publisher waits for its thread to send what is queued.
+/// How long dropping a publisher waits for its thread to hand over what is queued.
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long a connecting PUB socket may take to reach its peer at start-up.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long one replay answer may wait for a client that does not read.
+const REPLY_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// A running publisher; dropping it sends what is queued (up to a second) and closes the sockets.
+/// A running publisher. Dropping it hands what is queued to the PUB socket (waiting at most
+/// `SHUTDOWN_TIMEOUT`) and closes the sockets; as with any PUB socket, messages still in flight
+/// then may not reach subscribers.
 #[derive(Debug)]
 pub struct KvEventPublisher {
     shared: Arc<Shared>,
@@ -149,8 +155,9 @@ impl State {
 
 type Ready = Result<(String, Option<String>), KvEventsError>;
 
-/// The publisher thread: a one-thread runtime for the sockets.
-fn run(cfg: &KvEventsConfig, shared: &Shared, ready: &std::sync::mpsc::Sender<Ready>) {
+/// The publisher thread: a one-thread runtime for the sockets. Replay requests are served by a
+/// task of their own, so a replay client that reads slowly never holds up the live stream.
+fn run(cfg: &KvEventsConfig, shared: &Arc<Shared>, ready: &std::sync::mpsc::Sender<Ready>) {
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -160,7 +167,7 @@ fn run(cfg: &KvEventsConfig, shared: &Shared, ready: &std::sync::mpsc::Sender<Re
         }
     };
     runtime.block_on(async {
-        let (mut publisher, mut replay) = match open(cfg).await {
+        let (mut publisher, replay) = match open(cfg).await {
             Ok((publisher, replay, endpoints)) => {
                 let _ = ready.send(Ok(endpoints));
                 (publisher, replay)
@@ -170,21 +177,10 @@ fn run(cfg: &KvEventsConfig, shared: &Shared, ready: &std::sync::mpsc::Sender<Re
                 return;
             }
         };
+        let replays = replay.map(|socket| tokio::spawn(serve_replays(socket, shared.clone())));
         let topic = Bytes::from(cfg.topic.clone().into_bytes());
         loop {
-            tokio::select! {
-                () = shared.wake.notified() => {}
-                request = async {
-                    match replay.as_mut() {
-                        Some(socket) => socket.recv().await,
-                        None => std::future::pending().await,
-                    }
-                } => match (request, replay.as_mut()) {
-                    (Ok(request), Some(socket)) => serve_replay(socket, request, shared).await,
-                    (Err(e), _) => tracing::warn!("kv events: replay socket: {e}"),
-                    (Ok(_), None) => {}
-                },
-            }
+            shared.wake.notified().await;
             loop {
                 let Some((seq, payload)) = shared.state.lock().live.pop_front() else { break };
                 let message =
@@ -197,29 +193,45 @@ fn run(cfg: &KvEventsConfig, shared: &Shared, ready: &std::sync::mpsc::Sender<Re
                 break;
             }
         }
+        if let Some(task) = replays {
+            task.abort();
+        }
     });
 }
 
-/// Opens the sockets; returns them with the addresses as bound.
+/// `tcp://*:PORT` as a socket address: `*` is every IPv4 interface (the zmq.rs transport
+/// resolves a host name, and `*` names none).
+fn bind_address(endpoint: &str) -> String {
+    match endpoint.strip_prefix("tcp://*:") {
+        Some(port) => format!("tcp://0.0.0.0:{port}"),
+        None => endpoint.to_owned(),
+    }
+}
+
+/// Opens the sockets; returns them with the addresses as bound. A connecting PUB socket
+/// (vLLM's rule: an endpoint without a wildcard) must reach its peer within `CONNECT_TIMEOUT`.
 async fn open(
     cfg: &KvEventsConfig,
 ) -> Result<(PubSocket, Option<RouterSocket>, (String, Option<String>)), KvEventsError> {
-    let fail = |endpoint: &str, e: zeromq::ZmqError| KvEventsError::Socket {
-        endpoint: endpoint.into(),
-        reason: e.to_string(),
-    };
+    let fail = |endpoint: &str, reason: String| KvEventsError::Socket { endpoint: endpoint.into(), reason };
     let mut publisher = PubSocket::new();
     let endpoint = if KvEventsConfig::binds(&cfg.endpoint) {
-        publisher.bind(&cfg.endpoint).await.map_err(|e| fail(&cfg.endpoint, e))?.to_string()
+        let bound = publisher.bind(&bind_address(&cfg.endpoint)).await;
+        bound.map_err(|e| fail(&cfg.endpoint, e.to_string()))?.to_string()
     } else {
-        publisher.connect(&cfg.endpoint).await.map_err(|e| fail(&cfg.endpoint, e))?;
+        match tokio::time::timeout(CONNECT_TIMEOUT, publisher.connect(&cfg.endpoint)).await {
+            Ok(connected) => connected.map_err(|e| fail(&cfg.endpoint, e.to_string()))?,
+            Err(_) => return Err(fail(&cfg.endpoint, format!("no peer within {CONNECT_TIMEOUT:?}"))),
+        }
         cfg.endpoint.clone()
     };
     let mut bound_replay = None;
     let replay = match &cfg.replay_endpoint {
         Some(address) => {
             let mut socket = RouterSocket::new();
-            bound_replay = Some(socket.bind(address).await.map_err(|e| fail(address, e))?.to_string());
+            let bound =
+                socket.bind(&bind_address(address)).await.map_err(|e| fail(address, e.to_string()))?;
+            bound_replay = Some(bound.to_string());
             Some(socket)
         }
         None => None,
@@ -227,19 +239,27 @@ async fn open(
     Ok((publisher, replay, (endpoint, bound_replay)))
 }
 
+/// Serves replay requests until the task is aborted.
+async fn serve_replays(mut socket: RouterSocket, shared: Arc<Shared>) {
+    loop {
+        match socket.recv().await {
+            Ok(request) => serve_replay(&mut socket, request, &shared).await,
+            Err(e) => tracing::warn!("kv events: replay socket: {e}"),
+        }
+    }
+}
+
 /// Answers `[identity, "", start_seq]` (a REQ socket's request, or a DEALER's with an empty
 /// first frame) with every buffered batch from `start_seq` on as `[identity, "", seq,
-/// payload]`, then `[identity, "", END_SEQ, ""]`. Anything else is ignored.
+/// payload]`, then `[identity, "", END_SEQ, ""]`. Anything else is ignored; a client that does
+/// not take an answer within `REPLY_TIMEOUT` gets no more of it.
 async fn serve_replay(socket: &mut RouterSocket, request: ZmqMessage, shared: &Shared) {
     let frames = request.into_vec();
     let start = match frames.as_slice() {
         [_, delimiter, seq] if delimiter.is_empty() => match <[u8; 8]>::try_from(seq.as_ref()) {
             Ok(bytes) => u64::from_be_bytes(bytes),
             Err(_) => {
-                return tracing::debug!(
-                    "kv events: replay request with a {}-byte sequence number",
-                    seq.len()
-                );
+                return tracing::debug!("kv events: replay request with a {}-byte sequence number", seq.len());
             }
         },
         _ => return tracing::debug!("kv events: replay request of {} frames ignored", frames.len()),
@@ -253,8 +273,10 @@ async fn serve_replay(socket: &mut RouterSocket, request: ZmqMessage, shared: &S
         .chain(std::iter::once((Bytes::from_static(&END_SEQ), Bytes::new())));
     for (seq, payload) in replies {
         let reply = message(vec![identity.clone(), Bytes::new(), seq, payload]);
-        if let Err(e) = socket.send(reply).await {
-            return tracing::debug!("kv events: replay answer not delivered: {e}");
+        match tokio::time::timeout(REPLY_TIMEOUT, socket.send(reply)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return tracing::debug!("kv events: replay answer not delivered: {e}"),
+            Err(_) => return tracing::debug!("kv events: replay client not reading; answer cut short"),
         }
     }
 }
@@ -266,6 +288,12 @@ fn message(frames: Vec<Bytes>) -> ZmqMessage {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_wildcard_host_binds_every_ipv4_interface() {
+        assert_eq!(bind_address("tcp://*:5557"), "tcp://0.0.0.0:5557");
+        assert_eq!(bind_address("tcp://127.0.0.1:0"), "tcp://127.0.0.1:0");
+    }
 
     #[test]
     fn a_full_live_queue_drops_its_oldest_batches_which_replay_still_holds() {

@@ -3,9 +3,15 @@ format: ZMQ PUB frames ``(topic, seq, msgpack KVEventBatch)`` and a replay socke
 ``KvEventsRouter``.
 
 A published block hash is opaque (seeded per process, as vLLM's is), so the index is keyed
-the way ``BlockStored`` describes a block: ``(parent hash, the block's token ids)``. A prompt
-matches a replica's cache by walking that chain from the root block by block; the walk's
-length is the number of the prompt's full blocks the replica can serve from its cache.
+the way ``BlockStored`` describes a block: ``(lora_id, parent hash, the block's token ids)``. A
+prompt of the base model matches a replica's cache by walking that chain from the root block by
+block (``lora_id`` None); the walk's length is the number of the prompt's full blocks the replica
+can serve from its cache. Blocks of a request with a ``cache_salt`` chain like the base model's
+from their second block on only (their parents differ), so only their first block can be
+counted for a base prompt with the same tokens.
+
+The index may lack blocks (batches lost beyond replay clear it), never keep ones it was told
+are gone.
 
 Needs ``pyzmq`` and ``msgspec`` (``pip install "paged-llm[ray]"``); imported only by the router.
 """
@@ -13,13 +19,12 @@ Needs ``pyzmq`` and ``msgspec`` (``pip install "paged-llm[ray]"``); imported onl
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import msgspec
 import zmq
 
-Key = Tuple[Optional[int], Tuple[int, ...]]
+Key = Tuple[Optional[int], Optional[int], Tuple[int, ...]]
 
 
 class _EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -83,7 +88,7 @@ class BlockIndex:
                     bs = self.block_size = event.block_size
                     parent = event.parent_block_hash
                     for i, h in enumerate(event.block_hashes):
-                        key = (parent, tuple(event.token_ids[i * bs : (i + 1) * bs]))
+                        key = (event.lora_id, parent, tuple(event.token_ids[i * bs : (i + 1) * bs]))
                         self._children.setdefault(key, set()).add(h)
                         self._key_of[h] = key
                         parent = h
@@ -101,8 +106,14 @@ class BlockIndex:
                     self._children.clear()
                     self._key_of.clear()
 
-    def match(self, tokens: Sequence[int]) -> int:
-        """How many of ``tokens``' leading full blocks the cache holds, in chain order."""
+    def clear(self) -> None:
+        with self._lock:
+            self._children.clear()
+            self._key_of.clear()
+
+    def match(self, tokens: Sequence[int], lora_id: Optional[int] = None) -> int:
+        """How many of ``tokens``' leading full blocks the cache holds, in chain order, under
+        adapter ``lora_id`` (None: the base model)."""
         bs = self.block_size
         if bs == 0:
             return 0
@@ -113,7 +124,7 @@ class BlockIndex:
                 block = tuple(tokens[start : start + bs])
                 nxt: Set[Optional[int]] = set()
                 for parent in frontier:
-                    nxt.update(self._children.get((parent, block), ()))
+                    nxt.update(self._children.get((lora_id, parent, block), ()))
                 if not nxt:
                     break
                 frontier = nxt
@@ -124,12 +135,14 @@ class BlockIndex:
 class ReplicaSubscriber:
     """Follows one replica's events on a daemon thread into a ``BlockIndex``: live batches from
     the PUB socket, and on a gap (a late join, batches a full queue dropped) the missing ones
-    from the replay socket, so the index applies every batch exactly once, in order."""
+    from the replay socket, so the index applies every batch once, in order. A gap replay cannot
+    fill clears the index; a sequence number going back (the replica's publisher restarted)
+    starts it over; a thread that stopped on an error marks the subscriber dead (``alive``)."""
 
-    def __init__(self, endpoint: str, replay_endpoint: Optional[str], topic: str = "kv-events") -> None:
+    def __init__(self, endpoint: str, replay_endpoint: Optional[str], topic: str = "") -> None:
         self.index = BlockIndex()
         self.endpoint = endpoint
-        self.last_event = time.monotonic()
+        self.alive = True
         self._replay_endpoint = replay_endpoint
         self._topic = topic.encode()
         self._next_seq = 0
@@ -145,51 +158,54 @@ class ReplicaSubscriber:
 
     def _run(self) -> None:
         sub = self._ctx.socket(zmq.SUB)
-        sub.connect(self.endpoint)
-        sub.setsockopt(zmq.SUBSCRIBE, self._topic)
         try:
+            sub.connect(self.endpoint)
+            sub.setsockopt(zmq.SUBSCRIBE, self._topic)
             while not self._stop.is_set():
                 if not sub.poll(100):
                     continue
                 frames = sub.recv_multipart()
-                if len(frames) != 3:
+                if len(frames) != 3 or len(frames[1]) != 8:
                     continue
                 seq = int.from_bytes(frames[1], "big")
+                if seq < self._next_seq:
+                    self.index.clear()
+                    self._next_seq = 0
                 if seq > self._next_seq:
                     self._replay(seq)
-                if seq == self._next_seq:
-                    self._apply(seq, frames[2])
+                self._apply(seq, frames[2])
+        except Exception:  # a broken socket or peer: the router stops trusting this index
+            self.alive = False
         finally:
             sub.close(linger=0)
 
     def _apply(self, seq: int, payload: bytes) -> None:
         try:
-            batch = _DECODER.decode(payload)
+            self.index.apply(_DECODER.decode(payload))
         except msgspec.DecodeError:
-            batch = None
-        if batch is not None:
-            self.index.apply(batch)
+            self.index.clear()  # a batch it cannot read may have removed blocks
         self._next_seq = seq + 1
-        self.last_event = time.monotonic()
 
     def _replay(self, upto: int) -> None:
-        """Applies batches ``_next_seq .. upto - 1`` from the replay socket; what it no longer
-        holds is skipped (the index may then lack blocks, never hold ones that are gone: a
-        later ``BlockRemoved`` of an unknown hash is ignored)."""
-        if self._replay_endpoint is None:
-            self._next_seq = upto
-            return
-        dealer = self._ctx.socket(zmq.DEALER)
-        dealer.connect(self._replay_endpoint)
-        try:
-            dealer.send_multipart([b"", self._next_seq.to_bytes(8, "big")])
-            while dealer.poll(2000):
-                _, seq_bytes, payload = dealer.recv_multipart()
-                seq = int.from_bytes(seq_bytes, "big", signed=True)
-                if seq == _END or seq >= upto:
-                    break
-                if seq >= self._next_seq:
-                    self._apply(seq, payload)
-        finally:
-            dealer.close(linger=0)
+        """Applies batches ``_next_seq .. upto - 1`` from the replay socket; if it cannot have
+        them all (no replay socket, no answer, or they left its buffer), clears the index."""
+        complete = False
+        if self._replay_endpoint is not None:
+            dealer = self._ctx.socket(zmq.DEALER)
+            dealer.connect(self._replay_endpoint)
+            try:
+                dealer.send_multipart([b"", self._next_seq.to_bytes(8, "big")])
+                while dealer.poll(2000):
+                    frames = dealer.recv_multipart()
+                    if len(frames) != 3:
+                        break
+                    seq = int.from_bytes(frames[1], "big", signed=True)
+                    if seq == _END or seq >= upto or seq != self._next_seq:
+                        break
+                    self._apply(seq, frames[2])
+                complete = self._next_seq == upto
+            finally:
+                dealer.close(linger=0)
+        if not complete:
+            self.index.clear()
         self._next_seq = upto

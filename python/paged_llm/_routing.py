@@ -20,7 +20,8 @@ Imports Ray: Serve imports this module where it builds a router, never ``import 
 from __future__ import annotations
 
 import collections
-from typing import Any, Dict, List, Optional
+import time
+from typing import Any, Dict, List, Optional, Tuple
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
@@ -187,25 +188,31 @@ class PrefixAffinityRouter(_PinningRouter):
 
 class KvEventsRouter(PrefixAffinityRouter):
     """Routes on each replica's real cache contents (see the module): the replica with the best
-    ``prefix_weight * cached fraction + queue_weight * (1 - queue / longest queue) + kv_weight *
-    (1 - KV usage)``; a prompt no replica holds any block of goes, while queues are balanced,
-    where the fewest new prompts went. Falls back to ``PrefixAffinityRouter`` for a request it
-    cannot tokenize or while a candidate publishes no events. A replica's index is dropped when
-    it leaves the deployment or its actor dies."""
+    ``prefix_weight * cached fraction + queue_weight * (1 - queue / max(longest queue,
+    imbalanced_threshold)) + kv_weight * (1 - KV usage)``. A prompt no replica holds a block of
+    goes where a prompt with the same first blocks was sent in the last ``recent_s`` seconds
+    (a retry of the same request, or a conversation's next turn that came before its first
+    turn's events), else, while queues are balanced, where the fewest new prompts went. Falls
+    back to ``PrefixAffinityRouter`` for a request it cannot tokenize or while a candidate
+    publishes no events. A replica's index is dropped when it leaves the deployment or dies."""
 
     def initialize_state(
         self,
         model: str = "",
         prefix_weight: float = 3.0,
         queue_weight: float = 2.0,
-        kv_weight: float = 2.0,
+        kv_weight: float = 1.0,
         imbalanced_threshold: int = 8,
+        recent_s: float = 10.0,
     ) -> None:
         super().initialize_state(imbalanced_threshold=imbalanced_threshold)
         from paged_llm import _core
 
         self._tokenizer = _core.PromptTokenizer(model) if model else None
         self._weights = (prefix_weight, queue_weight, kv_weight)
+        self._recent_s = recent_s
+        #: First blocks' tokens of a prompt nobody held -> (replica id, when it was sent there).
+        self._recent: "collections.OrderedDict[Tuple[int, ...], Tuple[str, float]]" = collections.OrderedDict()
         self._subscribers: Dict[str, Any] = {}
         # Through the module as imported (see `update_replicas` above).
         from paged_llm import _routing
@@ -225,10 +232,14 @@ class KvEventsRouter(PrefixAffinityRouter):
     def _drop(self, rid: str) -> None:
         sub = self._subscribers.pop(rid, None)
         if sub is not None:
-            sub.close()
+            # Joining its thread takes up to a poll interval: not on the routing loop.
+            import threading
+
+            threading.Thread(target=sub.close, daemon=True).start()
 
     def _subscriber(self, replica: RunningReplica) -> Any:
-        """The replica's subscriber, started once its routing stats name its event sockets."""
+        """The replica's subscriber, started once its routing stats name its event sockets;
+        ``None`` while it has none or after its thread stopped."""
         rid = replica.replica_id.to_full_id_str()
         sub = self._subscribers.get(rid)
         stats = replica.routing_stats or {}
@@ -236,8 +247,9 @@ class KvEventsRouter(PrefixAffinityRouter):
         if sub is None and endpoint:
             from ._kv_index import ReplicaSubscriber
 
-            sub = self._subscribers[rid] = ReplicaSubscriber(endpoint, stats.get("kv_events_replay"))
-        return sub
+            replay, topic = stats.get("kv_events_replay"), stats.get("kv_events_topic", "")
+            sub = self._subscribers[rid] = ReplicaSubscriber(endpoint, replay, topic)
+        return sub if sub is not None and sub.alive else None
 
     def _rank(self, candidates: List[RunningReplica], request: Any) -> List[List[RunningReplica]]:
         subs = {r.replica_id: self._subscriber(r) for r in candidates}
@@ -252,19 +264,39 @@ class KvEventsRouter(PrefixAffinityRouter):
         matched = {rid: sub.index.match(tokens) for rid, sub in subs.items()}
         usage = {r.replica_id: float((r.routing_stats or {}).get("kv_usage", 0.0)) for r in candidates}
         prefix_w, queue_w, kv_w = self._weights
+        # Queues relative to what counts as imbalanced, so that 2 against 1 is not all or nothing.
+        scale = max(longest, self._imbalanced_threshold, 1)
 
         def score(r: RunningReplica) -> float:
-            queue_free = 1.0 - queues[r.replica_id] / longest if longest else 1.0
+            queue_free = 1.0 - queues[r.replica_id] / scale
             return prefix_w * matched[r.replica_id] / blocks + queue_w * queue_free + kv_w * (1.0 - usage[r.replica_id])
 
         def new_prompts(r: RunningReplica) -> Any:
             return (self._new[r.replica_id.to_full_id_str()], usage[r.replica_id], queues[r.replica_id])
 
         by_load = sorted(candidates, key=lambda r: (queues[r.replica_id], usage[r.replica_id]))
-        if max(matched.values()) == 0 and longest - shortest <= self._imbalanced_threshold:
-            # Nobody holds any of it: spread new conversations (queue samples lag a burst).
-            best = min(candidates, key=new_prompts)
-            self._new[best.replica_id.to_full_id_str()] += 1
+        balanced = longest - shortest <= self._imbalanced_threshold
+        if max(matched.values()) == 0 and balanced:
+            key = tuple(tokens[: block_size * 2])
+            best = self._recently_sent(key, candidates)
+            if best is None:
+                # Nobody holds any of it: spread new conversations (queue samples lag a burst).
+                best = min(candidates, key=new_prompts)
+                self._new[best.replica_id.to_full_id_str()] += 1
+            self._remember(key, best)
         else:
             best = max(candidates, key=lambda r: (score(r), -queues[r.replica_id]))
         return [[best], [r for r in by_load if r is not best]]
+
+    def _recently_sent(self, key: Tuple[int, ...], candidates: List[RunningReplica]) -> Optional[RunningReplica]:
+        now = time.monotonic()
+        while self._recent and next(iter(self._recent.values()))[1] < now - self._recent_s:
+            self._recent.popitem(last=False)
+        rid = self._recent.get(key, (None, 0.0))[0]
+        return next((r for r in candidates if r.replica_id.to_full_id_str() == rid), None)
+
+    def _remember(self, key: Tuple[int, ...], replica: RunningReplica) -> None:
+        self._recent[key] = (replica.replica_id.to_full_id_str(), time.monotonic())
+        self._recent.move_to_end(key)
+        while len(self._recent) > self._max_chunks:
+            self._recent.popitem(last=False)

@@ -103,6 +103,9 @@ class LLMServer:
                 **events,
                 "endpoint": f"tcp://{host}:0",
             }
+        events = engine_args.get("kv_events_config")
+        #: The topic the replica's events go out under (vLLM's default: none).
+        self._events_topic = events.get("topic", "") if isinstance(events, dict) else ""
         args = json.dumps(engine_args, default=os.fspath)
         self._engine = _core.Engine(resolve_model(model), args)
         self._app = _core.HttpApp(self._engine)
@@ -132,6 +135,7 @@ class LLMServer:
         endpoints = self._engine.kv_events_endpoints()
         if endpoints is not None:
             stats["kv_events_endpoint"], stats["kv_events_replay"] = endpoints
+            stats["kv_events_topic"] = self._events_topic
         return stats
 
     async def check_health(self) -> None:

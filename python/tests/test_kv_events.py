@@ -202,7 +202,6 @@ def test_bad_configs_are_errors_naming_the_field(model_path: str) -> None:
     with pytest.raises(paged_llm.EngineError, match="prefix caching"):
         paged_llm.LLM(model_path, num_kv_blocks=16, enable_prefix_caching=False, kv_events_config=EVENTS)
     with paged_llm.LLM(model_path, num_kv_blocks=16, kv_events_config=EVENTS) as first:
-        # The same port on every interface: taken (so the bind fails and nothing listens beyond loopback).
-        taken = first.kv_events_endpoints()[0].replace("127.0.0.1", "*")
+        taken = first.kv_events_endpoints()[1]
         with pytest.raises(paged_llm.EngineError, match=re.escape(taken)):
-            paged_llm.LLM(model_path, num_kv_blocks=16, kv_events_config={**EVENTS, "endpoint": taken})
+            paged_llm.LLM(model_path, num_kv_blocks=16, kv_events_config={**EVENTS, "replay_endpoint": taken})

@@ -38,6 +38,9 @@ def test_an_index_matches_chains_of_blocks_and_forgets_removed_ones() -> None:
     assert index.match(tokens) == 1 and len(index) == 3
     index.apply(KVEventBatch(0.0, [BlockRemoved([999], "GPU"), BlockStored([21], None, tokens[:16], BS, 3, "CPU")]))
     assert len(index) == 3, "unknown removals and other media are ignored"
+    # An adapter's chain of the same tokens is not the base model's.
+    index.apply(KVEventBatch(0.0, [BlockStored([31, 32], None, [9] * 32, BS, 5, "GPU")]))
+    assert index.match([9] * 32) == 0 and index.match([9] * 32, lora_id=5) == 2
     index.apply(KVEventBatch(0.0, [AllBlocksCleared()]))
     assert index.match(tokens) == 0 and len(index) == 0
 
@@ -106,15 +109,21 @@ def test_routes_to_the_cache_that_holds_the_prompt_weighed_against_load(model_pa
     b.index.apply(_stored(first, list(range(100, 100 + len(first) // BS))))
     assert router.route([a, b], _chat(1, 3)) == "b"
     assert b.index.match(later) == len(first) // BS
-    # ... unless b's cache is nearly full and its queue the longest: then a's free capacity wins.
+    # ... unless b's cache is nearly full and its queue far the longest: then a's room wins.
+    router.queues["b"] = 16
     b.routing_stats["kv_usage"] = 0.95
     assert router.route([a, b], _chat(1, 3)) == "a"
     b.routing_stats["kv_usage"] = 0.0
     # New conversations (nobody holds a block of them) spread although b's queue sample is stale.
     router.queues.update({"a": 0, "b": 1})
-    homes = [router.route([a, b], _chat(u, 1)) for u in range(10, 18)]
-    assert homes.count("a") == homes.count("b") == 4
-    # A replica without events: the approximate policy decides (and does not fail).
+    homes = {u: router.route([a, b], _chat(u, 1)) for u in range(10, 18)}
+    assert list(homes.values()).count("a") == list(homes.values()).count("b") == 4
+    # A retry, or a next turn before the first turn's blocks show up in the events, goes where
+    # the first went; a prompt that only shares the chat template's opening spreads on.
+    assert all(router.route([a, b], _chat(u, 1)) == home for u, home in homes.items())
+    assert all(router.route([a, b], _chat(u, 2)) == home for u, home in homes.items())
+    # A replica without events: the approximate policy decides, and sends a new prompt where
+    # the fewest new prompts went (the events policy gave a and b four each).
     c = _Replica("c", events=False)
     router.queues["c"] = 0
-    assert router.route([a, b, c], _chat(2, 1)) in ("a", "b", "c")
+    assert router.route([a, b, c], _chat(2, 1)) == "c"
