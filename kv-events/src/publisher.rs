@@ -25,7 +25,7 @@ pub const END_SEQ: [u8; 8] = (-1i64).to_be_bytes();
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long a connecting PUB socket may take to reach its peer at start-up.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long one replay answer may wait for a client that does not read.
+/// How long one replay message may wait for room in its client's queue.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// A running publisher. Dropping it hands what is queued to the PUB socket (waiting at most
@@ -179,22 +179,33 @@ fn run(cfg: &KvEventsConfig, shared: &Arc<Shared>, ready: &std::sync::mpsc::Send
         };
         let replays = replay.map(|socket| tokio::spawn(serve_replays(socket, shared.clone())));
         let topic = Bytes::from(cfg.topic.clone().into_bytes());
-        loop {
+        'serve: loop {
             shared.wake.notified().await;
             loop {
-                let Some((seq, payload)) = shared.state.lock().live.pop_front() else { break };
+                // One lock for both: a batch published just before closing is still sent.
+                let (next, closed) = {
+                    let mut state = shared.state.lock();
+                    (state.live.pop_front(), state.closed)
+                };
+                let Some((seq, payload)) = next else {
+                    if closed {
+                        break 'serve;
+                    }
+                    break;
+                };
                 let message =
                     message(vec![topic.clone(), Bytes::copy_from_slice(&seq.to_be_bytes()), payload]);
                 if let Err(e) = publisher.send(message).await {
                     tracing::warn!("kv events: publishing batch {seq}: {e}");
                 }
             }
-            if shared.state.lock().closed {
-                break;
-            }
         }
         if let Some(task) = replays {
             task.abort();
+        }
+        // The PUB socket's fan-out is a task of this runtime: let it take what was just sent.
+        for _ in 0..8 {
+            tokio::task::yield_now().await;
         }
     });
 }
@@ -251,15 +262,18 @@ async fn serve_replays(mut socket: RouterSocket, shared: Arc<Shared>) {
 
 /// Answers `[identity, "", start_seq]` (a REQ socket's request, or a DEALER's with an empty
 /// first frame) with every buffered batch from `start_seq` on as `[identity, "", seq,
-/// payload]`, then `[identity, "", END_SEQ, ""]`. Anything else is ignored; a client that does
-/// not take an answer within `REPLY_TIMEOUT` gets no more of it.
+/// payload]`, then `[identity, "", END_SEQ, ""]`. Anything else is ignored. Answers queue per
+/// client (zmq.rs bounds that queue); a send still waiting after `REPLY_TIMEOUT` ends the answer.
 async fn serve_replay(socket: &mut RouterSocket, request: ZmqMessage, shared: &Shared) {
     let frames = request.into_vec();
     let start = match frames.as_slice() {
         [_, delimiter, seq] if delimiter.is_empty() => match <[u8; 8]>::try_from(seq.as_ref()) {
             Ok(bytes) => u64::from_be_bytes(bytes),
             Err(_) => {
-                return tracing::debug!("kv events: replay request with a {}-byte sequence number", seq.len());
+                return tracing::debug!(
+                    "kv events: replay request with a {}-byte sequence number",
+                    seq.len()
+                );
             }
         },
         _ => return tracing::debug!("kv events: replay request of {} frames ignored", frames.len()),

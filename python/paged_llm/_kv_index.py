@@ -187,8 +187,9 @@ class ReplicaSubscriber:
         self._next_seq = seq + 1
 
     def _replay(self, upto: int) -> None:
-        """Applies batches ``_next_seq .. upto - 1`` from the replay socket; if it cannot have
-        them all (no replay socket, no answer, or they left its buffer), clears the index."""
+        """Applies batches ``_next_seq .. upto - 1`` from the replay socket. Batches it no longer
+        holds (or no replay socket, or no answer) leave a gap: the index is cleared, and the
+        batches after the gap still applied (it may then lack blocks, never keep removed ones)."""
         complete = False
         if self._replay_endpoint is not None:
             dealer = self._ctx.socket(zmq.DEALER)
@@ -197,11 +198,14 @@ class ReplicaSubscriber:
                 dealer.send_multipart([b"", self._next_seq.to_bytes(8, "big")])
                 while dealer.poll(2000):
                     frames = dealer.recv_multipart()
-                    if len(frames) != 3:
+                    if len(frames) != 3 or len(frames[1]) != 8:
                         break
                     seq = int.from_bytes(frames[1], "big", signed=True)
-                    if seq == _END or seq >= upto or seq != self._next_seq:
+                    if seq == _END or seq >= upto:
                         break
+                    if seq != self._next_seq:
+                        # The buffer starts past what was missed.
+                        self.index.clear()
                     self._apply(seq, frames[2])
                 complete = self._next_seq == upto
             finally:

@@ -41,6 +41,20 @@ _KNOWN_REPLICAS: Dict[str, List[str]] = {}
 _SUBSCRIBERS: Dict[str, Dict[str, Any]] = {}
 
 
+#: How long the events router waits before following again a replica whose subscriber died.
+RESTART_S = 5.0
+
+
+def _block_chain(tokens: List[int], block_size: int) -> List[int]:
+    """Chained hashes of the full blocks: equal up to k iff the first k blocks are."""
+    chain: List[int] = []
+    h = 0
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        h = hash((h, tuple(tokens[start : start + block_size])))
+        chain.append(h)
+    return chain
+
+
 def indexed_blocks(deployment: str) -> Dict[str, int]:
     """Blocks each replica's events say it caches, by replica id, as this process's router has them."""
     return {rid: len(sub.index) for rid, sub in list(_SUBSCRIBERS.get(deployment, {}).items())}
@@ -190,7 +204,7 @@ class KvEventsRouter(PrefixAffinityRouter):
     """Routes on each replica's real cache contents (see the module): the replica with the best
     ``prefix_weight * cached fraction + queue_weight * (1 - queue / max(longest queue,
     imbalanced_threshold)) + kv_weight * (1 - KV usage)``. A prompt no replica holds a block of
-    goes where a prompt with the same first blocks was sent in the last ``recent_s`` seconds
+    goes where a prompt whose full blocks all begin it was sent in the last ``recent_s`` seconds
     (a retry of the same request, or a conversation's next turn that came before its first
     turn's events), else, while queues are balanced, where the fewest new prompts went. Falls
     back to ``PrefixAffinityRouter`` for a request it cannot tokenize or while a candidate
@@ -211,8 +225,11 @@ class KvEventsRouter(PrefixAffinityRouter):
         self._tokenizer = _core.PromptTokenizer(model) if model else None
         self._weights = (prefix_weight, queue_weight, kv_weight)
         self._recent_s = recent_s
-        #: First blocks' tokens of a prompt nobody held -> (replica id, when it was sent there).
-        self._recent: "collections.OrderedDict[Tuple[int, ...], Tuple[str, float]]" = collections.OrderedDict()
+        #: The chained hash of all the full blocks of a prompt nobody held -> (replica id, when it
+        #: was sent there), oldest first.
+        self._recent: "collections.OrderedDict[int, Tuple[str, float]]" = collections.OrderedDict()
+        #: Replica id -> when its subscriber was found dead (restarted after `RESTART_S`).
+        self._dead: Dict[str, float] = {}
         self._subscribers: Dict[str, Any] = {}
         # Through the module as imported (see `update_replicas` above).
         from paged_llm import _routing
@@ -238,18 +255,22 @@ class KvEventsRouter(PrefixAffinityRouter):
             threading.Thread(target=sub.close, daemon=True).start()
 
     def _subscriber(self, replica: RunningReplica) -> Any:
-        """The replica's subscriber, started once its routing stats name its event sockets;
-        ``None`` while it has none or after its thread stopped."""
+        """The replica's subscriber, started once its routing stats name its event sockets and
+        started again (after `RESTART_S`) when its thread stopped on an error; ``None`` while
+        there is none."""
         rid = replica.replica_id.to_full_id_str()
         sub = self._subscribers.get(rid)
+        if sub is not None and not sub.alive:
+            self._drop(rid)
+            self._dead[rid], sub = time.monotonic(), None
         stats = replica.routing_stats or {}
         endpoint = stats.get("kv_events_endpoint")
-        if sub is None and endpoint:
+        if sub is None and endpoint and time.monotonic() - self._dead.get(rid, -RESTART_S) >= RESTART_S:
             from ._kv_index import ReplicaSubscriber
 
             replay, topic = stats.get("kv_events_replay"), stats.get("kv_events_topic", "")
             sub = self._subscribers[rid] = ReplicaSubscriber(endpoint, replay, topic)
-        return sub if sub is not None and sub.alive else None
+        return sub
 
     def _rank(self, candidates: List[RunningReplica], request: Any) -> List[List[RunningReplica]]:
         subs = {r.replica_id: self._subscriber(r) for r in candidates}
@@ -277,25 +298,31 @@ class KvEventsRouter(PrefixAffinityRouter):
         by_load = sorted(candidates, key=lambda r: (queues[r.replica_id], usage[r.replica_id]))
         balanced = longest - shortest <= self._imbalanced_threshold
         if max(matched.values()) == 0 and balanced:
-            key = tuple(tokens[: block_size * 2])
-            best = self._recently_sent(key, candidates)
+            chain = _block_chain(tokens, block_size)
+            best = self._recently_sent(chain, candidates)
             if best is None:
                 # Nobody holds any of it: spread new conversations (queue samples lag a burst).
                 best = min(candidates, key=new_prompts)
                 self._new[best.replica_id.to_full_id_str()] += 1
-            self._remember(key, best)
+            if chain:
+                self._remember(chain[-1], best)
         else:
             best = max(candidates, key=lambda r: (score(r), -queues[r.replica_id]))
         return [[best], [r for r in by_load if r is not best]]
 
-    def _recently_sent(self, key: Tuple[int, ...], candidates: List[RunningReplica]) -> Optional[RunningReplica]:
+    def _recently_sent(self, chain: List[int], candidates: List[RunningReplica]) -> Optional[RunningReplica]:
+        """Where the longest recent prompt that ``chain``'s prompt begins with went, if anywhere."""
         now = time.monotonic()
         while self._recent and next(iter(self._recent.values()))[1] < now - self._recent_s:
             self._recent.popitem(last=False)
-        rid = self._recent.get(key, (None, 0.0))[0]
-        return next((r for r in candidates if r.replica_id.to_full_id_str() == rid), None)
+        for h in reversed(chain):
+            rid = self._recent.get(h, (None, 0.0))[0]
+            best = next((r for r in candidates if r.replica_id.to_full_id_str() == rid), None)
+            if best is not None:
+                return best
+        return None
 
-    def _remember(self, key: Tuple[int, ...], replica: RunningReplica) -> None:
+    def _remember(self, key: int, replica: RunningReplica) -> None:
         self._recent[key] = (replica.replica_id.to_full_id_str(), time.monotonic())
         self._recent.move_to_end(key)
         while len(self._recent) > self._max_chunks:

@@ -1,5 +1,6 @@
 """The KV-events router's index and choices without a cluster: ``BlockIndex`` fed with
-``KVEventBatch``es (as decoded from a replica's events), prompts tokenized by
+``KVEventBatch``es (as decoded from a replica's events), ``ReplicaSubscriber`` against a
+stand-in publisher, prompts tokenized by
 ``PromptTokenizer`` as a replica admits them (checked against a real engine's tokenization),
 and ``KvEventsRouter._rank`` over stand-in replicas whose queues, KV usage and indexes the
 test sets."""
@@ -7,11 +8,23 @@ test sets."""
 from __future__ import annotations
 
 import json
-from typing import Dict, List, Optional
+import threading
+import time
+from typing import Dict, List, Optional, Set
+
+import msgspec
+import zmq
 
 import paged_llm
 from paged_llm import _core
-from paged_llm._kv_index import AllBlocksCleared, BlockIndex, BlockRemoved, BlockStored, KVEventBatch
+from paged_llm._kv_index import (
+    AllBlocksCleared,
+    BlockIndex,
+    BlockRemoved,
+    BlockStored,
+    KVEventBatch,
+    ReplicaSubscriber,
+)
 from paged_llm._routing import KvEventsRouter
 from test_routing import _Id
 from test_routing import _Replica as _StandIn
@@ -127,3 +140,65 @@ def test_routes_to_the_cache_that_holds_the_prompt_weighed_against_load(model_pa
     c = _Replica("c", events=False)
     router.queues["c"] = 0
     assert router.route([a, b, c], _chat(2, 1)) == "c"
+
+
+def test_a_subscriber_fills_gaps_from_replay_clears_what_it_cannot_and_starts_over_on_a_restart() -> None:
+    """``ReplicaSubscriber`` against a stand-in publisher: an XPUB socket (which tells when the
+    subscription has landed, so nothing is sent into the void) and a ROUTER answering replay
+    requests from a buffer the test sets."""
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.XPUB)
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    replay = ctx.socket(zmq.ROUTER)
+    replay_port = replay.bind_to_random_port("tcp://127.0.0.1")
+    encode = msgspec.msgpack.Encoder().encode
+    buffer: Dict[int, bytes] = {}
+    stop = threading.Event()
+
+    def batch(i: int) -> bytes:
+        return encode(KVEventBatch(0.0, [BlockStored([100 + i], None, [i] * BS, BS, None, "GPU")]))
+
+    def serve_replay() -> None:
+        while not stop.is_set():
+            if replay.poll(20):
+                identity, _, start = replay.recv_multipart()
+                for seq in sorted(s for s in buffer if s >= int.from_bytes(start, "big")):
+                    replay.send_multipart([identity, b"", seq.to_bytes(8, "big"), buffer[seq]])
+                replay.send_multipart([identity, b"", (-1).to_bytes(8, "big", signed=True), b""])
+
+    def send(seq: int, payload: bytes) -> None:
+        pub.send_multipart([b"kv", seq.to_bytes(8, "big"), payload])
+
+    def settles_at(want: Set[int]) -> bool:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and sub.index.hashes() != want:
+            time.sleep(0.01)
+        return sub.index.hashes() == want
+
+    server = threading.Thread(target=serve_replay, daemon=True)
+    server.start()
+    sub = ReplicaSubscriber(f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{replay_port}", "kv")
+    try:
+        assert pub.poll(10_000) and pub.recv() == b"\x01kv", "the subscription lands"
+        # A late join: 0-3 only in the replay buffer, 4 the first live batch.
+        buffer.update({s: batch(s) for s in range(5)})
+        send(4, batch(4))
+        assert settles_at({100, 101, 102, 103, 104})
+        # A gap past the buffer (5 and 6 lost): cleared, then what replay and the stream still have.
+        buffer.clear()
+        buffer.update({s: batch(s) for s in (7, 8, 9)})
+        send(9, batch(9))
+        assert settles_at({107, 108, 109})
+        # The publisher restarted (its sequence went back): the index starts over.
+        send(0, batch(0))
+        assert settles_at({100})
+        # A batch it cannot read may have removed blocks: cleared.
+        send(1, b"not msgpack")
+        assert settles_at(set()) and sub.alive
+    finally:
+        stop.set()
+        server.join()
+        sub.close()
+        pub.close(linger=0)
+        replay.close(linger=0)
+        ctx.term()
