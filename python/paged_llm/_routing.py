@@ -206,7 +206,8 @@ class KvEventsRouter(PrefixAffinityRouter):
     imbalanced_threshold)) + kv_weight * (1 - KV usage)``. A prompt no replica holds a block of
     goes where a prompt whose full blocks all begin it was sent in the last ``recent_s`` seconds
     (a retry of the same request, or a conversation's next turn that came before its first
-    turn's events), else, while queues are balanced, where the fewest new prompts went. Falls
+    turn's events), else, while queues are balanced, where the fewest new prompts went (then the
+    shorter queue). A request that is not a completion or chat goes to the shortest queue. Falls
     back to ``PrefixAffinityRouter`` for a request it cannot tokenize or while a candidate
     publishes no events. A replica's index is dropped when it leaves the deployment or dies."""
 
@@ -226,8 +227,8 @@ class KvEventsRouter(PrefixAffinityRouter):
         self._weights = (prefix_weight, queue_weight, kv_weight)
         self._recent_s = recent_s
         #: The chained hash of all the full blocks of a prompt nobody held -> (replica id, when it
-        #: was sent there), oldest first.
-        self._recent: "collections.OrderedDict[int, Tuple[str, float]]" = collections.OrderedDict()
+        #: was sent there, a hash of its whole token list), oldest first.
+        self._recent: "collections.OrderedDict[int, Tuple[str, float, int]]" = collections.OrderedDict()
         #: Replica id -> when its subscriber was found dead (restarted after `RESTART_S`).
         self._dead: Dict[str, float] = {}
         self._subscribers: Dict[str, Any] = {}
@@ -275,6 +276,10 @@ class KvEventsRouter(PrefixAffinityRouter):
     def _rank(self, candidates: List[RunningReplica], request: Any) -> List[List[RunningReplica]]:
         subs = {r.replica_id: self._subscriber(r) for r in candidates}
         path, body = getattr(request, "path", ""), getattr(request, "body", b"")
+        if not str(getattr(request, "prompt", "") or ""):
+            # Not a completion or chat (`/v1/models`, `/health`, embeddings): the least loaded
+            # replica, counted nowhere (a new conversation's count is for spreading conversations).
+            return [sorted(candidates, key=self._queue_len)]
         tokens = self._tokenizer.request_tokens(path, body) if self._tokenizer and body else None
         if tokens is None or any(s is None for s in subs.values()):
             return super()._rank(candidates, request)
@@ -293,37 +298,42 @@ class KvEventsRouter(PrefixAffinityRouter):
             return prefix_w * matched[r.replica_id] / blocks + queue_w * queue_free + kv_w * (1.0 - usage[r.replica_id])
 
         def new_prompts(r: RunningReplica) -> Any:
-            return (self._new[r.replica_id.to_full_id_str()], usage[r.replica_id], queues[r.replica_id])
+            # Fewest new conversations first; between equals, the one with less running now.
+            return (self._new[r.replica_id.to_full_id_str()], queues[r.replica_id], usage[r.replica_id])
 
         by_load = sorted(candidates, key=lambda r: (queues[r.replica_id], usage[r.replica_id]))
         balanced = longest - shortest <= self._imbalanced_threshold
         if max(matched.values()) == 0 and balanced:
-            chain = _block_chain(tokens, block_size)
-            best = self._recently_sent(chain, candidates)
+            chain, whole = _block_chain(tokens, block_size), hash(tuple(tokens))
+            best = self._recently_sent(chain, whole, candidates)
             if best is None:
                 # Nobody holds any of it: spread new conversations (queue samples lag a burst).
                 best = min(candidates, key=new_prompts)
                 self._new[best.replica_id.to_full_id_str()] += 1
             if chain:
-                self._remember(chain[-1], best)
+                self._remember(chain[-1], whole, best)
         else:
             best = max(candidates, key=lambda r: (score(r), -queues[r.replica_id]))
         return [[best], [r for r in by_load if r is not best]]
 
-    def _recently_sent(self, chain: List[int], candidates: List[RunningReplica]) -> Optional[RunningReplica]:
-        """Where the longest recent prompt that ``chain``'s prompt begins with went, if anywhere."""
+    def _recently_sent(self, chain: List[int], whole: int, candidates: List[RunningReplica]) -> Optional[RunningReplica]:
+        """Where a recent prompt went whose full blocks all begin this one and are fewer (its
+        next turn), or which is this very prompt (a retry), if anywhere. Two prompts that share
+        only their full blocks (short prompts behind one system prompt) are not the same."""
         now = time.monotonic()
         while self._recent and next(iter(self._recent.values()))[1] < now - self._recent_s:
             self._recent.popitem(last=False)
-        for h in reversed(chain):
-            rid = self._recent.get(h, (None, 0.0))[0]
+        for i in reversed(range(len(chain))):
+            rid, _, sent = self._recent.get(chain[i], ("", 0.0, 0))
+            if i == len(chain) - 1 and sent != whole:
+                continue
             best = next((r for r in candidates if r.replica_id.to_full_id_str() == rid), None)
             if best is not None:
                 return best
         return None
 
-    def _remember(self, key: int, replica: RunningReplica) -> None:
-        self._recent[key] = (replica.replica_id.to_full_id_str(), time.monotonic())
+    def _remember(self, key: int, whole: int, replica: RunningReplica) -> None:
+        self._recent[key] = (replica.replica_id.to_full_id_str(), time.monotonic(), whole)
         self._recent.move_to_end(key)
         while len(self._recent) > self._max_chunks:
             self._recent.popitem(last=False)

@@ -135,6 +135,18 @@ def test_routes_to_the_cache_that_holds_the_prompt_weighed_against_load(model_pa
     # the first went; a prompt that only shares the chat template's opening spreads on.
     assert all(router.route([a, b], _chat(u, 1)) == home for u, home in homes.items())
     assert all(router.route([a, b], _chat(u, 2)) == home for u, home in homes.items())
+    # Prompts that share all their full blocks and differ in the last, partial one are new
+    # prompts each, not retries of one another.
+    prompts = [f"{'word ' * 64}{i}" for i in range(4)]
+    ids = [tokenizer.request_tokens("/v1/completions", json.dumps({"prompt": p}).encode()) for p in prompts]
+    assert len({tuple(t[: len(t) // BS * BS]) for t in ids}) == 1 and len({tuple(t) for t in ids}) == 4
+    bodies = [json.dumps({"prompt": p}).encode() for p in prompts]
+    homes = [router._rank([a, b], _Request("/v1/completions", body))[0][0].replica_id.name for body in bodies]
+    assert sorted(homes) == ["a", "a", "b", "b"]
+    # Not a prompt: the shortest queue, and no conversation counted.
+    new = dict(router._new)
+    assert router._rank([a, b], _Request("/v1/models", b""))[0][0].replica_id.name == "a"
+    assert router._new == new
     # A replica without events: the approximate policy decides, and sends a new prompt where
     # the fewest new prompts went (the events policy gave a and b four each).
     c = _Replica("c", events=False)
