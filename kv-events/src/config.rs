@@ -95,12 +95,10 @@ impl KvEventsConfig {
         Ok(())
     }
 
-    /// Whether the PUB socket binds `endpoint` (else it connects), vLLM's rule plus port 0.
+    /// Whether the PUB socket binds `endpoint` (else it connects): vLLM's rule for TCP (a
+    /// wildcard host) plus port 0.
     pub fn binds(endpoint: &str) -> bool {
-        endpoint.contains('*')
-            || endpoint.contains("::")
-            || endpoint.ends_with(":0")
-            || endpoint.starts_with("ipc://")
+        endpoint.contains('*') || endpoint.contains("::") || endpoint.ends_with(":0")
     }
 }
 

@@ -90,3 +90,14 @@ fn an_endpoint_in_use_is_an_error_naming_it() {
         assert!(err.to_string().contains(taken), "{err}");
     }
 }
+
+#[test]
+fn a_connecting_endpoint_without_a_peer_is_a_start_up_error_naming_it() {
+    // A free loopback port nobody listens on; an endpoint without a wildcard is connected to.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut cfg = config();
+    cfg.endpoint = format!("tcp://127.0.0.1:{port}");
+    assert!(!KvEventsConfig::binds(&cfg.endpoint));
+    let err = KvEventPublisher::start(&cfg, 16).unwrap_err();
+    assert!(matches!(&err, KvEventsError::Socket { endpoint, .. } if *endpoint == cfg.endpoint), "{err}");
+}

@@ -60,9 +60,9 @@ class _Client:
         """Every block hash the KV cache holds, as KV events publish them: the prefix cache's
         (``"GPU"``, whatever the device) or, with events on, the registered blocks the host swap
         space holds (``"CPU"``): the set a subscriber that applied every batch so far holds."""
-        device, host = self._engine.cached_block_hashes()
         if medium not in ("GPU", "CPU"):
             raise ValueError(f"medium must be 'GPU' or 'CPU', not {medium!r}")
+        device, host = self._engine.cached_block_hashes()
         return device if medium == "GPU" else host
 
     def shutdown(self, drain: bool = False) -> None:

@@ -64,7 +64,7 @@ _END = -1
 
 
 class BlockIndex:
-    """One replica's cached blocks (``medium`` GPU), keyed by ``(parent hash, token ids)``."""
+    """One replica's cached blocks (``medium`` GPU), keyed by ``(lora_id, parent hash, token ids)``."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -103,13 +103,15 @@ class BlockIndex:
                             if not held:
                                 del self._children[key]
                 else:
-                    self._children.clear()
-                    self._key_of.clear()
+                    self._forget_all()
 
     def clear(self) -> None:
         with self._lock:
-            self._children.clear()
-            self._key_of.clear()
+            self._forget_all()
+
+    def _forget_all(self) -> None:
+        self._children.clear()
+        self._key_of.clear()
 
     def match(self, tokens: Sequence[int], lora_id: Optional[int] = None) -> int:
         """How many of ``tokens``' leading full blocks the cache holds, in chain order, under

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import collections
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
@@ -45,16 +45,6 @@ _SUBSCRIBERS: Dict[str, Dict[str, Any]] = {}
 RESTART_S = 5.0
 
 
-def _block_chain(tokens: List[int], block_size: int) -> List[int]:
-    """Chained hashes of the full blocks: equal up to k iff the first k blocks are."""
-    chain: List[int] = []
-    h = 0
-    for start in range(0, len(tokens) - block_size + 1, block_size):
-        h = hash((h, tuple(tokens[start : start + block_size])))
-        chain.append(h)
-    return chain
-
-
 def indexed_blocks(deployment: str) -> Dict[str, int]:
     """Blocks each replica's events say it caches, by replica id, as this process's router has them."""
     return {rid: len(sub.index) for rid, sub in list(_SUBSCRIBERS.get(deployment, {}).items())}
@@ -65,14 +55,20 @@ def known_replicas(deployment: str) -> List[str]:
     return list(_KNOWN_REPLICAS.get(deployment, []))
 
 
-def chunk_hashes(text: str) -> List[int]:
-    """Chained hashes of the prompt's whole chunks: equal up to k iff the first k chunks are."""
+def _chained(items: Sequence[Any], size: int) -> List[int]:
+    """Chained hashes of the whole ``size``-long pieces of ``items`` (a str or a tuple): equal up
+    to k iff the first k pieces are."""
     hashes: List[int] = []
     h = 0
-    for start in range(0, min(len(text), CHUNK_CHARS * MAX_CHUNKS) - CHUNK_CHARS + 1, CHUNK_CHARS):
-        h = hash((h, text[start : start + CHUNK_CHARS]))
+    for start in range(0, len(items) - size + 1, size):
+        h = hash((h, items[start : start + size]))
         hashes.append(h)
     return hashes
+
+
+def chunk_hashes(text: str) -> List[int]:
+    """Chained hashes of the prompt's whole chunks (up to ``MAX_CHUNKS``)."""
+    return _chained(text[: CHUNK_CHARS * MAX_CHUNKS], CHUNK_CHARS)
 
 
 def _forwarded(pending: Optional[PendingRequest]) -> Any:
@@ -304,7 +300,7 @@ class KvEventsRouter(PrefixAffinityRouter):
         by_load = sorted(candidates, key=lambda r: (queues[r.replica_id], usage[r.replica_id]))
         balanced = longest - shortest <= self._imbalanced_threshold
         if max(matched.values()) == 0 and balanced:
-            chain, whole = _block_chain(tokens, block_size), hash(tuple(tokens))
+            chain, whole = _chained(tuple(tokens), block_size), hash(tuple(tokens))
             best = self._recently_sent(chain, whole, candidates)
             if best is None:
                 # Nobody holds any of it: spread new conversations (queue samples lag a burst).

@@ -96,14 +96,10 @@ class LLMServer:
         engine_args = dict(engine_args or {})
         events = engine_args.get("kv_events_config")
         if isinstance(events, dict) and events.get("endpoint") == "auto":
+            # `build_app(routing="events")`'s default: free ports of this node's address.
             host = _node_ip()
-            engine_args["kv_events_config"] = {
-                "replay_endpoint": f"tcp://{host}:0",
-                "topic": "kv-events",
-                **events,
-                "endpoint": f"tcp://{host}:0",
-            }
-        events = engine_args.get("kv_events_config")
+            events = {"replay_endpoint": f"tcp://{host}:0", "topic": "kv-events", **events, "endpoint": f"tcp://{host}:0"}
+            engine_args["kv_events_config"] = events
         #: The topic the replica's events go out under (vLLM's default: none).
         self._events_topic = events.get("topic", "") if isinstance(events, dict) else ""
         args = json.dumps(engine_args, default=os.fspath)

@@ -1,5 +1,6 @@
-//! KV cache events: the device prefix cache's changes, one batch per step that changed it,
-//! handed to the publisher of `EngineConfig::kv_events_config` (vLLM's `--kv-events-config`).
+//! KV cache events: the changes of the device prefix cache and of what the host swap space
+//! holds, one batch per step that changed either, handed to the publisher of
+//! `EngineConfig::kv_events` (vLLM's `--kv-events-config`).
 
 use block_alloc::CacheEvent;
 use kv_events::{KvEventBatch, KvEventPublisher, KvEventsConfig, Medium};
