@@ -118,8 +118,12 @@ impl Resident {
         parent: Option<BlockHash>,
         tokens: &[TokenId],
     ) {
-        self.forget(b);
         let h = external_block_hash(hash);
+        if self.hashes[b as usize] == Some(h) {
+            // A second table of the group sharing the block: already held.
+            return;
+        }
+        self.forget(b);
         self.hashes[b as usize] = Some(h);
         let n = self.holders.entry(h).or_insert(0);
         *n += 1;
@@ -325,5 +329,31 @@ mod tests {
             host.free(b).unwrap();
         }
         t.free(&mut device).unwrap();
+    }
+
+    #[test]
+    fn tables_sharing_blocks_swap_out_as_one_stored_run() {
+        let mut device = BlockPool::new(PoolConfig { watermark: 0.0, ..PoolConfig::new(8, 2) }).unwrap();
+        let mut host = BlockPool::new(PoolConfig::host(4, 2)).unwrap();
+        host.enable_cache_events();
+        let mut a = device.new_table();
+        a.allocate_slots(&mut device, 4).unwrap();
+        device.cache_full_blocks(&mut a, &[1, 2, 3, 4], 0).unwrap();
+        let mut b = a.fork(&mut device).unwrap();
+        device.cache_full_blocks(&mut b, &[1, 2, 3, 4], 0).unwrap();
+        let hashes: Vec<u64> = a.block_hashes().iter().map(|&h| external_block_hash(h)).collect();
+        crate::swap_out(&mut device, &mut host, &mut [&mut a, &mut b]).unwrap();
+        let mut events = Vec::new();
+        host.take_cache_events(&mut events);
+        let want = CacheEvent::Stored {
+            block_hashes: hashes,
+            parent_block_hash: None,
+            token_ids: vec![1, 2, 3, 4],
+            lora_id: None,
+        };
+        assert_eq!(events, [want]);
+        crate::swap_in(&mut host, &mut device, &mut [&mut a, &mut b]).unwrap();
+        a.free(&mut device).unwrap();
+        b.free(&mut device).unwrap();
     }
 }

@@ -22,9 +22,14 @@ impl Scheduler {
         if cfg.preemption == PreemptionMode::Swap
             && let Some(host) = host.as_mut()
         {
+            let lora = group.lora;
             let mut tables = group.tables_to_move();
+            let mark = host.num_pending_cache_events();
             // All or nothing: on a full host pool the tables are untouched and we recompute.
             if let Ok(pairs) = block_alloc::swap_out(device, host, &mut tables) {
+                if let Some(lora) = lora {
+                    host.label_cache_events(mark, lora);
+                }
                 out.blocks_to_swap_out.extend(pairs);
                 group.place = Where::Swapped;
                 insert_sorted(&mut self.swapped, (key, slot));

@@ -223,6 +223,47 @@ fn swap_preemption_resumes_with_the_same_tokens() {
 }
 
 #[test]
+fn swapped_out_blocks_carry_their_adapters_id_on_the_host_events() {
+    use block_alloc::CacheEvent;
+    use std::collections::HashMap;
+    let mut e = FakeEngine::new(SchedulerConfig {
+        preemption: PreemptionMode::Swap,
+        num_host_blocks: 64,
+        enable_prefix_caching: true,
+        ..cfg(24, 4)
+    });
+    e.sched.enable_cache_events();
+    for (i, r) in pressure_requests().into_iter().enumerate() {
+        e.add(if i % 2 == 0 { r.with_lora(7) } else { r }).unwrap();
+    }
+    let (mut device, mut host) = (Vec::new(), Vec::new());
+    let mut label_of: HashMap<u64, Option<u32>> = HashMap::new();
+    let mut host_stored = 0;
+    for _ in 0..5_000 {
+        if !e.sched.has_unfinished() {
+            break;
+        }
+        e.step();
+        e.sched.take_cache_events(&mut device, &mut host);
+        for ev in device.drain(..) {
+            if let CacheEvent::Stored { block_hashes, lora_id, .. } = ev {
+                label_of.extend(block_hashes.into_iter().map(|h| (h, lora_id)));
+            }
+        }
+        for ev in host.drain(..) {
+            if let CacheEvent::Stored { block_hashes, lora_id, .. } = ev {
+                for h in block_hashes {
+                    assert_eq!(label_of.get(&h), Some(&lora_id), "host block {h:#x}: its device label");
+                    host_stored += 1;
+                }
+            }
+        }
+    }
+    assert!(e.sched.stats().preemptions_swap > 0 && host_stored > 0);
+    assert!(label_of.values().any(Option::is_some) && label_of.values().any(Option::is_none));
+}
+
+#[test]
 fn swap_falls_back_to_recompute_when_the_host_is_full() {
     let (e, reqs) = run_pressure(PreemptionMode::Swap, 4);
     let stats = e.sched.stats();
