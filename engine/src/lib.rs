@@ -54,4 +54,4 @@ pub use pooling::{PoolingParams, PoolingType};
 pub use prompt_tokens::PromptTokenizer;
 pub use request::{Prompt, RequestOptions};
 pub use sampling::{IntoValidParams, SamplingParams, SamplingParamsError, ValidSamplingParams};
-pub use structured::{Constraint, ConstraintError};
+pub use structured::{Constraint, ConstraintError, ReasoningSpan};

@@ -11,7 +11,7 @@ use llguidance::{Matcher, ParserFactory};
 
 use super::guide::Guide;
 use super::vocab::token_env;
-use super::{Constraint, ConstraintError};
+use super::{Constraint, ConstraintError, ReasoningSpan};
 
 /// Largest constraint text accepted (a schema as JSON, a regex, a grammar, all choices).
 pub const MAX_CONSTRAINT_BYTES: usize = 256 * 1024;
@@ -128,6 +128,39 @@ impl Grammars {
     }
 }
 
+/// The name the answer's grammar goes by under a reasoning span.
+const ANSWER_GRAMMAR: &str = "answer_after_reasoning";
+
+/// The grammar of `answer` after `reasoning`: the span is one lazy lexeme ending at the first
+/// closing tag (any text before it, the tag itself included), optional whitespace after it,
+/// then the answer's grammar nested by name.
+fn after_reasoning(reasoning: &ReasoningSpan, answer: &Constraint) -> Result<TopLevelGrammar, String> {
+    if matches!(answer, Constraint::AfterReasoning { .. }) {
+        return Err("a reasoning span around another".into());
+    }
+    if reasoning.start.is_empty() || reasoning.end.is_empty() {
+        return Err("a reasoning span's tags are empty".into());
+    }
+    // Lark string literals are JSON strings.
+    let literal = |s: &str| serde_json::to_string(s).unwrap_or_default();
+    let (start, end) = (literal(&reasoning.start), literal(&reasoning.end));
+    let head = if reasoning.opened { "span".to_owned() } else { format!("({start} span)?") };
+    let lark = format!(
+        "start: {head} @{ANSWER_GRAMMAR}\n\
+         span: thought AFTER_THOUGHT?\n\
+         thought[suffix={end}]: /(?s:.*)/\n\
+         AFTER_THOUGHT: /[ \\t\\r\\n]+/\n"
+    );
+    let mut top = TopLevelGrammar::from_lark(lark);
+    let mut inner = grammar_of(answer)?;
+    let [grammar] = inner.grammars.as_mut_slice() else {
+        return Err("the answer's grammar is not one grammar".into());
+    };
+    grammar.name = Some(ANSWER_GRAMMAR.into());
+    top.grammars.append(&mut inner.grammars);
+    Ok(top)
+}
+
 /// The llguidance grammar of a constraint, or why there is none.
 fn grammar_of(constraint: &Constraint) -> Result<TopLevelGrammar, String> {
     let too_big = |n: usize| format!("{n} bytes is more than the {MAX_CONSTRAINT_BYTES} accepted");
@@ -182,5 +215,6 @@ fn grammar_of(constraint: &Constraint) -> Result<TopLevelGrammar, String> {
             }
             TopLevelGrammar::from_lark(lark.clone())
         }
+        Constraint::AfterReasoning { reasoning, answer } => after_reasoning(reasoning, answer)?,
     })
 }

@@ -2,6 +2,10 @@
 //! expression, a list of choices or a Lark grammar) compiled by `llguidance` into a per-sample
 //! [`Guide`], whose token mask is laid over the logits before any sampling rule.
 //!
+//! A constraint after a [`ReasoningSpan`] is one grammar: the span as a lazy lexeme ending at
+//! its closing tag, then the answer's grammar as a nested one, so the reasoning is free text and
+//! a closing tag split across tokens (or sharing a token with the answer) is read as text.
+//!
 //! - `vocab.rs` — the model's vocabulary as llguidance's token trie.
 //! - `compile.rs` — [`Grammars`]: the parser factory with its limits set explicitly, and the
 //!   compilation of a constraint (bounded in size, fuel and lexer states; a failure is a
@@ -47,6 +51,22 @@ pub enum Constraint {
     Choice(Vec<String>),
     /// A context-free grammar in llguidance's Lark syntax.
     Lark(String),
+    /// `answer` after a reasoning span the grammar leaves free (vLLM's reasoning parsers with
+    /// structured outputs: only what follows the reasoning is constrained).
+    AfterReasoning { reasoning: ReasoningSpan, answer: Box<Constraint> },
+}
+
+/// The reasoning span a model may write ahead of its constrained answer: any text from `start`
+/// to the first `end`, then (after optional whitespace) the answer. The end of sequence stays
+/// banned inside the span, as everywhere before a whole answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReasoningSpan {
+    pub start: String,
+    pub end: String,
+    /// The answer reasons from its first token (the chat template opened the span, as
+    /// DeepSeek-R1's; a `start` the model writes itself is reasoning text). Otherwise only an
+    /// answer that opens with `start` reasons (Qwen3's, where thinking can be switched off).
+    pub opened: bool,
 }
 
 impl Constraint {
@@ -58,6 +78,7 @@ impl Constraint {
             Self::Regex(_) => "regex",
             Self::Choice(_) => "choice",
             Self::Lark(_) => "grammar",
+            Self::AfterReasoning { answer, .. } => answer.kind(),
         }
     }
 }

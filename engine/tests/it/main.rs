@@ -16,6 +16,7 @@ mod lora;
 mod options;
 mod prompt_logprobs;
 mod real_model;
+mod reasoning_guided;
 mod speculative;
 mod structured;
 mod support;
