@@ -190,6 +190,11 @@ pub struct ServeArgs {
     /// from its start until `</think>`). Unset: all of it is content.
     #[arg(help_heading = "Frontend", long, value_enum)]
     pub reasoning_parser: Option<crate::ReasoningParser>,
+    /// Structured outputs as vLLM's JSON (`{"backend": "auto"|"guidance",
+    /// "enable_in_reasoning": false}`): with a reasoning parser, a request's constraint covers
+    /// only the answer after the reasoning unless `enable_in_reasoning` is true.
+    #[arg(help_heading = "StructuredOutputsConfig", long, value_name = "JSON", value_parser = crate::StructuredOutputsConfig::from_json)]
+    pub structured_outputs_config: Option<crate::StructuredOutputsConfig>,
     /// How `/v1/embeddings` pools a prompt's final hidden states, as vLLM's JSON
     /// (`{"pooling_type": "LAST"|"MEAN", "normalize": true}`); unset: the last token's state,
     /// normalised.
@@ -280,6 +285,7 @@ impl ServeArgs {
             tool_call_parser: self.tool_call_parser,
             pooler_config: self.pooler_config.unwrap_or_default(),
             reasoning_parser: self.reasoning_parser,
+            structured_outputs: self.structured_outputs_config.unwrap_or_default(),
             allow_runtime_lora_updating: self.allow_runtime_lora_updating,
         }
     }

@@ -97,6 +97,8 @@ impl JobRequest for ChatRequest {
             params.constraint = Some(c);
             constraint_field = Some("tools");
         }
+        params.constraint =
+            params.constraint.map(|c| state.structured_outputs.chat_constraint(state.reasoning_parser, c));
         let mut envelope = Envelope::new(state, Endpoint::Chat, base, params.n, self.logprobs);
         envelope.tools = tools;
         envelope.reasoning = state.reasoning_parser;

@@ -68,6 +68,7 @@ pub use error::ApiError;
 pub use metrics::Metrics;
 pub use reasoning::ReasoningParser;
 pub use routing::request_prompt;
+pub use structured::StructuredOutputsConfig;
 pub use tools::ToolCallParser;
 
 /// How the server behaves, beside the engine's own settings.
@@ -93,6 +94,8 @@ pub struct ServerConfig {
     pub pooler_config: engine::PoolingParams,
     /// Splits chat answers' reasoning into `reasoning_content` (none: all is content).
     pub reasoning_parser: Option<ReasoningParser>,
+    /// `--structured-outputs-config`: whether a constraint covers the reasoning too.
+    pub structured_outputs: StructuredOutputsConfig,
     /// Serves `/v1/load_lora_adapter` and `/v1/unload_lora_adapter` (vLLM's
     /// `VLLM_ALLOW_RUNTIME_LORA_UPDATING`): a client may then make the server read a folder.
     pub allow_runtime_lora_updating: bool,
@@ -110,6 +113,7 @@ impl Default for ServerConfig {
             tool_call_parser: ToolCallParser::Auto,
             pooler_config: engine::PoolingParams::default(),
             reasoning_parser: None,
+            structured_outputs: StructuredOutputsConfig::default(),
             allow_runtime_lora_updating: false,
         }
     }
@@ -126,6 +130,7 @@ pub struct AppState {
     tool_call_parser: ToolCallParser,
     pooler_config: engine::PoolingParams,
     reasoning_parser: Option<ReasoningParser>,
+    structured_outputs: StructuredOutputsConfig,
     allow_runtime_lora_updating: bool,
     /// One calculator simulation at a time (`plan.rs`).
     plan_slot: Arc<tokio::sync::Semaphore>,
@@ -145,6 +150,7 @@ impl AppState {
             tool_call_parser: config.tool_call_parser,
             pooler_config: config.pooler_config,
             reasoning_parser: config.reasoning_parser,
+            structured_outputs: config.structured_outputs,
             allow_runtime_lora_updating: config.allow_runtime_lora_updating,
             plan_slot: Arc::new(tokio::sync::Semaphore::new(1)),
             responses: responses::store::Store::default(),

@@ -35,6 +35,15 @@ pub struct Split {
 }
 
 impl ReasoningParser {
+    /// The span a constrained answer may reason in first (`Constraint::AfterReasoning`).
+    pub fn span(self) -> engine::ReasoningSpan {
+        engine::ReasoningSpan {
+            start: START.into(),
+            end: END.into(),
+            opened: self == ReasoningParser::DeepseekR1,
+        }
+    }
+
     /// A whole answer's reasoning and content (`None` where empty).
     pub fn split(self, text: &str) -> (Option<String>, Option<String>) {
         let mut stream = ReasoningStream::new(self);

@@ -3,7 +3,9 @@
 //! vLLM's `structured_outputs` and `guided_json` / `guided_regex` / `guided_choice` /
 //! `guided_grammar`, llama-server's `grammar` (Lark, llguidance's syntax) and `json_schema`;
 //! and OpenAI's `logit_bias`. More than one constraint is a 400; so is a malformed one (the
-//! engine's compiler names what it cannot compile).
+//! engine's compiler names what it cannot compile). With a reasoning parser, a chat answer's
+//! constraint starts after its reasoning (`--structured-outputs-config`'s `enable_in_reasoning`
+//! puts the reasoning under it too).
 
 use std::collections::BTreeMap;
 
@@ -12,6 +14,50 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::error::ApiError;
+
+/// vLLM's `--structured-outputs-config` (its JSON; the fields that apply here, any other is an
+/// error naming it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StructuredOutputsConfig {
+    /// The grammar engine: `auto` or `guidance` (llguidance, the one there is).
+    #[serde(default)]
+    pub backend: Backend,
+    /// With a reasoning parser, the constraint covers the reasoning too (the whole answer);
+    /// otherwise (the default) the reasoning is free and only what follows it is constrained.
+    #[serde(default)]
+    pub enable_in_reasoning: bool,
+}
+
+/// `StructuredOutputsConfig::backend`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Backend {
+    #[default]
+    Auto,
+    Guidance,
+}
+
+impl StructuredOutputsConfig {
+    pub fn from_json(json: &str) -> Result<Self, String> {
+        serde_json::from_str(json).map_err(|e| format!("--structured-outputs-config: {e}"))
+    }
+
+    /// The constraint a chat request's output runs under: `constraint`, after the reasoning
+    /// span of `parser` unless the reasoning is constrained too.
+    pub(crate) fn chat_constraint(
+        self,
+        parser: Option<crate::ReasoningParser>,
+        constraint: Constraint,
+    ) -> Constraint {
+        match parser {
+            Some(parser) if !self.enable_in_reasoning => {
+                Constraint::AfterReasoning { reasoning: parser.span(), answer: Box::new(constraint) }
+            }
+            _ => constraint,
+        }
+    }
+}
 
 /// OpenAI's `response_format`.
 #[derive(Debug, Clone, Deserialize)]
@@ -186,6 +232,21 @@ impl ConstraintFields {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_structured_outputs_config_reads_vllms_json() {
+        use super::{Backend, StructuredOutputsConfig};
+        let c = StructuredOutputsConfig::from_json(r#"{"enable_in_reasoning": true, "backend": "guidance"}"#);
+        assert_eq!(c, Ok(StructuredOutputsConfig { backend: Backend::Guidance, enable_in_reasoning: true }));
+        assert_eq!(StructuredOutputsConfig::from_json("{}"), Ok(StructuredOutputsConfig::default()));
+        for (bad, named) in [
+            (r#"{"backend": "xgrammar"}"#, "xgrammar"),
+            (r#"{"disable_fallback": true}"#, "disable_fallback"),
+        ] {
+            let e = StructuredOutputsConfig::from_json(bad).unwrap_err();
+            assert!(e.contains(named) && e.starts_with("--structured-outputs-config"), "{e}");
+        }
+    }
+
     use super::*;
 
     fn fields(body: Value) -> ConstraintFields {

@@ -4,12 +4,15 @@
 //! On `/v1/responses` the span is a `reasoning` item ahead of the message, whole and streamed.
 
 use serde_json::{Value, json};
-use server::{ReasoningParser, ServerConfig, ToolCallParser};
+use server::{ReasoningParser, ServerConfig, StructuredOutputsConfig, ToolCallParser};
 
 use crate::support::{TestServer, runtime, smollm2_config, smollm2_server_with};
 
+/// A server whose constraints cover the reasoning too (`enable_in_reasoning`), so that a
+/// `guided_choice` scripts the whole answer, reasoning included.
 fn server(parser: Option<ReasoningParser>) -> TestServer {
-    let config = ServerConfig { reasoning_parser: parser, ..ServerConfig::default() };
+    let structured_outputs = StructuredOutputsConfig { enable_in_reasoning: true, ..Default::default() };
+    let config = ServerConfig { reasoning_parser: parser, structured_outputs, ..ServerConfig::default() };
     smollm2_server_with(smollm2_config(), &config)
 }
 
@@ -84,6 +87,7 @@ fn reasoning_beside_a_tool_call() {
     let config = ServerConfig {
         reasoning_parser: Some(ReasoningParser::Qwen3),
         tool_call_parser: ToolCallParser::Hermes,
+        structured_outputs: StructuredOutputsConfig { enable_in_reasoning: true, ..Default::default() },
         ..ServerConfig::default()
     };
     let srv = smollm2_server_with(smollm2_config(), &config);
@@ -157,5 +161,47 @@ fn responses_put_the_think_span_in_a_reasoning_item_whole_and_streamed() {
             (Some(1), Some("message")),
             "{r}"
         );
+    });
+}
+
+/// vLLM's default: the reasoning is free and the constraint starts after it. Under deepseek_r1
+/// (reasoning from the first token) a schema leaves a short answer's tokens exactly as an
+/// unconstrained request's, all of them reasoning; under qwen3 an answer that does not open a
+/// span is held to the choices from its first token.
+#[test]
+fn a_constraint_applies_to_the_answer_after_the_reasoning() {
+    let by_default = |parser| {
+        let config = ServerConfig { reasoning_parser: Some(parser), ..ServerConfig::default() };
+        smollm2_server_with(smollm2_config(), &config)
+    };
+    let ask = |extra: Value| {
+        let mut body = json!({
+            "messages": [{"role": "user", "content": "Which city is the capital of France?"}],
+            "max_tokens": 6, "temperature": 0
+        });
+        if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
+            b.extend(e.clone());
+        }
+        body
+    };
+    let schema = json!({"response_format": {"type": "json_schema", "json_schema": {"name": "city",
+        "schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}});
+    let srv = by_default(ReasoningParser::DeepseekR1);
+    runtime().block_on(async {
+        let free = srv.post_ok("/v1/chat/completions", &ask(json!({}))).await;
+        let guided = srv.post_ok("/v1/chat/completions", &ask(schema.clone())).await;
+        assert_eq!(free["choices"][0]["finish_reason"], "length", "{free}");
+        let (f, g) = (&free["choices"][0]["message"], &guided["choices"][0]["message"]);
+        assert_eq!(g["reasoning_content"], f["reasoning_content"], "{guided} vs {free}");
+        assert!(g["reasoning_content"].as_str().is_some_and(|r| !r.is_empty()), "{guided}");
+        assert!(g["content"].is_null(), "{guided}");
+    });
+    let srv = by_default(ReasoningParser::Qwen3);
+    runtime().block_on(async {
+        let choices = json!({"guided_choice": ["In France.", "In Spain."], "max_tokens": 16});
+        for (reasoning, content) in both_ways(&srv, &ask(choices)).await {
+            assert!(reasoning.is_null(), "{reasoning}");
+            assert!(content == "In France." || content == "In Spain.", "{content}");
+        }
     });
 }
