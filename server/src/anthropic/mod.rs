@@ -1,7 +1,8 @@
 //! Anthropic's `POST /v1/messages` over the chat endpoint's path: the body becomes a chat
 //! request (`request.rs`), checked and submitted as one chat job; its finished text becomes
-//! content blocks (`text`, or with tools the `tool_use` calls it holds) in one message object
-//! or as Anthropic's event stream (`message_start`, `content_block_start`,
+//! content blocks (`text`, or with tools the `tool_use` calls it holds; with a reasoning parser
+//! and `thinking` enabled, a `thinking` block of the reasoning ahead of them, which is otherwise
+//! left out) in one message object or as Anthropic's event stream (`message_start`, `content_block_start`,
 //! `content_block_delta`, `content_block_stop`, `message_delta`, `message_stop`). Errors take
 //! Anthropic's shape (`{"type": "error", "error": {"type", "message"}}`), and the API key is
 //! read from `x-api-key` as well as `Authorization: Bearer`.
@@ -20,12 +21,13 @@ use engine::{FinishReason, OutputStream};
 use futures_util::stream::{self, Stream, StreamExt};
 use serde_json::{Value, json};
 
-use crate::AppState;
 use crate::error::ApiError;
 use crate::folded::Folded;
 use crate::generate::{JobRequest, stream_error};
+use crate::reasoning::{ReasoningStream, Split};
 use crate::request_id::{request_id, with_request_id};
 use crate::tools::ToolPlan;
+use crate::{AppState, ReasoningParser};
 use request::MessagesRequest;
 
 /// The path whose errors take Anthropic's shape.
@@ -70,14 +72,22 @@ struct Call {
     base: String,
     model: String,
     stream: bool,
+    thinking: bool,
 }
 
 fn prepare(state: &AppState, req: &MessagesRequest, base: &str) -> Result<Call, ApiError> {
     let lora = state.model_adapter(req.model.as_deref())?;
     req.check_extra()?;
+    let thinking = req.thinking()?;
+    if thinking && state.reasoning_parser.is_none() {
+        return Err(ApiError::bad_request(
+            "thinking needs a reasoning model: start the server with --reasoning-parser",
+            Some("thinking"),
+        ));
+    }
     let job = req.chat_request()?.job(state, base)?.with_lora(lora.clone());
     let model = lora.map_or_else(|| state.handle.model_name().to_owned(), |l| l.name);
-    Ok(Call { job, base: base.to_owned(), model, stream: req.stream })
+    Ok(Call { job, base: base.to_owned(), model, stream: req.stream, thinking })
 }
 
 impl Call {
@@ -86,7 +96,14 @@ impl Call {
             Ok(submitted) => submitted,
             Err(e) => return error_response(&e),
         };
-        let message = Message { id: format!("msg_{}", self.base), base: self.base, model: self.model, tools };
+        let message = Message {
+            id: format!("msg_{}", self.base),
+            base: self.base,
+            model: self.model,
+            tools,
+            reasoning: state.reasoning_parser,
+            thinking: self.thinking,
+        };
         if self.stream {
             let keep_alive = state.sse_keep_alive;
             crate::generate::sse_response(events(state, output, message), keep_alive)
@@ -111,6 +128,10 @@ struct Message {
     base: String,
     model: String,
     tools: Option<ToolPlan>,
+    /// The server's reasoning parser: its span is never text.
+    reasoning: Option<ReasoningParser>,
+    /// The span comes back as a `thinking` block.
+    thinking: bool,
 }
 
 impl Message {
@@ -127,15 +148,20 @@ impl Message {
     /// The finished text's blocks (the calls it holds, after any text beside them, with tools;
     /// else the text), the stop reason and the stop sequence that ended it.
     fn content(&self, folded: &Folded) -> (Vec<Value>, &'static str, Option<String>) {
-        let calls = self.tools.as_ref().and_then(|t| t.parse(&folded.text, &self.base));
+        let (reasoning, text) = match self.reasoning {
+            Some(parser) => parser.split(&folded.text),
+            None => (None, Some(folded.text.clone())),
+        };
+        let text = text.unwrap_or_default();
+        let thinking = reasoning.filter(|_| self.thinking).map(|r| thinking_block(&r));
+        let calls = self.tools.as_ref().and_then(|t| t.parse(&text, &self.base));
         if let Some((text, calls)) = calls {
-            let blocks = text.map(|t| json!({"type": "text", "text": t})).into_iter().chain(
-                calls.into_iter().map(|c| {
-                    let input = serde_json::from_str::<Value>(&c.function.arguments)
-                        .unwrap_or(Value::String(c.function.arguments));
-                    json!({"type": "tool_use", "id": c.id, "name": c.function.name, "input": input})
-                }),
-            );
+            let text = text.map(|t| json!({"type": "text", "text": t}));
+            let blocks = thinking.into_iter().chain(text).chain(calls.into_iter().map(|c| {
+                let input = serde_json::from_str::<Value>(&c.function.arguments)
+                    .unwrap_or(Value::String(c.function.arguments));
+                json!({"type": "tool_use", "id": c.id, "name": c.function.name, "input": input})
+            }));
             return (blocks.collect(), "tool_use", None);
         }
         let (reason, sequence) = match &folded.finish {
@@ -143,8 +169,20 @@ impl Message {
             Some(FinishReason::Length) => ("max_tokens", None),
             _ => ("end_turn", None),
         };
-        (vec![json!({"type": "text", "text": folded.text})], reason, sequence)
+        (thinking.into_iter().chain([json!({"type": "text", "text": text})]).collect(), reason, sequence)
     }
+}
+
+fn thinking_block(thinking: &str) -> Value {
+    json!({"type": "thinking", "thinking": thinking, "signature": ""})
+}
+
+/// Where a streamed message's thinking block stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Thinking {
+    NotStarted,
+    Open,
+    Stopped,
 }
 
 fn event(kind: &str, mut body: Value) -> Event {
@@ -158,12 +196,16 @@ struct Live {
     folded: Folded,
     /// The text block is open (its text streams as it comes; without tools only).
     open: bool,
+    /// The thinking block (block 0 when there is one; it streams ahead of the text).
+    thinking: Thinking,
+    /// With a reasoning parser, the text's splitter.
+    splitter: Option<ReasoningStream>,
     message: Message,
     state: Arc<AppState>,
 }
 
-/// Anthropic's events: `message_start` at once; without tools the text block's deltas as they
-/// come; with tools the blocks once the text is whole (the calls are known only then), a
+/// Anthropic's events: `message_start` at once; without tools the thinking block's deltas (when
+/// asked for) then the text block's, as they come; with tools the blocks once the text is whole (the calls are known only then), a
 /// `tool_use` block's input in one `input_json_delta`; then `message_delta` (stop reason,
 /// output tokens) and `message_stop`.
 fn events(
@@ -172,19 +214,24 @@ fn events(
     message: Message,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
     let start = event("message_start", json!({"message": message.object(Vec::new(), &Folded::default())}));
-    let live = Live { output, folded: Folded::default(), open: false, message, state };
+    let splitter = message.reasoning.map(ReasoningStream::new);
+    let live = Live {
+        output,
+        folded: Folded::default(),
+        open: false,
+        thinking: Thinking::NotStarted,
+        splitter,
+        message,
+        state,
+    };
     let body = stream::unfold(Some(live), |live| async move {
         let mut live = live?;
         match live.output.next().await {
             Some(Ok(out)) => {
                 let new = live.folded.absorb(&live.state.metrics, crate::metrics::Api::Messages, &out);
                 let mut events = Vec::new();
-                if live.message.tools.is_none() && !new.is_empty() {
-                    if !live.open {
-                        live.open = true;
-                        events.push(text_start(0));
-                    }
-                    events.push(text_delta(0, &new));
+                if live.message.tools.is_none() {
+                    live.stream_share(&new, out.finished, &mut events);
                 }
                 if out.finished {
                     events.extend(live.finished());
@@ -214,6 +261,46 @@ fn text_delta(index: usize, text: &str) -> Event {
 }
 
 impl Live {
+    /// The events of `new` text (and, once `finished`, of what the splitter held back): the
+    /// reasoning as thinking deltas when asked for, the content as text deltas.
+    fn stream_share(&mut self, new: &str, finished: bool, events: &mut Vec<Event>) {
+        let share = match &mut self.splitter {
+            Some(splitter) => {
+                let mut share = splitter.push(new);
+                if finished {
+                    let rest = splitter.finish();
+                    share.reasoning.push_str(&rest.reasoning);
+                    share.content.push_str(&rest.content);
+                }
+                share
+            }
+            None => Split { reasoning: String::new(), content: new.to_owned() },
+        };
+        if self.message.thinking && !share.reasoning.is_empty() {
+            if self.thinking == Thinking::NotStarted {
+                self.thinking = Thinking::Open;
+                events.push(event(
+                    "content_block_start",
+                    json!({"index": 0, "content_block": thinking_block("")}),
+                ));
+            }
+            let delta = json!({"type": "thinking_delta", "thinking": share.reasoning});
+            events.push(event("content_block_delta", json!({"index": 0, "delta": delta})));
+        }
+        if !share.content.is_empty() {
+            if self.thinking == Thinking::Open {
+                self.thinking = Thinking::Stopped;
+                events.push(event("content_block_stop", json!({"index": 0})));
+            }
+            let index = usize::from(self.thinking != Thinking::NotStarted);
+            if !self.open {
+                self.open = true;
+                events.push(text_start(index));
+            }
+            events.push(text_delta(index, &share.content));
+        }
+    }
+
     /// The closing events: every block's (or the open text block's end), then the stop.
     fn finished(self) -> Vec<Event> {
         let (blocks, stop_reason, stop_sequence) = self.message.content(&self.folded);
@@ -228,6 +315,19 @@ impl Live {
                     "content_block_delta",
                     json!({"index": i, "delta": {"type": "input_json_delta", "partial_json": partial}}),
                 ));
+            } else if block["type"] == "thinking" {
+                match self.thinking {
+                    Thinking::Stopped => continue,
+                    Thinking::Open => {}
+                    Thinking::NotStarted => {
+                        events.push(event(
+                            "content_block_start",
+                            json!({"index": i, "content_block": thinking_block("")}),
+                        ));
+                        let delta = json!({"type": "thinking_delta", "thinking": block["thinking"]});
+                        events.push(event("content_block_delta", json!({"index": i, "delta": delta})));
+                    }
+                }
             } else if !self.open {
                 events.push(text_start(i));
                 let text = block["text"].as_str().unwrap_or_default();

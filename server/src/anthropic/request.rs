@@ -38,14 +38,14 @@ pub struct MessagesRequest {
 }
 
 impl MessagesRequest {
-    /// The fields outside the typed ones: vLLM's sampling extras (handed on), `thinking` only
-    /// when disabled, `service_tier`; anything else is a 400 naming it.
+    /// The fields outside the typed ones: vLLM's sampling extras (handed on), `thinking` (see
+    /// [`Self::thinking`]), `service_tier`; anything else is a 400 naming it.
     pub fn check_extra(&self) -> Result<(), ApiError> {
         for (name, value) in &self.extra {
             let fine = value.is_null()
                 || SAMPLING_EXTRAS.contains(&name.as_str())
                 || match name.as_str() {
-                    "thinking" => value["type"] == "disabled",
+                    "thinking" => true,
                     "service_tier" => value == "auto" || value == "standard_only",
                     _ => false,
                 };
@@ -57,6 +57,26 @@ impl MessagesRequest {
             }
         }
         Ok(())
+    }
+
+    /// Whether the answer's reasoning is asked for as `thinking` blocks: `{"type": "enabled",
+    /// "budget_tokens": N}` with N at least 1024 and below `max_tokens` (Anthropic's rules; the
+    /// budget is not enforced: the model reasons until it closes its span), or `disabled`.
+    pub fn thinking(&self) -> Result<bool, ApiError> {
+        let bad = |m: String| Err(ApiError::bad_request(m, Some("thinking")));
+        let Some(t) = self.extra.get("thinking").filter(|v| !v.is_null()) else { return Ok(false) };
+        match t["type"].as_str() {
+            Some("disabled") => Ok(false),
+            Some("enabled") => match t["budget_tokens"].as_i64() {
+                None => bad("thinking.budget_tokens is required (an integer)".into()),
+                Some(b) if b < 1024 => bad(format!("thinking.budget_tokens must be at least 1024 (got {b})")),
+                Some(b) if self.max_tokens.is_some_and(|m| b >= m) => {
+                    bad(format!("thinking.budget_tokens ({b}) must be less than max_tokens"))
+                }
+                Some(_) => Ok(true),
+            },
+            _ => bad(format!("thinking type must be enabled or disabled (got {t})")),
+        }
     }
 
     /// The chat request this body asks for.
@@ -126,6 +146,8 @@ fn turns(m: &Value, out: &mut Vec<Value>) -> Result<(), ApiError> {
                     json!({"id": id, "type": "function", "function": {"name": name, "arguments": arguments}}),
                 );
             }
+            // Earlier turns' thinking is left out, as reasoning models' templates leave it.
+            (Some("thinking" | "redacted_thinking"), "assistant") => {}
             (Some("tool_result"), "user") => {
                 let Some(id) = b["tool_use_id"].as_str() else {
                     return Err(bad("a tool_result block needs tool_use_id".into()));
@@ -266,16 +288,30 @@ mod tests {
             let e = request(json!({"max_tokens": 5, "messages": messages})).chat_request().err();
             assert_eq!(e.map(|e| e.param), Some(Some("messages")), "{messages}");
         }
-        let e = request(
-            json!({"max_tokens": 5, "messages": [], "thinking": {"type": "enabled", "budget_tokens": 100}}),
-        )
-        .check_extra();
-        assert!(e.is_err_and(|e| e.message.contains("thinking")));
-        assert!(
-            request(json!({"max_tokens": 5, "messages": [], "thinking": {"type": "disabled"}}))
-                .check_extra()
-                .is_ok()
-        );
+        let thinking = |max_tokens: i64, t: Value| {
+            let r = request(json!({"max_tokens": max_tokens, "messages": [], "thinking": t}));
+            r.check_extra().and_then(|()| r.thinking()).map_err(|e| (e.param, e.message))
+        };
+        assert_eq!(thinking(2048, json!({"type": "enabled", "budget_tokens": 1024})), Ok(true));
+        assert_eq!(thinking(5, json!({"type": "disabled"})), Ok(false));
+        for (max_tokens, bad) in [
+            (2048, json!({"type": "enabled", "budget_tokens": 100})),
+            (1024, json!({"type": "enabled", "budget_tokens": 1024})),
+            (2048, json!({"type": "enabled"})),
+            (2048, json!({"type": "adaptive"})),
+        ] {
+            let e = thinking(max_tokens, bad.clone());
+            assert!(
+                e.as_ref().is_err_and(|(p, m)| *p == Some("thinking") && m.contains("thinking")),
+                "{bad}: {e:?}"
+            );
+        }
+        // An earlier turn's thinking is dropped, not refused.
+        let r = request(json!({"max_tokens": 5, "messages": [{"role": "user", "content": "x"},
+            {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm", "signature": ""},
+                {"type": "text", "text": "y"}]}]}));
+        let chat = r.chat_request().unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(chat.messages.len(), 2);
         let e = request(json!({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "web_search_20250305", "name": "w"}]})).chat_request();
         assert_eq!(e.err().map(|e| e.param), Some(Some("tools")));
     }

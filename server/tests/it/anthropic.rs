@@ -2,15 +2,20 @@
 //! for the same turns (greedy), with `end_turn`, `stop_sequence` (and which) or `max_tokens`;
 //! the stream's events in Anthropic's order whose deltas make the text; a forced tool call is a
 //! `tool_use` block with an `input` object and `stop_reason: tool_use`, its `tool_result` gets
-//! a text answer. On the tiny model: errors in Anthropic's shape, `x-api-key` and Bearer keys,
+//! a text answer. With a reasoning parser and `thinking` enabled, the reasoning is a `thinking`
+//! block ahead of the text, whole and streamed (left out when not asked for; without a parser
+//! asking is a 400). On the tiny model: errors in Anthropic's shape, `x-api-key` and Bearer keys,
 //! a full queue's 429 and a leaving client's abort.
 
 use axum::http::StatusCode;
 use engine::EngineConfig;
 use serde_json::{Value, json};
-use server::ServerConfig;
+use server::{ReasoningParser, ServerConfig, StructuredOutputsConfig};
 
-use crate::support::{TestServer, post_request, runtime, small_config, smollm2_server, sse_events};
+use crate::support::{
+    TestServer, post_request, runtime, small_config, smollm2_config, smollm2_server, smollm2_server_with,
+    sse_events,
+};
 
 fn text(m: &Value) -> String {
     let blocks = m["content"].as_array().cloned().unwrap_or_default();
@@ -159,5 +164,73 @@ fn errors_keys_the_queue_and_a_leaving_client_in_anthropics_terms() {
         let resp = srv.send(post_request("/v1/messages", long.to_string())).await;
         assert_eq!(sse_events(resp, 4).await.len(), 4);
         srv.wait_idle().await;
+    });
+}
+
+/// The answer is scripted with `guided_choice` over the whole text (`enable_in_reasoning`).
+#[test]
+fn thinking_blocks_carry_the_reasoning_whole_and_streamed() {
+    let config = ServerConfig {
+        reasoning_parser: Some(ReasoningParser::Qwen3),
+        structured_outputs: StructuredOutputsConfig { enable_in_reasoning: true, ..Default::default() },
+        ..ServerConfig::default()
+    };
+    let answer = "<think>Paris is the capital.</think>\n\nIn France.";
+    let body = |thinking: Value, stream: bool| {
+        json!({"max_tokens": 2048, "temperature": 0, "guided_choice": [answer], "thinking": thinking,
+            "stream": stream, "messages": [{"role": "user", "content": "Where is Paris?"}]})
+    };
+    let enabled = json!({"type": "enabled", "budget_tokens": 1024});
+    smollm2_server_with(smollm2_config(), &config).run_then_idle(async |server| {
+        let m = server.post_ok("/v1/messages", &body(enabled.clone(), false)).await;
+        let blocks = m["content"].as_array().cloned().unwrap_or_default();
+        let kinds: Vec<&str> = blocks.iter().filter_map(|b| b["type"].as_str()).collect();
+        assert_eq!(kinds, ["thinking", "text"], "{m}");
+        assert_eq!(blocks[0]["thinking"], "Paris is the capital.", "{m}");
+        assert_eq!(blocks[0]["signature"], "", "{m}");
+        assert_eq!(text(&m), "\n\nIn France.", "{m}");
+        // Not asked for: the reasoning is left out, never text.
+        let m = server.post_ok("/v1/messages", &body(json!({"type": "disabled"}), false)).await;
+        assert_eq!(m["content"], json!([{"type": "text", "text": "\n\nIn France."}]), "{m}");
+
+        let raw = sse_events(
+            server.send(post_request("/v1/messages", body(enabled, true).to_string())).await,
+            usize::MAX,
+        );
+        let events: Vec<Value> =
+            raw.await.iter().map(|e| serde_json::from_str(e).unwrap_or_default()).collect();
+        // Each block starts, takes its deltas and stops before the next starts.
+        let mut order = Vec::new();
+        let (mut thinking, mut text) = (String::new(), String::new());
+        for e in &events {
+            let i = e["index"].as_u64();
+            match e["type"].as_str() {
+                Some("content_block_start") => {
+                    order.push(format!("start {} {}", i.unwrap_or(9), e["content_block"]["type"]))
+                }
+                Some("content_block_stop") => order.push(format!("stop {}", i.unwrap_or(9))),
+                Some("content_block_delta") => match e["delta"]["type"].as_str() {
+                    Some("thinking_delta") if i == Some(0) => {
+                        thinking.push_str(e["delta"]["thinking"].as_str().unwrap_or(""))
+                    }
+                    Some("text_delta") if i == Some(1) => {
+                        text.push_str(e["delta"]["text"].as_str().unwrap_or(""))
+                    }
+                    _ => panic!("a stray delta: {e}"),
+                },
+                _ => {}
+            }
+        }
+        assert_eq!(order, ["start 0 \"thinking\"", "stop 0", "start 1 \"text\"", "stop 1"], "{events:?}");
+        assert_eq!((thinking.as_str(), text.as_str()), ("Paris is the capital.", "\n\nIn France."));
+    });
+    smollm2_server().run_then_idle(async |server| {
+        let r = server
+            .send(post_request(
+                "/v1/messages",
+                body(json!({"type": "enabled", "budget_tokens": 1024}), false).to_string(),
+            ))
+            .await;
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST);
     });
 }
