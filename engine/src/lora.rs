@@ -206,8 +206,8 @@ impl LoraRegistry {
     /// Reads the adapter at `path` and checks it against the base model and the rank limit
     /// (no lock held: a large adapter does not stall other submissions).
     fn read(&self, name: &str, path: &Path, config: LoraConfig) -> Result<Arc<LoraAdapter>, LoraError> {
-        let adapter = LoraAdapter::load_peft(name, path, &self.model_config)
-            .map_err(|e| LoraError::Load(e.to_string()))?;
+        let adapter =
+            LoraAdapter::load(name, path, &self.model_config).map_err(|e| LoraError::Load(e.to_string()))?;
         if adapter.rank > config.max_lora_rank {
             let (name, rank, max) = (name.to_owned(), adapter.rank, config.max_lora_rank);
             return Err(LoraError::RankTooLarge { name, rank, max });

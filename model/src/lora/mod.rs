@@ -9,6 +9,7 @@
 //! time (punica's grouping, `apply.rs`).
 
 pub(crate) mod apply;
+mod gguf;
 pub(crate) mod peft;
 
 use std::sync::Arc;

@@ -132,7 +132,7 @@ fn parse_name(name: &str) -> Option<(usize, usize, bool)> {
 
 /// llama.cpp's row order of Q and K within each head (pairs interleaved), applied to `B`'s rows
 /// where the base model was read from a GGUF in that order (`RopeStyle::Interleaved`).
-fn interleave_rows(b: &[f32], rank: usize, head_dim: usize) -> Vec<f32> {
+pub(super) fn interleave_rows(b: &[f32], rank: usize, head_dim: usize) -> Vec<f32> {
     let half = head_dim / 2;
     let mut out = vec![0.0; b.len()];
     for (head, rows) in b.chunks_exact(head_dim * rank).enumerate() {

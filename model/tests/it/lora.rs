@@ -5,8 +5,11 @@
 //! three; every row's logits must be within [`TOLERANCE`] of PEFT's merged model (of
 //! transformers' for the base rows) at each of 8 positions, prefilled whole and then decoded a
 //! token a step, from the HF folder and from llama.cpp's GGUF of the same weights (whose Q/K
-//! rows are in llama.cpp's order: the adapter's `B` rows must follow). Adapters that do not fit
-//! the base are refused at load, and a step carrying another model's adapter before any op.
+//! rows are in llama.cpp's order: the adapter's `B` rows must follow). llama.cpp's LoRA GGUFs of
+//! the same adapters (`make_gguf.py`) against llama.cpp's own logits over them (Llama; over the
+//! HF folder too, whose rows are in the other order) and against PEFT's (Qwen2's `sql`, beside
+//! the PEFT folder of `chat` in one batch). Adapters that do not fit the base are refused at
+//! load, and a step carrying another model's adapter before any op.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -18,7 +21,13 @@ use crate::harness::{argmax, assign_blocks, build_batch, cache_for};
 
 /// The bound on |logit − PEFT's logit| (f32 math in another order: measured worst below).
 const TOLERANCE: f32 = 1e-3;
-const ADAPTERS: [&str; 2] = ["sql", "chat"];
+
+/// An adapter of a check: its name, its file or folder in `lora/<family>/`, and the file there
+/// holding its reference generations.
+type Source = (&'static str, &'static str, &'static str);
+const PEFT: [Source; 2] = [("sql", "sql", "expected.json"), ("chat", "chat", "expected.json")];
+const LLAMA_CPP: [Source; 2] =
+    [("sql", "sql.gguf", "expected_gguf.json"), ("chat", "chat.gguf", "expected_gguf.json")];
 
 fn data() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data")
@@ -61,20 +70,19 @@ fn generations(v: &Value) -> Vec<Expected> {
 }
 
 /// Runs every (prompt, adapter) pair side by side and returns the largest logit difference.
-fn check(family: &str, file: &str) -> f32 {
+fn check(family: &str, file: &str, sources: [Source; 2]) -> f32 {
     let path = data().join("families").join(family).join(file);
     let file = if file.is_empty() { "folder" } else { file };
     let model = Model::load(&path).unwrap_or_else(|e| panic!("load {}: {e}", path.display()));
     let base = generations(&json(data().join("families").join(family).join("expected.json"))["generations"]);
-    let peft = json(data().join("lora").join(family).join("expected.json"));
     // Row r of the batch: prompt r / 3 under adapter r % 3 (0 = base).
     let mut adapters: Vec<Option<Arc<LoraAdapter>>> = vec![None];
     let mut expected: Vec<Vec<Expected>> = vec![base];
-    for name in ADAPTERS {
-        let dir = data().join("lora").join(family).join(name);
-        let adapter = LoraAdapter::load_peft(name, &dir, &model.config).unwrap_or_else(|e| panic!("{e}"));
+    for (name, at, reference) in sources {
+        let dir = data().join("lora").join(family);
+        let adapter = LoraAdapter::load(name, &dir.join(at), &model.config).unwrap_or_else(|e| panic!("{e}"));
         adapters.push(Some(Arc::new(adapter)));
-        expected.push(generations(&peft["adapters"][name]));
+        expected.push(generations(&json(dir.join(reference))["adapters"][name]));
     }
     let rows: Vec<(usize, usize)> = (0..3).flat_map(|p| (0..3).map(move |a| (p, a))).collect();
     // Teacher-forced: each sequence is its prompt then the reference's greedy tokens but the last.
@@ -159,18 +167,31 @@ fn check(family: &str, file: &str) -> f32 {
 
 #[test]
 fn llama_adapters_match_peft_in_a_mixed_batch() {
-    check("llama", "");
+    check("llama", "", PEFT);
 }
 
 #[test]
 fn llama_adapters_over_the_gguf_follow_its_row_order() {
-    check("llama", "model.gguf");
+    check("llama", "model.gguf", PEFT);
 }
 
 #[test]
 fn qwen2_adapters_match_peft_in_a_mixed_batch() {
-    check("qwen2", "");
-    check("qwen2", "model.gguf");
+    check("qwen2", "", PEFT);
+    check("qwen2", "model.gguf", PEFT);
+}
+
+#[test]
+fn llama_cpp_lora_ggufs_match_llama_cpp_over_either_base() {
+    check("llama", "model.gguf", LLAMA_CPP);
+    check("llama", "", LLAMA_CPP);
+}
+
+#[test]
+fn a_qwen2_lora_gguf_matches_peft_beside_a_peft_folder() {
+    let mixed = [("sql", "sql.gguf", "expected.json"), PEFT[1]];
+    check("qwen2", "", mixed);
+    check("qwen2", "model.gguf", mixed);
 }
 
 #[test]
