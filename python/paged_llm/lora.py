@@ -10,8 +10,8 @@ from typing import Optional, Sequence, Union
 
 @dataclass(frozen=True)
 class LoRARequest:
-    """A PEFT adapter folder (``adapter_config.json`` + ``adapter_model.safetensors``) under a
-    name: ``LoRARequest("sql", 1, "/adapters/sql")``. The engine reads it on first use (off its
+    """A PEFT adapter folder (``adapter_config.json`` + ``adapter_model.safetensors``), or a
+    llama.cpp LoRA GGUF file, under a name: ``LoRARequest("sql", 1, "/adapters/sql")``. The engine reads it on first use (off its
     step loop) and keeps it by name; ``lora_int_id`` is vLLM's and is not needed here (the name
     identifies the adapter). Needs the ``enable_lora=True`` engine argument."""
 

@@ -204,7 +204,7 @@ pub struct ServeArgs {
     /// first; a request with a priority is refused under fcfs).
     #[arg(help_heading = "SchedulerConfig", long, value_parser = choice(&SCHEDULING_POLICY), default_value = "fcfs")]
     pub scheduling_policy: Policy,
-    /// LoRA adapters served from the start, each `name=path` (a PEFT folder) or vLLM's JSON
+    /// LoRA adapters served from the start, each `name=path` (a PEFT folder or a llama.cpp LoRA GGUF file) or vLLM's JSON
     /// `{"name": …, "path": …}`; needs --enable-lora.
     #[arg(help_heading = "Frontend", long, num_args = 1.., value_name = "NAME=PATH", value_parser = lora_module)]
     pub lora_modules: Vec<LoraModule>,

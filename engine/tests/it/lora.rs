@@ -130,6 +130,31 @@ fn each_request_gets_peft_tokens_alone_and_in_a_batch_mixing_adapters() {
     assert_eq!(mixed.loras().list().len(), 2, "both adapters registered from their requests");
 }
 
+/// llama.cpp's GGUF of the `sql` adapter (no rsLoRA, so llama.cpp's scale is PEFT's) gives
+/// PEFT's tokens, beside the PEFT folder of the same adapter in one batch.
+#[test]
+fn a_lora_gguf_serves_beside_its_peft_folder() {
+    let mut engine = engine(Some(lora_config(4)), 2048);
+    let params = SamplingParams { max_tokens: Some(8), ignore_eos: true, ..SamplingParams::greedy(8) };
+    let (prompt, greedy) = expected(Some("sql")).swap_remove(0);
+    for (id, path) in [("gguf", data().join("lora/llama/sql.gguf")), ("folder", adapter_dir("sql"))] {
+        let options = RequestOptions::default().with_lora(LoraRequest::at(id, path));
+        engine
+            .add_request_with_options(id, Prompt::Tokens(prompt.clone()), params.clone(), options)
+            .expect(id);
+    }
+    let mut tokens: std::collections::BTreeMap<String, Vec<u32>> = Default::default();
+    while engine.has_unfinished() {
+        for o in engine.step().expect("step") {
+            tokens
+                .entry(o.request_id.clone())
+                .or_default()
+                .extend(o.outputs.iter().flat_map(|c| c.token_ids.clone()));
+        }
+    }
+    assert_eq!((&tokens["gguf"], &tokens["folder"]), (&greedy, &greedy));
+}
+
 #[test]
 fn prefix_cache_hits_never_cross_adapters() {
     let mut engine = engine(Some(lora_config(4)), 2048);

@@ -244,6 +244,37 @@ fn adapters_that_do_not_fit_the_base_are_refused_naming_the_tensor() {
 }
 
 #[test]
+fn lora_ggufs_that_do_not_fit_the_base_are_refused_naming_why() {
+    let llama = Model::load(&data().join("families/llama")).expect("load llama");
+    let qwen = Model::load(&data().join("families/qwen2")).expect("load qwen2");
+    for (path, config, says) in [
+        // Another architecture's adapter.
+        ("lora/qwen2/sql.gguf", &llama.config, "an adapter of a qwen2 model, the base is llama"),
+        // A model, not an adapter.
+        ("families/llama/model.gguf", &llama.config, "not a LoRA adapter"),
+        // Not a GGUF at all.
+        ("lora/llama/sql/adapter_config.json", &llama.config, "not a GGUF"),
+    ] {
+        let err = LoraAdapter::load("x", &data().join(path), config).expect_err(path);
+        assert!(err.to_string().contains(says), "{path}: {err}");
+    }
+    // The architecture's name matches but a shape does not: the tensor is named.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bytes = std::fs::read(data().join("lora/qwen2/sql.gguf")).expect("read");
+    let text = String::from_utf8_lossy(&bytes);
+    let at = text.find("qwen2").expect("the architecture's name");
+    let mut renamed = bytes.clone();
+    // `qwen2` → `llama`, the same length: a Qwen2 adapter claiming to be Llama's.
+    renamed[at..at + 5].copy_from_slice(b"llama");
+    let path = dir.path().join("renamed.gguf");
+    std::fs::write(&path, renamed).expect("write");
+    let err = LoraAdapter::load("x", &path, &llama.config).expect_err("shapes");
+    assert!(err.to_string().contains("lora_") && err.to_string().contains("has shape"), "{err}");
+    let adapter = LoraAdapter::load("sql", &data().join("lora/qwen2/sql.gguf"), &qwen.config).expect("loads");
+    assert_eq!((adapter.rank, adapter.num_pairs()), (8, 4 * qwen.config.num_hidden_layers));
+}
+
+#[test]
 fn a_step_with_an_adapter_of_another_model_is_refused_before_any_op() {
     let llama = Model::load(&data().join("families/llama")).expect("load llama");
     let qwen = Model::load(&data().join("families/qwen2")).expect("load qwen2");
