@@ -54,6 +54,8 @@ pub struct Engine {
     pending: Vec<RequestOutput>,
     /// What a draft's verification costs (speculative decoding's cost rule).
     draft_cost: verify::VerifyCost,
+    /// Recent requests' outputs (suffix decoding).
+    suffix_cache: Option<crate::spec::suffix::SuffixCache>,
     kv_events: Option<events::KvEvents>,
 }
 
@@ -112,6 +114,7 @@ impl Engine {
             },
             None => verify::VerifyCost::Pinned(1.0),
         };
+        let suffix_cache = verify::suffix_cache(&config);
         let cache_cfg = *runner.cache_config();
         let mut scheduler = Scheduler::new(SchedulerConfig {
             max_num_batched_tokens: config.max_num_batched_tokens,
@@ -171,6 +174,7 @@ impl Engine {
             bufs: StepBuffers::default(),
             pending: Vec::new(),
             draft_cost,
+            suffix_cache,
             kv_events,
         })
     }
@@ -562,7 +566,8 @@ impl Engine {
         if !record.all_finished() {
             return output.is_none_or(|output| record.deliver(output, outputs));
         }
-        let Some(record) = self.live.remove(&key) else { return true };
+        let Some(mut record) = self.live.remove(&key) else { return true };
+        self.cache_outputs(&mut record);
         // Retired before its last output is sent: a client that reads it may reuse the id at once.
         self.retire(&record);
         let ttft = record.first_token.map(|t| t.duration_since(record.arrival));

@@ -117,6 +117,8 @@ pub(crate) struct SeqState {
     pub guide: Option<Guide>,
     /// Whether its drafts pay (speculative decoding).
     pub gate: DraftGate,
+    /// Its own suffix trie (suffix decoding only).
+    pub suffix: Option<crate::spec::suffix::LocalSuffix>,
     pub detok: IncrementalDetokenizer,
     pub new_tokens: Vec<u32>,
     pub new_logprobs: Vec<PositionLogprobs>,
@@ -217,6 +219,7 @@ impl RequestRecord {
                 sampler: s,
                 guide: None,
                 gate: DraftGate::default(),
+                suffix: None,
                 detok: IncrementalDetokenizer::new(
                     prompt,
                     params.skip_special_tokens,

@@ -10,9 +10,12 @@ use model::{Runner, StepInput};
 use super::Engine;
 use super::live::{Row, SampleMut};
 use super::rows::gather_logit_rows;
+use crate::config::EngineConfig;
 use crate::error::EngineError;
+use crate::request::RequestRecord;
 use crate::sampling::{SampleRow, SamplerError, TokenChoice, sample_batch};
-use crate::spec::DraftCost;
+use crate::spec::suffix::{LocalSuffix, SuffixCache};
+use crate::spec::{DraftCost, MAX_SUFFIX_CACHE_NODES};
 
 /// Whether `token`, the target's draw at `j`, is draft token `j` of `row` (`drafts`: the plan's
 /// token ids), so that the next position is scored against the right context.
@@ -102,6 +105,8 @@ impl Engine {
             return Ok(());
         }
         let k = spec.num_speculative_tokens;
+        let suffix = spec.suffix_rule();
+        let mut theirs = Vec::new();
         let drafted = self.bufs.view.rows.iter().filter(|r| !r.draft.is_empty()).count();
         let cost = self.draft_cost.at(forward_secs, self.bufs.plan.seqs.len(), drafted);
         for r in &self.bufs.view.rows {
@@ -109,21 +114,58 @@ impl Engine {
             if record.seqs.len() > 1 || record.params.constraint.is_some() {
                 continue;
             }
+            let prompt_len = record.prompt_len;
             let seq =
                 record.seqs.get_mut(r.index).ok_or(EngineError::Internal("sample index out of range"))?;
-            if seq.finish.is_some() || !seq.gate.wants(k, cost) {
+            if seq.finish.is_some() {
                 continue;
             }
             let tokens = self
                 .scheduler
                 .seq_tokens(r.seq_id)
                 .ok_or(EngineError::Internal("sampled unknown sequence"))?;
-            spec.propose(tokens, &mut self.bufs.draft);
+            if let Some((p, _)) = suffix {
+                // Fed every step, drafting or not, so that its output is whole when it finishes.
+                let local = seq.suffix.get_or_insert_with(|| LocalSuffix::new(p.max_tree_depth, prompt_len));
+                local.catch_up(tokens);
+            }
+            if !seq.gate.wants(k, cost) {
+                continue;
+            }
+            match (suffix, &seq.suffix) {
+                (Some((_, rule)), Some(local)) => {
+                    let mine = local.trie.draft(tokens, rule, &mut self.bufs.draft);
+                    if let Some(cache) = &self.suffix_cache
+                        && cache.trie.draft(tokens, rule, &mut theirs) > mine
+                    {
+                        std::mem::swap(&mut self.bufs.draft, &mut theirs);
+                    }
+                }
+                _ => spec.propose(tokens, &mut self.bufs.draft),
+            }
             if !self.bufs.draft.is_empty() {
                 self.scheduler.set_draft(r.seq_id, &self.bufs.draft)?;
             }
         }
         Ok(())
+    }
+}
+
+/// The cache of recent outputs suffix decoding drafts from (none under another method, or
+/// with `suffix_decoding_max_cached_requests` 0).
+pub(super) fn suffix_cache(config: &EngineConfig) -> Option<SuffixCache> {
+    let (p, _) = config.speculative_config?.suffix_rule()?;
+    (p.max_cached_requests > 0)
+        .then(|| SuffixCache::new(p.max_tree_depth, p.max_cached_requests, MAX_SUFFIX_CACHE_NODES))
+}
+
+impl Engine {
+    /// A finished request's outputs into the cache of recent outputs (suffix decoding).
+    pub(super) fn cache_outputs(&mut self, record: &mut RequestRecord) {
+        let Some(cache) = &mut self.suffix_cache else { return };
+        for local in record.seqs.iter_mut().filter_map(|s| s.suffix.as_mut()) {
+            cache.add(local.take_output());
+        }
     }
 }
 

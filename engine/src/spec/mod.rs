@@ -1,6 +1,7 @@
 //! Speculative decoding's configuration, as vLLM's `--speculative-config` JSON
 //! (`{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2,
-//! "prompt_lookup_max": 5}`), and its proposers ([`ngram`]).
+//! "prompt_lookup_max": 5}`, `{"method": "suffix", …}`), and its proposers ([`ngram`],
+//! [`suffix`]).
 //!
 //! Verification keeps the target's distribution: the target samples each drafted position in turn
 //! with the request's own sampler and RNG, and a draft token is kept only where the target drew
@@ -10,6 +11,7 @@
 //! token is speculative sampling's rule for a one-hot proposal.
 
 pub mod ngram;
+pub mod suffix;
 
 use serde::Deserialize;
 
@@ -19,12 +21,30 @@ use crate::EngineError;
 /// more than the tokens it can save).
 pub const MAX_SPECULATIVE_TOKENS: usize = 16;
 
+/// Most nodes the suffix cache of recent outputs holds (16 bytes each) before it forgets its
+/// oldest output even under `suffix_decoding_max_cached_requests`.
+pub const MAX_SUFFIX_CACHE_NODES: usize = 1 << 22;
+
 /// How drafts are proposed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum SpecMethod {
     /// Prompt lookup: the tokens that followed the longest recent n-gram of the sequence that
     /// occurred earlier in it (vLLM's `ngram`, llama.cpp's lookup decoding).
     Ngram { min_n: usize, max_n: usize },
+    /// Suffix decoding (vLLM's `suffix`): the most frequent continuation of the sequence's
+    /// longest matched suffix in its own tokens or in recent requests' outputs ([`suffix`]).
+    Suffix(SuffixParams),
+}
+
+/// vLLM's `suffix_decoding_*` settings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SuffixParams {
+    /// Longest string the tries hold (match and draft together).
+    pub max_tree_depth: usize,
+    /// Finished requests' outputs the shared trie keeps (0: only the request's own tokens).
+    pub max_cached_requests: usize,
+    pub max_spec_factor: f64,
+    pub min_token_prob: f64,
 }
 
 /// Speculative decoding's settings.
@@ -98,11 +118,15 @@ impl DraftGate {
 #[serde(deny_unknown_fields)]
 struct Json {
     method: String,
-    num_speculative_tokens: usize,
+    num_speculative_tokens: Option<usize>,
     prompt_lookup_min: Option<usize>,
     prompt_lookup_max: Option<usize>,
     model: Option<String>,
     disable_by_batch_size: Option<usize>,
+    suffix_decoding_max_tree_depth: Option<usize>,
+    suffix_decoding_max_cached_requests: Option<usize>,
+    suffix_decoding_max_spec_factor: Option<f64>,
+    suffix_decoding_min_token_prob: Option<f64>,
 }
 
 impl SpeculativeConfig {
@@ -110,15 +134,30 @@ impl SpeculativeConfig {
     pub fn from_json(text: &str) -> Result<Self, EngineError> {
         let bad = |why: String| EngineError::Config(format!("speculative config: {why}"));
         let j: Json = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
-        let k = j.num_speculative_tokens;
+        if j.model.is_some() {
+            return Err(bad(format!("\"model\" is for method \"draft_model\", not \"{}\"", j.method)));
+        }
+        let suffix_fields = [
+            ("suffix_decoding_max_tree_depth", j.suffix_decoding_max_tree_depth.is_some()),
+            ("suffix_decoding_max_cached_requests", j.suffix_decoding_max_cached_requests.is_some()),
+            ("suffix_decoding_max_spec_factor", j.suffix_decoding_max_spec_factor.is_some()),
+            ("suffix_decoding_min_token_prob", j.suffix_decoding_min_token_prob.is_some()),
+        ];
+        if let Some((field, _)) = suffix_fields.iter().find(|(_, set)| *set).filter(|_| j.method != "suffix")
+        {
+            return Err(bad(format!("{field} is for method \"suffix\", not \"{}\"", j.method)));
+        }
+        let depth = j.suffix_decoding_max_tree_depth.unwrap_or(24);
+        // vLLM's default for suffix decoding is the tree's depth; ours stops at the cap.
+        let default_k = (j.method == "suffix").then_some(depth.min(MAX_SPECULATIVE_TOKENS));
+        let Some(k) = j.num_speculative_tokens.or(default_k) else {
+            return Err(bad("num_speculative_tokens is required".into()));
+        };
         if !(1..=MAX_SPECULATIVE_TOKENS).contains(&k) {
             return Err(bad(format!("num_speculative_tokens {k} is outside 1..={MAX_SPECULATIVE_TOKENS}")));
         }
         let method = match j.method.as_str() {
             "ngram" => {
-                if j.model.is_some() {
-                    return Err(bad("\"model\" is for method \"draft_model\", not \"ngram\"".into()));
-                }
                 let min_n = j.prompt_lookup_min.unwrap_or(1);
                 let max_n = j.prompt_lookup_max.unwrap_or(min_n.max(3));
                 if min_n == 0 || max_n < min_n {
@@ -128,10 +167,30 @@ impl SpeculativeConfig {
                 }
                 SpecMethod::Ngram { min_n, max_n }
             }
-            m @ ("suffix" | "draft_model" | "eagle" | "eagle3" | "medusa" | "mtp") => {
-                return Err(bad(format!("method \"{m}\" is not supported by this engine; use \"ngram\"")));
+            "suffix" => {
+                let params = SuffixParams {
+                    max_tree_depth: depth,
+                    max_cached_requests: j.suffix_decoding_max_cached_requests.unwrap_or(10_000),
+                    max_spec_factor: j.suffix_decoding_max_spec_factor.unwrap_or(1.0),
+                    min_token_prob: j.suffix_decoding_min_token_prob.unwrap_or(0.1),
+                };
+                if !(2..=1024).contains(&depth) {
+                    return Err(bad(format!("suffix_decoding_max_tree_depth {depth} is outside 2..=1024")));
+                }
+                if !(params.max_spec_factor.is_finite() && params.max_spec_factor > 0.0) {
+                    return Err(bad("suffix_decoding_max_spec_factor must be a positive number".into()));
+                }
+                if !(0.0..=1.0).contains(&params.min_token_prob) {
+                    return Err(bad("suffix_decoding_min_token_prob must be within 0..=1".into()));
+                }
+                SpecMethod::Suffix(params)
             }
-            other => return Err(bad(format!("unknown method \"{other}\" (methods: \"ngram\")"))),
+            m @ ("draft_model" | "eagle" | "eagle3" | "medusa" | "mtp") => {
+                return Err(bad(format!(
+                    "method \"{m}\" is not supported by this engine; use \"ngram\" or \"suffix\""
+                )));
+            }
+            other => return Err(bad(format!("unknown method \"{other}\" (methods: \"ngram\", \"suffix\")"))),
         };
         if j.disable_by_batch_size == Some(0) {
             return Err(bad("disable_by_batch_size must be at least 1".into()));
@@ -144,14 +203,24 @@ impl SpeculativeConfig {
         })
     }
 
-    /// The draft for a sequence of `tokens` (prompt and generated), into `draft` (cleared first).
+    /// The n-gram draft for a sequence of `tokens` (prompt and generated), into `draft`
+    /// (cleared first; nothing under another method, whose proposers keep state).
     pub fn propose(&self, tokens: &[u32], draft: &mut Vec<u32>) {
         draft.clear();
-        match self.method {
-            SpecMethod::Ngram { min_n, max_n } => {
-                ngram::propose(tokens, min_n, max_n, self.num_speculative_tokens, draft)
-            }
+        if let SpecMethod::Ngram { min_n, max_n } = self.method {
+            ngram::propose(tokens, min_n, max_n, self.num_speculative_tokens, draft)
         }
+    }
+
+    /// How a suffix draft grows, under [`SpecMethod::Suffix`].
+    pub fn suffix_rule(&self) -> Option<(SuffixParams, suffix::DraftRule)> {
+        let SpecMethod::Suffix(p) = self.method else { return None };
+        let rule = suffix::DraftRule {
+            max_tokens: self.num_speculative_tokens,
+            max_spec_factor: p.max_spec_factor,
+            min_token_prob: p.min_token_prob,
+        };
+        Some((p, rule))
     }
 }
 
@@ -198,7 +267,19 @@ mod tests {
                 "min <= max",
             ),
             (r#"{"method": "lookahead", "num_speculative_tokens": 2}"#, "unknown method"),
-            (r#"{"method": "draft_model", "model": "x", "num_speculative_tokens": 2}"#, "not supported"),
+            (r#"{"method": "draft_model", "num_speculative_tokens": 2}"#, "not supported"),
+            (
+                r#"{"method": "ngram", "model": "x", "num_speculative_tokens": 2}"#,
+                "is for method \"draft_model\"",
+            ),
+            (r#"{"method": "ngram"}"#, "num_speculative_tokens is required"),
+            (
+                r#"{"method": "ngram", "num_speculative_tokens": 2, "suffix_decoding_max_tree_depth": 8}"#,
+                "is for method \"suffix\"",
+            ),
+            (r#"{"method": "suffix", "suffix_decoding_max_tree_depth": 1}"#, "outside 2..=1024"),
+            (r#"{"method": "suffix", "suffix_decoding_min_token_prob": 1.5}"#, "within 0..=1"),
+            (r#"{"method": "suffix", "suffix_decoding_max_spec_factor": 0}"#, "positive"),
             (r#"{"method": "ngram", "num_speculative_tokens": 2, "typo": 1}"#, "unknown field"),
             (r#"{"method": "ngram""#, "EOF"),
             (r#"{"method": "ngram", "num_speculative_tokens": 2, "disable_by_batch_size": 0}"#, "at least 1"),
@@ -206,6 +287,27 @@ mod tests {
             let e = SpeculativeConfig::from_json(json).err().map(|e| e.to_string()).unwrap_or_default();
             assert!(e.contains(says), "{json}: {e}");
         }
+    }
+
+    #[test]
+    fn suffix_settings_take_vllms_names_and_defaults() {
+        let c = SpeculativeConfig::from_json(r#"{"method": "suffix"}"#).unwrap_or_else(|e| panic!("{e}"));
+        let want = SuffixParams {
+            max_tree_depth: 24,
+            max_cached_requests: 10_000,
+            max_spec_factor: 1.0,
+            min_token_prob: 0.1,
+        };
+        assert_eq!((c.method, c.num_speculative_tokens), (SpecMethod::Suffix(want), 16));
+        let c = SpeculativeConfig::from_json(
+            r#"{"method": "suffix", "num_speculative_tokens": 4, "suffix_decoding_max_tree_depth": 12,
+                "suffix_decoding_max_cached_requests": 0, "suffix_decoding_max_spec_factor": 2.0,
+                "suffix_decoding_min_token_prob": 0.3}"#,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let (p, rule) = c.suffix_rule().expect("suffix");
+        assert_eq!((p.max_tree_depth, p.max_cached_requests), (12, 0));
+        assert_eq!(rule, suffix::DraftRule { max_tokens: 4, max_spec_factor: 2.0, min_token_prob: 0.3 });
     }
 
     /// A sample drafts while its acceptance makes a draft worth its verification, and probes now

@@ -1,8 +1,9 @@
-//! Speculative decoding (n-gram drafts) is lossless: every request gets exactly the tokens and
+//! Speculative decoding (n-gram and suffix drafts) is lossless: every request gets exactly the tokens and
 //! finish reasons it gets without speculation — greedy or seeded sampling with penalties and
 //! `min_tokens`, alone, in a batch, under preemption, beside `n > 1` requests — and logprobs
 //! that differ only by the f32 rounding of scoring several positions in one pass, while drafts
-//! are actually scored and accepted and steps are saved.
+//! are actually scored and accepted and steps are saved; suffix decoding's cache of recent
+//! outputs drafts a repeated answer whole.
 
 use std::collections::BTreeMap;
 
@@ -19,6 +20,16 @@ type Outputs = BTreeMap<(String, usize), (Vec<u32>, Vec<f32>, Option<FinishReaso
 fn ngram(k: usize) -> Option<SpeculativeConfig> {
     let json = format!(
         r#"{{"method": "ngram", "num_speculative_tokens": {k}, "prompt_lookup_min": 1, "prompt_lookup_max": 4}}"#
+    );
+    let config = SpeculativeConfig::from_json(&json).unwrap_or_else(|e| panic!("{e}"));
+    Some(SpeculativeConfig { verify_cost: Some(1.0), ..config })
+}
+
+/// Suffix drafts of up to `k` tokens (vLLM's other defaults; every step, as [`ngram`]),
+/// keeping `cached` recent outputs.
+fn suffix(k: usize, cached: usize) -> Option<SpeculativeConfig> {
+    let json = format!(
+        r#"{{"method": "suffix", "num_speculative_tokens": {k}, "suffix_decoding_max_cached_requests": {cached}}}"#
     );
     let config = SpeculativeConfig::from_json(&json).unwrap_or_else(|e| panic!("{e}"));
     Some(SpeculativeConfig { verify_cost: Some(1.0), ..config })
@@ -121,6 +132,51 @@ fn ngram_drafts_change_no_token_and_save_steps() {
         let saved = if name == "roomy" { spec_steps < plain_steps } else { spec_steps <= plain_steps };
         assert!(saved, "{name}: {spec_steps} steps with drafts, {plain_steps} without");
     }
+}
+
+#[test]
+fn suffix_drafts_change_no_token() {
+    let fx = Fixture::new();
+    let reqs = workload();
+    for (name, config) in [
+        ("roomy", small_config(256)),
+        ("swap", EngineConfig { preemption_mode: PreemptionMode::Swap, ..small_config(10) }),
+    ] {
+        let (plain, _) = run(&mut fx.engine(config.clone()), &reqs);
+        let mut spec = fx.engine(EngineConfig { speculative_config: suffix(4, 16), ..config });
+        let (drafted, _) = run(&mut spec, &reqs);
+        assert_same(&drafted, &plain, name);
+        assert!(spec.metrics().spec_decode.num_accepted_tokens > 0, "{name}: drafts were accepted");
+    }
+}
+
+/// An answer given before is drafted from the cache of recent outputs, most of it at once;
+/// without the cache the same request drafts only from itself.
+#[test]
+fn suffix_decoding_drafts_a_repeated_answer_from_recent_outputs() {
+    let fx = Fixture::new();
+    let req = [(
+        "a".to_owned(),
+        prompt_tokens(3, 12),
+        SamplingParams { ignore_eos: true, ..SamplingParams::greedy(40) },
+    )];
+    let again = [("b".to_owned(), req[0].1.clone(), req[0].2.clone())];
+    let accepted = |cached: usize| {
+        let mut engine =
+            fx.engine(EngineConfig { speculative_config: suffix(8, cached), ..small_config(64) });
+        let (first, _) = run(&mut engine, &req);
+        let before = engine.metrics().spec_decode.num_accepted_tokens;
+        let (second, steps) = run(&mut engine, &again);
+        assert_eq!(first[&("a".to_owned(), 0)].0, second[&("b".to_owned(), 0)].0);
+        (engine.metrics().spec_decode.num_accepted_tokens - before, steps)
+    };
+    let (with_cache, steps) = accepted(4);
+    let (alone, plain_steps) = accepted(0);
+    assert!(with_cache >= 30, "{with_cache} of the 40 tokens came from drafts");
+    assert!(
+        with_cache > alone && steps < plain_steps,
+        "{with_cache} vs {alone} accepted, {steps} vs {plain_steps} steps"
+    );
 }
 
 #[test]
