@@ -13,6 +13,10 @@
 //!   `spec.ngram_identical_outputs`: the fraction of those requests whose greedy tokens came out
 //!   the same with and without drafts (scoring several positions in one pass rounds the logits
 //!   differently, as a batch does, so a near-tie can fall the other way).
+//! - `spec.suffix_b1_speedup_grounded` / `spec.suffix_b1_speedup_open` (and `…_acceptance_…`):
+//!   the same with suffix decoding (`{"method": "suffix", "num_speculative_tokens": 4}`), its
+//!   cache of recent outputs holding one output fewer than the set has prompts, so that a prompt
+//!   drafts from the set's other answers but never from its own answer of the round before.
 //! - `spec.b64_ratio`: 64 requests (the prompt set, repeated) end to end, drafts over none.
 //!
 //! Writes `$BENCH_FIGURES_DIR/spec.json` and the fragment `spec.md`. `SPEC_ONLY=verify` measures
@@ -133,14 +137,22 @@ fn verify_ratio(mut model: Model) -> Res<Stats> {
     Ok(stats(ratios))
 }
 
-fn engine(gguf: &Path, spec: bool) -> Result<Engine, Box<dyn Error>> {
+fn engine(gguf: &Path, spec: Option<&str>) -> Result<Engine, Box<dyn Error>> {
     let config = EngineConfig {
         kv_cache: KvCacheSize::Blocks(1024),
         log_interval: std::time::Duration::ZERO,
-        speculative_config: if spec { Some(SpeculativeConfig::from_json(NGRAM)?) } else { None },
+        speculative_config: spec.map(SpeculativeConfig::from_json).transpose()?,
         ..EngineConfig::default()
     };
     Ok(Engine::new(gguf, config)?)
+}
+
+/// Suffix decoding's settings for prompt set `set`: a cache one output short of the set.
+fn suffix_json(set: &str) -> Res<String> {
+    let cached = prompts(set)?.len().saturating_sub(1);
+    Ok(format!(
+        r#"{{"method": "suffix", "num_speculative_tokens": 4, "suffix_decoding_max_cached_requests": {cached}}}"#
+    ))
 }
 
 /// The chat prompts of a set of `prompts.json`.
@@ -204,7 +216,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         return Ok(());
     }
 
-    let (mut plain, mut spec) = (engine(&smol, false)?, engine(&smol, true)?);
+    let (mut plain, mut spec) = (engine(&smol, None)?, engine(&smol, Some(NGRAM))?);
     let (grounded, grounded_accept, grounded_same) = speedup_b1(&mut plain, &mut spec, "grounded")?;
     eprintln!(
         "n-gram b1 speedup, grounded: {:.3} (acceptance {grounded_accept:.2}, identical outputs {grounded_same:.2})",
@@ -215,6 +227,17 @@ fn main() -> Result<(), Box<dyn Error>> {
         "n-gram b1 speedup, open: {:.3} (acceptance {open_accept:.2}, identical outputs {open_same:.2})",
         open.0
     );
+
+    let mut suffix = Vec::new();
+    for set in ["grounded", "open"] {
+        let mut drafted = engine(&smol, Some(&suffix_json(set)?))?;
+        let (speedup, acceptance, same) = speedup_b1(&mut plain, &mut drafted, set)?;
+        eprintln!(
+            "suffix b1 speedup, {set}: {:.3} (acceptance {acceptance:.2}, identical {same:.2})",
+            speedup.0
+        );
+        suffix.push((speedup, acceptance));
+    }
 
     let all: Vec<Prompt> = [prompts("grounded")?, prompts("open")?].concat();
     let batch: Vec<Prompt> = all.iter().cycle().take(64).cloned().collect();
@@ -240,6 +263,10 @@ fn main() -> Result<(), Box<dyn Error>> {
         "spec.ngram_acceptance_grounded": grounded_accept,
         "spec.ngram_acceptance_open": open_accept,
         "spec.ngram_identical_outputs": (grounded_same + open_same) / 2.0,
+        "spec.suffix_b1_speedup_grounded": suffix[0].0.0,
+        "spec.suffix_b1_speedup_open": suffix[1].0.0,
+        "spec.suffix_acceptance_grounded": suffix[0].1,
+        "spec.suffix_acceptance_open": suffix[1].1,
         "spec.b64_ratio": b64.0,
     });
     let mut md =
@@ -249,8 +276,23 @@ fn main() -> Result<(), Box<dyn Error>> {
         "\nMedian, mean, p90 — verify k=4/k=0: SmolLM2 {v_smol:.3} / {v_smol_mean:.3} / {v_smol_p90:.3}, \
          1B shape {v_l1b:.3} / {v_l1b_mean:.3} / {v_l1b_p90:.3} ({VERIFY_PAIRS} alternating pairs); \
          b1 speedup grounded {:.3} / {:.3} / {:.3}, open {:.3} / {:.3} / {:.3}; b64 {:.3} / {:.3} / {:.3} \
-         ({ROUNDS} rounds, greedy, at most {MAX_TOKENS} tokens).\n",
-        grounded.0, grounded.1, grounded.2, open.0, open.1, open.2, b64.0, b64.1, b64.2
+         ({ROUNDS} rounds, greedy, at most {MAX_TOKENS} tokens); suffix b1 speedup grounded \
+         {:.3} / {:.3} / {:.3}, open {:.3} / {:.3} / {:.3}.\n",
+        grounded.0,
+        grounded.1,
+        grounded.2,
+        open.0,
+        open.1,
+        open.2,
+        b64.0,
+        b64.1,
+        b64.2,
+        suffix[0].0.0,
+        suffix[0].0.1,
+        suffix[0].0.2,
+        suffix[1].0.0,
+        suffix[1].0.1,
+        suffix[1].0.2
     ));
     let dir = support::figures_dir()?;
     std::fs::write(dir.join("spec.json"), serde_json::to_string_pretty(&figures)?)?;

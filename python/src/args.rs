@@ -57,7 +57,8 @@ struct EngineArgs {
     chat_template: Option<PathBuf>,
     /// Seconds between the engine's metrics log lines (0, the default here: none).
     log_stats_interval: Option<f64>,
-    /// vLLM's `speculative_config` dict (`{"method": "ngram", "num_speculative_tokens": 4}`).
+    /// vLLM's `speculative_config` dict (`{"method": "ngram", "num_speculative_tokens": 4}`,
+    /// `{"method": "suffix"}`).
     speculative_config: Option<serde_json::Value>,
     /// LoRA adapters (`generate(..., lora_request=LoRARequest(...))`), with vLLM's limits.
     enable_lora: Option<bool>,

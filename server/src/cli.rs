@@ -71,8 +71,9 @@ pub struct EngineKnobs {
     #[arg(help_heading = "ModelConfig", long, default_value_t = 0)]
     pub seed: u64,
     /// Speculative decoding, vLLM's JSON: '{"method": "ngram", "num_speculative_tokens": 4,
-    /// "prompt_lookup_min": 2, "prompt_lookup_max": 5}'. Lossless: the same tokens, fewer steps
-    /// where answers copy from their prompt.
+    /// "prompt_lookup_min": 2, "prompt_lookup_max": 5}' or '{"method": "suffix"}' (with vLLM's
+    /// suffix_decoding_* settings). Lossless: the same tokens, fewer steps where answers copy
+    /// from their prompt or repeat earlier answers.
     #[arg(help_heading = "SpeculativeConfig", long, value_parser = speculative_config)]
     pub speculative_config: Option<SpeculativeConfig>,
     /// Serve LoRA adapters over the base model (CPU device): a request's `model` names one.
