@@ -16,6 +16,7 @@ use crate::request::RequestRecord;
 use crate::sampling::{SampleRow, SamplerError, TokenChoice, sample_batch};
 use crate::spec::suffix::{LocalSuffix, SuffixCache};
 use crate::spec::{DraftCost, MAX_SUFFIX_CACHE_NODES};
+use crate::structured::Advance;
 
 /// Whether `token`, the target's draw at `j`, is draft token `j` of `row` (`drafts`: the plan's
 /// token ids), so that the next position is scored against the right context.
@@ -35,11 +36,21 @@ pub(super) fn sample_drafted(
     vocab: usize,
     scratch: &mut Vec<f32>,
 ) -> Result<Vec<Vec<TokenChoice>>, EngineError> {
-    let mut more = vec![Vec::new(); rows.len()];
+    let mut more: Vec<Vec<TokenChoice>> = vec![Vec::new(); rows.len()];
     let mut active: Vec<usize> =
         (0..rows.len()).filter(|&i| matches_draft(&rows[i], drafts, 0, first[i].token)).collect();
     let mut j = 1;
     while !active.is_empty() {
+        // A guided row's grammar takes the token before position `j` first (the step's last
+        // token it is fed afterwards, with everyone's); one its grammar ends on drafts no more.
+        active.retain(|&i| {
+            let Some(guide) = samples[i].seq.guide.as_mut() else { return true };
+            let before = if j == 1 { first[i].token } else { more[i][j - 2].token };
+            matches!(guide.advance(before), Advance::Continue)
+        });
+        if active.is_empty() {
+            break;
+        }
         gather_logit_rows(active.iter().map(|&i| &rows[i]), j, logits, vocab, scratch)?;
         let mut picked = active.iter().copied().peekable();
         let mut batch: Vec<SampleRow<'_>> = Vec::with_capacity(active.len());
@@ -98,7 +109,8 @@ pub(super) fn greedy_drafted(
 
 impl Engine {
     /// With speculative decoding, a draft for every sample that goes on decoding alone (a request
-    /// of one sample, without a constraint) for the scheduler to score next step.
+    /// of one sample; under a constraint, the part of the draft its grammar takes) for the
+    /// scheduler to score next step.
     pub(super) fn propose_drafts(&mut self, forward_secs: f64) -> Result<(), EngineError> {
         let Some(spec) = self.config.speculative_config else { return Ok(()) };
         if spec.disable_by_batch_size.is_some_and(|most| self.bufs.view.rows.len() > most) {
@@ -111,7 +123,7 @@ impl Engine {
         let cost = self.draft_cost.at(forward_secs, self.bufs.plan.seqs.len(), drafted);
         for r in &self.bufs.view.rows {
             let Some(record) = self.live.at_mut(r.slot) else { continue };
-            if record.seqs.len() > 1 || record.params.constraint.is_some() {
+            if record.seqs.len() > 1 {
                 continue;
             }
             let prompt_len = record.prompt_len;
@@ -142,6 +154,10 @@ impl Engine {
                     }
                 }
                 _ => spec.propose(tokens, &mut self.bufs.draft),
+            }
+            if let Some(guide) = seq.guide.as_mut() {
+                let valid = guide.valid_prefix(&self.bufs.draft);
+                self.bufs.draft.truncate(valid);
             }
             if !self.bufs.draft.is_empty() {
                 self.scheduler.set_draft(r.seq_id, &self.bufs.draft)?;

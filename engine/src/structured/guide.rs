@@ -85,6 +85,15 @@ impl Guide {
         }
     }
 
+    /// How many of `tokens` the grammar takes in turn from here, consuming none (the part of a
+    /// draft worth scoring).
+    pub(crate) fn valid_prefix(&mut self, tokens: &[u32]) -> usize {
+        if self.matcher.is_stopped() {
+            return 0;
+        }
+        self.matcher.validate_tokens(tokens).unwrap_or(0)
+    }
+
     /// Feeds the sampled token.
     pub(crate) fn advance(&mut self, token: u32) -> Advance {
         self.prepared = None;

@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
 
 pub use compile::{Grammars, MAX_CONSTRAINT_BYTES, TextState};
 pub use guide::Guide;
-pub(crate) use guide::advance;
+pub(crate) use guide::{Advance, advance};
 pub use overlap::MaskTimes;
 pub(crate) use overlap::while_running;
 

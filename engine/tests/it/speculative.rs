@@ -2,7 +2,8 @@
 //! finish reasons it gets without speculation — greedy or seeded sampling with penalties and
 //! `min_tokens`, alone, in a batch, under preemption, beside `n > 1` requests — and logprobs
 //! that differ only by the f32 rounding of scoring several positions in one pass, while drafts
-//! are actually scored and accepted and steps are saved; suffix decoding's cache of recent
+//! are actually scored and accepted and steps are saved; constrained requests draft only what
+//! their grammar takes and decode as without drafts; suffix decoding's cache of recent
 //! outputs drafts a repeated answer whole.
 
 use std::collections::BTreeMap;
@@ -222,6 +223,48 @@ fn smollm2_copies_with_drafts_and_decodes_the_same_tokens() {
     let (got, _) = run(&mut spec, &reqs);
     assert_same(&got, &want, "smollm2");
     assert!(spec.metrics().spec_decode.num_accepted_tokens > 0, "the copy drafted from its prompt");
+}
+
+/// Drafts of constrained requests are cut to what their grammar takes, and the grammar follows
+/// only the accepted tokens: each constrained answer is the plain one, while drafts of the
+/// repetitive one are accepted.
+#[test]
+fn constrained_requests_draft_within_their_grammar_and_decode_the_same_tokens() {
+    use engine::Constraint;
+    let gguf = model::testing::smollm2_gguf();
+    assert!(gguf.exists(), "{} missing: run `cargo xtask fetch-model`", gguf.display());
+    let config = EngineConfig {
+        kv_cache: engine::KvCacheSize::Blocks(256),
+        log_interval: std::time::Duration::ZERO,
+        ..EngineConfig::default()
+    };
+    let mut plain = Engine::new(&gguf, config.clone()).unwrap_or_else(|e| panic!("{e}"));
+    let schema = serde_json::json!({"type": "object", "properties": {"name": {"type": "string"},
+        "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 4}}, "required": ["name", "tags"]});
+    let constraints = [
+        Constraint::Regex("(hello world, ){6}done".into()),
+        Constraint::JsonSchema(schema),
+        Constraint::Choice(vec!["positive".into(), "negative".into()]),
+    ];
+    let reqs: Vec<(String, Vec<u32>, SamplingParams)> = constraints
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let chat = plain
+                .render_chat("c", &[model::ChatMessage::new("user", "Describe yourself, then repeat it.")])
+                .unwrap_or_else(|e| panic!("{e}"));
+            let prompt = plain.tokenize("c", engine::Prompt::Text(chat)).unwrap_or_else(|e| panic!("{e}"));
+            (format!("c{i}"), prompt, SamplingParams { constraint: Some(c), ..SamplingParams::greedy(64) })
+        })
+        .collect();
+    let (want, _) = run(&mut plain, &reqs);
+    let mut spec = Engine::new(&gguf, EngineConfig { speculative_config: ngram(4), ..config })
+        .unwrap_or_else(|e| panic!("{e}"));
+    let (got, _) = run(&mut spec, &reqs);
+    assert_same(&got, &want, "constrained");
+    let (tokens, _, finish) = &want[&("c0".to_owned(), 0)];
+    assert_eq!(finish.as_ref().map(FinishReason::as_str), Some("stop"), "{} tokens", tokens.len());
+    assert!(spec.metrics().spec_decode.num_accepted_tokens > 0, "the repetitive answer drafted");
 }
 
 /// With the cost measured at start, drafts still change no token; a batch past
