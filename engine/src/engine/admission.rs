@@ -180,7 +180,7 @@ impl Intake {
             params = SamplingParams::greedy(1);
         }
         let tokens = self.tokenize(&id, prompt)?;
-        let max_tokens = self.check_lengths(&id, &tokens, &params)?;
+        let max_tokens = self.check_lengths(&id, &tokens, &params, options.pooling.is_some())?;
         let guide = self.guide(&id, &params)?;
         let lora = match &options.lora {
             Some(request) => Some(
@@ -217,12 +217,14 @@ impl Intake {
     }
 
     /// The prompt's tokens against the vocabulary, and prompt + output against the model's
-    /// length and the whole KV cache; returns `max_tokens` (filled in when unset).
+    /// length and the whole KV cache; returns `max_tokens` (filled in when unset). A pooling
+    /// request's closing token is never a position of the model: its prompt alone must fit.
     fn check_lengths(
         &self,
         id: &str,
         tokens: &[u32],
         params: &SamplingParams,
+        pooling: bool,
     ) -> Result<usize, RequestError> {
         let id = id.to_owned();
         if tokens.is_empty() {
@@ -243,7 +245,8 @@ impl Intake {
                 room.min(self.fit.max_new_tokens(prompt_len, params.n)).max(1)
             }
         };
-        if prompt_len.checked_add(max_tokens).is_none_or(|total| total > self.max_model_len) {
+        let positions = if pooling { Some(prompt_len) } else { prompt_len.checked_add(max_tokens) };
+        if positions.is_none_or(|total| total > self.max_model_len) {
             return Err(RequestError::TooLong {
                 id,
                 prompt_len,

@@ -53,6 +53,24 @@ fn references(name: &str) -> Vec<Reference> {
         .collect()
 }
 
+/// A prompt as long as the model (no room for a generated token) pools; one token longer is
+/// too long.
+#[test]
+fn a_prompt_of_the_models_whole_length_pools() {
+    let refs = references("llama");
+    let len = refs[0].prompt.len();
+    let mut engine = engine_at("llama", 64, false, Some(len));
+    let got = engine.embed(vec![Prompt::Tokens(refs[0].prompt.clone())], LAST_RAW).expect("embed");
+    assert_close(got[0].as_ref().expect("embedding"), &refs[0].last, "prompt = max_model_len");
+    let longer = [refs[0].prompt.clone(), vec![refs[0].prompt[0]]].concat();
+    let got = engine.embed(vec![Prompt::Tokens(longer)], LAST_RAW).expect("embed call");
+    assert!(matches!(got[0], Err(RequestError::TooLong { .. })), "{:?}", got[0].as_ref().err());
+    // Generation still needs room for its tokens.
+    let out = engine.generate(vec![Prompt::Tokens(refs[0].prompt.clone())], &forced(1)).expect("generate");
+    assert!(matches!(out[0], Err(RequestError::TooLong { .. })));
+    assert!(engine.kv_is_idle());
+}
+
 /// An f32-cache engine over family `name`, prefilling at most `chunk` tokens a step.
 fn engine(name: &str, chunk: usize, prefix_caching: bool) -> Engine {
     engine_at(name, chunk, prefix_caching, None)
