@@ -1,6 +1,8 @@
 //! The chat's steps: Enter sends and Shift+Enter is a new line, the reply streams token by
 //! token while the map shows owned blocks; Stop and Escape abort a long generation and free its
-//! blocks; a 400 and an SSE error event inside a 200 stream show as errors.
+//! blocks; a 400 and an SSE error event inside a 200 stream show as errors; a reasoning model's
+//! `reasoning_content` shows collapsed above its answer and stays out of the conversation sent
+//! back.
 
 use std::time::Duration;
 
@@ -167,5 +169,43 @@ pub(crate) async fn sse_error_event_shows_as_error(c: &Ctx) {
     assert_eq!(v["text"], "Partial answer", "{v}");
     assert_eq!(v["state"], "error", "{v}");
     assert!(v["error"].as_str().is_some_and(|e| e.contains("the engine failed: boom")), "{v}");
+    c.assert_no_console_errors().await;
+}
+
+/// A reasoning model's thinking (`reasoning_content` deltas, as `--reasoning-parser` streams
+/// them) shows in a collapsed `details` above the answer; the next request's history holds the
+/// answer only. The page's `fetch` of the chat endpoint is a scripted stream (SmolLM2 does not
+/// think), then records the next request's body.
+pub(crate) async fn reasoning_shows_collapsed_above_the_answer(c: &Ctx) {
+    c.fresh_page().await;
+    c.js(r#"
+      const real = window.fetch;
+      window.__bodies = [];
+      window.fetch = (url, opts) => {
+        if (url !== '/v1/chat/completions') return real(url, opts);
+        window.__bodies.push(JSON.parse(opts.body));
+        const events = [
+          {choices: [{index: 0, delta: {role: 'assistant', content: ''}}]},
+          {choices: [{index: 0, delta: {reasoning_content: 'Paris is the '}}]},
+          {choices: [{index: 0, delta: {reasoning_content: 'capital.'}}]},
+          {choices: [{index: 0, delta: {content: 'In France.'}}]},
+          {choices: [{index: 0, delta: {}, finish_reason: 'stop'}]},
+        ].map((e) => 'data: ' + JSON.stringify(e) + '\n\n').join('') + 'data: [DONE]\n\n';
+        return Promise.resolve(new Response(events, {status: 200, headers: {'Content-Type': 'text/event-stream'}}));
+      };
+    "#)
+    .await;
+    c.type_into("prompt", "Where is Paris?\u{E007}").await;
+    let v = c.until("the answer", 10, "const m = document.querySelector('.msg.assistant'); const r = m && m.querySelector('details.reasoning'); return m && m.dataset.state === 'done' && r && {open: r.open, reasoning: r.lastElementChild.textContent, summary: r.querySelector('summary').textContent, text: m.querySelector('.body').textContent, before: r.nextElementSibling === m.querySelector('.body')}").await;
+    assert_eq!(
+        v,
+        serde_json::json!({"open": false, "reasoning": "Paris is the capital.", "summary": "Reasoning", "text": "In France.", "before": true})
+    );
+    c.type_into("prompt", "And Lyon?\u{E007}").await;
+    let history = c
+        .until("the second request", 10, "return window.__bodies.length === 2 && window.__bodies[1].messages")
+        .await;
+    assert_eq!(history[1], serde_json::json!({"role": "assistant", "content": "In France."}), "{history}");
+    c.shot("08-reasoning").await;
     c.assert_no_console_errors().await;
 }

@@ -10,7 +10,8 @@
 //! while the KV map shows owned blocks; two requests sharing a long prompt show shared blocks
 //! (and a hovered or focused sequence its block table), none held after they finish; Stop and
 //! Escape abort a long generation and free its blocks (the page's map, `GET /v1/kv_map` and
-//! `/metrics` agree); a 400 and an SSE error event show as errors; the calculator draws its
+//! `/metrics` agree); a 400 and an SSE error event show as errors; a reasoning model's thinking
+//! shows collapsed above its answer; the calculator draws its
 //! chart and shows a 400 as an error; at 390 px nothing overflows horizontally. Screenshots of
 //! each state go to `target/web-screenshots/`.
 //!
@@ -39,8 +40,8 @@ use futures_util::FutureExt;
 
 use calculator::calculator;
 use chat::{
-    enter_sends_and_the_reply_streams, escape_frees_blocks, server_errors_show_as_errors,
-    sse_error_event_shows_as_error, stop_button_frees_blocks,
+    enter_sends_and_the_reply_streams, escape_frees_blocks, reasoning_shows_collapsed_above_the_answer,
+    server_errors_show_as_errors, sse_error_event_shows_as_error, stop_button_frees_blocks,
 };
 use driver::Ctx;
 use kv_map::{page_loads_without_console_errors, shared_prompt_blocks};
@@ -58,7 +59,7 @@ fn main() {
             filter.push(a);
         }
     }
-    let steps: [(&str, StepFn); 10] = [
+    let steps: [(&str, StepFn); 11] = [
         ("page_loads_without_console_errors", |c| Box::pin(page_loads_without_console_errors(c))),
         ("every_control_has_an_accessible_label", |c| Box::pin(every_control_has_an_accessible_label(c))),
         ("enter_sends_and_the_reply_streams_token_by_token", |c| {
@@ -69,6 +70,9 @@ fn main() {
         ("escape_aborts_and_frees_the_blocks", |c| Box::pin(escape_frees_blocks(c))),
         ("server_errors_show_as_errors", |c| Box::pin(server_errors_show_as_errors(c))),
         ("sse_error_events_show_as_errors", |c| Box::pin(sse_error_event_shows_as_error(c))),
+        ("reasoning_shows_collapsed_above_the_answer", |c| {
+            Box::pin(reasoning_shows_collapsed_above_the_answer(c))
+        }),
         ("calculator_draws_its_chart_and_shows_bad_sizes", |c| Box::pin(calculator(c))),
         ("phone_width_has_no_horizontal_overflow", |c| Box::pin(phone_width(c))),
     ];
