@@ -24,8 +24,11 @@ n_ctx = max(len(p) for p in prompts) + max_tokens + 64
 
 def model(lookup):
     draft = LlamaPromptLookupDecoding(num_pred_tokens=WORKLOAD["k"], max_ngram_size=WORKLOAD["max_ngram"]) if lookup else None
+    # With a draft model llama-cpp-python keeps logits for every position, but sizes its score
+    # array by the `logits_all` argument: it must be passed as True too, or a long prompt
+    # overflows the array.
     return llama_cpp.Llama(model_path=MODEL, n_ctx=n_ctx, n_batch=512, n_threads=THREADS, n_threads_batch=THREADS,
-                           draft_model=draft, verbose=False)
+                           draft_model=draft, logits_all=lookup, verbose=False)
 
 
 def round_of(llm):
