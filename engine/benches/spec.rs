@@ -17,6 +17,8 @@
 //!   the same with suffix decoding (`{"method": "suffix", "num_speculative_tokens": 4}`), its
 //!   cache of recent outputs holding one output fewer than the set has prompts, so that a prompt
 //!   drafts from the set's other answers but never from its own answer of the round before.
+//! - `spec.gemma3.ngram_b1_speedup_grounded` (and `…_acceptance_grounded`): the grounded
+//!   speedup on Gemma 3 270M's Q4_K_M GGUF.
 //! - `spec.b64_ratio`: 64 requests (the prompt set, repeated) end to end, drafts over none.
 //!
 //! Writes `$BENCH_FIGURES_DIR/spec.json` and the fragment `spec.md`. `SPEC_ONLY=verify` measures
@@ -228,6 +230,15 @@ fn main() -> Result<(), Box<dyn Error>> {
         open.0
     );
 
+    let gemma = model::testing::gemma3_gguf_fetched()?;
+    let (mut gemma_plain, mut gemma_spec) = (engine(&gemma, None)?, engine(&gemma, Some(NGRAM))?);
+    let (gemma3, gemma3_accept, gemma3_same) = speedup_b1(&mut gemma_plain, &mut gemma_spec, "grounded")?;
+    eprintln!(
+        "Gemma 3 n-gram b1 speedup, grounded: {:.3} (acceptance {gemma3_accept:.2}, identical {gemma3_same:.2})",
+        gemma3.0
+    );
+    drop((gemma_plain, gemma_spec));
+
     let mut suffix = Vec::new();
     for set in ["grounded", "open"] {
         let mut drafted = engine(&smol, Some(&suffix_json(set)?))?;
@@ -263,6 +274,8 @@ fn main() -> Result<(), Box<dyn Error>> {
         "spec.ngram_acceptance_grounded": grounded_accept,
         "spec.ngram_acceptance_open": open_accept,
         "spec.ngram_identical_outputs": (grounded_same + open_same) / 2.0,
+        "spec.gemma3.ngram_b1_speedup_grounded": gemma3.0,
+        "spec.gemma3.ngram_acceptance_grounded": gemma3_accept,
         "spec.suffix_b1_speedup_grounded": suffix[0].0.0,
         "spec.suffix_b1_speedup_open": suffix[1].0.0,
         "spec.suffix_acceptance_grounded": suffix[0].1,
@@ -277,7 +290,7 @@ fn main() -> Result<(), Box<dyn Error>> {
          1B shape {v_l1b:.3} / {v_l1b_mean:.3} / {v_l1b_p90:.3} ({VERIFY_PAIRS} alternating pairs); \
          b1 speedup grounded {:.3} / {:.3} / {:.3}, open {:.3} / {:.3} / {:.3}; b64 {:.3} / {:.3} / {:.3} \
          ({ROUNDS} rounds, greedy, at most {MAX_TOKENS} tokens); suffix b1 speedup grounded \
-         {:.3} / {:.3} / {:.3}, open {:.3} / {:.3} / {:.3}.\n",
+         {:.3} / {:.3} / {:.3}, open {:.3} / {:.3} / {:.3}; Gemma 3 grounded {:.3} / {:.3} / {:.3}.\n",
         grounded.0,
         grounded.1,
         grounded.2,
@@ -292,7 +305,10 @@ fn main() -> Result<(), Box<dyn Error>> {
         suffix[0].0.2,
         suffix[1].0.0,
         suffix[1].0.1,
-        suffix[1].0.2
+        suffix[1].0.2,
+        gemma3.0,
+        gemma3.1,
+        gemma3.2
     ));
     let dir = support::figures_dir()?;
     std::fs::write(dir.join("spec.json"), serde_json::to_string_pretty(&figures)?)?;

@@ -88,6 +88,7 @@ pub const GOALS: &[(&str, &str)] = &[
     ("spec.verify_k4_over_k0", "≤ 1.3"),
     ("spec.ngram_b1_speedup_grounded", "≥ 2.0"),
     ("spec.ngram_b1_speedup_open", "≥ 0.97"),
+    ("spec.gemma3.ngram_b1_speedup_grounded", "≥ 1.8"),
     ("spec.b64_ratio", "≥ 0.97"),
     ("peer.decode_b1_spec_over_llamacpp_lookup", "≥ 2.0"),
     ("lora.mixed_b64_over_base", "≥ 0.85"),
