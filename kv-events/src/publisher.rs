@@ -23,8 +23,6 @@ pub const END_SEQ: [u8; 8] = (-1i64).to_be_bytes();
 
 /// How long dropping a publisher waits for its thread to hand over what is queued.
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(1);
-/// How long a connecting PUB socket may take to reach its peer at start-up.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long one replay message may wait for room in its client's queue.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -55,7 +53,8 @@ struct State {
     replay: VecDeque<(u64, Bytes)>,
     max_queue_size: usize,
     buffer_steps: usize,
-    /// Batches dropped from the live queue because it was full.
+    /// Batches dropped from the live queue because it was full, or sent to no peer while a
+    /// connecting socket had none yet.
     dropped: u64,
     closed: bool,
 }
@@ -111,8 +110,8 @@ impl KvEventPublisher {
         seq
     }
 
-    /// Batches dropped from the live stream because the queue was full (replay still has them
-    /// while they are among the last `buffer_steps`).
+    /// Batches dropped from the live stream because the queue was full or a connecting socket had
+    /// no peer yet (replay still has them while they are among the last `buffer_steps`).
     pub fn num_dropped(&self) -> u64 {
         self.shared.state.lock().dropped
     }
@@ -178,6 +177,12 @@ fn run(cfg: &KvEventsConfig, shared: &Arc<Shared>, ready: &std::sync::mpsc::Send
             }
         };
         let replays = replay.map(|socket| tokio::spawn(serve_replays(socket, shared.clone())));
+        if !KvEventsConfig::binds(&cfg.endpoint) && !connect(&mut publisher, &cfg.endpoint, shared).await {
+            if let Some(task) = replays {
+                task.abort();
+            }
+            return;
+        }
         let topic = Bytes::from(cfg.topic.clone().into_bytes());
         'serve: loop {
             shared.wake.notified().await;
@@ -219,8 +224,39 @@ fn bind_address(endpoint: &str) -> String {
     }
 }
 
+/// Connects the PUB socket to `endpoint` (a proxy's SUB side), as long as it takes, as libzmq
+/// keeps trying: until then the live batches go nowhere (a PUB without peers drops them; replay
+/// keeps them). False when the publisher closed first.
+async fn connect(publisher: &mut PubSocket, endpoint: &str, shared: &Shared) -> bool {
+    loop {
+        let mut connecting = std::pin::pin!(publisher.connect(endpoint));
+        loop {
+            tokio::select! {
+                connected = &mut connecting => match connected {
+                    Ok(()) => return true,
+                    Err(e) => {
+                        tracing::warn!("kv events: connecting to {endpoint}: {e}; trying again");
+                        break;
+                    }
+                },
+                () = shared.wake.notified() => {
+                    let mut state = shared.state.lock();
+                    if state.closed {
+                        return false;
+                    }
+                    let unsent = state.live.len() as u64;
+                    state.live.clear();
+                    state.dropped += unsent;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// Opens the sockets; returns them with the addresses as bound. A connecting PUB socket
-/// (vLLM's rule: an endpoint without a wildcard) must reach its peer within `CONNECT_TIMEOUT`.
+/// (vLLM's rule: an endpoint without a wildcard) is only checked here; [`connect`] reaches its
+/// peer in the background.
 async fn open(
     cfg: &KvEventsConfig,
 ) -> Result<(PubSocket, Option<RouterSocket>, (String, Option<String>)), KvEventsError> {
@@ -230,10 +266,7 @@ async fn open(
         let bound = publisher.bind(&bind_address(&cfg.endpoint)).await;
         bound.map_err(|e| fail(&cfg.endpoint, e.to_string()))?.to_string()
     } else {
-        match tokio::time::timeout(CONNECT_TIMEOUT, publisher.connect(&cfg.endpoint)).await {
-            Ok(connected) => connected.map_err(|e| fail(&cfg.endpoint, e.to_string()))?,
-            Err(_) => return Err(fail(&cfg.endpoint, format!("no peer within {CONNECT_TIMEOUT:?}"))),
-        }
+        cfg.endpoint.parse::<zeromq::Endpoint>().map_err(|e| fail(&cfg.endpoint, e.to_string()))?;
         cfg.endpoint.clone()
     };
     let mut bound_replay = None;

@@ -92,12 +92,40 @@ fn an_endpoint_in_use_is_an_error_naming_it() {
 }
 
 #[test]
-fn a_connecting_endpoint_without_a_peer_is_a_start_up_error_naming_it() {
-    // A free loopback port nobody listens on; an endpoint without a wildcard is connected to.
+fn a_malformed_connecting_endpoint_is_a_start_up_error_naming_it() {
+    let mut cfg = config();
+    cfg.endpoint = "tcp://127.0.0.1:not-a-port".to_owned();
+    assert!(!KvEventsConfig::binds(&cfg.endpoint));
+    let err = KvEventPublisher::start(&cfg, 16).unwrap_err();
+    assert!(err.to_string().contains(&cfg.endpoint), "{err}");
+}
+
+/// An endpoint without a wildcard is connected to (a proxy's SUB side, which binds): with no
+/// peer yet the publisher starts anyway and keeps trying, as libzmq does; once the peer binds,
+/// live batches reach it, and replay answers for the ones published before.
+#[tokio::test]
+async fn a_connecting_publisher_reaches_a_peer_that_binds_later() {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let mut cfg = config();
     cfg.endpoint = format!("tcp://127.0.0.1:{port}");
-    assert!(!KvEventsConfig::binds(&cfg.endpoint));
-    let err = KvEventPublisher::start(&cfg, 16).unwrap_err();
-    assert!(matches!(&err, KvEventsError::Socket { endpoint, .. } if *endpoint == cfg.endpoint), "{err}");
+    let mut publisher = KvEventPublisher::start(&cfg, 16).unwrap();
+    assert_eq!(publisher.endpoint(), cfg.endpoint);
+    let early: Vec<u64> = (0..2).map(|i| publisher.publish(&batch(i))).collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut sub = SubSocket::new();
+    sub.bind(&cfg.endpoint).await.unwrap();
+    sub.subscribe("kv-events").await.unwrap();
+    let seq = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            let seq = publisher.publish(&batch(9));
+            if let Ok(Ok(m)) = tokio::time::timeout(Duration::from_millis(100), sub.recv()).await {
+                let frames = m.into_vec();
+                break (u64::from_be_bytes(frames[1].as_ref().try_into().unwrap()), seq);
+            }
+        }
+    })
+    .await
+    .expect("the publisher never reached the peer");
+    assert!(seq.0 > early[1], "{seq:?}");
+    assert!(publisher.num_dropped() >= 2, "the batches before the peer went nowhere");
 }
