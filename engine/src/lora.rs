@@ -1,6 +1,7 @@
 //! The LoRA adapters an engine serves (vLLM's `--enable-lora`): a registry of named adapters,
-//! each loaded from its PEFT folder or llama.cpp LoRA GGUF off the engine thread, at most `max_cpu_loras` of them in
-//! memory (the least recently used idle one is dropped and read again when next asked for),
+//! each loaded from its PEFT folder or llama.cpp LoRA GGUF off the engine thread, at most
+//! `max_cpu_loras` of them in memory (the least recently used idle one is dropped and read again
+//! when next asked for),
 //! and what a request names (`LoraRequest`). A request holds its adapter for its whole life, so
 //! an adapter in use is never dropped: unloading one takes its name away at once (new requests
 //! naming it are refused) while the requests already admitted finish under it, its memory

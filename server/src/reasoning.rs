@@ -127,6 +127,17 @@ impl ReasoningStream {
         }
     }
 
+    /// [`Self::push`], with what was held back when the choice is `finished`.
+    pub fn take(&mut self, delta: &str, finished: bool) -> Split {
+        let mut share = self.push(delta);
+        if finished {
+            let rest = self.finish();
+            share.reasoning.push_str(&rest.reasoning);
+            share.content.push_str(&rest.content);
+        }
+        share
+    }
+
     /// What was held back, at the end of the choice.
     pub fn finish(&mut self) -> Split {
         let held = std::mem::take(&mut self.pending);
@@ -166,13 +177,7 @@ impl ChoiceSplitters {
         if self.streams.len() <= index {
             self.streams.resize_with(index + 1, || ReasoningStream::new(parser));
         }
-        let stream = &mut self.streams[index];
-        let mut share = stream.push(&d.text);
-        if d.finish_reason.is_some() {
-            let rest = stream.finish();
-            share.reasoning.push_str(&rest.reasoning);
-            share.content.push_str(&rest.content);
-        }
+        let share = self.streams[index].take(&d.text, d.finish_reason.is_some());
         let reasoning = (!share.reasoning.is_empty()).then_some(share.reasoning);
         (Cow::Owned(CompletionDelta { text: share.content, ..d.clone() }), reasoning)
     }

@@ -232,9 +232,10 @@ impl ConstraintFields {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn the_structured_outputs_config_reads_vllms_json() {
-        use super::{Backend, StructuredOutputsConfig};
         let c = StructuredOutputsConfig::from_json(r#"{"enable_in_reasoning": true, "backend": "guidance"}"#);
         assert_eq!(c, Ok(StructuredOutputsConfig { backend: Backend::Guidance, enable_in_reasoning: true }));
         assert_eq!(StructuredOutputsConfig::from_json("{}"), Ok(StructuredOutputsConfig::default()));
@@ -246,8 +247,6 @@ mod tests {
             assert!(e.contains(named) && e.starts_with("--structured-outputs-config"), "{e}");
         }
     }
-
-    use super::*;
 
     fn fields(body: Value) -> ConstraintFields {
         serde_json::from_value(body).unwrap_or_else(|e| panic!("{e}"))

@@ -11,6 +11,8 @@ pub(super) struct StepBuffers {
     pub(super) logits: Vec<f32>,
     /// A draft being proposed.
     pub(super) draft: Vec<u32>,
+    /// Another trie's draft for the same sample (suffix decoding), the better one kept in `draft`.
+    pub(super) other_draft: Vec<u32>,
     pub(super) prompt_rows: super::rows::PromptRows,
     pub(super) pool_rows: super::pool_rows::PoolRows,
     /// The rows of this step that run under LoRA adapters.

@@ -118,7 +118,6 @@ impl Engine {
         }
         let k = spec.num_speculative_tokens;
         let suffix = spec.suffix_rule();
-        let mut theirs = Vec::new();
         let drafted = self.bufs.view.rows.iter().filter(|r| !r.draft.is_empty()).count();
         let cost = self.draft_cost.at(forward_secs, self.bufs.plan.seqs.len(), drafted);
         for r in &self.bufs.view.rows {
@@ -148,9 +147,9 @@ impl Engine {
                 (Some((_, rule)), Some(local)) => {
                     let mine = local.trie.draft(tokens, rule, &mut self.bufs.draft);
                     if let Some(cache) = &self.suffix_cache
-                        && cache.trie.draft(tokens, rule, &mut theirs) > mine
+                        && cache.trie.draft(tokens, rule, &mut self.bufs.other_draft) > mine
                     {
-                        std::mem::swap(&mut self.bufs.draft, &mut theirs);
+                        std::mem::swap(&mut self.bufs.draft, &mut self.bufs.other_draft);
                     }
                 }
                 _ => spec.propose(tokens, &mut self.bufs.draft),

@@ -105,17 +105,19 @@ impl SuffixTrie {
 
     /// Appends `token` to the sequence whose open windows are `w`.
     pub fn push(&mut self, w: &mut Windows, token: u32) {
-        let mut open = std::mem::take(&mut w.open);
-        open.push((0, 0));
-        let depth = self.depth;
-        w.open = open
-            .into_iter()
-            .filter_map(|(node, len)| {
-                let c = self.child_or_insert(node, token);
-                self.nodes[c as usize].count += 1;
-                (len + 1 < depth).then_some((c, len + 1))
-            })
-            .collect();
+        // In place: every window steps to its child, the ones that reach the depth drop out.
+        w.open.push((0, 0));
+        let mut kept = 0;
+        for i in 0..w.open.len() {
+            let (node, len) = w.open[i];
+            let c = self.child_or_insert(node, token);
+            self.nodes[c as usize].count += 1;
+            if len + 1 < self.depth {
+                w.open[kept] = (c, len + 1);
+                kept += 1;
+            }
+        }
+        w.open.truncate(kept);
     }
 
     /// Appends every token of `tokens`.

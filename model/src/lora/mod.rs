@@ -1,6 +1,7 @@
 //! LoRA adapters over a loaded base model: the low-rank pairs of each adapted projection
-//! ([`LoraAdapter`], loaded from PEFT's format in `peft.rs` or llama.cpp's LoRA GGUF in `gguf.rs`), which rows of a step run under
-//! which adapter ([`LoraBatch`]), and the CPU's grouped shrink-then-expand (`apply.rs`).
+//! ([`LoraAdapter`], loaded from PEFT's format in `peft.rs` or llama.cpp's LoRA GGUF in
+//! `gguf.rs`), which rows of a step run under which adapter ([`LoraBatch`]), and the CPU's
+//! grouped shrink-then-expand (`apply.rs`).
 //!
 //! A projection `W` adapted by `(A, B)` computes `y = x·Wᵀ + s · (x·Aᵀ)·Bᵀ` with `A` `[r, in]`,
 //! `B` `[out, r]` and PEFT's scale `s = alpha / r` (`alpha / √r` with rsLoRA). `s` is folded into

@@ -2,8 +2,8 @@
 //! request (`request.rs`), checked and submitted as one chat job; its finished text becomes
 //! content blocks (`text`, or with tools the `tool_use` calls it holds; with a reasoning parser
 //! and `thinking` enabled, a `thinking` block of the reasoning ahead of them, which is otherwise
-//! left out) in one message object or as Anthropic's event stream (`message_start`, `content_block_start`,
-//! `content_block_delta`, `content_block_stop`, `message_delta`, `message_stop`). Errors take
+//! left out) in one message object or as Anthropic's event stream (`message_start`,
+//! `content_block_start`, `content_block_delta`, `content_block_stop`, `message_delta`, `message_stop`). Errors take
 //! Anthropic's shape (`{"type": "error", "error": {"type", "message"}}`), and the API key is
 //! read from `x-api-key` as well as `Authorization: Bearer`.
 
@@ -205,9 +205,9 @@ struct Live {
 }
 
 /// Anthropic's events: `message_start` at once; without tools the thinking block's deltas (when
-/// asked for) then the text block's, as they come; with tools the blocks once the text is whole (the calls are known only then), a
-/// `tool_use` block's input in one `input_json_delta`; then `message_delta` (stop reason,
-/// output tokens) and `message_stop`.
+/// asked for) then the text block's, as they come; with tools the blocks once the text is whole
+/// (the calls are known only then), a `tool_use` block's input in one `input_json_delta`; then
+/// `message_delta` (stop reason, output tokens) and `message_stop`.
 fn events(
     state: Arc<AppState>,
     output: OutputStream,
@@ -256,6 +256,15 @@ fn text_start(index: usize) -> Event {
     event("content_block_start", json!({"index": index, "content_block": {"type": "text", "text": ""}}))
 }
 
+fn thinking_start(index: usize) -> Event {
+    event("content_block_start", json!({"index": index, "content_block": thinking_block("")}))
+}
+
+fn thinking_delta(index: usize, thinking: &str) -> Event {
+    let delta = json!({"type": "thinking_delta", "thinking": thinking});
+    event("content_block_delta", json!({"index": index, "delta": delta}))
+}
+
 fn text_delta(index: usize, text: &str) -> Event {
     event("content_block_delta", json!({"index": index, "delta": {"type": "text_delta", "text": text}}))
 }
@@ -265,27 +274,15 @@ impl Live {
     /// reasoning as thinking deltas when asked for, the content as text deltas.
     fn stream_share(&mut self, new: &str, finished: bool, events: &mut Vec<Event>) {
         let share = match &mut self.splitter {
-            Some(splitter) => {
-                let mut share = splitter.push(new);
-                if finished {
-                    let rest = splitter.finish();
-                    share.reasoning.push_str(&rest.reasoning);
-                    share.content.push_str(&rest.content);
-                }
-                share
-            }
+            Some(splitter) => splitter.take(new, finished),
             None => Split { reasoning: String::new(), content: new.to_owned() },
         };
         if self.message.thinking && !share.reasoning.is_empty() {
             if self.thinking == Thinking::NotStarted {
                 self.thinking = Thinking::Open;
-                events.push(event(
-                    "content_block_start",
-                    json!({"index": 0, "content_block": thinking_block("")}),
-                ));
+                events.push(thinking_start(0));
             }
-            let delta = json!({"type": "thinking_delta", "thinking": share.reasoning});
-            events.push(event("content_block_delta", json!({"index": 0, "delta": delta})));
+            events.push(thinking_delta(0, &share.reasoning));
         }
         if !share.content.is_empty() {
             if self.thinking == Thinking::Open {
@@ -320,12 +317,8 @@ impl Live {
                     Thinking::Stopped => continue,
                     Thinking::Open => {}
                     Thinking::NotStarted => {
-                        events.push(event(
-                            "content_block_start",
-                            json!({"index": i, "content_block": thinking_block("")}),
-                        ));
-                        let delta = json!({"type": "thinking_delta", "thinking": block["thinking"]});
-                        events.push(event("content_block_delta", json!({"index": i, "delta": delta})));
+                        events.push(thinking_start(i));
+                        events.push(thinking_delta(i, block["thinking"].as_str().unwrap_or_default()));
                     }
                 }
             } else if !self.open {
