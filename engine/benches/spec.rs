@@ -20,9 +20,14 @@
 //! - `spec.gemma3.ngram_b1_speedup_grounded` (and `…_acceptance_grounded`): the grounded
 //!   speedup on Gemma 3 270M's Q4_K_M GGUF.
 //! - `spec.b64_ratio`: 64 requests (the prompt set, repeated) end to end, drafts over none.
+//! - `spec.draft_b1_speedup` (and `…_grounded`, `spec.draft_acceptance_open` / `…_grounded`):
+//!   SmolLM2's f32 folder drafted by its own Q4_1 GGUF (`{"method": "draft_model", "model": …,
+//!   "num_speculative_tokens": 4}`) over the f32 folder alone, one open-ended (grounded) prompt at
+//!   a time, as the n-gram figures.
 //!
 //! Writes `$BENCH_FIGURES_DIR/spec.json` and the fragment `spec.md`. `SPEC_ONLY=verify` measures
-//! the verification ratios alone, printed (with `SPEC_ACTIVATIONS` another activation precision).
+//! the verification ratios alone, printed (with `SPEC_ACTIVATIONS` another activation precision);
+//! `SPEC_ONLY=draft` the draft model's figures alone, printed.
 
 use std::error::Error;
 use std::path::Path;
@@ -163,6 +168,24 @@ fn gemma3_engine(gguf: &Path, spec: Option<&str>) -> Result<Engine, Box<dyn Erro
     Ok(Engine::new(gguf, config)?)
 }
 
+/// SmolLM2's f32 folder with its Q4_1 GGUF `q4_1` as the draft over the folder alone, on the
+/// grounded then the open prompts: each set's speedup and acceptance.
+fn draft_model(q4_1: &Path) -> Res<Vec<(Stats, f64)>> {
+    let folder = model::testing::smollm2_dir_fetched()?;
+    let json = serde_json::json!({"method": "draft_model", "model": q4_1, "num_speculative_tokens": 4});
+    let (mut plain, mut drafted) = (engine(&folder, None)?, engine(&folder, Some(&json.to_string()))?);
+    let mut out = Vec::new();
+    for set in ["grounded", "open"] {
+        let (speedup, acceptance, same) = speedup_b1(&mut plain, &mut drafted, set)?;
+        eprintln!(
+            "f32 with a Q4_1 draft, b1 speedup, {set}: {:.3} (acceptance {acceptance:.2}, identical {same:.2})",
+            speedup.0
+        );
+        out.push((speedup, acceptance));
+    }
+    Ok(out)
+}
+
 /// Suffix decoding's settings for prompt set `set`: a cache one output short of the set.
 fn suffix_json(set: &str) -> Res<String> {
     let cached = prompts(set)?.len().saturating_sub(1);
@@ -231,6 +254,10 @@ fn main() -> Result<(), Box<dyn Error>> {
     if std::env::var("SPEC_ONLY").is_ok_and(|v| v == "verify") {
         return Ok(());
     }
+    let draft = draft_model(&smol)?;
+    if std::env::var("SPEC_ONLY").is_ok_and(|v| v == "draft") {
+        return Ok(());
+    }
 
     let (mut plain, mut spec) = (engine(&smol, None)?, engine(&smol, Some(NGRAM))?);
     let (grounded, grounded_accept, grounded_same) = speedup_b1(&mut plain, &mut spec, "grounded")?;
@@ -296,6 +323,10 @@ fn main() -> Result<(), Box<dyn Error>> {
         "spec.suffix_acceptance_grounded": suffix[0].1,
         "spec.suffix_acceptance_open": suffix[1].1,
         "spec.b64_ratio": b64.0,
+        "spec.draft_b1_speedup": draft[1].0.0,
+        "spec.draft_b1_speedup_grounded": draft[0].0.0,
+        "spec.draft_acceptance_open": draft[1].1,
+        "spec.draft_acceptance_grounded": draft[0].1,
     });
     let mut md =
         format!("## spec (speculative decoding, n-gram k = 4, {} threads)\n\n", rayon::current_num_threads());
@@ -305,7 +336,8 @@ fn main() -> Result<(), Box<dyn Error>> {
          1B shape {v_l1b:.3} / {v_l1b_mean:.3} / {v_l1b_p90:.3} ({VERIFY_PAIRS} alternating pairs); \
          b1 speedup grounded {:.3} / {:.3} / {:.3}, open {:.3} / {:.3} / {:.3}; b64 {:.3} / {:.3} / {:.3} \
          ({ROUNDS} rounds, greedy, at most {MAX_TOKENS} tokens); suffix b1 speedup grounded \
-         {:.3} / {:.3} / {:.3}, open {:.3} / {:.3} / {:.3}; Gemma 3 grounded {:.3} / {:.3} / {:.3}.\n",
+         {:.3} / {:.3} / {:.3}, open {:.3} / {:.3} / {:.3}; Gemma 3 grounded {:.3} / {:.3} / {:.3}; \
+         f32 SmolLM2 with its Q4_1 draft, open {:.3} / {:.3} / {:.3}, grounded {:.3} / {:.3} / {:.3}.\n",
         grounded.0,
         grounded.1,
         grounded.2,
@@ -323,7 +355,13 @@ fn main() -> Result<(), Box<dyn Error>> {
         suffix[1].0.2,
         gemma3.0,
         gemma3.1,
-        gemma3.2
+        gemma3.2,
+        draft[1].0.0,
+        draft[1].0.1,
+        draft[1].0.2,
+        draft[0].0.0,
+        draft[0].0.1,
+        draft[0].0.2,
     ));
     let dir = support::figures_dir()?;
     std::fs::write(dir.join("spec.json"), serde_json::to_string_pretty(&figures)?)?;

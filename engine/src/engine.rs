@@ -54,6 +54,8 @@ pub struct Engine {
     pending: Vec<RequestOutput>,
     /// What a draft's verification costs (speculative decoding's cost rule).
     draft_cost: verify::VerifyCost,
+    /// The draft model, with its own KV cache (speculative decoding's `draft_model`).
+    drafter: Option<crate::spec::draft::Drafter>,
     /// Recent requests' outputs (suffix decoding).
     suffix_cache: Option<crate::spec::suffix::SuffixCache>,
     kv_events: Option<events::KvEvents>,
@@ -107,13 +109,7 @@ impl Engine {
                 gpu_memory_utilization: config.gpu_memory_utilization,
             },
         )?;
-        let draft_cost = match config.speculative_config {
-            Some(spec) => match spec.verify_cost {
-                Some(cost) => verify::VerifyCost::Pinned(cost),
-                None => verify::measure_verify_cost(&mut runner, spec.num_speculative_tokens)?,
-            },
-            None => verify::VerifyCost::Pinned(1.0),
-        };
+        let (drafter, draft_cost) = verify::drafter_and_cost(&config, &folder, &mut runner, max_model_len)?;
         let suffix_cache = verify::suffix_cache(&config);
         let cache_cfg = *runner.cache_config();
         let mut scheduler = Scheduler::new(SchedulerConfig {
@@ -174,6 +170,7 @@ impl Engine {
             bufs: StepBuffers::default(),
             pending: Vec::new(),
             draft_cost,
+            drafter,
             suffix_cache,
             kv_events,
         })

@@ -133,7 +133,7 @@ impl EngineKnobs {
             seed: self.seed,
             quantization: self.quantization,
             decode_activations: self.decode_activations,
-            speculative_config: self.speculative_config,
+            speculative_config: self.speculative_config.clone(),
             lora: self.enable_lora.then_some(LoraConfig {
                 max_loras: self.max_loras,
                 max_lora_rank: self.max_lora_rank,

@@ -5,17 +5,19 @@
 //! exactly the tokens it would have got a step at a time. Drafted rows draw in rounds, the
 //! rows still matching their drafts together.
 
-use model::{Runner, StepInput};
+use model::{ModelFolder, Runner, StepInput};
+use scheduler::{Scheduler, SeqId};
 
 use super::Engine;
 use super::live::{Row, SampleMut};
 use super::rows::gather_logit_rows;
 use crate::config::EngineConfig;
 use crate::error::EngineError;
-use crate::request::RequestRecord;
+use crate::request::{RequestRecord, SeqState};
 use crate::sampling::{SampleRow, SamplerError, TokenChoice, sample_batch};
+use crate::spec::draft::Drafter;
 use crate::spec::suffix::{LocalSuffix, SuffixCache};
-use crate::spec::{DraftCost, MAX_SUFFIX_CACHE_NODES};
+use crate::spec::{DraftCost, MAX_SUFFIX_CACHE_NODES, SpecMethod, ngram};
 use crate::structured::Advance;
 
 /// Whether `token`, the target's draw at `j`, is draft token `j` of `row` (`drafts`: the plan's
@@ -110,16 +112,16 @@ pub(super) fn greedy_drafted(
 impl Engine {
     /// With speculative decoding, a draft for every sample that goes on decoding alone (a request
     /// of one sample; under a constraint, the part of the draft its grammar takes) for the
-    /// scheduler to score next step.
+    /// scheduler to score next step: the draft model's for all of them in one batch.
     pub(super) fn propose_drafts(&mut self, forward_secs: f64) -> Result<(), EngineError> {
-        let Some(spec) = self.config.speculative_config else { return Ok(()) };
+        let Some(spec) = &self.config.speculative_config else { return Ok(()) };
         if spec.disable_by_batch_size.is_some_and(|most| self.bufs.view.rows.len() > most) {
             return Ok(());
         }
-        let k = spec.num_speculative_tokens;
-        let suffix = spec.suffix_rule();
+        let (k, suffix, ngram) = (spec.num_speculative_tokens, spec.suffix_rule(), spec.ngram());
         let drafted = self.bufs.view.rows.iter().filter(|r| !r.draft.is_empty()).count();
         let cost = self.draft_cost.at(forward_secs, self.bufs.plan.seqs.len(), drafted);
+        let mut by_model = Vec::new();
         for r in &self.bufs.view.rows {
             let Some(record) = self.live.at_mut(r.slot) else { continue };
             if record.seqs.len() > 1 {
@@ -143,8 +145,13 @@ impl Engine {
             if !seq.gate.wants(k, cost) {
                 continue;
             }
-            match (suffix, &seq.suffix) {
-                (Some((_, rule)), Some(local)) => {
+            self.bufs.draft.clear();
+            match (suffix, &seq.suffix, ngram) {
+                _ if self.drafter.is_some() => {
+                    by_model.push((r.slot, r.index, r.seq_id));
+                    continue;
+                }
+                (Some((_, rule)), Some(local), _) => {
                     let mine = local.trie.draft(tokens, rule, &mut self.bufs.draft);
                     if let Some(cache) = &self.suffix_cache
                         && cache.trie.draft(tokens, rule, &mut self.bufs.other_draft) > mine
@@ -152,24 +159,44 @@ impl Engine {
                         std::mem::swap(&mut self.bufs.draft, &mut self.bufs.other_draft);
                     }
                 }
-                _ => spec.propose(tokens, &mut self.bufs.draft),
+                (_, _, Some((min_n, max_n))) => ngram::propose(tokens, min_n, max_n, k, &mut self.bufs.draft),
+                _ => {}
             }
-            if let Some(guide) = seq.guide.as_mut() {
-                let valid = guide.valid_prefix(&self.bufs.draft);
-                self.bufs.draft.truncate(valid);
-            }
-            if !self.bufs.draft.is_empty() {
-                self.scheduler.set_draft(r.seq_id, &self.bufs.draft)?;
-            }
+            offer_draft(seq, r.seq_id, &mut self.bufs.draft, &mut self.scheduler)?;
+        }
+        let Some(drafter) = self.drafter.as_mut().filter(|_| !by_model.is_empty()) else { return Ok(()) };
+        let seqs: Vec<_> = by_model.iter().map(|&(_, _, id)| id).collect();
+        let drafts = drafter.propose(&self.scheduler, &seqs, k)?;
+        for ((slot, index, seq_id), mut draft) in by_model.into_iter().zip(drafts) {
+            let seq = self.live.at_mut(slot).and_then(|r| r.seqs.get_mut(index));
+            let seq = seq.ok_or(EngineError::Internal("drafted sample vanished"))?;
+            offer_draft(seq, seq_id, &mut draft, &mut self.scheduler)?;
         }
         Ok(())
     }
 }
 
+/// `draft` for sample `seq` (scheduled as `id`) to the scheduler, cut to what its grammar takes.
+fn offer_draft(
+    seq: &mut SeqState,
+    id: SeqId,
+    draft: &mut Vec<u32>,
+    scheduler: &mut Scheduler,
+) -> Result<(), EngineError> {
+    if let Some(guide) = seq.guide.as_mut() {
+        let valid = guide.valid_prefix(draft);
+        draft.truncate(valid);
+    }
+    if !draft.is_empty() {
+        scheduler.set_draft(id, draft)?;
+    }
+    Ok(())
+}
+
 /// The cache of recent outputs suffix decoding drafts from (none under another method, or
 /// with `suffix_decoding_max_cached_requests` 0).
 pub(super) fn suffix_cache(config: &EngineConfig) -> Option<SuffixCache> {
-    let (p, _) = config.speculative_config?.suffix_rule()?;
+    let (p, _) = config.speculative_config.as_ref()?.suffix_rule()?;
     (p.max_cached_requests > 0)
         .then(|| SuffixCache::new(p.max_tree_depth, p.max_cached_requests, MAX_SUFFIX_CACHE_NODES))
 }
@@ -213,21 +240,52 @@ impl VerifyCost {
     }
 }
 
-/// What `k` draft tokens add to a forward on `runner`: the median over alternating pairs of a
-/// forward scoring `1 + k` positions of one sequence less one scoring 1, run before the engine
-/// serves anything (the cache's first blocks hold nothing yet, and the scheduler rewrites a
-/// sequence's whole table row the first time it schedules it).
-pub(super) fn measure_verify_cost(runner: &mut Runner, k: usize) -> Result<VerifyCost, EngineError> {
+/// The draft model `config` names (loaded and checked against the target's vocabulary and
+/// context), and what a draft costs: pinned where the config says, or measured on the target's
+/// verification plus `k` of the draft model's one-token steps.
+pub(super) fn drafter_and_cost(
+    config: &EngineConfig,
+    target: &ModelFolder,
+    runner: &mut Runner,
+    max_model_len: usize,
+) -> Result<(Option<Drafter>, VerifyCost), EngineError> {
+    let Some(spec) = &config.speculative_config else { return Ok((None, VerifyCost::Pinned(1.0))) };
+    let k = spec.num_speculative_tokens;
+    let mut drafter = match &spec.method {
+        SpecMethod::DraftModel(params) => {
+            let target = (runner.model_config(), &target.tokenizer);
+            let blocks = runner.cache_config().num_blocks;
+            Some(Drafter::load(params, target, max_model_len, blocks, config)?)
+        }
+        _ => None,
+    };
+    if let Some(cost) = spec.verify_cost {
+        return Ok((drafter, VerifyCost::Pinned(cost)));
+    }
+    let Some((_, extra)) = time_forwards(runner, k)? else {
+        return Ok((drafter, VerifyCost::Pinned((k + 1) as f64)));
+    };
+    let cost = match drafter.as_mut().map(|d| time_forwards(d.runner_mut(), k)).transpose()? {
+        Some(Some((draft_step, _))) => VerifyCost::Measured { extra_secs: extra + k as f64 * draft_step },
+        Some(None) => VerifyCost::Pinned((2 * k + 1) as f64),
+        None => VerifyCost::Measured { extra_secs: extra },
+    };
+    Ok((drafter, cost))
+}
+
+/// A forward of one token on `runner` and what `k` more tokens of the same sequence add to it:
+/// medians over alternating pairs, run before the engine serves anything (the cache's first
+/// blocks hold nothing yet, and the scheduler rewrites a sequence's whole table row the first
+/// time it schedules it); `None` where the cache or the model length is too small to measure.
+fn time_forwards(runner: &mut Runner, k: usize) -> Result<Option<(f64, f64)>, EngineError> {
     let bs = runner.cache_config().block_size;
     let n = CALIBRATION_CONTEXT + k + 1;
     let blocks = n.div_ceil(bs);
-    // Too small a cache or model length to measure: assume the worst, every position a step.
-    let worst = VerifyCost::Pinned((k + 1) as f64);
     if blocks > runner.cache_config().num_blocks {
-        return Ok(worst);
+        return Ok(None);
     }
     if runner.write_table_row(0, 0, &(0..blocks as u32).collect::<Vec<_>>()).is_err() {
-        return Ok(worst);
+        return Ok(None);
     }
     let tokens: Vec<u32> = (0..n as u32).map(|i| i % 17).collect();
     let positions: Vec<u32> = (0..n as u32).collect();
@@ -251,7 +309,8 @@ pub(super) fn measure_verify_cost(runner: &mut Runner, k: usize) -> Result<Verif
     };
     let c = CALIBRATION_CONTEXT;
     forward(0, c, &[c - 1])?;
-    let mut extra = Vec::with_capacity(CALIBRATION_PAIRS);
+    let (mut ones, mut extra) =
+        (Vec::with_capacity(CALIBRATION_PAIRS), Vec::with_capacity(CALIBRATION_PAIRS));
     for i in 0..=CALIBRATION_PAIRS {
         let (one, verify) = if i % 2 == 0 {
             let one = forward(c, 1, &all[..1])?;
@@ -262,9 +321,13 @@ pub(super) fn measure_verify_cost(runner: &mut Runner, k: usize) -> Result<Verif
         };
         // The first pair warms the larger step's buffers up.
         if i > 0 {
+            ones.push(one);
             extra.push((verify - one).max(0.0));
         }
     }
-    extra.sort_by(f64::total_cmp);
-    Ok(VerifyCost::Measured { extra_secs: extra[extra.len() / 2] })
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    Ok(Some((median(&mut ones), median(&mut extra))))
 }

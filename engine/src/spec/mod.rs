@@ -1,7 +1,7 @@
 //! Speculative decoding's configuration, as vLLM's `--speculative-config` JSON
 //! (`{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2,
-//! "prompt_lookup_max": 5}`, `{"method": "suffix", …}`), and its proposers ([`ngram`],
-//! [`suffix`]).
+//! "prompt_lookup_max": 5}`, `{"method": "suffix", …}`, `{"method": "draft_model", "model":
+//! PATH, …}`), and its proposers ([`ngram`], [`suffix`], [`draft`]).
 //!
 //! Verification keeps the target's distribution: the target samples each drafted position in turn
 //! with the request's own sampler and RNG, and a draft token is kept only where the target drew
@@ -10,12 +10,16 @@
 //! near-tie as a batch can; a deterministic draft accepted with the target's probability of its
 //! token is speculative sampling's rule for a one-hot proposal.
 
+pub mod draft;
 pub mod ngram;
 pub mod suffix;
+
+use std::path::PathBuf;
 
 use serde::Deserialize;
 
 use crate::EngineError;
+use crate::config::QUANTIZATION;
 
 /// Most draft tokens a step may score per sequence (vLLM accepts any; past this a CPU step costs
 /// more than the tokens it can save).
@@ -26,7 +30,7 @@ pub const MAX_SPECULATIVE_TOKENS: usize = 16;
 pub const MAX_SUFFIX_CACHE_NODES: usize = 1 << 22;
 
 /// How drafts are proposed.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum SpecMethod {
     /// Prompt lookup: the tokens that followed the longest recent n-gram of the sequence that
     /// occurred earlier in it (vLLM's `ngram`, llama.cpp's lookup decoding).
@@ -34,6 +38,17 @@ pub enum SpecMethod {
     /// Suffix decoding (vLLM's `suffix`): the most frequent continuation of the sequence's
     /// longest matched suffix in its own tokens or in recent requests' outputs ([`suffix`]).
     Suffix(SuffixParams),
+    /// A smaller model sharing the target's tokenizer drafts greedily (vLLM's `draft_model`),
+    /// with a KV cache of its own ([`draft`]).
+    DraftModel(DraftModelParams),
+}
+
+/// The draft model of [`SpecMethod::DraftModel`]: a model folder or GGUF, and the format its
+/// weights are quantized to on load (vLLM's `quantization`: a self-draft from one file).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DraftModelParams {
+    pub model: PathBuf,
+    pub quantization: Option<crate::config::Quantization>,
 }
 
 /// vLLM's `suffix_decoding_*` settings.
@@ -48,7 +63,7 @@ pub struct SuffixParams {
 }
 
 /// Speculative decoding's settings.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct SpeculativeConfig {
     pub method: SpecMethod,
     /// Draft tokens proposed per sequence and step (vLLM's `num_speculative_tokens`).
@@ -122,6 +137,7 @@ struct Json {
     prompt_lookup_min: Option<usize>,
     prompt_lookup_max: Option<usize>,
     model: Option<String>,
+    quantization: Option<String>,
     disable_by_batch_size: Option<usize>,
     suffix_decoding_max_tree_depth: Option<usize>,
     suffix_decoding_max_cached_requests: Option<usize>,
@@ -134,8 +150,10 @@ impl SpeculativeConfig {
     pub fn from_json(text: &str) -> Result<Self, EngineError> {
         let bad = |why: String| EngineError::Config(format!("speculative config: {why}"));
         let j: Json = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
-        if j.model.is_some() {
-            return Err(bad(format!("\"model\" is for method \"draft_model\", not \"{}\"", j.method)));
+        for (field, set) in [("model", j.model.is_some()), ("quantization", j.quantization.is_some())] {
+            if set && j.method != "draft_model" {
+                return Err(bad(format!("\"{field}\" is for method \"draft_model\", not \"{}\"", j.method)));
+            }
         }
         let suffix_fields = [
             ("suffix_decoding_max_tree_depth", j.suffix_decoding_max_tree_depth.is_some()),
@@ -185,12 +203,28 @@ impl SpeculativeConfig {
                 }
                 SpecMethod::Suffix(params)
             }
-            m @ ("draft_model" | "eagle" | "eagle3" | "medusa" | "mtp") => {
+            "draft_model" => {
+                let model =
+                    j.model.ok_or_else(|| bad("method \"draft_model\" needs \"model\": a path".into()))?;
+                let quantization = match j.quantization.as_deref() {
+                    None => None,
+                    Some(name) => Some(QUANTIZATION.parse(name).ok_or_else(|| {
+                        let names: Vec<_> = QUANTIZATION.names().collect();
+                        bad(format!("quantization \"{name}\" is not one of {}", names.join(", ")))
+                    })?),
+                };
+                SpecMethod::DraftModel(DraftModelParams { model: PathBuf::from(model), quantization })
+            }
+            m @ ("eagle" | "eagle3" | "medusa" | "mtp") => {
                 return Err(bad(format!(
-                    "method \"{m}\" is not supported by this engine; use \"ngram\" or \"suffix\""
+                    "method \"{m}\" is not supported by this engine; use \"ngram\", \"suffix\" or \"draft_model\""
                 )));
             }
-            other => return Err(bad(format!("unknown method \"{other}\" (methods: \"ngram\", \"suffix\")"))),
+            other => {
+                return Err(bad(format!(
+                    "unknown method \"{other}\" (methods: \"ngram\", \"suffix\", \"draft_model\")"
+                )));
+            }
         };
         if j.disable_by_batch_size == Some(0) {
             return Err(bad("disable_by_batch_size must be at least 1".into()));
@@ -203,13 +237,10 @@ impl SpeculativeConfig {
         })
     }
 
-    /// The n-gram draft for a sequence of `tokens` (prompt and generated), into `draft`
-    /// (cleared first; nothing under another method, whose proposers keep state).
-    pub fn propose(&self, tokens: &[u32], draft: &mut Vec<u32>) {
-        draft.clear();
-        if let SpecMethod::Ngram { min_n, max_n } = self.method {
-            ngram::propose(tokens, min_n, max_n, self.num_speculative_tokens, draft)
-        }
+    /// The n-gram lengths prompt lookup matches (`min_n`, `max_n`), under [`SpecMethod::Ngram`].
+    pub fn ngram(&self) -> Option<(usize, usize)> {
+        let SpecMethod::Ngram { min_n, max_n } = self.method else { return None };
+        Some((min_n, max_n))
     }
 
     /// How a suffix draft grows, under [`SpecMethod::Suffix`].
@@ -267,7 +298,16 @@ mod tests {
                 "min <= max",
             ),
             (r#"{"method": "lookahead", "num_speculative_tokens": 2}"#, "unknown method"),
-            (r#"{"method": "draft_model", "num_speculative_tokens": 2}"#, "not supported"),
+            (r#"{"method": "draft_model", "num_speculative_tokens": 2}"#, "needs \"model\""),
+            (r#"{"method": "eagle", "num_speculative_tokens": 2}"#, "not supported"),
+            (
+                r#"{"method": "draft_model", "model": "d", "num_speculative_tokens": 2, "quantization": "q3"}"#,
+                "not one of q8_0, q4_0",
+            ),
+            (
+                r#"{"method": "ngram", "quantization": "q8_0", "num_speculative_tokens": 2}"#,
+                "is for method \"draft_model\"",
+            ),
             (
                 r#"{"method": "ngram", "model": "x", "num_speculative_tokens": 2}"#,
                 "is for method \"draft_model\"",
@@ -287,6 +327,19 @@ mod tests {
             let e = SpeculativeConfig::from_json(json).err().map(|e| e.to_string()).unwrap_or_default();
             assert!(e.contains(says), "{json}: {e}");
         }
+    }
+
+    #[test]
+    fn a_draft_model_takes_a_path_and_an_optional_quantization() {
+        let c = SpeculativeConfig::from_json(
+            r#"{"method": "draft_model", "model": "/m/draft.gguf", "num_speculative_tokens": 3, "quantization": "q4_0"}"#,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let want = DraftModelParams {
+            model: PathBuf::from("/m/draft.gguf"),
+            quantization: Some(crate::config::Quantization::Q4_0),
+        };
+        assert_eq!((c.method, c.num_speculative_tokens), (SpecMethod::DraftModel(want), 3));
     }
 
     #[test]

@@ -5,6 +5,7 @@
 mod async_api;
 mod basics;
 mod device;
+mod draft_model;
 mod embeddings;
 mod families;
 mod handle;

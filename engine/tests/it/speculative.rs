@@ -14,7 +14,7 @@ use engine::{Engine, EngineConfig, FinishReason, PreemptionMode, SamplingParams}
 use crate::support::{Fixture, prompt_tokens, small_config};
 
 /// Each sample's outputs (by request and sample index): its tokens, their logprobs, its finish.
-type Outputs = BTreeMap<(String, usize), (Vec<u32>, Vec<f32>, Option<FinishReason>)>;
+pub(crate) type Outputs = BTreeMap<(String, usize), (Vec<u32>, Vec<f32>, Option<FinishReason>)>;
 
 /// n-gram drafts of `k` tokens, every step (a verification pinned at the cost of a plain step,
 /// so that the cost rule never holds a draft back: these tests are about what drafts change).
@@ -37,7 +37,7 @@ fn suffix(k: usize, cached: usize) -> Option<SpeculativeConfig> {
 }
 
 /// Prompts that repeat themselves (so that lookup finds drafts) under varied parameters.
-fn workload() -> Vec<(String, Vec<u32>, SamplingParams)> {
+pub(crate) fn workload() -> Vec<(String, Vec<u32>, SamplingParams)> {
     (0..12u64)
         .map(|i| {
             let piece = prompt_tokens(i, 5 + i as usize % 7);
@@ -75,7 +75,7 @@ fn workload() -> Vec<(String, Vec<u32>, SamplingParams)> {
 }
 
 /// Runs the requests to the end; returns their outputs and the steps it took.
-fn run(engine: &mut Engine, reqs: &[(String, Vec<u32>, SamplingParams)]) -> (Outputs, usize) {
+pub(crate) fn run(engine: &mut Engine, reqs: &[(String, Vec<u32>, SamplingParams)]) -> (Outputs, usize) {
     for (id, prompt, params) in reqs {
         engine
             .add_request(id.clone(), prompt.clone(), params.clone())
@@ -101,7 +101,7 @@ fn run(engine: &mut Engine, reqs: &[(String, Vec<u32>, SamplingParams)]) -> (Out
 }
 
 /// The same tokens and finishes, and logprobs within f32 rounding of a multi-row pass.
-fn assert_same(drafted: &Outputs, plain: &Outputs, case: &str) {
+pub(crate) fn assert_same(drafted: &Outputs, plain: &Outputs, case: &str) {
     assert_eq!(drafted.keys().collect::<Vec<_>>(), plain.keys().collect::<Vec<_>>(), "{case}");
     for (id, (tokens, logprobs, finishes)) in plain {
         let (d_tokens, d_logprobs, d_finishes) = &drafted[id];
