@@ -56,8 +56,7 @@ pub static KV_DTYPE: Choices<DType> = Choices {
     ],
 };
 
-pub static QUANTIZATION: Choices<Quantization> =
-    Choices { arg: "quantization", values: &[("q8_0", Quantization::Q8_0), ("q4_0", Quantization::Q4_0)] };
+pub static QUANTIZATION: Choices<Quantization> = Choices { arg: "quantization", values: Quantization::NAMES };
 
 pub static DECODE_ACTIVATIONS: Choices<ActivationPrecision> = Choices {
     arg: "decode_activations",

@@ -28,6 +28,9 @@ pub enum Quantization {
 }
 
 impl Quantization {
+    /// Every format under the name `--quantization` takes.
+    pub const NAMES: &'static [(&'static str, Quantization)] = &[("q8_0", Self::Q8_0), ("q4_0", Self::Q4_0)];
+
     pub fn ggml_type(self) -> GgmlType {
         match self {
             Self::Q8_0 => GgmlType::Q8_0,

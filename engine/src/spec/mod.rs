@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use serde::Deserialize;
 
 use crate::EngineError;
-use crate::config::QUANTIZATION;
+use model::Quantization;
 
 /// Most draft tokens a step may score per sequence (vLLM accepts any; past this a CPU step costs
 /// more than the tokens it can save).
@@ -48,7 +48,7 @@ pub enum SpecMethod {
 #[derive(Debug, Clone, PartialEq)]
 pub struct DraftModelParams {
     pub model: PathBuf,
-    pub quantization: Option<crate::config::Quantization>,
+    pub quantization: Option<Quantization>,
 }
 
 /// vLLM's `suffix_decoding_*` settings.
@@ -208,10 +208,13 @@ impl SpeculativeConfig {
                     j.model.ok_or_else(|| bad("method \"draft_model\" needs \"model\": a path".into()))?;
                 let quantization = match j.quantization.as_deref() {
                     None => None,
-                    Some(name) => Some(QUANTIZATION.parse(name).ok_or_else(|| {
-                        let names: Vec<_> = QUANTIZATION.names().collect();
-                        bad(format!("quantization \"{name}\" is not one of {}", names.join(", ")))
-                    })?),
+                    Some(name) => {
+                        let known = Quantization::NAMES.iter().find(|(n, _)| *n == name);
+                        let names: Vec<_> = Quantization::NAMES.iter().map(|(n, _)| *n).collect();
+                        let bad_name =
+                            || bad(format!("quantization \"{name}\" is not one of {}", names.join(", ")));
+                        Some(known.ok_or_else(bad_name)?.1)
+                    }
                 };
                 SpecMethod::DraftModel(DraftModelParams { model: PathBuf::from(model), quantization })
             }
@@ -337,7 +340,7 @@ mod tests {
         .unwrap_or_else(|e| panic!("{e}"));
         let want = DraftModelParams {
             model: PathBuf::from("/m/draft.gguf"),
-            quantization: Some(crate::config::Quantization::Q4_0),
+            quantization: Some(Quantization::Q4_0),
         };
         assert_eq!((c.method, c.num_speculative_tokens), (SpecMethod::DraftModel(want), 3));
     }
