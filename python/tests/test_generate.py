@@ -148,8 +148,14 @@ def test_speculative_config_keeps_every_greedy_token(model_path, llm):
     spec = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
     with paged_llm.LLM(model_path, num_kv_blocks=64, speculative_config=spec) as fast:
         assert fast.generate(prompt, greedy(16, ignore_eos=True))[0].outputs[0].token_ids == want
+    # A draft model: here the model itself, which drafts exactly the greedy tokens.
+    spec = {"method": "draft_model", "model": str(model_path), "num_speculative_tokens": 3}
+    with paged_llm.LLM(model_path, num_kv_blocks=64, speculative_config=spec) as drafted:
+        assert drafted.generate(prompt, greedy(16, ignore_eos=True))[0].outputs[0].token_ids == want
     with pytest.raises(ValueError, match="num_speculative_tokens"):
         paged_llm.LLM(model_path, speculative_config={"method": "ngram", "num_speculative_tokens": 0})
+    with pytest.raises(paged_llm.EngineError, match="draft model"):
+        paged_llm.LLM(model_path, speculative_config={"method": "draft_model", "model": "/nonexistent", "num_speculative_tokens": 2})
 
 
 def test_an_int8_kv_cache_generates(model_path):
