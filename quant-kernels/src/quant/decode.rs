@@ -37,8 +37,15 @@ pub(super) fn row_tasks(parts: &[(PartRef<'_>, Out)]) -> Vec<(usize, std::ops::R
         .collect()
 }
 
-/// Tokens one pass over a row serves.
-const TOKENS_PER_PASS: usize = 4;
+/// Most tokens one pass over a row serves: the AVX-512 int16 kernel's five, the others' four.
+fn tokens_per_pass(isa: Isa, kernel: Kernel) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if kernel == Kernel::Int16 && isa == Isa::Avx512 && crate::isa::avx512_vnni() {
+        return int16::AVX512_TOKENS_PER_PASS;
+    }
+    let _ = (isa, kernel);
+    4
+}
 
 /// See the module doc: `out[t, r] (+)= x[t] · row r` for `t < m`, every row of `part`.
 /// `xq`: the activations in int16 when the caller chose the integer kernels ([`int16`]),
@@ -84,8 +91,10 @@ pub(super) fn matmul_parts(
     let acts = Activations { x, group_sums: &group_sums };
     row_tasks(parts).into_par_iter().for_each(|(i, rows)| {
         let (part, out) = (&parts[i].0, parts[i].1);
-        for t0 in (0..m).step_by(TOKENS_PER_PASS) {
-            let mr = (m - t0).min(TOKENS_PER_PASS);
+        // As few passes as the kernel's limit allows, of as even a size as they can be.
+        let per_pass = m.div_ceil(m.div_ceil(tokens_per_pass(isa, kernels[i])));
+        for t0 in (0..m).step_by(per_pass) {
+            let mr = (m - t0).min(per_pass);
             let task = RowTask { part, rows: rows.clone(), t0, mr, out, accumulate };
             match kernels[i] {
                 // SAFETY (every arm): the kernel's CPU features were detected for `isa` (and

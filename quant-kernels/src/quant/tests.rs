@@ -297,7 +297,19 @@ fn every_format_matches_the_f64_reference_on_every_path() {
                 widths.push(40);
             }
             for k in widths {
-                for (m, n) in [(1, 1), (1, 67), (2, 7), (3, 9), (4, 16), (5, 3), (8, 67), (9, 5), (70, 67)] {
+                for (m, n) in [
+                    (1, 1),
+                    (1, 67),
+                    (2, 7),
+                    (3, 9),
+                    (4, 16),
+                    (5, 3),
+                    (6, 9),
+                    (7, 5),
+                    (8, 67),
+                    (9, 5),
+                    (70, 67),
+                ] {
                     check(isa, ty, m, n, k, m % 2 == 1, &mut rng);
                 }
             }
