@@ -2,13 +2,11 @@
 //! per-thread scratch, one safe softmax, then `p · V` — so each K and V byte is read once.
 //! On the split path each partition keeps `(max, sum, output)` for the log-sum-exp merge.
 
-use half::bf16;
-
 use super::scratch::{at_least, with_scratch};
 use super::{Problem, SharedOut, SplitSeq};
 use crate::simd::{
-    Ahead, Heads, KernelElem, PvBlocks, QkRows, exp_sub_sum, finish_rows, max_of, prefetch, pv_blocks,
-    qk_rows, qrep_len, scale_by, widen_masked,
+    Ahead, Heads, KernelElem, PvBlocks, QkInt8, QkRows, exp_sub_sum, finish_rows, max_of, prefetch,
+    pv_blocks, qk_int8, qk_rows, qrep_len, scale_by, widen_masked,
 };
 
 /// Value tiles per `pv_blocks` call: accumulators go back to memory once per run of this many.
@@ -59,8 +57,6 @@ pub(super) fn run_item<T: KernelElem>(
         let logits = at_least(&mut s.logits, group * padded);
         let acc8 = at_least(&mut s.acc, group * d * 8);
         let vtile = at_least(&mut s.vtile, d * bs);
-        // int8: one key group's scores of the codes, per head.
-        let part = at_least(&mut s.keys, group * bs);
         pb.prepare_queries((0..group).map(|i| (token, kv_head * group + i)), qrep);
 
         // Pass 1: scores, all query heads of the kv head per key load. Slots past the context
@@ -78,26 +74,19 @@ pub(super) fn run_item<T: KernelElem>(
                 qk_rows(pb.isa, op, ahead);
                 continue;
             };
-            // int8: each group of a key's dims has its own scale per token, so the scores of
-            // the codes are taken group by group (whole rows of the tile) and summed scaled.
+            // int8: the codes scaled per token and group of dims as the kernel widens them.
             let (ks, _) = sc.tile(g.num_kv_heads, bs, block, kv_head);
-            let rows = sc.group / x;
-            let part_heads = Heads { nh: group, d: sc.group, bs, stride: bs };
-            for i in 0..group {
-                logits[i * padded + b * bs..][..bs].fill(0.0);
-            }
-            for j in 0..sc.groups {
-                let (tile, qrep) = (&tile[j * rows * bs * x..], &qrep[j * rows * 8..]);
-                let op = QkRows { heads: part_heads, tile, qrep, q_stride: ql, scores: part };
-                qk_rows(pb.isa, op, if j == 0 { ahead } else { Ahead::none() });
-                let scales = widen_scales(&ks[j * bs..(j + 1) * bs]);
-                for i in 0..group {
-                    let dst = &mut logits[i * padded + b * bs..][..bs];
-                    for ((o, &p), s) in dst.iter_mut().zip(&part[i * bs..(i + 1) * bs]).zip(&scales) {
-                        *o += p * s;
-                    }
-                }
-            }
+            let codes = T::as_codes(tile).expect("int8 scales come with an int8 cache");
+            let op = QkInt8 {
+                heads,
+                tile: codes,
+                scales: ks,
+                group: sc.group,
+                q: qrep,
+                q_stride: ql,
+                scores: &mut logits[b * bs..],
+            };
+            qk_int8(pb.isa, op, ahead);
         }
         // Keys of the first block that precede the window: probability 0.
         let hidden = pb.first_visible(pb.meta.seq_lens[seq] - 1).saturating_sub(t0).min(n);
@@ -176,16 +165,6 @@ pub(super) fn run_item<T: KernelElem>(
             finish_rows(pb.isa, src, 1.0 / sum, dst);
         }
     });
-}
-
-/// One tile's worth of bf16 scales (a block's tokens) as f32.
-#[inline]
-fn widen_scales(scales: &[bf16]) -> [f32; 32] {
-    let mut out = [0.0; 32];
-    for (o, s) in out.iter_mut().zip(scales) {
-        *o = f32::from_bits(u32::from(s.to_bits()) << 16);
-    }
-    out
 }
 
 /// Merges one split sequence's partitions: weights `sum_k · exp(max_k - max)` (log-sum-exp).

@@ -73,6 +73,7 @@ macro_rules! by_isa {
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod flash;
+mod int8;
 mod lanes;
 mod portable;
 mod widen;
@@ -85,6 +86,7 @@ use kv_cache::CacheElem;
 use crate::Isa;
 
 pub(crate) use flash::{FlashTile, KvRun, ROW_ALIGN, STEP_KEYS, flash_step};
+pub(crate) use int8::{QkInt8, qk_int8};
 pub(crate) use widen::widen_masked;
 
 /// Cache element types the micro-kernels can load as 8 (AVX2) or 16 (AVX-512) `f32` lanes.
@@ -102,6 +104,12 @@ pub(crate) trait KernelElem: CacheElem {
     /// `p .. p + 16` must be readable and the CPU must support AVX-512F.
     #[cfg(target_arch = "x86_64")]
     unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512;
+
+    /// The tile as int8 codes, for the int8 cache's own kernels (`None` for the float types).
+    fn as_codes(tile: &[Self]) -> Option<&[i8]> {
+        let _ = tile;
+        None
+    }
 }
 
 impl KernelElem for f32 {
@@ -178,6 +186,10 @@ impl KernelElem for i8 {
         use std::arch::x86_64::*;
         // SAFETY: 16 readable bytes; AVX-512F is guaranteed by the caller.
         unsafe { _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p.cast()))) }
+    }
+
+    fn as_codes(tile: &[Self]) -> Option<&[i8]> {
+        Some(tile)
     }
 }
 
