@@ -5,9 +5,9 @@
 //! f32 tokens; a draft of another vocabulary or a shorter context is refused at start.
 
 use engine::spec::SpeculativeConfig;
-use engine::{Engine, EngineConfig, PreemptionMode, SamplingParams};
+use engine::{Engine, EngineConfig, SamplingParams};
 
-use crate::speculative::{assert_same, run, workload};
+use crate::speculative::{assert_same, pressures, run, workload};
 use crate::support::{Fixture, prompt_tokens, small_config};
 
 /// A draft model at `path` proposing `k` tokens (`quantization`: the format it is quantized to
@@ -26,11 +26,7 @@ fn draft(path: &std::path::Path, k: usize, quantization: Option<&str>) -> Option
 fn a_quantized_self_draft_changes_no_token_and_is_accepted() {
     let fx = Fixture::new();
     let reqs = workload();
-    for (name, config) in [
-        ("roomy", small_config(256)),
-        ("recompute", EngineConfig { preemption_mode: PreemptionMode::Recompute, ..small_config(10) }),
-        ("swap", EngineConfig { preemption_mode: PreemptionMode::Swap, ..small_config(10) }),
-    ] {
+    for (name, config) in pressures() {
         let (plain, _) = run(&mut fx.engine(config.clone()), &reqs);
         let spec_config = draft(fx.dir.path(), 4, Some("q8_0"));
         let mut spec = fx.engine(EngineConfig { speculative_config: spec_config, ..config });

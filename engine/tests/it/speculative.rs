@@ -74,6 +74,15 @@ pub(crate) fn workload() -> Vec<(String, Vec<u32>, SamplingParams)> {
         .collect()
 }
 
+/// A roomy cache, and a small one under recompute and under swap preemption.
+pub(crate) fn pressures() -> [(&'static str, EngineConfig); 3] {
+    [
+        ("roomy", small_config(256)),
+        ("recompute", EngineConfig { preemption_mode: PreemptionMode::Recompute, ..small_config(10) }),
+        ("swap", EngineConfig { preemption_mode: PreemptionMode::Swap, ..small_config(10) }),
+    ]
+}
+
 /// Runs the requests to the end; returns their outputs and the steps it took.
 pub(crate) fn run(engine: &mut Engine, reqs: &[(String, Vec<u32>, SamplingParams)]) -> (Outputs, usize) {
     for (id, prompt, params) in reqs {
@@ -117,11 +126,7 @@ pub(crate) fn assert_same(drafted: &Outputs, plain: &Outputs, case: &str) {
 fn ngram_drafts_change_no_token_and_save_steps() {
     let fx = Fixture::new();
     let reqs = workload();
-    for (name, config) in [
-        ("roomy", small_config(256)),
-        ("recompute", EngineConfig { preemption_mode: PreemptionMode::Recompute, ..small_config(10) }),
-        ("swap", EngineConfig { preemption_mode: PreemptionMode::Swap, ..small_config(10) }),
-    ] {
+    for (name, config) in pressures() {
         let (plain, plain_steps) = run(&mut fx.engine(config.clone()), &reqs);
         let mut spec = fx.engine(EngineConfig { speculative_config: ngram(4), ..config });
         let (drafted, spec_steps) = run(&mut spec, &reqs);
