@@ -18,7 +18,8 @@
 //!   cache of recent outputs holding one output fewer than the set has prompts, so that a prompt
 //!   drafts from the set's other answers but never from its own answer of the round before.
 //! - `spec.gemma3.ngram_b1_speedup_grounded` (and `…_acceptance_grounded`): the grounded
-//!   speedup on Gemma 3 270M's Q4_K_M GGUF.
+//!   speedup on Gemma 3 270M's Q4_K_M GGUF; `spec.gemma3.verify_k4_over_k0` its verification
+//!   ratio (its 262 144-token LM head scores every position).
 //! - `spec.b64_ratio`: 64 requests (the prompt set, repeated) end to end, drafts over none.
 //! - `spec.draft_b1_speedup` (and `…_grounded`, `spec.draft_acceptance_open` / `…_grounded`):
 //!   SmolLM2's f32 folder drafted by its own Q4_1 GGUF (`{"method": "draft_model", "model": …,
@@ -63,7 +64,7 @@ fn step_input<'a>(buf: &'a StepBuf, n: usize) -> StepInput<'a> {
         token_ids: &buf.tokens[..n],
         positions: &buf.positions[..n],
         slot_mapping: &buf.slots[..n],
-        group_slot_mapping: &[],
+        group_slot_mapping: &buf.others[n],
         query_start_loc: &buf.starts[n],
         seq_lens: &buf.lens[n],
         seq_rows: &[0],
@@ -81,11 +82,15 @@ struct StepBuf {
     starts: Vec<[usize; 2]>,
     lens: Vec<[usize; 1]>,
     samples: Vec<usize>,
+    /// The slots of KV cache groups 1.. (a hybrid cache's), the first `n` for each `n`.
+    others: Vec<Vec<Vec<i64>>>,
 }
 
 impl StepBuf {
-    fn new(cached: usize, max_n: usize) -> Self {
+    fn new(cached: usize, max_n: usize, groups: usize) -> Self {
+        let slots: Vec<i64> = (cached as i64..(cached + max_n) as i64).collect();
         Self {
+            others: (0..=max_n).map(|n| vec![slots[..n].to_vec(); groups - 1]).collect(),
             tokens: (0..max_n as u32).map(|i| 100 + i).collect(),
             positions: (cached as u32..(cached + max_n) as u32).collect(),
             slots: (cached as i64..(cached + max_n) as i64).collect(),
@@ -116,12 +121,14 @@ fn verify_ratio(mut model: Model) -> Res<Stats> {
         gpu_memory_utilization: 0.9,
     };
     let mut runner = Runner::new(model, &config)?;
-    runner.write_table_row(0, 0, &(0..blocks as u32).collect::<Vec<_>>())?;
+    // Every KV cache group (a hybrid cache's sliding windows too) takes the same blocks.
+    let groups = runner.kv_group_windows().len().max(1);
+    runner.write_table_row(0, 0, &(0..groups).flat_map(|_| 0..blocks as u32).collect::<Vec<_>>())?;
     // The context: one prompt of CONTEXT tokens in the cache.
-    let prompt = StepBuf::new(0, CONTEXT);
+    let prompt = StepBuf::new(0, CONTEXT, groups);
     let last = [CONTEXT - 1];
     runner.forward(&StepInput { sample_indices: &last, ..step_input(&prompt, CONTEXT) })?;
-    let step = StepBuf::new(CONTEXT, 5);
+    let step = StepBuf::new(CONTEXT, 5, groups);
     let mut time = |n: usize| -> Result<f64, Box<dyn Error>> {
         let t = Instant::now();
         runner.forward(&step_input(&step, n))?;
@@ -248,6 +255,9 @@ fn main() -> Result<(), Box<dyn Error>> {
     let smol = model::testing::default_model_fetched()?;
     let (v_smol, v_smol_mean, v_smol_p90) = verify_ratio(Model::load(&smol)?)?;
     eprintln!("verify k=4 over k=0, SmolLM2: {v_smol:.3}");
+    let gemma = model::testing::gemma3_gguf_fetched()?;
+    let (v_gemma, _, _) = verify_ratio(Model::load(&gemma)?)?;
+    eprintln!("verify k=4 over k=0, Gemma 3: {v_gemma:.3}");
     let l1b = model::testing::made_model_fetched("llama-3.2-1b", "q4_0")?;
     let (v_l1b, v_l1b_mean, v_l1b_p90) = verify_ratio(Model::load(&l1b)?)?;
     eprintln!("verify k=4 over k=0, 1B shape: {v_l1b:.3}");
@@ -271,7 +281,6 @@ fn main() -> Result<(), Box<dyn Error>> {
         open.0
     );
 
-    let gemma = model::testing::gemma3_gguf_fetched()?;
     let (mut gemma_plain, mut gemma_spec) =
         (gemma3_engine(&gemma, None)?, gemma3_engine(&gemma, Some(NGRAM))?);
     let (gemma3, gemma3_accept, gemma3_same) = speedup_b1(&mut gemma_plain, &mut gemma_spec, "grounded")?;
@@ -311,6 +320,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     let figures = serde_json::json!({
         "spec.verify_k4_over_k0": v_smol,
         "spec.l1b.verify_k4_over_k0": v_l1b,
+        "spec.gemma3.verify_k4_over_k0": v_gemma,
         "spec.ngram_b1_speedup_grounded": grounded.0,
         "spec.ngram_b1_speedup_open": open.0,
         "spec.ngram_acceptance_grounded": grounded_accept,

@@ -284,20 +284,25 @@ fn time_forwards(runner: &mut Runner, k: usize) -> Result<Option<(f64, f64)>, En
     if blocks > runner.cache_config().num_blocks {
         return Ok(None);
     }
-    if runner.write_table_row(0, 0, &(0..blocks as u32).collect::<Vec<_>>()).is_err() {
+    // Every KV cache group (a hybrid cache's sliding windows too) takes the same blocks.
+    let groups = runner.kv_group_windows().len().max(1);
+    let ids: Vec<u32> = (0..groups).flat_map(|_| 0..blocks as u32).collect();
+    if runner.write_table_row(0, 0, &ids).is_err() {
         return Ok(None);
     }
     let tokens: Vec<u32> = (0..n as u32).map(|i| i % 17).collect();
     let positions: Vec<u32> = (0..n as u32).collect();
     let slots: Vec<i64> = (0..n as i64).collect();
+    let other_groups: Vec<Vec<i64>> = vec![slots.clone(); groups - 1];
     let all: Vec<usize> = (0..n).collect();
     let mut forward = |from: usize, len: usize, sampled: &[usize]| -> Result<f64, EngineError> {
         let t = std::time::Instant::now();
+        let others: Vec<Vec<i64>> = other_groups.iter().map(|s| s[from..from + len].to_vec()).collect();
         runner.forward(&StepInput {
             token_ids: &tokens[from..from + len],
             positions: &positions[from..from + len],
             slot_mapping: &slots[from..from + len],
-            group_slot_mapping: &[],
+            group_slot_mapping: &others,
             query_start_loc: &[0, len],
             seq_lens: &[from + len],
             seq_rows: &[0],
