@@ -4,6 +4,10 @@ use serde::Deserialize;
 
 use crate::KvEventsError;
 
+/// Messages the PUB socket queues per subscriber (zmq.rs's fixed send queue; vLLM's default
+/// `hwm`).
+pub const PUB_QUEUE: usize = 100_000;
+
 /// Where and how KV cache events are published (vLLM's `KVEventsConfig`).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -19,9 +23,9 @@ pub struct KvEventsConfig {
     pub replay_endpoint: Option<String>,
     /// Past batches kept for replay.
     pub buffer_steps: usize,
-    /// vLLM's PUB high-water mark. The zmq.rs PUB socket bounds each subscriber's queue
-    /// itself (dropping for a slow subscriber, as a high-water mark does); the value is checked
-    /// and otherwise unused.
+    /// vLLM's PUB high-water mark: messages queued per subscriber before a slow one misses
+    /// some. The zmq.rs PUB socket's queue is fixed at [`PUB_QUEUE`], vLLM's default, so that is
+    /// the one value taken; any other is refused rather than ignored.
     pub hwm: usize,
     /// Batches waiting for the publisher thread; past this the oldest are dropped from the
     /// live stream (they stay in the replay buffer).
@@ -38,7 +42,7 @@ impl Default for KvEventsConfig {
             endpoint: "tcp://*:5557".into(),
             replay_endpoint: None,
             buffer_steps: 10_000,
-            hwm: 100_000,
+            hwm: PUB_QUEUE,
             max_queue_size: 100_000,
             topic: String::new(),
         }
@@ -73,12 +77,17 @@ impl KvEventsConfig {
         if !matches!(self.publisher.as_str(), "zmq" | "null") {
             return bad("publisher", &format!("{:?} is not one of \"zmq\", \"null\"", self.publisher));
         }
-        for (field, value) in
-            [("buffer_steps", self.buffer_steps), ("hwm", self.hwm), ("max_queue_size", self.max_queue_size)]
-        {
+        for (field, value) in [("buffer_steps", self.buffer_steps), ("max_queue_size", self.max_queue_size)] {
             if value == 0 {
                 return bad(field, "must be at least 1");
             }
+        }
+        if self.hwm != PUB_QUEUE {
+            let why = format!(
+                "{} is not supported: the PUB socket queues {PUB_QUEUE} messages per subscriber",
+                self.hwm
+            );
+            return bad("hwm", &why);
         }
         if self.publishes() {
             check_endpoint("endpoint", &self.endpoint)?;
@@ -150,6 +159,7 @@ mod tests {
             (r#"{"enable_kv_cache_events": true, "endpoint": "tcp://:5"}"#, "no host"),
             (r#"{"enable_kv_cache_events": true, "replay_endpoint": "tcp://*:5557"}"#, "must differ"),
             (r#"{"enable_kv_cache_events": true, "buffer_steps": 0}"#, "buffer_steps"),
+            (r#"{"enable_kv_cache_events": true, "hwm": 1000}"#, "`hwm`: 1000 is not supported"),
         ] {
             let err = KvEventsConfig::from_json(json).unwrap_err().to_string();
             assert!(err.contains(names), "{json}: {err}");
