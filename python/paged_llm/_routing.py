@@ -20,6 +20,7 @@ Imports Ray: Serve imports this module where it builds a router, never ``import 
 from __future__ import annotations
 
 import collections
+import json
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -196,10 +197,21 @@ class PrefixAffinityRouter(_PinningRouter):
             served.popitem(last=False)
 
 
+def _request_model(body: bytes) -> Optional[str]:
+    """The ``model`` a request's JSON body names (a LoRA adapter's name, or the base's), if any."""
+    try:
+        model = json.loads(body).get("model")
+    except (ValueError, AttributeError):
+        return None
+    return model if isinstance(model, str) else None
+
+
 class KvEventsRouter(PrefixAffinityRouter):
     """Routes on each replica's real cache contents (see the module): the replica with the best
     ``prefix_weight * cached fraction + queue_weight * (1 - queue / max(longest queue,
-    imbalanced_threshold)) + kv_weight * (1 - KV usage)``. A prompt no replica holds a block of
+    imbalanced_threshold)) + kv_weight * (1 - KV usage)``, the cached fraction counting only the
+    blocks stored under the request's LoRA adapter (by the id each replica's routing stats give
+    its name; none for the base model). A prompt no replica holds a block of
     goes where a prompt whose full blocks all begin it was sent in the last ``recent_s`` seconds
     (a retry of the same request, or a conversation's next turn that came before its first
     turn's events), else, while queues are balanced, where the fewest new prompts went (then the
@@ -283,7 +295,18 @@ class KvEventsRouter(PrefixAffinityRouter):
         longest, shortest = max(queues.values()), min(queues.values())
         block_size = max((s.index.block_size for s in subs.values()), default=0) or 16
         blocks = max(1, len(tokens) // block_size)
-        matched = {rid: sub.index.match(tokens) for rid, sub in subs.items()}
+        # A request under an adapter matches only the blocks stored under that adapter's id on
+        # each replica (ids are each replica's own); one a replica lacks matches nothing there.
+        model = _request_model(body)
+
+        def cached(r: RunningReplica) -> int:
+            ids = (r.routing_stats or {}).get("lora_ids") or {}
+            if model not in ids:
+                adapter_elsewhere = any(model in ((c.routing_stats or {}).get("lora_ids") or {}) for c in candidates)
+                return 0 if adapter_elsewhere else subs[r.replica_id].index.match(tokens)
+            return subs[r.replica_id].index.match(tokens, lora_id=ids[model])
+
+        matched = {r.replica_id: cached(r) for r in candidates}
         usage = {r.replica_id: float((r.routing_stats or {}).get("kv_usage", 0.0)) for r in candidates}
         prefix_w, queue_w, kv_w = self._weights
         # Queues relative to what counts as imbalanced, so that 2 against 1 is not all or nothing.

@@ -122,8 +122,8 @@ class LLMServer:
             body.close()
 
     async def record_routing_stats(self) -> Dict[str, Any]:
-        """What the router weighs (Serve polls it): KV usage, queue, and the KV events
-        publisher's addresses when it has one."""
+        """What the router weighs (Serve polls it): KV usage, queue, the KV events publisher's
+        addresses when it has one, and each LoRA adapter's id (what its blocks' events carry)."""
         from ._client import _flat_metrics
 
         metrics = _flat_metrics(await self._engine.metrics_async())
@@ -132,6 +132,7 @@ class LLMServer:
         if endpoints is not None:
             stats["kv_events_endpoint"], stats["kv_events_replay"] = endpoints
             stats["kv_events_topic"] = self._events_topic
+        stats["lora_ids"] = self._engine.lora_ids()
         return stats
 
     async def check_health(self) -> None:

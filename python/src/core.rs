@@ -279,6 +279,11 @@ impl PyEngine {
         self.handle.kv_events_endpoints()
     }
 
+    /// Each registered LoRA adapter's numeric id (the `lora_id` its KV events carry), by name.
+    fn lora_ids(&self) -> std::collections::HashMap<String, u32> {
+        self.handle.loras().list().into_iter().map(|l| (l.name, l.id)).collect()
+    }
+
     /// The block hashes (as KV events publish them) of the device prefix cache and of the host
     /// swap space, between two steps.
     fn cached_block_hashes(&self, py: Python<'_>) -> PyResult<(Vec<u64>, Vec<u64>)> {

@@ -154,6 +154,32 @@ def test_routes_to_the_cache_that_holds_the_prompt_weighed_against_load(model_pa
     assert router.route([a, b, c], _chat(2, 1)) == "c"
 
 
+def test_an_adapters_request_matches_only_blocks_stored_under_its_adapter(model_path: str) -> None:
+    # Replica a holds the prompt under the base model, b under adapter "sql" (its id 7 there).
+    a, b = _Replica("a"), _Replica("b")
+    a.routing_stats["lora_ids"], b.routing_stats["lora_ids"] = {}, {"sql": 7}
+    router = _Router(model_path, {"a": 0, "b": 0})
+    tokenizer = _core.PromptTokenizer(model_path)
+    messages = json.loads(_chat(2, 1))["messages"]
+
+    def body(model: str) -> bytes:
+        return json.dumps({"model": model, "messages": messages}).encode()
+
+    tokens = tokenizer.request_tokens("/v1/chat/completions", body("base"))
+    n = len(tokens) // BS
+    a.index.apply(KVEventBatch(0.0, [BlockStored(list(range(100, 100 + n)), None, tokens[: n * BS], BS, None, "GPU")]))
+    b.index.apply(KVEventBatch(0.0, [BlockStored(list(range(200, 200 + n)), None, tokens[: n * BS], BS, 7, "GPU")]))
+    assert router.route([a, b], body("sql")) == "b", "the adapter's blocks are on b"
+    assert router.route([a, b], body("base")) == "a", "the base model's blocks are on a"
+    # c has the adapter (another id there) and nothing cached; a lacks the adapter: its base
+    # blocks count for nothing, so the shorter queue wins, not a's cache.
+    c = _Replica("c")
+    c.routing_stats["lora_ids"] = {"sql": 1}
+    router.queues.update(a=3, c=0)
+    assert router.route([a, c], body("sql")) == "c"
+    assert router.route([a, c], body("base")) == "a", "a's cache still draws the base model's request"
+
+
 def test_a_subscriber_fills_gaps_from_replay_clears_what_it_cannot_and_starts_over_on_a_restart() -> None:
     """``ReplicaSubscriber`` against a stand-in publisher: an XPUB socket (which tells when the
     subscription has landed, so nothing is sent into the void) and a ROUTER answering replay
