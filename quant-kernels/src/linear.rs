@@ -175,7 +175,7 @@ mod tests {
     #[test]
     fn linear_matches_naive_for_small_and_large_m() {
         let (n, k) = (70, 37);
-        for m in [1, 3, SMALL_M + 1, 40, TOKEN_LANES_MAX_M + 1] {
+        for m in [1, 3, 5, 7, SMALL_M + 1, 40, TOKEN_LANES_MAX_M + 1] {
             let x: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 5.0).collect();
             let w: Vec<f32> = (0..n * k).map(|i| ((i * 5 % 11) as f32 - 5.0) / 7.0).collect();
             let want = naive_linear(&x, &w, m, n, k);

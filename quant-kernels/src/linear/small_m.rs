@@ -33,6 +33,9 @@ pub fn small_m_linear(dst: &mut [f32], x: &[f32], w: &[f32], m: usize, n: usize,
     let isa = Isa::detected();
     let out = OutPtr(dst.as_mut_ptr());
     let per_task = rows_per_task(n, k);
+    // Tokens per tile: as few tiles as MR allows, as even as they can be (5 = 3 + 2, not 4 + 1,
+    // whose one-token tile loads a weight vector per multiply-add).
+    let per_tile = m.div_ceil(m.div_ceil(MR));
     (0..n.div_ceil(per_task)).into_par_iter().for_each(|task| {
         let j0 = task * per_task;
         let j1 = (j0 + per_task).min(n);
@@ -41,7 +44,7 @@ pub fn small_m_linear(dst: &mut [f32], x: &[f32], w: &[f32], m: usize, n: usize,
             let nr = (j1 - j).min(NR);
             let mut t = 0;
             while t < m {
-                let mr = (m - t).min(MR);
+                let mr = (m - t).min(per_tile);
                 let mut acc = [[0.0f32; NR]; MR];
                 tile(isa, &x[t * k..], &w[j * k..], k, mr, nr, &mut acc);
                 for (i, row) in acc.iter().enumerate().take(mr) {
