@@ -91,12 +91,14 @@ impl Engine {
         if config.max_waiting == 0 {
             return Err(EngineError::Config("max_waiting must be at least 1".into()));
         }
+        let (draft, kv_cache) =
+            verify::open_draft(&config, (&model.config, &folder.tokenizer), max_model_len)?;
         // The cache's size can depend on the device (CUDA profiles a forward first).
         let mut runner = Runner::new(
             model,
             &RunnerConfig {
                 device: config.device,
-                kv_cache: config.kv_cache,
+                kv_cache,
                 kv_dtype: config.kv_dtype,
                 block_size: config.block_size,
                 max_model_len,
@@ -109,7 +111,7 @@ impl Engine {
                 gpu_memory_utilization: config.gpu_memory_utilization,
             },
         )?;
-        let (drafter, draft_cost) = verify::drafter_and_cost(&config, &folder, &mut runner, max_model_len)?;
+        let (drafter, draft_cost) = verify::drafter_and_cost(&config, draft, &mut runner, max_model_len)?;
         let suffix_cache = verify::suffix_cache(&config);
         let cache_cfg = *runner.cache_config();
         let mut scheduler = Scheduler::new(SchedulerConfig {

@@ -5,7 +5,8 @@
 //! exactly the tokens it would have got a step at a time. Drafted rows draw in rounds, the
 //! rows still matching their drafts together.
 
-use model::{ModelFolder, Runner, StepInput};
+use model::runner::kv_bytes_per_block;
+use model::{KvCacheSize, Model, ModelConfig, Runner, StepInput, Tokenizer};
 use scheduler::{Scheduler, SeqId};
 
 use super::Engine;
@@ -15,7 +16,7 @@ use crate::config::EngineConfig;
 use crate::error::EngineError;
 use crate::request::{RequestRecord, SeqState};
 use crate::sampling::{SampleRow, SamplerError, TokenChoice, sample_batch};
-use crate::spec::draft::Drafter;
+use crate::spec::draft::{self, Drafter};
 use crate::spec::suffix::{LocalSuffix, SuffixCache};
 use crate::spec::{DraftCost, MAX_SUFFIX_CACHE_NODES, SpecMethod, ngram};
 use crate::structured::Advance;
@@ -240,25 +241,36 @@ impl VerifyCost {
     }
 }
 
-/// The draft model `config` names (loaded and checked against the target's vocabulary and
-/// context), and what a draft costs: pinned where the config says, or measured on the target's
+/// The draft model `config` names, loaded and checked against the target's vocabulary and
+/// context, and the target's KV cache size: with a draft model a byte budget is shared by both
+/// caches, as many blocks each.
+pub(super) fn open_draft(
+    config: &EngineConfig,
+    target: (&ModelConfig, &Tokenizer),
+    max_model_len: usize,
+) -> Result<(Option<Model>, KvCacheSize), EngineError> {
+    let Some(SpecMethod::DraftModel(params)) = config.speculative_config.as_ref().map(|s| &s.method) else {
+        return Ok((None, config.kv_cache));
+    };
+    let model = draft::open(params, target, max_model_len, config)?;
+    let bytes = |c: &ModelConfig| kv_bytes_per_block(c, config.device, config.block_size, config.kv_dtype);
+    let share = draft::target_share(config.kv_cache, bytes(target.0), bytes(&model.config));
+    Ok((Some(model), share))
+}
+
+/// The drafter over the draft model [`open_draft`] loaded (its cache as many blocks as the
+/// target's), and what a draft costs: pinned where the config says, or measured on the target's
 /// verification plus `k` of the draft model's one-token steps.
 pub(super) fn drafter_and_cost(
     config: &EngineConfig,
-    target: &ModelFolder,
+    draft: Option<Model>,
     runner: &mut Runner,
     max_model_len: usize,
 ) -> Result<(Option<Drafter>, VerifyCost), EngineError> {
     let Some(spec) = &config.speculative_config else { return Ok((None, VerifyCost::Pinned(1.0))) };
     let k = spec.num_speculative_tokens;
-    let mut drafter = match &spec.method {
-        SpecMethod::DraftModel(params) => {
-            let target = (runner.model_config(), &target.tokenizer);
-            let blocks = runner.cache_config().num_blocks;
-            Some(Drafter::load(params, target, max_model_len, blocks, config)?)
-        }
-        _ => None,
-    };
+    let blocks = runner.cache_config().num_blocks;
+    let mut drafter = draft.map(|model| Drafter::new(model, blocks, max_model_len, config)).transpose()?;
     if let Some(cost) = spec.verify_cost {
         return Ok((drafter, VerifyCost::Pinned(cost)));
     }

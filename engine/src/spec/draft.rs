@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::path::Path;
 
-use model::{ModelConfig, ModelFolder, Runner, RunnerConfig, StepInput, Tokenizer};
+use model::{KvCacheSize, Model, ModelConfig, ModelFolder, Runner, RunnerConfig, StepInput, Tokenizer};
 use scheduler::{Scheduler, SeqId};
 
 use super::DraftModelParams;
@@ -123,31 +123,58 @@ pub fn check_compatible(
     Ok(())
 }
 
+/// The draft model of `params`, loaded for a target of `target` (its config and tokenizer)
+/// serving `max_model_len` and checked against it, quantized as asked, run as the engine's
+/// `config` runs the target.
+pub fn open(
+    params: &DraftModelParams,
+    target: (&ModelConfig, &Tokenizer),
+    max_model_len: usize,
+    config: &EngineConfig,
+) -> Result<Model, EngineError> {
+    let bad = |why: String| EngineError::Config(format!("speculative config: draft model: {why}"));
+    let (folder, mut model) = ModelFolder::open_with_weights(Path::new(&params.model))
+        .map_err(|e| bad(format!("{}: {e}", params.model.display())))?;
+    check_compatible((&model.config, &folder.tokenizer), target, max_model_len).map_err(bad)?;
+    if let Some(q) = params.quantization {
+        model.quantize_weights(q.ggml_type())?;
+    }
+    model.activations = config.decode_activations;
+    model.set_context(max_model_len);
+    Ok(model)
+}
+
+/// The target's share of a KV cache budget of `kv_cache` shared with a draft model: both caches
+/// get the same number of blocks, whose bytes together fit the budget (a block count is the
+/// target's, the draft's the same beside it).
+pub fn target_share(
+    kv_cache: KvCacheSize,
+    target_block_bytes: usize,
+    draft_block_bytes: usize,
+) -> KvCacheSize {
+    match kv_cache {
+        KvCacheSize::Bytes(budget) => {
+            let both = (target_block_bytes as u128 + draft_block_bytes as u128).max(1);
+            KvCacheSize::Bytes((budget as u128 * target_block_bytes as u128 / both) as usize)
+        }
+        blocks => blocks,
+    }
+}
+
 impl Drafter {
-    /// Loads the draft model of `params` for a target of `target` (its config and tokenizer)
-    /// serving `max_model_len`, with a cache of `num_blocks` blocks as the engine's `config`
-    /// lays them out.
-    pub fn load(
-        params: &DraftModelParams,
-        target: (&ModelConfig, &Tokenizer),
-        max_model_len: usize,
+    /// The draft model's runner over a cache of `num_blocks` blocks as the engine's `config`
+    /// lays them out, serving `max_model_len`.
+    pub fn new(
+        model: Model,
         num_blocks: usize,
+        max_model_len: usize,
         config: &EngineConfig,
     ) -> Result<Self, EngineError> {
-        let bad = |why: String| EngineError::Config(format!("speculative config: draft model: {why}"));
-        let (folder, mut model) = ModelFolder::open_with_weights(Path::new(&params.model))
-            .map_err(|e| bad(format!("{}: {e}", params.model.display())))?;
-        check_compatible((&model.config, &folder.tokenizer), target, max_model_len).map_err(bad)?;
-        if let Some(q) = params.quantization {
-            model.quantize_weights(q.ggml_type())?;
-        }
-        model.activations = config.decode_activations;
-        model.set_context(max_model_len);
         let runner = Runner::new(
             model,
             &RunnerConfig {
                 device: config.device,
-                kv_cache: model::KvCacheSize::Blocks(num_blocks),
+                kv_cache: KvCacheSize::Blocks(num_blocks),
                 kv_dtype: config.kv_dtype,
                 block_size: config.block_size,
                 max_model_len,

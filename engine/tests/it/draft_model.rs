@@ -142,3 +142,19 @@ fn smollm2_f32_drafted_by_its_q4_1_gguf_decodes_the_f32_tokens() {
         m.num_draft_tokens
     );
 }
+
+/// A byte budget holds both caches: a self-draft's blocks are as large as the target's, so the
+/// target gets half the blocks it gets alone.
+#[test]
+fn a_byte_budget_is_shared_by_the_target_and_its_draft() {
+    let fx = Fixture::new();
+    let config = EngineConfig { kv_cache: engine::KvCacheSize::Bytes(8 << 20), ..small_config(0) };
+    let alone = fx.engine(config.clone()).num_kv_blocks();
+    let shared = fx
+        .engine(EngineConfig { speculative_config: draft(fx.dir.path(), 2, None), ..config })
+        .num_kv_blocks();
+    assert!(
+        shared * 2 <= alone && shared * 2 + 2 >= alone,
+        "{shared} blocks beside the draft, {alone} alone"
+    );
+}

@@ -114,6 +114,16 @@ pub struct Runner {
     row_limit: Option<usize>,
 }
 
+/// Bytes of one KV cache block of a model of `config` on `device` (a CPU cache holds the hybrid
+/// layout's layer slots, a CUDA one every layer), as [`Runner::new`] lays the cache out.
+pub fn kv_bytes_per_block(config: &ModelConfig, device: Device, block_size: usize, dtype: DType) -> usize {
+    let mut shape = config.block_shape(block_size, dtype);
+    if device.is_cpu() {
+        shape.num_layers = config.hybrid_kv_layout().num_slots();
+    }
+    shape.bytes_per_block()
+}
+
 impl Runner {
     /// Puts `model` on `config.device` with a KV cache sized by `config`.
     pub fn new(mut model: Model, config: &RunnerConfig) -> Result<Self> {
