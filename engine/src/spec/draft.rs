@@ -82,10 +82,11 @@ impl StepArrays {
         for v in [&mut self.starts, &mut self.lens, &mut self.samples, &mut self.sampled] {
             v.clear();
         }
-        self.tokens.clear();
+        for v in [&mut self.tokens, &mut self.rows] {
+            v.clear();
+        }
         self.positions.clear();
         self.slots.clear();
-        self.rows.clear();
         self.starts.push(0);
     }
 }
@@ -202,16 +203,6 @@ impl Drafter {
     /// The draft's runner (the engine measures its step's cost on it before serving).
     pub fn runner_mut(&mut self) -> &mut Runner {
         &mut self.runner
-    }
-
-    /// Sequences whose keys and values the draft holds.
-    pub fn num_cached_seqs(&self) -> usize {
-        self.seqs.len()
-    }
-
-    /// Blocks of the draft's cache in use.
-    pub fn num_blocks_used(&self) -> usize {
-        self.runner.cache_config().num_blocks - self.free_blocks.len()
     }
 
     /// Up to `k` greedy draft tokens for each of `seqs` (sequences of `scheduler`), in order: an

@@ -114,26 +114,30 @@ pub struct Runner {
     row_limit: Option<usize>,
 }
 
-/// Bytes of one KV cache block of a model of `config` on `device` (a CPU cache holds the hybrid
-/// layout's layer slots, a CUDA one every layer), as [`Runner::new`] lays the cache out.
+/// Bytes of one KV cache block of a model of `config` on `device`, as [`Runner::new`] lays the
+/// cache out ([`kv_block_shape`]).
 pub fn kv_bytes_per_block(config: &ModelConfig, device: Device, block_size: usize, dtype: DType) -> usize {
+    kv_block_shape(config, device, block_size, dtype).bytes_per_block()
+}
+
+/// The KV cache block of a model of `config` on `device`: the CPU keeps one block table per
+/// attention kind and frees what leaves a window, so its cache holds the hybrid layout's layer
+/// slots; CUDA serves no context past a window, so one group of every layer serves it.
+fn kv_block_shape(config: &ModelConfig, device: Device, block_size: usize, dtype: DType) -> BlockShape {
     let mut shape = config.block_shape(block_size, dtype);
     if device.is_cpu() {
         shape.num_layers = config.hybrid_kv_layout().num_slots();
     }
-    shape.bytes_per_block()
+    shape
 }
 
 impl Runner {
     /// Puts `model` on `config.device` with a KV cache sized by `config`.
     pub fn new(mut model: Model, config: &RunnerConfig) -> Result<Self> {
-        let mut shape = model.config.block_shape(config.block_size, config.kv_dtype);
+        let shape = kv_block_shape(&model.config, config.device, config.block_size, config.kv_dtype);
         shape.validate()?;
-        // The CPU keeps one block table per attention kind and frees what leaves a window;
-        // CUDA serves no context past a window, so one group of every layer serves it.
         if config.device.is_cpu() {
             model.use_hybrid_kv_layout();
-            shape.num_layers = model.kv_layout().num_slots();
         }
         let group_windows = model.kv_layout().group_windows().to_vec();
         let (on, cache_config) = match config.device {
