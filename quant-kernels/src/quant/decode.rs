@@ -17,21 +17,26 @@ use crate::linear::dot;
 /// multiple of the threads with the rows split evenly: SmolLM2's 576-row o_proj made 13 tasks
 /// (one thread ran seven while the other waited); 14 made 576×576 Q4_1 decode 7–12 % faster
 /// on two threads.
-fn rows_per_task(rows: usize, row_bytes: usize) -> usize {
+/// A kernel that works on blocks of rows (`align`) gets whole blocks.
+fn rows_per_task(rows: usize, row_bytes: usize, align: usize) -> usize {
     let threads = rayon::current_num_threads().max(1);
     let by_balance = rows.div_ceil(threads * 8);
     let by_size = (16 * 1024 / row_bytes.max(1)).max(1);
     let tasks = rows.div_ceil(by_balance.max(by_size).max(1)).next_multiple_of(threads);
-    rows.div_ceil(tasks).max(1)
+    rows.div_ceil(tasks).max(1).next_multiple_of(align)
 }
 
-/// (part, rows) of every rayon task of a call, part by part ([`rows_per_task`] rows each).
-pub(super) fn row_tasks(parts: &[(PartRef<'_>, Out)]) -> Vec<(usize, std::ops::Range<usize>)> {
+/// (part, rows) of every rayon task of a call, part by part ([`rows_per_task`] rows each, in
+/// whole blocks of `align(part)` rows).
+pub(super) fn row_tasks(
+    parts: &[(PartRef<'_>, Out)],
+    align: impl Fn(usize) -> usize,
+) -> Vec<(usize, std::ops::Range<usize>)> {
     parts
         .iter()
         .enumerate()
         .flat_map(|(i, (p, _))| {
-            let per_task = rows_per_task(p.rows, p.row_bytes());
+            let per_task = rows_per_task(p.rows, p.row_bytes(), align(i));
             (0..p.rows.div_ceil(per_task)).map(move |t| (i, t * per_task..((t + 1) * per_task).min(p.rows)))
         })
         .collect()
@@ -89,7 +94,16 @@ pub(super) fn matmul_parts(
     #[cfg(target_arch = "x86_64")]
     let permuted = kernels.contains(&Kernel::Q4_1Wide).then(|| q4_1_wide::Permuted::new(x, m, k));
     let acts = Activations { x, group_sums: &group_sums };
-    row_tasks(parts).into_par_iter().for_each(|(i, rows)| {
+    // Sixteen rows in the lanes for the int16 kernel on AVX-512 VNNI.
+    #[cfg(target_arch = "x86_64")]
+    let in_lanes = |i: usize| kernels[i] == Kernel::Int16 && isa == Isa::Avx512 && crate::isa::avx512_vnni();
+    #[cfg(not(target_arch = "x86_64"))]
+    let in_lanes = |_: usize| false;
+    #[cfg(target_arch = "x86_64")]
+    let lane_acts =
+        (0..parts.len()).any(in_lanes).then(|| int16::LaneActs::new(xq.expect("int16 kernels"), m));
+    let align = |i: usize| if in_lanes(i) { int16::LANE_ROWS } else { 1 };
+    row_tasks(parts, align).into_par_iter().for_each(|(i, rows)| {
         let (part, out) = (&parts[i].0, parts[i].1);
         // As few passes as the kernel's limit allows, of as even a size as they can be.
         let per_pass = m.div_ceil(m.div_ceil(tokens_per_pass(isa, kernels[i])));
@@ -105,7 +119,7 @@ pub(super) fn matmul_parts(
                 Kernel::Int16 => unsafe {
                     let xq = xq.expect("int16 kernels are chosen only with int16 activations");
                     if isa == Isa::Avx512 && crate::isa::avx512_vnni() {
-                        int16::dot_rows_avx512(task, xq)
+                        int16::dot_rows_avx512(task, xq, lane_acts.as_ref().filter(|_| in_lanes(i)))
                     } else {
                         int16::dot_rows_avx2(task, xq)
                     }

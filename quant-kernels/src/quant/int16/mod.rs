@@ -95,6 +95,8 @@ mod codes;
 #[cfg(target_arch = "x86_64")]
 mod kernels;
 #[cfg(target_arch = "x86_64")]
+mod lanes512;
+#[cfg(target_arch = "x86_64")]
 mod q6k_avx2;
 #[cfg(target_arch = "x86_64")]
 mod rows512;
@@ -103,5 +105,7 @@ mod rows512;
 pub(super) use codes::{Codes, Layout, Q4_0, Q4_1, Q4K, Q5_0, Q5_1, Q5K, Q6K, Q8_0};
 #[cfg(target_arch = "x86_64")]
 pub(super) use kernels::{dot_rows_avx2, quantize_group, widen};
+#[cfg(target_arch = "x86_64")]
+pub(super) use lanes512::{LaneActs, ROWS as LANE_ROWS};
 #[cfg(target_arch = "x86_64")]
 pub(super) use rows512::{TOKENS_PER_PASS as AVX512_TOKENS_PER_PASS, dot_rows_avx512};

@@ -5,6 +5,7 @@ use std::arch::x86_64::*;
 
 use super::X16;
 use super::codes::{Codes, Layout, nibbles};
+use super::lanes512::{self, LaneActs};
 use crate::quant::RowTask;
 use crate::quant::avx2::PREFETCH_AHEAD;
 
@@ -191,16 +192,21 @@ unsafe fn rows512<F: Codes, const M: usize>(task: RowTask<'_>, xq: &X16) {
 /// 8-token pass half as much again as 4 + 4).
 pub(in crate::quant) const TOKENS_PER_PASS: usize = 5;
 
-/// [`rows512`] for the task's `mr` (1..=[`TOKENS_PER_PASS`]; more are taken as 5) tokens of a part in a format
-/// [`super::supports`] takes.
+/// The task's `mr` (1..=[`TOKENS_PER_PASS`]; more are taken as 5) tokens of a part in a format
+/// [`super::supports`] takes: whole blocks of sixteen rows through [`lanes512`] where `acts`
+/// were made, the other rows through [`rows512`].
 ///
 /// # Safety
-/// As [`rows512`]'s.
-pub(in crate::quant) unsafe fn dot_rows_avx512(task: RowTask<'_>, xq: &X16) {
+/// As [`rows512`]'s; `acts`, when given, was made from `xq` for all its tokens.
+pub(in crate::quant) unsafe fn dot_rows_avx512(task: RowTask<'_>, xq: &X16, acts: Option<&LaneActs>) {
     macro_rules! by_m {
         ($F:ty) => {
             // SAFETY: forwarded contract.
             unsafe {
+                let mut task = task;
+                if let Some(acts) = acts.filter(|_| task.mr >= 2) {
+                    task.rows.start = lanes512::dot_rows_lanes::<$F>(&task, xq, acts);
+                }
                 match task.mr {
                     1 => rows512::<$F, 1>(task, xq),
                     2 => rows512::<$F, 2>(task, xq),

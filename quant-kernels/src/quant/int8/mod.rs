@@ -263,7 +263,7 @@ pub(super) fn matmul_parts(isa: Isa, xq: &X8, m: usize, parts: &[(PartRef<'_>, O
         return;
     }
     // The decode kernels' split of the rows into tasks.
-    decode::row_tasks(parts).into_par_iter().for_each(|(i, rows)| {
+    decode::row_tasks(parts, |_| 1).into_par_iter().for_each(|(i, rows)| {
         let (part, out) = (&parts[i].0, parts[i].1);
         let block = rows_per_block(part.row_bytes());
         for r0 in rows.clone().step_by(block) {
