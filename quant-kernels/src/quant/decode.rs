@@ -106,7 +106,13 @@ pub(super) fn matmul_parts(
     row_tasks(parts, align).into_par_iter().for_each(|(i, rows)| {
         let (part, out) = (&parts[i].0, parts[i].1);
         // As few passes as the kernel's limit allows, of as even a size as they can be.
-        let per_pass = m.div_ceil(m.div_ceil(tokens_per_pass(isa, kernels[i])));
+        // (Sixteen rows in the lanes take up to eight tokens a pass, from two on.)
+        let most = if in_lanes(i) && m >= 2 {
+            int16::LANE_TOKENS_PER_PASS
+        } else {
+            tokens_per_pass(isa, kernels[i])
+        };
+        let per_pass = m.div_ceil(m.div_ceil(most));
         for t0 in (0..m).step_by(per_pass) {
             let mr = (m - t0).min(per_pass);
             let task = RowTask { part, rows: rows.clone(), t0, mr, out, accumulate };

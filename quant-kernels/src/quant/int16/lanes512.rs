@@ -27,6 +27,10 @@ use super::X16;
 use super::codes::{Codes, Layout};
 use crate::quant::RowTask;
 
+/// Most tokens one pass serves (eight sums and eight accumulators beside a quarter's operands
+/// still fit the registers).
+pub(in crate::quant) const TOKENS_PER_PASS: usize = 8;
+
 /// Rows per block of the kernel: the lanes of a zmm of dwords.
 pub(in crate::quant) const ROWS: usize = 16;
 
@@ -300,7 +304,7 @@ unsafe fn rows_in_lanes<F: Codes, const M: usize>(task: &RowTask<'_>, xq: &X16, 
     r0
 }
 
-/// [`rows_in_lanes`] for the task's `mr` (1..=`super::rows512::TOKENS_PER_PASS`) tokens.
+/// [`rows_in_lanes`] for the task's `mr` (1..=[`TOKENS_PER_PASS`]) tokens.
 ///
 /// # Safety
 /// As [`rows_in_lanes`]'.
@@ -316,7 +320,10 @@ pub(in crate::quant) unsafe fn dot_rows_lanes<F: Codes>(
             2 => rows_in_lanes::<F, 2>(task, xq, acts),
             3 => rows_in_lanes::<F, 3>(task, xq, acts),
             4 => rows_in_lanes::<F, 4>(task, xq, acts),
-            _ => rows_in_lanes::<F, 5>(task, xq, acts),
+            5 => rows_in_lanes::<F, 5>(task, xq, acts),
+            6 => rows_in_lanes::<F, 6>(task, xq, acts),
+            7 => rows_in_lanes::<F, 7>(task, xq, acts),
+            _ => rows_in_lanes::<F, 8>(task, xq, acts),
         }
     }
 }

@@ -106,6 +106,6 @@ pub(super) use codes::{Codes, Layout, Q4_0, Q4_1, Q4K, Q5_0, Q5_1, Q5K, Q6K, Q8_
 #[cfg(target_arch = "x86_64")]
 pub(super) use kernels::{dot_rows_avx2, quantize_group, widen};
 #[cfg(target_arch = "x86_64")]
-pub(super) use lanes512::{LaneActs, ROWS as LANE_ROWS};
+pub(super) use lanes512::{LaneActs, ROWS as LANE_ROWS, TOKENS_PER_PASS as LANE_TOKENS_PER_PASS};
 #[cfg(target_arch = "x86_64")]
 pub(super) use rows512::{TOKENS_PER_PASS as AVX512_TOKENS_PER_PASS, dot_rows_avx512};

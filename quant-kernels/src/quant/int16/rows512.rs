@@ -192,9 +192,10 @@ unsafe fn rows512<F: Codes, const M: usize>(task: RowTask<'_>, xq: &X16) {
 /// 8-token pass half as much again as 4 + 4).
 pub(in crate::quant) const TOKENS_PER_PASS: usize = 5;
 
-/// The task's `mr` (1..=[`TOKENS_PER_PASS`]; more are taken as 5) tokens of a part in a format
-/// [`super::supports`] takes: whole blocks of sixteen rows through [`lanes512`] where `acts`
-/// were made, the other rows through [`rows512`].
+/// The task's `mr` tokens of a part in a format [`super::supports`] takes: from two tokens on,
+/// whole blocks of sixteen rows through [`lanes512`] where `acts` were made (at most its
+/// `TOKENS_PER_PASS`), the other rows through [`rows512`] in passes of at most
+/// [`TOKENS_PER_PASS`].
 ///
 /// # Safety
 /// As [`rows512`]'s; `acts`, when given, was made from `xq` for all its tokens.
@@ -207,12 +208,18 @@ pub(in crate::quant) unsafe fn dot_rows_avx512(task: RowTask<'_>, xq: &X16, acts
                 if let Some(acts) = acts.filter(|_| task.mr >= 2) {
                     task.rows.start = lanes512::dot_rows_lanes::<$F>(&task, xq, acts);
                 }
-                match task.mr {
-                    1 => rows512::<$F, 1>(task, xq),
-                    2 => rows512::<$F, 2>(task, xq),
-                    3 => rows512::<$F, 3>(task, xq),
-                    4 => rows512::<$F, 4>(task, xq),
-                    _ => rows512::<$F, 5>(task, xq),
+                // The rest in passes of at most TOKENS_PER_PASS, as even as they can be.
+                let (t0, mr) = (task.t0, task.mr);
+                let per_pass = mr.div_ceil(mr.div_ceil(TOKENS_PER_PASS));
+                for t in (t0..t0 + mr).step_by(per_pass) {
+                    let task = RowTask { t0: t, mr: (t0 + mr - t).min(per_pass), ..task.clone() };
+                    match task.mr {
+                        1 => rows512::<$F, 1>(task, xq),
+                        2 => rows512::<$F, 2>(task, xq),
+                        3 => rows512::<$F, 3>(task, xq),
+                        4 => rows512::<$F, 4>(task, xq),
+                        _ => rows512::<$F, 5>(task, xq),
+                    }
                 }
             }
         };
