@@ -7,7 +7,7 @@
 //! first row's window, are never read, so a chunk costs what its own rows need.
 
 use super::scratch::{at_least, at_least_aligned, with_scratch};
-use super::{Problem, SharedOut};
+use super::{KeyPart, Problem, SharedOut};
 use crate::simd::{FlashTile, KernelElem, KvRun, ROW_ALIGN, STEP_KEYS, flash_step};
 
 /// Query tokens of one work item for `group` query heads per kv head: 16, or more for small
@@ -16,14 +16,24 @@ pub(super) fn query_tile(group: usize) -> usize {
     16 * 3usize.div_ceil(group)
 }
 
-/// Query tokens `q0 .. q1` of `seq`'s chunk, all query heads of `kv_head`.
+/// Where a chunk item's rows go.
+pub(super) enum Sink {
+    /// Normalized, into the output.
+    Out(SharedOut),
+    /// A context partition's `(max, sum, normalized output)` per row, into the split path's
+    /// partials (`stride` floats per query head).
+    Partial { buf: SharedOut, part: KeyPart, stride: usize },
+}
+
+/// Query tokens `q0 .. q1` of `seq`'s chunk, all query heads of `kv_head`, over the keys it
+/// sees (those of the sink's partition only).
 pub(super) fn run_item<T: KernelElem>(
     pb: &Problem<'_, T>,
     seq: usize,
     kv_head: usize,
     q0: usize,
     q1: usize,
-    out: SharedOut,
+    sink: Sink,
 ) {
     let g = &pb.g;
     let (d, bs, group) = (g.head_size, g.block_size, pb.group);
@@ -36,8 +46,11 @@ pub(super) fn run_item<T: KernelElem>(
     let token_head = |r: usize| (first_token + q0 + r / group, kv_head * group + r % group);
     // Padding rows take the last real row's position (they must see some key, like it).
     let pos_of = |r: usize| first_pos + q0 + r.min(real_rows - 1) / group;
-    let visible = pos_of(real_rows - 1) + 1;
-    let first_block = pb.first_visible(pos_of(0)) / bs;
+    let (mut first_block, mut visible) = (pb.first_visible(pos_of(0)) / bs, pos_of(real_rows - 1) + 1);
+    if let Sink::Partial { part, .. } = &sink {
+        // A partition's keys start on a block boundary.
+        (first_block, visible) = (first_block.max(part.k0 / bs), visible.min(part.k1));
+    }
     let table = &pb.meta.block_table(seq)[first_block..visible.div_ceil(bs)];
     let (key, value) = (pb.key, pb.value);
     with_scratch(|s| {
@@ -88,7 +101,7 @@ pub(super) fn run_item<T: KernelElem>(
                 num_kv_heads: g.num_kv_heads,
                 block_size: bs,
                 first_key,
-                live: (seq_len - first_key).min(blocks.len() * bs),
+                live: (visible - first_key).min(blocks.len() * bs),
                 scales: pb.scales,
             };
             flash_step(pb.isa, &mut tile, &run);
@@ -96,9 +109,21 @@ pub(super) fn run_item<T: KernelElem>(
 
         for r in 0..real_rows {
             let (token, head) = token_head(r);
-            // SAFETY: (token, head) rows of this tile and kv head belong to this item alone.
-            let dst = unsafe { out.range(pb.out_offset(token, head), d) };
-            let inv = 1.0 / tile.sum[r];
+            let (max, sum) = (tile.max[r], tile.sum[r]);
+            let dst = match &sink {
+                // SAFETY: (token, head) rows of this tile and kv head belong to this item alone.
+                Sink::Out(out) => unsafe { out.range(pb.out_offset(token, head), d) },
+                Sink::Partial { buf, part, stride } => {
+                    let row = (part.row + q0 + r / group) * pb.num_heads + head;
+                    // SAFETY: this partition's rows of this kv head's heads belong to this item.
+                    let row = unsafe { buf.range(row * stride, *stride) };
+                    row[0] = max;
+                    row[1] = sum;
+                    &mut row[2..]
+                }
+            };
+            // A row that saw no key of its partition weighs nothing in the merge (its sum is 0).
+            let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
             for (dim, o) in dst.iter_mut().enumerate() {
                 *o = tile.acc[dim * stride + r] * inv;
             }

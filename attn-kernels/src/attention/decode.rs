@@ -167,31 +167,33 @@ pub(super) fn run_item<T: KernelElem>(
     });
 }
 
-/// Merges one split sequence's partitions: weights `sum_k · exp(max_k - max)` (log-sum-exp).
+/// Merges one split sequence's partitions, token by token: weights `sum_k · exp(max_k - max)`
+/// (log-sum-exp).
 pub(super) fn merge<T>(pb: &Problem<'_, T>, s: &SplitSeq, partials: &[f32], stride: usize, out: SharedOut) {
     let d = pb.g.head_size;
-    let token = pb.meta.query_start_loc[s.seq];
-    for head in 0..pb.num_heads {
-        let row = |k: usize| {
-            let start = ((s.first_part + k) * pb.num_heads + head) * stride;
-            &partials[start..start + stride]
-        };
-        let global_max = (0..s.num_parts).map(|k| row(k)[0]).fold(f32::NEG_INFINITY, f32::max);
-        // SAFETY: (token, head) rows of a split sequence are written by this merge alone.
-        let dst = unsafe { out.range(pb.out_offset(token, head), d) };
-        dst.fill(0.0);
-        let mut total = 0.0f32;
-        for k in 0..s.num_parts {
-            let r = row(k);
-            let w = r[1] * (r[0] - global_max).exp();
-            total += w;
-            for (o, &v) in dst.iter_mut().zip(&r[2..]) {
-                *o += w * v;
+    for i in 0..s.tokens {
+        for head in 0..pb.num_heads {
+            let row = |k: usize| {
+                let start = ((s.first_part + k * s.tokens + i) * pb.num_heads + head) * stride;
+                &partials[start..start + stride]
+            };
+            let global_max = (0..s.num_parts).map(|k| row(k)[0]).fold(f32::NEG_INFINITY, f32::max);
+            // SAFETY: (token, head) rows of a split sequence are written by this merge alone.
+            let dst = unsafe { out.range(pb.out_offset(s.first_token + i, head), d) };
+            dst.fill(0.0);
+            let mut total = 0.0f32;
+            for k in 0..s.num_parts {
+                let r = row(k);
+                let w = r[1] * (r[0] - global_max).exp();
+                total += w;
+                for (o, &v) in dst.iter_mut().zip(&r[2..]) {
+                    *o += w * v;
+                }
             }
-        }
-        let inv = 1.0 / total;
-        for o in dst.iter_mut() {
-            *o *= inv;
+            let inv = 1.0 / total;
+            for o in dst.iter_mut() {
+                *o *= inv;
+            }
         }
     }
 }

@@ -6,7 +6,9 @@
 //!   whose partial results are merged by log-sum-exp afterwards;
 //! - a longer chunk becomes one item per kv head and tile of query tokens (`chunk::query_tile`),
 //!   run as tiled ("flash") attention with an online softmax over the blocks it may see (causal
-//!   within the chunk); items are ordered longest first so that the causal skew balances.
+//!   within the chunk); items are ordered longest first so that the causal skew balances. A
+//!   chunk of one tile (a speculative verification's few tokens) in a batch of too few items
+//!   for the threads splits its context into partitions as a starved decode does, merged alike.
 //!
 //! Every item writes its own rows of `out` (or of the split-path partials), so items never race.
 
@@ -221,14 +223,28 @@ enum Item {
     /// keys before the window masked in it); `part` indexes its partial
     /// results on the split path (`None`: writes `out` directly).
     Decode { seq: usize, kv_head: usize, t0: usize, t1: usize, part: Option<usize> },
-    /// Query tokens `q0 .. q1` of `seq`'s chunk for `kv_head`.
-    Chunk { seq: usize, kv_head: usize, q0: usize, q1: usize },
+    /// Query tokens `q0 .. q1` of `seq`'s chunk for `kv_head`; `keys`: on the split path, the
+    /// context partition it walks and where its partials go (`None`: all it sees, into `out`).
+    Chunk { seq: usize, kv_head: usize, q0: usize, q1: usize, keys: Option<KeyPart> },
 }
 
-/// A split decode sequence: where its partials start and how many partitions it has.
+/// One context partition of a split chunk: keys at positions `k0 .. k1` (block-aligned), its
+/// partials from row `row` of the partials on (one per query token, each `num_heads` wide).
+#[derive(Debug, Clone, Copy)]
+struct KeyPart {
+    k0: usize,
+    k1: usize,
+    row: usize,
+}
+
+/// A split sequence's query tokens (a decode's one, or a one-tile chunk's `tokens` from query
+/// token `first_token` on): where its partials start (partial row `first_part`, in rows of
+/// `num_heads` heads: partition `k` of token `i` at `first_part + k·tokens + i`) and how many
+/// partitions it has.
 #[derive(Debug, Clone, Copy)]
 struct SplitSeq {
-    seq: usize,
+    first_token: usize,
+    tokens: usize,
     first_part: usize,
     num_parts: usize,
 }
@@ -282,20 +298,56 @@ fn run<T: KernelElem>(
             }
         }
         if let Some(first_part) = first_part {
-            splits.push(SplitSeq { seq, first_part, num_parts: parts });
+            let first_token = meta.query_start_loc[seq];
+            splits.push(SplitSeq { first_token, tokens: 1, first_part, num_parts: parts });
             num_parts_total += parts;
         }
     }
     let tile = chunk::query_tile(group);
+    let chunk_seqs: Vec<usize> = (0..meta.num_seqs()).filter(|&s| meta.query_len(s) > 1).collect();
+    let chunk_items: usize =
+        chunk_seqs.iter().map(|&s| meta.query_len(s).div_ceil(tile) * g.num_kv_heads).sum();
     let mut chunks = Vec::new();
-    for seq in (0..meta.num_seqs()).filter(|&s| meta.query_len(s) > 1) {
+    for &seq in &chunk_seqs {
         let q_len = meta.query_len(seq);
         let first_pos = meta.seq_lens[seq] - q_len;
+        let start = pb.first_visible(first_pos) / g.block_size * g.block_size;
+        let ctx = meta.seq_lens[seq] - start;
+        // A one-tile chunk among too few items splits its context as a starved decode does.
+        let partition = match split {
+            SplitPolicy::Auto if q_len <= tile => {
+                auto_partition(items.len() + chunk_items, ctx, g.block_size, rayon::current_num_threads())
+            }
+            _ => None,
+        };
+        if let Some(p) = partition.filter(|&p| ctx > p) {
+            let parts = ctx.div_ceil(p);
+            let first_token = meta.query_start_loc[seq];
+            splits.push(SplitSeq {
+                first_token,
+                tokens: q_len,
+                first_part: num_parts_total,
+                num_parts: parts,
+            });
+            for k in 0..parts {
+                let (k0, k1) = (start + k * p, (start + (k + 1) * p).min(meta.seq_lens[seq]));
+                let keys = Some(KeyPart { k0, k1, row: num_parts_total + k * q_len });
+                let cost = q_len * (k1 - k0);
+                chunks.extend(
+                    (0..g.num_kv_heads)
+                        .map(|kv_head| (cost, Item::Chunk { seq, kv_head, q0: 0, q1: q_len, keys })),
+                );
+            }
+            num_parts_total += parts * q_len;
+            continue;
+        }
         for q0 in (0..q_len).step_by(tile) {
             let q1 = (q0 + tile).min(q_len);
             // Work ∝ rows × keys walked for the last row.
             let cost = (q1 - q0) * (first_pos + q1 - pb.first_visible(first_pos + q0));
-            chunks.extend((0..g.num_kv_heads).map(|kv_head| (cost, Item::Chunk { seq, kv_head, q0, q1 })));
+            chunks.extend(
+                (0..g.num_kv_heads).map(|kv_head| (cost, Item::Chunk { seq, kv_head, q0, q1, keys: None })),
+            );
         }
     }
     // Longest first: the short tiles at the start of a causal prompt fill in at the end.
@@ -315,7 +367,13 @@ fn run<T: KernelElem>(
             };
             decode::run_item(&pb, seq, kv_head, t0, t1, sink);
         }
-        Item::Chunk { seq, kv_head, q0, q1 } => chunk::run_item(&pb, seq, kv_head, q0, q1, out_view),
+        Item::Chunk { seq, kv_head, q0, q1, keys } => {
+            let sink = match keys {
+                None => chunk::Sink::Out(out_view),
+                Some(part) => chunk::Sink::Partial { buf: partial_view, part, stride },
+            };
+            chunk::run_item(&pb, seq, kv_head, q0, q1, sink)
+        }
     });
     if !splits.is_empty() {
         splits.par_iter().for_each(|s| decode::merge(&pb, s, &partials, stride, out_view));
