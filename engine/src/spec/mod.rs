@@ -81,19 +81,22 @@ pub struct SpeculativeConfig {
 /// a step of its sequence's time, while the extra time is paid by every sequence of the step
 /// ([`DraftCost::token`]: the last step's time over its sequences); a sample drafts while the
 /// tokens are worth more than they cost. Its acceptance is a running
-/// average of its own drafts'; a sample that stopped drafting tries again every
-/// [`DraftGate::PROBE_EVERY`] steps, where a fully accepted draft would pay.
+/// average of its own drafts'. A sample that never drafted, or stopped, tries (probes) where a
+/// fully accepted draft would be worth [`DraftGate::PROBE_MARGIN`] times its cost, then every
+/// [`DraftGate::PROBE_EVERY`] steps.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DraftGate {
+    /// The running acceptance (1 until the first draft is scored).
     pub acceptance: f64,
+    /// Whether a draft of the sample has been scored.
+    pub measured: bool,
     /// Steps since the sample last drafted.
     pub idle: u32,
 }
 
 impl Default for DraftGate {
     fn default() -> Self {
-        // Optimistic until measured: a new sample drafts.
-        Self { acceptance: 1.0, idle: 0 }
+        Self { acceptance: 1.0, measured: false, idle: 0 }
     }
 }
 
@@ -101,6 +104,11 @@ impl DraftGate {
     /// Weight of the newest draft in the running acceptance.
     const NEWEST: f64 = 0.3;
     pub const PROBE_EVERY: u32 = 8;
+    /// How much more than its cost a fully accepted draft must be worth for a probe: where it is
+    /// barely worth it (a big batch), a probe of a sample accepting half its drafts costs about
+    /// three times what it buys, and every sample of the batch probes (64 requests ran 0.95×
+    /// with drafts on when probes needed only a fully accepted draft to pay).
+    pub const PROBE_MARGIN: f64 = 1.5;
 
     /// Expected tokens a step from a `k`-token draft accepted at rate `a` per token.
     pub fn expected_tokens(a: f64, k: usize) -> f64 {
@@ -109,8 +117,10 @@ impl DraftGate {
 
     /// Whether to draft `k` tokens for the next step at `cost`.
     pub fn wants(&mut self, k: usize, cost: DraftCost) -> bool {
-        let worth = |a: f64| (Self::expected_tokens(a, k) - 1.0) * cost.token > cost.extra;
-        if worth(self.acceptance) || (worth(1.0) && self.idle + 1 >= Self::PROBE_EVERY) {
+        let worth =
+            |a: f64, margin: f64| (Self::expected_tokens(a, k) - 1.0) * cost.token > margin * cost.extra;
+        let probe = !self.measured || self.idle + 1 >= Self::PROBE_EVERY;
+        if (self.measured && worth(self.acceptance, 1.0)) || (probe && worth(1.0, Self::PROBE_MARGIN)) {
             self.idle = 0;
             true
         } else {
@@ -124,6 +134,7 @@ impl DraftGate {
         if drafted > 0 {
             let rate = accepted as f64 / drafted as f64;
             self.acceptance += Self::NEWEST * (rate - self.acceptance);
+            self.measured = true;
         }
     }
 }
@@ -389,5 +400,15 @@ mod tests {
         // In a big batch a token is cheap next to a draft's extra positions: no draft, no probe.
         let b64 = DraftCost { extra: 1.8, token: 0.3 };
         assert!((0..2 * DraftGate::PROBE_EVERY).all(|_| !gate.wants(4, b64)));
+        // Where a fully accepted draft is barely worth its cost, neither a new sample nor one
+        // that stopped drafting tries (a half-accepted probe would cost three times its worth);
+        // a sample whose drafts are accepted keeps drafting.
+        let borderline = DraftCost { extra: 1.0, token: 0.3 };
+        let mut new = DraftGate::default();
+        assert!((0..2 * DraftGate::PROBE_EVERY).all(|_| !new.wants(4, borderline)), "{new:?}");
+        let mut stopped = gate;
+        (0..10).for_each(|_| stopped.record(4, 2));
+        assert!((0..2 * DraftGate::PROBE_EVERY).all(|_| !stopped.wants(4, borderline)), "{stopped:?}");
+        assert!(gate.wants(4, borderline), "fully accepted drafts pay");
     }
 }
