@@ -106,8 +106,7 @@ impl DraftGate {
     pub const PROBE_EVERY: u32 = 8;
     /// How much more than its cost a fully accepted draft must be worth for a probe: where it is
     /// barely worth it (a big batch), a probe of a sample accepting half its drafts costs about
-    /// three times what it buys, and every sample of the batch probes (64 requests ran 0.95×
-    /// with drafts on when probes needed only a fully accepted draft to pay).
+    /// three times what it buys, and every sample of the batch would probe.
     pub const PROBE_MARGIN: f64 = 1.5;
 
     /// Expected tokens a step from a `k`-token draft accepted at rate `a` per token.

@@ -455,9 +455,9 @@ impl Weight {
 
 /// The fewest tokens that take [`lanes16`] with int16 activations; fewer take the [`int16`]
 /// decode kernels, which read each row once a pass. With VNNI those win up to
-/// [`INT16_VNNI_DECODE_MAX_M`] (9 to 12 tokens over 8192×2048 Q4_1: 1.2–1.4 ms against
-/// lanes16's 1.9; at 16, two passes of eight and lanes16 are even); on AVX2, whose decode kernel takes two tokens a pass, lanes16's eight tokens
-/// per vector (and its rows decoded once per call) win from seven tokens on.
+/// [`INT16_VNNI_DECODE_MAX_M`] (past it, two passes over each row cost what lanes16's tokens
+/// in the lanes do); on AVX2, whose decode kernel takes two tokens a pass, lanes16's eight
+/// tokens per vector (and its rows decoded once per call) win from seven tokens on.
 fn lanes16_min_m(isa: Isa) -> usize {
     if lanes16::vnni(isa) { INT16_VNNI_DECODE_MAX_M + 1 } else { 7 }
 }

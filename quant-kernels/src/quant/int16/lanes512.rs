@@ -35,8 +35,10 @@ pub(in crate::quant) const TOKENS_PER_PASS: usize = 8;
 pub(in crate::quant) const ROWS: usize = 16;
 
 /// The two codes of a group that operand `o` (0..16) of [`rows_in_lanes`] holds in each lane's
-/// words: `o = 4q + s` takes dword `q` of the group's first sixteen code bytes (a nibble format:
-/// its only sixteen), `s` picking even or odd bytes and the low or high half of the codes.
+/// words: for `o = 4q + s`, codes `4q + c` and `4q + c + 2` with `c` = 0, 16, 1, 17 for `s` = 0..4,
+/// that is bytes 0 and 2 (`s` < 2) or 1 and 3 of dword `q` of the group's first half of codes
+/// (`s` even) or of its second half (`s` odd: a byte format's second sixteen bytes, a nibble
+/// format's high nibbles).
 pub(in crate::quant) fn pair_codes(o: usize) -> (usize, usize) {
     let (q, s) = (o / 4, o % 4);
     let first = 4 * q + [0, 16, 1, 17][s];
@@ -50,6 +52,7 @@ pub(in crate::quant) struct LaneActs {
 }
 
 impl LaneActs {
+    /// The pairs of `xq`'s first `m` tokens.
     pub fn new(xq: &X16, m: usize) -> Self {
         let groups = xq.groups;
         let mut pairs = vec![0i32; m * groups * 16];
@@ -69,8 +72,8 @@ impl LaneActs {
     }
 }
 
-/// The 4×4 transpose of dwords inside each 128-bit lane of `r`: lane `l` of `r[a]` holds row
-/// `4a + l`'s sixteen bytes, lane `j` of result `q` that row's dword `q` for row `4·(j % 4) + j / 4`.
+/// The 4×4 transpose of dwords inside each 128-bit lane of `r`: where lane `l` of `r[a]` holds
+/// row `4a + l`'s sixteen bytes, lane `j` of result `q` holds dword `q` of row `4·(j % 4) + j / 4`.
 #[inline(always)]
 unsafe fn transpose(r: [__m512i; 4]) -> [__m512i; 4] {
     // SAFETY: the callers are AVX-512F functions.
