@@ -196,15 +196,19 @@ unsafe fn rows_in_lanes<F: Codes, const M: usize>(task: &RowTask<'_>, xq: &X16, 
     let row_bytes = part.row_bytes();
     // Lane j's row within the block, and its byte offset from the block's first row.
     let lane_row: [usize; ROWS] = std::array::from_fn(|j| 4 * (j % 4) + j / 4);
-    // The rows' offsets fit an i32: a part's bytes are one mapped tensor or buffer, and a row
-    // of the widest weights is a few KiB.
+    // The gather's offsets are i32s: rows too wide for them (none of a real model's) are left
+    // to the caller's kernel.
+    if i32::try_from((ROWS - 1) * row_bytes).is_err() {
+        return rows.start;
+    }
     let offsets = lane_row.map(|r| (r * row_bytes) as i32);
     // SAFETY: sixteen i32s.
     let offsets = unsafe { _mm512_loadu_si512(offsets.as_ptr() as *const _) };
     let centre = i32::from(F::CENTRE);
     let mut r0 = rows.start;
     while r0 + ROWS <= rows.end {
-        let base = part.row(r0).as_ptr();
+        // The block's bytes (bounds-checked here), every row's pointer derived from them.
+        let base = part.bytes[r0 * row_bytes..(r0 + ROWS) * row_bytes].as_ptr();
         let row_at: [*const u8; ROWS] = std::array::from_fn(|r| base.wrapping_add(r * row_bytes));
         let mut acc = [_mm512_setzero_ps(); M];
         // A K-quant super-block's scales (and offsets) for the lanes, read at its first group:
