@@ -147,11 +147,6 @@ pub const INTEGER_CODE_FORMATS: [GgmlType; 8] = [
 /// above it, rows are dequantized into `token_lanes` or panels into `gemm` ([`panel`]).
 pub const DECODE_MAX_M: usize = 8;
 
-/// Up to this many tokens int16 activations on AVX-512 VNNI stream a weight in an integer-code
-/// format through the [`int16`] decode kernels (sixteen rows in the lanes, eight tokens a pass,
-/// each row's codes decoded once a pass); past it, [`lanes16`].
-pub(crate) const INT16_VNNI_DECODE_MAX_M: usize = 12;
-
 /// How the matmuls over the integer-code formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
 /// Q6_K) take their activations: decode-shaped ones on the [`int16`] kernels, batches on
 /// [`lanes16`]; f16 and bf16 weights always run the f32 kernels.
@@ -439,10 +434,7 @@ impl Weight {
         let mut col = 0;
         for (p, part) in self.parts.iter().zip(self.part_refs()) {
             let out = Out { ptr: out.ptr.offset(col), ..out };
-            // (With int16 activations made for it, a format they take decodes up to
-            // `INT16_VNNI_DECODE_MAX_M` tokens.)
-            let decodes = m <= DECODE_MAX_M || (xq.is_some() && int16::supports(p.ty));
-            match (&p.data, decodes) {
+            match (&p.data, m <= DECODE_MAX_M) {
                 (Storage::F32(w), _) => panel::f32_strided(out, x, m, k, w, p.rows, accumulate),
                 (_, true) => decode_parts.push((part, out)),
                 (_, false) => panel::matmul(isa, out, x, m, &part, accumulate),
@@ -454,12 +446,11 @@ impl Weight {
 }
 
 /// The fewest tokens that take [`lanes16`] with int16 activations; fewer take the [`int16`]
-/// decode kernels, which read each row once a pass. With VNNI those win up to
-/// [`INT16_VNNI_DECODE_MAX_M`] (past it, two passes over each row cost what lanes16's tokens
-/// in the lanes do); on AVX2, whose decode kernel takes two tokens a pass, lanes16's eight
+/// decode kernels, which read each row once for every token. With VNNI those win up to
+/// [`DECODE_MAX_M`]; on AVX2, whose decode kernel takes two tokens a pass, lanes16's eight
 /// tokens per vector (and its rows decoded once per call) win from seven tokens on.
 fn lanes16_min_m(isa: Isa) -> usize {
-    if lanes16::vnni(isa) { INT16_VNNI_DECODE_MAX_M + 1 } else { 7 }
+    if lanes16::vnni(isa) { DECODE_MAX_M + 1 } else { 7 }
 }
 
 /// The activations of a decode call as the SIMD kernels read them: `x[m, k]`, and each
