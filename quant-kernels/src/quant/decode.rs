@@ -94,9 +94,12 @@ pub(super) fn matmul_parts(
     #[cfg(target_arch = "x86_64")]
     let permuted = kernels.contains(&Kernel::Q4_1Wide).then(|| q4_1_wide::Permuted::new(x, m, k));
     let acts = Activations { x, group_sums: &group_sums };
-    // Sixteen rows in the lanes for the int16 kernel on AVX-512 VNNI.
+    // Sixteen rows in the lanes for the int16 kernel on AVX-512 VNNI, from two tokens on (one
+    // token reads its rows as fast in `rows512`): only then are the lanes' activations made and
+    // the tasks cut into whole blocks.
     #[cfg(target_arch = "x86_64")]
-    let in_lanes = |i: usize| kernels[i] == Kernel::Int16 && isa == Isa::Avx512 && crate::isa::avx512_vnni();
+    let in_lanes =
+        |i: usize| m >= 2 && kernels[i] == Kernel::Int16 && isa == Isa::Avx512 && crate::isa::avx512_vnni();
     #[cfg(not(target_arch = "x86_64"))]
     let in_lanes = |_: usize| false;
     #[cfg(target_arch = "x86_64")]
@@ -106,12 +109,7 @@ pub(super) fn matmul_parts(
     row_tasks(parts, align).into_par_iter().for_each(|(i, rows)| {
         let (part, out) = (&parts[i].0, parts[i].1);
         // As few passes as the kernel's limit allows, of as even a size as they can be.
-        // (Sixteen rows in the lanes take up to eight tokens a pass, from two on.)
-        let most = if in_lanes(i) && m >= 2 {
-            int16::LANE_TOKENS_PER_PASS
-        } else {
-            tokens_per_pass(isa, kernels[i])
-        };
+        let most = if in_lanes(i) { int16::LANE_TOKENS_PER_PASS } else { tokens_per_pass(isa, kernels[i]) };
         let per_pass = m.div_ceil(m.div_ceil(most));
         for t0 in (0..m).step_by(per_pass) {
             let mr = (m - t0).min(per_pass);

@@ -192,8 +192,8 @@ unsafe fn rows512<F: Codes, const M: usize>(task: RowTask<'_>, xq: &X16) {
 /// 8-token pass half as much again as 4 + 4).
 pub(in crate::quant) const TOKENS_PER_PASS: usize = 5;
 
-/// The task's `mr` tokens of a part in a format [`super::supports`] takes: from two tokens on,
-/// whole blocks of sixteen rows through [`lanes512`] where `acts` were made (at most its
+/// The task's `mr` tokens of a part in a format [`super::supports`] takes: whole blocks of
+/// sixteen rows through [`lanes512`] where the caller made `acts` for them (at most its
 /// `TOKENS_PER_PASS`), the other rows through [`rows512`] in passes of at most
 /// [`TOKENS_PER_PASS`].
 ///
@@ -205,7 +205,7 @@ pub(in crate::quant) unsafe fn dot_rows_avx512(task: RowTask<'_>, xq: &X16, acts
             // SAFETY: forwarded contract.
             unsafe {
                 let mut task = task;
-                if let Some(acts) = acts.filter(|_| task.mr >= 2) {
+                if let Some(acts) = acts {
                     task.rows.start = lanes512::dot_rows_lanes::<$F>(&task, xq, acts);
                 }
                 // The rest in passes of at most TOKENS_PER_PASS, as even as they can be.
