@@ -136,6 +136,13 @@ pub(crate) unsafe fn gemm_into(
     }
 }
 
+/// Tokens per pass when `m` tokens go through a kernel that takes at most `most` a pass: as few
+/// passes as that allows, of as even a size as they can be (5 at 4 a pass: 3 + 2, not 4 + 1,
+/// whose one-token pass does a whole pass's loads for one token).
+pub(crate) fn tokens_per_even_pass(m: usize, most: usize) -> usize {
+    m.div_ceil(m.div_ceil(most.max(1))).max(1)
+}
+
 /// Dot product with 16 independent accumulators so the compiler vectorises it.
 #[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {

@@ -33,9 +33,8 @@ pub fn small_m_linear(dst: &mut [f32], x: &[f32], w: &[f32], m: usize, n: usize,
     let isa = Isa::detected();
     let out = OutPtr(dst.as_mut_ptr());
     let per_task = rows_per_task(n, k);
-    // Tokens per tile: as few tiles as MR allows, as even as they can be (5 = 3 + 2, not 4 + 1,
-    // whose one-token tile loads a weight vector per multiply-add).
-    let per_tile = m.div_ceil(m.div_ceil(MR));
+    // (A one-token tile loads a weight vector per multiply-add.)
+    let per_tile = super::tokens_per_even_pass(m, MR);
     (0..n.div_ceil(per_task)).into_par_iter().for_each(|task| {
         let j0 = task * per_task;
         let j1 = (j0 + per_task).min(n);

@@ -110,7 +110,7 @@ pub(super) fn matmul_parts(
         let (part, out) = (&parts[i].0, parts[i].1);
         // As few passes as the kernel's limit allows, of as even a size as they can be.
         let most = if in_lanes(i) { int16::LANE_TOKENS_PER_PASS } else { tokens_per_pass(isa, kernels[i]) };
-        let per_pass = m.div_ceil(m.div_ceil(most));
+        let per_pass = crate::linear::tokens_per_even_pass(m, most);
         for t0 in (0..m).step_by(per_pass) {
             let mr = (m - t0).min(per_pass);
             let task = RowTask { part, rows: rows.clone(), t0, mr, out, accumulate };

@@ -208,9 +208,9 @@ pub(in crate::quant) unsafe fn dot_rows_avx512(task: RowTask<'_>, xq: &X16, acts
                 if let Some(acts) = acts {
                     task.rows.start = lanes512::dot_rows_lanes::<$F>(&task, xq, acts);
                 }
-                // The rest in passes of at most TOKENS_PER_PASS, as even as they can be.
+                // The rest in passes of at most TOKENS_PER_PASS.
                 let (t0, mr) = (task.t0, task.mr);
-                let per_pass = mr.div_ceil(mr.div_ceil(TOKENS_PER_PASS));
+                let per_pass = crate::linear::tokens_per_even_pass(mr, TOKENS_PER_PASS);
                 for t in (t0..t0 + mr).step_by(per_pass) {
                     let task = RowTask { t0: t, mr: (t0 + mr - t).min(per_pass), ..task.clone() };
                     match task.mr {
