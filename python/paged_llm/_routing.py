@@ -298,12 +298,13 @@ class KvEventsRouter(PrefixAffinityRouter):
         # A request under an adapter matches only the blocks stored under that adapter's id on
         # each replica (ids are each replica's own); one a replica lacks matches nothing there.
         model = _request_model(body)
+        lora_ids = {r.replica_id: (r.routing_stats or {}).get("lora_ids") or {} for r in candidates}
+        is_adapter = any(model in ids for ids in lora_ids.values())
 
         def cached(r: RunningReplica) -> int:
-            ids = (r.routing_stats or {}).get("lora_ids") or {}
+            ids = lora_ids[r.replica_id]
             if model not in ids:
-                adapter_elsewhere = any(model in ((c.routing_stats or {}).get("lora_ids") or {}) for c in candidates)
-                return 0 if adapter_elsewhere else subs[r.replica_id].index.match(tokens)
+                return 0 if is_adapter else subs[r.replica_id].index.match(tokens)
             return subs[r.replica_id].index.match(tokens, lora_id=ids[model])
 
         matched = {r.replica_id: cached(r) for r in candidates}
