@@ -105,8 +105,8 @@ impl DraftGate {
     const NEWEST: f64 = 0.3;
     pub const PROBE_EVERY: u32 = 8;
     /// How much more than its cost a fully accepted draft must be worth for a probe: where it is
-    /// barely worth it (a big batch), a probe of a sample accepting half its drafts costs about
-    /// three times what it buys, and every sample of the batch would probe.
+    /// barely worth it (a big batch), a probe of a sample accepting half its drafts costs several
+    /// times what it buys, and every sample of the batch may probe.
     pub const PROBE_MARGIN: f64 = 1.5;
 
     /// Expected tokens a step from a `k`-token draft accepted at rate `a` per token.
@@ -400,7 +400,7 @@ mod tests {
         let b64 = DraftCost { extra: 1.8, token: 0.3 };
         assert!((0..2 * DraftGate::PROBE_EVERY).all(|_| !gate.wants(4, b64)));
         // Where a fully accepted draft is barely worth its cost, neither a new sample nor one
-        // that stopped drafting tries (a half-accepted probe would cost three times its worth);
+        // that stopped drafting tries (a half-accepted probe would cost several times its worth);
         // a sample whose drafts are accepted keeps drafting.
         let borderline = DraftCost { extra: 1.0, token: 0.3 };
         let mut new = DraftGate::default();
