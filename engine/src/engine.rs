@@ -6,6 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
+use model::load_progress::{self, OnLoad};
 use model::{Model, ModelFolder, Runner, RunnerConfig, StepInput};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -65,7 +66,12 @@ impl Engine {
     /// Loads an HF model folder or a GGUF file (config, weights, tokenizer, chat template) and
     /// sizes the cache.
     pub fn new(model_dir: &Path, config: EngineConfig) -> Result<Self, EngineError> {
-        let (folder, mut model) = ModelFolder::open_with_weights(model_dir)?;
+        Self::new_reporting(model_dir, config, &mut load_progress::unwatched)
+    }
+
+    /// [`Self::new`], reporting the model's load to `on` (the checkpoint's bytes, then its tensors).
+    pub fn new_reporting(dir: &Path, config: EngineConfig, on: OnLoad<'_>) -> Result<Self, EngineError> {
+        let (folder, mut model) = ModelFolder::open_with_weights_reporting(dir, on)?;
         if let Some(q) = config.quantization {
             model.quantize_weights(q.ggml_type())?;
         }
@@ -209,12 +215,12 @@ impl Engine {
         &self.intake.eos_ids
     }
 
-    /// Device KV blocks in the pool.
     /// Bytes of weights a decode step reads (every matrix once, in its stored format).
     pub fn weight_bytes_per_step(&self) -> usize {
         self.runner.weight_bytes_per_step()
     }
 
+    /// Device KV blocks in the pool.
     pub fn num_kv_blocks(&self) -> usize {
         self.scheduler.device_pool().num_blocks()
     }

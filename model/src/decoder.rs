@@ -15,6 +15,7 @@ use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::gguf::GgufFile;
 use crate::input::ModelInput;
+use crate::load_progress::unwatched;
 use crate::rope::Rope;
 use crate::weights::SafetensorsFiles;
 
@@ -173,11 +174,11 @@ impl Model {
     /// Loads config and weights from an HF folder, or from a GGUF file ([`Self::from_gguf`]).
     pub fn load(dir: &Path) -> Result<Self> {
         if dir.is_file() {
-            return Self::from_gguf(&GgufFile::open_for_weights(dir)?);
+            return Self::from_gguf(&GgufFile::open_for_weights(dir, &mut unwatched)?);
         }
         let config = ModelConfig::from_file(&dir.join("config.json"))?;
         let files = SafetensorsFiles::open_dir(dir)?;
-        Self::from_safetensors(config, &files)
+        Self::from_safetensors(config, &files, &mut unwatched)
     }
 
     /// Quantizes every float matrix (embedding, projections, LM head) to `ty` at load

@@ -10,6 +10,7 @@ use crate::decoder::Model;
 use crate::error::{ModelError, Result};
 use crate::generation::GenerationConfig;
 use crate::gguf::{self, GgufFile, GgufVocab};
+use crate::load_progress::{OnLoad, unwatched};
 use crate::tokenizer::Tokenizer;
 use crate::weights::SafetensorsFiles;
 
@@ -74,14 +75,22 @@ impl ModelFolder {
     /// opened ([`GgufFile::open_for_weights`]) and its metadata (vocabulary, config) parsed a
     /// single time.
     pub fn open_with_weights(path: &Path) -> Result<(Self, Model)> {
+        Self::open_with_weights_reporting(path, &mut unwatched)
+    }
+
+    /// [`Self::open_with_weights`], its progress reported to `on`: the checkpoint's bytes as
+    /// they are read into memory, then the tensors as the model is built from them.
+    pub fn open_with_weights_reporting(path: &Path, on: OnLoad<'_>) -> Result<(Self, Model)> {
         if path.is_file() {
-            let g = GgufFile::open_for_weights(path)?;
+            let g = GgufFile::open_for_weights(path, on)?;
             let folder = Self::from_gguf(&g)?;
-            let model = Model::from_gguf_with_config(&g, folder.config.clone())?;
+            let model = Model::from_gguf_with_config(&g, folder.config.clone(), on)?;
             return Ok((folder, model));
         }
         let folder = Self::open(path)?;
-        let model = Model::from_safetensors(folder.config.clone(), &SafetensorsFiles::open_dir(path)?)?;
+        let files = SafetensorsFiles::open_dir(path)?;
+        files.fault_in(on);
+        let model = Model::from_safetensors(folder.config.clone(), &files, on)?;
         Ok((folder, model))
     }
 

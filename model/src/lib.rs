@@ -16,6 +16,7 @@ pub mod forward;
 pub mod generation;
 pub mod gguf;
 pub mod input;
+pub mod load_progress;
 pub mod lora;
 pub mod quality;
 #[cfg(feature = "testing")]
@@ -40,6 +41,7 @@ pub use forward::cpu::Workspace;
 pub use generation::GenerationConfig;
 pub use input::{GroupInput, ModelInput};
 pub use kv_cache::{KvLayout, LayerPlace};
+pub use load_progress::LoadProgress;
 pub use lora::{LoraAdapter, LoraBatch};
 pub use runner::{KvCacheSize, Runner, RunnerConfig, StepInput};
 pub use tokenizer::Tokenizer;

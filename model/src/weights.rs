@@ -16,6 +16,7 @@ use rayon::prelude::*;
 use safetensors::{Dtype, SafeTensors};
 
 use crate::error::{ModelError, Result};
+use crate::load_progress::{OnLoad, fault_in};
 
 /// One memory-mapped shard.
 #[derive(Debug)]
@@ -129,6 +130,13 @@ impl SafetensorsFiles {
             ));
         }
         Ok(())
+    }
+
+    /// Brings every shard's bytes into memory now, reporting them to `on`
+    /// ([`crate::load_progress`]).
+    pub fn fault_in(&self, on: OnLoad<'_>) {
+        let maps: Vec<&[u8]> = self.shards.iter().map(|s| &s.mmap[..]).collect();
+        fault_in(&maps, on);
     }
 
     /// Every tensor name of the checkpoint.

@@ -1,5 +1,6 @@
-//! Progress where a person waits (downloads, conversions, benchmarks): an indicatif bar on a
-//! terminal, plain lines at every tenth of the way otherwise (a log keeps them readable).
+//! Progress where a person waits (downloads, conversions, model loads, benchmarks): an
+//! indicatif bar on a terminal, plain lines at every tenth of the way otherwise (a log keeps
+//! them readable).
 
 use std::io::{IsTerminal, Read};
 
@@ -92,23 +93,6 @@ impl Progress {
             eprintln!("{}: {}% ({counts})", self.what, tenths * 10);
         }
     }
-}
-
-/// Runs `work`, a spinner with the time so far beside `what` on a terminal while it runs
-/// (nothing otherwise: the caller prints what it did).
-pub fn while_waiting<T>(what: &str, work: impl FnOnce() -> T) -> T {
-    let spinner = std::io::stderr().is_terminal().then(|| {
-        let style = ProgressStyle::with_template("{spinner} {msg} {elapsed}")
-            .unwrap_or_else(|_| ProgressStyle::default_spinner());
-        let spinner = ProgressBar::new_spinner().with_style(style).with_message(what.to_owned());
-        spinner.enable_steady_tick(std::time::Duration::from_millis(120));
-        spinner
-    });
-    let out = work();
-    if let Some(spinner) = spinner {
-        spinner.finish_and_clear();
-    }
-    out
 }
 
 fn mib(bytes: u64) -> f64 {

@@ -5,8 +5,11 @@ use std::path::Path;
 
 use anyhow::Context;
 use engine::{Engine, EngineConfig};
+use model::LoadProgress;
 use serde::de::DeserializeOwned;
 use server::cli::EngineKnobs;
+
+use crate::progress::{Progress, Unit};
 
 /// Starting an engine from the shared engine flags: the default model fetched when none is
 /// named, `--model smollm2` or `gemma3-270m` fetched when missing.
@@ -35,9 +38,15 @@ impl StartEngine for EngineKnobs {
             None => crate::fetch_model::default_model()?,
         };
         let started = std::time::Instant::now();
-        let what = format!("loading {}", dir.display());
-        let engine = crate::progress::while_waiting(&what, || Engine::new(&dir, config))
-            .with_context(|| format!("loading {}", dir.display()))?;
+        let engine = if quiet {
+            Engine::new(&dir, config)
+        } else {
+            let mut bars = LoadBars::new(&dir);
+            let engine = Engine::new_reporting(&dir, config, &mut |step| bars.show(step));
+            bars.finish();
+            engine
+        }
+        .with_context(|| format!("loading {}", dir.display()))?;
         if !quiet {
             let c = engine.model_config();
             eprintln!(
@@ -51,6 +60,41 @@ impl StartEngine for EngineKnobs {
             );
         }
         Ok(engine)
+    }
+}
+
+/// A model's load as two bars: the checkpoint's bytes read, then the tensors built from them.
+struct LoadBars {
+    name: String,
+    bytes: Option<Progress>,
+    tensors: Option<Progress>,
+}
+
+impl LoadBars {
+    fn new(dir: &Path) -> Self {
+        let name = dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into());
+        Self { name, bytes: None, tensors: None }
+    }
+
+    fn show(&mut self, step: LoadProgress) {
+        match step {
+            LoadProgress::Bytes { done, total } => {
+                let what = format!("reading {}", self.name);
+                self.bytes.get_or_insert_with(|| Progress::new(total, &what, Unit::Bytes)).set_position(done);
+            }
+            LoadProgress::Tensors { done, total } => {
+                if let Some(bytes) = self.bytes.take() {
+                    bytes.finish();
+                }
+                let bar = Unit::Items("tensors");
+                let tensors = self.tensors.get_or_insert_with(|| Progress::new(total as u64, "loading", bar));
+                tensors.set_position(done as u64);
+            }
+        }
+    }
+
+    fn finish(self) {
+        self.bytes.into_iter().chain(self.tensors).for_each(Progress::finish);
     }
 }
 

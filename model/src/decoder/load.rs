@@ -9,6 +9,7 @@ use crate::arch::{Family, LayerMatrix, LayerNorm};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::gguf::{GgufFile, GgufTensorInfo};
+use crate::load_progress::{LoadProgress, OnLoad, unwatched};
 use crate::weights::SafetensorsFiles;
 
 /// The input width of each matrix of a layer, in [`LayerMatrix`] order.
@@ -166,14 +167,50 @@ impl Checkpoint for GgufFile {
     }
 }
 
+/// A checkpoint's reads, counted as [`LoadProgress::Tensors`] steps for `on`.
+struct Counted<'a, C> {
+    src: &'a C,
+    done: usize,
+    total: usize,
+    on: OnLoad<'a>,
+}
+
+impl<C: Checkpoint> Counted<'_, C> {
+    fn matrix(&mut self, parts: &[(String, usize)], cols: usize) -> Result<Weight> {
+        let weight = self.src.matrix(parts, cols)?;
+        self.advance(parts.len());
+        Ok(weight)
+    }
+
+    fn row(&mut self, name: &str, width: usize) -> Result<Vec<f32>> {
+        let row = self.src.row(name, width)?;
+        self.advance(1);
+        Ok(row)
+    }
+
+    fn advance(&mut self, tensors: usize) {
+        self.done += tensors;
+        (self.on)(LoadProgress::Tensors { done: self.done, total: self.total });
+    }
+}
+
+/// How many tensors [`load`] reads for `c`: the embedding, the final norm, the untied head,
+/// and each layer's matrix parts, norms and bias parts.
+fn tensor_count(names: Names, c: &ModelConfig) -> usize {
+    let parts = |m: LayerMatrix| names.matrix_parts(c, m).len();
+    let per_layer = LayerMatrix::ALL.into_iter().map(parts).sum::<usize>()
+        + c.arch.layer_norms().count()
+        + biased(c).map(parts).sum::<usize>();
+    c.num_hidden_layers.saturating_mul(per_layer).saturating_add(2 + usize::from(!c.tie_word_embeddings))
+}
+
 /// Every weight of `config`'s model from `src`, each shape checked against the config before it
 /// is used; each buffer is allocated only after the shapes of the tensors it holds matched the
-/// file's headers, and layers are pushed as they load.
-fn load<C: Checkpoint>(config: ModelConfig, src: &C) -> Result<Model> {
+/// file's headers, and layers are pushed as they load. Each tensor read is reported to `on`.
+fn load<C: Checkpoint>(config: ModelConfig, src: &C, on: OnLoad<'_>) -> Result<Model> {
     let c = &config;
     let h = c.hidden_size;
-    let row =
-        |name: &str, width: usize| Ok::<_, ModelError>(Weight::from_f32(1, width, src.row(name, width)?));
+    let mut src = Counted { src, done: 0, total: tensor_count(C::NAMES, c), on };
     // `(tensor name, rows)` of each part of matrix `m` in layer `prefix`, with `suffix`.
     let parts = |prefix: &str, m: LayerMatrix, suffix: &str| -> Vec<(String, usize)> {
         C::NAMES
@@ -195,7 +232,9 @@ fn load<C: Checkpoint>(config: ModelConfig, src: &C) -> Result<Model> {
         let mut layer = LayerWeights::new(matrices);
         for n in c.arch.layer_norms() {
             let name = C::NAMES.norm(n, c.arch.sandwich_norms);
-            layer = layer.with_norm(n, row(&format!("{p}.{name}.weight"), norm_width(c, n))?);
+            let width = norm_width(c, n);
+            layer = layer
+                .with_norm(n, Weight::from_f32(1, width, src.row(&format!("{p}.{name}.weight"), width)?));
         }
         for m in biased(c) {
             let mut values = Vec::new();
@@ -206,7 +245,7 @@ fn load<C: Checkpoint>(config: ModelConfig, src: &C) -> Result<Model> {
         }
         layers.push(layer);
     }
-    let final_norm = row(final_norm_name, h)?;
+    let final_norm = Weight::from_f32(1, h, src.row(final_norm_name, h)?);
     // Some tied checkpoints still ship an LM head; the flag decides.
     let lm_head = if c.tie_word_embeddings {
         None
@@ -220,8 +259,8 @@ impl Model {
     /// Builds the model from already-opened checkpoint files, checking every shape (a config
     /// claiming 10¹² layers or a 2⁶² vocabulary fails with the tensor that does not match, not
     /// in the allocator).
-    pub fn from_safetensors(config: ModelConfig, files: &SafetensorsFiles) -> Result<Self> {
-        load(config, files)
+    pub fn from_safetensors(config: ModelConfig, files: &SafetensorsFiles, on: OnLoad<'_>) -> Result<Self> {
+        load(config, files, on)
     }
 
     /// Builds the model from a GGUF with every matrix left in its GGUF type and memory-mapped,
@@ -230,12 +269,12 @@ impl Model {
     pub fn from_gguf(g: &GgufFile) -> Result<Self> {
         let vocab = crate::gguf::GgufVocab::from_gguf(g)?;
         let meta = crate::gguf::GgufModelMeta::read(g, &vocab)?;
-        Self::from_gguf_with_config(g, meta.model_config(&g.path)?)
+        Self::from_gguf_with_config(g, meta.model_config(&g.path)?, &mut unwatched)
     }
 
     /// [`Self::from_gguf`] with the config already read from `g`'s metadata (by
     /// [`crate::ModelFolder::from_gguf`]), so the vocabulary is not parsed twice.
-    pub(crate) fn from_gguf_with_config(g: &GgufFile, config: ModelConfig) -> Result<Self> {
-        load(config, g)
+    pub(crate) fn from_gguf_with_config(g: &GgufFile, config: ModelConfig, on: OnLoad<'_>) -> Result<Self> {
+        load(config, g, on)
     }
 }

@@ -13,6 +13,7 @@ use quant_kernels::ggml::{GgmlType, dequantize};
 use quant_kernels::quant::Storage;
 
 use crate::error::{ModelError, Result};
+use crate::load_progress::{LoadProgress, OnLoad, REPORT_EVERY, fault_in};
 
 /// A metadata value.
 #[derive(Debug, Clone, PartialEq)]
@@ -119,7 +120,7 @@ fn huge_pages_offered() -> bool {
 
 /// The first `len` bytes of the file at `path` in an anonymous mapping advised for huge
 /// pages (its length rounded up to whole 2 MiB pages, so the kernel aligns it to one).
-fn read_into_huge_pages(path: &Path, len: usize) -> std::io::Result<Mmap> {
+fn read_into_huge_pages(path: &Path, len: usize, on: OnLoad<'_>) -> std::io::Result<Mmap> {
     use std::io::Read;
     const HUGE_PAGE: usize = 2 << 20;
     let mut file = File::open(path)?;
@@ -129,7 +130,14 @@ fn read_into_huge_pages(path: &Path, len: usize) -> std::io::Result<Mmap> {
     let mut anon = memmap2::MmapMut::map_anon(len.div_ceil(HUGE_PAGE).max(1) * HUGE_PAGE)?;
     // A hint: without it the copy still works, on small pages.
     let _ = anon.advise(memmap2::Advice::HugePage);
-    file.read_exact(&mut anon[..len])?;
+    let total = len as u64;
+    on(LoadProgress::Bytes { done: 0, total });
+    let mut done = 0;
+    for chunk in anon[..len].chunks_mut(REPORT_EVERY) {
+        file.read_exact(chunk)?;
+        done += chunk.len() as u64;
+        on(LoadProgress::Bytes { done, total });
+    }
     anon.make_read_only()
 }
 
@@ -314,10 +322,15 @@ impl GgufFile {
     /// the Q4_1 SmolLM2 (the same steps alternating between the two copies in one process,
     /// three runs; the page-ahead prefetches walk into pages the TLB does not hold). The copy
     /// is read with `read`, not through the file's mapping, so the resident set holds one copy.
-    pub fn open_for_weights(path: &Path) -> Result<Self> {
+    /// Its bytes are read (or, as a mapping, brought into memory) before it returns, reported
+    /// to `on`.
+    pub fn open_for_weights(path: &Path, on: OnLoad<'_>) -> Result<Self> {
         let mut g = Self::open(path)?;
         if huge_pages_offered() {
-            g.mmap = Arc::new(read_into_huge_pages(path, g.mmap.len()).map_err(|e| ModelError::io(path, e))?);
+            let copy = read_into_huge_pages(path, g.mmap.len(), on).map_err(|e| ModelError::io(path, e))?;
+            g.mmap = Arc::new(copy);
+        } else {
+            fault_in(&[&g.mmap], on);
         }
         Ok(g)
     }
@@ -483,7 +496,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m.gguf");
         std::fs::write(&path, tiny_gguf()).unwrap();
-        let (mapped, resident) = (GgufFile::open(&path).unwrap(), GgufFile::open_for_weights(&path).unwrap());
+        let (mapped, resident) = (
+            GgufFile::open(&path).unwrap(),
+            GgufFile::open_for_weights(&path, &mut crate::load_progress::unwatched).unwrap(),
+        );
         assert_eq!(mapped.tensors.len(), resident.tensors.len());
         for t in &mapped.tensors {
             assert_eq!(mapped.tensor_bytes(t), resident.tensor_bytes(t));

@@ -306,3 +306,42 @@ fn a_gguf_with_inconsistent_metadata_or_cut_short_is_refused() {
         assert!(err.contains("truncated"), "{err}");
     }
 }
+
+/// A load reports the checkpoint's bytes as they are read, up to the file's size, then each
+/// tensor as the model is built, up to every tensor the file holds: for the real GGUF and for a
+/// folder of safetensors.
+#[test]
+fn a_load_reports_the_checkpoints_bytes_then_each_of_its_tensors() {
+    use model::LoadProgress::{Bytes, Tensors};
+    let folder = tempfile::tempdir().unwrap();
+    model::testing::write_tiny_llama(folder.path(), 7);
+    let st_file = folder.path().join("model.safetensors");
+    let st_bytes = std::fs::read(&st_file).unwrap();
+    let st_tensors = safetensors::SafeTensors::deserialize(&st_bytes).unwrap().len();
+    let gguf = model::testing::smollm2_gguf();
+    let gguf_tensors = model::gguf::GgufFile::open(&gguf).unwrap().tensors.len();
+    let cases = [
+        (folder.path().to_path_buf(), st_bytes.len() as u64, st_tensors),
+        (gguf.clone(), std::fs::metadata(&gguf).unwrap().len(), gguf_tensors),
+    ];
+    for (path, file_bytes, file_tensors) in cases {
+        let mut steps = Vec::new();
+        model::ModelFolder::open_with_weights_reporting(&path, &mut |s| steps.push(s)).unwrap();
+        let bytes: Vec<_> = steps
+            .iter()
+            .map_while(|s| if let Bytes { done, total } = s { Some((*done, *total)) } else { None })
+            .collect();
+        let tensors: Vec<_> = steps[bytes.len()..]
+            .iter()
+            .map(|s| match s {
+                Tensors { done, total } => (*done, *total),
+                Bytes { .. } => panic!("{}: bytes reported after tensors: {steps:?}", path.display()),
+            })
+            .collect();
+        assert!(bytes.windows(2).all(|w| w[0].0 <= w[1].0), "{}: {bytes:?}", path.display());
+        assert_eq!(bytes.first(), Some(&(0, file_bytes)), "{}", path.display());
+        assert_eq!(bytes.last(), Some(&(file_bytes, file_bytes)), "{}", path.display());
+        assert!(tensors.windows(2).all(|w| w[0].0 < w[1].0), "{}: {tensors:?}", path.display());
+        assert_eq!(tensors.last(), Some(&(file_tensors, file_tensors)), "{}", path.display());
+    }
+}

@@ -1,4 +1,5 @@
-//! The command line: grouped help, one-line errors with exit code 2, `--config FILE.yaml`.
+//! The command line: grouped help, one-line errors with exit code 2, `--config FILE.yaml`, the
+//! model load's progress.
 
 use std::process::Output;
 
@@ -92,4 +93,29 @@ fn a_config_file_sets_options_and_the_command_line_overrides_them() {
     let bad = run(&["plan", "--config", &config]);
     assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
     assert!(stderr(&bad).contains("invalid value 'huge' for '--block-size"), "{}", stderr(&bad));
+}
+
+/// Not on a terminal, a model's load prints lines as its bytes are read and its tensors built,
+/// ending at every tensor the checkpoint holds.
+#[test]
+fn a_load_prints_its_bytes_and_tensors_as_it_goes() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    model::testing::write_tiny_llama(dir.path(), 7);
+    let file = std::fs::read(dir.path().join("model.safetensors")).unwrap_or_else(|e| panic!("{e}"));
+    let tensors = safetensors::SafeTensors::deserialize(&file).unwrap_or_else(|e| panic!("{e}")).len();
+    let model = dir.path().to_string_lossy().into_owned();
+    let args = ["--input-len", "4", "--output-len", "2", "--num-iters-warmup", "0", "--num-iters", "1"];
+    let out = run(&[&["bench", "latency", "--model", &model, "--num-kv-blocks", "16"][..], &args].concat());
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    let name = dir.path().file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let mib = file.len() as f64 / (1u64 << 20) as f64;
+    for line in [
+        format!("reading {name}: 100% ({mib:.1} of {mib:.1} MiB)"),
+        format!("loading: 100% ({tensors} of {tensors} tensors)"),
+    ] {
+        assert!(err.lines().any(|l| l == line), "no line {line:?} in:\n{err}");
+    }
+    // The tensors as they load, not only at the end.
+    assert!(err.lines().filter(|l| l.starts_with("loading: ")).count() >= 5, "{err}");
 }
