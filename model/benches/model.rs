@@ -52,35 +52,35 @@ fn median(times: &mut [f64]) -> f64 {
     times[times.len() / 2]
 }
 
-/// f32 GEMM 1024³ on all cores through `gemm`: GFLOP/s.
+/// f32 GEMM 1024³ on all cores through `gemm-f32`: GFLOP/s.
 fn gemm_gflops(samples: usize) -> f64 {
     let n = 1024;
     let a: Vec<f32> = (0..n * n).map(|i| (i % 7) as f32 * 0.1).collect();
     let b: Vec<f32> = (0..n * n).map(|i| (i % 5) as f32 * 0.1).collect();
     let mut c = vec![0.0f32; n * n];
     let secs = median_secs(samples, || {
-        // SAFETY: three n×n row-major buffers of the right size.
+        // SAFETY: three n×n column-major buffers of the right size.
         unsafe {
-            gemm::gemm(
+            gemm_f32::gemm::f32::get_gemm_fn()(
                 n,
                 n,
                 n,
                 c.as_mut_ptr(),
-                1,
                 n as isize,
+                1,
                 false,
                 a.as_ptr(),
-                1,
                 n as isize,
+                1,
                 b.as_ptr(),
-                1,
                 n as isize,
+                1,
                 1.0f32,
                 1.0f32,
                 false,
                 false,
                 false,
-                gemm::Parallelism::Rayon(0),
+                gemm_common::Parallelism::Rayon(0),
             );
         }
     });

@@ -55,7 +55,17 @@ pub fn linear(dst: &mut [f32], x: &[f32], w: &[f32], m: usize, n: usize, k: usiz
     }
     // SAFETY: the slices hold at least m·n, m·k and n·k elements (asserted above).
     unsafe {
-        gemm_into(OutPtr(dst.as_mut_ptr()), n, (x, k), m, k, w, n, accumulate, gemm::Parallelism::Rayon(0))
+        gemm_into(
+            OutPtr(dst.as_mut_ptr()),
+            n,
+            (x, k),
+            m,
+            k,
+            w,
+            n,
+            accumulate,
+            gemm_common::Parallelism::Rayon(0),
+        )
     };
 }
 
@@ -85,7 +95,8 @@ pub fn linear_strided(
         }
         return;
     }
-    let parallelism = if parallel { gemm::Parallelism::Rayon(0) } else { gemm::Parallelism::None };
+    let parallelism =
+        if parallel { gemm_common::Parallelism::Rayon(0) } else { gemm_common::Parallelism::None };
     // SAFETY: `dst` holds m rows of n floats `ldd` apart, `x` m rows of k floats `ldx` apart and
     // `w` n·k (asserted), and `dst` is borrowed mutably for the call.
     unsafe { gemm_into(OutPtr(dst.as_mut_ptr()), ldd, (x, ldx), m, k, w, n, accumulate, parallelism) };
@@ -107,24 +118,26 @@ pub(crate) unsafe fn gemm_into(
     w: &[f32],
     n: usize,
     accumulate: bool,
-    parallelism: gemm::Parallelism,
+    parallelism: gemm_common::Parallelism,
 ) {
-    // SAFETY: per the contract; strides describe row-major `out[m, ldo]`, `x[m, ldx]` and
-    // `wᵀ[k, n]` (element (kk, j) at j·k + kk).
+    // SAFETY: per the contract. gemm's micro-kernels want a column-major destination, so the
+    // product is asked for transposed (as the `gemm` crate's front end does for a row-major
+    // one): `outᵀ[n, m] = w[n, k] · xᵀ[k, m]`, `outᵀ` column-major with columns `ldo` apart,
+    // `w` with rows `k` apart, `xᵀ` with columns `ldx` apart.
     unsafe {
-        gemm::gemm(
-            m,
+        gemm_f32::gemm::f32::get_gemm_fn()(
             n,
+            m,
             k,
             out.get(),
-            1,
             ldo as isize,
-            accumulate,
-            x.as_ptr(),
             1,
-            ldx as isize,
+            accumulate,
             w.as_ptr(),
+            1,
             k as isize,
+            x.as_ptr(),
+            ldx as isize,
             1,
             1.0f32,
             1.0f32,

@@ -141,7 +141,17 @@ pub(super) fn slabs_of(
         // checked that the output holds m rows of ldd floats, of which these columns are
         // the parts'.
         unsafe {
-            gemm_into(out.ptr, out.ldd, (x, k), m, k, w, chunk.len(), accumulate, gemm::Parallelism::Rayon(0))
+            gemm_into(
+                out.ptr,
+                out.ldd,
+                (x, k),
+                m,
+                k,
+                w,
+                chunk.len(),
+                accumulate,
+                gemm_common::Parallelism::Rayon(0),
+            )
         };
     }
     SLAB.set(slab);
@@ -166,7 +176,17 @@ pub(super) fn via_gemm(isa: Isa, out: Out, x: &[f32], m: usize, part: &PartRef<'
             // SAFETY: x holds m·k floats (asserted), the panel (r1−r0)·k; this task owns
             // columns r0..r1 of the part's region of m rows × ldd.
             unsafe {
-                gemm_into(out.ptr, out.ldd, (x, k), m, k, panel, r1 - r0, accumulate, gemm::Parallelism::None)
+                gemm_into(
+                    out.ptr,
+                    out.ldd,
+                    (x, k),
+                    m,
+                    k,
+                    panel,
+                    r1 - r0,
+                    accumulate,
+                    gemm_common::Parallelism::None,
+                )
             };
         });
     });
@@ -176,5 +196,7 @@ pub(super) fn via_gemm(isa: Isa, out: Out, x: &[f32], m: usize, part: &PartRef<'
 pub(super) fn f32_strided(out: Out, x: &[f32], m: usize, k: usize, w: &[f32], rows: usize, accumulate: bool) {
     assert!(x.len() >= m * k && w.len() >= rows * k, "f32_strided: short buffer");
     // SAFETY: as asserted; `Weight::matmul` checked the output region.
-    unsafe { gemm_into(out.ptr, out.ldd, (x, k), m, k, w, rows, accumulate, gemm::Parallelism::Rayon(0)) };
+    unsafe {
+        gemm_into(out.ptr, out.ldd, (x, k), m, k, w, rows, accumulate, gemm_common::Parallelism::Rayon(0))
+    };
 }
