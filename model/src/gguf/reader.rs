@@ -314,16 +314,13 @@ impl GgufFile {
         Ok(Self { path: path.to_path_buf(), version, metadata, tensors, mmap: Arc::new(mmap) })
     }
 
-    /// [`Self::open`] for a model's weights: the file's bytes are then read into anonymous
-    /// memory that the kernel backs with transparent huge pages, where it offers them
-    /// (Linux with THP `always` or `madvise`; elsewhere the file stays mapped). A batch-1
-    /// decode step walks every weight, ~100 MB for SmolLM2: with 4 KiB pages that is ~25 000
-    /// TLB misses per step, with 2 MiB pages ~50 — measured 14–16 % faster batch-1 decode on
-    /// the Q4_1 SmolLM2 (the same steps alternating between the two copies in one process,
-    /// three runs; the page-ahead prefetches walk into pages the TLB does not hold). The copy
-    /// is read with `read`, not through the file's mapping, so the resident set holds one copy.
-    /// Its bytes are read (or, as a mapping, brought into memory) before it returns, reported
-    /// to `on`.
+    /// [`Self::open`] for a model's weights, every byte in memory before it returns, reported to
+    /// `on`: read into anonymous memory that the kernel backs with transparent huge pages where
+    /// it offers them (Linux with THP `always` or `madvise`), else the file's mapping faulted in.
+    /// A batch-1 decode step walks every weight, and on 4 KiB pages nearly every page of them
+    /// misses the TLB (the page-ahead prefetches walk into pages it does not hold); on 2 MiB
+    /// pages few do. The copy is read with `read`, not through the file's mapping, so the
+    /// resident set holds one copy.
     pub fn open_for_weights(path: &Path, on: OnLoad<'_>) -> Result<Self> {
         let mut g = Self::open(path)?;
         if huge_pages_offered() {
