@@ -86,8 +86,9 @@ impl LoadBars {
                 if let Some(bytes) = self.bytes.take() {
                     bytes.finish();
                 }
-                let bar = Unit::Items("tensors");
-                let tensors = self.tensors.get_or_insert_with(|| Progress::new(total as u64, "loading", bar));
+                let unit = Unit::Items("tensors");
+                let tensors =
+                    self.tensors.get_or_insert_with(|| Progress::new(total as u64, "loading", unit));
                 tensors.set_position(done as u64);
             }
         }
