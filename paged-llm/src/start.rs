@@ -43,7 +43,10 @@ impl StartEngine for EngineKnobs {
         } else {
             let mut bars = LoadBars::new(&dir);
             let engine = Engine::new_reporting(&dir, config, &mut |step| bars.show(step));
-            bars.finish();
+            // A failed load's bars stay where it stopped: finishing would print them at 100 %.
+            if engine.is_ok() {
+                bars.finish();
+            }
             engine
         }
         .with_context(|| format!("loading {}", dir.display()))?;
@@ -79,8 +82,9 @@ impl LoadBars {
     fn show(&mut self, step: LoadProgress) {
         match step {
             LoadProgress::Bytes { done, total } => {
-                let what = format!("reading {}", self.name);
-                self.bytes.get_or_insert_with(|| Progress::new(total, &what, Unit::Bytes)).set_position(done);
+                let name = &self.name;
+                let new = || Progress::new(total, &format!("reading {name}"), Unit::Bytes);
+                self.bytes.get_or_insert_with(new).set_position(done);
             }
             LoadProgress::Tensors { done, total } => {
                 if let Some(bytes) = self.bytes.take() {
